@@ -1,0 +1,162 @@
+//! [`Hash`]: a SHA-256 digest, the unit of identity in puzzletron.
+
+use std::fmt;
+use std::str::FromStr;
+
+use serde::{Deserialize, Deserializer, Serialize, Serializer};
+use sha2::{Digest, Sha256};
+
+/// A SHA-256 digest (32 bytes), shown and serialized as 64 lowercase hex characters.
+///
+/// Job keys, owned-code digests, lock-file digests and campaign contract hashes are all `Hash`es.
+/// Two equal hashes mean "the same inputs", on any machine.
+#[derive(Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct Hash([u8; 32]);
+
+impl Hash {
+    /// Length of the hex form, in characters.
+    pub const HEX_LEN: usize = 64;
+
+    /// The digest of `bytes`.
+    pub fn of(bytes: impl AsRef<[u8]>) -> Self {
+        Self(Sha256::digest(bytes.as_ref()).into())
+    }
+
+    /// Wraps raw digest bytes.
+    pub const fn from_bytes(bytes: [u8; 32]) -> Self {
+        Self(bytes)
+    }
+
+    /// The raw digest bytes.
+    pub const fn as_bytes(&self) -> &[u8; 32] {
+        &self.0
+    }
+
+    /// The full 64-character lowercase hex form.
+    pub fn to_hex(&self) -> String {
+        hex::encode(self.0)
+    }
+
+    /// The first 12 hex characters, for display (not for lookups).
+    pub fn short(&self) -> String {
+        hex::encode(&self.0[..6])
+    }
+}
+
+/// An incremental SHA-256 hasher with length-prefixed fields, so that `("ab","c")` and `("a","bc")`
+/// never collide.
+#[derive(Clone, Default)]
+pub struct Hasher(Sha256);
+
+impl Hasher {
+    /// A hasher whose first input is the domain tag `domain` (e.g. `"puzzletron/job-key/v1"`).
+    pub fn new(domain: &str) -> Self {
+        let mut h = Self(Sha256::new());
+        h.field(domain.as_bytes());
+        h
+    }
+
+    /// Adds one length-prefixed field.
+    pub fn field(&mut self, bytes: &[u8]) -> &mut Self {
+        self.0.update((bytes.len() as u64).to_le_bytes());
+        self.0.update(bytes);
+        self
+    }
+
+    /// Adds raw bytes with no framing (for streaming one large field whose framing the caller owns).
+    pub fn raw(&mut self, bytes: &[u8]) -> &mut Self {
+        self.0.update(bytes);
+        self
+    }
+
+    /// The digest.
+    pub fn finish(self) -> Hash {
+        Hash(self.0.finalize().into())
+    }
+}
+
+impl fmt::Display for Hash {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.to_hex())
+    }
+}
+
+impl fmt::Debug for Hash {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "Hash({})", self.short())
+    }
+}
+
+/// Error of [`Hash::from_str`]: the text is not 64 hex characters.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("invalid hash {text:?}: expected 64 lowercase hex characters")]
+pub struct ParseHashError {
+    /// The text that failed to parse (truncated to 80 characters).
+    pub text: String,
+}
+
+impl FromStr for Hash {
+    type Err = ParseHashError;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        let err = || ParseHashError { text: s.chars().take(80).collect() };
+        if s.len() != Self::HEX_LEN || s.bytes().any(|b| b.is_ascii_uppercase()) {
+            return Err(err());
+        }
+        let mut out = [0u8; 32];
+        hex::decode_to_slice(s, &mut out).map_err(|_| err())?;
+        Ok(Self(out))
+    }
+}
+
+impl Serialize for Hash {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        let mut buf = [0u8; 64];
+        // Infallible: the buffer is exactly twice the digest length.
+        hex::encode_to_slice(self.0, &mut buf).map_err(serde::ser::Error::custom)?;
+        s.serialize_str(std::str::from_utf8(&buf).map_err(serde::ser::Error::custom)?)
+    }
+}
+
+impl<'de> Deserialize<'de> for Hash {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let s = <std::borrow::Cow<'de, str>>::deserialize(d)?;
+        s.parse().map_err(serde::de::Error::custom)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn hex_round_trip_and_known_vector() {
+        let h = Hash::of(b"abc");
+        assert_eq!(
+            h.to_hex(),
+            "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad"
+        );
+        assert_eq!(h.to_hex().parse::<Hash>().unwrap(), h);
+        assert_eq!(h.short(), "ba7816bf8f01");
+        let json = serde_json::to_string(&h).unwrap();
+        assert_eq!(json, format!("\"{}\"", h.to_hex()));
+        assert_eq!(serde_json::from_str::<Hash>(&json).unwrap(), h);
+    }
+
+    #[test]
+    fn bad_hex_is_refused() {
+        for bad in ["", "abc", &"g".repeat(64), &"A".repeat(64)] {
+            let e = bad.parse::<Hash>().unwrap_err();
+            assert!(e.to_string().contains("expected 64 lowercase hex"), "{e}");
+        }
+    }
+
+    #[test]
+    fn fields_are_framed() {
+        let mut a = Hasher::new("t");
+        a.field(b"ab").field(b"c");
+        let mut b = Hasher::new("t");
+        b.field(b"a").field(b"bc");
+        assert_ne!(a.finish(), b.finish());
+    }
+}

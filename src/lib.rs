@@ -1,0 +1,5 @@
+//! puzzletron: content-addressed, cached, resumable ML experiments.
+
+pub mod identity;
+
+pub use identity::Hash;
