@@ -1,5 +1,7 @@
 //! puzzletron: content-addressed, cached, resumable ML experiments.
 
+pub mod fsutil;
 pub mod identity;
+pub mod store;
 
 pub use identity::Hash;
