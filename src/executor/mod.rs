@@ -1,0 +1,235 @@
+//! Executors: where attempts run (DESIGN.md §5).
+//!
+//! An [`Executor`] takes an [`AttemptSpec`] (a [`CommandSpec`] argv, a [`TaskTopology`], limits)
+//! and runs it somewhere: [`MockExecutor`] (scripted, virtual clock, for tests of controller
+//! logic), `LocalExecutor` (processes on this machine), `SlurmExecutor` (batch jobs, feature
+//! `slurm`), or your own. The trait is object-safe, so `Box<dyn Executor>` works and controllers
+//! can be written once for all of them.
+//!
+//! The contract every executor keeps (checked by the [`conformance`] suite, feature
+//! `test-util`):
+//! - [`submit`](Executor::submit) returns a [`JobHandle`] that serializes to JSON and, after a
+//!   restart, lets a fresh executor of the same kind and configuration poll and cancel the job.
+//! - [`poll`](Executor::poll) answers many handles in one call, one [`JobStatus`] per handle, in
+//!   order. Job outcomes (failed, killed, timed out) are states, never errors; an `Err` means the
+//!   *call* failed and no state changed.
+//! - [`cancel`](Executor::cancel) returns once the job is terminal (or is confirmed to be
+//!   ending); cancelling a finished job is a no-op.
+//! - [`find`](Executor::find) finds the job of an attempt id, so a job submitted just before a
+//!   crash, whose handle was never recorded, is adopted instead of submitted twice.
+//!
+//! # Implementing an executor
+//!
+//! A complete (if useless) executor that "runs" every command instantly, in a few lines:
+//!
+//! ```
+//! use std::{collections::HashMap, sync::Mutex};
+//! use puzzletron::executor::*;
+//!
+//! #[derive(Default)]
+//! struct Instant { jobs: Mutex<HashMap<AttemptId, JobHandle>> }
+//!
+//! #[async_trait::async_trait]
+//! impl Executor for Instant {
+//!     fn kind(&self) -> &str { "instant" }
+//!     async fn submit(&self, spec: &AttemptSpec) -> Result<JobHandle, ExecutorError> {
+//!         spec.validate()?;
+//!         let h = JobHandle::new("instant", spec.attempt_id.clone(), spec.attempt_id.as_str(), 0);
+//!         self.jobs.lock().unwrap().insert(spec.attempt_id.clone(), h.clone());
+//!         Ok(h)
+//!     }
+//!     async fn poll(&self, handles: &[JobHandle]) -> Result<Vec<JobStatus>, ExecutorError> {
+//!         Ok(handles.iter()
+//!             .map(|h| JobStatus::new(h.attempt_id.clone(), JobState::Completed).with_exit_code(0))
+//!             .collect())
+//!     }
+//!     async fn cancel(&self, _handle: &JobHandle) -> Result<(), ExecutorError> { Ok(()) }
+//!     async fn find(&self, id: &AttemptId) -> Result<Option<JobHandle>, ExecutorError> {
+//!         Ok(self.jobs.lock().unwrap().get(id).cloned())
+//!     }
+//! }
+//!
+//! # tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap().block_on(async {
+//! let exec: Box<dyn Executor> = Box::new(Instant::default());
+//! let spec = AttemptSpec::new(AttemptId::new("demo.a1")?, CommandSpec::new("true"));
+//! let handle = exec.submit(&spec).await?;
+//! let status = exec.poll(&[handle]).await?;
+//! assert_eq!(status[0].state, JobState::Completed);
+//! # Ok::<(), ExecutorError>(())
+//! # }).unwrap();
+//! ```
+//!
+//! With the `test-util` feature, `puzzletron::executor::conformance::run_all(|| ...)` checks
+//! such an implementation against the same suite the built-in executors pass (this one would
+//! fail it: it never runs anything).
+
+mod error;
+mod handle;
+pub mod mock;
+mod spec;
+mod status;
+
+#[cfg(feature = "test-util")]
+pub mod conformance;
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use async_trait::async_trait;
+
+pub use error::ExecutorError;
+pub use handle::JobHandle;
+pub(crate) use handle::now_ms;
+pub use mock::{MockCall, MockClock, MockExecutor, MockScript, MockSubmitError};
+pub use spec::{
+    ARRAY_INDEX_ENV, ATTEMPT_ID_ENV, ArraySpec, AttemptId, AttemptSpec, CommandSpec, GpuRequest,
+    MAX_ATTEMPT_ID_LEN, SchedulerOptions, TaskLauncher, TaskTopology,
+};
+pub use status::{JobState, JobStatus};
+
+/// Runs attempts somewhere and reports on them. See the [module docs](self) for the contract.
+///
+/// All methods take `&self`: executors are shared (`Arc<dyn Executor>`) between the tasks of a
+/// controller and synchronise internally.
+#[async_trait]
+pub trait Executor: Send + Sync {
+    /// A short name of the executor kind (`local`, `slurm`, `mock`, ...), stored in every
+    /// [`JobHandle`] it makes.
+    fn kind(&self) -> &str;
+
+    /// Submits one attempt and returns its handle once the executor has accepted it (for Slurm:
+    /// `sbatch` returned a job id; locally: the attempt folder exists and the job is queued or
+    /// started).
+    ///
+    /// # Errors
+    /// [`ExecutorError::InvalidSpec`] / [`ExecutorError::Unsatisfiable`] for specs that can never
+    /// run here; [`ExecutorError::DuplicateAttempt`] where the executor can tell cheaply that the
+    /// attempt id is taken; [`ExecutorError::SubmitRejected`], [`ExecutorError::SubmitThrottled`],
+    /// [`ExecutorError::SubmitUnknown`] or [`ExecutorError::SchedulerUnavailable`] from a
+    /// scheduler. After a retryable error call [`find`](Executor::find) before submitting again.
+    async fn submit(&self, spec: &AttemptSpec) -> Result<JobHandle, ExecutorError>;
+
+    /// Submits `array.size` tasks of one template, returning one handle per task in index order.
+    ///
+    /// The default submits each [`ArraySpec::task_spec`] on its own; schedulers with native
+    /// arrays (Slurm `--array`) override it with one submission.
+    ///
+    /// # Errors
+    /// As [`submit`](Executor::submit). With the default implementation tasks before the failing
+    /// one stay submitted; recover them with [`find`](Executor::find) on their task ids.
+    async fn submit_array(&self, array: &ArraySpec) -> Result<Vec<JobHandle>, ExecutorError> {
+        array.validate()?;
+        let mut handles = Vec::with_capacity(array.size as usize);
+        for i in 0..array.size {
+            handles.push(self.submit(&array.task_spec(i)?).await?);
+        }
+        Ok(handles)
+    }
+
+    /// Reports the status of every handle, in the same order, in as few scheduler calls as
+    /// possible (Slurm: one `squeue` and at most one `sacct` for the whole slice).
+    ///
+    /// # Errors
+    /// [`ExecutorError::SchedulerUnavailable`] when the scheduler could not be asked (no state
+    /// changed; poll again later); [`ExecutorError::ForeignHandle`] for a handle of another
+    /// executor kind.
+    async fn poll(&self, handles: &[JobHandle]) -> Result<Vec<JobStatus>, ExecutorError>;
+
+    /// Cancels a job and returns when it is terminal or confirmed ending. Cancelling a terminal
+    /// job does nothing and succeeds.
+    ///
+    /// # Errors
+    /// [`ExecutorError::CancelUnconfirmed`] when the job did not end within the executor's
+    /// confirmation window; scheduler errors as for [`poll`](Executor::poll).
+    async fn cancel(&self, handle: &JobHandle) -> Result<(), ExecutorError>;
+
+    /// Finds the job running (or that ran) `attempt_id`, for recovery after a crash between
+    /// submit and recording the handle. `Ok(None)` when there is none.
+    ///
+    /// # Errors
+    /// Scheduler errors as for [`poll`](Executor::poll).
+    async fn find(&self, attempt_id: &AttemptId) -> Result<Option<JobHandle>, ExecutorError>;
+}
+
+macro_rules! forward_executor {
+    ($ty:ty) => {
+        #[async_trait]
+        impl<E: Executor + ?Sized> Executor for $ty {
+            fn kind(&self) -> &str {
+                (**self).kind()
+            }
+            async fn submit(&self, spec: &AttemptSpec) -> Result<JobHandle, ExecutorError> {
+                (**self).submit(spec).await
+            }
+            async fn submit_array(
+                &self,
+                array: &ArraySpec,
+            ) -> Result<Vec<JobHandle>, ExecutorError> {
+                (**self).submit_array(array).await
+            }
+            async fn poll(&self, handles: &[JobHandle]) -> Result<Vec<JobStatus>, ExecutorError> {
+                (**self).poll(handles).await
+            }
+            async fn cancel(&self, handle: &JobHandle) -> Result<(), ExecutorError> {
+                (**self).cancel(handle).await
+            }
+            async fn find(
+                &self,
+                attempt_id: &AttemptId,
+            ) -> Result<Option<JobHandle>, ExecutorError> {
+                (**self).find(attempt_id).await
+            }
+        }
+    };
+}
+
+forward_executor!(Box<E>);
+forward_executor!(Arc<E>);
+forward_executor!(&E);
+
+/// Conveniences on top of [`Executor`], implemented for every executor.
+#[async_trait]
+pub trait ExecutorExt: Executor {
+    /// Polls `handles` every `interval` until all are terminal, or `timeout` passes; returns the
+    /// last statuses (in order) either way, so the caller can see which were still active.
+    ///
+    /// # Errors
+    /// The first error of [`Executor::poll`] that is not retryable; retryable ones are retried
+    /// until the timeout, after which the last one is returned.
+    async fn wait_terminal(
+        &self,
+        handles: &[JobHandle],
+        interval: Duration,
+        timeout: Duration,
+    ) -> Result<Vec<JobStatus>, ExecutorError> {
+        let start = Instant::now();
+        loop {
+            match self.poll(handles).await {
+                Ok(statuses) => {
+                    if statuses.iter().all(|s| s.state.is_terminal()) || start.elapsed() >= timeout
+                    {
+                        return Ok(statuses);
+                    }
+                }
+                Err(e) if e.is_retryable() && start.elapsed() < timeout => {}
+                Err(e) => return Err(e),
+            }
+            tokio::time::sleep(interval).await;
+        }
+    }
+}
+
+impl<E: Executor + ?Sized> ExecutorExt for E {}
+
+/// Checks that `handle` belongs to executor kind `kind`.
+pub(crate) fn check_kind(kind: &str, handle: &JobHandle) -> Result<(), ExecutorError> {
+    if handle.executor == kind {
+        Ok(())
+    } else {
+        Err(ExecutorError::ForeignHandle {
+            expected: kind.to_string(),
+            found: handle.executor.clone(),
+            attempt_id: handle.attempt_id.clone(),
+        })
+    }
+}

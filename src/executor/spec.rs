@@ -1,0 +1,618 @@
+//! What to run: [`AttemptSpec`] and its parts ([`AttemptId`], [`CommandSpec`], [`TaskTopology`],
+//! [`TaskLauncher`], [`GpuRequest`], [`SchedulerOptions`], [`ArraySpec`]).
+//!
+//! These types are executor-neutral: the same spec runs as a local process group or as a Slurm
+//! batch job. Fields an executor cannot honour are ignored by it and say so in their docs
+//! (e.g. `partition` means nothing to [`LocalExecutor`](super::LocalExecutor)).
+
+use std::collections::BTreeMap;
+use std::fmt;
+use std::path::PathBuf;
+use std::str::FromStr;
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+
+use super::ExecutorError;
+
+/// Longest accepted [`AttemptId`], in bytes. Slurm accepts longer job names, but some sites
+/// truncate or reject names beyond 64 characters (slurm-cases.md C06).
+pub const MAX_ATTEMPT_ID_LEN: usize = 64;
+
+/// The identity of one attempt at running one unit of work, e.g. `camp-7f3a.t12.a1`.
+///
+/// It names the job to the scheduler (Slurm `--job-name`), names the attempt folder of the local
+/// executor, and is how [`Executor::find`](super::Executor::find) recovers a job whose handle was
+/// never recorded. Because it ends up in file names and scheduler fields it is restricted to
+/// `[A-Za-z0-9._-]{1,64}` and must start with a letter or digit (no `..`, no hidden files, no
+/// option-like `-x`), so it is safe in a path and never needs quoting.
+#[derive(Clone, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[serde(try_from = "String", into = "String")]
+pub struct AttemptId(String);
+
+impl AttemptId {
+    /// Validates and wraps `id`.
+    ///
+    /// # Errors
+    /// [`ExecutorError::InvalidSpec`] naming the bad value when `id` is empty, longer than
+    /// [`MAX_ATTEMPT_ID_LEN`], contains a character outside `[A-Za-z0-9._-]`, or does not start
+    /// with a letter or digit.
+    pub fn new(id: impl Into<String>) -> Result<Self, ExecutorError> {
+        let id = id.into();
+        let bad = |expected: &str| ExecutorError::InvalidSpec {
+            attempt_id: None,
+            field: "attempt_id".into(),
+            value: id.clone(),
+            expected: expected.into(),
+        };
+        if id.is_empty() || id.len() > MAX_ATTEMPT_ID_LEN {
+            return Err(bad("1 to 64 characters"));
+        }
+        if !id
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'-'))
+        {
+            return Err(bad("only the characters [A-Za-z0-9._-]"));
+        }
+        if !id.as_bytes()[0].is_ascii_alphanumeric() {
+            return Err(bad("a first character that is a letter or digit"));
+        }
+        Ok(Self(id))
+    }
+
+    /// Builds a valid id from arbitrary text (e.g. a human label like `lr=0.1 (warmup)|seed:3`):
+    /// every character outside `[A-Za-z0-9._-]` becomes `_`, a leading non-alphanumeric gets an
+    /// `a` prefix, and text longer than 64 bytes is cut to 55 bytes plus `-` and the first 8 hex
+    /// digits of its SHA-256, so distinct long labels stay distinct.
+    pub fn sanitize(label: &str) -> Self {
+        let mut s: String = label
+            .chars()
+            .map(|c| {
+                if c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-') {
+                    c
+                } else {
+                    '_'
+                }
+            })
+            .collect();
+        if s.is_empty() || !s.as_bytes()[0].is_ascii_alphanumeric() {
+            s.insert(0, 'a');
+        }
+        if s.len() > MAX_ATTEMPT_ID_LEN {
+            let digest = crate::identity::Hash::of(label.as_bytes()).to_hex();
+            s.truncate(MAX_ATTEMPT_ID_LEN - 9);
+            s.push('-');
+            s.push_str(&digest[..8]);
+        }
+        Self(s)
+    }
+
+    /// The id of task `index` of an array whose base id is `self`: `<base>_<index>`, mirroring
+    /// Slurm's `JOBID_TASK` notation.
+    ///
+    /// # Errors
+    /// [`ExecutorError::InvalidSpec`] when the result would exceed [`MAX_ATTEMPT_ID_LEN`].
+    pub fn array_task(&self, index: u32) -> Result<Self, ExecutorError> {
+        Self::new(format!("{}_{index}", self.0))
+    }
+
+    /// Splits an array task id made by [`AttemptId::array_task`] into base id and task index;
+    /// `None` when the id has no `_<digits>` suffix.
+    pub fn split_array_task(&self) -> Option<(AttemptId, u32)> {
+        let (base, idx) = self.0.rsplit_once('_')?;
+        let index = idx.parse().ok()?;
+        Some((AttemptId::new(base).ok()?, index))
+    }
+
+    /// The id as text.
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+}
+
+impl fmt::Display for AttemptId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl fmt::Debug for AttemptId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "AttemptId({:?})", self.0)
+    }
+}
+
+impl FromStr for AttemptId {
+    type Err = ExecutorError;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        Self::new(s)
+    }
+}
+
+impl TryFrom<String> for AttemptId {
+    type Error = ExecutorError;
+    fn try_from(s: String) -> Result<Self, Self::Error> {
+        Self::new(s)
+    }
+}
+
+impl From<AttemptId> for String {
+    fn from(id: AttemptId) -> Self {
+        id.0
+    }
+}
+
+impl AsRef<str> for AttemptId {
+    fn as_ref(&self) -> &str {
+        &self.0
+    }
+}
+
+/// The command an attempt runs: an argv array, never a shell string, unless [`shell`] is set.
+///
+/// With `shell == false` (the default) `argv[0]` is the program (looked up in `PATH` when it has
+/// no `/`) and the rest are its arguments, passed verbatim: no word splitting, no globbing, no
+/// `$VAR` expansion. With `shell == true`, `argv` must hold exactly one element, a script run by
+/// `/bin/sh -c`; use this only for text the *user* wrote as shell, never for text assembled from
+/// data.
+///
+/// [`shell`]: CommandSpec::shell
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct CommandSpec {
+    /// Program and arguments (or, with `shell`, the single script).
+    pub argv: Vec<String>,
+    /// Extra environment variables, added to the executor's environment (later wins).
+    pub env: BTreeMap<String, String>,
+    /// Working directory; `None` = the executor's default (local: the controller's current
+    /// directory; Slurm: the submit directory).
+    pub cwd: Option<PathBuf>,
+    /// Run `argv[0]` as a `/bin/sh -c` script instead of as a program.
+    pub shell: bool,
+}
+
+impl CommandSpec {
+    /// A command running `program` with no arguments.
+    pub fn new(program: impl Into<String>) -> Self {
+        Self {
+            argv: vec![program.into()],
+            env: BTreeMap::new(),
+            cwd: None,
+            shell: false,
+        }
+    }
+
+    /// A command running `script` through `/bin/sh -c` (sets [`CommandSpec::shell`]).
+    pub fn shell_script(script: impl Into<String>) -> Self {
+        Self {
+            argv: vec![script.into()],
+            env: BTreeMap::new(),
+            cwd: None,
+            shell: true,
+        }
+    }
+
+    /// Appends one argument.
+    pub fn arg(mut self, arg: impl Into<String>) -> Self {
+        self.argv.push(arg.into());
+        self
+    }
+
+    /// Appends arguments.
+    pub fn args<I, A>(mut self, args: I) -> Self
+    where
+        I: IntoIterator<Item = A>,
+        A: Into<String>,
+    {
+        self.argv.extend(args.into_iter().map(Into::into));
+        self
+    }
+
+    /// Sets one environment variable.
+    pub fn env(mut self, key: impl Into<String>, value: impl Into<String>) -> Self {
+        self.env.insert(key.into(), value.into());
+        self
+    }
+
+    /// Sets the working directory.
+    pub fn cwd(mut self, dir: impl Into<PathBuf>) -> Self {
+        self.cwd = Some(dir.into());
+        self
+    }
+
+    /// The argv actually executed: `argv` itself, or `["/bin/sh", "-c", script]` with `shell`.
+    pub fn effective_argv(&self) -> Vec<String> {
+        if self.shell {
+            let mut v = vec!["/bin/sh".to_string(), "-c".to_string()];
+            v.extend(self.argv.iter().cloned());
+            v
+        } else {
+            self.argv.clone()
+        }
+    }
+
+    /// Checks the command is runnable in principle.
+    ///
+    /// # Errors
+    /// [`ExecutorError::InvalidSpec`] when `argv` is empty, `argv[0]` is empty, an argument or
+    /// env value contains a NUL byte, an env name is empty or contains `=`, or `shell` is set with
+    /// more than one element.
+    pub fn validate(&self, attempt_id: Option<&AttemptId>) -> Result<(), ExecutorError> {
+        let bad = |field: &str, value: &str, expected: &str| ExecutorError::InvalidSpec {
+            attempt_id: attempt_id.cloned(),
+            field: field.into(),
+            value: value.into(),
+            expected: expected.into(),
+        };
+        match self.argv.first() {
+            None => return Err(bad("command.argv", "[]", "at least the program name")),
+            Some(p) if p.is_empty() => {
+                return Err(bad("command.argv[0]", "", "a non-empty program name"));
+            }
+            _ => {}
+        }
+        if self.shell && self.argv.len() != 1 {
+            return Err(bad(
+                "command.argv",
+                &format!("{} elements", self.argv.len()),
+                "exactly one element (the script) when shell = true",
+            ));
+        }
+        for (i, a) in self.argv.iter().enumerate() {
+            if a.contains('\0') {
+                return Err(bad(&format!("command.argv[{i}]"), a, "no NUL byte"));
+            }
+        }
+        for (k, v) in &self.env {
+            if k.is_empty() || k.contains('=') || k.contains('\0') {
+                return Err(bad(
+                    "command.env",
+                    k,
+                    "a variable name without '=' or NUL, not empty",
+                ));
+            }
+            if v.contains('\0') {
+                return Err(bad(&format!("command.env.{k}"), v, "no NUL byte"));
+            }
+        }
+        Ok(())
+    }
+}
+
+/// How the command is started inside the allocation.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, Default)]
+#[serde(tag = "kind", rename_all = "snake_case")]
+pub enum TaskLauncher {
+    /// Run the command once, directly (in Slurm: in the batch step on the first node).
+    #[default]
+    Direct,
+    /// Slurm: `srun [extra_args] <argv>` so that `nodes * ntasks_per_node` copies run (one per
+    /// task). Local: the command runs `ntasks_per_node` times (nodes must be 1), each copy with
+    /// `SLURM_PROCID`-like `PUZZLETRON_TASK_RANK` set.
+    Srun {
+        /// Extra `srun` arguments, each quoted when rendered (e.g. `--cpu-bind=cores`).
+        extra_args: Vec<String>,
+    },
+    /// PyTorch elastic launch: `torchrun --nnodes=<topology.nodes>
+    /// --nproc_per_node=<nproc_per_node> --rdzv_backend=<rdzv_backend>
+    /// --rdzv_endpoint=<first node>:<rdzv_port> --rdzv_id=<attempt id> <argv>`, one torchrun per
+    /// node (Slurm: via `srun --ntasks-per-node=1`). `nnodes` is taken from
+    /// [`TaskTopology::nodes`] so the two cannot disagree. Single node: `--standalone`.
+    Torchrun {
+        /// Worker processes per node, usually the node's GPU count.
+        nproc_per_node: u32,
+        /// Rendezvous backend, `c10d` unless you know better.
+        rdzv_backend: String,
+        /// TCP port of the rendezvous endpoint on the first node.
+        rdzv_port: u16,
+        /// torchrun's `--max-restarts` (0 = fail fast).
+        max_restarts: u32,
+    },
+}
+
+impl TaskLauncher {
+    /// A torchrun launcher with `nproc_per_node` workers, the `c10d` backend on port 29500 and
+    /// no restarts (torchrun's documented defaults, except restarts).
+    pub fn torchrun(nproc_per_node: u32) -> Self {
+        Self::Torchrun {
+            nproc_per_node,
+            rdzv_backend: "c10d".into(),
+            rdzv_port: 29500,
+            max_restarts: 0,
+        }
+    }
+}
+
+/// GPUs the attempt needs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
+#[serde(tag = "per", content = "count", rename_all = "snake_case")]
+pub enum GpuRequest {
+    /// No GPU.
+    #[default]
+    None,
+    /// `n` GPUs on every node (Slurm `--gres=gpu:n`; local: `n` ids of the configured list).
+    PerNode(u32),
+    /// `n` GPUs per task (Slurm `--gpus-per-task=n`; local: `n * ntasks_per_node` ids).
+    PerTask(u32),
+}
+
+/// The shape of the allocation: nodes, tasks, CPUs, GPUs and how tasks are launched.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TaskTopology {
+    /// Number of nodes (Slurm `--nodes`), at least 1. The local executor accepts only 1.
+    pub nodes: u32,
+    /// Tasks per node (Slurm `--ntasks-per-node`), at least 1.
+    pub ntasks_per_node: u32,
+    /// CPUs per task (Slurm `--cpus-per-task`); `None` = scheduler default.
+    pub cpus_per_task: Option<u32>,
+    /// GPUs requested.
+    pub gpus: GpuRequest,
+    /// How the command is started.
+    pub launcher: TaskLauncher,
+}
+
+impl Default for TaskTopology {
+    fn default() -> Self {
+        Self::single()
+    }
+}
+
+impl TaskTopology {
+    /// One node, one task, no GPU, direct launch.
+    pub fn single() -> Self {
+        Self {
+            nodes: 1,
+            ntasks_per_node: 1,
+            cpus_per_task: None,
+            gpus: GpuRequest::None,
+            launcher: TaskLauncher::Direct,
+        }
+    }
+
+    /// Total GPUs per node this topology asks for.
+    pub fn gpus_per_node(&self) -> u32 {
+        match self.gpus {
+            GpuRequest::None => 0,
+            GpuRequest::PerNode(n) => n,
+            GpuRequest::PerTask(n) => n.saturating_mul(self.ntasks_per_node),
+        }
+    }
+
+    /// Checks counts are positive and consistent with the launcher.
+    ///
+    /// # Errors
+    /// [`ExecutorError::InvalidSpec`] naming the field when `nodes` or `ntasks_per_node` is 0,
+    /// `cpus_per_task` is `Some(0)`, or a torchrun launcher has `nproc_per_node == 0`.
+    pub fn validate(&self, attempt_id: Option<&AttemptId>) -> Result<(), ExecutorError> {
+        let bad = |field: &str, value: String, expected: &str| ExecutorError::InvalidSpec {
+            attempt_id: attempt_id.cloned(),
+            field: field.into(),
+            value,
+            expected: expected.into(),
+        };
+        if self.nodes == 0 {
+            return Err(bad("topology.nodes", "0".into(), "at least 1"));
+        }
+        if self.ntasks_per_node == 0 {
+            return Err(bad("topology.ntasks_per_node", "0".into(), "at least 1"));
+        }
+        if self.cpus_per_task == Some(0) {
+            return Err(bad(
+                "topology.cpus_per_task",
+                "0".into(),
+                "at least 1 or unset",
+            ));
+        }
+        if let TaskLauncher::Torchrun {
+            nproc_per_node: 0, ..
+        } = self.launcher
+        {
+            return Err(bad(
+                "topology.launcher.nproc_per_node",
+                "0".into(),
+                "at least 1",
+            ));
+        }
+        Ok(())
+    }
+}
+
+/// Scheduler placement options. Executors without a queue (local, mock) ignore them.
+#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
+pub struct SchedulerOptions {
+    /// Slurm `--partition`.
+    pub partition: Option<String>,
+    /// Slurm `--account`.
+    pub account: Option<String>,
+    /// Slurm `--qos`.
+    pub qos: Option<String>,
+    /// Extra `#SBATCH` options, one option per element (e.g. `--constraint=a100`), each quoted
+    /// when rendered. Must start with `-`.
+    pub extra_directives: Vec<String>,
+}
+
+/// Everything an executor needs to run one attempt.
+///
+/// Build with [`AttemptSpec::new`] and the `with_*` methods:
+///
+/// ```
+/// use puzzletron::executor::{AttemptId, AttemptSpec, CommandSpec, GpuRequest, TaskTopology};
+/// use std::time::Duration;
+/// let spec = AttemptSpec::new(
+///     AttemptId::new("sweep-1a2b.j3.a1")?,
+///     CommandSpec::new("python").args(["train.py", "--lr", "0.1"]),
+/// )
+/// .with_topology(TaskTopology { gpus: GpuRequest::PerNode(2), ..TaskTopology::single() })
+/// .with_walltime(Duration::from_secs(3600));
+/// assert_eq!(spec.topology.gpus_per_node(), 2);
+/// # Ok::<(), puzzletron::executor::ExecutorError>(())
+/// ```
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct AttemptSpec {
+    /// Unique id of this attempt; the job name and the key for [`find`](super::Executor::find).
+    pub attempt_id: AttemptId,
+    /// What to run.
+    pub command: CommandSpec,
+    /// Nodes, tasks, CPUs, GPUs, launcher.
+    pub topology: TaskTopology,
+    /// Memory per node in MiB (Slurm `--mem`); `None` = scheduler default. Not enforced locally.
+    pub mem_mb: Option<u64>,
+    /// Wall-clock limit; the job is killed when it runs longer (Slurm: `--time`, rounded up to
+    /// whole minutes, state `Timeout`; local: SIGTERM, then SIGKILL after a grace period, state
+    /// `Timeout`). `None` = no limit.
+    pub walltime: Option<Duration>,
+    /// Whole nodes for this attempt (Slurm `--exclusive`).
+    pub exclusive: bool,
+    /// Partition, account, qos, extra directives.
+    pub scheduler: SchedulerOptions,
+    /// Where stdout and stderr go (one file, both streams). `None` = the executor's default
+    /// (local: `<attempt folder>/output.log`; Slurm: `<log dir>/<attempt id>-%j.out`).
+    pub log_path: Option<PathBuf>,
+}
+
+impl AttemptSpec {
+    /// A spec for `command` on one node, one task, no GPU, no limits.
+    pub fn new(attempt_id: AttemptId, command: CommandSpec) -> Self {
+        Self {
+            attempt_id,
+            command,
+            topology: TaskTopology::single(),
+            mem_mb: None,
+            walltime: None,
+            exclusive: false,
+            scheduler: SchedulerOptions::default(),
+            log_path: None,
+        }
+    }
+
+    /// Sets the topology.
+    pub fn with_topology(mut self, topology: TaskTopology) -> Self {
+        self.topology = topology;
+        self
+    }
+
+    /// Sets the memory per node, MiB.
+    pub fn with_mem_mb(mut self, mem_mb: u64) -> Self {
+        self.mem_mb = Some(mem_mb);
+        self
+    }
+
+    /// Sets the wall-clock limit.
+    pub fn with_walltime(mut self, walltime: Duration) -> Self {
+        self.walltime = Some(walltime);
+        self
+    }
+
+    /// Asks for whole nodes.
+    pub fn with_exclusive(mut self, exclusive: bool) -> Self {
+        self.exclusive = exclusive;
+        self
+    }
+
+    /// Sets the scheduler options.
+    pub fn with_scheduler(mut self, scheduler: SchedulerOptions) -> Self {
+        self.scheduler = scheduler;
+        self
+    }
+
+    /// Sets the log file path.
+    pub fn with_log_path(mut self, path: impl Into<PathBuf>) -> Self {
+        self.log_path = Some(path.into());
+        self
+    }
+
+    /// Checks command and topology (see [`CommandSpec::validate`], [`TaskTopology::validate`])
+    /// and that extra scheduler directives start with `-`.
+    ///
+    /// # Errors
+    /// [`ExecutorError::InvalidSpec`] naming the field, the value and what was expected.
+    pub fn validate(&self) -> Result<(), ExecutorError> {
+        let id = Some(&self.attempt_id);
+        self.command.validate(id)?;
+        self.topology.validate(id)?;
+        if self.walltime == Some(Duration::ZERO) {
+            return Err(ExecutorError::InvalidSpec {
+                attempt_id: id.cloned(),
+                field: "walltime".into(),
+                value: "0s".into(),
+                expected: "a positive duration or none".into(),
+            });
+        }
+        for (i, d) in self.scheduler.extra_directives.iter().enumerate() {
+            if !d.starts_with('-') || d.contains('\n') || d.contains('\0') {
+                return Err(ExecutorError::InvalidSpec {
+                    attempt_id: id.cloned(),
+                    field: format!("scheduler.extra_directives[{i}]"),
+                    value: d.clone(),
+                    expected: "one option starting with '-' on one line".into(),
+                });
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Many identical attempts that differ only by their index: a Slurm job array, or N local jobs.
+///
+/// Task `i` runs `template.command` with the environment variable [`ARRAY_INDEX_ENV`] set to
+/// `i` (Slurm also sets `SLURM_ARRAY_TASK_ID`), under attempt id
+/// `template.attempt_id.array_task(i)`; the task decides from its index what to do (e.g. the
+/// `i`-th line of a manifest).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ArraySpec {
+    /// The spec every task runs; its `attempt_id` is the array's base id.
+    pub template: AttemptSpec,
+    /// Number of tasks, indices `0..size`.
+    pub size: u32,
+    /// At most this many tasks run at once (Slurm `--array=0-N%max`); `None` = no limit.
+    pub max_concurrent: Option<u32>,
+}
+
+/// Environment variable holding an array task's index (`0..size`) for every executor.
+pub const ARRAY_INDEX_ENV: &str = "PUZZLETRON_ARRAY_INDEX";
+
+/// Environment variable holding the attempt id, set for every attempt by every built-in executor.
+pub const ATTEMPT_ID_ENV: &str = "PUZZLETRON_ATTEMPT_ID";
+
+impl ArraySpec {
+    /// The stand-alone spec of task `index`: the template with attempt id `<base>_<index>` and
+    /// [`ARRAY_INDEX_ENV`] set. Used by executors without native arrays.
+    ///
+    /// # Errors
+    /// [`ExecutorError::InvalidSpec`] when the task id would be too long.
+    pub fn task_spec(&self, index: u32) -> Result<AttemptSpec, ExecutorError> {
+        let mut spec = self.template.clone();
+        spec.attempt_id = self.template.attempt_id.array_task(index)?;
+        spec.command
+            .env
+            .insert(ARRAY_INDEX_ENV.to_string(), index.to_string());
+        Ok(spec)
+    }
+
+    /// Checks the template and that `size >= 1` and `max_concurrent != Some(0)`.
+    ///
+    /// # Errors
+    /// [`ExecutorError::InvalidSpec`] naming the field.
+    pub fn validate(&self) -> Result<(), ExecutorError> {
+        self.template.validate()?;
+        let id = Some(self.template.attempt_id.clone());
+        if self.size == 0 {
+            return Err(ExecutorError::InvalidSpec {
+                attempt_id: id,
+                field: "array.size".into(),
+                value: "0".into(),
+                expected: "at least 1 task".into(),
+            });
+        }
+        if self.max_concurrent == Some(0) {
+            return Err(ExecutorError::InvalidSpec {
+                attempt_id: id,
+                field: "array.max_concurrent".into(),
+                value: "0".into(),
+                expected: "at least 1 or unset".into(),
+            });
+        }
+        // The longest task id must be valid too.
+        self.template.attempt_id.array_task(self.size - 1)?;
+        Ok(())
+    }
+}
