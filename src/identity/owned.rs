@@ -32,7 +32,7 @@ use super::{Hash, Hasher, IdentityError, tokens};
 /// assert!(!m.contains("model::plot::svg"));
 /// assert!(!m.contains("cli"));
 /// ```
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
 pub struct Modules {
     include: Vec<String>,
     exclude: Vec<String>,

@@ -65,7 +65,7 @@ pub fn dead_owner() -> Owner {
 }
 
 fn claimed(store: &dyn Store, key: &Hash, owner: &Owner) -> super::Claim {
-    match store.claim(key, owner).expect("claim") {
+    match store.claim(key, owner, None).expect("claim") {
         ClaimOutcome::Claimed(c) => c,
         other => panic!("expected Claimed for a free job, got {other:?}"),
     }
@@ -116,7 +116,7 @@ pub fn claim_is_exclusive(store: &dyn Store) {
     let b = Owner::current();
     let c = claimed(store, &k, &a);
     assert_eq!(c.attempt, 1, "first claim is attempt 1");
-    match store.claim(&k, &b).unwrap() {
+    match store.claim(&k, &b, None).unwrap() {
         ClaimOutcome::Busy(o) => assert_eq!(o.nonce, a.nonce, "Busy must name the holder"),
         other => panic!("a held job must be Busy for another owner, got {other:?}"),
     }
@@ -176,10 +176,22 @@ pub fn lifecycle_done(store: &dyn Store) {
             .collect::<Vec<_>>()
     );
     assert_eq!(loss.len(), 5, "a name filter keeps only that metric");
-    match store.claim(&k, &Owner::current()).unwrap() {
+    match store.claim(&k, &Owner::current(), None).unwrap() {
         ClaimOutcome::Done(r) => assert_eq!(r.status, Status::Done),
         other => panic!("a done job must not be claimed again, got {other:?}"),
     }
+    match store.claim(&k, &Owner::current(), Some(c.attempt + 1)).unwrap() {
+        ClaimOutcome::Done(_) => {}
+        other => panic!("replacing an attempt that is not the done one must give Done, got {other:?}"),
+    }
+    // Re-run in place: the done attempt is claimed once, as the next attempt.
+    let again = match store.claim(&k, &Owner::current(), Some(c.attempt)).unwrap() {
+        ClaimOutcome::Claimed(c2) => c2,
+        other => panic!("replacing the done attempt must claim it, got {other:?}"),
+    };
+    assert_eq!(again.attempt, c.attempt + 1);
+    assert_eq!(store.record(&k).unwrap().unwrap().status, Status::Done, "the old result stays readable during the re-run");
+    assert!(matches!(store.claim(&k, &Owner::current(), Some(c.attempt)).unwrap(), ClaimOutcome::Busy(_)));
 }
 
 /// A failed job is claimed again with the next attempt number.
@@ -289,7 +301,7 @@ pub fn concurrent_claims_one_winner<S: Store + 'static>(store: Arc<S>) {
             std::thread::spawn(move || {
                 barrier.wait();
                 matches!(
-                    store.claim(&k, &Owner::current()),
+                    store.claim(&k, &Owner::current(), None),
                     Ok(ClaimOutcome::Claimed(_))
                 )
             })

@@ -339,14 +339,20 @@ impl Store for FsStore {
         Ok(self.read_claim(key)?.map(|(o, m)| self.judge(o, m)))
     }
 
-    fn claim(&self, key: &Hash, owner: &Owner) -> Result<ClaimOutcome, StoreError> {
+    fn claim(
+        &self,
+        key: &Hash,
+        owner: &Owner,
+        replace_done: Option<u32>,
+    ) -> Result<ClaimOutcome, StoreError> {
+        let is_done = |r: &JobRecord| r.status == Status::Done && replace_done != Some(r.attempt);
         let dir = self.job_dir(key);
         fs::create_dir_all(&dir).map_err(io_err(&dir))?;
         let path = dir.join("claim");
         // Bounded: each turn either returns or removed a stale claim that someone re-created.
         for _ in 0..16 {
             if let Some(r) = self.record(key)?
-                && r.status == Status::Done
+                && is_done(&r)
             {
                 return Ok(ClaimOutcome::Done(Box::new(r)));
             }
@@ -368,7 +374,7 @@ impl Store for FsStore {
                         attempt: prev.as_ref().map(|r| r.attempt).unwrap_or(0) + 1,
                     };
                     if let Some(r) = prev
-                        && r.status == Status::Done
+                        && is_done(&r)
                     {
                         self.release(&claim)?;
                         return Ok(ClaimOutcome::Done(Box::new(r)));

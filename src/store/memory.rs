@@ -133,11 +133,17 @@ impl Store for MemoryStore {
             }))
     }
 
-    fn claim(&self, key: &Hash, owner: &Owner) -> Result<ClaimOutcome, StoreError> {
+    fn claim(
+        &self,
+        key: &Hash,
+        owner: &Owner,
+        replace_done: Option<u32>,
+    ) -> Result<ClaimOutcome, StoreError> {
         let mut inner = self.lock();
         let e = inner.jobs.entry(*key).or_default();
         if let Some(r) = &e.record
             && r.status == Status::Done
+            && replace_done != Some(r.attempt)
         {
             return Ok(ClaimOutcome::Done(Box::new(r.clone())));
         }

@@ -172,11 +172,21 @@ pub trait Store: Send + Sync {
     fn claim_info(&self, key: &Hash) -> Result<Option<ClaimInfo>, StoreError>;
 
     /// Claims `key` exclusively for `owner`: at most one live claim exists per key, across
-    /// processes. A claim whose holder is dead is taken over. A done job is not claimed.
+    /// processes. A claim whose holder is dead is taken over.
+    ///
+    /// A done job is not claimed ([`ClaimOutcome::Done`]) unless `replace_done` is the attempt
+    /// number of its done record: then it is claimed for a re-run in place (its witnesses
+    /// changed, or the run is forced). If another process replaced that attempt meanwhile, the
+    /// job is `Done` again and is not re-run twice.
     ///
     /// # Errors
     /// [`StoreError::Io`], [`StoreError::Corrupt`].
-    fn claim(&self, key: &Hash, owner: &Owner) -> Result<ClaimOutcome, StoreError>;
+    fn claim(
+        &self,
+        key: &Hash,
+        owner: &Owner,
+        replace_done: Option<u32>,
+    ) -> Result<ClaimOutcome, StoreError>;
 
     /// Records that the claimed attempt started: writes `record` (status running) and points
     /// the record's lineage at this key.
