@@ -198,6 +198,22 @@ impl FsStore {
         atomic_write(path, &bytes).map_err(io_err(path))
     }
 
+    /// Creates the claim file with its content in one atomic step: the owner is written to a
+    /// temp file, which is then hard-linked as `claim` (`link(2)` fails if `claim` exists), so a
+    /// claim is never seen empty, even after a crash.
+    fn create_claim(&self, dir: &Path, path: &Path, owner: &Owner) -> io::Result<()> {
+        let tmp = dir.join(format!(".claim.tmp.{}", sanitize(&owner.nonce)));
+        let body = serde_json::to_vec(owner).map_err(io::Error::other)?;
+        let mut f = OpenOptions::new().write(true).create(true).truncate(true).open(&tmp)?;
+        f.write_all(&body)?;
+        f.sync_all()?;
+        drop(f);
+        let linked = fs::hard_link(&tmp, path);
+        let _ = fs::remove_file(&tmp);
+        linked?;
+        sync_dir(dir)
+    }
+
     /// Takes over a stale claim; `Ok(false)` when another process is taking it over.
     fn take_over(&self, key: &Hash, stale: &ClaimInfo) -> Result<bool, StoreError> {
         let dir = self.job_dir(key);
@@ -356,16 +372,8 @@ impl Store for FsStore {
             {
                 return Ok(ClaimOutcome::Done(Box::new(r)));
             }
-            match OpenOptions::new().write(true).create_new(true).open(&path) {
-                Ok(mut f) => {
-                    let body = serde_json::to_vec(owner).map_err(|e| StoreError::Corrupt {
-                        path: path.clone(),
-                        reason: e.to_string(),
-                    })?;
-                    f.write_all(&body)
-                        .and_then(|_| f.sync_all())
-                        .map_err(io_err(&path))?;
-                    sync_dir(&dir).map_err(io_err(&dir))?;
+            match self.create_claim(&dir, &path, owner) {
+                Ok(()) => {
                     // The previous holder may have finished between our check and our create.
                     let prev = self.record(key)?;
                     let claim = Claim {
