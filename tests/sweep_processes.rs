@@ -20,12 +20,18 @@ const JOBS: u32 = 6;
 const ROWS: i64 = 200;
 
 fn params(id: u32, sleep_us: u64) -> WorkParams {
-    WorkParams { id, rows: ROWS, sleep_us }
+    WorkParams {
+        id,
+        rows: ROWS,
+        sleep_us,
+    }
 }
 
 fn enqueue(o: &mut Orchestrator<FsStore>, sleep_us: u64) -> Vec<Hash> {
     let job = work_job();
-    (0..JOBS).map(|id| o.run(&job, params(id, sleep_us)).unwrap()).collect()
+    (0..JOBS)
+        .map(|id| o.run(&job, params(id, sleep_us)).unwrap())
+        .collect()
 }
 
 fn orchestrator(store: &Path) -> Orchestrator<FsStore> {
@@ -36,14 +42,21 @@ fn orchestrator(store: &Path) -> Orchestrator<FsStore> {
 /// of job 0).
 #[test]
 fn child_entry_point() {
-    let Ok(mode) = std::env::var("PUZZLETRON_CHILD") else { return };
+    let Ok(mode) = std::env::var("PUZZLETRON_CHILD") else {
+        return;
+    };
     let store = std::env::var("PUZZLETRON_STORE").expect("PUZZLETRON_STORE");
-    let sleep_us: u64 = std::env::var("PUZZLETRON_SLEEP_US").ok().and_then(|s| s.parse().ok()).unwrap_or(0);
+    let sleep_us: u64 = std::env::var("PUZZLETRON_SLEEP_US")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(0);
     let mut o = orchestrator(Path::new(&store));
     let keys = enqueue(&mut o, sleep_us);
     match mode.as_str() {
         "drain" => {
-            let s = o.drain().unwrap_or_else(|e| panic!("child drain failed: {e}"));
+            let s = o
+                .drain()
+                .unwrap_or_else(|e| panic!("child drain failed: {e}"));
             println!("CHILD ran={} skipped={}", s.ran(), s.skipped());
         }
         "key" => println!("KEY {}", keys[0]),
@@ -51,14 +64,25 @@ fn child_entry_point() {
     }
 }
 
-fn spawn_child(mode: &str, store: &Path, sleep_us: u64, cwd: Option<&Path>, side: Option<&Path>) -> Child {
+fn spawn_child(
+    mode: &str,
+    store: &Path,
+    sleep_us: u64,
+    cwd: Option<&Path>,
+    side: Option<&Path>,
+) -> Child {
     let mut cmd = Command::new(std::env::current_exe().unwrap());
-    cmd.args(["child_entry_point", "--exact", "--nocapture", "--test-threads=1"])
-        .env("PUZZLETRON_CHILD", mode)
-        .env("PUZZLETRON_STORE", store)
-        .env("PUZZLETRON_SLEEP_US", sleep_us.to_string())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped());
+    cmd.args([
+        "child_entry_point",
+        "--exact",
+        "--nocapture",
+        "--test-threads=1",
+    ])
+    .env("PUZZLETRON_CHILD", mode)
+    .env("PUZZLETRON_STORE", store)
+    .env("PUZZLETRON_SLEEP_US", sleep_us.to_string())
+    .stdout(Stdio::piped())
+    .stderr(Stdio::piped());
     if let Some(d) = cwd {
         cmd.current_dir(d);
     }
@@ -78,8 +102,14 @@ fn check_store(store_dir: &Path, keys: &[Hash]) -> usize {
         match rec.status {
             Status::Done => {
                 done += 1;
-                let m = store.metrics(key, None).expect("a done job's metrics must be readable");
-                assert_eq!(m.len() as i64, ROWS, "a done job's metrics must be complete");
+                let m = store
+                    .metrics(key, None)
+                    .expect("a done job's metrics must be readable");
+                assert_eq!(
+                    m.len() as i64,
+                    ROWS,
+                    "a done job's metrics must be complete"
+                );
                 assert_eq!(m.step, (0..ROWS).collect::<Vec<_>>());
                 let want: Vec<f64> = (0..ROWS).map(|s| expected_value(id as u32, s)).collect();
                 assert_eq!(m.value, want, "a done job's metric values must be exact");
@@ -125,8 +155,14 @@ fn sigkill_at_random_moments_never_tears_a_record() {
     }
     eprintln!("jobs done after each of {trials} kills: {done_seen:?}");
     // The kills must have landed in different phases: some trials finished jobs, some not.
-    assert!(done_seen.iter().any(|&d| d > 0), "no trial finished a job: {done_seen:?}");
-    assert!(done_seen.iter().any(|&d| d < JOBS as usize), "every trial finished: {done_seen:?}");
+    assert!(
+        done_seen.iter().any(|&d| d > 0),
+        "no trial finished a job: {done_seen:?}"
+    );
+    assert!(
+        done_seen.iter().any(|&d| d < JOBS as usize),
+        "every trial finished: {done_seen:?}"
+    );
     // Whatever state the last kill left, a drain completes it with exact results.
     let mut o = orchestrator(&store);
     assert_eq!(enqueue(&mut o, 20), keys);
@@ -139,12 +175,17 @@ fn three_concurrent_drains_run_each_job_once() {
     let dir = tempfile::tempdir().unwrap();
     let store = dir.path().join("store");
     let side = dir.path().join("executions.txt");
-    let children: Vec<Child> =
-        (0..3).map(|_| spawn_child("drain", &store, 300, None, Some(&side))).collect();
+    let children: Vec<Child> = (0..3)
+        .map(|_| spawn_child("drain", &store, 300, None, Some(&side)))
+        .collect();
     let deadline = Instant::now() + Duration::from_secs(120);
     for c in children {
         let out = c.wait_with_output().unwrap();
-        assert!(out.status.success(), "child failed: {}", String::from_utf8_lossy(&out.stderr));
+        assert!(
+            out.status.success(),
+            "child failed: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
         assert!(Instant::now() < deadline);
     }
     let text = std::fs::read_to_string(&side).unwrap();
@@ -153,7 +194,10 @@ fn three_concurrent_drains_run_each_job_once() {
         *counts.entry(line).or_default() += 1;
     }
     assert_eq!(counts.len(), JOBS as usize, "every job ran: {counts:?}");
-    assert!(counts.values().all(|&n| n == 1), "each job ran exactly once: {counts:?}");
+    assert!(
+        counts.values().all(|&n| n == 1),
+        "each job ran exactly once: {counts:?}"
+    );
     let keys = enqueue(&mut orchestrator(&store), 300);
     assert_eq!(check_store(&store, &keys), JOBS as usize);
 }
@@ -166,8 +210,14 @@ fn keys_do_not_depend_on_the_working_directory() {
     std::fs::create_dir_all(&a).unwrap();
     std::fs::create_dir_all(&b).unwrap();
     let key_in = |cwd: &Path| {
-        let out = spawn_child("key", &store, 0, Some(cwd), None).wait_with_output().unwrap();
-        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+        let out = spawn_child("key", &store, 0, Some(cwd), None)
+            .wait_with_output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
         let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
         stdout
             .split("KEY ")

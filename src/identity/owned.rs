@@ -222,6 +222,30 @@ fn rel_string(root: &Path, p: &Path) -> String {
 /// [`IdentityError::JobFileNotFound`] when the job's file cannot be found,
 /// [`IdentityError::Io`] when a source file or folder cannot be read.
 pub fn owned_digest(code: &OwnedCode) -> Result<OwnedDigest, IdentityError> {
+    digest_tree(code, true)
+}
+
+/// [`owned_digest`] without the per-file cache: reads and hashes every file (for benchmarks and
+/// for verifying a cached digest).
+///
+/// # Errors
+/// As [`owned_digest`].
+pub fn owned_digest_uncached(code: &OwnedCode) -> Result<OwnedDigest, IdentityError> {
+    digest_tree(code, false)
+}
+
+fn digest_tree(code: &OwnedCode, cached: bool) -> Result<OwnedDigest, IdentityError> {
+    let file_digest = |p: &Path| -> Result<Hash, IdentityError> {
+        if cached {
+            file_digest(p)
+        } else {
+            let bytes = std::fs::read(p).map_err(|e| IdentityError::Io {
+                path: p.to_path_buf(),
+                source: e,
+            })?;
+            Ok(token_digest(&bytes))
+        }
+    };
     let root = &code.crate_dir;
     let src = root.join("src");
     let mut files = BTreeMap::new();

@@ -204,7 +204,11 @@ impl FsStore {
     fn create_claim(&self, dir: &Path, path: &Path, owner: &Owner) -> io::Result<()> {
         let tmp = dir.join(format!(".claim.tmp.{}", sanitize(&owner.nonce)));
         let body = serde_json::to_vec(owner).map_err(io::Error::other)?;
-        let mut f = OpenOptions::new().write(true).create(true).truncate(true).open(&tmp)?;
+        let mut f = OpenOptions::new()
+            .write(true)
+            .create(true)
+            .truncate(true)
+            .open(&tmp)?;
         f.write_all(&body)?;
         f.sync_all()?;
         drop(f);
@@ -268,6 +272,20 @@ impl FsStore {
     }
 }
 
+/// The entry names of a folder.
+fn list_names(dir: &Path) -> Result<HashSet<String>, StoreError> {
+    let mut names = HashSet::new();
+    for e in fs::read_dir(dir).map_err(io_err(dir))? {
+        names.insert(
+            e.map_err(io_err(dir))?
+                .file_name()
+                .to_string_lossy()
+                .into_owned(),
+        );
+    }
+    Ok(names)
+}
+
 fn sanitize(s: &str) -> String {
     s.chars()
         .filter(|c| c.is_ascii_alphanumeric() || *c == '-' || *c == '_')
@@ -310,11 +328,7 @@ impl Store for FsStore {
             return keys.iter().map(|k| self.record(k)).collect();
         }
         // One directory listing instead of a failed open per missing key.
-        let mut present = HashSet::new();
-        for e in fs::read_dir(&self.jobs).map_err(io_err(&self.jobs))? {
-            let e = e.map_err(io_err(&self.jobs))?;
-            present.insert(e.file_name().to_string_lossy().into_owned());
-        }
+        let present = list_names(&self.jobs)?;
         keys.iter()
             .map(|k| {
                 if present.contains(&k.to_hex()) {
@@ -349,6 +363,23 @@ impl Store for FsStore {
             Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(None),
             Err(e) => Err(StoreError::Io { path, source: e }),
         }
+    }
+
+    fn lineages(&self, lineages: &[Hash]) -> Result<Vec<Option<Hash>>, StoreError> {
+        if lineages.len() < 64 {
+            return lineages.iter().map(|l| self.lineage(l)).collect();
+        }
+        let present = list_names(&self.lineage)?;
+        lineages
+            .iter()
+            .map(|l| {
+                if present.contains(&l.to_hex()) {
+                    self.lineage(l)
+                } else {
+                    Ok(None)
+                }
+            })
+            .collect()
     }
 
     fn claim_info(&self, key: &Hash) -> Result<Option<ClaimInfo>, StoreError> {

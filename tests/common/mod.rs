@@ -18,8 +18,14 @@ impl FakeCrate {
     pub fn new() -> Self {
         let dir = tempfile::tempdir().unwrap();
         let c = Self { dir };
-        c.write("Cargo.lock", "# lock v1\n[[package]]\nname = \"a\"\nversion = \"1.0.0\"\n");
-        c.write("src/lib.rs", "pub fn model(x: f64) -> f64 {\n    x * 2.0\n}\n");
+        c.write(
+            "Cargo.lock",
+            "# lock v1\n[[package]]\nname = \"a\"\nversion = \"1.0.0\"\n",
+        );
+        c.write(
+            "src/lib.rs",
+            "pub fn model(x: f64) -> f64 {\n    x * 2.0\n}\n",
+        );
         c.write("examples/job.rs", "fn train() {}\n");
         c
     }
@@ -80,7 +86,10 @@ pub fn work(p: &WorkParams, run: &mut Run) -> JobResult {
         }
     }
     if let Ok(side) = std::env::var("PUZZLETRON_SIDE_FILE") {
-        let mut f = std::fs::OpenOptions::new().create(true).append(true).open(side)?;
+        let mut f = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(side)?;
         f.write_all(format!("{}\n", run.key()).as_bytes())?;
     }
     Ok(())
