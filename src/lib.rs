@@ -75,6 +75,11 @@ pub mod store;
 pub mod sweep;
 
 pub use error::{Error, Result};
+
+/// Compiles the README's example (`no_run`: it writes files), so the README cannot rot.
+#[cfg(doctest)]
+#[doc = include_str!("../README.md")]
+struct ReadmeDoctests;
 pub use identity::Hash;
 pub use metrics::MetricTable;
 pub use store::{FsStore, MemoryStore, Store};

@@ -330,10 +330,12 @@ impl ser::Serializer for CanonSer {
     }
     fn serialize_u128(self, v: u128) -> Result<Canon, ParamError> {
         // Beyond i128 there is no exact representation here: refuse rather than round.
-        i128::try_from(v).map(Canon::Int).map_err(|_| ParamError::Custom {
-            path: String::new(),
-            message: format!("integer {v} exceeds i128; expected a smaller integer"),
-        })
+        i128::try_from(v)
+            .map(Canon::Int)
+            .map_err(|_| ParamError::Custom {
+                path: String::new(),
+                message: format!("integer {v} exceeds i128; expected a smaller integer"),
+            })
     }
     fn serialize_f32(self, v: f32) -> Result<Canon, ParamError> {
         if !v.is_finite() {
