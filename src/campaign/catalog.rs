@@ -256,6 +256,15 @@ fn puzzle_command() -> Vec<String> {
     argv
 }
 
+fn embedding_widths() -> ShardAxis {
+    ShardAxis {
+        values_key: "embedding_pruning.widths".into(),
+        enabled_key: Some("embedding_pruning.enabled".into()),
+        name: "embedding widths".into(),
+        label_prefix: "w".into(),
+    }
+}
+
 fn automodel(paths: &[&str]) -> MeshSource {
     MeshSource::AutoModel(paths.iter().map(|p| format!("{p}.automodel.parallel")).collect())
 }
@@ -324,13 +333,19 @@ impl StageCatalog {
                 .enabled_by("build_library.enabled", true)
                 .mesh(automodel(&["replacement_scoring", "pruning"]))
                 .distributed(true),
-            s("replacement_scoring")
-                .needs(&["build_library"])
-                .enabled_by("replacement_scoring.enabled", true)
-                .strategy(PersistentPool)
-                .mesh(automodel(&["replacement_scoring"]))
-                .distributed(true)
-                .aggregate(true),
+            {
+                let mut d = s("replacement_scoring")
+                    .needs(&["build_library"])
+                    .enabled_by("replacement_scoring.enabled", true)
+                    .strategy(PersistentPool)
+                    .mesh(automodel(&["replacement_scoring"]))
+                    .distributed(true)
+                    .aggregate(true);
+                // Scoring runs one pool per embedding width (the reference submits one gang per
+                // width).
+                d.shard_axis = Some(embedding_widths());
+                d
+            },
             s("mip").needs(&["vllm_stats", "depth_importance", "replacement_scoring"]).enabled_by("mip.enabled", true),
             {
                 let mut d = s("zero_shot_evaluation")
@@ -340,12 +355,7 @@ impl StageCatalog {
                     .mesh(automodel(&["zero_shot_evaluation"]))
                     .distributed(true)
                     .aggregate(true);
-                d.shard_axis = Some(ShardAxis {
-                    values_key: "embedding_pruning.widths".into(),
-                    enabled_key: Some("embedding_pruning.enabled".into()),
-                    name: "embedding widths".into(),
-                    label_prefix: "w".into(),
-                });
+                d.shard_axis = Some(embedding_widths());
                 d
             },
             s("aiperf")

@@ -10,6 +10,7 @@ use std::path::Path;
 use serde::{Deserialize, Serialize};
 
 use super::catalog::{ResolvedStage, StageCatalog};
+use super::config::{ConfigLoader, Env};
 use super::execution::{ExecutionConfig, ExecutionDefaults, Resource, StageExecutionSpec, Strategy};
 use super::mesh::{GpuAllocation, InstancePlacement, pack_gpu_allocation};
 use super::plan::{CampaignPlan, StagePlan};
@@ -55,8 +56,8 @@ impl StageFilter {
 /// The file is loaded with Hydra-style composition (its `defaults` list, relative to the
 /// nearest ancestor folder holding `base.yaml`), then `overrides` (Hydra grammar: `a.b=1`,
 /// `+a.c=2`, `~a.d`) are applied, then `${...}` interpolations resolve (`oc.env` reads the
-/// process environment). The stage catalog is the config's own `stages:` list if present,
-/// else [`StageCatalog::puzzle`].
+/// process environment; use [`compile_campaign_plan_with`] to inject one). The stage catalog
+/// is the config's own `stages:` list if present, else [`StageCatalog::puzzle`].
 ///
 /// # Errors
 /// [`PlanError::Config`] for loading/composition/override/interpolation errors, and every
@@ -68,8 +69,25 @@ pub fn compile_campaign_plan(
     overrides: &[String],
     stage_filter: Option<&StageFilter>,
 ) -> Result<CampaignPlan, PlanError> {
+    let loader = ConfigLoader::new().env(Env::from_process());
+    compile_campaign_plan_with(&loader, experiment_config_path, runner, execution, overrides, stage_filter)
+}
+
+/// [`compile_campaign_plan`] with an explicit [`ConfigLoader`] (environment, resolvers, config
+/// root), so compilation does not read the process environment.
+///
+/// # Errors
+/// As [`compile_campaign_plan`].
+pub fn compile_campaign_plan_with(
+    loader: &ConfigLoader,
+    experiment_config_path: impl AsRef<Path>,
+    runner: &RunnerEnvironment,
+    execution: &ExecutionConfig,
+    overrides: &[String],
+    stage_filter: Option<&StageFilter>,
+) -> Result<CampaignPlan, PlanError> {
     let path = experiment_config_path.as_ref();
-    let config = super::adapter::load_experiment(path, overrides)?;
+    let config = super::adapter::load_experiment(loader, path, overrides)?;
     let label = path.display().to_string();
     let catalog = StageCatalog::from_config(&label, &config)?;
     compile_resolved(&label, config, overrides, &catalog, runner, execution, stage_filter)

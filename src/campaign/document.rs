@@ -3,7 +3,8 @@
 
 use serde::{Deserialize, Serialize};
 
-use super::mesh::ParallelMesh;
+use super::execution::Strategy;
+use super::mesh::{ParallelMesh, pack_gpu_allocation};
 use super::plan::CampaignPlan;
 use super::plan_error::PlanError;
 
@@ -133,10 +134,41 @@ impl PlanDocument {
                 }
             })
             .collect();
-        let dry_run_submissions = plan
-            .stages
-            .iter()
-            .map(|s| {
+        let mut dry_run_submissions = Vec::with_capacity(plan.stages.len());
+        for s in &plan.stages {
+            if s.work.strategy == Strategy::PersistentPool {
+                let mut groups: Vec<(&str, u32)> = Vec::new();
+                for item in &s.work.items {
+                    match (item.group.as_deref(), groups.last_mut()) {
+                        (Some(g), Some(last)) if last.0 == g => last.1 += 1,
+                        (Some(g), _) => groups.push((g, 1)),
+                        (None, _) => {}
+                    }
+                }
+                if groups.len() > 1 {
+                    // One pool (gang) per group.
+                    let a = &s.spec.allocation;
+                    for (label, count) in groups {
+                        let Ok(g) = pack_gpu_allocation(&s.stage_id, count, a.gpus_per_instance, a.gpus_per_node) else { continue };
+                        let (gpus_per_task, tasks_per_group) = if g.nodes_per_instance > 1 { (g.gpus_per_node, g.nodes_per_instance) } else { (g.gpus_per_instance, 1) };
+                        dry_run_submissions.push(SubmissionDocument {
+                            stage_id: s.stage_id.clone(),
+                            work_id: format!("{}:{label}", s.stage_id),
+                            nodes: g.nodes,
+                            gpus: g.total_gpus,
+                            gpus_per_node: g.max_gpus_on_a_node(),
+                            task_count: count * tasks_per_group,
+                            gpus_per_task,
+                            tasks_per_group,
+                            group_count: count,
+                            launcher: s.work.topology.launcher.name().into(),
+                            exclusive: g.exclusive,
+                        });
+                    }
+                    continue;
+                }
+            }
+            dry_run_submissions.push({
                 let t = &s.work.topology;
                 SubmissionDocument {
                     stage_id: s.stage_id.clone(),
@@ -151,8 +183,8 @@ impl PlanDocument {
                     launcher: t.launcher.name().into(),
                     exclusive: t.exclusive,
                 }
-            })
-            .collect();
+            });
+        }
         PlanDocument {
             experiment_config_path: plan.experiment_config_path.clone(),
             puzzle_dir: plan.puzzle_dir.clone(),

@@ -173,6 +173,17 @@ impl ExecutionConfig {
         self.stages.iter().find(|(id, _)| id == stage).map(|(_, s)| s)
     }
 
+    /// Loads the YAML file at `path` (anchors, aliases and `<<` merge keys allowed; no
+    /// composition or interpolation) and reads it with [`Self::from_node`].
+    ///
+    /// # Errors
+    /// [`PlanError::Config`] for I/O and YAML errors, then those of [`Self::from_node`].
+    pub fn load(path: impl AsRef<std::path::Path>) -> Result<Self, PlanError> {
+        let path = path.as_ref();
+        let node = super::adapter::load_plain(path)?;
+        Self::from_node(&path.display().to_string(), &node)
+    }
+
     /// Reads an execution config from a loaded tree (the whole file, with `execution:`).
     ///
     /// # Errors

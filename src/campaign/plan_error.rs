@@ -8,7 +8,7 @@ use std::path::PathBuf;
 /// Every variant carries the context a user needs to fix the input: the file, the dotted key
 /// path, the bad value and what was expected. None of them is retryable: planning is pure, so
 /// the same input fails the same way ([`PlanError::is_retryable`] is `false`), except
-/// [`PlanError::Io`] for transient read failures.
+/// [`PlanError::Io`] (and I/O inside [`PlanError::Config`]) for transient read failures.
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum PlanError {
@@ -47,8 +47,8 @@ pub enum PlanError {
         expected: String,
     },
     /// Loading or composing a YAML file failed (parse error, defaults, overrides, interpolation).
-    #[error("{0}")]
-    Config(String),
+    #[error(transparent)]
+    Config(#[from] super::config::ConfigError),
     /// A file could not be read.
     #[error("cannot read {path}: {source}")]
     Io {
@@ -167,6 +167,10 @@ fn suggestion_text(s: &Option<String>) -> String {
 impl PlanError {
     /// Whether retrying the same call can help: only I/O errors; planning is deterministic.
     pub fn is_retryable(&self) -> bool {
-        matches!(self, PlanError::Io { .. })
+        match self {
+            PlanError::Io { .. } => true,
+            PlanError::Config(e) => e.is_retryable(),
+            _ => false,
+        }
     }
 }

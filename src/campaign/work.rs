@@ -248,6 +248,37 @@ pub fn build_work_plan(input: &WorkPlanInput<'_>, rdzv: &mut dyn RendezvousAlloc
                 });
             }
         }
+        Strategy::PersistentPool if !input.shard_groups.is_empty() => {
+            // One pool per group (e.g. per embedding width): workers split as evenly as
+            // possible, earlier groups taking the remainder (8 over 3 widths: 3, 3, 2).
+            let g = input.shard_groups.len() as u32;
+            if n < g {
+                return Err(PlanError::WorkPlan {
+                    stage: stage.into(),
+                    reason: format!(
+                        "{stage} needs at least one pool worker per entry of {}; got instances={n} for {g}",
+                        input.shard_axis_name.unwrap_or("shard groups")
+                    ),
+                });
+            }
+            let (base, extra) = (n / g, n % g);
+            let mut instance = 0;
+            for (gi, (label, value)) in input.shard_groups.iter().enumerate() {
+                let count = base + u32::from((gi as u32) < extra);
+                for i in 0..count {
+                    items.push(WorkItem {
+                        work_id: format!("{stage}:{label}:worker:{i}"),
+                        kind: WorkItemKind::PoolWorker,
+                        shard_index: i,
+                        shard_count: count,
+                        group: Some(label.clone()),
+                        group_value: Some(value.clone()),
+                        instance,
+                    });
+                    instance += 1;
+                }
+            }
+        }
         Strategy::PersistentPool => {
             for i in 0..n {
                 items.push(WorkItem {

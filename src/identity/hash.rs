@@ -99,7 +99,9 @@ impl FromStr for Hash {
     type Err = ParseHashError;
 
     fn from_str(s: &str) -> Result<Self, Self::Err> {
-        let err = || ParseHashError { text: s.chars().take(80).collect() };
+        let err = || ParseHashError {
+            text: s.chars().take(80).collect(),
+        };
         if s.len() != Self::HEX_LEN || s.bytes().any(|b| b.is_ascii_uppercase()) {
             return Err(err());
         }
