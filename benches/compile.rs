@@ -12,7 +12,10 @@ use puzzletron::campaign::{
 };
 
 fn fixtures() -> PathBuf {
-    PathBuf::from(concat!(env!("CARGO_MANIFEST_DIR"), "/../shared/fixtures/puzzletron-configs"))
+    PathBuf::from(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../shared/fixtures/puzzletron-configs"
+    ))
 }
 
 fn loader() -> ConfigLoader {
@@ -47,12 +50,34 @@ fn fixtures_bench(c: &mut Criterion) {
         let path = fixtures().join(exp);
         let loader = loader();
         g.bench_function(format!("{name}/from_files"), |b| {
-            b.iter(|| compile_campaign_plan_with(&loader, black_box(&path), &runner, &execution, &[], None).unwrap())
+            b.iter(|| {
+                compile_campaign_plan_with(
+                    &loader,
+                    black_box(&path),
+                    &runner,
+                    &execution,
+                    &[],
+                    None,
+                )
+                .unwrap()
+            })
         });
-        let plan = compile_campaign_plan_with(&loader, &path, &runner, &execution, &[], None).unwrap();
+        let plan =
+            compile_campaign_plan_with(&loader, &path, &runner, &execution, &[], None).unwrap();
         let catalog = StageCatalog::puzzle();
         g.bench_function(format!("{name}/resolved"), |b| {
-            b.iter(|| compile_resolved("bench", black_box(plan.resolved_config.clone()), &[], &catalog, &runner, &execution, None).unwrap())
+            b.iter(|| {
+                compile_resolved(
+                    "bench",
+                    black_box(plan.resolved_config.clone()),
+                    &[],
+                    &catalog,
+                    &runner,
+                    &execution,
+                    None,
+                )
+                .unwrap()
+            })
         });
     }
     g.finish();
@@ -69,26 +94,67 @@ fn generated_config(stages: usize, shards: u32) -> Node {
                 ("instances".to_string(), Node::Int(i64::from(shards))),
                 ("distributed".to_string(), Node::Bool(true)),
                 ("aggregate".to_string(), Node::Bool(true)),
-                ("parallel".to_string(), Node::Map(vec![("tp".to_string(), Node::Int(2))])),
-                ("command".to_string(), Node::Seq(vec![Node::Str("python".into()), Node::Str("work.py".into()), Node::Str("{work_id}".into())])),
+                (
+                    "parallel".to_string(),
+                    Node::Map(vec![("tp".to_string(), Node::Int(2))]),
+                ),
+                (
+                    "command".to_string(),
+                    Node::Seq(vec![
+                        Node::Str("python".into()),
+                        Node::Str("work.py".into()),
+                        Node::Str("{work_id}".into()),
+                    ]),
+                ),
             ];
-            let needs: Vec<Node> = (i.saturating_sub(2)..i).map(|p| Node::Str(format!("s{p:03}"))).collect();
+            let needs: Vec<Node> = (i.saturating_sub(2)..i)
+                .map(|p| Node::Str(format!("s{p:03}")))
+                .collect();
             entries.push(("needs".to_string(), Node::Seq(needs)));
             Node::Map(entries)
         })
         .collect();
-    Node::Map(vec![("puzzle_dir".into(), Node::Str("runs/gen".into())), ("stages".into(), Node::Seq(list))])
+    Node::Map(vec![
+        ("puzzle_dir".into(), Node::Str("runs/gen".into())),
+        ("stages".into(), Node::Seq(list)),
+    ])
 }
 
 fn generated_bench(c: &mut Criterion) {
     let config = generated_config(100, 100);
     let catalog = StageCatalog::from_config("gen", &config).unwrap();
-    let runner = RunnerEnvironment::from_node("runner", &Node::from_json(&serde_json::json!({"runner": {"kind": "slurm", "slurm": {"partition": "batch"}}}))).unwrap();
+    let runner = RunnerEnvironment::from_node(
+        "runner",
+        &Node::from_json(
+            &serde_json::json!({"runner": {"kind": "slurm", "slurm": {"partition": "batch"}}}),
+        ),
+    )
+    .unwrap();
     let execution = ExecutionConfig::default();
-    let plan = compile_resolved("gen", config.clone(), &[], &catalog, &runner, &execution, None).unwrap();
+    let plan = compile_resolved(
+        "gen",
+        config.clone(),
+        &[],
+        &catalog,
+        &runner,
+        &execution,
+        None,
+    )
+    .unwrap();
     assert_eq!(plan.work_item_count(), 10_000);
     c.bench_function("compile_generated/10k_work_items", |b| {
-        b.iter(|| compile_resolved("gen", black_box(config.clone()), &[], &catalog, &runner, &execution, None).unwrap())
+        b.iter(|| {
+            compile_resolved(
+                "gen",
+                black_box(config.clone()),
+                &[],
+                &catalog,
+                &runner,
+                &execution,
+                None,
+            )
+            .unwrap()
+        })
     });
 }
 

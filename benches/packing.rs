@@ -11,11 +11,15 @@ fn packing(c: &mut Criterion) {
         g.throughput(Throughput::Elements(u64::from(n)));
         // tp=3 on 8-GPU nodes: instances do not tile a node (2 per node, 2 GPUs idle).
         g.bench_with_input(BenchmarkId::new("tp3_on_8", n), &n, |b, &n| {
-            b.iter(|| pack_gpu_allocation("bench", black_box(n), black_box(3), black_box(8)).unwrap())
+            b.iter(|| {
+                pack_gpu_allocation("bench", black_box(n), black_box(3), black_box(8)).unwrap()
+            })
         });
         // 16-GPU instances on 8-GPU nodes: multi-node, whole nodes.
         g.bench_with_input(BenchmarkId::new("multi_node_16_on_8", n), &n, |b, &n| {
-            b.iter(|| pack_gpu_allocation("bench", black_box(n), black_box(16), black_box(8)).unwrap())
+            b.iter(|| {
+                pack_gpu_allocation("bench", black_box(n), black_box(16), black_box(8)).unwrap()
+            })
         });
     }
     g.finish();

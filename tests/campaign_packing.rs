@@ -81,11 +81,24 @@ proptest! {
 #[test]
 fn five_tp3_instances_on_8_gpu_nodes_need_three_nodes() {
     let a = pack_gpu_allocation("aiperf", 5, 3, 8).unwrap();
-    assert_eq!(a.nodes, 3, "ceil(15/8) = 2 would split an instance across nodes");
-    let layout: Vec<(u32, Vec<u32>)> = a.placements().iter().map(|p| (p.node, p.local_gpu_ids().collect())).collect();
+    assert_eq!(
+        a.nodes, 3,
+        "ceil(15/8) = 2 would split an instance across nodes"
+    );
+    let layout: Vec<(u32, Vec<u32>)> = a
+        .placements()
+        .iter()
+        .map(|p| (p.node, p.local_gpu_ids().collect()))
+        .collect();
     assert_eq!(
         layout,
-        vec![(0, vec![0, 1, 2]), (0, vec![3, 4, 5]), (1, vec![0, 1, 2]), (1, vec![3, 4, 5]), (2, vec![0, 1, 2])]
+        vec![
+            (0, vec![0, 1, 2]),
+            (0, vec![3, 4, 5]),
+            (1, vec![0, 1, 2]),
+            (1, vec![3, 4, 5]),
+            (2, vec![0, 1, 2])
+        ]
     );
 }
 

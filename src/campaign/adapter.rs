@@ -15,12 +15,20 @@ pub(crate) fn node_from_value(v: &Value) -> Node {
         Value::Float(f) => Node::Float(*f),
         Value::String(s) => Node::Str(s.clone()),
         Value::List(items) => Node::Seq(items.iter().map(node_from_value).collect()),
-        Value::Mapping(m) => Node::Map(m.iter().map(|(k, v)| (k.clone(), node_from_value(v))).collect()),
+        Value::Mapping(m) => Node::Map(
+            m.iter()
+                .map(|(k, v)| (k.clone(), node_from_value(v)))
+                .collect(),
+        ),
     }
 }
 
 /// Loads, composes, overrides and resolves an experiment config.
-pub(crate) fn load_experiment(loader: &ConfigLoader, path: &Path, overrides: &[String]) -> Result<Node, PlanError> {
+pub(crate) fn load_experiment(
+    loader: &ConfigLoader,
+    path: &Path,
+    overrides: &[String],
+) -> Result<Node, PlanError> {
     let parsed = parse_overrides(overrides.iter().map(String::as_str))?;
     let cfg = loader.load_experiment(path, &parsed)?;
     Ok(node_from_value(cfg.value()))

@@ -25,7 +25,9 @@ use serde::{Deserialize, Serialize};
 use super::execution::{FailurePolicy, Strategy};
 use super::mesh::{ParallelMesh, normalize_vllm_topology};
 use super::plan_error::PlanError;
-use super::tree::{Node, check_keys, did_you_mean, expect_map, expect_str_list, expect_u32, invalid, join};
+use super::tree::{
+    Node, check_keys, did_you_mean, expect_map, expect_str_list, expect_u32, invalid, join,
+};
 
 /// What happens to a dependency edge when the parent stage is disabled.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
@@ -48,11 +50,17 @@ pub struct Need {
 impl Need {
     /// A dependency contracted through a disabled parent.
     pub fn on(stage: &str) -> Self {
-        Need { stage: stage.to_string(), if_disabled: IfDisabled::Contract }
+        Need {
+            stage: stage.to_string(),
+            if_disabled: IfDisabled::Contract,
+        }
     }
     /// A dependency dropped when the parent is disabled.
     pub fn optional(stage: &str) -> Self {
-        Need { stage: stage.to_string(), if_disabled: IfDisabled::Drop }
+        Need {
+            stage: stage.to_string(),
+            if_disabled: IfDisabled::Drop,
+        }
     }
 }
 
@@ -161,7 +169,10 @@ impl StageDef {
     }
     /// Enabled by a boolean config key.
     pub fn enabled_by(mut self, path: &str, default: bool) -> Self {
-        self.enabled = Enablement::Key { path: path.to_string(), default };
+        self.enabled = Enablement::Key {
+            path: path.to_string(),
+            default,
+        };
         self
     }
     /// Sets the default strategy.
@@ -250,7 +261,16 @@ pub const PUZZLE_WORKER: [&str; 3] = ["python", "-m", "modelopt.torch.puzzletron
 
 fn puzzle_command() -> Vec<String> {
     let mut argv: Vec<String> = PUZZLE_WORKER.iter().map(|s| s.to_string()).collect();
-    for a in ["--config", "{config}", "--stage", "{stage_id}", "--work-item", "{work_id}", "--shard", "{shard_index}/{shard_count}"] {
+    for a in [
+        "--config",
+        "{config}",
+        "--stage",
+        "{stage_id}",
+        "--work-item",
+        "{work_id}",
+        "--shard",
+        "{shard_index}/{shard_count}",
+    ] {
         argv.push(a.to_string());
     }
     argv
@@ -266,13 +286,22 @@ fn embedding_widths() -> ShardAxis {
 }
 
 fn automodel(paths: &[&str]) -> MeshSource {
-    MeshSource::AutoModel(paths.iter().map(|p| format!("{p}.automodel.parallel")).collect())
+    MeshSource::AutoModel(
+        paths
+            .iter()
+            .map(|p| format!("{p}.automodel.parallel"))
+            .collect(),
+    )
 }
 
 impl StageCatalog {
     /// A catalog of user stages (no post-MIP expansion).
     pub fn new(name: &str, stages: Vec<StageDef>) -> Self {
-        StageCatalog { name: name.to_string(), stages, post_mip: None }
+        StageCatalog {
+            name: name.to_string(),
+            stages,
+            post_mip: None,
+        }
     }
 
     /// The Puzzletron pipeline: stage ids, parents (contracted through disabled stages), the
@@ -287,7 +316,9 @@ impl StageCatalog {
         let s = |id: &str| StageDef::new(id).command(cmd.clone());
         let stages = vec![
             s("convert"),
-            s("tokenize_data").needs(&["convert"]).enabled_by("tokenize_data.enabled", false),
+            s("tokenize_data")
+                .needs(&["convert"])
+                .enabled_by("tokenize_data.enabled", false),
             s("vllm_stats")
                 .needs(&["convert"])
                 .enabled_by("vllm_stats.enabled", false)
@@ -301,8 +332,14 @@ impl StageCatalog {
                 .mesh(automodel(&["depth_importance", "pruning"]))
                 .distributed(true)
                 .aggregate(true),
-            s("width_importance").needs(&["tokenize_data"]).mesh(automodel(&["pruning"])).distributed(true),
-            s("sort").needs(&["width_importance"]).mesh(automodel(&["sort", "pruning"])).distributed(true),
+            s("width_importance")
+                .needs(&["tokenize_data"])
+                .mesh(automodel(&["pruning"]))
+                .distributed(true),
+            s("sort")
+                .needs(&["width_importance"])
+                .mesh(automodel(&["sort", "pruning"]))
+                .distributed(true),
             s("sort_sanity")
                 .needs(&["sort"])
                 .enabled_by("sort_sanity.enabled", false)
@@ -323,7 +360,11 @@ impl StageCatalog {
                 .mesh(automodel(&["bypass"]))
                 .distributed(true),
             {
-                let mut d = s("bypass").needs(&["bypass_sanity"]).enabled_by("bypass.enabled", false).mesh(automodel(&["bypass"])).distributed(true);
+                let mut d = s("bypass")
+                    .needs(&["bypass_sanity"])
+                    .enabled_by("bypass.enabled", false)
+                    .mesh(automodel(&["bypass"]))
+                    .distributed(true);
                 d.resumable = true;
                 d
             },
@@ -346,7 +387,9 @@ impl StageCatalog {
                 d.shard_axis = Some(embedding_widths());
                 d
             },
-            s("mip").needs(&["vllm_stats", "depth_importance", "replacement_scoring"]).enabled_by("mip.enabled", true),
+            s("mip")
+                .needs(&["vllm_stats", "depth_importance", "replacement_scoring"])
+                .enabled_by("mip.enabled", true),
             {
                 let mut d = s("zero_shot_evaluation")
                     .needs(&["mip"])
@@ -381,7 +424,10 @@ impl StageCatalog {
             s("post_distillation_evaluation")
                 .needs(&["global_distillation"])
                 .enabled_by("post_distillation_evaluation.enabled", false)
-                .mesh(automodel(&["post_distillation_evaluation", "global_distillation"]))
+                .mesh(automodel(&[
+                    "post_distillation_evaluation",
+                    "global_distillation",
+                ]))
                 .distributed(true),
         ];
         StageCatalog {
@@ -390,10 +436,16 @@ impl StageCatalog {
             post_mip: Some(PostMipExpansion {
                 flows_key: "post_mip.flows".into(),
                 source_stage: "mip".into(),
-                replaces: ["zero_shot_evaluation", "aiperf", "global_distillation_sanity", "global_distillation", "post_distillation_evaluation"]
-                    .iter()
-                    .map(|s| s.to_string())
-                    .collect(),
+                replaces: [
+                    "zero_shot_evaluation",
+                    "aiperf",
+                    "global_distillation_sanity",
+                    "global_distillation",
+                    "post_distillation_evaluation",
+                ]
+                .iter()
+                .map(|s| s.to_string())
+                .collect(),
                 command: cmd,
             }),
         }
@@ -414,7 +466,12 @@ impl StageCatalog {
                 }
                 Ok(StageCatalog::new("config", stages))
             }
-            Some(other) => Err(invalid(file, "stages", other, "a list of stages ({id, needs, strategy, command})")),
+            Some(other) => Err(invalid(
+                file,
+                "stages",
+                other,
+                "a list of stages ({id, needs, strategy, command})",
+            )),
         }
     }
 
@@ -440,7 +497,9 @@ impl StageCatalog {
         let mut index: HashMap<&str, usize> = HashMap::with_capacity(defs.len());
         for (i, d) in defs.iter().enumerate() {
             if index.insert(d.id.as_str(), i).is_some() {
-                return Err(PlanError::DuplicateStage { stage: d.id.clone() });
+                return Err(PlanError::DuplicateStage {
+                    stage: d.id.clone(),
+                });
             }
         }
         for d in &defs {
@@ -495,7 +554,10 @@ impl StageCatalog {
                 read_mesh(file, config, &d.mesh, &d.id)?
             };
             let (shard_groups, shard_axis_name) = match &d.shard_axis {
-                Some(axis) => (read_shard_groups(file, config, axis)?, Some(axis.name.clone())),
+                Some(axis) => (
+                    read_shard_groups(file, config, axis)?,
+                    Some(axis.name.clone()),
+                ),
                 None => (Vec::new(), None),
             };
             resolved.push(ResolvedStage {
@@ -535,7 +597,8 @@ fn topo_order(defs: &[StageDef], index: &HashMap<&str, usize>) -> Result<Vec<usi
             }
         }
     }
-    let mut heap: BinaryHeap<Reverse<usize>> = (0..n).filter(|&i| indeg[i] == 0).map(Reverse).collect();
+    let mut heap: BinaryHeap<Reverse<usize>> =
+        (0..n).filter(|&i| indeg[i] == 0).map(Reverse).collect();
     let mut order = Vec::with_capacity(n);
     while let Some(Reverse(i)) = heap.pop() {
         order.push(i);
@@ -561,7 +624,11 @@ fn topo_order(defs: &[StageDef], index: &HashMap<&str, usize>) -> Result<Vec<usi
             .find(|&p| indeg[p] > 0)
             .unwrap_or(start);
         if let Some(pos) = path.iter().position(|&x| x == next) {
-            let mut cycle: Vec<String> = path[pos..].iter().rev().map(|&i| defs[i].id.clone()).collect();
+            let mut cycle: Vec<String> = path[pos..]
+                .iter()
+                .rev()
+                .map(|&i| defs[i].id.clone())
+                .collect();
             cycle.push(cycle[0].clone());
             return Err(PlanError::Cycle { cycle });
         }
@@ -590,12 +657,20 @@ fn is_enabled(file: &str, config: &Node, e: &Enablement) -> Result<bool, PlanErr
     }
 }
 
-fn read_mesh(file: &str, config: &Node, source: &MeshSource, stage: &str) -> Result<ParallelMesh, PlanError> {
+fn read_mesh(
+    file: &str,
+    config: &Node,
+    source: &MeshSource,
+    stage: &str,
+) -> Result<ParallelMesh, PlanError> {
     let mesh = match source {
         MeshSource::Single => ParallelMesh::SINGLE,
         MeshSource::Fixed(m) => *m,
         MeshSource::AutoModel(paths) => {
-            match paths.iter().find_map(|p| config.get_path(p).filter(|n| !n.is_null()).map(|n| (p, n))) {
+            match paths
+                .iter()
+                .find_map(|p| config.get_path(p).filter(|n| !n.is_null()).map(|n| (p, n)))
+            {
                 Some((p, n)) => ParallelMesh::from_mapping(file, p, n)?,
                 None => ParallelMesh::SINGLE,
             }
@@ -609,7 +684,11 @@ fn read_mesh(file: &str, config: &Node, source: &MeshSource, stage: &str) -> Res
     Ok(mesh)
 }
 
-fn read_shard_groups(file: &str, config: &Node, axis: &ShardAxis) -> Result<Vec<(String, String)>, PlanError> {
+fn read_shard_groups(
+    file: &str,
+    config: &Node,
+    axis: &ShardAxis,
+) -> Result<Vec<(String, String)>, PlanError> {
     if let Some(k) = &axis.enabled_key {
         match config.get_path(k) {
             Some(Node::Bool(true)) => {}
@@ -629,7 +708,14 @@ fn read_shard_groups(file: &str, config: &Node, axis: &ShardAxis) -> Result<Vec<
             let text = match v {
                 Node::Int(x) => x.to_string(),
                 Node::Str(s) => s.clone(),
-                other => return Err(invalid(file, &format!("{}[{i}]", axis.values_key), other, "an integer or a string")),
+                other => {
+                    return Err(invalid(
+                        file,
+                        &format!("{}[{i}]", axis.values_key),
+                        other,
+                        "an integer or a string",
+                    ));
+                }
             };
             Ok((format!("{}{}", axis.label_prefix, text), text))
         })
@@ -663,7 +749,11 @@ const NODE_KEYS: [&str; 11] = [
 /// Expands `post_mip.flows` into `post.<flow>.<node>` stages (flows and nodes in document
 /// order). A node's parents: its `input` (or the source stage `mip` when it has none), its
 /// `model_source`, then the nodes its filter metrics read (`final_eval.lm_loss` -> `final_eval`).
-fn expand_post_mip(file: &str, config: &Node, pm: &PostMipExpansion) -> Result<Vec<(StageDef, ParallelMesh)>, PlanError> {
+fn expand_post_mip(
+    file: &str,
+    config: &Node,
+    pm: &PostMipExpansion,
+) -> Result<Vec<(StageDef, ParallelMesh)>, PlanError> {
     let flows = match config.get_path(&pm.flows_key) {
         None | Some(Node::Null) => return Ok(Vec::new()),
         Some(n) => expect_map(file, &pm.flows_key, n)?,
@@ -681,7 +771,13 @@ fn expand_post_mip(file: &str, config: &Node, pm: &PostMipExpansion) -> Result<V
         let nodes_path = join(&fpath, "nodes");
         let nodes = match fnode.get("nodes") {
             Some(n) => expect_map(file, &nodes_path, n)?,
-            None => return Err(PlanError::MissingField { file: file.into(), path: nodes_path, expected: "the nodes of the flow".into() }),
+            None => {
+                return Err(PlanError::MissingField {
+                    file: file.into(),
+                    path: nodes_path,
+                    expected: "the nodes of the flow".into(),
+                });
+            }
         };
         let names: Vec<&str> = nodes.iter().map(|(k, _)| k.as_str()).collect();
         let sid = |node: &str| format!("post.{flow}.{node}");
@@ -692,10 +788,19 @@ fn expand_post_mip(file: &str, config: &Node, pm: &PostMipExpansion) -> Result<V
             check_keys(file, &npath, nmap, &NODE_KEYS)?;
             let ty = match node.get("type") {
                 Some(Node::Str(t)) => t.as_str(),
-                Some(other) => return Err(invalid(file, &join(&npath, "type"), other, "a node type")),
-                None => return Err(PlanError::MissingField { file: file.into(), path: join(&npath, "type"), expected: "the node type".into() }),
+                Some(other) => {
+                    return Err(invalid(file, &join(&npath, "type"), other, "a node type"));
+                }
+                None => {
+                    return Err(PlanError::MissingField {
+                        file: file.into(),
+                        path: join(&npath, "type"),
+                        expected: "the node type".into(),
+                    });
+                }
             };
-            let Some(&(_, strategy, distributed)) = NODE_TYPES.iter().find(|(t, _, _)| *t == ty) else {
+            let Some(&(_, strategy, distributed)) = NODE_TYPES.iter().find(|(t, _, _)| *t == ty)
+            else {
                 let valid: Vec<&str> = NODE_TYPES.iter().map(|(t, _, _)| *t).collect();
                 return Err(PlanError::InvalidValue {
                     file: file.into(),
@@ -704,7 +809,9 @@ fn expand_post_mip(file: &str, config: &Node, pm: &PostMipExpansion) -> Result<V
                     expected: format!(
                         "one of {}{}",
                         valid.join(", "),
-                        did_you_mean(ty, valid.iter().copied()).map(|s| format!(" (did you mean `{s}`?)")).unwrap_or_default()
+                        did_you_mean(ty, valid.iter().copied())
+                            .map(|s| format!(" (did you mean `{s}`?)"))
+                            .unwrap_or_default()
                     ),
                 });
             };
@@ -716,7 +823,12 @@ fn expand_post_mip(file: &str, config: &Node, pm: &PostMipExpansion) -> Result<V
                         parent: format!("{} (from `{}`)", sid(s), join(&npath, key)),
                         suggestion: did_you_mean(s, names.iter().copied()).map(|x| sid(&x)),
                     }),
-                    other => Err(invalid(file, &join(&npath, key), other, "the name of a node of this flow")),
+                    other => Err(invalid(
+                        file,
+                        &join(&npath, key),
+                        other,
+                        "the name of a node of this flow",
+                    )),
                 }
             };
             let mut parents: Vec<String> = Vec::new();
@@ -739,10 +851,10 @@ fn expand_post_mip(file: &str, config: &Node, pm: &PostMipExpansion) -> Result<V
                 }
             }
             for m in metric_names {
-                if let Some((prefix, _)) = m.split_once('.') {
-                    if names.contains(&prefix) {
-                        parents.push(sid(prefix));
-                    }
+                if let Some((prefix, _)) = m.split_once('.')
+                    && names.contains(&prefix)
+                {
+                    parents.push(sid(prefix));
                 }
             }
             let mut dedup: Vec<String> = Vec::new();
@@ -753,21 +865,36 @@ fn expand_post_mip(file: &str, config: &Node, pm: &PostMipExpansion) -> Result<V
             }
             let failure_policy = match node.get("failure_policy") {
                 None | Some(Node::Null) => None,
-                Some(v) => Some(FailurePolicy::from_node(file, &join(&npath, "failure_policy"), v)?),
+                Some(v) => Some(FailurePolicy::from_node(
+                    file,
+                    &join(&npath, "failure_policy"),
+                    v,
+                )?),
             };
             let cfg = node.get("config");
             let mesh = match cfg {
-                Some(c) if c.get_path("automodel.parallel").is_some_and(|n| !n.is_null()) => {
+                Some(c)
+                    if c.get_path("automodel.parallel")
+                        .is_some_and(|n| !n.is_null()) =>
+                {
                     let p = join(&npath, "config.automodel.parallel");
-                    ParallelMesh::from_mapping(file, &p, c.get_path("automodel.parallel").unwrap_or(&Node::Null))?
+                    ParallelMesh::from_mapping(
+                        file,
+                        &p,
+                        c.get_path("automodel.parallel").unwrap_or(&Node::Null),
+                    )?
                 }
                 Some(c) if c.get("topology").is_some_and(|n| !n.is_null()) => {
                     let p = join(&npath, "config.topology");
-                    normalize_vllm_topology(file, &p, c.get("topology").unwrap_or(&Node::Null))?.mesh()
+                    normalize_vllm_topology(file, &p, c.get("topology").unwrap_or(&Node::Null))?
+                        .mesh()
                 }
                 _ => ParallelMesh::SINGLE,
             };
-            let mut def = StageDef::new(&sid(name)).strategy(strategy).distributed(distributed).command(pm.command.clone());
+            let mut def = StageDef::new(&sid(name))
+                .strategy(strategy)
+                .distributed(distributed)
+                .command(pm.command.clone());
             def.needs = dedup.iter().map(|p| Need::on(p)).collect();
             def.failure_policy = failure_policy;
             def.aggregate = strategy == Strategy::Sharded;
@@ -781,7 +908,12 @@ fn expand_post_mip(file: &str, config: &Node, pm: &PostMipExpansion) -> Result<V
 /// Flow and node names become stage ids, work ids, file names and Slurm job names: keep them to
 /// a safe alphabet.
 fn check_flow_name(file: &str, path: &str, name: &str) -> Result<(), PlanError> {
-    if !name.is_empty() && name.len() <= 128 && name.chars().all(|c| c.is_ascii_alphanumeric() || "-_".contains(c)) {
+    if !name.is_empty()
+        && name.len() <= 128
+        && name
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || "-_".contains(c))
+    {
         Ok(())
     } else {
         Err(PlanError::InvalidValue {
@@ -793,8 +925,18 @@ fn check_flow_name(file: &str, path: &str, name: &str) -> Result<(), PlanError> 
     }
 }
 
-const USER_STAGE_KEYS: [&str; 10] =
-    ["id", "needs", "strategy", "instances", "command", "enabled", "parallel", "distributed", "aggregate", "resumable"];
+const USER_STAGE_KEYS: [&str; 10] = [
+    "id",
+    "needs",
+    "strategy",
+    "instances",
+    "command",
+    "enabled",
+    "parallel",
+    "distributed",
+    "aggregate",
+    "resumable",
+];
 
 fn parse_user_stage(file: &str, path: &str, node: &Node) -> Result<StageDef, PlanError> {
     let m = expect_map(file, path, node)?;
@@ -805,7 +947,13 @@ fn parse_user_stage(file: &str, path: &str, node: &Node) -> Result<StageDef, Pla
             s.clone()
         }
         Some(other) => return Err(invalid(file, &join(path, "id"), other, "a stage id")),
-        None => return Err(PlanError::MissingField { file: file.into(), path: join(path, "id"), expected: "the stage id".into() }),
+        None => {
+            return Err(PlanError::MissingField {
+                file: file.into(),
+                path: join(path, "id"),
+                expected: "the stage id".into(),
+            });
+        }
     };
     let mut def = StageDef::new(&id);
     let needs = match node.get("needs") {
@@ -822,22 +970,53 @@ fn parse_user_stage(file: &str, path: &str, node: &Node) -> Result<StageDef, Pla
     }
     match node.get("command") {
         None | Some(Node::Null) => {}
-        Some(Node::Seq(_)) => def.command = expect_str_list(file, &join(path, "command"), node.get("command").unwrap_or(&Node::Null))?,
+        Some(Node::Seq(_)) => {
+            def.command = expect_str_list(
+                file,
+                &join(path, "command"),
+                node.get("command").unwrap_or(&Node::Null),
+            )?
+        }
         Some(other) => {
-            return Err(invalid(file, &join(path, "command"), other, "a list of arguments (argv), e.g. [python, train.py]; commands never go through a shell"));
+            return Err(invalid(
+                file,
+                &join(path, "command"),
+                other,
+                "a list of arguments (argv), e.g. [python, train.py]; commands never go through a shell",
+            ));
         }
     }
     match node.get("enabled") {
         None | Some(Node::Null) => {}
         Some(Node::Bool(true)) => def.enabled = Enablement::Always,
         Some(Node::Bool(false)) => def.enabled = Enablement::Never,
-        Some(Node::Str(key)) => def.enabled = Enablement::Key { path: key.clone(), default: false },
-        Some(other) => return Err(invalid(file, &join(path, "enabled"), other, "true, false or the dotted key of a boolean")),
+        Some(Node::Str(key)) => {
+            def.enabled = Enablement::Key {
+                path: key.clone(),
+                default: false,
+            }
+        }
+        Some(other) => {
+            return Err(invalid(
+                file,
+                &join(path, "enabled"),
+                other,
+                "true, false or the dotted key of a boolean",
+            ));
+        }
     }
     if let Some(v) = node.get("parallel").filter(|v| !v.is_null()) {
-        def.mesh = MeshSource::Fixed(super::mesh::ParallelMesh::from_mapping(file, &join(path, "parallel"), v)?);
+        def.mesh = MeshSource::Fixed(super::mesh::ParallelMesh::from_mapping(
+            file,
+            &join(path, "parallel"),
+            v,
+        )?);
     }
-    for (key, slot) in [("distributed", &mut def.distributed), ("aggregate", &mut def.aggregate), ("resumable", &mut def.resumable)] {
+    for (key, slot) in [
+        ("distributed", &mut def.distributed),
+        ("aggregate", &mut def.aggregate),
+        ("resumable", &mut def.resumable),
+    ] {
         match node.get(key) {
             None | Some(Node::Null) => {}
             Some(Node::Bool(b)) => *slot = *b,
@@ -848,7 +1027,13 @@ fn parse_user_stage(file: &str, path: &str, node: &Node) -> Result<StageDef, Pla
 }
 
 fn check_stage_id(file: &str, path: &str, id: &str) -> Result<(), PlanError> {
-    if !id.is_empty() && id.len() <= 200 && id.chars().all(|c| c.is_ascii_alphanumeric() || "-_.".contains(c)) && !id.starts_with('.') {
+    if !id.is_empty()
+        && id.len() <= 200
+        && id
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || "-_.".contains(c))
+        && !id.starts_with('.')
+    {
         Ok(())
     } else {
         Err(PlanError::InvalidValue {
@@ -877,7 +1062,17 @@ mod tests {
     fn contraction_through_disabled_stages() {
         let c = cfg(json!({"tokenize_data": {"enabled": false}, "vllm_stats": {"enabled": false}}));
         let r = StageCatalog::puzzle().resolve("x", &c).unwrap();
-        assert_eq!(ids(&r), ["convert", "width_importance", "sort", "build_library", "replacement_scoring", "mip"]);
+        assert_eq!(
+            ids(&r),
+            [
+                "convert",
+                "width_importance",
+                "sort",
+                "build_library",
+                "replacement_scoring",
+                "mip"
+            ]
+        );
         let mip = r.iter().find(|s| s.id == "mip").unwrap();
         assert_eq!(mip.parents, ["convert", "replacement_scoring"]);
         let bl = r.iter().find(|s| s.id == "build_library").unwrap();
@@ -887,13 +1082,19 @@ mod tests {
     #[test]
     fn user_catalog_cycle_and_missing_parent() {
         let c = cfg(json!({"stages": [{"id": "a", "needs": ["b"]}, {"id": "b", "needs": ["a"]}]}));
-        let e = StageCatalog::from_config("x", &c).unwrap().resolve("x", &c).unwrap_err();
+        let e = StageCatalog::from_config("x", &c)
+            .unwrap()
+            .resolve("x", &c)
+            .unwrap_err();
         match e {
             PlanError::Cycle { cycle } => assert_eq!(cycle.len(), 3),
             other => panic!("{other}"),
         }
         let c = cfg(json!({"stages": [{"id": "prep"}, {"id": "train", "needs": ["prepp"]}]}));
-        let e = StageCatalog::from_config("x", &c).unwrap().resolve("x", &c).unwrap_err();
+        let e = StageCatalog::from_config("x", &c)
+            .unwrap()
+            .resolve("x", &c)
+            .unwrap_err();
         assert!(e.to_string().contains("did you mean `prep`"), "{e}");
         let c = cfg(json!({"stages": [{"id": "a", "command": "rm -rf /"}]}));
         assert!(StageCatalog::from_config("x", &c).is_err());
@@ -914,6 +1115,12 @@ mod tests {
         assert_eq!(post[2].mesh.tp, 2);
         assert_eq!(post[2].strategy, Strategy::Sharded);
         let bad = cfg(json!({"post_mip": {"flows": {"f": {"nodes": {"a": {"type": "filtr"}}}}}}));
-        assert!(StageCatalog::puzzle().resolve("x", &bad).unwrap_err().to_string().contains("did you mean `filter`"));
+        assert!(
+            StageCatalog::puzzle()
+                .resolve("x", &bad)
+                .unwrap_err()
+                .to_string()
+                .contains("did you mean `filter`")
+        );
     }
 }

@@ -11,7 +11,9 @@ use serde::{Deserialize, Serialize};
 
 use super::catalog::{ResolvedStage, StageCatalog};
 use super::config::{ConfigLoader, Env};
-use super::execution::{ExecutionConfig, ExecutionDefaults, Resource, StageExecutionSpec, Strategy};
+use super::execution::{
+    ExecutionConfig, ExecutionDefaults, Resource, StageExecutionSpec, Strategy,
+};
 use super::mesh::{GpuAllocation, InstancePlacement, pack_gpu_allocation};
 use super::plan::{CampaignPlan, StagePlan};
 use super::plan_error::PlanError;
@@ -37,7 +39,10 @@ impl StageFilter {
         I: IntoIterator<Item = S>,
         S: Into<String>,
     {
-        StageFilter { stages: stages.into_iter().map(Into::into).collect(), completed: Vec::new() }
+        StageFilter {
+            stages: stages.into_iter().map(Into::into).collect(),
+            completed: Vec::new(),
+        }
     }
 
     /// Declares `stages` complete.
@@ -70,7 +75,14 @@ pub fn compile_campaign_plan(
     stage_filter: Option<&StageFilter>,
 ) -> Result<CampaignPlan, PlanError> {
     let loader = ConfigLoader::new().env(Env::from_process());
-    compile_campaign_plan_with(&loader, experiment_config_path, runner, execution, overrides, stage_filter)
+    compile_campaign_plan_with(
+        &loader,
+        experiment_config_path,
+        runner,
+        execution,
+        overrides,
+        stage_filter,
+    )
 }
 
 /// [`compile_campaign_plan`] with an explicit [`ConfigLoader`] (environment, resolvers, config
@@ -90,7 +102,15 @@ pub fn compile_campaign_plan_with(
     let config = super::adapter::load_experiment(loader, path, overrides)?;
     let label = path.display().to_string();
     let catalog = StageCatalog::from_config(&label, &config)?;
-    compile_resolved(&label, config, overrides, &catalog, runner, execution, stage_filter)
+    compile_resolved(
+        &label,
+        config,
+        overrides,
+        &catalog,
+        runner,
+        execution,
+        stage_filter,
+    )
 }
 
 /// Compiles a campaign from an already loaded and resolved experiment config.
@@ -232,22 +252,40 @@ fn check_execution_stage_ids(
 
 /// `execution.defaults.gpus_per_node`, else the experiment's `execution.gpus_per_node`, else
 /// the runner's (bare metal: the smallest host; local: `runner.local.gpus`), else 8.
-fn default_gpus_per_node(label: &str, config: &Node, runner: &RunnerEnvironment) -> Result<u32, PlanError> {
-    if let Some(n) = config.get_path("execution.gpus_per_node").filter(|n| !n.is_null()) {
+fn default_gpus_per_node(
+    label: &str,
+    config: &Node,
+    runner: &RunnerEnvironment,
+) -> Result<u32, PlanError> {
+    if let Some(n) = config
+        .get_path("execution.gpus_per_node")
+        .filter(|n| !n.is_null())
+    {
         return super::tree::expect_u32(label, "execution.gpus_per_node", n, 1);
     }
     let from_runner = match runner.kind {
-        RunnerKind::Baremetal => runner.inventory.as_ref().and_then(|i| i.hosts.iter().map(|h| h.gpus).filter(|&g| g > 0).min()),
+        RunnerKind::Baremetal => runner
+            .inventory
+            .as_ref()
+            .and_then(|i| i.hosts.iter().map(|h| h.gpus).filter(|&g| g > 0).min()),
         RunnerKind::Local => runner.local.as_ref().and_then(|l| l.gpus),
         RunnerKind::Slurm => None,
     };
     Ok(from_runner.unwrap_or(8))
 }
 
-fn stage_spec(stage: &ResolvedStage, execution: &ExecutionConfig, defaults: &ExecutionDefaults) -> Result<StageExecutionSpec, PlanError> {
+fn stage_spec(
+    stage: &ResolvedStage,
+    execution: &ExecutionConfig,
+    defaults: &ExecutionDefaults,
+) -> Result<StageExecutionSpec, PlanError> {
     let ov = execution.stage(&stage.id).cloned().unwrap_or_default();
     let strategy = ov.strategy.unwrap_or(stage.strategy);
-    let instances = ov.instances.unwrap_or(if strategy == Strategy::Single { 1 } else { stage.instances });
+    let instances = ov.instances.unwrap_or(if strategy == Strategy::Single {
+        1
+    } else {
+        stage.instances
+    });
     let mesh = ov.parallel.apply(stage.mesh);
     mesh.validate(&format!("stage `{}`", stage.id))?;
     let resource = ov.resource.unwrap_or(Resource::Gpu);
@@ -260,13 +298,21 @@ fn stage_spec(stage: &ResolvedStage, execution: &ExecutionConfig, defaults: &Exe
                 mesh: mesh.to_string(),
                 reason: "more than 2^32 GPUs per instance".into(),
             })?;
-            pack_gpu_allocation(&format!("stage `{}`", stage.id), instances, gpi, gpus_per_node)?
+            pack_gpu_allocation(
+                &format!("stage `{}`", stage.id),
+                instances,
+                gpi,
+                gpus_per_node,
+            )?
         }
     };
     Ok(StageExecutionSpec {
         strategy,
         instances,
-        failure_policy: ov.failure_policy.or(stage.failure_policy).unwrap_or(defaults.failure_policy),
+        failure_policy: ov
+            .failure_policy
+            .or(stage.failure_policy)
+            .unwrap_or(defaults.failure_policy),
         max_attempts: ov.max_attempts.unwrap_or(defaults.max_attempts),
         mesh,
         allocation,
@@ -287,26 +333,39 @@ fn check_limits(runner: &RunnerEnvironment, stage: &StagePlan) -> Result<(), Pla
     };
     match runner.kind {
         RunnerKind::Slurm => {
-            let Some(s) = &runner.slurm else { return Ok(()) };
-            if let Some(max) = s.max_nodes {
-                if nodes > max {
-                    return Err(too_many("runner.slurm.max_nodes", u64::from(max)));
-                }
+            let Some(s) = &runner.slurm else {
+                return Ok(());
+            };
+            if let Some(max) = s.max_nodes
+                && nodes > max
+            {
+                return Err(too_many("runner.slurm.max_nodes", u64::from(max)));
             }
             if let Some(max) = s.interactive_max_nodes {
                 let p = stage.spec.partition.as_deref();
                 let interactive = p == Some("interactive")
-                    || (p.is_some() && s.partition_interactive.as_ref().is_some_and(|pi| pi.to_slurm() == s.resolve_partition(p).to_slurm()));
+                    || (p.is_some()
+                        && s.partition_interactive
+                            .as_ref()
+                            .is_some_and(|pi| pi.to_slurm() == s.resolve_partition(p).to_slurm()));
                 if interactive && nodes > max {
-                    return Err(too_many("runner.slurm.interactive_max_nodes", u64::from(max)));
+                    return Err(too_many(
+                        "runner.slurm.interactive_max_nodes",
+                        u64::from(max),
+                    ));
                 }
             }
         }
         RunnerKind::Baremetal => {
             // Allocation node i runs on inventory host i (inventory order).
-            let Some(inv) = &runner.inventory else { return Ok(()) };
+            let Some(inv) = &runner.inventory else {
+                return Ok(());
+            };
             if nodes as usize > inv.hosts.len() {
-                return Err(too_many("the number of hosts in runner.inventory.hosts", inv.hosts.len() as u64));
+                return Err(too_many(
+                    "the number of hosts in runner.inventory.hosts",
+                    inv.hosts.len() as u64,
+                ));
             }
             let alloc = &stage.spec.allocation;
             for (i, host) in inv.hosts.iter().take(nodes as usize).enumerate() {
@@ -317,7 +376,10 @@ fn check_limits(runner: &RunnerEnvironment, stage: &StagePlan) -> Result<(), Pla
                         instances: u64::from(alloc.instances),
                         gpus_per_instance: u64::from(alloc.gpus_per_instance),
                         gpus_per_node: u64::from(alloc.gpus_per_node),
-                        reason: format!("node {i} needs {need} GPU(s) but inventory host `{}` has {}", host.hostname, host.gpus),
+                        reason: format!(
+                            "node {i} needs {need} GPU(s) but inventory host `{}` has {}",
+                            host.hostname, host.gpus
+                        ),
                     });
                 }
             }
@@ -326,8 +388,10 @@ fn check_limits(runner: &RunnerEnvironment, stage: &StagePlan) -> Result<(), Pla
             if nodes > 1 {
                 return Err(too_many("the node count of a local runner", 1));
             }
-            if let Some(g) = runner.local.as_ref().and_then(|l| l.gpus) {
-                if stage.spec.allocation.max_gpus_on_a_node() > g {
+            if let Some(g) = runner.local.as_ref().and_then(|l| l.gpus)
+                && stage.spec.allocation.max_gpus_on_a_node() > g
+            {
+                {
                     return Err(PlanError::Packing {
                         context: format!("stage `{}`", stage.stage_id),
                         instances: u64::from(stage.spec.instances),
@@ -342,7 +406,10 @@ fn check_limits(runner: &RunnerEnvironment, stage: &StagePlan) -> Result<(), Pla
     Ok(())
 }
 
-fn apply_filter(stages: Vec<StagePlan>, f: &StageFilter) -> Result<(Vec<StagePlan>, Vec<String>), PlanError> {
+fn apply_filter(
+    stages: Vec<StagePlan>,
+    f: &StageFilter,
+) -> Result<(Vec<StagePlan>, Vec<String>), PlanError> {
     let ids: Vec<String> = stages.iter().map(|s| s.stage_id.clone()).collect();
     let unknown = |context: &str, id: &String| PlanError::UnknownStage {
         context: context.to_string(),
@@ -351,7 +418,12 @@ fn apply_filter(stages: Vec<StagePlan>, f: &StageFilter) -> Result<(Vec<StagePla
         valid: ids.clone(),
     };
     if f.stages.is_empty() {
-        return Err(PlanError::UnknownStage { context: "stage filter".into(), stage: String::new(), suggestion: None, valid: ids.clone() });
+        return Err(PlanError::UnknownStage {
+            context: "stage filter".into(),
+            stage: String::new(),
+            suggestion: None,
+            valid: ids.clone(),
+        });
     }
     for id in &f.stages {
         if !ids.contains(id) {
@@ -371,12 +443,22 @@ fn apply_filter(stages: Vec<StagePlan>, f: &StageFilter) -> Result<(Vec<StagePla
         }
         for p in &s.parents {
             if !selected.contains(p.as_str()) && !completed.contains(p.as_str()) {
-                return Err(PlanError::StageFilterIncomplete { stage: s.stage_id.clone(), parent: p.clone() });
+                return Err(PlanError::StageFilterIncomplete {
+                    stage: s.stage_id.clone(),
+                    parent: p.clone(),
+                });
             }
         }
     }
-    let completed_list: Vec<String> = ids.iter().filter(|id| completed.contains(id.as_str())).cloned().collect();
-    let kept = stages.into_iter().filter(|s| selected.contains(s.stage_id.as_str())).collect();
+    let completed_list: Vec<String> = ids
+        .iter()
+        .filter(|id| completed.contains(id.as_str()))
+        .cloned()
+        .collect();
+    let kept = stages
+        .into_iter()
+        .filter(|s| selected.contains(s.stage_id.as_str()))
+        .collect();
     Ok((kept, completed_list))
 }
 
@@ -392,7 +474,12 @@ fn apply_filter(stages: Vec<StagePlan>, f: &StageFilter) -> Result<(Vec<StagePla
 ///
 /// Not included, because they do not change results: partitions, node packing, failure and
 /// halt policies, attempt limits, time limits, account, log folders, the stage filter.
-pub fn contract_hash(config: &Node, runner: &RunnerEnvironment, stages: &[ResolvedStage], specs: &[StageExecutionSpec]) -> Hash {
+pub fn contract_hash(
+    config: &Node,
+    runner: &RunnerEnvironment,
+    stages: &[ResolvedStage],
+    specs: &[StageExecutionSpec],
+) -> Hash {
     let mut canonical = String::new();
     config.write_canonical(&mut canonical);
     let mut h = Hasher::new("puzzletron/campaign-contract/v1");
@@ -427,18 +514,36 @@ struct PlanRendezvous<'a> {
 
 impl<'a> PlanRendezvous<'a> {
     fn new(runner: &'a RunnerEnvironment, hash: &Hash) -> Self {
-        let base = runner.inventory.as_ref().map(|i| u32::from(i.rendezvous_port_base)).unwrap_or(29500);
-        PlanRendezvous { runner, base, next: 0, hash_short: hash.short() }
+        let base = runner
+            .inventory
+            .as_ref()
+            .map(|i| u32::from(i.rendezvous_port_base))
+            .unwrap_or(29500);
+        PlanRendezvous {
+            runner,
+            base,
+            next: 0,
+            hash_short: hash.short(),
+        }
     }
 }
 
 impl RendezvousAllocator for PlanRendezvous<'_> {
-    fn next(&mut self, stage_id: &str, instance: u32, placement: &InstancePlacement) -> Result<Rendezvous, PlanError> {
+    fn next(
+        &mut self,
+        stage_id: &str,
+        instance: u32,
+        placement: &InstancePlacement,
+    ) -> Result<Rendezvous, PlanError> {
         let port = self.base + self.next;
         if port > 65535 {
             return Err(PlanError::WorkPlan {
                 stage: stage_id.into(),
-                reason: format!("ran out of rendezvous ports: {} torchrun groups from port {}", self.next + 1, self.base),
+                reason: format!(
+                    "ran out of rendezvous ports: {} torchrun groups from port {}",
+                    self.next + 1,
+                    self.base
+                ),
             });
         }
         self.next += 1;
@@ -447,12 +552,23 @@ impl RendezvousAllocator for PlanRendezvous<'_> {
             RunnerKind::Local => MasterAddr::Host("127.0.0.1".into()),
             RunnerKind::Baremetal => {
                 let inv = self.runner.inventory.as_ref();
-                let hosts: Vec<&str> = inv.map(|i| i.hosts.iter().map(|h| h.hostname.as_str()).collect()).unwrap_or_default();
-                let group_hosts: Vec<&str> = placement.nodes().filter_map(|n| hosts.get(n as usize).copied()).collect();
+                let hosts: Vec<&str> = inv
+                    .map(|i| i.hosts.iter().map(|h| h.hostname.as_str()).collect())
+                    .unwrap_or_default();
+                let group_hosts: Vec<&str> = placement
+                    .nodes()
+                    .filter_map(|n| hosts.get(n as usize).copied())
+                    .collect();
                 let rendezvous_host = inv.map(|i| i.rendezvous_host.as_str());
                 match rendezvous_host {
                     Some(r) if group_hosts.contains(&r) => MasterAddr::Host(r.to_string()),
-                    _ => MasterAddr::Host(group_hosts.first().copied().unwrap_or("127.0.0.1").to_string()),
+                    _ => MasterAddr::Host(
+                        group_hosts
+                            .first()
+                            .copied()
+                            .unwrap_or("127.0.0.1")
+                            .to_string(),
+                    ),
                 }
             }
         };

@@ -149,8 +149,19 @@ impl PlanDocument {
                     // One pool (gang) per group.
                     let a = &s.spec.allocation;
                     for (label, count) in groups {
-                        let Ok(g) = pack_gpu_allocation(&s.stage_id, count, a.gpus_per_instance, a.gpus_per_node) else { continue };
-                        let (gpus_per_task, tasks_per_group) = if g.nodes_per_instance > 1 { (g.gpus_per_node, g.nodes_per_instance) } else { (g.gpus_per_instance, 1) };
+                        let Ok(g) = pack_gpu_allocation(
+                            &s.stage_id,
+                            count,
+                            a.gpus_per_instance,
+                            a.gpus_per_node,
+                        ) else {
+                            continue;
+                        };
+                        let (gpus_per_task, tasks_per_group) = if g.nodes_per_instance > 1 {
+                            (g.gpus_per_node, g.nodes_per_instance)
+                        } else {
+                            (g.gpus_per_instance, 1)
+                        };
                         dry_run_submissions.push(SubmissionDocument {
                             stage_id: s.stage_id.clone(),
                             work_id: format!("{}:{label}", s.stage_id),
@@ -172,7 +183,11 @@ impl PlanDocument {
                 let t = &s.work.topology;
                 SubmissionDocument {
                     stage_id: s.stage_id.clone(),
-                    work_id: if s.work.items.len() == 1 { s.work.items[0].work_id.clone() } else { format!("{}:gang", s.stage_id) },
+                    work_id: if s.work.items.len() == 1 {
+                        s.work.items[0].work_id.clone()
+                    } else {
+                        format!("{}:gang", s.stage_id)
+                    },
                     nodes: t.nodes,
                     gpus: t.gpus,
                     gpus_per_node: t.gpus_per_node,
@@ -219,18 +234,34 @@ pub fn plan_to_dict(plan: &CampaignPlan) -> serde_json::Value {
 /// [`PlanError::PlanDocument`] naming the field that is missing, unknown or of the wrong type,
 /// or a `contract_hash` that is not 64 hex digits.
 pub fn load_plan_document(value: &serde_json::Value) -> Result<PlanDocument, PlanError> {
-    let doc: PlanDocument = serde_json::from_value(value.clone()).map_err(|e| PlanError::PlanDocument { path: "$".into(), reason: e.to_string() })?;
+    let doc: PlanDocument =
+        serde_json::from_value(value.clone()).map_err(|e| PlanError::PlanDocument {
+            path: "$".into(),
+            reason: e.to_string(),
+        })?;
     if doc.contract_hash.len() != 64 || !doc.contract_hash.chars().all(|c| c.is_ascii_hexdigit()) {
-        return Err(PlanError::PlanDocument { path: "$.contract_hash".into(), reason: format!("{:?} is not 64 hex digits", doc.contract_hash) });
+        return Err(PlanError::PlanDocument {
+            path: "$.contract_hash".into(),
+            reason: format!("{:?} is not 64 hex digits", doc.contract_hash),
+        });
     }
     for (i, s) in doc.stages.iter().enumerate() {
-        if !matches!(s.strategy.as_str(), "single" | "sharded" | "persistent_pool") {
-            return Err(PlanError::PlanDocument { path: format!("$.stages[{i}].strategy"), reason: format!("unknown strategy {:?}", s.strategy) });
+        if !matches!(
+            s.strategy.as_str(),
+            "single" | "sharded" | "persistent_pool"
+        ) {
+            return Err(PlanError::PlanDocument {
+                path: format!("$.stages[{i}].strategy"),
+                reason: format!("unknown strategy {:?}", s.strategy),
+            });
         }
         if u64::from(s.gpus_per_instance) * u64::from(s.instances) != s.total_gpus {
             return Err(PlanError::PlanDocument {
                 path: format!("$.stages[{i}].total_gpus"),
-                reason: format!("{} != instances {} x gpus_per_instance {}", s.total_gpus, s.instances, s.gpus_per_instance),
+                reason: format!(
+                    "{} != instances {} x gpus_per_instance {}",
+                    s.total_gpus, s.instances, s.gpus_per_instance
+                ),
             });
         }
     }

@@ -34,7 +34,10 @@ pub struct DryRunOptions {
 
 impl Default for DryRunOptions {
     fn default() -> Self {
-        DryRunOptions { attempt: 1, redact_secrets: true }
+        DryRunOptions {
+            attempt: 1,
+            redact_secrets: true,
+        }
     }
 }
 
@@ -95,18 +98,26 @@ pub fn shell_quote(s: &str) -> String {
 
 fn is_secret_name(name: &str) -> bool {
     let up = name.to_ascii_uppercase();
-    ["TOKEN", "KEY", "SECRET", "PASSWORD"].iter().any(|w| up.contains(w))
+    ["TOKEN", "KEY", "SECRET", "PASSWORD"]
+        .iter()
+        .any(|w| up.contains(w))
 }
 
 fn redact_line(line: &str) -> String {
     let trimmed = line.trim_start();
     let rest = trimmed.strip_prefix("export ").unwrap_or(trimmed);
-    if let Some((name, _)) = rest.split_once('=') {
-        if !name.is_empty() && name.chars().all(|c| c.is_ascii_alphanumeric() || c == '_') && is_secret_name(name) {
-            let indent = &line[..line.len() - trimmed.len()];
-            let export = if trimmed.starts_with("export ") { "export " } else { "" };
-            return format!("{indent}{export}{name}=<redacted>");
-        }
+    if let Some((name, _)) = rest.split_once('=')
+        && !name.is_empty()
+        && name.chars().all(|c| c.is_ascii_alphanumeric() || c == '_')
+        && is_secret_name(name)
+    {
+        let indent = &line[..line.len() - trimmed.len()];
+        let export = if trimmed.starts_with("export ") {
+            "export "
+        } else {
+            ""
+        };
+        return format!("{indent}{export}{name}=<redacted>");
     }
     line.to_string()
 }
@@ -117,7 +128,8 @@ fn directive_value(stage: &str, what: &str, v: &str) -> Result<String, PlanError
             file: "<plan>".into(),
             path: format!("stage `{stage}` sbatch {what}"),
             value: format!("{v:?}"),
-            expected: "a value without control characters (newlines would end the #SBATCH line)".into(),
+            expected: "a value without control characters (newlines would end the #SBATCH line)"
+                .into(),
         });
     }
     Ok(shell_quote(v))
@@ -143,9 +155,16 @@ fn campaign_dir(plan: &CampaignPlan) -> String {
 }
 
 /// The payload argv of a work item: the stage command with its placeholders filled.
-pub fn item_argv(plan: &CampaignPlan, stage: &StagePlan, item: &WorkItem) -> Result<Vec<String>, PlanError> {
+pub fn item_argv(
+    plan: &CampaignPlan,
+    stage: &StagePlan,
+    item: &WorkItem,
+) -> Result<Vec<String>, PlanError> {
     if stage.command.is_empty() {
-        return Err(PlanError::WorkPlan { stage: stage.stage_id.clone(), reason: "the stage has no command (give `command: [...]` in its catalog entry)".into() });
+        return Err(PlanError::WorkPlan {
+            stage: stage.stage_id.clone(),
+            reason: "the stage has no command (give `command: [...]` in its catalog entry)".into(),
+        });
     }
     let config = format!("{}/{}", campaign_dir(plan), RESOLVED_CONFIG_FILE);
     stage
@@ -166,13 +185,19 @@ pub fn item_argv(plan: &CampaignPlan, stage: &StagePlan, item: &WorkItem) -> Res
 
 fn group_items<'a>(stage: &'a StagePlan, group: &TaskGroup) -> impl Iterator<Item = &'a WorkItem> {
     let instance = group.instance;
-    stage.work.items.iter().filter(move |i| i.instance == instance)
+    stage
+        .work
+        .items
+        .iter()
+        .filter(move |i| i.instance == instance)
 }
 
 fn placement_lines(plan: &CampaignPlan, stage: &StagePlan) -> Vec<String> {
     let a = &stage.spec.allocation;
     let hosts: Vec<String> = match (&plan.runner.kind, &plan.runner.inventory) {
-        (RunnerKind::Baremetal, Some(inv)) => inv.hosts.iter().map(|h| h.hostname.clone()).collect(),
+        (RunnerKind::Baremetal, Some(inv)) => {
+            inv.hosts.iter().map(|h| h.hostname.clone()).collect()
+        }
         _ => Vec::new(),
     };
     let mut per_node: Vec<String> = vec![String::new(); a.nodes as usize];
@@ -198,18 +223,31 @@ fn placement_lines(plan: &CampaignPlan, stage: &StagePlan) -> Vec<String> {
         .enumerate()
         .map(|(n, text)| {
             let name = match plan.runner.kind {
-                RunnerKind::Baremetal => hosts.get(n).cloned().unwrap_or_else(|| format!("<no host {n}>")),
+                RunnerKind::Baremetal => hosts
+                    .get(n)
+                    .cloned()
+                    .unwrap_or_else(|| format!("<no host {n}>")),
                 RunnerKind::Slurm => format!("allocation node {n}"),
                 RunnerKind::Local => "localhost".into(),
             };
-            format!("node {n} ({name}, {}/{} GPUs): {text}", a.gpus_on_node(n as u32), a.gpus_per_node)
+            format!(
+                "node {n} ({name}, {}/{} GPUs): {text}",
+                a.gpus_on_node(n as u32),
+                a.gpus_per_node
+            )
         })
         .collect()
 }
 
 fn torchrun_prefix(launcher: &TaskLauncher, group: &TaskGroup, endpoint_addr: &str) -> Vec<String> {
     match (launcher, &group.rendezvous) {
-        (TaskLauncher::Torchrun { nnodes, nproc_per_node }, Some(r)) => vec![
+        (
+            TaskLauncher::Torchrun {
+                nnodes,
+                nproc_per_node,
+            },
+            Some(r),
+        ) => vec![
             "torchrun".into(),
             format!("--nnodes={nnodes}"),
             format!("--nproc_per_node={nproc_per_node}"),
@@ -231,38 +269,75 @@ fn torchrun_prefix(launcher: &TaskLauncher, group: &TaskGroup, endpoint_addr: &s
 pub fn dry_run(plan: &CampaignPlan, options: &DryRunOptions) -> Result<DryRun, PlanError> {
     let mut submissions = Vec::with_capacity(plan.stages.len());
     for stage in &plan.stages {
-        let job_name = format!("pz-{}-{}-a{}", plan.contract_hash.short(), stage.stage_id, options.attempt);
+        let job_name = format!(
+            "pz-{}-{}-a{}",
+            plan.contract_hash.short(),
+            stage.stage_id,
+            options.attempt
+        );
         let work_ids = stage.work.items.iter().map(|i| i.work_id.clone()).collect();
         let placement = placement_lines(plan, stage);
         let (sbatch_script, processes) = match plan.runner.kind {
-            RunnerKind::Slurm => (Some(sbatch_script(plan, stage, &job_name, options)?), Vec::new()),
+            RunnerKind::Slurm => (
+                Some(sbatch_script(plan, stage, &job_name, options)?),
+                Vec::new(),
+            ),
             RunnerKind::Local | RunnerKind::Baremetal => (None, processes(plan, stage, options)?),
         };
-        submissions.push(StageSubmission { stage_id: stage.stage_id.clone(), attempt: options.attempt, job_name, work_ids, sbatch_script, processes, placement });
+        submissions.push(StageSubmission {
+            stage_id: stage.stage_id.clone(),
+            attempt: options.attempt,
+            job_name,
+            work_ids,
+            sbatch_script,
+            processes,
+            placement,
+        });
     }
     Ok(DryRun { submissions })
 }
 
-fn sbatch_script(plan: &CampaignPlan, stage: &StagePlan, job_name: &str, options: &DryRunOptions) -> Result<String, PlanError> {
+fn sbatch_script(
+    plan: &CampaignPlan,
+    stage: &StagePlan,
+    job_name: &str,
+    options: &DryRunOptions,
+) -> Result<String, PlanError> {
     let sid = &stage.stage_id;
     let slurm = plan.runner.slurm.clone().unwrap_or_default();
     let contract = &plan.runner.execution_contract;
     let t = &stage.work.topology;
     let mut s = String::new();
     let _ = writeln!(s, "#!/bin/bash");
-    let _ = writeln!(s, "#SBATCH --job-name={}", directive_value(sid, "job-name", job_name)?);
+    let _ = writeln!(
+        s,
+        "#SBATCH --job-name={}",
+        directive_value(sid, "job-name", job_name)?
+    );
     if let Some(a) = &slurm.account {
-        let _ = writeln!(s, "#SBATCH --account={}", directive_value(sid, "account", a)?);
+        let _ = writeln!(
+            s,
+            "#SBATCH --account={}",
+            directive_value(sid, "account", a)?
+        );
     }
     let partition = slurm.resolve_partition(stage.spec.partition.as_deref());
     if !partition.is_empty() {
-        let _ = writeln!(s, "#SBATCH --partition={}", directive_value(sid, "partition", &partition.to_slurm())?);
+        let _ = writeln!(
+            s,
+            "#SBATCH --partition={}",
+            directive_value(sid, "partition", &partition.to_slurm())?
+        );
     }
     if let Some(q) = &slurm.qos {
         let _ = writeln!(s, "#SBATCH --qos={}", directive_value(sid, "qos", q)?);
     }
     if let Some(c) = &slurm.constraint {
-        let _ = writeln!(s, "#SBATCH --constraint={}", directive_value(sid, "constraint", c)?);
+        let _ = writeln!(
+            s,
+            "#SBATCH --constraint={}",
+            directive_value(sid, "constraint", c)?
+        );
     }
     let _ = writeln!(s, "#SBATCH --nodes={}", t.nodes);
     let _ = writeln!(s, "#SBATCH --ntasks={}", t.task_count);
@@ -276,19 +351,41 @@ fn sbatch_script(plan: &CampaignPlan, stage: &StagePlan, job_name: &str, options
         let _ = writeln!(s, "#SBATCH --time={}", directive_value(sid, "time", tl)?);
     }
     let log_dir = slurm.log_dir.clone().unwrap_or_else(|| "logs".into());
-    let _ = writeln!(s, "#SBATCH --output={}", directive_value(sid, "output", &format!("{log_dir}/%x-%j.out"))?);
+    let _ = writeln!(
+        s,
+        "#SBATCH --output={}",
+        directive_value(sid, "output", &format!("{log_dir}/%x-%j.out"))?
+    );
     let _ = writeln!(s, "set -euo pipefail");
-    let _ = writeln!(s, "# stage {sid}: {} x {} ({}), mesh {}", stage.spec.instances, stage.spec.strategy, t.launcher.name(), stage.spec.mesh);
+    let _ = writeln!(
+        s,
+        "# stage {sid}: {} x {} ({}), mesh {}",
+        stage.spec.instances,
+        stage.spec.strategy,
+        t.launcher.name(),
+        stage.spec.mesh
+    );
     for line in placement_lines(plan, stage) {
         let _ = writeln!(s, "# {line}");
     }
     if !contract.prerun_commands.is_empty() {
         let _ = writeln!(s, "# prerun_commands (runner.execution_contract, verbatim)");
         for c in &contract.prerun_commands {
-            let _ = writeln!(s, "{}", if options.redact_secrets { redact_line(c) } else { c.clone() });
+            let _ = writeln!(
+                s,
+                "{}",
+                if options.redact_secrets {
+                    redact_line(c)
+                } else {
+                    c.clone()
+                }
+            );
         }
     }
-    let _ = writeln!(s, "mapfile -t nodes < <(scontrol show hostnames \"$SLURM_JOB_NODELIST\")");
+    let _ = writeln!(
+        s,
+        "mapfile -t nodes < <(scontrol show hostnames \"$SLURM_JOB_NODELIST\")"
+    );
     let _ = writeln!(s, "pids=()");
     let repo = contract.repository.clone().unwrap_or_else(|| ".".into());
     let venv = contract.venv.clone().unwrap_or_default();
@@ -305,7 +402,12 @@ fn sbatch_script(plan: &CampaignPlan, stage: &StagePlan, job_name: &str, options
             if let Some(r) = &group.rendezvous {
                 let _ = write!(line, "MASTER_ADDR={addr} MASTER_PORT={} ", r.master_port);
             }
-            let _ = write!(line, "PUZZLETRON_WORK_ID={} PUZZLETRON_ATTEMPT={} ", shell_quote(&item.work_id), options.attempt);
+            let _ = write!(
+                line,
+                "PUZZLETRON_WORK_ID={} PUZZLETRON_ATTEMPT={} ",
+                shell_quote(&item.work_id),
+                options.attempt
+            );
             let _ = write!(
                 line,
                 "srun --relative={} --nodes={} --ntasks={} --ntasks-per-node=1 --exact",
@@ -341,21 +443,44 @@ fn sbatch_script(plan: &CampaignPlan, stage: &StagePlan, job_name: &str, options
         }
     }
     let _ = writeln!(s, "rc=0");
-    let _ = writeln!(s, "for pid in \"${{pids[@]}}\"; do wait \"$pid\" || rc=$?; done");
+    let _ = writeln!(
+        s,
+        "for pid in \"${{pids[@]}}\"; do wait \"$pid\" || rc=$?; done"
+    );
     if !contract.postrun_commands.is_empty() {
-        let _ = writeln!(s, "# postrun_commands (runner.execution_contract, verbatim)");
+        let _ = writeln!(
+            s,
+            "# postrun_commands (runner.execution_contract, verbatim)"
+        );
         for c in &contract.postrun_commands {
-            let _ = writeln!(s, "{}", if options.redact_secrets { redact_line(c) } else { c.clone() });
+            let _ = writeln!(
+                s,
+                "{}",
+                if options.redact_secrets {
+                    redact_line(c)
+                } else {
+                    c.clone()
+                }
+            );
         }
     }
     let _ = writeln!(s, "exit \"$rc\"");
     Ok(s)
 }
 
-fn processes(plan: &CampaignPlan, stage: &StagePlan, options: &DryRunOptions) -> Result<Vec<ProcessLaunch>, PlanError> {
+fn processes(
+    plan: &CampaignPlan,
+    stage: &StagePlan,
+    options: &DryRunOptions,
+) -> Result<Vec<ProcessLaunch>, PlanError> {
     let contract = &plan.runner.execution_contract;
     let t = &stage.work.topology;
-    let hosts: Vec<String> = plan.runner.inventory.as_ref().map(|i| i.hosts.iter().map(|h| h.hostname.clone()).collect()).unwrap_or_default();
+    let hosts: Vec<String> = plan
+        .runner
+        .inventory
+        .as_ref()
+        .map(|i| i.hosts.iter().map(|h| h.hostname.clone()).collect())
+        .unwrap_or_default();
     let mut out = Vec::new();
     for group in &t.groups {
         let p = &group.placement;
@@ -380,28 +505,61 @@ fn processes(plan: &CampaignPlan, stage: &StagePlan, options: &DryRunOptions) ->
                 env.push(("PUZZLETRON_ATTEMPT".into(), options.attempt.to_string()));
                 if plan.runner.kind == RunnerKind::Baremetal {
                     let host = hosts.get(node as usize).cloned().unwrap_or_default();
-                    let mut remote: Vec<String> = vec!["cd".into(), "--".into(), shell_quote(contract.repository.as_deref().unwrap_or("."))];
+                    let mut remote: Vec<String> = vec![
+                        "cd".into(),
+                        "--".into(),
+                        shell_quote(contract.repository.as_deref().unwrap_or(".")),
+                    ];
                     if let Some(setup) = &contract.setup_env {
                         remote.extend(["&&".into(), ".".into(), shell_quote(setup)]);
                     }
                     if let Some(v) = &contract.venv {
-                        remote.extend(["&&".into(), ".".into(), shell_quote(&format!("{v}/bin/activate"))]);
+                        remote.extend([
+                            "&&".into(),
+                            ".".into(),
+                            shell_quote(&format!("{v}/bin/activate")),
+                        ]);
                     }
                     remote.extend(["&&".into(), "exec".into(), "env".into()]);
                     for (k, v) in &env {
-                        let v = if options.redact_secrets && is_secret_name(k) { "<redacted>".to_string() } else { v.clone() };
+                        let v = if options.redact_secrets && is_secret_name(k) {
+                            "<redacted>".to_string()
+                        } else {
+                            v.clone()
+                        };
                         remote.push(format!("{k}={}", shell_quote(&v)));
                     }
                     remote.extend(argv.iter().map(|a| shell_quote(a)));
                     out.push(ProcessLaunch {
                         host: Some(host.clone()),
-                        argv: vec!["ssh".into(), "-o".into(), "BatchMode=yes".into(), "--".into(), host, remote.join(" ")],
+                        argv: vec![
+                            "ssh".into(),
+                            "-o".into(),
+                            "BatchMode=yes".into(),
+                            "--".into(),
+                            host,
+                            remote.join(" "),
+                        ],
                         env: Vec::new(),
                         cwd: None,
                     });
                 } else {
-                    let env = env.into_iter().map(|(k, v)| if options.redact_secrets && is_secret_name(&k) { (k, "<redacted>".into()) } else { (k, v) }).collect();
-                    out.push(ProcessLaunch { host: None, argv, env, cwd: contract.repository.clone() });
+                    let env = env
+                        .into_iter()
+                        .map(|(k, v)| {
+                            if options.redact_secrets && is_secret_name(&k) {
+                                (k, "<redacted>".into())
+                            } else {
+                                (k, v)
+                            }
+                        })
+                        .collect();
+                    out.push(ProcessLaunch {
+                        host: None,
+                        argv,
+                        env,
+                        cwd: contract.repository.clone(),
+                    });
                 }
             }
         }
@@ -416,10 +574,20 @@ fn processes(plan: &CampaignPlan, stage: &StagePlan, options: &DryRunOptions) ->
 pub fn render_dry_run(plan: &CampaignPlan, options: &DryRunOptions) -> Result<String, PlanError> {
     let dr = dry_run(plan, options)?;
     let mut s = String::new();
-    let _ = writeln!(s, "campaign {} ({} runner), contract {}", plan.experiment_config_path, plan.runner.kind.as_str(), plan.contract_hash);
+    let _ = writeln!(
+        s,
+        "campaign {} ({} runner), contract {}",
+        plan.experiment_config_path,
+        plan.runner.kind.as_str(),
+        plan.contract_hash
+    );
     for sub in &dr.submissions {
         let stage = plan.stage(&sub.stage_id);
-        let _ = writeln!(s, "\n=== stage {} (attempt {}) job {} ===", sub.stage_id, sub.attempt, sub.job_name);
+        let _ = writeln!(
+            s,
+            "\n=== stage {} (attempt {}) job {} ===",
+            sub.stage_id, sub.attempt, sub.job_name
+        );
         if let Some(st) = stage {
             let a = &st.spec.allocation;
             let _ = writeln!(
@@ -432,7 +600,11 @@ pub fn render_dry_run(plan: &CampaignPlan, options: &DryRunOptions) -> Result<St
                 a.nodes,
                 a.total_gpus,
                 if a.exclusive { ", exclusive" } else { "" },
-                if st.parents.is_empty() { "-".to_string() } else { st.parents.join(", ") }
+                if st.parents.is_empty() {
+                    "-".to_string()
+                } else {
+                    st.parents.join(", ")
+                }
             );
         }
         let _ = writeln!(s, "placement:");
@@ -444,12 +616,19 @@ pub fn render_dry_run(plan: &CampaignPlan, options: &DryRunOptions) -> Result<St
             s.push_str(script);
         }
         for p in &sub.processes {
-            let env: Vec<String> = p.env.iter().map(|(k, v)| format!("{k}={}", shell_quote(v))).collect();
+            let env: Vec<String> = p
+                .env
+                .iter()
+                .map(|(k, v)| format!("{k}={}", shell_quote(v)))
+                .collect();
             let argv: Vec<String> = p.argv.iter().map(|a| shell_quote(a)).collect();
             let _ = writeln!(
                 s,
                 "{}{}{}{}",
-                p.cwd.as_ref().map(|c| format!("(cd {}) ", shell_quote(c))).unwrap_or_default(),
+                p.cwd
+                    .as_ref()
+                    .map(|c| format!("(cd {}) ", shell_quote(c)))
+                    .unwrap_or_default(),
                 env.join(" "),
                 if env.is_empty() { "" } else { " " },
                 argv.join(" ")
@@ -472,9 +651,15 @@ mod tests {
 
     #[test]
     fn redaction_of_secret_exports() {
-        assert_eq!(redact_line("export HF_TOKEN=abc"), "export HF_TOKEN=<redacted>");
+        assert_eq!(
+            redact_line("export HF_TOKEN=abc"),
+            "export HF_TOKEN=<redacted>"
+        );
         assert_eq!(redact_line("export HF_HOME=/data"), "export HF_HOME=/data");
-        assert_eq!(redact_line("  WANDB_API_KEY=1"), "  WANDB_API_KEY=<redacted>");
+        assert_eq!(
+            redact_line("  WANDB_API_KEY=1"),
+            "  WANDB_API_KEY=<redacted>"
+        );
     }
 
     #[test]

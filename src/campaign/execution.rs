@@ -16,7 +16,9 @@ use serde::{Deserialize, Serialize};
 use super::mesh::{GpuAllocation, ParallelMesh, ParallelMeshOverride};
 use super::plan_error::PlanError;
 use super::runner::is_slurm_time;
-use super::tree::{Node, check_keys, did_you_mean, expect_map, expect_opt_str, expect_u32, invalid, join};
+use super::tree::{
+    Node, check_keys, did_you_mean, expect_map, expect_opt_str, expect_u32, invalid, join,
+};
 
 macro_rules! str_enum {
     ($(#[$m:meta])* $name:ident { $($(#[$vm:meta])* $var:ident = $s:literal),+ $(,)? }) => {
@@ -107,7 +109,12 @@ pub struct ExecutionDefaults {
 
 impl Default for ExecutionDefaults {
     fn default() -> Self {
-        ExecutionDefaults { failure_policy: FailurePolicy::Strict, halt_policy: HaltPolicy::Drain, gpus_per_node: 8, max_attempts: 3 }
+        ExecutionDefaults {
+            failure_policy: FailurePolicy::Strict,
+            halt_policy: HaltPolicy::Drain,
+            gpus_per_node: 8,
+            max_attempts: 3,
+        }
     }
 }
 
@@ -149,7 +156,12 @@ pub struct ExecutionConfig {
 
 const TOP_KEYS: [&str; 1] = ["execution"];
 const EXEC_KEYS: [&str; 2] = ["defaults", "stages"];
-const DEFAULT_KEYS: [&str; 4] = ["failure_policy", "halt_policy", "gpus_per_node", "max_attempts"];
+const DEFAULT_KEYS: [&str; 4] = [
+    "failure_policy",
+    "halt_policy",
+    "gpus_per_node",
+    "max_attempts",
+];
 const STAGE_KEYS: [&str; 9] = [
     "strategy",
     "instances",
@@ -164,13 +176,19 @@ const STAGE_KEYS: [&str; 9] = [
 
 fn field<'a>(map: &'a [(String, Node)], key: &str) -> &'a Node {
     static NULL: Node = Node::Null;
-    map.iter().find(|(k, _)| k == key).map(|(_, v)| v).unwrap_or(&NULL)
+    map.iter()
+        .find(|(k, _)| k == key)
+        .map(|(_, v)| v)
+        .unwrap_or(&NULL)
 }
 
 impl ExecutionConfig {
     /// The settings given for `stage`, if any.
     pub fn stage(&self, stage: &str) -> Option<&StageExecutionConfig> {
-        self.stages.iter().find(|(id, _)| id == stage).map(|(_, s)| s)
+        self.stages
+            .iter()
+            .find(|(id, _)| id == stage)
+            .map(|(_, s)| s)
     }
 
     /// Loads the YAML file at `path` (anchors, aliases and `<<` merge keys allowed; no
@@ -204,7 +222,9 @@ impl ExecutionConfig {
                 continue;
             }
             match key.as_str() {
-                "failure_policy" => defaults.failure_policy = FailurePolicy::from_node(file, &path, value)?,
+                "failure_policy" => {
+                    defaults.failure_policy = FailurePolicy::from_node(file, &path, value)?
+                }
                 "halt_policy" => defaults.halt_policy = HaltPolicy::from_node(file, &path, value)?,
                 "gpus_per_node" => {
                     defaults.gpus_per_node = expect_u32(file, &path, value, 1)?;
@@ -220,7 +240,11 @@ impl ExecutionConfig {
             let path = join("execution.stages", id);
             stages.push((id.clone(), parse_stage(file, &path, node)?));
         }
-        Ok(ExecutionConfig { defaults, gpus_per_node_given, stages })
+        Ok(ExecutionConfig {
+            defaults,
+            gpus_per_node_given,
+            stages,
+        })
     }
 }
 
@@ -296,7 +320,10 @@ mod tests {
         assert_eq!(c.defaults.gpus_per_node, 8);
         assert!(c.gpus_per_node_given);
         let v = c.stage("vllm_stats").unwrap();
-        assert_eq!((v.strategy, v.instances, v.partition.as_deref()), (Some(Strategy::Sharded), Some(8), Some("interactive")));
+        assert_eq!(
+            (v.strategy, v.instances, v.partition.as_deref()),
+            (Some(Strategy::Sharded), Some(8), Some("interactive"))
+        );
         assert_eq!(c.stage("build_library").unwrap().parallel.pp, Some(1));
     }
 
@@ -304,13 +331,25 @@ mod tests {
     fn errors_name_paths() {
         let e = parse(json!({"execution": {"stages": {"mip": {"instance": 2}}}})).unwrap_err();
         let m = e.to_string();
-        assert!(m.contains("execution.stages.mip.instance") && m.contains("did you mean `instances`"), "{m}");
-        let e = parse(json!({"execution": {"stages": {"mip": {"strategy": "shardd"}}}})).unwrap_err();
+        assert!(
+            m.contains("execution.stages.mip.instance") && m.contains("did you mean `instances`"),
+            "{m}"
+        );
+        let e =
+            parse(json!({"execution": {"stages": {"mip": {"strategy": "shardd"}}}})).unwrap_err();
         assert!(e.to_string().contains("did you mean `sharded`"), "{e}");
         let e = parse(json!({"execution": {"stages": {"mip": {"instances": 0}}}})).unwrap_err();
-        assert!(e.to_string().contains("execution.stages.mip.instances"), "{e}");
-        let e = parse(json!({"execution": {"stages": {"mip": {"parallel": {"tp_size": 2}}}}})).unwrap_err();
-        assert!(e.to_string().contains("execution.stages.mip.parallel.tp_size"), "{e}");
+        assert!(
+            e.to_string().contains("execution.stages.mip.instances"),
+            "{e}"
+        );
+        let e = parse(json!({"execution": {"stages": {"mip": {"parallel": {"tp_size": 2}}}}}))
+            .unwrap_err();
+        assert!(
+            e.to_string()
+                .contains("execution.stages.mip.parallel.tp_size"),
+            "{e}"
+        );
         let e = parse(json!({"execution": {"default": {}}})).unwrap_err();
         assert!(e.to_string().contains("did you mean `defaults`"), "{e}");
     }

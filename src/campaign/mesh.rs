@@ -57,8 +57,14 @@ pub const MESH_EXTRA_KEYS: [&str; 2] = ["sequence_parallel", "pipeline_schedule"
 
 impl ParallelMesh {
     /// One GPU, no parallelism.
-    pub const SINGLE: ParallelMesh =
-        ParallelMesh { tp: 1, cp: 1, pp: 1, ep: 1, dp_shard: 1, dp_replicate: 1 };
+    pub const SINGLE: ParallelMesh = ParallelMesh {
+        tp: 1,
+        cp: 1,
+        pp: 1,
+        ep: 1,
+        dp_shard: 1,
+        dp_replicate: 1,
+    };
 
     /// GPUs one instance needs: `tp * cp * pp * dp_shard * dp_replicate` (`ep` excluded).
     pub fn world_size(&self) -> u64 {
@@ -85,7 +91,7 @@ impl ParallelMesh {
             }
         }
         let per_stage = self.world_size() / u64::from(self.pp);
-        if per_stage % u64::from(self.ep) != 0 {
+        if !per_stage.is_multiple_of(u64::from(self.ep)) {
             return Err(bad(format!(
                 "ep={} must divide the {} rank(s) of one pipeline stage (tp*cp*dp_shard*dp_replicate)",
                 self.ep, per_stage
@@ -166,9 +172,20 @@ impl ParallelMeshOverride {
         let map = match node {
             Node::Map(m) => m.as_slice(),
             Node::Null => &[],
-            other => return Err(invalid(file, path, other, "a mapping of mesh sizes (tp, cp, pp, ep, dp_shard, dp_replicate)")),
+            other => {
+                return Err(invalid(
+                    file,
+                    path,
+                    other,
+                    "a mapping of mesh sizes (tp, cp, pp, ep, dp_shard, dp_replicate)",
+                ));
+            }
         };
-        let valid: Vec<&str> = MESH_KEYS.iter().chain(MESH_EXTRA_KEYS.iter()).copied().collect();
+        let valid: Vec<&str> = MESH_KEYS
+            .iter()
+            .chain(MESH_EXTRA_KEYS.iter())
+            .copied()
+            .collect();
         check_keys(file, path, map, &valid)?;
         let mut ov = ParallelMeshOverride::default();
         for (key, value) in map {
@@ -306,7 +323,7 @@ pub fn pack_gpu_allocation(
     }
     let total_gpus = u64::from(instances) * u64::from(gpus_per_instance);
     if gpus_per_instance > gpus_per_node {
-        if gpus_per_instance % gpus_per_node != 0 {
+        if !gpus_per_instance.is_multiple_of(gpus_per_node) {
             return Err(err(&format!(
                 "an instance larger than a node must take whole nodes: {gpus_per_instance} is not a multiple of {gpus_per_node}"
             )));
@@ -315,7 +332,12 @@ pub fn pack_gpu_allocation(
         let nodes = u64::from(instances) * u64::from(per);
         let nodes = u32::try_from(nodes).map_err(|_| err("more than 2^32 nodes"))?;
         let placements = (0..instances)
-            .map(|i| InstancePlacement { node: i * per, node_count: per, first_gpu: 0, gpus_on_node: gpus_per_node })
+            .map(|i| InstancePlacement {
+                node: i * per,
+                node_count: per,
+                first_gpu: 0,
+                gpus_on_node: gpus_per_node,
+            })
             .collect();
         return Ok(GpuAllocation {
             instances,
@@ -439,7 +461,11 @@ const VLLM_KEYS: [&str; 17] = [
 /// # Errors
 /// [`PlanError::UnknownField`], [`PlanError::InvalidValue`] or [`PlanError::BadMesh`] naming the
 /// key path.
-pub fn normalize_vllm_topology(file: &str, path: &str, node: &Node) -> Result<VllmTopology, PlanError> {
+pub fn normalize_vllm_topology(
+    file: &str,
+    path: &str,
+    node: &Node,
+) -> Result<VllmTopology, PlanError> {
     let map = match node {
         Node::Map(m) => m.as_slice(),
         Node::Null => &[],
@@ -457,7 +483,11 @@ pub fn normalize_vllm_topology(file: &str, path: &str, node: &Node) -> Result<Vl
                 expected: format!("either `{long}` or its alias `{short}`, not both"),
             }),
             (Some((k, v)), None) | (None, Some((k, v))) => {
-                if v.is_null() { Ok(None) } else { expect_u32(file, &join(path, k), v, 1).map(Some) }
+                if v.is_null() {
+                    Ok(None)
+                } else {
+                    expect_u32(file, &join(path, k), v, 1).map(Some)
+                }
             }
             (None, None) => Ok(None),
         }
@@ -476,33 +506,55 @@ pub fn normalize_vllm_topology(file: &str, path: &str, node: &Node) -> Result<Vl
     };
     let bad = |reason: String| PlanError::BadMesh {
         context: path.to_string(),
-        mesh: format!("tensor_parallel_size={tp} pipeline_parallel_size={pp} data_parallel_size={dp}"),
+        mesh: format!(
+            "tensor_parallel_size={tp} pipeline_parallel_size={pp} data_parallel_size={dp}"
+        ),
         reason,
     };
     let ep = match (enable, ep_explicit) {
         (Some(true), Some(ep)) if ep != tp * dp => {
-            return Err(bad(format!("expert_parallel_size={ep} but vLLM's expert-parallel group is tp*dp = {}", tp * dp)));
+            return Err(bad(format!(
+                "expert_parallel_size={ep} but vLLM's expert-parallel group is tp*dp = {}",
+                tp * dp
+            )));
         }
         (Some(true), _) => tp * dp,
         (Some(false), Some(ep)) if ep > 1 => {
-            return Err(bad(format!("expert_parallel_size={ep} with enable_expert_parallel: false")));
+            return Err(bad(format!(
+                "expert_parallel_size={ep} with enable_expert_parallel: false"
+            )));
         }
         (Some(false), _) => 1,
         // Without the switch, an explicit size > 1 turns expert parallelism on; it must then be
         // vLLM's group size.
         (None, Some(ep)) if ep > 1 && ep != tp * dp => {
-            return Err(bad(format!("expert_parallel_size={ep} but vLLM's expert-parallel group is tp*dp = {}", tp * dp)));
+            return Err(bad(format!(
+                "expert_parallel_size={ep} but vLLM's expert-parallel group is tp*dp = {}",
+                tp * dp
+            )));
         }
         (None, Some(ep)) => ep,
         (None, None) => 1,
     };
     if tp % dcp != 0 {
-        return Err(bad(format!("decode_context_parallel_size={dcp} must divide tensor_parallel_size={tp}")));
+        return Err(bad(format!(
+            "decode_context_parallel_size={dcp} must divide tensor_parallel_size={tp}"
+        )));
     }
-    let backend = match map.iter().find(|(k, _)| k == "distributed_executor_backend") {
+    let backend = match map
+        .iter()
+        .find(|(k, _)| k == "distributed_executor_backend")
+    {
         None | Some((_, Node::Null)) => None,
         Some((_, Node::Str(s))) => Some(s.clone()),
-        Some((k, other)) => return Err(invalid(file, &join(path, k), other, "a backend name such as mp or ray")),
+        Some((k, other)) => {
+            return Err(invalid(
+                file,
+                &join(path, k),
+                other,
+                "a backend name such as mp or ray",
+            ));
+        }
     };
     let topo = VllmTopology {
         tensor_parallel_size: tp,
@@ -513,15 +565,44 @@ pub fn normalize_vllm_topology(file: &str, path: &str, node: &Node) -> Result<Vl
         expert_parallel_size: ep,
         distributed_executor_backend: backend,
     };
-    if let Some((k, v)) = map.iter().find(|(k, _)| k == "gpu_group_size") {
-        if !v.is_null() {
+    if let Some((k, v)) = map.iter().find(|(k, _)| k == "gpu_group_size")
+        && !v.is_null()
+    {
+        {
             let g = expect_u32(file, &join(path, k), v, 1)?;
             if u64::from(g) != topo.gpus() {
-                return Err(bad(format!("gpu_group_size={g} but the topology needs tp*pp*pcp*dp = {} GPU(s)", topo.gpus())));
+                return Err(bad(format!(
+                    "gpu_group_size={g} but the topology needs tp*pp*pcp*dp = {} GPU(s)",
+                    topo.gpus()
+                )));
             }
         }
     }
     Ok(topo)
+}
+
+impl GpuAllocation {
+    /// The allocation of a CPU-only stage: all instances on one node, no GPU.
+    pub fn cpu_only(instances: u32) -> GpuAllocation {
+        GpuAllocation {
+            instances,
+            gpus_per_instance: 0,
+            gpus_per_node: 0,
+            nodes: 1,
+            total_gpus: 0,
+            instances_per_node: instances,
+            nodes_per_instance: 1,
+            exclusive: false,
+            placements: (0..instances)
+                .map(|_| InstancePlacement {
+                    node: 0,
+                    node_count: 1,
+                    first_gpu: 0,
+                    gpus_on_node: 0,
+                })
+                .collect(),
+        }
+    }
 }
 
 #[cfg(test)]
@@ -539,8 +620,15 @@ mod tests {
         assert_eq!(a.nodes, 3);
         assert_eq!(a.total_gpus, 15);
         assert!(!a.exclusive);
-        let p: Vec<(u32, Range<u32>)> = a.placements().iter().map(|p| (p.node, p.local_gpu_ids())).collect();
-        assert_eq!(p, vec![(0, 0..3), (0, 3..6), (1, 0..3), (1, 3..6), (2, 0..3)]);
+        let p: Vec<(u32, Range<u32>)> = a
+            .placements()
+            .iter()
+            .map(|p| (p.node, p.local_gpu_ids()))
+            .collect();
+        assert_eq!(
+            p,
+            vec![(0, 0..3), (0, 3..6), (1, 0..3), (1, 3..6), (2, 0..3)]
+        );
         assert_eq!(a.gpus_on_node(2), 3);
         assert_eq!(a.max_gpus_on_a_node(), 6);
     }
@@ -550,7 +638,15 @@ mod tests {
         let a = pack_gpu_allocation("t", 2, 16, 8).unwrap();
         assert_eq!(a.nodes, 4);
         assert!(a.exclusive);
-        assert_eq!(a.placements()[1], InstancePlacement { node: 2, node_count: 2, first_gpu: 0, gpus_on_node: 8 });
+        assert_eq!(
+            a.placements()[1],
+            InstancePlacement {
+                node: 2,
+                node_count: 2,
+                first_gpu: 0,
+                gpus_on_node: 8
+            }
+        );
         let e = pack_gpu_allocation("bypass", 1, 12, 8).unwrap_err();
         assert!(e.to_string().contains("12 is not a multiple of 8"), "{e}");
     }
@@ -565,49 +661,86 @@ mod tests {
 
     #[test]
     fn from_mapping_refuses_typos_and_non_integers() {
-        let e = ParallelMesh::from_mapping("x.yaml", "pruning.automodel.parallel", &node(json!({"tp_size": 2}))).unwrap_err();
+        let e = ParallelMesh::from_mapping(
+            "x.yaml",
+            "pruning.automodel.parallel",
+            &node(json!({"tp_size": 2})),
+        )
+        .unwrap_err();
         let m = e.to_string();
-        assert!(m.contains("pruning.automodel.parallel.tp_size") && m.contains("did you mean `tp`"), "{m}");
+        assert!(
+            m.contains("pruning.automodel.parallel.tp_size") && m.contains("did you mean `tp`"),
+            "{m}"
+        );
         let e = ParallelMesh::from_mapping("x.yaml", "p", &node(json!({"tp": 2.7}))).unwrap_err();
-        assert!(e.to_string().contains("p.tp") && e.to_string().contains("2.7"), "{e}");
+        assert!(
+            e.to_string().contains("p.tp") && e.to_string().contains("2.7"),
+            "{e}"
+        );
         let e = ParallelMesh::from_mapping("x.yaml", "p", &node(json!({"pp": 0}))).unwrap_err();
         assert!(matches!(e, PlanError::InvalidValue { .. }));
-        let m = ParallelMesh::from_mapping("x.yaml", "p", &node(json!({"pp": 2, "ep": 4, "dp_shard": 4, "sequence_parallel": false}))).unwrap();
-        assert_eq!(m, ParallelMesh { pp: 2, ep: 4, dp_shard: 4, ..ParallelMesh::SINGLE });
+        let m = ParallelMesh::from_mapping(
+            "x.yaml",
+            "p",
+            &node(json!({"pp": 2, "ep": 4, "dp_shard": 4, "sequence_parallel": false})),
+        )
+        .unwrap();
+        assert_eq!(
+            m,
+            ParallelMesh {
+                pp: 2,
+                ep: 4,
+                dp_shard: 4,
+                ..ParallelMesh::SINGLE
+            }
+        );
         assert_eq!(m.world_size(), 8);
-        let e = ParallelMesh::from_mapping("x.yaml", "p", &node(json!({"ep": 3, "dp_shard": 4}))).unwrap_err();
+        let e = ParallelMesh::from_mapping("x.yaml", "p", &node(json!({"ep": 3, "dp_shard": 4})))
+            .unwrap_err();
         assert!(matches!(e, PlanError::BadMesh { .. }), "{e}");
     }
 
     #[test]
     fn vllm_topology_aliases_and_expert_switch() {
-        let t = normalize_vllm_topology("f", "t", &node(json!({"tp": 2, "dp": 2, "enable_expert_parallel": true}))).unwrap();
+        let t = normalize_vllm_topology(
+            "f",
+            "t",
+            &node(json!({"tp": 2, "dp": 2, "enable_expert_parallel": true})),
+        )
+        .unwrap();
         assert_eq!(t.expert_parallel_size, 4);
         assert_eq!(t.gpus(), 4);
         assert_eq!(t.mesh().world_size(), 4);
         let t = normalize_vllm_topology("f", "t", &node(json!({"tensor_parallel_size": 1, "pipeline_parallel_size": 2, "gpu_group_size": 2}))).unwrap();
-        assert_eq!(t.mesh(), ParallelMesh { pp: 2, ..ParallelMesh::SINGLE });
-        assert!(normalize_vllm_topology("f", "t", &node(json!({"tp": 2, "tensor_parallel_size": 2}))).is_err());
-        assert!(normalize_vllm_topology("f", "t", &node(json!({"tp": 8, "gpu_group_size": 4}))).is_err());
-        assert!(normalize_vllm_topology("f", "t", &node(json!({"tp": 2, "expert_parallel_size": 2, "enable_expert_parallel": false}))).is_err());
-        let e = normalize_vllm_topology("f", "t", &node(json!({"tensor_paralel_size": 2}))).unwrap_err();
-        assert!(e.to_string().contains("did you mean `tensor_parallel_size`"), "{e}");
-    }
-}
-
-impl GpuAllocation {
-    /// The allocation of a CPU-only stage: all instances on one node, no GPU.
-    pub fn cpu_only(instances: u32) -> GpuAllocation {
-        GpuAllocation {
-            instances,
-            gpus_per_instance: 0,
-            gpus_per_node: 0,
-            nodes: 1,
-            total_gpus: 0,
-            instances_per_node: instances,
-            nodes_per_instance: 1,
-            exclusive: false,
-            placements: (0..instances).map(|_| InstancePlacement { node: 0, node_count: 1, first_gpu: 0, gpus_on_node: 0 }).collect(),
-        }
+        assert_eq!(
+            t.mesh(),
+            ParallelMesh {
+                pp: 2,
+                ..ParallelMesh::SINGLE
+            }
+        );
+        assert!(
+            normalize_vllm_topology("f", "t", &node(json!({"tp": 2, "tensor_parallel_size": 2})))
+                .is_err()
+        );
+        assert!(
+            normalize_vllm_topology("f", "t", &node(json!({"tp": 8, "gpu_group_size": 4})))
+                .is_err()
+        );
+        assert!(
+            normalize_vllm_topology(
+                "f",
+                "t",
+                &node(json!({"tp": 2, "expert_parallel_size": 2, "enable_expert_parallel": false}))
+            )
+            .is_err()
+        );
+        let e = normalize_vllm_topology("f", "t", &node(json!({"tensor_paralel_size": 2})))
+            .unwrap_err();
+        assert!(
+            e.to_string()
+                .contains("did you mean `tensor_parallel_size`"),
+            "{e}"
+        );
     }
 }

@@ -48,7 +48,7 @@ pub enum PlanError {
     },
     /// Loading or composing a YAML file failed (parse error, defaults, overrides, interpolation).
     #[error(transparent)]
-    Config(#[from] super::config::ConfigError),
+    Config(Box<super::config::ConfigError>),
     /// A file could not be read.
     #[error("cannot read {path}: {source}")]
     Io {
@@ -94,7 +94,9 @@ pub enum PlanError {
     },
     /// The stage filter selects a stage whose parent is neither selected nor complete, so the
     /// stage could never start.
-    #[error("stage filter selects `{stage}` but its parent `{parent}` is neither selected nor complete; add `{parent}` to the filter or finish it first")]
+    #[error(
+        "stage filter selects `{stage}` but its parent `{parent}` is neither selected nor complete; add `{parent}` to the filter or finish it first"
+    )]
     StageFilterIncomplete {
         /// The selected stage.
         stage: String,
@@ -112,7 +114,9 @@ pub enum PlanError {
         reason: String,
     },
     /// GPU packing is impossible for this instance size and node size.
-    #[error("{context}: cannot pack {instances} instance(s) of {gpus_per_instance} GPU(s) on {gpus_per_node}-GPU nodes: {reason}")]
+    #[error(
+        "{context}: cannot pack {instances} instance(s) of {gpus_per_instance} GPU(s) on {gpus_per_node}-GPU nodes: {reason}"
+    )]
     Packing {
         /// The stage (or caller) being packed.
         context: String,
@@ -172,5 +176,11 @@ impl PlanError {
             PlanError::Config(e) => e.is_retryable(),
             _ => false,
         }
+    }
+}
+
+impl From<super::config::ConfigError> for PlanError {
+    fn from(e: super::config::ConfigError) -> Self {
+        PlanError::Config(Box::new(e))
     }
 }

@@ -12,7 +12,8 @@ use serde::{Deserialize, Serialize};
 
 use super::plan_error::PlanError;
 use super::tree::{
-    Node, check_keys, did_you_mean, expect_map, expect_opt_str, expect_str_list, expect_u32, invalid, join,
+    Node, check_keys, did_you_mean, expect_map, expect_opt_str, expect_str_list, expect_u32,
+    invalid, join,
 };
 use crate::identity::{Hash, Hasher};
 
@@ -60,11 +61,27 @@ impl Partitions {
             Node::Null => Vec::new(),
             Node::Str(s) => s.split(',').map(|p| p.trim().to_string()).collect(),
             Node::Seq(_) => expect_str_list(file, path, node)?,
-            other => return Err(invalid(file, path, other, "a partition name, \"a,b\" or a list of names")),
+            other => {
+                return Err(invalid(
+                    file,
+                    path,
+                    other,
+                    "a partition name, \"a,b\" or a list of names",
+                ));
+            }
         };
         for name in &names {
-            if name.is_empty() || !name.chars().all(|c| c.is_ascii_alphanumeric() || "-_.".contains(c)) {
-                return Err(invalid(file, path, node, "partition names made of letters, digits, '-', '_' or '.'"));
+            if name.is_empty()
+                || !name
+                    .chars()
+                    .all(|c| c.is_ascii_alphanumeric() || "-_.".contains(c))
+            {
+                return Err(invalid(
+                    file,
+                    path,
+                    node,
+                    "partition names made of letters, digits, '-', '_' or '.'",
+                ));
             }
         }
         Ok(Partitions(names))
@@ -114,7 +131,9 @@ impl SlurmSettings {
             (Some(p), _) if !p.is_empty() => p.clone(),
             // `cpu` with no `partition_cpu`: "CPU/IO stages use the regular partition when unset".
             (_, Some("cpu")) => self.partition.clone(),
-            (_, Some(literal)) => Partitions(literal.split(',').map(|s| s.trim().to_string()).collect()),
+            (_, Some(literal)) => {
+                Partitions(literal.split(',').map(|s| s.trim().to_string()).collect())
+            }
             (_, None) => self.partition.clone(),
         }
     }
@@ -165,7 +184,13 @@ impl ExecutionContract {
     /// SHA-256 over the contract's fields, framed and domain-separated.
     pub fn hash(&self) -> Hash {
         let mut h = Hasher::new("puzzletron/execution-contract/v1");
-        for opt in [&self.repository, &self.venv, &self.container, &self.container_mounts, &self.setup_env] {
+        for opt in [
+            &self.repository,
+            &self.venv,
+            &self.container,
+            &self.container_mounts,
+            &self.setup_env,
+        ] {
             match opt {
                 Some(s) => h.field(b"some").field(s.as_bytes()),
                 None => h.field(b"none"),
@@ -236,7 +261,10 @@ const LOCAL_KEYS: [&str; 2] = ["gpus", "log_dir"];
 
 fn field<'a>(map: &'a [(String, Node)], key: &str) -> &'a Node {
     static NULL: Node = Node::Null;
-    map.iter().find(|(k, _)| k == key).map(|(_, v)| v).unwrap_or(&NULL)
+    map.iter()
+        .find(|(k, _)| k == key)
+        .map(|(_, v)| v)
+        .unwrap_or(&NULL)
 }
 
 impl RunnerEnvironment {
@@ -274,12 +302,20 @@ impl RunnerEnvironment {
         check_keys(file, "", top, &TOP_KEYS)?;
         let runner = expect_map(file, "runner", field(top, "runner"))?;
         if runner.is_empty() {
-            return Err(PlanError::MissingField { file: file.into(), path: "runner".into(), expected: "a runner mapping".into() });
+            return Err(PlanError::MissingField {
+                file: file.into(),
+                path: "runner".into(),
+                expected: "a runner mapping".into(),
+            });
         }
         check_keys(file, "runner", runner, &RUNNER_KEYS)?;
         let kind = match field(runner, "kind") {
             Node::Null => {
-                return Err(PlanError::MissingField { file: file.into(), path: "runner.kind".into(), expected: "local, slurm or baremetal".into() });
+                return Err(PlanError::MissingField {
+                    file: file.into(),
+                    path: "runner.kind".into(),
+                    expected: "local, slurm or baremetal".into(),
+                });
             }
             Node::Str(s) => match s.as_str() {
                 "local" => RunnerKind::Local,
@@ -292,12 +328,21 @@ impl RunnerEnvironment {
                         value: format!("{other:?}"),
                         expected: format!(
                             "local, slurm or baremetal{}",
-                            did_you_mean(other, ["local", "slurm", "baremetal"]).map(|s| format!(" (did you mean `{s}`?)")).unwrap_or_default()
+                            did_you_mean(other, ["local", "slurm", "baremetal"])
+                                .map(|s| format!(" (did you mean `{s}`?)"))
+                                .unwrap_or_default()
                         ),
                     });
                 }
             },
-            other => return Err(invalid(file, "runner.kind", other, "local, slurm or baremetal")),
+            other => {
+                return Err(invalid(
+                    file,
+                    "runner.kind",
+                    other,
+                    "local, slurm or baremetal",
+                ));
+            }
         };
         let wrong_section = |section: &str| PlanError::InvalidValue {
             file: file.into(),
@@ -321,7 +366,11 @@ impl RunnerEnvironment {
             }
             Some(parse_inventory(file, field(runner, "inventory"))?)
         } else if kind == RunnerKind::Baremetal {
-            return Err(PlanError::MissingField { file: file.into(), path: "runner.inventory".into(), expected: "the hosts of a baremetal runner".into() });
+            return Err(PlanError::MissingField {
+                file: file.into(),
+                path: "runner.inventory".into(),
+                expected: "the hosts of a baremetal runner".into(),
+            });
         } else {
             None
         };
@@ -336,7 +385,10 @@ impl RunnerEnvironment {
                 Node::Null => None,
                 n => Some(expect_u32(file, "runner.local.gpus", n, 1)?),
             };
-            Some(LocalSettings { gpus, log_dir: expect_opt_str(file, "runner.local.log_dir", field(m, "log_dir"))? })
+            Some(LocalSettings {
+                gpus,
+                log_dir: expect_opt_str(file, "runner.local.log_dir", field(m, "log_dir"))?,
+            })
         } else if kind == RunnerKind::Local {
             Some(LocalSettings::default())
         } else {
@@ -347,11 +399,20 @@ impl RunnerEnvironment {
             return Err(PlanError::InvalidValue {
                 file: file.into(),
                 path: "runner.execution_contract.container".into(),
-                value: format!("{:?}", execution_contract.container.as_deref().unwrap_or_default()),
+                value: format!(
+                    "{:?}",
+                    execution_contract.container.as_deref().unwrap_or_default()
+                ),
                 expected: "no container: only the slurm runner starts containers".into(),
             });
         }
-        Ok(RunnerEnvironment { kind, slurm, inventory, local, execution_contract })
+        Ok(RunnerEnvironment {
+            kind,
+            slurm,
+            inventory,
+            local,
+            execution_contract,
+        })
     }
 
     /// Hash of the execution contract (see [`ExecutionContract::hash`]).
@@ -380,7 +441,14 @@ fn parse_slurm(file: &str, node: &Node) -> Result<SlurmSettings, PlanError> {
         Node::Null => None,
         Node::Str(s) if is_slurm_time(s) => Some(s.clone()),
         Node::Int(i) if *i > 0 => Some(i.to_string()),
-        other => return Err(invalid(file, "runner.slurm.time_limit", other, "a Slurm time such as \"4:00:00\", \"1-00:00:00\" or minutes")),
+        other => {
+            return Err(invalid(
+                file,
+                "runner.slurm.time_limit",
+                other,
+                "a Slurm time such as \"4:00:00\", \"1-00:00:00\" or minutes",
+            ));
+        }
     };
     Ok(SlurmSettings {
         account: expect_opt_str(file, "runner.slurm.account", field(m, "account"))?,
@@ -404,10 +472,10 @@ pub(crate) fn is_slurm_time(s: &str) -> bool {
         None => (None, s),
     };
     let num = |x: &str| !x.is_empty() && x.len() <= 6 && x.chars().all(|c| c.is_ascii_digit());
-    if let Some(d) = days {
-        if !num(d) {
-            return false;
-        }
+    if let Some(d) = days
+        && !num(d)
+    {
+        return false;
     }
     let parts: Vec<&str> = rest.split(':').collect();
     !parts.is_empty() && parts.len() <= 3 && parts.iter().all(|p| num(p))
@@ -419,17 +487,38 @@ fn parse_inventory(file: &str, node: &Node) -> Result<BaremetalInventory, PlanEr
     check_keys(file, path, m, &INVENTORY_KEYS)?;
     let rendezvous_host = match field(m, "rendezvous_host") {
         Node::Str(s) => s.clone(),
-        other => return Err(invalid(file, "runner.inventory.rendezvous_host", other, "the host name of the rendezvous")),
+        other => {
+            return Err(invalid(
+                file,
+                "runner.inventory.rendezvous_host",
+                other,
+                "the host name of the rendezvous",
+            ));
+        }
     };
     let rendezvous_port_base = match field(m, "rendezvous_port_base") {
         Node::Null => 29500,
         Node::Int(p) if (1024..=65535).contains(p) => *p as u16,
-        other => return Err(invalid(file, "runner.inventory.rendezvous_port_base", other, "a TCP port in 1024..=65535")),
+        other => {
+            return Err(invalid(
+                file,
+                "runner.inventory.rendezvous_port_base",
+                other,
+                "a TCP port in 1024..=65535",
+            ));
+        }
     };
     let hosts_node = field(m, "hosts");
     let items = match hosts_node {
         Node::Seq(items) if !items.is_empty() => items,
-        other => return Err(invalid(file, "runner.inventory.hosts", other, "a non-empty list of {hostname, gpus}")),
+        other => {
+            return Err(invalid(
+                file,
+                "runner.inventory.hosts",
+                other,
+                "a non-empty list of {hostname, gpus}",
+            ));
+        }
     };
     let mut hosts = Vec::with_capacity(items.len());
     for (i, item) in items.iter().enumerate() {
@@ -437,12 +526,30 @@ fn parse_inventory(file: &str, node: &Node) -> Result<BaremetalInventory, PlanEr
         let hm = expect_map(file, &hp, item)?;
         check_keys(file, &hp, hm, &HOST_KEYS)?;
         let hostname = match field(hm, "hostname") {
-            Node::Str(s) if !s.is_empty() && !s.starts_with('-') && !s.chars().any(|c| c.is_whitespace()) => s.clone(),
-            other => return Err(invalid(file, &join(&hp, "hostname"), other, "a host name (no spaces, not starting with '-')")),
+            Node::Str(s)
+                if !s.is_empty()
+                    && !s.starts_with('-')
+                    && !s.chars().any(|c| c.is_whitespace()) =>
+            {
+                s.clone()
+            }
+            other => {
+                return Err(invalid(
+                    file,
+                    &join(&hp, "hostname"),
+                    other,
+                    "a host name (no spaces, not starting with '-')",
+                ));
+            }
         };
         let gpus = expect_u32(file, &join(&hp, "gpus"), field(hm, "gpus"), 0)?;
         if hosts.iter().any(|h: &Host| h.hostname == hostname) {
-            return Err(invalid(file, &join(&hp, "hostname"), field(hm, "hostname"), "a host name not already in the inventory"));
+            return Err(invalid(
+                file,
+                &join(&hp, "hostname"),
+                field(hm, "hostname"),
+                "a host name not already in the inventory",
+            ));
         }
         hosts.push(Host { hostname, gpus });
     }
@@ -453,12 +560,22 @@ fn parse_inventory(file: &str, node: &Node) -> Result<BaremetalInventory, PlanEr
             value: format!("{rendezvous_host:?}"),
             expected: format!(
                 "one of the inventory hosts ({}){}",
-                hosts.iter().map(|h| h.hostname.as_str()).collect::<Vec<_>>().join(", "),
-                did_you_mean(&rendezvous_host, hosts.iter().map(|h| h.hostname.as_str())).map(|s| format!("; did you mean `{s}`?")).unwrap_or_default()
+                hosts
+                    .iter()
+                    .map(|h| h.hostname.as_str())
+                    .collect::<Vec<_>>()
+                    .join(", "),
+                did_you_mean(&rendezvous_host, hosts.iter().map(|h| h.hostname.as_str()))
+                    .map(|s| format!("; did you mean `{s}`?"))
+                    .unwrap_or_default()
             ),
         });
     }
-    Ok(BaremetalInventory { rendezvous_host, rendezvous_port_base, hosts })
+    Ok(BaremetalInventory {
+        rendezvous_host,
+        rendezvous_port_base,
+        hosts,
+    })
 }
 
 fn parse_contract(file: &str, node: &Node) -> Result<ExecutionContract, PlanError> {
@@ -472,8 +589,16 @@ fn parse_contract(file: &str, node: &Node) -> Result<ExecutionContract, PlanErro
         container: s("container")?,
         container_mounts: s("container_mounts")?,
         setup_env: s("setup_env")?,
-        prerun_commands: expect_str_list(file, &join(path, "prerun_commands"), field(m, "prerun_commands"))?,
-        postrun_commands: expect_str_list(file, &join(path, "postrun_commands"), field(m, "postrun_commands"))?,
+        prerun_commands: expect_str_list(
+            file,
+            &join(path, "prerun_commands"),
+            field(m, "prerun_commands"),
+        )?,
+        postrun_commands: expect_str_list(
+            file,
+            &join(path, "postrun_commands"),
+            field(m, "postrun_commands"),
+        )?,
     })
 }
 
@@ -490,20 +615,34 @@ mod tests {
     fn partitions_from_string_comma_list_and_list() {
         for p in [json!("a,b"), json!(["a", "b"]), json!("a, b")] {
             let r = parse(json!({"runner": {"kind": "slurm", "slurm": {"partition": p}}})).unwrap();
-            assert_eq!(r.slurm.unwrap().partition, Partitions(vec!["a".into(), "b".into()]));
+            assert_eq!(
+                r.slurm.unwrap().partition,
+                Partitions(vec!["a".into(), "b".into()])
+            );
         }
-        let r = parse(json!({"runner": {"kind": "slurm", "slurm": {"partition": "batch"}}})).unwrap();
+        let r =
+            parse(json!({"runner": {"kind": "slurm", "slurm": {"partition": "batch"}}})).unwrap();
         assert_eq!(r.slurm.unwrap().partition.to_slurm(), "batch");
-        assert!(parse(json!({"runner": {"kind": "slurm", "slurm": {"partition": "a;rm -rf /"}}})).is_err());
+        assert!(
+            parse(json!({"runner": {"kind": "slurm", "slurm": {"partition": "a;rm -rf /"}}}))
+                .is_err()
+        );
     }
 
     #[test]
     fn unknown_keys_name_the_path_and_suggest() {
         let e = parse(json!({"runner": {"kind": "slurm", "slurm": {"acount": "x"}}})).unwrap_err();
         let m = e.to_string();
-        assert!(m.contains("runner.slurm.acount") && m.contains("did you mean `account`"), "{m}");
-        let e = parse(json!({"runner": {"kind": "slurm", "execution_contract": {"venvv": "/v"}}})).unwrap_err();
-        assert!(e.to_string().contains("runner.execution_contract.venvv"), "{e}");
+        assert!(
+            m.contains("runner.slurm.acount") && m.contains("did you mean `account`"),
+            "{m}"
+        );
+        let e = parse(json!({"runner": {"kind": "slurm", "execution_contract": {"venvv": "/v"}}}))
+            .unwrap_err();
+        assert!(
+            e.to_string().contains("runner.execution_contract.venvv"),
+            "{e}"
+        );
         let e = parse(json!({"runner": {"kind": "slurmm"}})).unwrap_err();
         assert!(e.to_string().contains("did you mean `slurm`"), "{e}");
     }
@@ -515,7 +654,10 @@ mod tests {
             partition_interactive: Some(Partitions(vec!["interactive".into()])),
             ..Default::default()
         };
-        assert_eq!(s.resolve_partition(Some("interactive")).to_slurm(), "interactive");
+        assert_eq!(
+            s.resolve_partition(Some("interactive")).to_slurm(),
+            "interactive"
+        );
         assert_eq!(s.resolve_partition(Some("cpu")).to_slurm(), "batch");
         assert_eq!(s.resolve_partition(None).to_slurm(), "batch");
         assert_eq!(s.resolve_partition(Some("gpu-x")).to_slurm(), "gpu-x");

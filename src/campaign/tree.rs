@@ -100,9 +100,11 @@ impl Node {
             },
             J::String(s) => Node::Str(s.clone()),
             J::Array(items) => Node::Seq(items.iter().map(Node::from_json).collect()),
-            J::Object(map) => {
-                Node::Map(map.iter().map(|(k, v)| (k.clone(), Node::from_json(v))).collect())
-            }
+            J::Object(map) => Node::Map(
+                map.iter()
+                    .map(|(k, v)| (k.clone(), Node::from_json(v)))
+                    .collect(),
+            ),
         }
     }
 
@@ -167,12 +169,17 @@ impl Node {
             Node::Null => J::Null,
             Node::Bool(b) => J::Bool(*b),
             Node::Int(i) => J::from(*i),
-            Node::Float(f) => serde_json::Number::from_f64(*f).map(J::Number).unwrap_or(J::Null),
+            Node::Float(f) => serde_json::Number::from_f64(*f)
+                .map(J::Number)
+                .unwrap_or(J::Null),
             Node::Str(s) => J::String(s.clone()),
             Node::Seq(items) => J::Array(items.iter().map(Node::to_json).collect()),
-            Node::Map(entries) => {
-                J::Object(entries.iter().map(|(k, v)| (k.clone(), v.to_json())).collect())
-            }
+            Node::Map(entries) => J::Object(
+                entries
+                    .iter()
+                    .map(|(k, v)| (k.clone(), v.to_json()))
+                    .collect(),
+            ),
         }
     }
 }
@@ -197,7 +204,11 @@ fn write_json_string(s: &str, out: &mut String) {
 
 /// Joins a parent key path and a key: `join("a.b", "c") == "a.b.c"`, `join("", "c") == "c"`.
 pub(crate) fn join(path: &str, key: &str) -> String {
-    if path.is_empty() { key.to_string() } else { format!("{path}.{key}") }
+    if path.is_empty() {
+        key.to_string()
+    } else {
+        format!("{path}.{key}")
+    }
 }
 
 /// Levenshtein edit distance (insertions, deletions, substitutions), on chars.
@@ -229,7 +240,9 @@ where
         let limit = (key.chars().count().max(cand.chars().count()) / 3).max(2);
         let score = if d <= limit {
             d
-        } else if key_lower.starts_with(&format!("{cand}_")) || key_lower.starts_with(&format!("{cand}-")) {
+        } else if key_lower.starts_with(&format!("{cand}_"))
+            || key_lower.starts_with(&format!("{cand}-"))
+        {
             limit + 1
         } else {
             continue;
@@ -326,40 +339,6 @@ pub(crate) fn expect_str_list(
     }
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn did_you_mean_finds_typos_and_suffixes() {
-        let mesh = ["tp", "cp", "pp", "ep", "dp_shard", "dp_replicate"];
-        assert_eq!(did_you_mean("tp_size", mesh), Some("tp".to_string()));
-        assert_eq!(did_you_mean("dp_shards", mesh), Some("dp_shard".to_string()));
-        assert_eq!(did_you_mean("partiton", ["partition", "account"]), Some("partition".into()));
-        assert_eq!(did_you_mean("zzzzzzzz", ["partition", "account"]), None);
-    }
-
-    #[test]
-    fn canonical_json_sorts_keys_and_normalizes_numbers() {
-        let a = Node::Map(vec![
-            ("b".into(), Node::Float(1.0)),
-            ("a".into(), Node::Seq(vec![Node::Float(0.1), Node::Str("x\"y".into())])),
-        ]);
-        let mut out = String::new();
-        a.write_canonical(&mut out);
-        assert_eq!(out, r#"{"a":[0.1,"x\"y"],"b":1}"#);
-    }
-
-    #[test]
-    fn check_keys_reports_path_and_suggestion() {
-        let map = vec![("acount".to_string(), Node::Null)];
-        let err = check_keys("r.yaml", "runner.slurm", &map, &["account", "partition"]).unwrap_err();
-        let msg = err.to_string();
-        assert!(msg.contains("runner.slurm.acount"), "{msg}");
-        assert!(msg.contains("did you mean `account`"), "{msg}");
-    }
-}
-
 impl serde::Serialize for Node {
     fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
         use serde::ser::{SerializeMap, SerializeSeq};
@@ -411,7 +390,9 @@ impl<'de> serde::Deserialize<'de> for Node {
                 Ok(Node::Int(i))
             }
             fn visit_u64<E: serde::de::Error>(self, u: u64) -> Result<Node, E> {
-                i64::try_from(u).map(Node::Int).or(Ok(Node::Float(u as f64)))
+                i64::try_from(u)
+                    .map(Node::Int)
+                    .or(Ok(Node::Float(u as f64)))
             }
             fn visit_f64<E>(self, f: f64) -> Result<Node, E> {
                 Ok(Node::Float(f))
@@ -441,5 +422,49 @@ impl<'de> serde::Deserialize<'de> for Node {
             }
         }
         d.deserialize_any(V)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn did_you_mean_finds_typos_and_suffixes() {
+        let mesh = ["tp", "cp", "pp", "ep", "dp_shard", "dp_replicate"];
+        assert_eq!(did_you_mean("tp_size", mesh), Some("tp".to_string()));
+        assert_eq!(
+            did_you_mean("dp_shards", mesh),
+            Some("dp_shard".to_string())
+        );
+        assert_eq!(
+            did_you_mean("partiton", ["partition", "account"]),
+            Some("partition".into())
+        );
+        assert_eq!(did_you_mean("zzzzzzzz", ["partition", "account"]), None);
+    }
+
+    #[test]
+    fn canonical_json_sorts_keys_and_normalizes_numbers() {
+        let a = Node::Map(vec![
+            ("b".into(), Node::Float(1.0)),
+            (
+                "a".into(),
+                Node::Seq(vec![Node::Float(0.1), Node::Str("x\"y".into())]),
+            ),
+        ]);
+        let mut out = String::new();
+        a.write_canonical(&mut out);
+        assert_eq!(out, r#"{"a":[0.1,"x\"y"],"b":1}"#);
+    }
+
+    #[test]
+    fn check_keys_reports_path_and_suggestion() {
+        let map = vec![("acount".to_string(), Node::Null)];
+        let err =
+            check_keys("r.yaml", "runner.slurm", &map, &["account", "partition"]).unwrap_err();
+        let msg = err.to_string();
+        assert!(msg.contains("runner.slurm.acount"), "{msg}");
+        assert!(msg.contains("did you mean `account`"), "{msg}");
     }
 }

@@ -175,7 +175,12 @@ pub trait RendezvousAllocator {
     ///
     /// # Errors
     /// [`PlanError::WorkPlan`] when ports run out.
-    fn next(&mut self, stage_id: &str, instance: u32, placement: &InstancePlacement) -> Result<Rendezvous, PlanError>;
+    fn next(
+        &mut self,
+        stage_id: &str,
+        instance: u32,
+        placement: &InstancePlacement,
+    ) -> Result<Rendezvous, PlanError>;
 }
 
 /// Builds a stage's [`WorkPlan`].
@@ -184,7 +189,10 @@ pub trait RendezvousAllocator {
 /// [`PlanError::WorkPlan`] when `instances` is not divisible by the number of shard groups
 /// (each group needs the same number of shards), or for a `single` stage with several
 /// instances.
-pub fn build_work_plan(input: &WorkPlanInput<'_>, rdzv: &mut dyn RendezvousAllocator) -> Result<WorkPlan, PlanError> {
+pub fn build_work_plan(
+    input: &WorkPlanInput<'_>,
+    rdzv: &mut dyn RendezvousAllocator,
+) -> Result<WorkPlan, PlanError> {
     let stage = input.stage_id;
     let n = input.instances;
     let mut items = Vec::with_capacity(n as usize);
@@ -193,7 +201,9 @@ pub fn build_work_plan(input: &WorkPlanInput<'_>, rdzv: &mut dyn RendezvousAlloc
             if n != 1 {
                 return Err(PlanError::WorkPlan {
                     stage: stage.into(),
-                    reason: format!("strategy single runs exactly one instance; got instances={n} (use sharded or persistent_pool)"),
+                    reason: format!(
+                        "strategy single runs exactly one instance; got instances={n} (use sharded or persistent_pool)"
+                    ),
                 });
             }
             items.push(WorkItem {
@@ -208,14 +218,18 @@ pub fn build_work_plan(input: &WorkPlanInput<'_>, rdzv: &mut dyn RendezvousAlloc
         }
         Strategy::Sharded if !input.shard_groups.is_empty() => {
             let g = input.shard_groups.len() as u32;
-            if n % g != 0 {
-                let values: Vec<&str> = input.shard_groups.iter().map(|(_, v)| v.as_str()).collect();
+            if !n.is_multiple_of(g) {
+                let values: Vec<&str> =
+                    input.shard_groups.iter().map(|(_, v)| v.as_str()).collect();
                 return Err(PlanError::WorkPlan {
                     stage: stage.into(),
                     reason: format!(
                         "{stage} instances must be divisible by the number of {}; got instances={n}, {}=({})",
                         input.shard_axis_name.unwrap_or("shard groups"),
-                        input.shard_axis_name.and_then(|s| s.split_whitespace().last()).unwrap_or("groups"),
+                        input
+                            .shard_axis_name
+                            .and_then(|s| s.split_whitespace().last())
+                            .unwrap_or("groups"),
                         values.join(", ")
                     ),
                 });
@@ -299,16 +313,31 @@ pub fn build_work_plan(input: &WorkPlanInput<'_>, rdzv: &mut dyn RendezvousAlloc
         Strategy::PersistentPool => true,
     };
     let a = input.allocation;
-    let (gpus_per_task, tasks_per_group) = if a.nodes_per_instance > 1 { (a.gpus_per_node, a.nodes_per_instance) } else { (a.gpus_per_instance, 1) };
+    let (gpus_per_task, tasks_per_group) = if a.nodes_per_instance > 1 {
+        (a.gpus_per_node, a.nodes_per_instance)
+    } else {
+        (a.gpus_per_instance, 1)
+    };
     let launcher = if input.distributed {
-        TaskLauncher::Torchrun { nnodes: tasks_per_group, nproc_per_node: gpus_per_task.max(1) }
+        TaskLauncher::Torchrun {
+            nnodes: tasks_per_group,
+            nproc_per_node: gpus_per_task.max(1),
+        }
     } else {
         TaskLauncher::Direct
     };
     let mut groups = Vec::with_capacity(a.placements().len());
     for (i, p) in a.placements().iter().enumerate() {
-        let rendezvous = if input.distributed { Some(rdzv.next(stage, i as u32, p)?) } else { None };
-        groups.push(TaskGroup { instance: i as u32, placement: *p, rendezvous });
+        let rendezvous = if input.distributed {
+            Some(rdzv.next(stage, i as u32, p)?)
+        } else {
+            None
+        };
+        groups.push(TaskGroup {
+            instance: i as u32,
+            placement: *p,
+            rendezvous,
+        });
     }
     let topology = TaskTopology {
         nodes: a.nodes,
@@ -322,7 +351,13 @@ pub fn build_work_plan(input: &WorkPlanInput<'_>, rdzv: &mut dyn RendezvousAlloc
         launcher,
         groups,
     };
-    Ok(WorkPlan { stage_id: stage.to_string(), strategy: input.strategy, items, aggregate_required, topology })
+    Ok(WorkPlan {
+        stage_id: stage.to_string(),
+        strategy: input.strategy,
+        items,
+        aggregate_required,
+        topology,
+    })
 }
 
 #[cfg(test)]
@@ -332,16 +367,29 @@ mod tests {
 
     struct Ports(u16);
     impl RendezvousAllocator for Ports {
-        fn next(&mut self, stage_id: &str, instance: u32, _: &InstancePlacement) -> Result<Rendezvous, PlanError> {
+        fn next(
+            &mut self,
+            stage_id: &str,
+            instance: u32,
+            _: &InstancePlacement,
+        ) -> Result<Rendezvous, PlanError> {
             self.0 += 1;
-            Ok(Rendezvous { rdzv_id: format!("{stage_id}-{instance}"), master_addr: MasterAddr::FirstNodeOfGroup, master_port: self.0 })
+            Ok(Rendezvous {
+                rdzv_id: format!("{stage_id}-{instance}"),
+                master_addr: MasterAddr::FirstNodeOfGroup,
+                master_port: self.0,
+            })
         }
     }
 
     #[test]
     fn sharded_over_groups_and_divisibility() {
         let alloc = pack_gpu_allocation("z", 8, 8, 8).unwrap();
-        let groups = vec![("w2688".to_string(), "2688".to_string()), ("w2560".into(), "2560".into()), ("w2432".into(), "2432".into())];
+        let groups = vec![
+            ("w2688".to_string(), "2688".to_string()),
+            ("w2560".into(), "2560".into()),
+            ("w2432".into(), "2432".into()),
+        ];
         let input = WorkPlanInput {
             stage_id: "zero_shot_evaluation",
             strategy: Strategy::Sharded,
@@ -358,13 +406,40 @@ mod tests {
             "stage `zero_shot_evaluation`: zero_shot_evaluation instances must be divisible by the number of embedding widths; got instances=8, widths=(2688, 2560, 2432)"
         );
         let two = &groups[..2];
-        let wp = build_work_plan(&WorkPlanInput { shard_groups: two, ..input }, &mut Ports(29500)).unwrap();
+        let wp = build_work_plan(
+            &WorkPlanInput {
+                shard_groups: two,
+                ..input
+            },
+            &mut Ports(29500),
+        )
+        .unwrap();
         assert_eq!(wp.items.len(), 8);
         assert_eq!(wp.items[5].work_id, "zero_shot_evaluation:w2560:1");
-        assert_eq!((wp.items[5].shard_index, wp.items[5].shard_count, wp.items[5].instance), (1, 4, 5));
+        assert_eq!(
+            (
+                wp.items[5].shard_index,
+                wp.items[5].shard_count,
+                wp.items[5].instance
+            ),
+            (1, 4, 5)
+        );
         assert!(wp.aggregate_required);
-        assert_eq!(wp.topology.launcher, TaskLauncher::Torchrun { nnodes: 1, nproc_per_node: 8 });
-        assert_eq!(wp.topology.groups[7].rendezvous.as_ref().unwrap().master_port, 29508);
+        assert_eq!(
+            wp.topology.launcher,
+            TaskLauncher::Torchrun {
+                nnodes: 1,
+                nproc_per_node: 8
+            }
+        );
+        assert_eq!(
+            wp.topology.groups[7]
+                .rendezvous
+                .as_ref()
+                .unwrap()
+                .master_port,
+            29508
+        );
     }
 
     #[test]
@@ -382,8 +457,23 @@ mod tests {
         };
         let wp = build_work_plan(&input, &mut Ports(0)).unwrap();
         let t = &wp.topology;
-        assert_eq!((t.nodes, t.task_count, t.gpus_per_task, t.tasks_per_group, t.group_count), (2, 2, 8, 2, 1));
-        assert_eq!(t.launcher, TaskLauncher::Torchrun { nnodes: 2, nproc_per_node: 8 });
+        assert_eq!(
+            (
+                t.nodes,
+                t.task_count,
+                t.gpus_per_task,
+                t.tasks_per_group,
+                t.group_count
+            ),
+            (2, 2, 8, 2, 1)
+        );
+        assert_eq!(
+            t.launcher,
+            TaskLauncher::Torchrun {
+                nnodes: 2,
+                nproc_per_node: 8
+            }
+        );
         assert!(!wp.aggregate_required);
     }
 }
