@@ -23,8 +23,9 @@ use super::origin::{Origin, Origins};
 use super::path::KeyPath;
 use super::value::{Mapping, Value};
 
-/// Alias expansion limit in nodes: protects against "billion laughs" documents.
-const MAX_NODES: usize = 5_000_000;
+/// Node limit for a document, aliases expanded: protects against "billion laughs" documents
+/// (the largest real config is a few thousand nodes).
+const MAX_NODES: usize = 250_000;
 
 /// A parsed YAML document: its value tree, node origins, and the Hydra `# @package` header.
 #[derive(Debug, Clone)]
@@ -200,8 +201,11 @@ impl<'a> Composer<'a> {
                         "alias refers to an anchor that is not complete yet (recursive alias)",
                     ));
                 };
-                let (value, from, nodes) = (a.value.clone(), a.path.clone(), a.nodes);
+                let nodes = a.nodes;
+                // Count before cloning so an alias bomb fails fast.
                 self.count(nodes, &span)?;
+                let a = &self.anchors[&id];
+                let (value, from) = (a.value.clone(), a.path.clone());
                 let items = self.origins.subtree(&from);
                 self.origins.remove_subtree(path);
                 self.origins.insert_subtree(path, items);
