@@ -583,7 +583,8 @@ impl<'a> Resolver<'a> {
         };
         self.stack.push(path.clone());
         let out = match node {
-            Value::String(s) if has_interpolation(s) => {
+            // Also strings with only escaped `\${` (they need unescaping).
+            Value::String(s) if s.contains("${") => {
                 let v = self.eval_string(s, path)?;
                 self.memo.insert(path.clone(), v.clone());
                 v
