@@ -29,7 +29,9 @@ impl Tree {
 }
 
 fn int(c: &puzzletron::campaign::config::Config, k: &str) -> i64 {
-    c.get(k).and_then(Value::as_i64).unwrap_or_else(|| panic!("{k}: {:?}", c.get(k)))
+    c.get(k)
+        .and_then(Value::as_i64)
+        .unwrap_or_else(|| panic!("{k}: {:?}", c.get(k)))
 }
 
 #[test]
@@ -61,7 +63,10 @@ fn relative_entry_resolves_from_the_including_file() {
             "runs/parent.yaml",
             "# @package _global_\ndefaults:\n  - /base@_global_\n  - _self_\na: 1\nb: 1\n",
         ),
-        ("runs/child.yaml", "defaults:\n  - parent\n  - _self_\nb: 2\n"),
+        (
+            "runs/child.yaml",
+            "defaults:\n  - parent\n  - _self_\nb: 2\n",
+        ),
         ("runs/no_header.yaml", "c: 3\n"),
         ("runs/child2.yaml", "defaults:\n  - no_header\n  - _self_\n"),
     ]);
@@ -78,7 +83,10 @@ fn relative_entry_resolves_from_the_including_file() {
 fn self_first_lets_later_defaults_override_the_file() {
     let t = Tree::new(&[
         ("base.yaml", "a: from_base\n"),
-        ("exp.yaml", "defaults:\n  - _self_\n  - /base@_global_\na: from_self\n"),
+        (
+            "exp.yaml",
+            "defaults:\n  - _self_\n  - /base@_global_\na: from_self\n",
+        ),
     ]);
     let c = t.load("exp.yaml").unwrap();
     assert_eq!(c.get("a"), Some(&Value::from("from_base")));
@@ -90,7 +98,10 @@ fn missing_self_means_self_last() {
         ("base.yaml", "a: from_base\n"),
         ("exp.yaml", "defaults:\n  - /base@_global_\na: from_self\n"),
     ]);
-    assert_eq!(t.load("exp.yaml").unwrap().get("a"), Some(&Value::from("from_self")));
+    assert_eq!(
+        t.load("exp.yaml").unwrap().get("a"),
+        Some(&Value::from("from_self"))
+    );
 }
 
 #[test]
@@ -115,7 +126,14 @@ fn deep_merge_mappings_merge_lists_and_scalars_replace() {
     assert_eq!(c.get("to_null"), Some(&Value::Null));
     assert_eq!(int(&c, "to_map.k"), 2);
     // Key order: base's order, new keys appended.
-    let keys: Vec<&str> = c.get("m.b").unwrap().as_mapping().unwrap().keys().map(String::as_str).collect();
+    let keys: Vec<&str> = c
+        .get("m.b")
+        .unwrap()
+        .as_mapping()
+        .unwrap()
+        .keys()
+        .map(String::as_str)
+        .collect();
     assert_eq!(keys, ["c", "d", "e"]);
 }
 
@@ -128,7 +146,10 @@ fn merge_order_is_depth_first_like_hydra() {
         ("b.yaml", "# @package _global_\nx: 5\n"),
         ("c.yaml", "# @package _global_\nx: {q: 2}\n"),
         ("mid.yaml", "# @package _global_\ndefaults: [b, c]\n"),
-        ("exp.yaml", "defaults: [/base@_global_, mid@_global_, _self_]\n"),
+        (
+            "exp.yaml",
+            "defaults: [/base@_global_, mid@_global_, _self_]\n",
+        ),
     ]);
     let c = t.load("exp.yaml").unwrap();
     assert_eq!(c.get("x.q"), Some(&Value::Int(2)));
@@ -178,13 +199,19 @@ fn cycles_are_refused_with_the_chain() {
     }
     let msg = e.to_string();
     assert!(msg.starts_with("defaults cycle: "), "{msg}");
-    assert!(msg.contains("a.yaml -> ") && msg.contains("b.yaml -> "), "{msg}");
+    assert!(
+        msg.contains("a.yaml -> ") && msg.contains("b.yaml -> "),
+        "{msg}"
+    );
 }
 
 #[test]
 fn self_include_is_a_cycle() {
     let t = Tree::new(&[("base.yaml", ""), ("a.yaml", "defaults: [a]\n")]);
-    assert!(matches!(t.load("a.yaml"), Err(ConfigError::DefaultsCycle { .. })));
+    assert!(matches!(
+        t.load("a.yaml"),
+        Err(ConfigError::DefaultsCycle { .. })
+    ));
 }
 
 #[test]
@@ -192,7 +219,10 @@ fn dot_dot_escape_is_refused() {
     let t = Tree::new(&[
         ("outside.yaml", "secret: 1\n"),
         ("root/base.yaml", "a: 1\n"),
-        ("root/exp.yaml", "defaults:\n  - /base@_global_\n  - ../outside@_global_\n"),
+        (
+            "root/exp.yaml",
+            "defaults:\n  - /base@_global_\n  - ../outside@_global_\n",
+        ),
     ]);
     let e = t.load("root/exp.yaml").unwrap_err();
     match &e {
@@ -211,7 +241,10 @@ fn absolute_dot_dot_escape_is_refused_even_when_the_target_does_not_exist() {
         ("root/base.yaml", "a: 1\n"),
         ("root/exp.yaml", "defaults:\n  - /../../../../etc/passwd\n"),
     ]);
-    assert!(matches!(t.load("root/exp.yaml"), Err(ConfigError::PathEscape { .. })));
+    assert!(matches!(
+        t.load("root/exp.yaml"),
+        Err(ConfigError::PathEscape { .. })
+    ));
 }
 
 #[cfg(unix)]
@@ -223,12 +256,18 @@ fn symlink_pointing_outside_the_root_is_refused() {
         ("root/exp.yaml", "defaults:\n  - link\n"),
     ]);
     std::os::unix::fs::symlink(t.path("outside/evil.yaml"), t.path("root/link.yaml")).unwrap();
-    assert!(matches!(t.load("root/exp.yaml"), Err(ConfigError::PathEscape { .. })));
+    assert!(matches!(
+        t.load("root/exp.yaml"),
+        Err(ConfigError::PathEscape { .. })
+    ));
 }
 
 #[test]
 fn experiment_outside_an_explicit_root_is_refused() {
-    let t = Tree::new(&[("root/base.yaml", "a: 1\n"), ("elsewhere/exp.yaml", "b: 1\n")]);
+    let t = Tree::new(&[
+        ("root/base.yaml", "a: 1\n"),
+        ("elsewhere/exp.yaml", "b: 1\n"),
+    ]);
     let e = ConfigLoader::new()
         .config_root(t.path("root"))
         .load_experiment(t.path("elsewhere/exp.yaml"), &[])
@@ -238,7 +277,10 @@ fn experiment_outside_an_explicit_root_is_refused() {
 
 #[test]
 fn missing_entry_names_including_file_line_and_resolved_path() {
-    let t = Tree::new(&[("base.yaml", ""), ("exp.yaml", "# c\ndefaults:\n  - _self_\n  - nope\n")]);
+    let t = Tree::new(&[
+        ("base.yaml", ""),
+        ("exp.yaml", "# c\ndefaults:\n  - _self_\n  - nope\n"),
+    ]);
     let e = t.load("exp.yaml").unwrap_err();
     match &e {
         ConfigError::DefaultsNotFound {
@@ -254,7 +296,11 @@ fn missing_entry_names_including_file_line_and_resolved_path() {
         }
         other => panic!("{other:?}"),
     }
-    assert!(e.to_string().contains("exp.yaml:4: defaults entry `nope` not found"), "{e}");
+    assert!(
+        e.to_string()
+            .contains("exp.yaml:4: defaults entry `nope` not found"),
+        "{e}"
+    );
 }
 
 #[test]
@@ -268,26 +314,47 @@ fn malformed_defaults_are_refused_with_line() {
         }
         other => panic!("{other:?}"),
     }
-    let t = Tree::new(&[("base.yaml", ""), ("exp.yaml", "defaults:\n  - override db: x\n")]);
-    assert!(matches!(t.load("exp.yaml"), Err(ConfigError::BadDefaults { line: 2, .. })));
+    let t = Tree::new(&[
+        ("base.yaml", ""),
+        ("exp.yaml", "defaults:\n  - override db: x\n"),
+    ]);
+    assert!(matches!(
+        t.load("exp.yaml"),
+        Err(ConfigError::BadDefaults { line: 2, .. })
+    ));
     let t = Tree::new(&[("base.yaml", ""), ("exp.yaml", "defaults:\n  - [1]\n")]);
-    assert!(matches!(t.load("exp.yaml"), Err(ConfigError::BadDefaults { line: 2, .. })));
-    let t = Tree::new(&[("base.yaml", ""), ("exp.yaml", "defaults: [_self_, _self_]\n")]);
-    assert!(matches!(t.load("exp.yaml"), Err(ConfigError::BadDefaults { .. })));
+    assert!(matches!(
+        t.load("exp.yaml"),
+        Err(ConfigError::BadDefaults { line: 2, .. })
+    ));
+    let t = Tree::new(&[
+        ("base.yaml", ""),
+        ("exp.yaml", "defaults: [_self_, _self_]\n"),
+    ]);
+    assert!(matches!(
+        t.load("exp.yaml"),
+        Err(ConfigError::BadDefaults { .. })
+    ));
 }
 
 #[test]
 fn top_level_list_file_is_refused() {
     let t = Tree::new(&[("base.yaml", ""), ("exp.yaml", "- 1\n- 2\n")]);
     let e = t.load("exp.yaml").unwrap_err();
-    assert!(e.to_string().contains("must be a mapping at the top level"), "{e}");
+    assert!(
+        e.to_string().contains("must be a mapping at the top level"),
+        "{e}"
+    );
 }
 
 #[test]
 fn missing_experiment_file_is_an_io_error_naming_it() {
     let t = Tree::new(&[("base.yaml", "")]);
     let e = t.load("nope.yaml").unwrap_err();
-    assert!(matches!(&e, ConfigError::Io { path, .. } if path.ends_with("nope.yaml")), "{e:?}");
+    assert!(
+        matches!(&e, ConfigError::Io { path, .. } if path.ends_with("nope.yaml")),
+        "{e:?}"
+    );
     assert!(!e.is_retryable());
 }
 
@@ -298,7 +365,12 @@ fn origins_point_at_the_file_that_last_set_a_value() {
         ("exp.yaml", "defaults: [/base@_global_, _self_]\nb: 3\n"),
     ]);
     let c = t.load("exp.yaml").unwrap();
-    let file_of = |k: &str| c.origin(k).and_then(|o| o.file()).map(Path::to_path_buf).unwrap();
+    let file_of = |k: &str| {
+        c.origin(k)
+            .and_then(|o| o.file())
+            .map(Path::to_path_buf)
+            .unwrap()
+    };
     assert!(file_of("a").ends_with("base.yaml"));
     assert!(file_of("b").ends_with("exp.yaml"));
     assert_eq!(c.origin("b").unwrap().line_column(), Some((2, 4)));

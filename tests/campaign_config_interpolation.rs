@@ -3,14 +3,17 @@
 use std::sync::Arc;
 
 use puzzletron::campaign::config::{
-    parse_override, resolve_string, Config, ConfigError, ConfigLoader, Env, Origin, Resolvers,
-    Value,
+    Config, ConfigError, ConfigLoader, Env, Origin, Resolvers, Value, parse_override,
+    resolve_string,
 };
 
 fn load_with(text: &str, env: Env, overrides: &[&str]) -> Result<Config, ConfigError> {
     let dir = tempfile::tempdir().unwrap();
     std::fs::write(dir.path().join("base.yaml"), text).unwrap();
-    let o: Vec<_> = overrides.iter().map(|t| parse_override(t).unwrap()).collect();
+    let o: Vec<_> = overrides
+        .iter()
+        .map(|t| parse_override(t).unwrap())
+        .collect();
     ConfigLoader::new()
         .env(env)
         .load_experiment(dir.path().join("base.yaml"), &o)
@@ -112,7 +115,10 @@ fn env_from_the_injected_map_with_and_without_default() {
 fn the_process_environment_is_not_read_unless_injected() {
     // PATH is set in any test process; the loader must not see it.
     let e = load_err("p: ${oc.env:PATH}\n");
-    assert!(matches!(&e, ConfigError::MissingEnv { name, .. } if name == "PATH"), "{e:?}");
+    assert!(
+        matches!(&e, ConfigError::MissingEnv { name, .. } if name == "PATH"),
+        "{e:?}"
+    );
 }
 
 #[test]
@@ -192,14 +198,15 @@ fn syntax_errors_show_a_caret() {
     }
     assert!(e.to_string().ends_with("  x${a\n   ^"), "{e}");
     let e = load_err("b: ${a!b}\n");
-    assert!(matches!(e, ConfigError::InterpolationSyntax { position: 3, .. }), "{e:?}");
+    assert!(
+        matches!(e, ConfigError::InterpolationSyntax { position: 3, .. }),
+        "{e:?}"
+    );
 }
 
 #[test]
 fn puzzletron_resolvers_and_unknown_resolvers() {
-    let c = load(
-        "d: runs\np: ${to_path:${d}/mip/solutions.json}\no: ${get_object:a.b.Hook}\n",
-    );
+    let c = load("d: runs\np: ${to_path:${d}/mip/solutions.json}\no: ${get_object:a.b.Hook}\n");
     assert_eq!(c.get("p"), Some(&Value::from("runs/mip/solutions.json")));
     assert_eq!(c.get("o"), Some(&Value::from("a.b.Hook")));
     let e = load_err("x: ${nope:1}\n");
@@ -238,7 +245,10 @@ fn oc_decode_and_oc_select() {
     )
     .unwrap();
     assert_eq!(c.get("n"), Some(&Value::Int(8)));
-    assert_eq!(c.get("l"), Some(&Value::List(vec![Value::Int(1), Value::Int(2)])));
+    assert_eq!(
+        c.get("l"),
+        Some(&Value::List(vec![Value::Int(1), Value::Int(2)]))
+    );
     assert_eq!(c.get("s"), Some(&Value::from("fallback")));
     assert_eq!(c.get("t"), Some(&Value::Int(8)));
 }
@@ -260,14 +270,15 @@ fn overrides_apply_before_interpolation() {
 #[test]
 fn interpolated_mapping_copies_keep_their_source_origins() {
     let c = load("src:\n  k: 1\ncopy: ${src}\n");
-    assert_eq!(c.origin("copy.k").and_then(Origin::line_column), Some((2, 6)));
+    assert_eq!(
+        c.origin("copy.k").and_then(Origin::line_column),
+        Some((2, 6))
+    );
 }
 
 #[test]
 fn resolve_string_evaluates_one_expression() {
-    let root = Value::Mapping(
-        [("a".to_string(), Value::Int(2))].into_iter().collect(),
-    );
+    let root = Value::Mapping([("a".to_string(), Value::Int(2))].into_iter().collect());
     let env = Env::new().with("X", "y");
     let r = resolve_string("${a}", &root, &env, &Resolvers::puzzletron()).unwrap();
     assert_eq!(r, Value::Int(2));

@@ -3,8 +3,8 @@
 use std::path::Path;
 
 use puzzletron::campaign::config::{
-    apply_overrides, load_yaml_str, parse_override, ConfigError, KeyPath, Mapping, Origin,
-    Override, OverrideKind, Value,
+    ConfigError, KeyPath, Mapping, Origin, Override, OverrideKind, Value, apply_overrides,
+    load_yaml_str, parse_override,
 };
 
 fn value_of(text: &str) -> Value {
@@ -36,7 +36,10 @@ fn cfg(text: &str) -> Value {
 
 fn apply(text: &str, overrides: &[&str]) -> Result<Value, ConfigError> {
     let mut v = cfg(text);
-    let o: Vec<Override> = overrides.iter().map(|t| parse_override(t).unwrap()).collect();
+    let o: Vec<Override> = overrides
+        .iter()
+        .map(|t| parse_override(t).unwrap())
+        .collect();
     apply_overrides(&mut v, &o)?;
     Ok(v)
 }
@@ -51,7 +54,10 @@ fn kinds_and_keys() {
     let d = parse_override("~a.b").unwrap();
     assert_eq!((d.kind, d.value), (OverrideKind::Delete, None));
     let d = parse_override("~a.b=3").unwrap();
-    assert_eq!((d.kind, d.value), (OverrideKind::Delete, Some(Value::Int(3))));
+    assert_eq!(
+        (d.kind, d.value),
+        (OverrideKind::Delete, Some(Value::Int(3)))
+    );
     assert_eq!(parse_override("a.0=1").unwrap().key.to_string(), "a.0");
     assert_eq!("x=1".parse::<Override>().unwrap().text, "x=1");
 }
@@ -77,7 +83,10 @@ fn scalar_values_are_typed_as_hydra_does() {
     assert_eq!(value_of("a=hello world"), Value::from("hello world"));
     assert_eq!(value_of("a=  padded  "), Value::from("padded"));
     assert_eq!(value_of("a=/data/x:y@z"), Value::from("/data/x:y@z"));
-    assert_eq!(value_of("a=runs/${puzzle_dir}/x"), Value::from("runs/${puzzle_dir}/x"));
+    assert_eq!(
+        value_of("a=runs/${puzzle_dir}/x"),
+        Value::from("runs/${puzzle_dir}/x")
+    );
     assert_eq!(value_of("a="), Value::from(""));
     assert_eq!(value_of(r"a=x\,y"), Value::from("x,y"));
 }
@@ -205,7 +214,12 @@ fn delete_removes_and_checks_the_value_when_given() {
         v.get("l"),
         Some(&Value::List(vec![Value::from("x"), Value::from("z")]))
     );
-    assert!(apply("a: {b: 1}\n", &["~a.b=1"]).unwrap().get("a.b").is_none());
+    assert!(
+        apply("a: {b: 1}\n", &["~a.b=1"])
+            .unwrap()
+            .get("a.b")
+            .is_none()
+    );
     let e = apply("a: {b: 1}\n", &["~a.b=2"]).unwrap_err();
     assert!(e.to_string().contains("the value is `1`, not `2`"), "{e}");
     let e = apply("a: {b: 1}\n", &["~a.zz"]).unwrap_err();
@@ -236,7 +250,10 @@ fn overrides_apply_in_order() {
 fn origin_of_an_overridden_value_is_the_override() {
     let dir = tempfile::tempdir().unwrap();
     std::fs::write(dir.path().join("base.yaml"), "a: {b: 1}\n").unwrap();
-    let o = vec![parse_override("a.b=2").unwrap(), parse_override("+a.c={d: 1}").unwrap()];
+    let o = vec![
+        parse_override("a.b=2").unwrap(),
+        parse_override("+a.c={d: 1}").unwrap(),
+    ];
     let c = puzzletron::campaign::config::load_experiment(
         dir.path().join("base.yaml"),
         &o,
@@ -250,5 +267,8 @@ fn origin_of_an_overridden_value_is_the_override() {
             text: "a.b=2".into()
         })
     );
-    assert!(matches!(c.origin("a.c.d"), Some(Origin::Override { index: 1, .. })));
+    assert!(matches!(
+        c.origin("a.c.d"),
+        Some(Origin::Override { index: 1, .. })
+    ));
 }

@@ -3,7 +3,7 @@
 
 use std::path::Path;
 
-use puzzletron::campaign::config::{load_yaml_str, ConfigError, Origin, Value};
+use puzzletron::campaign::config::{ConfigError, Origin, Value, load_yaml_str};
 
 fn load(text: &str) -> Value {
     load_yaml_str(text, Path::new("t.yaml"))
@@ -28,9 +28,7 @@ fn anchors_and_aliases_copy_the_anchored_node() {
 
 #[test]
 fn merge_key_pulls_entries_and_explicit_keys_win() {
-    let v = load(
-        "base: &b\n  x: 1\n  y: 2\nderived:\n  <<: *b\n  y: 20\n  z: 30\n",
-    );
+    let v = load("base: &b\n  x: 1\n  y: 2\nderived:\n  <<: *b\n  y: 20\n  z: 30\n");
     assert_eq!(v.get("derived.x"), Some(&Value::Int(1)));
     assert_eq!(v.get("derived.y"), Some(&Value::Int(20)));
     assert_eq!(v.get("derived.z"), Some(&Value::Int(30)));
@@ -48,7 +46,8 @@ fn merge_key_pulls_entries_and_explicit_keys_win() {
 
 #[test]
 fn merge_key_list_earlier_mapping_wins() {
-    let v = load("a: &a {k: from_a, only_a: 1}\nb: &b {k: from_b, only_b: 2}\nc:\n  <<: [*a, *b]\n");
+    let v =
+        load("a: &a {k: from_a, only_a: 1}\nb: &b {k: from_b, only_b: 2}\nc:\n  <<: [*a, *b]\n");
     assert_eq!(v.get("c.k"), Some(&Value::from("from_a")));
     assert_eq!(v.get("c.only_a"), Some(&Value::Int(1)));
     assert_eq!(v.get("c.only_b"), Some(&Value::Int(2)));
@@ -60,7 +59,10 @@ fn merge_key_of_a_scalar_is_refused_with_position() {
     match &e {
         ConfigError::Yaml { line, message, .. } => {
             assert_eq!(*line, 3);
-            assert!(message.contains("`<<` merge value must be a mapping"), "{message}");
+            assert!(
+                message.contains("`<<` merge value must be a mapping"),
+                "{message}"
+            );
         }
         other => panic!("{other:?}"),
     }
@@ -69,7 +71,10 @@ fn merge_key_of_a_scalar_is_refused_with_position() {
 #[test]
 fn quoted_merge_key_is_an_ordinary_key() {
     let v = load("a:\n  '<<': 1\n");
-    assert_eq!(v.get("a").unwrap().as_mapping().unwrap().get("<<"), Some(&Value::Int(1)));
+    assert_eq!(
+        v.get("a").unwrap().as_mapping().unwrap().get("<<"),
+        Some(&Value::Int(1))
+    );
 }
 
 #[test]
@@ -146,14 +151,23 @@ fn leading_zero_integer_is_refused_as_ambiguous() {
         }
         other => panic!("{other:?}"),
     }
-    assert!(e.to_string().starts_with("t.yaml:1:7: ambiguous plain scalar `010`"), "{e}");
+    assert!(
+        e.to_string()
+            .starts_with("t.yaml:1:7: ambiguous plain scalar `010`"),
+        "{e}"
+    );
     assert_eq!(load("mode: '010'\n").get("mode"), Some(&Value::from("010")));
-    assert_eq!(load("mode: !!str 010\n").get("mode"), Some(&Value::from("010")));
+    assert_eq!(
+        load("mode: !!str 010\n").get("mode"),
+        Some(&Value::from("010"))
+    );
 }
 
 #[test]
 fn other_yaml11_only_forms_are_refused() {
-    for text in ["1_000", "09", "0b101", "0o17", "1:30", "-.5", "-0x1F", "1_000.5"] {
+    for text in [
+        "1_000", "09", "0b101", "0o17", "1:30", "-.5", "-0x1F", "1_000.5",
+    ] {
         let e = err(&format!("v: {text}\n"));
         assert!(
             matches!(e, ConfigError::AmbiguousScalar { .. }),
@@ -226,7 +240,10 @@ fn several_documents_are_refused() {
 #[test]
 fn non_scalar_keys_are_refused() {
     let e = err("? [1, 2]\n: x\n");
-    assert!(e.to_string().contains("mapping keys must be scalars"), "{e}");
+    assert!(
+        e.to_string().contains("mapping keys must be scalars"),
+        "{e}"
+    );
 }
 
 #[test]
@@ -244,7 +261,10 @@ fn alias_bombs_are_refused() {
 #[test]
 fn empty_file_is_an_empty_mapping() {
     assert_eq!(load(""), Value::Mapping(Default::default()));
-    assert_eq!(load("# only a comment\n"), Value::Mapping(Default::default()));
+    assert_eq!(
+        load("# only a comment\n"),
+        Value::Mapping(Default::default())
+    );
 }
 
 #[test]
@@ -256,7 +276,11 @@ fn key_order_is_preserved() {
 
 #[test]
 fn package_header_is_read_from_leading_comments() {
-    let d = load_yaml_str("# SPDX: x\n# @package _global_\n\na: 1\n", Path::new("t.yaml")).unwrap();
+    let d = load_yaml_str(
+        "# SPDX: x\n# @package _global_\n\na: 1\n",
+        Path::new("t.yaml"),
+    )
+    .unwrap();
     assert_eq!(d.package.as_deref(), Some("_global_"));
     let d = load_yaml_str("a: 1\n# @package foo\n", Path::new("t.yaml")).unwrap();
     assert_eq!(d.package, None);
