@@ -429,7 +429,6 @@ impl<'a> Composer<'a> {
             text: text.to_string(),
             yaml11: a.yaml11,
             yaml12: a.yaml12,
-            hint: a.hint,
         })
     }
 }
@@ -439,7 +438,6 @@ impl<'a> Composer<'a> {
 pub(crate) struct Ambiguity {
     pub yaml11: String,
     pub yaml12: String,
-    pub hint: String,
 }
 
 /// Types a plain scalar by the YAML 1.2 core schema, refusing texts that YAML 1.1
@@ -465,20 +463,7 @@ pub(crate) fn resolve_plain(text: &str) -> Result<Value, Ambiguity> {
         .map(describe)
         .unwrap_or_else(|| "a string".to_string());
     let yaml12 = describe(&v12);
-    let hint = match (&v11, &v12) {
-        (Some(Value::Bool(_)), _) => {
-            format!("write true/false for a boolean, or quote it ('{text}') for a string")
-        }
-        (_, Value::String(_)) | (None, _) => {
-            format!("quote it ('{text}') for a string, or write the number in plain decimal")
-        }
-        _ => format!("write the number in plain decimal, or quote it ('{text}') for a string"),
-    };
-    Err(Ambiguity {
-        yaml11,
-        yaml12,
-        hint,
-    })
+    Err(Ambiguity { yaml11, yaml12 })
 }
 
 /// Whether a plain scalar with this text would not load as the same string (used to decide when
