@@ -65,10 +65,10 @@ fn every_experiment_loads_with_no_interpolation_left() {
         let c = load(rel);
         let mut left = Vec::new();
         c.value().walk(&mut |p, v| {
-            if let Value::String(s) = v {
-                if s.contains("${") {
-                    left.push(format!("{p} = {s}"));
-                }
+            if let Value::String(s) = v
+                && s.contains("${")
+            {
+                left.push(format!("{p} = {s}"));
             }
         });
         assert!(left.is_empty(), "{rel}: unresolved: {left:?}");

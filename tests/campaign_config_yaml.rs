@@ -251,7 +251,7 @@ fn alias_bombs_are_refused() {
     let mut text = String::from("a0: &a0 [x, x, x, x, x, x, x, x, x, x]\n");
     for i in 1..10 {
         let prev = format!("*a{}", i - 1);
-        let items = vec![prev.as_str(); 10].join(", ");
+        let items = [prev.as_str(); 10].join(", ");
         text.push_str(&format!("a{i}: &a{i} [{items}]\n"));
     }
     let e = err(&text);

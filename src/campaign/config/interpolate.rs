@@ -549,13 +549,13 @@ impl<'a> Resolver<'a> {
     fn locate(&mut self, path: &KeyPath) -> Result<Option<Found<'a>>, ConfigError> {
         let mut cur: &'a Value = self.root;
         for (i, seg) in path.segments().iter().enumerate() {
-            if let Value::String(s) = cur {
-                if has_interpolation(s) {
-                    let prefix = KeyPath(path.0[..i].to_vec());
-                    let resolved = self.resolve_at(&prefix)?;
-                    let rest = KeyPath(path.0[i..].to_vec());
-                    return Ok(resolved.get_path(&rest).cloned().map(Found::Resolved));
-                }
+            if let Value::String(s) = cur
+                && has_interpolation(s)
+            {
+                let prefix = KeyPath(path.0[..i].to_vec());
+                let resolved = self.resolve_at(&prefix)?;
+                let rest = KeyPath(path.0[i..].to_vec());
+                return Ok(resolved.get_path(&rest).cloned().map(Found::Resolved));
             }
             match cur.child(seg) {
                 Some(c) => cur = c,
@@ -628,10 +628,10 @@ impl<'a> Resolver<'a> {
         at: &KeyPath,
         typed: bool,
     ) -> Result<Value, ConfigError> {
-        if let [Piece::Interp(e)] = pieces {
-            if typed {
-                return self.eval_expr(e, at);
-            }
+        if let [Piece::Interp(e)] = pieces
+            && typed
+        {
+            return self.eval_expr(e, at);
         }
         let mut out = String::new();
         for p in pieces {

@@ -382,11 +382,11 @@ impl P<'_> {
             }
             if c == '\\' {
                 // Hydra escapes: `\,` `\ ` `\[` ... keep the escaped character literally.
-                if let Some(n) = self.peek_at(self.pos + 1) {
-                    if !n.is_alphanumeric() {
-                        self.pos += 2;
-                        continue;
-                    }
+                if let Some(n) = self.peek_at(self.pos + 1)
+                    && !n.is_alphanumeric()
+                {
+                    self.pos += 2;
+                    continue;
                 }
             }
             if is_unquoted_char(c) {
@@ -449,14 +449,14 @@ fn unescape(s: &str) -> String {
     let mut out = String::with_capacity(s.len());
     let mut it = s.chars().peekable();
     while let Some(c) = it.next() {
-        if c == '\\' {
-            if let Some(&n) = it.peek() {
-                if !n.is_alphanumeric() && n != '$' {
-                    out.push(n);
-                    it.next();
-                    continue;
-                }
-            }
+        if c == '\\'
+            && let Some(&n) = it.peek()
+            && !n.is_alphanumeric()
+            && n != '$'
+        {
+            out.push(n);
+            it.next();
+            continue;
         }
         out.push(c);
     }
@@ -508,10 +508,11 @@ pub(crate) fn hydra_primitive(s: &str) -> Value {
         let e = e.strip_prefix(['+', '-']).unwrap_or(e);
         !e.is_empty() && e.bytes().all(|b| b.is_ascii_digit())
     });
-    if mant_ok && exp_ok {
-        if let Ok(x) = format!("{sign}{}", body.replace('_', "")).parse::<f64>() {
-            return Value::Float(x);
-        }
+    if mant_ok
+        && exp_ok
+        && let Ok(x) = format!("{sign}{}", body.replace('_', "")).parse::<f64>()
+    {
+        return Value::Float(x);
     }
     Value::String(s.to_string())
 }

@@ -68,9 +68,8 @@ pub(crate) fn package_header(text: &str) -> Option<String> {
         if t.is_empty() {
             continue;
         }
-        let Some(comment) = t.strip_prefix('#') else {
-            return None;
-        };
+        // The header must come before any content.
+        let comment = t.strip_prefix('#')?;
         if let Some(rest) = comment.trim().strip_prefix("@package") {
             let name = rest.trim();
             if !name.is_empty() {
@@ -507,25 +506,27 @@ pub(crate) fn core_scalar(text: &str) -> Value {
             .unwrap_or_else(|_| Value::String(text.to_string()));
     }
     if sign == 1 && !text.starts_with('+') {
-        if let Some(h) = body.strip_prefix("0x") {
-            if !h.is_empty() && h.bytes().all(|b| b.is_ascii_hexdigit()) {
-                return i64::from_str_radix(h, 16)
-                    .map(Value::Int)
-                    .unwrap_or_else(|_| Value::String(text.to_string()));
-            }
+        if let Some(h) = body.strip_prefix("0x")
+            && !h.is_empty()
+            && h.bytes().all(|b| b.is_ascii_hexdigit())
+        {
+            return i64::from_str_radix(h, 16)
+                .map(Value::Int)
+                .unwrap_or_else(|_| Value::String(text.to_string()));
         }
-        if let Some(o) = body.strip_prefix("0o") {
-            if !o.is_empty() && o.bytes().all(|b| (b'0'..=b'7').contains(&b)) {
-                return i64::from_str_radix(o, 8)
-                    .map(Value::Int)
-                    .unwrap_or_else(|_| Value::String(text.to_string()));
-            }
+        if let Some(o) = body.strip_prefix("0o")
+            && !o.is_empty()
+            && o.bytes().all(|b| (b'0'..=b'7').contains(&b))
+        {
+            return i64::from_str_radix(o, 8)
+                .map(Value::Int)
+                .unwrap_or_else(|_| Value::String(text.to_string()));
         }
     }
-    if is_core_float(body) {
-        if let Ok(x) = text.parse::<f64>() {
-            return Value::Float(x);
-        }
+    if is_core_float(body)
+        && let Ok(x) = text.parse::<f64>()
+    {
+        return Value::Float(x);
     }
     Value::String(text.to_string())
 }
