@@ -65,6 +65,7 @@ pub fn parse_override(text: &str) -> Result<Override, ConfigError> {
         text,
         chars: text.chars().collect(),
         pos: 0,
+        depth: 0,
     };
     p.parse()
 }
@@ -88,6 +89,7 @@ struct P<'a> {
     text: &'a str,
     chars: Vec<char>,
     pos: usize,
+    depth: usize,
 }
 
 fn is_key_char(c: char) -> bool {
@@ -237,9 +239,23 @@ impl P<'_> {
     /// mapping, where `,`, `]` and `}` end a primitive.
     fn element(&mut self, nested: bool) -> Result<Value, ConfigError> {
         self.skip_ws();
+        if matches!(self.peek(), Some('[' | '{')) {
+            if self.depth >= super::yaml::MAX_DEPTH {
+                return Err(self.err(
+                    self.pos,
+                    format!("nesting deeper than {} levels", super::yaml::MAX_DEPTH),
+                ));
+            }
+            self.depth += 1;
+            let r = if self.peek() == Some('[') {
+                self.list()
+            } else {
+                self.mapping()
+            };
+            self.depth -= 1;
+            return r;
+        }
         match self.peek() {
-            Some('[') => self.list(),
-            Some('{') => self.mapping(),
             Some(q @ ('\'' | '"')) => {
                 let s = self.quoted(q)?;
                 self.skip_ws();

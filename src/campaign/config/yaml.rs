@@ -27,6 +27,9 @@ use super::value::{Mapping, Value};
 /// (the largest real config is a few thousand nodes).
 const MAX_NODES: usize = 250_000;
 
+/// Nesting limit (lists and mappings): keeps recursion bounded on hostile input.
+pub(crate) const MAX_DEPTH: usize = 128;
+
 /// A parsed YAML document: its value tree, node origins, and the Hydra `# @package` header.
 #[derive(Debug, Clone)]
 pub struct YamlDocument {
@@ -185,6 +188,9 @@ impl<'a> Composer<'a> {
     }
 
     fn node(&mut self, ev: Event<'a>, span: Span, path: &KeyPath) -> Result<Value, ConfigError> {
+        if path.segments().len() > MAX_DEPTH {
+            return Err(self.err(&span, format!("nesting deeper than {MAX_DEPTH} levels")));
+        }
         let start_nodes = self.nodes;
         let (value, anchor) = match ev {
             Event::Scalar(text, style, anchor, tag) => {
