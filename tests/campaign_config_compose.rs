@@ -376,3 +376,23 @@ fn origins_point_at_the_file_that_last_set_a_value() {
     assert_eq!(c.origin("b").unwrap().line_column(), Some((2, 4)));
     assert_eq!(c.files().len(), 2);
 }
+
+#[test]
+fn empty_entry_names_the_including_file() {
+    let t = Tree::new(&[
+        ("base.yaml", ""),
+        ("exp.yaml", "defaults:\n  - '@_global_'\n"),
+    ]);
+    match t.load("exp.yaml").unwrap_err() {
+        ConfigError::BadDefaults {
+            file,
+            line,
+            message,
+        } => {
+            assert!(file.ends_with("exp.yaml"), "{file:?}");
+            assert_eq!(line, 2);
+            assert!(message.contains("empty config path"), "{message}");
+        }
+        other => panic!("{other:?}"),
+    }
+}
