@@ -279,7 +279,6 @@ impl Composer {
                 ));
             }
         };
-        let dir = file.parent().unwrap_or(Path::new("/"));
         let mut out = Vec::new();
         let mut has_self = false;
         for (i, item) in items.into_iter().enumerate() {
@@ -294,7 +293,7 @@ impl Composer {
                 }
                 Value::String(s) => {
                     let (path, pkg) = split_package(&s);
-                    out.push(self.include(dir, &s, path, pkg, false, line)?);
+                    out.push(self.include(file, &s, path, pkg, false, line)?);
                 }
                 Value::Mapping(m) if m.len() == 1 => {
                     let (k, v) = m.into_iter().next().expect("one entry");
@@ -343,7 +342,7 @@ impl Composer {
                     for o in options {
                         let written = format!("{k}: {o}");
                         let path = format!("{group}/{o}");
-                        out.push(self.include(dir, &written, &path, pkg, optional, line)?);
+                        out.push(self.include(file, &written, &path, pkg, optional, line)?);
                     }
                 }
                 other => {
@@ -365,7 +364,7 @@ impl Composer {
 
     fn include(
         &self,
-        dir: &Path,
+        including: &Path,
         written: &str,
         path: &str,
         pkg: Option<&str>,
@@ -374,7 +373,7 @@ impl Composer {
     ) -> Result<Entry, ConfigError> {
         if path.is_empty() || path == "/" {
             return Err(ConfigError::BadDefaults {
-                file: dir.to_path_buf(),
+                file: including.to_path_buf(),
                 line,
                 message: format!("`{written}`: empty config path"),
             });
@@ -383,6 +382,7 @@ impl Composer {
         if !(rel.ends_with(".yaml") || rel.ends_with(".yml")) {
             rel.push_str(".yaml");
         }
+        let dir = including.parent().unwrap_or(Path::new("/"));
         let file = match rel.strip_prefix('/') {
             Some(abs) => self.root.join(abs),
             None => dir.join(&rel),

@@ -13,6 +13,14 @@ pub(crate) fn caret(text: &str, pos: usize) -> String {
     format!("  {text}\n  {}^", " ".repeat(width))
 }
 
+fn ambiguity_hint(text: &str, yaml11: &str) -> String {
+    if yaml11.starts_with("bool") {
+        format!("write true/false for a boolean, or quote it ('{text}') for a string")
+    } else {
+        format!("write the number in plain decimal, or quote it ('{text}') for a string")
+    }
+}
+
 fn at(origin: &Option<Origin>) -> String {
     match origin {
         Some(o) => format!(" ({o})"),
@@ -72,8 +80,9 @@ pub enum ConfigError {
     /// written for) and YAML 1.2 read as different values, such as `yes`, `010` or `1_000`.
     /// Refused instead of silently picking one reading.
     #[error(
-        "{}:{line}:{column}: ambiguous plain scalar `{text}`: YAML 1.1 reads {yaml11}, YAML 1.2 reads {yaml12}; {hint}",
-        file.display()
+        "{}:{line}:{column}: ambiguous plain scalar `{text}`: YAML 1.1 reads {yaml11}, YAML 1.2 reads {yaml12}; {}",
+        file.display(),
+        ambiguity_hint(text, yaml11)
     )]
     AmbiguousScalar {
         /// The file.
@@ -88,8 +97,6 @@ pub enum ConfigError {
         yaml11: String,
         /// How YAML 1.2 reads it.
         yaml12: String,
-        /// What to write instead.
-        hint: String,
     },
 
     /// A `defaults` list or one of its entries is malformed.

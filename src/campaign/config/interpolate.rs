@@ -234,6 +234,7 @@ pub(crate) fn parse_string(s: &str) -> Result<Vec<Piece>, SyntaxError> {
     let mut p = Parser {
         chars: &chars,
         pos: 0,
+        depth: 0,
     };
     let pieces = p.text_until(&[])?;
     Ok(pieces)
@@ -242,7 +243,13 @@ pub(crate) fn parse_string(s: &str) -> Result<Vec<Piece>, SyntaxError> {
 struct Parser<'a> {
     chars: &'a [char],
     pos: usize,
+    depth: usize,
 }
+
+/// Limit on `${` nesting inside one string and on chains of interpolations referring to each
+/// other: keeps recursion bounded on hostile input.
+const MAX_INTERPOLATION_DEPTH: usize = 64;
+const MAX_RESOLVE_DEPTH: usize = 200;
 
 fn push_text(out: &mut Vec<Piece>, c: char) {
     if let Some(Piece::Text(t)) = out.last_mut() {
@@ -293,6 +300,19 @@ impl Parser<'_> {
     }
 
     fn interp(&mut self) -> Result<Expr, SyntaxError> {
+        if self.depth >= MAX_INTERPOLATION_DEPTH {
+            return Err(self.err(
+                self.pos,
+                format!("interpolations nested deeper than {MAX_INTERPOLATION_DEPTH} levels"),
+            ));
+        }
+        self.depth += 1;
+        let r = self.interp_inner();
+        self.depth -= 1;
+        r
+    }
+
+    fn interp_inner(&mut self) -> Result<Expr, SyntaxError> {
         let open = self.pos;
         self.pos += 2;
         // Resolver name?
@@ -549,13 +569,13 @@ impl<'a> Resolver<'a> {
     fn locate(&mut self, path: &KeyPath) -> Result<Option<Found<'a>>, ConfigError> {
         let mut cur: &'a Value = self.root;
         for (i, seg) in path.segments().iter().enumerate() {
-            if let Value::String(s) = cur {
-                if has_interpolation(s) {
-                    let prefix = KeyPath(path.0[..i].to_vec());
-                    let resolved = self.resolve_at(&prefix)?;
-                    let rest = KeyPath(path.0[i..].to_vec());
-                    return Ok(resolved.get_path(&rest).cloned().map(Found::Resolved));
-                }
+            if let Value::String(s) = cur
+                && has_interpolation(s)
+            {
+                let prefix = KeyPath(path.0[..i].to_vec());
+                let resolved = self.resolve_at(&prefix)?;
+                let rest = KeyPath(path.0[i..].to_vec());
+                return Ok(resolved.get_path(&rest).cloned().map(Found::Resolved));
             }
             match cur.child(seg) {
                 Some(c) => cur = c,
@@ -581,9 +601,19 @@ impl<'a> Resolver<'a> {
                 return Err(ConfigError::MissingKey { key: path.clone() });
             }
         };
+        if self.stack.len() >= MAX_RESOLVE_DEPTH {
+            return Err(ConfigError::InterpolationValue {
+                key: path.clone(),
+                origin: self.origin(path),
+                message: format!(
+                    "interpolations refer to each other more than {MAX_RESOLVE_DEPTH} levels deep"
+                ),
+            });
+        }
         self.stack.push(path.clone());
         let out = match node {
-            Value::String(s) if has_interpolation(s) => {
+            // Also strings with only escaped `\${` (they need unescaping).
+            Value::String(s) if s.contains("${") => {
                 let v = self.eval_string(s, path)?;
                 self.memo.insert(path.clone(), v.clone());
                 v
@@ -627,10 +657,10 @@ impl<'a> Resolver<'a> {
         at: &KeyPath,
         typed: bool,
     ) -> Result<Value, ConfigError> {
-        if let [Piece::Interp(e)] = pieces {
-            if typed {
-                return self.eval_expr(e, at);
-            }
+        if let [Piece::Interp(e)] = pieces
+            && typed
+        {
+            return self.eval_expr(e, at);
         }
         let mut out = String::new();
         for p in pieces {

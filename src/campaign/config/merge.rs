@@ -41,10 +41,10 @@ fn merge_node(
 ) {
     match (dst, src) {
         (Value::Mapping(d), Value::Mapping(s)) => {
-            if dst_origins.get(dst_path).is_none() {
-                if let Some(o) = src_origins.get(src_path) {
-                    dst_origins.insert(dst_path.clone(), o.clone());
-                }
+            if dst_origins.get(dst_path).is_none()
+                && let Some(o) = src_origins.get(src_path)
+            {
+                dst_origins.insert(dst_path.clone(), o.clone());
             }
             for (k, v) in s {
                 let dp = dst_path.child_key(&k);

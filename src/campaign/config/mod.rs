@@ -44,6 +44,7 @@
 mod compose;
 mod de;
 mod error;
+pub mod fuzzing;
 mod interpolate;
 mod merge;
 mod origin;
@@ -294,6 +295,30 @@ impl ConfigLoader {
             origins,
             files,
             root: Some(root),
+        })
+    }
+
+    /// One YAML document given as text, with overrides and interpolation but no composition
+    /// (a `defaults` key is kept as data). `file` names the text in origins and errors.
+    ///
+    /// # Errors
+    /// YAML, override and interpolation errors.
+    pub fn load_str(
+        &self,
+        text: &str,
+        file: impl AsRef<Path>,
+        overrides: &[Override],
+    ) -> Result<Config, ConfigError> {
+        let file = file.as_ref();
+        let doc = load_yaml_str(text, file)?;
+        let (mut value, mut origins) = (doc.value, doc.origins);
+        overrides::apply_overrides_tracked(&mut value, &mut origins, overrides)?;
+        let value = interpolate::resolve_tree(&value, &mut origins, &self.env, &self.resolvers)?;
+        Ok(Config {
+            value,
+            origins,
+            files: vec![file.to_path_buf()],
+            root: None,
         })
     }
 

@@ -133,10 +133,10 @@ impl Origins {
     pub fn files(&self) -> Vec<PathBuf> {
         let mut out: Vec<PathBuf> = Vec::new();
         for o in self.map.values() {
-            if let Some(f) = o.file() {
-                if !out.iter().any(|p| p == f) {
-                    out.push(f.to_path_buf());
-                }
+            if let Some(f) = o.file()
+                && !out.iter().any(|p| p == f)
+            {
+                out.push(f.to_path_buf());
             }
         }
         out

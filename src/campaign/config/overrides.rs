@@ -65,6 +65,7 @@ pub fn parse_override(text: &str) -> Result<Override, ConfigError> {
         text,
         chars: text.chars().collect(),
         pos: 0,
+        depth: 0,
     };
     p.parse()
 }
@@ -88,6 +89,7 @@ struct P<'a> {
     text: &'a str,
     chars: Vec<char>,
     pos: usize,
+    depth: usize,
 }
 
 fn is_key_char(c: char) -> bool {
@@ -237,9 +239,23 @@ impl P<'_> {
     /// mapping, where `,`, `]` and `}` end a primitive.
     fn element(&mut self, nested: bool) -> Result<Value, ConfigError> {
         self.skip_ws();
+        if matches!(self.peek(), Some('[' | '{')) {
+            if self.depth >= super::yaml::MAX_DEPTH {
+                return Err(self.err(
+                    self.pos,
+                    format!("nesting deeper than {} levels", super::yaml::MAX_DEPTH),
+                ));
+            }
+            self.depth += 1;
+            let r = if self.peek() == Some('[') {
+                self.list()
+            } else {
+                self.mapping()
+            };
+            self.depth -= 1;
+            return r;
+        }
         match self.peek() {
-            Some('[') => self.list(),
-            Some('{') => self.mapping(),
             Some(q @ ('\'' | '"')) => {
                 let s = self.quoted(q)?;
                 self.skip_ws();
@@ -382,11 +398,11 @@ impl P<'_> {
             }
             if c == '\\' {
                 // Hydra escapes: `\,` `\ ` `\[` ... keep the escaped character literally.
-                if let Some(n) = self.peek_at(self.pos + 1) {
-                    if !n.is_alphanumeric() {
-                        self.pos += 2;
-                        continue;
-                    }
+                if let Some(n) = self.peek_at(self.pos + 1)
+                    && !n.is_alphanumeric()
+                {
+                    self.pos += 2;
+                    continue;
                 }
             }
             if is_unquoted_char(c) {
@@ -449,14 +465,14 @@ fn unescape(s: &str) -> String {
     let mut out = String::with_capacity(s.len());
     let mut it = s.chars().peekable();
     while let Some(c) = it.next() {
-        if c == '\\' {
-            if let Some(&n) = it.peek() {
-                if !n.is_alphanumeric() && n != '$' {
-                    out.push(n);
-                    it.next();
-                    continue;
-                }
-            }
+        if c == '\\'
+            && let Some(&n) = it.peek()
+            && !n.is_alphanumeric()
+            && n != '$'
+        {
+            out.push(n);
+            it.next();
+            continue;
         }
         out.push(c);
     }
@@ -508,10 +524,11 @@ pub(crate) fn hydra_primitive(s: &str) -> Value {
         let e = e.strip_prefix(['+', '-']).unwrap_or(e);
         !e.is_empty() && e.bytes().all(|b| b.is_ascii_digit())
     });
-    if mant_ok && exp_ok {
-        if let Ok(x) = format!("{sign}{}", body.replace('_', "")).parse::<f64>() {
-            return Value::Float(x);
-        }
+    if mant_ok
+        && exp_ok
+        && let Ok(x) = format!("{sign}{}", body.replace('_', "")).parse::<f64>()
+    {
+        return Value::Float(x);
     }
     Value::String(s.to_string())
 }

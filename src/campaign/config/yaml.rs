@@ -23,8 +23,12 @@ use super::origin::{Origin, Origins};
 use super::path::KeyPath;
 use super::value::{Mapping, Value};
 
-/// Alias expansion limit in nodes: protects against "billion laughs" documents.
-const MAX_NODES: usize = 5_000_000;
+/// Node limit for a document, aliases expanded: protects against "billion laughs" documents
+/// (the largest real config is a few thousand nodes).
+const MAX_NODES: usize = 250_000;
+
+/// Nesting limit (lists and mappings): keeps recursion bounded on hostile input.
+pub(crate) const MAX_DEPTH: usize = 128;
 
 /// A parsed YAML document: its value tree, node origins, and the Hydra `# @package` header.
 #[derive(Debug, Clone)]
@@ -67,9 +71,8 @@ pub(crate) fn package_header(text: &str) -> Option<String> {
         if t.is_empty() {
             continue;
         }
-        let Some(comment) = t.strip_prefix('#') else {
-            return None;
-        };
+        // The header must come before any content.
+        let comment = t.strip_prefix('#')?;
         if let Some(rest) = comment.trim().strip_prefix("@package") {
             let name = rest.trim();
             if !name.is_empty() {
@@ -185,6 +188,9 @@ impl<'a> Composer<'a> {
     }
 
     fn node(&mut self, ev: Event<'a>, span: Span, path: &KeyPath) -> Result<Value, ConfigError> {
+        if path.segments().len() > MAX_DEPTH {
+            return Err(self.err(&span, format!("nesting deeper than {MAX_DEPTH} levels")));
+        }
         let start_nodes = self.nodes;
         let (value, anchor) = match ev {
             Event::Scalar(text, style, anchor, tag) => {
@@ -200,8 +206,11 @@ impl<'a> Composer<'a> {
                         "alias refers to an anchor that is not complete yet (recursive alias)",
                     ));
                 };
-                let (value, from, nodes) = (a.value.clone(), a.path.clone(), a.nodes);
+                let nodes = a.nodes;
+                // Count before cloning so an alias bomb fails fast.
                 self.count(nodes, &span)?;
+                let a = &self.anchors[&id];
+                let (value, from) = (a.value.clone(), a.path.clone());
                 let items = self.origins.subtree(&from);
                 self.origins.remove_subtree(path);
                 self.origins.insert_subtree(path, items);
@@ -425,7 +434,6 @@ impl<'a> Composer<'a> {
             text: text.to_string(),
             yaml11: a.yaml11,
             yaml12: a.yaml12,
-            hint: a.hint,
         })
     }
 }
@@ -435,7 +443,6 @@ impl<'a> Composer<'a> {
 pub(crate) struct Ambiguity {
     pub yaml11: String,
     pub yaml12: String,
-    pub hint: String,
 }
 
 /// Types a plain scalar by the YAML 1.2 core schema, refusing texts that YAML 1.1
@@ -461,20 +468,7 @@ pub(crate) fn resolve_plain(text: &str) -> Result<Value, Ambiguity> {
         .map(describe)
         .unwrap_or_else(|| "a string".to_string());
     let yaml12 = describe(&v12);
-    let hint = match (&v11, &v12) {
-        (Some(Value::Bool(_)), _) => {
-            format!("write true/false for a boolean, or quote it ('{text}') for a string")
-        }
-        (_, Value::String(_)) | (None, _) => {
-            format!("quote it ('{text}') for a string, or write the number in plain decimal")
-        }
-        _ => format!("write the number in plain decimal, or quote it ('{text}') for a string"),
-    };
-    Err(Ambiguity {
-        yaml11,
-        yaml12,
-        hint,
-    })
+    Err(Ambiguity { yaml11, yaml12 })
 }
 
 /// Whether a plain scalar with this text would not load as the same string (used to decide when
@@ -518,25 +512,27 @@ pub(crate) fn core_scalar(text: &str) -> Value {
             .unwrap_or_else(|_| Value::String(text.to_string()));
     }
     if sign == 1 && !text.starts_with('+') {
-        if let Some(h) = body.strip_prefix("0x") {
-            if !h.is_empty() && h.bytes().all(|b| b.is_ascii_hexdigit()) {
-                return i64::from_str_radix(h, 16)
-                    .map(Value::Int)
-                    .unwrap_or_else(|_| Value::String(text.to_string()));
-            }
+        if let Some(h) = body.strip_prefix("0x")
+            && !h.is_empty()
+            && h.bytes().all(|b| b.is_ascii_hexdigit())
+        {
+            return i64::from_str_radix(h, 16)
+                .map(Value::Int)
+                .unwrap_or_else(|_| Value::String(text.to_string()));
         }
-        if let Some(o) = body.strip_prefix("0o") {
-            if !o.is_empty() && o.bytes().all(|b| (b'0'..=b'7').contains(&b)) {
-                return i64::from_str_radix(o, 8)
-                    .map(Value::Int)
-                    .unwrap_or_else(|_| Value::String(text.to_string()));
-            }
+        if let Some(o) = body.strip_prefix("0o")
+            && !o.is_empty()
+            && o.bytes().all(|b| (b'0'..=b'7').contains(&b))
+        {
+            return i64::from_str_radix(o, 8)
+                .map(Value::Int)
+                .unwrap_or_else(|_| Value::String(text.to_string()));
         }
     }
-    if is_core_float(body) {
-        if let Ok(x) = text.parse::<f64>() {
-            return Value::Float(x);
-        }
+    if is_core_float(body)
+        && let Ok(x) = text.parse::<f64>()
+    {
+        return Value::Float(x);
     }
     Value::String(text.to_string())
 }
