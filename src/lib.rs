@@ -60,12 +60,15 @@
 //! - [`sweep`]: [`Orchestrator`], [`Job`] and the [`job!`] macro, [`Run`] (where a job logs).
 //! - [`metrics`]: [`MetricTable`] (Arrow), Parquet and CSV output, [`metrics::collect`].
 //! - [`executor`]: the [`executor::Executor`] trait that runs attempts (mock, local, Slurm).
+//! - [`campaign`]: multi-stage GPU campaigns compiled from experiment YAML (Hydra-style
+//!   composition, overrides, interpolation), GPU packing and dry runs.
 //!
 //! ## Features
 //! - `parquet` (default): [`MetricTable::write_parquet`].
 //! - `test-util`: the conformance suites `store::conformance` and `executor::conformance`, to
 //!   check your own [`Store`] or [`executor::Executor`] against the rules ours keep.
 
+pub mod campaign;
 mod error;
 pub mod executor;
 pub mod fsutil;
