@@ -2,7 +2,7 @@
 //!
 //! An [`Executor`] takes an [`AttemptSpec`] (a [`CommandSpec`] argv, a [`TaskTopology`], limits)
 //! and runs it somewhere: [`MockExecutor`] (scripted, virtual clock, for tests of controller
-//! logic), `LocalExecutor` (processes on this machine), `SlurmExecutor` (batch jobs, feature
+//! logic), [`LocalExecutor`] (processes on this machine), `SlurmExecutor` (batch jobs, feature
 //! `slurm`), or your own. The trait is object-safe, so `Box<dyn Executor>` works and controllers
 //! can be written once for all of them.
 //!
@@ -65,6 +65,7 @@
 
 mod error;
 mod handle;
+pub mod local;
 pub mod mock;
 mod spec;
 mod status;
@@ -80,6 +81,7 @@ use async_trait::async_trait;
 pub use error::ExecutorError;
 pub use handle::JobHandle;
 pub(crate) use handle::now_ms;
+pub use local::{LocalExecutor, LocalExecutorBuilder};
 pub use mock::{MockCall, MockClock, MockExecutor, MockScript, MockSubmitError};
 pub use spec::{
     ARRAY_INDEX_ENV, ATTEMPT_ID_ENV, ArraySpec, AttemptId, AttemptSpec, CommandSpec, GpuRequest,
