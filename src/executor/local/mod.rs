@@ -841,16 +841,15 @@ impl Executor for LocalExecutor {
                 None => matches!(inner.folder_view(id)?, FolderView::Queued(_)),
             }
         };
-        if queued {
-            if folder::create_exclusive(&dir, folder::LAUNCHING_FILE, &now_ms().to_string())? {
-                let t = now_ms();
-                let rec = format!("status=cancelled_before_start\nstart_ms={t}\nend_ms={t}\n");
-                folder::write_atomic(&dir, folder::EXIT_FILE, rec.as_bytes())?;
-                let status = inner.status_from_folder(id)?;
-                inner.lock().jobs.insert(id.clone(), Entry::Done(status));
-                return Ok(());
-            }
-            // Someone started it meanwhile: cancel it as a running job.
+        // If someone started it meanwhile, the claim fails: cancel it as a running job.
+        if queued && folder::create_exclusive(&dir, folder::LAUNCHING_FILE, &now_ms().to_string())?
+        {
+            let t = now_ms();
+            let rec = format!("status=cancelled_before_start\nstart_ms={t}\nend_ms={t}\n");
+            folder::write_atomic(&dir, folder::EXIT_FILE, rec.as_bytes())?;
+            let status = inner.status_from_folder(id)?;
+            inner.lock().jobs.insert(id.clone(), Entry::Done(status));
+            return Ok(());
         }
         inner.cancel_running(id).await
     }
