@@ -1,0 +1,62 @@
+//! The crate's top-level [`Error`], wrapping each area's error.
+
+use crate::executor::ExecutorError;
+use crate::identity::{IdentityError, ParamError};
+use crate::metrics::MetricsError;
+use crate::store::StoreError;
+use crate::sweep::RunFailed;
+
+/// Any puzzletron error. [`Error::is_retryable`] says whether trying again unchanged can help.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum Error {
+    /// Parameters that cannot be encoded (NaN, reserved names, bad map keys), reported at the
+    /// `run()` call that enqueued them.
+    #[error("bad parameters for job {job}: {source}")]
+    Params {
+        /// The job's name.
+        job: String,
+        /// What was wrong, with the parameter's path.
+        source: ParamError,
+    },
+    /// Computing an identity (owned code, lock file) failed.
+    #[error(transparent)]
+    Identity(#[from] IdentityError),
+    /// The store failed.
+    #[error(transparent)]
+    Store(#[from] StoreError),
+    /// Building or writing a metric table failed.
+    #[error(transparent)]
+    Metrics(#[from] MetricsError),
+    /// An executor failed.
+    #[error(transparent)]
+    Executor(#[from] ExecutorError),
+    /// A drain stopped at a failing job or a store error.
+    #[error(transparent)]
+    RunFailed(#[from] Box<RunFailed>),
+    /// An option this build does not support yet.
+    #[error("{what} is not yet supported: {why}")]
+    Unsupported {
+        /// The option.
+        what: String,
+        /// What to do instead.
+        why: String,
+    },
+}
+
+impl Error {
+    /// Whether retrying the same call unchanged can help (transient I/O or scheduler errors).
+    pub fn is_retryable(&self) -> bool {
+        match self {
+            Error::Identity(e) => e.is_retryable(),
+            Error::Store(e) => e.is_retryable(),
+            Error::Metrics(e) => e.is_retryable(),
+            Error::Executor(e) => e.is_retryable(),
+            Error::RunFailed(e) => e.is_retryable(),
+            Error::Params { .. } | Error::Unsupported { .. } => false,
+        }
+    }
+}
+
+/// `Result<T, puzzletron::Error>`.
+pub type Result<T, E = Error> = std::result::Result<T, E>;

@@ -1,0 +1,158 @@
+//! Metrics (DESIGN.md §7): what jobs log with [`Run::log`](crate::sweep::Run::log), gathered into
+//! an Arrow-backed [`MetricTable`] that writes Parquet and CSV.
+
+mod table;
+
+pub use table::{MetricTable, RESERVED_COLUMNS};
+pub(crate) use table::{JobRows, build_table};
+
+use std::path::PathBuf;
+
+use crate::identity::Hash;
+use crate::store::{Status, Store, StoreError};
+
+/// Errors building or writing metric tables.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum MetricsError {
+    /// No job of the sweep recorded the metric.
+    #[error("no job recorded metric `{metric}`; metrics that exist: {}", if available.is_empty() { "none".to_string() } else { available.join(", ") })]
+    UnknownMetric {
+        /// The metric asked for.
+        metric: String,
+        /// The metrics the jobs did record, sorted.
+        available: Vec<String>,
+    },
+    /// A parameter whose name is a column of the table.
+    #[error("job {job_key} has a parameter named `{name}`, which is a metric-table column (step, value, job_key{}): rename it", if name == "metric" { ", metric" } else { "" })]
+    ReservedParameter {
+        /// The parameter name.
+        name: String,
+        /// The job.
+        job_key: Hash,
+    },
+    /// Writing a file failed.
+    #[error("cannot write {path}: {source}")]
+    Io {
+        /// The file.
+        path: PathBuf,
+        /// The OS error.
+        source: std::io::Error,
+    },
+    /// The Parquet writer failed.
+    #[error("cannot write Parquet {path}: {message}")]
+    Parquet {
+        /// The file.
+        path: PathBuf,
+        /// The writer's message.
+        message: String,
+    },
+    /// Arrow refused the columns (a bug: please report it).
+    #[error("arrow error: {message}")]
+    Arrow {
+        /// Arrow's message.
+        message: String,
+    },
+    /// Reading the store failed.
+    #[error(transparent)]
+    Store(#[from] StoreError),
+}
+
+impl MetricsError {
+    /// Whether retrying can help (I/O errors).
+    pub fn is_retryable(&self) -> bool {
+        match self {
+            MetricsError::Io { .. } => true,
+            MetricsError::Store(e) => e.is_retryable(),
+            _ => false,
+        }
+    }
+}
+
+/// Every metric of every done job a store holds, as one table with a `metric` column:
+/// `[metric, step, value, *params, job_key]`, jobs ordered by finish time (then key).
+///
+/// # Errors
+/// [`MetricsError::Store`] when a record or metric file cannot be read,
+/// [`MetricsError::ReservedParameter`] when a job has a parameter named like a column.
+pub fn collect(store: &dyn Store) -> Result<MetricTable, MetricsError> {
+    let keys = store.keys()?;
+    let mut recs: Vec<_> = store
+        .records(&keys)?
+        .into_iter()
+        .flatten()
+        .filter(|r| r.status == Status::Done)
+        .collect();
+    recs.sort_by(|a, b| {
+        a.finished_at.unwrap_or(0.0).total_cmp(&b.finished_at.unwrap_or(0.0)).then(a.key.cmp(&b.key))
+    });
+    let mut jobs = Vec::with_capacity(recs.len());
+    for r in &recs {
+        jobs.push(JobRows {
+            key: r.key,
+            params: &r.params,
+            param_order: &r.param_order,
+            series: store.metrics(&r.key, None)?,
+        });
+    }
+    build_table(&jobs, true)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::store::Series;
+    use serde_json::json;
+
+    fn series(rows: &[(i64, f64)]) -> Series {
+        let mut s = Series::default();
+        for &(st, v) in rows {
+            s.push("loss", st, v);
+        }
+        s
+    }
+
+    #[test]
+    fn column_types_follow_parameter_types() {
+        let p1 = json!({"lr": 0.1, "hidden": 16, "name": "a", "bn": true, "opt": {"b": [1, 2]}, "mixed": 1});
+        let p2 = json!({"lr": 1, "hidden": 32, "name": "b", "bn": false, "opt": {"b": []}, "mixed": "x"});
+        let order: Vec<String> = ["lr", "hidden", "name", "bn", "opt", "mixed"].map(String::from).to_vec();
+        let jobs = [
+            JobRows { key: Hash::of("1"), params: &p1, param_order: &order, series: series(&[(0, 1.0), (1, 0.5)]) },
+            JobRows { key: Hash::of("2"), params: &p2, param_order: &order, series: series(&[(0, 2.0)]) },
+        ];
+        let t = build_table(&jobs, false).unwrap();
+        assert_eq!(t.column_names(), ["step", "value", "lr", "hidden", "name", "bn", "opt", "mixed", "job_key"]);
+        let types: Vec<String> = t.batch().schema().fields().iter().map(|f| f.data_type().to_string()).collect();
+        assert_eq!(types, ["Int64", "Float64", "Float64", "Int64", "Utf8", "Boolean", "Utf8", "Utf8", "Utf8"]);
+        assert_eq!(t.num_rows(), 3);
+        assert_eq!(t.steps(), [0, 1, 0]);
+        assert_eq!(t.values(), [1.0, 0.5, 2.0]);
+        assert_eq!(t.f64s("lr").unwrap(), [Some(0.1), Some(0.1), Some(1.0)]);
+        assert_eq!(t.i64s("hidden").unwrap(), [16, 16, 32]);
+        assert_eq!(t.strings("opt").unwrap()[0].as_deref(), Some(r#"{"b":[1,2]}"#));
+        assert_eq!(t.strings("mixed").unwrap(), [Some("1".into()), Some("1".into()), Some("\"x\"".into())]);
+        assert_eq!(t.job_keys(), [Hash::of("1"), Hash::of("1"), Hash::of("2")]);
+        let csv = t.to_csv();
+        assert!(csv.starts_with("step,value,lr,hidden,name,bn,opt,mixed,job_key\n0,1,0.1,16,a,true,\"{\"\"b\"\":[1,2]}\",1,"), "{csv}");
+        let shown = t.to_string();
+        assert!(shown.contains("(3 rows)") && shown.lines().next().unwrap().starts_with("step"), "{shown}");
+    }
+
+    #[test]
+    fn missing_parameters_are_null_and_reserved_names_refused() {
+        let p1 = json!({"a": 1});
+        let p2 = json!({"b": "x"});
+        let jobs = [
+            JobRows { key: Hash::of("1"), params: &p1, param_order: &[], series: series(&[(0, 1.0)]) },
+            JobRows { key: Hash::of("2"), params: &p2, param_order: &[], series: series(&[(0, 1.0)]) },
+        ];
+        let t = build_table(&jobs, false).unwrap();
+        let a = t.column("a").unwrap();
+        assert!(a.is_null(1) && !a.is_null(0));
+        let bad = json!({"step": 1});
+        let jobs = [JobRows { key: Hash::of("1"), params: &bad, param_order: &[], series: series(&[]) }];
+        let e = build_table(&jobs, false).unwrap_err();
+        assert!(e.to_string().contains("parameter named `step`"), "{e}");
+    }
+}

@@ -1,0 +1,392 @@
+//! [`MetricTable`]: the metrics of a sweep as one Arrow `RecordBatch` (DESIGN.md §7).
+
+use std::fmt;
+use std::path::Path;
+use std::sync::Arc;
+
+use arrow_array::builder::{BooleanBuilder, Float64Builder, Int64Builder, StringBuilder};
+use arrow_array::cast::AsArray;
+use arrow_array::types::{Float64Type, Int64Type};
+use arrow_array::{Array, ArrayRef, RecordBatch};
+use arrow_schema::{DataType, Field, Schema};
+use serde_json::Value;
+
+use super::MetricsError;
+use crate::identity::{Hash, canonical_json};
+use crate::store::Series;
+
+/// Column names the table owns; parameters may not use them.
+pub const RESERVED_COLUMNS: [&str; 3] = ["step", "value", "job_key"];
+
+/// Metric rows of many jobs as an Arrow [`RecordBatch`].
+///
+/// Columns, in order: `metric: Utf8` (only in tables of several metrics, e.g. from
+/// [`collect`](super::collect)), `step: Int64`, `value: Float64`, one column per top-level
+/// parameter (`Int64`, `Float64`, `Boolean` or `Utf8`; nested values and mixed types as canonical
+/// JSON text; null where a job lacks the parameter), `job_key: Utf8` (64 hex characters).
+/// Rows are grouped by job in the order the jobs were given, each job's rows in logging order.
+#[derive(Debug, Clone)]
+pub struct MetricTable {
+    batch: RecordBatch,
+}
+
+impl MetricTable {
+    /// Wraps a batch (no checks; use the builders of this crate to make well-formed ones).
+    pub fn from_batch(batch: RecordBatch) -> Self {
+        Self { batch }
+    }
+
+    /// The Arrow batch.
+    pub fn batch(&self) -> &RecordBatch {
+        &self.batch
+    }
+
+    /// Consumes the table, returning the batch.
+    pub fn into_batch(self) -> RecordBatch {
+        self.batch
+    }
+
+    /// Number of rows.
+    pub fn num_rows(&self) -> usize {
+        self.batch.num_rows()
+    }
+
+    /// Whether there are no rows.
+    pub fn is_empty(&self) -> bool {
+        self.batch.num_rows() == 0
+    }
+
+    /// Column names, in order.
+    pub fn column_names(&self) -> Vec<String> {
+        self.batch.schema().fields().iter().map(|f| f.name().clone()).collect()
+    }
+
+    /// A column by name.
+    pub fn column(&self, name: &str) -> Option<&ArrayRef> {
+        self.batch.column_by_name(name)
+    }
+
+    /// The `step` column.
+    pub fn steps(&self) -> Vec<i64> {
+        self.i64s("step").unwrap_or_default()
+    }
+
+    /// The `value` column.
+    pub fn values(&self) -> Vec<f64> {
+        self.f64s("value").unwrap_or_default().into_iter().map(|v| v.unwrap_or(f64::NAN)).collect()
+    }
+
+    /// The `job_key` column, parsed.
+    pub fn job_keys(&self) -> Vec<Hash> {
+        self.strings("job_key")
+            .unwrap_or_default()
+            .into_iter()
+            .filter_map(|s| s.and_then(|s| s.parse().ok()))
+            .collect()
+    }
+
+    /// An `Int64` column as values (`None` when absent or of another type; nulls read as 0).
+    pub fn i64s(&self, name: &str) -> Option<Vec<i64>> {
+        let a = self.column(name)?.as_primitive_opt::<Int64Type>()?;
+        Some((0..a.len()).map(|i| if a.is_null(i) { 0 } else { a.value(i) }).collect())
+    }
+
+    /// A `Float64` column (`None` when absent or of another type).
+    pub fn f64s(&self, name: &str) -> Option<Vec<Option<f64>>> {
+        let a = self.column(name)?.as_primitive_opt::<Float64Type>()?;
+        Some((0..a.len()).map(|i| (!a.is_null(i)).then(|| a.value(i))).collect())
+    }
+
+    /// A `Utf8` column (`None` when absent or of another type).
+    pub fn strings(&self, name: &str) -> Option<Vec<Option<String>>> {
+        let a = self.column(name)?.as_string_opt::<i32>()?;
+        Some((0..a.len()).map(|i| (!a.is_null(i)).then(|| a.value(i).to_string())).collect())
+    }
+
+    /// The text of one cell, as CSV and `Display` show it (empty for null).
+    pub fn cell(&self, column: usize, row: usize) -> String {
+        cell_text(self.batch.column(column).as_ref(), row)
+    }
+
+    /// Writes the table as Parquet (Snappy-compressed), atomically: a reader sees the old file or
+    /// the whole new one.
+    ///
+    /// # Errors
+    /// [`MetricsError::Io`], [`MetricsError::Parquet`].
+    #[cfg(feature = "parquet")]
+    pub fn write_parquet(&self, path: impl AsRef<Path>) -> Result<(), MetricsError> {
+        use parquet::arrow::ArrowWriter;
+        use parquet::basic::Compression;
+        use parquet::file::properties::WriterProperties;
+        let path = path.as_ref();
+        let props = WriterProperties::builder().set_compression(Compression::SNAPPY).build();
+        let mut buf = Vec::new();
+        let perr = |e: parquet::errors::ParquetError| MetricsError::Parquet {
+            path: path.to_path_buf(),
+            message: e.to_string(),
+        };
+        let mut w = ArrowWriter::try_new(&mut buf, self.batch.schema(), Some(props)).map_err(perr)?;
+        w.write(&self.batch).map_err(perr)?;
+        w.close().map_err(perr)?;
+        crate::fsutil::atomic_write(path, &buf)
+            .map_err(|e| MetricsError::Io { path: path.to_path_buf(), source: e })
+    }
+
+    /// The table as CSV text (RFC 4180 quoting; a header row; nulls empty).
+    pub fn to_csv(&self) -> String {
+        let mut w = csv::Writer::from_writer(Vec::new());
+        // Writing to a Vec cannot fail.
+        let _ = w.write_record(self.column_names());
+        for r in 0..self.num_rows() {
+            let _ = w.write_record((0..self.batch.num_columns()).map(|c| self.cell(c, r)));
+        }
+        let bytes = w.into_inner().unwrap_or_default();
+        String::from_utf8(bytes).unwrap_or_default()
+    }
+
+    /// Writes [`to_csv`](Self::to_csv) to `path`, atomically.
+    ///
+    /// # Errors
+    /// [`MetricsError::Io`].
+    pub fn write_csv(&self, path: impl AsRef<Path>) -> Result<(), MetricsError> {
+        let path = path.as_ref();
+        crate::fsutil::atomic_write(path, self.to_csv().as_bytes())
+            .map_err(|e| MetricsError::Io { path: path.to_path_buf(), source: e })
+    }
+}
+
+fn cell_text(a: &dyn Array, row: usize) -> String {
+    if a.is_null(row) {
+        return String::new();
+    }
+    match a.data_type() {
+        DataType::Int64 => a.as_primitive::<Int64Type>().value(row).to_string(),
+        DataType::Float64 => a.as_primitive::<Float64Type>().value(row).to_string(),
+        DataType::Boolean => a.as_boolean().value(row).to_string(),
+        DataType::Utf8 => a.as_string::<i32>().value(row).to_string(),
+        other => format!("<{other}>"),
+    }
+}
+
+/// Shows up to 20 rows (the first and last 10 of longer tables) and the row count.
+impl fmt::Display for MetricTable {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let names = self.column_names();
+        let n = self.num_rows();
+        let rows: Vec<usize> =
+            if n <= 20 { (0..n).collect() } else { (0..10).chain(n - 10..n).collect() };
+        let short = |c: usize, r: usize| {
+            let t = self.cell(c, r);
+            if names[c] == "job_key" && t.len() > 12 { t[..12].to_string() } else { t }
+        };
+        let mut width: Vec<usize> = names.iter().map(|s| s.chars().count()).collect();
+        for &r in &rows {
+            for (c, w) in width.iter_mut().enumerate() {
+                *w = (*w).max(short(c, r).chars().count());
+            }
+        }
+        let line = |f: &mut fmt::Formatter<'_>, cells: Vec<String>| -> fmt::Result {
+            let parts: Vec<String> =
+                cells.iter().zip(&width).map(|(s, w)| format!("{s:<w$}", w = *w)).collect();
+            writeln!(f, "{}", parts.join("  ").trim_end())
+        };
+        line(f, names.clone())?;
+        line(f, width.iter().map(|w| "-".repeat(*w)).collect())?;
+        for (i, &r) in rows.iter().enumerate() {
+            if n > 20 && i == 10 {
+                writeln!(f, "...")?;
+            }
+            line(f, (0..names.len()).map(|c| short(c, r)).collect())?;
+        }
+        write!(f, "({n} rows)")
+    }
+}
+
+/// One job's contribution to a table.
+pub(crate) struct JobRows<'a> {
+    pub key: Hash,
+    pub params: &'a Value,
+    pub param_order: &'a [String],
+    pub series: Series,
+}
+
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Kind {
+    Null,
+    Int,
+    Float,
+    Bool,
+    Str,
+    Json,
+}
+
+fn kind_of(v: &Value) -> Kind {
+    match v {
+        Value::Null => Kind::Null,
+        Value::Bool(_) => Kind::Bool,
+        Value::Number(n) if n.is_i64() => Kind::Int,
+        Value::Number(n) if n.is_f64() => Kind::Float,
+        Value::Number(_) => Kind::Json, // beyond i64: keep exact digits as text
+        Value::String(_) => Kind::Str,
+        _ => Kind::Json,
+    }
+}
+
+fn unify(a: Kind, b: Kind) -> Kind {
+    use Kind::*;
+    match (a, b) {
+        (Null, k) | (k, Null) => k,
+        (x, y) if x == y => x,
+        (Int, Float) | (Float, Int) => Float,
+        _ => Json,
+    }
+}
+
+/// The top-level parameters of a job as (name, value) pairs; non-object params are one
+/// parameter named `params`.
+fn top_level(params: &Value) -> Vec<(&str, &Value)> {
+    match params {
+        Value::Object(m) => m.iter().map(|(k, v)| (k.as_str(), v)).collect(),
+        Value::Null => Vec::new(),
+        other => vec![("params", other)],
+    }
+}
+
+/// Builds a table from jobs' rows. `metric_column` adds the `metric` column (rows of several
+/// metrics); otherwise every row is assumed to be of one metric.
+pub(crate) fn build_table(
+    jobs: &[JobRows<'_>],
+    metric_column: bool,
+) -> Result<MetricTable, MetricsError> {
+    // Parameter columns: first-seen order over jobs, each job in its declaration order.
+    let mut cols: Vec<(String, Kind)> = Vec::new();
+    for j in jobs {
+        let tl = top_level(j.params);
+        let mut ordered: Vec<(&str, &Value)> = Vec::with_capacity(tl.len());
+        for name in j.param_order {
+            if let Some(p) = tl.iter().find(|(k, _)| k == name) {
+                ordered.push(*p);
+            }
+        }
+        for p in &tl {
+            if !j.param_order.iter().any(|n| n == p.0) {
+                ordered.push(*p);
+            }
+        }
+        for (name, v) in ordered {
+            if RESERVED_COLUMNS.contains(&name) || (metric_column && name == "metric") {
+                return Err(MetricsError::ReservedParameter { name: name.to_string(), job_key: j.key });
+            }
+            match cols.iter_mut().find(|(n, _)| n == name) {
+                Some((_, k)) => *k = unify(*k, kind_of(v)),
+                None => cols.push((name.to_string(), kind_of(v))),
+            }
+        }
+    }
+    let total: usize = jobs.iter().map(|j| j.series.len()).sum();
+    let mut fields = Vec::new();
+    let mut arrays: Vec<ArrayRef> = Vec::new();
+    if metric_column {
+        let mut b = StringBuilder::with_capacity(total, total * 8);
+        for j in jobs {
+            for &i in &j.series.name_index {
+                b.append_value(&j.series.names[i as usize]);
+            }
+        }
+        fields.push(Field::new("metric", DataType::Utf8, false));
+        arrays.push(Arc::new(b.finish()));
+    }
+    let mut steps = Int64Builder::with_capacity(total);
+    let mut values = Float64Builder::with_capacity(total);
+    for j in jobs {
+        steps.append_slice(&j.series.step);
+        values.append_slice(&j.series.value);
+    }
+    fields.push(Field::new("step", DataType::Int64, false));
+    arrays.push(Arc::new(steps.finish()));
+    fields.push(Field::new("value", DataType::Float64, false));
+    arrays.push(Arc::new(values.finish()));
+    for (name, kind) in &cols {
+        let get = |j: &JobRows<'_>| -> Option<Value> {
+            top_level(j.params).into_iter().find(|(k, _)| k == name).map(|(_, v)| v.clone())
+        };
+        let (dt, array): (DataType, ArrayRef) = match kind {
+            Kind::Int => {
+                let mut b = Int64Builder::with_capacity(total);
+                for j in jobs {
+                    let v = get(j).and_then(|v| v.as_i64());
+                    b.append_value_n_opt(v, j.series.len());
+                }
+                (DataType::Int64, Arc::new(b.finish()))
+            }
+            Kind::Float => {
+                let mut b = Float64Builder::with_capacity(total);
+                for j in jobs {
+                    let v = get(j).and_then(|v| v.as_f64());
+                    b.append_value_n_opt(v, j.series.len());
+                }
+                (DataType::Float64, Arc::new(b.finish()))
+            }
+            Kind::Bool => {
+                let mut b = BooleanBuilder::with_capacity(total);
+                for j in jobs {
+                    let v = get(j).and_then(|v| v.as_bool());
+                    for _ in 0..j.series.len() {
+                        b.append_option(v);
+                    }
+                }
+                (DataType::Boolean, Arc::new(b.finish()))
+            }
+            Kind::Str | Kind::Json | Kind::Null => {
+                let mut b = StringBuilder::with_capacity(total, total * 8);
+                for j in jobs {
+                    let v = get(j).and_then(|v| match v {
+                        Value::Null => None,
+                        Value::String(s) if *kind == Kind::Str => Some(s),
+                        other => canonical_json(&other).ok(),
+                    });
+                    for _ in 0..j.series.len() {
+                        b.append_option(v.as_deref());
+                    }
+                }
+                (DataType::Utf8, Arc::new(b.finish()))
+            }
+        };
+        fields.push(Field::new(name, dt, true));
+        arrays.push(array);
+    }
+    let mut keys = StringBuilder::with_capacity(total, total * 64);
+    for j in jobs {
+        let hex = j.key.to_hex();
+        for _ in 0..j.series.len() {
+            keys.append_value(&hex);
+        }
+    }
+    fields.push(Field::new("job_key", DataType::Utf8, false));
+    arrays.push(Arc::new(keys.finish()));
+    let batch = RecordBatch::try_new(Arc::new(Schema::new(fields)), arrays)
+        .map_err(|e| MetricsError::Arrow { message: e.to_string() })?;
+    Ok(MetricTable { batch })
+}
+
+trait AppendN<T> {
+    fn append_value_n_opt(&mut self, v: Option<T>, n: usize);
+}
+
+impl AppendN<i64> for Int64Builder {
+    fn append_value_n_opt(&mut self, v: Option<i64>, n: usize) {
+        match v {
+            Some(v) => self.append_value_n(v, n),
+            None => self.append_nulls(n),
+        }
+    }
+}
+
+impl AppendN<f64> for Float64Builder {
+    fn append_value_n_opt(&mut self, v: Option<f64>, n: usize) {
+        match v {
+            Some(v) => self.append_value_n(v, n),
+            None => self.append_nulls(n),
+        }
+    }
+}

@@ -1,0 +1,338 @@
+//! The conformance suite every [`Store`] implementation runs (feature `test-util`).
+//!
+//! ```
+//! # #[cfg(feature = "test-util")] {
+//! use puzzletron::store::{MemoryStore, conformance};
+//! conformance::run_all(|| MemoryStore::new());
+//! # }
+//! ```
+//!
+//! Each check panics with a message naming the rule that failed; call it from a `#[test]`.
+
+use std::collections::BTreeMap;
+use std::sync::{Arc, Barrier};
+
+use super::{
+    ClaimOutcome, FORMAT_VERSION, Failure, JobRecord, MetricsInfo, Owner, Status, Store, StoreError,
+};
+use crate::identity::{Hash, OwnedDigest, Toolchain, Witnesses};
+
+/// A minimal valid record for `key` (job `conformance::job`), for tests of stores.
+pub fn sample_record(key: Hash, status: Status, attempt: u32) -> JobRecord {
+    JobRecord {
+        format: FORMAT_VERSION,
+        key,
+        job: "conformance::job".into(),
+        params: serde_json::json!({"lr": 0.1}),
+        param_order: vec!["lr".into()],
+        lineage: Hash::of(format!("lineage-{key}")),
+        owned: OwnedDigest {
+            digest: Hash::of("code"),
+            files: BTreeMap::new(),
+        },
+        witnesses: Witnesses {
+            cargo_lock: None,
+            toolchain: Toolchain::current(),
+            source: None,
+        },
+        status,
+        attempt,
+        owner: Some(Owner::current()),
+        started_at: 1.0,
+        finished_at: (status != Status::Running).then_some(2.0),
+        error: (status == Status::Failed).then(|| Failure {
+            kind: "error".into(),
+            message: "boom".into(),
+            chain: vec![],
+            backtrace: None,
+        }),
+        metrics: None,
+    }
+}
+
+/// An owner whose process is certainly dead: a child that already exited and was reaped.
+pub fn dead_owner() -> Owner {
+    let mut owner = Owner::current();
+    let child = std::process::Command::new("true")
+        .spawn()
+        .and_then(|mut c| {
+            let pid = c.id();
+            c.wait().map(|_| pid)
+        });
+    owner.pid = child.unwrap_or(u32::MAX - 1);
+    owner.start_ticks = Some(1);
+    owner
+}
+
+fn claimed(store: &dyn Store, key: &Hash, owner: &Owner) -> super::Claim {
+    match store.claim(key, owner, None).expect("claim") {
+        ClaimOutcome::Claimed(c) => c,
+        other => panic!("expected Claimed for a free job, got {other:?}"),
+    }
+}
+
+/// Runs every check against fresh stores from `make`.
+pub fn run_all<S: Store + 'static>(make: impl Fn() -> S) {
+    empty_store_has_nothing(&make());
+    claim_is_exclusive(&make());
+    lifecycle_done(&make());
+    failed_then_retried(&make());
+    stale_claim_taken_over(&make());
+    release_frees_the_job(&make());
+    bad_metric_names_refused(&make());
+    records_batch_matches_single(&make());
+    concurrent_claims_one_winner(Arc::new(make()));
+}
+
+/// A new store holds no records, keys, lineage or claims.
+pub fn empty_store_has_nothing(store: &dyn Store) {
+    let k = Hash::of("nothing");
+    assert!(
+        store.record(&k).unwrap().is_none(),
+        "empty store: record must be None"
+    );
+    assert!(
+        store.keys().unwrap().is_empty(),
+        "empty store: keys must be empty"
+    );
+    assert!(
+        store.lineage(&k).unwrap().is_none(),
+        "empty store: lineage must be None"
+    );
+    assert!(
+        store.claim_info(&k).unwrap().is_none(),
+        "empty store: no claim"
+    );
+    assert!(
+        store.metrics(&k, None).unwrap().is_empty(),
+        "empty store: no metrics"
+    );
+}
+
+/// A second owner cannot claim a job a live owner holds.
+pub fn claim_is_exclusive(store: &dyn Store) {
+    let k = Hash::of("exclusive");
+    let a = Owner::current();
+    let b = Owner::current();
+    let c = claimed(store, &k, &a);
+    assert_eq!(c.attempt, 1, "first claim is attempt 1");
+    match store.claim(&k, &b, None).unwrap() {
+        ClaimOutcome::Busy(o) => assert_eq!(o.nonce, a.nonce, "Busy must name the holder"),
+        other => panic!("a held job must be Busy for another owner, got {other:?}"),
+    }
+    let info = store
+        .claim_info(&k)
+        .unwrap()
+        .expect("claim_info of a held job");
+    assert!(info.live, "the holder (this process) is alive");
+    assert_eq!(info.owner.nonce, a.nonce);
+}
+
+/// claim -> start -> metrics -> finish(done); then the job is Done for everyone.
+pub fn lifecycle_done(store: &dyn Store) {
+    let k = Hash::of("lifecycle");
+    let owner = Owner::current();
+    let c = claimed(store, &k, &owner);
+    let mut rec = sample_record(k, Status::Running, c.attempt);
+    store.start(&c, &rec).unwrap();
+    assert_eq!(store.record(&k).unwrap().unwrap().status, Status::Running);
+    assert_eq!(
+        store.lineage(&rec.lineage).unwrap(),
+        Some(k),
+        "start points the lineage at the key"
+    );
+    assert!(
+        store.metrics(&k, None).unwrap().is_empty(),
+        "a running job has no finished metrics"
+    );
+    let mut sink = store.metric_sink(&c).unwrap();
+    for step in 0..5 {
+        sink.append("loss", step, 1.0 / (step as f64 + 1.0))
+            .unwrap();
+        sink.append("acc", step, step as f64 * 0.1).unwrap();
+    }
+    sink.sync().unwrap();
+    let info: MetricsInfo = sink.summary();
+    assert_eq!(info.rows, 10);
+    assert_eq!(info.names, ["acc", "loss"]);
+    rec.status = Status::Done;
+    rec.finished_at = Some(3.0);
+    rec.metrics = Some(info);
+    store.finish(&c, &rec).unwrap();
+    let got = store.record(&k).unwrap().expect("done record");
+    assert_eq!(got, rec, "the record reads back as written");
+    assert!(
+        store.claim_info(&k).unwrap().is_none(),
+        "finish releases the claim"
+    );
+    assert_eq!(store.keys().unwrap(), vec![k]);
+    let all = store.metrics(&k, None).unwrap();
+    assert_eq!(all.len(), 10);
+    let loss = store.metrics(&k, Some("loss")).unwrap();
+    assert_eq!(
+        loss.of("loss"),
+        (0..5)
+            .map(|s| (s, 1.0 / (s as f64 + 1.0)))
+            .collect::<Vec<_>>()
+    );
+    assert_eq!(loss.len(), 5, "a name filter keeps only that metric");
+    match store.claim(&k, &Owner::current(), None).unwrap() {
+        ClaimOutcome::Done(r) => assert_eq!(r.status, Status::Done),
+        other => panic!("a done job must not be claimed again, got {other:?}"),
+    }
+    match store.claim(&k, &Owner::current(), Some(c.attempt + 1)).unwrap() {
+        ClaimOutcome::Done(_) => {}
+        other => panic!("replacing an attempt that is not the done one must give Done, got {other:?}"),
+    }
+    // Re-run in place: the done attempt is claimed once, as the next attempt.
+    let again = match store.claim(&k, &Owner::current(), Some(c.attempt)).unwrap() {
+        ClaimOutcome::Claimed(c2) => c2,
+        other => panic!("replacing the done attempt must claim it, got {other:?}"),
+    };
+    assert_eq!(again.attempt, c.attempt + 1);
+    assert_eq!(store.record(&k).unwrap().unwrap().status, Status::Done, "the old result stays readable during the re-run");
+    assert!(matches!(store.claim(&k, &Owner::current(), Some(c.attempt)).unwrap(), ClaimOutcome::Busy(_)));
+}
+
+/// A failed job is claimed again with the next attempt number.
+pub fn failed_then_retried(store: &dyn Store) {
+    let k = Hash::of("failed");
+    let c = claimed(store, &k, &Owner::current());
+    let rec = sample_record(k, Status::Failed, c.attempt);
+    store
+        .start(&c, &sample_record(k, Status::Running, c.attempt))
+        .unwrap();
+    store.finish(&c, &rec).unwrap();
+    assert_eq!(
+        store.record(&k).unwrap().unwrap().error.unwrap().message,
+        "boom"
+    );
+    let c2 = claimed(store, &k, &Owner::current());
+    assert_eq!(c2.attempt, 2, "a retry is attempt 2");
+}
+
+/// A claim whose owner process is dead is taken over; the dead owner's claim is then lost.
+pub fn stale_claim_taken_over(store: &dyn Store) {
+    let k = Hash::of("stale");
+    let dead = dead_owner();
+    let c_dead = claimed(store, &k, &dead);
+    store
+        .start(&c_dead, &sample_record(k, Status::Running, 1))
+        .unwrap();
+    let info = store.claim_info(&k).unwrap().expect("claim");
+    assert!(
+        !info.live,
+        "a claim of a dead process must be seen as not live"
+    );
+    let fresh = Owner::current();
+    let c = claimed(store, &k, &fresh);
+    assert_eq!(
+        c.attempt, 2,
+        "taking over an interrupted attempt starts the next attempt"
+    );
+    match store.finish(&c_dead, &sample_record(k, Status::Done, 1)) {
+        Err(StoreError::ClaimLost { .. }) => {}
+        other => panic!("the dead owner's finish must fail with ClaimLost, got {other:?}"),
+    }
+    assert!(matches!(
+        store.heartbeat(&c_dead),
+        Err(StoreError::ClaimLost { .. })
+    ));
+    store.heartbeat(&c).unwrap();
+}
+
+/// A released claim leaves the job claimable.
+pub fn release_frees_the_job(store: &dyn Store) {
+    let k = Hash::of("release");
+    let c = claimed(store, &k, &Owner::current());
+    store.release(&c).unwrap();
+    assert!(store.claim_info(&k).unwrap().is_none());
+    claimed(store, &k, &Owner::current());
+}
+
+/// Metric names with tabs or newlines, or empty, are refused.
+pub fn bad_metric_names_refused(store: &dyn Store) {
+    let k = Hash::of("names");
+    let c = claimed(store, &k, &Owner::current());
+    let mut sink = store.metric_sink(&c).unwrap();
+    for bad in ["", "a\tb", "a\nb"] {
+        assert!(
+            matches!(
+                sink.append(bad, 0, 1.0),
+                Err(StoreError::BadMetricName { .. })
+            ),
+            "metric name {bad:?} must be refused"
+        );
+    }
+    sink.append("ok name", 0, f64::NAN).unwrap();
+}
+
+/// `records` returns what `record` returns, in order, including for many keys.
+pub fn records_batch_matches_single(store: &dyn Store) {
+    let mut keys = Vec::new();
+    for i in 0..100 {
+        let k = Hash::of(format!("batch-{i}"));
+        keys.push(k);
+        if i % 3 == 0 {
+            let c = claimed(store, &k, &Owner::current());
+            store
+                .finish(&c, &sample_record(k, Status::Done, 1))
+                .unwrap();
+        }
+    }
+    let batch = store.records(&keys).unwrap();
+    for (k, r) in keys.iter().zip(&batch) {
+        assert_eq!(
+            r,
+            &store.record(k).unwrap(),
+            "records() must match record() for {k}"
+        );
+    }
+    assert_eq!(batch.iter().filter(|r| r.is_some()).count(), 34);
+}
+
+/// Eight threads race to claim one job: exactly one wins.
+pub fn concurrent_claims_one_winner<S: Store + 'static>(store: Arc<S>) {
+    let k = Hash::of("race");
+    let barrier = Arc::new(Barrier::new(8));
+    let handles: Vec<_> = (0..8)
+        .map(|_| {
+            let (store, barrier) = (store.clone(), barrier.clone());
+            std::thread::spawn(move || {
+                barrier.wait();
+                matches!(
+                    store.claim(&k, &Owner::current(), None),
+                    Ok(ClaimOutcome::Claimed(_))
+                )
+            })
+        })
+        .collect();
+    let wins = handles
+        .into_iter()
+        .filter_map(|h| h.join().ok())
+        .filter(|w| *w)
+        .count();
+    assert_eq!(wins, 1, "exactly one concurrent claimer must win");
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::store::{FsStore, MemoryStore};
+
+    #[test]
+    fn memory_store_conforms() {
+        run_all(MemoryStore::new);
+    }
+
+    #[test]
+    fn fs_store_conforms() {
+        let dirs = std::sync::Mutex::new(Vec::new());
+        run_all(|| {
+            let d = tempfile::tempdir().unwrap();
+            let s = FsStore::open(d.path().join("store")).unwrap();
+            dirs.lock().unwrap().push(d);
+            s
+        });
+    }
+}

@@ -1,0 +1,604 @@
+//! [`FsStore`]: a store in a folder, one sub-folder per job key.
+//!
+//! ```text
+//! ROOT/puzzletron-store.json        {"format": 1}
+//! ROOT/jobs/KEY/record.json         the JobRecord (atomic replace)
+//! ROOT/jobs/KEY/claim               the holder (create-exclusive); its mtime is the heartbeat
+//! ROOT/jobs/KEY/metrics.N.tsv       rows of attempt N: name TAB step TAB value LF
+//! ROOT/jobs/KEY/error.txt           the last failure's text and backtrace
+//! ROOT/jobs/KEY/artifacts/          files the job writes (Run::artifact_dir)
+//! ROOT/lineage/LINEAGE              the key last started for a job name + parameters
+//! ```
+//!
+//! Exclusion uses `open(O_CREAT|O_EXCL)` and `link(2)`, which are atomic on local filesystems
+//! and on NFSv3+; no `flock`, which is unreliable across NFS clients.
+
+use std::collections::{BTreeSet, HashSet};
+use std::fs::{self, File, OpenOptions};
+use std::io::{self, BufRead, BufReader, Write};
+use std::path::{Path, PathBuf};
+use std::time::{Duration, SystemTime};
+
+use super::{
+    Claim, ClaimInfo, ClaimOutcome, DEFAULT_STALE_AFTER, FORMAT_VERSION, JobRecord, MetricSink,
+    MetricsInfo, Owner, Series, Status, Store, StoreError, check_metric_name,
+};
+use crate::fsutil::{atomic_write, sync_dir};
+use crate::identity::Hash;
+
+const FORMAT_FILE: &str = "puzzletron-store.json";
+/// An empty or unreadable claim (its creator died between create and write) counts as live
+/// for this long, then as stale.
+const UNWRITTEN_CLAIM_GRACE: Duration = Duration::from_secs(5);
+
+/// A [`Store`] in a folder on a local or shared filesystem. Several processes, on one or many
+/// hosts, may use one folder at once.
+#[derive(Debug, Clone)]
+pub struct FsStore {
+    root: PathBuf,
+    jobs: PathBuf,
+    lineage: PathBuf,
+    stale_after: Duration,
+}
+
+fn io_err(path: &Path) -> impl FnOnce(io::Error) -> StoreError + '_ {
+    move |source| StoreError::Io {
+        path: path.to_path_buf(),
+        source,
+    }
+}
+
+impl FsStore {
+    /// Opens the store at `root`, creating it when missing.
+    ///
+    /// # Errors
+    /// [`StoreError::NotADirectory`] when `root` is a file, [`StoreError::NewerFormat`] when a
+    /// newer puzzletron wrote it, [`StoreError::Corrupt`] when its format file is not JSON,
+    /// [`StoreError::Io`].
+    pub fn open(root: impl AsRef<Path>) -> Result<Self, StoreError> {
+        let root = root.as_ref().to_path_buf();
+        if root.exists() && !root.is_dir() {
+            return Err(StoreError::NotADirectory { path: root });
+        }
+        let jobs = root.join("jobs");
+        let lineage = root.join("lineage");
+        fs::create_dir_all(&jobs).map_err(io_err(&jobs))?;
+        fs::create_dir_all(&lineage).map_err(io_err(&lineage))?;
+        let fmt = root.join(FORMAT_FILE);
+        match fs::read(&fmt) {
+            Ok(bytes) => {
+                let v: serde_json::Value =
+                    serde_json::from_slice(&bytes).map_err(|e| StoreError::Corrupt {
+                        path: fmt.clone(),
+                        reason: format!("not JSON: {e}"),
+                    })?;
+                let found = v.get("format").and_then(|f| f.as_u64()).ok_or_else(|| {
+                    StoreError::Corrupt {
+                        path: fmt.clone(),
+                        reason: "expected an object with an integer `format`".into(),
+                    }
+                })?;
+                if found > u64::from(FORMAT_VERSION) {
+                    return Err(StoreError::NewerFormat {
+                        path: fmt,
+                        found: u32::try_from(found).unwrap_or(u32::MAX),
+                        supported: FORMAT_VERSION,
+                    });
+                }
+            }
+            Err(e) if e.kind() == io::ErrorKind::NotFound => {
+                let body = format!(
+                    "{{\"format\":{FORMAT_VERSION},\"written_by\":\"puzzletron {}\"}}\n",
+                    env!("CARGO_PKG_VERSION")
+                );
+                atomic_write(&fmt, body.as_bytes()).map_err(io_err(&fmt))?;
+            }
+            Err(e) => {
+                return Err(StoreError::Io {
+                    path: fmt,
+                    source: e,
+                });
+            }
+        }
+        Ok(Self {
+            root,
+            jobs,
+            lineage,
+            stale_after: DEFAULT_STALE_AFTER,
+        })
+    }
+
+    /// Sets how long a claim held from another host may go without a heartbeat before it is
+    /// taken over (default 60 s). Owners on this host are judged by pid and start time instead.
+    pub fn with_stale_after(mut self, stale_after: Duration) -> Self {
+        self.stale_after = stale_after;
+        self
+    }
+
+    /// The root folder.
+    pub fn root(&self) -> &Path {
+        &self.root
+    }
+
+    /// The folder of one job.
+    pub fn job_dir(&self, key: &Hash) -> PathBuf {
+        self.jobs.join(key.to_hex())
+    }
+
+    fn claim_path(&self, key: &Hash) -> PathBuf {
+        self.job_dir(key).join("claim")
+    }
+
+    fn read_record(&self, path: &Path) -> Result<Option<JobRecord>, StoreError> {
+        let bytes = match fs::read(path) {
+            Ok(b) => b,
+            Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(None),
+            Err(e) => {
+                return Err(StoreError::Io {
+                    path: path.to_path_buf(),
+                    source: e,
+                });
+            }
+        };
+        parse_record(path, &bytes).map(Some)
+    }
+
+    /// Reads the claim file: `None` when absent.
+    fn read_claim(&self, key: &Hash) -> Result<Option<(Option<Owner>, SystemTime)>, StoreError> {
+        let path = self.claim_path(key);
+        let meta = match fs::metadata(&path) {
+            Ok(m) => m,
+            Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(None),
+            Err(e) => return Err(StoreError::Io { path, source: e }),
+        };
+        let mtime = meta.modified().map_err(io_err(&path))?;
+        let owner = match fs::read(&path) {
+            Ok(b) => serde_json::from_slice::<Owner>(&b).ok(),
+            Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(None),
+            Err(e) => return Err(StoreError::Io { path, source: e }),
+        };
+        Ok(Some((owner, mtime)))
+    }
+
+    fn judge(&self, owner: Option<Owner>, mtime: SystemTime) -> ClaimInfo {
+        let age = SystemTime::now().duration_since(mtime).unwrap_or_default();
+        match owner {
+            Some(owner) => {
+                let live = owner.alive_here().unwrap_or(age < self.stale_after);
+                ClaimInfo { owner, live }
+            }
+            None => ClaimInfo {
+                owner: Owner {
+                    host: "unknown".into(),
+                    pid: 0,
+                    start_ticks: None,
+                    nonce: "unwritten".into(),
+                },
+                live: age < UNWRITTEN_CLAIM_GRACE,
+            },
+        }
+    }
+
+    fn holds(&self, claim: &Claim) -> Result<(), StoreError> {
+        match self.read_claim(&claim.key)? {
+            Some((Some(o), _)) if o.nonce == claim.owner.nonce => Ok(()),
+            _ => Err(StoreError::ClaimLost {
+                key: claim.key,
+                owner: claim.owner.to_string(),
+            }),
+        }
+    }
+
+    fn write_json(&self, path: &Path, value: &impl serde::Serialize) -> Result<(), StoreError> {
+        let mut bytes = serde_json::to_vec_pretty(value).map_err(|e| StoreError::Corrupt {
+            path: path.to_path_buf(),
+            reason: e.to_string(),
+        })?;
+        bytes.push(b'\n');
+        atomic_write(path, &bytes).map_err(io_err(path))
+    }
+
+    /// Takes over a stale claim; `Ok(false)` when another process is taking it over.
+    fn take_over(&self, key: &Hash, stale: &ClaimInfo) -> Result<bool, StoreError> {
+        let dir = self.job_dir(key);
+        let claim = dir.join("claim");
+        let tomb = dir.join(format!("claim.stale.{}", sanitize(&stale.owner.nonce)));
+        match fs::hard_link(&claim, &tomb) {
+            Ok(()) => {}
+            Err(e) if e.kind() == io::ErrorKind::AlreadyExists => return Ok(false),
+            Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(true),
+            Err(e) => {
+                return Err(StoreError::Io {
+                    path: tomb,
+                    source: e,
+                });
+            }
+        }
+        // The link pins the file we judged stale, unless the claim was replaced between our read
+        // and the link: then the tomb holds a live claim and we back off.
+        let linked = fs::read(&tomb)
+            .ok()
+            .and_then(|b| serde_json::from_slice::<Owner>(&b).ok());
+        let same = linked
+            .as_ref()
+            .map(|o| o.nonce.as_str())
+            .unwrap_or("unwritten")
+            == stale.owner.nonce;
+        if !same {
+            let _ = fs::remove_file(&tomb);
+            return Ok(false);
+        }
+        match fs::remove_file(&claim) {
+            Ok(()) => {}
+            Err(e) if e.kind() == io::ErrorKind::NotFound => {}
+            Err(e) => {
+                return Err(StoreError::Io {
+                    path: claim,
+                    source: e,
+                });
+            }
+        }
+        Ok(true)
+    }
+
+    fn clean_tombs(&self, key: &Hash) {
+        if let Ok(rd) = fs::read_dir(self.job_dir(key)) {
+            for e in rd.flatten() {
+                if e.file_name().to_string_lossy().starts_with("claim.stale.") {
+                    let _ = fs::remove_file(e.path());
+                }
+            }
+        }
+    }
+}
+
+fn sanitize(s: &str) -> String {
+    s.chars()
+        .filter(|c| c.is_ascii_alphanumeric() || *c == '-' || *c == '_')
+        .take(64)
+        .collect()
+}
+
+fn parse_record(path: &Path, bytes: &[u8]) -> Result<JobRecord, StoreError> {
+    // Check the version before the shape, so a newer format is reported as such.
+    let v: serde_json::Value = serde_json::from_slice(bytes).map_err(|e| StoreError::Corrupt {
+        path: path.to_path_buf(),
+        reason: format!("not JSON ({e}): expected a puzzletron job record"),
+    })?;
+    if let Some(found) = v.get("format").and_then(|f| f.as_u64())
+        && found > u64::from(FORMAT_VERSION)
+    {
+        return Err(StoreError::NewerFormat {
+            path: path.to_path_buf(),
+            found: u32::try_from(found).unwrap_or(u32::MAX),
+            supported: FORMAT_VERSION,
+        });
+    }
+    serde_json::from_value(v).map_err(|e| StoreError::Corrupt {
+        path: path.to_path_buf(),
+        reason: format!("not a job record: {e}"),
+    })
+}
+
+impl Store for FsStore {
+    fn location(&self) -> String {
+        self.root.display().to_string()
+    }
+
+    fn record(&self, key: &Hash) -> Result<Option<JobRecord>, StoreError> {
+        self.read_record(&self.job_dir(key).join("record.json"))
+    }
+
+    fn records(&self, keys: &[Hash]) -> Result<Vec<Option<JobRecord>>, StoreError> {
+        if keys.len() < 64 {
+            return keys.iter().map(|k| self.record(k)).collect();
+        }
+        // One directory listing instead of a failed open per missing key.
+        let mut present = HashSet::new();
+        for e in fs::read_dir(&self.jobs).map_err(io_err(&self.jobs))? {
+            let e = e.map_err(io_err(&self.jobs))?;
+            present.insert(e.file_name().to_string_lossy().into_owned());
+        }
+        keys.iter()
+            .map(|k| {
+                if present.contains(&k.to_hex()) {
+                    self.record(k)
+                } else {
+                    Ok(None)
+                }
+            })
+            .collect()
+    }
+
+    fn keys(&self) -> Result<Vec<Hash>, StoreError> {
+        let mut out = BTreeSet::new();
+        for e in fs::read_dir(&self.jobs).map_err(io_err(&self.jobs))? {
+            let e = e.map_err(io_err(&self.jobs))?;
+            if let Ok(k) = e.file_name().to_string_lossy().parse::<Hash>()
+                && e.path().join("record.json").is_file()
+            {
+                out.insert(k);
+            }
+        }
+        Ok(out.into_iter().collect())
+    }
+
+    fn lineage(&self, lineage: &Hash) -> Result<Option<Hash>, StoreError> {
+        let path = self.lineage.join(lineage.to_hex());
+        match fs::read_to_string(&path) {
+            Ok(s) => s.trim().parse().map(Some).map_err(|e| StoreError::Corrupt {
+                path,
+                reason: format!("{e}"),
+            }),
+            Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(None),
+            Err(e) => Err(StoreError::Io { path, source: e }),
+        }
+    }
+
+    fn claim_info(&self, key: &Hash) -> Result<Option<ClaimInfo>, StoreError> {
+        Ok(self.read_claim(key)?.map(|(o, m)| self.judge(o, m)))
+    }
+
+    fn claim(
+        &self,
+        key: &Hash,
+        owner: &Owner,
+        replace_done: Option<u32>,
+    ) -> Result<ClaimOutcome, StoreError> {
+        let is_done = |r: &JobRecord| r.status == Status::Done && replace_done != Some(r.attempt);
+        let dir = self.job_dir(key);
+        fs::create_dir_all(&dir).map_err(io_err(&dir))?;
+        let path = dir.join("claim");
+        // Bounded: each turn either returns or removed a stale claim that someone re-created.
+        for _ in 0..16 {
+            if let Some(r) = self.record(key)?
+                && is_done(&r)
+            {
+                return Ok(ClaimOutcome::Done(Box::new(r)));
+            }
+            match OpenOptions::new().write(true).create_new(true).open(&path) {
+                Ok(mut f) => {
+                    let body = serde_json::to_vec(owner).map_err(|e| StoreError::Corrupt {
+                        path: path.clone(),
+                        reason: e.to_string(),
+                    })?;
+                    f.write_all(&body)
+                        .and_then(|_| f.sync_all())
+                        .map_err(io_err(&path))?;
+                    sync_dir(&dir).map_err(io_err(&dir))?;
+                    // The previous holder may have finished between our check and our create.
+                    let prev = self.record(key)?;
+                    let claim = Claim {
+                        key: *key,
+                        owner: owner.clone(),
+                        attempt: prev.as_ref().map(|r| r.attempt).unwrap_or(0) + 1,
+                    };
+                    if let Some(r) = prev
+                        && is_done(&r)
+                    {
+                        self.release(&claim)?;
+                        return Ok(ClaimOutcome::Done(Box::new(r)));
+                    }
+                    return Ok(ClaimOutcome::Claimed(claim));
+                }
+                Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {
+                    let Some((o, m)) = self.read_claim(key)? else {
+                        continue;
+                    };
+                    let info = self.judge(o, m);
+                    if info.live {
+                        return Ok(ClaimOutcome::Busy(info.owner));
+                    }
+                    if !self.take_over(key, &info)? {
+                        return Ok(ClaimOutcome::Busy(info.owner));
+                    }
+                }
+                Err(e) => return Err(StoreError::Io { path, source: e }),
+            }
+        }
+        Ok(match self.claim_info(key)? {
+            Some(info) => ClaimOutcome::Busy(info.owner),
+            None => ClaimOutcome::Busy(owner.clone()),
+        })
+    }
+
+    fn start(&self, claim: &Claim, record: &JobRecord) -> Result<(), StoreError> {
+        self.holds(claim)?;
+        self.write_json(&self.job_dir(&claim.key).join("record.json"), record)?;
+        let lpath = self.lineage.join(record.lineage.to_hex());
+        atomic_write(&lpath, format!("{}\n", claim.key).as_bytes()).map_err(io_err(&lpath))
+    }
+
+    fn metric_sink(&self, claim: &Claim) -> Result<Box<dyn MetricSink>, StoreError> {
+        let path = self
+            .job_dir(&claim.key)
+            .join(format!("metrics.{}.tsv", claim.attempt));
+        let file = OpenOptions::new()
+            .write(true)
+            .create(true)
+            .truncate(true)
+            .open(&path)
+            .map_err(io_err(&path))?;
+        Ok(Box::new(FsSink {
+            path,
+            file,
+            rows: 0,
+            names: BTreeSet::new(),
+            line: String::new(),
+        }))
+    }
+
+    fn finish(&self, claim: &Claim, record: &JobRecord) -> Result<(), StoreError> {
+        self.holds(claim)?;
+        let dir = self.job_dir(&claim.key);
+        if let Some(f) = &record.error {
+            let mut text = format!("{}: {}\n", f.kind, f.message);
+            for c in &f.chain {
+                text.push_str(&format!("caused by: {c}\n"));
+            }
+            if let Some(bt) = &f.backtrace {
+                text.push_str("\nbacktrace:\n");
+                text.push_str(bt);
+                text.push('\n');
+            }
+            let p = dir.join("error.txt");
+            atomic_write(&p, text.as_bytes()).map_err(io_err(&p))?;
+        }
+        // The record is the commit point; the claim goes after it.
+        self.write_json(&dir.join("record.json"), record)?;
+        self.release(claim)?;
+        self.clean_tombs(&claim.key);
+        Ok(())
+    }
+
+    fn release(&self, claim: &Claim) -> Result<(), StoreError> {
+        if self.holds(claim).is_err() {
+            return Ok(());
+        }
+        let path = self.claim_path(&claim.key);
+        match fs::remove_file(&path) {
+            Ok(()) => Ok(()),
+            Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(()),
+            Err(e) => Err(StoreError::Io { path, source: e }),
+        }
+    }
+
+    fn heartbeat(&self, claim: &Claim) -> Result<(), StoreError> {
+        self.holds(claim)?;
+        let path = self.claim_path(&claim.key);
+        let f = File::options()
+            .write(true)
+            .open(&path)
+            .map_err(io_err(&path))?;
+        f.set_modified(SystemTime::now()).map_err(io_err(&path))
+    }
+
+    fn metrics(&self, key: &Hash, name: Option<&str>) -> Result<Series, StoreError> {
+        let Some(rec) = self.record(key)? else {
+            return Ok(Series::default());
+        };
+        let Some(info) = rec.metrics.filter(|_| rec.status != Status::Running) else {
+            return Ok(Series::default());
+        };
+        let path = self.job_dir(key).join(&info.file);
+        if info.file.contains(['/', '\\']) || info.file.starts_with('.') {
+            return Err(StoreError::Corrupt {
+                path,
+                reason: "metrics file name leaves the job folder".into(),
+            });
+        }
+        let file = File::open(&path).map_err(io_err(&path))?;
+        let mut series = Series::default();
+        let mut reader = BufReader::with_capacity(1 << 16, file);
+        let mut line = Vec::with_capacity(128);
+        let mut rows = 0u64;
+        let mut cur_name: Option<(Vec<u8>, u32)> = None;
+        while rows < info.rows {
+            line.clear();
+            let n = reader.read_until(b'\n', &mut line).map_err(io_err(&path))?;
+            if n == 0 || line.last() != Some(&b'\n') {
+                return Err(StoreError::Corrupt {
+                    path,
+                    reason: format!("{rows} complete rows, the record says {}", info.rows),
+                });
+            }
+            rows += 1;
+            let row = &line[..line.len() - 1];
+            let bad = |why: &str| StoreError::Corrupt {
+                path: path.clone(),
+                reason: format!("row {rows}: {why}: expected name TAB step TAB value"),
+            };
+            let t2 = row
+                .iter()
+                .rposition(|&b| b == b'\t')
+                .ok_or_else(|| bad("no tab"))?;
+            let t1 = row[..t2]
+                .iter()
+                .rposition(|&b| b == b'\t')
+                .ok_or_else(|| bad("one tab"))?;
+            let n = &row[..t1];
+            if let Some(want) = name
+                && n != want.as_bytes()
+            {
+                continue;
+            }
+            let step: i64 = std::str::from_utf8(&row[t1 + 1..t2])
+                .ok()
+                .and_then(|s| s.parse().ok())
+                .ok_or_else(|| bad("bad step"))?;
+            let value: f64 = std::str::from_utf8(&row[t2 + 1..])
+                .ok()
+                .and_then(|s| s.parse().ok())
+                .ok_or_else(|| bad("bad value"))?;
+            let idx = match &cur_name {
+                Some((cn, i)) if cn.as_slice() == n => *i,
+                _ => {
+                    let s = String::from_utf8_lossy(n);
+                    let i = match series.names.iter().position(|x| *x == s) {
+                        Some(i) => i as u32,
+                        None => {
+                            series.names.push(s.into_owned());
+                            (series.names.len() - 1) as u32
+                        }
+                    };
+                    cur_name = Some((n.to_vec(), i));
+                    i
+                }
+            };
+            series.name_index.push(idx);
+            series.step.push(step);
+            series.value.push(value);
+        }
+        Ok(series)
+    }
+
+    fn artifact_dir(&self, key: &Hash) -> Option<PathBuf> {
+        let d = self.job_dir(key).join("artifacts");
+        fs::create_dir_all(&d).ok()?;
+        Some(d)
+    }
+}
+
+struct FsSink {
+    path: PathBuf,
+    file: File,
+    rows: u64,
+    names: BTreeSet<String>,
+    line: String,
+}
+
+impl MetricSink for FsSink {
+    fn append(&mut self, name: &str, step: i64, value: f64) -> Result<(), StoreError> {
+        use std::fmt::Write as _;
+        check_metric_name(name)?;
+        self.line.clear();
+        // f64's Display is the shortest text that parses back to the same value.
+        let _ = writeln!(self.line, "{name}\t{step}\t{value}");
+        // One write(2) per row: a killed process leaves whole rows (plus at most a torn last one
+        // on power loss, which readers bound by the record's row count).
+        self.file
+            .write_all(self.line.as_bytes())
+            .map_err(io_err(&self.path))?;
+        self.rows += 1;
+        if !self.names.contains(name) {
+            self.names.insert(name.to_string());
+        }
+        Ok(())
+    }
+
+    fn sync(&mut self) -> Result<(), StoreError> {
+        self.file.sync_all().map_err(io_err(&self.path))
+    }
+
+    fn summary(&self) -> MetricsInfo {
+        MetricsInfo {
+            file: self
+                .path
+                .file_name()
+                .map(|n| n.to_string_lossy().into_owned())
+                .unwrap_or_default(),
+            rows: self.rows,
+            names: self.names.iter().cloned().collect(),
+        }
+    }
+}

@@ -1,0 +1,309 @@
+//! Durable records of runs (DESIGN.md §4): the [`Store`] trait, [`FsStore`] and [`MemoryStore`].
+//!
+//! A store keeps, per job key, a self-describing [`JobRecord`] and the metric rows each attempt
+//! logged. Its rules:
+//! - a record becomes [`Status::Done`] last, by an atomic write; a crash at any instant leaves the
+//!   old state or the new one, never half a record;
+//! - a job is [`claim`](Store::claim)ed exclusively before it runs, so several processes draining
+//!   one store run each job once; the claim of a dead owner is taken over;
+//! - metric rows are appended durably as they are logged, so a crash keeps what was logged.
+//!
+//! Every implementation must pass the conformance suite in `conformance` (feature
+//! `test-util`), which both built-in stores run.
+
+mod fs;
+mod memory;
+mod record;
+
+#[cfg(any(test, feature = "test-util"))]
+pub mod conformance;
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+pub use fs::FsStore;
+pub use memory::MemoryStore;
+pub use record::{
+    FORMAT_VERSION, Failure, JobRecord, MetricsInfo, Owner, Status, hostname, process_start_ticks,
+    unix_now,
+};
+
+use crate::identity::Hash;
+
+/// An exclusive right to run one attempt of one job, returned by [`Store::claim`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Claim {
+    /// The job.
+    pub key: Hash,
+    /// Who holds it.
+    pub owner: Owner,
+    /// The attempt number this claim runs (previous attempts + 1).
+    pub attempt: u32,
+}
+
+/// What [`Store::claim`] found.
+#[derive(Debug, Clone, PartialEq)]
+pub enum ClaimOutcome {
+    /// The job is ours to run.
+    Claimed(Claim),
+    /// A live owner holds it.
+    Busy(Owner),
+    /// It is already done.
+    Done(Box<JobRecord>),
+}
+
+/// The claim on a job as seen by a reader.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ClaimInfo {
+    /// The holder.
+    pub owner: Owner,
+    /// Whether the holder is alive (same host: its pid and start time; other host: a heartbeat
+    /// newer than the store's stale-after interval).
+    pub live: bool,
+}
+
+/// Metric rows of one job, as columns (rows in logging order).
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Series {
+    /// Distinct metric names; `name_index` points into it.
+    pub names: Vec<String>,
+    /// Per row: index into `names`.
+    pub name_index: Vec<u32>,
+    /// Per row: the step.
+    pub step: Vec<i64>,
+    /// Per row: the value.
+    pub value: Vec<f64>,
+}
+
+impl Series {
+    /// Number of rows.
+    pub fn len(&self) -> usize {
+        self.step.len()
+    }
+
+    /// Whether there are no rows.
+    pub fn is_empty(&self) -> bool {
+        self.step.is_empty()
+    }
+
+    /// Appends a row.
+    pub fn push(&mut self, name: &str, step: i64, value: f64) {
+        let idx = match self.names.iter().position(|n| n == name) {
+            Some(i) => i,
+            None => {
+                self.names.push(name.to_string());
+                self.names.len() - 1
+            }
+        };
+        self.name_index.push(idx as u32);
+        self.step.push(step);
+        self.value.push(value);
+    }
+
+    /// The rows of metric `name`, as `(step, value)` pairs in logging order.
+    pub fn of(&self, name: &str) -> Vec<(i64, f64)> {
+        let Some(idx) = self.names.iter().position(|n| n == name) else {
+            return Vec::new();
+        };
+        (0..self.len())
+            .filter(|&r| self.name_index[r] as usize == idx)
+            .map(|r| (self.step[r], self.value[r]))
+            .collect()
+    }
+}
+
+/// Where a running attempt appends its metric rows. Each call is durable against a crash of the
+/// process (the row reaches the OS before `append` returns); [`MetricSink::sync`] makes everything
+/// durable against a crash of the machine.
+pub trait MetricSink: Send {
+    /// Appends one row.
+    ///
+    /// # Errors
+    /// [`StoreError::Io`] when the row cannot be written.
+    fn append(&mut self, name: &str, step: i64, value: f64) -> Result<(), StoreError>;
+
+    /// Flushes to stable storage (called before an attempt is promoted to done).
+    ///
+    /// # Errors
+    /// [`StoreError::Io`].
+    fn sync(&mut self) -> Result<(), StoreError>;
+
+    /// Where the rows are, how many were appended and their distinct names (sorted): what the
+    /// finished record stores.
+    fn summary(&self) -> MetricsInfo;
+}
+
+/// Durable storage of job records and metrics. See the [module docs](self) for the rules every
+/// implementation keeps; `conformance::run_all` (feature `test-util`) checks them.
+pub trait Store: Send + Sync {
+    /// Where the store lives, for messages (a folder, `memory`, a URL).
+    fn location(&self) -> String;
+
+    /// The record of `key`, if any.
+    ///
+    /// # Errors
+    /// [`StoreError::Corrupt`] when the record cannot be parsed, [`StoreError::Io`].
+    fn record(&self, key: &Hash) -> Result<Option<JobRecord>, StoreError>;
+
+    /// The records of many keys, in order. Stores override this when a batch is cheaper.
+    ///
+    /// # Errors
+    /// As [`Store::record`].
+    fn records(&self, keys: &[Hash]) -> Result<Vec<Option<JobRecord>>, StoreError> {
+        keys.iter().map(|k| self.record(k)).collect()
+    }
+
+    /// Every job key the store holds a record for, sorted.
+    ///
+    /// # Errors
+    /// [`StoreError::Io`].
+    fn keys(&self) -> Result<Vec<Hash>, StoreError>;
+
+    /// The key most recently started for a lineage (job name + parameters), if any.
+    ///
+    /// # Errors
+    /// [`StoreError::Io`], [`StoreError::Corrupt`].
+    fn lineage(&self, lineage: &Hash) -> Result<Option<Hash>, StoreError>;
+
+    /// The current claim on `key`, if any, and whether its holder is alive.
+    ///
+    /// # Errors
+    /// [`StoreError::Io`].
+    fn claim_info(&self, key: &Hash) -> Result<Option<ClaimInfo>, StoreError>;
+
+    /// Claims `key` exclusively for `owner`: at most one live claim exists per key, across
+    /// processes. A claim whose holder is dead is taken over.
+    ///
+    /// A done job is not claimed ([`ClaimOutcome::Done`]) unless `replace_done` is the attempt
+    /// number of its done record: then it is claimed for a re-run in place (its witnesses
+    /// changed, or the run is forced). If another process replaced that attempt meanwhile, the
+    /// job is `Done` again and is not re-run twice.
+    ///
+    /// # Errors
+    /// [`StoreError::Io`], [`StoreError::Corrupt`].
+    fn claim(
+        &self,
+        key: &Hash,
+        owner: &Owner,
+        replace_done: Option<u32>,
+    ) -> Result<ClaimOutcome, StoreError>;
+
+    /// Records that the claimed attempt started: writes `record` (status running) and points
+    /// the record's lineage at this key.
+    ///
+    /// # Errors
+    /// [`StoreError::ClaimLost`] when the claim is no longer held, [`StoreError::Io`].
+    fn start(&self, claim: &Claim, record: &JobRecord) -> Result<(), StoreError>;
+
+    /// A sink for the claimed attempt's metric rows (empty at first).
+    ///
+    /// # Errors
+    /// [`StoreError::Io`].
+    fn metric_sink(&self, claim: &Claim) -> Result<Box<dyn MetricSink>, StoreError>;
+
+    /// Atomically replaces the record with `record` (done or failed) and releases the claim.
+    ///
+    /// # Errors
+    /// [`StoreError::ClaimLost`] when the claim is no longer held, [`StoreError::Io`].
+    fn finish(&self, claim: &Claim, record: &JobRecord) -> Result<(), StoreError>;
+
+    /// Releases a claim without recording an outcome (the job stays as it was).
+    ///
+    /// # Errors
+    /// [`StoreError::Io`].
+    fn release(&self, claim: &Claim) -> Result<(), StoreError>;
+
+    /// Renews the claim's heartbeat (needed for owners on other hosts to be seen as alive).
+    ///
+    /// # Errors
+    /// [`StoreError::ClaimLost`], [`StoreError::Io`].
+    fn heartbeat(&self, claim: &Claim) -> Result<(), StoreError>;
+
+    /// The metric rows of the job's last finished attempt (optionally only metric `name`).
+    /// A job without a finished attempt has none.
+    ///
+    /// # Errors
+    /// [`StoreError::Corrupt`] when the rows are fewer than the record says, [`StoreError::Io`].
+    fn metrics(&self, key: &Hash, name: Option<&str>) -> Result<Series, StoreError>;
+
+    /// A folder for the job's artifacts, where the store has one (created on demand).
+    fn artifact_dir(&self, _key: &Hash) -> Option<PathBuf> {
+        None
+    }
+}
+
+/// Errors of a [`Store`].
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum StoreError {
+    /// An I/O error on a store file. Often transient (network filesystems, full disks freed).
+    #[error("store I/O error on {path}: {source}")]
+    Io {
+        /// The file or folder.
+        path: PathBuf,
+        /// The OS error.
+        source: std::io::Error,
+    },
+    /// The store root exists and is not a folder.
+    #[error(
+        "store root {path} is not a directory: expected a folder (or a path that does not exist yet)"
+    )]
+    NotADirectory {
+        /// The root given.
+        path: PathBuf,
+    },
+    /// The store was written by a newer puzzletron.
+    #[error(
+        "store {path} has format version {found}, newer than this build's {supported}: upgrade puzzletron to read it (nothing was changed)"
+    )]
+    NewerFormat {
+        /// The store's format file.
+        path: PathBuf,
+        /// Its version.
+        found: u32,
+        /// This build's version.
+        supported: u32,
+    },
+    /// A record or metric file that cannot be read as what it should be.
+    #[error("corrupt store file {path}: {reason}")]
+    Corrupt {
+        /// The file.
+        path: PathBuf,
+        /// What was wrong and what was expected.
+        reason: String,
+    },
+    /// The claim was taken over (its holder was presumed dead) or released meanwhile.
+    #[error("claim on job {key} is no longer held by {owner}: another process took it over")]
+    ClaimLost {
+        /// The job.
+        key: Hash,
+        /// Who we were.
+        owner: String,
+    },
+    /// A metric name that cannot be stored.
+    #[error("invalid metric name {name:?}: expected a non-empty name without tabs or newlines")]
+    BadMetricName {
+        /// The name given.
+        name: String,
+    },
+}
+
+impl StoreError {
+    /// Whether retrying can help: I/O errors may be transient; the others need a change.
+    pub fn is_retryable(&self) -> bool {
+        matches!(self, StoreError::Io { .. })
+    }
+}
+
+/// Checks a metric name: non-empty, no tab, CR or LF (they frame the row files).
+pub(crate) fn check_metric_name(name: &str) -> Result<(), StoreError> {
+    if name.is_empty() || name.contains(['\t', '\n', '\r']) {
+        return Err(StoreError::BadMetricName {
+            name: name.to_string(),
+        });
+    }
+    Ok(())
+}
+
+/// Default time after which a claim held from another host without a heartbeat is stale.
+pub const DEFAULT_STALE_AFTER: Duration = Duration::from_secs(60);

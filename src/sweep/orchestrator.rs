@@ -1,0 +1,756 @@
+//! [`Orchestrator`]: the sweep engine.
+
+use std::collections::{HashMap, HashSet};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
+
+use serde::Serialize;
+use serde::de::DeserializeOwned;
+
+use super::decision::{Action, JobDecision, Plan};
+use super::event::Event;
+use super::job::{Job, JobResult};
+use super::panics;
+use super::run::Run;
+use super::summary::{FailureCause, JobOutcome, Outcome, RunFailed, RunSummary};
+use crate::error::{Error, Result};
+use crate::executor::{Executor, MockExecutor};
+use crate::identity::{
+    self, Hash, Modules, OwnedCode, OwnedDigest, ParamError, Toolchain, Witnesses,
+};
+use crate::metrics::{JobRows, MetricTable, MetricsError, RESERVED_COLUMNS, build_table};
+use crate::store::{
+    ClaimOutcome, FORMAT_VERSION, Failure, FsStore, JobRecord, Owner, Status, Store, StoreError,
+    unix_now,
+};
+
+type Call = Arc<dyn Fn(&mut Run) -> JobResult + Send + Sync>;
+
+/// A run in the queue: its key is computed when it is enqueued.
+#[derive(Clone)]
+pub struct PendingRun {
+    /// The job key.
+    pub key: Hash,
+    /// Job name + parameters, without code.
+    pub lineage: Hash,
+    /// The job's name.
+    pub job: String,
+    /// Canonical JSON parameters.
+    pub params: String,
+    /// Top-level parameter names in declaration order.
+    pub param_order: Vec<String>,
+    /// The owned code the key covers.
+    pub owned: Arc<OwnedDigest>,
+    call: Call,
+}
+
+impl std::fmt::Debug for PendingRun {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PendingRun")
+            .field("key", &self.key)
+            .field("job", &self.job)
+            .field("params", &self.params)
+            .finish()
+    }
+}
+
+type EventFn = Box<dyn Fn(&Event) + Send + Sync>;
+
+/// Builds an [`Orchestrator`]. Defaults: [`FsStore`] under `.puzzletron` in the current folder,
+/// in-process execution, the Cargo.lock found upward from the current folder, no source
+/// checkout witnessed, the whole `src/` of each job's crate owned.
+pub struct OrchestratorBuilder<S: Store = FsStore, E: Executor = MockExecutor> {
+    store: Box<dyn FnOnce() -> Result<S>>,
+    executor: E,
+    modules: Modules,
+    lock: Option<PathBuf>,
+    source: Option<PathBuf>,
+    force: bool,
+    isolate: bool,
+    trace: bool,
+    on_event: Option<EventFn>,
+    wait_poll: Duration,
+}
+
+impl OrchestratorBuilder<FsStore, MockExecutor> {
+    fn new() -> Self {
+        Self {
+            store: Box::new(|| Ok(FsStore::open(".puzzletron")?)),
+            executor: MockExecutor::new(),
+            modules: Modules::all(),
+            lock: None,
+            source: None,
+            force: false,
+            isolate: false,
+            trace: false,
+            on_event: None,
+            wait_poll: Duration::from_millis(100),
+        }
+    }
+}
+
+impl<E: Executor> OrchestratorBuilder<FsStore, E> {
+    /// Uses an [`FsStore`] at `root` (created when missing).
+    pub fn store_root(mut self, root: impl Into<PathBuf>) -> Self {
+        let root = root.into();
+        self.store = Box::new(move || Ok(FsStore::open(root)?));
+        self
+    }
+}
+
+impl<S: Store + 'static, E: Executor> OrchestratorBuilder<S, E> {
+    /// Uses `store` (any [`Store`]).
+    pub fn store<S2: Store + 'static>(self, store: S2) -> OrchestratorBuilder<S2, E> {
+        OrchestratorBuilder {
+            store: Box::new(move || Ok(store)),
+            executor: self.executor,
+            modules: self.modules,
+            lock: self.lock,
+            source: self.source,
+            force: self.force,
+            isolate: self.isolate,
+            trace: self.trace,
+            on_event: self.on_event,
+            wait_poll: self.wait_poll,
+        }
+    }
+
+    /// Uses `executor` for isolated runs.
+    pub fn executor<E2: Executor>(self, executor: E2) -> OrchestratorBuilder<S, E2> {
+        OrchestratorBuilder {
+            store: self.store,
+            executor,
+            modules: self.modules,
+            lock: self.lock,
+            source: self.source,
+            force: self.force,
+            isolate: self.isolate,
+            trace: self.trace,
+            on_event: self.on_event,
+            wait_poll: self.wait_poll,
+        }
+    }
+
+    /// Which modules of each job's crate count as its code (default: all of `src/`; a job's own
+    /// [`Job::with_modules`] wins). The job's file always counts.
+    pub fn owned(mut self, modules: Modules) -> Self {
+        self.modules = modules;
+        self
+    }
+
+    /// The Cargo.lock to witness (default: found upward from the current folder).
+    pub fn lock(mut self, path: impl Into<PathBuf>) -> Self {
+        self.lock = Some(path.into());
+        self
+    }
+
+    /// A git checkout whose commit and dirty flag are witnessed: results re-run when they change.
+    pub fn source(mut self, path: impl Into<PathBuf>) -> Self {
+        self.source = Some(path.into());
+        self
+    }
+
+    /// Re-run every run even when its result is current.
+    pub fn force(mut self, force: bool) -> Self {
+        self.force = force;
+        self
+    }
+
+    /// Run each job in a fresh process through the executor (not yet supported: `build` fails).
+    pub fn isolate(mut self, isolate: bool) -> Self {
+        self.isolate = isolate;
+        self
+    }
+
+    /// Trace the functions a job enters at run time (not yet supported: `build` fails).
+    pub fn trace(mut self, trace: bool) -> Self {
+        self.trace = trace;
+        self
+    }
+
+    /// Calls `f` for every [`Event`] of a drain (e.g. `|e| eprintln!("{e}")`).
+    pub fn on_event(mut self, f: impl Fn(&Event) + Send + Sync + 'static) -> Self {
+        self.on_event = Some(Box::new(f));
+        self
+    }
+
+    /// How often a drain re-checks runs held by other processes (default 100 ms).
+    pub fn wait_poll(mut self, every: Duration) -> Self {
+        self.wait_poll = every;
+        self
+    }
+
+    /// Opens the store and reads the witnesses.
+    ///
+    /// # Errors
+    /// [`Error::Unsupported`] for `isolate(true)` or `trace(true)` in this build;
+    /// [`Error::Store`] when the store cannot be opened; [`Error::Identity`] when a lock file
+    /// given with [`lock`](Self::lock) is missing or unreadable.
+    pub fn build(self) -> Result<Orchestrator<S, E>> {
+        if self.isolate {
+            return Err(Error::Unsupported {
+                what: "isolate(true)".into(),
+                why: "jobs run in-process in this build; isolated processes arrive with the \
+                      executor work (leave isolate off)"
+                    .into(),
+            });
+        }
+        if self.trace {
+            return Err(Error::Unsupported {
+                what: "trace(true)".into(),
+                why: "runtime tracing of entered functions is not implemented; the owned-code \
+                      digest covers the job's whole module selection (leave trace off)"
+                    .into(),
+            });
+        }
+        let lock = match &self.lock {
+            Some(p) if !p.is_file() => {
+                return Err(identity::IdentityError::LockNotFound { path: p.clone() }.into());
+            }
+            Some(p) => Some(p.clone()),
+            None => std::env::current_dir().ok().and_then(|d| identity::find_lock_file(&d)),
+        };
+        let witnesses = Witnesses {
+            cargo_lock: lock.as_deref().map(identity::lock_witness).transpose()?,
+            toolchain: Toolchain::current(),
+            source: self.source.as_deref().map(identity::source_witness),
+        };
+        let store = (self.store)()?;
+        Ok(Orchestrator {
+            store,
+            executor: self.executor,
+            modules: self.modules,
+            force: self.force,
+            witnesses,
+            owned_cache: HashMap::new(),
+            queue: Vec::new(),
+            enqueued: Vec::new(),
+            enqueued_keys: HashSet::new(),
+            on_event: self.on_event,
+            owner: Owner::current(),
+            wait_poll: self.wait_poll,
+        })
+    }
+}
+
+/// Runs a sweep: enqueue runs with [`run`](Self::run), see what would happen with
+/// [`plan`](Self::plan), execute what is not done with [`drain`](Self::drain), read metrics with
+/// [`get`](Self::get).
+///
+/// A run's key is the hash of the job's name, its parameters (canonical JSON) and its owned
+/// code. A run is executed when the store has no result for its key, its last attempt failed or
+/// was interrupted, its recorded witnesses (Cargo.lock, toolchain, source commit) differ, or the
+/// orchestrator is forced; otherwise it is skipped. Several processes may drain one store: each
+/// run executes once.
+pub struct Orchestrator<S: Store = FsStore, E: Executor = MockExecutor> {
+    store: S,
+    #[allow(dead_code)] // used by isolated execution
+    executor: E,
+    modules: Modules,
+    force: bool,
+    witnesses: Witnesses,
+    owned_cache: HashMap<(PathBuf, PathBuf, Modules), Arc<OwnedDigest>>,
+    queue: Vec<PendingRun>,
+    enqueued: Vec<PendingRun>,
+    enqueued_keys: HashSet<Hash>,
+    on_event: Option<EventFn>,
+    owner: Owner,
+    wait_poll: Duration,
+}
+
+impl Orchestrator<FsStore, MockExecutor> {
+    /// A builder with the defaults (see [`OrchestratorBuilder`]).
+    pub fn builder() -> OrchestratorBuilder<FsStore, MockExecutor> {
+        OrchestratorBuilder::new()
+    }
+}
+
+impl<S: Store, E: Executor> Orchestrator<S, E> {
+    /// Enqueues a run of `job` with `params` and returns its key, computed now.
+    ///
+    /// Enqueuing the same key twice keeps one run.
+    ///
+    /// # Errors
+    /// [`Error::Params`] when the parameters cannot be encoded (NaN, infinity, a reserved
+    /// top-level name `step`/`value`/`job_key`, non-scalar map keys), naming the parameter's
+    /// path; [`Error::Identity`] when the job's source files cannot be read.
+    pub fn run<P>(&mut self, job: &Job<P>, params: P) -> Result<Hash>
+    where
+        P: Serialize + DeserializeOwned + Send + Sync + 'static,
+    {
+        let bad = |source| Error::Params { job: job.name().to_string(), source };
+        let canon = identity::canonical_params(&params).map_err(bad)?;
+        if let Some(r) = canon.fields.iter().find(|f| RESERVED_COLUMNS.contains(&f.as_str())) {
+            return Err(bad(ParamError::Reserved { name: r.clone() }));
+        }
+        let owned = self.owned_for(job)?;
+        let key = identity::job_key(job.name(), &canon.json, &owned.digest);
+        if !self.enqueued_keys.insert(key) {
+            if !self.queue.iter().any(|p| p.key == key) {
+                // Enqueued before and drained; enqueue again so a new drain re-checks it.
+                if let Some(p) = self.enqueued.iter().find(|p| p.key == key) {
+                    self.queue.push(p.clone());
+                }
+            }
+            return Ok(key);
+        }
+        let f = job.func();
+        let pending = PendingRun {
+            key,
+            lineage: identity::lineage_key(job.name(), &canon.json),
+            job: job.name().to_string(),
+            params: canon.json,
+            param_order: canon.fields,
+            owned,
+            call: Arc::new(move |run: &mut Run| f(&params, run)),
+        };
+        self.queue.push(pending.clone());
+        self.enqueued.push(pending);
+        Ok(key)
+    }
+
+    fn owned_for<P>(&mut self, job: &Job<P>) -> Result<Arc<OwnedDigest>> {
+        let modules = job.modules().unwrap_or(&self.modules).clone();
+        let k = (job.crate_dir().to_path_buf(), job.file().to_path_buf(), modules);
+        if let Some(d) = self.owned_cache.get(&k) {
+            return Ok(d.clone());
+        }
+        let code = OwnedCode { crate_dir: k.0.clone(), job_file: k.1.clone(), modules: k.2.clone() };
+        let d = Arc::new(identity::owned_digest(&code)?);
+        self.owned_cache.insert(k, d.clone());
+        Ok(d)
+    }
+
+    /// Every run enqueued in this sweep, in enqueue order (one per key).
+    pub fn enqueued(&self) -> &[PendingRun] {
+        &self.enqueued
+    }
+
+    /// The runs the next drain will consider, in enqueue order.
+    pub fn queued(&self) -> &[PendingRun] {
+        &self.queue
+    }
+
+    /// The environment recorded with results made now.
+    pub fn witnesses(&self) -> &Witnesses {
+        &self.witnesses
+    }
+
+    /// The store.
+    pub fn store(&self) -> &S {
+        &self.store
+    }
+
+    /// What a drain would do with `run`, and why. Executes nothing.
+    ///
+    /// # Errors
+    /// [`Error::Store`] when the store cannot be read.
+    pub fn decide(&self, run: &PendingRun) -> Result<JobDecision> {
+        let rec = self.store.record(&run.key)?;
+        self.decide_with(run, rec)
+    }
+
+    fn decide_with(&self, run: &PendingRun, rec: Option<JobRecord>) -> Result<JobDecision> {
+        let mut reasons = Vec::new();
+        let mut action = Action::Run;
+        let mut replaces = None;
+        match &rec {
+            None => match self.store.lineage(&run.lineage)? {
+                Some(prev) if prev != run.key => {
+                    let changed = match self.store.record(&prev)? {
+                        Some(old) => run.owned.changed_files(&old.owned.files),
+                        None => Vec::new(),
+                    };
+                    if changed.is_empty() {
+                        reasons.push("code changed".to_string());
+                    } else {
+                        reasons.push(format!("code changed: {}", changed.join(", ")));
+                    }
+                }
+                _ => reasons.push("no record".to_string()),
+            },
+            Some(r) => match r.status {
+                Status::Done => {
+                    let diffs = self.witnesses.differences(&r.witnesses);
+                    if diffs.is_empty() {
+                        action = Action::Skip;
+                        reasons.push(format!("up to date (attempt {})", r.attempt));
+                    } else {
+                        reasons.extend(diffs);
+                        replaces = Some(r.attempt);
+                    }
+                }
+                Status::Failed => {
+                    let msg = r.error.as_ref().map(|e| e.message.as_str()).unwrap_or("unknown");
+                    reasons.push(format!("last attempt failed: {msg}"));
+                }
+                Status::Running => match self.store.claim_info(&run.key)? {
+                    Some(c) if c.live => {
+                        action = Action::Wait;
+                        reasons.push(format!("running in {}", c.owner));
+                    }
+                    _ => {
+                        let by = r.owner.as_ref().map(|o| o.to_string()).unwrap_or_default();
+                        reasons.push(format!("interrupted: attempt {} by {by} did not finish", r.attempt));
+                    }
+                },
+            },
+        }
+        if self.force && action == Action::Skip {
+            action = Action::Run;
+            reasons = vec!["forced".to_string()];
+            replaces = rec.as_ref().map(|r| r.attempt);
+        }
+        Ok(JobDecision {
+            key: run.key,
+            job: run.job.clone(),
+            params: run.params.clone(),
+            action,
+            reasons,
+            replaces,
+        })
+    }
+
+    /// The decision for every queued run, in enqueue order. Executes nothing.
+    ///
+    /// # Errors
+    /// [`Error::Store`] when the store cannot be read.
+    pub fn plan(&self) -> Result<Plan> {
+        let keys: Vec<Hash> = self.queue.iter().map(|p| p.key).collect();
+        let recs = self.store.records(&keys)?;
+        let decisions = self
+            .queue
+            .iter()
+            .zip(recs)
+            .map(|(p, r)| self.decide_with(p, r))
+            .collect::<Result<Vec<_>>>()?;
+        Ok(Plan { decisions })
+    }
+
+    fn emit(&self, e: Event) {
+        if let Some(f) = &self.on_event {
+            f(&e);
+        }
+    }
+
+    /// Executes every queued run that is not done, in enqueue order, in this process; waits for
+    /// runs other processes hold. Stops at the first failure.
+    ///
+    /// # Errors
+    /// [`RunFailed`] with the summary so far when a job fails (its error text and backtrace are
+    /// recorded in the store; the job is marked failed; later runs stay queued) or when the
+    /// store fails.
+    pub fn drain(&mut self) -> std::result::Result<RunSummary, Box<RunFailed>> {
+        let queue = self.queue.clone();
+        let total = queue.len();
+        let mut outcomes: Vec<Option<Outcome>> = vec![None; total];
+        let mut waiting: Vec<usize> = Vec::new();
+        let fail = |outcomes: &[Option<Outcome>], cause| {
+            Box::new(RunFailed { summary: summary_of(&queue, outcomes), cause })
+        };
+        for (i, p) in queue.iter().enumerate() {
+            let decision = match self.decide(p) {
+                Ok(d) => d,
+                Err(e) => return Err(fail(&outcomes, FailureCause::Store(store_err(e)))),
+            };
+            match decision.action {
+                Action::Skip => {
+                    outcomes[i] = Some(Outcome::Skipped { reasons: decision.reasons.clone() });
+                    self.emit(Event::Skipped { index: i + 1, total, decision });
+                }
+                Action::Wait => waiting.push(i),
+                Action::Run => match self.try_execute(i, total, p, decision) {
+                    Ok(Some(o)) => {
+                        let failed = matches!(o, Outcome::Failed { .. });
+                        outcomes[i] = Some(o);
+                        if failed {
+                            return Err(self.job_failed(&queue, &outcomes, i));
+                        }
+                    }
+                    Ok(None) => waiting.push(i),
+                    Err(e) => return Err(fail(&outcomes, FailureCause::Store(e))),
+                },
+            }
+        }
+        // Runs held by other processes: wait for their result, or take them over if their
+        // holder dies.
+        while !waiting.is_empty() {
+            let mut still = Vec::new();
+            for &i in &waiting {
+                let p = &queue[i];
+                let rec = match self.store.record(&p.key) {
+                    Ok(r) => r,
+                    Err(e) => return Err(fail(&outcomes, FailureCause::Store(e))),
+                };
+                let live = match self.store.claim_info(&p.key) {
+                    Ok(c) => c.filter(|c| c.live),
+                    Err(e) => return Err(fail(&outcomes, FailureCause::Store(e))),
+                };
+                match (rec, live) {
+                    (Some(r), _) if r.status == Status::Done => {
+                        let by = r.owner.map(|o| o.to_string()).unwrap_or_default();
+                        outcomes[i] = Some(Outcome::Skipped { reasons: vec![format!("done by {by}")] });
+                    }
+                    (Some(r), None) if r.status == Status::Failed => {
+                        outcomes[i] = Some(Outcome::Failed {
+                            failure: r.error.unwrap_or_else(|| failure("error", "failed in another process".into(), None)),
+                        });
+                        return Err(self.job_failed(&queue, &outcomes, i));
+                    }
+                    (_, Some(c)) => {
+                        self.emit(Event::Waiting { key: p.key, holder: c.owner.to_string() });
+                        still.push(i);
+                    }
+                    _ => {
+                        let decision = match self.decide(p) {
+                            Ok(d) => d,
+                            Err(e) => return Err(fail(&outcomes, FailureCause::Store(store_err(e)))),
+                        };
+                        match self.try_execute(i, total, p, decision) {
+                            Ok(Some(o)) => {
+                                let failed = matches!(o, Outcome::Failed { .. });
+                                outcomes[i] = Some(o);
+                                if failed {
+                                    return Err(self.job_failed(&queue, &outcomes, i));
+                                }
+                            }
+                            Ok(None) => still.push(i),
+                            Err(e) => return Err(fail(&outcomes, FailureCause::Store(e))),
+                        }
+                    }
+                }
+            }
+            waiting = still;
+            if !waiting.is_empty() {
+                std::thread::sleep(self.wait_poll);
+            }
+        }
+        self.queue.clear();
+        Ok(summary_of(&queue, &outcomes))
+    }
+
+    fn job_failed(&mut self, queue: &[PendingRun], outcomes: &[Option<Outcome>], i: usize) -> Box<RunFailed> {
+        let p = &queue[i];
+        // Keep the failed run and everything not yet done queued, for a later drain.
+        self.queue = queue
+            .iter()
+            .zip(outcomes)
+            .filter(|(_, o)| !matches!(o, Some(Outcome::Ran { .. } | Outcome::Skipped { .. })))
+            .map(|(p, _)| p.clone())
+            .collect();
+        let failure = match &outcomes[i] {
+            Some(Outcome::Failed { failure }) => failure.clone(),
+            _ => failure("error", "unknown failure".into(), None),
+        };
+        let error_file = self
+            .store
+            .artifact_dir(&p.key)
+            .and_then(|d| d.parent().map(|d| d.join("error.txt")))
+            .filter(|p| p.is_file());
+        Box::new(RunFailed {
+            summary: summary_of(queue, outcomes),
+            cause: FailureCause::Job { key: p.key, job: p.job.clone(), failure, error_file },
+        })
+    }
+
+    /// Claims and executes one run. `Ok(None)`: another process holds it.
+    fn try_execute(
+        &self,
+        index: usize,
+        total: usize,
+        p: &PendingRun,
+        decision: JobDecision,
+    ) -> std::result::Result<Option<Outcome>, StoreError> {
+        match self.store.claim(&p.key, &self.owner, decision.replaces)? {
+            ClaimOutcome::Claimed(c) => self.execute(index, total, p, decision, c).map(Some),
+            ClaimOutcome::Busy(_) => Ok(None),
+            ClaimOutcome::Done(r) => {
+                let by = r.owner.map(|o| o.to_string()).unwrap_or_default();
+                Ok(Some(Outcome::Skipped { reasons: vec![format!("done by {by}")] }))
+            }
+        }
+    }
+
+    fn execute(
+        &self,
+        index: usize,
+        total: usize,
+        p: &PendingRun,
+        decision: JobDecision,
+        claim: crate::store::Claim,
+    ) -> std::result::Result<Outcome, StoreError> {
+        let params: serde_json::Value =
+            serde_json::from_str(&p.params).unwrap_or(serde_json::Value::Null);
+        let mut rec = JobRecord {
+            format: FORMAT_VERSION,
+            key: p.key,
+            job: p.job.clone(),
+            params,
+            param_order: p.param_order.clone(),
+            lineage: p.lineage,
+            owned: (*p.owned).clone(),
+            witnesses: self.witnesses.clone(),
+            status: Status::Running,
+            attempt: claim.attempt,
+            owner: Some(self.owner.clone()),
+            started_at: unix_now(),
+            finished_at: None,
+            error: None,
+            metrics: None,
+        };
+        self.store.start(&claim, &rec)?;
+        self.emit(Event::Started { index: index + 1, total, decision });
+        let sink = self.store.metric_sink(&claim)?;
+        let mut run = Run::new(p.key, claim.attempt, sink, self.store.artifact_dir(&p.key));
+        let t0 = Instant::now();
+        let result = self.with_heartbeat(&claim, || panics::catch(|| (p.call)(&mut run)));
+        let seconds = t0.elapsed().as_secs_f64();
+        let mut sink = run.into_sink();
+        sink.sync()?;
+        rec.metrics = Some(sink.summary());
+        rec.finished_at = Some(unix_now());
+        let outcome = match result {
+            Ok(Ok(())) => {
+                rec.status = Status::Done;
+                Outcome::Ran { seconds }
+            }
+            Ok(Err(e)) => {
+                let mut chain = Vec::new();
+                let mut src = e.source();
+                while let Some(s) = src {
+                    chain.push(s.to_string());
+                    src = s.source();
+                }
+                let debug = format!("{e:?}");
+                let bt = (debug.contains("backtrace") || debug.contains("Backtrace")).then_some(debug);
+                let mut f = failure("error", e.to_string(), bt);
+                f.chain = chain;
+                rec.status = Status::Failed;
+                rec.error = Some(f.clone());
+                Outcome::Failed { failure: f }
+            }
+            Err((msg, bt)) => {
+                let f = failure("panic", msg, Some(bt));
+                rec.status = Status::Failed;
+                rec.error = Some(f.clone());
+                Outcome::Failed { failure: f }
+            }
+        };
+        self.store.finish(&claim, &rec)?;
+        match &outcome {
+            Outcome::Ran { seconds } => self.emit(Event::Finished {
+                index: index + 1,
+                total,
+                key: p.key,
+                seconds: *seconds,
+                rows: rec.metrics.as_ref().map(|m| m.rows).unwrap_or(0),
+            }),
+            Outcome::Failed { failure } => {
+                self.emit(Event::Failed { index: index + 1, total, key: p.key, failure: failure.clone() })
+            }
+            _ => {}
+        }
+        Ok(outcome)
+    }
+
+    /// Runs `f` while a thread renews the claim's heartbeat every 10 s.
+    fn with_heartbeat<T>(&self, claim: &crate::store::Claim, f: impl FnOnce() -> T) -> T {
+        let (stop_tx, stop_rx) = mpsc::channel::<()>();
+        std::thread::scope(|s| {
+            s.spawn(move || {
+                while let Err(mpsc::RecvTimeoutError::Timeout) =
+                    stop_rx.recv_timeout(Duration::from_secs(10))
+                {
+                    let _ = self.store.heartbeat(claim);
+                }
+            });
+            let out = f();
+            drop(stop_tx);
+            out
+        })
+    }
+
+    /// Drains, then returns metric `metric` of this sweep's runs as a table
+    /// `[step, value, *params, job_key]`, runs in enqueue order.
+    ///
+    /// # Errors
+    /// [`Error::RunFailed`] when the drain fails; [`Error::Metrics`] with
+    /// [`MetricsError::UnknownMetric`] (naming the metrics that exist) when no run recorded it.
+    pub fn get(&mut self, metric: &str) -> Result<MetricTable> {
+        self.drain()?;
+        let keys: Vec<Hash> = self.enqueued.iter().map(|p| p.key).collect();
+        let recs = self.store.records(&keys)?;
+        let mut jobs = Vec::with_capacity(keys.len());
+        let mut available = std::collections::BTreeSet::new();
+        let mut any = false;
+        for (p, rec) in self.enqueued.iter().zip(&recs) {
+            let Some(rec) = rec else { continue };
+            if let Some(m) = &rec.metrics {
+                available.extend(m.names.iter().cloned());
+                any |= m.names.iter().any(|n| n == metric);
+            }
+            jobs.push(JobRows {
+                key: p.key,
+                params: &rec.params,
+                param_order: &p.param_order,
+                series: self.store.metrics(&p.key, Some(metric))?,
+            });
+        }
+        if !any {
+            return Err(MetricsError::UnknownMetric {
+                metric: metric.to_string(),
+                available: available.into_iter().collect(),
+            }
+            .into());
+        }
+        Ok(build_table(&jobs, false)?)
+    }
+
+    /// Names of the metrics this sweep's finished runs recorded, sorted.
+    ///
+    /// # Errors
+    /// [`Error::Store`].
+    pub fn metrics(&self) -> Result<Vec<String>> {
+        let keys: Vec<Hash> = self.enqueued.iter().map(|p| p.key).collect();
+        let mut names = std::collections::BTreeSet::new();
+        for rec in self.store.records(&keys)?.into_iter().flatten() {
+            if let Some(m) = rec.metrics {
+                names.extend(m.names);
+            }
+        }
+        Ok(names.into_iter().collect())
+    }
+
+    /// The folder of a job's artifacts, where the store has one.
+    pub fn artifact_dir(&self, key: &Hash) -> Option<PathBuf> {
+        self.store.artifact_dir(key)
+    }
+}
+
+fn store_err(e: Error) -> StoreError {
+    match e {
+        Error::Store(s) => s,
+        other => StoreError::Corrupt { path: Path::new("").to_path_buf(), reason: other.to_string() },
+    }
+}
+
+fn failure(kind: &str, message: String, backtrace: Option<String>) -> Failure {
+    Failure { kind: kind.to_string(), message, chain: Vec::new(), backtrace }
+}
+
+fn summary_of(queue: &[PendingRun], outcomes: &[Option<Outcome>]) -> RunSummary {
+    RunSummary {
+        jobs: queue
+            .iter()
+            .zip(outcomes)
+            .map(|(p, o)| JobOutcome {
+                key: p.key,
+                job: p.job.clone(),
+                params: p.params.clone(),
+                outcome: o.clone().unwrap_or(Outcome::Pending),
+            })
+            .collect(),
+    }
+}

@@ -1,0 +1,169 @@
+//! [`RunSummary`] and [`RunFailed`]: what a drain did.
+
+use std::fmt;
+use std::path::PathBuf;
+
+use crate::identity::Hash;
+use crate::store::{Failure, StoreError};
+
+/// What happened to one run in a drain.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Outcome {
+    /// Executed successfully, taking `seconds`.
+    Ran {
+        /// Wall time of the job function, seconds.
+        seconds: f64,
+    },
+    /// Not executed: its recorded result is current (or another process produced it).
+    Skipped {
+        /// Why.
+        reasons: Vec<String>,
+    },
+    /// Executed and failed.
+    Failed {
+        /// The failure as recorded.
+        failure: Failure,
+    },
+    /// Not attempted: the drain stopped at an earlier failure.
+    Pending,
+}
+
+/// One run's line in a [`RunSummary`].
+#[derive(Debug, Clone, PartialEq)]
+pub struct JobOutcome {
+    /// The job key.
+    pub key: Hash,
+    /// The job's name.
+    pub job: String,
+    /// Canonical JSON parameters.
+    pub params: String,
+    /// What happened.
+    pub outcome: Outcome,
+}
+
+/// What a drain did, one entry per distinct queued run in enqueue order.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct RunSummary {
+    /// The runs.
+    pub jobs: Vec<JobOutcome>,
+}
+
+impl RunSummary {
+    /// Runs executed successfully.
+    pub fn ran(&self) -> usize {
+        self.jobs.iter().filter(|j| matches!(j.outcome, Outcome::Ran { .. })).count()
+    }
+
+    /// Runs skipped.
+    pub fn skipped(&self) -> usize {
+        self.jobs.iter().filter(|j| matches!(j.outcome, Outcome::Skipped { .. })).count()
+    }
+
+    /// Runs that failed (0 or 1: a drain stops at the first failure).
+    pub fn failed(&self) -> usize {
+        self.jobs.iter().filter(|j| matches!(j.outcome, Outcome::Failed { .. })).count()
+    }
+
+    /// Runs not attempted because the drain stopped.
+    pub fn pending(&self) -> usize {
+        self.jobs.iter().filter(|j| matches!(j.outcome, Outcome::Pending)).count()
+    }
+
+    /// A line per run (`ran`/`skip`/`FAIL`/`pending`, key, job, params, detail), then totals.
+    pub fn report(&self) -> String {
+        let mut out = String::new();
+        for j in &self.jobs {
+            let (tag, detail) = match &j.outcome {
+                Outcome::Ran { seconds } => ("ran ", format!("{seconds:.2}s")),
+                Outcome::Skipped { reasons } => ("skip", reasons.join("; ")),
+                Outcome::Failed { failure } => ("FAIL", format!("{}: {}", failure.kind, failure.message)),
+                Outcome::Pending => ("pend", "not attempted (drain stopped)".to_string()),
+            };
+            out.push_str(&format!("{tag}  {}  {}  {}  {detail}\n", j.key.short(), j.job, j.params));
+        }
+        out.push_str(&self.totals());
+        out
+    }
+
+    /// `N ran, N skipped, N failed, N pending`.
+    pub fn totals(&self) -> String {
+        format!(
+            "{} ran, {} skipped, {} failed, {} pending",
+            self.ran(),
+            self.skipped(),
+            self.failed(),
+            self.pending()
+        )
+    }
+}
+
+impl fmt::Display for RunSummary {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.report())
+    }
+}
+
+/// Why a drain stopped.
+#[derive(Debug)]
+#[non_exhaustive]
+pub enum FailureCause {
+    /// A job failed (returned an error or panicked), here or in another process.
+    Job {
+        /// The failing job.
+        key: Hash,
+        /// Its name.
+        job: String,
+        /// The recorded failure.
+        failure: Failure,
+        /// Where the failure text is saved, when the store has files.
+        error_file: Option<PathBuf>,
+    },
+    /// The store failed; no job result was lost.
+    Store(StoreError),
+}
+
+/// A drain that stopped: at the first failing job, or on a store error. Carries the summary so
+/// far; later runs are [`Outcome::Pending`].
+#[derive(Debug)]
+pub struct RunFailed {
+    /// What the drain did up to the failure.
+    pub summary: RunSummary,
+    /// What stopped it.
+    pub cause: FailureCause,
+}
+
+impl RunFailed {
+    /// Whether draining again may succeed without changing anything: store I/O errors.
+    /// A failed job is retried by the next drain ("last attempt failed"), but it is likely to
+    /// fail again until its code or parameters change.
+    pub fn is_retryable(&self) -> bool {
+        matches!(&self.cause, FailureCause::Store(e) if e.is_retryable())
+    }
+}
+
+impl fmt::Display for RunFailed {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match &self.cause {
+            FailureCause::Job { key, job, failure, error_file } => {
+                write!(f, "job {job} ({}) failed: {}: {}", key.short(), failure.kind, failure.message)?;
+                for c in &failure.chain {
+                    write!(f, "\n  caused by: {c}")?;
+                }
+                if let Some(p) = error_file {
+                    write!(f, "\n  details: {}", p.display())?;
+                }
+            }
+            FailureCause::Store(e) => write!(f, "drain stopped by a store error: {e}")?,
+        }
+        write!(f, "\n  {}", self.summary.totals())
+    }
+}
+
+impl std::error::Error for RunFailed {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        match &self.cause {
+            FailureCause::Store(e) => Some(e),
+            FailureCause::Job { .. } => None,
+        }
+    }
+}
