@@ -3,7 +3,7 @@
 //! An [`Executor`] takes an [`AttemptSpec`] (a [`CommandSpec`] argv, a [`TaskTopology`], limits)
 //! and runs it somewhere: [`MockExecutor`] (scripted, virtual clock, for tests of controller
 //! logic), [`LocalExecutor`] (processes on this machine), `SlurmExecutor` (batch jobs, feature
-//! `slurm`), or your own. The trait is object-safe, so `Box<dyn Executor>` works and controllers
+//! `slurm`, on by default), or your own. The trait is object-safe, so `Box<dyn Executor>` works and controllers
 //! can be written once for all of them.
 //!
 //! The contract every executor keeps (checked by the [`conformance`] suite, feature
@@ -67,6 +67,8 @@ mod error;
 mod handle;
 pub mod local;
 pub mod mock;
+#[cfg(feature = "slurm")]
+pub mod slurm;
 mod spec;
 mod status;
 
@@ -83,6 +85,8 @@ pub use handle::JobHandle;
 pub(crate) use handle::now_ms;
 pub use local::{LocalExecutor, LocalExecutorBuilder};
 pub use mock::{MockCall, MockClock, MockExecutor, MockScript, MockSubmitError};
+#[cfg(feature = "slurm")]
+pub use slurm::{PollPolicy, RetryPolicy, SlurmExecutor, SlurmExecutorBuilder, SlurmStats};
 pub use spec::{
     ARRAY_INDEX_ENV, ATTEMPT_ID_ENV, ArraySpec, AttemptId, AttemptSpec, CommandSpec, GpuRequest,
     MAX_ATTEMPT_ID_LEN, SchedulerOptions, TaskLauncher, TaskTopology,

@@ -3,8 +3,8 @@
 
 mod table;
 
-pub use table::{MetricTable, RESERVED_COLUMNS};
 pub(crate) use table::{JobRows, build_table};
+pub use table::{MetricTable, RESERVED_COLUMNS};
 
 use std::path::PathBuf;
 
@@ -84,7 +84,10 @@ pub fn collect(store: &dyn Store) -> Result<MetricTable, MetricsError> {
         .filter(|r| r.status == Status::Done)
         .collect();
     recs.sort_by(|a, b| {
-        a.finished_at.unwrap_or(0.0).total_cmp(&b.finished_at.unwrap_or(0.0)).then(a.key.cmp(&b.key))
+        a.finished_at
+            .unwrap_or(0.0)
+            .total_cmp(&b.finished_at.unwrap_or(0.0))
+            .then(a.key.cmp(&b.key))
     });
     let mut jobs = Vec::with_capacity(recs.len());
     for r in &recs {
@@ -116,27 +119,64 @@ mod tests {
     fn column_types_follow_parameter_types() {
         let p1 = json!({"lr": 0.1, "hidden": 16, "name": "a", "bn": true, "opt": {"b": [1, 2]}, "mixed": 1});
         let p2 = json!({"lr": 1, "hidden": 32, "name": "b", "bn": false, "opt": {"b": []}, "mixed": "x"});
-        let order: Vec<String> = ["lr", "hidden", "name", "bn", "opt", "mixed"].map(String::from).to_vec();
+        let order: Vec<String> = ["lr", "hidden", "name", "bn", "opt", "mixed"]
+            .map(String::from)
+            .to_vec();
         let jobs = [
-            JobRows { key: Hash::of("1"), params: &p1, param_order: &order, series: series(&[(0, 1.0), (1, 0.5)]) },
-            JobRows { key: Hash::of("2"), params: &p2, param_order: &order, series: series(&[(0, 2.0)]) },
+            JobRows {
+                key: Hash::of("1"),
+                params: &p1,
+                param_order: &order,
+                series: series(&[(0, 1.0), (1, 0.5)]),
+            },
+            JobRows {
+                key: Hash::of("2"),
+                params: &p2,
+                param_order: &order,
+                series: series(&[(0, 2.0)]),
+            },
         ];
         let t = build_table(&jobs, false).unwrap();
-        assert_eq!(t.column_names(), ["step", "value", "lr", "hidden", "name", "bn", "opt", "mixed", "job_key"]);
-        let types: Vec<String> = t.batch().schema().fields().iter().map(|f| f.data_type().to_string()).collect();
-        assert_eq!(types, ["Int64", "Float64", "Float64", "Int64", "Utf8", "Boolean", "Utf8", "Utf8", "Utf8"]);
+        assert_eq!(
+            t.column_names(),
+            [
+                "step", "value", "lr", "hidden", "name", "bn", "opt", "mixed", "job_key"
+            ]
+        );
+        let types: Vec<String> = t
+            .batch()
+            .schema()
+            .fields()
+            .iter()
+            .map(|f| f.data_type().to_string())
+            .collect();
+        assert_eq!(
+            types,
+            [
+                "Int64", "Float64", "Float64", "Int64", "Utf8", "Boolean", "Utf8", "Utf8", "Utf8"
+            ]
+        );
         assert_eq!(t.num_rows(), 3);
         assert_eq!(t.steps(), [0, 1, 0]);
         assert_eq!(t.values(), [1.0, 0.5, 2.0]);
         assert_eq!(t.f64s("lr").unwrap(), [Some(0.1), Some(0.1), Some(1.0)]);
         assert_eq!(t.i64s("hidden").unwrap(), [16, 16, 32]);
-        assert_eq!(t.strings("opt").unwrap()[0].as_deref(), Some(r#"{"b":[1,2]}"#));
-        assert_eq!(t.strings("mixed").unwrap(), [Some("1".into()), Some("1".into()), Some("\"x\"".into())]);
+        assert_eq!(
+            t.strings("opt").unwrap()[0].as_deref(),
+            Some(r#"{"b":[1,2]}"#)
+        );
+        assert_eq!(
+            t.strings("mixed").unwrap(),
+            [Some("1".into()), Some("1".into()), Some("\"x\"".into())]
+        );
         assert_eq!(t.job_keys(), [Hash::of("1"), Hash::of("1"), Hash::of("2")]);
         let csv = t.to_csv();
         assert!(csv.starts_with("step,value,lr,hidden,name,bn,opt,mixed,job_key\n0,1,0.1,16,a,true,\"{\"\"b\"\":[1,2]}\",1,"), "{csv}");
         let shown = t.to_string();
-        assert!(shown.contains("(3 rows)") && shown.lines().next().unwrap().starts_with("step"), "{shown}");
+        assert!(
+            shown.contains("(3 rows)") && shown.lines().next().unwrap().starts_with("step"),
+            "{shown}"
+        );
     }
 
     #[test]
@@ -144,14 +184,29 @@ mod tests {
         let p1 = json!({"a": 1});
         let p2 = json!({"b": "x"});
         let jobs = [
-            JobRows { key: Hash::of("1"), params: &p1, param_order: &[], series: series(&[(0, 1.0)]) },
-            JobRows { key: Hash::of("2"), params: &p2, param_order: &[], series: series(&[(0, 1.0)]) },
+            JobRows {
+                key: Hash::of("1"),
+                params: &p1,
+                param_order: &[],
+                series: series(&[(0, 1.0)]),
+            },
+            JobRows {
+                key: Hash::of("2"),
+                params: &p2,
+                param_order: &[],
+                series: series(&[(0, 1.0)]),
+            },
         ];
         let t = build_table(&jobs, false).unwrap();
         let a = t.column("a").unwrap();
         assert!(a.is_null(1) && !a.is_null(0));
         let bad = json!({"step": 1});
-        let jobs = [JobRows { key: Hash::of("1"), params: &bad, param_order: &[], series: series(&[]) }];
+        let jobs = [JobRows {
+            key: Hash::of("1"),
+            params: &bad,
+            param_order: &[],
+            series: series(&[]),
+        }];
         let e = build_table(&jobs, false).unwrap_err();
         assert!(e.to_string().contains("parameter named `step`"), "{e}");
     }

@@ -58,7 +58,12 @@ impl MetricTable {
 
     /// Column names, in order.
     pub fn column_names(&self) -> Vec<String> {
-        self.batch.schema().fields().iter().map(|f| f.name().clone()).collect()
+        self.batch
+            .schema()
+            .fields()
+            .iter()
+            .map(|f| f.name().clone())
+            .collect()
     }
 
     /// A column by name.
@@ -73,7 +78,11 @@ impl MetricTable {
 
     /// The `value` column.
     pub fn values(&self) -> Vec<f64> {
-        self.f64s("value").unwrap_or_default().into_iter().map(|v| v.unwrap_or(f64::NAN)).collect()
+        self.f64s("value")
+            .unwrap_or_default()
+            .into_iter()
+            .map(|v| v.unwrap_or(f64::NAN))
+            .collect()
     }
 
     /// The `job_key` column, parsed.
@@ -88,19 +97,31 @@ impl MetricTable {
     /// An `Int64` column as values (`None` when absent or of another type; nulls read as 0).
     pub fn i64s(&self, name: &str) -> Option<Vec<i64>> {
         let a = self.column(name)?.as_primitive_opt::<Int64Type>()?;
-        Some((0..a.len()).map(|i| if a.is_null(i) { 0 } else { a.value(i) }).collect())
+        Some(
+            (0..a.len())
+                .map(|i| if a.is_null(i) { 0 } else { a.value(i) })
+                .collect(),
+        )
     }
 
     /// A `Float64` column (`None` when absent or of another type).
     pub fn f64s(&self, name: &str) -> Option<Vec<Option<f64>>> {
         let a = self.column(name)?.as_primitive_opt::<Float64Type>()?;
-        Some((0..a.len()).map(|i| (!a.is_null(i)).then(|| a.value(i))).collect())
+        Some(
+            (0..a.len())
+                .map(|i| (!a.is_null(i)).then(|| a.value(i)))
+                .collect(),
+        )
     }
 
     /// A `Utf8` column (`None` when absent or of another type).
     pub fn strings(&self, name: &str) -> Option<Vec<Option<String>>> {
         let a = self.column(name)?.as_string_opt::<i32>()?;
-        Some((0..a.len()).map(|i| (!a.is_null(i)).then(|| a.value(i).to_string())).collect())
+        Some(
+            (0..a.len())
+                .map(|i| (!a.is_null(i)).then(|| a.value(i).to_string()))
+                .collect(),
+        )
     }
 
     /// The text of one cell, as CSV and `Display` show it (empty for null).
@@ -119,17 +140,22 @@ impl MetricTable {
         use parquet::basic::Compression;
         use parquet::file::properties::WriterProperties;
         let path = path.as_ref();
-        let props = WriterProperties::builder().set_compression(Compression::SNAPPY).build();
+        let props = WriterProperties::builder()
+            .set_compression(Compression::SNAPPY)
+            .build();
         let mut buf = Vec::new();
         let perr = |e: parquet::errors::ParquetError| MetricsError::Parquet {
             path: path.to_path_buf(),
             message: e.to_string(),
         };
-        let mut w = ArrowWriter::try_new(&mut buf, self.batch.schema(), Some(props)).map_err(perr)?;
+        let mut w =
+            ArrowWriter::try_new(&mut buf, self.batch.schema(), Some(props)).map_err(perr)?;
         w.write(&self.batch).map_err(perr)?;
         w.close().map_err(perr)?;
-        crate::fsutil::atomic_write(path, &buf)
-            .map_err(|e| MetricsError::Io { path: path.to_path_buf(), source: e })
+        crate::fsutil::atomic_write(path, &buf).map_err(|e| MetricsError::Io {
+            path: path.to_path_buf(),
+            source: e,
+        })
     }
 
     /// The table as CSV text (RFC 4180 quoting; a header row; nulls empty).
@@ -150,8 +176,10 @@ impl MetricTable {
     /// [`MetricsError::Io`].
     pub fn write_csv(&self, path: impl AsRef<Path>) -> Result<(), MetricsError> {
         let path = path.as_ref();
-        crate::fsutil::atomic_write(path, self.to_csv().as_bytes())
-            .map_err(|e| MetricsError::Io { path: path.to_path_buf(), source: e })
+        crate::fsutil::atomic_write(path, self.to_csv().as_bytes()).map_err(|e| MetricsError::Io {
+            path: path.to_path_buf(),
+            source: e,
+        })
     }
 }
 
@@ -173,11 +201,18 @@ impl fmt::Display for MetricTable {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let names = self.column_names();
         let n = self.num_rows();
-        let rows: Vec<usize> =
-            if n <= 20 { (0..n).collect() } else { (0..10).chain(n - 10..n).collect() };
+        let rows: Vec<usize> = if n <= 20 {
+            (0..n).collect()
+        } else {
+            (0..10).chain(n - 10..n).collect()
+        };
         let short = |c: usize, r: usize| {
             let t = self.cell(c, r);
-            if names[c] == "job_key" && t.len() > 12 { t[..12].to_string() } else { t }
+            if names[c] == "job_key" && t.len() > 12 {
+                t[..12].to_string()
+            } else {
+                t
+            }
         };
         let mut width: Vec<usize> = names.iter().map(|s| s.chars().count()).collect();
         for &r in &rows {
@@ -186,8 +221,11 @@ impl fmt::Display for MetricTable {
             }
         }
         let line = |f: &mut fmt::Formatter<'_>, cells: Vec<String>| -> fmt::Result {
-            let parts: Vec<String> =
-                cells.iter().zip(&width).map(|(s, w)| format!("{s:<w$}", w = *w)).collect();
+            let parts: Vec<String> = cells
+                .iter()
+                .zip(&width)
+                .map(|(s, w)| format!("{s:<w$}", w = *w))
+                .collect();
             writeln!(f, "{}", parts.join("  ").trim_end())
         };
         line(f, names.clone())?;
@@ -275,7 +313,10 @@ pub(crate) fn build_table(
         }
         for (name, v) in ordered {
             if RESERVED_COLUMNS.contains(&name) || (metric_column && name == "metric") {
-                return Err(MetricsError::ReservedParameter { name: name.to_string(), job_key: j.key });
+                return Err(MetricsError::ReservedParameter {
+                    name: name.to_string(),
+                    job_key: j.key,
+                });
             }
             match cols.iter_mut().find(|(n, _)| n == name) {
                 Some((_, k)) => *k = unify(*k, kind_of(v)),
@@ -308,7 +349,10 @@ pub(crate) fn build_table(
     arrays.push(Arc::new(values.finish()));
     for (name, kind) in &cols {
         let get = |j: &JobRows<'_>| -> Option<Value> {
-            top_level(j.params).into_iter().find(|(k, _)| k == name).map(|(_, v)| v.clone())
+            top_level(j.params)
+                .into_iter()
+                .find(|(k, _)| k == name)
+                .map(|(_, v)| v.clone())
         };
         let (dt, array): (DataType, ArrayRef) = match kind {
             Kind::Int => {
@@ -364,8 +408,11 @@ pub(crate) fn build_table(
     }
     fields.push(Field::new("job_key", DataType::Utf8, false));
     arrays.push(Arc::new(keys.finish()));
-    let batch = RecordBatch::try_new(Arc::new(Schema::new(fields)), arrays)
-        .map_err(|e| MetricsError::Arrow { message: e.to_string() })?;
+    let batch = RecordBatch::try_new(Arc::new(Schema::new(fields)), arrays).map_err(|e| {
+        MetricsError::Arrow {
+            message: e.to_string(),
+        }
+    })?;
     Ok(MetricTable { batch })
 }
 

@@ -180,9 +180,14 @@ pub fn lifecycle_done(store: &dyn Store) {
         ClaimOutcome::Done(r) => assert_eq!(r.status, Status::Done),
         other => panic!("a done job must not be claimed again, got {other:?}"),
     }
-    match store.claim(&k, &Owner::current(), Some(c.attempt + 1)).unwrap() {
+    match store
+        .claim(&k, &Owner::current(), Some(c.attempt + 1))
+        .unwrap()
+    {
         ClaimOutcome::Done(_) => {}
-        other => panic!("replacing an attempt that is not the done one must give Done, got {other:?}"),
+        other => {
+            panic!("replacing an attempt that is not the done one must give Done, got {other:?}")
+        }
     }
     // Re-run in place: the done attempt is claimed once, as the next attempt.
     let again = match store.claim(&k, &Owner::current(), Some(c.attempt)).unwrap() {
@@ -190,8 +195,15 @@ pub fn lifecycle_done(store: &dyn Store) {
         other => panic!("replacing the done attempt must claim it, got {other:?}"),
     };
     assert_eq!(again.attempt, c.attempt + 1);
-    assert_eq!(store.record(&k).unwrap().unwrap().status, Status::Done, "the old result stays readable during the re-run");
-    assert!(matches!(store.claim(&k, &Owner::current(), Some(c.attempt)).unwrap(), ClaimOutcome::Busy(_)));
+    assert_eq!(
+        store.record(&k).unwrap().unwrap().status,
+        Status::Done,
+        "the old result stays readable during the re-run"
+    );
+    assert!(matches!(
+        store.claim(&k, &Owner::current(), Some(c.attempt)).unwrap(),
+        ClaimOutcome::Busy(_)
+    ));
 }
 
 /// A failed job is claimed again with the next attempt number.

@@ -65,7 +65,11 @@ pub enum Event {
 impl fmt::Display for Event {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
-            Event::Started { index, total, decision } => write!(
+            Event::Started {
+                index,
+                total,
+                decision,
+            } => write!(
                 f,
                 "[{index}/{total}] run   {} {} {} ({})",
                 decision.key.short(),
@@ -73,13 +77,38 @@ impl fmt::Display for Event {
                 decision.params,
                 decision.reasons.join("; ")
             ),
-            Event::Finished { index, total, key, seconds, rows } => {
-                write!(f, "[{index}/{total}] done  {} in {seconds:.2}s, {rows} metric rows", key.short())
+            Event::Finished {
+                index,
+                total,
+                key,
+                seconds,
+                rows,
+            } => {
+                write!(
+                    f,
+                    "[{index}/{total}] done  {} in {seconds:.2}s, {rows} metric rows",
+                    key.short()
+                )
             }
-            Event::Failed { index, total, key, failure } => {
-                write!(f, "[{index}/{total}] FAIL  {} {}: {}", key.short(), failure.kind, failure.message)
+            Event::Failed {
+                index,
+                total,
+                key,
+                failure,
+            } => {
+                write!(
+                    f,
+                    "[{index}/{total}] FAIL  {} {}: {}",
+                    key.short(),
+                    failure.kind,
+                    failure.message
+                )
             }
-            Event::Skipped { index, total, decision } => write!(
+            Event::Skipped {
+                index,
+                total,
+                decision,
+            } => write!(
                 f,
                 "[{index}/{total}] skip  {} {} ({})",
                 decision.key.short(),

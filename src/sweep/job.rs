@@ -53,7 +53,10 @@ impl<P> Clone for Job<P> {
 
 impl<P> std::fmt::Debug for Job<P> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Job").field("name", &self.name).field("file", &self.file).finish()
+        f.debug_struct("Job")
+            .field("name", &self.name)
+            .field("file", &self.file)
+            .finish()
     }
 }
 

@@ -210,7 +210,9 @@ impl<S: Store + 'static, E: Executor> OrchestratorBuilder<S, E> {
                 return Err(identity::IdentityError::LockNotFound { path: p.clone() }.into());
             }
             Some(p) => Some(p.clone()),
-            None => std::env::current_dir().ok().and_then(|d| identity::find_lock_file(&d)),
+            None => std::env::current_dir()
+                .ok()
+                .and_then(|d| identity::find_lock_file(&d)),
         };
         let witnesses = Witnesses {
             cargo_lock: lock.as_deref().map(identity::lock_witness).transpose()?,
@@ -280,9 +282,16 @@ impl<S: Store, E: Executor> Orchestrator<S, E> {
     where
         P: Serialize + DeserializeOwned + Send + Sync + 'static,
     {
-        let bad = |source| Error::Params { job: job.name().to_string(), source };
+        let bad = |source| Error::Params {
+            job: job.name().to_string(),
+            source,
+        };
         let canon = identity::canonical_params(&params).map_err(bad)?;
-        if let Some(r) = canon.fields.iter().find(|f| RESERVED_COLUMNS.contains(&f.as_str())) {
+        if let Some(r) = canon
+            .fields
+            .iter()
+            .find(|f| RESERVED_COLUMNS.contains(&f.as_str()))
+        {
             return Err(bad(ParamError::Reserved { name: r.clone() }));
         }
         let owned = self.owned_for(job)?;
@@ -313,11 +322,19 @@ impl<S: Store, E: Executor> Orchestrator<S, E> {
 
     fn owned_for<P>(&mut self, job: &Job<P>) -> Result<Arc<OwnedDigest>> {
         let modules = job.modules().unwrap_or(&self.modules).clone();
-        let k = (job.crate_dir().to_path_buf(), job.file().to_path_buf(), modules);
+        let k = (
+            job.crate_dir().to_path_buf(),
+            job.file().to_path_buf(),
+            modules,
+        );
         if let Some(d) = self.owned_cache.get(&k) {
             return Ok(d.clone());
         }
-        let code = OwnedCode { crate_dir: k.0.clone(), job_file: k.1.clone(), modules: k.2.clone() };
+        let code = OwnedCode {
+            crate_dir: k.0.clone(),
+            job_file: k.1.clone(),
+            modules: k.2.clone(),
+        };
         let d = Arc::new(identity::owned_digest(&code)?);
         self.owned_cache.insert(k, d.clone());
         Ok(d)
@@ -383,7 +400,11 @@ impl<S: Store, E: Executor> Orchestrator<S, E> {
                     }
                 }
                 Status::Failed => {
-                    let msg = r.error.as_ref().map(|e| e.message.as_str()).unwrap_or("unknown");
+                    let msg = r
+                        .error
+                        .as_ref()
+                        .map(|e| e.message.as_str())
+                        .unwrap_or("unknown");
                     reasons.push(format!("last attempt failed: {msg}"));
                 }
                 Status::Running => match self.store.claim_info(&run.key)? {
@@ -393,7 +414,10 @@ impl<S: Store, E: Executor> Orchestrator<S, E> {
                     }
                     _ => {
                         let by = r.owner.as_ref().map(|o| o.to_string()).unwrap_or_default();
-                        reasons.push(format!("interrupted: attempt {} by {by} did not finish", r.attempt));
+                        reasons.push(format!(
+                            "interrupted: attempt {} by {by} did not finish",
+                            r.attempt
+                        ));
                     }
                 },
             },
@@ -448,7 +472,10 @@ impl<S: Store, E: Executor> Orchestrator<S, E> {
         let mut outcomes: Vec<Option<Outcome>> = vec![None; total];
         let mut waiting: Vec<usize> = Vec::new();
         let fail = |outcomes: &[Option<Outcome>], cause| {
-            Box::new(RunFailed { summary: summary_of(&queue, outcomes), cause })
+            Box::new(RunFailed {
+                summary: summary_of(&queue, outcomes),
+                cause,
+            })
         };
         for (i, p) in queue.iter().enumerate() {
             let decision = match self.decide(p) {
@@ -457,8 +484,14 @@ impl<S: Store, E: Executor> Orchestrator<S, E> {
             };
             match decision.action {
                 Action::Skip => {
-                    outcomes[i] = Some(Outcome::Skipped { reasons: decision.reasons.clone() });
-                    self.emit(Event::Skipped { index: i + 1, total, decision });
+                    outcomes[i] = Some(Outcome::Skipped {
+                        reasons: decision.reasons.clone(),
+                    });
+                    self.emit(Event::Skipped {
+                        index: i + 1,
+                        total,
+                        decision,
+                    });
                 }
                 Action::Wait => waiting.push(i),
                 Action::Run => match self.try_execute(i, total, p, decision) {
@@ -491,22 +524,31 @@ impl<S: Store, E: Executor> Orchestrator<S, E> {
                 match (rec, live) {
                     (Some(r), _) if r.status == Status::Done => {
                         let by = r.owner.map(|o| o.to_string()).unwrap_or_default();
-                        outcomes[i] = Some(Outcome::Skipped { reasons: vec![format!("done by {by}")] });
+                        outcomes[i] = Some(Outcome::Skipped {
+                            reasons: vec![format!("done by {by}")],
+                        });
                     }
                     (Some(r), None) if r.status == Status::Failed => {
                         outcomes[i] = Some(Outcome::Failed {
-                            failure: r.error.unwrap_or_else(|| failure("error", "failed in another process".into(), None)),
+                            failure: r.error.unwrap_or_else(|| {
+                                failure("error", "failed in another process".into(), None)
+                            }),
                         });
                         return Err(self.job_failed(&queue, &outcomes, i));
                     }
                     (_, Some(c)) => {
-                        self.emit(Event::Waiting { key: p.key, holder: c.owner.to_string() });
+                        self.emit(Event::Waiting {
+                            key: p.key,
+                            holder: c.owner.to_string(),
+                        });
                         still.push(i);
                     }
                     _ => {
                         let decision = match self.decide(p) {
                             Ok(d) => d,
-                            Err(e) => return Err(fail(&outcomes, FailureCause::Store(store_err(e)))),
+                            Err(e) => {
+                                return Err(fail(&outcomes, FailureCause::Store(store_err(e))));
+                            }
                         };
                         match self.try_execute(i, total, p, decision) {
                             Ok(Some(o)) => {
@@ -531,7 +573,12 @@ impl<S: Store, E: Executor> Orchestrator<S, E> {
         Ok(summary_of(&queue, &outcomes))
     }
 
-    fn job_failed(&mut self, queue: &[PendingRun], outcomes: &[Option<Outcome>], i: usize) -> Box<RunFailed> {
+    fn job_failed(
+        &mut self,
+        queue: &[PendingRun],
+        outcomes: &[Option<Outcome>],
+        i: usize,
+    ) -> Box<RunFailed> {
         let p = &queue[i];
         // Keep the failed run and everything not yet done queued, for a later drain.
         self.queue = queue
@@ -551,7 +598,12 @@ impl<S: Store, E: Executor> Orchestrator<S, E> {
             .filter(|p| p.is_file());
         Box::new(RunFailed {
             summary: summary_of(queue, outcomes),
-            cause: FailureCause::Job { key: p.key, job: p.job.clone(), failure, error_file },
+            cause: FailureCause::Job {
+                key: p.key,
+                job: p.job.clone(),
+                failure,
+                error_file,
+            },
         })
     }
 
@@ -568,7 +620,9 @@ impl<S: Store, E: Executor> Orchestrator<S, E> {
             ClaimOutcome::Busy(_) => Ok(None),
             ClaimOutcome::Done(r) => {
                 let by = r.owner.map(|o| o.to_string()).unwrap_or_default();
-                Ok(Some(Outcome::Skipped { reasons: vec![format!("done by {by}")] }))
+                Ok(Some(Outcome::Skipped {
+                    reasons: vec![format!("done by {by}")],
+                }))
             }
         }
     }
@@ -601,7 +655,11 @@ impl<S: Store, E: Executor> Orchestrator<S, E> {
             metrics: None,
         };
         self.store.start(&claim, &rec)?;
-        self.emit(Event::Started { index: index + 1, total, decision });
+        self.emit(Event::Started {
+            index: index + 1,
+            total,
+            decision,
+        });
         let sink = self.store.metric_sink(&claim)?;
         let mut run = Run::new(p.key, claim.attempt, sink, self.store.artifact_dir(&p.key));
         let t0 = Instant::now();
@@ -624,7 +682,8 @@ impl<S: Store, E: Executor> Orchestrator<S, E> {
                     src = s.source();
                 }
                 let debug = format!("{e:?}");
-                let bt = (debug.contains("backtrace") || debug.contains("Backtrace")).then_some(debug);
+                let bt =
+                    (debug.contains("backtrace") || debug.contains("Backtrace")).then_some(debug);
                 let mut f = failure("error", e.to_string(), bt);
                 f.chain = chain;
                 rec.status = Status::Failed;
@@ -647,9 +706,12 @@ impl<S: Store, E: Executor> Orchestrator<S, E> {
                 seconds: *seconds,
                 rows: rec.metrics.as_ref().map(|m| m.rows).unwrap_or(0),
             }),
-            Outcome::Failed { failure } => {
-                self.emit(Event::Failed { index: index + 1, total, key: p.key, failure: failure.clone() })
-            }
+            Outcome::Failed { failure } => self.emit(Event::Failed {
+                index: index + 1,
+                total,
+                key: p.key,
+                failure: failure.clone(),
+            }),
             _ => {}
         }
         Ok(outcome)
@@ -732,12 +794,20 @@ impl<S: Store, E: Executor> Orchestrator<S, E> {
 fn store_err(e: Error) -> StoreError {
     match e {
         Error::Store(s) => s,
-        other => StoreError::Corrupt { path: Path::new("").to_path_buf(), reason: other.to_string() },
+        other => StoreError::Corrupt {
+            path: Path::new("").to_path_buf(),
+            reason: other.to_string(),
+        },
     }
 }
 
 fn failure(kind: &str, message: String, backtrace: Option<String>) -> Failure {
-    Failure { kind: kind.to_string(), message, chain: Vec::new(), backtrace }
+    Failure {
+        kind: kind.to_string(),
+        message,
+        chain: Vec::new(),
+        backtrace,
+    }
 }
 
 fn summary_of(queue: &[PendingRun], outcomes: &[Option<Outcome>]) -> RunSummary {

@@ -25,8 +25,14 @@ fn install_hook() {
                         } else {
                             "panic with a non-string payload".to_string()
                         };
-                        let loc = info.location().map(|l| format!(" at {l}")).unwrap_or_default();
-                        *slot = Some((format!("{msg}{loc}"), Backtrace::force_capture().to_string()));
+                        let loc = info
+                            .location()
+                            .map(|l| format!(" at {l}"))
+                            .unwrap_or_default();
+                        *slot = Some((
+                            format!("{msg}{loc}"),
+                            Backtrace::force_capture().to_string(),
+                        ));
                         true
                     }
                     None => false,

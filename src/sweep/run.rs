@@ -15,7 +15,10 @@ pub struct Run {
 
 impl std::fmt::Debug for Run {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Run").field("key", &self.key).field("attempt", &self.attempt).finish()
+        f.debug_struct("Run")
+            .field("key", &self.key)
+            .field("attempt", &self.attempt)
+            .finish()
     }
 }
 
@@ -26,7 +29,12 @@ impl Run {
         sink: Box<dyn MetricSink>,
         artifact_dir: Option<PathBuf>,
     ) -> Self {
-        Self { key, attempt, sink, artifact_dir }
+        Self {
+            key,
+            attempt,
+            sink,
+            artifact_dir,
+        }
     }
 
     /// Logs `value` of metric `name` at `step`. The row is durable when this returns: a crash of

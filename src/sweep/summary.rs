@@ -51,22 +51,34 @@ pub struct RunSummary {
 impl RunSummary {
     /// Runs executed successfully.
     pub fn ran(&self) -> usize {
-        self.jobs.iter().filter(|j| matches!(j.outcome, Outcome::Ran { .. })).count()
+        self.jobs
+            .iter()
+            .filter(|j| matches!(j.outcome, Outcome::Ran { .. }))
+            .count()
     }
 
     /// Runs skipped.
     pub fn skipped(&self) -> usize {
-        self.jobs.iter().filter(|j| matches!(j.outcome, Outcome::Skipped { .. })).count()
+        self.jobs
+            .iter()
+            .filter(|j| matches!(j.outcome, Outcome::Skipped { .. }))
+            .count()
     }
 
     /// Runs that failed (0 or 1: a drain stops at the first failure).
     pub fn failed(&self) -> usize {
-        self.jobs.iter().filter(|j| matches!(j.outcome, Outcome::Failed { .. })).count()
+        self.jobs
+            .iter()
+            .filter(|j| matches!(j.outcome, Outcome::Failed { .. }))
+            .count()
     }
 
     /// Runs not attempted because the drain stopped.
     pub fn pending(&self) -> usize {
-        self.jobs.iter().filter(|j| matches!(j.outcome, Outcome::Pending)).count()
+        self.jobs
+            .iter()
+            .filter(|j| matches!(j.outcome, Outcome::Pending))
+            .count()
     }
 
     /// A line per run (`ran`/`skip`/`FAIL`/`pending`, key, job, params, detail), then totals.
@@ -76,10 +88,17 @@ impl RunSummary {
             let (tag, detail) = match &j.outcome {
                 Outcome::Ran { seconds } => ("ran ", format!("{seconds:.2}s")),
                 Outcome::Skipped { reasons } => ("skip", reasons.join("; ")),
-                Outcome::Failed { failure } => ("FAIL", format!("{}: {}", failure.kind, failure.message)),
+                Outcome::Failed { failure } => {
+                    ("FAIL", format!("{}: {}", failure.kind, failure.message))
+                }
                 Outcome::Pending => ("pend", "not attempted (drain stopped)".to_string()),
             };
-            out.push_str(&format!("{tag}  {}  {}  {}  {detail}\n", j.key.short(), j.job, j.params));
+            out.push_str(&format!(
+                "{tag}  {}  {}  {}  {detail}\n",
+                j.key.short(),
+                j.job,
+                j.params
+            ));
         }
         out.push_str(&self.totals());
         out
@@ -144,8 +163,19 @@ impl RunFailed {
 impl fmt::Display for RunFailed {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match &self.cause {
-            FailureCause::Job { key, job, failure, error_file } => {
-                write!(f, "job {job} ({}) failed: {}: {}", key.short(), failure.kind, failure.message)?;
+            FailureCause::Job {
+                key,
+                job,
+                failure,
+                error_file,
+            } => {
+                write!(
+                    f,
+                    "job {job} ({}) failed: {}: {}",
+                    key.short(),
+                    failure.kind,
+                    failure.message
+                )?;
                 for c in &failure.chain {
                     write!(f, "\n  caused by: {c}")?;
                 }
