@@ -26,7 +26,7 @@ mod wrapper;
 use std::collections::{HashMap, VecDeque};
 use std::ffi::OsString;
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
+use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
 use async_trait::async_trait;
@@ -135,7 +135,7 @@ impl LocalExecutorBuilder {
                 kill_grace: self.kill_grace,
                 cancel_timeout: self.cancel_timeout,
                 inherit_env: self.inherit_env,
-                runtime: OnceLock::new(),
+                runtime: Mutex::new(None),
                 state: Mutex::new(State {
                     queue: VecDeque::new(),
                     running: 0,
@@ -185,7 +185,9 @@ struct Inner {
     kill_grace: Duration,
     cancel_timeout: Duration,
     inherit_env: bool,
-    runtime: OnceLock<tokio::runtime::Handle>,
+    /// The runtime of the latest async call: queued jobs start on it (a controller may use
+    /// a new runtime per drain).
+    runtime: Mutex<Option<tokio::runtime::Handle>>,
     state: Mutex<State>,
 }
 
@@ -270,19 +272,22 @@ impl Inner {
     }
 
     fn runtime(&self) -> Result<tokio::runtime::Handle, ExecutorError> {
-        if let Some(h) = self.runtime.get() {
-            return Ok(h.clone());
-        }
         let h = tokio::runtime::Handle::try_current().map_err(|_| ExecutorError::Other {
             message: "LocalExecutor must be called from within a tokio runtime".into(),
             retryable: false,
         })?;
-        Ok(self.runtime.get_or_init(|| h).clone())
+        *self.runtime.lock().unwrap_or_else(|p| p.into_inner()) = Some(h.clone());
+        Ok(h)
     }
 
     /// Starts queued jobs while slots and GPUs allow. Called with the state lock held.
     fn dispatch(self: &Arc<Self>, st: &mut State) {
-        let Some(rt) = self.runtime.get() else {
+        let Some(rt) = self
+            .runtime
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
+        else {
             return;
         };
         let mut i = 0;
@@ -755,6 +760,13 @@ impl Executor for LocalExecutor {
         let inner = &self.inner;
         for h in handles {
             inner.check_handle(h)?;
+        }
+        if inner.runtime().is_ok() {
+            // Queued jobs left by an earlier runtime start on this one.
+            let mut st = inner.lock();
+            if !st.queue.is_empty() {
+                inner.dispatch(&mut st);
+            }
         }
         let mut out = Vec::with_capacity(handles.len());
         let mut to_read = Vec::new();
