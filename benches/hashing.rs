@@ -1,1 +1,167 @@
-fn main() {}
+//! Identity and planning speed (issue: sweeps end to end).
+//!
+//! - `job_key/10_field_struct`: canonical JSON + SHA-256 of a 10-field params struct (target < 2 us);
+//! - `owned_digest/50k_lines` vs `sha256sum/50k_lines`: token-wise digest of a generated 50k-line
+//!   source tree and coreutils' sha256sum over the same files, in the same run (target ratio >= 0.8);
+//! - `enqueue_plan_100k/{memory,fs_empty}`: enqueue 100k runs and plan them (target < 1 s).
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::Duration;
+
+use criterion::{BatchSize, Criterion, Throughput, criterion_group, criterion_main};
+use puzzletron::identity::{self, Modules, OwnedCode};
+use puzzletron::sweep::{Job, JobResult, Run};
+use puzzletron::{MemoryStore, Orchestrator};
+use serde::{Deserialize, Serialize};
+
+#[derive(Clone, Serialize, Deserialize)]
+struct Params10 {
+    lr: f64,
+    weight_decay: f64,
+    hidden: u32,
+    layers: u32,
+    dropout: f64,
+    batch_size: u32,
+    epochs: u32,
+    optimizer: String,
+    seed: u64,
+    warmup: bool,
+}
+
+fn p10(i: u64) -> Params10 {
+    Params10 {
+        lr: 1e-3 * (1 + i % 7) as f64,
+        weight_decay: 0.01,
+        hidden: 256,
+        layers: 4,
+        dropout: 0.1,
+        batch_size: 64,
+        epochs: 10,
+        optimizer: "adamw".into(),
+        seed: i,
+        warmup: true,
+    }
+}
+
+fn noop(_: &Params10, _: &mut Run) -> JobResult {
+    Ok(())
+}
+
+fn job_key(c: &mut Criterion) {
+    let owned = identity::Hash::of("owned");
+    let p = p10(3);
+    c.bench_function("job_key/10_field_struct", |b| {
+        b.iter(|| {
+            let json = identity::canonical_json(std::hint::black_box(&p)).unwrap();
+            identity::job_key("bench::train", &json, &owned)
+        })
+    });
+}
+
+/// A generated crate of ~50k lines of Rust-like code with comments, in `dir`.
+fn generate_tree(dir: &Path) -> Vec<PathBuf> {
+    let mut files = Vec::new();
+    for m in 0..50 {
+        let mut s = String::new();
+        for f in 0..100 {
+            s.push_str(&format!(
+                "/// Computes step {f} of module {m}.\n/// It is documented at length.\npub fn f_{m}_{f}(x: &[f64], lr: f64) -> Vec<f64> {{\n    // scale, then shift\n    let mut out = Vec::with_capacity(x.len());\n    for (i, v) in x.iter().enumerate() {{\n        out.push(v * lr + i as f64 * {f}.5 - \"s{m}\".len() as f64);\n    }}\n    out\n}}\n\n"
+            ));
+        }
+        let p = dir.join("src").join(format!("m{m}.rs"));
+        std::fs::create_dir_all(p.parent().unwrap()).unwrap();
+        std::fs::write(&p, s).unwrap();
+        files.push(p);
+    }
+    std::fs::write(dir.join("src/lib.rs"), "pub mod m0;\n").unwrap();
+    files.push(dir.join("src/lib.rs"));
+    files
+}
+
+fn owned_digest(c: &mut Criterion) {
+    let dir = tempfile::tempdir().unwrap();
+    let files = generate_tree(dir.path());
+    let bytes: u64 = files
+        .iter()
+        .map(|f| std::fs::metadata(f).unwrap().len())
+        .sum();
+    let lines: usize = files
+        .iter()
+        .map(|f| std::fs::read_to_string(f).unwrap().lines().count())
+        .sum();
+    eprintln!(
+        "generated tree: {} files, {lines} lines, {bytes} bytes",
+        files.len()
+    );
+    let code = OwnedCode {
+        crate_dir: dir.path().to_path_buf(),
+        job_file: "src/lib.rs".into(),
+        modules: Modules::all(),
+    };
+    let mut g = c.benchmark_group("tree_50k_lines");
+    g.throughput(Throughput::Bytes(bytes));
+    g.sample_size(20);
+    g.bench_function("owned_digest", |b| {
+        b.iter(|| identity::owned_digest_uncached(&code).unwrap())
+    });
+    g.bench_function("sha256sum", |b| {
+        b.iter(|| {
+            let out = Command::new("sha256sum").args(&files).output().unwrap();
+            assert!(out.status.success());
+            out
+        })
+    });
+    g.finish();
+}
+
+fn enqueue_plan(c: &mut Criterion) {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::create_dir_all(dir.path().join("src")).unwrap();
+    std::fs::write(dir.path().join("src/lib.rs"), "pub fn train() {}\n").unwrap();
+    let job: Job<Params10> = Job::new("bench::train", "bench", dir.path(), "src/lib.rs", noop);
+    let mut g = c.benchmark_group("enqueue_plan_100k");
+    g.sample_size(10);
+    g.measurement_time(Duration::from_secs(15));
+    g.bench_function("memory", |b| {
+        b.iter_batched(
+            || {
+                Orchestrator::builder()
+                    .store(MemoryStore::new())
+                    .build()
+                    .unwrap()
+            },
+            |mut o| {
+                for i in 0..100_000 {
+                    o.run(&job, p10(i)).unwrap();
+                }
+                let plan = o.plan().unwrap();
+                assert_eq!(plan.decisions.len(), 100_000);
+                plan
+            },
+            BatchSize::PerIteration,
+        )
+    });
+    g.bench_function("fs_empty", |b| {
+        b.iter_batched(
+            || {
+                let root = dir.path().join(format!("store-{}", std::process::id()));
+                let _ = std::fs::remove_dir_all(&root);
+                Orchestrator::builder().store_root(root).build().unwrap()
+            },
+            |mut o| {
+                for i in 0..100_000 {
+                    o.run(&job, p10(i)).unwrap();
+                }
+                let plan = o.plan().unwrap();
+                assert_eq!(plan.decisions.len(), 100_000);
+                plan
+            },
+            BatchSize::PerIteration,
+        )
+    });
+    g.finish();
+}
+
+criterion_group!(benches, job_key, owned_digest, enqueue_plan);
+criterion_main!(benches);

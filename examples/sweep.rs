@@ -1,1 +1,152 @@
-fn main() {}
+//! The main sweep: an MLP on real handwritten digits over a learning-rate x hidden-size grid.
+//!
+//! ```text
+//! cargo run --release --example sweep            # runs what is not done, writes metrics.parquet
+//! cargo run --release --example sweep            # again: nothing runs, every run "up to date"
+//! cargo run --release --example sweep -- --help
+//! ```
+//!
+//! Results live in `.puzzletron/` (an `FsStore`); edit a comment here and nothing re-runs, edit
+//! the training code (`examples/common/digits.rs` or `train` below) and every run re-runs with
+//! the reason "code changed: ...".
+
+#[path = "common/digits.rs"]
+mod digits;
+
+use std::path::PathBuf;
+
+use puzzletron::identity::Modules;
+use puzzletron::sweep::{JobResult, Run};
+use puzzletron::{Orchestrator, job};
+use serde::{Deserialize, Serialize};
+
+/// One configuration of the grid.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+struct Params {
+    lr: f64,
+    hidden: usize,
+    epochs: u32,
+    batch: usize,
+    seed: u64,
+}
+
+/// Trains the MLP, logging `train_loss` and `val_accuracy` after every epoch.
+fn train(p: &Params, run: &mut Run) -> JobResult {
+    let data = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("examples/data/digits.csv");
+    let (train, val) = digits::load(&data)?;
+    let mut rng = digits::Rng::new(p.seed);
+    let mut model = digits::Mlp::new(p.hidden, &mut rng);
+    for epoch in 1..=p.epochs {
+        let loss = model.train_epoch(&train, p.lr, p.batch, &mut rng);
+        run.log("train_loss", epoch.into(), loss)?;
+        run.log("val_accuracy", epoch.into(), model.accuracy(&val))?;
+    }
+    Ok(())
+}
+
+struct Args {
+    store: PathBuf,
+    out: PathBuf,
+    epochs: u32,
+    force: bool,
+}
+
+fn parse_args() -> Result<Args, String> {
+    let mut a = Args {
+        store: ".puzzletron".into(),
+        out: "metrics.parquet".into(),
+        epochs: 15,
+        force: false,
+    };
+    let mut it = std::env::args().skip(1);
+    while let Some(arg) = it.next() {
+        let mut value = |name: &str| it.next().ok_or(format!("{name} needs a value"));
+        match arg.as_str() {
+            "--store" => a.store = value("--store")?.into(),
+            "--out" => a.out = value("--out")?.into(),
+            "--epochs" => {
+                let v = value("--epochs")?;
+                a.epochs = v
+                    .parse()
+                    .map_err(|_| format!("--epochs: {v:?} is not a positive integer"))?;
+            }
+            "--force" => a.force = true,
+            "-h" | "--help" => {
+                println!(
+                    "usage: sweep [--store DIR (.puzzletron)] [--out FILE (metrics.parquet)] [--epochs N (15)] [--force]"
+                );
+                std::process::exit(0);
+            }
+            other => return Err(format!("unknown argument {other:?}; try --help")),
+        }
+    }
+    Ok(a)
+}
+
+fn main() {
+    if let Err(e) = sweep_main() {
+        eprintln!("error: {e}");
+        std::process::exit(1);
+    }
+}
+
+fn sweep_main() -> Result<(), Box<dyn std::error::Error>> {
+    let args = parse_args()?;
+    let mut sweep = Orchestrator::builder()
+        .store_root(&args.store)
+        .owned(Modules::all().with_file("examples/common/digits.rs"))
+        .force(args.force)
+        .on_event(|e| eprintln!("{e}"))
+        .build()?;
+    let train = job!(train);
+    for lr in [0.02, 0.1, 0.5] {
+        for hidden in [8, 32, 64] {
+            sweep.run(
+                &train,
+                Params {
+                    lr,
+                    hidden,
+                    epochs: args.epochs,
+                    batch: 32,
+                    seed: 7,
+                },
+            )?;
+        }
+    }
+
+    println!("plan:\n{}\n", sweep.plan()?);
+    let summary = match sweep.drain() {
+        Ok(s) => s,
+        Err(failed) => {
+            eprintln!("{}", failed.summary.report());
+            return Err(failed.into());
+        }
+    };
+    println!("summary:\n{}\n", summary.report());
+
+    let acc = sweep.get("val_accuracy")?;
+    acc.write_parquet(&args.out)?;
+    // The best configuration by final validation accuracy.
+    let (steps, values, keys) = (acc.steps(), acc.values(), acc.job_keys());
+    let last = steps.iter().copied().max().unwrap_or(0);
+    let best = (0..acc.num_rows())
+        .filter(|&r| steps[r] == last)
+        .max_by(|&a, &b| values[a].total_cmp(&values[b]))
+        .ok_or("no rows")?;
+    let run = sweep
+        .enqueued()
+        .iter()
+        .find(|p| p.key == keys[best])
+        .ok_or("best run not found")?;
+    println!(
+        "best: val_accuracy {:.4} at epoch {last} with {}",
+        values[best], run.params
+    );
+    println!(
+        "wrote {} ({} rows; columns {})",
+        args.out.display(),
+        acc.num_rows(),
+        acc.column_names().join(", ")
+    );
+    Ok(())
+}

@@ -12,7 +12,10 @@ use std::sync::atomic::{AtomicU64, Ordering};
 /// The first I/O error; the temp file is removed on failure.
 pub fn atomic_write(path: &Path, bytes: &[u8]) -> io::Result<()> {
     static SEQ: AtomicU64 = AtomicU64::new(0);
-    let dir = path.parent().unwrap_or(Path::new("."));
+    let dir = match path.parent() {
+        Some(d) if !d.as_os_str().is_empty() => d,
+        _ => Path::new("."),
+    };
     let name = path
         .file_name()
         .map(|n| n.to_string_lossy().into_owned())

@@ -16,7 +16,9 @@ mod witness;
 
 pub use canonical::{CanonicalParams, ParamError, canonical_json, canonical_params};
 pub use hash::{Hash, Hasher, ParseHashError};
-pub use owned::{Modules, OwnedCode, OwnedDigest, file_digest, owned_digest, token_digest};
+pub use owned::{
+    Modules, OwnedCode, OwnedDigest, file_digest, owned_digest, owned_digest_uncached, token_digest,
+};
 pub use witness::{
     LockWitness, SourceWitness, Toolchain, Witnesses, find_lock_file, lock_witness, source_witness,
 };

@@ -36,6 +36,7 @@ use super::{Hash, Hasher, IdentityError, tokens};
 pub struct Modules {
     include: Vec<String>,
     exclude: Vec<String>,
+    files: Vec<PathBuf>,
 }
 
 impl Modules {
@@ -49,7 +50,15 @@ impl Modules {
         Self {
             include: prefixes.into_iter().map(|s| normalize(&s.into())).collect(),
             exclude: Vec::new(),
+            files: Vec::new(),
         }
+    }
+
+    /// Also own this file, relative to the crate root (e.g. a helper module of an example,
+    /// `examples/common/model.rs`, which `src/` and the job's file do not cover).
+    pub fn with_file(mut self, path: impl Into<PathBuf>) -> Self {
+        self.files.push(path.into());
+        self
     }
 
     /// Also leave out this module prefix.
@@ -213,6 +222,30 @@ fn rel_string(root: &Path, p: &Path) -> String {
 /// [`IdentityError::JobFileNotFound`] when the job's file cannot be found,
 /// [`IdentityError::Io`] when a source file or folder cannot be read.
 pub fn owned_digest(code: &OwnedCode) -> Result<OwnedDigest, IdentityError> {
+    digest_tree(code, true)
+}
+
+/// [`owned_digest`] without the per-file cache: reads and hashes every file (for benchmarks and
+/// for verifying a cached digest).
+///
+/// # Errors
+/// As [`owned_digest`].
+pub fn owned_digest_uncached(code: &OwnedCode) -> Result<OwnedDigest, IdentityError> {
+    digest_tree(code, false)
+}
+
+fn digest_tree(code: &OwnedCode, cached: bool) -> Result<OwnedDigest, IdentityError> {
+    let file_digest = |p: &Path| -> Result<Hash, IdentityError> {
+        if cached {
+            file_digest(p)
+        } else {
+            let bytes = std::fs::read(p).map_err(|e| IdentityError::Io {
+                path: p.to_path_buf(),
+                source: e,
+            })?;
+            Ok(token_digest(&bytes))
+        }
+    };
     let root = &code.crate_dir;
     let src = root.join("src");
     let mut files = BTreeMap::new();
@@ -234,6 +267,16 @@ pub fn owned_digest(code: &OwnedCode) -> Result<OwnedDigest, IdentityError> {
                 files.insert(rel_string(root, p), file_digest(p)?);
             }
         }
+    }
+    for extra in &code.modules.files {
+        let p = root.join(extra);
+        if !p.is_file() {
+            return Err(IdentityError::JobFileNotFound {
+                file: extra.clone(),
+                crate_dir: root.clone(),
+            });
+        }
+        files.insert(rel_string(root, &p), file_digest(&p)?);
     }
     let job_file = resolve_job_file(code)?;
     files.insert(rel_string(root, &job_file), file_digest(&job_file)?);
@@ -319,6 +362,16 @@ mod tests {
         .unwrap();
         let names: Vec<_> = dg.files.keys().cloned().collect();
         assert_eq!(names, ["examples/train.rs", "src/model/mod.rs"]);
+        write(
+            &d.path().join("examples/common/data.rs"),
+            "pub fn load() {}\n",
+        );
+        let m = Modules::only(["model"])
+            .exclude("model::plot")
+            .with_file("examples/common/data.rs");
+        let with = owned_digest(&code(d.path(), m)).unwrap();
+        assert!(with.files.contains_key("examples/common/data.rs"));
+        assert_ne!(with.digest, dg.digest);
         // A change outside the owned modules does not change the digest.
         write(
             &d.path().join("src/cli.rs"),

@@ -198,6 +198,26 @@ impl FsStore {
         atomic_write(path, &bytes).map_err(io_err(path))
     }
 
+    /// Creates the claim file with its content in one atomic step: the owner is written to a
+    /// temp file, which is then hard-linked as `claim` (`link(2)` fails if `claim` exists), so a
+    /// claim is never seen empty, even after a crash.
+    fn create_claim(&self, dir: &Path, path: &Path, owner: &Owner) -> io::Result<()> {
+        let tmp = dir.join(format!(".claim.tmp.{}", sanitize(&owner.nonce)));
+        let body = serde_json::to_vec(owner).map_err(io::Error::other)?;
+        let mut f = OpenOptions::new()
+            .write(true)
+            .create(true)
+            .truncate(true)
+            .open(&tmp)?;
+        f.write_all(&body)?;
+        f.sync_all()?;
+        drop(f);
+        let linked = fs::hard_link(&tmp, path);
+        let _ = fs::remove_file(&tmp);
+        linked?;
+        sync_dir(dir)
+    }
+
     /// Takes over a stale claim; `Ok(false)` when another process is taking it over.
     fn take_over(&self, key: &Hash, stale: &ClaimInfo) -> Result<bool, StoreError> {
         let dir = self.job_dir(key);
@@ -252,6 +272,20 @@ impl FsStore {
     }
 }
 
+/// The entry names of a folder.
+fn list_names(dir: &Path) -> Result<HashSet<String>, StoreError> {
+    let mut names = HashSet::new();
+    for e in fs::read_dir(dir).map_err(io_err(dir))? {
+        names.insert(
+            e.map_err(io_err(dir))?
+                .file_name()
+                .to_string_lossy()
+                .into_owned(),
+        );
+    }
+    Ok(names)
+}
+
 fn sanitize(s: &str) -> String {
     s.chars()
         .filter(|c| c.is_ascii_alphanumeric() || *c == '-' || *c == '_')
@@ -294,11 +328,7 @@ impl Store for FsStore {
             return keys.iter().map(|k| self.record(k)).collect();
         }
         // One directory listing instead of a failed open per missing key.
-        let mut present = HashSet::new();
-        for e in fs::read_dir(&self.jobs).map_err(io_err(&self.jobs))? {
-            let e = e.map_err(io_err(&self.jobs))?;
-            present.insert(e.file_name().to_string_lossy().into_owned());
-        }
+        let present = list_names(&self.jobs)?;
         keys.iter()
             .map(|k| {
                 if present.contains(&k.to_hex()) {
@@ -335,6 +365,23 @@ impl Store for FsStore {
         }
     }
 
+    fn lineages(&self, lineages: &[Hash]) -> Result<Vec<Option<Hash>>, StoreError> {
+        if lineages.len() < 64 {
+            return lineages.iter().map(|l| self.lineage(l)).collect();
+        }
+        let present = list_names(&self.lineage)?;
+        lineages
+            .iter()
+            .map(|l| {
+                if present.contains(&l.to_hex()) {
+                    self.lineage(l)
+                } else {
+                    Ok(None)
+                }
+            })
+            .collect()
+    }
+
     fn claim_info(&self, key: &Hash) -> Result<Option<ClaimInfo>, StoreError> {
         Ok(self.read_claim(key)?.map(|(o, m)| self.judge(o, m)))
     }
@@ -356,16 +403,8 @@ impl Store for FsStore {
             {
                 return Ok(ClaimOutcome::Done(Box::new(r)));
             }
-            match OpenOptions::new().write(true).create_new(true).open(&path) {
-                Ok(mut f) => {
-                    let body = serde_json::to_vec(owner).map_err(|e| StoreError::Corrupt {
-                        path: path.clone(),
-                        reason: e.to_string(),
-                    })?;
-                    f.write_all(&body)
-                        .and_then(|_| f.sync_all())
-                        .map_err(io_err(&path))?;
-                    sync_dir(&dir).map_err(io_err(&dir))?;
+            match self.create_claim(&dir, &path, owner) {
+                Ok(()) => {
                     // The previous holder may have finished between our check and our create.
                     let prev = self.record(key)?;
                     let claim = Claim {

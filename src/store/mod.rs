@@ -165,6 +165,15 @@ pub trait Store: Send + Sync {
     /// [`StoreError::Io`], [`StoreError::Corrupt`].
     fn lineage(&self, lineage: &Hash) -> Result<Option<Hash>, StoreError>;
 
+    /// [`Store::lineage`] of many lineages, in order. Stores override this when a batch is
+    /// cheaper.
+    ///
+    /// # Errors
+    /// As [`Store::lineage`].
+    fn lineages(&self, lineages: &[Hash]) -> Result<Vec<Option<Hash>>, StoreError> {
+        lineages.iter().map(|l| self.lineage(l)).collect()
+    }
+
     /// The current claim on `key`, if any, and whether its holder is alive.
     ///
     /// # Errors

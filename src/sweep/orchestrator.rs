@@ -36,11 +36,11 @@ pub struct PendingRun {
     /// Job name + parameters, without code.
     pub lineage: Hash,
     /// The job's name.
-    pub job: String,
+    pub job: Arc<str>,
     /// Canonical JSON parameters.
-    pub params: String,
+    pub params: Arc<str>,
     /// Top-level parameter names in declaration order.
-    pub param_order: Vec<String>,
+    pub param_order: Arc<[String]>,
     /// The owned code the key covers.
     pub owned: Arc<OwnedDigest>,
     call: Call,
@@ -226,8 +226,10 @@ impl<S: Store + 'static, E: Executor> OrchestratorBuilder<S, E> {
             modules: self.modules,
             force: self.force,
             witnesses,
-            owned_cache: HashMap::new(),
+            owned_cache: Vec::new(),
+            job_names: HashMap::new(),
             queue: Vec::new(),
+            queued_keys: HashSet::new(),
             enqueued: Vec::new(),
             enqueued_keys: HashSet::new(),
             on_event: self.on_event,
@@ -253,8 +255,10 @@ pub struct Orchestrator<S: Store = FsStore, E: Executor = MockExecutor> {
     modules: Modules,
     force: bool,
     witnesses: Witnesses,
-    owned_cache: HashMap<(PathBuf, PathBuf, Modules), Arc<OwnedDigest>>,
+    owned_cache: Vec<(PathBuf, PathBuf, Modules, Arc<OwnedDigest>)>,
+    job_names: HashMap<String, Arc<str>>,
     queue: Vec<PendingRun>,
+    queued_keys: HashSet<Hash>,
     enqueued: Vec<PendingRun>,
     enqueued_keys: HashSet<Hash>,
     on_event: Option<EventFn>,
@@ -297,7 +301,7 @@ impl<S: Store, E: Executor> Orchestrator<S, E> {
         let owned = self.owned_for(job)?;
         let key = identity::job_key(job.name(), &canon.json, &owned.digest);
         if !self.enqueued_keys.insert(key) {
-            if !self.queue.iter().any(|p| p.key == key) {
+            if self.queued_keys.insert(key) {
                 // Enqueued before and drained; enqueue again so a new drain re-checks it.
                 if let Some(p) = self.enqueued.iter().find(|p| p.key == key) {
                     self.queue.push(p.clone());
@@ -306,37 +310,47 @@ impl<S: Store, E: Executor> Orchestrator<S, E> {
             return Ok(key);
         }
         let f = job.func();
+        let name = match self.job_names.get(job.name()) {
+            Some(n) => n.clone(),
+            None => {
+                let n: Arc<str> = job.name().into();
+                self.job_names.insert(job.name().to_string(), n.clone());
+                n
+            }
+        };
         let pending = PendingRun {
             key,
             lineage: identity::lineage_key(job.name(), &canon.json),
-            job: job.name().to_string(),
-            params: canon.json,
-            param_order: canon.fields,
+            job: name,
+            params: canon.json.into(),
+            param_order: canon.fields.into(),
             owned,
             call: Arc::new(move |run: &mut Run| f(&params, run)),
         };
+        self.queued_keys.insert(key);
         self.queue.push(pending.clone());
         self.enqueued.push(pending);
         Ok(key)
     }
 
     fn owned_for<P>(&mut self, job: &Job<P>) -> Result<Arc<OwnedDigest>> {
-        let modules = job.modules().unwrap_or(&self.modules).clone();
-        let k = (
-            job.crate_dir().to_path_buf(),
-            job.file().to_path_buf(),
-            modules,
-        );
-        if let Some(d) = self.owned_cache.get(&k) {
+        let modules = job.modules().unwrap_or(&self.modules);
+        // A sweep has a handful of jobs: a scan without allocation beats hashing paths.
+        if let Some((.., d)) = self
+            .owned_cache
+            .iter()
+            .find(|(dir, file, m, _)| dir == job.crate_dir() && file == job.file() && m == modules)
+        {
             return Ok(d.clone());
         }
         let code = OwnedCode {
-            crate_dir: k.0.clone(),
-            job_file: k.1.clone(),
-            modules: k.2.clone(),
+            crate_dir: job.crate_dir().to_path_buf(),
+            job_file: job.file().to_path_buf(),
+            modules: modules.clone(),
         };
         let d = Arc::new(identity::owned_digest(&code)?);
-        self.owned_cache.insert(k, d.clone());
+        self.owned_cache
+            .push((code.crate_dir, code.job_file, code.modules, d.clone()));
         Ok(d)
     }
 
@@ -366,15 +380,24 @@ impl<S: Store, E: Executor> Orchestrator<S, E> {
     /// [`Error::Store`] when the store cannot be read.
     pub fn decide(&self, run: &PendingRun) -> Result<JobDecision> {
         let rec = self.store.record(&run.key)?;
-        self.decide_with(run, rec)
+        let lineage = match rec {
+            None => self.store.lineage(&run.lineage)?,
+            Some(_) => None,
+        };
+        self.decide_with(run, rec, lineage)
     }
 
-    fn decide_with(&self, run: &PendingRun, rec: Option<JobRecord>) -> Result<JobDecision> {
+    fn decide_with(
+        &self,
+        run: &PendingRun,
+        rec: Option<JobRecord>,
+        lineage: Option<Hash>,
+    ) -> Result<JobDecision> {
         let mut reasons = Vec::new();
         let mut action = Action::Run;
         let mut replaces = None;
         match &rec {
-            None => match self.store.lineage(&run.lineage)? {
+            None => match lineage {
                 Some(prev) if prev != run.key => {
                     let changed = match self.store.record(&prev)? {
                         Some(old) => run.owned.changed_files(&old.owned.files),
@@ -429,8 +452,8 @@ impl<S: Store, E: Executor> Orchestrator<S, E> {
         }
         Ok(JobDecision {
             key: run.key,
-            job: run.job.clone(),
-            params: run.params.clone(),
+            job: run.job.to_string(),
+            params: run.params.to_string(),
             action,
             reasons,
             replaces,
@@ -444,11 +467,23 @@ impl<S: Store, E: Executor> Orchestrator<S, E> {
     pub fn plan(&self) -> Result<Plan> {
         let keys: Vec<Hash> = self.queue.iter().map(|p| p.key).collect();
         let recs = self.store.records(&keys)?;
+        // Lineages only matter for runs without a record ("code changed" vs "no record").
+        let (missing, lineages): (Vec<usize>, Vec<Hash>) = recs
+            .iter()
+            .enumerate()
+            .filter(|(_, r)| r.is_none())
+            .map(|(i, _)| (i, self.queue[i].lineage))
+            .unzip();
+        let mut prev = vec![None; recs.len()];
+        for (i, l) in missing.into_iter().zip(self.store.lineages(&lineages)?) {
+            prev[i] = l;
+        }
         let decisions = self
             .queue
             .iter()
             .zip(recs)
-            .map(|(p, r)| self.decide_with(p, r))
+            .zip(prev)
+            .map(|((p, r), l)| self.decide_with(p, r, l))
             .collect::<Result<Vec<_>>>()?;
         Ok(Plan { decisions })
     }
@@ -570,6 +605,7 @@ impl<S: Store, E: Executor> Orchestrator<S, E> {
             }
         }
         self.queue.clear();
+        self.queued_keys.clear();
         Ok(summary_of(&queue, &outcomes))
     }
 
@@ -587,6 +623,7 @@ impl<S: Store, E: Executor> Orchestrator<S, E> {
             .filter(|(_, o)| !matches!(o, Some(Outcome::Ran { .. } | Outcome::Skipped { .. })))
             .map(|(p, _)| p.clone())
             .collect();
+        self.queued_keys = self.queue.iter().map(|p| p.key).collect();
         let failure = match &outcomes[i] {
             Some(Outcome::Failed { failure }) => failure.clone(),
             _ => failure("error", "unknown failure".into(), None),
@@ -600,7 +637,7 @@ impl<S: Store, E: Executor> Orchestrator<S, E> {
             summary: summary_of(queue, outcomes),
             cause: FailureCause::Job {
                 key: p.key,
-                job: p.job.clone(),
+                job: p.job.to_string(),
                 failure,
                 error_file,
             },
@@ -640,9 +677,9 @@ impl<S: Store, E: Executor> Orchestrator<S, E> {
         let mut rec = JobRecord {
             format: FORMAT_VERSION,
             key: p.key,
-            job: p.job.clone(),
+            job: p.job.to_string(),
             params,
-            param_order: p.param_order.clone(),
+            param_order: p.param_order.to_vec(),
             lineage: p.lineage,
             owned: (*p.owned).clone(),
             witnesses: self.witnesses.clone(),
@@ -817,8 +854,8 @@ fn summary_of(queue: &[PendingRun], outcomes: &[Option<Outcome>]) -> RunSummary 
             .zip(outcomes)
             .map(|(p, o)| JobOutcome {
                 key: p.key,
-                job: p.job.clone(),
-                params: p.params.clone(),
+                job: p.job.to_string(),
+                params: p.params.to_string(),
                 outcome: o.clone().unwrap_or(Outcome::Pending),
             })
             .collect(),

@@ -1,0 +1,129 @@
+//! The Parquet that puzzletron writes is read back by Python's pyarrow with the same schema and
+//! values, and `collect` gathers everything a store holds.
+
+mod common;
+
+use std::process::Command;
+
+use common::{FakeCrate, P, train};
+use puzzletron::{FsStore, Orchestrator, metrics};
+
+fn pyarrow_available() -> bool {
+    let ok = Command::new("python3")
+        .args(["-c", "import pyarrow"])
+        .status()
+        .is_ok_and(|s| s.success());
+    if !ok {
+        // In CI `.ci/run` installs pyarrow: missing there is a failure, not a skip.
+        assert!(
+            std::env::var_os("CI").is_none(),
+            "pyarrow is missing in CI (.ci/run must pip install it)"
+        );
+        eprintln!("SKIP: python3 with pyarrow not found (pip install pyarrow)");
+    }
+    ok
+}
+
+#[test]
+fn parquet_reads_back_in_pyarrow_with_the_same_schema_and_values() {
+    let c = FakeCrate::new();
+    let mut o: Orchestrator<FsStore> = Orchestrator::builder()
+        .store_root(c.path().join("store"))
+        .lock(c.lock())
+        .build()
+        .unwrap();
+    let job = c.job(train);
+    for (lr, hidden) in [(0.5, 8), (0.25, 16)] {
+        o.run(&job, P { lr, hidden }).unwrap();
+    }
+    let t = o.get("loss").unwrap();
+    let path = c.path().join("loss.parquet");
+    t.write_parquet(&path).unwrap();
+    t.write_csv(c.path().join("loss.csv")).unwrap();
+    if !pyarrow_available() {
+        return;
+    }
+    let script = r#"
+import json, sys
+import pyarrow.parquet as pq
+t = pq.read_table(sys.argv[1])
+print(json.dumps({"schema": [[f.name, str(f.type)] for f in t.schema], "rows": t.to_pylist()}))
+"#;
+    let out = Command::new("python3")
+        .args(["-c", script])
+        .arg(&path)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(
+        v["schema"],
+        serde_json::json!([
+            ["step", "int64"],
+            ["value", "double"],
+            ["lr", "double"],
+            ["hidden", "int64"],
+            ["job_key", "string"]
+        ])
+    );
+    let rows = v["rows"].as_array().unwrap();
+    assert_eq!(rows.len(), t.num_rows());
+    let keys = t.job_keys();
+    for (i, row) in rows.iter().enumerate() {
+        assert_eq!(row["step"].as_i64(), Some(t.steps()[i]));
+        assert_eq!(row["value"].as_f64(), Some(t.values()[i]));
+        assert_eq!(row["job_key"].as_str(), Some(keys[i].to_hex().as_str()));
+    }
+    assert_eq!(rows[0]["lr"].as_f64(), Some(0.5));
+    assert_eq!(rows[3]["hidden"].as_i64(), Some(16));
+
+    // The CSV reads back too (pyarrow's CSV reader).
+    let csv = r#"
+import sys, pyarrow.csv as pc
+t = pc.read_csv(sys.argv[1])
+print(t.num_rows, t.column_names)
+"#;
+    let out = Command::new("python3")
+        .args(["-c", csv])
+        .arg(c.path().join("loss.csv"))
+        .output()
+        .unwrap();
+    assert_eq!(
+        String::from_utf8_lossy(&out.stdout).trim(),
+        "6 ['step', 'value', 'lr', 'hidden', 'job_key']"
+    );
+}
+
+#[test]
+fn collect_gathers_every_metric_of_every_done_job() {
+    let c = FakeCrate::new();
+    let mut o: Orchestrator<FsStore> = Orchestrator::builder()
+        .store_root(c.path().join("store"))
+        .lock(c.lock())
+        .build()
+        .unwrap();
+    let job = c.job(train);
+    o.run(&job, P { lr: 0.5, hidden: 8 }).unwrap();
+    o.run(
+        &job,
+        P {
+            lr: 0.25,
+            hidden: 16,
+        },
+    )
+    .unwrap();
+    o.drain().unwrap();
+    let t = metrics::collect(o.store()).unwrap();
+    assert_eq!(
+        t.column_names(),
+        ["metric", "step", "value", "lr", "hidden", "job_key"]
+    );
+    assert_eq!(t.num_rows(), 8, "2 jobs x (3 loss + 1 acc)");
+    let m: Vec<String> = t.strings("metric").unwrap().into_iter().flatten().collect();
+    assert_eq!(m.iter().filter(|s| *s == "acc").count(), 2);
+    assert_eq!(m.iter().filter(|s| *s == "loss").count(), 6);
+}

@@ -1,0 +1,242 @@
+//! Bad input gets a clear error naming what, where and what was expected, and loses nothing.
+
+mod common;
+
+use common::{FakeCrate, P, train};
+use puzzletron::store::StoreError;
+use puzzletron::sweep::{JobResult, Run};
+use puzzletron::{Error, FsStore, Orchestrator, Store};
+use serde::{Deserialize, Serialize};
+
+fn sweep(c: &FakeCrate) -> Orchestrator<FsStore> {
+    Orchestrator::builder()
+        .store_root(c.path().join("store"))
+        .lock(c.lock())
+        .build()
+        .unwrap()
+}
+
+#[derive(Serialize, Deserialize)]
+struct Nested {
+    optimizer: Opt,
+}
+#[derive(Serialize, Deserialize)]
+struct Opt {
+    betas: Vec<f64>,
+}
+fn nested(_: &Nested, _: &mut Run) -> JobResult {
+    Ok(())
+}
+
+#[derive(Serialize, Deserialize)]
+struct Reserved {
+    step: u32,
+}
+fn reserved(_: &Reserved, _: &mut Run) -> JobResult {
+    Ok(())
+}
+
+#[test]
+fn nan_and_infinity_are_refused_at_the_call_site_with_the_path() {
+    let c = FakeCrate::new();
+    let mut o = sweep(&c);
+    let e = o.run(
+        &c.job(nested),
+        Nested {
+            optimizer: Opt {
+                betas: vec![0.9, f64::NAN],
+            },
+        },
+    );
+    let e = e.unwrap_err();
+    assert_eq!(
+        e.to_string(),
+        "bad parameters for job fake::train: parameter `optimizer.betas[1]` is NaN: parameters must \
+         be finite numbers (NaN and infinity have no canonical form)"
+    );
+    assert!(!e.is_retryable());
+    let e = o
+        .run(
+            &c.job(train),
+            P {
+                lr: f64::INFINITY,
+                hidden: 1,
+            },
+        )
+        .unwrap_err();
+    assert!(e.to_string().contains("parameter `lr` is inf"), "{e}");
+    assert!(o.queued().is_empty(), "a refused run is not enqueued");
+}
+
+#[test]
+fn reserved_parameter_names_are_refused() {
+    let c = FakeCrate::new();
+    let e = sweep(&c)
+        .run(&c.job(reserved), Reserved { step: 1 })
+        .unwrap_err();
+    assert!(
+        e.to_string().contains(
+            "parameter name `step` is reserved (the metric table has columns step, value, job_key)"
+        ),
+        "{e}"
+    );
+}
+
+struct NotSerializable;
+impl Serialize for NotSerializable {
+    fn serialize<S: serde::Serializer>(&self, _: S) -> Result<S::Ok, S::Error> {
+        Err(serde::ser::Error::custom("handles cannot be serialized"))
+    }
+}
+impl<'de> Deserialize<'de> for NotSerializable {
+    fn deserialize<D: serde::Deserializer<'de>>(_: D) -> Result<Self, D::Error> {
+        Ok(NotSerializable)
+    }
+}
+#[derive(Serialize, Deserialize)]
+struct WithHandle {
+    device: NotSerializable,
+}
+fn handle(_: &WithHandle, _: &mut Run) -> JobResult {
+    Ok(())
+}
+
+#[test]
+fn unserializable_params_name_the_field() {
+    let c = FakeCrate::new();
+    let e = sweep(&c)
+        .run(
+            &c.job(handle),
+            WithHandle {
+                device: NotSerializable,
+            },
+        )
+        .unwrap_err();
+    assert_eq!(
+        e.to_string(),
+        "bad parameters for job fake::train: parameter `device` could not be serialized: handles \
+         cannot be serialized"
+    );
+}
+
+#[test]
+fn store_root_that_is_a_file() {
+    let c = FakeCrate::new();
+    let f = c.path().join("afile");
+    std::fs::write(&f, "x").unwrap();
+    let e = Orchestrator::builder()
+        .store_root(&f)
+        .build()
+        .err()
+        .unwrap();
+    assert_eq!(
+        e.to_string(),
+        format!(
+            "store root {} is not a directory: expected a folder (or a path that does not exist yet)",
+            f.display()
+        )
+    );
+    assert_eq!(
+        std::fs::read_to_string(&f).unwrap(),
+        "x",
+        "the file is untouched"
+    );
+}
+
+#[test]
+fn store_written_by_a_newer_version_is_refused_untouched() {
+    let c = FakeCrate::new();
+    let root = c.path().join("store");
+    FsStore::open(&root).unwrap();
+    let fmt = root.join("puzzletron-store.json");
+    std::fs::write(&fmt, r#"{"format": 99}"#).unwrap();
+    let e = FsStore::open(&root).unwrap_err();
+    assert!(
+        matches!(
+            e,
+            StoreError::NewerFormat {
+                found: 99,
+                supported: 1,
+                ..
+            }
+        ),
+        "{e:?}"
+    );
+    assert!(
+        e.to_string()
+            .contains("format version 99, newer than this build's 1"),
+        "{e}"
+    );
+    assert_eq!(std::fs::read_to_string(&fmt).unwrap(), r#"{"format": 99}"#);
+}
+
+#[test]
+fn a_record_that_is_not_json_is_an_error_naming_the_file_and_nothing_else_is_lost() {
+    let c = FakeCrate::new();
+    let mut o = sweep(&c);
+    let job = c.job(train);
+    let good = o.run(&job, P { lr: 0.1, hidden: 1 }).unwrap();
+    let bad = o.run(&job, P { lr: 0.2, hidden: 1 }).unwrap();
+    o.drain().unwrap();
+    let bad_file = c
+        .path()
+        .join("store/jobs")
+        .join(bad.to_hex())
+        .join("record.json");
+    std::fs::write(&bad_file, "{ not json").unwrap();
+
+    let mut o = sweep(&c);
+    o.run(&job, P { lr: 0.1, hidden: 1 }).unwrap();
+    o.run(&job, P { lr: 0.2, hidden: 1 }).unwrap();
+    let e = o.plan().unwrap_err();
+    let msg = e.to_string();
+    assert!(
+        msg.starts_with(&format!(
+            "corrupt store file {}: not JSON",
+            bad_file.display()
+        )),
+        "{msg}"
+    );
+    assert!(msg.contains("expected a puzzletron job record"), "{msg}");
+    let Error::Store(StoreError::Corrupt { .. }) = e else {
+        panic!("{e:?}")
+    };
+    // The other result is intact and readable.
+    let rec = o.store().record(&good).unwrap().unwrap();
+    assert_eq!(rec.status, puzzletron::store::Status::Done);
+    assert_eq!(o.store().metrics(&good, Some("loss")).unwrap().len(), 3);
+}
+
+#[test]
+fn bad_metric_name_fails_the_job_with_the_name() {
+    fn bad_name(_: &P, run: &mut Run) -> JobResult {
+        run.log("loss\tv2", 0, 1.0)?;
+        Ok(())
+    }
+    let c = FakeCrate::new();
+    let mut o = sweep(&c);
+    o.run(&c.job(bad_name), P { lr: 0.1, hidden: 1 }).unwrap();
+    let e = o.drain().unwrap_err();
+    assert!(
+        e.to_string().contains(
+            "invalid metric name \"loss\\tv2\": expected a non-empty name without tabs or newlines"
+        ),
+        "{e}"
+    );
+}
+
+#[test]
+fn a_missing_lock_file_given_explicitly_is_an_error() {
+    let c = FakeCrate::new();
+    let e = Orchestrator::builder()
+        .store_root(c.path().join("s"))
+        .lock(c.path().join("nope.lock"))
+        .build()
+        .err()
+        .unwrap();
+    assert!(
+        e.to_string()
+            .contains("nope.lock does not exist: expected a Cargo.lock path"),
+        "{e}"
+    );
+}

@@ -1,0 +1,343 @@
+//! The cache story: rerun skips, a changed parameter set runs alone, comments do not count, code
+//! and Cargo.lock changes re-run with their reason; drain stops at the first failure.
+
+mod common;
+
+use std::sync::Mutex;
+use std::sync::atomic::Ordering;
+
+use common::{EXECUTIONS, FakeCrate, P, train};
+use puzzletron::sweep::{Action, FailureCause, JobResult, Outcome, Run};
+use puzzletron::{FsStore, Orchestrator, Store};
+
+/// Tests in this file share the EXECUTIONS counter.
+static SERIAL: Mutex<()> = Mutex::new(());
+
+fn sweep(c: &FakeCrate) -> Orchestrator<FsStore> {
+    Orchestrator::builder()
+        .store_root(c.path().join("store"))
+        .lock(c.lock())
+        .build()
+        .unwrap()
+}
+
+fn grid(o: &mut Orchestrator<FsStore>, c: &FakeCrate, lrs: &[f64]) {
+    let job = c.job(train);
+    for &lr in lrs {
+        o.run(&job, P { lr, hidden: 16 }).unwrap();
+    }
+}
+
+fn executions<T>(f: impl FnOnce() -> T) -> (usize, T) {
+    let before = EXECUTIONS.load(Ordering::SeqCst);
+    let out = f();
+    (EXECUTIONS.load(Ordering::SeqCst) - before, out)
+}
+
+#[test]
+fn cache_story() {
+    let _g = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
+    let c = FakeCrate::new();
+    let lrs = [0.1, 0.2, 0.3, 0.4];
+
+    // First run: everything runs, reason "no record".
+    let mut o = sweep(&c);
+    grid(&mut o, &c, &lrs);
+    let plan = o.plan().unwrap();
+    assert_eq!(plan.count(Action::Run), 4);
+    assert!(
+        plan.decisions.iter().all(|d| d.reasons == ["no record"]),
+        "{plan}"
+    );
+    let (n, s) = executions(|| o.drain().unwrap());
+    assert_eq!((n, s.ran(), s.skipped()), (4, 4, 0));
+
+    // Same program again: nothing runs, each skip has its reason.
+    let mut o = sweep(&c);
+    grid(&mut o, &c, &lrs);
+    let plan = o.plan().unwrap();
+    assert_eq!(plan.count(Action::Skip), 4, "{plan}");
+    assert!(
+        plan.decisions
+            .iter()
+            .all(|d| d.reasons == ["up to date (attempt 1)"]),
+        "{plan}"
+    );
+    let (n, s) = executions(|| o.drain().unwrap());
+    assert_eq!((n, s.skipped()), (0, 4));
+
+    // One parameter set changed: only it runs.
+    let mut o = sweep(&c);
+    grid(&mut o, &c, &[0.1, 0.2, 0.3, 0.45]);
+    let plan = o.plan().unwrap();
+    let runs: Vec<_> = plan.to_run().map(|d| d.params.clone()).collect();
+    assert_eq!(runs, [r#"{"hidden":16,"lr":0.45}"#], "{plan}");
+    let (n, _) = executions(|| o.drain().unwrap());
+    assert_eq!(n, 1);
+
+    // A comment and formatting edit in owned code: nothing runs.
+    c.write(
+        "src/lib.rs",
+        "/// Doubles.\npub fn model(x: f64) -> f64 { x * 2.0 } // twice\n",
+    );
+    let mut o = sweep(&c);
+    grid(&mut o, &c, &lrs);
+    let (n, s) = executions(|| o.drain().unwrap());
+    assert_eq!((n, s.skipped()), (0, 4), "{}", s.report());
+
+    // A code edit: everything re-runs, the reason names the file.
+    c.write(
+        "src/lib.rs",
+        "pub fn model(x: f64) -> f64 {\n    x * 3.0\n}\n",
+    );
+    let mut o = sweep(&c);
+    grid(&mut o, &c, &lrs);
+    let plan = o.plan().unwrap();
+    assert!(
+        plan.decisions
+            .iter()
+            .all(|d| d.reasons == ["code changed: src/lib.rs"]),
+        "{plan}"
+    );
+    let (n, _) = executions(|| o.drain().unwrap());
+    assert_eq!(n, 4);
+
+    // A Cargo.lock edit: same keys, re-run in place with "environment changed: Cargo.lock".
+    c.write(
+        "Cargo.lock",
+        "# lock v2\n[[package]]\nname = \"a\"\nversion = \"1.0.1\"\n",
+    );
+    let mut o = sweep(&c);
+    grid(&mut o, &c, &lrs);
+    let plan = o.plan().unwrap();
+    assert!(
+        plan.decisions
+            .iter()
+            .all(|d| d.reasons == ["environment changed: Cargo.lock"]),
+        "{plan}"
+    );
+    let (n, s) = executions(|| o.drain().unwrap());
+    assert_eq!((n, s.ran()), (4, 4));
+    let rec = o.store().record(&o.enqueued()[0].key).unwrap().unwrap();
+    assert_eq!(
+        rec.attempt, 2,
+        "re-run in place is the job's second attempt"
+    );
+
+    // And then it is up to date again.
+    let mut o = sweep(&c);
+    grid(&mut o, &c, &lrs);
+    assert_eq!(o.plan().unwrap().count(Action::Skip), 4);
+}
+
+#[test]
+fn forced_runs_rerun_in_place() {
+    let _g = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
+    let c = FakeCrate::new();
+    let mut o = sweep(&c);
+    grid(&mut o, &c, &[0.1, 0.2]);
+    o.drain().unwrap();
+    let mut o = Orchestrator::builder()
+        .store_root(c.path().join("store"))
+        .lock(c.lock())
+        .force(true)
+        .build()
+        .unwrap();
+    grid(&mut o, &c, &[0.1, 0.2]);
+    let plan = o.plan().unwrap();
+    assert!(
+        plan.decisions
+            .iter()
+            .all(|d| d.action == Action::Run && d.reasons == ["forced"])
+    );
+    let (n, _) = executions(|| o.drain().unwrap());
+    assert_eq!(n, 2);
+}
+
+static FAIL_AT: Mutex<Option<f64>> = Mutex::new(None);
+
+#[derive(Debug)]
+struct CheckpointFailed(std::io::Error);
+impl std::fmt::Display for CheckpointFailed {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("checkpoint write failed")
+    }
+}
+impl std::error::Error for CheckpointFailed {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        Some(&self.0)
+    }
+}
+
+fn flaky(p: &P, run: &mut Run) -> JobResult {
+    run.log("loss", 0, p.lr)?;
+    if *FAIL_AT.lock().unwrap_or_else(|e| e.into_inner()) == Some(p.lr) {
+        return Err(Box::new(CheckpointFailed(std::io::Error::other(
+            "disk on fire",
+        ))));
+    }
+    Ok(())
+}
+
+#[test]
+fn drain_stops_at_first_failure_and_rerun_retries() {
+    let _g = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
+    let c = FakeCrate::new();
+    *FAIL_AT.lock().unwrap() = Some(0.2);
+    let mut o = sweep(&c);
+    let job = c.job(flaky);
+    for lr in [0.1, 0.2, 0.3, 0.4] {
+        o.run(&job, P { lr, hidden: 1 }).unwrap();
+    }
+    let failed = o.drain().unwrap_err();
+    let s = &failed.summary;
+    assert_eq!(
+        (s.ran(), s.failed(), s.pending(), s.skipped()),
+        (1, 1, 2, 0),
+        "{}",
+        s.report()
+    );
+    assert!(matches!(s.jobs[2].outcome, Outcome::Pending));
+    let FailureCause::Job {
+        key,
+        failure,
+        error_file,
+        ..
+    } = &failed.cause
+    else {
+        panic!("expected a job failure, got {:?}", failed.cause)
+    };
+    assert_eq!(*key, o.enqueued()[1].key);
+    assert_eq!(failure.kind, "error");
+    assert_eq!(failure.chain, ["disk on fire"]);
+    let text = std::fs::read_to_string(error_file.as_ref().expect("error file")).unwrap();
+    assert!(
+        text.starts_with("error: checkpoint write failed\ncaused by: disk on fire"),
+        "{text}"
+    );
+    let rec = o.store().record(key).unwrap().unwrap();
+    assert_eq!(rec.status, puzzletron::store::Status::Failed);
+    let report = failed.to_string();
+    assert!(
+        report.contains("failed") && report.contains("1 ran, 0 skipped, 1 failed, 2 pending"),
+        "{report}"
+    );
+    assert_eq!(
+        o.queued().len(),
+        3,
+        "the failed run and the two pending stay queued"
+    );
+
+    // Fixed: the next drain retries the failed one with its reason, then runs the rest.
+    *FAIL_AT.lock().unwrap() = None;
+    let plan = o.plan().unwrap();
+    assert_eq!(
+        plan.decisions[0].reasons,
+        ["last attempt failed: checkpoint write failed"],
+        "{plan}"
+    );
+    let s = o.drain().unwrap();
+    assert_eq!(s.ran(), 3);
+    assert_eq!(o.store().record(key).unwrap().unwrap().attempt, 2);
+}
+
+fn panics(p: &P, _run: &mut Run) -> JobResult {
+    if p.lr > 0.15 {
+        panic!("lr {} too high", p.lr);
+    }
+    Ok(())
+}
+
+#[test]
+fn a_panic_is_a_recorded_failure_with_backtrace() {
+    let _g = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
+    let c = FakeCrate::new();
+    let mut o = sweep(&c);
+    let job = c.job(panics);
+    o.run(&job, P { lr: 0.1, hidden: 1 }).unwrap();
+    o.run(&job, P { lr: 0.2, hidden: 1 }).unwrap();
+    let failed = o.drain().unwrap_err();
+    let FailureCause::Job { failure, .. } = &failed.cause else {
+        panic!()
+    };
+    assert_eq!(failure.kind, "panic");
+    assert!(
+        failure
+            .message
+            .starts_with("lr 0.2 too high at tests/sweep_cache.rs:"),
+        "{}",
+        failure.message
+    );
+    let bt = failure.backtrace.as_deref().unwrap_or("");
+    assert!(
+        bt.contains("panics"),
+        "backtrace should show the panicking function: {bt}"
+    );
+}
+
+#[test]
+fn get_returns_this_sweeps_rows_in_enqueue_order_with_typed_columns() {
+    let _g = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
+    let c = FakeCrate::new();
+    let mut o = sweep(&c);
+    let job = c.job(train);
+    // Another sweep's run in the same store must not appear.
+    let mut other = sweep(&c);
+    other.run(&job, P { lr: 9.0, hidden: 9 }).unwrap();
+    other.drain().unwrap();
+    let order = [0.3, 0.1, 0.2];
+    let keys: Vec<_> = order
+        .iter()
+        .map(|&lr| o.run(&job, P { lr, hidden: 4 }).unwrap())
+        .collect();
+    let t = o.get("loss").unwrap();
+    assert_eq!(
+        t.column_names(),
+        ["step", "value", "lr", "hidden", "job_key"]
+    );
+    let types: Vec<String> = t
+        .batch()
+        .schema()
+        .fields()
+        .iter()
+        .map(|f| f.data_type().to_string())
+        .collect();
+    assert_eq!(types, ["Int64", "Float64", "Float64", "Int64", "Utf8"]);
+    assert_eq!(t.num_rows(), 9);
+    assert_eq!(t.steps(), [0, 1, 2, 0, 1, 2, 0, 1, 2]);
+    let lr: Vec<f64> = t.f64s("lr").unwrap().into_iter().flatten().collect();
+    assert_eq!(lr, [0.3, 0.3, 0.3, 0.1, 0.1, 0.1, 0.2, 0.2, 0.2]);
+    let want: Vec<f64> = order
+        .iter()
+        .flat_map(|&lr| (0..3).map(move |s| lr * s as f64))
+        .collect();
+    assert_eq!(t.values(), want);
+    let want_keys: Vec<_> = keys.iter().flat_map(|k| [*k; 3]).collect();
+    assert_eq!(t.job_keys(), want_keys);
+    assert_eq!(o.metrics().unwrap(), ["acc", "loss"]);
+
+    let e = o.get("val_accuracy").unwrap_err().to_string();
+    assert_eq!(
+        e,
+        "no job recorded metric `val_accuracy`; metrics that exist: acc, loss"
+    );
+}
+
+#[test]
+fn isolate_and_trace_are_refused_clearly() {
+    let c = FakeCrate::new();
+    for (isolate, trace, what) in [(true, false, "isolate(true)"), (false, true, "trace(true)")] {
+        let e = Orchestrator::builder()
+            .store_root(c.path().join("s"))
+            .isolate(isolate)
+            .trace(trace)
+            .build()
+            .err()
+            .expect("must be refused");
+        assert!(
+            e.to_string()
+                .starts_with(&format!("{what} is not yet supported")),
+            "{e}"
+        );
+    }
+}
