@@ -69,3 +69,22 @@ impl puzzletron::executor::Executor for LiesCompleted {
 async fn suite_catches_an_executor_that_never_runs_anything() {
     conformance::run_all(|| Box::new(LiesCompleted)).await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn local_executor_conforms() {
+    let root = tempfile::tempdir().expect("tempdir");
+    let path = root.path().to_path_buf();
+    conformance::Conformance::new(move || {
+        Box::new(
+            puzzletron::executor::LocalExecutor::builder(&path)
+                .max_concurrent(4)
+                .kill_grace(Duration::from_secs(2))
+                .build()
+                .expect("local executor"),
+        )
+    })
+    .with_poll_interval(Duration::from_millis(20))
+    .with_timeout(Duration::from_secs(30))
+    .run_all()
+    .await;
+}

@@ -14,7 +14,7 @@ use super::AttemptId;
 ///
 /// | executor | `job_id` | `cluster` | `array_task` | `data` keys |
 /// | --- | --- | --- | --- | --- |
-/// | `local` | process-group id (pid) as text | – | – | `attempt_dir`, `start_ticks` |
+/// | `local` | the attempt id (pids live in the attempt folder) | – | – | `attempt_dir` |
 /// | `slurm` | Slurm job id, e.g. `4711` | from `sbatch --parsable` `ID;cluster` | array index | – |
 /// | `mock`  | `mock-<n>` | – | array index | – |
 ///

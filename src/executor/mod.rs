@@ -2,8 +2,8 @@
 //!
 //! An [`Executor`] takes an [`AttemptSpec`] (a [`CommandSpec`] argv, a [`TaskTopology`], limits)
 //! and runs it somewhere: [`MockExecutor`] (scripted, virtual clock, for tests of controller
-//! logic), `LocalExecutor` (processes on this machine), `SlurmExecutor` (batch jobs, feature
-//! `slurm`), or your own. The trait is object-safe, so `Box<dyn Executor>` works and controllers
+//! logic), [`LocalExecutor`] (processes on this machine), `SlurmExecutor` (batch jobs, feature
+//! `slurm`, on by default), or your own. The trait is object-safe, so `Box<dyn Executor>` works and controllers
 //! can be written once for all of them.
 //!
 //! The contract every executor keeps (checked by the [`conformance`] suite, feature
@@ -65,7 +65,10 @@
 
 mod error;
 mod handle;
+pub mod local;
 pub mod mock;
+#[cfg(feature = "slurm")]
+pub mod slurm;
 mod spec;
 mod status;
 
@@ -80,7 +83,10 @@ use async_trait::async_trait;
 pub use error::ExecutorError;
 pub use handle::JobHandle;
 pub(crate) use handle::now_ms;
+pub use local::{LocalExecutor, LocalExecutorBuilder};
 pub use mock::{MockCall, MockClock, MockExecutor, MockScript, MockSubmitError};
+#[cfg(feature = "slurm")]
+pub use slurm::{PollPolicy, RetryPolicy, SlurmExecutor, SlurmExecutorBuilder, SlurmStats};
 pub use spec::{
     ARRAY_INDEX_ENV, ATTEMPT_ID_ENV, ArraySpec, AttemptId, AttemptSpec, CommandSpec, GpuRequest,
     MAX_ATTEMPT_ID_LEN, SchedulerOptions, TaskLauncher, TaskTopology,

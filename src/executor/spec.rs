@@ -286,8 +286,8 @@ pub enum TaskLauncher {
     #[default]
     Direct,
     /// Slurm: `srun [extra_args] <argv>` so that `nodes * ntasks_per_node` copies run (one per
-    /// task). Local: the command runs `ntasks_per_node` times (nodes must be 1), each copy with
-    /// `SLURM_PROCID`-like `PUZZLETRON_TASK_RANK` set.
+    /// task). Local: accepted only with one task (then it is `Direct`); a local job is one
+    /// process tree.
     Srun {
         /// Extra `srun` arguments, each quoted when rendered (e.g. `--cpu-bind=cores`).
         extra_args: Vec<String>,

@@ -1,0 +1,874 @@
+//! [`LocalExecutor`]: attempts as process trees on this machine.
+//!
+//! - Commands run from their argv (no shell unless [`CommandSpec::shell`](crate::executor::CommandSpec)).
+//! - At most `max_concurrent` jobs run at once; the rest wait in submission order (a job that
+//!   needs more GPUs than are free lets later, smaller jobs start first).
+//! - GPU slots: each job gets `topology.gpus_per_node()` ids from the configured list, exported
+//!   as `CUDA_VISIBLE_DEVICES`; an id is never given to two running jobs. Jobs that ask for no
+//!   GPU get `CUDA_VISIBLE_DEVICES=` (empty: no GPU visible) when a list is configured.
+//! - stdout and stderr go to one log file per attempt (`<attempt folder>/output.log` unless the
+//!   spec names one).
+//! - Walltime: SIGTERM to the job's process group at the limit, SIGKILL after `kill_grace`;
+//!   state [`JobState::Timeout`].
+//! - Detachable: every job runs under a small wrapper in its own session (see [`wrapper`]),
+//!   which writes the exit code or killing signal and the end time into the attempt folder
+//!   (see [`folder`] for the layout). A controller that restarts (a new `LocalExecutor` on the
+//!   same root) reads the results of jobs that ended meanwhile, sees running ones (pid checked
+//!   with its start time), and starts jobs that were queued but never started. Nothing is run
+//!   twice: starting a job is claimed with an exclusive file create.
+//!
+//! The concurrency limit and the GPU list are per executor instance: two controllers on one
+//! root do not share them.
+
+mod folder;
+mod wrapper;
+
+use std::collections::{HashMap, VecDeque};
+use std::ffi::OsString;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
+
+use async_trait::async_trait;
+
+use super::{
+    ATTEMPT_ID_ENV, AttemptId, AttemptSpec, Executor, ExecutorError, JobHandle, JobState,
+    JobStatus, TaskLauncher, check_kind, now_ms,
+};
+use folder::{AttemptRecord, ExitKind, ExitRecord};
+use wrapper::{Launch, Prepared};
+
+/// Environment variable holding the attempt folder, set for every local job.
+pub const ATTEMPT_DIR_ENV: &str = "PUZZLETRON_ATTEMPT_DIR";
+
+/// How long a `launching` claim without a wrapper file is taken to be a launch in progress
+/// before the attempt is reported [`JobState::Lost`].
+const LAUNCH_GRACE: Duration = Duration::from_secs(30);
+
+/// Builder of a [`LocalExecutor`].
+#[derive(Debug, Clone)]
+pub struct LocalExecutorBuilder {
+    root: PathBuf,
+    max_concurrent: Option<usize>,
+    gpu_ids: Vec<String>,
+    kill_grace: Duration,
+    cancel_timeout: Duration,
+    inherit_env: bool,
+}
+
+impl LocalExecutorBuilder {
+    /// At most `n` jobs run at once (default: the number of CPUs).
+    pub fn max_concurrent(mut self, n: usize) -> Self {
+        self.max_concurrent = Some(n);
+        self
+    }
+
+    /// The GPU ids to hand out (e.g. `["0", "1", "2", "3"]` or UUIDs); default none.
+    pub fn gpu_ids<I, S>(mut self, ids: I) -> Self
+    where
+        I: IntoIterator<Item = S>,
+        S: Into<String>,
+    {
+        self.gpu_ids = ids.into_iter().map(Into::into).collect();
+        self
+    }
+
+    /// Time between SIGTERM and SIGKILL on walltime and cancel (default 10 s).
+    pub fn kill_grace(mut self, grace: Duration) -> Self {
+        self.kill_grace = grace;
+        self
+    }
+
+    /// How long [`Executor::cancel`] waits, after SIGKILL, for the wrapper's record before
+    /// answering [`ExecutorError::CancelUnconfirmed`] (default 10 s).
+    pub fn cancel_timeout(mut self, timeout: Duration) -> Self {
+        self.cancel_timeout = timeout;
+        self
+    }
+
+    /// Whether jobs inherit the controller's environment (default true); the spec's `env` and
+    /// the executor's variables are added on top either way.
+    pub fn inherit_env(mut self, inherit: bool) -> Self {
+        self.inherit_env = inherit;
+        self
+    }
+
+    /// Creates the root folder and the executor.
+    ///
+    /// # Errors
+    /// [`ExecutorError::InvalidSpec`] when `max_concurrent` is 0, a GPU id is empty or holds a
+    /// `,`; [`ExecutorError::Io`] when the root cannot be created.
+    pub fn build(self) -> Result<LocalExecutor, ExecutorError> {
+        let max = self.max_concurrent.unwrap_or_else(|| {
+            std::thread::available_parallelism()
+                .map(|n| n.get())
+                .unwrap_or(1)
+        });
+        let bad = |field: &str, value: String, expected: &str| ExecutorError::InvalidSpec {
+            attempt_id: None,
+            field: field.into(),
+            value,
+            expected: expected.into(),
+        };
+        if max == 0 {
+            return Err(bad("local.max_concurrent", "0".into(), "at least 1"));
+        }
+        for (i, g) in self.gpu_ids.iter().enumerate() {
+            if g.is_empty() || g.contains(',') || g.contains(char::is_whitespace) {
+                return Err(bad(
+                    &format!("local.gpu_ids[{i}]"),
+                    g.clone(),
+                    "a GPU index or UUID without ',' or spaces",
+                ));
+            }
+        }
+        std::fs::create_dir_all(&self.root)
+            .map_err(|e| ExecutorError::io("creating executor root", &self.root, e))?;
+        let root = std::fs::canonicalize(&self.root)
+            .map_err(|e| ExecutorError::io("resolving executor root", &self.root, e))?;
+        let ngpu = self.gpu_ids.len();
+        Ok(LocalExecutor {
+            inner: Arc::new(Inner {
+                root,
+                max_concurrent: max,
+                gpu_ids: self.gpu_ids,
+                kill_grace: self.kill_grace,
+                cancel_timeout: self.cancel_timeout,
+                inherit_env: self.inherit_env,
+                runtime: Mutex::new(None),
+                state: Mutex::new(State {
+                    queue: VecDeque::new(),
+                    running: 0,
+                    gpu_free: vec![true; ngpu],
+                    jobs: HashMap::new(),
+                }),
+            }),
+        })
+    }
+}
+
+/// Runs attempts as local process trees. See the [module docs](self).
+///
+/// ```
+/// use puzzletron::executor::*;
+/// # tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap().block_on(async {
+/// let root = tempfile::tempdir().unwrap();
+/// let exec = LocalExecutor::builder(root.path()).max_concurrent(2).gpu_ids(["0", "1"]).build()?;
+/// let spec = AttemptSpec::new(AttemptId::new("hello.a1")?, CommandSpec::new("echo").arg("hi"));
+/// let h = exec.submit(&spec).await?;
+/// let st = exec.wait_terminal(&[h], std::time::Duration::from_millis(10),
+///                             std::time::Duration::from_secs(30)).await?;
+/// assert_eq!(st[0].state, JobState::Completed);
+/// assert_eq!(std::fs::read_to_string(st[0].log_path.as_ref().unwrap()).unwrap(), "hi\n");
+/// # Ok::<(), ExecutorError>(())
+/// # }).unwrap();
+/// ```
+#[derive(Clone)]
+pub struct LocalExecutor {
+    inner: Arc<Inner>,
+}
+
+impl std::fmt::Debug for LocalExecutor {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("LocalExecutor")
+            .field("root", &self.inner.root)
+            .field("max_concurrent", &self.inner.max_concurrent)
+            .field("gpu_ids", &self.inner.gpu_ids)
+            .finish()
+    }
+}
+
+struct Inner {
+    root: PathBuf,
+    max_concurrent: usize,
+    gpu_ids: Vec<String>,
+    kill_grace: Duration,
+    cancel_timeout: Duration,
+    inherit_env: bool,
+    /// The runtime of the latest async call: queued jobs start on it (a controller may use
+    /// a new runtime per drain).
+    runtime: Mutex<Option<tokio::runtime::Handle>>,
+    state: Mutex<State>,
+}
+
+struct State {
+    queue: VecDeque<AttemptId>,
+    running: usize,
+    gpu_free: Vec<bool>,
+    jobs: HashMap<AttemptId, Entry>,
+}
+
+enum Entry {
+    /// Waiting for a slot in this executor.
+    Queued(Box<AttemptRecord>),
+    /// Started (or being started) by this executor.
+    Running {
+        job_pid: Option<i32>,
+        log_path: PathBuf,
+        started_ms: u64,
+    },
+    /// Known only through its folder (another controller started it).
+    External,
+    /// Finished; the status is final.
+    Done(JobStatus),
+}
+
+impl LocalExecutor {
+    /// A builder for an executor keeping attempt folders under `root` (created if missing).
+    pub fn builder(root: impl Into<PathBuf>) -> LocalExecutorBuilder {
+        LocalExecutorBuilder {
+            root: root.into(),
+            max_concurrent: None,
+            gpu_ids: Vec::new(),
+            kill_grace: Duration::from_secs(10),
+            cancel_timeout: Duration::from_secs(10),
+            inherit_env: true,
+        }
+    }
+
+    /// The attempt folder of `attempt_id`.
+    pub fn attempt_dir(&self, attempt_id: &AttemptId) -> PathBuf {
+        self.inner.root.join(attempt_id.as_str())
+    }
+
+    /// The root folder (canonical).
+    pub fn root(&self) -> &Path {
+        &self.inner.root
+    }
+}
+
+impl Inner {
+    fn lock(&self) -> MutexGuard<'_, State> {
+        // State stays consistent between statements; a panic elsewhere must not wedge polls.
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn dir(&self, id: &AttemptId) -> PathBuf {
+        self.root.join(id.as_str())
+    }
+
+    fn log_path(&self, spec: &AttemptSpec) -> PathBuf {
+        spec.log_path
+            .clone()
+            .unwrap_or_else(|| self.dir(&spec.attempt_id).join(folder::LOG_FILE))
+    }
+
+    fn handle(&self, id: &AttemptId, submitted_at_ms: u64) -> JobHandle {
+        JobHandle::new("local", id.clone(), id.as_str(), submitted_at_ms)
+            .with_data("attempt_dir", self.dir(id).to_string_lossy())
+    }
+
+    fn check_handle(&self, h: &JobHandle) -> Result<(), ExecutorError> {
+        check_kind("local", h)?;
+        let ours = self.dir(&h.attempt_id);
+        match h.data.get("attempt_dir") {
+            Some(d) if Path::new(d) != ours => Err(ExecutorError::ForeignHandle {
+                expected: format!("local at {}", self.root.display()),
+                found: format!("local at {d}"),
+                attempt_id: h.attempt_id.clone(),
+            }),
+            _ => Ok(()),
+        }
+    }
+
+    fn runtime(&self) -> Result<tokio::runtime::Handle, ExecutorError> {
+        let h = tokio::runtime::Handle::try_current().map_err(|_| ExecutorError::Other {
+            message: "LocalExecutor must be called from within a tokio runtime".into(),
+            retryable: false,
+        })?;
+        *self.runtime.lock().unwrap_or_else(|p| p.into_inner()) = Some(h.clone());
+        Ok(h)
+    }
+
+    /// Starts queued jobs while slots and GPUs allow. Called with the state lock held.
+    fn dispatch(self: &Arc<Self>, st: &mut State) {
+        let Some(rt) = self
+            .runtime
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
+        else {
+            return;
+        };
+        let mut i = 0;
+        while i < st.queue.len() && st.running < self.max_concurrent {
+            let id = st.queue[i].clone();
+            let need = match st.jobs.get(&id) {
+                Some(Entry::Queued(rec)) => rec.spec.topology.gpus_per_node() as usize,
+                _ => {
+                    // cancelled or adopted elsewhere meanwhile
+                    st.queue.remove(i);
+                    continue;
+                }
+            };
+            let free: Vec<usize> = (0..st.gpu_free.len())
+                .filter(|&g| st.gpu_free[g])
+                .take(need)
+                .collect();
+            if free.len() < need {
+                i += 1;
+                continue;
+            }
+            st.queue.remove(i);
+            for &g in &free {
+                st.gpu_free[g] = false;
+            }
+            st.running += 1;
+            let Some(Entry::Queued(rec)) = st.jobs.remove(&id) else {
+                unreachable!("checked above")
+            };
+            st.jobs.insert(
+                id.clone(),
+                Entry::Running {
+                    job_pid: None,
+                    log_path: self.log_path(&rec.spec),
+                    started_ms: now_ms(),
+                },
+            );
+            let me = Arc::clone(self);
+            rt.spawn_blocking(move || me.run_job(*rec, free));
+        }
+    }
+
+    /// Runs one job to its end (blocking thread), then frees its slot and dispatches more.
+    fn run_job(self: Arc<Self>, rec: AttemptRecord, gpus: Vec<usize>) {
+        let id = rec.spec.attempt_id.clone();
+        let entry = match self.launch_and_wait(&rec, &gpus) {
+            Ok(Some(status)) => Entry::Done(status),
+            Ok(None) => Entry::External,
+            Err(e) => Entry::Done(
+                JobStatus::new(id.clone(), JobState::LaunchFailed)
+                    .with_reason(e.to_string())
+                    .with_log_path(self.log_path(&rec.spec)),
+            ),
+        };
+        let mut st = self.lock();
+        st.jobs.insert(id, entry);
+        st.running -= 1;
+        for g in gpus {
+            st.gpu_free[g] = true;
+        }
+        self.dispatch(&mut st);
+    }
+
+    /// Claims, launches and waits for the job. `Ok(None)`: another controller claimed it.
+    fn launch_and_wait(
+        &self,
+        rec: &AttemptRecord,
+        gpus: &[usize],
+    ) -> Result<Option<JobStatus>, ExecutorError> {
+        let spec = &rec.spec;
+        let dir = self.dir(&spec.attempt_id);
+        if !folder::create_exclusive(&dir, folder::LAUNCHING_FILE, &now_ms().to_string())? {
+            return Ok(None);
+        }
+        let log = self.log_path(spec);
+        let argv = self.argv(spec)?;
+        let env = self.env(spec, &dir, gpus);
+        let path_var = env
+            .iter()
+            .rev()
+            .find(|(k, _)| k == "PATH")
+            .map(|(_, v)| v.clone());
+        let program =
+            match resolve_program(&argv[0], path_var.as_ref(), spec.command.cwd.as_deref()) {
+                Some(p) => p,
+                None => {
+                    let rec = format!(
+                        "status=launch_failed\nerrno={}\nstart_ms={}\nend_ms={}\n",
+                        libc::ENOENT,
+                        now_ms(),
+                        now_ms()
+                    );
+                    folder::write_atomic(&dir, folder::EXIT_FILE, rec.as_bytes())?;
+                    return self.status_from_folder(&spec.attempt_id).map(Some);
+                }
+            };
+        let prepared = Prepared::new(
+            &dir,
+            &program,
+            &argv,
+            &env,
+            spec.command.cwd.as_deref(),
+            spec.walltime,
+            self.kill_grace,
+        )?;
+        let launch = wrapper::launch(&prepared, &log)?;
+        let wrapper_pid = match launch {
+            Launch::Started {
+                wrapper_pid,
+                job_pid,
+            } => {
+                if let Some(Entry::Running { job_pid: p, .. }) =
+                    self.lock().jobs.get_mut(&spec.attempt_id)
+                {
+                    *p = Some(job_pid);
+                }
+                wrapper_pid
+            }
+            Launch::Failed { wrapper_pid, .. } | Launch::WrapperDied { wrapper_pid } => wrapper_pid,
+        };
+        wrapper::reap(wrapper_pid);
+        self.status_from_folder(&spec.attempt_id).map(Some)
+    }
+
+    /// The argv to exec, launcher applied.
+    fn argv(&self, spec: &AttemptSpec) -> Result<Vec<String>, ExecutorError> {
+        let argv = spec.command.effective_argv();
+        Ok(match &spec.topology.launcher {
+            TaskLauncher::Direct | TaskLauncher::Srun { .. } => argv,
+            TaskLauncher::Torchrun {
+                nproc_per_node,
+                max_restarts,
+                ..
+            } => {
+                let mut v = vec![
+                    "torchrun".to_string(),
+                    "--standalone".to_string(),
+                    "--nnodes=1".to_string(),
+                    format!("--nproc_per_node={nproc_per_node}"),
+                    format!("--max-restarts={max_restarts}"),
+                ];
+                v.extend(argv);
+                v
+            }
+        })
+    }
+
+    /// The job's complete environment.
+    fn env(&self, spec: &AttemptSpec, dir: &Path, gpus: &[usize]) -> Vec<(OsString, OsString)> {
+        let mut env: Vec<(OsString, OsString)> = if self.inherit_env {
+            std::env::vars_os().collect()
+        } else {
+            Vec::new()
+        };
+        let mut set = |k: &str, v: OsString| {
+            env.retain(|(ek, _)| ek != k);
+            env.push((k.into(), v));
+        };
+        for (k, v) in &spec.command.env {
+            set(k, v.into());
+        }
+        set(ATTEMPT_ID_ENV, spec.attempt_id.as_str().into());
+        set(ATTEMPT_DIR_ENV, dir.as_os_str().to_owned());
+        if !self.gpu_ids.is_empty() {
+            let ids: Vec<&str> = gpus.iter().map(|&g| self.gpu_ids[g].as_str()).collect();
+            set("CUDA_VISIBLE_DEVICES", ids.join(",").into());
+        }
+        env
+    }
+
+    /// The state an attempt folder shows, for a job not (or no longer) run by this instance.
+    fn status_from_folder(&self, id: &AttemptId) -> Result<JobStatus, ExecutorError> {
+        Ok(match self.folder_view(id)? {
+            FolderView::Status(s) => s,
+            FolderView::Queued(_) => {
+                JobStatus::new(id.clone(), JobState::Pending).with_reason("queued, not started")
+            }
+        })
+    }
+
+    fn folder_view(&self, id: &AttemptId) -> Result<FolderView, ExecutorError> {
+        let dir = self.dir(id);
+        let rec = folder::read_attempt(&dir)?;
+        let log = rec
+            .as_ref()
+            .map(|r| self.log_path(&r.spec))
+            .unwrap_or_else(|| dir.join(folder::LOG_FILE));
+        let status = |state| JobStatus::new(id.clone(), state).with_log_path(&log);
+        if let Some(exit) = folder::read_exit(&dir)? {
+            let cancel_ms = folder::read_opt(&dir.join(folder::CANCEL_FILE))?
+                .and_then(|s| s.trim().parse::<u64>().ok());
+            return Ok(FolderView::Status(status_from_exit(
+                status(JobState::Completed),
+                &exit,
+                cancel_ms,
+            )));
+        }
+        if let Some((pid, ticks)) = folder::read_pid_file(&dir.join(folder::WRAPPER_FILE))? {
+            if folder::is_same_process_alive(pid, ticks) {
+                return Ok(FolderView::Status(
+                    status(JobState::Running).with_nodes("localhost"),
+                ));
+            }
+            // The wrapper is gone without a record (killed, machine rebooted). The job may
+            // outlive it, but nobody will record its end.
+            if let Some((jpid, jticks)) = folder::read_pid_file(&dir.join(folder::JOB_FILE))?
+                && folder::is_same_process_alive(jpid, jticks)
+            {
+                return Ok(FolderView::Status(
+                    status(JobState::Running)
+                        .with_reason("wrapper gone: the job's end will not be recorded"),
+                ));
+            }
+            // The record may have landed between our two reads.
+            if let Some(exit) = folder::read_exit(&dir)? {
+                return Ok(FolderView::Status(status_from_exit(
+                    status(JobState::Completed),
+                    &exit,
+                    None,
+                )));
+            }
+            return Ok(FolderView::Status(status(JobState::Lost).with_reason(
+                format!(
+                    "wrapper pid {pid} ended without recording an exit status in {}",
+                    dir.display()
+                ),
+            )));
+        }
+        if let Some(t) = folder::read_opt(&dir.join(folder::LAUNCHING_FILE))? {
+            let t = t.trim().parse::<u64>().unwrap_or(0);
+            return Ok(FolderView::Status(
+                if now_ms().saturating_sub(t) < LAUNCH_GRACE.as_millis() as u64 {
+                    status(JobState::Pending).with_reason("launching")
+                } else {
+                    status(JobState::Lost).with_reason(format!(
+                        "launch claimed at {t} ms but no wrapper started (controller died \
+                         while launching?) in {}",
+                        dir.display()
+                    ))
+                },
+            ));
+        }
+        match rec {
+            Some(r) => Ok(FolderView::Queued(Box::new(r))),
+            None => Ok(FolderView::Status(
+                status(JobState::Lost)
+                    .with_reason(format!("no attempt record in {}", dir.display())),
+            )),
+        }
+    }
+
+    fn pending_reason(&self, st: &State, rec: &AttemptRecord) -> String {
+        let need = rec.spec.topology.gpus_per_node() as usize;
+        if st.running >= self.max_concurrent {
+            format!("concurrency limit ({} running)", st.running)
+        } else if need > 0 {
+            format!("waiting for {need} free GPUs")
+        } else {
+            "queued".into()
+        }
+    }
+
+    /// Signals a running job's process group, escalating, until its record exists.
+    async fn cancel_running(&self, id: &AttemptId) -> Result<(), ExecutorError> {
+        let dir = self.dir(id);
+        if folder::read_exit(&dir)?.is_some() {
+            return Ok(());
+        }
+        folder::write_atomic(&dir, folder::CANCEL_FILE, now_ms().to_string().as_bytes())?;
+        // The job pid may not be written yet if the launch is in progress.
+        let mut job = None;
+        for _ in 0..200 {
+            job = folder::read_pid_file(&dir.join(folder::JOB_FILE))?;
+            if job.is_some() || folder::read_exit(&dir)?.is_some() {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        let live =
+            |job: Option<(i32, u64)>| job.filter(|&(p, t)| folder::is_same_process_alive(p, t));
+        if let Some((pid, _)) = live(job) {
+            wrapper::signal_group(pid, libc::SIGTERM);
+        }
+        let phases = [
+            (self.kill_grace, Some(libc::SIGKILL)),
+            (self.cancel_timeout, None),
+        ];
+        for (wait, then) in phases {
+            let deadline = tokio::time::Instant::now() + wait;
+            while tokio::time::Instant::now() < deadline {
+                if folder::read_exit(&dir)?.is_some() {
+                    return Ok(());
+                }
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+            if let (Some(sig), Some((pid, _))) = (then, live(job)) {
+                wrapper::signal_group(pid, sig);
+            }
+        }
+        let state = self.status_from_folder(id)?.state;
+        if state.is_terminal() {
+            return Ok(());
+        }
+        Err(ExecutorError::CancelUnconfirmed {
+            attempt_id: id.clone(),
+            job_id: id.to_string(),
+            state: state.to_string(),
+        })
+    }
+}
+
+enum FolderView {
+    Status(JobStatus),
+    Queued(Box<AttemptRecord>),
+}
+
+/// Turns an exit record into a status: walltime beats cancel beats the raw outcome.
+fn status_from_exit(base: JobStatus, exit: &ExitRecord, cancel_ms: Option<u64>) -> JobStatus {
+    let cancelled = cancel_ms.is_some_and(|c| exit.end_ms.is_none_or(|e| e >= c));
+    let mut s = base.with_times(exit.start_ms, exit.end_ms);
+    match exit.kind {
+        ExitKind::CancelledBeforeStart => {
+            s.state = JobState::Cancelled { by_uid: None };
+            s.reason = Some("cancelled before it started".into());
+        }
+        ExitKind::LaunchFailed(errno) => {
+            s.state = JobState::LaunchFailed;
+            s.exit_code = Some(127);
+            s.reason = Some(format!(
+                "cannot start the command: {}",
+                std::io::Error::from_raw_os_error(errno)
+            ));
+        }
+        ExitKind::Exited(code) => {
+            s.exit_code = Some(code);
+            s.state = if exit.timed_out {
+                JobState::Timeout
+            } else if cancelled {
+                JobState::Cancelled { by_uid: None }
+            } else if code == 0 {
+                JobState::Completed
+            } else {
+                JobState::Failed
+            };
+            s.nodes = Some("localhost".into());
+        }
+        ExitKind::Signaled(sig) => {
+            // Shells report death by signal N as exit 128+N; keep that convention for the code
+            // and the real signal alongside.
+            s.exit_code = Some(128 + sig);
+            s.signal = Some(sig);
+            s.state = if exit.timed_out {
+                JobState::Timeout
+            } else if cancelled {
+                JobState::Cancelled { by_uid: None }
+            } else {
+                JobState::Killed { signal: sig }
+            };
+            s.nodes = Some("localhost".into());
+        }
+    }
+    s
+}
+
+/// Finds `program` like `execvp` would: as given when it holds a `/` (relative to `cwd`),
+/// else the first executable regular file in `PATH`.
+fn resolve_program(program: &str, path: Option<&OsString>, cwd: Option<&Path>) -> Option<PathBuf> {
+    use std::os::unix::fs::PermissionsExt;
+    let is_exec = |p: &Path| {
+        std::fs::metadata(p).is_ok_and(|m| m.is_file() && m.permissions().mode() & 0o111 != 0)
+    };
+    if program.contains('/') {
+        let p = match cwd {
+            Some(c) if !program.starts_with('/') => c.join(program),
+            _ => PathBuf::from(program),
+        };
+        // Leave a missing program to execve, which reports the precise errno.
+        return Some(p);
+    }
+    let default = OsString::from("/usr/local/bin:/usr/bin:/bin");
+    std::env::split_paths(path.unwrap_or(&default))
+        .map(|d| d.join(program))
+        .find(|p| is_exec(p))
+}
+
+#[async_trait]
+impl Executor for LocalExecutor {
+    fn kind(&self) -> &str {
+        "local"
+    }
+
+    async fn submit(&self, spec: &AttemptSpec) -> Result<JobHandle, ExecutorError> {
+        spec.validate()?;
+        let inner = &self.inner;
+        let id = &spec.attempt_id;
+        if spec.topology.nodes != 1 {
+            return Err(ExecutorError::Unsatisfiable {
+                attempt_id: id.clone(),
+                needed: format!("{} nodes", spec.topology.nodes),
+                available: "1 node (this machine)".into(),
+            });
+        }
+        if spec.topology.ntasks_per_node != 1
+            && !matches!(spec.topology.launcher, TaskLauncher::Torchrun { .. })
+        {
+            return Err(ExecutorError::InvalidSpec {
+                attempt_id: Some(id.clone()),
+                field: "topology.ntasks_per_node".into(),
+                value: spec.topology.ntasks_per_node.to_string(),
+                expected: "1 for the local executor (use the Torchrun launcher for several \
+                           processes)"
+                    .into(),
+            });
+        }
+        if spec.command.shell && matches!(spec.topology.launcher, TaskLauncher::Torchrun { .. }) {
+            return Err(ExecutorError::InvalidSpec {
+                attempt_id: Some(id.clone()),
+                field: "command.shell".into(),
+                value: "true".into(),
+                expected: "false with the Torchrun launcher (torchrun runs a script file)".into(),
+            });
+        }
+        let need = spec.topology.gpus_per_node() as usize;
+        if need > inner.gpu_ids.len() {
+            return Err(ExecutorError::Unsatisfiable {
+                attempt_id: id.clone(),
+                needed: format!("{need} GPUs"),
+                available: format!(
+                    "{} GPUs (ids {})",
+                    inner.gpu_ids.len(),
+                    inner.gpu_ids.join(",")
+                ),
+            });
+        }
+        inner.runtime()?;
+        let dir = inner.dir(id);
+        match std::fs::create_dir(&dir) {
+            Ok(()) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {
+                // A folder without a record is the remains of a submit that crashed: reuse it.
+                if folder::read_attempt(&dir)?.is_some() {
+                    return Err(ExecutorError::DuplicateAttempt {
+                        attempt_id: id.clone(),
+                        job_id: id.to_string(),
+                    });
+                }
+            }
+            Err(e) => return Err(ExecutorError::io("creating attempt folder", &dir, e)),
+        }
+        let rec = AttemptRecord {
+            version: 1,
+            submitted_at_ms: now_ms(),
+            spec: spec.clone(),
+        };
+        let json = serde_json::to_vec_pretty(&rec).map_err(|e| ExecutorError::Other {
+            message: format!("cannot serialize attempt {id}: {e}"),
+            retryable: false,
+        })?;
+        folder::write_atomic(&dir, folder::ATTEMPT_FILE, &json)?;
+        folder::sync_dir(&inner.root)?;
+        let handle = inner.handle(id, rec.submitted_at_ms);
+        let mut st = inner.lock();
+        st.jobs.insert(id.clone(), Entry::Queued(Box::new(rec)));
+        st.queue.push_back(id.clone());
+        inner.dispatch(&mut st);
+        Ok(handle)
+    }
+
+    async fn poll(&self, handles: &[JobHandle]) -> Result<Vec<JobStatus>, ExecutorError> {
+        let inner = &self.inner;
+        for h in handles {
+            inner.check_handle(h)?;
+        }
+        if inner.runtime().is_ok() {
+            // Queued jobs left by an earlier runtime start on this one.
+            let mut st = inner.lock();
+            if !st.queue.is_empty() {
+                inner.dispatch(&mut st);
+            }
+        }
+        let mut out = Vec::with_capacity(handles.len());
+        let mut to_read = Vec::new();
+        {
+            let st = inner.lock();
+            for (i, h) in handles.iter().enumerate() {
+                let id = &h.attempt_id;
+                out.push(match st.jobs.get(id) {
+                    Some(Entry::Done(s)) => Some(s.clone()),
+                    Some(Entry::Queued(rec)) => Some(
+                        JobStatus::new(id.clone(), JobState::Pending)
+                            .with_reason(inner.pending_reason(&st, rec))
+                            .with_log_path(inner.log_path(&rec.spec)),
+                    ),
+                    Some(Entry::Running {
+                        log_path,
+                        started_ms,
+                        ..
+                    }) => Some(
+                        JobStatus::new(id.clone(), JobState::Running)
+                            .with_log_path(log_path)
+                            .with_nodes("localhost")
+                            .with_times(Some(*started_ms), None),
+                    ),
+                    Some(Entry::External) | None => {
+                        to_read.push(i);
+                        None
+                    }
+                });
+            }
+        }
+        for i in to_read {
+            let id = &handles[i].attempt_id;
+            let status = match inner.folder_view(id)? {
+                FolderView::Status(s) => s,
+                FolderView::Queued(rec) => {
+                    // Queued by a controller that is gone: adopt it (the launch claim keeps it
+                    // from running twice if that controller comes back).
+                    inner.runtime()?;
+                    let log = inner.log_path(&rec.spec);
+                    let mut st = inner.lock();
+                    if !st.jobs.contains_key(id) {
+                        st.jobs.insert(id.clone(), Entry::Queued(rec));
+                        st.queue.push_back(id.clone());
+                        inner.dispatch(&mut st);
+                    }
+                    JobStatus::new(id.clone(), JobState::Pending)
+                        .with_reason("adopted from an earlier controller")
+                        .with_log_path(log)
+                }
+            };
+            if status.state.is_terminal() {
+                inner
+                    .lock()
+                    .jobs
+                    .insert(id.clone(), Entry::Done(status.clone()));
+            } else {
+                inner
+                    .lock()
+                    .jobs
+                    .entry(id.clone())
+                    .or_insert(Entry::External);
+            }
+            out[i] = Some(status);
+        }
+        Ok(out.into_iter().map(|s| s.expect("filled above")).collect())
+    }
+
+    async fn cancel(&self, handle: &JobHandle) -> Result<(), ExecutorError> {
+        let inner = &self.inner;
+        inner.check_handle(handle)?;
+        let id = &handle.attempt_id;
+        let dir = inner.dir(id);
+        let queued = {
+            let mut st = inner.lock();
+            match st.jobs.get(id) {
+                Some(Entry::Done(_)) => return Ok(()),
+                Some(Entry::Queued(_)) => {
+                    st.jobs.remove(id);
+                    st.queue.retain(|q| q != id);
+                    true
+                }
+                Some(Entry::Running { .. }) | Some(Entry::External) => false,
+                None => matches!(inner.folder_view(id)?, FolderView::Queued(_)),
+            }
+        };
+        // If someone started it meanwhile, the claim fails: cancel it as a running job.
+        if queued && folder::create_exclusive(&dir, folder::LAUNCHING_FILE, &now_ms().to_string())?
+        {
+            let t = now_ms();
+            let rec = format!("status=cancelled_before_start\nstart_ms={t}\nend_ms={t}\n");
+            folder::write_atomic(&dir, folder::EXIT_FILE, rec.as_bytes())?;
+            let status = inner.status_from_folder(id)?;
+            inner.lock().jobs.insert(id.clone(), Entry::Done(status));
+            return Ok(());
+        }
+        inner.cancel_running(id).await
+    }
+
+    async fn find(&self, attempt_id: &AttemptId) -> Result<Option<JobHandle>, ExecutorError> {
+        let dir = self.inner.dir(attempt_id);
+        Ok(folder::read_attempt(&dir)?
+            .map(|rec| self.inner.handle(attempt_id, rec.submitted_at_ms)))
+    }
+}

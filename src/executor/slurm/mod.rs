@@ -1,0 +1,465 @@
+//! `SlurmExecutor`: attempts as Slurm batch jobs (feature `slurm`, on by default: it needs
+//! no extra dependency, only Slurm's own `sbatch`/`squeue`/`sacct`/`scancel` at run time).
+//!
+//! A polite client:
+//! - **Submit**: the spec is rendered as a batch script ([`script`]: every value quoted, job
+//!   name = attempt id), written next to the logs, and passed to `sbatch --parsable`. Success
+//!   is the exit code; the id is read from the last matching stdout line ([`parse`]); stderr of
+//!   a successful submit is kept as a warning. Transient failures are retried with backoff and
+//!   jitter, and **before every retry the job is looked up by name**, so an sbatch that failed
+//!   after the controller had accepted the job never yields a second job (C04).
+//! - **Poll**: one cycle asks `squeue` once (`-t all`, every live job id on the command line)
+//!   and `sacct` at most once (only jobs squeue no longer shows as active), whatever the
+//!   number of jobs; per cluster when jobs carry one. Cycles are rate-limited: a `poll` sooner
+//!   than the current interval answers from the cache, and the interval doubles (up to a
+//!   maximum) while nothing changes. Final states come from `sacct` (squeue forgets finished
+//!   jobs within seconds); a job missing from both is `Pending` for a grace period after its
+//!   submission, then [`JobState::Lost`].
+//! - **Cancel**: `scancel`, then polled until a terminal state is confirmed.
+//! - **Arrays**: [`Executor::submit_array`] is one `sbatch --array=0-N[%max]`.
+//!
+//! [`JobState::Lost`]: crate::executor::JobState::Lost
+
+mod command;
+pub mod parse;
+mod poll;
+pub mod script;
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_trait::async_trait;
+
+use super::{
+    ArraySpec, AttemptId, AttemptSpec, Executor, ExecutorError, JobHandle, JobStatus, check_kind,
+    now_ms,
+};
+use command::{Counters, Runner};
+pub use command::{RetryPolicy, SlurmStats};
+use parse::{ErrorClass, JobRef};
+use poll::PollState;
+
+/// How often the scheduler is asked: at least `min_interval` apart, doubling while nothing
+/// changes up to `max_interval`, back to `min_interval` after a change or a submit.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PollPolicy {
+    /// Shortest time between two scheduler queries (a site asking for >= 120 s sets it here).
+    pub min_interval: Duration,
+    /// Longest time between two scheduler queries while jobs are live.
+    pub max_interval: Duration,
+    /// How long a job may be missing from both squeue and sacct after its submission (or its
+    /// last sighting) before it is reported lost (C14: at least 5 minutes by default).
+    pub missing_grace: Duration,
+}
+
+impl Default for PollPolicy {
+    /// 2 s .. 60 s, 5 minutes grace.
+    fn default() -> Self {
+        Self {
+            min_interval: Duration::from_secs(2),
+            max_interval: Duration::from_secs(60),
+            missing_grace: Duration::from_secs(300),
+        }
+    }
+}
+
+/// Builder of a [`SlurmExecutor`].
+#[derive(Debug, Clone)]
+pub struct SlurmExecutorBuilder {
+    log_dir: PathBuf,
+    bin_dir: Option<PathBuf>,
+    poll: PollPolicy,
+    retry: RetryPolicy,
+    command_timeout: Duration,
+    cancel_timeout: Duration,
+}
+
+impl SlurmExecutorBuilder {
+    /// Where Slurm binaries are (default: found in `PATH`).
+    pub fn bin_dir(mut self, dir: impl Into<PathBuf>) -> Self {
+        self.bin_dir = Some(dir.into());
+        self
+    }
+
+    /// Polling intervals and grace (see [`PollPolicy`]).
+    pub fn poll_policy(mut self, poll: PollPolicy) -> Self {
+        self.poll = poll;
+        self
+    }
+
+    /// Retry policy for transient command failures (see [`RetryPolicy`]).
+    pub fn retry_policy(mut self, retry: RetryPolicy) -> Self {
+        self.retry = retry;
+        self
+    }
+
+    /// Time after which a Slurm command is killed and counted as a transient failure
+    /// (default 60 s).
+    pub fn command_timeout(mut self, timeout: Duration) -> Self {
+        self.command_timeout = timeout;
+        self
+    }
+
+    /// How long [`Executor::cancel`] waits for Slurm to confirm the end (default 60 s).
+    pub fn cancel_timeout(mut self, timeout: Duration) -> Self {
+        self.cancel_timeout = timeout;
+        self
+    }
+
+    /// Creates the log folder and the executor.
+    ///
+    /// # Errors
+    /// [`ExecutorError::Io`] when the log folder cannot be created;
+    /// [`ExecutorError::InvalidSpec`] for a zero retry count or `min_interval > max_interval`.
+    pub fn build(self) -> Result<SlurmExecutor, ExecutorError> {
+        if self.retry.max_tries == 0 {
+            return Err(ExecutorError::InvalidSpec {
+                attempt_id: None,
+                field: "slurm.retry.max_tries".into(),
+                value: "0".into(),
+                expected: "at least 1".into(),
+            });
+        }
+        if self.poll.min_interval > self.poll.max_interval {
+            return Err(ExecutorError::InvalidSpec {
+                attempt_id: None,
+                field: "slurm.poll.min_interval".into(),
+                value: format!("{:?}", self.poll.min_interval),
+                expected: format!("at most max_interval ({:?})", self.poll.max_interval),
+            });
+        }
+        std::fs::create_dir_all(&self.log_dir)
+            .map_err(|e| ExecutorError::io("creating log folder", &self.log_dir, e))?;
+        let log_dir = std::fs::canonicalize(&self.log_dir)
+            .map_err(|e| ExecutorError::io("resolving log folder", &self.log_dir, e))?;
+        Ok(SlurmExecutor {
+            inner: Arc::new(Inner {
+                log_dir,
+                poll_policy: self.poll,
+                cancel_timeout: self.cancel_timeout,
+                runner: Runner {
+                    bin_dir: self.bin_dir,
+                    timeout: self.command_timeout,
+                    retry: self.retry,
+                    counters: Counters::default(),
+                },
+                state: tokio::sync::Mutex::new(PollState::new(self.poll.min_interval)),
+                warnings: std::sync::Mutex::new(Vec::new()),
+            }),
+        })
+    }
+}
+
+/// Runs attempts as Slurm batch jobs. See the [module docs](self).
+///
+/// Kind: `slurm`. Handles carry the job id, the array task and the cluster (`-M`).
+#[derive(Clone)]
+pub struct SlurmExecutor {
+    inner: Arc<Inner>,
+}
+
+impl std::fmt::Debug for SlurmExecutor {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SlurmExecutor")
+            .field("log_dir", &self.inner.log_dir)
+            .field("poll", &self.inner.poll_policy)
+            .finish()
+    }
+}
+
+pub(crate) struct Inner {
+    log_dir: PathBuf,
+    poll_policy: PollPolicy,
+    cancel_timeout: Duration,
+    runner: Runner,
+    state: tokio::sync::Mutex<PollState>,
+    warnings: std::sync::Mutex<Vec<String>>,
+}
+
+impl SlurmExecutor {
+    /// A builder; batch scripts and default logs go to `log_dir` (created if missing; on a
+    /// cluster it must be on a filesystem the compute nodes see).
+    pub fn builder(log_dir: impl Into<PathBuf>) -> SlurmExecutorBuilder {
+        SlurmExecutorBuilder {
+            log_dir: log_dir.into(),
+            bin_dir: None,
+            poll: PollPolicy::default(),
+            retry: RetryPolicy::default(),
+            command_timeout: Duration::from_secs(60),
+            cancel_timeout: Duration::from_secs(60),
+        }
+    }
+
+    /// Scheduler calls made so far.
+    pub fn stats(&self) -> SlurmStats {
+        self.inner.runner.counters.snapshot()
+    }
+
+    /// Warnings collected so far (e.g. stderr of successful `sbatch` calls, C03), oldest first.
+    pub fn warnings(&self) -> Vec<String> {
+        self.inner
+            .warnings
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
+    }
+
+    /// The folder of batch scripts and default logs.
+    pub fn log_dir(&self) -> &Path {
+        &self.inner.log_dir
+    }
+}
+
+impl Inner {
+    fn warn(&self, w: String) {
+        let mut v = self.warnings.lock().unwrap_or_else(|p| p.into_inner());
+        if v.len() < 1000 {
+            v.push(w);
+        }
+    }
+
+    /// Writes the script and submits it, adopting a job that an ambiguous failure left behind.
+    async fn sbatch(
+        &self,
+        spec: &AttemptSpec,
+        script: &str,
+    ) -> Result<(JobRef, u64), ExecutorError> {
+        let id = &spec.attempt_id;
+        let path = self.log_dir.join(format!("{id}.sbatch"));
+        std::fs::write(&path, script)
+            .map_err(|e| ExecutorError::io("writing batch script", &path, e))?;
+        let submitted_at = now_ms();
+        let args = vec!["--parsable".to_string(), path.display().to_string()];
+        let mut last = String::new();
+        for tries in 1..=self.runner.retry.max_tries {
+            let out = self.runner.run_once("sbatch", &args).await?;
+            if out.ok() {
+                match parse::parse_sbatch(&out.stdout, &out.stderr) {
+                    Ok(r) => {
+                        if !out.stderr.trim().is_empty() {
+                            self.warn(format!("sbatch for {id}: {}", out.stderr.trim()));
+                        }
+                        return Ok((r, submitted_at));
+                    }
+                    Err(e) => {
+                        // Exit 0 means Slurm took it: find it rather than submit again.
+                        return match self.lookup(id, submitted_at).await? {
+                            Some(r) => Ok((r, submitted_at)),
+                            None => Err(e),
+                        };
+                    }
+                }
+            }
+            match out.class() {
+                ErrorClass::Throttle => {
+                    return Err(ExecutorError::SubmitThrottled {
+                        attempt_id: id.clone(),
+                        message: out.message(),
+                    });
+                }
+                ErrorClass::Transient => {
+                    last = out.message();
+                    // The job may exist although sbatch failed (C04): look before retrying.
+                    match self.lookup(id, submitted_at).await {
+                        Ok(Some(r)) => {
+                            self.warn(format!(
+                                "sbatch for {id} failed ({last}) but job {r} exists: adopted"
+                            ));
+                            return Ok((r, submitted_at));
+                        }
+                        Ok(None) => {}
+                        Err(e) => {
+                            return Err(ExecutorError::SubmitUnknown {
+                                attempt_id: id.clone(),
+                                tries,
+                                message: format!("{last}; lookup by name failed: {e}"),
+                            });
+                        }
+                    }
+                    if tries < self.runner.retry.max_tries {
+                        self.runner
+                            .counters
+                            .retries
+                            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                        tokio::time::sleep(self.runner.retry.delay(tries)).await;
+                    }
+                }
+                _ => {
+                    return Err(ExecutorError::SubmitRejected {
+                        attempt_id: id.clone(),
+                        message: out.message(),
+                    });
+                }
+            }
+        }
+        Err(ExecutorError::SubmitUnknown {
+            attempt_id: id.clone(),
+            tries: self.runner.retry.max_tries,
+            message: last,
+        })
+    }
+
+    fn log_template(&self, spec: &AttemptSpec, array: bool) -> String {
+        match &spec.log_path {
+            Some(p) => script::escape_filename_pattern(&p.to_string_lossy()),
+            None => {
+                let dir = script::escape_filename_pattern(&self.log_dir.to_string_lossy());
+                if array {
+                    format!("{dir}/{}-%A_%a.out", spec.attempt_id)
+                } else {
+                    format!("{dir}/{}-%j.out", spec.attempt_id)
+                }
+            }
+        }
+    }
+
+    fn make_handle(
+        &self,
+        id: &AttemptId,
+        r: &JobRef,
+        task: Option<u32>,
+        submitted_at: u64,
+        log_template: &str,
+    ) -> JobHandle {
+        let mut h = JobHandle::new("slurm", id.clone(), r.id.to_string(), submitted_at)
+            .with_data("log", script::expand_log_path(log_template, r.id, task));
+        if let Some(t) = task {
+            h = h.with_array_task(t);
+        }
+        if let Some(c) = &r.cluster {
+            h = h.with_cluster(c);
+        }
+        h
+    }
+}
+
+/// The key a handle is cached under.
+fn job_key(h: &JobHandle) -> Result<poll::JobKey, ExecutorError> {
+    let id = h.job_id.parse::<u64>().map_err(|_| ExecutorError::Parse {
+        command: "job handle".into(),
+        detail: format!("job_id of attempt {} is not a Slurm job id", h.attempt_id),
+        output: h.job_id.clone(),
+    })?;
+    Ok(poll::JobKey {
+        cluster: h.cluster.clone(),
+        id,
+        task: h.array_task,
+    })
+}
+
+#[async_trait]
+impl Executor for SlurmExecutor {
+    fn kind(&self) -> &str {
+        "slurm"
+    }
+
+    async fn submit(&self, spec: &AttemptSpec) -> Result<JobHandle, ExecutorError> {
+        spec.validate()?;
+        let inner = &self.inner;
+        let template = inner.log_template(spec, false);
+        let script = script::render(spec, &template, None)?;
+        let (r, at) = inner.sbatch(spec, &script).await?;
+        let h = inner.make_handle(&spec.attempt_id, &r, None, at, &template);
+        inner
+            .state
+            .lock()
+            .await
+            .submitted(&[job_key(&h)?], inner.poll_policy.min_interval);
+        Ok(h)
+    }
+
+    async fn submit_array(&self, array: &ArraySpec) -> Result<Vec<JobHandle>, ExecutorError> {
+        array.validate()?;
+        let inner = &self.inner;
+        let spec = &array.template;
+        let template = inner.log_template(spec, true);
+        let script = script::render(
+            spec,
+            &template,
+            Some(script::ArrayOpts {
+                size: array.size,
+                max_concurrent: array.max_concurrent,
+            }),
+        )?;
+        let (r, at) = inner.sbatch(spec, &script).await?;
+        let handles = (0..array.size)
+            .map(|i| {
+                let tid = spec.attempt_id.array_task(i)?;
+                Ok(inner.make_handle(&tid, &r, Some(i), at, &template))
+            })
+            .collect::<Result<Vec<_>, ExecutorError>>()?;
+        let keys = handles.iter().map(job_key).collect::<Result<Vec<_>, _>>()?;
+        inner
+            .state
+            .lock()
+            .await
+            .submitted(&keys, inner.poll_policy.min_interval);
+        Ok(handles)
+    }
+
+    async fn poll(&self, handles: &[JobHandle]) -> Result<Vec<JobStatus>, ExecutorError> {
+        for h in handles {
+            check_kind("slurm", h)?;
+        }
+        self.inner.poll_cycle(handles, false).await
+    }
+
+    async fn cancel(&self, handle: &JobHandle) -> Result<(), ExecutorError> {
+        check_kind("slurm", handle)?;
+        self.inner.cancel(handle).await
+    }
+
+    async fn find(&self, attempt_id: &AttemptId) -> Result<Option<JobHandle>, ExecutorError> {
+        let inner = &self.inner;
+        // Jobs older than a week are not looked for (sacct -S bound, C17).
+        let since = now_ms().saturating_sub(7 * 24 * 3600 * 1000);
+        if let Some(r) = inner.lookup(attempt_id, since).await? {
+            let template = inner.log_template(
+                &AttemptSpec::new(attempt_id.clone(), super::CommandSpec::new("true")),
+                false,
+            );
+            return Ok(Some(
+                inner.make_handle(attempt_id, &r, None, since, &template),
+            ));
+        }
+        if let Some((base, task)) = attempt_id.split_array_task()
+            && let Some(r) = inner.lookup(&base, since).await?
+        {
+            let template = inner.log_template(
+                &AttemptSpec::new(base.clone(), super::CommandSpec::new("true")),
+                true,
+            );
+            return Ok(Some(inner.make_handle(
+                attempt_id,
+                &r,
+                Some(task),
+                since,
+                &template,
+            )));
+        }
+        Ok(None)
+    }
+}
+
+/// Groups keys by cluster, preserving first-seen order.
+pub(crate) fn by_cluster<T>(
+    items: impl IntoIterator<Item = (Option<String>, T)>,
+) -> Vec<(Option<String>, Vec<T>)> {
+    let mut order: Vec<Option<String>> = Vec::new();
+    let mut map: HashMap<Option<String>, Vec<T>> = HashMap::new();
+    for (c, t) in items {
+        if !map.contains_key(&c) {
+            order.push(c.clone());
+        }
+        map.entry(c).or_default().push(t);
+    }
+    order
+        .into_iter()
+        .map(|c| {
+            let v = map.remove(&c).unwrap_or_default();
+            (c, v)
+        })
+        .collect()
+}

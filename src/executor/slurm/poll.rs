@@ -1,0 +1,450 @@
+//! The poll cycle (one `squeue` + at most one `sacct` for all live jobs), the job cache with
+//! its backoff, lookup by job name, and confirmed cancel.
+
+use std::collections::{BTreeSet, HashMap};
+use std::time::{Duration, Instant};
+
+use crate::executor::{AttemptId, ExecutorError, JobHandle, JobState, JobStatus, now_ms};
+
+use super::parse::{self, ErrorClass, JobRef, SacctRecord, SqueueRow};
+use super::{Inner, by_cluster, job_key};
+
+/// A job in the cache: cluster, job id, array task.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub(crate) struct JobKey {
+    pub cluster: Option<String>,
+    pub id: u64,
+    pub task: Option<u32>,
+}
+
+impl JobKey {
+    fn from_ref(cluster: &Option<String>, r: &JobRef) -> Self {
+        Self {
+            cluster: cluster.clone(),
+            id: r.id,
+            task: r.array_task,
+        }
+    }
+}
+
+#[derive(Debug, Clone)]
+struct Cached {
+    state: JobState,
+    /// Everything but the attempt id (filled per handle on the way out).
+    status: JobStatus,
+    /// Terminal and settled: never asked about again.
+    final_: bool,
+    /// When it was last seen by squeue or sacct (or submitted).
+    last_seen: Instant,
+}
+
+/// Poll state shared by all clones of one executor.
+#[derive(Debug)]
+pub(crate) struct PollState {
+    cache: HashMap<JobKey, Cached>,
+    last_cycle: Option<Instant>,
+    interval: Duration,
+    /// `false` once sacct said accounting is disabled (C18): squeue only from then on.
+    accounting: bool,
+}
+
+impl PollState {
+    pub fn new(min_interval: Duration) -> Self {
+        Self {
+            cache: HashMap::new(),
+            last_cycle: None,
+            interval: min_interval,
+            accounting: true,
+        }
+    }
+
+    /// Records fresh submissions (Pending) and resets the backoff.
+    pub fn submitted(&mut self, keys: &[JobKey], min_interval: Duration) {
+        let placeholder = AttemptId::new("pending").expect("valid");
+        for k in keys {
+            self.cache.insert(
+                k.clone(),
+                Cached {
+                    state: JobState::Pending,
+                    status: JobStatus::new(placeholder.clone(), JobState::Pending)
+                        .with_reason("submitted"),
+                    final_: false,
+                    last_seen: Instant::now(),
+                },
+            );
+        }
+        self.interval = min_interval;
+    }
+}
+
+/// `sacct -S` wants local time `YYYY-MM-DDTHH:MM:SS`.
+fn slurm_time(ms: u64) -> String {
+    let secs = (ms / 1000) as libc::time_t;
+    // SAFETY: localtime_r writes into the provided struct only.
+    let mut tm: libc::tm = unsafe { std::mem::zeroed() };
+    unsafe { libc::localtime_r(&secs, &mut tm) };
+    format!(
+        "{:04}-{:02}-{:02}T{:02}:{:02}:{:02}",
+        tm.tm_year + 1900,
+        tm.tm_mon + 1,
+        tm.tm_mday,
+        tm.tm_hour,
+        tm.tm_min,
+        tm.tm_sec
+    )
+}
+
+/// Margin subtracted from the earliest submission time for `sacct -S` (clock skew between
+/// controller and slurmdbd, C17).
+const SACCT_MARGIN_MS: u64 = 3600 * 1000;
+
+fn cluster_args(cluster: &Option<String>) -> Vec<String> {
+    match cluster {
+        Some(c) => vec!["-M".into(), c.clone()],
+        None => Vec::new(),
+    }
+}
+
+fn status_from_sacct(rec: &SacctRecord) -> JobStatus {
+    let placeholder = AttemptId::new("pending").expect("valid");
+    let mut state = rec.state.clone();
+    let mut s = JobStatus::new(placeholder, JobState::Pending).with_restarts(rec.restarts);
+    if let Some(e) = rec.exit {
+        if state.is_terminal() {
+            s.exit_code = Some(e.code);
+            s.signal = e.signal;
+            s.reason = e.note();
+        }
+        // A batch script ended by a signal it did not ask for (not a cancel, not OOM).
+        if state == JobState::Failed
+            && let Some(sig) = e.signal
+        {
+            state = JobState::Killed { signal: sig };
+            s.exit_code = Some(128 + sig);
+        }
+    }
+    s.nodes = rec.nodes.clone();
+    s.state = state;
+    s
+}
+
+impl Inner {
+    /// Answers `handles` from the cache, querying the scheduler first when the interval has
+    /// passed (or `force`).
+    pub(crate) async fn poll_cycle(
+        &self,
+        handles: &[JobHandle],
+        force: bool,
+    ) -> Result<Vec<JobStatus>, ExecutorError> {
+        let keys: Vec<JobKey> = handles.iter().map(job_key).collect::<Result<_, _>>()?;
+        let mut st = self.state.lock().await;
+        for (k, h) in keys.iter().zip(handles) {
+            st.cache.entry(k.clone()).or_insert_with(|| Cached {
+                state: JobState::Pending,
+                status: JobStatus::new(h.attempt_id.clone(), JobState::Pending)
+                    .with_reason("not polled yet"),
+                final_: false,
+                last_seen: Instant::now(),
+            });
+        }
+        let due = force || st.last_cycle.is_none_or(|t| t.elapsed() >= st.interval);
+        let live: BTreeSet<(JobKey, usize)> = keys
+            .iter()
+            .enumerate()
+            .filter(|(_, k)| !st.cache[*k].final_)
+            .map(|(i, k)| (k.clone(), i))
+            .collect();
+        if due && !live.is_empty() {
+            let changed = self.query(&mut st, handles, &live).await?;
+            st.last_cycle = Some(Instant::now());
+            st.interval = if changed {
+                self.poll_policy.min_interval
+            } else {
+                (st.interval * 2).min(self.poll_policy.max_interval)
+            };
+            self.runner
+                .counters
+                .poll_cycles
+                .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        }
+        Ok(keys
+            .iter()
+            .zip(handles)
+            .map(|(k, h)| {
+                let c = &st.cache[k];
+                let mut s = c.status.clone();
+                s.attempt_id = h.attempt_id.clone();
+                s.log_path = h.data.get("log").map(Into::into);
+                s
+            })
+            .collect())
+    }
+
+    /// One scheduler query for the live jobs; returns whether any state changed.
+    async fn query(
+        &self,
+        st: &mut PollState,
+        handles: &[JobHandle],
+        live: &BTreeSet<(JobKey, usize)>,
+    ) -> Result<bool, ExecutorError> {
+        let mut changed = false;
+        let groups = by_cluster(
+            live.iter()
+                .map(|(k, i)| (k.cluster.clone(), (k.clone(), *i))),
+        );
+        for (cluster, jobs) in groups {
+            let ids: BTreeSet<u64> = jobs.iter().map(|(k, _)| k.id).collect();
+            let id_list = ids.iter().map(u64::to_string).collect::<Vec<_>>().join(",");
+            // --- squeue, once ---
+            let mut args = vec![
+                "-h".to_string(),
+                "-t".into(),
+                "all".into(),
+                "-o".into(),
+                "%i|%T|%r|%N".into(),
+                "-j".into(),
+                id_list.clone(),
+            ];
+            args.extend(cluster_args(&cluster));
+            let out = self.runner.run_retrying("squeue", &args).await?;
+            let rows: Vec<SqueueRow> = if out.ok() {
+                parse::parse_squeue(&out.stdout)?
+            } else if out.class() == ErrorClass::InvalidJobId {
+                Vec::new() // every listed job is gone from squeue (C15): ask sacct
+            } else {
+                return Err(ExecutorError::CommandFailed {
+                    command: "squeue -j".into(),
+                    exit_code: out.code,
+                    stderr: out.message(),
+                });
+            };
+            let mut seen: HashMap<JobKey, SqueueRow> = HashMap::new();
+            for r in rows {
+                seen.insert(JobKey::from_ref(&cluster, &r.job), r);
+            }
+            // An array's row without task (a whole pending array as `ID`) covers its tasks.
+            let need_sacct: Vec<&JobKey> = jobs
+                .iter()
+                .map(|(k, _)| k)
+                .filter(|k| seen.get(*k).is_none_or(|r| r.state.is_terminal()))
+                .collect();
+            // --- sacct, at most once ---
+            let mut acct: HashMap<JobKey, SacctRecord> = HashMap::new();
+            if !need_sacct.is_empty() && st.accounting {
+                let ids: BTreeSet<u64> = need_sacct.iter().map(|k| k.id).collect();
+                let since = jobs
+                    .iter()
+                    .map(|(_, i)| handles[*i].submitted_at_ms)
+                    .min()
+                    .unwrap_or(0)
+                    .saturating_sub(SACCT_MARGIN_MS);
+                let mut args = vec![
+                    "-n".to_string(),
+                    "-P".into(),
+                    "-D".into(),
+                    "-o".into(),
+                    "JobID,State,ExitCode,NodeList,Start,End".into(),
+                    "-S".into(),
+                    slurm_time(since),
+                    "-j".into(),
+                    ids.iter().map(u64::to_string).collect::<Vec<_>>().join(","),
+                ];
+                args.extend(cluster_args(&cluster));
+                let out = self.runner.run_retrying("sacct", &args).await?;
+                if out.ok() {
+                    for rec in parse::parse_sacct(&out.stdout)? {
+                        acct.insert(JobKey::from_ref(&cluster, &rec.job), rec);
+                    }
+                } else if out.class() == ErrorClass::AccountingDisabled {
+                    st.accounting = false;
+                } else {
+                    return Err(ExecutorError::CommandFailed {
+                        command: "sacct -j".into(),
+                        exit_code: out.code,
+                        stderr: out.message(),
+                    });
+                }
+            }
+            // --- merge ---
+            let now = Instant::now();
+            for (k, i) in &jobs {
+                let h = &handles[*i];
+                let Some(prev) = st.cache.get(k).cloned() else {
+                    continue;
+                };
+                let row = seen.get(k);
+                let rec = acct.get(k);
+                let next: Option<(JobStatus, bool)> = match (row, rec) {
+                    (Some(r), _) if r.state.is_active() => {
+                        let mut s = JobStatus::new(h.attempt_id.clone(), r.state.clone());
+                        s.reason = r.reason.clone();
+                        s.nodes = r.nodes.clone();
+                        if let Some(m) = r.max_running {
+                            s.reason = Some(format!(
+                                "{} (array limit {m} running)",
+                                r.reason.as_deref().unwrap_or("pending")
+                            ));
+                        }
+                        s.restarts = prev.status.restarts;
+                        Some((s, false))
+                    }
+                    (_, Some(rec)) => {
+                        let s = status_from_sacct(rec);
+                        // Terminal in sacct and not active in squeue: settled.
+                        let fin = s.state.is_terminal();
+                        Some((s, fin))
+                    }
+                    (Some(r), None) => {
+                        // Terminal in squeue, no accounting record (yet).
+                        if st.accounting {
+                            None // wait for sacct to have it (keeps exit code exact)
+                        } else {
+                            let s = JobStatus::new(h.attempt_id.clone(), r.state.clone())
+                                .with_reason("from squeue; accounting disabled, exit code unknown");
+                            Some((s, true))
+                        }
+                    }
+                    (None, None) => {
+                        let since_seen = now.duration_since(prev.last_seen);
+                        let age_ms = now_ms().saturating_sub(h.submitted_at_ms);
+                        let grace = self.poll_policy.missing_grace;
+                        if !st.accounting
+                            && prev.state.is_active()
+                            && prev.state != JobState::Pending
+                        {
+                            // C18: it left squeue and there is no accounting to ask.
+                            Some((
+                                JobStatus::new(h.attempt_id.clone(), JobState::Failed).with_reason(
+                                    "left squeue; accounting disabled, outcome unknown",
+                                ),
+                                true,
+                            ))
+                        } else if since_seen < grace || (age_ms as u128) < grace.as_millis() {
+                            None // C14: not visible yet; keep the last state
+                        } else {
+                            Some((
+                                JobStatus::new(h.attempt_id.clone(), JobState::Lost).with_reason(
+                                    format!(
+                                        "job {} not in squeue or sacct for {:?}",
+                                        h.scheduler_ref(),
+                                        since_seen
+                                    ),
+                                ),
+                                true,
+                            ))
+                        }
+                    }
+                };
+                if let Some((status, fin)) = next {
+                    if status.state != prev.state {
+                        changed = true;
+                    }
+                    st.cache.insert(
+                        k.clone(),
+                        Cached {
+                            state: status.state.clone(),
+                            status,
+                            final_: fin,
+                            last_seen: if row.is_some() || rec.is_some() {
+                                now
+                            } else {
+                                prev.last_seen
+                            },
+                        },
+                    );
+                }
+            }
+        }
+        Ok(changed)
+    }
+
+    /// Finds the job named `name` (the attempt id): squeue first, then sacct since `since_ms`
+    /// minus a margin. The lowest id wins if there are several.
+    pub(crate) async fn lookup(
+        &self,
+        name: &AttemptId,
+        since_ms: u64,
+    ) -> Result<Option<JobRef>, ExecutorError> {
+        let args = vec![
+            "-h".to_string(),
+            "-t".into(),
+            "all".into(),
+            "-o".into(),
+            "%i|%T".into(),
+            format!("--name={name}"),
+        ];
+        let out = self.runner.run_retrying("squeue", &args).await?;
+        if out.ok() {
+            let rows = parse::parse_squeue(&out.stdout)?;
+            if let Some(r) = rows.iter().map(|r| r.job.id).min() {
+                return Ok(Some(JobRef::new(r)));
+            }
+        }
+        let args = vec![
+            "-n".to_string(),
+            "-P".into(),
+            "-X".into(),
+            "-o".into(),
+            "JobID,State,ExitCode".into(),
+            "-S".into(),
+            slurm_time(since_ms.saturating_sub(SACCT_MARGIN_MS)),
+            format!("--name={name}"),
+        ];
+        let out = self.runner.run_retrying("sacct", &args).await?;
+        if out.ok() {
+            let recs = parse::parse_sacct(&out.stdout)?;
+            return Ok(recs.iter().map(|r| r.job.id).min().map(JobRef::new));
+        }
+        if out.class() == ErrorClass::AccountingDisabled {
+            return Ok(None);
+        }
+        Err(ExecutorError::CommandFailed {
+            command: "sacct --name".into(),
+            exit_code: out.code,
+            stderr: out.message(),
+        })
+    }
+
+    /// `scancel`, then polls (forced cycles) until the job is terminal.
+    pub(crate) async fn cancel(&self, h: &JobHandle) -> Result<(), ExecutorError> {
+        let key = job_key(h)?;
+        {
+            let st = self.state.lock().await;
+            if st.cache.get(&key).is_some_and(|c| c.final_) {
+                return Ok(());
+            }
+        }
+        let mut args = vec![h.scheduler_ref()];
+        args.extend(cluster_args(&h.cluster));
+        let out = self.runner.run_retrying("scancel", &args).await?;
+        if !out.ok() {
+            let msg = out.stderr.to_ascii_lowercase();
+            let gone = msg.contains("already completing or completed")
+                || out.class() == ErrorClass::InvalidJobId;
+            if !gone {
+                return Err(ExecutorError::CommandFailed {
+                    command: "scancel".into(),
+                    exit_code: out.code,
+                    stderr: out.message(),
+                });
+            }
+        }
+        let deadline = Instant::now() + self.cancel_timeout;
+        let mut nap = Duration::from_millis(200);
+        loop {
+            let s = self.poll_cycle(std::slice::from_ref(h), true).await?;
+            if s[0].state.is_terminal() {
+                return Ok(());
+            }
+            if Instant::now() >= deadline {
+                return Err(ExecutorError::CancelUnconfirmed {
+                    attempt_id: h.attempt_id.clone(),
+                    job_id: h.scheduler_ref(),
+                    state: s[0].state.to_string(),
+                });
+            }
+            tokio::time::sleep(nap).await;
+            nap = (nap * 2).min(Duration::from_secs(5));
+        }
+    }
+}

@@ -1,0 +1,341 @@
+//! LocalExecutor against real processes: GPU slots, signals, walltime, detach and restart.
+
+use std::collections::BTreeSet;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use puzzletron::executor::*;
+
+fn id(s: &str) -> AttemptId {
+    AttemptId::new(s).expect("valid id")
+}
+
+fn exec(root: &Path) -> LocalExecutorBuilder {
+    LocalExecutor::builder(root).kill_grace(Duration::from_secs(1))
+}
+
+async fn wait(e: &dyn Executor, hs: &[JobHandle]) -> Vec<JobStatus> {
+    let st = e
+        .wait_terminal(hs, Duration::from_millis(20), Duration::from_secs(60))
+        .await
+        .expect("poll");
+    for s in &st {
+        assert!(s.state.is_terminal(), "not finished: {s:?}");
+    }
+    st
+}
+
+async fn wait_for_file(p: &Path) {
+    for _ in 0..1000 {
+        if p.exists() {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    panic!("{} never appeared", p.display());
+}
+
+fn sh(script: &str) -> CommandSpec {
+    // The scripts are test code, not data: shell is the right tool here.
+    CommandSpec::shell_script(script)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn eight_jobs_on_four_gpus_never_share_a_gpu() {
+    let root = tempfile::tempdir().unwrap();
+    let e = exec(root.path())
+        .max_concurrent(8)
+        .gpu_ids(["0", "1", "2", "3"])
+        .build()
+        .unwrap();
+    // 1,1,2,1,2,1,1,1 GPUs: 10 GPU-jobs on 4 ids, so some must wait for others.
+    let needs = [1u32, 1, 2, 1, 2, 1, 1, 1];
+    let mut hs = Vec::new();
+    for (i, n) in needs.iter().enumerate() {
+        let spec = AttemptSpec::new(
+            id(&format!("gpu{i}")),
+            sh(r#"s=$(date +%s%N); sleep 0.4; echo "$CUDA_VISIBLE_DEVICES $s $(date +%s%N)" > "$PUZZLETRON_ATTEMPT_DIR/seen""#),
+        )
+        .with_topology(TaskTopology {
+            gpus: GpuRequest::PerNode(*n),
+            ..TaskTopology::single()
+        });
+        hs.push(e.submit(&spec).await.unwrap());
+    }
+    let st = wait(&e, &hs).await;
+    let mut seen = Vec::new();
+    for (i, s) in st.iter().enumerate() {
+        assert_eq!(s.state, JobState::Completed, "{s:?}");
+        let text = std::fs::read_to_string(e.attempt_dir(&hs[i].attempt_id).join("seen")).unwrap();
+        let parts: Vec<&str> = text.split_whitespace().collect();
+        assert_eq!(parts.len(), 3, "job {i} saw {text:?}");
+        let gpus: BTreeSet<String> = parts[0].split(',').map(String::from).collect();
+        assert_eq!(gpus.len(), needs[i] as usize, "job {i} saw {text:?}");
+        for g in &gpus {
+            assert!(
+                ["0", "1", "2", "3"].contains(&g.as_str()),
+                "job {i}: id {g}"
+            );
+        }
+        let (a, b): (u128, u128) = (parts[1].parse().unwrap(), parts[2].parse().unwrap());
+        seen.push((gpus, a, b));
+    }
+    let mut overlapping_pairs = 0;
+    for i in 0..seen.len() {
+        for j in i + 1..seen.len() {
+            let (gi, ai, bi) = &seen[i];
+            let (gj, aj, bj) = &seen[j];
+            if ai < bj && aj < bi {
+                overlapping_pairs += 1;
+                assert!(
+                    gi.is_disjoint(gj),
+                    "jobs {i} and {j} ran at the same time on GPUs {gi:?} and {gj:?}"
+                );
+            }
+        }
+    }
+    // The jobs really ran in parallel (else the check above would prove nothing).
+    assert!(
+        overlapping_pairs >= 3,
+        "only {overlapping_pairs} overlapping pairs"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigkilled_job_is_killed_9_and_exit_137_is_not() {
+    let root = tempfile::tempdir().unwrap();
+    let e = exec(root.path()).build().unwrap();
+    let h = e
+        .submit(&AttemptSpec::new(
+            id("victim"),
+            CommandSpec::new("sleep").arg("30"),
+        ))
+        .await
+        .unwrap();
+    let job_file = e.attempt_dir(&h.attempt_id).join("job");
+    wait_for_file(&job_file).await;
+    let pid: i32 = std::fs::read_to_string(&job_file)
+        .unwrap()
+        .split_whitespace()
+        .next()
+        .unwrap()
+        .parse()
+        .unwrap();
+    assert_eq!(unsafe { libc::kill(pid, libc::SIGKILL) }, 0);
+    let self_137 = e
+        .submit(&AttemptSpec::new(id("exit137"), sh("exit 137")))
+        .await
+        .unwrap();
+    let st = wait(&e, &[h, self_137]).await;
+    assert_eq!(st[0].state, JobState::Killed { signal: 9 }, "{:?}", st[0]);
+    assert_eq!((st[0].exit_code, st[0].signal), (Some(137), Some(9)));
+    assert_eq!(st[1].state, JobState::Failed, "{:?}", st[1]);
+    assert_eq!((st[1].exit_code, st[1].signal), (Some(137), None));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn walltime_is_enforced_even_when_sigterm_is_ignored() {
+    let root = tempfile::tempdir().unwrap();
+    let e = exec(root.path()).build().unwrap();
+    let polite = AttemptSpec::new(id("polite"), CommandSpec::new("sleep").arg("30"))
+        .with_walltime(Duration::from_millis(300));
+    let stubborn = AttemptSpec::new(id("stubborn"), sh("trap '' TERM; sleep 30"))
+        .with_walltime(Duration::from_millis(300));
+    let t0 = std::time::Instant::now();
+    let hs = vec![
+        e.submit(&polite).await.unwrap(),
+        e.submit(&stubborn).await.unwrap(),
+    ];
+    let st = wait(&e, &hs).await;
+    assert_eq!(st[0].state, JobState::Timeout, "{:?}", st[0]);
+    assert_eq!(st[0].signal, Some(libc::SIGTERM));
+    assert_eq!(st[1].state, JobState::Timeout, "{:?}", st[1]);
+    assert_eq!(st[1].signal, Some(libc::SIGKILL));
+    assert!(t0.elapsed() < Duration::from_secs(10), "{:?}", t0.elapsed());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn argv_env_cwd_log_and_launch_failures() {
+    let root = tempfile::tempdir().unwrap();
+    let work = tempfile::tempdir().unwrap();
+    let e = exec(root.path()).gpu_ids(["7"]).build().unwrap();
+    // An argument that a shell would expand or split is passed verbatim.
+    let tricky = "$HOME; echo pwned `id` *";
+    let echo = AttemptSpec::new(
+        id("echo"),
+        CommandSpec::new("sh")
+            .args(["-c", r#"printf '%s|%s|%s|%s|%s\n' "$1" "$FOO" "$CUDA_VISIBLE_DEVICES" "$PUZZLETRON_ATTEMPT_ID" "$(pwd)""#, "argv0", tricky])
+            .env("FOO", "bar baz")
+            .cwd(work.path()),
+    );
+    let missing = AttemptSpec::new(id("missing"), CommandSpec::new("no-such-program-xyz"));
+    let bad_cwd = AttemptSpec::new(
+        id("badcwd"),
+        CommandSpec::new("true").cwd("/nonexistent/dir"),
+    );
+    let hs = vec![
+        e.submit(&echo).await.unwrap(),
+        e.submit(&missing).await.unwrap(),
+        e.submit(&bad_cwd).await.unwrap(),
+    ];
+    let st = wait(&e, &hs).await;
+    assert_eq!(st[0].state, JobState::Completed, "{:?}", st[0]);
+    let log = std::fs::read_to_string(st[0].log_path.as_ref().unwrap()).unwrap();
+    let cwd = std::fs::canonicalize(work.path()).unwrap();
+    assert_eq!(log, format!("{tricky}|bar baz||echo|{}\n", cwd.display()));
+    for s in &st[1..] {
+        assert_eq!(s.state, JobState::LaunchFailed, "{s:?}");
+        assert_eq!(s.exit_code, Some(127));
+        assert!(
+            s.reason.as_deref().unwrap_or("").contains("No such file"),
+            "{s:?}"
+        );
+    }
+    // Asking for more GPUs or nodes than exist is an immediate, permanent error.
+    let big = AttemptSpec::new(id("big"), CommandSpec::new("true")).with_topology(TaskTopology {
+        gpus: GpuRequest::PerNode(2),
+        ..TaskTopology::single()
+    });
+    let err = e.submit(&big).await.unwrap_err();
+    assert!(matches!(err, ExecutorError::Unsatisfiable { .. }) && !err.is_retryable());
+    assert!(
+        err.to_string().contains("2 GPUs") && err.to_string().contains("ids 7"),
+        "{err}"
+    );
+    let multi =
+        AttemptSpec::new(id("multi"), CommandSpec::new("true")).with_topology(TaskTopology {
+            nodes: 2,
+            ..TaskTopology::single()
+        });
+    assert!(matches!(
+        e.submit(&multi).await.unwrap_err(),
+        ExecutorError::Unsatisfiable { .. }
+    ));
+    // Same attempt id twice: refused, the job does not run twice.
+    let dup = e.submit(&echo).await.unwrap_err();
+    assert!(
+        matches!(dup, ExecutorError::DuplicateAttempt { .. }),
+        "{dup:?}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cancel_queued_job_never_runs_it() {
+    let root = tempfile::tempdir().unwrap();
+    let e = exec(root.path()).max_concurrent(1).build().unwrap();
+    let blocker = e
+        .submit(&AttemptSpec::new(
+            id("blocker"),
+            CommandSpec::new("sleep").arg("30"),
+        ))
+        .await
+        .unwrap();
+    let queued = e
+        .submit(&AttemptSpec::new(
+            id("queued"),
+            sh("echo ran > \"$PUZZLETRON_ATTEMPT_DIR/ran\""),
+        ))
+        .await
+        .unwrap();
+    let st = e.poll(std::slice::from_ref(&queued)).await.unwrap();
+    assert_eq!(st[0].state, JobState::Pending);
+    assert!(
+        st[0]
+            .reason
+            .as_deref()
+            .unwrap()
+            .contains("concurrency limit"),
+        "{:?}",
+        st[0]
+    );
+    e.cancel(&queued).await.unwrap();
+    e.cancel(&blocker).await.unwrap();
+    let st = wait(&e, &[blocker, queued.clone()]).await;
+    assert_eq!(st[0].state, JobState::Cancelled { by_uid: None });
+    assert_eq!(st[1].state, JobState::Cancelled { by_uid: None });
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    assert!(!e.attempt_dir(&queued.attempt_id).join("ran").exists());
+}
+
+const CHILD_ENV: &str = "PUZZLETRON_TEST_DETACH_ROOT";
+
+/// Not a test on its own: the controller process of `restarted_controller_picks_up_results`,
+/// which runs this test binary again with `CHILD_ENV` set and kills it with SIGKILL.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn detach_child_controller() {
+    let Ok(root) = std::env::var(CHILD_ENV) else {
+        return;
+    };
+    let root = PathBuf::from(root);
+    let e = exec(&root.join("attempts"))
+        .max_concurrent(2)
+        .build()
+        .unwrap();
+    let mut hs = Vec::new();
+    for i in 0..4 {
+        let spec = AttemptSpec::new(
+            id(&format!("job{i}")),
+            sh(
+                "echo run >> \"$PUZZLETRON_ATTEMPT_DIR/runs\"; sleep 1.5; echo result > \"$PUZZLETRON_ATTEMPT_DIR/result\"",
+            ),
+        );
+        hs.push(e.submit(&spec).await.unwrap());
+    }
+    std::fs::write(root.join("handles.json"), serde_json::to_vec(&hs).unwrap()).unwrap();
+    // Wait to be killed.
+    tokio::time::sleep(Duration::from_secs(120)).await;
+    panic!("the parent test should have killed this controller");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn restarted_controller_picks_up_results_without_rerunning() {
+    let root = tempfile::tempdir().unwrap();
+    let mut child = std::process::Command::new(std::env::current_exe().unwrap())
+        .args(["--exact", "detach_child_controller", "--nocapture"])
+        .env(CHILD_ENV, root.path())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let handles_file = root.path().join("handles.json");
+    wait_for_file(&handles_file).await;
+    // Two jobs run, two are queued in the controller's memory: kill -9 the controller.
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    child.kill().unwrap();
+    child.wait().unwrap();
+    let hs: Vec<JobHandle> =
+        serde_json::from_slice(&std::fs::read(&handles_file).unwrap()).unwrap();
+    let e = exec(&root.path().join("attempts"))
+        .max_concurrent(2)
+        .build()
+        .unwrap();
+    let st = e.poll(&hs).await.unwrap();
+    let running = st.iter().filter(|s| s.state == JobState::Running).count();
+    let pending = st.iter().filter(|s| s.state == JobState::Pending).count();
+    assert_eq!((running, pending), (2, 2), "{st:?}");
+    // The running ones end on their own (nobody waits for their wrapper); the queued ones
+    // are adopted and started by this controller.
+    let st = wait(&e, &hs).await;
+    for (h, s) in hs.iter().zip(&st) {
+        assert_eq!(s.state, JobState::Completed, "{s:?}");
+        let dir = e.attempt_dir(&h.attempt_id);
+        assert_eq!(
+            std::fs::read_to_string(dir.join("runs")).unwrap(),
+            "run\n",
+            "{} ran more than once",
+            h.attempt_id
+        );
+        assert_eq!(
+            std::fs::read_to_string(dir.join("result")).unwrap(),
+            "result\n"
+        );
+        assert_eq!(e.find(&h.attempt_id).await.unwrap().as_ref(), Some(h));
+    }
+    // A third controller sees the same final states straight from the folders.
+    let e3 = exec(&root.path().join("attempts")).build().unwrap();
+    let st3 = e3.poll(&hs).await.unwrap();
+    assert!(
+        st3.iter().all(|s| s.state == JobState::Completed),
+        "{st3:?}"
+    );
+}

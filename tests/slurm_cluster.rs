@@ -1,0 +1,498 @@
+//! SlurmExecutor against the real local cluster of `shared/slurm/start-local-cluster.sh`.
+//!
+//! With `PUZZLETRON_SLURM_TESTS=1` a missing cluster FAILS every test here (CI starts it);
+//! without it, the tests run when a cluster answers and are skipped with a message otherwise.
+#![cfg(feature = "slurm")]
+
+use std::collections::BTreeSet;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::time::{Duration, Instant};
+
+use puzzletron::executor::*;
+
+const REQUIRE_ENV: &str = "PUZZLETRON_SLURM_TESTS";
+
+/// `true` when the cluster answers; panics when it is required and does not.
+fn cluster_available(test: &str) -> bool {
+    let ok = std::process::Command::new("sinfo")
+        .args(["-h", "-o", "%N"])
+        .output()
+        .map(|o| o.status.success() && !o.stdout.is_empty())
+        .unwrap_or(false)
+        && std::process::Command::new("sacct")
+            .args(["-n", "-X", "-S", "now"])
+            .output()
+            .map(|o| o.status.success())
+            .unwrap_or(false);
+    if ok {
+        return true;
+    }
+    if std::env::var(REQUIRE_ENV).as_deref() == Ok("1") {
+        panic!(
+            "{test}: {REQUIRE_ENV}=1 but no Slurm cluster answers `sinfo`/`sacct`; start it with \
+             `bash ../shared/slurm/start-local-cluster.sh </dev/null` (as root)"
+        );
+    }
+    eprintln!("SKIP {test}: no Slurm cluster (set {REQUIRE_ENV}=1 to make this a failure)");
+    false
+}
+
+/// A unique prefix per test process, so reruns never find older jobs by name.
+fn prefix() -> String {
+    static P: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+    P.get_or_init(|| {
+        let n = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .as_millis()
+            % 100_000_000;
+        format!("pt{n}")
+    })
+    .clone()
+}
+
+fn id(name: &str) -> AttemptId {
+    AttemptId::new(format!("{}.{name}", prefix())).unwrap()
+}
+
+fn tmp() -> tempfile::TempDir {
+    // Under /tmp: the "compute nodes" are this machine.
+    tempfile::Builder::new()
+        .prefix("pt-slurm-")
+        .tempdir()
+        .unwrap()
+}
+
+fn fast_poll() -> PollPolicy {
+    PollPolicy {
+        min_interval: Duration::from_millis(250),
+        max_interval: Duration::from_secs(2),
+        missing_grace: Duration::from_secs(120),
+    }
+}
+
+fn fast_retry() -> RetryPolicy {
+    RetryPolicy {
+        max_tries: 8,
+        base_delay: Duration::from_millis(100),
+        max_delay: Duration::from_secs(2),
+    }
+}
+
+fn exec(dir: &Path) -> SlurmExecutor {
+    SlurmExecutor::builder(dir.join("logs"))
+        .poll_policy(fast_poll())
+        .retry_policy(fast_retry())
+        .cancel_timeout(Duration::from_secs(60))
+        .build()
+        .unwrap()
+}
+
+async fn wait(e: &dyn Executor, hs: &[JobHandle], secs: u64) -> Vec<JobStatus> {
+    let st = e
+        .wait_terminal(hs, Duration::from_millis(100), Duration::from_secs(secs))
+        .await
+        .expect("poll");
+    for s in &st {
+        assert!(s.state.is_terminal(), "not finished after {secs} s: {s:?}");
+    }
+    st
+}
+
+async fn wait_state(e: &dyn Executor, h: &JobHandle, want: JobState, secs: u64) {
+    let t = Instant::now();
+    loop {
+        let s = e.poll(std::slice::from_ref(h)).await.unwrap().remove(0);
+        if s.state == want {
+            return;
+        }
+        assert!(
+            !s.state.is_terminal(),
+            "ended {s:?} while waiting for {want}"
+        );
+        assert!(
+            t.elapsed() < Duration::from_secs(secs),
+            "never {want}: {s:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+fn log_of(s: &JobStatus) -> String {
+    std::fs::read_to_string(s.log_path.as_ref().expect("log path")).unwrap_or_default()
+}
+
+fn sh(script: &str) -> CommandSpec {
+    CommandSpec::shell_script(script)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn conformance_suite_on_slurm() {
+    if !cluster_available("conformance_suite_on_slurm") {
+        return;
+    }
+    let dir = tmp();
+    let logs = dir.path().to_path_buf();
+    // The suite makes fresh executors to re-attach; they share the log folder.
+    conformance::Conformance::new(move || Box::new(exec(&logs)))
+        .with_poll_interval(Duration::from_millis(100))
+        .with_timeout(Duration::from_secs(90))
+        .run_all()
+        .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn submit_poll_cancel_exit3_and_gpus() {
+    if !cluster_available("submit_poll_cancel_exit3_and_gpus") {
+        return;
+    }
+    let dir = tmp();
+    let e = exec(dir.path());
+    let sleeper = e
+        .submit(&AttemptSpec::new(
+            id("sleep"),
+            CommandSpec::new("sleep").arg("300"),
+        ))
+        .await
+        .unwrap();
+    let exit3 = e
+        .submit(&AttemptSpec::new(id("exit3"), sh("exit 3")))
+        .await
+        .unwrap();
+    let gpu = e
+        .submit(
+            &AttemptSpec::new(id("gpu2"), sh("echo \"CVD=$CUDA_VISIBLE_DEVICES\""))
+                .with_topology(TaskTopology {
+                    gpus: GpuRequest::PerNode(2),
+                    ..TaskTopology::single()
+                })
+                .with_scheduler(SchedulerOptions {
+                    partition: Some("gpu".into()),
+                    ..Default::default()
+                }),
+        )
+        .await
+        .unwrap();
+    wait_state(&e, &sleeper, JobState::Running, 60).await;
+    e.cancel(&sleeper).await.unwrap();
+    let st = wait(&e, &[sleeper, exit3, gpu], 90).await;
+    assert_eq!(
+        st[0].state,
+        JobState::Cancelled { by_uid: Some(0) },
+        "{:?}",
+        st[0]
+    );
+    assert_eq!(
+        (st[1].state.clone(), st[1].exit_code),
+        (JobState::Failed, Some(3))
+    );
+    assert_eq!(st[2].state, JobState::Completed, "{:?}", st[2]);
+    let log = log_of(&st[2]);
+    let cvd = log
+        .lines()
+        .find_map(|l| l.strip_prefix("CVD="))
+        .unwrap_or_else(|| panic!("no CVD line in {log:?}"));
+    assert_eq!(cvd.split(',').count(), 2, "CUDA_VISIBLE_DEVICES={cvd}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn memory_hog_is_out_of_memory() {
+    if !cluster_available("memory_hog_is_out_of_memory") {
+        return;
+    }
+    let dir = tmp();
+    let e = exec(dir.path());
+    let h = e
+        .submit(
+            &AttemptSpec::new(
+                id("oom"),
+                sh("python3 -c 'a = bytearray(400 * 1024 * 1024); import time; time.sleep(2)' 2>/dev/null || head -c 400M /dev/zero | tail > /dev/null"),
+            )
+            .with_mem_mb(64),
+        )
+        .await
+        .unwrap();
+    let st = wait(&e, &[h], 90).await;
+    assert_eq!(st[0].state, JobState::OutOfMemory, "{:?}", st[0]);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn four_node_job_and_array_of_8() {
+    if !cluster_available("four_node_job_and_array_of_8") {
+        return;
+    }
+    let dir = tmp();
+    let e = exec(dir.path());
+    let multi = e
+        .submit(
+            &AttemptSpec::new(id("nodes4"), sh("echo \"$SLURMD_NODENAME\"")).with_topology(
+                TaskTopology {
+                    nodes: 4,
+                    launcher: TaskLauncher::Srun { extra_args: vec![] },
+                    ..TaskTopology::single()
+                },
+            ),
+        )
+        .await
+        .unwrap();
+    let arr = e
+        .submit_array(&ArraySpec {
+            template: AttemptSpec::new(id("arr"), sh("echo \"index=$PUZZLETRON_ARRAY_INDEX\"")),
+            size: 8,
+            max_concurrent: Some(4),
+        })
+        .await
+        .unwrap();
+    assert_eq!(arr.len(), 8);
+    assert!(
+        arr.iter().all(|h| h.job_id == arr[0].job_id),
+        "one sbatch for the array"
+    );
+    let mut all = vec![multi];
+    all.extend(arr);
+    let st = wait(&e, &all, 120).await;
+    assert_eq!(st[0].state, JobState::Completed, "{:?}", st[0]);
+    let nodes: BTreeSet<String> = log_of(&st[0]).lines().map(String::from).collect();
+    assert_eq!(
+        nodes,
+        ["n1", "n2", "n3", "n4"]
+            .iter()
+            .map(|s| s.to_string())
+            .collect(),
+        "4-node job ran on {nodes:?}"
+    );
+    for (i, s) in st[1..].iter().enumerate() {
+        assert_eq!(s.state, JobState::Completed, "task {i}: {s:?}");
+        assert_eq!(log_of(s).trim(), format!("index={i}"), "task {i}");
+        assert_eq!(s.attempt_id, id("arr").array_task(i as u32).unwrap());
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn requeued_job_is_followed_to_completion() {
+    if !cluster_available("requeued_job_is_followed_to_completion") {
+        return;
+    }
+    let dir = tmp();
+    let e = exec(dir.path());
+    let h = e
+        .submit(
+            &AttemptSpec::new(
+                id("requeue"),
+                sh("echo \"run restart=${SLURM_RESTART_COUNT:-0}\"; sleep 4"),
+            )
+            .with_scheduler(SchedulerOptions {
+                extra_directives: vec!["--requeue".into()],
+                ..Default::default()
+            }),
+        )
+        .await
+        .unwrap();
+    wait_state(&e, &h, JobState::Running, 60).await;
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let out = std::process::Command::new("scontrol")
+        .args(["requeue", &h.job_id])
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "scontrol requeue: {out:?}");
+    let mut seen_states = BTreeSet::new();
+    let t = Instant::now();
+    let last = loop {
+        let s = e.poll(std::slice::from_ref(&h)).await.unwrap().remove(0);
+        seen_states.insert(s.state.name());
+        if s.state.is_terminal() {
+            break s;
+        }
+        assert!(t.elapsed() < Duration::from_secs(120), "{s:?}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    assert_eq!(
+        last.state,
+        JobState::Completed,
+        "{last:?} (seen {seen_states:?})"
+    );
+    assert!(last.restarts >= 1, "{last:?}");
+    let log = log_of(&last);
+    assert!(log.contains("restart=1"), "{log:?}");
+}
+
+/// Writes shims for sbatch/squeue/sacct/scancel that log each call to `calls.log` and then
+/// run the real command; with `fail_pct > 0` they fail transiently that often (sbatch half the
+/// time before submitting, half the time after, which is the ambiguous case).
+fn write_shims(dir: &Path, fail_pct: u32) -> PathBuf {
+    let bin = dir.join("bin");
+    std::fs::create_dir_all(&bin).unwrap();
+    let log = dir.join("calls.log");
+    for cmd in ["sbatch", "squeue", "sacct", "scancel"] {
+        let real = String::from_utf8(
+            std::process::Command::new("sh")
+                .args(["-c", &format!("command -v {cmd}")])
+                .output()
+                .unwrap()
+                .stdout,
+        )
+        .unwrap()
+        .trim()
+        .to_string();
+        assert!(!real.is_empty(), "{cmd} not in PATH");
+        let fail = if fail_pct == 0 {
+            String::new()
+        } else if cmd == "sbatch" {
+            format!(
+                "r=$(od -An -N2 -tu2 /dev/urandom | tr -d ' ')\n\
+                 if [ $((r % 100)) -lt {half} ]; then echo \"sbatch: error: Batch job submission failed: Unable to contact slurm controller (connect failure)\" >&2; echo \"$(date +%s.%N) sbatch FAIL-BEFORE\" >> '{log}'; exit 1; fi\n\
+                 if [ $((r % 100)) -lt {fail_pct} ]; then \"{real}\" \"$@\" >/dev/null 2>&1; echo \"sbatch: error: Batch job submission failed: Socket timed out on send/recv operation\" >&2; echo \"$(date +%s.%N) sbatch FAIL-AFTER\" >> '{log}'; exit 1; fi\n",
+                half = fail_pct / 2,
+                log = log.display()
+            )
+        } else {
+            format!(
+                "r=$(od -An -N2 -tu2 /dev/urandom | tr -d ' ')\n\
+                 if [ $((r % 100)) -lt {fail_pct} ]; then echo \"{cmd}: error: slurm_load_jobs error: Socket timed out on send/recv operation\" >&2; echo \"$(date +%s.%N) {cmd} FAIL\" >> '{log}'; exit 1; fi\n",
+                log = log.display()
+            )
+        };
+        let script = format!(
+            "#!/bin/sh\necho \"$(date +%s.%N) {cmd} $*\" >> '{log}'\n{fail}exec \"{real}\" \"$@\"\n",
+            log = log.display()
+        );
+        let p = bin.join(cmd);
+        std::fs::write(&p, script).unwrap();
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o755)).unwrap();
+    }
+    bin
+}
+
+fn count_calls(dir: &Path, cmd: &str) -> usize {
+    std::fs::read_to_string(dir.join("calls.log"))
+        .unwrap_or_default()
+        .lines()
+        .filter(|l| l.split_whitespace().nth(1) == Some(cmd) && !l.contains("FAIL"))
+        .count()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn polling_budget_with_50_live_jobs() {
+    if !cluster_available("polling_budget_with_50_live_jobs") {
+        return;
+    }
+    let dir = tmp();
+    let bin = write_shims(dir.path(), 0);
+    let e = SlurmExecutor::builder(dir.path().join("logs"))
+        .bin_dir(&bin)
+        .poll_policy(fast_poll())
+        .retry_policy(fast_retry())
+        .build()
+        .unwrap();
+    let mut hs = Vec::new();
+    for i in 0..50 {
+        hs.push(
+            e.submit(&AttemptSpec::new(
+                id(&format!("budget{i}")),
+                CommandSpec::new("sleep").arg("3"),
+            ))
+            .await
+            .unwrap(),
+        );
+    }
+    let before = e.stats();
+    let st = wait(&e, &hs, 240).await;
+    assert!(st.iter().all(|s| s.state == JobState::Completed), "{st:?}");
+    let after = e.stats();
+    let cycles = after.poll_cycles - before.poll_cycles;
+    let squeue = count_calls(dir.path(), "squeue");
+    let sacct = count_calls(dir.path(), "sacct");
+    let sbatch = count_calls(dir.path(), "sbatch");
+    eprintln!(
+        "POLLING BUDGET: 50 jobs, {cycles} poll cycles, {squeue} squeue, {sacct} sacct, {sbatch} sbatch calls (shim log)"
+    );
+    assert_eq!(sbatch, 50);
+    assert_eq!(squeue as u64, cycles, "exactly one squeue per poll cycle");
+    assert!(
+        sacct as u64 <= cycles,
+        "at most one sacct per cycle: {sacct} > {cycles}"
+    );
+    assert_eq!(after.squeue_calls - before.squeue_calls, squeue as u64);
+    assert!(cycles >= 2, "the jobs took several cycles");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fault_injection_30_percent_exactly_50_jobs() {
+    if !cluster_available("fault_injection_30_percent_exactly_50_jobs") {
+        return;
+    }
+    let dir = tmp();
+    let bin = write_shims(dir.path(), 30);
+    let e = SlurmExecutor::builder(dir.path().join("logs"))
+        .bin_dir(&bin)
+        .poll_policy(fast_poll())
+        .retry_policy(RetryPolicy {
+            max_tries: 12,
+            base_delay: Duration::from_millis(50),
+            max_delay: Duration::from_millis(500),
+        })
+        .build()
+        .unwrap();
+    static N: AtomicU32 = AtomicU32::new(0);
+    let tag = format!("fi{}", N.fetch_add(1, Ordering::Relaxed));
+    let mut hs = Vec::new();
+    for i in 0..50 {
+        let spec = AttemptSpec::new(id(&format!("{tag}.j{i}")), CommandSpec::new("true"));
+        hs.push(
+            e.submit(&spec)
+                .await
+                .unwrap_or_else(|err| panic!("job {i}: {err}")),
+        );
+    }
+    let st = wait(&e, &hs, 240).await;
+    assert!(st.iter().all(|s| s.state == JobState::Completed), "{st:?}");
+    let log = std::fs::read_to_string(dir.path().join("calls.log")).unwrap();
+    let fails = log.lines().filter(|l| l.contains("FAIL")).count();
+    let after = log.lines().filter(|l| l.contains("FAIL-AFTER")).count();
+    assert!(fails > 10, "the shims injected only {fails} failures");
+    // Exactly one job per attempt in accounting (the real sacct, not the shim). All recent
+    // jobs are listed and filtered here: sacct's --name with a long list drops names.
+    let names: BTreeSet<String> = hs.iter().map(|h| h.attempt_id.to_string()).collect();
+    let count = || {
+        let out = std::process::Command::new("sacct")
+            .args([
+                "-n",
+                "-X",
+                "-P",
+                "-S",
+                "now-1hour",
+                "-o",
+                "JobID,JobName%80",
+            ])
+            .output()
+            .unwrap();
+        let mut per_name = std::collections::BTreeMap::<String, usize>::new();
+        for line in String::from_utf8_lossy(&out.stdout).lines() {
+            if let Some((_, name)) = line.split_once('|')
+                && names.contains(name.trim())
+            {
+                *per_name.entry(name.trim().to_string()).or_default() += 1;
+            }
+        }
+        per_name
+    };
+    // A time-window listing lags behind `sacct -j` by a few seconds on this cluster.
+    let t = Instant::now();
+    while count().len() < 50 && t.elapsed() < Duration::from_secs(60) {
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let per_name = count();
+    eprintln!(
+        "FAULT INJECTION: {fails} injected failures ({after} ambiguous sbatch), {} jobs in sacct, stats {:?}",
+        per_name.values().sum::<usize>(),
+        e.stats()
+    );
+    assert_eq!(per_name.len(), 50, "{per_name:?}");
+    assert!(
+        per_name.values().all(|&n| n == 1),
+        "duplicates: {per_name:?}"
+    );
+}
