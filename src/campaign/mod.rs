@@ -11,12 +11,15 @@
 //! - [`catalog`]: the stage graph as data ([`StageCatalog::puzzle`], user catalogs).
 //! - [`mesh`]: [`ParallelMesh`], [`pack_gpu_allocation`], [`normalize_vllm_topology`].
 //! - [`compile`]: [`compile_campaign_plan`] -> [`CampaignPlan`] ([`plan`], [`work`]).
+//! - [`controller`]: [`CampaignController`](controller::CampaignController), the durable loop that
+//!   runs a plan (journal, lease, recovery, failure classes, policies, pools).
 //! - [`document`]: [`plan_to_dict`] and its loader; [`dryrun`]: what would be submitted.
 
 mod adapter;
 pub mod catalog;
 pub mod compile;
 pub mod config;
+pub mod controller;
 pub mod document;
 pub mod dryrun;
 pub mod execution;

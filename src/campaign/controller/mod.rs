@@ -1,0 +1,55 @@
+//! The campaign controller (DESIGN.md §6): runs a compiled [`CampaignPlan`] on an
+//! [`Executor`], durably.
+//!
+//! - [`controller`]: [`CampaignController`] and its builder, the control loop.
+//! - [`journal`]: the append-only journal (intents before submits, handles after, events).
+//! - [`lease`]: one controller per campaign.
+//! - [`state`] (private): the in-memory state rebuilt from the journal.
+//! - [`classify`]: [`FailureClass`] from scheduler state, exit code/signal and the log tail.
+//! - [`policy`]: retry budgets, backoff with jitter, [`Decision`]s.
+//! - [`spec`]: from a work unit to an [`AttemptSpec`](crate::executor::AttemptSpec)
+//!   (environment contract of payloads).
+//! - [`pool`]: the persistent-pool work queue and the worker-side [`PoolWorker`] API.
+//! - [`controls`]: [`TerminalControls`], [`choose_revisions`]; [`view`]: the live view;
+//!   [`report`]: [`CampaignReport`].
+//!
+//! Campaign folder layout: `controller/{journal.jsonl, lease.json, lease.lock, plan.json}`,
+//! `logs/<attempt id>.log`, `work/<stage>/<index|agg>/` (outputs, checkpoints, `_SUCCESS`),
+//! `queues/<stage>/{pending,claimed,done,failed}/`, `.puzzletron/resolved-config.json`, and
+//! `attempts/` in local mode.
+//!
+//! Attempt ids are `<nonce>[r<revision>].<stage>.<index|agg>.a<n>`: the nonce is random per
+//! campaign folder, so a job is only ever adopted by the campaign that submitted it.
+//!
+//! [`CampaignPlan`]: crate::campaign::CampaignPlan
+//! [`Executor`]: crate::executor::Executor
+
+pub mod classify;
+pub mod clock;
+pub mod controller;
+pub mod controls;
+pub mod error;
+pub mod journal;
+pub mod lease;
+pub mod policy;
+pub mod pool;
+pub mod report;
+pub mod spec;
+mod state;
+pub mod view;
+
+pub use classify::{
+    Classification, Evidence, FailureClass, OomKind, PendingVerdict, classify, pending_verdict,
+};
+pub use clock::{Clock, SystemClock, VirtualClock};
+pub use controller::{
+    CampaignController, CampaignControllerBuilder, Control, ControlSender, RunOptions,
+};
+pub use controls::{TerminalControls, choose_revisions};
+pub use error::ControllerError;
+pub use journal::{Entry, Journal, Record};
+pub use lease::{Lease, LeaseInfo};
+pub use policy::{Decision, RetryPolicy, UnitHistory, decide};
+pub use pool::{ClaimedItem, ItemOutcome, PoolItem, PoolWorker, QueueCounts, WorkQueue};
+pub use report::{CampaignReport, StageFailure, StageProgress};
+pub use view::ViewMode;

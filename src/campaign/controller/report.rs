@@ -1,0 +1,127 @@
+//! What a [`run`](super::CampaignController::run) reports.
+
+use std::fmt;
+use std::path::PathBuf;
+
+use serde::{Deserialize, Serialize};
+
+use super::classify::FailureClass;
+
+/// Progress of one stage.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct StageProgress {
+    /// Stage id.
+    pub stage: String,
+    /// `waiting`, `running`, `done`, `failed` or `blocked` (a parent failed).
+    pub status: String,
+    /// Units (work items plus the aggregate step).
+    pub total: usize,
+    /// Units done.
+    pub done: usize,
+    /// Units with a live attempt.
+    pub running: usize,
+    /// Units waiting to be submitted (or submitted, not yet confirmed).
+    pub queued: usize,
+    /// Units failed for good.
+    pub failed: usize,
+    /// First submit (ms since the Unix epoch, controller clock).
+    pub started_ms: Option<u64>,
+    /// End (ms, controller clock).
+    pub ended_ms: Option<u64>,
+}
+
+/// A failed stage.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct StageFailure {
+    /// Stage id.
+    pub stage: String,
+    /// Why, naming the unit and the evidence.
+    pub reason: String,
+    /// The failure class of the first failed unit.
+    pub class: Option<FailureClass>,
+    /// Logs of the failed units' last attempts.
+    pub logs: Vec<PathBuf>,
+}
+
+/// The outcome of one run.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct CampaignReport {
+    /// Stages done (this run or before).
+    pub completed: Vec<String>,
+    /// Stages failed, with log paths.
+    pub failed: Vec<StageFailure>,
+    /// Stages not started because a parent failed (`drain`).
+    pub blocked: Vec<String>,
+    /// Stages neither done, failed nor blocked (run detached or halted first).
+    pub unfinished: Vec<String>,
+    /// The halt policy `fail_fast` stopped the campaign.
+    pub halted: bool,
+    /// Attempts cancelled on request (menu, signal, [`shutdown`](super::CampaignController::shutdown)).
+    pub cancelled: usize,
+    /// The run stopped with jobs left running (`once`, `max_iterations`, detach).
+    pub detached: bool,
+    /// Loop iterations.
+    pub iterations: u64,
+    /// Attempts submitted in this run.
+    pub submitted: u64,
+    /// Jobs adopted through `find` (submitted before a crash, handle not recorded).
+    pub adopted: u64,
+    /// Live attempts re-attached at the start.
+    pub reattached: usize,
+    /// Attempts still live at the end.
+    pub live: usize,
+    /// Per-stage progress at the end.
+    pub stages: Vec<StageProgress>,
+}
+
+impl CampaignReport {
+    /// Whether every stage completed.
+    pub fn is_complete(&self) -> bool {
+        self.failed.is_empty()
+            && self.blocked.is_empty()
+            && self.unfinished.is_empty()
+            && !self.detached
+    }
+}
+
+impl fmt::Display for CampaignReport {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        for s in &self.stages {
+            writeln!(f, "{}", super::view::progress_line(s, None))?;
+        }
+        for s in &self.failed {
+            writeln!(f, "FAILED {}: {}", s.stage, s.reason)?;
+            for l in &s.logs {
+                writeln!(f, "  log: {}", l.display())?;
+            }
+        }
+        if !self.blocked.is_empty() {
+            writeln!(
+                f,
+                "not started (a parent failed): {}",
+                self.blocked.join(", ")
+            )?;
+        }
+        write!(
+            f,
+            "{} of {} stages complete; {} submitted, {} adopted, {} re-attached, {} cancelled, {} iterations{}{}",
+            self.completed.len(),
+            self.stages.len(),
+            self.submitted,
+            self.adopted,
+            self.reattached,
+            self.cancelled,
+            self.iterations,
+            if self.halted {
+                "; halted (fail_fast)"
+            } else {
+                ""
+            },
+            if self.detached {
+                format!("; detached with {} jobs running", self.live)
+            } else {
+                String::new()
+            },
+        )
+    }
+}

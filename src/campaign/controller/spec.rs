@@ -1,0 +1,169 @@
+//! From a work unit to the [`AttemptSpec`] an executor runs: argv, environment, GPUs, log.
+//!
+//! Every attempt gets, besides [`ATTEMPT_ID_ENV`](crate::executor::ATTEMPT_ID_ENV) from the
+//! executor:
+//!
+//! | variable | value |
+//! | --- | --- |
+//! | `PUZZLETRON_CAMPAIGN_DIR` | the campaign folder (also the working directory) |
+//! | `PUZZLETRON_STAGE` | stage id |
+//! | `PUZZLETRON_UNIT` | unit key, e.g. `score/3`, `score/agg` |
+//! | `PUZZLETRON_WORK_ID` | work item id (`score:3`) |
+//! | `PUZZLETRON_SHARD_INDEX`, `PUZZLETRON_SHARD_COUNT` | the shard (0/1 for single) |
+//! | `PUZZLETRON_PHASE` | `work`, `aggregate` or `pool_worker` |
+//! | `PUZZLETRON_OUTPUT_DIR` | `<campaign>/work/<stage>/<index or agg>`, kept across attempts (checkpoints) |
+//! | `PUZZLETRON_RESUME` | `1` when the attempt should resume from its checkpoint, else `0` |
+//! | `PUZZLETRON_ATTEMPT` | attempt number of the unit, from 1 |
+//! | `PUZZLETRON_MORE_RESOURCES` | `1` on the retry after an out-of-memory |
+//! | `PUZZLETRON_QUEUE_DIR` | pool workers: the stage's queue |
+//!
+//! The retry after an out-of-memory asks for the node exclusively (`--exclusive`: no other
+//! instance shares its memory or GPUs, i.e. fewer instances per node) and doubles `--mem` when
+//! one was set; the payload sees `PUZZLETRON_MORE_RESOURCES=1` and may halve its batch size.
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use super::error::ControllerError;
+use super::pool::QUEUE_DIR_ENV;
+use crate::campaign::dryrun::item_argv;
+use crate::campaign::{CampaignPlan, Resource, StagePlan, Strategy};
+use crate::executor::{
+    AttemptId, AttemptSpec, CommandSpec, GpuRequest, SchedulerOptions, TaskTopology,
+};
+
+/// Success marker a payload may write into its output folder when it finished (see
+/// [`classify`](super::classify) rule 1).
+pub const SUCCESS_MARKER: &str = "_SUCCESS";
+
+/// The output folder of a unit.
+pub fn output_dir(campaign: &Path, stage: &str, item: Option<usize>) -> PathBuf {
+    let leaf = item.map_or_else(|| "agg".to_string(), |i| i.to_string());
+    campaign.join("work").join(stage).join(leaf)
+}
+
+/// The queue folder of a pool stage.
+pub fn queue_dir(campaign: &Path, stage: &str) -> PathBuf {
+    campaign.join("queues").join(stage)
+}
+
+/// Parses a Slurm time limit (`MM`, `MM:SS`, `HH:MM:SS`, `D-HH`, `D-HH:MM`, `D-HH:MM:SS`).
+pub fn parse_slurm_time(s: &str) -> Option<Duration> {
+    let (days, rest) = match s.split_once('-') {
+        Some((d, r)) => (d.parse::<u64>().ok()?, r),
+        None => (0, s),
+    };
+    let parts: Vec<u64> = rest
+        .split(':')
+        .map(|p| p.parse().ok())
+        .collect::<Option<_>>()?;
+    let secs = match (s.contains('-'), parts.as_slice()) {
+        (false, [m]) => m * 60,
+        (false, [m, sec]) => m * 60 + sec,
+        (_, [h, m, sec]) => h * 3600 + m * 60 + sec,
+        (true, [h]) => h * 3600,
+        (true, [h, m]) => h * 3600 + m * 60,
+        _ => return None,
+    };
+    Some(Duration::from_secs(days * 86400 + secs))
+}
+
+pub(crate) struct UnitSpec<'a> {
+    pub campaign: &'a Path,
+    pub plan: &'a CampaignPlan,
+    pub stage: &'a StagePlan,
+    pub unit_key: &'a str,
+    pub item: Option<usize>,
+    pub attempt_id: &'a AttemptId,
+    pub attempt: u32,
+    pub resume: bool,
+    pub more_resources: bool,
+}
+
+pub(crate) fn build(u: &UnitSpec<'_>) -> Result<AttemptSpec, ControllerError> {
+    let st = u.stage;
+    let bad = |reason: String| ControllerError::BadPlan {
+        stage: st.stage_id.clone(),
+        reason,
+    };
+    let item = st
+        .work
+        .items
+        .get(u.item.unwrap_or(0))
+        .ok_or_else(|| bad("the stage has no work item".into()))?;
+    let argv = item_argv(u.plan, st, item).map_err(|e| bad(e.to_string()))?;
+    let phase = match (u.item, st.work.strategy) {
+        (None, _) => "aggregate",
+        (Some(_), Strategy::PersistentPool) => "pool_worker",
+        _ => "work",
+    };
+    let out = output_dir(u.campaign, &st.stage_id, u.item);
+    let mut cmd = CommandSpec::new(argv[0].clone())
+        .args(argv[1..].iter().cloned())
+        .cwd(u.campaign)
+        .env("PUZZLETRON_CAMPAIGN_DIR", u.campaign.display().to_string())
+        .env("PUZZLETRON_STAGE", st.stage_id.clone())
+        .env("PUZZLETRON_UNIT", u.unit_key)
+        .env("PUZZLETRON_WORK_ID", item.work_id.clone())
+        .env("PUZZLETRON_SHARD_INDEX", item.shard_index.to_string())
+        .env("PUZZLETRON_SHARD_COUNT", item.shard_count.to_string())
+        .env("PUZZLETRON_PHASE", phase)
+        .env("PUZZLETRON_OUTPUT_DIR", out.display().to_string())
+        .env("PUZZLETRON_RESUME", if u.resume { "1" } else { "0" })
+        .env("PUZZLETRON_ATTEMPT", u.attempt.to_string())
+        .env(
+            "PUZZLETRON_MORE_RESOURCES",
+            if u.more_resources { "1" } else { "0" },
+        );
+    if st.work.strategy == Strategy::PersistentPool {
+        cmd = cmd.env(
+            QUEUE_DIR_ENV,
+            queue_dir(u.campaign, &st.stage_id).display().to_string(),
+        );
+    }
+    let mut topology = TaskTopology::single();
+    if let Some(g) = st.work.topology.groups.get(item.instance as usize) {
+        topology.nodes = g.placement.node_count.max(1);
+        if st.spec.resource == Resource::Gpu && g.placement.gpus_on_node > 0 {
+            topology.gpus = GpuRequest::PerNode(g.placement.gpus_on_node);
+        }
+    }
+    let mut spec = AttemptSpec::new(u.attempt_id.clone(), cmd)
+        .with_topology(topology)
+        .with_log_path(
+            u.campaign
+                .join("logs")
+                .join(format!("{}.log", u.attempt_id)),
+        )
+        .with_exclusive(u.more_resources || st.work.topology.exclusive);
+    if let Some(t) = st.spec.time_limit.as_deref().and_then(parse_slurm_time) {
+        spec = spec.with_walltime(t);
+    }
+    if let Some(p) = &st.spec.partition {
+        spec = spec.with_scheduler(SchedulerOptions {
+            partition: Some(p.clone()),
+            ..SchedulerOptions::default()
+        });
+    }
+    Ok(spec)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn slurm_times() {
+        assert_eq!(parse_slurm_time("30"), Some(Duration::from_secs(1800)));
+        assert_eq!(
+            parse_slurm_time("01:30:00"),
+            Some(Duration::from_secs(5400))
+        );
+        assert_eq!(
+            parse_slurm_time("2-00:00:00"),
+            Some(Duration::from_secs(172800))
+        );
+        assert_eq!(parse_slurm_time("1-2"), Some(Duration::from_secs(93600)));
+        assert_eq!(parse_slurm_time("x"), None);
+    }
+}

@@ -1,0 +1,359 @@
+//! The controller's in-memory view of a campaign, rebuilt from the journal: every change goes
+//! through [`State::apply`] with a journal [`Entry`], both live and at replay, so what the
+//! controller believes is exactly what the journal says.
+
+use std::collections::HashMap;
+use std::path::PathBuf;
+
+use super::classify::FailureClass;
+use super::journal::Entry;
+use super::policy::Decision;
+use crate::campaign::{CampaignPlan, Strategy};
+use crate::executor::{AttemptId, JobHandle, JobState};
+use crate::identity::Hash;
+
+/// Where a unit stands.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum UnitStatus {
+    Ready,
+    Live,
+    Done,
+    Failed,
+}
+
+/// One thing to run to success: a work item (shard, single item, pool worker) or the aggregate
+/// step of a sharded stage.
+#[derive(Clone, Debug)]
+pub(crate) struct Unit {
+    pub key: String,
+    pub stage: usize,
+    /// Index in the stage's work items; `None` for the aggregate step.
+    pub item: Option<usize>,
+    pub attempts: Vec<usize>,
+    pub status: UnitStatus,
+    pub not_before_ms: u64,
+    pub transient: u32,
+    pub oom: u32,
+    pub counted: u32,
+    pub next_resume: bool,
+    pub next_more_resources: bool,
+    pub fail_reason: Option<String>,
+    pub last_class: Option<FailureClass>,
+}
+
+/// Where an attempt stands.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Phase {
+    /// Intent recorded, no handle yet.
+    Intent {
+        at_ms: u64,
+    },
+    Live,
+    Finished,
+    SubmitFailed,
+}
+
+#[derive(Clone, Debug)]
+pub(crate) struct Attempt {
+    pub unit: usize,
+    pub id: AttemptId,
+    pub handle: Option<JobHandle>,
+    pub phase: Phase,
+    pub cancel_requested: bool,
+    pub pending_since_ms: Option<u64>,
+    pub log_path: Option<PathBuf>,
+    pub final_state: Option<JobState>,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum StageStatus {
+    Open,
+    Done,
+    Failed,
+}
+
+#[derive(Clone, Debug)]
+pub(crate) struct StageRt {
+    pub id: String,
+    pub parents: Vec<usize>,
+    pub units: Vec<usize>,
+    pub agg: Option<usize>,
+    pub pool: bool,
+    pub pool_filled: bool,
+    pub status: StageStatus,
+    pub reason: Option<String>,
+    pub started_ms: Option<u64>,
+    pub ended_ms: Option<u64>,
+}
+
+pub(crate) struct State {
+    pub nonce: String,
+    pub contract: Option<Hash>,
+    pub revision: u32,
+    pub units: Vec<Unit>,
+    pub unit_index: HashMap<String, usize>,
+    pub attempts: Vec<Attempt>,
+    pub attempt_index: HashMap<AttemptId, usize>,
+    pub stages: Vec<StageRt>,
+    pub live: usize,
+}
+
+impl State {
+    pub fn new(plan: &CampaignPlan) -> Self {
+        let mut s = State {
+            nonce: String::new(),
+            contract: None,
+            revision: 0,
+            units: Vec::new(),
+            unit_index: HashMap::new(),
+            attempts: Vec::new(),
+            attempt_index: HashMap::new(),
+            stages: Vec::new(),
+            live: 0,
+        };
+        s.reset_units(plan);
+        s
+    }
+
+    /// (Re)creates stages and units from the plan (a new revision starts from scratch).
+    pub fn reset_units(&mut self, plan: &CampaignPlan) {
+        self.units.clear();
+        self.unit_index.clear();
+        self.stages.clear();
+        let ids: HashMap<&str, usize> = plan
+            .stages
+            .iter()
+            .enumerate()
+            .map(|(i, s)| (s.stage_id.as_str(), i))
+            .collect();
+        for (si, st) in plan.stages.iter().enumerate() {
+            let mut units = Vec::with_capacity(st.work.items.len());
+            for (ii, _) in st.work.items.iter().enumerate() {
+                units.push(self.add_unit(format!("{}/{ii}", st.stage_id), si, Some(ii)));
+            }
+            let agg = (st.work.strategy == Strategy::Sharded && st.work.aggregate_required)
+                .then(|| self.add_unit(format!("{}/agg", st.stage_id), si, None));
+            let completed_before = plan.completed_stages.contains(&st.stage_id);
+            self.stages.push(StageRt {
+                id: st.stage_id.clone(),
+                parents: st
+                    .parents
+                    .iter()
+                    .filter_map(|p| ids.get(p.as_str()).copied())
+                    .collect(),
+                units,
+                agg,
+                pool: st.work.strategy == Strategy::PersistentPool,
+                pool_filled: false,
+                status: if completed_before {
+                    StageStatus::Done
+                } else {
+                    StageStatus::Open
+                },
+                reason: None,
+                started_ms: None,
+                ended_ms: None,
+            });
+        }
+    }
+
+    fn add_unit(&mut self, key: String, stage: usize, item: Option<usize>) -> usize {
+        let i = self.units.len();
+        self.unit_index.insert(key.clone(), i);
+        self.units.push(Unit {
+            key,
+            stage,
+            item,
+            attempts: Vec::new(),
+            status: UnitStatus::Ready,
+            not_before_ms: 0,
+            transient: 0,
+            oom: 0,
+            counted: 0,
+            next_resume: false,
+            next_more_resources: false,
+            fail_reason: None,
+            last_class: None,
+        });
+        i
+    }
+
+    pub fn stage_index(&self, id: &str) -> Option<usize> {
+        self.stages.iter().position(|s| s.id == id)
+    }
+
+    /// Applies one journal entry. Returns a description of an inconsistency (an entry about an
+    /// unknown unit or attempt), which the caller turns into a corrupt-journal error.
+    pub fn apply(&mut self, e: &Entry, plan: &CampaignPlan, at_ms: u64) -> Result<(), String> {
+        match e {
+            Entry::Header {
+                nonce,
+                contract_hash,
+                ..
+            } => {
+                self.nonce = nonce.clone();
+                self.contract = Some(*contract_hash);
+            }
+            Entry::Revision {
+                revision,
+                contract_hash,
+            } => {
+                self.revision = *revision;
+                self.contract = Some(*contract_hash);
+                self.reset_units(plan);
+            }
+            Entry::Intent {
+                unit, attempt_id, ..
+            } => {
+                let u = *self
+                    .unit_index
+                    .get(unit)
+                    .ok_or_else(|| format!("intent for unknown unit {unit}"))?;
+                let a = self.attempts.len();
+                self.attempts.push(Attempt {
+                    unit: u,
+                    id: attempt_id.clone(),
+                    handle: None,
+                    phase: Phase::Intent { at_ms },
+                    cancel_requested: false,
+                    pending_since_ms: None,
+                    log_path: None,
+                    final_state: None,
+                });
+                self.attempt_index.insert(attempt_id.clone(), a);
+                self.units[u].attempts.push(a);
+                self.units[u].status = UnitStatus::Live;
+                let st = &mut self.stages[self.units[u].stage];
+                st.started_ms.get_or_insert(at_ms);
+            }
+            Entry::Submitted {
+                attempt_id, handle, ..
+            } => {
+                let a = self.attempt(attempt_id)?;
+                if self.attempts[a].phase != Phase::Live {
+                    self.live += 1;
+                }
+                self.attempts[a].handle = Some(handle.clone());
+                self.attempts[a].phase = Phase::Live;
+            }
+            Entry::SubmitFailed { attempt_id, .. } => {
+                let a = self.attempt(attempt_id)?;
+                self.attempts[a].phase = Phase::SubmitFailed;
+                let u = self.attempts[a].unit;
+                if self.units[u].status == UnitStatus::Live {
+                    self.units[u].status = UnitStatus::Ready;
+                }
+            }
+            Entry::CancelRequested { attempt_id, .. } => {
+                let a = self.attempt(attempt_id)?;
+                self.attempts[a].cancel_requested = true;
+            }
+            Entry::Finished {
+                attempt_id,
+                state,
+                class,
+                log_path,
+                ..
+            } => {
+                let a = self.attempt(attempt_id)?;
+                if self.attempts[a].phase == Phase::Live {
+                    self.live -= 1;
+                }
+                self.attempts[a].phase = Phase::Finished;
+                self.attempts[a].final_state = Some(state.clone());
+                self.attempts[a].log_path = log_path.clone();
+                let by_us =
+                    self.attempts[a].cancel_requested && *class == Some(FailureClass::Cancelled);
+                let unit = &mut self.units[self.attempts[a].unit];
+                unit.last_class = *class;
+                match class {
+                    Some(FailureClass::Transient) => unit.transient += 1,
+                    Some(FailureClass::Oom) => {
+                        unit.oom += 1;
+                        unit.counted += 1
+                    }
+                    _ if by_us => {}
+                    _ => unit.counted += 1,
+                }
+            }
+            Entry::Decided {
+                unit,
+                decision,
+                not_before_ms,
+            } => {
+                let u = *self
+                    .unit_index
+                    .get(unit)
+                    .ok_or_else(|| format!("decision for unknown unit {unit}"))?;
+                let unit = &mut self.units[u];
+                match decision {
+                    Decision::Done => unit.status = UnitStatus::Done,
+                    Decision::Retry {
+                        resume,
+                        more_resources,
+                        ..
+                    } => {
+                        unit.status = UnitStatus::Ready;
+                        unit.not_before_ms = *not_before_ms;
+                        unit.next_resume = *resume;
+                        unit.next_more_resources = *more_resources;
+                    }
+                    Decision::Fail { reason } => {
+                        unit.status = UnitStatus::Failed;
+                        unit.fail_reason = Some(reason.clone());
+                    }
+                }
+            }
+            Entry::PoolFilled { stage, .. } => {
+                let s = self
+                    .stage_index(stage)
+                    .ok_or_else(|| format!("pool fill of unknown stage {stage}"))?;
+                self.stages[s].pool_filled = true;
+            }
+            Entry::StageDone { stage } => {
+                let s = self
+                    .stage_index(stage)
+                    .ok_or_else(|| format!("unknown stage {stage}"))?;
+                self.stages[s].status = StageStatus::Done;
+                self.stages[s].ended_ms = Some(at_ms);
+            }
+            Entry::StageFailed { stage, reason } => {
+                let s = self
+                    .stage_index(stage)
+                    .ok_or_else(|| format!("unknown stage {stage}"))?;
+                self.stages[s].status = StageStatus::Failed;
+                self.stages[s].reason = Some(reason.clone());
+                self.stages[s].ended_ms = Some(at_ms);
+            }
+            Entry::Event { .. } => {}
+        }
+        Ok(())
+    }
+
+    fn attempt(&self, id: &AttemptId) -> Result<usize, String> {
+        self.attempt_index
+            .get(id)
+            .copied()
+            .ok_or_else(|| format!("record about unknown attempt {id}"))
+    }
+
+    /// Indices of attempts with a handle and not finished.
+    pub fn live_attempts(&self) -> Vec<usize> {
+        self.attempts
+            .iter()
+            .enumerate()
+            .filter(|(_, a)| a.phase == Phase::Live)
+            .map(|(i, _)| i)
+            .collect()
+    }
+
+    /// Indices of attempts with an intent but neither handle nor failure.
+    pub fn unresolved_intents(&self) -> Vec<usize> {
+        self.attempts
+            .iter()
+            .enumerate()
+            .filter(|(_, a)| matches!(a.phase, Phase::Intent { .. }))
+            .map(|(i, _)| i)
+            .collect()
+    }
+}

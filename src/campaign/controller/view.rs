@@ -1,0 +1,118 @@
+//! The live view: one progress line per stage (done / running / queued / failed, elapsed),
+//! drawn with indicatif on a terminal (feature `progress`), as plain log lines otherwise.
+
+use std::io::IsTerminal;
+
+use super::report::{CampaignReport, StageProgress};
+
+/// How progress is shown.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ViewMode {
+    /// Nothing.
+    Off,
+    /// A plain line per stage to stderr when something changed, at most every `every_s`
+    /// seconds.
+    Plain {
+        /// Least seconds between two prints.
+        every_s: u64,
+    },
+    /// Bars on a terminal (feature `progress`), else [`ViewMode::Plain`] every 10 s.
+    Auto,
+}
+
+/// One stage as text: `score      running   3/4 done  1 running  0 queued  0 failed  12.3 s`.
+pub fn progress_line(p: &StageProgress, now_ms: Option<u64>) -> String {
+    let elapsed = match (p.started_ms, p.ended_ms.or(now_ms)) {
+        (Some(s), Some(e)) => format!("  {:.1} s", e.saturating_sub(s) as f64 / 1000.0),
+        _ => String::new(),
+    };
+    format!(
+        "{:<16} {:<8} {}/{} done  {} running  {} queued  {} failed{}",
+        p.stage, p.status, p.done, p.total, p.running, p.queued, p.failed, elapsed
+    )
+}
+
+pub(crate) struct LiveView {
+    mode: ViewMode,
+    last: Vec<StageProgress>,
+    last_print_ms: u64,
+    #[cfg(feature = "progress")]
+    bars: Option<(indicatif::MultiProgress, Vec<indicatif::ProgressBar>)>,
+}
+
+impl LiveView {
+    pub fn new(mode: ViewMode) -> Self {
+        let mode = match mode {
+            ViewMode::Auto if !(cfg!(feature = "progress") && std::io::stderr().is_terminal()) => {
+                ViewMode::Plain { every_s: 10 }
+            }
+            m => m,
+        };
+        Self {
+            mode,
+            last: Vec::new(),
+            last_print_ms: 0,
+            #[cfg(feature = "progress")]
+            bars: None,
+        }
+    }
+
+    pub fn update(&mut self, progress: &[StageProgress], now_ms: u64) {
+        match self.mode {
+            ViewMode::Off => {}
+            ViewMode::Plain { every_s } => {
+                let changed = progress != self.last.as_slice();
+                if changed && now_ms.saturating_sub(self.last_print_ms) >= every_s * 1000 {
+                    for p in progress {
+                        eprintln!("[campaign] {}", progress_line(p, Some(now_ms)));
+                    }
+                    self.last_print_ms = now_ms;
+                    self.last = progress.to_vec();
+                }
+            }
+            ViewMode::Auto => self.draw(progress, now_ms),
+        }
+    }
+
+    #[cfg(feature = "progress")]
+    fn draw(&mut self, progress: &[StageProgress], now_ms: u64) {
+        use indicatif::{MultiProgress, ProgressBar, ProgressStyle};
+        let (mp, bars) = self.bars.get_or_insert_with(|| {
+            let mp = MultiProgress::new();
+            let style = ProgressStyle::with_template("{prefix:<16} [{bar:30}] {pos}/{len} {msg}")
+                .unwrap_or_else(|_| ProgressStyle::default_bar())
+                .progress_chars("=> ");
+            let bars = progress
+                .iter()
+                .map(|p| {
+                    let b = mp.add(ProgressBar::new(p.total as u64));
+                    b.set_style(style.clone());
+                    b.set_prefix(p.stage.clone());
+                    b
+                })
+                .collect();
+            (mp, bars)
+        });
+        let _ = mp;
+        for (b, p) in bars.iter().zip(progress) {
+            b.set_position(p.done as u64);
+            let line = progress_line(p, Some(now_ms));
+            b.set_message(line[p.stage.len().min(16)..].trim_start().to_string());
+        }
+    }
+
+    #[cfg(not(feature = "progress"))]
+    fn draw(&mut self, _progress: &[StageProgress], _now_ms: u64) {}
+
+    pub fn finish(&mut self, report: &CampaignReport) {
+        #[cfg(feature = "progress")]
+        if let Some((_, bars)) = self.bars.take() {
+            for b in bars {
+                b.finish();
+            }
+        }
+        if self.mode != ViewMode::Off {
+            eprintln!("{report}");
+        }
+    }
+}
