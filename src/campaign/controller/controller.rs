@@ -308,6 +308,8 @@ impl CampaignControllerBuilder {
             adopted: 0,
             submitted: 0,
             poll_errors: 0,
+            pool_restarts: HashMap::new(),
+            pending_revision: None,
         };
         if replay.torn_tail > 0 {
             c.event(
@@ -357,6 +359,8 @@ pub struct CampaignController {
     adopted: u64,
     submitted: u64,
     poll_errors: u64,
+    pool_restarts: HashMap<usize, (u32, usize)>,
+    pending_revision: Option<Hash>,
 }
 
 impl std::fmt::Debug for CampaignController {
@@ -409,6 +413,15 @@ impl CampaignController {
             .collect()
     }
 
+    /// The attempt ids live now (submitted, not finished).
+    pub fn live_attempt_ids(&self) -> Vec<AttemptId> {
+        self.state
+            .live_attempts()
+            .into_iter()
+            .map(|a| self.state.attempts[a].id.clone())
+            .collect()
+    }
+
     fn record(&mut self, entries: Vec<Entry>) -> Result<(), ControllerError> {
         let now = self.clock.now_ms();
         self.journal.append(entries.iter().cloned(), now)?;
@@ -454,18 +467,9 @@ impl CampaignController {
             }
             Some(old) if old == new => Ok(()),
             Some(old) if self.new_revision => {
-                // Cancel what the old revision still runs, then start over.
-                let n = self.cancel_all("new revision: the contract changed")?;
-                let rev = self.state.revision + 1;
-                self.write_plan()?;
-                self.record(vec![Entry::Revision {
-                    revision: rev,
-                    contract_hash: new,
-                }])?;
-                self.event(
-                    "revision",
-                    &format!("contract {old} -> {new}: revision {rev}, {n} old attempts cancelled"),
-                )
+                // Done at the start of `run` (cancelling needs the executor).
+                self.pending_revision = Some(old);
+                Ok(())
             }
             Some(old) => Err(ControllerError::ContractChanged {
                 campaign: self.dir.clone(),
@@ -499,6 +503,21 @@ impl CampaignController {
     /// [`ControllerError::LeaseLost`], journal and queue I/O errors, executor errors that are
     /// not retryable. Job failures are in the report, not errors.
     pub async fn run(&mut self, options: RunOptions) -> Result<CampaignReport, ControllerError> {
+        if let Some(old) = self.pending_revision.take() {
+            // Cancel what the old revision still runs (adopting intents first), then start over.
+            let new = self.plan.contract_hash;
+            let n = self.shutdown("new revision: the contract changed").await?;
+            let rev = self.state.revision + 1;
+            self.write_plan()?;
+            self.record(vec![Entry::Revision {
+                revision: rev,
+                contract_hash: new,
+            }])?;
+            self.event(
+                "revision",
+                &format!("contract {old} -> {new}: revision {rev}, {n} old attempts cancelled"),
+            )?;
+        }
         if options.retry_failed {
             self.reset_failed()?;
         }
@@ -1071,6 +1090,12 @@ impl CampaignController {
             Decision::Retry { delay, .. } => self.clock.now_ms() + delay.as_millis() as u64,
             _ => 0,
         };
+        let decision = match decision {
+            Decision::Fail { reason } => Decision::Fail {
+                reason: format!("{reason} ({detail})"),
+            },
+            d => d,
+        };
         let key = u.key.clone();
         if let Some(f) = &self.on_event {
             let what = match (&class, &decision) {
@@ -1250,6 +1275,25 @@ impl CampaignController {
                 })
                 .collect();
             let n = reopen.len();
+            let done_now = c.done;
+            let guard = self.pool_restarts.entry(si).or_insert((0, usize::MAX));
+            if guard.1 == done_now {
+                guard.0 += 1;
+            } else {
+                *guard = (1, done_now);
+            }
+            let restarts = guard.0;
+            if restarts > self.max_requeues + 1 {
+                self.record(vec![Entry::StageFailed {
+                    stage: s.id.clone(),
+                    reason: format!(
+                        "workers were restarted {} times and exited without finishing any of the {} items left",
+                        restarts - 1,
+                        c.pending + c.claimed
+                    ),
+                }])?;
+                return Ok(true);
+            }
             if n > 0 {
                 self.record(reopen)?;
                 self.event(

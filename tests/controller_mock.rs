@@ -1,0 +1,813 @@
+//! Controller logic on the mock executor with a virtual clock: exact submit/cancel/retry
+//! sequences for every failure class x failure policy x halt policy, strategies (sharded with
+//! aggregate, persistent pool with dead workers), recovery (re-attach, adoption by attempt id,
+//! intents whose submit never happened), contract changes, lease and journal errors.
+
+use std::collections::HashMap;
+use std::path::Path;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use puzzletron::campaign::controller::{
+    CampaignController, CampaignReport, ControllerError, FailureClass, PoolItem, PoolWorker,
+    RetryPolicy, RunOptions, VirtualClock,
+};
+use puzzletron::campaign::tree::Node;
+use puzzletron::campaign::{
+    CampaignPlan, ExecutionConfig, RunnerEnvironment, StageCatalog, compile_resolved,
+};
+use puzzletron::executor::{
+    AttemptSpec, Executor, JobState, MockCall, MockClock, MockExecutor, MockScript,
+};
+use serde_json::{Value, json};
+
+fn plan(stages: Value, exec: Value) -> CampaignPlan {
+    let node = Node::from_json(&json!({ "stages": stages }));
+    let catalog = StageCatalog::from_config("exp", &node).unwrap();
+    let execution = ExecutionConfig::from_node(
+        "execution.yaml",
+        &Node::from_json(&json!({ "execution": exec })),
+    )
+    .unwrap();
+    compile_resolved(
+        "exp",
+        node,
+        &[],
+        &catalog,
+        &RunnerEnvironment::local(),
+        &execution,
+        None,
+    )
+    .unwrap()
+}
+
+fn env<'a>(spec: &'a AttemptSpec, k: &str) -> &'a str {
+    spec.command.env.get(k).map(String::as_str).unwrap_or("")
+}
+
+/// `unit#attempt` from an attempt id `<nonce>.<stage>.<index>.a<n>`.
+fn short(id: &str) -> String {
+    let rest = id.split_once('.').unwrap().1;
+    let (unit, a) = rest.rsplit_once(".a").unwrap();
+    let (stage, idx) = unit.rsplit_once('.').unwrap();
+    format!("{stage}/{idx}#{a}")
+}
+
+struct Sim {
+    mock: MockExecutor,
+    clock: MockClock,
+    /// (unit, attempt, PUZZLETRON_RESUME, PUZZLETRON_MORE_RESOURCES, exclusive) per submit.
+    seen: Arc<Mutex<Vec<(String, String, String, String, bool)>>>,
+}
+
+type Script = dyn Fn(&str, u32) -> MockScript + Send + Sync;
+
+fn sim(script: impl Fn(&str, u32) -> MockScript + Send + Sync + 'static) -> Sim {
+    let clock = MockClock::new();
+    let seen = Arc::new(Mutex::new(Vec::new()));
+    let s2 = seen.clone();
+    let script: Arc<Script> = Arc::new(script);
+    let mock = MockExecutor::with_clock(clock.clone()).with_default_script(move |spec| {
+        let unit = env(spec, "PUZZLETRON_UNIT").to_string();
+        let n: u32 = env(spec, "PUZZLETRON_ATTEMPT").parse().unwrap();
+        s2.lock().unwrap().push((
+            unit.clone(),
+            n.to_string(),
+            env(spec, "PUZZLETRON_RESUME").to_string(),
+            env(spec, "PUZZLETRON_MORE_RESOURCES").to_string(),
+            spec.exclusive,
+        ));
+        script(&unit, n)
+    });
+    Sim { mock, clock, seen }
+}
+
+fn controller(
+    p: CampaignPlan,
+    s: &Sim,
+    dir: &Path,
+) -> puzzletron::campaign::controller::CampaignControllerBuilder {
+    CampaignController::builder()
+        .plan(p)
+        .executor(Arc::new(s.mock.clone()))
+        .campaign_dir(dir)
+        .clock(Arc::new(VirtualClock(s.clock.clone())))
+        .poll_interval(Duration::from_secs(1), Duration::from_secs(1))
+        .adopt_grace(Duration::from_secs(5))
+        .retry_policy(RetryPolicy {
+            jitter: 0.0,
+            ..RetryPolicy::default()
+        })
+}
+
+fn rt() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap()
+}
+
+fn submits(m: &MockExecutor) -> Vec<String> {
+    m.calls()
+        .iter()
+        .filter_map(|c| match c {
+            MockCall::Submit {
+                attempt_id,
+                job_id: Some(_),
+                ..
+            } => Some(short(attempt_id.as_str())),
+            _ => None,
+        })
+        .collect()
+}
+
+fn submit_times(m: &MockExecutor) -> HashMap<String, Duration> {
+    m.calls()
+        .iter()
+        .filter_map(|c| match c {
+            MockCall::Submit {
+                attempt_id,
+                at,
+                job_id: Some(_),
+                ..
+            } => Some((short(attempt_id.as_str()), *at)),
+            _ => None,
+        })
+        .collect()
+}
+
+fn cancels(m: &MockExecutor) -> Vec<String> {
+    m.cancelled().iter().map(|a| short(a.as_str())).collect()
+}
+
+fn failing(class: &str) -> MockScript {
+    let t = Duration::from_secs(10);
+    match class {
+        "transient" => MockScript::ends_after(t, JobState::NodeFail).with_exit_code(1),
+        "oom" => MockScript::ends_after(t, JobState::OutOfMemory)
+            .with_exit_code(0)
+            .with_signal(125),
+        "timeout_resumable" | "timeout_fatal" => MockScript::ends_after(t, JobState::Timeout),
+        "config" => MockScript::fails_after(t, 2)
+            .with_log("usage: train [-h]\ntrain: error: unrecognized arguments: --lrr\n"),
+        "cancelled" => MockScript::ends_after(
+            t,
+            JobState::Cancelled {
+                by_uid: Some(12345),
+            },
+        ),
+        "application" => MockScript::fails_after(t, 1).with_log("ValueError: loss is nan\n"),
+        "unknown" => MockScript::ends_after(t, JobState::Lost),
+        "expired" => MockScript::ends_after(t, JobState::Deadline),
+        other => panic!("no script for {other}"),
+    }
+}
+
+/// a (fails once with `class`) -> c; b independent and slow (100 s).
+fn matrix_plan(policy: &str, halt: &str, resumable: bool) -> CampaignPlan {
+    plan(
+        json!([
+            {"id": "a", "command": ["work"], "resumable": resumable},
+            {"id": "b", "command": ["work"]},
+            {"id": "c", "needs": ["a"], "command": ["work"]},
+        ]),
+        json!({"defaults": {"failure_policy": policy, "halt_policy": halt, "max_attempts": 3}}),
+    )
+}
+
+#[test]
+fn every_failure_class_by_policy_and_halt() {
+    // class, resumable, oom retry allowed, retried under strict, retried under resume
+    let cases: &[(&str, bool, bool, bool, bool)] = &[
+        ("transient", false, false, true, true),
+        ("oom", false, true, true, true),
+        ("oom", false, false, false, false),
+        ("timeout_resumable", true, false, false, true),
+        ("timeout_fatal", false, false, false, false),
+        ("config", false, false, false, false),
+        ("cancelled", false, false, false, false),
+        ("application", false, false, false, true),
+        ("unknown", false, false, false, true),
+        ("expired", false, false, false, false),
+    ];
+    let rt = rt();
+    for &(class, resumable, oom_ok, strict_retry, resume_retry) in cases {
+        for policy in ["strict", "resume"] {
+            for halt in ["fail_fast", "drain"] {
+                let label = format!("{class} (oom retry {oom_ok}) x {policy} x {halt}");
+                let s = sim(move |unit, n| match (unit, n) {
+                    ("a/0", 1) => failing(class),
+                    ("b/0", _) => MockScript::completes_after(Duration::from_secs(100)),
+                    _ => MockScript::completes_after(Duration::from_secs(10)),
+                });
+                let dir = tempfile::tempdir().unwrap();
+                let mut b = controller(matrix_plan(policy, halt, resumable), &s, dir.path());
+                if oom_ok {
+                    b = b.allow_oom_retry("a");
+                }
+                let mut ctl = b.build().unwrap();
+                let report = rt.block_on(ctl.run(RunOptions::default())).unwrap();
+                let retried = if policy == "strict" {
+                    strict_retry
+                } else {
+                    resume_retry
+                };
+                let subs = submits(&s.mock);
+                if retried {
+                    assert_eq!(subs, ["a/0#1", "b/0#1", "a/0#2", "c/0#1"], "{label}");
+                    assert!(cancels(&s.mock).is_empty(), "{label}");
+                    assert!(report.is_complete(), "{label}: {report}");
+                    // Backoff: first retry 5 s after the failure was seen (t = 10..11 s).
+                    let t = submit_times(&s.mock)["a/0#2"];
+                    assert!(
+                        t >= Duration::from_secs(15) && t <= Duration::from_secs(17),
+                        "{label}: {t:?}"
+                    );
+                    let seen = s.seen.lock().unwrap();
+                    let second = seen.iter().find(|x| x.0 == "a/0" && x.1 == "2").unwrap();
+                    let resume_expected = if class == "timeout_resumable" {
+                        "1"
+                    } else {
+                        "0"
+                    };
+                    assert_eq!(second.2, resume_expected, "{label}: resume flag");
+                    let more = if class == "oom" { "1" } else { "0" };
+                    assert_eq!(second.3, more, "{label}: more resources");
+                    assert_eq!(
+                        second.4,
+                        class == "oom",
+                        "{label}: exclusive node on the oom retry"
+                    );
+                } else if halt == "fail_fast" {
+                    assert_eq!(subs, ["a/0#1", "b/0#1"], "{label}");
+                    assert_eq!(cancels(&s.mock), ["b/0#1"], "{label}");
+                    assert!(report.halted, "{label}");
+                    assert_eq!(report.failed.len(), 1, "{label}: {report}");
+                    assert_eq!(report.failed[0].stage, "a");
+                    let expect = match class {
+                        "timeout_resumable" => FailureClass::TimeoutResumable,
+                        "timeout_fatal" => FailureClass::TimeoutFatal,
+                        "oom" => FailureClass::Oom,
+                        "config" => FailureClass::Config,
+                        "cancelled" => FailureClass::Cancelled,
+                        "application" => FailureClass::Application,
+                        "unknown" => FailureClass::Unknown,
+                        "expired" => FailureClass::Expired,
+                        _ => unreachable!(),
+                    };
+                    assert_eq!(report.failed[0].class, Some(expect), "{label}");
+                    assert_eq!(report.failed[0].logs.len(), 1, "{label}");
+                    assert!(!report.completed.contains(&"b".to_string()), "{label}");
+                } else {
+                    assert_eq!(subs, ["a/0#1", "b/0#1"], "{label}");
+                    assert!(cancels(&s.mock).is_empty(), "{label}");
+                    assert!(!report.halted);
+                    assert_eq!(report.completed, ["b"], "{label}: drain lets b finish");
+                    assert_eq!(report.blocked, ["c"], "{label}: nothing downstream of a");
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn transient_budget_is_its_own_and_exhausts() {
+    let s = sim(|unit, _| match unit {
+        "a/0" => failing("transient"),
+        _ => MockScript::completes(),
+    });
+    let dir = tempfile::tempdir().unwrap();
+    let mut ctl = controller(matrix_plan("strict", "drain", false), &s, dir.path())
+        .build()
+        .unwrap();
+    let report = rt().block_on(ctl.run(RunOptions::default())).unwrap();
+    assert_eq!(
+        submits(&s.mock)
+            .iter()
+            .filter(|x| x.starts_with("a/0"))
+            .cloned()
+            .collect::<Vec<_>>(),
+        ["a/0#1", "a/0#2", "a/0#3", "a/0#4"],
+        "three retries, then failed"
+    );
+    let times = submit_times(&s.mock);
+    // Exponential backoff: 5, 10, 20 s after each failure (10 s runs, 1 s polls).
+    let gap = |a: &str, b: &str| (times[b] - times[a]).as_secs();
+    assert!(
+        (15..=17).contains(&gap("a/0#1", "a/0#2")),
+        "{}",
+        gap("a/0#1", "a/0#2")
+    );
+    assert!((20..=22).contains(&gap("a/0#2", "a/0#3")));
+    assert!((30..=32).contains(&gap("a/0#3", "a/0#4")));
+    assert!(
+        report.failed[0]
+            .reason
+            .contains("4 transient failures, budget 3"),
+        "{report}"
+    );
+}
+
+#[test]
+fn requeued_job_is_followed_not_resubmitted() {
+    // C24: RUNNING, REQUEUED, PENDING, RUNNING, COMPLETED under one job.
+    let s = sim(|_, _| {
+        MockScript::new()
+            .at(Duration::from_secs(1), JobState::Running)
+            .at(Duration::from_secs(5), JobState::Requeued)
+            .at(Duration::from_secs(8), JobState::Pending)
+            .at(Duration::from_secs(9), JobState::Running)
+            .at(Duration::from_secs(20), JobState::Completed)
+            .with_restarts(1)
+    });
+    let dir = tempfile::tempdir().unwrap();
+    let p = plan(
+        json!([{"id": "a", "command": ["w"]}]),
+        json!({"defaults": {}}),
+    );
+    let mut ctl = controller(p, &s, dir.path()).build().unwrap();
+    let report = rt().block_on(ctl.run(RunOptions::default())).unwrap();
+    assert!(report.is_complete());
+    assert_eq!(submits(&s.mock), ["a/0#1"]);
+}
+
+#[test]
+fn stuck_pending_reason_is_cancelled_after_the_limit_but_waits_are_not() {
+    let s = sim(|unit, _| match unit {
+        "a/0" => MockScript::new().with_reason("QOSMaxGRESPerUser"),
+        _ => MockScript::new().with_reason("InvalidQOS"),
+    });
+    let dir = tempfile::tempdir().unwrap();
+    let p = plan(
+        json!([{"id": "a", "command": ["w"]}, {"id": "b", "command": ["w"]}]),
+        json!({"defaults": {"halt_policy": "drain"}}),
+    );
+    let mut ctl = controller(p, &s, dir.path())
+        .stuck_after(Duration::from_secs(60))
+        .build()
+        .unwrap();
+    let report = rt()
+        .block_on(ctl.run(RunOptions {
+            max_iterations: Some(200),
+            ..RunOptions::default()
+        }))
+        .unwrap();
+    assert_eq!(cancels(&s.mock), ["b/0#1"]);
+    assert_eq!(report.failed.len(), 1);
+    assert_eq!(report.failed[0].class, Some(FailureClass::Config));
+    assert!(report.failed[0].reason.contains("InvalidQOS"), "{report}");
+    assert_eq!(
+        submits(&s.mock),
+        ["a/0#1", "b/0#1"],
+        "a waits, never resubmitted"
+    );
+    assert!(report.detached);
+}
+
+#[test]
+fn sharded_stage_aggregates_after_all_shards() {
+    let s = sim(|unit, _| match unit {
+        "s/1" => MockScript::completes_after(Duration::from_secs(30)),
+        _ => MockScript::completes_after(Duration::from_secs(5)),
+    });
+    let dir = tempfile::tempdir().unwrap();
+    let p = plan(
+        json!([
+            {"id": "s", "strategy": "sharded", "instances": 3, "aggregate": true, "command": ["w", "{shard_index}/{shard_count}"]},
+            {"id": "t", "needs": ["s"], "command": ["w"]},
+        ]),
+        json!({"defaults": {}}),
+    );
+    let mut ctl = controller(p, &s, dir.path()).build().unwrap();
+    let report = rt().block_on(ctl.run(RunOptions::default())).unwrap();
+    assert!(report.is_complete(), "{report}");
+    assert_eq!(
+        submits(&s.mock),
+        ["s/0#1", "s/1#1", "s/2#1", "s/agg#1", "t/0#1"]
+    );
+    let t = submit_times(&s.mock);
+    assert!(
+        t["s/agg#1"] >= Duration::from_secs(30),
+        "aggregate waits for the slowest shard"
+    );
+    let seen = s.seen.lock().unwrap();
+    assert_eq!(seen.iter().filter(|x| x.0 == "s/agg").count(), 1);
+}
+
+fn pool_plan() -> CampaignPlan {
+    plan(
+        json!([
+            {"id": "prep", "command": ["w"]},
+            {"id": "eval", "needs": ["prep"], "strategy": "persistent_pool", "instances": 2, "command": ["worker"]},
+        ]),
+        json!({"defaults": {}}),
+    )
+}
+
+#[test]
+fn persistent_pool_serves_every_item_once_and_requeues_a_dead_workers_items() {
+    // Worker eval/0 attempt 1 dies with its node at 12 s holding items; the others live 40 s.
+    let s = sim(|unit, n| match (unit, n) {
+        ("eval/0", 1) => MockScript::ends_after(Duration::from_secs(12), JobState::NodeFail),
+        ("prep/0", _) => MockScript::completes_after(Duration::from_secs(2)),
+        _ => MockScript::completes_after(Duration::from_secs(40)),
+    });
+    let dir = tempfile::tempdir().unwrap();
+    let mut ctl = controller(pool_plan(), &s, dir.path())
+        .pool_items("eval", |_| {
+            Ok((0..10)
+                .map(|i| PoolItem::new(format!("item{i}"), json!(i)))
+                .collect())
+        })
+        .retry_policy(RetryPolicy {
+            jitter: 0.0,
+            base_delay: Duration::from_secs(1),
+            ..RetryPolicy::default()
+        })
+        .build()
+        .unwrap();
+    let queue = ctl.queue("eval");
+    let rt = rt();
+    let mut processed: Vec<(String, String)> = Vec::new();
+    let mut report: Option<CampaignReport> = None;
+    for i in 0..500 {
+        let r = rt
+            .block_on(ctl.run(RunOptions {
+                once: true,
+                ..RunOptions::default()
+            }))
+            .unwrap();
+        let _ = i;
+        s.clock.advance(Duration::from_secs(1)); // `once` does not wait
+        if !r.detached {
+            report = Some(r);
+            break;
+        }
+        // Play the workers: each live worker claims one item per second; eval/0#1 only
+        // claims (it will die holding them).
+        for id in ctl.live_attempt_ids() {
+            let sid = short(id.as_str());
+            if !sid.starts_with("eval/") {
+                continue;
+            }
+            let w = PoolWorker::new(queue.dir(), id.as_str()).unwrap();
+            if let Some(c) = w.claim().unwrap() {
+                if sid == "eval/0#1" {
+                    continue; // holds it
+                }
+                processed.push((c.item.id.clone(), sid.clone()));
+                let v = c.item.payload.as_i64().unwrap();
+                w.complete(c, &json!(v * v)).unwrap();
+            }
+        }
+    }
+    let report = report.expect("campaign ended");
+    assert!(report.is_complete(), "{report}");
+    let mut items: Vec<_> = processed.iter().map(|(i, _)| i.clone()).collect();
+    items.sort();
+    items.dedup();
+    assert_eq!(
+        items.len(),
+        10,
+        "every item processed exactly once: {processed:?}"
+    );
+    assert_eq!(processed.len(), 10);
+    let results = queue.results().unwrap();
+    assert_eq!(results.len(), 10);
+    assert!(
+        results.iter().any(|r| r.item.requeues == 1),
+        "the dead worker's items were requeued"
+    );
+    assert_eq!(
+        results
+            .iter()
+            .find(|r| r.item.id == "item3")
+            .unwrap()
+            .result,
+        json!(9)
+    );
+    // The dead worker (transient) was replaced by a second attempt.
+    let subs = submits(&s.mock);
+    assert_eq!(&subs[..3], ["prep/0#1", "eval/0#1", "eval/1#1"]);
+    assert!(subs.contains(&"eval/0#2".to_string()), "{subs:?}");
+}
+
+#[test]
+fn detach_then_run_again_reattaches_without_resubmitting() {
+    let s = sim(|_, _| MockScript::completes_after(Duration::from_secs(30)));
+    let dir = tempfile::tempdir().unwrap();
+    let p = plan(
+        json!([{"id": "s", "strategy": "sharded", "instances": 4, "command": ["w"]}]),
+        json!({"defaults": {}}),
+    );
+    let rt = rt();
+    {
+        let mut ctl = controller(p.clone(), &s, dir.path()).build().unwrap();
+        let r = rt
+            .block_on(ctl.run(RunOptions {
+                max_iterations: Some(3),
+                ..RunOptions::default()
+            }))
+            .unwrap();
+        assert!(r.detached);
+        assert_eq!(r.live, 4);
+    }
+    let mut ctl = controller(p, &s, dir.path()).build().unwrap();
+    let r = rt.block_on(ctl.run(RunOptions::default())).unwrap();
+    assert!(r.is_complete(), "{r}");
+    assert_eq!(r.reattached, 4);
+    assert_eq!(r.submitted, 0);
+    assert_eq!(submits(&s.mock).len(), 4);
+}
+
+/// An executor that panics (a controller crash) around the submit of one attempt.
+struct Crashy {
+    inner: MockExecutor,
+    unit: &'static str,
+    after_submit: bool,
+    armed: std::sync::atomic::AtomicBool,
+}
+
+#[async_trait::async_trait]
+impl Executor for Crashy {
+    fn kind(&self) -> &str {
+        "mock"
+    }
+    async fn submit(
+        &self,
+        spec: &AttemptSpec,
+    ) -> Result<puzzletron::executor::JobHandle, puzzletron::executor::ExecutorError> {
+        let hit = env(spec, "PUZZLETRON_UNIT") == self.unit
+            && self.armed.swap(false, std::sync::atomic::Ordering::SeqCst);
+        if hit && !self.after_submit {
+            panic!("simulated crash before submit");
+        }
+        let h = self.inner.submit(spec).await;
+        if hit {
+            panic!("simulated crash after submit, before the handle is recorded");
+        }
+        h
+    }
+    async fn poll(
+        &self,
+        h: &[puzzletron::executor::JobHandle],
+    ) -> Result<Vec<puzzletron::executor::JobStatus>, puzzletron::executor::ExecutorError> {
+        self.inner.poll(h).await
+    }
+    async fn cancel(
+        &self,
+        h: &puzzletron::executor::JobHandle,
+    ) -> Result<(), puzzletron::executor::ExecutorError> {
+        self.inner.cancel(h).await
+    }
+    async fn find(
+        &self,
+        id: &puzzletron::executor::AttemptId,
+    ) -> Result<Option<puzzletron::executor::JobHandle>, puzzletron::executor::ExecutorError> {
+        self.inner.find(id).await
+    }
+}
+
+fn crash_then_recover(after_submit: bool) -> (Sim, CampaignReport) {
+    let s = sim(|_, _| MockScript::completes_after(Duration::from_secs(5)));
+    let dir = tempfile::tempdir().unwrap();
+    let p = plan(
+        json!([{"id": "s", "strategy": "sharded", "instances": 3, "command": ["w"]}]),
+        json!({"defaults": {}}),
+    );
+    let crashy = Arc::new(Crashy {
+        inner: s.mock.clone(),
+        unit: "s/1",
+        after_submit,
+        armed: std::sync::atomic::AtomicBool::new(true),
+    });
+    let (p2, d2, c2, clock) = (
+        p.clone(),
+        dir.path().to_path_buf(),
+        crashy.clone(),
+        s.clock.clone(),
+    );
+    let crashed = std::thread::spawn(move || {
+        let mut ctl = CampaignController::builder()
+            .plan(p2)
+            .executor(c2)
+            .campaign_dir(d2)
+            .clock(Arc::new(VirtualClock(clock)))
+            .poll_interval(Duration::from_secs(1), Duration::from_secs(1))
+            .build()
+            .unwrap();
+        rt().block_on(ctl.run(RunOptions::default()))
+    })
+    .join();
+    assert!(crashed.is_err(), "the controller crashed");
+    let mut ctl = controller(p, &s, dir.path()).build().unwrap();
+    let report = rt().block_on(ctl.run(RunOptions::default())).unwrap();
+    (s, report)
+}
+
+#[test]
+fn crash_after_submit_adopts_the_job_by_attempt_id() {
+    let (s, report) = crash_then_recover(true);
+    assert!(report.is_complete(), "{report}");
+    // Intents of a batch are durable before its first submit and handles are recorded after
+    // the batch: s/0 and s/1 were submitted before the crash (adopted), s/2 never was.
+    assert_eq!(report.adopted, 2);
+    assert_eq!(
+        submits(&s.mock),
+        ["s/0#1", "s/1#1", "s/2#2"],
+        "no duplicate"
+    );
+    for id in ["s/0#1", "s/1#1", "s/2#2"] {
+        let n = s.mock.calls().iter().filter(|c| matches!(c, MockCall::Submit { attempt_id, .. } if short(attempt_id.as_str()) == id)).count();
+        assert_eq!(n, 1, "{id} submitted once");
+    }
+}
+
+#[test]
+fn crash_before_submit_gives_up_the_intent_after_the_grace_and_submits_a_new_attempt() {
+    let (s, report) = crash_then_recover(false);
+    assert!(report.is_complete(), "{report}");
+    assert_eq!(report.adopted, 1, "s/0 was submitted before the crash");
+    assert_eq!(submits(&s.mock), ["s/0#1", "s/1#2", "s/2#2"]);
+    let finds: Vec<_> = s
+        .mock
+        .calls()
+        .into_iter()
+        .filter(|c| matches!(c, MockCall::Find { .. }))
+        .collect();
+    assert!(
+        !finds.is_empty(),
+        "the intent was looked up before giving up"
+    );
+}
+
+#[test]
+fn changed_contract_is_refused_unless_a_new_revision_is_asked_for() {
+    let s = sim(|_, _| MockScript::completes_after(Duration::from_secs(100)));
+    let dir = tempfile::tempdir().unwrap();
+    let old = plan(
+        json!([{"id": "a", "command": ["w", "--lr", "0.1"]}]),
+        json!({"defaults": {}}),
+    );
+    let new = plan(
+        json!([{"id": "a", "command": ["w", "--lr", "0.2"]}]),
+        json!({"defaults": {}}),
+    );
+    assert_ne!(old.contract_hash, new.contract_hash);
+    let rt = rt();
+    {
+        let mut ctl = controller(old, &s, dir.path()).build().unwrap();
+        rt.block_on(ctl.run(RunOptions {
+            once: true,
+            ..RunOptions::default()
+        }))
+        .unwrap();
+    }
+    let err = controller(new.clone(), &s, dir.path()).build().unwrap_err();
+    assert!(
+        matches!(err, ControllerError::ContractChanged { .. }),
+        "{err}"
+    );
+    assert!(err.to_string().contains("new revision"), "{err}");
+    assert!(cancels(&s.mock).is_empty());
+    let mut ctl = controller(new, &s, dir.path())
+        .new_revision(true)
+        .build()
+        .unwrap();
+    let r = rt.block_on(ctl.run(RunOptions::default())).unwrap();
+    if std::env::var("DEBUG_REV").is_ok() {
+        eprintln!(
+            "{}",
+            std::fs::read_to_string(dir.path().join("controller/journal.jsonl")).unwrap()
+        );
+    }
+    assert_eq!(
+        cancels(&s.mock),
+        ["a/0#1"],
+        "the old revision's live attempt is cancelled"
+    );
+    assert!(r.is_complete());
+    let ids: Vec<_> = s
+        .mock
+        .calls()
+        .iter()
+        .filter_map(|c| match c {
+            MockCall::Submit { attempt_id, .. } => Some(attempt_id.to_string()),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(ids.len(), 2);
+    assert!(ids[1].contains("r1.a.0.a1"), "{ids:?}");
+}
+
+#[test]
+fn second_controller_is_refused_naming_the_holder() {
+    let s = sim(|_, _| MockScript::completes());
+    let dir = tempfile::tempdir().unwrap();
+    let p = plan(
+        json!([{"id": "a", "command": ["w"]}]),
+        json!({"defaults": {}}),
+    );
+    let _first = controller(p.clone(), &s, dir.path()).build().unwrap();
+    let err = controller(p, &s, dir.path()).build().unwrap_err();
+    assert!(matches!(err, ControllerError::LeaseHeld { .. }));
+    assert!(
+        err.to_string()
+            .contains(&format!("pid {}", std::process::id())),
+        "{err}"
+    );
+}
+
+#[test]
+fn corrupt_journal_is_an_error_not_skipped() {
+    let s = sim(|_, _| MockScript::completes());
+    let dir = tempfile::tempdir().unwrap();
+    let p = plan(
+        json!([{"id": "a", "command": ["w"]}]),
+        json!({"defaults": {}}),
+    );
+    {
+        let mut ctl = controller(p.clone(), &s, dir.path()).build().unwrap();
+        rt().block_on(ctl.run(RunOptions::default())).unwrap();
+    }
+    let j = dir.path().join("controller/journal.jsonl");
+    let text = std::fs::read_to_string(&j).unwrap();
+    let mut lines: Vec<&str> = text.lines().collect();
+    lines[1] = "{\"seq\":2,\"at_ms\":0,\"entry\":{\"t\":\"bogus\"}}";
+    std::fs::write(&j, lines.join("\n") + "\n").unwrap();
+    let err = controller(p, &s, dir.path()).build().unwrap_err();
+    assert!(err.to_string().contains("journal.jsonl line 2"), "{err}");
+}
+
+#[test]
+fn poll_errors_are_retried_not_job_failures() {
+    let s = sim(|_, _| MockScript::completes_after(Duration::from_secs(5)));
+    s.mock.fail_polls(
+        6,
+        "slurm_load_jobs error: Unable to contact slurm controller",
+    );
+    let dir = tempfile::tempdir().unwrap();
+    let p = plan(
+        json!([{"id": "a", "command": ["w"]}]),
+        json!({"defaults": {}}),
+    );
+    let mut ctl = controller(p, &s, dir.path()).build().unwrap();
+    let r = rt().block_on(ctl.run(RunOptions::default())).unwrap();
+    assert!(r.is_complete());
+    assert_eq!(submits(&s.mock), ["a/0#1"]);
+    let journal = std::fs::read_to_string(dir.path().join("controller/journal.jsonl")).unwrap();
+    assert!(journal.contains("poll_error"));
+}
+
+#[test]
+fn shutdown_cancels_every_live_attempt_and_a_later_run_resumes() {
+    let s = sim(|_, _| MockScript::completes_after(Duration::from_secs(50)));
+    let dir = tempfile::tempdir().unwrap();
+    let p = plan(
+        json!([{"id": "s", "strategy": "sharded", "instances": 3, "command": ["w"]}]),
+        json!({"defaults": {}}),
+    );
+    let rt = rt();
+    {
+        let mut ctl = controller(p.clone(), &s, dir.path()).build().unwrap();
+        rt.block_on(ctl.run(RunOptions {
+            once: true,
+            ..RunOptions::default()
+        }))
+        .unwrap();
+        let n = rt.block_on(ctl.shutdown("test")).unwrap();
+        assert_eq!(n, 3);
+    }
+    assert_eq!(cancels(&s.mock).len(), 3);
+    let mut ctl = controller(p, &s, dir.path()).build().unwrap();
+    let r = rt.block_on(ctl.run(RunOptions::default())).unwrap();
+    assert!(r.is_complete(), "{r}");
+    assert_eq!(
+        submits(&s.mock),
+        ["s/0#1", "s/1#1", "s/2#1", "s/0#2", "s/1#2", "s/2#2"]
+    );
+}
+
+#[test]
+fn control_cancel_from_the_channel_cancels_and_reports() {
+    let s = sim(|_, _| MockScript::completes_after(Duration::from_secs(50)));
+    let dir = tempfile::tempdir().unwrap();
+    let p = plan(
+        json!([{"id": "a", "command": ["w"]}]),
+        json!({"defaults": {}}),
+    );
+    let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
+    let mut ctl = controller(p, &s, dir.path()).controls(rx).build().unwrap();
+    let rt = rt();
+    rt.block_on(ctl.run(RunOptions {
+        once: true,
+        ..RunOptions::default()
+    }))
+    .unwrap();
+    tx.send(puzzletron::campaign::controller::Control::Cancel)
+        .unwrap();
+    let r = rt.block_on(ctl.run(RunOptions::default())).unwrap();
+    assert_eq!(r.cancelled, 1);
+    assert_eq!(cancels(&s.mock), ["a/0#1"]);
+    assert!(!r.detached);
+}
