@@ -55,10 +55,10 @@ impl MetricTable {
         if x0 > x1 {
             (x0, x1, y0, y1) = (0.0, 1.0, 0.0, 1.0);
         }
-        if x1 - x0 < f64::EPSILON {
+        if x1 <= x0 {
             x1 = x0 + 1.0;
         }
-        if y1 - y0 < f64::EPSILON {
+        if y1 <= y0 {
             y1 = y0 + 1.0;
         }
         let (pw, ph) = (W - LEFT - RIGHT, H - TOP - BOTTOM);
