@@ -53,7 +53,7 @@
 //! ```
 //!
 //! ## Map
-//! - [`identity`]: [`Hash`], canonical parameters, the owned-code digest, witnesses
+//! - [`identity`]: [`Hash`](struct@Hash), canonical parameters, the owned-code digest, witnesses
 //!   (Cargo.lock, toolchain, source commit).
 //! - [`store`]: the [`Store`] trait, [`FsStore`] (a folder, safe for many processes and hosts),
 //!   [`MemoryStore`].
@@ -67,6 +67,8 @@
 //! - `parquet` (default): [`MetricTable::write_parquet`].
 //! - `test-util`: the conformance suites `store::conformance` and `executor::conformance`, to
 //!   check your own [`Store`] or [`executor::Executor`] against the rules ours keep.
+
+#![warn(missing_docs)]
 
 pub mod campaign;
 mod error;
