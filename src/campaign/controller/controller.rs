@@ -1240,6 +1240,16 @@ impl CampaignController {
             if any_live {
                 return Ok(false); // workers are exiting
             }
+            if let Some(f) = &self.on_event {
+                f(
+                    if c.failed > 0 {
+                        "stage_failed"
+                    } else {
+                        "stage_done"
+                    },
+                    &s.id,
+                );
+            }
             let e = if c.failed > 0 {
                 Entry::StageFailed {
                     stage: s.id.clone(),

@@ -1,0 +1,479 @@
+//! A small Puzzle-style campaign on real data (the UCI digits of `examples/data/digits.csv`,
+//! the MLP of `examples/common/digits.rs`), run by the durable [`CampaignController`]:
+//!
+//! ```text
+//! prepare (single) -> score (sharded x4, 1 GPU each, + aggregate) -> search (single)
+//!   -> realize (single, 1 GPU) -> evaluate (persistent pool of 2 workers over 8 items)
+//! ```
+//!
+//! - `prepare` checks the data and writes a manifest;
+//! - `score` trains 8 candidate variants (hidden width x learning rate), 2 per shard, and
+//!   the aggregate step merges the shards' scores;
+//! - `search` picks the best variant whose parameter count fits the budget;
+//! - `realize` trains the chosen variant longer;
+//! - `evaluate`: two long-lived workers claim validation chunks from the campaign's work queue
+//!   and score the realized model on them.
+//!
+//! Run it (local executor, fake GPU ids; no GPU needed):
+//! ```sh
+//! cargo run --example campaign -- --dir /tmp/digits-campaign --gpus 0,1,2,3
+//! ```
+//! On the Slurm cluster of `../shared/slurm/start-local-cluster.sh`: add `--runner slurm`.
+//! Kill it at any moment (even `kill -9`) and run the same command again: it re-attaches to
+//! the jobs that are still running and adopts those submitted just before the kill. On a
+//! terminal press `q` or Ctrl-C for the menu (cancel / continue / detach).
+//!
+//! The same binary is the payload: the controller starts `campaign worker` for every attempt,
+//! which reads `PUZZLETRON_STAGE`, `PUZZLETRON_PHASE`, `PUZZLETRON_SHARD_INDEX`,
+//! `PUZZLETRON_OUTPUT_DIR`, ... (see `puzzletron::campaign::controller::spec`). Results are
+//! deterministic: the same on every run and every runner. The final figures are printed and
+//! written to `<dir>/result.json`.
+
+#[path = "common/digits.rs"]
+#[allow(dead_code)]
+mod digits;
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+use puzzletron::campaign::controller::{
+    CampaignController, PoolItem, PoolWorker, RunOptions, TerminalControls, ViewMode,
+};
+use puzzletron::campaign::tree::Node;
+use puzzletron::campaign::{
+    CampaignPlan, ExecutionConfig, RunnerEnvironment, StageCatalog, compile_resolved,
+};
+use puzzletron::executor::{Executor, LocalExecutor, SlurmExecutor};
+use puzzletron::fsutil::atomic_write;
+use serde::{Deserialize, Serialize};
+use serde_json::json;
+
+type Error = Box<dyn std::error::Error + Send + Sync>;
+
+const HIDDEN: [usize; 4] = [8, 16, 32, 64];
+const LRS: [f64; 2] = [0.05, 0.2];
+/// Largest parameter count `search` accepts (excludes width 64: 64*64+64+64*10+10 = 4874).
+const BUDGET: usize = 2500;
+const EVAL_CHUNKS: usize = 8;
+const SEED: u64 = 7;
+
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+struct Score {
+    hidden: usize,
+    lr: f64,
+    params: usize,
+    val_accuracy: f64,
+}
+
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+struct Model {
+    hidden: usize,
+    lr: f64,
+    epochs: u32,
+    seed: u64,
+    val_accuracy: f64,
+}
+
+fn data_path() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("examples/data/digits.csv")
+}
+
+fn params(hidden: usize) -> usize {
+    digits::FEATURES * hidden + hidden + hidden * digits::CLASSES + digits::CLASSES
+}
+
+fn var(k: &str) -> Result<String, Error> {
+    std::env::var(k)
+        .map_err(|_| format!("{k} is not set: `campaign worker` runs under the controller").into())
+}
+
+fn write_json<T: Serialize>(path: &Path, v: &T) -> Result<(), Error> {
+    atomic_write(path, &serde_json::to_vec_pretty(v)?)
+        .map_err(|e| format!("writing {}: {e}", path.display()).into())
+}
+
+fn read_json<T: for<'de> Deserialize<'de>>(path: &Path) -> Result<T, Error> {
+    let b = std::fs::read(path).map_err(|e| format!("reading {}: {e}", path.display()))?;
+    Ok(serde_json::from_slice(&b).map_err(|e| format!("{}: {e}", path.display()))?)
+}
+
+/// Trains `hidden`/`lr` for `epochs` from `seed`; deterministic.
+fn train(
+    hidden: usize,
+    lr: f64,
+    epochs: u32,
+    seed: u64,
+) -> Result<(digits::Mlp, digits::Dataset), Error> {
+    let (train, val) = digits::load(&data_path())?;
+    let mut rng = digits::Rng::new(seed);
+    let mut model = digits::Mlp::new(hidden, &mut rng);
+    for _ in 0..epochs {
+        model.train_epoch(&train, lr, 32, &mut rng);
+    }
+    Ok((model, val))
+}
+
+fn subset(d: &digits::Dataset, range: std::ops::Range<usize>) -> digits::Dataset {
+    digits::Dataset {
+        x: d.x[range.start * digits::FEATURES..range.end * digits::FEATURES].to_vec(),
+        y: d.y[range].to_vec(),
+    }
+}
+
+// ---------------------------------------------------------------- payload (`campaign worker`)
+
+fn worker() -> Result<(), Error> {
+    let campaign = PathBuf::from(var("PUZZLETRON_CAMPAIGN_DIR")?);
+    let stage = var("PUZZLETRON_STAGE")?;
+    let phase = var("PUZZLETRON_PHASE")?;
+    let out = PathBuf::from(var("PUZZLETRON_OUTPUT_DIR")?);
+    let epochs: u32 = var("DIGITS_EPOCHS")
+        .ok()
+        .and_then(|e| e.parse().ok())
+        .unwrap_or(3);
+    std::fs::create_dir_all(&out)?;
+    // One line per start of a payload: the crash trials count them (a unit started twice
+    // without a failure in between would be a duplicate job).
+    {
+        use std::io::Write;
+        let mut f = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(out.join("starts.log"))?;
+        writeln!(f, "{}", var(puzzletron::executor::ATTEMPT_ID_ENV)?)?;
+        f.sync_all()?;
+    }
+    eprintln!(
+        "stage {stage} ({phase}) unit {} attempt {} CUDA_VISIBLE_DEVICES={:?}",
+        var("PUZZLETRON_UNIT")?,
+        var("PUZZLETRON_ATTEMPT")?,
+        std::env::var("CUDA_VISIBLE_DEVICES").unwrap_or_default()
+    );
+    let work = campaign.join("work");
+    match (stage.as_str(), phase.as_str()) {
+        ("prepare", _) => {
+            let (train, val) = digits::load(&data_path())?;
+            write_json(
+                &out.join("manifest.json"),
+                &json!({"train": train.len(), "val": val.len(), "seed": SEED}),
+            )?;
+        }
+        ("score", "work") => {
+            let shard: usize = var("PUZZLETRON_SHARD_INDEX")?.parse()?;
+            let shards: usize = var("PUZZLETRON_SHARD_COUNT")?.parse()?;
+            let mut scores = Vec::new();
+            for (i, (h, lr)) in HIDDEN
+                .iter()
+                .flat_map(|h| LRS.iter().map(move |l| (*h, *l)))
+                .enumerate()
+            {
+                if i % shards == shard {
+                    let (m, val) = train(h, lr, epochs, SEED)?;
+                    scores.push(Score {
+                        hidden: h,
+                        lr,
+                        params: params(h),
+                        val_accuracy: m.accuracy(&val),
+                    });
+                }
+            }
+            write_json(&out.join("scores.json"), &scores)?;
+        }
+        ("score", "aggregate") => {
+            let mut all: Vec<Score> = Vec::new();
+            for i in 0..4 {
+                all.extend(read_json::<Vec<Score>>(
+                    &work.join("score").join(i.to_string()).join("scores.json"),
+                )?);
+            }
+            all.sort_by(|a, b| (a.hidden, a.lr.to_bits()).cmp(&(b.hidden, b.lr.to_bits())));
+            write_json(&out.join("scores.json"), &all)?;
+        }
+        ("search", _) => {
+            let all: Vec<Score> = read_json(&work.join("score/agg/scores.json"))?;
+            let best = all
+                .iter()
+                .filter(|s| s.params <= BUDGET)
+                .max_by(|a, b| {
+                    a.val_accuracy
+                        .total_cmp(&b.val_accuracy)
+                        .then(b.params.cmp(&a.params))
+                })
+                .ok_or("no variant fits the budget")?;
+            write_json(&out.join("chosen.json"), best)?;
+        }
+        ("realize", _) => {
+            let c: Score = read_json(&work.join("search/0/chosen.json"))?;
+            let (m, val) = train(c.hidden, c.lr, epochs * 2, SEED + 4)?;
+            let model = Model {
+                hidden: c.hidden,
+                lr: c.lr,
+                epochs: epochs * 2,
+                seed: SEED + 4,
+                val_accuracy: m.accuracy(&val),
+            };
+            write_json(&out.join("model.json"), &model)?;
+        }
+        ("evaluate", "pool_worker") => {
+            let spec: Model = read_json(&work.join("realize/0/model.json"))?;
+            // The shared digits model has no serializer: rebuild it bit-identically.
+            let (m, val) = train(spec.hidden, spec.lr, spec.epochs, spec.seed)?;
+            let pool = PoolWorker::from_env()?;
+            while let Some(item) = pool.claim()? {
+                let (a, b) = (
+                    item.item.payload["start"].as_u64().unwrap_or(0) as usize,
+                    item.item.payload["end"].as_u64().unwrap_or(0) as usize,
+                );
+                let chunk = subset(&val, a.min(val.len())..b.min(val.len()));
+                let correct = (m.accuracy(&chunk) * chunk.len() as f64).round() as u64;
+                pool.complete(item, &json!({"correct": correct, "total": chunk.len()}))?;
+            }
+        }
+        (s, p) => return Err(format!("unknown stage/phase {s}/{p}").into()),
+    }
+    atomic_write(&out.join("_SUCCESS"), b"")?;
+    Ok(())
+}
+
+// ---------------------------------------------------------------- controller
+
+struct Args {
+    dir: PathBuf,
+    runner: String,
+    gpus: Vec<String>,
+    epochs: u32,
+    new_revision: bool,
+    once: bool,
+    poll_ms: u64,
+    view: bool,
+}
+
+fn parse_args(mut it: impl Iterator<Item = String>) -> Result<Args, Error> {
+    let mut a = Args {
+        dir: "digits-campaign".into(),
+        runner: "local".into(),
+        gpus: ["0", "1", "2", "3"].iter().map(|s| s.to_string()).collect(),
+        epochs: 3,
+        new_revision: false,
+        once: false,
+        poll_ms: 200,
+        view: true,
+    };
+    while let Some(arg) = it.next() {
+        let mut value = |n: &str| it.next().ok_or_else(|| format!("{n} needs a value"));
+        match arg.as_str() {
+            "--dir" => a.dir = value("--dir")?.into(),
+            "--runner" => {
+                a.runner = value("--runner")?;
+                if a.runner != "local" && a.runner != "slurm" {
+                    return Err(format!("--runner: {:?}, expected local or slurm", a.runner).into());
+                }
+            }
+            "--gpus" => {
+                a.gpus = value("--gpus")?
+                    .split(',')
+                    .filter(|s| !s.is_empty())
+                    .map(String::from)
+                    .collect();
+                if a.gpus.len() < 1 {
+                    return Err("--gpus: give at least one GPU id, e.g. 0,1,2,3".into());
+                }
+            }
+            "--epochs" => {
+                let v = value("--epochs")?;
+                a.epochs = v
+                    .parse()
+                    .map_err(|_| format!("--epochs: {v:?} is not a positive integer"))?;
+            }
+            "--poll-ms" => {
+                let v = value("--poll-ms")?;
+                a.poll_ms = v
+                    .parse()
+                    .map_err(|_| format!("--poll-ms: {v:?} is not a number of milliseconds"))?;
+            }
+            "--new-revision" => a.new_revision = true,
+            "--once" => a.once = true,
+            "--quiet" => a.view = false,
+            other => {
+                return Err(format!(
+                    "unknown argument {other:?}; usage: campaign [--dir D] [--runner local|slurm] [--gpus 0,1,2,3] [--epochs N] [--poll-ms MS] [--new-revision] [--once] [--quiet]"
+                )
+                .into());
+            }
+        }
+    }
+    Ok(a)
+}
+
+fn plan(args: &Args) -> Result<CampaignPlan, Error> {
+    let exe = std::env::current_exe()?.display().to_string();
+    let cmd = json!([exe, "worker"]);
+    let config = json!({
+        "stages": [
+            {"id": "prepare", "command": cmd},
+            {"id": "score", "needs": ["prepare"], "strategy": "sharded", "instances": 4, "aggregate": true, "command": cmd},
+            {"id": "search", "needs": ["score"], "command": cmd},
+            {"id": "realize", "needs": ["search"], "command": cmd},
+            {"id": "evaluate", "needs": ["realize"], "strategy": "persistent_pool", "instances": 2, "command": cmd},
+        ],
+        "digits": {"epochs": args.epochs, "budget": BUDGET},
+    });
+    let node = Node::from_json(&config);
+    let catalog = StageCatalog::from_config("digits-campaign", &node)?;
+    let execution = ExecutionConfig::from_node(
+        "digits-execution",
+        &Node::from_json(&json!({"execution": {
+            // `resume` retries unknown failures (e.g. a job lost in a crash) up to 3 attempts.
+            "defaults": {"failure_policy": "resume", "halt_policy": "drain", "max_attempts": 3, "gpus_per_node": 4},
+            "stages": {
+                "prepare": {"resource": "cpu"},
+                "search": {"resource": "cpu"},
+                "evaluate": {"resource": "cpu"},
+            }
+        }})),
+    )?;
+    let runner = match args.runner.as_str() {
+        "slurm" => RunnerEnvironment::from_node(
+            "digits-runner",
+            &Node::from_json(&json!({"runner": {"kind": "slurm", "slurm": {"partition": "gpu"}}})),
+        )?,
+        _ => RunnerEnvironment::local(),
+    };
+    Ok(compile_resolved(
+        "digits-campaign",
+        node,
+        &[],
+        &catalog,
+        &runner,
+        &execution,
+        None,
+    )?)
+}
+
+fn eval_items(_campaign: &Path) -> Result<Vec<PoolItem>, String> {
+    let (_, val) = digits::load(&data_path()).map_err(|e| e.to_string())?;
+    let n = val.len();
+    let step = n.div_ceil(EVAL_CHUNKS);
+    Ok((0..EVAL_CHUNKS)
+        .map(|i| {
+            PoolItem::new(
+                format!("chunk{i}"),
+                json!({"start": i * step, "end": ((i + 1) * step).min(n)}),
+            )
+        })
+        .collect())
+}
+
+async fn controller_main(args: Args) -> Result<i32, Error> {
+    std::fs::create_dir_all(&args.dir)?;
+    let dir = args.dir.canonicalize()?;
+    let plan = plan(&args)?;
+    let executor: Arc<dyn Executor> = match args.runner.as_str() {
+        "slurm" => Arc::new(SlurmExecutor::builder(dir.join("slurm-logs")).build()?),
+        _ => Arc::new(
+            LocalExecutor::builder(dir.join("attempts"))
+                .gpu_ids(args.gpus.clone())
+                .max_concurrent(4)
+                .build()?,
+        ),
+    };
+    // SAFETY: plain setenv before any thread reads the environment of this process... except
+    // tokio's workers, which never read it; the payloads inherit it through the executor.
+    unsafe { std::env::set_var("DIGITS_EPOCHS", args.epochs.to_string()) };
+    let (controls, rx) = TerminalControls::start()?;
+    let poll = Duration::from_millis(args.poll_ms.max(10));
+    let mut ctl = CampaignController::builder()
+        .plan(plan)
+        .executor(executor)
+        .campaign_dir(&dir)
+        .poll_interval(poll, poll * 10)
+        .adopt_grace(Duration::from_secs(if args.runner == "slurm" {
+            30
+        } else {
+            5
+        }))
+        .new_revision(args.new_revision)
+        .pool_items("evaluate", eval_items)
+        .controls(rx)
+        .view(if args.view {
+            ViewMode::Auto
+        } else {
+            ViewMode::Off
+        })
+        .on_event(|kind, msg| {
+            if kind != "attempt" || msg.contains("->") {
+                eprintln!("[{kind}] {msg}");
+            }
+        })
+        .build()?;
+    let report = ctl
+        .run(RunOptions {
+            once: args.once,
+            ..RunOptions::default()
+        })
+        .await?;
+    drop(controls);
+    if !report.is_complete() {
+        eprintln!("{report}");
+        return Ok(if report.detached { 3 } else { 2 });
+    }
+    // Final figures from the pool's results.
+    let results = ctl.queue("evaluate").results()?;
+    let (mut correct, mut total) = (0u64, 0u64);
+    for r in &results {
+        correct += r.result["correct"].as_u64().unwrap_or(0);
+        total += r.result["total"].as_u64().unwrap_or(0);
+    }
+    let model: Model = read_json(&dir.join("work/realize/0/model.json"))?;
+    let scores: Vec<Score> = read_json(&dir.join("work/score/agg/scores.json"))?;
+    let result = json!({
+        "variants_scored": scores.len(),
+        "chosen": {"hidden": model.hidden, "lr": model.lr},
+        "realize_val_accuracy": model.val_accuracy,
+        "evaluate_items": results.len(),
+        "evaluate_accuracy": correct as f64 / total.max(1) as f64,
+        "scores": scores.iter().map(|s| ((format!("h{}_lr{}", s.hidden, s.lr)), s.val_accuracy)).collect::<BTreeMap<_, _>>(),
+    });
+    write_json(&dir.join("result.json"), &result)?;
+    println!("{}", serde_json::to_string_pretty(&result)?);
+    Ok(0)
+}
+
+fn main() {
+    let mut argv = std::env::args().skip(1).peekable();
+    if argv.peek().map(String::as_str) == Some("worker") {
+        if let Err(e) = worker() {
+            eprintln!("error: {e}");
+            std::process::exit(1);
+        }
+        return;
+    }
+    let code = match parse_args(argv) {
+        Err(e) => {
+            eprintln!("error: {e}");
+            2
+        }
+        Ok(args) => {
+            let rt = match tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+            {
+                Ok(rt) => rt,
+                Err(e) => {
+                    eprintln!("error: cannot start the runtime: {e}");
+                    std::process::exit(1);
+                }
+            };
+            match rt.block_on(controller_main(args)) {
+                Ok(c) => c,
+                Err(e) => {
+                    eprintln!("error: {e}");
+                    1
+                }
+            }
+        }
+    };
+    std::process::exit(code);
+}
