@@ -1,0 +1,139 @@
+//! Shared by the controller's process-level tests: find the `campaign` example, run it, kill
+//! it, and audit a campaign folder for duplicate jobs and lost results.
+
+#![allow(dead_code)]
+
+use std::collections::{HashMap, HashSet};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+
+use serde_json::Value;
+
+/// The `campaign` example binary that `cargo test` builds next to the test binaries.
+pub fn campaign_exe() -> PathBuf {
+    let me = std::env::current_exe().expect("test binary path");
+    let dir = me.parent().and_then(Path::parent).expect("target/<profile>");
+    let exe = dir.join("examples").join("campaign");
+    assert!(
+        exe.exists(),
+        "{} is missing: `cargo test` builds examples; run `cargo build --example campaign` first",
+        exe.display()
+    );
+    exe
+}
+
+pub fn spawn(dir: &Path, extra: &[&str]) -> Child {
+    Command::new(campaign_exe())
+        .arg("--dir")
+        .arg(dir)
+        .args(["--quiet", "--poll-ms", "100"])
+        .args(extra)
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("start the campaign example")
+}
+
+/// The result file of a finished campaign.
+pub fn result(dir: &Path) -> Value {
+    let p = dir.join("result.json");
+    serde_json::from_slice(&std::fs::read(&p).unwrap_or_else(|e| panic!("{}: {e}", p.display())))
+        .expect("result.json")
+}
+
+/// What an audit found.
+#[derive(Debug, Default)]
+pub struct Audit {
+    /// Jobs started under an attempt id that started before, or unknown to the journal, or a
+    /// unit with two successful attempts.
+    pub duplicates: Vec<String>,
+    /// Units without their success marker.
+    pub missing: Vec<String>,
+    /// Attempts submitted (journal).
+    pub attempts: usize,
+    /// Adopted through `find` after a crash.
+    pub adopted: usize,
+    /// Payload starts counted from `starts.log`.
+    pub starts: usize,
+}
+
+/// Audits a campaign folder: every payload start (`work/*/*/starts.log`) is an attempt the
+/// journal knows as submitted, no attempt id started twice, no unit has two successful
+/// attempts, every unit left `_SUCCESS`, and (local) every attempt folder is known.
+pub fn audit(dir: &Path) -> Audit {
+    let journal = std::fs::read_to_string(dir.join("controller/journal.jsonl")).expect("journal");
+    let mut submitted = HashSet::new();
+    let mut ok_by_unit: HashMap<String, usize> = HashMap::new();
+    let mut unit_of = HashMap::new();
+    let mut a = Audit::default();
+    for line in journal.lines() {
+        let v: Value = serde_json::from_str(line).expect("journal line");
+        let e = &v["entry"];
+        match e["t"].as_str().unwrap_or("") {
+            "intent" => {
+                unit_of.insert(e["attempt_id"].as_str().unwrap().to_string(), e["unit"].as_str().unwrap().to_string());
+            }
+            "submitted" => {
+                submitted.insert(e["attempt_id"].as_str().unwrap().to_string());
+                a.attempts += 1;
+                if e["adopted"].as_bool() == Some(true) {
+                    a.adopted += 1;
+                }
+            }
+            "finished" if e["class"].is_null() => {
+                let unit = unit_of[e["attempt_id"].as_str().unwrap()].clone();
+                *ok_by_unit.entry(unit).or_default() += 1;
+            }
+            _ => {}
+        }
+    }
+    for (u, n) in &ok_by_unit {
+        if *n > 1 {
+            a.duplicates.push(format!("unit {u} succeeded {n} times"));
+        }
+    }
+    let mut seen = HashSet::new();
+    for stage in std::fs::read_dir(dir.join("work")).expect("work folder") {
+        let stage = stage.unwrap().path();
+        for unit in std::fs::read_dir(&stage).unwrap() {
+            let unit = unit.unwrap().path();
+            if !unit.join("_SUCCESS").exists() {
+                a.missing.push(unit.display().to_string());
+            }
+            let starts = std::fs::read_to_string(unit.join("starts.log")).unwrap_or_default();
+            for id in starts.lines() {
+                a.starts += 1;
+                if !seen.insert(id.to_string()) {
+                    a.duplicates.push(format!("attempt {id} started twice"));
+                }
+                if !submitted.contains(id) {
+                    a.duplicates.push(format!("attempt {id} started but the journal never recorded its job"));
+                }
+            }
+        }
+    }
+    if let Ok(rd) = std::fs::read_dir(dir.join("attempts")) {
+        for e in rd {
+            let name = e.unwrap().file_name().to_string_lossy().into_owned();
+            if !name.starts_with('.') && !submitted.contains(&name) {
+                a.duplicates.push(format!("attempt folder {name} unknown to the journal"));
+            }
+        }
+    }
+    a
+}
+
+/// Tiny deterministic PRNG for kill times (xorshift64*).
+pub struct Rng(pub u64);
+
+impl Rng {
+    pub fn below(&mut self, n: u64) -> u64 {
+        let mut x = self.0;
+        x ^= x >> 12;
+        x ^= x << 25;
+        x ^= x >> 27;
+        self.0 = x;
+        x.wrapping_mul(0x2545_F491_4F6C_DD1D) % n.max(1)
+    }
+}
