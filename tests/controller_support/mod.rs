@@ -137,3 +137,21 @@ impl Rng {
         x.wrapping_mul(0x2545_F491_4F6C_DD1D) % n.max(1)
     }
 }
+
+/// Journal-only audit (simulations have no payload): attempts submitted and duplicates.
+pub fn audit_journal(dir: &Path) -> Audit {
+    let journal = std::fs::read_to_string(dir.join("controller/journal.jsonl")).expect("journal");
+    let mut a = Audit::default();
+    let mut seen = HashSet::new();
+    for line in journal.lines() {
+        let v: Value = serde_json::from_str(line).expect("journal line");
+        if v["entry"]["t"] == "submitted" {
+            a.attempts += 1;
+            let id = v["entry"]["attempt_id"].as_str().unwrap().to_string();
+            if !seen.insert(id.clone()) {
+                a.duplicates.push(id);
+            }
+        }
+    }
+    a
+}
