@@ -15,13 +15,23 @@ use controller_support::{Rng, audit, result, spawn};
 fn run_to_completion(dir: &std::path::Path) {
     let mut c = spawn(dir, &[]);
     let st = c.wait().unwrap();
-    assert!(st.success(), "campaign in {} exited with {st}", dir.display());
+    assert!(
+        st.success(),
+        "campaign in {} exited with {st}",
+        dir.display()
+    );
 }
 
 #[test]
 fn kill_9_at_random_moments_and_restart() {
-    let trials: usize = std::env::var("PUZZLETRON_CRASH_TRIALS").ok().and_then(|v| v.parse().ok()).unwrap_or(50);
-    let seed = std::env::var("PUZZLETRON_CRASH_SEED").ok().and_then(|v| v.parse().ok()).unwrap_or(0x5eed_u64);
+    let trials: usize = std::env::var("PUZZLETRON_CRASH_TRIALS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(50);
+    let seed = std::env::var("PUZZLETRON_CRASH_SEED")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(0x5eed_u64);
     let mut rng = Rng(seed | 1);
     let root = tempfile::tempdir().unwrap();
 
@@ -61,13 +71,27 @@ fn kill_9_at_random_moments_and_restart() {
                     kills += 1;
                 }
             }
-            assert!(started.elapsed() < Duration::from_secs(900), "crash trials take too long");
+            assert!(
+                started.elapsed() < Duration::from_secs(900),
+                "crash trials take too long"
+            );
         }
         let r = result(&dir);
-        assert_eq!(r, reference, "campaign {campaigns}: results differ from the uninterrupted run");
+        assert_eq!(
+            r, reference,
+            "campaign {campaigns}: results differ from the uninterrupted run"
+        );
         let a = audit(&dir);
-        assert!(a.duplicates.is_empty(), "campaign {campaigns}: duplicates {:?}", a.duplicates);
-        assert!(a.missing.is_empty(), "campaign {campaigns}: lost results {:?}", a.missing);
+        assert!(
+            a.duplicates.is_empty(),
+            "campaign {campaigns}: duplicates {:?}",
+            a.duplicates
+        );
+        assert!(
+            a.missing.is_empty(),
+            "campaign {campaigns}: lost results {:?}",
+            a.missing
+        );
         adopted += a.adopted;
         attempts += a.attempts;
     }

@@ -22,7 +22,11 @@ fn ten_thousand_items_with_injected_faults() {
     assert!(faults > 300, "the simulation injects faults ({faults})");
     assert!(r.injected_poll_failures >= 3);
     let units = n as usize + 3; // + prep, aggregate, post
-    assert_eq!(r.jobs, units + faults, "one job per attempt, one retry per injected fault");
+    assert_eq!(
+        r.jobs,
+        units + faults,
+        "one job per attempt, one retry per injected fault"
+    );
     assert_eq!(r.submits, r.jobs, "no submit was refused as a duplicate");
     let a = controller_support::audit_journal(dir.path());
     assert_eq!(a.attempts, units + faults);

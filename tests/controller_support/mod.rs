@@ -12,7 +12,10 @@ use serde_json::Value;
 /// The `campaign` example binary that `cargo test` builds next to the test binaries.
 pub fn campaign_exe() -> PathBuf {
     let me = std::env::current_exe().expect("test binary path");
-    let dir = me.parent().and_then(Path::parent).expect("target/<profile>");
+    let dir = me
+        .parent()
+        .and_then(Path::parent)
+        .expect("target/<profile>");
     let exe = dir.join("examples").join("campaign");
     assert!(
         exe.exists(),
@@ -72,7 +75,10 @@ pub fn audit(dir: &Path) -> Audit {
         let e = &v["entry"];
         match e["t"].as_str().unwrap_or("") {
             "intent" => {
-                unit_of.insert(e["attempt_id"].as_str().unwrap().to_string(), e["unit"].as_str().unwrap().to_string());
+                unit_of.insert(
+                    e["attempt_id"].as_str().unwrap().to_string(),
+                    e["unit"].as_str().unwrap().to_string(),
+                );
             }
             "submitted" => {
                 submitted.insert(e["attempt_id"].as_str().unwrap().to_string());
@@ -108,7 +114,9 @@ pub fn audit(dir: &Path) -> Audit {
                     a.duplicates.push(format!("attempt {id} started twice"));
                 }
                 if !submitted.contains(id) {
-                    a.duplicates.push(format!("attempt {id} started but the journal never recorded its job"));
+                    a.duplicates.push(format!(
+                        "attempt {id} started but the journal never recorded its job"
+                    ));
                 }
             }
         }
@@ -117,7 +125,8 @@ pub fn audit(dir: &Path) -> Audit {
         for e in rd {
             let name = e.unwrap().file_name().to_string_lossy().into_owned();
             if !name.starts_with('.') && !submitted.contains(&name) {
-                a.duplicates.push(format!("attempt folder {name} unknown to the journal"));
+                a.duplicates
+                    .push(format!("attempt folder {name} unknown to the journal"));
             }
         }
     }

@@ -7,7 +7,9 @@ use puzzletron::campaign::controller::{
     CampaignController, CampaignReport, RetryPolicy, RunOptions, VirtualClock,
 };
 use puzzletron::campaign::tree::Node;
-use puzzletron::campaign::{CampaignPlan, ExecutionConfig, RunnerEnvironment, StageCatalog, compile_resolved};
+use puzzletron::campaign::{
+    CampaignPlan, ExecutionConfig, RunnerEnvironment, StageCatalog, compile_resolved,
+};
 use puzzletron::executor::{JobState, MockClock, MockExecutor, MockScript};
 use serde_json::json;
 
@@ -26,7 +28,16 @@ pub fn plan(items: u32) -> CampaignPlan {
         }})),
     )
     .unwrap();
-    compile_resolved("sim", node, &[], &catalog, &RunnerEnvironment::local(), &exec, None).unwrap()
+    compile_resolved(
+        "sim",
+        node,
+        &[],
+        &catalog,
+        &RunnerEnvironment::local(),
+        &exec,
+        None,
+    )
+    .unwrap()
 }
 
 /// Faults by unit index `i` on attempt 1: 2% node failure, 1% application failure (retried
@@ -49,7 +60,11 @@ pub fn script(unit: &str, attempt: u32) -> MockScript {
 
 /// The fault/duration hash of a unit key (`big/123`; `agg` counts as 7).
 pub fn unit_hash(unit: &str) -> u64 {
-    let i: u64 = unit.rsplit('/').next().and_then(|s| s.parse().ok()).unwrap_or(7);
+    let i: u64 = unit
+        .rsplit('/')
+        .next()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(7);
     i.wrapping_mul(0x9E37_79B9_7F4A_7C15) >> 40
 }
 
@@ -62,6 +77,8 @@ pub struct SimResult {
     pub report: CampaignReport,
     pub submits: usize,
     pub jobs: usize,
+    /// Controller iterations in all.
+    pub iterations: u64,
     /// Poll failures injected.
     pub injected_poll_failures: usize,
 }
@@ -69,8 +86,18 @@ pub struct SimResult {
 pub fn run(items: u32, dir: &std::path::Path) -> SimResult {
     let clock = MockClock::new();
     let mock = MockExecutor::with_clock(clock.clone()).with_default_script(|spec| {
-        let unit = spec.command.env.get("PUZZLETRON_UNIT").cloned().unwrap_or_default();
-        let n: u32 = spec.command.env.get("PUZZLETRON_ATTEMPT").and_then(|s| s.parse().ok()).unwrap_or(1);
+        let unit = spec
+            .command
+            .env
+            .get("PUZZLETRON_UNIT")
+            .cloned()
+            .unwrap_or_default();
+        let n: u32 = spec
+            .command
+            .env
+            .get("PUZZLETRON_ATTEMPT")
+            .and_then(|s| s.parse().ok())
+            .unwrap_or(1);
         script(&unit, n)
     });
     let mut ctl = CampaignController::builder()
@@ -81,24 +108,54 @@ pub fn run(items: u32, dir: &std::path::Path) -> SimResult {
         .poll_interval(Duration::from_secs(5), Duration::from_secs(30))
         .max_live(10_000)
         .allow_oom_retry("big")
-        .retry_policy(RetryPolicy { base_delay: Duration::from_secs(10), ..RetryPolicy::default() })
+        .retry_policy(RetryPolicy {
+            base_delay: Duration::from_secs(10),
+            ..RetryPolicy::default()
+        })
         .build()
         .unwrap();
-    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
     let mut injected = 0;
+    let mut submits = 0;
+    let mut i = 0u64;
+    let mut iterations = 0;
     let report = loop {
-        // 3 failed polls before every 1000 iterations' batch.
-        mock.fail_polls(3, "slurm_load_jobs error: Socket timed out on send/recv operation");
-        injected += 3;
-        let r = rt.block_on(ctl.run(RunOptions { max_iterations: Some(1000), ..RunOptions::default() })).unwrap();
+        // 3 failed polls (scheduler unavailable) every 200 iterations.
+        if i % 200 == 0 {
+            mock.fail_polls(
+                3,
+                "slurm_load_jobs error: Socket timed out on send/recv operation",
+            );
+            injected += 3;
+        }
+        i += 50;
+        let r = rt
+            .block_on(ctl.run(RunOptions {
+                max_iterations: Some(50),
+                ..RunOptions::default()
+            }))
+            .unwrap();
+        // The mock records every call; count the submits and forget the calls, as a long
+        // simulation would (the jobs themselves stay).
+        submits += mock
+            .calls()
+            .iter()
+            .filter(|c| matches!(c, puzzletron::executor::MockCall::Submit { .. }))
+            .count();
+        mock.clear_calls();
+        iterations += r.iterations;
         if !r.detached {
             break r;
         }
     };
-    let submits = mock
-        .calls()
-        .iter()
-        .filter(|c| matches!(c, puzzletron::executor::MockCall::Submit { .. }))
-        .count();
-    SimResult { report, submits, jobs: mock.job_count(), injected_poll_failures: injected }
+    SimResult {
+        report,
+        submits,
+        jobs: mock.job_count(),
+        injected_poll_failures: injected,
+        iterations,
+    }
 }

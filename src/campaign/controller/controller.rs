@@ -76,6 +76,7 @@ pub struct CampaignControllerBuilder {
     stuck_after: Duration,
     max_live: Option<usize>,
     poll_batch: usize,
+    submit_batch: usize,
     oom_retry: HashSet<String>,
     pools: HashMap<String, Arc<PoolSource>>,
     max_requeues: u32,
@@ -101,6 +102,7 @@ impl Default for CampaignControllerBuilder {
             stuck_after: Duration::from_secs(600),
             max_live: None,
             poll_batch: 10_000,
+            submit_batch: 1000,
             oom_retry: HashSet::new(),
             pools: HashMap::new(),
             max_requeues: 3,
@@ -181,6 +183,12 @@ impl CampaignControllerBuilder {
     /// Most handles per poll call (default 10 000).
     pub fn poll_batch(mut self, n: usize) -> Self {
         self.poll_batch = n.max(1);
+        self
+    }
+    /// Most submits per iteration (default 1000): their intents are journaled in one batch
+    /// before the first submit.
+    pub fn submit_batch(mut self, n: usize) -> Self {
+        self.submit_batch = n.max(1);
         self
     }
     /// Allow one retry with more resources after an out-of-memory in `stage`.
@@ -293,6 +301,7 @@ impl CampaignControllerBuilder {
             stuck_after: self.stuck_after,
             max_live: self.max_live,
             poll_batch: self.poll_batch,
+            submit_batch: self.submit_batch,
             oom_retry: self.oom_retry,
             pools: self.pools,
             max_requeues: self.max_requeues,
@@ -344,6 +353,7 @@ pub struct CampaignController {
     stuck_after: Duration,
     max_live: Option<usize>,
     poll_batch: usize,
+    submit_batch: usize,
     oom_retry: HashSet<String>,
     pools: HashMap<String, Arc<PoolSource>>,
     max_requeues: u32,
@@ -481,19 +491,13 @@ impl CampaignController {
 
     fn write_plan(&self) -> Result<(), ControllerError> {
         let p = self.dir.join("controller").join("plan.json");
-        let bytes = serde_json::to_vec_pretty(&self.plan)
-            .map_err(|e| ControllerError::io("encoding", &p, std::io::Error::other(e)))?;
-        crate::fsutil::atomic_write(&p, &bytes)
-            .map_err(|e| ControllerError::io("writing", &p, e))?;
+        write_json_streaming(&p, &self.plan)?;
         let cfg = self.dir.join(crate::campaign::dryrun::RESOLVED_CONFIG_FILE);
         if let Some(parent) = cfg.parent() {
             std::fs::create_dir_all(parent)
                 .map_err(|e| ControllerError::io("creating", parent, e))?;
         }
-        let bytes = serde_json::to_vec_pretty(&self.plan.resolved_config)
-            .map_err(|e| ControllerError::io("encoding", &cfg, std::io::Error::other(e)))?;
-        crate::fsutil::atomic_write(&cfg, &bytes)
-            .map_err(|e| ControllerError::io("writing", &cfg, e))
+        write_json_streaming(&cfg, &self.plan.resolved_config)
     }
 
     /// Runs the campaign until every stage is done or failed (or until `options` say stop, a
@@ -753,7 +757,8 @@ impl CampaignController {
         let now = self.clock.now_ms();
         let mut budget = self
             .max_live
-            .map_or(usize::MAX, |m| m.saturating_sub(self.state.live));
+            .map_or(usize::MAX, |m| m.saturating_sub(self.state.live))
+            .min(self.submit_batch);
         let mut picks = Vec::new();
         for si in 0..self.state.stages.len() {
             let s = &self.state.stages[si];
@@ -1490,6 +1495,35 @@ impl CampaignController {
         }
         r
     }
+}
+
+/// Like [`atomic_write`](crate::fsutil::atomic_write) (temp file, fsync, rename, fsync of the
+/// folder) but streams the JSON, so a plan of 100k work items is never held as one buffer.
+fn write_json_streaming<T: serde::Serialize>(path: &Path, v: &T) -> Result<(), ControllerError> {
+    use std::io::Write;
+    let dir = path.parent().unwrap_or(Path::new("."));
+    let name = path
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    let tmp = dir.join(format!(".{name}.tmp.{}", std::process::id()));
+    let result = (|| -> std::io::Result<()> {
+        let f = std::fs::OpenOptions::new()
+            .write(true)
+            .create(true)
+            .truncate(true)
+            .open(&tmp)?;
+        let mut w = std::io::BufWriter::with_capacity(1 << 16, f);
+        serde_json::to_writer(&mut w, v).map_err(std::io::Error::other)?;
+        w.flush()?;
+        w.into_inner().map_err(|e| e.into_error())?.sync_all()?;
+        std::fs::rename(&tmp, path)?;
+        crate::fsutil::sync_dir(dir)
+    })();
+    if result.is_err() {
+        let _ = std::fs::remove_file(&tmp);
+    }
+    result.map_err(|e| ControllerError::io("writing", path, e))
 }
 
 fn describe(d: &Decision) -> String {

@@ -135,7 +135,9 @@ pub(crate) fn build(u: &UnitSpec<'_>) -> Result<AttemptSpec, ControllerError> {
                 .join("logs")
                 .join(format!("{}.log", u.attempt_id)),
         )
-        .with_exclusive(u.more_resources || st.work.topology.exclusive);
+        // One job per instance: only an instance spanning whole nodes needs them exclusively
+        // (the stage's packing may fill a node with several instances, each its own job).
+        .with_exclusive(u.more_resources || st.spec.allocation.nodes_per_instance > 1);
     if let Some(t) = st.spec.time_limit.as_deref().and_then(parse_slurm_time) {
         spec = spec.with_walltime(t);
     }

@@ -9,7 +9,7 @@ use super::classify::FailureClass;
 use super::journal::Entry;
 use super::policy::Decision;
 use crate::campaign::{CampaignPlan, Strategy};
-use crate::executor::{AttemptId, JobHandle, JobState};
+use crate::executor::{AttemptId, JobHandle};
 use crate::identity::Hash;
 
 /// Where a unit stands.
@@ -61,8 +61,8 @@ pub(crate) struct Attempt {
     pub phase: Phase,
     pub cancel_requested: bool,
     pub pending_since_ms: Option<u64>,
+    /// The log of a failed attempt (kept for the report; `None` for successes, to save memory).
     pub log_path: Option<PathBuf>,
-    pub final_state: Option<JobState>,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -218,7 +218,6 @@ impl State {
                     cancel_requested: false,
                     pending_since_ms: None,
                     log_path: None,
-                    final_state: None,
                 });
                 self.attempt_index.insert(attempt_id.clone(), a);
                 self.units[u].attempts.push(a);
@@ -250,7 +249,6 @@ impl State {
             }
             Entry::Finished {
                 attempt_id,
-                state,
                 class,
                 log_path,
                 ..
@@ -260,8 +258,13 @@ impl State {
                     self.live -= 1;
                 }
                 self.attempts[a].phase = Phase::Finished;
-                self.attempts[a].final_state = Some(state.clone());
-                self.attempts[a].log_path = log_path.clone();
+                // A finished attempt is never polled again: drop what only live ones need.
+                self.attempts[a].handle = None;
+                self.attempts[a].log_path = if class.is_some() {
+                    log_path.clone()
+                } else {
+                    None
+                };
                 let by_us =
                     self.attempts[a].cancel_requested && *class == Some(FailureClass::Cancelled);
                 let unit = &mut self.units[self.attempts[a].unit];

@@ -1,0 +1,330 @@
+//! The controller on the real Slurm cluster of `../shared/slurm/start-local-cluster.sh`, with
+//! the `campaign` example (real jobs, real data):
+//! - crash trials: the controller is killed with SIGKILL at random moments and restarted
+//!   (`PUZZLETRON_SLURM_CRASH_TRIALS` kills, default 10); every campaign ends complete, with the
+//!   local executor's results, and `sacct` shows exactly one job per attempt id;
+//! - slurmctld is stopped and started again in the middle of a campaign: the campaign
+//!   completes and no attempt is counted as failed;
+//! - detach (`--once`) then run again re-attaches without resubmitting; a cancel (SIGTERM, off a
+//!   terminal) leaves no job of the campaign in `squeue`.
+//!
+//! Run with `PUZZLETRON_SLURM_TESTS=1` (then a missing cluster is a failure); without it the
+//! tests print why they skip.
+
+mod controller_support;
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+use controller_support::{Rng, audit, result, spawn};
+
+/// The tests share one cluster and stop slurmctld: run them one at a time.
+static SERIAL: Mutex<()> = Mutex::new(());
+
+fn shared() -> PathBuf {
+    PathBuf::from(concat!(env!("CARGO_MANIFEST_DIR"), "/../shared/slurm"))
+}
+
+fn cluster_or_skip(test: &str) -> bool {
+    let wanted = std::env::var("PUZZLETRON_SLURM_TESTS").is_ok_and(|v| v == "1");
+    let up = Command::new("sinfo")
+        .args(["-h", "-o", "%T"])
+        .output()
+        .is_ok_and(|o| {
+            o.status.success()
+                && String::from_utf8_lossy(&o.stdout).lines().any(|l| {
+                    l.starts_with("idle") || l.starts_with("mix") || l.starts_with("alloc")
+                })
+        });
+    match (wanted, up) {
+        (true, true) => true,
+        (true, false) => panic!(
+            "{test}: PUZZLETRON_SLURM_TESTS=1 but no Slurm cluster answers `sinfo`; start it with `bash {}/start-local-cluster.sh </dev/null` (as root)",
+            shared().display()
+        ),
+        (false, _) => {
+            eprintln!(
+                "{test}: skipped (set PUZZLETRON_SLURM_TESTS=1 to run it on the local Slurm cluster)"
+            );
+            false
+        }
+    }
+}
+
+fn nonce(dir: &Path) -> String {
+    let j = std::fs::read_to_string(dir.join("controller/journal.jsonl")).unwrap();
+    let first: serde_json::Value = serde_json::from_str(j.lines().next().unwrap()).unwrap();
+    first["entry"]["nonce"].as_str().unwrap().to_string()
+}
+
+/// Jobs per job name (attempt id) of this campaign, from `sacct`.
+fn sacct_jobs(nonce: &str) -> HashMap<String, usize> {
+    let out = Command::new("sacct")
+        .args([
+            "-n",
+            "-X",
+            "-P",
+            "-S",
+            "now-2hours",
+            "--format=JobName%80,JobID",
+        ])
+        .output()
+        .expect("sacct");
+    assert!(
+        out.status.success(),
+        "sacct: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let mut m = HashMap::new();
+    for l in String::from_utf8_lossy(&out.stdout).lines() {
+        let name = l.split('|').next().unwrap_or("");
+        if name.starts_with(&format!("{nonce}.")) {
+            *m.entry(name.to_string()).or_default() += 1;
+        }
+    }
+    m
+}
+
+fn squeue_names(nonce: &str) -> Vec<String> {
+    let out = Command::new("squeue")
+        .args(["-h", "-o", "%j"])
+        .output()
+        .expect("squeue");
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .filter(|l| l.starts_with(&format!("{nonce}.")))
+        .map(String::from)
+        .collect()
+}
+
+fn local_reference(root: &Path) -> serde_json::Value {
+    let dir = root.join("local-reference");
+    let st = spawn(&dir, &[]).wait().unwrap();
+    assert!(st.success());
+    result(&dir)
+}
+
+fn check_campaign(dir: &Path, reference: &serde_json::Value) -> (usize, usize) {
+    assert_eq!(
+        &result(dir),
+        reference,
+        "{}: Slurm results differ from the local executor's",
+        dir.display()
+    );
+    let a = audit(dir);
+    assert!(
+        a.duplicates.is_empty(),
+        "{}: {:?}",
+        dir.display(),
+        a.duplicates
+    );
+    assert!(
+        a.missing.is_empty(),
+        "{}: lost results {:?}",
+        dir.display(),
+        a.missing
+    );
+    let n = nonce(dir);
+    // sacct can lag a second behind a job's end.
+    std::thread::sleep(Duration::from_secs(2));
+    let jobs = sacct_jobs(&n);
+    let dups: Vec<_> = jobs.iter().filter(|(_, c)| **c > 1).collect();
+    assert!(
+        dups.is_empty(),
+        "{}: attempt ids with several Slurm jobs: {dups:?}",
+        dir.display()
+    );
+    assert_eq!(
+        jobs.len(),
+        a.attempts,
+        "{}: every submitted attempt is one Slurm job",
+        dir.display()
+    );
+    (a.attempts, a.adopted)
+}
+
+#[test]
+fn slurm_crash_trials_match_local_results_with_one_job_per_attempt() {
+    if !cluster_or_skip("slurm crash trials") {
+        return;
+    }
+    let _g = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
+    let trials: usize = std::env::var("PUZZLETRON_SLURM_CRASH_TRIALS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(10);
+    let root = tempfile::tempdir().unwrap();
+    let reference = local_reference(root.path());
+    let mut rng = Rng(0xC0FFEE);
+    let (mut kills, mut campaigns, mut attempts, mut adopted) = (0, 0, 0, 0);
+    let started = Instant::now();
+    while kills < trials {
+        campaigns += 1;
+        let dir = root.path().join(format!("slurm{campaigns}"));
+        loop {
+            let mut child = spawn(&dir, &["--runner", "slurm"]);
+            let deadline = Instant::now() + Duration::from_millis(300 + rng.below(6000));
+            let mut finished = None;
+            while Instant::now() < deadline {
+                if let Some(st) = child.try_wait().unwrap() {
+                    finished = Some(st);
+                    break;
+                }
+                std::thread::sleep(Duration::from_millis(20));
+            }
+            match finished {
+                Some(st) => {
+                    assert!(st.success(), "campaign {campaigns} exited with {st}");
+                    break;
+                }
+                None if kills < trials => {
+                    child.kill().unwrap();
+                    child.wait().unwrap();
+                    kills += 1;
+                }
+                None => {
+                    let st = child.wait().unwrap();
+                    assert!(st.success(), "campaign {campaigns} exited with {st}");
+                    break;
+                }
+            }
+            assert!(
+                started.elapsed() < Duration::from_secs(600),
+                "Slurm crash trials take too long"
+            );
+        }
+        let (n, a) = check_campaign(&dir, &reference);
+        attempts += n;
+        adopted += a;
+    }
+    eprintln!(
+        "slurm crash trials: {kills} kill -9 over {campaigns} campaigns, {attempts} attempts (= Slurm jobs), {adopted} adopted, 0 duplicates, 0 lost results, {:.1} s",
+        started.elapsed().as_secs_f64()
+    );
+}
+
+fn slurmctld_pid() -> Option<i32> {
+    std::fs::read_to_string("/var/lib/slurm-local/run/slurmctld.pid")
+        .ok()?
+        .trim()
+        .parse()
+        .ok()
+}
+
+#[test]
+fn slurmctld_restart_mid_campaign() {
+    if !cluster_or_skip("slurmctld restart") {
+        return;
+    }
+    let _g = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
+    let root = tempfile::tempdir().unwrap();
+    let reference = local_reference(root.path());
+    let dir = root.path().join("ctld");
+    let mut child = spawn(&dir, &["--runner", "slurm"]);
+    // Wait until the score shards are submitted.
+    let t0 = Instant::now();
+    loop {
+        let j = std::fs::read_to_string(dir.join("controller/journal.jsonl")).unwrap_or_default();
+        if j.contains("\"unit\":\"score/3\"") {
+            break;
+        }
+        assert!(
+            t0.elapsed() < Duration::from_secs(120),
+            "score never started"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let pid = slurmctld_pid().expect("slurmctld pid file");
+    // SAFETY: signalling the slurmctld process named by its pid file.
+    assert_eq!(unsafe { libc::kill(pid, libc::SIGTERM) }, 0);
+    let t = Instant::now();
+    while Path::new(&format!("/proc/{pid}")).exists() && t.elapsed() < Duration::from_secs(20) {
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    std::thread::sleep(Duration::from_secs(6)); // the controller polls a dead slurmctld
+    // Restart it the way the start script does (it starts only what is not running).
+    let st = Command::new("bash")
+        .arg(shared().join("start-local-cluster.sh"))
+        .stdin(std::process::Stdio::null())
+        .status()
+        .unwrap();
+    assert!(
+        st.success(),
+        "start-local-cluster.sh failed: the cluster is not healthy"
+    );
+    let st = child.wait().unwrap();
+    assert!(st.success(), "campaign exited with {st}");
+    check_campaign(&dir, &reference);
+    let j = std::fs::read_to_string(dir.join("controller/journal.jsonl")).unwrap();
+    assert!(
+        j.contains("\"kind\":\"poll_error\""),
+        "the outage was seen as poll errors"
+    );
+    for l in j.lines().filter(|l| l.contains("\"t\":\"finished\"")) {
+        assert!(
+            l.contains("\"class\":null"),
+            "an attempt was counted as failed: {l}"
+        );
+    }
+    let ping = Command::new("scontrol").arg("ping").output().unwrap();
+    assert!(
+        String::from_utf8_lossy(&ping.stdout).contains("is UP"),
+        "slurmctld is up again"
+    );
+}
+
+#[test]
+fn detach_reattaches_and_cancel_leaves_no_job_in_squeue() {
+    if !cluster_or_skip("detach/cancel") {
+        return;
+    }
+    let _g = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
+    let root = tempfile::tempdir().unwrap();
+    let reference = local_reference(root.path());
+    // Detach: one iteration, then exit leaving the prepare job in Slurm.
+    let dir = root.path().join("detach");
+    let st = spawn(&dir, &["--runner", "slurm", "--once"])
+        .wait()
+        .unwrap();
+    assert_eq!(st.code(), Some(3), "--once detaches (exit 3)");
+    let n = nonce(&dir);
+    let st = spawn(&dir, &["--runner", "slurm"]).wait().unwrap();
+    assert!(st.success());
+    let j = std::fs::read_to_string(dir.join("controller/journal.jsonl")).unwrap();
+    assert!(
+        j.contains("re-attached to 1 live attempts"),
+        "the second run re-attached"
+    );
+    check_campaign(&dir, &reference);
+    assert_eq!(sacct_jobs(&n).get(&format!("{n}.prepare.0.a1")), Some(&1));
+
+    // Cancel: SIGTERM off a terminal cancels every live job.
+    let dir = root.path().join("cancel");
+    let mut child = spawn(&dir, &["--runner", "slurm"]);
+    let t0 = Instant::now();
+    let n = loop {
+        if dir.join("controller/journal.jsonl").exists()
+            && let Ok(j) = std::fs::read_to_string(dir.join("controller/journal.jsonl"))
+            && j.contains("\"unit\":\"score/3\"")
+        {
+            break nonce(&dir);
+        }
+        assert!(t0.elapsed() < Duration::from_secs(120));
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    std::thread::sleep(Duration::from_millis(500));
+    // SAFETY: signalling our own child.
+    unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
+    let st = child.wait().unwrap();
+    assert_eq!(st.code(), Some(2), "cancelled: incomplete report");
+    assert!(
+        squeue_names(&n).is_empty(),
+        "jobs left in squeue: {:?}",
+        squeue_names(&n)
+    );
+    let j = std::fs::read_to_string(dir.join("controller/journal.jsonl")).unwrap();
+    assert!(j.contains("\"kind\":\"shutdown\""));
+}
