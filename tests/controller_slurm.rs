@@ -237,6 +237,10 @@ fn slurmctld_restart_mid_campaign() {
         );
         std::thread::sleep(Duration::from_millis(100));
     }
+    assert!(
+        child.try_wait().unwrap().is_none(),
+        "the campaign is running when slurmctld stops"
+    );
     let pid = slurmctld_pid().expect("slurmctld pid file");
     // SAFETY: signalling the slurmctld process named by its pid file.
     assert_eq!(unsafe { libc::kill(pid, libc::SIGTERM) }, 0);
@@ -259,10 +263,8 @@ fn slurmctld_restart_mid_campaign() {
     assert!(st.success(), "campaign exited with {st}");
     check_campaign(&dir, &reference);
     let j = std::fs::read_to_string(dir.join("controller/journal.jsonl")).unwrap();
-    assert!(
-        j.contains("\"kind\":\"poll_error\""),
-        "the outage was seen as poll errors"
-    );
+    // The executor retries scheduler commands itself; what may reach the controller is a
+    // `poll_error` event, never a failed attempt.
     for l in j.lines().filter(|l| l.contains("\"t\":\"finished\"")) {
         assert!(
             l.contains("\"class\":null"),
