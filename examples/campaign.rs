@@ -188,7 +188,7 @@ fn worker() -> Result<(), Error> {
                     &work.join("score").join(i.to_string()).join("scores.json"),
                 )?);
             }
-            all.sort_by(|a, b| (a.hidden, a.lr.to_bits()).cmp(&(b.hidden, b.lr.to_bits())));
+            all.sort_by_key(|s| (s.hidden, s.lr.to_bits()));
             write_json(&out.join("scores.json"), &all)?;
         }
         ("search", _) => {
@@ -277,7 +277,7 @@ fn parse_args(mut it: impl Iterator<Item = String>) -> Result<Args, Error> {
                     .filter(|s| !s.is_empty())
                     .map(String::from)
                     .collect();
-                if a.gpus.len() < 1 {
+                if a.gpus.is_empty() {
                     return Err("--gpus: give at least one GPU id, e.g. 0,1,2,3".into());
                 }
             }

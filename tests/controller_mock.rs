@@ -53,11 +53,13 @@ fn short(id: &str) -> String {
     format!("{stage}/{idx}#{a}")
 }
 
+/// (unit, attempt, PUZZLETRON_RESUME, PUZZLETRON_MORE_RESOURCES, exclusive) of one submit.
+type Seen = (String, String, String, String, bool);
+
 struct Sim {
     mock: MockExecutor,
     clock: MockClock,
-    /// (unit, attempt, PUZZLETRON_RESUME, PUZZLETRON_MORE_RESOURCES, exclusive) per submit.
-    seen: Arc<Mutex<Vec<(String, String, String, String, bool)>>>,
+    seen: Arc<Mutex<Vec<Seen>>>,
 }
 
 type Script = dyn Fn(&str, u32) -> MockScript + Send + Sync;

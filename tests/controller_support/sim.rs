@@ -1,5 +1,7 @@
 //! A simulated campaign of many work items on the mock executor, with injected faults.
 
+#![allow(dead_code)] // shared by a test and a bench, each using part of it
+
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -124,7 +126,7 @@ pub fn run(items: u32, dir: &std::path::Path) -> SimResult {
     let mut iterations = 0;
     let report = loop {
         // 3 failed polls (scheduler unavailable) every 200 iterations.
-        if i % 200 == 0 {
+        if i.is_multiple_of(200) {
             mock.fail_polls(
                 3,
                 "slurm_load_jobs error: Socket timed out on send/recv operation",

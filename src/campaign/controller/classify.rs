@@ -234,10 +234,10 @@ pub fn classify(status: &JobStatus, ev: &Evidence) -> Classification {
     let sigkill = status.signal == Some(9)
         || status.exit_code == Some(137)
         || matches!(state, JobState::Killed { signal: 9 });
-    if let Some(m) = host_oom {
-        if sigkill || matches!(state, JobState::Failed | JobState::Killed { .. }) {
-            return Classification::oom(OomKind::Host, format!("state {state}, log shows `{m}`"));
-        }
+    if let Some(m) = host_oom
+        && (sigkill || matches!(state, JobState::Failed | JobState::Killed { .. }))
+    {
+        return Classification::oom(OomKind::Host, format!("state {state}, log shows `{m}`"));
     }
     // 4. infrastructure (C23, C24) and preemption seen as a cancel by root.
     match state {
@@ -262,13 +262,15 @@ pub fn classify(status: &JobStatus, ev: &Evidence) -> Classification {
             format!("state {state}, log says the job was preempted or its node failed"),
         );
     }
-    if let JobState::Cancelled { by_uid } = state {
-        if !ev.cancel_requested && *by_uid == Some(0) && ev.own_uid != 0 {
-            return Classification::failed(
-                FailureClass::Transient,
-                "cancelled by root (uid 0) without a request from this controller: a preemption",
-            );
-        }
+    if let JobState::Cancelled { by_uid } = state
+        && !ev.cancel_requested
+        && *by_uid == Some(0)
+        && ev.own_uid != 0
+    {
+        return Classification::failed(
+            FailureClass::Transient,
+            "cancelled by root (uid 0) without a request from this controller: a preemption",
+        );
     }
     // 5. deadline (C25).
     if *state == JobState::Deadline {

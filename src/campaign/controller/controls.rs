@@ -15,7 +15,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 
 use tokio::sync::mpsc;
 
-use super::controller::{Control, ControlSender};
+use super::driver::{Control, ControlSender};
 
 /// State of the key menu.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]

@@ -1,7 +1,7 @@
 //! The campaign controller (DESIGN.md §6): runs a compiled [`CampaignPlan`] on an
 //! [`Executor`], durably.
 //!
-//! - [`controller`]: [`CampaignController`] and its builder, the control loop.
+//! - [`driver`]: [`CampaignController`] and its builder, the control loop.
 //! - [`journal`]: the append-only journal (intents before submits, handles after, events).
 //! - [`lease`]: one controller per campaign.
 //! - [`state`] (private): the in-memory state rebuilt from the journal.
@@ -26,8 +26,8 @@
 
 pub mod classify;
 pub mod clock;
-pub mod controller;
 pub mod controls;
+pub mod driver;
 pub mod error;
 pub mod journal;
 pub mod lease;
@@ -42,10 +42,10 @@ pub use classify::{
     Classification, Evidence, FailureClass, OomKind, PendingVerdict, classify, pending_verdict,
 };
 pub use clock::{Clock, SystemClock, VirtualClock};
-pub use controller::{
+pub use controls::{TerminalControls, choose_revisions};
+pub use driver::{
     CampaignController, CampaignControllerBuilder, Control, ControlSender, RunOptions,
 };
-pub use controls::{TerminalControls, choose_revisions};
 pub use error::ControllerError;
 pub use journal::{Entry, Journal, Record};
 pub use lease::{Lease, LeaseInfo};

@@ -651,16 +651,16 @@ impl CampaignController {
 
     async fn iterate(&mut self) -> Result<Flow, ControllerError> {
         self.lease.check()?;
-        if let Some(rx) = &mut self.controls {
-            if let Ok(c) = rx.try_recv() {
-                match c {
-                    Control::Cancel => {
-                        let n = self.shutdown("cancelled by the user").await?;
-                        return Ok(Flow::Cancelled(n));
-                    }
-                    Control::Detach => return Ok(Flow::Detached),
-                    Control::Continue => {}
+        if let Some(rx) = &mut self.controls
+            && let Ok(c) = rx.try_recv()
+        {
+            match c {
+                Control::Cancel => {
+                    let n = self.shutdown("cancelled by the user").await?;
+                    return Ok(Flow::Cancelled(n));
                 }
+                Control::Detach => return Ok(Flow::Detached),
+                Control::Continue => {}
             }
         }
         let mut progressed = self.resolve_intents().await?;
