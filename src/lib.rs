@@ -13,3 +13,4 @@ pub use identity::Hash;
 pub use metrics::MetricTable;
 pub use store::{FsStore, MemoryStore, Store};
 pub use sweep::{Job, JobResult, Orchestrator, Run};
+pub use sweep::worker;
