@@ -17,7 +17,9 @@ mod digits;
 
 use std::path::PathBuf;
 
-use puzzletron::executor::{Executor, LocalExecutor, MockExecutor, SlurmExecutor};
+#[cfg(feature = "slurm")]
+use puzzletron::executor::SlurmExecutor;
+use puzzletron::executor::{Executor, LocalExecutor, MockExecutor};
 use puzzletron::identity::Modules;
 use puzzletron::sweep::{JobResult, Run};
 use puzzletron::{Orchestrator, job};
@@ -116,7 +118,10 @@ fn sweep_main() -> Result<(), Box<dyn std::error::Error>> {
     // The same sweep in this process, as local processes, or as a Slurm job array.
     let executor: Box<dyn Executor> = match args.executor.as_str() {
         "local" => Box::new(LocalExecutor::builder(args.store.join("local")).build()?),
+        #[cfg(feature = "slurm")]
         "slurm" => Box::new(SlurmExecutor::builder(args.store.join("slurm")).build()?),
+        #[cfg(not(feature = "slurm"))]
+        "slurm" => return Err("this build has no Slurm support (feature `slurm`)".into()),
         _ => Box::new(MockExecutor::new()),
     };
     let mut sweep = builder

@@ -8,9 +8,17 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use puzzletron::executor::{JobState, LocalExecutor};
+#[cfg(feature = "slurm")]
+use puzzletron::executor::{PollPolicy, RetryPolicy, SlurmExecutor};
 use puzzletron::sweep::{FailureCause, JobResult, Outcome, Run};
 use puzzletron::{Orchestrator, Store, job};
 use serde::{Deserialize, Serialize};
+
+#[cfg(feature = "slurm")]
+#[path = "support/slurm.rs"]
+mod slurm_support;
+#[cfg(feature = "slurm")]
+use slurm_support::{cluster_available, write_shims};
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
 struct P {
@@ -244,6 +252,130 @@ fn killed_parent_loses_nothing(base: &Path) {
     println!("ok - killed_parent_loses_nothing");
 }
 
+#[cfg(feature = "slurm")]
+fn slurm(base: &Path, bin: Option<&Path>, retry_tries: u32) -> SlurmExecutor {
+    let mut b = SlurmExecutor::builder(base.join("slurm-logs"))
+        .poll_policy(PollPolicy {
+            min_interval: Duration::from_millis(250),
+            max_interval: Duration::from_secs(2),
+            missing_grace: Duration::from_secs(120),
+        })
+        .retry_policy(RetryPolicy {
+            max_tries: retry_tries,
+            base_delay: Duration::from_millis(50),
+            max_delay: Duration::from_millis(500),
+        });
+    if let Some(bin) = bin {
+        b = b.bin_dir(bin);
+    }
+    b.build().unwrap()
+}
+
+#[cfg(feature = "slurm")]
+/// The sweep isolated on Slurm (one job array) equals the in-process result.
+fn slurm_isolated_equals_in_process(base: &Path) {
+    if !cluster_available("slurm_isolated_equals_in_process") {
+        return;
+    }
+    let mut inproc = Orchestrator::builder()
+        .store_root(base.join("inproc"))
+        .build()
+        .unwrap();
+    let mut iso = Orchestrator::builder()
+        .store_root(base.join("iso"))
+        .executor(slurm(base, None, 8))
+        .isolate(true)
+        .build()
+        .unwrap();
+    let j = job!(work);
+    for x in 1..=6 {
+        inproc.run(&j, params(x, "ok", 0)).unwrap();
+        iso.run(&j, params(x, "ok", 0)).unwrap();
+    }
+    let s = iso
+        .drain()
+        .unwrap_or_else(|f| panic!("isolated Slurm drain failed: {f}"));
+    assert_eq!(s.ran(), 6, "{}", s.report());
+    assert_eq!(table(&mut inproc), table(&mut iso));
+    println!("ok - slurm_isolated_equals_in_process");
+}
+
+#[cfg(feature = "slurm")]
+/// Shims fail sbatch/squeue/sacct 30% of the time: a sweep of 50 isolated runs still
+/// completes, with exactly 50 array tasks (one array) in sacct.
+fn slurm_fault_injection_50_isolated(base: &Path) {
+    if !cluster_available("slurm_fault_injection_50_isolated") {
+        return;
+    }
+    std::fs::create_dir_all(base).unwrap();
+    let bin = write_shims(base, 30);
+    let mut iso = Orchestrator::builder()
+        .store_root(base.join("store"))
+        .executor(slurm(base, Some(&bin), 12))
+        .isolate(true)
+        .build()
+        .unwrap();
+    let j = job!(work);
+    for x in 0..50 {
+        iso.run(&j, params(x, "ok", 0)).unwrap();
+    }
+    let s = iso
+        .drain()
+        .unwrap_or_else(|f| panic!("drain under faults failed: {f}"));
+    assert_eq!(s.ran(), 50, "{}", s.report());
+    // The array's job name is the batch's attempt id: sweep-<stamp>.
+    let stamp = std::fs::read_dir(base.join("store/isolated"))
+        .unwrap()
+        .next()
+        .unwrap()
+        .unwrap()
+        .file_name()
+        .into_string()
+        .unwrap();
+    let name = format!("sweep-{stamp}");
+    let count = || {
+        let out = std::process::Command::new("sacct")
+            .args([
+                "-n",
+                "-X",
+                "-P",
+                "-S",
+                "now-1hour",
+                "-o",
+                "JobID,JobName%80",
+            ])
+            .output()
+            .unwrap();
+        String::from_utf8_lossy(&out.stdout)
+            .lines()
+            .filter_map(|l| l.split_once('|'))
+            .filter(|(_, n)| n.trim() == name)
+            .map(|(id, _)| id.to_string())
+            .collect::<Vec<_>>()
+    };
+    let t = Instant::now();
+    while count().len() < 50 && t.elapsed() < Duration::from_secs(60) {
+        std::thread::sleep(Duration::from_millis(500));
+    }
+    std::thread::sleep(Duration::from_secs(2));
+    let ids = count();
+    let log = std::fs::read_to_string(base.join("calls.log")).unwrap_or_default();
+    let fails = log.lines().filter(|l| l.contains("FAIL")).count();
+    println!(
+        "# fault injection: {fails} injected failures; {} array tasks named {name} in sacct",
+        ids.len()
+    );
+    assert_eq!(ids.len(), 50, "{ids:?}");
+    let bases: std::collections::BTreeSet<&str> =
+        ids.iter().map(|i| i.split('_').next().unwrap()).collect();
+    assert_eq!(
+        bases.len(),
+        1,
+        "more than one array was submitted: {bases:?}"
+    );
+    println!("ok - slurm_fault_injection_50_isolated");
+}
+
 fn main() {
     puzzletron::worker::main_guard();
     if let Some(base) = std::env::var_os(ROLE_ENV) {
@@ -254,5 +386,11 @@ fn main() {
     isolated_equals_in_process(&tmp.path().join("a"));
     crashes_fail_only_their_run(&tmp.path().join("b"));
     killed_parent_loses_nothing(&tmp.path().join("c"));
-    println!("3 passed in {:.1} s", t0.elapsed().as_secs_f64());
+    // Slurm: the "compute nodes" are this machine, so a folder under /tmp is shared.
+    #[cfg(feature = "slurm")]
+    {
+        slurm_isolated_equals_in_process(&tmp.path().join("d"));
+        slurm_fault_injection_50_isolated(&tmp.path().join("e"));
+    }
+    println!("all passed in {:.1} s", t0.elapsed().as_secs_f64());
 }
