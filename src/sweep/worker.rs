@@ -413,6 +413,14 @@ fn cause_of(e: Error) -> FailureCause {
     }
 }
 
+/// Writes a file by temp file and rename, without fsync: task files only matter while this
+/// parent and its workers live (results go to the store, which is durable).
+fn write_replace(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
+    let tmp = path.with_extension("tmp");
+    std::fs::write(&tmp, bytes)?;
+    std::fs::rename(&tmp, path)
+}
+
 /// Submits `runs` as one array, waits for all, and concludes each from the store.
 /// `None` for a run another process holds.
 async fn run_batch<S: Store, E: Executor>(
@@ -462,12 +470,12 @@ async fn run_batch<S: Store, E: Executor>(
         };
         let path = dir.join(format!("{n}.json"));
         let bytes = serde_json::to_vec(&task).expect("task serializes");
-        crate::fsutil::atomic_write(&path, &bytes).map_err(|e| io(&path, e))?;
+        write_replace(&path, &bytes).map_err(|e| io(&path, e))?;
         manifest.push(path);
     }
     let manifest_path = dir.join("manifest.json");
     let bytes = serde_json::to_vec(&manifest).expect("paths serialize");
-    crate::fsutil::atomic_write(&manifest_path, &bytes).map_err(|e| io(&manifest_path, e))?;
+    write_replace(&manifest_path, &bytes).map_err(|e| io(&manifest_path, e))?;
     let id = AttemptId::new(format!("sweep-{stamp}")).map_err(FailureCause::Executor)?;
     let mut cmd =
         CommandSpec::new(exe.to_string_lossy()).env(MANIFEST_ENV, manifest_path.to_string_lossy());

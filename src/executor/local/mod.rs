@@ -556,7 +556,7 @@ impl Inner {
         if folder::read_exit(&dir)?.is_some() {
             return Ok(());
         }
-        folder::write_atomic(&dir, folder::CANCEL_FILE, now_ms().to_string().as_bytes())?;
+        folder::write_replace(&dir, folder::CANCEL_FILE, now_ms().to_string().as_bytes())?;
         // The job pid may not be written yet if the launch is in progress.
         let mut job = None;
         for _ in 0..200 {
@@ -746,8 +746,7 @@ impl Executor for LocalExecutor {
             message: format!("cannot serialize attempt {id}: {e}"),
             retryable: false,
         })?;
-        folder::write_atomic(&dir, folder::ATTEMPT_FILE, &json)?;
-        folder::sync_dir(&inner.root)?;
+        folder::write_replace(&dir, folder::ATTEMPT_FILE, &json)?;
         let handle = inner.handle(id, rec.submitted_at_ms);
         let mut st = inner.lock();
         st.jobs.insert(id.clone(), Entry::Queued(Box::new(rec)));
