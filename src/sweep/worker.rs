@@ -6,7 +6,11 @@
 //! ```no_run
 //! fn main() {
 //!     puzzletron::worker::main_guard(); // in a worker process: runs one job, then exits
-//!     // ... build the sweep with `.isolate(true)` and an executor, run, drain, get ...
+//!     sweep();
+//! }
+//!
+//! fn sweep() {
+//!     // build the sweep with `.isolate(true)` and an executor; run, drain, get as usual
 //! }
 //! ```
 //!
@@ -591,10 +595,9 @@ fn conclude<S: Store, E: Executor>(
     }
     // The worker ended without recording a result.
     let message = match &status.state {
-        JobState::Completed => format!(
-            "worker exited 0 without recording a result (is `puzzletron::worker::main_guard()` \
-             the first line of main?)"
-        ),
+        JobState::Completed => "worker exited 0 without recording a result (is \
+                                `puzzletron::worker::main_guard()` the first line of main?)"
+            .to_string(),
         state => format!(
             "worker process ended {state} (exit code {:?}, signal {:?}) without recording a result{}",
             status.exit_code,
