@@ -156,6 +156,8 @@ fn sweep_main() -> Result<(), Box<dyn std::error::Error>> {
 
     let acc = sweep.get("val_accuracy")?;
     acc.write_parquet(&args.out)?;
+    let plot = args.out.with_extension("svg");
+    acc.write_svg(&plot, "validation accuracy per epoch")?;
     // The best configuration by final validation accuracy.
     let (steps, values, keys) = (acc.steps(), acc.values(), acc.job_keys());
     let last = steps.iter().copied().max().unwrap_or(0);

@@ -1,5 +1,76 @@
-//! puzzletron: content-addressed, cached, resumable ML experiments.
+//! # puzzletron
+//!
+//! Run ML experiments the way build systems run builds: content-addressed, cached, resumable,
+//! on a laptop or across a Slurm cluster.
+//!
+//! A **sweep** enqueues runs of a job (a plain Rust function) with parameter sets. Each run's
+//! key is the hash of the job's name, its parameters (RFC 8785 canonical JSON) and its own
+//! source code (token-wise, so comments do not count). A drain executes only the runs the store
+//! has no current result for, and says why; metrics come back as one Arrow table.
+//!
+//! ```
+//! use puzzletron::sweep::{JobResult, Run};
+//! use puzzletron::{MemoryStore, Orchestrator, job};
+//! use serde::{Deserialize, Serialize};
+//!
+//! #[derive(Serialize, Deserialize)]
+//! struct Params {
+//!     lr: f64,
+//!     epochs: u32,
+//! }
+//!
+//! fn train(p: &Params, run: &mut Run) -> JobResult {
+//!     let mut loss = 1.0;
+//!     for epoch in 0..p.epochs {
+//!         loss *= 1.0 - p.lr;
+//!         run.log("loss", epoch.into(), loss)?;
+//!     }
+//!     Ok(())
+//! }
+//!
+//! fn main() -> puzzletron::Result<()> {
+//!     // `Orchestrator::builder().store_root(".puzzletron")` keeps results on disk instead.
+//!     let mut sweep = Orchestrator::builder().store(MemoryStore::new()).build()?;
+//!     let train = job!(train);
+//!     for lr in [0.1, 0.2, 0.3] {
+//!         sweep.run(&train, Params { lr, epochs: 5 })?; // the key is computed here
+//!     }
+//!     println!("{}", sweep.plan()?); // "run ... (no record)" for each
+//!     let summary = sweep.drain()?;
+//!     assert_eq!(summary.ran(), 3);
+//!
+//!     let loss = sweep.get("loss")?; // [step, value, lr, epochs, job_key]
+//!     assert_eq!(loss.num_rows(), 15);
+//!     assert_eq!(loss.column_names(), ["step", "value", "lr", "epochs", "job_key"]);
+//!
+//!     // Nothing is left to do: a second drain skips every run, with the reason.
+//!     let again = sweep.run(&train, Params { lr: 0.1, epochs: 5 })?;
+//!     assert_eq!(sweep.decide(&sweep.queued()[0])?.reasons, ["up to date (attempt 1)"]);
+//!     assert_eq!(sweep.drain()?.skipped(), 1);
+//!     # let _ = again;
+//!     Ok(())
+//! }
+//! ```
+//!
+//! ## Map
+//! - [`identity`]: [`Hash`](struct@Hash), canonical parameters, the owned-code digest, witnesses
+//!   (Cargo.lock, toolchain, source commit).
+//! - [`store`]: the [`Store`] trait, [`FsStore`] (a folder, safe for many processes and hosts),
+//!   [`MemoryStore`].
+//! - [`sweep`]: [`Orchestrator`], [`Job`] and the [`job!`] macro, [`Run`] (where a job logs).
+//! - [`metrics`]: [`MetricTable`] (Arrow), Parquet and CSV output, [`metrics::collect`].
+//! - [`executor`]: the [`executor::Executor`] trait that runs attempts (mock, local, Slurm).
+//! - [`campaign`]: multi-stage GPU campaigns compiled from experiment YAML (Hydra-style
+//!   composition, overrides, interpolation), GPU packing and dry runs.
+//!
+//! ## Features
+//! - `parquet` (default): [`MetricTable::write_parquet`].
+//! - `test-util`: the conformance suites `store::conformance` and `executor::conformance`, to
+//!   check your own [`Store`] or [`executor::Executor`] against the rules ours keep.
 
+#![warn(missing_docs)]
+
+pub mod campaign;
 mod error;
 pub mod executor;
 pub mod fsutil;
@@ -9,6 +80,11 @@ pub mod store;
 pub mod sweep;
 
 pub use error::{Error, Result};
+
+/// Compiles the README's example (`no_run`: it writes files), so the README cannot rot.
+#[cfg(doctest)]
+#[doc = include_str!("../README.md")]
+struct ReadmeDoctests;
 pub use identity::Hash;
 pub use metrics::MetricTable;
 pub use store::{FsStore, MemoryStore, Store};

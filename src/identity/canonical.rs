@@ -156,18 +156,18 @@ pub fn canonical_params<T: Serialize + ?Sized>(value: &T) -> Result<CanonicalPar
         Canon::Obj(entries) => entries.iter().map(|(k, _)| k.to_string()).collect(),
         _ => Vec::new(),
     };
-    sort_tree(&mut tree, &mut Vec::new())?;
+    sort_tree(&mut tree)?;
     let mut json = String::with_capacity(128);
     write_canon(&tree, &mut json);
     Ok(CanonicalParams { json, fields })
 }
 
 /// Sorts object keys by UTF-16 code units (RFC 8785 §3.2.3) and refuses duplicate keys.
-fn sort_tree(v: &mut Canon, path: &mut Vec<String>) -> Result<(), ParamError> {
+fn sort_tree(v: &mut Canon) -> Result<(), ParamError> {
     match v {
         Canon::Arr(items) => {
             for (i, item) in items.iter_mut().enumerate() {
-                sort_tree(item, path).map_err(|e| e.prefix(&Seg::Index(i)))?;
+                sort_tree(item).map_err(|e| e.prefix(&Seg::Index(i)))?;
             }
         }
         Canon::Obj(entries) => {
@@ -185,7 +185,7 @@ fn sort_tree(v: &mut Canon, path: &mut Vec<String>) -> Result<(), ParamError> {
                 }
             }
             for (k, item) in entries.iter_mut() {
-                sort_tree(item, path).map_err(|e| e.prefix(&Seg::Key(k)))?;
+                sort_tree(item).map_err(|e| e.prefix(&Seg::Key(k)))?;
             }
         }
         _ => {}
@@ -329,14 +329,13 @@ impl ser::Serializer for CanonSer {
         Ok(Canon::Int(v.into()))
     }
     fn serialize_u128(self, v: u128) -> Result<Canon, ParamError> {
-        i128::try_from(v).map(Canon::Int).or_else(|_| {
-            // Beyond i128: keep exact digits as a float-free big number is not representable;
-            // refuse rather than round.
-            Err(ParamError::Custom {
+        // Beyond i128 there is no exact representation here: refuse rather than round.
+        i128::try_from(v)
+            .map(Canon::Int)
+            .map_err(|_| ParamError::Custom {
                 path: String::new(),
                 message: format!("integer {v} exceeds i128; expected a smaller integer"),
             })
-        })
     }
     fn serialize_f32(self, v: f32) -> Result<Canon, ParamError> {
         if !v.is_finite() {

@@ -1,6 +1,6 @@
 //! Identity: when is a result the same result? (DESIGN.md §3)
 //!
-//! - [`Hash`]: the SHA-256 digest type;
+//! - [`Hash`](struct@Hash): the SHA-256 digest type;
 //! - [`canonical_json`]: parameters as RFC 8785 canonical JSON;
 //! - [`owned_digest`]: the job's own code, hashed token-wise (comments and formatting excluded);
 //! - [`Witnesses`]: Cargo.lock, toolchain and source commit, recorded beside each result;

@@ -1,6 +1,7 @@
 //! Metrics (DESIGN.md §7): what jobs log with [`Run::log`](crate::sweep::Run::log), gathered into
-//! an Arrow-backed [`MetricTable`] that writes Parquet and CSV.
+//! an Arrow-backed [`MetricTable`] that writes Parquet, CSV and SVG line plots.
 
+mod plot;
 mod table;
 
 pub(crate) use table::{JobRows, build_table};

@@ -1,0 +1,581 @@
+//! `compile_campaign_plan`: experiment config + runner + execution + overrides -> [`CampaignPlan`].
+//!
+//! Pure and deterministic: the same inputs give the same plan, byte for byte, and the same
+//! [`contract_hash`]. No clock, no randomness, no filesystem access other than reading the
+//! config files.
+
+use std::collections::HashSet;
+use std::path::Path;
+
+use serde::{Deserialize, Serialize};
+
+use super::catalog::{ResolvedStage, StageCatalog};
+use super::config::{ConfigLoader, Env};
+use super::execution::{
+    ExecutionConfig, ExecutionDefaults, Resource, StageExecutionSpec, Strategy,
+};
+use super::mesh::{GpuAllocation, InstancePlacement, pack_gpu_allocation};
+use super::plan::{CampaignPlan, StagePlan};
+use super::plan_error::PlanError;
+use super::runner::{RunnerEnvironment, RunnerKind};
+use super::tree::{Node, did_you_mean};
+use super::work::{MasterAddr, Rendezvous, RendezvousAllocator, WorkPlanInput, build_work_plan};
+use crate::identity::{Hash, Hasher};
+
+/// Restricts a plan to some stages, e.g. to re-run `mip` after its inputs are done.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct StageFilter {
+    /// Stages to run.
+    pub stages: Vec<String>,
+    /// Stages outside `stages` whose results are complete (e.g. from the campaign journal).
+    /// Every parent of a selected stage must be selected or listed here.
+    pub completed: Vec<String>,
+}
+
+impl StageFilter {
+    /// A filter selecting `stages`, none completed.
+    pub fn only<I, S>(stages: I) -> Self
+    where
+        I: IntoIterator<Item = S>,
+        S: Into<String>,
+    {
+        StageFilter {
+            stages: stages.into_iter().map(Into::into).collect(),
+            completed: Vec::new(),
+        }
+    }
+
+    /// Declares `stages` complete.
+    pub fn with_completed<I, S>(mut self, stages: I) -> Self
+    where
+        I: IntoIterator<Item = S>,
+        S: Into<String>,
+    {
+        self.completed.extend(stages.into_iter().map(Into::into));
+        self
+    }
+}
+
+/// Compiles a campaign from an experiment config file.
+///
+/// The file is loaded with Hydra-style composition (its `defaults` list, relative to the
+/// nearest ancestor folder holding `base.yaml`), then `overrides` (Hydra grammar: `a.b=1`,
+/// `+a.c=2`, `~a.d`) are applied, then `${...}` interpolations resolve (`oc.env` reads the
+/// process environment; use [`compile_campaign_plan_with`] to inject one). The stage catalog
+/// is the config's own `stages:` list if present, else [`StageCatalog::puzzle`].
+///
+/// # Errors
+/// [`PlanError::Config`] for loading/composition/override/interpolation errors, and every
+/// error of [`compile_resolved`].
+pub fn compile_campaign_plan(
+    experiment_config_path: impl AsRef<Path>,
+    runner: &RunnerEnvironment,
+    execution: &ExecutionConfig,
+    overrides: &[String],
+    stage_filter: Option<&StageFilter>,
+) -> Result<CampaignPlan, PlanError> {
+    let loader = ConfigLoader::new().env(Env::from_process());
+    compile_campaign_plan_with(
+        &loader,
+        experiment_config_path,
+        runner,
+        execution,
+        overrides,
+        stage_filter,
+    )
+}
+
+/// [`compile_campaign_plan`] with an explicit [`ConfigLoader`] (environment, resolvers, config
+/// root), so compilation does not read the process environment.
+///
+/// # Errors
+/// As [`compile_campaign_plan`].
+pub fn compile_campaign_plan_with(
+    loader: &ConfigLoader,
+    experiment_config_path: impl AsRef<Path>,
+    runner: &RunnerEnvironment,
+    execution: &ExecutionConfig,
+    overrides: &[String],
+    stage_filter: Option<&StageFilter>,
+) -> Result<CampaignPlan, PlanError> {
+    let path = experiment_config_path.as_ref();
+    let config = super::adapter::load_experiment(loader, path, overrides)?;
+    let label = path.display().to_string();
+    let catalog = StageCatalog::from_config(&label, &config)?;
+    compile_resolved(
+        &label,
+        config,
+        overrides,
+        &catalog,
+        runner,
+        execution,
+        stage_filter,
+    )
+}
+
+/// Compiles a campaign from an already loaded and resolved experiment config.
+///
+/// `label` names the experiment in the plan and in errors; `overrides` are recorded as given
+/// (they must already be applied to `config`).
+///
+/// Steps: resolve the catalog (enabled stages, contracted parents, meshes); check every
+/// `execution.stages` id is a stage of the catalog (or one it knows of); per stage merge
+/// catalog defaults, execution defaults and the stage's execution settings into a
+/// [`StageExecutionSpec`] and pack its GPUs; check runner limits (`max_nodes`,
+/// `interactive_max_nodes`, bare-metal inventory); compute the [`contract_hash`]; build each
+/// [`WorkPlan`](super::work::WorkPlan); apply the stage filter.
+///
+/// # Errors
+/// Every [`PlanError`] variant about the graph (cycle, missing parent), stages
+/// ([`PlanError::UnknownStage`] with a suggestion), meshes, packing, runner limits, work plans,
+/// and [`PlanError::StageFilterIncomplete`].
+pub fn compile_resolved(
+    label: &str,
+    config: Node,
+    overrides: &[String],
+    catalog: &StageCatalog,
+    runner: &RunnerEnvironment,
+    execution: &ExecutionConfig,
+    stage_filter: Option<&StageFilter>,
+) -> Result<CampaignPlan, PlanError> {
+    let resolved = catalog.resolve(label, &config)?;
+    check_execution_stage_ids(label, &config, catalog, execution, &resolved)?;
+
+    let mut defaults = execution.defaults.clone();
+    if !execution.gpus_per_node_given {
+        defaults.gpus_per_node = default_gpus_per_node(label, &config, runner)?;
+    }
+
+    let mut specs: Vec<StageExecutionSpec> = Vec::with_capacity(resolved.len());
+    for stage in &resolved {
+        specs.push(stage_spec(stage, execution, &defaults)?);
+    }
+    let hash = contract_hash(&config, runner, &resolved, &specs);
+
+    let mut rdzv = PlanRendezvous::new(runner, &hash);
+    let mut stages = Vec::with_capacity(resolved.len());
+    for (stage, spec) in resolved.iter().zip(specs) {
+        let work = build_work_plan(
+            &WorkPlanInput {
+                stage_id: &stage.id,
+                strategy: spec.strategy,
+                instances: spec.instances,
+                shard_groups: &stage.shard_groups,
+                shard_axis_name: stage.shard_axis_name.as_deref(),
+                aggregate: stage.aggregate,
+                distributed: spec.distributed,
+                allocation: &spec.allocation,
+            },
+            &mut rdzv,
+        )?;
+        stages.push(StagePlan {
+            stage_id: stage.id.clone(),
+            parents: stage.parents.clone(),
+            spec,
+            work,
+            command: stage.command.clone(),
+            resumable: stage.resumable,
+        });
+    }
+    // Capacity is checked after every stage's shape, so shape errors (which say how to fix the
+    // config) come first.
+    for stage in &stages {
+        check_limits(runner, stage)?;
+    }
+
+    let (stages, completed) = match stage_filter {
+        None => (stages, Vec::new()),
+        Some(f) => apply_filter(stages, f)?,
+    };
+    let puzzle_dir = match config.get("puzzle_dir") {
+        Some(Node::Str(s)) => Some(s.clone()),
+        _ => None,
+    };
+    Ok(CampaignPlan {
+        experiment_config_path: label.to_string(),
+        puzzle_dir,
+        contract_hash: hash,
+        overrides: overrides.to_vec(),
+        runner: runner.clone(),
+        execution_defaults: defaults,
+        catalog: catalog.name.clone(),
+        stages,
+        stage_filter: stage_filter.map(|f| f.stages.clone()),
+        completed_stages: completed,
+        resolved_config: config,
+    })
+}
+
+/// Stage ids that newer Puzzletron versions know but the Puzzle catalog here does not run
+/// (`final_report` is added by the newest upstream compiler); execution entries for them are
+/// accepted and ignored instead of being reported as typos.
+pub const PUZZLE_KNOWN_EXTERNAL_STAGES: [&str; 1] = ["final_report"];
+
+fn check_execution_stage_ids(
+    label: &str,
+    config: &Node,
+    catalog: &StageCatalog,
+    execution: &ExecutionConfig,
+    resolved: &[ResolvedStage],
+) -> Result<(), PlanError> {
+    if execution.stages.is_empty() {
+        return Ok(());
+    }
+    let mut known: HashSet<String> = catalog.stages.iter().map(|s| s.id.clone()).collect();
+    known.extend(resolved.iter().map(|s| s.id.clone()));
+    if catalog.post_mip.is_some() {
+        known.extend(PUZZLE_KNOWN_EXTERNAL_STAGES.iter().map(|s| s.to_string()));
+        // Post nodes of flows that exist but whose stages are not in the plan (none today) are
+        // still valid names: collect every `post.<flow>.<node>` of the config.
+        if let Some(Node::Map(flows)) = config.get_path("post_mip.flows") {
+            for (flow, f) in flows {
+                if let Some(Node::Map(nodes)) = f.get("nodes") {
+                    known.extend(nodes.iter().map(|(n, _)| format!("post.{flow}.{n}")));
+                }
+            }
+        }
+    }
+    for (id, _) in &execution.stages {
+        if !known.contains(id) {
+            let mut valid: Vec<String> = known.iter().cloned().collect();
+            valid.sort();
+            return Err(PlanError::UnknownStage {
+                context: format!("execution.stages (experiment {label})"),
+                stage: id.clone(),
+                suggestion: did_you_mean(id, valid.iter().map(String::as_str)),
+                valid,
+            });
+        }
+    }
+    Ok(())
+}
+
+/// `execution.defaults.gpus_per_node`, else the experiment's `execution.gpus_per_node`, else
+/// the runner's (bare metal: the smallest host; local: `runner.local.gpus`), else 8.
+fn default_gpus_per_node(
+    label: &str,
+    config: &Node,
+    runner: &RunnerEnvironment,
+) -> Result<u32, PlanError> {
+    if let Some(n) = config
+        .get_path("execution.gpus_per_node")
+        .filter(|n| !n.is_null())
+    {
+        return super::tree::expect_u32(label, "execution.gpus_per_node", n, 1);
+    }
+    let from_runner = match runner.kind {
+        RunnerKind::Baremetal => runner
+            .inventory
+            .as_ref()
+            .and_then(|i| i.hosts.iter().map(|h| h.gpus).filter(|&g| g > 0).min()),
+        RunnerKind::Local => runner.local.as_ref().and_then(|l| l.gpus),
+        RunnerKind::Slurm => None,
+    };
+    Ok(from_runner.unwrap_or(8))
+}
+
+fn stage_spec(
+    stage: &ResolvedStage,
+    execution: &ExecutionConfig,
+    defaults: &ExecutionDefaults,
+) -> Result<StageExecutionSpec, PlanError> {
+    let ov = execution.stage(&stage.id).cloned().unwrap_or_default();
+    let strategy = ov.strategy.unwrap_or(stage.strategy);
+    let instances = ov.instances.unwrap_or(if strategy == Strategy::Single {
+        1
+    } else {
+        stage.instances
+    });
+    let mesh = ov.parallel.apply(stage.mesh);
+    mesh.validate(&format!("stage `{}`", stage.id))?;
+    let resource = ov.resource.unwrap_or(Resource::Gpu);
+    let gpus_per_node = ov.gpus_per_node.unwrap_or(defaults.gpus_per_node);
+    let allocation = match resource {
+        Resource::Cpu => GpuAllocation::cpu_only(instances),
+        Resource::Gpu => {
+            let gpi = u32::try_from(mesh.world_size()).map_err(|_| PlanError::BadMesh {
+                context: format!("stage `{}`", stage.id),
+                mesh: mesh.to_string(),
+                reason: "more than 2^32 GPUs per instance".into(),
+            })?;
+            pack_gpu_allocation(
+                &format!("stage `{}`", stage.id),
+                instances,
+                gpi,
+                gpus_per_node,
+            )?
+        }
+    };
+    Ok(StageExecutionSpec {
+        strategy,
+        instances,
+        failure_policy: ov
+            .failure_policy
+            .or(stage.failure_policy)
+            .unwrap_or(defaults.failure_policy),
+        max_attempts: ov.max_attempts.unwrap_or(defaults.max_attempts),
+        mesh,
+        allocation,
+        partition: ov.partition.clone(),
+        resource,
+        distributed: stage.distributed,
+        time_limit: ov.time_limit.clone(),
+    })
+}
+
+fn check_limits(runner: &RunnerEnvironment, stage: &StagePlan) -> Result<(), PlanError> {
+    let nodes = stage.spec.allocation.nodes;
+    let too_many = |limit_name: &str, limit: u64| PlanError::TooManyNodes {
+        stage: stage.stage_id.clone(),
+        nodes: u64::from(nodes),
+        limit_name: limit_name.to_string(),
+        limit,
+    };
+    match runner.kind {
+        RunnerKind::Slurm => {
+            let Some(s) = &runner.slurm else {
+                return Ok(());
+            };
+            if let Some(max) = s.max_nodes
+                && nodes > max
+            {
+                return Err(too_many("runner.slurm.max_nodes", u64::from(max)));
+            }
+            if let Some(max) = s.interactive_max_nodes {
+                let p = stage.spec.partition.as_deref();
+                let interactive = p == Some("interactive")
+                    || (p.is_some()
+                        && s.partition_interactive
+                            .as_ref()
+                            .is_some_and(|pi| pi.to_slurm() == s.resolve_partition(p).to_slurm()));
+                if interactive && nodes > max {
+                    return Err(too_many(
+                        "runner.slurm.interactive_max_nodes",
+                        u64::from(max),
+                    ));
+                }
+            }
+        }
+        RunnerKind::Baremetal => {
+            // Allocation node i runs on inventory host i (inventory order).
+            let Some(inv) = &runner.inventory else {
+                return Ok(());
+            };
+            if nodes as usize > inv.hosts.len() {
+                return Err(too_many(
+                    "the number of hosts in runner.inventory.hosts",
+                    inv.hosts.len() as u64,
+                ));
+            }
+            let alloc = &stage.spec.allocation;
+            for (i, host) in inv.hosts.iter().take(nodes as usize).enumerate() {
+                let need = alloc.gpus_on_node(i as u32);
+                if need > host.gpus {
+                    return Err(PlanError::Packing {
+                        context: format!("stage `{}`", stage.stage_id),
+                        instances: u64::from(alloc.instances),
+                        gpus_per_instance: u64::from(alloc.gpus_per_instance),
+                        gpus_per_node: u64::from(alloc.gpus_per_node),
+                        reason: format!(
+                            "node {i} needs {need} GPU(s) but inventory host `{}` has {}",
+                            host.hostname, host.gpus
+                        ),
+                    });
+                }
+            }
+        }
+        RunnerKind::Local => {
+            if nodes > 1 {
+                return Err(too_many("the node count of a local runner", 1));
+            }
+            if let Some(g) = runner.local.as_ref().and_then(|l| l.gpus)
+                && stage.spec.allocation.max_gpus_on_a_node() > g
+            {
+                {
+                    return Err(PlanError::Packing {
+                        context: format!("stage `{}`", stage.stage_id),
+                        instances: u64::from(stage.spec.instances),
+                        gpus_per_instance: u64::from(stage.spec.allocation.gpus_per_instance),
+                        gpus_per_node: u64::from(g),
+                        reason: format!("runner.local.gpus is {g}"),
+                    });
+                }
+            }
+        }
+    }
+    Ok(())
+}
+
+fn apply_filter(
+    stages: Vec<StagePlan>,
+    f: &StageFilter,
+) -> Result<(Vec<StagePlan>, Vec<String>), PlanError> {
+    let ids: Vec<String> = stages.iter().map(|s| s.stage_id.clone()).collect();
+    let unknown = |context: &str, id: &String| PlanError::UnknownStage {
+        context: context.to_string(),
+        stage: id.clone(),
+        suggestion: did_you_mean(id, ids.iter().map(String::as_str)),
+        valid: ids.clone(),
+    };
+    if f.stages.is_empty() {
+        return Err(PlanError::UnknownStage {
+            context: "stage filter".into(),
+            stage: String::new(),
+            suggestion: None,
+            valid: ids.clone(),
+        });
+    }
+    for id in &f.stages {
+        if !ids.contains(id) {
+            return Err(unknown("stage filter", id));
+        }
+    }
+    for id in &f.completed {
+        if !ids.contains(id) {
+            return Err(unknown("stage filter (completed stages)", id));
+        }
+    }
+    let selected: HashSet<&str> = f.stages.iter().map(String::as_str).collect();
+    let completed: HashSet<&str> = f.completed.iter().map(String::as_str).collect();
+    for s in &stages {
+        if !selected.contains(s.stage_id.as_str()) {
+            continue;
+        }
+        for p in &s.parents {
+            if !selected.contains(p.as_str()) && !completed.contains(p.as_str()) {
+                return Err(PlanError::StageFilterIncomplete {
+                    stage: s.stage_id.clone(),
+                    parent: p.clone(),
+                });
+            }
+        }
+    }
+    let completed_list: Vec<String> = ids
+        .iter()
+        .filter(|id| completed.contains(id.as_str()))
+        .cloned()
+        .collect();
+    let kept = stages
+        .into_iter()
+        .filter(|s| selected.contains(s.stage_id.as_str()))
+        .collect();
+    Ok((kept, completed_list))
+}
+
+/// The campaign's contract hash: SHA-256 (via [`Hasher`], domain
+/// `puzzletron/campaign-contract/v1`) over everything that changes results:
+///
+/// 1. the resolved experiment config as canonical JSON (keys sorted, numbers in shortest form),
+///    so YAML key order, formatting, anchors and comments do not matter;
+/// 2. the runner's [`ExecutionContract`](super::runner::ExecutionContract) (repository, venv,
+///    container, mounts, setup and pre/post commands);
+/// 3. per stage, sorted by id: parents (sorted), strategy, instances, mesh and resource (a
+///    different mesh or sharding can change numerics).
+///
+/// Not included, because they do not change results: partitions, node packing, failure and
+/// halt policies, attempt limits, time limits, account, log folders, the stage filter.
+pub fn contract_hash(
+    config: &Node,
+    runner: &RunnerEnvironment,
+    stages: &[ResolvedStage],
+    specs: &[StageExecutionSpec],
+) -> Hash {
+    let mut canonical = String::new();
+    config.write_canonical(&mut canonical);
+    let mut h = Hasher::new("puzzletron/campaign-contract/v1");
+    h.field(canonical.as_bytes());
+    h.field(runner.execution_contract.hash().to_hex().as_bytes());
+    let mut order: Vec<usize> = (0..stages.len()).collect();
+    order.sort_by(|&a, &b| stages[a].id.cmp(&stages[b].id));
+    h.field(&(order.len() as u64).to_le_bytes());
+    for i in order {
+        let (s, spec) = (&stages[i], &specs[i]);
+        h.field(s.id.as_bytes());
+        let mut parents: Vec<&str> = s.parents.iter().map(String::as_str).collect();
+        parents.sort_unstable();
+        h.field(parents.join("\n").as_bytes());
+        h.field(spec.strategy.as_str().as_bytes());
+        h.field(&spec.instances.to_le_bytes());
+        for (_, v) in spec.mesh.fields() {
+            h.field(&v.to_le_bytes());
+        }
+        h.field(spec.resource.as_str().as_bytes());
+    }
+    h.finish()
+}
+
+/// Hands out MASTER_PORTs (`base + k`, unique within the plan) and MASTER_ADDRs per runner kind.
+struct PlanRendezvous<'a> {
+    runner: &'a RunnerEnvironment,
+    base: u32,
+    next: u32,
+    hash_short: String,
+}
+
+impl<'a> PlanRendezvous<'a> {
+    fn new(runner: &'a RunnerEnvironment, hash: &Hash) -> Self {
+        let base = runner
+            .inventory
+            .as_ref()
+            .map(|i| u32::from(i.rendezvous_port_base))
+            .unwrap_or(29500);
+        PlanRendezvous {
+            runner,
+            base,
+            next: 0,
+            hash_short: hash.short(),
+        }
+    }
+}
+
+impl RendezvousAllocator for PlanRendezvous<'_> {
+    fn next(
+        &mut self,
+        stage_id: &str,
+        instance: u32,
+        placement: &InstancePlacement,
+    ) -> Result<Rendezvous, PlanError> {
+        let port = self.base + self.next;
+        if port > 65535 {
+            return Err(PlanError::WorkPlan {
+                stage: stage_id.into(),
+                reason: format!(
+                    "ran out of rendezvous ports: {} torchrun groups from port {}",
+                    self.next + 1,
+                    self.base
+                ),
+            });
+        }
+        self.next += 1;
+        let master_addr = match self.runner.kind {
+            RunnerKind::Slurm => MasterAddr::FirstNodeOfGroup,
+            RunnerKind::Local => MasterAddr::Host("127.0.0.1".into()),
+            RunnerKind::Baremetal => {
+                let inv = self.runner.inventory.as_ref();
+                let hosts: Vec<&str> = inv
+                    .map(|i| i.hosts.iter().map(|h| h.hostname.as_str()).collect())
+                    .unwrap_or_default();
+                let group_hosts: Vec<&str> = placement
+                    .nodes()
+                    .filter_map(|n| hosts.get(n as usize).copied())
+                    .collect();
+                let rendezvous_host = inv.map(|i| i.rendezvous_host.as_str());
+                match rendezvous_host {
+                    Some(r) if group_hosts.contains(&r) => MasterAddr::Host(r.to_string()),
+                    _ => MasterAddr::Host(
+                        group_hosts
+                            .first()
+                            .copied()
+                            .unwrap_or("127.0.0.1")
+                            .to_string(),
+                    ),
+                }
+            }
+        };
+        Ok(Rendezvous {
+            rdzv_id: format!("pz-{}-{}-{}", self.hash_short, stage_id, instance),
+            master_addr,
+            master_port: port as u16,
+        })
+    }
+}

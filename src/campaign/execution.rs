@@ -1,0 +1,356 @@
+//! The execution config (defaults + per-stage settings) and the compiled per-stage
+//! [`StageExecutionSpec`].
+//!
+//! ```yaml
+//! execution:
+//!   defaults: {failure_policy: strict, halt_policy: drain, gpus_per_node: 8}
+//!   stages:
+//!     vllm_stats: {strategy: sharded, instances: 8, partition: interactive}
+//!     build_library: {gpus_per_node: 1, parallel: {tp: 1}}
+//! ```
+
+use std::fmt;
+
+use serde::{Deserialize, Serialize};
+
+use super::mesh::{GpuAllocation, ParallelMesh, ParallelMeshOverride};
+use super::plan_error::PlanError;
+use super::runner::is_slurm_time;
+use super::tree::{
+    Node, check_keys, did_you_mean, expect_map, expect_opt_str, expect_u32, invalid, join,
+};
+
+macro_rules! str_enum {
+    ($(#[$m:meta])* $name:ident { $($(#[$vm:meta])* $var:ident = $s:literal),+ $(,)? }) => {
+        $(#[$m])*
+        #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+        pub enum $name { $($(#[$vm])* #[serde(rename = $s)] $var),+ }
+        impl $name {
+            /// All values, in declaration order.
+            pub const ALL: &'static [$name] = &[$($name::$var),+];
+            /// The config spelling.
+            pub fn as_str(&self) -> &'static str { match self { $($name::$var => $s),+ } }
+            /// Parses the config spelling.
+            pub fn parse(s: &str) -> Option<Self> { match s { $($s => Some($name::$var),)+ _ => None } }
+            pub(crate) fn from_node(file: &str, path: &str, node: &Node) -> Result<Self, PlanError> {
+                let names: Vec<&str> = Self::ALL.iter().map(|v| v.as_str()).collect();
+                match node {
+                    Node::Str(s) => Self::parse(s).ok_or_else(|| PlanError::InvalidValue {
+                        file: file.into(),
+                        path: path.into(),
+                        value: format!("{s:?}"),
+                        expected: format!("one of {}{}", names.join(", "),
+                            did_you_mean(s, names.iter().copied()).map(|x| format!(" (did you mean `{x}`?)")).unwrap_or_default()),
+                    }),
+                    other => Err(invalid(file, path, other, &format!("one of {}", names.join(", ")))),
+                }
+            }
+        }
+        impl fmt::Display for $name {
+            fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result { f.write_str(self.as_str()) }
+        }
+    };
+}
+
+str_enum! {
+    /// How a stage's work is split over instances (DESIGN.md §6).
+    Strategy {
+        /// One work item on one instance.
+        Single = "single",
+        /// `instances` independent shards, each `shard_index/shard_count`.
+        Sharded = "sharded",
+        /// `instances` long-lived workers (model servers) pulling items from a queue.
+        PersistentPool = "persistent_pool",
+    }
+}
+
+str_enum! {
+    /// What a failed attempt does to its stage.
+    FailurePolicy {
+        /// The first non-transient failure fails the stage.
+        Strict = "strict",
+        /// Resumable failures are re-submitted with the resume flag, up to `max_attempts`.
+        Resume = "resume",
+    }
+}
+
+str_enum! {
+    /// What the campaign does when a stage fails.
+    HaltPolicy {
+        /// Cancel live attempts and stop.
+        FailFast = "fail_fast",
+        /// Let live attempts finish; start nothing new.
+        Drain = "drain",
+    }
+}
+
+str_enum! {
+    /// The kind of resource a stage needs.
+    Resource {
+        /// GPUs (the mesh decides how many).
+        Gpu = "gpu",
+        /// CPUs only: no GPU is requested.
+        Cpu = "cpu",
+    }
+}
+
+/// `execution.defaults`.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ExecutionDefaults {
+    /// Default failure policy of every stage.
+    pub failure_policy: FailurePolicy,
+    /// What the campaign does when a stage fails.
+    pub halt_policy: HaltPolicy,
+    /// GPUs per node of the machines (packing capacity).
+    pub gpus_per_node: u32,
+    /// Most attempts per work item under [`FailurePolicy::Resume`].
+    pub max_attempts: u32,
+}
+
+impl Default for ExecutionDefaults {
+    fn default() -> Self {
+        ExecutionDefaults {
+            failure_policy: FailurePolicy::Strict,
+            halt_policy: HaltPolicy::Drain,
+            gpus_per_node: 8,
+            max_attempts: 3,
+        }
+    }
+}
+
+/// `execution.stages.<id>`: settings of one stage; `None` fields fall back to the catalog and
+/// the defaults.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct StageExecutionConfig {
+    /// Strategy override.
+    pub strategy: Option<Strategy>,
+    /// Number of instances (shards or pool workers).
+    pub instances: Option<u32>,
+    /// Failure policy override.
+    pub failure_policy: Option<FailurePolicy>,
+    /// Partition or partition role (`interactive`, `batch`, `cpu`) for this stage.
+    pub partition: Option<String>,
+    /// Resource kind.
+    pub resource: Option<Resource>,
+    /// GPUs per node for this stage's packing.
+    pub gpus_per_node: Option<u32>,
+    /// Mesh sizes replacing those the experiment config gives.
+    pub parallel: ParallelMeshOverride,
+    /// Most attempts per work item.
+    pub max_attempts: Option<u32>,
+    /// Slurm `--time` for this stage.
+    pub time_limit: Option<String>,
+}
+
+/// A parsed execution config.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ExecutionConfig {
+    /// `execution.defaults`.
+    pub defaults: ExecutionDefaults,
+    /// Whether `defaults.gpus_per_node` was given (else the experiment's `execution.gpus_per_node`
+    /// may supply it).
+    pub gpus_per_node_given: bool,
+    /// `execution.stages`, in file order.
+    pub stages: Vec<(String, StageExecutionConfig)>,
+}
+
+const TOP_KEYS: [&str; 1] = ["execution"];
+const EXEC_KEYS: [&str; 2] = ["defaults", "stages"];
+const DEFAULT_KEYS: [&str; 4] = [
+    "failure_policy",
+    "halt_policy",
+    "gpus_per_node",
+    "max_attempts",
+];
+const STAGE_KEYS: [&str; 9] = [
+    "strategy",
+    "instances",
+    "failure_policy",
+    "partition",
+    "resource",
+    "gpus_per_node",
+    "parallel",
+    "max_attempts",
+    "time_limit",
+];
+
+fn field<'a>(map: &'a [(String, Node)], key: &str) -> &'a Node {
+    static NULL: Node = Node::Null;
+    map.iter()
+        .find(|(k, _)| k == key)
+        .map(|(_, v)| v)
+        .unwrap_or(&NULL)
+}
+
+impl ExecutionConfig {
+    /// The settings given for `stage`, if any.
+    pub fn stage(&self, stage: &str) -> Option<&StageExecutionConfig> {
+        self.stages
+            .iter()
+            .find(|(id, _)| id == stage)
+            .map(|(_, s)| s)
+    }
+
+    /// Loads the YAML file at `path` (anchors, aliases and `<<` merge keys allowed; no
+    /// composition or interpolation) and reads it with [`Self::from_node`].
+    ///
+    /// # Errors
+    /// [`PlanError::Config`] for I/O and YAML errors, then those of [`Self::from_node`].
+    pub fn load(path: impl AsRef<std::path::Path>) -> Result<Self, PlanError> {
+        let path = path.as_ref();
+        let node = super::adapter::load_plain(path)?;
+        Self::from_node(&path.display().to_string(), &node)
+    }
+
+    /// Reads an execution config from a loaded tree (the whole file, with `execution:`).
+    ///
+    /// # Errors
+    /// [`PlanError::UnknownField`] with the key path and a suggestion, [`PlanError::InvalidValue`]
+    /// for bad values (unknown strategy, `instances: 0`, a mesh typo, ...).
+    pub fn from_node(file: &str, root: &Node) -> Result<Self, PlanError> {
+        let top = expect_map(file, "", root)?;
+        check_keys(file, "", top, &TOP_KEYS)?;
+        let exec = expect_map(file, "execution", field(top, "execution"))?;
+        check_keys(file, "execution", exec, &EXEC_KEYS)?;
+        let dm = expect_map(file, "execution.defaults", field(exec, "defaults"))?;
+        check_keys(file, "execution.defaults", dm, &DEFAULT_KEYS)?;
+        let mut defaults = ExecutionDefaults::default();
+        let mut gpus_per_node_given = false;
+        for (key, value) in dm {
+            let path = join("execution.defaults", key);
+            if value.is_null() {
+                continue;
+            }
+            match key.as_str() {
+                "failure_policy" => {
+                    defaults.failure_policy = FailurePolicy::from_node(file, &path, value)?
+                }
+                "halt_policy" => defaults.halt_policy = HaltPolicy::from_node(file, &path, value)?,
+                "gpus_per_node" => {
+                    defaults.gpus_per_node = expect_u32(file, &path, value, 1)?;
+                    gpus_per_node_given = true;
+                }
+                "max_attempts" => defaults.max_attempts = expect_u32(file, &path, value, 1)?,
+                _ => unreachable!("keys were checked"),
+            }
+        }
+        let sm = expect_map(file, "execution.stages", field(exec, "stages"))?;
+        let mut stages = Vec::with_capacity(sm.len());
+        for (id, node) in sm {
+            let path = join("execution.stages", id);
+            stages.push((id.clone(), parse_stage(file, &path, node)?));
+        }
+        Ok(ExecutionConfig {
+            defaults,
+            gpus_per_node_given,
+            stages,
+        })
+    }
+}
+
+fn parse_stage(file: &str, path: &str, node: &Node) -> Result<StageExecutionConfig, PlanError> {
+    let m = expect_map(file, path, node)?;
+    check_keys(file, path, m, &STAGE_KEYS)?;
+    let mut s = StageExecutionConfig::default();
+    for (key, value) in m {
+        let p = join(path, key);
+        if value.is_null() {
+            continue;
+        }
+        match key.as_str() {
+            "strategy" => s.strategy = Some(Strategy::from_node(file, &p, value)?),
+            "instances" => s.instances = Some(expect_u32(file, &p, value, 1)?),
+            "failure_policy" => s.failure_policy = Some(FailurePolicy::from_node(file, &p, value)?),
+            "partition" => s.partition = expect_opt_str(file, &p, value)?,
+            "resource" => s.resource = Some(Resource::from_node(file, &p, value)?),
+            "gpus_per_node" => s.gpus_per_node = Some(expect_u32(file, &p, value, 1)?),
+            "parallel" => s.parallel = ParallelMeshOverride::from_mapping(file, &p, value)?,
+            "max_attempts" => s.max_attempts = Some(expect_u32(file, &p, value, 1)?),
+            "time_limit" => match value {
+                Node::Str(t) if is_slurm_time(t) => s.time_limit = Some(t.clone()),
+                other => return Err(invalid(file, &p, other, "a Slurm time such as \"4:00:00\"")),
+            },
+            _ => unreachable!("keys were checked"),
+        }
+    }
+    Ok(s)
+}
+
+/// The compiled execution of one stage: everything the controller needs to run it.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct StageExecutionSpec {
+    /// How work is split.
+    pub strategy: Strategy,
+    /// Instances (1 for `single`).
+    pub instances: u32,
+    /// Failure policy.
+    pub failure_policy: FailurePolicy,
+    /// Most attempts per work item.
+    pub max_attempts: u32,
+    /// Mesh of one instance.
+    pub mesh: ParallelMesh,
+    /// GPUs and nodes (`gpus_per_instance == 0` for CPU stages).
+    pub allocation: GpuAllocation,
+    /// Partition or role from the execution config (`None`: the runner's default).
+    pub partition: Option<String>,
+    /// Resource kind.
+    pub resource: Resource,
+    /// Whether one instance is a multi-process distributed (torch.distributed) job.
+    pub distributed: bool,
+    /// Slurm `--time` for this stage, if set.
+    pub time_limit: Option<String>,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn parse(v: serde_json::Value) -> Result<ExecutionConfig, PlanError> {
+        ExecutionConfig::from_node("exec.yaml", &Node::from_json(&v))
+    }
+
+    #[test]
+    fn parses_defaults_and_stages() {
+        let c = parse(json!({"execution": {
+            "defaults": {"failure_policy": "strict", "halt_policy": "drain", "gpus_per_node": 8},
+            "stages": {"vllm_stats": {"strategy": "sharded", "instances": 8, "partition": "interactive"},
+                       "build_library": {"gpus_per_node": 1, "parallel": {"tp": 1, "pp": 1}}}}}))
+        .unwrap();
+        assert_eq!(c.defaults.gpus_per_node, 8);
+        assert!(c.gpus_per_node_given);
+        let v = c.stage("vllm_stats").unwrap();
+        assert_eq!(
+            (v.strategy, v.instances, v.partition.as_deref()),
+            (Some(Strategy::Sharded), Some(8), Some("interactive"))
+        );
+        assert_eq!(c.stage("build_library").unwrap().parallel.pp, Some(1));
+    }
+
+    #[test]
+    fn errors_name_paths() {
+        let e = parse(json!({"execution": {"stages": {"mip": {"instance": 2}}}})).unwrap_err();
+        let m = e.to_string();
+        assert!(
+            m.contains("execution.stages.mip.instance") && m.contains("did you mean `instances`"),
+            "{m}"
+        );
+        let e =
+            parse(json!({"execution": {"stages": {"mip": {"strategy": "shardd"}}}})).unwrap_err();
+        assert!(e.to_string().contains("did you mean `sharded`"), "{e}");
+        let e = parse(json!({"execution": {"stages": {"mip": {"instances": 0}}}})).unwrap_err();
+        assert!(
+            e.to_string().contains("execution.stages.mip.instances"),
+            "{e}"
+        );
+        let e = parse(json!({"execution": {"stages": {"mip": {"parallel": {"tp_size": 2}}}}}))
+            .unwrap_err();
+        assert!(
+            e.to_string()
+                .contains("execution.stages.mip.parallel.tp_size"),
+            "{e}"
+        );
+        let e = parse(json!({"execution": {"default": {}}})).unwrap_err();
+        assert!(e.to_string().contains("did you mean `defaults`"), "{e}");
+    }
+}

@@ -1,0 +1,73 @@
+//! The compiled campaign: [`CampaignPlan`] and one [`StagePlan`] per stage.
+
+use serde::{Deserialize, Serialize};
+
+use super::execution::{ExecutionDefaults, StageExecutionSpec};
+use super::runner::RunnerEnvironment;
+use super::tree::Node;
+use super::work::WorkPlan;
+use crate::identity::Hash;
+
+/// One stage of a compiled plan.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct StagePlan {
+    /// Stage id.
+    pub stage_id: String,
+    /// Parent stage ids (all in the plan, before this stage).
+    pub parents: Vec<String>,
+    /// How it runs.
+    pub spec: StageExecutionSpec,
+    /// Its work items and task layout.
+    pub work: WorkPlan,
+    /// Argv template of the worker (see [`StageDef::command`](super::catalog::StageDef::command)).
+    pub command: Vec<String>,
+    /// Whether an interrupted attempt can resume from a checkpoint.
+    pub resumable: bool,
+}
+
+/// A compiled campaign: the stage DAG in topological order, each stage's execution spec and
+/// work plan, and the contract hash. Produced by
+/// [`compile_campaign_plan`](super::compile_campaign_plan); pure data.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct CampaignPlan {
+    /// The experiment config path as given.
+    pub experiment_config_path: String,
+    /// The resolved `puzzle_dir` (campaign folder) of the experiment, if it has one.
+    pub puzzle_dir: Option<String>,
+    /// Hash of everything that changes results (see [`contract_hash`](super::compile::contract_hash)).
+    pub contract_hash: Hash,
+    /// The overrides applied, as given.
+    pub overrides: Vec<String>,
+    /// The runner.
+    pub runner: RunnerEnvironment,
+    /// Execution defaults.
+    pub execution_defaults: ExecutionDefaults,
+    /// The catalog the stages come from (`puzzle`, `config`, or a user name).
+    pub catalog: String,
+    /// Stages, in topological order.
+    pub stages: Vec<StagePlan>,
+    /// The stage filter, if the plan is restricted (`None`: all stages).
+    pub stage_filter: Option<Vec<String>>,
+    /// Stages outside the filter that the filter's stages depend on and that were declared
+    /// complete.
+    pub completed_stages: Vec<String>,
+    /// The resolved experiment config (after composition, overrides and interpolation).
+    pub resolved_config: Node,
+}
+
+impl CampaignPlan {
+    /// The stage `id`, if the plan has it.
+    pub fn stage(&self, id: &str) -> Option<&StagePlan> {
+        self.stages.iter().find(|s| s.stage_id == id)
+    }
+
+    /// Stage ids in plan order.
+    pub fn stage_ids(&self) -> Vec<&str> {
+        self.stages.iter().map(|s| s.stage_id.as_str()).collect()
+    }
+
+    /// Total work items over all stages.
+    pub fn work_item_count(&self) -> usize {
+        self.stages.iter().map(|s| s.work.items.len()).sum()
+    }
+}

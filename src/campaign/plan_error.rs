@@ -1,0 +1,186 @@
+//! The error type of campaign planning: runner/execution schemas, the stage catalog, meshes,
+//! GPU packing, compilation and the plan loader.
+
+use std::path::PathBuf;
+
+/// Everything that can go wrong while turning configs into a [`CampaignPlan`](super::CampaignPlan).
+///
+/// Every variant carries the context a user needs to fix the input: the file, the dotted key
+/// path, the bad value and what was expected. None of them is retryable: planning is pure, so
+/// the same input fails the same way ([`PlanError::is_retryable`] is `false`), except
+/// [`PlanError::Io`] (and I/O inside [`PlanError::Config`]) for transient read failures.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum PlanError {
+    /// A key that the schema does not know (usually a typo).
+    #[error("{file}: unknown key `{path}`{}; valid keys here: {}", suggestion_text(.suggestion), .valid.join(", "))]
+    UnknownField {
+        /// The file the key came from (or `<overrides>` / `<memory>`).
+        file: String,
+        /// Dotted key path of the unknown key, e.g. `runner.slurm.partiton`.
+        path: String,
+        /// The closest valid key, if one is close enough to be a likely typo.
+        suggestion: Option<String>,
+        /// The keys valid at that position.
+        valid: Vec<String>,
+    },
+    /// A value of the wrong type or out of range.
+    #[error("{file}: `{path}` = {value}: expected {expected}")]
+    InvalidValue {
+        /// The file the value came from.
+        file: String,
+        /// Dotted key path of the value.
+        path: String,
+        /// The offending value, rendered as YAML-ish text.
+        value: String,
+        /// What would have been accepted.
+        expected: String,
+    },
+    /// A required key is absent.
+    #[error("{file}: missing required key `{path}` ({expected})")]
+    MissingField {
+        /// The file that should contain the key.
+        file: String,
+        /// Dotted key path.
+        path: String,
+        /// What the key must hold.
+        expected: String,
+    },
+    /// Loading or composing a YAML file failed (parse error, defaults, overrides, interpolation).
+    #[error(transparent)]
+    Config(Box<super::config::ConfigError>),
+    /// A file could not be read.
+    #[error("cannot read {path}: {source}")]
+    Io {
+        /// The path that failed.
+        path: PathBuf,
+        /// The underlying error.
+        #[source]
+        source: std::io::Error,
+    },
+    /// A stage names a parent that is not in the catalog.
+    #[error("stage `{stage}` needs `{parent}`, which is not a stage of this catalog{}", suggestion_text(.suggestion))]
+    MissingParent {
+        /// The stage with the dangling dependency.
+        stage: String,
+        /// The unknown parent id.
+        parent: String,
+        /// The closest stage id, if any.
+        suggestion: Option<String>,
+    },
+    /// Two stages share one id.
+    #[error("stage id `{stage}` is defined twice")]
+    DuplicateStage {
+        /// The repeated id.
+        stage: String,
+    },
+    /// The stage graph has a cycle; `cycle` lists it, first stage repeated at the end.
+    #[error("stage graph has a cycle: {}", .cycle.join(" -> "))]
+    Cycle {
+        /// The stages on the cycle, e.g. `["a", "b", "a"]`.
+        cycle: Vec<String>,
+    },
+    /// A stage id (in a stage filter or an execution config) that the plan does not contain.
+    #[error("{context}: unknown stage `{stage}`{}; stages: {}", suggestion_text(.suggestion), .valid.join(", "))]
+    UnknownStage {
+        /// Where the id came from (e.g. `stage filter`, `execution.stages`).
+        context: String,
+        /// The unknown id.
+        stage: String,
+        /// The closest stage id, if any.
+        suggestion: Option<String>,
+        /// The valid ids.
+        valid: Vec<String>,
+    },
+    /// The stage filter selects a stage whose parent is neither selected nor complete, so the
+    /// stage could never start.
+    #[error(
+        "stage filter selects `{stage}` but its parent `{parent}` is neither selected nor complete; add `{parent}` to the filter or finish it first"
+    )]
+    StageFilterIncomplete {
+        /// The selected stage.
+        stage: String,
+        /// The parent that blocks it.
+        parent: String,
+    },
+    /// A parallel mesh that cannot be laid out (zero sizes, `ep` not dividing the world, ...).
+    #[error("{context}: invalid mesh {mesh}: {reason}")]
+    BadMesh {
+        /// Where the mesh came from (stage id or key path).
+        context: String,
+        /// The mesh, as `tp=..,cp=..`.
+        mesh: String,
+        /// Why it is refused.
+        reason: String,
+    },
+    /// GPU packing is impossible for this instance size and node size.
+    #[error(
+        "{context}: cannot pack {instances} instance(s) of {gpus_per_instance} GPU(s) on {gpus_per_node}-GPU nodes: {reason}"
+    )]
+    Packing {
+        /// The stage (or caller) being packed.
+        context: String,
+        /// Number of instances requested.
+        instances: u64,
+        /// GPUs one instance needs.
+        gpus_per_instance: u64,
+        /// GPUs per node.
+        gpus_per_node: u64,
+        /// Why it is impossible.
+        reason: String,
+    },
+    /// A stage's allocation exceeds a limit of the runner (max_nodes, interactive_max_nodes,
+    /// the bare-metal inventory).
+    #[error("stage `{stage}` needs {nodes} node(s) but {limit_name} is {limit}")]
+    TooManyNodes {
+        /// The stage.
+        stage: String,
+        /// Nodes it needs.
+        nodes: u64,
+        /// The runner key that limits it, e.g. `runner.slurm.max_nodes`.
+        limit_name: String,
+        /// The limit.
+        limit: u64,
+    },
+    /// The work planner refuses a stage's shape (e.g. instances not divisible by the number of
+    /// embedding widths it shards over).
+    #[error("stage `{stage}`: {reason}")]
+    WorkPlan {
+        /// The stage.
+        stage: String,
+        /// What is wrong and how to fix it.
+        reason: String,
+    },
+    /// A serialized plan (from [`plan_to_dict`](super::plan_to_dict)) could not be loaded.
+    #[error("invalid plan document at `{path}`: {reason}")]
+    PlanDocument {
+        /// JSON path inside the document.
+        path: String,
+        /// What is wrong.
+        reason: String,
+    },
+}
+
+fn suggestion_text(s: &Option<String>) -> String {
+    match s {
+        Some(s) => format!(" (did you mean `{s}`?)"),
+        None => String::new(),
+    }
+}
+
+impl PlanError {
+    /// Whether retrying the same call can help: only I/O errors; planning is deterministic.
+    pub fn is_retryable(&self) -> bool {
+        match self {
+            PlanError::Io { .. } => true,
+            PlanError::Config(e) => e.is_retryable(),
+            _ => false,
+        }
+    }
+}
+
+impl From<super::config::ConfigError> for PlanError {
+    fn from(e: super::config::ConfigError) -> Self {
+        PlanError::Config(Box::new(e))
+    }
+}
