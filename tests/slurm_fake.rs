@@ -386,7 +386,8 @@ async fn backoff_and_minimum_interval_limit_calls() {
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
     let n = f.calls("squeue").len();
-    assert!((2..=4).contains(&n), "{n} squeue calls for 40 polls");
+    // 0, 0.2, 0.6, 1.4, 3.0 s: at most 5 even when a loaded machine stretches the loop.
+    assert!((2..=5).contains(&n), "{n} squeue calls for 40 polls");
 }
 
 #[tokio::test]
