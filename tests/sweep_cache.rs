@@ -339,15 +339,29 @@ fn trace_is_refused_and_isolate_needs_a_folder_store() {
     );
     // Isolated runs reopen the store in worker processes: a folder store works, a memory
     // store is refused with the reason.
+    let local = || {
+        puzzletron::executor::LocalExecutor::builder(c.path().join("attempts"))
+            .build()
+            .unwrap()
+    };
     assert!(
         Orchestrator::builder()
             .store_root(c.path().join("s"))
+            .executor(local())
             .isolate(true)
             .build()
             .is_ok()
     );
     let e = Orchestrator::builder()
+        .store_root(c.path().join("s"))
+        .isolate(true)
+        .build()
+        .err()
+        .expect("the default mock executor runs nothing");
+    assert!(e.to_string().contains("mock executor"), "{e}");
+    let e = Orchestrator::builder()
         .store(puzzletron::MemoryStore::new())
+        .executor(local())
         .isolate(true)
         .build()
         .err()

@@ -218,7 +218,7 @@ impl<S: Store + 'static, E: Executor> OrchestratorBuilder<S, E> {
         };
         let store = (self.store)()?;
         if self.isolate {
-            super::worker::check_isolatable(&store)?;
+            super::worker::check_isolatable(&store, &self.executor)?;
         }
         Ok(Orchestrator {
             store,

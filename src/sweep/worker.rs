@@ -302,8 +302,17 @@ fn run_task(path: &Path) -> std::result::Result<Option<Outcome>, String> {
         .map_err(|e| format!("store error: {e}"))
 }
 
-/// `isolate(true)` needs a store that a worker process can open by path.
-pub(super) fn check_isolatable<S: Store>(store: &S) -> Result<()> {
+/// `isolate(true)` needs an executor that starts processes and a store that a worker process
+/// can open by path.
+pub(super) fn check_isolatable<S: Store, E: Executor>(store: &S, executor: &E) -> Result<()> {
+    if executor.kind() == "mock" {
+        return Err(Error::Unsupported {
+            what: "isolate(true) with the mock executor".into(),
+            why: "isolated runs need an executor that starts processes, e.g. \
+                  .executor(LocalExecutor::builder(dir).build()?)"
+                .into(),
+        });
+    }
     let loc = store.location();
     if Path::new(&loc).is_dir() {
         Ok(())
