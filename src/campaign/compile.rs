@@ -147,8 +147,17 @@ pub fn compile_resolved(
     }
 
     let mut specs: Vec<StageExecutionSpec> = Vec::with_capacity(resolved.len());
+    let mut total_instances: u64 = 0;
     for stage in &resolved {
-        specs.push(stage_spec(stage, execution, &defaults)?);
+        let spec = stage_spec(stage, execution, &defaults)?;
+        total_instances += u64::from(spec.instances);
+        if total_instances > MAX_WORK_ITEMS_PER_PLAN {
+            return Err(PlanError::WorkPlan {
+                stage: stage.id.clone(),
+                reason: format!("the plan would have more than {MAX_WORK_ITEMS_PER_PLAN} work items"),
+            });
+        }
+        specs.push(spec);
     }
     let hash = contract_hash(&config, runner, &resolved, &specs);
 
@@ -274,6 +283,11 @@ fn default_gpus_per_node(
     Ok(from_runner.unwrap_or(8))
 }
 
+/// Most instances one stage may have (2^20).
+pub const MAX_INSTANCES_PER_STAGE: u32 = 1 << 20;
+/// Most work items one plan may have (2^22).
+pub const MAX_WORK_ITEMS_PER_PLAN: u64 = 1 << 22;
+
 fn stage_spec(
     stage: &ResolvedStage,
     execution: &ExecutionConfig,
@@ -286,6 +300,12 @@ fn stage_spec(
     } else {
         stage.instances
     });
+    if instances > MAX_INSTANCES_PER_STAGE {
+        return Err(PlanError::WorkPlan {
+            stage: stage.id.clone(),
+            reason: format!("instances={instances} is more than the {MAX_INSTANCES_PER_STAGE} supported per stage"),
+        });
+    }
     let mesh = ov.parallel.apply(stage.mesh);
     mesh.validate(&format!("stage `{}`", stage.id))?;
     let resource = ov.resource.unwrap_or(Resource::Gpu);
