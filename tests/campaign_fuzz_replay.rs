@@ -38,7 +38,14 @@ fn corpus_seeds_compile_or_are_refused_as_expected() {
     // max_nodes: 4 and replacement_scoring 5 pool workers of 1 GPU: 1 node. Compiles.
     assert_eq!(run("puzzle_exec"), CompileOutcome::Compiled(8));
     // 5 instances of tp=3 need 3 nodes (2 per 8-GPU node); 2 hosts are too few.
-    for refused in ["user_cycle", "user_missing", "bad_mesh", "bad_mesh_float", "baremetal_too_small", "puzzle_flows_pool_short"] {
+    for refused in [
+        "user_cycle",
+        "user_missing",
+        "bad_mesh",
+        "bad_mesh_float",
+        "baremetal_too_small",
+        "puzzle_flows_pool_short",
+    ] {
         assert_eq!(run(refused), CompileOutcome::Refused, "{refused}");
     }
 }

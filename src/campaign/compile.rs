@@ -154,7 +154,9 @@ pub fn compile_resolved(
         if total_instances > MAX_WORK_ITEMS_PER_PLAN {
             return Err(PlanError::WorkPlan {
                 stage: stage.id.clone(),
-                reason: format!("the plan would have more than {MAX_WORK_ITEMS_PER_PLAN} work items"),
+                reason: format!(
+                    "the plan would have more than {MAX_WORK_ITEMS_PER_PLAN} work items"
+                ),
             });
         }
         specs.push(spec);
@@ -303,7 +305,9 @@ fn stage_spec(
     if instances > MAX_INSTANCES_PER_STAGE {
         return Err(PlanError::WorkPlan {
             stage: stage.id.clone(),
-            reason: format!("instances={instances} is more than the {MAX_INSTANCES_PER_STAGE} supported per stage"),
+            reason: format!(
+                "instances={instances} is more than the {MAX_INSTANCES_PER_STAGE} supported per stage"
+            ),
         });
     }
     let mesh = ov.parallel.apply(stage.mesh);

@@ -33,9 +33,14 @@ fn refused(e: &PlanError) -> CompileOutcome {
 fn shuffle(node: &Node, seed: &mut u64) -> Node {
     match node {
         Node::Map(entries) => {
-            let mut e: Vec<(String, Node)> = entries.iter().map(|(k, v)| (k.clone(), shuffle(v, seed))).collect();
+            let mut e: Vec<(String, Node)> = entries
+                .iter()
+                .map(|(k, v)| (k.clone(), shuffle(v, seed)))
+                .collect();
             for i in (1..e.len()).rev() {
-                *seed = seed.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+                *seed = seed
+                    .wrapping_mul(6364136223846793005)
+                    .wrapping_add(1442695040888963407);
                 let j = (*seed >> 33) as usize % (i + 1);
                 e.swap(i, j);
             }
@@ -54,11 +59,27 @@ fn check_plan(plan: &CampaignPlan) {
     let mut seen = std::collections::HashSet::new();
     for s in &plan.stages {
         for p in &s.parents {
-            assert!(seen.contains(p.as_str()), "parent {p} of {} comes later", s.stage_id);
+            assert!(
+                seen.contains(p.as_str()),
+                "parent {p} of {} comes later",
+                s.stage_id
+            );
         }
-        assert!(seen.insert(s.stage_id.as_str()), "stage {} twice", s.stage_id);
-        assert_eq!(s.work.items.len(), s.spec.instances as usize, "{}", s.stage_id);
-        assert_eq!(s.spec.allocation.placements().len(), s.spec.instances as usize);
+        assert!(
+            seen.insert(s.stage_id.as_str()),
+            "stage {} twice",
+            s.stage_id
+        );
+        assert_eq!(
+            s.work.items.len(),
+            s.spec.instances as usize,
+            "{}",
+            s.stage_id
+        );
+        assert_eq!(
+            s.spec.allocation.placements().len(),
+            s.spec.instances as usize
+        );
         assert_eq!(s.work.topology.groups.len(), s.spec.instances as usize);
     }
     let doc = load_plan_document(&plan_to_dict(plan)).expect("our plan documents load");
@@ -85,23 +106,43 @@ pub fn compile(data: &[u8]) -> CompileOutcome {
     let Ok(yaml) = std::str::from_utf8(yaml) else {
         return CompileOutcome::Skipped;
     };
-    let overrides: Vec<Override> = std::str::from_utf8(rest).unwrap_or("").lines().filter_map(|l| parse_override(l).ok()).collect();
-    let override_texts: Vec<String> = std::str::from_utf8(rest).unwrap_or("").lines().map(str::to_string).collect();
+    let overrides: Vec<Override> = std::str::from_utf8(rest)
+        .unwrap_or("")
+        .lines()
+        .filter_map(|l| parse_override(l).ok())
+        .collect();
+    let override_texts: Vec<String> = std::str::from_utf8(rest)
+        .unwrap_or("")
+        .lines()
+        .map(str::to_string)
+        .collect();
     let loader = ConfigLoader::new().env(Env::new().with("RUN", "runs/fuzz"));
     let Ok(cfg) = loader.load_str(yaml, "fuzz.yaml", &overrides) else {
         return CompileOutcome::Skipped;
     };
     let config = node_from_value(cfg.value());
     let runner = match config.get("runner") {
-        Some(r) => match RunnerEnvironment::from_node("fuzz.yaml", &Node::Map(vec![("runner".into(), r.clone())])) {
+        Some(r) => match RunnerEnvironment::from_node(
+            "fuzz.yaml",
+            &Node::Map(vec![("runner".into(), r.clone())]),
+        ) {
             Ok(r) => r,
             Err(e) => return refused(&e),
         },
-        None => RunnerEnvironment::from_node("fuzz.yaml", &Node::Map(vec![("runner".into(), Node::Map(vec![("kind".into(), Node::Str("slurm".into()))]))]))
-            .expect("a minimal slurm runner parses"),
+        None => RunnerEnvironment::from_node(
+            "fuzz.yaml",
+            &Node::Map(vec![(
+                "runner".into(),
+                Node::Map(vec![("kind".into(), Node::Str("slurm".into()))]),
+            )]),
+        )
+        .expect("a minimal slurm runner parses"),
     };
     let execution = match config.get("execution") {
-        Some(x) => match ExecutionConfig::from_node("fuzz.yaml", &Node::Map(vec![("execution".into(), x.clone())])) {
+        Some(x) => match ExecutionConfig::from_node(
+            "fuzz.yaml",
+            &Node::Map(vec![("execution".into(), x.clone())]),
+        ) {
             Ok(x) => x,
             Err(e) => return refused(&e),
         },
@@ -111,19 +152,50 @@ pub fn compile(data: &[u8]) -> CompileOutcome {
         Ok(c) => c,
         Err(e) => return refused(&e),
     };
-    let first = compile_resolved("fuzz.yaml", config.clone(), &override_texts, &catalog, &runner, &execution, None);
-    let second = compile_resolved("fuzz.yaml", config.clone(), &override_texts, &catalog, &runner, &execution, None);
+    let first = compile_resolved(
+        "fuzz.yaml",
+        config.clone(),
+        &override_texts,
+        &catalog,
+        &runner,
+        &execution,
+        None,
+    );
+    let second = compile_resolved(
+        "fuzz.yaml",
+        config.clone(),
+        &override_texts,
+        &catalog,
+        &runner,
+        &execution,
+        None,
+    );
     match (&first, &second) {
         (Ok(a), Ok(b)) => {
-            assert_eq!(a.contract_hash, b.contract_hash, "contract hash not deterministic");
+            assert_eq!(
+                a.contract_hash, b.contract_hash,
+                "contract hash not deterministic"
+            );
             assert_eq!(fingerprint(a), fingerprint(b), "plan not deterministic");
             check_plan(a);
             let mut seed = a.contract_hash.to_hex().len() as u64 ^ 0x9e37_79b9;
             let shuffled = shuffle(&config, &mut seed);
-            let catalog2 = StageCatalog::from_config("fuzz.yaml", &shuffled).expect("reordering keys keeps the catalog valid");
-            let c = compile_resolved("fuzz.yaml", shuffled, &override_texts, &catalog2, &runner, &execution, None)
-                .expect("reordering keys keeps the plan valid");
-            assert_eq!(a.contract_hash, c.contract_hash, "contract hash depends on key order");
+            let catalog2 = StageCatalog::from_config("fuzz.yaml", &shuffled)
+                .expect("reordering keys keeps the catalog valid");
+            let c = compile_resolved(
+                "fuzz.yaml",
+                shuffled,
+                &override_texts,
+                &catalog2,
+                &runner,
+                &execution,
+                None,
+            )
+            .expect("reordering keys keeps the plan valid");
+            assert_eq!(
+                a.contract_hash, c.contract_hash,
+                "contract hash depends on key order"
+            );
             match dry_run(a, &DryRunOptions::default()) {
                 Ok(dr) => assert_eq!(dr.submissions.len(), a.stages.len()),
                 Err(e) => check_error(&e),

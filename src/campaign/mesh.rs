@@ -521,7 +521,9 @@ pub fn normalize_vllm_topology(
         reason,
     };
     let Some(tp_dp) = tp.checked_mul(dp) else {
-        return Err(bad(format!("tensor_parallel_size * data_parallel_size overflows ({tp} * {dp})")));
+        return Err(bad(format!(
+            "tensor_parallel_size * data_parallel_size overflows ({tp} * {dp})"
+        )));
     };
     let ep = match (enable, ep_explicit) {
         (Some(true), Some(ep)) if ep != tp_dp => {
