@@ -549,3 +549,55 @@ fn torchrun_groups_get_unique_ports_and_rendezvous_ids() {
     assert_eq!(zs.work.items[0].work_id, "zero_shot_evaluation:w2048:0");
     assert_eq!(zs.work.items[0].shard_count, 8);
 }
+
+#[test]
+fn cpu_stages_request_no_gpus_and_local_runners_stay_on_one_node() {
+    let dir = tempfile::tempdir().unwrap();
+    write(dir.path(), "base.yaml", "{}\n");
+    let exp = write(
+        dir.path(),
+        "exp.yaml",
+        "stages:\n  - {id: report, command: [python, report.py]}\n  - {id: big, needs: [report], parallel: {tp: 16}, command: [x]}\n",
+    );
+    let exec = write(
+        dir.path(),
+        "exec.yaml",
+        "execution:\n  defaults: {gpus_per_node: 8}\n  stages:\n    report: {resource: cpu}\n",
+    );
+    let execution = ExecutionConfig::load(&exec).unwrap();
+    let e = compile_campaign_plan_with(
+        &ConfigLoader::new(),
+        &exp,
+        &RunnerEnvironment::local(),
+        &execution,
+        &[],
+        None,
+    )
+    .unwrap_err();
+    assert_eq!(
+        e.to_string(),
+        "stage `big` needs 2 node(s) but the node count of a local runner is 1"
+    );
+    let f = StageFilter::only(["report"]);
+    // Capacity is only checked for the stages that will run.
+    let plan = compile_campaign_plan_with(
+        &ConfigLoader::new(),
+        &exp,
+        &RunnerEnvironment::local(),
+        &execution,
+        &[],
+        Some(&f),
+    )
+    .unwrap();
+    let r = plan.stage("report").unwrap();
+    assert_eq!(r.spec.resource, puzzletron::campaign::Resource::Cpu);
+    assert_eq!(
+        (
+            r.spec.allocation.total_gpus,
+            r.spec.allocation.nodes,
+            r.spec.allocation.gpus_per_instance
+        ),
+        (0, 1, 0)
+    );
+    assert_eq!(r.work.topology.gpus_per_node, 0);
+}

@@ -188,16 +188,15 @@ pub fn compile_resolved(
             resumable: stage.resumable,
         });
     }
-    // Capacity is checked after every stage's shape, so shape errors (which say how to fix the
-    // config) come first.
-    for stage in &stages {
-        check_limits(runner, stage)?;
-    }
-
     let (stages, completed) = match stage_filter {
         None => (stages, Vec::new()),
         Some(f) => apply_filter(stages, f)?,
     };
+    // Capacity is checked after every stage's shape, so shape errors (which say how to fix the
+    // config) come first, and only for the stages that will run.
+    for stage in &stages {
+        check_limits(runner, stage)?;
+    }
     let puzzle_dir = match config.get("puzzle_dir") {
         Some(Node::Str(s)) => Some(s.clone()),
         _ => None,
