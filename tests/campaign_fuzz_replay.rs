@@ -1,11 +1,11 @@
-//! Replays the saved cargo-fuzz corpus of the `compile` target (`fuzz/corpus/compile/`)
-//! through the same checks the target runs, so CI covers it without cargo-fuzz.
+//! Replays the saved cargo-fuzz corpus of the `compile` target (`fuzz/corpus/compile/`, the
+//! minimized corpus of the fuzzing runs) and the hand-written seeds (`fuzz/seeds/compile/`)
+//! through the same checks the target runs, so CI covers them without cargo-fuzz.
 
 use std::path::PathBuf;
 
-#[test]
-fn compile_corpus() {
-    let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("fuzz/corpus/compile");
+fn replay(dir: &str) -> usize {
+    let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join(dir);
     let mut files: Vec<PathBuf> = std::fs::read_dir(&dir)
         .unwrap_or_else(|e| panic!("{}: {e}", dir.display()))
         .filter_map(|e| e.ok().map(|e| e.path()))
@@ -18,14 +18,25 @@ fn compile_corpus() {
         let r = std::panic::catch_unwind(|| puzzletron::campaign::fuzzing::compile(&data));
         assert!(r.is_ok(), "compile target failed on {}", f.display());
     }
-    assert!(files.len() >= 10, "corpus has {} files", files.len());
+    files.len()
+}
+
+#[test]
+fn compile_corpus() {
+    let n = replay("fuzz/corpus/compile");
+    assert!(n >= 1000, "corpus has {n} files");
+}
+
+#[test]
+fn compile_seeds() {
+    assert_eq!(replay("fuzz/seeds/compile"), 13);
 }
 
 /// The corpus exercises successful plans and refusals, not only early exits.
 #[test]
 fn corpus_seeds_compile_or_are_refused_as_expected() {
     use puzzletron::campaign::fuzzing::{CompileOutcome, compile};
-    let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("fuzz/corpus/compile");
+    let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("fuzz/seeds/compile");
     let run = |name: &str| compile(&std::fs::read(dir.join(name)).unwrap());
     assert_eq!(run("user_chain"), CompileOutcome::Compiled(3));
     assert_eq!(run("user_overrides"), CompileOutcome::Compiled(1));
