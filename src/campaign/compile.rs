@@ -3,6 +3,39 @@
 //! Pure and deterministic: the same inputs give the same plan, byte for byte, and the same
 //! [`contract_hash`]. No clock, no randomness, no filesystem access other than reading the
 //! config files.
+//!
+//! ```
+//! use puzzletron::campaign::tree::Node;
+//! use puzzletron::campaign::{
+//!     ExecutionConfig, RunnerEnvironment, StageCatalog, StageFilter, compile_resolved,
+//! };
+//!
+//! // A user catalog in the config itself (a Puzzletron experiment uses the built-in one).
+//! let config = Node::from_json(&serde_json::json!({"stages": [
+//!     {"id": "prep", "command": ["python", "prep.py"]},
+//!     {"id": "train", "needs": ["prep"], "strategy": "sharded", "instances": 4,
+//!      "parallel": {"tp": 2}, "distributed": true,
+//!      "command": ["python", "train.py", "--shard", "{shard_index}/{shard_count}"]},
+//! ]}));
+//! let catalog = StageCatalog::from_config("exp.yaml", &config)?;
+//! let runner = RunnerEnvironment::local();
+//! let plan = compile_resolved("exp.yaml", config.clone(), &[], &catalog, &runner,
+//!                             &ExecutionConfig::default(), None)?;
+//! assert_eq!(plan.stage_ids(), ["prep", "train"]);
+//! let train = plan.stage("train").unwrap();
+//! assert_eq!(train.work.items.len(), 4);
+//! assert_eq!(train.spec.allocation.total_gpus, 8); // 4 shards x tp=2, on one 8-GPU node
+//!
+//! // Running `train` alone needs `prep` to be complete.
+//! let only_train = StageFilter::only(["train"]);
+//! assert!(compile_resolved("exp.yaml", config.clone(), &[], &catalog, &runner,
+//!                          &ExecutionConfig::default(), Some(&only_train)).is_err());
+//! let done = StageFilter::only(["train"]).with_completed(["prep"]);
+//! let again = compile_resolved("exp.yaml", config, &[], &catalog, &runner,
+//!                              &ExecutionConfig::default(), Some(&done))?;
+//! assert_eq!(again.contract_hash, plan.contract_hash);
+//! # Ok::<(), puzzletron::campaign::PlanError>(())
+//! ```
 
 use std::collections::HashSet;
 use std::path::Path;
