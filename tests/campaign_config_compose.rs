@@ -403,7 +403,7 @@ fn exponential_defaults_tree_is_refused() {
     let mut files = vec![("base.yaml".to_string(), String::new())];
     for i in 0..4 {
         let next = format!("l{}", i + 1);
-        let entries = vec![next.as_str(); 10].join(", ");
+        let entries = [next.as_str(); 10].join(", ");
         files.push((
             format!("l{i}.yaml"),
             format!("defaults: [{entries}]\nk{i}: 1\n"),

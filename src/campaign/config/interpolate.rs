@@ -620,7 +620,8 @@ impl<'a> Resolver<'a> {
         if let Some(i) = self.stack.iter().position(|p| p == path) {
             let mut chain = self.stack[i..].to_vec();
             chain.push(path.clone());
-            return Err(ConfigError::InterpolationCycle { chain });
+            let origin = self.origin(&chain[0]);
+            return Err(ConfigError::InterpolationCycle { chain, origin });
         }
         let node = match self.locate(path)? {
             Some(Found::Raw(v)) => v,
