@@ -20,6 +20,7 @@ pub mod config;
 pub mod document;
 pub mod dryrun;
 pub mod execution;
+pub mod fuzzing;
 pub mod mesh;
 pub mod plan;
 pub mod plan_error;
