@@ -4,6 +4,8 @@
 //! cargo run --release --example sweep            # runs what is not done, writes metrics.parquet
 //! cargo run --release --example sweep            # again: nothing runs, every run "up to date"
 //! cargo run --release --example sweep -- --help
+//! cargo run --release --example sweep -- --executor local   # each run in its own process
+//! cargo run --release --example sweep -- --executor slurm   # each run a Slurm array task
 //! ```
 //!
 //! Results live in `.puzzletron/` (an `FsStore`); edit a comment here and nothing re-runs, edit
@@ -15,6 +17,9 @@ mod digits;
 
 use std::path::PathBuf;
 
+#[cfg(feature = "slurm")]
+use puzzletron::executor::SlurmExecutor;
+use puzzletron::executor::{Executor, LocalExecutor, MockExecutor};
 use puzzletron::identity::Modules;
 use puzzletron::sweep::{JobResult, Run};
 use puzzletron::{Orchestrator, job};
@@ -49,6 +54,7 @@ struct Args {
     out: PathBuf,
     epochs: u32,
     force: bool,
+    executor: String,
 }
 
 fn parse_args() -> Result<Args, String> {
@@ -57,6 +63,7 @@ fn parse_args() -> Result<Args, String> {
         out: "metrics.parquet".into(),
         epochs: 15,
         force: false,
+        executor: "inprocess".into(),
     };
     let mut it = std::env::args().skip(1);
     while let Some(arg) = it.next() {
@@ -71,9 +78,18 @@ fn parse_args() -> Result<Args, String> {
                     .map_err(|_| format!("--epochs: {v:?} is not a positive integer"))?;
             }
             "--force" => a.force = true,
+            "--executor" => {
+                a.executor = value("--executor")?;
+                if !["inprocess", "local", "slurm"].contains(&a.executor.as_str()) {
+                    return Err(format!(
+                        "--executor: {:?} is not one of inprocess, local, slurm",
+                        a.executor
+                    ));
+                }
+            }
             "-h" | "--help" => {
                 println!(
-                    "usage: sweep [--store DIR (.puzzletron)] [--out FILE (metrics.parquet)] [--epochs N (15)] [--force]"
+                    "usage: sweep [--store DIR (.puzzletron)] [--out FILE (metrics.parquet)] [--epochs N (15)] [--force] [--executor inprocess|local|slurm (inprocess)]"
                 );
                 std::process::exit(0);
             }
@@ -84,6 +100,8 @@ fn parse_args() -> Result<Args, String> {
 }
 
 fn main() {
+    // In a worker process (isolated runs) this runs the one job and exits.
+    puzzletron::worker::main_guard();
     if let Err(e) = sweep_main() {
         eprintln!("error: {e}");
         std::process::exit(1);
@@ -92,11 +110,23 @@ fn main() {
 
 fn sweep_main() -> Result<(), Box<dyn std::error::Error>> {
     let args = parse_args()?;
-    let mut sweep = Orchestrator::builder()
+    let builder = Orchestrator::builder()
         .store_root(&args.store)
         .owned(Modules::all().with_file("examples/common/digits.rs"))
         .force(args.force)
-        .on_event(|e| eprintln!("{e}"))
+        .on_event(|e| eprintln!("{e}"));
+    // The same sweep in this process, as local processes, or as a Slurm job array.
+    let executor: Box<dyn Executor> = match args.executor.as_str() {
+        "local" => Box::new(LocalExecutor::builder(args.store.join("local")).build()?),
+        #[cfg(feature = "slurm")]
+        "slurm" => Box::new(SlurmExecutor::builder(args.store.join("slurm")).build()?),
+        #[cfg(not(feature = "slurm"))]
+        "slurm" => return Err("this build has no Slurm support (feature `slurm`)".into()),
+        _ => Box::new(MockExecutor::new()),
+    };
+    let mut sweep = builder
+        .executor(executor)
+        .isolate(args.executor != "inprocess")
         .build()?;
     let train = job!(train);
     for lr in [0.02, 0.1, 0.5] {

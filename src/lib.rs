@@ -88,4 +88,5 @@ struct ReadmeDoctests;
 pub use identity::Hash;
 pub use metrics::MetricTable;
 pub use store::{FsStore, MemoryStore, Store};
+pub use sweep::worker;
 pub use sweep::{Job, JobResult, Orchestrator, Run};

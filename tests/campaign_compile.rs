@@ -549,3 +549,120 @@ fn torchrun_groups_get_unique_ports_and_rendezvous_ids() {
     assert_eq!(zs.work.items[0].work_id, "zero_shot_evaluation:w2048:0");
     assert_eq!(zs.work.items[0].shard_count, 8);
 }
+
+#[test]
+fn cpu_stages_request_no_gpus_and_local_runners_stay_on_one_node() {
+    let dir = tempfile::tempdir().unwrap();
+    write(dir.path(), "base.yaml", "{}\n");
+    let exp = write(
+        dir.path(),
+        "exp.yaml",
+        "stages:\n  - {id: report, command: [python, report.py]}\n  - {id: big, needs: [report], parallel: {tp: 16}, command: [x]}\n",
+    );
+    let exec = write(
+        dir.path(),
+        "exec.yaml",
+        "execution:\n  defaults: {gpus_per_node: 8}\n  stages:\n    report: {resource: cpu}\n",
+    );
+    let execution = ExecutionConfig::load(&exec).unwrap();
+    let e = compile_campaign_plan_with(
+        &ConfigLoader::new(),
+        &exp,
+        &RunnerEnvironment::local(),
+        &execution,
+        &[],
+        None,
+    )
+    .unwrap_err();
+    assert_eq!(
+        e.to_string(),
+        "stage `big` needs 2 node(s) but the node count of a local runner is 1"
+    );
+    let f = StageFilter::only(["report"]);
+    // Capacity is only checked for the stages that will run.
+    let plan = compile_campaign_plan_with(
+        &ConfigLoader::new(),
+        &exp,
+        &RunnerEnvironment::local(),
+        &execution,
+        &[],
+        Some(&f),
+    )
+    .unwrap();
+    let r = plan.stage("report").unwrap();
+    assert_eq!(r.spec.resource, puzzletron::campaign::Resource::Cpu);
+    assert_eq!(
+        (
+            r.spec.allocation.total_gpus,
+            r.spec.allocation.nodes,
+            r.spec.allocation.gpus_per_instance
+        ),
+        (0, 1, 0)
+    );
+    assert_eq!(r.work.topology.gpus_per_node, 0);
+}
+
+fn generated_dag(spec: &[(Vec<usize>, u8, u32, u32)]) -> Node {
+    let stages = spec
+        .iter()
+        .enumerate()
+        .map(|(i, (needs, strategy, instances, tp))| {
+            let strategy = ["single", "sharded", "persistent_pool"][usize::from(*strategy % 3)];
+            let instances = if strategy == "single" { 1 } else { *instances };
+            let needs: Vec<Node> = needs
+                .iter()
+                .filter(|&&p| p < i)
+                .map(|p| Node::Str(format!("s{p}")))
+                .collect();
+            Node::Map(vec![
+                ("id".into(), Node::Str(format!("s{i}"))),
+                ("needs".into(), Node::Seq(needs)),
+                ("strategy".into(), Node::Str(strategy.into())),
+                ("instances".into(), Node::Int(i64::from(instances))),
+                ("distributed".into(), Node::Bool(*tp > 1)),
+                (
+                    "parallel".into(),
+                    Node::Map(vec![("tp".into(), Node::Int(i64::from(*tp)))]),
+                ),
+                (
+                    "command".into(),
+                    Node::Seq(vec![Node::Str("run".into()), Node::Str("{work_id}".into())]),
+                ),
+            ])
+        })
+        .collect();
+    Node::Map(vec![("stages".into(), Node::Seq(stages))])
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(64))]
+
+    /// Same inputs, same plan and hash; parents always come first; every instance has a work
+    /// item and a task group.
+    #[test]
+    fn generated_plans_are_deterministic_and_well_formed(
+        spec in proptest::collection::vec(
+            (proptest::collection::vec(0usize..12, 0..3), any::<u8>(), 1u32..20, prop_oneof![Just(1u32), Just(2), Just(3), Just(8), Just(16)]),
+            1..12,
+        )
+    ) {
+        let config = generated_dag(&spec);
+        let catalog = StageCatalog::from_config("gen", &config).unwrap();
+        let runner = RunnerEnvironment::from_node("r", &Node::from_json(&serde_json::json!({"runner": {"kind": "slurm"}}))).unwrap();
+        let a = compile_resolved("gen", config.clone(), &[], &catalog, &runner, &ExecutionConfig::default(), None).unwrap();
+        let b = compile_resolved("gen", config, &[], &catalog, &runner, &ExecutionConfig::default(), None).unwrap();
+        prop_assert_eq!(&a, &b);
+        prop_assert_eq!(a.contract_hash, b.contract_hash);
+        let mut seen = std::collections::HashSet::new();
+        for s in &a.stages {
+            for p in &s.parents {
+                prop_assert!(seen.contains(p.as_str()));
+            }
+            seen.insert(s.stage_id.as_str());
+            prop_assert_eq!(s.work.items.len() as u32, s.spec.instances);
+            prop_assert_eq!(s.work.topology.group_count, s.spec.instances);
+            prop_assert_eq!(s.spec.allocation.gpus_per_instance, s.spec.mesh.world_size() as u32);
+        }
+        prop_assert_eq!(a.stages.len(), spec.len());
+    }
+}

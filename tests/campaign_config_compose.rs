@@ -396,3 +396,25 @@ fn empty_entry_names_the_including_file() {
         other => panic!("{other:?}"),
     }
 }
+
+#[test]
+fn exponential_defaults_tree_is_refused() {
+    // Each level includes the next one ten times: 10^4 loads without a cycle.
+    let mut files = vec![("base.yaml".to_string(), String::new())];
+    for i in 0..4 {
+        let next = format!("l{}", i + 1);
+        let entries = [next.as_str(); 10].join(", ");
+        files.push((
+            format!("l{i}.yaml"),
+            format!("defaults: [{entries}]\nk{i}: 1\n"),
+        ));
+    }
+    files.push(("l4.yaml".into(), "leaf: 1\n".into()));
+    let refs: Vec<(&str, &str)> = files
+        .iter()
+        .map(|(a, b)| (a.as_str(), b.as_str()))
+        .collect();
+    let t = Tree::new(&refs);
+    let e = t.load("l0.yaml").unwrap_err();
+    assert!(e.to_string().contains("loads more than 1000 files"), "{e}");
+}

@@ -165,13 +165,19 @@ fn unknown_key_is_an_error_naming_key_and_file() {
 fn cycles_are_refused_with_the_chain() {
     let e = load_err("a: ${b}\nb: x${c}\nc: ${a}\n");
     match &e {
-        ConfigError::InterpolationCycle { chain } => {
+        ConfigError::InterpolationCycle { chain, origin } => {
             let names: Vec<String> = chain.iter().map(|k| k.to_string()).collect();
             assert_eq!(names, ["a", "b", "c", "a"]);
+            assert_eq!(origin.as_ref().unwrap().line_column(), Some((1, 4)));
         }
         other => panic!("{other:?}"),
     }
-    assert_eq!(e.to_string(), "interpolation cycle: a -> b -> c -> a");
+    let msg = e.to_string();
+    assert!(
+        msg.starts_with("interpolation cycle: a -> b -> c -> a ("),
+        "{msg}"
+    );
+    assert!(msg.ends_with("base.yaml:1:4)"), "{msg}");
     let e = load_err("a: ${a}\n");
     assert!(matches!(e, ConfigError::InterpolationCycle { .. }));
     // A value that refers to its own container.

@@ -63,3 +63,25 @@ fn long_interpolation_chain_is_refused_not_overflowed() {
         .unwrap();
     assert_eq!(c.get("k0"), Some(&Value::from("end")));
 }
+
+#[test]
+fn doubling_interpolations_are_refused() {
+    // Each level doubles: 2^40 nodes if expanded.
+    let mut text = String::from("l0: [x, x]\n");
+    for i in 1..40 {
+        text.push_str(&format!("l{i}: ['${{l{p}}}', '${{l{p}}}']\n", p = i - 1));
+    }
+    let e = ConfigLoader::new()
+        .load_str(&text, "bomb.yaml", &[])
+        .unwrap_err();
+    assert!(e.to_string().contains("expand the config beyond"), "{e}");
+    // The same with string concatenation.
+    let mut text = String::from("s0: xxxxxxxx\n");
+    for i in 1..40 {
+        text.push_str(&format!("s{i}: ${{s{p}}}${{s{p}}}\n", p = i - 1));
+    }
+    let e = ConfigLoader::new()
+        .load_str(&text, "bomb.yaml", &[])
+        .unwrap_err();
+    assert!(e.to_string().contains("expand the config beyond"), "{e}");
+}

@@ -272,3 +272,11 @@ fn origin_of_an_overridden_value_is_the_override() {
         Some(Origin::Override { index: 1, .. })
     ));
 }
+
+#[test]
+fn delete_under_a_missing_parent_does_not_suggest_adding() {
+    let e = apply("a: {b: 1}\n", &["~x.y"]).unwrap_err();
+    let msg = e.to_string();
+    assert!(msg.contains("`x` is not in the config"), "{msg}");
+    assert!(!msg.contains("to add it"), "{msg}");
+}

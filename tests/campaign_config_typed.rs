@@ -164,3 +164,45 @@ fn values_round_trip_through_serde() {
     let h: Holder = c.deserialize().unwrap();
     assert_eq!(h.a.get("b.4"), Some(&Value::from("s")));
 }
+
+#[test]
+fn key_paths_parse_and_display() {
+    use puzzletron::campaign::config::{KeyPath, PathSegment};
+    let p = KeyPath::parse("a.b[0].c").unwrap();
+    assert_eq!(
+        p.segments(),
+        &[
+            PathSegment::Key("a".into()),
+            PathSegment::Key("b".into()),
+            PathSegment::Index(0),
+            PathSegment::Key("c".into())
+        ]
+    );
+    assert_eq!(p.to_string(), "a.b[0].c");
+    assert_eq!(KeyPath::parse("m[1][2]").unwrap().to_string(), "m[1][2]");
+    assert_eq!(KeyPath::parse("").unwrap().to_string(), "<root>");
+    for bad in ["a..b", ".a", "a.", "a[x]", "a[1", "a[1]b"] {
+        assert_eq!(KeyPath::parse(bad), None, "{bad}");
+    }
+    // `a.0` on a list and `a[0]` address the same item.
+    let v: Value = from_value(&Value::List(vec![Value::from("x")])).unwrap();
+    let root = Value::Mapping([("a".to_string(), v)].into_iter().collect());
+    assert_eq!(root.get("a.0"), root.get("a[0]"));
+    assert_eq!(root.get("a.0"), Some(&Value::from("x")));
+}
+
+#[test]
+fn floats_render_like_python_repr() {
+    for (x, s) in [
+        (1.0, "1.0"),
+        (0.0003, "0.0003"),
+        (1e-5, "1e-05"),
+        (1.5e-7, "1.5e-07"),
+        (1e16, "1e+16"),
+        (123456.5, "123456.5"),
+        (-2.0, "-2.0"),
+        (f64::INFINITY, ".inf"),
+    ] {
+        assert_eq!(Value::Float(x).to_string(), s);
+    }
+}

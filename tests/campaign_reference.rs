@@ -198,6 +198,11 @@ fn compare(case: &Case, ours: &PlanDocument) -> Vec<String> {
         }
     }
     // Task layout of each submission (launcher and ids are ours: see work.rs).
+    check(
+        "submission count".into(),
+        ours.dry_run_submissions.len().to_string(),
+        r.dry_run_submissions.len().to_string(),
+    );
     for (a, b) in ours.dry_run_submissions.iter().zip(&r.dry_run_submissions) {
         let id = &a.stage_id;
         check(

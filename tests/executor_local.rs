@@ -339,3 +339,62 @@ async fn restarted_controller_picks_up_results_without_rerunning() {
         "{st3:?}"
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn killed_wrapper_is_reported_not_hidden() {
+    // The wrapper is killed while its job runs: a fresh controller sees the job Running (pid
+    // and start time still match), then Lost once it ends, since nobody recorded the exit.
+    let root = tempfile::tempdir().unwrap();
+    let e = exec(root.path()).build().unwrap();
+    let h = e
+        .submit(&AttemptSpec::new(
+            id("orphan"),
+            CommandSpec::new("sleep").arg("1"),
+        ))
+        .await
+        .unwrap();
+    let dir = e.attempt_dir(&h.attempt_id);
+    wait_for_file(&dir.join("job")).await;
+    let wrapper: i32 = std::fs::read_to_string(dir.join("wrapper"))
+        .unwrap()
+        .split_whitespace()
+        .next()
+        .unwrap()
+        .parse()
+        .unwrap();
+    assert_eq!(unsafe { libc::kill(wrapper, libc::SIGKILL) }, 0);
+    let fresh = exec(root.path()).build().unwrap();
+    let mut s = fresh
+        .poll(std::slice::from_ref(&h))
+        .await
+        .unwrap()
+        .remove(0);
+    for _ in 0..50 {
+        if s.reason.is_some() {
+            break;
+        }
+        // The killed wrapper may still look alive for an instant (a zombie until reaped).
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        s = fresh
+            .poll(std::slice::from_ref(&h))
+            .await
+            .unwrap()
+            .remove(0);
+    }
+    assert_eq!(s.state, JobState::Running, "{s:?}");
+    assert!(
+        s.reason.as_deref().unwrap().contains("wrapper gone"),
+        "{s:?}"
+    );
+    let st = wait(&fresh, &[h]).await;
+    assert_eq!(st[0].state, JobState::Lost, "{:?}", st[0]);
+    assert!(
+        st[0]
+            .reason
+            .as_deref()
+            .unwrap()
+            .contains("without recording"),
+        "{:?}",
+        st[0]
+    );
+}

@@ -213,7 +213,8 @@ fn state_mapping_every_form() {
 
 #[test]
 fn exit_codes_c10() {
-    let table: &[(&str, Option<(i32, Option<i32>)>)] = &[
+    type Row<'a> = (&'a str, Option<(i32, Option<i32>)>);
+    let table: &[Row] = &[
         ("0:0", Some((0, None))),
         ("1:0", Some((1, None))),
         ("0:9", Some((0, Some(9)))),

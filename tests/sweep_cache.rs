@@ -324,20 +324,51 @@ fn get_returns_this_sweeps_rows_in_enqueue_order_with_typed_columns() {
 }
 
 #[test]
-fn isolate_and_trace_are_refused_clearly() {
+fn trace_is_refused_and_isolate_needs_a_folder_store() {
     let c = FakeCrate::new();
-    for (isolate, trace, what) in [(true, false, "isolate(true)"), (false, true, "trace(true)")] {
-        let e = Orchestrator::builder()
-            .store_root(c.path().join("s"))
-            .isolate(isolate)
-            .trace(trace)
+    let e = Orchestrator::builder()
+        .store_root(c.path().join("s"))
+        .trace(true)
+        .build()
+        .err()
+        .expect("must be refused");
+    assert!(
+        e.to_string()
+            .starts_with("trace(true) is not yet supported"),
+        "{e}"
+    );
+    // Isolated runs reopen the store in worker processes: a folder store works, a memory
+    // store is refused with the reason.
+    let local = || {
+        puzzletron::executor::LocalExecutor::builder(c.path().join("attempts"))
             .build()
-            .err()
-            .expect("must be refused");
-        assert!(
-            e.to_string()
-                .starts_with(&format!("{what} is not yet supported")),
-            "{e}"
-        );
-    }
+            .unwrap()
+    };
+    assert!(
+        Orchestrator::builder()
+            .store_root(c.path().join("s"))
+            .executor(local())
+            .isolate(true)
+            .build()
+            .is_ok()
+    );
+    let e = Orchestrator::builder()
+        .store_root(c.path().join("s"))
+        .isolate(true)
+        .build()
+        .err()
+        .expect("the default mock executor runs nothing");
+    assert!(e.to_string().contains("mock executor"), "{e}");
+    let e = Orchestrator::builder()
+        .store(puzzletron::MemoryStore::new())
+        .executor(local())
+        .isolate(true)
+        .build()
+        .err()
+        .expect("must be refused");
+    assert!(
+        e.to_string().contains("isolate(true) with the store at")
+            && e.to_string().contains("FsStore"),
+        "{e}"
+    );
 }

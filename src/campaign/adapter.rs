@@ -23,6 +23,13 @@ pub(crate) fn node_from_value(v: &Value) -> Node {
     }
 }
 
+impl From<&Value> for Node {
+    /// The planner's view of a loaded config value (mapping order kept).
+    fn from(v: &Value) -> Node {
+        node_from_value(v)
+    }
+}
+
 /// Loads, composes, overrides and resolves an experiment config.
 pub(crate) fn load_experiment(
     loader: &ConfigLoader,

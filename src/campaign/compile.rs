@@ -3,6 +3,39 @@
 //! Pure and deterministic: the same inputs give the same plan, byte for byte, and the same
 //! [`contract_hash`]. No clock, no randomness, no filesystem access other than reading the
 //! config files.
+//!
+//! ```
+//! use puzzletron::campaign::tree::Node;
+//! use puzzletron::campaign::{
+//!     ExecutionConfig, RunnerEnvironment, StageCatalog, StageFilter, compile_resolved,
+//! };
+//!
+//! // A user catalog in the config itself (a Puzzletron experiment uses the built-in one).
+//! let config = Node::from_json(&serde_json::json!({"stages": [
+//!     {"id": "prep", "command": ["python", "prep.py"]},
+//!     {"id": "train", "needs": ["prep"], "strategy": "sharded", "instances": 4,
+//!      "parallel": {"tp": 2}, "distributed": true,
+//!      "command": ["python", "train.py", "--shard", "{shard_index}/{shard_count}"]},
+//! ]}));
+//! let catalog = StageCatalog::from_config("exp.yaml", &config)?;
+//! let runner = RunnerEnvironment::local();
+//! let plan = compile_resolved("exp.yaml", config.clone(), &[], &catalog, &runner,
+//!                             &ExecutionConfig::default(), None)?;
+//! assert_eq!(plan.stage_ids(), ["prep", "train"]);
+//! let train = plan.stage("train").unwrap();
+//! assert_eq!(train.work.items.len(), 4);
+//! assert_eq!(train.spec.allocation.total_gpus, 8); // 4 shards x tp=2, on one 8-GPU node
+//!
+//! // Running `train` alone needs `prep` to be complete.
+//! let only_train = StageFilter::only(["train"]);
+//! assert!(compile_resolved("exp.yaml", config.clone(), &[], &catalog, &runner,
+//!                          &ExecutionConfig::default(), Some(&only_train)).is_err());
+//! let done = StageFilter::only(["train"]).with_completed(["prep"]);
+//! let again = compile_resolved("exp.yaml", config, &[], &catalog, &runner,
+//!                              &ExecutionConfig::default(), Some(&done))?;
+//! assert_eq!(again.contract_hash, plan.contract_hash);
+//! # Ok::<(), puzzletron::campaign::PlanError>(())
+//! ```
 
 use std::collections::HashSet;
 use std::path::Path;
@@ -147,8 +180,19 @@ pub fn compile_resolved(
     }
 
     let mut specs: Vec<StageExecutionSpec> = Vec::with_capacity(resolved.len());
+    let mut total_instances: u64 = 0;
     for stage in &resolved {
-        specs.push(stage_spec(stage, execution, &defaults)?);
+        let spec = stage_spec(stage, execution, &defaults)?;
+        total_instances += u64::from(spec.instances);
+        if total_instances > MAX_WORK_ITEMS_PER_PLAN {
+            return Err(PlanError::WorkPlan {
+                stage: stage.id.clone(),
+                reason: format!(
+                    "the plan would have more than {MAX_WORK_ITEMS_PER_PLAN} work items"
+                ),
+            });
+        }
+        specs.push(spec);
     }
     let hash = contract_hash(&config, runner, &resolved, &specs);
 
@@ -177,16 +221,15 @@ pub fn compile_resolved(
             resumable: stage.resumable,
         });
     }
-    // Capacity is checked after every stage's shape, so shape errors (which say how to fix the
-    // config) come first.
-    for stage in &stages {
-        check_limits(runner, stage)?;
-    }
-
     let (stages, completed) = match stage_filter {
         None => (stages, Vec::new()),
         Some(f) => apply_filter(stages, f)?,
     };
+    // Capacity is checked after every stage's shape, so shape errors (which say how to fix the
+    // config) come first, and only for the stages that will run.
+    for stage in &stages {
+        check_limits(runner, stage)?;
+    }
     let puzzle_dir = match config.get("puzzle_dir") {
         Some(Node::Str(s)) => Some(s.clone()),
         _ => None,
@@ -274,6 +317,11 @@ fn default_gpus_per_node(
     Ok(from_runner.unwrap_or(8))
 }
 
+/// Most instances one stage may have (2^20).
+pub const MAX_INSTANCES_PER_STAGE: u32 = 1 << 20;
+/// Most work items one plan may have (2^22).
+pub const MAX_WORK_ITEMS_PER_PLAN: u64 = 1 << 22;
+
 fn stage_spec(
     stage: &ResolvedStage,
     execution: &ExecutionConfig,
@@ -286,6 +334,14 @@ fn stage_spec(
     } else {
         stage.instances
     });
+    if instances > MAX_INSTANCES_PER_STAGE {
+        return Err(PlanError::WorkPlan {
+            stage: stage.id.clone(),
+            reason: format!(
+                "instances={instances} is more than the {MAX_INSTANCES_PER_STAGE} supported per stage"
+            ),
+        });
+    }
     let mesh = ov.parallel.apply(stage.mesh);
     mesh.validate(&format!("stage `{}`", stage.id))?;
     let resource = ov.resource.unwrap_or(Resource::Gpu);

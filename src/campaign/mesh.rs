@@ -49,6 +49,10 @@ impl fmt::Display for ParallelMesh {
     }
 }
 
+/// Largest instance (GPUs) a mesh may describe: 2^20, far beyond any cluster a plan targets,
+/// so absurd sizes are refused instead of overflowing.
+pub const MAX_GPUS_PER_INSTANCE: u32 = 1 << 20;
+
 /// Keys of a mesh mapping.
 pub const MESH_KEYS: [&str; 6] = ["tp", "cp", "pp", "ep", "dp_shard", "dp_replicate"];
 /// Keys allowed next to the mesh keys in an AutoModel `parallel:` block; they do not change the
@@ -67,11 +71,11 @@ impl ParallelMesh {
     };
 
     /// GPUs one instance needs: `tp * cp * pp * dp_shard * dp_replicate` (`ep` excluded).
+    /// Saturates at `u64::MAX` for absurd sizes (which [`validate`](Self::validate) refuses).
     pub fn world_size(&self) -> u64 {
         [self.tp, self.cp, self.pp, self.dp_shard, self.dp_replicate]
             .iter()
-            .map(|&x| u64::from(x))
-            .product()
+            .fold(1u64, |acc, &x| acc.saturating_mul(u64::from(x)))
     }
 
     /// Checks the mesh can be laid out: every size >= 1, and `ep` divides the ranks of one
@@ -89,6 +93,12 @@ impl ParallelMesh {
             if v == 0 {
                 return Err(bad(format!("{name} must be >= 1")));
             }
+        }
+        if self.world_size() > u64::from(MAX_GPUS_PER_INSTANCE) {
+            return Err(bad(format!(
+                "{} GPUs per instance is more than the {MAX_GPUS_PER_INSTANCE} supported",
+                self.world_size()
+            )));
         }
         let per_stage = self.world_size() / u64::from(self.pp);
         if !per_stage.is_multiple_of(u64::from(self.ep)) {
@@ -403,7 +413,7 @@ pub struct VllmTopology {
 }
 
 impl VllmTopology {
-    /// GPUs one serving instance needs: `tp * pp * pcp * dp`.
+    /// GPUs one serving instance needs: `tp * pp * pcp * dp` (saturating).
     pub fn gpus(&self) -> u64 {
         [
             self.tensor_parallel_size,
@@ -412,8 +422,7 @@ impl VllmTopology {
             self.data_parallel_size,
         ]
         .iter()
-        .map(|&x| u64::from(x))
-        .product()
+        .fold(1u64, |acc, &x| acc.saturating_mul(u64::from(x)))
     }
 
     /// The equivalent [`ParallelMesh`]: tp, pp, cp = pcp, dp_replicate = dp, ep.
@@ -511,14 +520,19 @@ pub fn normalize_vllm_topology(
         ),
         reason,
     };
+    let Some(tp_dp) = tp.checked_mul(dp) else {
+        return Err(bad(format!(
+            "tensor_parallel_size * data_parallel_size overflows ({tp} * {dp})"
+        )));
+    };
     let ep = match (enable, ep_explicit) {
-        (Some(true), Some(ep)) if ep != tp * dp => {
+        (Some(true), Some(ep)) if ep != tp_dp => {
             return Err(bad(format!(
                 "expert_parallel_size={ep} but vLLM's expert-parallel group is tp*dp = {}",
-                tp * dp
+                tp_dp
             )));
         }
-        (Some(true), _) => tp * dp,
+        (Some(true), _) => tp_dp,
         (Some(false), Some(ep)) if ep > 1 => {
             return Err(bad(format!(
                 "expert_parallel_size={ep} with enable_expert_parallel: false"
@@ -527,16 +541,16 @@ pub fn normalize_vllm_topology(
         (Some(false), _) => 1,
         // Without the switch, an explicit size > 1 turns expert parallelism on; it must then be
         // vLLM's group size.
-        (None, Some(ep)) if ep > 1 && ep != tp * dp => {
+        (None, Some(ep)) if ep > 1 && ep != tp_dp => {
             return Err(bad(format!(
                 "expert_parallel_size={ep} but vLLM's expert-parallel group is tp*dp = {}",
-                tp * dp
+                tp_dp
             )));
         }
         (None, Some(ep)) => ep,
         (None, None) => 1,
     };
-    if tp % dcp != 0 {
+    if !tp.is_multiple_of(dcp) {
         return Err(bad(format!(
             "decode_context_parallel_size={dcp} must divide tensor_parallel_size={tp}"
         )));

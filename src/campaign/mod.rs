@@ -23,6 +23,7 @@ pub mod controller;
 pub mod document;
 pub mod dryrun;
 pub mod execution;
+pub mod fuzzing;
 pub mod mesh;
 pub mod plan;
 pub mod plan_error;

@@ -1,5 +1,5 @@
 //! The executor conformance suite (feature `test-util`): the contract of
-//! [`Executor`](super::Executor) as executable checks, run against every built-in executor and
+//! [`Executor`] as executable checks, run against every built-in executor and
 //! available to yours.
 //!
 //! ```no_run

@@ -9,6 +9,7 @@ mod orchestrator;
 mod panics;
 mod run;
 mod summary;
+pub mod worker;
 
 pub use decision::{Action, JobDecision, Plan};
 pub use event::Event;

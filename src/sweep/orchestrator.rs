@@ -43,7 +43,9 @@ pub struct PendingRun {
     pub param_order: Arc<[String]>,
     /// The owned code the key covers.
     pub owned: Arc<OwnedDigest>,
-    call: Call,
+    pub(super) call: Call,
+    /// Where a worker process finds the job function (isolated runs, see `sweep::worker`).
+    pub(super) entry: super::worker::Entry,
 }
 
 impl std::fmt::Debug for PendingRun {
@@ -158,7 +160,9 @@ impl<S: Store + 'static, E: Executor> OrchestratorBuilder<S, E> {
         self
     }
 
-    /// Run each job in a fresh process through the executor (not yet supported: `build` fails).
+    /// Run each job in a fresh process of this binary through the executor (see
+    /// [`worker`](crate::worker): the binary must call `puzzletron::worker::main_guard()` first
+    /// in `main`). Needs a store that worker processes can open ([`FsStore`]).
     pub fn isolate(mut self, isolate: bool) -> Self {
         self.isolate = isolate;
         self
@@ -185,18 +189,11 @@ impl<S: Store + 'static, E: Executor> OrchestratorBuilder<S, E> {
     /// Opens the store and reads the witnesses.
     ///
     /// # Errors
-    /// [`Error::Unsupported`] for `isolate(true)` or `trace(true)` in this build;
+    /// [`Error::Unsupported`] for `trace(true)`, or `isolate(true)` with a store that is not a
+    /// folder;
     /// [`Error::Store`] when the store cannot be opened; [`Error::Identity`] when a lock file
     /// given with [`lock`](Self::lock) is missing or unreadable.
     pub fn build(self) -> Result<Orchestrator<S, E>> {
-        if self.isolate {
-            return Err(Error::Unsupported {
-                what: "isolate(true)".into(),
-                why: "jobs run in-process in this build; isolated processes arrive with the \
-                      executor work (leave isolate off)"
-                    .into(),
-            });
-        }
         if self.trace {
             return Err(Error::Unsupported {
                 what: "trace(true)".into(),
@@ -220,6 +217,9 @@ impl<S: Store + 'static, E: Executor> OrchestratorBuilder<S, E> {
             source: self.source.as_deref().map(identity::source_witness),
         };
         let store = (self.store)()?;
+        if self.isolate {
+            super::worker::check_isolatable(&store, &self.executor)?;
+        }
         Ok(Orchestrator {
             store,
             executor: self.executor,
@@ -235,6 +235,7 @@ impl<S: Store + 'static, E: Executor> OrchestratorBuilder<S, E> {
             on_event: self.on_event,
             owner: Owner::current(),
             wait_poll: self.wait_poll,
+            isolate: self.isolate,
         })
     }
 }
@@ -249,21 +250,21 @@ impl<S: Store + 'static, E: Executor> OrchestratorBuilder<S, E> {
 /// orchestrator is forced; otherwise it is skipped. Several processes may drain one store: each
 /// run executes once.
 pub struct Orchestrator<S: Store = FsStore, E: Executor = MockExecutor> {
-    store: S,
-    #[allow(dead_code)] // used by isolated execution
-    executor: E,
+    pub(super) store: S,
+    pub(super) executor: E,
     modules: Modules,
     force: bool,
-    witnesses: Witnesses,
+    pub(super) witnesses: Witnesses,
     owned_cache: Vec<(PathBuf, PathBuf, Modules, Arc<OwnedDigest>)>,
     job_names: HashMap<String, Arc<str>>,
-    queue: Vec<PendingRun>,
-    queued_keys: HashSet<Hash>,
+    pub(super) queue: Vec<PendingRun>,
+    pub(super) queued_keys: HashSet<Hash>,
     enqueued: Vec<PendingRun>,
     enqueued_keys: HashSet<Hash>,
     on_event: Option<EventFn>,
-    owner: Owner,
-    wait_poll: Duration,
+    pub(super) owner: Owner,
+    pub(super) wait_poll: Duration,
+    pub(super) isolate: bool,
 }
 
 impl Orchestrator<FsStore, MockExecutor> {
@@ -274,6 +275,28 @@ impl Orchestrator<FsStore, MockExecutor> {
 }
 
 impl<S: Store, E: Executor> Orchestrator<S, E> {
+    /// The worker side of an isolated run (see `sweep::worker`): an orchestrator over `store`
+    /// that records results with the parent's `witnesses`.
+    pub(super) fn for_worker(store: S, executor: E, witnesses: Witnesses) -> Self {
+        Orchestrator {
+            store,
+            executor,
+            modules: Modules::all(),
+            force: false,
+            witnesses,
+            owned_cache: Vec::new(),
+            job_names: HashMap::new(),
+            queue: Vec::new(),
+            queued_keys: HashSet::new(),
+            enqueued: Vec::new(),
+            enqueued_keys: HashSet::new(),
+            on_event: None,
+            owner: Owner::current(),
+            wait_poll: Duration::from_millis(100),
+            isolate: false,
+        }
+    }
+
     /// Enqueues a run of `job` with `params` and returns its key, computed now.
     ///
     /// Enqueuing the same key twice keeps one run.
@@ -326,6 +349,7 @@ impl<S: Store, E: Executor> Orchestrator<S, E> {
             param_order: canon.fields.into(),
             owned,
             call: Arc::new(move |run: &mut Run| f(&params, run)),
+            entry: super::worker::Entry::of::<P>(f),
         };
         self.queued_keys.insert(key);
         self.queue.push(pending.clone());
@@ -488,7 +512,7 @@ impl<S: Store, E: Executor> Orchestrator<S, E> {
         Ok(Plan { decisions })
     }
 
-    fn emit(&self, e: Event) {
+    pub(super) fn emit(&self, e: Event) {
         if let Some(f) = &self.on_event {
             f(&e);
         }
@@ -497,11 +521,19 @@ impl<S: Store, E: Executor> Orchestrator<S, E> {
     /// Executes every queued run that is not done, in enqueue order, in this process; waits for
     /// runs other processes hold. Stops at the first failure.
     ///
+    /// With [`isolate(true)`](OrchestratorBuilder::isolate) the runs go to worker processes
+    /// through the executor, all at once (the executor bounds how many run together); a failed,
+    /// panicking, aborted or killed run fails only itself, and the drain reports the first
+    /// failure once the submitted runs have ended.
+    ///
     /// # Errors
     /// [`RunFailed`] with the summary so far when a job fails (its error text and backtrace are
     /// recorded in the store; the job is marked failed; later runs stay queued) or when the
     /// store fails.
     pub fn drain(&mut self) -> std::result::Result<RunSummary, Box<RunFailed>> {
+        if self.isolate {
+            return super::worker::drain_isolated(self);
+        }
         let queue = self.queue.clone();
         let total = queue.len();
         let mut outcomes: Vec<Option<Outcome>> = vec![None; total];
@@ -609,7 +641,7 @@ impl<S: Store, E: Executor> Orchestrator<S, E> {
         Ok(summary_of(&queue, &outcomes))
     }
 
-    fn job_failed(
+    pub(super) fn job_failed(
         &mut self,
         queue: &[PendingRun],
         outcomes: &[Option<Outcome>],
@@ -645,7 +677,7 @@ impl<S: Store, E: Executor> Orchestrator<S, E> {
     }
 
     /// Claims and executes one run. `Ok(None)`: another process holds it.
-    fn try_execute(
+    pub(super) fn try_execute(
         &self,
         index: usize,
         total: usize,
@@ -838,7 +870,7 @@ fn store_err(e: Error) -> StoreError {
     }
 }
 
-fn failure(kind: &str, message: String, backtrace: Option<String>) -> Failure {
+pub(super) fn failure(kind: &str, message: String, backtrace: Option<String>) -> Failure {
     Failure {
         kind: kind.to_string(),
         message,
@@ -847,7 +879,7 @@ fn failure(kind: &str, message: String, backtrace: Option<String>) -> Failure {
     }
 }
 
-fn summary_of(queue: &[PendingRun], outcomes: &[Option<Outcome>]) -> RunSummary {
+pub(super) fn summary_of(queue: &[PendingRun], outcomes: &[Option<Outcome>]) -> RunSummary {
     RunSummary {
         jobs: queue
             .iter()

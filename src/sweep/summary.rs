@@ -139,6 +139,8 @@ pub enum FailureCause {
     },
     /// The store failed; no job result was lost.
     Store(StoreError),
+    /// The executor of isolated runs failed (could not submit or poll); no job result was lost.
+    Executor(crate::executor::ExecutorError),
 }
 
 /// A drain that stopped: at the first failing job, or on a store error. Carries the summary so
@@ -156,7 +158,11 @@ impl RunFailed {
     /// A failed job is retried by the next drain ("last attempt failed"), but it is likely to
     /// fail again until its code or parameters change.
     pub fn is_retryable(&self) -> bool {
-        matches!(&self.cause, FailureCause::Store(e) if e.is_retryable())
+        match &self.cause {
+            FailureCause::Store(e) => e.is_retryable(),
+            FailureCause::Executor(e) => e.is_retryable(),
+            FailureCause::Job { .. } => false,
+        }
     }
 }
 
@@ -184,6 +190,7 @@ impl fmt::Display for RunFailed {
                 }
             }
             FailureCause::Store(e) => write!(f, "drain stopped by a store error: {e}")?,
+            FailureCause::Executor(e) => write!(f, "drain stopped by an executor error: {e}")?,
         }
         write!(f, "\n  {}", self.summary.totals())
     }
@@ -193,6 +200,7 @@ impl std::error::Error for RunFailed {
     fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
         match &self.cause {
             FailureCause::Store(e) => Some(e),
+            FailureCause::Executor(e) => Some(e),
             FailureCause::Job { .. } => None,
         }
     }

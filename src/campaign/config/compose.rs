@@ -55,7 +55,13 @@ pub(crate) struct Composer {
     pub(crate) value: Value,
     pub(crate) origins: Origins,
     pub(crate) files: Vec<PathBuf>,
+    /// Files loaded so far, repeats included (see [`MAX_LOADS`]).
+    loads: usize,
 }
+
+/// Upper bound on file loads for one composition: a diamond-shaped `defaults` tree may load a
+/// file several times, and a hostile one exponentially many (real ones load about ten).
+const MAX_LOADS: usize = 1000;
 
 enum Entry {
     SelfContent,
@@ -77,6 +83,7 @@ impl Composer {
             value: Value::Mapping(Mapping::new()),
             origins: Origins::new(),
             files: Vec::new(),
+            loads: 0,
         }
     }
 
@@ -97,6 +104,16 @@ impl Composer {
             let mut chain = self.stack[i..].to_vec();
             chain.push(file.to_path_buf());
             return Err(ConfigError::DefaultsCycle { chain });
+        }
+        self.loads += 1;
+        if self.loads > MAX_LOADS {
+            return Err(ConfigError::BadDefaults {
+                file: file.to_path_buf(),
+                line: 0,
+                message: format!(
+                    "the defaults tree loads more than {MAX_LOADS} files (the same files included over and over?)"
+                ),
+            });
         }
         let doc = read_yaml(file)?;
         if !self.files.iter().any(|f| f == file) {

@@ -249,10 +249,12 @@ pub enum ConfigError {
     },
 
     /// Interpolations refer to each other in a cycle.
-    #[error("interpolation cycle: {}", chain.iter().map(|k| k.to_string()).collect::<Vec<_>>().join(" -> "))]
+    #[error("interpolation cycle: {}{}", chain.iter().map(|k| k.to_string()).collect::<Vec<_>>().join(" -> "), at(origin))]
     InterpolationCycle {
         /// The keys in the cycle, ending with the key that closes it.
         chain: Vec<KeyPath>,
+        /// Where the first key of the cycle was written.
+        origin: Option<Origin>,
     },
 
     /// A key needed by a typed lookup is absent.

@@ -251,6 +251,29 @@ struct Parser<'a> {
 const MAX_INTERPOLATION_DEPTH: usize = 64;
 const MAX_RESOLVE_DEPTH: usize = 200;
 
+/// How much interpolation may produce in total, counted as copied nodes plus concatenated
+/// string bytes: `a: [${b}, ${b}]`, `b: [${c}, ${c}]`, ... (or `"${b}${b}"`) doubles at each
+/// level, like a YAML alias bomb. Real configs use a few thousand.
+const EXPANSION_BUDGET: usize = 1_000_000;
+
+/// Number of nodes in `v`, stopping once it exceeds `limit`.
+fn bounded_size(v: &Value, limit: usize) -> usize {
+    let mut n = 0;
+    let mut stack = vec![v];
+    while let Some(x) = stack.pop() {
+        n += 1;
+        if n > limit {
+            break;
+        }
+        match x {
+            Value::List(l) => stack.extend(l.iter()),
+            Value::Mapping(m) => stack.extend(m.values()),
+            _ => {}
+        }
+    }
+    n
+}
+
 fn push_text(out: &mut Vec<Piece>, c: char) {
     if let Some(Piece::Text(t)) = out.last_mut() {
         t.push(c);
@@ -504,6 +527,7 @@ pub(crate) fn resolve_tree(
         memo: HashMap::new(),
         stack: Vec::new(),
         copies: Vec::new(),
+        budget: EXPANSION_BUDGET,
     };
     let v = r.resolve_at(&KeyPath::root())?;
     let copies = std::mem::take(&mut r.copies);
@@ -540,6 +564,7 @@ pub fn resolve_string(
         memo: HashMap::new(),
         stack: Vec::new(),
         copies: Vec::new(),
+        budget: EXPANSION_BUDGET,
     };
     r.eval_string(text, &KeyPath::root().child_key("<expression>"))
 }
@@ -553,6 +578,9 @@ struct Resolver<'a> {
     stack: Vec<KeyPath>,
     /// (destination, source) of whole-value interpolations of containers.
     copies: Vec<(KeyPath, KeyPath)>,
+    /// Remaining nodes + string bytes interpolation may still produce (see
+    /// [`EXPANSION_BUDGET`]).
+    budget: usize,
 }
 
 enum Found<'a> {
@@ -592,7 +620,8 @@ impl<'a> Resolver<'a> {
         if let Some(i) = self.stack.iter().position(|p| p == path) {
             let mut chain = self.stack[i..].to_vec();
             chain.push(path.clone());
-            return Err(ConfigError::InterpolationCycle { chain });
+            let origin = self.origin(&chain[0]);
+            return Err(ConfigError::InterpolationCycle { chain, origin });
         }
         let node = match self.locate(path)? {
             Some(Found::Raw(v)) => v,
@@ -686,7 +715,24 @@ impl<'a> Resolver<'a> {
                 }
             }
         }
+        self.spend(out.len(), at)?;
         Ok(Value::String(out))
+    }
+
+    fn spend(&mut self, amount: usize, at: &KeyPath) -> Result<(), ConfigError> {
+        match self.budget.checked_sub(amount) {
+            Some(left) => {
+                self.budget = left;
+                Ok(())
+            }
+            None => Err(ConfigError::InterpolationValue {
+                key: at.clone(),
+                origin: self.origin(at),
+                message: format!(
+                    "interpolations expand the config beyond {EXPANSION_BUDGET} nodes and bytes (values that repeat each other, level after level)"
+                ),
+            }),
+        }
     }
 
     fn eval_expr(&mut self, e: &Expr, at: &KeyPath) -> Result<Value, ConfigError> {
@@ -742,6 +788,7 @@ impl<'a> Resolver<'a> {
         match self.resolve_at(target) {
             Ok(v) => {
                 if matches!(v, Value::Mapping(_) | Value::List(_)) {
+                    self.spend(bounded_size(&v, self.budget), at)?;
                     self.copies.push((at.clone(), target.clone()));
                 }
                 Ok(v)

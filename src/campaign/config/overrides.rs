@@ -575,10 +575,14 @@ impl Override {
                     let k = seg.as_key().into_owned();
                     if !m.contains_key(&k) {
                         if !create {
-                            return Err(self.fail(format!(
-                                "`{walked}` is not in the config; to add it, write `+{}`",
-                                self.text.trim_start_matches('~')
-                            )));
+                            return Err(self.fail(if self.kind == OverrideKind::Delete {
+                                format!("`{walked}` is not in the config")
+                            } else {
+                                format!(
+                                    "`{walked}` is not in the config; to add it, write `+{}`",
+                                    self.text
+                                )
+                            }));
                         }
                         m.insert(k.clone(), Value::Mapping(Mapping::new()));
                     }

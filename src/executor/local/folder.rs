@@ -80,6 +80,17 @@ pub(crate) fn write_atomic(dir: &Path, name: &str, bytes: &[u8]) -> Result<(), E
     sync_dir(dir)
 }
 
+/// Writes `bytes` to `dir/name` atomically (temp file, rename) but without fsync: for files
+/// that describe processes of this machine, which do not survive an OS crash anyway (a
+/// process crash keeps the page cache). The `exit` record, the one result that must survive
+/// a power loss, uses [`write_atomic`].
+pub(crate) fn write_replace(dir: &Path, name: &str, bytes: &[u8]) -> Result<(), ExecutorError> {
+    let tmp = dir.join(format!(".{name}.tmp"));
+    let path = dir.join(name);
+    fs::write(&tmp, bytes).map_err(|e| ExecutorError::io("writing", &tmp, e))?;
+    fs::rename(&tmp, &path).map_err(|e| ExecutorError::io("renaming into place", &path, e))
+}
+
 /// fsyncs a folder so that a rename or create in it is durable.
 pub(crate) fn sync_dir(dir: &Path) -> Result<(), ExecutorError> {
     fs::File::open(dir)
@@ -88,7 +99,7 @@ pub(crate) fn sync_dir(dir: &Path) -> Result<(), ExecutorError> {
 }
 
 /// Creates `dir/name` only if it does not exist; `Ok(false)` when it did (someone else holds
-/// the claim).
+/// the claim). Not fsynced: claims are between processes of this machine.
 pub(crate) fn create_exclusive(
     dir: &Path,
     name: &str,
@@ -102,9 +113,7 @@ pub(crate) fn create_exclusive(
     {
         Ok(mut f) => {
             f.write_all(content.as_bytes())
-                .and_then(|_| f.sync_all())
                 .map_err(|e| ExecutorError::io("writing", &path, e))?;
-            sync_dir(dir)?;
             Ok(true)
         }
         Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => Ok(false),

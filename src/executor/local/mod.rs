@@ -10,15 +10,25 @@
 //!   spec names one).
 //! - Walltime: SIGTERM to the job's process group at the limit, SIGKILL after `kill_grace`;
 //!   state [`JobState::Timeout`].
-//! - Detachable: every job runs under a small wrapper in its own session (see [`wrapper`]),
+//! - Detachable: every job runs under a small wrapper in its own session (a forked copy of
+//!   the controller that makes only async-signal-safe system calls and never returns to Rust
+//!   code: unlike `sh -c`, it learns from `waitpid` whether the job exited 137 or was killed by
+//!   signal 9, and it needs no helper binary or guard in the user's `main`),
 //!   which writes the exit code or killing signal and the end time into the attempt folder
-//!   (see [`folder`] for the layout). A controller that restarts (a new `LocalExecutor` on the
+//!   (layout below). A controller that restarts (a new `LocalExecutor` on the
 //!   same root) reads the results of jobs that ended meanwhile, sees running ones (pid checked
 //!   with its start time), and starts jobs that were queued but never started. Nothing is run
 //!   twice: starting a job is claimed with an exclusive file create.
 //!
 //! The concurrency limit and the GPU list are per executor instance: two controllers on one
 //! root do not share them.
+//!
+//! Layout of `<root>/<attempt id>/`: `attempt.json` (spec and submit time), `launching` (the
+//! start claim, created exclusively), `wrapper` and `job` (`<pid> <start ticks>`, ticks from
+//! field 22 of `/proc/<pid>/stat` so a recycled pid is never mistaken for the job), `cancel`
+//! (cancel requested, ms), `exit` (`status=exited|signaled|launch_failed|cancelled_before_start`,
+//! `code`/`signal`/`errno`, `timeout`, `start_ms`, `end_ms`; written with temp file, fsync,
+//! rename, fsync of the folder), `output.log` (stdout and stderr).
 
 mod folder;
 mod wrapper;
@@ -556,7 +566,7 @@ impl Inner {
         if folder::read_exit(&dir)?.is_some() {
             return Ok(());
         }
-        folder::write_atomic(&dir, folder::CANCEL_FILE, now_ms().to_string().as_bytes())?;
+        folder::write_replace(&dir, folder::CANCEL_FILE, now_ms().to_string().as_bytes())?;
         // The job pid may not be written yet if the launch is in progress.
         let mut job = None;
         for _ in 0..200 {
@@ -746,8 +756,7 @@ impl Executor for LocalExecutor {
             message: format!("cannot serialize attempt {id}: {e}"),
             retryable: false,
         })?;
-        folder::write_atomic(&dir, folder::ATTEMPT_FILE, &json)?;
-        folder::sync_dir(&inner.root)?;
+        folder::write_replace(&dir, folder::ATTEMPT_FILE, &json)?;
         let handle = inner.handle(id, rec.submitted_at_ms);
         let mut st = inner.lock();
         st.jobs.insert(id.clone(), Entry::Queued(Box::new(rec)));

@@ -1,0 +1,125 @@
+//! Slurm client cost: time and scheduler calls to submit and follow 200 trivial jobs on the
+//! local cluster (`shared/slurm/start-local-cluster.sh`), as one job array and as 200 single
+//! jobs.
+//!
+//! ```text
+//! cargo bench --bench executor_slurm       # PUZZLETRON_BENCH_JOBS=N to change 200
+//! ```
+//!
+//! Prints a skip message when no cluster answers. Results also go to
+//! `target/bench-results/executor_slurm.json`.
+
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+use puzzletron::executor::{
+    ArraySpec, AttemptId, AttemptSpec, CommandSpec, Executor, ExecutorExt, JobState, PollPolicy,
+    SlurmExecutor, SlurmStats,
+};
+
+fn executor(dir: &std::path::Path) -> SlurmExecutor {
+    SlurmExecutor::builder(dir)
+        .poll_policy(PollPolicy {
+            min_interval: Duration::from_millis(500),
+            max_interval: Duration::from_secs(5),
+            missing_grace: Duration::from_secs(300),
+        })
+        .build()
+        .unwrap()
+}
+
+async fn run(array: bool, n: u32, tag: &str) -> (f64, f64, SlurmStats) {
+    let dir = tempfile::Builder::new()
+        .prefix("pt-bench-")
+        .tempdir()
+        .unwrap();
+    let e = executor(dir.path());
+    let t = Instant::now();
+    let hs = if array {
+        e.submit_array(&ArraySpec {
+            template: AttemptSpec::new(
+                AttemptId::new(format!("{tag}.arr")).unwrap(),
+                CommandSpec::new("true"),
+            ),
+            size: n,
+            max_concurrent: None,
+        })
+        .await
+        .unwrap()
+    } else {
+        let mut hs = Vec::new();
+        for i in 0..n {
+            let spec = AttemptSpec::new(
+                AttemptId::new(format!("{tag}.j{i}")).unwrap(),
+                CommandSpec::new("true"),
+            );
+            hs.push(e.submit(&spec).await.unwrap());
+        }
+        hs
+    };
+    let submitted = t.elapsed().as_secs_f64();
+    let st = e
+        .wait_terminal(&hs, Duration::from_millis(50), Duration::from_secs(1800))
+        .await
+        .unwrap();
+    let total = t.elapsed().as_secs_f64();
+    let done = st.iter().filter(|s| s.state == JobState::Completed).count();
+    assert_eq!(
+        done,
+        n as usize,
+        "{:?}",
+        st.iter().find(|s| s.state != JobState::Completed)
+    );
+    (submitted, total, e.stats())
+}
+
+fn main() {
+    let ok = std::process::Command::new("sinfo")
+        .args(["-h", "-o", "%N"])
+        .output()
+        .is_ok_and(|o| o.status.success() && !o.stdout.is_empty());
+    if !ok {
+        println!("SKIP executor_slurm: no Slurm cluster answers `sinfo`");
+        return;
+    }
+    let quick = !std::env::args().any(|a| a == "--bench");
+    let n: u32 = std::env::var("PUZZLETRON_BENCH_JOBS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(if quick { 10 } else { 200 });
+    let tag = format!(
+        "bench{}",
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .as_secs()
+            % 1_000_000
+    );
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let mut json = serde_json::Map::new();
+    for (array, label) in [(true, "array"), (false, "single")] {
+        let (sub, total, s) = rt.block_on(run(array, n, &format!("{tag}{label}")));
+        println!(
+            "slurm, {n} trivial jobs as {label:6}: submitted in {sub:6.2} s, all COMPLETED after \
+             {total:6.2} s; calls: {} sbatch, {} squeue, {} sacct ({} poll cycles, {} retries)",
+            s.sbatch_calls, s.squeue_calls, s.sacct_calls, s.poll_cycles, s.retries
+        );
+        json.insert(
+            label.into(),
+            serde_json::json!({
+                "jobs": n, "submit_seconds": sub, "total_seconds": total,
+                "sbatch": s.sbatch_calls, "squeue": s.squeue_calls, "sacct": s.sacct_calls,
+                "poll_cycles": s.poll_cycles,
+            }),
+        );
+    }
+    let out = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("target/bench-results");
+    let _ = std::fs::create_dir_all(&out);
+    let _ = std::fs::write(
+        out.join("executor_slurm.json"),
+        serde_json::Value::Object(json).to_string(),
+    );
+}

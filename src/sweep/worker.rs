@@ -1,0 +1,693 @@
+//! Isolated sweep runs: each run in a fresh process of the user's own binary ("worker mode"),
+//! started through the orchestrator's [`Executor`] (local processes, Slurm jobs, ...).
+//!
+//! The user puts one line first in `main`, like Python's `if __name__ == "__main__":` guard:
+//!
+//! ```no_run
+//! fn main() {
+//!     puzzletron::worker::main_guard(); // in a worker process: runs one job, then exits
+//!     sweep();
+//! }
+//!
+//! fn sweep() {
+//!     // build the sweep with `.isolate(true)` and an executor; run, drain, get as usual
+//! }
+//! ```
+//!
+//! How it works:
+//! 1. `drain()` decides as usual, then writes one *task* file per run to execute
+//!    (`<store>/isolated/<batch>/<n>.json`: the store root, the record fields, the parent's
+//!    witnesses, where the job function is, which binary) and a manifest listing them, and
+//!    submits **one array** through the executor: the command is this binary
+//!    ([`std::env::current_exe`]) with `PUZZLETRON_WORKER_MANIFEST` set; task `i` runs
+//!    manifest entry `i` (`PUZZLETRON_ARRAY_INDEX`). With `LocalExecutor` that is N processes
+//!    at a time; with `SlurmExecutor` one `sbatch --array`.
+//! 2. In the worker, [`main_guard`] sees the variable before any user code runs, checks that it
+//!    is the very binary that wrote the task (size, modification time and a digest of its first
+//!    and last 64 KiB), finds the job function by its offset from an anchor function in the
+//!    same binary (position-independent code keeps offsets fixed between runs of one binary),
+//!    deserializes the parameters, and executes the run exactly as an in-process drain does
+//!    (claim, record, metrics, heartbeat, panics caught and recorded), then exits: 0 done,
+//!    1 failed, 3 held or done by another process, 2 worker error. The rest of `main` never
+//!    runs in a worker.
+//! 3. The parent polls the executor; when a worker ends it reads the run's record. A worker
+//!    that died without recording (abort, SIGKILL, OOM, node failure) fails that run only: the
+//!    parent takes over its stale claim and records the failure with the executor's state,
+//!    exit code, signal and the end of the worker's log.
+//!
+//! A parent killed meanwhile loses nothing: workers run on (local ones in their own session)
+//! and record their results; the next drain finds them done, or waits for live ones.
+
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, OnceLock};
+
+use serde::de::DeserializeOwned;
+use serde::{Deserialize, Serialize};
+
+use super::JobResult;
+use super::decision::{Action, JobDecision};
+use super::event::Event;
+use super::orchestrator::{Orchestrator, PendingRun, failure, summary_of};
+use super::run::Run;
+use super::summary::{FailureCause, Outcome, RunFailed, RunSummary};
+use crate::error::{Error, Result};
+use crate::executor::{
+    ARRAY_INDEX_ENV, ArraySpec, AttemptId, AttemptSpec, CommandSpec, Executor, JobHandle, JobState,
+    JobStatus, MockExecutor,
+};
+use crate::identity::{Hash, OwnedDigest, Witnesses};
+use crate::store::{
+    ClaimOutcome, FORMAT_VERSION, FsStore, JobRecord, Status, Store, StoreError, unix_now,
+};
+
+/// Environment variable naming the manifest of an isolated batch (set by the parent).
+pub const MANIFEST_ENV: &str = "PUZZLETRON_WORKER_MANIFEST";
+/// Environment variable naming one task file directly (an alternative to the manifest).
+pub const TASK_ENV: &str = "PUZZLETRON_WORKER_TASK";
+
+/// Worker exit codes.
+const EXIT_DONE: i32 = 0;
+const EXIT_FAILED: i32 = 1;
+const EXIT_WORKER_ERROR: i32 = 2;
+const EXIT_ELSEWHERE: i32 = 3;
+
+const TASK_VERSION: u32 = 1;
+
+/// Runs the isolated job this process was started for, and exits; returns at once (doing
+/// nothing) in a normal run. Call it first in `main`.
+///
+/// Exit codes of a worker: 0 the run is done, 1 it failed (recorded in the store), 2 the
+/// worker could not run it (message on stderr: bad task file, a different binary, store
+/// error), 3 another process holds or finished the run.
+pub fn main_guard() {
+    let task = match task_path() {
+        None => return,
+        Some(Ok(p)) => p,
+        Some(Err(msg)) => {
+            eprintln!("puzzletron worker: {msg}");
+            std::process::exit(EXIT_WORKER_ERROR);
+        }
+    };
+    // SAFETY: main_guard runs first in `main` (its documented contract), before the program
+    // starts threads that could read the environment concurrently. The job's own child
+    // processes must not inherit worker mode.
+    unsafe {
+        std::env::remove_var(MANIFEST_ENV);
+        std::env::remove_var(TASK_ENV);
+    }
+    let code = match run_task(&task) {
+        Ok(Some(Outcome::Ran { .. })) => EXIT_DONE,
+        Ok(Some(Outcome::Failed { .. })) => EXIT_FAILED,
+        Ok(_) => EXIT_ELSEWHERE,
+        Err(msg) => {
+            eprintln!("puzzletron worker: task {}: {msg}", task.display());
+            EXIT_WORKER_ERROR
+        }
+    };
+    std::process::exit(code);
+}
+
+/// The task file of this worker, from the environment; `None` outside worker mode.
+fn task_path() -> Option<std::result::Result<PathBuf, String>> {
+    if let Some(t) = std::env::var_os(TASK_ENV) {
+        return Some(Ok(PathBuf::from(t)));
+    }
+    let manifest = PathBuf::from(std::env::var_os(MANIFEST_ENV)?);
+    Some((|| {
+        let index: usize = std::env::var(ARRAY_INDEX_ENV)
+            .map_err(|_| format!("{MANIFEST_ENV} is set but {ARRAY_INDEX_ENV} is not"))?
+            .parse()
+            .map_err(|_| format!("{ARRAY_INDEX_ENV} is not a task index"))?;
+        let text = std::fs::read_to_string(&manifest)
+            .map_err(|e| format!("cannot read manifest {}: {e}", manifest.display()))?;
+        let list: Vec<PathBuf> = serde_json::from_str(&text).map_err(|e| {
+            format!(
+                "manifest {} is not a JSON list of paths: {e}",
+                manifest.display()
+            )
+        })?;
+        list.get(index).cloned().ok_or_else(|| {
+            format!(
+                "{ARRAY_INDEX_ENV}={index} but manifest {} lists {} tasks",
+                manifest.display(),
+                list.len()
+            )
+        })
+    })())
+}
+
+// ------------------------------------------------------------------------------------------
+// Where the job function is
+// ------------------------------------------------------------------------------------------
+
+type Trampoline = fn(usize, &str, &mut Run) -> JobResult;
+
+/// The job function and its parameter-decoding trampoline, as offsets from [`anchor`] in this
+/// binary.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub(crate) struct Entry {
+    trampoline: i64,
+    func: i64,
+}
+
+#[inline(never)]
+fn anchor() -> u64 {
+    // A body of its own so the linker cannot fold it with another function.
+    std::hint::black_box(0x7075_7a7a_6c65_7472)
+}
+
+fn anchor_addr() -> i64 {
+    anchor as fn() -> u64 as usize as i64
+}
+
+fn call_json<P: DeserializeOwned>(func: usize, params: &str, run: &mut Run) -> JobResult {
+    let p: P = serde_json::from_str(params)
+        .map_err(|e| format!("worker: the parameters do not deserialize: {e}"))?;
+    // SAFETY: `func` is the address of a `fn(&P, &mut Run) -> JobResult` in this very binary
+    // (Entry::of computed it for this P; the task's binary identity was checked).
+    let f = unsafe { std::mem::transmute::<usize, fn(&P, &mut Run) -> JobResult>(func) };
+    f(&p, run)
+}
+
+impl Entry {
+    /// The entry of job function `f` with parameters `P`.
+    pub(crate) fn of<P: DeserializeOwned>(f: fn(&P, &mut Run) -> JobResult) -> Self {
+        let base = anchor_addr();
+        let t: Trampoline = call_json::<P>;
+        Self {
+            trampoline: t as usize as i64 - base,
+            func: f as usize as i64 - base,
+        }
+    }
+
+    /// Calls the job.
+    ///
+    /// # Safety
+    /// The entry must have been made by [`Entry::of`] in a process of the same binary file.
+    unsafe fn call(&self, params: &str, run: &mut Run) -> JobResult {
+        let base = anchor_addr();
+        // SAFETY: per the contract, base + offset is the trampoline in this binary.
+        let t =
+            unsafe { std::mem::transmute::<usize, Trampoline>((base + self.trampoline) as usize) };
+        t((base + self.func) as usize, params, run)
+    }
+}
+
+/// Identity of the executable file, cheap enough to check in every worker.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+struct ExeId {
+    size: u64,
+    mtime_ns: i128,
+    /// SHA-256 of the first and last 64 KiB.
+    sample: Hash,
+}
+
+fn exe_id() -> std::result::Result<ExeId, String> {
+    static ID: OnceLock<std::result::Result<ExeId, String>> = OnceLock::new();
+    ID.get_or_init(|| {
+        use std::io::{Read, Seek, SeekFrom};
+        let path = std::env::current_exe().map_err(|e| format!("current_exe: {e}"))?;
+        let err = |e: std::io::Error| format!("reading {}: {e}", path.display());
+        let mut f = std::fs::File::open(&path).map_err(err)?;
+        let meta = f.metadata().map_err(err)?;
+        let size = meta.len();
+        let mtime_ns = meta
+            .modified()
+            .ok()
+            .and_then(|t| t.duration_since(std::time::UNIX_EPOCH).ok())
+            .map(|d| d.as_nanos() as i128)
+            .unwrap_or(0);
+        const CHUNK: u64 = 64 * 1024;
+        let mut buf = vec![0u8; CHUNK.min(size) as usize];
+        f.read_exact(&mut buf).map_err(err)?;
+        let mut tail = vec![0u8; CHUNK.min(size) as usize];
+        f.seek(SeekFrom::Start(size - tail.len() as u64))
+            .map_err(err)?;
+        f.read_exact(&mut tail).map_err(err)?;
+        buf.extend_from_slice(&tail);
+        Ok(ExeId {
+            size,
+            mtime_ns,
+            sample: Hash::of(&buf),
+        })
+    })
+    .clone()
+}
+
+// ------------------------------------------------------------------------------------------
+// Task files
+// ------------------------------------------------------------------------------------------
+
+#[derive(Debug, Serialize, Deserialize)]
+struct Task {
+    version: u32,
+    store_root: PathBuf,
+    exe: ExeId,
+    entry: Entry,
+    key: Hash,
+    lineage: Hash,
+    job: String,
+    params: String,
+    param_order: Vec<String>,
+    owned: OwnedDigest,
+    witnesses: Witnesses,
+    reasons: Vec<String>,
+    replaces: Option<u32>,
+}
+
+/// Worker side: executes the task's run under the store's claim.
+fn run_task(path: &Path) -> std::result::Result<Option<Outcome>, String> {
+    let text = std::fs::read(path).map_err(|e| format!("cannot read: {e}"))?;
+    let task: Task =
+        serde_json::from_slice(&text).map_err(|e| format!("not a worker task: {e}"))?;
+    if task.version != TASK_VERSION {
+        return Err(format!(
+            "task format {} but this binary reads {TASK_VERSION}",
+            task.version
+        ));
+    }
+    let me = exe_id()?;
+    if me != task.exe {
+        return Err(format!(
+            "this binary ({me:?}) is not the one that submitted the run ({:?}): it was rebuilt \
+             or is another program; drain again to resubmit",
+            task.exe
+        ));
+    }
+    let store = FsStore::open(&task.store_root).map_err(|e| e.to_string())?;
+    let orch = Orchestrator::for_worker(store, MockExecutor::new(), task.witnesses);
+    let entry = task.entry;
+    let params: Arc<str> = task.params.into();
+    let call_params = params.clone();
+    let pending = PendingRun {
+        key: task.key,
+        lineage: task.lineage,
+        job: task.job.clone().into(),
+        params: params.clone(),
+        param_order: task.param_order.into(),
+        owned: Arc::new(task.owned),
+        // SAFETY: the entry was made by Entry::of in the same binary (checked above).
+        call: Arc::new(move |run: &mut Run| unsafe { entry.call(&call_params, run) }),
+        entry,
+    };
+    let decision = JobDecision {
+        key: task.key,
+        job: task.job,
+        params: params.to_string(),
+        action: Action::Run,
+        reasons: task.reasons,
+        replaces: task.replaces,
+    };
+    orch.try_execute(0, 1, &pending, decision)
+        .map_err(|e| format!("store error: {e}"))
+}
+
+/// `isolate(true)` needs an executor that starts processes and a store that a worker process
+/// can open by path.
+pub(super) fn check_isolatable<S: Store, E: Executor>(store: &S, executor: &E) -> Result<()> {
+    if executor.kind() == "mock" {
+        return Err(Error::Unsupported {
+            what: "isolate(true) with the mock executor".into(),
+            why: "isolated runs need an executor that starts processes, e.g. \
+                  .executor(LocalExecutor::builder(dir).build()?)"
+                .into(),
+        });
+    }
+    let loc = store.location();
+    if Path::new(&loc).is_dir() {
+        Ok(())
+    } else {
+        Err(Error::Unsupported {
+            what: format!("isolate(true) with the store at {loc:?}"),
+            why: "worker processes reopen the store as an FsStore folder; use store_root(...)"
+                .into(),
+        })
+    }
+}
+
+// ------------------------------------------------------------------------------------------
+// Parent side
+// ------------------------------------------------------------------------------------------
+
+/// The isolated drain (see the module docs).
+pub(super) fn drain_isolated<S: Store, E: Executor>(
+    o: &mut Orchestrator<S, E>,
+) -> std::result::Result<RunSummary, Box<RunFailed>> {
+    let queue = o.queue.clone();
+    let total = queue.len();
+    let mut outcomes: Vec<Option<Outcome>> = vec![None; total];
+    let stop = |outcomes: &[Option<Outcome>], cause| {
+        Box::new(RunFailed {
+            summary: summary_of(&queue, outcomes),
+            cause,
+        })
+    };
+    let rt = match tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(rt) => rt,
+        Err(e) => {
+            let err = StoreError::Io {
+                path: PathBuf::from("tokio runtime"),
+                source: e,
+            };
+            return Err(stop(&outcomes, FailureCause::Store(err)));
+        }
+    };
+    let mut todo: Vec<usize> = (0..total).collect();
+    let mut first_failure: Option<usize> = None;
+    while !todo.is_empty() && first_failure.is_none() {
+        let mut run_now = Vec::new();
+        let mut waiting = Vec::new();
+        for &i in &todo {
+            let d = match o.decide(&queue[i]) {
+                Ok(d) => d,
+                Err(e) => return Err(stop(&outcomes, cause_of(e))),
+            };
+            match d.action {
+                Action::Skip => {
+                    outcomes[i] = Some(Outcome::Skipped {
+                        reasons: d.reasons.clone(),
+                    });
+                    o.emit(Event::Skipped {
+                        index: i + 1,
+                        total,
+                        decision: d,
+                    });
+                }
+                Action::Wait => waiting.push(i),
+                Action::Run => run_now.push((i, d)),
+            }
+        }
+        let mut again = waiting;
+        if run_now.is_empty() {
+            if !again.is_empty() {
+                std::thread::sleep(o.wait_poll);
+            }
+        } else {
+            match rt.block_on(run_batch(o, &queue, total, &run_now)) {
+                Ok(results) => {
+                    for (i, r) in results {
+                        match r {
+                            Some(out) => {
+                                if matches!(out, Outcome::Failed { .. }) && first_failure.is_none()
+                                {
+                                    first_failure = Some(i);
+                                }
+                                outcomes[i] = Some(out);
+                            }
+                            None => again.push(i), // held by another process: decide again
+                        }
+                    }
+                }
+                Err(cause) => return Err(stop(&outcomes, cause)),
+            }
+        }
+        again.sort_unstable();
+        todo = again;
+    }
+    if let Some(i) = first_failure {
+        return Err(o.job_failed(&queue, &outcomes, i));
+    }
+    o.queue.clear();
+    o.queued_keys.clear();
+    Ok(summary_of(&queue, &outcomes))
+}
+
+fn cause_of(e: Error) -> FailureCause {
+    match e {
+        Error::Store(s) => FailureCause::Store(s),
+        Error::Executor(x) => FailureCause::Executor(x),
+        other => FailureCause::Store(StoreError::Corrupt {
+            path: PathBuf::new(),
+            reason: other.to_string(),
+        }),
+    }
+}
+
+/// Writes a file by temp file and rename, without fsync: task files only matter while this
+/// parent and its workers live (results go to the store, which is durable).
+fn write_replace(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
+    let tmp = path.with_extension("tmp");
+    std::fs::write(&tmp, bytes)?;
+    std::fs::rename(&tmp, path)
+}
+
+/// Submits `runs` as one array, waits for all, and concludes each from the store.
+/// `None` for a run another process holds.
+async fn run_batch<S: Store, E: Executor>(
+    o: &Orchestrator<S, E>,
+    queue: &[PendingRun],
+    total: usize,
+    runs: &[(usize, JobDecision)],
+) -> std::result::Result<Vec<(usize, Option<Outcome>)>, FailureCause> {
+    let io = |path: &Path, e: std::io::Error| {
+        FailureCause::Store(StoreError::Io {
+            path: path.to_path_buf(),
+            source: e,
+        })
+    };
+    let store_root = PathBuf::from(o.store.location());
+    let exe = std::env::current_exe().map_err(|e| io(Path::new("current_exe"), e))?;
+    let exe_id = exe_id().map_err(|m| {
+        FailureCause::Store(StoreError::Corrupt {
+            path: exe.clone(),
+            reason: m,
+        })
+    })?;
+    let stamp = format!(
+        "{}-{}",
+        (unix_now() * 1000.0) as u64 % 10_000_000_000,
+        std::process::id()
+    );
+    let dir = store_root.join("isolated").join(&stamp);
+    std::fs::create_dir_all(&dir).map_err(|e| io(&dir, e))?;
+    let mut manifest = Vec::with_capacity(runs.len());
+    for (n, (i, d)) in runs.iter().enumerate() {
+        let p = &queue[*i];
+        let task = Task {
+            version: TASK_VERSION,
+            store_root: store_root.clone(),
+            exe: exe_id.clone(),
+            entry: p.entry,
+            key: p.key,
+            lineage: p.lineage,
+            job: p.job.to_string(),
+            params: p.params.to_string(),
+            param_order: p.param_order.to_vec(),
+            owned: (*p.owned).clone(),
+            witnesses: o.witnesses.clone(),
+            reasons: d.reasons.clone(),
+            replaces: d.replaces,
+        };
+        let path = dir.join(format!("{n}.json"));
+        let bytes = serde_json::to_vec(&task).expect("task serializes");
+        write_replace(&path, &bytes).map_err(|e| io(&path, e))?;
+        manifest.push(path);
+    }
+    let manifest_path = dir.join("manifest.json");
+    let bytes = serde_json::to_vec(&manifest).expect("paths serialize");
+    write_replace(&manifest_path, &bytes).map_err(|e| io(&manifest_path, e))?;
+    let id = AttemptId::new(format!("sweep-{stamp}")).map_err(FailureCause::Executor)?;
+    let mut cmd =
+        CommandSpec::new(exe.to_string_lossy()).env(MANIFEST_ENV, manifest_path.to_string_lossy());
+    if let Ok(cwd) = std::env::current_dir() {
+        cmd = cmd.cwd(cwd);
+    }
+    let array = ArraySpec {
+        template: AttemptSpec::new(id, cmd),
+        size: runs.len() as u32,
+        max_concurrent: None,
+    };
+    let handles = o
+        .executor
+        .submit_array(&array)
+        .await
+        .map_err(FailureCause::Executor)?;
+    for (i, d) in runs {
+        o.emit(Event::Started {
+            index: i + 1,
+            total,
+            decision: d.clone(),
+        });
+    }
+    // Poll until every worker ended, concluding each as it ends.
+    let mut done: Vec<Option<Option<Outcome>>> = vec![None; runs.len()];
+    loop {
+        let live: Vec<usize> = (0..runs.len()).filter(|&n| done[n].is_none()).collect();
+        if live.is_empty() {
+            break;
+        }
+        let hs: Vec<JobHandle> = live.iter().map(|&n| handles[n].clone()).collect();
+        let st = match o.executor.poll(&hs).await {
+            Ok(st) => st,
+            Err(e) if e.is_retryable() => {
+                tokio::time::sleep(o.wait_poll).await;
+                continue;
+            }
+            Err(e) => return Err(FailureCause::Executor(e)),
+        };
+        for (&n, s) in live.iter().zip(&st) {
+            if s.state.is_terminal() {
+                let (i, _) = &runs[n];
+                let out = conclude(o, &queue[*i], s).map_err(FailureCause::Store)?;
+                match &out {
+                    Some(Outcome::Ran { seconds }) => {
+                        let rows = o
+                            .store
+                            .record(&queue[*i].key)
+                            .ok()
+                            .flatten()
+                            .and_then(|r| r.metrics.map(|m| m.rows))
+                            .unwrap_or(0);
+                        o.emit(Event::Finished {
+                            index: i + 1,
+                            total,
+                            key: queue[*i].key,
+                            seconds: *seconds,
+                            rows,
+                        });
+                    }
+                    Some(Outcome::Failed { failure }) => o.emit(Event::Failed {
+                        index: i + 1,
+                        total,
+                        key: queue[*i].key,
+                        failure: failure.clone(),
+                    }),
+                    _ => {}
+                }
+                done[n] = Some(out);
+            }
+        }
+        if done.iter().any(Option::is_none) {
+            tokio::time::sleep(o.wait_poll).await;
+        }
+    }
+    Ok(runs
+        .iter()
+        .zip(done)
+        .map(|((i, _), d)| (*i, d.flatten()))
+        .collect())
+}
+
+/// What a finished worker left in the store. A worker that died without a record fails its
+/// run: the stale claim is taken over and the failure recorded with the executor's evidence.
+fn conclude<S: Store, E: Executor>(
+    o: &Orchestrator<S, E>,
+    p: &PendingRun,
+    status: &JobStatus,
+) -> std::result::Result<Option<Outcome>, StoreError> {
+    let rec = o.store.record(&p.key)?;
+    match rec {
+        Some(r) if r.status == Status::Done => {
+            if status.exit_code == Some(EXIT_ELSEWHERE) {
+                let by = r.owner.map(|o| o.to_string()).unwrap_or_default();
+                return Ok(Some(Outcome::Skipped {
+                    reasons: vec![format!("done by {by}")],
+                }));
+            }
+            let seconds = r.finished_at.map(|f| f - r.started_at).unwrap_or(0.0);
+            return Ok(Some(Outcome::Ran { seconds }));
+        }
+        Some(r) if r.status == Status::Failed && status.exit_code == Some(EXIT_FAILED) => {
+            return Ok(Some(Outcome::Failed {
+                failure: r
+                    .error
+                    .unwrap_or_else(|| failure("error", "failed in a worker".into(), None)),
+            }));
+        }
+        _ => {}
+    }
+    if status.exit_code == Some(EXIT_ELSEWHERE) {
+        return Ok(None); // another process holds it: the next round decides again
+    }
+    // The worker ended without recording a result.
+    let message = match &status.state {
+        JobState::Completed => "worker exited 0 without recording a result (is \
+                                `puzzletron::worker::main_guard()` the first line of main?)"
+            .to_string(),
+        state => format!(
+            "worker process ended {state} (exit code {:?}, signal {:?}) without recording a result{}",
+            status.exit_code,
+            status.signal,
+            status
+                .reason
+                .as_deref()
+                .map(|r| format!(": {r}"))
+                .unwrap_or_default()
+        ),
+    };
+    let log_tail = status.log_path.as_deref().and_then(|p| {
+        let text = std::fs::read_to_string(p).ok()?;
+        let lines: Vec<&str> = text.lines().collect();
+        let tail = lines[lines.len().saturating_sub(20)..].join("\n");
+        Some(format!("log {}:\n{tail}", p.display()))
+    });
+    let kind = if status.state.is_success() {
+        "error"
+    } else {
+        "crash"
+    };
+    let mut f = failure(kind, message, log_tail);
+    f.chain = Vec::new();
+    let claim = match o.store.claim(&p.key, &o.owner, None)? {
+        ClaimOutcome::Claimed(c) => c,
+        ClaimOutcome::Busy(_) => return Ok(None),
+        ClaimOutcome::Done(_) => {
+            return Ok(Some(Outcome::Skipped {
+                reasons: vec!["done by another process".into()],
+            }));
+        }
+    };
+    let params: serde_json::Value =
+        serde_json::from_str(&p.params).unwrap_or(serde_json::Value::Null);
+    let now = unix_now();
+    let mut record = JobRecord {
+        format: FORMAT_VERSION,
+        key: p.key,
+        job: p.job.to_string(),
+        params,
+        param_order: p.param_order.to_vec(),
+        lineage: p.lineage,
+        owned: (*p.owned).clone(),
+        witnesses: o.witnesses.clone(),
+        status: Status::Running,
+        attempt: claim.attempt,
+        owner: Some(o.owner.clone()),
+        started_at: now,
+        finished_at: None,
+        error: None,
+        metrics: None,
+    };
+    o.store.start(&claim, &record)?;
+    record.status = Status::Failed;
+    record.finished_at = Some(unix_now());
+    record.error = Some(f.clone());
+    o.store.finish(&claim, &record)?;
+    Ok(Some(Outcome::Failed { failure: f }))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn double(p: &u32, run: &mut Run) -> JobResult {
+        let _ = run;
+        if *p == 0 {
+            return Err("zero".into());
+        }
+        Ok(())
+    }
+
+    #[test]
+    fn entry_offsets_round_trip_in_process() {
+        let e = Entry::of::<u32>(double);
+        let json = serde_json::to_string(&e).unwrap();
+        let back: Entry = serde_json::from_str(&json).unwrap();
+        assert_eq!(back, e);
+        let id = exe_id().unwrap();
+        assert!(id.size > 0);
+        assert_eq!(exe_id().unwrap(), id);
+    }
+}

@@ -1,0 +1,410 @@
+//! SlurmExecutor against fake `sbatch`/`squeue`/`sacct`/`scancel` scripts with scripted output:
+//! the submission and status cases of `shared/fixtures/slurm-cases.md` (C04, C14–C19) end to
+//! end, deterministically and without a cluster.
+#![cfg(feature = "slurm")]
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use puzzletron::executor::*;
+
+/// A folder of fake Slurm commands. Each command logs its argv to `calls.log`, then:
+/// if `<cmd>.fail` holds a number N > 0, decrements it, prints `<cmd>.err` to stderr and exits
+/// 1; otherwise prints `<cmd>.out`, prints `<cmd>.stderr` (if any) to stderr, and exits with
+/// `<cmd>.rc` (default 0). `sbatch` with `sbatch.ambiguous` present appends that file to
+/// `squeue.out` (the job appears) and then fails like `.fail`.
+struct Fake {
+    dir: tempfile::TempDir,
+}
+
+impl Fake {
+    fn new() -> Self {
+        let dir = tempfile::tempdir().unwrap();
+        for cmd in ["sbatch", "squeue", "sacct", "scancel"] {
+            let d = dir.path().display();
+            let script = format!(
+                r#"#!/bin/sh
+d='{d}'
+echo "{cmd} $*" >> "$d/calls.log"
+if [ "{cmd}" = sbatch ] && [ -f "$d/sbatch.ambiguous" ]; then
+  cat "$d/sbatch.ambiguous" >> "$d/squeue.out"; rm -f "$d/sbatch.ambiguous"
+  cat "$d/sbatch.err" >&2; exit 1
+fi
+if [ -f "$d/{cmd}.fail" ]; then
+  n=$(cat "$d/{cmd}.fail")
+  if [ "$n" -gt 0 ]; then echo $((n - 1)) > "$d/{cmd}.fail"; cat "$d/{cmd}.err" >&2; exit 1; fi
+fi
+[ -f "$d/{cmd}.out" ] && cat "$d/{cmd}.out"
+[ -f "$d/{cmd}.stderr" ] && cat "$d/{cmd}.stderr" >&2
+exit $(cat "$d/{cmd}.rc" 2>/dev/null || echo 0)
+"#
+            );
+            let p = dir.path().join(cmd);
+            std::fs::write(&p, script).unwrap();
+            use std::os::unix::fs::PermissionsExt;
+            std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o755)).unwrap();
+        }
+        Fake { dir }
+    }
+
+    fn set(&self, file: &str, content: &str) {
+        std::fs::write(self.dir.path().join(file), content).unwrap();
+    }
+
+    fn calls(&self, cmd: &str) -> Vec<String> {
+        std::fs::read_to_string(self.dir.path().join("calls.log"))
+            .unwrap_or_default()
+            .lines()
+            .filter(|l| l.split_whitespace().next() == Some(cmd))
+            .map(String::from)
+            .collect()
+    }
+
+    fn executor(&self) -> SlurmExecutor {
+        SlurmExecutor::builder(self.dir.path().join("logs"))
+            .bin_dir(self.dir.path())
+            .poll_policy(PollPolicy {
+                min_interval: Duration::ZERO,
+                max_interval: Duration::ZERO,
+                missing_grace: Duration::from_secs(300),
+            })
+            .retry_policy(RetryPolicy {
+                max_tries: 4,
+                base_delay: Duration::from_millis(1),
+                max_delay: Duration::from_millis(5),
+            })
+            .build()
+            .unwrap()
+    }
+
+    fn path(&self) -> PathBuf {
+        self.dir.path().to_path_buf()
+    }
+}
+
+fn spec(name: &str) -> AttemptSpec {
+    AttemptSpec::new(AttemptId::new(name).unwrap(), CommandSpec::new("true"))
+}
+
+async fn poll1(e: &SlurmExecutor, h: &JobHandle) -> JobStatus {
+    e.poll(std::slice::from_ref(h)).await.unwrap().remove(0)
+}
+
+#[tokio::test]
+async fn c01_c03_submit_forms_and_warnings() {
+    let f = Fake::new();
+    f.set(
+        "sbatch.out",
+        "INFO: jobs over 128 GB need a larger node\n4711;clusterA\n",
+    );
+    f.set(
+        "sbatch.stderr",
+        "sbatch: no partition specified, using default partition p1\n",
+    );
+    let e = f.executor();
+    let h = e.submit(&spec("camp-7f3a.t12.a1")).await.unwrap();
+    assert_eq!(
+        (h.job_id.as_str(), h.cluster.as_deref()),
+        ("4711", Some("clusterA"))
+    );
+    assert!(
+        e.warnings()[0].contains("no partition specified"),
+        "{:?}",
+        e.warnings()
+    );
+    // C01: later calls for it pass -M clusterA.
+    f.set("squeue.out", "4711|RUNNING|None|n1\n");
+    assert_eq!(poll1(&e, &h).await.state, JobState::Running);
+    let q = f.calls("squeue");
+    assert!(
+        q[0].contains("-M clusterA") && q[0].contains("-j 4711"),
+        "{q:?}"
+    );
+    // The rendered script: job name = attempt id, quoted command.
+    let script = std::fs::read_to_string(f.path().join("logs/camp-7f3a.t12.a1.sbatch")).unwrap();
+    assert!(
+        script.contains("#SBATCH --job-name=camp-7f3a.t12.a1\n"),
+        "{script}"
+    );
+    assert!(script.contains("\nexec true\n"), "{script}");
+}
+
+#[tokio::test]
+async fn c04_ambiguous_submit_is_adopted_not_duplicated() {
+    let f = Fake::new();
+    f.set("sbatch.ambiguous", "4711|PENDING\n");
+    f.set(
+        "sbatch.err",
+        "sbatch: error: Batch job submission failed: Socket timed out on send/recv operation\n",
+    );
+    f.set("sbatch.out", "9999\n"); // what a second (duplicate) submission would get
+    let e = f.executor();
+    let h = e.submit(&spec("camp-7f3a.t12.a1")).await.unwrap();
+    assert_eq!(h.job_id, "4711", "adopted the job found by name");
+    assert_eq!(f.calls("sbatch").len(), 1, "no second sbatch");
+    let lookups = f.calls("squeue");
+    assert!(
+        lookups[0].contains("--name=camp-7f3a.t12.a1"),
+        "{lookups:?}"
+    );
+    assert!(e.warnings().iter().any(|w| w.contains("adopted")));
+}
+
+#[tokio::test]
+async fn c05_submit_error_classes() {
+    let f = Fake::new();
+    f.set("sbatch.rc", "1");
+    let e = f.executor();
+    f.set(
+        "sbatch.stderr",
+        "sbatch: error: Batch job submission failed: Invalid account or account/partition combination specified\n",
+    );
+    let err = e.submit(&spec("a1")).await.unwrap_err();
+    assert!(
+        matches!(err, ExecutorError::SubmitRejected { .. }) && !err.is_retryable(),
+        "{err:?}"
+    );
+    assert!(err.to_string().contains("Invalid account"), "{err}");
+    assert_eq!(f.calls("sbatch").len(), 1, "fatal: no retry");
+    f.set(
+        "sbatch.stderr",
+        "sbatch: error: QOSMaxSubmitJobPerUserLimit\nsbatch: error: Batch job submission failed: Job violates accounting/QOS policy\n",
+    );
+    let err = e.submit(&spec("a2")).await.unwrap_err();
+    assert!(
+        matches!(err, ExecutorError::SubmitThrottled { .. }) && err.is_retryable(),
+        "{err:?}"
+    );
+    // Transient every time: looked up before each retry, then SubmitUnknown (retryable).
+    f.set(
+        "sbatch.stderr",
+        "sbatch: error: Batch job submission failed: Unable to contact slurm controller (connect failure)\n",
+    );
+    let before = f.calls("sbatch").len();
+    let err = e.submit(&spec("a3")).await.unwrap_err();
+    assert!(
+        matches!(err, ExecutorError::SubmitUnknown { tries: 4, .. }),
+        "{err:?}"
+    );
+    assert_eq!(f.calls("sbatch").len() - before, 4);
+    let lookups = f
+        .calls("squeue")
+        .iter()
+        .filter(|c| c.contains("--name=a3"))
+        .count();
+    assert_eq!(lookups, 4, "a lookup by name after every failed try");
+}
+
+#[tokio::test]
+async fn c14_c15_c16_c17_status_lifecycle() {
+    let f = Fake::new();
+    f.set("sbatch.out", "4711\n");
+    let e = f.executor();
+    let h = e.submit(&spec("job.a1")).await.unwrap();
+    // C14: nothing in squeue or sacct yet -> still pending, not lost, no resubmit.
+    f.set("squeue.out", "");
+    f.set("sacct.out", "");
+    let s = poll1(&e, &h).await;
+    assert_eq!(s.state, JobState::Pending, "{s:?}");
+    f.set("squeue.out", "4711|PENDING|Priority|\n");
+    let s = poll1(&e, &h).await;
+    assert_eq!(
+        (s.state.clone(), s.reason.as_deref()),
+        (JobState::Pending, Some("Priority"))
+    );
+    // C16: squeue times out twice; the executor retries, the state does not change.
+    f.set("squeue.out", "4711|RUNNING|None|n1\n");
+    f.set("squeue.fail", "2");
+    f.set(
+        "squeue.err",
+        "slurm_load_jobs error: Socket timed out on send/recv operation\n",
+    );
+    let s = poll1(&e, &h).await;
+    assert_eq!(
+        (s.state.clone(), s.nodes.as_deref()),
+        (JobState::Running, Some("n1"))
+    );
+    // ...and when it keeps failing, poll errs (retryable) without inventing a state.
+    f.set("squeue.fail", "10");
+    let err = e.poll(std::slice::from_ref(&h)).await.unwrap_err();
+    assert!(matches!(err, ExecutorError::SchedulerUnavailable { .. }) && err.is_retryable());
+    f.set("squeue.fail", "0");
+    // C15: purged from squeue (exit 1, Invalid job id) -> resolved through sacct.
+    f.set("squeue.out", "");
+    f.set(
+        "squeue.stderr",
+        "slurm_load_jobs error: Invalid job id specified\n",
+    );
+    f.set("squeue.rc", "1");
+    f.set(
+        "sacct.out",
+        "4711|FAILED|3:0|n1|2026-01-01T10:00:00|2026-01-01T10:01:00\n4711.batch|FAILED|3:0||||\n",
+    );
+    let s = poll1(&e, &h).await;
+    assert_eq!(
+        (s.state.clone(), s.exit_code),
+        (JobState::Failed, Some(3)),
+        "{s:?}"
+    );
+    // C17: sacct is bounded by -S (submit time minus a margin) and -j.
+    let sacct = f.calls("sacct");
+    let last = sacct.last().unwrap();
+    assert!(
+        last.contains(" -S 20") && last.contains("-j 4711"),
+        "{last}"
+    );
+    // Final: no more scheduler calls for it.
+    let n = f.calls("squeue").len() + f.calls("sacct").len();
+    assert_eq!(poll1(&e, &h).await.state, JobState::Failed);
+    assert_eq!(f.calls("squeue").len() + f.calls("sacct").len(), n);
+}
+
+#[tokio::test]
+async fn c18_accounting_disabled_falls_back_to_squeue() {
+    let f = Fake::new();
+    f.set("sbatch.out", "4711\n");
+    let e = f.executor();
+    let h = e.submit(&spec("job.a1")).await.unwrap();
+    f.set("squeue.out", "4711|RUNNING|None|n1\n");
+    assert_eq!(poll1(&e, &h).await.state, JobState::Running);
+    f.set("squeue.out", "4711|COMPLETED|None|n1\n");
+    f.set("sacct.rc", "1");
+    f.set(
+        "sacct.stderr",
+        "sacct: error: Slurm accounting storage is disabled\n",
+    );
+    let s = poll1(&e, &h).await;
+    assert_eq!(s.state, JobState::Completed, "{s:?}");
+    assert!(s.reason.unwrap().contains("accounting disabled"));
+    // Detected once: a second job never asks sacct again.
+    f.set("sbatch.out", "4712\n");
+    let h2 = e.submit(&spec("job.a2")).await.unwrap();
+    f.set("squeue.out", "4712|RUNNING|None|n1\n");
+    poll1(&e, &h2).await;
+    let sacct_calls = f.calls("sacct").len();
+    f.set("squeue.out", "");
+    f.set("squeue.rc", "0");
+    let s = poll1(&e, &h2).await;
+    assert_eq!(
+        s.state,
+        JobState::Failed,
+        "left squeue without accounting: {s:?}"
+    );
+    assert_eq!(f.calls("sacct").len(), sacct_calls);
+}
+
+#[tokio::test]
+async fn c19_500_array_tasks_one_squeue_one_sacct_per_tick() {
+    let f = Fake::new();
+    f.set("sbatch.out", "5000\n");
+    let e = f.executor();
+    let hs = e
+        .submit_array(&ArraySpec {
+            template: spec("big"),
+            size: 500,
+            max_concurrent: Some(50),
+        })
+        .await
+        .unwrap();
+    assert_eq!(hs.len(), 500);
+    let script = std::fs::read_to_string(f.path().join("logs/big.sbatch")).unwrap();
+    assert!(script.contains("#SBATCH --array=0-499%50\n"), "{script}");
+    // Tick 1: 50 running, the rest pending in one range row (C11).
+    let mut out = String::new();
+    for t in 0..50 {
+        out.push_str(&format!("5000_{t}|RUNNING|None|n1\n"));
+    }
+    out.push_str("5000_[50-499%50]|PENDING|JobArrayTaskLimit|\n");
+    f.set("squeue.out", &out);
+    let st = e.poll(&hs).await.unwrap();
+    assert_eq!(
+        st.iter().filter(|s| s.state == JobState::Running).count(),
+        50
+    );
+    assert_eq!(st[499].state, JobState::Pending);
+    assert!(
+        st[499]
+            .reason
+            .as_deref()
+            .unwrap()
+            .contains("JobArrayTaskLimit")
+    );
+    assert_eq!((f.calls("squeue").len(), f.calls("sacct").len()), (1, 0));
+    // Tick 2: all gone from squeue; sacct has 499 COMPLETED and one FAILED.
+    f.set("squeue.out", "");
+    let mut acct = String::new();
+    for t in 0..500 {
+        let (state, code) = if t == 7 {
+            ("FAILED", "2:0")
+        } else {
+            ("COMPLETED", "0:0")
+        };
+        acct.push_str(&format!(
+            "5000_{t}|{state}|{code}|n1||\n5000_{t}.batch|{state}|{code}||||\n"
+        ));
+    }
+    f.set("sacct.out", &acct);
+    let st = e.poll(&hs).await.unwrap();
+    assert_eq!((f.calls("squeue").len(), f.calls("sacct").len()), (2, 1));
+    assert_eq!(
+        st.iter().filter(|s| s.state == JobState::Completed).count(),
+        499
+    );
+    assert_eq!(
+        (st[7].state.clone(), st[7].exit_code),
+        (JobState::Failed, Some(2))
+    );
+    assert_eq!(st[7].attempt_id.as_str(), "big_7");
+    // One id on the command line for 500 tasks.
+    assert!(
+        f.calls("sacct")[0].contains("-j 5000"),
+        "{:?}",
+        f.calls("sacct")
+    );
+    let s = e.stats();
+    assert_eq!((s.poll_cycles, s.squeue_calls, s.sacct_calls), (2, 2, 1));
+}
+
+#[tokio::test]
+async fn backoff_and_minimum_interval_limit_calls() {
+    let f = Fake::new();
+    f.set("sbatch.out", "4711\n");
+    f.set("squeue.out", "4711|RUNNING|None|n1\n");
+    let e = SlurmExecutor::builder(f.path().join("logs"))
+        .bin_dir(f.path())
+        .poll_policy(PollPolicy {
+            min_interval: Duration::from_millis(200),
+            max_interval: Duration::from_secs(10),
+            missing_grace: Duration::from_secs(300),
+        })
+        .build()
+        .unwrap();
+    let h = e.submit(&spec("job.a1")).await.unwrap();
+    // 40 polls in ~0.8 s: the interval starts at 200 ms and doubles while nothing changes.
+    for _ in 0..40 {
+        assert!(poll1(&e, &h).await.state.is_active());
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let n = f.calls("squeue").len();
+    // 0, 0.2, 0.6, 1.4, 3.0 s: at most 5 even when a loaded machine stretches the loop.
+    assert!((2..=5).contains(&n), "{n} squeue calls for 40 polls");
+}
+
+#[tokio::test]
+async fn scancel_is_confirmed() {
+    let f = Fake::new();
+    f.set("sbatch.out", "4711\n");
+    let e = f.executor();
+    let h = e.submit(&spec("job.a1")).await.unwrap();
+    f.set("squeue.out", "");
+    f.set("sacct.out", "4711|CANCELLED by 0|0:15|n1||\n");
+    e.cancel(&h).await.unwrap();
+    assert_eq!(f.calls("scancel"), vec!["scancel 4711".to_string()]);
+    assert_eq!(
+        poll1(&e, &h).await.state,
+        JobState::Cancelled { by_uid: Some(0) }
+    );
+    // Already terminal: no second scancel.
+    e.cancel(&h).await.unwrap();
+    assert_eq!(f.calls("scancel").len(), 1);
+}

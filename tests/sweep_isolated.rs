@@ -1,0 +1,396 @@
+//! Isolated sweep runs: each job in a worker process of this very binary.
+//!
+//! A `harness = false` test: like a user's program, `main` calls
+//! `puzzletron::worker::main_guard()` first, so the same binary serves as parent, worker and
+//! (for the crash trial) as a controller that gets killed.
+
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use puzzletron::executor::{JobState, LocalExecutor};
+#[cfg(feature = "slurm")]
+use puzzletron::executor::{PollPolicy, RetryPolicy, SlurmExecutor};
+use puzzletron::sweep::{FailureCause, JobResult, Outcome, Run};
+use puzzletron::{Orchestrator, Store, job};
+use serde::{Deserialize, Serialize};
+
+#[cfg(feature = "slurm")]
+#[path = "support/slurm.rs"]
+mod slurm_support;
+#[cfg(feature = "slurm")]
+use slurm_support::{cluster_available, write_shims};
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+struct P {
+    x: i64,
+    mode: String,
+    sleep_ms: u64,
+}
+
+fn work(p: &P, run: &mut Run) -> JobResult {
+    if let Some(dir) = run.artifact_dir() {
+        std::fs::create_dir_all(dir)?;
+        use std::io::Write;
+        let mut f = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(dir.join("runs"))?;
+        writeln!(f, "pid {}", std::process::id())?;
+    }
+    std::thread::sleep(Duration::from_millis(p.sleep_ms));
+    match p.mode.as_str() {
+        "panic" => panic!("job {} panics on purpose", p.x),
+        "abort" => std::process::abort(),
+        "kill" => unsafe {
+            libc::raise(libc::SIGKILL);
+        },
+        "error" => return Err(format!("job {} returns an error", p.x).into()),
+        _ => {}
+    }
+    for step in 0..3 {
+        run.log("y", step, (p.x * p.x + step) as f64)?;
+    }
+    Ok(())
+}
+
+fn params(x: i64, mode: &str, sleep_ms: u64) -> P {
+    P {
+        x,
+        mode: mode.into(),
+        sleep_ms,
+    }
+}
+
+fn local(root: &Path, n: usize) -> LocalExecutor {
+    LocalExecutor::builder(root.join("attempts"))
+        .max_concurrent(n)
+        .build()
+        .expect("local executor")
+}
+
+type Table = Vec<(i64, f64, String)>;
+
+fn table(o: &mut Orchestrator<puzzletron::FsStore, impl puzzletron::executor::Executor>) -> Table {
+    let t = o.get("y").expect("get y");
+    let keys = t.job_keys();
+    t.steps()
+        .into_iter()
+        .zip(t.values())
+        .zip(keys)
+        .map(|((s, v), k)| (s, v, k.to_string()))
+        .collect()
+}
+
+/// Isolated (4 at a time) equals in-process, metric for metric.
+fn isolated_equals_in_process(base: &Path) {
+    let xs = [1, 2, 3, 4, 5, 6];
+    let mut inproc = Orchestrator::builder()
+        .store_root(base.join("inproc"))
+        .build()
+        .unwrap();
+    let mut iso = Orchestrator::builder()
+        .store_root(base.join("iso"))
+        .executor(local(base, 4))
+        .isolate(true)
+        .build()
+        .unwrap();
+    let j = job!(work);
+    for x in xs {
+        inproc.run(&j, params(x, "ok", 0)).unwrap();
+        iso.run(&j, params(x, "ok", 0)).unwrap();
+    }
+    let s = iso
+        .drain()
+        .unwrap_or_else(|f| panic!("isolated drain failed: {f}"));
+    assert_eq!(s.ran(), 6, "{}", s.report());
+    let a = table(&mut inproc);
+    let b = table(&mut iso);
+    assert_eq!(a.len(), 18);
+    assert_eq!(a, b, "isolated results differ from in-process ones");
+    // Each run in its own worker process, none in the parent.
+    let me = format!("pid {}", std::process::id());
+    for p in iso.enqueued() {
+        let runs = std::fs::read_to_string(iso.artifact_dir(&p.key).unwrap().join("runs")).unwrap();
+        assert_eq!(runs.lines().count(), 1, "{runs}");
+        assert_ne!(runs.trim(), me, "ran in the parent");
+    }
+    // Again: nothing runs.
+    for x in xs {
+        iso.run(&j, params(x, "ok", 0)).unwrap();
+    }
+    let s = iso.drain().unwrap();
+    assert_eq!((s.ran(), s.skipped()), (0, 6), "{}", s.report());
+    println!("ok - isolated_equals_in_process");
+}
+
+/// A panic, an error, an abort and a SIGKILL each fail their own run only.
+fn crashes_fail_only_their_run(base: &Path) {
+    let mut iso = Orchestrator::builder()
+        .store_root(base.join("crash"))
+        .executor(local(base, 3))
+        .isolate(true)
+        .build()
+        .unwrap();
+    let j = job!(work);
+    let modes = ["ok", "panic", "ok", "error", "abort", "kill", "ok"];
+    for (x, m) in modes.iter().enumerate() {
+        iso.run(&j, params(x as i64, m, 0)).unwrap();
+    }
+    let failed = iso.drain().expect_err("some runs fail");
+    let jobs = &failed.summary.jobs;
+    let kinds: Vec<String> = jobs
+        .iter()
+        .map(|j| match &j.outcome {
+            Outcome::Ran { .. } => "ran".to_string(),
+            Outcome::Failed { failure } => format!("{}: {}", failure.kind, failure.message),
+            other => format!("{other:?}"),
+        })
+        .collect();
+    assert!(
+        kinds[0] == "ran" && kinds[2] == "ran" && kinds[6] == "ran",
+        "{kinds:#?}"
+    );
+    assert!(
+        kinds[1].starts_with("panic: job 1 panics on purpose"),
+        "{}",
+        kinds[1]
+    );
+    assert!(
+        kinds[3].starts_with("error: job 3 returns an error"),
+        "{}",
+        kinds[3]
+    );
+    assert!(
+        kinds[4].starts_with("crash:") && kinds[4].contains("signal Some(6)"),
+        "{}",
+        kinds[4]
+    );
+    assert!(
+        kinds[5].starts_with("crash:")
+            && kinds[5].contains(&JobState::Killed { signal: 9 }.to_string()),
+        "{}",
+        kinds[5]
+    );
+    // The drain names the first failure (enqueue order).
+    match &failed.cause {
+        FailureCause::Job { failure, .. } => assert_eq!(failure.kind, "panic"),
+        other => panic!("{other:?}"),
+    }
+    // The store has the crash recorded for the next drain to retry.
+    let rec = iso.store().record(&jobs[5].key).unwrap().unwrap();
+    assert_eq!(rec.status, puzzletron::store::Status::Failed);
+    println!("ok - crashes_fail_only_their_run");
+}
+
+const ROLE_ENV: &str = "PT_ISOLATED_TEST_ROLE";
+
+/// The controller of `killed_parent_loses_nothing`, run in a child process and killed.
+fn parent_role(base: &Path) {
+    let mut iso = Orchestrator::builder()
+        .store_root(base.join("restart"))
+        .executor(local(base, 4))
+        .isolate(true)
+        .build()
+        .unwrap();
+    let j = job!(work);
+    for x in 0..4 {
+        iso.run(&j, params(x, "ok", 1500)).unwrap();
+    }
+    let _ = iso.drain();
+    std::process::exit(0);
+}
+
+/// Kill -9 the orchestrator while isolated workers run; a restarted one picks up their results
+/// without running them again.
+fn killed_parent_loses_nothing(base: &Path) {
+    let mut child = std::process::Command::new(std::env::current_exe().unwrap())
+        .env(ROLE_ENV, base)
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    // Wait until the four workers have started (each appends to its `runs` file).
+    let jobs_dir = base.join("restart").join("jobs");
+    let t = Instant::now();
+    loop {
+        let started = std::fs::read_dir(&jobs_dir)
+            .map(|d| {
+                d.filter_map(|e| e.ok())
+                    .filter(|e| e.path().join("artifacts/runs").exists())
+                    .count()
+            })
+            .unwrap_or(0);
+        if started == 4 {
+            break;
+        }
+        assert!(
+            t.elapsed() < Duration::from_secs(30),
+            "workers never started"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    child.kill().unwrap();
+    child.wait().unwrap();
+    let mut again = Orchestrator::builder()
+        .store_root(base.join("restart"))
+        .executor(local(base, 4))
+        .isolate(true)
+        .build()
+        .unwrap();
+    let j = job!(work);
+    for x in 0..4 {
+        again.run(&j, params(x, "ok", 1500)).unwrap();
+    }
+    let s = again.drain().unwrap_or_else(|f| panic!("{f}"));
+    assert_eq!((s.ran(), s.skipped()), (0, 4), "{}", s.report());
+    for p in again.enqueued() {
+        let runs =
+            std::fs::read_to_string(again.artifact_dir(&p.key).unwrap().join("runs")).unwrap();
+        assert_eq!(runs.lines().count(), 1, "ran twice: {runs}");
+    }
+    assert_eq!(table(&mut again).len(), 12);
+    println!("ok - killed_parent_loses_nothing");
+}
+
+#[cfg(feature = "slurm")]
+fn slurm(base: &Path, bin: Option<&Path>, retry_tries: u32) -> SlurmExecutor {
+    let mut b = SlurmExecutor::builder(base.join("slurm-logs"))
+        .poll_policy(PollPolicy {
+            min_interval: Duration::from_millis(250),
+            max_interval: Duration::from_secs(2),
+            missing_grace: Duration::from_secs(120),
+        })
+        .retry_policy(RetryPolicy {
+            max_tries: retry_tries,
+            base_delay: Duration::from_millis(50),
+            max_delay: Duration::from_millis(500),
+        });
+    if let Some(bin) = bin {
+        b = b.bin_dir(bin);
+    }
+    b.build().unwrap()
+}
+
+#[cfg(feature = "slurm")]
+/// The sweep isolated on Slurm (one job array) equals the in-process result.
+fn slurm_isolated_equals_in_process(base: &Path) {
+    if !cluster_available("slurm_isolated_equals_in_process") {
+        return;
+    }
+    let mut inproc = Orchestrator::builder()
+        .store_root(base.join("inproc"))
+        .build()
+        .unwrap();
+    let mut iso = Orchestrator::builder()
+        .store_root(base.join("iso"))
+        .executor(slurm(base, None, 8))
+        .isolate(true)
+        .build()
+        .unwrap();
+    let j = job!(work);
+    for x in 1..=6 {
+        inproc.run(&j, params(x, "ok", 0)).unwrap();
+        iso.run(&j, params(x, "ok", 0)).unwrap();
+    }
+    let s = iso
+        .drain()
+        .unwrap_or_else(|f| panic!("isolated Slurm drain failed: {f}"));
+    assert_eq!(s.ran(), 6, "{}", s.report());
+    assert_eq!(table(&mut inproc), table(&mut iso));
+    println!("ok - slurm_isolated_equals_in_process");
+}
+
+#[cfg(feature = "slurm")]
+/// Shims fail sbatch/squeue/sacct 30% of the time: a sweep of 50 isolated runs still
+/// completes, with exactly 50 array tasks (one array) in sacct.
+fn slurm_fault_injection_50_isolated(base: &Path) {
+    if !cluster_available("slurm_fault_injection_50_isolated") {
+        return;
+    }
+    std::fs::create_dir_all(base).unwrap();
+    let bin = write_shims(base, 30);
+    let mut iso = Orchestrator::builder()
+        .store_root(base.join("store"))
+        .executor(slurm(base, Some(&bin), 12))
+        .isolate(true)
+        .build()
+        .unwrap();
+    let j = job!(work);
+    for x in 0..50 {
+        iso.run(&j, params(x, "ok", 0)).unwrap();
+    }
+    let s = iso
+        .drain()
+        .unwrap_or_else(|f| panic!("drain under faults failed: {f}"));
+    assert_eq!(s.ran(), 50, "{}", s.report());
+    // The array's job name is the batch's attempt id: sweep-<stamp>.
+    let stamp = std::fs::read_dir(base.join("store/isolated"))
+        .unwrap()
+        .next()
+        .unwrap()
+        .unwrap()
+        .file_name()
+        .into_string()
+        .unwrap();
+    let name = format!("sweep-{stamp}");
+    let count = || {
+        let out = std::process::Command::new("sacct")
+            .args([
+                "-n",
+                "-X",
+                "-P",
+                "-S",
+                "now-1hour",
+                "-o",
+                "JobID,JobName%80",
+            ])
+            .output()
+            .unwrap();
+        String::from_utf8_lossy(&out.stdout)
+            .lines()
+            .filter_map(|l| l.split_once('|'))
+            .filter(|(_, n)| n.trim() == name)
+            .map(|(id, _)| id.to_string())
+            .collect::<Vec<_>>()
+    };
+    let t = Instant::now();
+    while count().len() < 50 && t.elapsed() < Duration::from_secs(60) {
+        std::thread::sleep(Duration::from_millis(500));
+    }
+    std::thread::sleep(Duration::from_secs(2));
+    let ids = count();
+    let log = std::fs::read_to_string(base.join("calls.log")).unwrap_or_default();
+    let fails = log.lines().filter(|l| l.contains("FAIL")).count();
+    println!(
+        "# fault injection: {fails} injected failures; {} array tasks named {name} in sacct",
+        ids.len()
+    );
+    assert_eq!(ids.len(), 50, "{ids:?}");
+    let bases: std::collections::BTreeSet<&str> =
+        ids.iter().map(|i| i.split('_').next().unwrap()).collect();
+    assert_eq!(
+        bases.len(),
+        1,
+        "more than one array was submitted: {bases:?}"
+    );
+    println!("ok - slurm_fault_injection_50_isolated");
+}
+
+fn main() {
+    puzzletron::worker::main_guard();
+    if let Some(base) = std::env::var_os(ROLE_ENV) {
+        parent_role(&PathBuf::from(base));
+    }
+    let tmp = tempfile::tempdir().unwrap();
+    let t0 = Instant::now();
+    isolated_equals_in_process(&tmp.path().join("a"));
+    crashes_fail_only_their_run(&tmp.path().join("b"));
+    killed_parent_loses_nothing(&tmp.path().join("c"));
+    // Slurm: the "compute nodes" are this machine, so a folder under /tmp is shared.
+    #[cfg(feature = "slurm")]
+    {
+        slurm_isolated_equals_in_process(&tmp.path().join("d"));
+        slurm_fault_injection_50_isolated(&tmp.path().join("e"));
+    }
+    println!("all passed in {:.1} s", t0.elapsed().as_secs_f64());
+}
