@@ -319,6 +319,8 @@ impl CampaignControllerBuilder {
             poll_errors: 0,
             pool_restarts: HashMap::new(),
             pending_revision: None,
+            started: false,
+            recovery_reported: false,
         };
         if replay.torn_tail > 0 {
             c.event(
@@ -371,6 +373,8 @@ pub struct CampaignController {
     poll_errors: u64,
     pool_restarts: HashMap<usize, (u32, usize)>,
     pending_revision: Option<Hash>,
+    started: bool,
+    recovery_reported: bool,
 }
 
 impl std::fmt::Debug for CampaignController {
@@ -525,8 +529,15 @@ impl CampaignController {
         if options.retry_failed {
             self.reset_failed()?;
         }
-        self.reattached = self.state.live;
-        if self.reattached > 0 || !self.state.unresolved_intents().is_empty() {
+        // Recovery is reported once per controller (later runs continue the same session).
+        if !self.started {
+            self.started = true;
+            self.reattached = self.state.live;
+        }
+        if !self.recovery_reported
+            && (self.reattached > 0 || !self.state.unresolved_intents().is_empty())
+        {
+            self.recovery_reported = true;
             let msg = format!(
                 "re-attached to {} live attempts; {} intents without a handle",
                 self.reattached,
