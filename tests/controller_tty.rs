@@ -20,8 +20,9 @@ fn have_script() -> bool {
 
 fn under_pty(dir: &Path, keys: &[&[u8]]) -> (Option<i32>, String) {
     let exe = controller_support::campaign_exe();
+    // `stty -a` after the exit shows whether the terminal mode was restored.
     let cmd = format!(
-        "{} --dir {} --quiet --poll-ms 100 --epochs 30",
+        "{} --dir {} --quiet --poll-ms 100 --epochs 30; rc=$?; stty -a; exit $rc",
         exe.display(),
         dir.display()
     );
@@ -52,11 +53,26 @@ fn under_pty(dir: &Path, keys: &[&[u8]]) -> (Option<i32>, String) {
         stdin.flush().unwrap();
         std::thread::sleep(Duration::from_millis(400));
     }
+    // Keep script's stdin open until the program exits (EOF there ends the session).
+    let t1 = Instant::now();
+    while child.try_wait().unwrap().is_none() {
+        assert!(
+            t1.elapsed() < Duration::from_secs(120),
+            "the campaign did not exit"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
     let out = child.wait_with_output().unwrap();
     (
         out.status.code(),
         String::from_utf8_lossy(&out.stdout).into_owned(),
     )
+}
+
+/// `stty -a` shows canonical mode, echo and signals on again.
+fn restored(out: &str) -> bool {
+    let words: Vec<&str> = out.split_whitespace().collect();
+    ["icanon", "echo", "isig"].iter().all(|w| words.contains(w))
 }
 
 #[test]
@@ -74,6 +90,7 @@ fn menu_detach_then_reattach_and_menu_cancel() {
         "the menu was shown: {out:?}"
     );
     assert_eq!(code, Some(3), "detached: {out}");
+    assert!(restored(&out), "terminal mode restored after exit: {out}");
     let j = std::fs::read_to_string(dir.join("controller/journal.jsonl")).unwrap();
     assert!(j.contains("\"kind\":\"detach\""));
     assert!(!j.contains("cancel_requested"), "detach cancels nothing");
@@ -89,6 +106,10 @@ fn menu_detach_then_reattach_and_menu_cancel() {
     let dir = root.path().join("cancel");
     let (code, out) = under_pty(&dir, &[b"q", b"\x03"]);
     assert_eq!(code, Some(2), "cancelled: {out}");
+    assert!(
+        restored(&out),
+        "terminal mode restored after the cancel: {out}"
+    );
     let j = std::fs::read_to_string(dir.join("controller/journal.jsonl")).unwrap();
     assert!(
         j.contains("\"kind\":\"shutdown\""),
