@@ -124,15 +124,17 @@ fn subset(d: &digits::Dataset, range: std::ops::Range<usize>) -> digits::Dataset
 
 // ---------------------------------------------------------------- payload (`campaign worker`)
 
-fn worker() -> Result<(), Error> {
+fn worker(args: &[String]) -> Result<(), Error> {
     let campaign = PathBuf::from(var("PUZZLETRON_CAMPAIGN_DIR")?);
     let stage = var("PUZZLETRON_STAGE")?;
     let phase = var("PUZZLETRON_PHASE")?;
     let out = PathBuf::from(var("PUZZLETRON_OUTPUT_DIR")?);
-    let epochs: u32 = var("DIGITS_EPOCHS")
-        .ok()
-        .and_then(|e| e.parse().ok())
-        .unwrap_or(3);
+    let epochs: u32 = match args {
+        [flag, n] if flag == "--epochs" => n
+            .parse()
+            .map_err(|_| format!("--epochs: {n:?} is not a positive integer"))?,
+        _ => return Err(format!("worker arguments {args:?}: expected --epochs N").into()),
+    };
     std::fs::create_dir_all(&out)?;
     // One line per start of a payload: the crash trials count them (a unit started twice
     // without a failure in between would be a duplicate job).
@@ -309,7 +311,7 @@ fn parse_args(mut it: impl Iterator<Item = String>) -> Result<Args, Error> {
 
 fn plan(args: &Args) -> Result<CampaignPlan, Error> {
     let exe = std::env::current_exe()?.display().to_string();
-    let cmd = json!([exe, "worker"]);
+    let cmd = json!([exe, "worker", "--epochs", args.epochs.to_string()]);
     let config = json!({
         "stages": [
             {"id": "prepare", "command": cmd},
@@ -318,7 +320,7 @@ fn plan(args: &Args) -> Result<CampaignPlan, Error> {
             {"id": "realize", "needs": ["search"], "command": cmd},
             {"id": "evaluate", "needs": ["realize"], "strategy": "persistent_pool", "instances": 2, "command": cmd},
         ],
-        "digits": {"epochs": args.epochs, "budget": BUDGET},
+        "digits": {"budget": BUDGET},
     });
     let node = Node::from_json(&config);
     let catalog = StageCatalog::from_config("digits-campaign", &node)?;
@@ -379,9 +381,6 @@ async fn controller_main(args: Args) -> Result<i32, Error> {
                 .build()?,
         ),
     };
-    // SAFETY: plain setenv before any thread reads the environment of this process... except
-    // tokio's workers, which never read it; the payloads inherit it through the executor.
-    unsafe { std::env::set_var("DIGITS_EPOCHS", args.epochs.to_string()) };
     let (controls, rx) = TerminalControls::start()?;
     let poll = Duration::from_millis(args.poll_ms.max(10));
     let mut ctl = CampaignController::builder()
@@ -444,7 +443,8 @@ async fn controller_main(args: Args) -> Result<i32, Error> {
 fn main() {
     let mut argv = std::env::args().skip(1).peekable();
     if argv.peek().map(String::as_str) == Some("worker") {
-        if let Err(e) = worker() {
+        let rest: Vec<String> = argv.skip(1).collect();
+        if let Err(e) = worker(&rest) {
             eprintln!("error: {e}");
             std::process::exit(1);
         }
