@@ -383,7 +383,15 @@ async fn controller_main(args: Args) -> Result<i32, Error> {
     };
     let (controls, rx) = TerminalControls::start()?;
     let poll = Duration::from_millis(args.poll_ms.max(10));
-    let mut ctl = CampaignController::builder()
+    let mut builder = CampaignController::builder();
+    // Crash tests: `CAMPAIGN_ABORT_AFTER_SUBMITS=n` aborts right after the n-th submit.
+    if let Some(n) = std::env::var("CAMPAIGN_ABORT_AFTER_SUBMITS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+    {
+        builder = builder.abort_after_submits(n);
+    }
+    let mut ctl = builder
         .plan(plan)
         .executor(executor)
         .campaign_dir(&dir)

@@ -10,7 +10,7 @@ mod controller_support;
 
 use std::time::{Duration, Instant};
 
-use controller_support::{Rng, audit, result, spawn};
+use controller_support::{Rng, audit, result, spawn, spawn_env};
 
 fn run_to_completion(dir: &std::path::Path) {
     let mut c = spawn(dir, &[]);
@@ -99,4 +99,36 @@ fn kill_9_at_random_moments_and_restart() {
         "crash trials: {kills} kill -9 over {campaigns} campaigns (seed {seed}), {attempts} attempts, {adopted} adopted, 0 duplicates, 0 lost results, {:.1} s",
         started.elapsed().as_secs_f64()
     );
+}
+
+/// The worst moment, on purpose: the controller dies right after the n-th submit, before the
+/// handle is journaled (fault injection: `abort()`, which the kernel treats like `kill -9`).
+/// The restarted controller must adopt that job through the executor's `find`, not submit it
+/// again. n = 1 (`prepare`), 3 and 5 (shards of `score`, in one batch).
+#[test]
+fn crash_between_submit_and_handle_is_adopted_not_resubmitted() {
+    let root = tempfile::tempdir().unwrap();
+    let reference_dir = root.path().join("reference");
+    run_to_completion(&reference_dir);
+    let reference = result(&reference_dir);
+    for n in ["1", "3", "5"] {
+        let dir = root.path().join(format!("abort{n}"));
+        let st = spawn_env(&dir, &[], &[("CAMPAIGN_ABORT_AFTER_SUBMITS", n)])
+            .wait()
+            .unwrap();
+        assert!(!st.success(), "aborted after submit {n}");
+        run_to_completion(&dir);
+        assert_eq!(result(&dir), reference);
+        let a = audit(&dir);
+        assert!(
+            a.duplicates.is_empty(),
+            "after submit {n}: {:?}",
+            a.duplicates
+        );
+        assert!(a.missing.is_empty(), "after submit {n}: {:?}", a.missing);
+        assert!(
+            a.adopted >= 1,
+            "after submit {n}: the job submitted before the crash was adopted ({a:?})"
+        );
+    }
 }

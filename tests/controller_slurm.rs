@@ -19,7 +19,7 @@ use std::process::Command;
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
-use controller_support::{Rng, audit, result, spawn};
+use controller_support::{Rng, audit, result, spawn, spawn_env};
 
 /// The tests share one cluster and stop slurmctld: run them one at a time.
 static SERIAL: Mutex<()> = Mutex::new(());
@@ -128,9 +128,15 @@ fn check_campaign(dir: &Path, reference: &serde_json::Value) -> (usize, usize) {
         a.missing
     );
     let n = nonce(dir);
-    // sacct can lag a second behind a job's end.
-    std::thread::sleep(Duration::from_secs(2));
-    let jobs = sacct_jobs(&n);
+    // slurmdbd records jobs a little after the fact (seconds under load): wait for all.
+    let t0 = Instant::now();
+    let jobs = loop {
+        let jobs = sacct_jobs(&n);
+        if jobs.len() >= a.attempts || t0.elapsed() > Duration::from_secs(30) {
+            break jobs;
+        }
+        std::thread::sleep(Duration::from_secs(1));
+    };
     let dups: Vec<_> = jobs.iter().filter(|(_, c)| **c > 1).collect();
     assert!(
         dups.is_empty(),
@@ -158,6 +164,24 @@ fn slurm_crash_trials_match_local_results_with_one_job_per_attempt() {
         .unwrap_or(10);
     let root = tempfile::tempdir().unwrap();
     let reference = local_reference(root.path());
+    // The worst moment first: abort right after the 3rd sbatch (a `score` shard), before its
+    // handle is journaled; the restart must find the job by name (attempt id) and adopt it.
+    let dir = root.path().join("slurm-abort");
+    let st = spawn_env(
+        &dir,
+        &["--runner", "slurm"],
+        &[("CAMPAIGN_ABORT_AFTER_SUBMITS", "3")],
+    )
+    .wait()
+    .unwrap();
+    assert!(!st.success(), "aborted after the 3rd submit");
+    let st = spawn(&dir, &["--runner", "slurm"]).wait().unwrap();
+    assert!(st.success());
+    let (_, adopted_after_abort) = check_campaign(&dir, &reference);
+    assert!(
+        adopted_after_abort >= 1,
+        "the job submitted before the abort was adopted"
+    );
     let mut rng = Rng(0xC0FFEE);
     let (mut kills, mut campaigns, mut attempts, mut adopted) = (0, 0, 0, 0);
     let started = Instant::now();

@@ -26,7 +26,12 @@ pub fn campaign_exe() -> PathBuf {
 }
 
 pub fn spawn(dir: &Path, extra: &[&str]) -> Child {
+    spawn_env(dir, extra, &[])
+}
+
+pub fn spawn_env(dir: &Path, extra: &[&str], env: &[(&str, &str)]) -> Child {
     Command::new(campaign_exe())
+        .envs(env.iter().copied())
         .arg("--dir")
         .arg(dir)
         .args(["--quiet", "--poll-ms", "100"])

@@ -83,6 +83,7 @@ pub struct CampaignControllerBuilder {
     on_event: Option<Arc<EventSink>>,
     controls: Option<mpsc::UnboundedReceiver<Control>>,
     view: super::view::ViewMode,
+    abort_after_submits: Option<u64>,
 }
 
 impl Default for CampaignControllerBuilder {
@@ -109,6 +110,7 @@ impl Default for CampaignControllerBuilder {
             on_event: None,
             controls: None,
             view: super::view::ViewMode::Off,
+            abort_after_submits: None,
         }
     }
 }
@@ -221,6 +223,13 @@ impl CampaignControllerBuilder {
         self.controls = Some(rx);
         self
     }
+    /// Fault injection for crash tests: abort the process (as `kill -9` would) right after the
+    /// `n`-th submit of this process, before its handle is journaled. Never use it otherwise.
+    #[doc(hidden)]
+    pub fn abort_after_submits(mut self, n: u64) -> Self {
+        self.abort_after_submits = Some(n);
+        self
+    }
     /// The live view (default off).
     pub fn view(mut self, mode: super::view::ViewMode) -> Self {
         self.view = mode;
@@ -321,6 +330,8 @@ impl CampaignControllerBuilder {
             pending_revision: None,
             started: false,
             recovery_reported: false,
+            submits_this_process: 0,
+            abort_after_submits: self.abort_after_submits,
         };
         if replay.torn_tail > 0 {
             c.event(
@@ -375,6 +386,8 @@ pub struct CampaignController {
     pending_revision: Option<Hash>,
     started: bool,
     recovery_reported: bool,
+    submits_this_process: u64,
+    abort_after_submits: Option<u64>,
 }
 
 impl std::fmt::Debug for CampaignController {
@@ -883,6 +896,12 @@ impl CampaignController {
                 Err(e) => self.after_submit_error(spec, e).await?,
             };
             results.push(r);
+            self.submits_this_process += 1;
+            if self.abort_after_submits == Some(self.submits_this_process) {
+                // Fault injection for crash tests: die like `kill -9` between a submit and
+                // the record of its handle (the worst moment for duplicates).
+                std::process::abort();
+            }
         }
         let mut follow = Vec::new();
         for r in &results {
