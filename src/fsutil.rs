@@ -5,12 +5,41 @@ use std::io::{self, Write};
 use std::path::Path;
 use std::sync::atomic::{AtomicU64, Ordering};
 
+/// How much a write must survive.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Durability {
+    /// A crash of the process *or of the machine* leaves the old file or the new one: the temp
+    /// file and the folder are `fsync`ed (about 2 fsyncs, milliseconds on a disk).
+    Power,
+    /// A crash of the process leaves the old file or the new one (the page cache survives it);
+    /// after a machine crash the file may be the old one, the new one, or empty. For state that
+    /// only matters while its writer lives (claims, running records, task files).
+    Process,
+}
+
 /// Writes `bytes` to `path` atomically: a unique temp file in the same folder, `fsync`, `rename`
 /// over `path`, `fsync` of the folder. A crash at any instant leaves the old file or the new one.
 ///
 /// # Errors
 /// The first I/O error; the temp file is removed on failure.
 pub fn atomic_write(path: &Path, bytes: &[u8]) -> io::Result<()> {
+    write_file(path, bytes, Durability::Power)
+}
+
+/// Writes `bytes` to `path` by temp file and rename, without fsync ([`Durability::Process`]).
+///
+/// # Errors
+/// The first I/O error; the temp file is removed on failure.
+pub fn replace_file(path: &Path, bytes: &[u8]) -> io::Result<()> {
+    write_file(path, bytes, Durability::Process)
+}
+
+/// Writes `bytes` to `path` atomically with the given durability (a unique temp file in the same
+/// folder, renamed over `path`).
+///
+/// # Errors
+/// The first I/O error; the temp file is removed on failure.
+pub fn write_file(path: &Path, bytes: &[u8], durability: Durability) -> io::Result<()> {
     static SEQ: AtomicU64 = AtomicU64::new(0);
     let dir = match path.parent() {
         Some(d) if !d.as_os_str().is_empty() => d,
@@ -28,10 +57,15 @@ pub fn atomic_write(path: &Path, bytes: &[u8]) -> io::Result<()> {
     let result = (|| {
         let mut f = OpenOptions::new().write(true).create_new(true).open(&tmp)?;
         f.write_all(bytes)?;
-        f.sync_all()?;
+        if durability == Durability::Power {
+            f.sync_all()?;
+        }
         drop(f);
         fs::rename(&tmp, path)?;
-        sync_dir(dir)
+        match durability {
+            Durability::Power => sync_dir(dir),
+            Durability::Process => Ok(()),
+        }
     })();
     if result.is_err() {
         let _ = fs::remove_file(&tmp);

@@ -23,7 +23,7 @@ use super::{
     Claim, ClaimInfo, ClaimOutcome, DEFAULT_STALE_AFTER, FORMAT_VERSION, JobRecord, MetricSink,
     MetricsInfo, Owner, Series, Status, Store, StoreError, check_metric_name,
 };
-use crate::fsutil::{atomic_write, sync_dir};
+use crate::fsutil::{Durability, atomic_write, replace_file, write_file};
 use crate::identity::Hash;
 
 const FORMAT_FILE: &str = "puzzletron-store.json";
@@ -189,18 +189,27 @@ impl FsStore {
         }
     }
 
-    fn write_json(&self, path: &Path, value: &impl serde::Serialize) -> Result<(), StoreError> {
+    fn write_json(
+        &self,
+        path: &Path,
+        value: &impl serde::Serialize,
+        durability: Durability,
+    ) -> Result<(), StoreError> {
         let mut bytes = serde_json::to_vec_pretty(value).map_err(|e| StoreError::Corrupt {
             path: path.to_path_buf(),
             reason: e.to_string(),
         })?;
         bytes.push(b'\n');
-        atomic_write(path, &bytes).map_err(io_err(path))
+        write_file(path, &bytes, durability).map_err(io_err(path))
     }
 
     /// Creates the claim file with its content in one atomic step: the owner is written to a
     /// temp file, which is then hard-linked as `claim` (`link(2)` fails if `claim` exists), so a
-    /// claim is never seen empty, even after a crash.
+    /// claim is never seen empty after a process crash.
+    ///
+    /// No fsync: a claim only matters while its owner lives. After a machine crash a lost or
+    /// empty claim means "owner dead", which is what it is (an unreadable claim is judged by its
+    /// age, see `judge`).
     fn create_claim(&self, dir: &Path, path: &Path, owner: &Owner) -> io::Result<()> {
         let tmp = dir.join(format!(".claim.tmp.{}", sanitize(&owner.nonce)));
         let body = serde_json::to_vec(owner).map_err(io::Error::other)?;
@@ -210,12 +219,10 @@ impl FsStore {
             .truncate(true)
             .open(&tmp)?;
         f.write_all(&body)?;
-        f.sync_all()?;
         drop(f);
         let linked = fs::hard_link(&tmp, path);
         let _ = fs::remove_file(&tmp);
-        linked?;
-        sync_dir(dir)
+        linked
     }
 
     /// Takes over a stale claim; `Ok(false)` when another process is taking it over.
@@ -443,9 +450,13 @@ impl Store for FsStore {
 
     fn start(&self, claim: &Claim, record: &JobRecord) -> Result<(), StoreError> {
         self.holds(claim)?;
-        self.write_json(&self.job_dir(&claim.key).join("record.json"), record)?;
+        // A running record and the lineage pointer only matter while the attempt lives (after a
+        // machine crash the attempt is interrupted either way), so they skip fsync; the done or
+        // failed record of `finish` is fully durable.
+        let path = self.job_dir(&claim.key).join("record.json");
+        self.write_json(&path, record, Durability::Process)?;
         let lpath = self.lineage.join(record.lineage.to_hex());
-        atomic_write(&lpath, format!("{}\n", claim.key).as_bytes()).map_err(io_err(&lpath))
+        replace_file(&lpath, format!("{}\n", claim.key).as_bytes()).map_err(io_err(&lpath))
     }
 
     fn metric_sink(&self, claim: &Claim) -> Result<Box<dyn MetricSink>, StoreError> {
@@ -484,7 +495,7 @@ impl Store for FsStore {
             atomic_write(&p, text.as_bytes()).map_err(io_err(&p))?;
         }
         // The record is the commit point; the claim goes after it.
-        self.write_json(&dir.join("record.json"), record)?;
+        self.write_json(&dir.join("record.json"), record, Durability::Power)?;
         self.release(claim)?;
         self.clean_tombs(&claim.key);
         Ok(())

@@ -426,12 +426,10 @@ fn cause_of(e: Error) -> FailureCause {
     }
 }
 
-/// Writes a file by temp file and rename, without fsync: task files only matter while this
-/// parent and its workers live (results go to the store, which is durable).
+/// Task files only matter while this parent and its workers live (results go to the store,
+/// which is durable): written atomically, without fsync.
 fn write_replace(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
-    let tmp = path.with_extension("tmp");
-    std::fs::write(&tmp, bytes)?;
-    std::fs::rename(&tmp, path)
+    crate::fsutil::replace_file(path, bytes)
 }
 
 /// Submits `runs` as one array, waits for all, and concludes each from the store.

@@ -69,15 +69,8 @@ pub(crate) struct ExitRecord {
 
 /// Writes `bytes` to `dir/name` crash-safely: temp file, fsync, rename, fsync the folder.
 pub(crate) fn write_atomic(dir: &Path, name: &str, bytes: &[u8]) -> Result<(), ExecutorError> {
-    let tmp = dir.join(format!(".{name}.tmp"));
     let path = dir.join(name);
-    let mut f = fs::File::create(&tmp).map_err(|e| ExecutorError::io("creating", &tmp, e))?;
-    f.write_all(bytes)
-        .and_then(|_| f.sync_all())
-        .map_err(|e| ExecutorError::io("writing", &tmp, e))?;
-    drop(f);
-    fs::rename(&tmp, &path).map_err(|e| ExecutorError::io("renaming into place", &path, e))?;
-    sync_dir(dir)
+    crate::fsutil::atomic_write(&path, bytes).map_err(|e| ExecutorError::io("writing", &path, e))
 }
 
 /// Writes `bytes` to `dir/name` atomically (temp file, rename) but without fsync: for files
@@ -85,17 +78,8 @@ pub(crate) fn write_atomic(dir: &Path, name: &str, bytes: &[u8]) -> Result<(), E
 /// process crash keeps the page cache). The `exit` record, the one result that must survive
 /// a power loss, uses [`write_atomic`].
 pub(crate) fn write_replace(dir: &Path, name: &str, bytes: &[u8]) -> Result<(), ExecutorError> {
-    let tmp = dir.join(format!(".{name}.tmp"));
     let path = dir.join(name);
-    fs::write(&tmp, bytes).map_err(|e| ExecutorError::io("writing", &tmp, e))?;
-    fs::rename(&tmp, &path).map_err(|e| ExecutorError::io("renaming into place", &path, e))
-}
-
-/// fsyncs a folder so that a rename or create in it is durable.
-pub(crate) fn sync_dir(dir: &Path) -> Result<(), ExecutorError> {
-    fs::File::open(dir)
-        .and_then(|d| d.sync_all())
-        .map_err(|e| ExecutorError::io("syncing folder", dir, e))
+    crate::fsutil::replace_file(&path, bytes).map_err(|e| ExecutorError::io("writing", &path, e))
 }
 
 /// Creates `dir/name` only if it does not exist; `Ok(false)` when it did (someone else holds
