@@ -18,8 +18,9 @@
 //! | `PUZZLETRON_QUEUE_DIR` | pool workers: the stage's queue |
 //!
 //! The retry after an out-of-memory asks for the node exclusively (`--exclusive`: no other
-//! instance shares its memory or GPUs, i.e. fewer instances per node) and doubles `--mem` when
-//! one was set; the payload sees `PUZZLETRON_MORE_RESOURCES=1` and may halve its batch size.
+//! instance shares its memory or GPUs, i.e. fewer instances per node); the payload sees
+//! `PUZZLETRON_MORE_RESOURCES=1` and may halve its batch size. (Compiled plans carry no
+//! memory request, so there is no `--mem` to raise.)
 
 use std::path::{Path, PathBuf};
 use std::time::Duration;
