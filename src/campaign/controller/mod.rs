@@ -1,6 +1,7 @@
 //! The campaign controller (DESIGN.md §6): runs a compiled [`CampaignPlan`] on an
 //! [`Executor`], durably.
 //!
+//! - [`builder`]: [`CampaignControllerBuilder`] (options, lease, replay, contract check).
 //! - [`driver`]: [`CampaignController`] and its builder, the control loop.
 //! - [`journal`]: the append-only journal (intents before submits, handles after, events).
 //! - [`lease`]: one controller per campaign.
@@ -24,6 +25,7 @@
 //! [`CampaignPlan`]: crate::campaign::CampaignPlan
 //! [`Executor`]: crate::executor::Executor
 
+pub mod builder;
 pub mod classify;
 pub mod clock;
 pub mod controls;
@@ -38,14 +40,13 @@ pub mod spec;
 mod state;
 pub mod view;
 
+pub use builder::CampaignControllerBuilder;
 pub use classify::{
     Classification, Evidence, FailureClass, OomKind, PendingVerdict, classify, pending_verdict,
 };
 pub use clock::{Clock, SystemClock, VirtualClock};
 pub use controls::{TerminalControls, choose_revisions};
-pub use driver::{
-    CampaignController, CampaignControllerBuilder, Control, ControlSender, RunOptions,
-};
+pub use driver::{CampaignController, Control, ControlSender, RunOptions};
 pub use error::ControllerError;
 pub use journal::{Entry, Journal, Record};
 pub use lease::{Lease, LeaseInfo};

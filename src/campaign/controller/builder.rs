@@ -1,0 +1,315 @@
+//! [`CampaignControllerBuilder`]: the controller's options, checked by
+//! [`build`](CampaignControllerBuilder::build), which takes the lease, replays the journal and
+//! checks the contract.
+
+use std::collections::{HashMap, HashSet};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::sync::mpsc;
+
+use super::clock::{Clock, SystemClock};
+use super::driver::{CampaignController, Control, EventSink, PoolSource};
+use super::error::ControllerError;
+use super::journal::Journal;
+use super::lease::Lease;
+use super::policy::RetryPolicy;
+use super::pool::PoolItem;
+use super::state::State;
+use crate::campaign::CampaignPlan;
+use crate::executor::Executor;
+
+/// Builds a [`CampaignController`]. Required: [`plan`](Self::plan),
+/// [`campaign_dir`](Self::campaign_dir) and an executor ([`executor`](Self::executor) or
+/// [`local`](Self::local)).
+pub struct CampaignControllerBuilder {
+    plan: Option<CampaignPlan>,
+    executor: Option<Arc<dyn Executor>>,
+    local_gpus: Option<Vec<String>>,
+    campaign_dir: Option<PathBuf>,
+    clock: Arc<dyn Clock>,
+    poll_min: Duration,
+    poll_max: Duration,
+    retry: RetryPolicy,
+    lease_ttl: Duration,
+    new_revision: bool,
+    adopt_grace: Duration,
+    stuck_after: Duration,
+    max_live: Option<usize>,
+    poll_batch: usize,
+    submit_batch: usize,
+    oom_retry: HashSet<String>,
+    pools: HashMap<String, Arc<PoolSource>>,
+    max_requeues: u32,
+    on_event: Option<Arc<EventSink>>,
+    controls: Option<mpsc::UnboundedReceiver<Control>>,
+    view: super::view::ViewMode,
+    abort_after_submits: Option<u64>,
+}
+
+impl Default for CampaignControllerBuilder {
+    fn default() -> Self {
+        Self {
+            plan: None,
+            executor: None,
+            local_gpus: None,
+            campaign_dir: None,
+            clock: Arc::new(SystemClock),
+            poll_min: Duration::from_millis(500),
+            poll_max: Duration::from_secs(30),
+            retry: RetryPolicy::default(),
+            lease_ttl: Duration::from_secs(30),
+            new_revision: false,
+            adopt_grace: Duration::from_secs(30),
+            stuck_after: Duration::from_secs(600),
+            max_live: None,
+            poll_batch: 10_000,
+            submit_batch: 1000,
+            oom_retry: HashSet::new(),
+            pools: HashMap::new(),
+            max_requeues: 3,
+            on_event: None,
+            controls: None,
+            view: super::view::ViewMode::Off,
+            abort_after_submits: None,
+        }
+    }
+}
+
+impl CampaignControllerBuilder {
+    /// The compiled plan to run.
+    pub fn plan(mut self, plan: CampaignPlan) -> Self {
+        self.plan = Some(plan);
+        self
+    }
+    /// Where attempts run.
+    pub fn executor(mut self, executor: Arc<dyn Executor>) -> Self {
+        self.executor = Some(executor);
+        self
+    }
+    /// Local mode: a [`LocalExecutor`](crate::executor::LocalExecutor) with its attempt folders
+    /// in `<campaign>/attempts` and these GPU ids (handed out through `CUDA_VISIBLE_DEVICES`).
+    pub fn local<I: IntoIterator<Item = S>, S: Into<String>>(mut self, gpu_ids: I) -> Self {
+        self.local_gpus = Some(gpu_ids.into_iter().map(Into::into).collect());
+        self
+    }
+    /// The campaign folder (journal, lease, queues, outputs, logs).
+    pub fn campaign_dir(mut self, dir: impl Into<PathBuf>) -> Self {
+        self.campaign_dir = Some(dir.into());
+        self
+    }
+    /// The clock (default: the system clock; tests use a
+    /// [`VirtualClock`](super::VirtualClock)).
+    pub fn clock(mut self, clock: Arc<dyn Clock>) -> Self {
+        self.clock = clock;
+        self
+    }
+    /// Poll interval: `min` after a change, growing by 1.5x per quiet iteration up to `max`.
+    /// Defaults 0.5 s and 30 s.
+    pub fn poll_interval(mut self, min: Duration, max: Duration) -> Self {
+        self.poll_min = min;
+        self.poll_max = max.max(min);
+        self
+    }
+    /// Retry budgets and backoff.
+    pub fn retry_policy(mut self, retry: RetryPolicy) -> Self {
+        self.retry = retry;
+        self
+    }
+    /// Lease time-to-live (renewed every quarter of it). Default 30 s.
+    pub fn lease_ttl(mut self, ttl: Duration) -> Self {
+        self.lease_ttl = ttl;
+        self
+    }
+    /// Accept a changed contract hash: cancel the old revision's attempts and start over.
+    pub fn new_revision(mut self, yes: bool) -> Self {
+        self.new_revision = yes;
+        self
+    }
+    /// How long after its intent a job that `find` does not see may still appear (a submit in
+    /// flight when the controller died). Default 30 s.
+    pub fn adopt_grace(mut self, grace: Duration) -> Self {
+        self.adopt_grace = grace;
+        self
+    }
+    /// How long a job may pend with a "stuck" reason (C25) before it is cancelled and failed.
+    /// Default 10 min.
+    pub fn stuck_after(mut self, d: Duration) -> Self {
+        self.stuck_after = d;
+        self
+    }
+    /// Most attempts live at once (default: no limit).
+    pub fn max_live(mut self, n: usize) -> Self {
+        self.max_live = Some(n.max(1));
+        self
+    }
+    /// Most handles per poll call (default 10 000).
+    pub fn poll_batch(mut self, n: usize) -> Self {
+        self.poll_batch = n.max(1);
+        self
+    }
+    /// Most submits per iteration (default 1000): their intents are journaled in one batch
+    /// before the first submit.
+    pub fn submit_batch(mut self, n: usize) -> Self {
+        self.submit_batch = n.max(1);
+        self
+    }
+    /// Allow one retry with more resources after an out-of-memory in `stage`.
+    pub fn allow_oom_retry(mut self, stage: impl Into<String>) -> Self {
+        self.oom_retry.insert(stage.into());
+        self
+    }
+    /// The items of persistent-pool stage `stage`, computed when the stage starts (its parents
+    /// are done), from the campaign folder.
+    pub fn pool_items(
+        mut self,
+        stage: impl Into<String>,
+        f: impl Fn(&Path) -> Result<Vec<PoolItem>, String> + Send + Sync + 'static,
+    ) -> Self {
+        self.pools.insert(stage.into(), Arc::new(f));
+        self
+    }
+    /// How often an item may be returned to its queue by dead workers before it fails.
+    pub fn max_requeues(mut self, n: u32) -> Self {
+        self.max_requeues = n;
+        self
+    }
+    /// Logger: called with `(kind, message)` for every event.
+    pub fn on_event(mut self, f: impl Fn(&str, &str) + Send + Sync + 'static) -> Self {
+        self.on_event = Some(Arc::new(f));
+        self
+    }
+    /// Control requests (menu, signals). See [`TerminalControls`](super::TerminalControls).
+    pub fn controls(mut self, rx: mpsc::UnboundedReceiver<Control>) -> Self {
+        self.controls = Some(rx);
+        self
+    }
+    /// Fault injection for crash tests: abort the process (as `kill -9` would) right after the
+    /// `n`-th submit of this process, before its handle is journaled. Never use it otherwise.
+    #[doc(hidden)]
+    pub fn abort_after_submits(mut self, n: u64) -> Self {
+        self.abort_after_submits = Some(n);
+        self
+    }
+    /// The live view (default off).
+    pub fn view(mut self, mode: super::view::ViewMode) -> Self {
+        self.view = mode;
+        self
+    }
+
+    /// Checks the options, takes the lease and replays the journal.
+    ///
+    /// # Errors
+    /// [`ControllerError::BadOption`] for a missing plan/folder/executor;
+    /// [`ControllerError::LeaseHeld`]; [`ControllerError::Corrupt`] for an unreadable journal;
+    /// [`ControllerError::ContractChanged`] when the plan's contract differs from the journal's
+    /// and no new revision was asked for; [`ControllerError::BadPlan`] for a pool stage without
+    /// an item source.
+    pub fn build(self) -> Result<CampaignController, ControllerError> {
+        let plan = self.plan.ok_or(ControllerError::BadOption {
+            option: "plan",
+            reason: "no plan given".into(),
+        })?;
+        let dir = self.campaign_dir.ok_or(ControllerError::BadOption {
+            option: "campaign_dir",
+            reason: "no campaign folder given".into(),
+        })?;
+        let ctl_dir = dir.join("controller");
+        for d in [&ctl_dir, &dir.join("logs")] {
+            std::fs::create_dir_all(d).map_err(|e| ControllerError::io("creating", d, e))?;
+        }
+        let dir = dir
+            .canonicalize()
+            .map_err(|e| ControllerError::io("resolving", &dir, e))?;
+        let ctl_dir = dir.join("controller");
+        let executor: Arc<dyn Executor> = match (self.executor, self.local_gpus) {
+            (Some(e), _) => e,
+            (None, Some(gpus)) => Arc::new(
+                crate::executor::LocalExecutor::builder(dir.join("attempts"))
+                    .gpu_ids(gpus)
+                    .build()?,
+            ),
+            (None, None) => {
+                return Err(ControllerError::BadOption {
+                    option: "executor",
+                    reason: "give an executor or local mode".into(),
+                });
+            }
+        };
+        for st in &plan.stages {
+            if st.work.strategy == crate::campaign::Strategy::PersistentPool
+                && !self.pools.contains_key(&st.stage_id)
+            {
+                return Err(ControllerError::BadPlan {
+                    stage: st.stage_id.clone(),
+                    reason: "a persistent_pool stage needs an item source (`pool_items`)".into(),
+                });
+            }
+        }
+        let lease = Lease::acquire(&dir, &ctl_dir, self.lease_ttl)?;
+        let (journal, replay) = Journal::open(&ctl_dir)?;
+        let mut state = State::new(&plan);
+        for r in &replay.records {
+            state
+                .apply(&r.entry, &plan, r.at_ms)
+                .map_err(|reason| ControllerError::Corrupt {
+                    path: journal.path().to_path_buf(),
+                    line: r.seq as usize,
+                    reason,
+                })?;
+        }
+        let mut c = CampaignController {
+            plan,
+            executor,
+            dir,
+            clock: self.clock,
+            poll_min: self.poll_min,
+            poll_max: self.poll_max,
+            retry: self.retry,
+            new_revision: self.new_revision,
+            adopt_grace: self.adopt_grace,
+            stuck_after: self.stuck_after,
+            max_live: self.max_live,
+            poll_batch: self.poll_batch,
+            submit_batch: self.submit_batch,
+            oom_retry: self.oom_retry,
+            pools: self.pools,
+            max_requeues: self.max_requeues,
+            on_event: self.on_event,
+            controls: self.controls,
+            view: super::view::LiveView::new(self.view),
+            journal,
+            state,
+            lease,
+            own_uid: unsafe_getuid(),
+            halted: false,
+            reattached: 0,
+            adopted: 0,
+            submitted: 0,
+            poll_errors: 0,
+            pool_restarts: HashMap::new(),
+            pending_revision: None,
+            started: false,
+            recovery_reported: false,
+            submits_this_process: 0,
+            abort_after_submits: self.abort_after_submits,
+        };
+        if replay.torn_tail > 0 {
+            c.event(
+                "journal",
+                &format!(
+                    "cut a torn last record of {} bytes (a crash during a write)",
+                    replay.torn_tail
+                ),
+            )?;
+        }
+        c.check_contract()?;
+        Ok(c)
+    }
+}
+
+fn unsafe_getuid() -> u32 {
+    // SAFETY: getuid has no preconditions and cannot fail.
+    unsafe { libc::getuid() }
+}
