@@ -57,6 +57,18 @@ struct Args {
     executor: String,
 }
 
+/// `--epochs`: a positive integer that fits in u32.
+fn parse_epochs(v: &str) -> Result<u32, String> {
+    if v.is_empty() || !v.bytes().all(|b| b.is_ascii_digit()) {
+        return Err(format!("--epochs: {v:?} is not a positive integer"));
+    }
+    match v.parse::<u32>() {
+        Ok(0) => Err("--epochs: 0 trains nothing; expected at least 1".to_string()),
+        Ok(n) => Ok(n),
+        Err(_) => Err(format!("--epochs: {v} is too large (at most {})", u32::MAX)),
+    }
+}
+
 fn parse_args() -> Result<Args, String> {
     let mut a = Args {
         store: ".puzzletron".into(),
@@ -70,12 +82,22 @@ fn parse_args() -> Result<Args, String> {
         let mut value = |name: &str| it.next().ok_or(format!("{name} needs a value"));
         match arg.as_str() {
             "--store" => a.store = value("--store")?.into(),
-            "--out" => a.out = value("--out")?.into(),
+            "--out" => {
+                a.out = value("--out")?.into();
+                // Checked before any training: the table is written at the very end.
+                if a.out
+                    .extension()
+                    .is_none_or(|e| e != "parquet" && e != "csv")
+                {
+                    return Err(format!(
+                        "--out: {:?} must end in .parquet or .csv",
+                        a.out.display().to_string()
+                    ));
+                }
+            }
             "--epochs" => {
                 let v = value("--epochs")?;
-                a.epochs = v
-                    .parse()
-                    .map_err(|_| format!("--epochs: {v:?} is not a positive integer"))?;
+                a.epochs = parse_epochs(&v)?;
             }
             "--force" => a.force = true,
             "--executor" => {
@@ -89,7 +111,7 @@ fn parse_args() -> Result<Args, String> {
             }
             "-h" | "--help" => {
                 println!(
-                    "usage: sweep [--store DIR (.puzzletron)] [--out FILE (metrics.parquet)] [--epochs N (15)] [--force] [--executor inprocess|local|slurm (inprocess)]"
+                    "usage: sweep [--store DIR (.puzzletron)] [--out FILE.parquet|FILE.csv (metrics.parquet)] [--epochs N (15)] [--force] [--executor inprocess|local|slurm (inprocess)]"
                 );
                 std::process::exit(0);
             }
@@ -155,7 +177,11 @@ fn sweep_main() -> Result<(), Box<dyn std::error::Error>> {
     println!("summary:\n{}\n", summary.report());
 
     let acc = sweep.get("val_accuracy")?;
-    acc.write_parquet(&args.out)?;
+    if args.out.extension().is_some_and(|e| e == "csv") {
+        acc.write_csv(&args.out)?;
+    } else {
+        acc.write_parquet(&args.out)?;
+    }
     let plot = args.out.with_extension("svg");
     acc.write_svg(&plot, "validation accuracy per epoch")?;
     // The best configuration by final validation accuracy.

@@ -7,7 +7,10 @@ use crate::store::StoreError;
 use crate::sweep::RunFailed;
 
 /// Any puzzletron error. [`Error::is_retryable`] says whether trying again unchanged can help.
-#[derive(Debug, thiserror::Error)]
+///
+/// Its `Debug` form is the readable message plus its causes (as `anyhow` does), so
+/// `fn main() -> puzzletron::Result<()>` prints something a user can act on.
+#[derive(thiserror::Error)]
 #[non_exhaustive]
 pub enum Error {
     /// Parameters that cannot be encoded (NaN, reserved names, bad map keys), reported at the
@@ -34,6 +37,12 @@ pub enum Error {
     /// A drain stopped at a failing job or a store error.
     #[error(transparent)]
     RunFailed(#[from] Box<RunFailed>),
+    /// The library is used in a way that cannot work; the message says how to fix it.
+    #[error("{message}")]
+    Usage {
+        /// What is wrong and what to do.
+        message: String,
+    },
     /// An option this build does not support yet.
     #[error("{what} is not yet supported: {why}")]
     Unsupported {
@@ -53,8 +62,26 @@ impl Error {
             Error::Metrics(e) => e.is_retryable(),
             Error::Executor(e) => e.is_retryable(),
             Error::RunFailed(e) => e.is_retryable(),
-            Error::Params { .. } | Error::Unsupported { .. } => false,
+            Error::Params { .. } | Error::Unsupported { .. } | Error::Usage { .. } => false,
         }
+    }
+}
+
+impl std::fmt::Debug for Error {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{self}")?;
+        let mut source = std::error::Error::source(self);
+        // `transparent` variants share their inner error's message: skip repeats.
+        let mut last = self.to_string();
+        while let Some(s) = source {
+            let text = s.to_string();
+            if text != last && !last.ends_with(&text) {
+                write!(f, "\n  caused by: {text}")?;
+            }
+            last = text;
+            source = s.source();
+        }
+        Ok(())
     }
 }
 

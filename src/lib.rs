@@ -45,7 +45,7 @@
 //!
 //!     // Nothing is left to do: a second drain skips every run, with the reason.
 //!     let again = sweep.run(&train, Params { lr: 0.1, epochs: 5 })?;
-//!     assert_eq!(sweep.decide(&sweep.queued()[0])?.reasons, ["up to date (attempt 1)"]);
+//!     assert_eq!(sweep.decide(&sweep.queued()[0])?.reasons, ["up to date, attempt 1"]);
 //!     assert_eq!(sweep.drain()?.skipped(), 1);
 //!     # let _ = again;
 //!     Ok(())

@@ -240,3 +240,57 @@ fn a_missing_lock_file_given_explicitly_is_an_error() {
         "{e}"
     );
 }
+
+#[test]
+fn store_roots_that_cannot_be_stores_are_refused_untouched() {
+    let c = FakeCrate::new();
+    let e = FsStore::open("").unwrap_err();
+    assert!(
+        e.to_string()
+            .contains("the path is empty: expected a folder path"),
+        "{e}"
+    );
+    // An unrelated folder with files in it.
+    let e = FsStore::open(c.path()).unwrap_err();
+    assert!(matches!(e, StoreError::NotAStore { .. }), "{e:?}");
+    assert!(
+        e.to_string().contains("is not empty")
+            && e.to_string().contains("has no puzzletron-store.json"),
+        "{e}"
+    );
+    assert!(
+        !c.path().join("jobs").exists(),
+        "nothing was written into the unrelated folder"
+    );
+    // A store nested in another store's jobs folder.
+    let outer = c.path().join("store");
+    let mut o = sweep(&c);
+    o.run(&c.job(train), P { lr: 0.1, hidden: 1 }).unwrap();
+    o.drain().unwrap();
+    let e = FsStore::open(outer.join("jobs")).unwrap_err();
+    assert!(matches!(e, StoreError::NotAStore { .. }), "{e:?}");
+    // Under a file: the root cannot be created.
+    let e = FsStore::open(c.path().join("Cargo.lock/sub")).unwrap_err();
+    assert!(e.to_string().contains("cannot create the folder"), "{e}");
+    // An existing store and a new empty folder are fine.
+    FsStore::open(&outer).unwrap();
+    std::fs::create_dir(c.path().join("empty")).unwrap();
+    FsStore::open(c.path().join("empty")).unwrap();
+}
+
+#[test]
+fn errors_debug_print_their_message_for_main() {
+    let c = FakeCrate::new();
+    let f = c.path().join("afile");
+    std::fs::write(&f, "x").unwrap();
+    let e = Orchestrator::builder()
+        .store_root(&f)
+        .build()
+        .err()
+        .unwrap();
+    assert_eq!(
+        format!("{e:?}"),
+        e.to_string(),
+        "`fn main() -> Result` shows the readable message"
+    );
+}

@@ -60,7 +60,7 @@ fn cache_story() {
     assert!(
         plan.decisions
             .iter()
-            .all(|d| d.reasons == ["up to date (attempt 1)"]),
+            .all(|d| d.reasons == ["up to date, attempt 1"]),
         "{plan}"
     );
     let (n, s) = executions(|| o.drain().unwrap());

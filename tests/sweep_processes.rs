@@ -46,6 +46,14 @@ fn child_entry_point() {
         return;
     };
     let store = std::env::var("PUZZLETRON_STORE").expect("PUZZLETRON_STORE");
+    if mode == "worker-without-guard" {
+        // Started with the worker environment, but `main_guard()` never ran.
+        match Orchestrator::builder().store_root(&store).build() {
+            Err(e) => println!("REFUSED {e}"),
+            Ok(_) => println!("BUILT"),
+        }
+        return;
+    }
     let sleep_us: u64 = std::env::var("PUZZLETRON_SLEEP_US")
         .ok()
         .and_then(|s| s.parse().ok())
@@ -229,4 +237,33 @@ fn keys_do_not_depend_on_the_working_directory() {
     assert_eq!(ka, kb);
     let here = enqueue(&mut orchestrator(&store), 0)[0];
     assert_eq!(ka, here.to_hex());
+}
+
+#[test]
+fn a_worker_without_main_guard_refuses_to_build_a_sweep() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = Command::new(std::env::current_exe().unwrap())
+        .args([
+            "child_entry_point",
+            "--exact",
+            "--nocapture",
+            "--test-threads=1",
+        ])
+        .env("PUZZLETRON_CHILD", "worker-without-guard")
+        .env("PUZZLETRON_STORE", dir.path().join("store"))
+        .env(
+            puzzletron::sweep::worker::MANIFEST_ENV,
+            dir.path().join("manifest.json"),
+        )
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        stdout.contains(
+            "REFUSED this process was started as an isolated worker (PUZZLETRON_WORKER_MANIFEST \
+             is set) but `puzzletron::worker::main_guard();` did not run first in `main`"
+        ),
+        "{stdout}"
+    );
+    assert!(!dir.path().join("store").exists(), "nothing was created");
 }

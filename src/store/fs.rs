@@ -57,14 +57,44 @@ impl FsStore {
     /// [`StoreError::Io`].
     pub fn open(root: impl AsRef<Path>) -> Result<Self, StoreError> {
         let root = root.as_ref().to_path_buf();
+        if root.as_os_str().is_empty() {
+            return Err(StoreError::NotAStore {
+                path: root,
+                reason: "the path is empty: expected a folder path such as `.puzzletron`".into(),
+            });
+        }
         if root.exists() && !root.is_dir() {
             return Err(StoreError::NotADirectory { path: root });
         }
+        let fmt = root.join(FORMAT_FILE);
+        // Never scatter store folders into an unrelated folder (or into another store's jobs).
+        // Our own entries are allowed: another process may be creating this store right now.
+        if root.is_dir() && !fmt.exists() {
+            let ours = |n: &str| {
+                matches!(n, "jobs" | "lineage" | FORMAT_FILE)
+                    || n.starts_with(&format!(".{FORMAT_FILE}.tmp"))
+            };
+            for e in fs::read_dir(&root).map_err(io_err(&root))? {
+                let name = e.map_err(io_err(&root))?.file_name();
+                if !ours(&name.to_string_lossy()) {
+                    return Err(StoreError::NotAStore {
+                        path: root.clone(),
+                        reason: format!(
+                            "the folder is not empty (it holds {name:?}) and has no {FORMAT_FILE}: \
+                             expected a puzzletron store or a new/empty folder"
+                        ),
+                    });
+                }
+            }
+        }
+        fs::create_dir_all(&root).map_err(|e| StoreError::NotAStore {
+            path: root.clone(),
+            reason: format!("cannot create the folder: {e}"),
+        })?;
         let jobs = root.join("jobs");
         let lineage = root.join("lineage");
         fs::create_dir_all(&jobs).map_err(io_err(&jobs))?;
         fs::create_dir_all(&lineage).map_err(io_err(&lineage))?;
-        let fmt = root.join(FORMAT_FILE);
         match fs::read(&fmt) {
             Ok(bytes) => {
                 let v: serde_json::Value =
@@ -304,7 +334,13 @@ fn parse_record(path: &Path, bytes: &[u8]) -> Result<JobRecord, StoreError> {
     // Check the version before the shape, so a newer format is reported as such.
     let v: serde_json::Value = serde_json::from_slice(bytes).map_err(|e| StoreError::Corrupt {
         path: path.to_path_buf(),
-        reason: format!("not JSON ({e}): expected a puzzletron job record"),
+        reason: format!(
+            "not JSON ({e}): expected a puzzletron job record (to re-run this job, delete its \
+             folder {})",
+            path.parent()
+                .map(|p| p.display().to_string())
+                .unwrap_or_default()
+        ),
     })?;
     if let Some(found) = v.get("format").and_then(|f| f.as_u64())
         && found > u64::from(FORMAT_VERSION)

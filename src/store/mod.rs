@@ -261,6 +261,15 @@ pub enum StoreError {
         /// The root given.
         path: PathBuf,
     },
+    /// The store root cannot be a store: an empty path, a folder with other files, or a folder
+    /// that cannot be created.
+    #[error("{path:?} cannot be a puzzletron store: {reason}")]
+    NotAStore {
+        /// The root given.
+        path: PathBuf,
+        /// What was wrong and what was expected.
+        reason: String,
+    },
     /// The store was written by a newer puzzletron.
     #[error(
         "store {path} has format version {found}, newer than this build's {supported}: upgrade puzzletron to read it (nothing was changed)"

@@ -194,6 +194,19 @@ impl<S: Store + 'static, E: Executor> OrchestratorBuilder<S, E> {
     /// [`Error::Store`] when the store cannot be opened; [`Error::Identity`] when a lock file
     /// given with [`lock`](Self::lock) is missing or unreadable.
     pub fn build(self) -> Result<Orchestrator<S, E>> {
+        // A worker whose `main` did not start with `main_guard()` would run the whole sweep
+        // again and submit workers of its own, without end: refuse before anything happens.
+        for var in [super::worker::MANIFEST_ENV, super::worker::TASK_ENV] {
+            if std::env::var_os(var).is_some() {
+                return Err(Error::Usage {
+                    message: format!(
+                        "this process was started as an isolated worker ({var} is set) but \
+                         `puzzletron::worker::main_guard();` did not run first in `main`: add it \
+                         as the first line of `main` (a worker must not build its own sweep)"
+                    ),
+                });
+            }
+        }
         if self.trace {
             return Err(Error::Unsupported {
                 what: "trace(true)".into(),
@@ -440,7 +453,7 @@ impl<S: Store, E: Executor> Orchestrator<S, E> {
                     let diffs = self.witnesses.differences(&r.witnesses);
                     if diffs.is_empty() {
                         action = Action::Skip;
-                        reasons.push(format!("up to date (attempt {})", r.attempt));
+                        reasons.push(format!("up to date, attempt {}", r.attempt));
                     } else {
                         reasons.extend(diffs);
                         replaces = Some(r.attempt);
