@@ -819,6 +819,10 @@ impl<S: Store, E: Executor> Orchestrator<S, E> {
     /// Drains, then returns metric `metric` of this sweep's runs as a table
     /// `[step, value, *params, job_key]`, runs in enqueue order.
     ///
+    /// Because it drains first, a run whose last attempt failed is attempted again here (as in
+    /// any drain); to read what is recorded without running anything, use
+    /// [`metrics::collect`](crate::metrics::collect) on [`store`](Self::store).
+    ///
     /// # Errors
     /// [`Error::RunFailed`] when the drain fails; [`Error::Metrics`] with
     /// [`MetricsError::UnknownMetric`] (naming the metrics that exist) when no run recorded it.
