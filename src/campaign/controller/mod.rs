@@ -5,8 +5,8 @@
 //! - [`driver`]: [`CampaignController`] and its builder, the control loop.
 //! - [`journal`]: the append-only journal (intents before submits, handles after, events).
 //! - [`lease`]: one controller per campaign.
-//! - [`state`] (private): the in-memory state rebuilt from the journal.
-//! - [`classify`]: [`FailureClass`] from scheduler state, exit code/signal and the log tail.
+//! - `state` (private): the in-memory state rebuilt from the journal.
+//! - [`classify`](mod@classify): [`FailureClass`] from scheduler state, exit code/signal and the log tail.
 //! - [`policy`]: retry budgets, backoff with jitter, [`Decision`]s.
 //! - [`spec`]: from a work unit to an [`AttemptSpec`](crate::executor::AttemptSpec)
 //!   (environment contract of payloads).

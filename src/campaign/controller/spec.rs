@@ -34,7 +34,7 @@ use crate::executor::{
 };
 
 /// Success marker a payload may write into its output folder when it finished (see
-/// [`classify`](super::classify) rule 1).
+/// [`classify`](mod@super::classify) rule 1).
 pub const SUCCESS_MARKER: &str = "_SUCCESS";
 
 /// The output folder of a unit.
