@@ -638,6 +638,10 @@ impl Store for FsStore {
         Ok(series)
     }
 
+    fn failure_file(&self, key: &Hash) -> Option<PathBuf> {
+        Some(self.job_dir(key).join("error.txt")).filter(|p| p.is_file())
+    }
+
     fn artifact_dir(&self, key: &Hash) -> Option<PathBuf> {
         let d = self.job_dir(key).join("artifacts");
         fs::create_dir_all(&d).ok()?;

@@ -235,6 +235,12 @@ pub trait Store: Send + Sync {
     /// [`StoreError::Corrupt`] when the rows are fewer than the record says, [`StoreError::Io`].
     fn metrics(&self, key: &Hash, name: Option<&str>) -> Result<Series, StoreError>;
 
+    /// The file holding the text and backtrace of the job's last failure, where the store keeps
+    /// one and the job has failed (`FsStore`: `ROOT/jobs/KEY/error.txt`).
+    fn failure_file(&self, _key: &Hash) -> Option<PathBuf> {
+        None
+    }
+
     /// A folder for the job's artifacts, where the store has one (created on demand).
     fn artifact_dir(&self, _key: &Hash) -> Option<PathBuf> {
         None

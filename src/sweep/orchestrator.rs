@@ -1,7 +1,7 @@
 //! [`Orchestrator`]: the sweep engine.
 
 use std::collections::{HashMap, HashSet};
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::sync::Arc;
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
@@ -416,6 +416,11 @@ impl<S: Store, E: Executor> Orchestrator<S, E> {
     /// # Errors
     /// [`Error::Store`] when the store cannot be read.
     pub fn decide(&self, run: &PendingRun) -> Result<JobDecision> {
+        Ok(self.decide_in_store(run)?)
+    }
+
+    /// [`decide`](Self::decide), whose only failure is reading the store.
+    fn decide_in_store(&self, run: &PendingRun) -> std::result::Result<JobDecision, StoreError> {
         let rec = self.store.record(&run.key)?;
         let lineage = match rec {
             None => self.store.lineage(&run.lineage)?,
@@ -429,7 +434,7 @@ impl<S: Store, E: Executor> Orchestrator<S, E> {
         run: &PendingRun,
         rec: Option<JobRecord>,
         lineage: Option<Hash>,
-    ) -> Result<JobDecision> {
+    ) -> std::result::Result<JobDecision, StoreError> {
         let mut reasons = Vec::new();
         let mut action = Action::Run;
         let mut replaces = None;
@@ -521,7 +526,7 @@ impl<S: Store, E: Executor> Orchestrator<S, E> {
             .zip(recs)
             .zip(prev)
             .map(|((p, r), l)| self.decide_with(p, r, l))
-            .collect::<Result<Vec<_>>>()?;
+            .collect::<std::result::Result<Vec<_>, _>>()?;
         Ok(Plan { decisions })
     }
 
@@ -558,9 +563,9 @@ impl<S: Store, E: Executor> Orchestrator<S, E> {
             })
         };
         for (i, p) in queue.iter().enumerate() {
-            let decision = match self.decide(p) {
+            let decision = match self.decide_in_store(p) {
                 Ok(d) => d,
-                Err(e) => return Err(fail(&outcomes, FailureCause::Store(store_err(e)))),
+                Err(e) => return Err(fail(&outcomes, FailureCause::Store(e))),
             };
             match decision.action {
                 Action::Skip => {
@@ -574,17 +579,11 @@ impl<S: Store, E: Executor> Orchestrator<S, E> {
                     });
                 }
                 Action::Wait => waiting.push(i),
-                Action::Run => match self.try_execute(i, total, p, decision) {
-                    Ok(Some(o)) => {
-                        let failed = matches!(o, Outcome::Failed { .. });
-                        outcomes[i] = Some(o);
-                        if failed {
-                            return Err(self.job_failed(&queue, &outcomes, i));
-                        }
+                Action::Run => {
+                    if self.execute_into(&queue, &mut outcomes, i, decision)? {
+                        waiting.push(i);
                     }
-                    Ok(None) => waiting.push(i),
-                    Err(e) => return Err(fail(&outcomes, FailureCause::Store(e))),
-                },
+                }
             }
         }
         // Runs held by other processes: wait for their result, or take them over if their
@@ -624,22 +623,12 @@ impl<S: Store, E: Executor> Orchestrator<S, E> {
                         still.push(i);
                     }
                     _ => {
-                        let decision = match self.decide(p) {
+                        let decision = match self.decide_in_store(p) {
                             Ok(d) => d,
-                            Err(e) => {
-                                return Err(fail(&outcomes, FailureCause::Store(store_err(e))));
-                            }
-                        };
-                        match self.try_execute(i, total, p, decision) {
-                            Ok(Some(o)) => {
-                                let failed = matches!(o, Outcome::Failed { .. });
-                                outcomes[i] = Some(o);
-                                if failed {
-                                    return Err(self.job_failed(&queue, &outcomes, i));
-                                }
-                            }
-                            Ok(None) => still.push(i),
                             Err(e) => return Err(fail(&outcomes, FailureCause::Store(e))),
+                        };
+                        if self.execute_into(&queue, &mut outcomes, i, decision)? {
+                            still.push(i);
                         }
                     }
                 }
@@ -652,6 +641,32 @@ impl<S: Store, E: Executor> Orchestrator<S, E> {
         self.queue.clear();
         self.queued_keys.clear();
         Ok(summary_of(&queue, &outcomes))
+    }
+
+    /// Executes run `i` of `queue` in this process and records its outcome. `Ok(true)`: another
+    /// process holds it (wait); `Err`: the run failed (the drain stops) or the store failed.
+    fn execute_into(
+        &mut self,
+        queue: &[PendingRun],
+        outcomes: &mut [Option<Outcome>],
+        i: usize,
+        decision: JobDecision,
+    ) -> std::result::Result<bool, Box<RunFailed>> {
+        match self.try_execute(i, queue.len(), &queue[i], decision) {
+            Ok(Some(o)) => {
+                let failed = matches!(o, Outcome::Failed { .. });
+                outcomes[i] = Some(o);
+                if failed {
+                    return Err(self.job_failed(queue, outcomes, i));
+                }
+                Ok(false)
+            }
+            Ok(None) => Ok(true),
+            Err(e) => Err(Box::new(RunFailed {
+                summary: summary_of(queue, outcomes),
+                cause: FailureCause::Store(e),
+            })),
+        }
     }
 
     pub(super) fn job_failed(
@@ -673,11 +688,7 @@ impl<S: Store, E: Executor> Orchestrator<S, E> {
             Some(Outcome::Failed { failure }) => failure.clone(),
             _ => failure("error", "unknown failure".into(), None),
         };
-        let error_file = self
-            .store
-            .artifact_dir(&p.key)
-            .and_then(|d| d.parent().map(|d| d.join("error.txt")))
-            .filter(|p| p.is_file());
+        let error_file = self.store.failure_file(&p.key);
         Box::new(RunFailed {
             summary: summary_of(queue, outcomes),
             cause: FailureCause::Job {
@@ -874,16 +885,6 @@ impl<S: Store, E: Executor> Orchestrator<S, E> {
     /// The folder of a job's artifacts, where the store has one.
     pub fn artifact_dir(&self, key: &Hash) -> Option<PathBuf> {
         self.store.artifact_dir(key)
-    }
-}
-
-fn store_err(e: Error) -> StoreError {
-    match e {
-        Error::Store(s) => s,
-        other => StoreError::Corrupt {
-            path: Path::new("").to_path_buf(),
-            reason: other.to_string(),
-        },
     }
 }
 
