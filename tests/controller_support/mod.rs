@@ -128,8 +128,13 @@ pub fn audit(dir: &Path) -> Audit {
     }
     if let Ok(rd) = std::fs::read_dir(dir.join("attempts")) {
         for e in rd {
-            let name = e.unwrap().file_name().to_string_lossy().into_owned();
-            if !name.starts_with('.') && !submitted.contains(&name) {
+            let e = e.unwrap();
+            let name = e.file_name().to_string_lossy().into_owned();
+            // A folder without `attempt.json` is a submit killed between creating the folder
+            // and recording the job: no job exists (the executor's `find` says so, and the
+            // controller gives the intent up). Any folder with a job must be in the journal.
+            let has_job = e.path().join("attempt.json").exists();
+            if !name.starts_with('.') && has_job && !submitted.contains(&name) {
                 a.duplicates
                     .push(format!("attempt folder {name} unknown to the journal"));
             }
