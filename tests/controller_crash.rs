@@ -13,12 +13,35 @@ use std::time::{Duration, Instant};
 use controller_support::{Rng, audit, result, spawn, spawn_env};
 
 fn run_to_completion(dir: &std::path::Path) {
-    let mut c = spawn(dir, &[]);
-    let st = c.wait().unwrap();
+    // Output is kept (in the campaign folder) so a failure says why the campaign exited.
+    let log = dir.with_extension("log");
+    let out = std::process::Command::new(controller_support::campaign_exe())
+        .arg("--dir")
+        .arg(dir)
+        .args(["--quiet", "--poll-ms", "100"])
+        .stdin(std::process::Stdio::null())
+        .output()
+        .unwrap();
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let _ = std::fs::write(&log, &text);
+    let tail: String = text
+        .lines()
+        .rev()
+        .take(15)
+        .collect::<Vec<_>>()
+        .into_iter()
+        .rev()
+        .collect::<Vec<_>>()
+        .join("\n");
     assert!(
-        st.success(),
-        "campaign in {} exited with {st}",
-        dir.display()
+        out.status.success(),
+        "campaign in {} exited with {}; last output:\n{tail}",
+        dir.display(),
+        out.status
     );
 }
 
