@@ -8,6 +8,9 @@
 
 mod controller_support;
 
+#[path = "support/watchdog.rs"]
+mod watchdog;
+
 use std::time::{Duration, Instant};
 
 use controller_support::{Rng, audit, result, spawn, spawn_env};
@@ -47,6 +50,10 @@ fn run_to_completion(dir: &std::path::Path) {
 
 #[test]
 fn kill_9_at_random_moments_and_restart() {
+    let _watchdog = watchdog::Watchdog::start(
+        "kill_9_at_random_moments_and_restart",
+        Duration::from_secs(1200),
+    );
     let trials: usize = std::env::var("PUZZLETRON_CRASH_TRIALS")
         .ok()
         .and_then(|v| v.parse().ok())
@@ -130,6 +137,10 @@ fn kill_9_at_random_moments_and_restart() {
 /// again. n = 1 (`prepare`), 3 and 5 (shards of `score`, in one batch).
 #[test]
 fn crash_between_submit_and_handle_is_adopted_not_resubmitted() {
+    let _watchdog = watchdog::Watchdog::start(
+        "crash_between_submit_and_handle_is_adopted_not_resubmitted",
+        Duration::from_secs(1200),
+    );
     let root = tempfile::tempdir().unwrap();
     let reference_dir = root.path().join("reference");
     run_to_completion(&reference_dir);

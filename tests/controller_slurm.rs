@@ -13,6 +13,9 @@
 
 mod controller_support;
 
+#[path = "support/watchdog.rs"]
+mod watchdog;
+
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -154,6 +157,10 @@ fn check_campaign(dir: &Path, reference: &serde_json::Value) -> (usize, usize) {
 
 #[test]
 fn slurm_crash_trials_match_local_results_with_one_job_per_attempt() {
+    let _watchdog = watchdog::Watchdog::start(
+        "slurm_crash_trials_match_local_results_with_one_job_per_attempt",
+        Duration::from_secs(600),
+    );
     if !cluster_or_skip("slurm crash trials") {
         return;
     }
@@ -240,6 +247,8 @@ fn slurmctld_pid() -> Option<i32> {
 
 #[test]
 fn slurmctld_restart_mid_campaign() {
+    let _watchdog =
+        watchdog::Watchdog::start("slurmctld_restart_mid_campaign", Duration::from_secs(600));
     if !cluster_or_skip("slurmctld restart") {
         return;
     }
@@ -304,6 +313,10 @@ fn slurmctld_restart_mid_campaign() {
 
 #[test]
 fn detach_reattaches_and_cancel_leaves_no_job_in_squeue() {
+    let _watchdog = watchdog::Watchdog::start(
+        "detach_reattaches_and_cancel_leaves_no_job_in_squeue",
+        Duration::from_secs(600),
+    );
     if !cluster_or_skip("detach/cancel") {
         return;
     }

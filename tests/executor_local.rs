@@ -398,3 +398,31 @@ async fn killed_wrapper_is_reported_not_hidden() {
         st[0]
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_launch_claim_caught_before_its_time_is_written_is_launching_not_lost() {
+    // A controller that dies (or is read) between creating `launching` and writing the time
+    // leaves it empty: its age comes from the file, so it is "launching" for the grace, then
+    // Lost, never Lost at once.
+    let root = tempfile::tempdir().unwrap();
+    let e = exec(root.path()).max_concurrent(1).build().unwrap();
+    let busy = e
+        .submit(&AttemptSpec::new(id("busy"), sh("sleep 3")))
+        .await
+        .unwrap();
+    let queued = e
+        .submit(&AttemptSpec::new(id("queued"), sh("true")))
+        .await
+        .unwrap();
+    let dir = e.attempt_dir(&queued.attempt_id);
+    std::fs::write(dir.join("launching"), b"").unwrap();
+    let fresh = exec(root.path()).build().unwrap();
+    let s = fresh
+        .poll(std::slice::from_ref(&queued))
+        .await
+        .unwrap()
+        .remove(0);
+    assert_eq!(s.state, JobState::Pending, "{s:?}");
+    assert_eq!(s.reason.as_deref(), Some("launching"), "{s:?}");
+    e.cancel(&busy).await.unwrap();
+}

@@ -14,6 +14,9 @@ use puzzletron::sweep::{FailureCause, JobResult, Outcome, Run};
 use puzzletron::{Orchestrator, Store, job};
 use serde::{Deserialize, Serialize};
 
+#[path = "support/watchdog.rs"]
+mod watchdog;
+
 #[cfg(feature = "slurm")]
 #[path = "support/slurm.rs"]
 mod slurm_support;
@@ -381,6 +384,7 @@ fn main() {
     if let Some(base) = std::env::var_os(ROLE_ENV) {
         parent_role(&PathBuf::from(base));
     }
+    let _watchdog = watchdog::Watchdog::start("sweep_isolated", Duration::from_secs(900));
     let tmp = tempfile::tempdir().unwrap();
     let t0 = Instant::now();
     isolated_equals_in_process(&tmp.path().join("a"));

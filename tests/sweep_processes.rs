@@ -7,6 +7,9 @@
 
 mod common;
 
+#[path = "support/watchdog.rs"]
+mod watchdog;
+
 use std::collections::HashMap;
 use std::path::Path;
 use std::process::{Child, Command, Stdio};
@@ -137,6 +140,10 @@ fn check_store(store_dir: &Path, keys: &[Hash]) -> usize {
 
 #[test]
 fn sigkill_at_random_moments_never_tears_a_record() {
+    let _watchdog = watchdog::Watchdog::start(
+        "sigkill_at_random_moments_never_tears_a_record",
+        Duration::from_secs(300),
+    );
     let dir = tempfile::tempdir().unwrap();
     let store = dir.path().join("store");
     let keys = enqueue(&mut orchestrator(&store), 20);
@@ -180,6 +187,10 @@ fn sigkill_at_random_moments_never_tears_a_record() {
 
 #[test]
 fn three_concurrent_drains_run_each_job_once() {
+    let _watchdog = watchdog::Watchdog::start(
+        "three_concurrent_drains_run_each_job_once",
+        Duration::from_secs(300),
+    );
     let dir = tempfile::tempdir().unwrap();
     let store = dir.path().join("store");
     let side = dir.path().join("executions.txt");
@@ -212,6 +223,10 @@ fn three_concurrent_drains_run_each_job_once() {
 
 #[test]
 fn keys_do_not_depend_on_the_working_directory() {
+    let _watchdog = watchdog::Watchdog::start(
+        "keys_do_not_depend_on_the_working_directory",
+        Duration::from_secs(300),
+    );
     let dir = tempfile::tempdir().unwrap();
     let store = dir.path().join("store");
     let (a, b) = (dir.path().join("a"), dir.path().join("b/c"));
@@ -241,6 +256,10 @@ fn keys_do_not_depend_on_the_working_directory() {
 
 #[test]
 fn a_worker_without_main_guard_refuses_to_build_a_sweep() {
+    let _watchdog = watchdog::Watchdog::start(
+        "a_worker_without_main_guard_refuses_to_build_a_sweep",
+        Duration::from_secs(300),
+    );
     let dir = tempfile::tempdir().unwrap();
     let out = Command::new(std::env::current_exe().unwrap())
         .args([

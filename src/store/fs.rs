@@ -30,6 +30,9 @@ const FORMAT_FILE: &str = "puzzletron-store.json";
 /// An empty or unreadable claim (its creator died between create and write) counts as live
 /// for this long, then as stale.
 const UNWRITTEN_CLAIM_GRACE: Duration = Duration::from_secs(5);
+/// A takeover is three syscalls; a tomb whose link is older than this was left by a taker that
+/// died between pinning the stale claim and removing it, and is cleared so others can take over.
+const TAKEOVER_GRACE: Duration = Duration::from_secs(5);
 
 /// A [`Store`] in a folder on a local or shared filesystem. Several processes, on one or many
 /// hosts, may use one folder at once.
@@ -262,7 +265,14 @@ impl FsStore {
         let tomb = dir.join(format!("claim.stale.{}", sanitize(&stale.owner.nonce)));
         match fs::hard_link(&claim, &tomb) {
             Ok(()) => {}
-            Err(e) if e.kind() == io::ErrorKind::AlreadyExists => return Ok(false),
+            Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {
+                // Another taker pinned it first. Without this, a taker killed between its link and
+                // its remove would leave the stale claim pinned forever and every drain waiting.
+                if link_age(&tomb).is_some_and(|age| age >= TAKEOVER_GRACE) {
+                    let _ = fs::remove_file(&tomb);
+                }
+                return Ok(false);
+            }
             Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(true),
             Err(e) => {
                 return Err(StoreError::Io {
@@ -307,6 +317,21 @@ impl FsStore {
             }
         }
     }
+}
+
+/// Time since `path`'s inode last changed status (`st_ctime`, which `link(2)` updates, see
+/// link(2) and inode(7)); `None` when it cannot be read.
+fn link_age(path: &Path) -> Option<Duration> {
+    use std::os::unix::fs::MetadataExt;
+    let m = fs::symlink_metadata(path).ok()?;
+    let secs = u64::try_from(m.ctime()).ok()?;
+    let nanos = u32::try_from(m.ctime_nsec()).ok()?;
+    let changed = SystemTime::UNIX_EPOCH + Duration::new(secs, nanos);
+    Some(
+        SystemTime::now()
+            .duration_since(changed)
+            .unwrap_or_default(),
+    )
 }
 
 /// The entry names of a folder.
@@ -690,5 +715,71 @@ impl MetricSink for FsSink {
             rows: self.rows,
             names: self.names.iter().cloned().collect(),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A claim whose owner is dead (pid 0 never has a `/proc` entry).
+    fn dead_owner() -> Owner {
+        Owner {
+            host: super::super::hostname(),
+            pid: 0,
+            start_ticks: Some(1),
+            nonce: "deadowner".into(),
+        }
+    }
+
+    #[test]
+    fn a_taker_killed_mid_takeover_does_not_pin_the_claim_forever() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = FsStore::open(dir.path().join("s")).unwrap();
+        let key = Hash::of("job");
+        let jd = store.job_dir(&key);
+        fs::create_dir_all(&jd).unwrap();
+        fs::write(jd.join("claim"), serde_json::to_vec(&dead_owner()).unwrap()).unwrap();
+        // What a taker leaves when killed right after pinning: the tomb, and the claim in place.
+        fs::hard_link(jd.join("claim"), jd.join("claim.stale.deadowner")).unwrap();
+        let me = Owner::current();
+        // Right after the pin, another taker may still be at work: back off.
+        match store.claim(&key, &me, None).unwrap() {
+            ClaimOutcome::Busy(o) => assert_eq!(o.nonce, "deadowner"),
+            other => panic!("expected busy while the pin is fresh, got {other:?}"),
+        }
+        std::thread::sleep(TAKEOVER_GRACE + Duration::from_millis(300));
+        // The first turn past the grace clears the abandoned pin, the next takes the claim.
+        let mut outcome = store.claim(&key, &me, None).unwrap();
+        if matches!(outcome, ClaimOutcome::Busy(_)) {
+            outcome = store.claim(&key, &me, None).unwrap();
+        }
+        match outcome {
+            ClaimOutcome::Claimed(c) => assert_eq!(c.owner.nonce, me.nonce),
+            other => panic!("expected the stale claim to be taken over, got {other:?}"),
+        }
+        assert_eq!(
+            store.claim_info(&key).unwrap().unwrap().owner.nonce,
+            me.nonce
+        );
+    }
+
+    #[test]
+    fn a_fresh_pin_is_never_cleared() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = FsStore::open(dir.path().join("s")).unwrap();
+        let key = Hash::of("job");
+        let jd = store.job_dir(&key);
+        fs::create_dir_all(&jd).unwrap();
+        fs::write(jd.join("claim"), serde_json::to_vec(&dead_owner()).unwrap()).unwrap();
+        fs::hard_link(jd.join("claim"), jd.join("claim.stale.deadowner")).unwrap();
+        let info = store.claim_info(&key).unwrap().unwrap();
+        assert!(!info.live);
+        assert!(!store.take_over(&key, &info).unwrap());
+        assert!(
+            jd.join("claim.stale.deadowner").exists(),
+            "a fresh pin stays"
+        );
+        assert!(jd.join("claim").exists(), "the claim stays while pinned");
     }
 }

@@ -527,7 +527,16 @@ impl Inner {
             )));
         }
         if let Some(t) = folder::read_opt(&dir.join(folder::LAUNCHING_FILE))? {
-            let t = t.trim().parse::<u64>().unwrap_or(0);
+            // Empty while its creator is between create and write (or died there): the file's
+            // mtime tells when the launch was claimed.
+            let launching = dir.join(folder::LAUNCHING_FILE);
+            let t = t.trim().parse::<u64>().ok().unwrap_or_else(|| {
+                std::fs::metadata(&launching)
+                    .and_then(|m| m.modified())
+                    .ok()
+                    .and_then(|m| m.duration_since(std::time::UNIX_EPOCH).ok())
+                    .map_or(0, |d| d.as_millis() as u64)
+            });
             return Ok(FolderView::Status(
                 if now_ms().saturating_sub(t) < LAUNCH_GRACE.as_millis() as u64 {
                     status(JobState::Pending).with_reason("launching")
