@@ -426,3 +426,86 @@ async fn a_launch_claim_caught_before_its_time_is_written_is_launching_not_lost(
     assert_eq!(s.reason.as_deref(), Some("launching"), "{s:?}");
     e.cancel(&busy).await.unwrap();
 }
+
+/// The pid and start ticks of a process that has exited (the claimer of an abandoned launch).
+fn dead_process() -> (u32, u64) {
+    let mut c = std::process::Command::new("true").spawn().unwrap();
+    let pid = c.id();
+    c.wait().unwrap();
+    (pid, 12345)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_launch_abandoned_by_a_dead_controller_runs_once_not_lost() {
+    // The controller died between claiming the launch and starting the wrapper: the job never
+    // ran, so a fresh controller launches it (it used to be Lost after 30 s, and a strict
+    // campaign failed on it).
+    let root = tempfile::tempdir().unwrap();
+    let e = exec(root.path()).max_concurrent(1).build().unwrap();
+    let busy = e
+        .submit(&AttemptSpec::new(id("busy"), sh("sleep 30")))
+        .await
+        .unwrap();
+    let queued = e
+        .submit(&AttemptSpec::new(
+            id("queued"),
+            sh("echo run >> \"$PUZZLETRON_ATTEMPT_DIR/runs\""),
+        ))
+        .await
+        .unwrap();
+    let dir = e.attempt_dir(&queued.attempt_id);
+    let (pid, ticks) = dead_process();
+    std::fs::write(dir.join("launching"), format!("1 {pid} {ticks}\n")).unwrap();
+    let fresh = exec(root.path()).build().unwrap();
+    let s = fresh
+        .poll(std::slice::from_ref(&queued))
+        .await
+        .unwrap()
+        .remove(0);
+    assert_eq!(s.state, JobState::Pending, "{s:?}");
+    let st = wait(&fresh, std::slice::from_ref(&queued)).await;
+    assert_eq!(st[0].state, JobState::Completed, "{:?}", st[0]);
+    assert_eq!(st[0].exit_code, Some(0), "{:?}", st[0]);
+    // The first controller, still alive, reaches the job once `busy` ends: it must not run
+    // it again.
+    e.cancel(&busy).await.unwrap();
+    let st = wait(&e, &[busy, queued]).await;
+    assert_eq!(st[1].state, JobState::Completed, "{:?}", st[1]);
+    assert_eq!(std::fs::read_to_string(dir.join("runs")).unwrap(), "run\n");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cancelling_an_abandoned_launch_never_runs_it() {
+    let root = tempfile::tempdir().unwrap();
+    let e = exec(root.path()).max_concurrent(1).build().unwrap();
+    let busy = e
+        .submit(&AttemptSpec::new(id("busy"), sh("sleep 30")))
+        .await
+        .unwrap();
+    let queued = e
+        .submit(&AttemptSpec::new(
+            id("queued"),
+            sh("echo run >> \"$PUZZLETRON_ATTEMPT_DIR/runs\""),
+        ))
+        .await
+        .unwrap();
+    let dir = e.attempt_dir(&queued.attempt_id);
+    let (pid, ticks) = dead_process();
+    std::fs::write(dir.join("launching"), format!("1 {pid} {ticks}\n")).unwrap();
+    let fresh = exec(root.path()).build().unwrap();
+    fresh.cancel(&queued).await.unwrap();
+    let st = wait(&fresh, std::slice::from_ref(&queued)).await;
+    assert!(
+        matches!(st[0].state, JobState::Cancelled { .. }),
+        "{:?}",
+        st[0]
+    );
+    e.cancel(&busy).await.unwrap();
+    let st = wait(&e, &[busy, queued]).await;
+    assert!(
+        matches!(st[1].state, JobState::Cancelled { .. }),
+        "{:?}",
+        st[1]
+    );
+    assert!(!dir.join("runs").exists(), "a cancelled job ran");
+}

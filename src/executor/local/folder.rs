@@ -27,6 +27,9 @@ use crate::executor::{AttemptSpec, ExecutorError};
 /// File names inside an attempt folder.
 pub(crate) const ATTEMPT_FILE: &str = "attempt.json";
 pub(crate) const LAUNCHING_FILE: &str = "launching";
+/// Created exclusively by the wrapper before it starts the job: whichever wrapper creates it
+/// runs the job, so a launch retaken from a dead controller never runs the job twice.
+pub(crate) const STARTED_FILE: &str = "started";
 pub(crate) const WRAPPER_FILE: &str = "wrapper";
 pub(crate) const JOB_FILE: &str = "job";
 pub(crate) const CANCEL_FILE: &str = "cancel";
@@ -232,6 +235,77 @@ pub(crate) fn proc_start_ticks(pid: i32) -> Option<u64> {
         return None;
     }
     fields.nth(18)?.parse().ok() // field 22
+}
+
+/// A launch claim (`launching`): when it was made and, when recorded, by which process.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct LaunchClaim {
+    /// Milliseconds since the Unix epoch.
+    pub at_ms: u64,
+    /// The claiming process: pid and start ticks.
+    pub claimer: Option<(i32, u64)>,
+}
+
+impl LaunchClaim {
+    /// A claim by this process, now.
+    pub(crate) fn mine(now_ms: u64) -> Self {
+        let pid = std::process::id() as i32;
+        Self {
+            at_ms: now_ms,
+            claimer: proc_start_ticks(pid).map(|t| (pid, t)),
+        }
+    }
+
+    /// The file's text: `<ms> [<pid> <start ticks>]`.
+    pub(crate) fn text(&self) -> String {
+        match self.claimer {
+            Some((pid, ticks)) => format!("{} {pid} {ticks}\n", self.at_ms),
+            None => format!("{}\n", self.at_ms),
+        }
+    }
+
+    /// Reads `dir/launching`; `None` when absent. Text that does not parse (its creator is
+    /// between create and write, or died there) is dated by the file's mtime, claimer unknown.
+    pub(crate) fn read(dir: &Path) -> Result<Option<Self>, ExecutorError> {
+        let path = dir.join(LAUNCHING_FILE);
+        let Some(text) = read_opt(&path)? else {
+            return Ok(None);
+        };
+        let mut it = text.split_whitespace();
+        let at_ms = it.next().and_then(|t| t.parse::<u64>().ok());
+        let pid = it.next().and_then(|p| p.parse::<i32>().ok());
+        let ticks = it.next().and_then(|t| t.parse::<u64>().ok());
+        let at_ms = at_ms.unwrap_or_else(|| {
+            fs::metadata(&path)
+                .and_then(|m| m.modified())
+                .ok()
+                .and_then(|m| m.duration_since(std::time::UNIX_EPOCH).ok())
+                .map_or(0, |d| d.as_millis() as u64)
+        });
+        let claimer = match (pid, ticks) {
+            (Some(p), Some(t)) if p > 0 => Some((p, t)),
+            _ => None,
+        };
+        Ok(Some(Self { at_ms, claimer }))
+    }
+
+    /// Whether the claimer is known to be dead.
+    pub(crate) fn claimer_dead(&self) -> bool {
+        self.claimer
+            .is_some_and(|(pid, ticks)| !is_same_process_alive(pid, ticks))
+    }
+}
+
+/// Whether a launch was claimed by a controller that died before any wrapper got as far as
+/// `started`: the job never ran, and may be launched again.
+pub(crate) fn launch_abandoned(dir: &Path) -> Result<bool, ExecutorError> {
+    let Some(claim) = LaunchClaim::read(dir)? else {
+        return Ok(false);
+    };
+    Ok(claim.claimer_dead()
+        && !dir.join(STARTED_FILE).exists()
+        && !dir.join(WRAPPER_FILE).exists()
+        && !dir.join(EXIT_FILE).exists())
 }
 
 /// Whether the process `pid` is alive and is the one that started at `ticks`.

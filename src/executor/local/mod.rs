@@ -361,6 +361,20 @@ impl Inner {
         self.dispatch(&mut st);
     }
 
+    /// Takes a queued job's launch so that it never starts: the launch claim (fresh, or
+    /// retaken from a dead controller), then `started`, which no wrapper can create after us.
+    /// `false`: a launch is under way or done.
+    fn claim_to_cancel(dir: &Path) -> Result<bool, ExecutorError> {
+        let claim = folder::LaunchClaim::mine(now_ms()).text();
+        if !folder::create_exclusive(dir, folder::LAUNCHING_FILE, &claim)? {
+            if !folder::launch_abandoned(dir)? {
+                return Ok(false);
+            }
+            folder::write_replace(dir, folder::LAUNCHING_FILE, claim.as_bytes())?;
+        }
+        folder::create_exclusive(dir, folder::STARTED_FILE, "cancelled\n")
+    }
+
     /// Claims, launches and waits for the job. `Ok(None)`: another controller claimed it.
     fn launch_and_wait(
         &self,
@@ -369,8 +383,14 @@ impl Inner {
     ) -> Result<Option<JobStatus>, ExecutorError> {
         let spec = &rec.spec;
         let dir = self.dir(&spec.attempt_id);
-        if !folder::create_exclusive(&dir, folder::LAUNCHING_FILE, &now_ms().to_string())? {
-            return Ok(None);
+        let claim = folder::LaunchClaim::mine(now_ms()).text();
+        if !folder::create_exclusive(&dir, folder::LAUNCHING_FILE, &claim)? {
+            // Retaken only from a controller that died before its wrapper started the job; if
+            // that wrapper is starting after all, the exclusive `started` decides who runs it.
+            if !folder::launch_abandoned(&dir)? {
+                return Ok(None);
+            }
+            folder::write_replace(&dir, folder::LAUNCHING_FILE, claim.as_bytes())?;
         }
         let log = self.log_path(spec);
         let argv = self.argv(spec)?;
@@ -417,6 +437,10 @@ impl Inner {
                 wrapper_pid
             }
             Launch::Failed { wrapper_pid, .. } | Launch::WrapperDied { wrapper_pid } => wrapper_pid,
+            Launch::AlreadyStarted { wrapper_pid } => {
+                wrapper::reap(wrapper_pid);
+                return Ok(None);
+            }
         };
         wrapper::reap(wrapper_pid);
         self.status_from_folder(&spec.attempt_id).map(Some)
@@ -526,24 +550,22 @@ impl Inner {
                 ),
             )));
         }
-        if let Some(t) = folder::read_opt(&dir.join(folder::LAUNCHING_FILE))? {
-            // Empty while its creator is between create and write (or died there): the file's
-            // mtime tells when the launch was claimed.
-            let launching = dir.join(folder::LAUNCHING_FILE);
-            let t = t.trim().parse::<u64>().ok().unwrap_or_else(|| {
-                std::fs::metadata(&launching)
-                    .and_then(|m| m.modified())
-                    .ok()
-                    .and_then(|m| m.duration_since(std::time::UNIX_EPOCH).ok())
-                    .map_or(0, |d| d.as_millis() as u64)
-            });
+        if let Some(claim) = folder::LaunchClaim::read(&dir)? {
+            // A controller that died between its launch claim and the wrapper's start: the job
+            // never ran, so it is queued again (see `launch_and_wait`).
+            if let Some(r) = &rec
+                && folder::launch_abandoned(&dir)?
+            {
+                return Ok(FolderView::Queued(Box::new(r.clone())));
+            }
+            let t = claim.at_ms;
             return Ok(FolderView::Status(
                 if now_ms().saturating_sub(t) < LAUNCH_GRACE.as_millis() as u64 {
                     status(JobState::Pending).with_reason("launching")
                 } else {
                     status(JobState::Lost).with_reason(format!(
-                        "launch claimed at {t} ms but no wrapper started (controller died \
-                         while launching?) in {}",
+                        "launch claimed at {t} ms but no wrapper started (killed while \
+                         launching?) in {}",
                         dir.display()
                     ))
                 },
@@ -872,8 +894,7 @@ impl Executor for LocalExecutor {
             }
         };
         // If someone started it meanwhile, the claim fails: cancel it as a running job.
-        if queued && folder::create_exclusive(&dir, folder::LAUNCHING_FILE, &now_ms().to_string())?
-        {
+        if queued && Inner::claim_to_cancel(&dir)? {
             let t = now_ms();
             let rec = format!("status=cancelled_before_start\nstart_ms={t}\nend_ms={t}\n");
             folder::write_atomic(&dir, folder::EXIT_FILE, rec.as_bytes())?;

@@ -10,7 +10,8 @@
 //!
 //! ```text
 //! controller --fork--> wrapper (setsid: own session; stdio -> /dev/null, log, log;
-//!                       |        every other fd closed; writes `wrapper`)
+//!                       |        every other fd closed; creates `started` exclusively or
+//!                       |        exits at once; writes `wrapper`)
 //!                       +--fork--> job (setpgid: own process group; signals reset;
 //!                       |           chdir; execve(argv, envp) -- no shell)
 //!                       | writes `job` (pid + start ticks), tells the controller "started"
@@ -31,7 +32,7 @@ use libc::c_int;
 
 use crate::executor::ExecutorError;
 
-use super::folder::{EXIT_FILE, JOB_FILE, WRAPPER_FILE};
+use super::folder::{EXIT_FILE, JOB_FILE, STARTED_FILE, WRAPPER_FILE};
 
 /// Everything the wrapper needs, allocated before the fork.
 pub(crate) struct Prepared {
@@ -42,6 +43,7 @@ pub(crate) struct Prepared {
     envp_ptrs: Vec<*const libc::c_char>,
     cwd: Option<CString>,
     dir: CString,
+    started_path: CString,
     wrapper_tmp: CString,
     wrapper_path: CString,
     job_tmp: CString,
@@ -106,6 +108,7 @@ impl Prepared {
             envp_ptrs,
             cwd: cwd.map(|c| path_c("command.cwd", c)).transpose()?,
             dir: path_c("attempt folder", dir)?,
+            started_path: path_c("attempt folder", &dir.join(STARTED_FILE))?,
             wrapper_tmp: path_c("attempt folder", &dir.join(".wrapper.tmp"))?,
             wrapper_path: path_c("attempt folder", &dir.join(WRAPPER_FILE))?,
             job_tmp: path_c("attempt folder", &dir.join(".job.tmp"))?,
@@ -126,6 +129,9 @@ pub(crate) enum Launch {
     Started { wrapper_pid: i32, job_pid: i32 },
     /// The exec (or chdir) failed with `errno`; the wrapper recorded it and exits.
     Failed { wrapper_pid: i32, errno: i32 },
+    /// Another wrapper (or a cancel) got to the attempt first: this one exited without
+    /// starting anything.
+    AlreadyStarted { wrapper_pid: i32 },
     /// The wrapper died before saying anything (it was killed); nothing is known.
     WrapperDied { wrapper_pid: i32 },
 }
@@ -180,6 +186,7 @@ pub(crate) fn launch(p: &Prepared, log: &Path) -> Result<Launch, ExecutorError> 
             wrapper_pid: pid,
             job_pid: val,
         },
+        (5, b'D') => Launch::AlreadyStarted { wrapper_pid: pid },
         (5, b'E') => Launch::Failed {
             wrapper_pid: pid,
             errno: val,
@@ -449,6 +456,33 @@ unsafe fn wrapper_main(p: &Prepared, null_fd: c_int, log_fd: c_int, notify_w: c_
         close_from(4);
         libc::fcntl(notify, libc::F_SETFD, libc::FD_CLOEXEC);
 
+        // The one decision that keeps a job from starting twice when a launch is retaken from
+        // a dead controller: only the wrapper that creates `started` goes on.
+        let sfd = libc::open(
+            p.started_path.as_ptr(),
+            libc::O_WRONLY | libc::O_CREAT | libc::O_EXCL | libc::O_CLOEXEC,
+            0o644,
+        );
+        if sfd < 0 {
+            let err = errno();
+            if err == libc::EEXIST {
+                write_all(notify, &[b'D', 0, 0, 0, 0]);
+                libc::_exit(0);
+            }
+            let mut r = StackBuf::new();
+            let t = now_ms();
+            let _ = write!(
+                r,
+                "status=launch_failed\nerrno={err}\nstart_ms={t}\nend_ms={t}\n"
+            );
+            write_file_atomic(&p.dir, &p.exit_tmp, &p.exit_path, r.bytes(), true);
+            let mut m = [b'E', 0, 0, 0, 0];
+            m[1..].copy_from_slice(&err.to_ne_bytes());
+            write_all(notify, &m);
+            libc::_exit(0);
+        }
+        libc::close(sfd);
+
         let me = libc::getpid();
         let mut b = StackBuf::new();
         let _ = writeln!(b, "{me} {}", start_ticks(p.proc_self_stat.as_ptr()));
@@ -589,5 +623,41 @@ mod tests {
             Some(start_ticks(proc_stat_path(me, &mut b))),
             super::super::folder::proc_start_ticks(me)
         );
+    }
+
+    #[test]
+    fn only_the_wrapper_that_creates_started_runs_the_job() {
+        let dir = tempfile::tempdir().unwrap();
+        let d = dir.path();
+        let marker = d.join("ran");
+        let script = format!("echo ran >> '{}'", marker.display());
+        let argv = ["sh".to_string(), "-c".into(), script];
+        let env: Vec<(std::ffi::OsString, std::ffi::OsString)> =
+            vec![("PATH".into(), "/usr/bin:/bin".into())];
+        let p = Prepared::new(
+            d,
+            Path::new("/bin/sh"),
+            &argv,
+            &env,
+            None,
+            None,
+            Duration::from_secs(1),
+        )
+        .unwrap();
+        let log = d.join("log");
+        let first = launch(&p, &log).unwrap();
+        let Launch::Started { wrapper_pid, .. } = first else {
+            panic!("first launch: {first:?}");
+        };
+        reap(wrapper_pid);
+        // A second wrapper for the same folder (a launch retaken from a controller thought
+        // dead) must stand down.
+        let second = launch(&p, &log).unwrap();
+        let Launch::AlreadyStarted { wrapper_pid } = second else {
+            panic!("second launch: {second:?}");
+        };
+        reap(wrapper_pid);
+        assert_eq!(std::fs::read_to_string(&marker).unwrap(), "ran\n");
+        assert!(d.join(EXIT_FILE).exists());
     }
 }
