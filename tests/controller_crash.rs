@@ -40,12 +40,22 @@ fn run_to_completion(dir: &std::path::Path) {
         .rev()
         .collect::<Vec<_>>()
         .join("\n");
-    assert!(
-        out.status.success(),
-        "campaign in {} exited with {}; last output:\n{tail}",
-        dir.display(),
-        out.status
-    );
+    if !out.status.success() {
+        // Kept outside the temporary folder, which is removed as the test unwinds.
+        let keep = std::env::temp_dir().join(format!(
+            "controller_crash-{}-{}.log",
+            std::process::id(),
+            dir.file_name().map_or("x".into(), |n| n.to_string_lossy())
+        ));
+        let _ = std::fs::write(&keep, &text);
+        panic!(
+            "campaign in {} exited with {} after {} bytes of output (kept in {}); last output:\n{tail}",
+            dir.display(),
+            out.status,
+            text.len(),
+            keep.display()
+        );
+    }
 }
 
 #[test]

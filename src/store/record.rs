@@ -93,9 +93,10 @@ pub fn process_start_ticks(pid: u32) -> Option<u64> {
     let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
     // The command name (field 2) is in parentheses and may hold spaces: split after the last ')'.
     let rest = &stat[stat.rfind(')')? + 2..];
-    // `rest` starts at field 3 (state); field 22 is index 19 here. A zombie is not alive.
+    // `rest` starts at field 3 (state); field 22 is index 19 here. A zombie (or a dying
+    // process, `X`) is not alive.
     let fields: Vec<&str> = rest.split_whitespace().collect();
-    if fields.first() == Some(&"Z") {
+    if matches!(fields.first(), Some(&"Z") | Some(&"X")) {
         return None;
     }
     fields.get(19)?.parse().ok()

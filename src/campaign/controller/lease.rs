@@ -1,13 +1,21 @@
 //! One controller per campaign: a lease in `<campaign>/controller/`.
 //!
-//! Two layers: an advisory `flock(2)` on `lease.lock` (released by the kernel when the holder
-//! dies, even by `kill -9`, so a crashed controller never blocks its successor on the same
-//! host), and `lease.json` naming the holder ([`Owner`]: host, pid, process start time) with a
+//! Two layers: an advisory POSIX record lock (`fcntl(F_SETLK)`, see fcntl(2)) on `lease.lock`,
+//! released by the kernel when the holder dies, even by `kill -9`, so a crashed controller
+//! never blocks its successor on the same host; and `lease.json` naming the holder ([`Owner`]: host, pid, process start time) with a
 //! heartbeat, for holders on other hosts of a shared file system. A background thread renews
 //! the heartbeat every `ttl / 4`, independently of the control loop, so a slow step (a long
 //! `sbatch`, a slow poll) can never let the lease lapse. If the file ever names someone else,
 //! the lease is *lost* and the controller stops ([`Lease::check`]).
+//!
+//! Why a record lock and not `flock(2)`: a flock belongs to the open file description, which a
+//! forked child shares. The local executor forks its wrappers from the controller, and a
+//! wrapper not yet past closing its inherited descriptors kept a dead controller's lease held
+//! (its successor was refused). A record lock belongs to the process and is never inherited
+//! (fcntl(2): "record locks are not inherited by a child created via fork"). Record locks do
+//! not exclude within one process, so a process-wide registry does that.
 
+use std::collections::HashSet;
 use std::fs::{File, OpenOptions};
 use std::os::fd::AsRawFd;
 use std::path::{Path, PathBuf};
@@ -53,10 +61,56 @@ pub struct Lease {
     campaign: PathBuf,
     file: PathBuf,
     _lock: File,
+    // Dropped after `_lock` (fields drop in order), so no other acquire in this process can
+    // open the file while the lock is still ours.
+    _registered: Registered,
     info: LeaseInfo,
     stop: Arc<AtomicBool>,
     lost: Arc<std::sync::Mutex<Option<String>>>,
     thread: Option<JoinHandle<()>>,
+}
+
+/// The controller folders whose lease this process holds.
+static HELD: std::sync::Mutex<Option<HashSet<PathBuf>>> = std::sync::Mutex::new(None);
+
+/// This process's hold on one controller folder; released on drop.
+#[derive(Debug)]
+struct Registered(PathBuf);
+
+impl Registered {
+    /// `None` when this process already holds it.
+    fn take(dir: PathBuf) -> Option<Self> {
+        let mut held = HELD.lock().unwrap_or_else(|p| p.into_inner());
+        // Not `then_some(Self(..))`: a `Self` made and dropped on refusal would deregister
+        // the real holder (and deadlock on `HELD`).
+        if held.get_or_insert_with(HashSet::new).insert(dir.clone()) {
+            Some(Self(dir))
+        } else {
+            None
+        }
+    }
+}
+
+impl Drop for Registered {
+    fn drop(&mut self) {
+        let mut held = HELD.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(h) = held.as_mut() {
+            h.remove(&self.0);
+        }
+    }
+}
+
+/// Takes a write lock on the whole file without waiting; `false` when another process holds
+/// a lock on it.
+fn try_lock(file: &File) -> bool {
+    // SAFETY: an all-zero `flock` struct is valid; the fields that matter are set below.
+    let mut fl: libc::flock = unsafe { std::mem::zeroed() };
+    fl.l_type = libc::F_WRLCK as _;
+    fl.l_whence = libc::SEEK_SET as _;
+    fl.l_start = 0;
+    fl.l_len = 0; // to the end of the file, however it grows
+    // SAFETY: fcntl on a valid open fd with a pointer to a live, initialized struct.
+    unsafe { libc::fcntl(file.as_raw_fd(), libc::F_SETLK, &fl) == 0 }
 }
 
 fn read_info(path: &Path) -> Result<Option<LeaseInfo>, ControllerError> {
@@ -87,14 +141,6 @@ impl Lease {
     pub fn acquire(campaign: &Path, dir: &Path, ttl: Duration) -> Result<Lease, ControllerError> {
         let lock_path = dir.join("lease.lock");
         let file = dir.join("lease.json");
-        let lock = OpenOptions::new()
-            .create(true)
-            .truncate(false)
-            .write(true)
-            .open(&lock_path)
-            .map_err(|e| ControllerError::io("opening", &lock_path, e))?;
-        // SAFETY: flock on a valid open fd; no memory is shared with the kernel.
-        let rc = unsafe { libc::flock(lock.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) };
         let held = |info: Option<LeaseInfo>| ControllerError::LeaseHeld {
             campaign: campaign.to_path_buf(),
             holder: info.map_or_else(
@@ -103,7 +149,18 @@ impl Lease {
             ),
             lease: file.clone(),
         };
-        if rc != 0 {
+        // Checked before opening: closing any descriptor of the file would drop the record
+        // lock this process already holds on it.
+        let key = std::fs::canonicalize(dir).unwrap_or_else(|_| dir.to_path_buf());
+        let registered =
+            Registered::take(key).ok_or_else(|| held(read_info(&file).ok().flatten()))?;
+        let lock = OpenOptions::new()
+            .create(true)
+            .truncate(false)
+            .write(true)
+            .open(&lock_path)
+            .map_err(|e| ControllerError::io("opening", &lock_path, e))?;
+        if !try_lock(&lock) {
             return Err(held(read_info(&file).ok().flatten()));
         }
         if let Some(old) = read_info(&file)? {
@@ -158,6 +215,7 @@ impl Lease {
             campaign: campaign.to_path_buf(),
             file,
             _lock: lock,
+            _registered: registered,
             info,
             stop,
             lost,
@@ -194,7 +252,7 @@ impl Drop for Lease {
         if self.lost.lock().map(|l| l.is_none()).unwrap_or(false) {
             let _ = std::fs::remove_file(&self.file);
         }
-        // The flock goes with the file descriptor.
+        // The record lock goes with the file descriptor, the registry entry after it.
     }
 }
 
@@ -257,5 +315,75 @@ mod tests {
         };
         write_info(&dir.path().join("lease.json"), &stale).unwrap();
         Lease::acquire(dir.path(), dir.path(), Duration::from_secs(5)).unwrap();
+    }
+
+    /// Forks a child that sleeps for `secs` (only async-signal-safe calls after the fork),
+    /// after locking `lock` itself when given; returns its pid once it is ready.
+    fn fork_sleeper(lock: Option<&std::ffi::CStr>, secs: u32) -> libc::pid_t {
+        let mut fds = [0; 2];
+        // SAFETY: plain syscalls; the child only calls async-signal-safe functions on memory
+        // prepared before the fork, then `_exit`s.
+        unsafe {
+            assert_eq!(libc::pipe(fds.as_mut_ptr()), 0);
+            let pid = libc::fork();
+            assert!(pid >= 0);
+            if pid == 0 {
+                if let Some(path) = lock {
+                    let fd = libc::open(path.as_ptr(), libc::O_RDWR);
+                    let mut fl: libc::flock = std::mem::zeroed();
+                    fl.l_type = libc::F_WRLCK as _;
+                    fl.l_whence = libc::SEEK_SET as _;
+                    if fd < 0 || libc::fcntl(fd, libc::F_SETLK, &fl) != 0 {
+                        libc::_exit(3);
+                    }
+                }
+                libc::write(fds[1], b"r".as_ptr().cast(), 1);
+                libc::sleep(secs);
+                libc::_exit(0);
+            }
+            let mut b = [0u8; 1];
+            assert_eq!(libc::read(fds[0], b.as_mut_ptr().cast(), 1), 1);
+            libc::close(fds[0]);
+            libc::close(fds[1]);
+            pid
+        }
+    }
+
+    fn kill_and_reap(pid: libc::pid_t) {
+        // SAFETY: our own child.
+        unsafe {
+            libc::kill(pid, libc::SIGKILL);
+            libc::waitpid(pid, std::ptr::null_mut(), 0);
+        }
+    }
+
+    #[test]
+    fn a_forked_child_never_keeps_its_parents_lease() {
+        // The local executor forks wrappers from the controller; one that still holds the
+        // inherited descriptors when the controller dies must not block the next controller.
+        let dir = tempfile::tempdir().unwrap();
+        let a = Lease::acquire(dir.path(), dir.path(), Duration::from_secs(5)).unwrap();
+        let child = fork_sleeper(None, 30);
+        drop(a);
+        let b = Lease::acquire(dir.path(), dir.path(), Duration::from_secs(5));
+        kill_and_reap(child);
+        b.expect("the lease is free once its holder lets go, whatever its children hold");
+    }
+
+    #[test]
+    fn another_process_holding_the_lock_blocks_until_it_dies() {
+        let dir = tempfile::tempdir().unwrap();
+        let lock = dir.path().join("lease.lock");
+        std::fs::write(&lock, b"").unwrap();
+        let path = std::ffi::CString::new(lock.to_str().unwrap()).unwrap();
+        let child = fork_sleeper(Some(&path), 30);
+        let err = Lease::acquire(dir.path(), dir.path(), Duration::from_secs(5));
+        kill_and_reap(child);
+        assert!(
+            matches!(err, Err(ControllerError::LeaseHeld { .. })),
+            "{err:?}"
+        );
+        Lease::acquire(dir.path(), dir.path(), Duration::from_secs(5))
+            .expect("free once the holder died");
     }
 }

@@ -226,15 +226,7 @@ pub(crate) fn read_exit(dir: &Path) -> Result<Option<ExitRecord>, ExecutorError>
 /// The start time (clock ticks since boot, field 22 of `/proc/<pid>/stat`) of a live,
 /// non-zombie process; `None` when there is no such process.
 pub(crate) fn proc_start_ticks(pid: i32) -> Option<u64> {
-    let stat = fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-    // comm (field 2) may contain spaces and ')' : split after the last ')'.
-    let rest = &stat[stat.rfind(')')? + 1..];
-    let mut fields = rest.split_whitespace();
-    let state = fields.next()?; // field 3
-    if state == "Z" || state == "X" {
-        return None;
-    }
-    fields.nth(18)?.parse().ok() // field 22
+    crate::store::process_start_ticks(u32::try_from(pid).ok()?)
 }
 
 /// A launch claim (`launching`): when it was made and, when recorded, by which process.
