@@ -4,6 +4,8 @@
 //! ROOT/puzzletron-store.json        {"format": 1}
 //! ROOT/jobs/KEY/record.json         the JobRecord (atomic replace)
 //! ROOT/jobs/KEY/claim               the holder (create-exclusive); its mtime is the heartbeat
+//! ROOT/jobs/KEY/claim.stale.NONCE   a stale claim pinned during its takeover (one taker at a
+//!                                   time; cleared after 5 s if that taker died mid-way)
 //! ROOT/jobs/KEY/metrics.N.tsv       rows of attempt N: name TAB step TAB value LF
 //! ROOT/jobs/KEY/error.txt           the last failure's text and backtrace
 //! ROOT/jobs/KEY/artifacts/          files the job writes (Run::artifact_dir)

@@ -6,8 +6,9 @@
 //! | file | written by | when | content |
 //! | --- | --- | --- | --- |
 //! | `attempt.json` | controller | submit (atomic) | the [`AttemptSpec`] and submit time |
-//! | `launching` | controller | start, `O_EXCL` (the claim) | ms since epoch |
-//! | `wrapper` | wrapper | first thing after fork | `<pid> <start ticks>` |
+//! | `launching` | controller | start, `O_EXCL` (the claim; retaken if its controller died before `started`) | `<ms since epoch> <pid> <start ticks>` of the controller |
+//! | `started` | wrapper, or a cancel before start | first thing after fork, `O_EXCL` (decides who runs the job) | empty, or `cancelled` |
+//! | `wrapper` | wrapper | right after `started` | `<pid> <start ticks>` |
 //! | `job` | wrapper | after a successful exec | `<pid> <start ticks>` (pid = process group) |
 //! | `cancel` | controller | cancel requested | ms since epoch |
 //! | `exit` | wrapper (or controller when cancelled before start) | end (atomic, fsync) | `key=value` lines |

@@ -24,7 +24,8 @@
 //! root do not share them.
 //!
 //! Layout of `<root>/<attempt id>/`: `attempt.json` (spec and submit time), `launching` (the
-//! start claim, created exclusively), `wrapper` and `job` (`<pid> <start ticks>`, ticks from
+//! start claim, created exclusively), `started` (created exclusively by the one wrapper that
+//! runs the job), `wrapper` and `job` (`<pid> <start ticks>`, ticks from
 //! field 22 of `/proc/<pid>/stat` so a recycled pid is never mistaken for the job), `cancel`
 //! (cancel requested, ms), `exit` (`status=exited|signaled|launch_failed|cancelled_before_start`,
 //! `code`/`signal`/`errno`, `timeout`, `start_ms`, `end_ms`; written with temp file, fsync,
