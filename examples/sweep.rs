@@ -78,8 +78,12 @@ fn parse_args() -> Result<Args, String> {
         executor: "inprocess".into(),
     };
     let mut it = std::env::args().skip(1);
+    let mut seen = std::collections::HashSet::new();
     while let Some(arg) = it.next() {
         let mut value = |name: &str| it.next().ok_or(format!("{name} needs a value"));
+        if arg.starts_with("--") && !seen.insert(arg.clone()) {
+            return Err(format!("{arg} is given twice; give it once"));
+        }
         match arg.as_str() {
             "--store" => a.store = value("--store")?.into(),
             "--out" => {
@@ -92,6 +96,17 @@ fn parse_args() -> Result<Args, String> {
                     return Err(format!(
                         "--out: {:?} must end in .parquet or .csv",
                         a.out.display().to_string()
+                    ));
+                }
+                let parent = match a.out.parent() {
+                    Some(p) if !p.as_os_str().is_empty() => p,
+                    _ => std::path::Path::new("."),
+                };
+                if !parent.is_dir() {
+                    return Err(format!(
+                        "--out: {:?} is in {:?}, which is not an existing folder",
+                        a.out.display().to_string(),
+                        parent.display().to_string()
                     ));
                 }
             }
@@ -137,7 +152,12 @@ fn sweep_main() -> Result<(), Box<dyn std::error::Error>> {
         .owned(Modules::all().with_file("examples/common/digits.rs"))
         .force(args.force)
         .on_event(|e| eprintln!("{e}"));
-    // The same sweep in this process, as local processes, or as a Slurm job array.
+    // The same sweep in this process, as local processes, or as a Slurm job array. The
+    // executors keep their attempt folders inside the store, so the store is made first (a
+    // new store must start as an empty folder).
+    if args.executor != "inprocess" {
+        puzzletron::FsStore::open(&args.store)?;
+    }
     let executor: Box<dyn Executor> = match args.executor.as_str() {
         "local" => Box::new(LocalExecutor::builder(args.store.join("local")).build()?),
         #[cfg(feature = "slurm")]
@@ -201,10 +221,11 @@ fn sweep_main() -> Result<(), Box<dyn std::error::Error>> {
         values[best], run.params
     );
     println!(
-        "wrote {} ({} rows; columns {})",
+        "wrote {} ({} rows; columns {}) and {}",
         args.out.display(),
         acc.num_rows(),
-        acc.column_names().join(", ")
+        acc.column_names().join(", "),
+        plot.display()
     );
     Ok(())
 }

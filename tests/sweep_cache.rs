@@ -372,3 +372,55 @@ fn trace_is_refused_and_isolate_needs_a_folder_store() {
         "{e}"
     );
 }
+
+#[test]
+fn a_wait_for_another_holder_is_announced_once_then_taken_over() {
+    use puzzletron::store::{ClaimOutcome, Owner};
+    use puzzletron::sweep::Event;
+    use std::sync::Arc;
+    use std::time::Duration;
+    let _g = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
+    let c = FakeCrate::new();
+    let waits = Arc::new(Mutex::new(Vec::new()));
+    let seen = Arc::clone(&waits);
+    let mut o = Orchestrator::builder()
+        .store_root(c.path().join("store"))
+        .lock(c.lock())
+        .wait_poll(Duration::from_millis(10))
+        .on_event(move |e| {
+            if let Event::Waiting { holder, .. } = e {
+                seen.lock().unwrap().push(holder.clone());
+            }
+        })
+        .build()
+        .unwrap();
+    let key = o
+        .run(
+            &c.job(train),
+            P {
+                lr: 0.3,
+                hidden: 16,
+            },
+        )
+        .unwrap();
+    // Another owner (alive: this very process) holds the run for half a second.
+    let store = FsStore::open(c.path().join("store")).unwrap();
+    let other = Owner::current();
+    let ClaimOutcome::Claimed(claim) = store.claim(&key, &other, None).unwrap() else {
+        panic!("the run was free");
+    };
+    let releaser = std::thread::spawn(move || {
+        std::thread::sleep(Duration::from_millis(500));
+        store.release(&claim).unwrap();
+    });
+    let (ran, summary) = executions(|| o.drain().unwrap());
+    releaser.join().unwrap();
+    assert_eq!((ran, summary.ran()), (1, 1));
+    let waits = waits.lock().unwrap();
+    assert_eq!(
+        waits.len(),
+        1,
+        "about 50 polls, one announcement: {waits:?}"
+    );
+    assert!(waits[0].contains(&format!("pid {}", std::process::id())));
+}

@@ -587,7 +587,8 @@ impl<S: Store, E: Executor> Orchestrator<S, E> {
             }
         }
         // Runs held by other processes: wait for their result, or take them over if their
-        // holder dies.
+        // holder dies. Each wait is announced once per holder, not at every poll.
+        let mut announced: HashMap<usize, String> = HashMap::new();
         while !waiting.is_empty() {
             let mut still = Vec::new();
             for &i in &waiting {
@@ -616,10 +617,11 @@ impl<S: Store, E: Executor> Orchestrator<S, E> {
                         return Err(self.job_failed(&queue, &outcomes, i));
                     }
                     (_, Some(c)) => {
-                        self.emit(Event::Waiting {
-                            key: p.key,
-                            holder: c.owner.to_string(),
-                        });
+                        let holder = c.owner.to_string();
+                        if announced.get(&i) != Some(&holder) {
+                            announced.insert(i, holder.clone());
+                            self.emit(Event::Waiting { key: p.key, holder });
+                        }
                         still.push(i);
                     }
                     _ => {
