@@ -19,6 +19,7 @@
 //! cargo run --example campaign -- --dir /tmp/digits-campaign --gpus 0,1,2,3
 //! ```
 //! On the Slurm cluster of `../shared/slurm/start-local-cluster.sh`: add `--runner slurm`.
+//! `--help` lists every option (`--epochs N`, `--new-revision`, `--once`, `--quiet`, ...).
 //! Kill it at any moment (even `kill -9`) and run the same command again: it re-attaches to
 //! the jobs that are still running and adopts those submitted just before the kill. On a
 //! terminal press `q` or Ctrl-C for the menu (cancel / continue / detach).
@@ -39,7 +40,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use puzzletron::campaign::controller::{
-    CampaignController, PoolItem, PoolWorker, RunOptions, TerminalControls, ViewMode,
+    CampaignController, ControllerError, PoolItem, PoolWorker, RunOptions, TerminalControls,
+    ViewMode, open_campaign_dir,
 };
 use puzzletron::campaign::tree::Node;
 use puzzletron::campaign::{
@@ -252,7 +254,63 @@ struct Args {
     view: bool,
 }
 
-fn parse_args(mut it: impl Iterator<Item = String>) -> Result<Args, Error> {
+const USAGE: &str = "\
+usage: campaign [OPTIONS]
+       campaign worker --epochs N   (the payload; started by the controller)
+
+Runs the digits campaign (prepare -> score -> search -> realize -> evaluate) durably: run the
+same command again after a crash or a detach to resume.
+
+options:
+  --dir D           campaign folder: new, empty, or one this example created (default digits-campaign)
+  --runner R        local or slurm (default local)
+  --gpus IDS        local runner: comma-separated distinct GPU ids, e.g. 0,1,2,3 (default 0,1,2,3;
+                    indices or GPU-/MIG- UUIDs, handed out through CUDA_VISIBLE_DEVICES)
+  --epochs N        training epochs per candidate, a positive integer (default 3)
+  --poll-ms MS      least milliseconds between two polls of the jobs (default 200)
+  --new-revision    accept a changed configuration: cancel the old attempts and start over
+  --once            one controller iteration, then detach (jobs keep running)
+  --quiet           no live progress view
+  -h, --help        this help
+
+exit status: 0 done, 1 error, 2 bad arguments or campaign incomplete, 3 detached";
+
+/// What the command line asks for.
+enum Command {
+    Run(Args),
+    Help,
+}
+
+/// A GPU id as `CUDA_VISIBLE_DEVICES` takes it: an index or a `GPU-`/`MIG-` UUID.
+fn is_gpu_id(s: &str) -> bool {
+    (!s.is_empty() && s.bytes().all(|b| b.is_ascii_digit()))
+        || ((s.starts_with("GPU-") || s.starts_with("MIG-"))
+            && s.len() > 4
+            && s.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-'))
+}
+
+fn parse_gpus(v: &str) -> Result<Vec<String>, String> {
+    let expected = "expected a comma-separated list of distinct GPU ids (indices or GPU-/MIG- \
+                    UUIDs), e.g. 0,1,2,3";
+    let mut ids: Vec<String> = Vec::new();
+    for (i, id) in v.split(',').enumerate() {
+        if !is_gpu_id(id) {
+            return Err(format!(
+                "--gpus {v:?}: item {} is {id:?}, not a GPU id; {expected}",
+                i + 1
+            ));
+        }
+        if ids.iter().any(|x| x == id) {
+            return Err(format!(
+                "--gpus {v:?}: GPU id {id:?} is given twice; {expected}"
+            ));
+        }
+        ids.push(id.to_string());
+    }
+    Ok(ids)
+}
+
+fn parse_args(mut it: impl Iterator<Item = String>) -> Result<Command, Error> {
     let mut a = Args {
         dir: "digits-campaign".into(),
         runner: "local".into(),
@@ -263,54 +321,50 @@ fn parse_args(mut it: impl Iterator<Item = String>) -> Result<Args, Error> {
         poll_ms: 200,
         view: true,
     };
+    let mut seen = std::collections::HashSet::new();
     while let Some(arg) = it.next() {
+        if arg == "--help" || arg == "-h" {
+            return Ok(Command::Help);
+        }
+        if arg.starts_with("--") && !seen.insert(arg.clone()) {
+            return Err(format!("{arg} is given twice").into());
+        }
         let mut value = |n: &str| it.next().ok_or_else(|| format!("{n} needs a value"));
         match arg.as_str() {
             "--dir" => a.dir = value("--dir")?.into(),
             "--runner" => {
                 a.runner = value("--runner")?;
                 if a.runner != "local" && a.runner != "slurm" {
-                    return Err(format!("--runner: {:?}, expected local or slurm", a.runner).into());
+                    return Err(format!("--runner {:?}: expected local or slurm", a.runner).into());
                 }
             }
-            "--gpus" => {
-                a.gpus = value("--gpus")?
-                    .split(',')
-                    .filter(|s| !s.is_empty())
-                    .map(String::from)
-                    .collect();
-                if a.gpus.is_empty() {
-                    return Err("--gpus: give at least one GPU id, e.g. 0,1,2,3".into());
-                }
-            }
+            "--gpus" => a.gpus = parse_gpus(&value("--gpus")?)?,
             "--epochs" => {
                 let v = value("--epochs")?;
-                a.epochs = v
-                    .parse()
-                    .map_err(|_| format!("--epochs: {v:?} is not a positive integer"))?;
+                a.epochs = v.parse().ok().filter(|&n| n > 0).ok_or_else(|| {
+                    format!("--epochs {v:?}: expected a positive integer (1, 2, ...)")
+                })?;
             }
             "--poll-ms" => {
                 let v = value("--poll-ms")?;
-                a.poll_ms = v
-                    .parse()
-                    .map_err(|_| format!("--poll-ms: {v:?} is not a number of milliseconds"))?;
+                a.poll_ms = v.parse().map_err(|_| {
+                    format!("--poll-ms {v:?}: expected a whole number of milliseconds")
+                })?;
             }
             "--new-revision" => a.new_revision = true,
             "--once" => a.once = true,
             "--quiet" => a.view = false,
-            other => {
-                return Err(format!(
-                    "unknown argument {other:?}; usage: campaign [--dir D] [--runner local|slurm] [--gpus 0,1,2,3] [--epochs N] [--poll-ms MS] [--new-revision] [--once] [--quiet]"
-                )
-                .into());
-            }
+            other => return Err(format!("unknown argument {other:?}").into()),
         }
     }
-    Ok(a)
+    Ok(Command::Run(a))
 }
 
 fn plan(args: &Args) -> Result<CampaignPlan, Error> {
-    let exe = std::env::current_exe()?.display().to_string();
+    let exe = std::env::current_exe()
+        .map_err(|e| format!("finding this program (for the payload command): {e}"))?
+        .display()
+        .to_string();
     let cmd = json!([exe, "worker", "--epochs", args.epochs.to_string()]);
     let config = json!({
         "stages": [
@@ -369,8 +423,9 @@ fn eval_items(_campaign: &Path) -> Result<Vec<PoolItem>, String> {
 }
 
 async fn controller_main(args: Args) -> Result<i32, Error> {
-    std::fs::create_dir_all(&args.dir)?;
-    let dir = args.dir.canonicalize()?;
+    // Checks and claims the folder first (refusing an unrelated non-empty one), before the
+    // executor puts its own folder (`attempts/`, `slurm-logs/`) into it.
+    let dir = open_campaign_dir(&args.dir)?;
     let plan = plan(&args)?;
     let executor: Arc<dyn Executor> = match args.runner.as_str() {
         "slurm" => Arc::new(SlurmExecutor::builder(dir.join("slurm-logs")).build()?),
@@ -381,7 +436,8 @@ async fn controller_main(args: Args) -> Result<i32, Error> {
                 .build()?,
         ),
     };
-    let (controls, rx) = TerminalControls::start()?;
+    let (controls, rx) = TerminalControls::start()
+        .map_err(|e| format!("installing the key reader and signal handlers: {e}"))?;
     let poll = Duration::from_millis(args.poll_ms.max(10));
     let mut builder = CampaignController::builder();
     // Crash tests: `CAMPAIGN_ABORT_AFTER_SUBMITS=n` aborts right after the n-th submit.
@@ -423,7 +479,10 @@ async fn controller_main(args: Args) -> Result<i32, Error> {
         .await?;
     drop(controls);
     if !report.is_complete() {
-        eprintln!("{report}");
+        // The live view prints the report when it finishes; print it only without the view.
+        if !args.view {
+            eprintln!("{report}");
+        }
         return Ok(if report.detached { 3 } else { 2 });
     }
     // Final figures from the pool's results.
@@ -460,10 +519,14 @@ fn main() {
     }
     let code = match parse_args(argv) {
         Err(e) => {
-            eprintln!("error: {e}");
+            eprintln!("error: {e}\n\n{USAGE}");
             2
         }
-        Ok(args) => {
+        Ok(Command::Help) => {
+            println!("{USAGE}");
+            0
+        }
+        Ok(Command::Run(args)) => {
             let rt = match tokio::runtime::Builder::new_current_thread()
                 .enable_all()
                 .build()
@@ -478,6 +541,14 @@ fn main() {
                 Ok(c) => c,
                 Err(e) => {
                     eprintln!("error: {e}");
+                    if let Some(ControllerError::ContractChanged { .. }) =
+                        e.downcast_ref::<ControllerError>()
+                    {
+                        eprintln!(
+                            "hint: run again with --new-revision to cancel the old attempts and \
+                             start over with the new settings, or use the old settings"
+                        );
+                    }
                     1
                 }
             }

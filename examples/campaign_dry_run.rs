@@ -4,36 +4,115 @@
 //! cargo run --example campaign_dry_run -- EXPERIMENT.yaml RUNNER.yaml EXECUTION.yaml [OVERRIDE...]
 //! ```
 //! Without arguments it uses the shared Qwen MoE fixture triple (`../shared/fixtures`).
+//! Exit status: 0 printed, 1 the configuration could not be loaded or compiled, 2 bad arguments.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 use puzzletron::campaign::dryrun::{DryRunOptions, render_dry_run};
 use puzzletron::campaign::{ExecutionConfig, RunnerEnvironment, compile_campaign_plan};
 
-fn main() -> Result<(), Box<dyn std::error::Error>> {
-    let args: Vec<String> = std::env::args().skip(1).collect();
-    let fixtures = PathBuf::from(concat!(
-        env!("CARGO_MANIFEST_DIR"),
-        "/../shared/fixtures/puzzletron-configs"
-    ));
-    let (exp, runner, exec, overrides) = if args.len() >= 3 {
-        (
-            PathBuf::from(&args[0]),
-            PathBuf::from(&args[1]),
-            PathBuf::from(&args[2]),
-            args[3..].to_vec(),
-        )
+const USAGE: &str = "\
+usage: campaign_dry_run [EXPERIMENT.yaml RUNNER.yaml EXECUTION.yaml [OVERRIDE...]]
+
+Compiles a campaign and prints what would be submitted, per stage (nothing is run).
+  EXPERIMENT.yaml   the experiment (stages and their settings)
+  RUNNER.yaml       the runner environment (local or slurm)
+  EXECUTION.yaml    the execution policies (failure/halt policy, resources)
+  OVERRIDE...       Hydra-style overrides, e.g. stages.score.instances=8
+Without arguments: the shared Qwen MoE fixture triple (../shared/fixtures).
+  -h, --help        this help";
+
+/// The three files and the overrides.
+struct Inputs {
+    experiment: PathBuf,
+    runner: PathBuf,
+    execution: PathBuf,
+    overrides: Vec<String>,
+}
+
+/// `Ok(None)`: help was asked for.
+fn parse_args(args: &[String]) -> Result<Option<Inputs>, String> {
+    if args.iter().any(|a| a == "--help" || a == "-h") {
+        return Ok(None);
+    }
+    // Overrides never start with '-' (Hydra's grammar: key=value, +key=value, ~key).
+    if let Some(flag) = args.iter().find(|a| a.starts_with('-')) {
+        return Err(format!("unknown option {flag:?}"));
+    }
+    if args.is_empty() {
+        let fixtures = PathBuf::from(concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/../shared/fixtures/puzzletron-configs"
+        ));
+        return Ok(Some(Inputs {
+            experiment: fixtures.join("families/qwen3_5/qwen3p6_35b_a3b/runs/production.yaml"),
+            runner: fixtures.join("orchestration/qwen_moe/runner.slurm.yaml"),
+            execution: fixtures.join("orchestration/qwen_moe/execution.production.yaml"),
+            overrides: Vec::new(),
+        }));
+    }
+    if args.len() < 3 {
+        return Err(format!(
+            "expected no arguments or at least 3 (EXPERIMENT.yaml RUNNER.yaml EXECUTION.yaml), \
+             got {}: {args:?}",
+            args.len()
+        ));
+    }
+    Ok(Some(Inputs {
+        experiment: PathBuf::from(&args[0]),
+        runner: PathBuf::from(&args[1]),
+        execution: PathBuf::from(&args[2]),
+        overrides: args[3..].to_vec(),
+    }))
+}
+
+/// `what path: error`, unless the error's own text already names the path.
+fn at(what: &str, path: &Path, e: impl std::fmt::Display) -> String {
+    let text = e.to_string();
+    if text.contains(&path.display().to_string()) {
+        text
     } else {
-        (
-            fixtures.join("families/qwen3_5/qwen3p6_35b_a3b/runs/production.yaml"),
-            fixtures.join("orchestration/qwen_moe/runner.slurm.yaml"),
-            fixtures.join("orchestration/qwen_moe/execution.production.yaml"),
-            Vec::new(),
-        )
+        format!("{what} {}: {text}", path.display())
+    }
+}
+
+fn run(inputs: &Inputs) -> Result<String, String> {
+    let runner = RunnerEnvironment::load(&inputs.runner)
+        .map_err(|e| at("runner environment", &inputs.runner, e))?;
+    let execution = ExecutionConfig::load(&inputs.execution)
+        .map_err(|e| at("execution config", &inputs.execution, e))?;
+    let plan = compile_campaign_plan(
+        &inputs.experiment,
+        &runner,
+        &execution,
+        &inputs.overrides,
+        None,
+    )
+    .map_err(|e| at("experiment", &inputs.experiment, e))?;
+    render_dry_run(&plan, &DryRunOptions::default()).map_err(|e| e.to_string())
+}
+
+fn main() {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let code = match parse_args(&args) {
+        Err(e) => {
+            eprintln!("error: {e}\n\n{USAGE}");
+            2
+        }
+        Ok(None) => {
+            println!("{USAGE}");
+            0
+        }
+        Ok(Some(inputs)) => match run(&inputs) {
+            Ok(text) => {
+                print!("{text}");
+                0
+            }
+            Err(e) => {
+                eprintln!("error: {e}");
+                1
+            }
+        },
     };
-    let runner = RunnerEnvironment::load(&runner)?;
-    let execution = ExecutionConfig::load(&exec)?;
-    let plan = compile_campaign_plan(&exp, &runner, &execution, &overrides, None)?;
-    print!("{}", render_dry_run(&plan, &DryRunOptions::default())?);
-    Ok(())
+    std::process::exit(code);
 }

@@ -813,3 +813,170 @@ fn control_cancel_from_the_channel_cancels_and_reports() {
     assert_eq!(cancels(&s.mock), ["a/0#1"]);
     assert!(!r.detached);
 }
+
+#[test]
+fn a_cancel_by_shutdown_is_not_a_retry_and_the_unit_runs_again_on_the_next_run() {
+    let s = sim(|_, _| MockScript::completes_after(Duration::from_secs(50)));
+    let dir = tempfile::tempdir().unwrap();
+    let p = plan(
+        json!([{"id": "s", "strategy": "sharded", "instances": 2, "command": ["w"]}]),
+        json!({"defaults": {"failure_policy": "resume", "max_attempts": 3}}),
+    );
+    let events: Arc<Mutex<Vec<(String, String)>>> = Arc::default();
+    let ev = events.clone();
+    let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
+    let rt = rt();
+    {
+        let mut ctl = controller(p.clone(), &s, dir.path())
+            .controls(rx)
+            .on_event(move |k, m| ev.lock().unwrap().push((k.into(), m.into())))
+            .build()
+            .unwrap();
+        rt.block_on(ctl.run(RunOptions {
+            once: true,
+            ..RunOptions::default()
+        }))
+        .unwrap();
+        tx.send(puzzletron::campaign::controller::Control::Cancel)
+            .unwrap();
+        let r = rt.block_on(ctl.run(RunOptions::default())).unwrap();
+        assert_eq!(r.cancelled, 2);
+        assert_eq!(r.live, 0);
+        // Both units are ready again (queued), none failed.
+        assert_eq!(
+            (r.stages[0].queued, r.stages[0].failed, r.stages[0].running),
+            (2, 0, 0),
+            "{r}"
+        );
+    }
+    let events = events.lock().unwrap().clone();
+    let attempts: Vec<&String> = events
+        .iter()
+        .filter(|(k, _)| k == "attempt")
+        .map(|(_, m)| m)
+        .collect();
+    assert_eq!(attempts.len(), 2, "{events:?}");
+    for m in &attempts {
+        assert!(!m.contains("retry"), "a cancel is logged as a retry: {m}");
+        assert!(m.contains("by the controller"), "{m}");
+        assert!(m.contains("runs again on the next run"), "{m}");
+    }
+    // The journal holds no decision for the cancelled attempts (a decision would be a retry
+    // scheduled by the retry policy).
+    let journal = std::fs::read_to_string(dir.path().join("controller/journal.jsonl")).unwrap();
+    let decided: Vec<&str> = journal
+        .lines()
+        .filter(|l| l.contains("\"decided\""))
+        .collect();
+    assert!(decided.is_empty(), "{decided:?}");
+    assert!(journal.contains("\"finished\""), "{journal}");
+    // A later run submits attempt 2 of each unit (not counted as a failure) and completes.
+    let mut ctl = controller(p, &s, dir.path()).build().unwrap();
+    let r = rt.block_on(ctl.run(RunOptions::default())).unwrap();
+    assert!(r.is_complete(), "{r}");
+    assert_eq!(submits(&s.mock), ["s/0#1", "s/1#1", "s/0#2", "s/1#2"]);
+}
+
+#[test]
+fn campaign_dir_that_is_a_file_is_refused_naming_the_path() {
+    let s = sim(|_, _| MockScript::completes());
+    let root = tempfile::tempdir().unwrap();
+    let file = root.path().join("f");
+    std::fs::write(&file, b"x").unwrap();
+    let p = plan(
+        json!([{"id": "a", "command": ["w"]}]),
+        json!({"defaults": {}}),
+    );
+    let err = controller(p, &s, &file).build().unwrap_err();
+    assert!(
+        matches!(err, ControllerError::NotACampaign { ref path, .. } if path == &file),
+        "{err:?}"
+    );
+    let text = err.to_string();
+    assert!(text.contains(&file.display().to_string()), "{text}");
+    assert!(text.contains("is a file, expected a folder"), "{text}");
+    // A folder below a file: the OS error comes with the path and the action.
+    let below = file.join("sub");
+    let err = puzzletron::campaign::controller::open_campaign_dir(&below).unwrap_err();
+    let text = err.to_string();
+    assert!(
+        text.starts_with(&format!(
+            "creating campaign folder {}",
+            below.join("controller").display()
+        )),
+        "{text}"
+    );
+}
+
+#[test]
+fn campaign_dir_unwritable_is_an_error_naming_the_path() {
+    // SAFETY: geteuid has no preconditions.
+    if unsafe { libc::geteuid() } == 0 {
+        // root ignores permission bits: nothing to test (the CI container runs as root).
+        eprintln!("skipped: running as root");
+        return;
+    }
+    use std::os::unix::fs::PermissionsExt;
+    let s = sim(|_, _| MockScript::completes());
+    let root = tempfile::tempdir().unwrap();
+    let ro = root.path().join("ro");
+    std::fs::create_dir(&ro).unwrap();
+    std::fs::set_permissions(&ro, std::fs::Permissions::from_mode(0o555)).unwrap();
+    let p = plan(
+        json!([{"id": "a", "command": ["w"]}]),
+        json!({"defaults": {}}),
+    );
+    let err = controller(p, &s, &ro).build().unwrap_err();
+    std::fs::set_permissions(&ro, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let text = err.to_string();
+    assert!(
+        text.contains(&ro.join("controller").display().to_string()),
+        "{text}"
+    );
+}
+
+#[test]
+fn non_empty_unrelated_campaign_dir_is_refused_but_own_layout_is_accepted() {
+    let s = sim(|_, _| MockScript::completes());
+    let p = plan(
+        json!([{"id": "a", "command": ["w"]}]),
+        json!({"defaults": {}}),
+    );
+    // Unrelated files: refused, nothing is created there.
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("notes.txt"), b"mine").unwrap();
+    let err = controller(p.clone(), &s, dir.path()).build().unwrap_err();
+    assert!(
+        matches!(err, ControllerError::NotACampaign { .. }),
+        "{err:?}"
+    );
+    let text = err.to_string();
+    assert!(text.contains(&dir.path().display().to_string()), "{text}");
+    assert!(text.contains("\"notes.txt\""), "{text}");
+    assert!(text.contains("expected a new or empty folder"), "{text}");
+    assert!(!dir.path().join("controller").exists());
+    assert!(!err.is_retryable());
+
+    // Folders the controller's own layout has (a local executor's `attempts/` root created
+    // just before `build`): accepted.
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::create_dir(dir.path().join("attempts")).unwrap();
+    let mut ctl = controller(p.clone(), &s, dir.path()).build().unwrap();
+    assert!(
+        rt().block_on(ctl.run(RunOptions::default()))
+            .unwrap()
+            .is_complete()
+    );
+    drop(ctl);
+    // An existing campaign holding files of the driver's (results): accepted again.
+    std::fs::write(dir.path().join("result.json"), b"{}").unwrap();
+    controller(p.clone(), &s, dir.path()).build().unwrap();
+
+    // `open_campaign_dir` first marks the folder as a campaign, so a driver may then add its
+    // own files (e.g. an executor's log folder) before `build`.
+    let dir = tempfile::tempdir().unwrap();
+    let canon = puzzletron::campaign::controller::open_campaign_dir(dir.path()).unwrap();
+    assert_eq!(canon, dir.path().canonicalize().unwrap());
+    std::fs::create_dir(canon.join("slurm-logs")).unwrap();
+    controller(p, &s, dir.path()).build().unwrap();
+}

@@ -509,3 +509,36 @@ async fn cancelling_an_abandoned_launch_never_runs_it() {
     );
     assert!(!dir.join("runs").exists(), "a cancelled job ran");
 }
+
+#[test]
+fn builder_refuses_empty_and_duplicate_gpu_ids_naming_the_field() {
+    let root = tempfile::tempdir().unwrap();
+    // A duplicate id would hand the same GPU to two jobs at once.
+    let err = exec(root.path())
+        .gpu_ids(["0", "1", "0"])
+        .build()
+        .unwrap_err();
+    match &err {
+        ExecutorError::InvalidSpec {
+            field,
+            value,
+            expected,
+            ..
+        } => {
+            assert_eq!(field, "local.gpu_ids[2]");
+            assert_eq!(value, "0");
+            assert!(expected.contains("distinct"), "{expected}");
+            assert!(expected.contains("local.gpu_ids[0]"), "{expected}");
+        }
+        e => panic!("expected InvalidSpec, got {e:?}"),
+    }
+    assert!(!err.is_retryable());
+    let err = exec(root.path()).gpu_ids(["0", ""]).build().unwrap_err();
+    assert!(err.to_string().contains("local.gpu_ids[1] = \"\""), "{err}");
+    // Distinct ids (indices or UUIDs) are fine.
+    let e = exec(root.path())
+        .gpu_ids(["0", "1", "GPU-8f6f"])
+        .build()
+        .unwrap();
+    drop(e);
+}

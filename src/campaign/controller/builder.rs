@@ -202,6 +202,8 @@ impl CampaignControllerBuilder {
     ///
     /// # Errors
     /// [`ControllerError::BadOption`] for a missing plan/folder/executor;
+    /// [`ControllerError::NotACampaign`] and [`ControllerError::Io`] from
+    /// [`open_campaign_dir`];
     /// [`ControllerError::LeaseHeld`]; [`ControllerError::Corrupt`] for an unreadable journal;
     /// [`ControllerError::ContractChanged`] when the plan's contract differs from the journal's
     /// and no new revision was asked for; [`ControllerError::BadPlan`] for a pool stage without
@@ -215,13 +217,7 @@ impl CampaignControllerBuilder {
             option: "campaign_dir",
             reason: "no campaign folder given".into(),
         })?;
-        let ctl_dir = dir.join("controller");
-        for d in [&ctl_dir, &dir.join("logs")] {
-            std::fs::create_dir_all(d).map_err(|e| ControllerError::io("creating", d, e))?;
-        }
-        let dir = dir
-            .canonicalize()
-            .map_err(|e| ControllerError::io("resolving", &dir, e))?;
+        let dir = open_campaign_dir(&dir)?;
         let ctl_dir = dir.join("controller");
         let executor: Arc<dyn Executor> = match (self.executor, self.local_gpus) {
             (Some(e), _) => e,
@@ -307,6 +303,75 @@ impl CampaignControllerBuilder {
         c.check_contract()?;
         Ok(c)
     }
+}
+
+/// Entries of a campaign folder that the library itself creates (see the layout in the
+/// [module docs](super)); a folder holding only these is accepted as a campaign folder even
+/// before its `controller/` folder exists (e.g. a local executor's `attempts/` root created
+/// just before [`build`](CampaignControllerBuilder::build)).
+const OWN_ENTRIES: [&str; 6] = [
+    "controller",
+    "logs",
+    "work",
+    "queues",
+    ".puzzletron",
+    "attempts",
+];
+
+/// Checks and prepares a campaign folder: creates it (and its `controller/` and `logs/`
+/// folders) and returns its canonical path. [`build`](CampaignControllerBuilder::build) calls
+/// it; a driver that puts its own files into the campaign folder before `build` (e.g. an
+/// executor root such as `<dir>/slurm-logs`) calls it first, so that the folder is already
+/// marked as a campaign.
+///
+/// Accepted: a missing or empty folder, a folder with a `controller/` folder (a campaign
+/// this library created), or one holding only folders the controller itself creates
+/// (`logs`, `work`, `queues`, `.puzzletron`, `attempts`). Like a sweep's store, a campaign is
+/// never scattered into an unrelated non-empty folder.
+///
+/// # Errors
+/// [`ControllerError::NotACampaign`] when `dir` is not a folder, or is a non-empty folder
+/// that holds something else and no `controller/`; [`ControllerError::Io`] (naming the path
+/// and the action) when a folder cannot be read, created or resolved.
+pub fn open_campaign_dir(dir: &Path) -> Result<PathBuf, ControllerError> {
+    let ctl_dir = dir.join("controller");
+    match std::fs::metadata(dir) {
+        Ok(m) if !m.is_dir() => {
+            return Err(ControllerError::NotACampaign {
+                path: dir.to_path_buf(),
+                reason: "it is a file, expected a folder (new, empty or an existing campaign)"
+                    .into(),
+            });
+        }
+        Ok(_) if !ctl_dir.is_dir() => {
+            let entries = std::fs::read_dir(dir)
+                .map_err(|e| ControllerError::io("reading campaign folder", dir, e))?;
+            for e in entries {
+                let name = e
+                    .map_err(|e| ControllerError::io("reading campaign folder", dir, e))?
+                    .file_name();
+                if !OWN_ENTRIES.contains(&name.to_string_lossy().as_ref()) {
+                    return Err(ControllerError::NotACampaign {
+                        path: dir.to_path_buf(),
+                        reason: format!(
+                            "the folder is not empty (it holds {name:?}) and has no controller/ \
+                             folder: expected a new or empty folder, or a campaign folder this \
+                             library created"
+                        ),
+                    });
+                }
+            }
+        }
+        // A folder with `controller/`, a missing folder (created below), or one we cannot
+        // stat (create_dir_all names the path and the OS error).
+        _ => {}
+    }
+    for d in [&ctl_dir, &dir.join("logs")] {
+        std::fs::create_dir_all(d)
+            .map_err(|e| ControllerError::io("creating campaign folder", d, e))?;
+    }
+    dir.canonicalize()
+        .map_err(|e| ControllerError::io("resolving campaign folder", dir, e))
 }
 
 fn unsafe_getuid() -> u32 {

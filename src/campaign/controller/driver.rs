@@ -773,7 +773,8 @@ impl CampaignController {
         String::from_utf8_lossy(&buf).into_owned()
     }
 
-    /// The Finished + Decided entries of an attempt that ended.
+    /// The Finished + Decided entries of an attempt that ended (only Finished for one this
+    /// controller cancelled).
     fn finish_entries(
         &mut self,
         a: usize,
@@ -812,18 +813,32 @@ impl CampaignController {
                 h.oom_failures += 1;
                 h.counted_attempts += 1
             }
-            _ if by_us => {}
             _ => h.counted_attempts += 1,
         }
         let is_pool_worker = self.state.stages[u.stage].pool && u.item.is_some();
-        let decision = if by_us {
-            // Cancelled by this controller (shutdown): runs again on the next `run`.
-            Decision::Retry {
-                delay: Duration::ZERO,
-                resume: stage.resumable,
-                more_resources: false,
+        if by_us {
+            // Cancelled by this controller (shutdown, new revision): not a failure and not a
+            // retry. No decision is journaled: replaying the `Finished` entry puts the unit
+            // back to ready (see `State::apply`), so it runs again on the next `run`.
+            if let Some(f) = &self.on_event {
+                f(
+                    "attempt",
+                    &format!(
+                        "{id} {} by the controller ({detail}); runs again on the next run",
+                        st.state
+                    ),
+                );
             }
-        } else if is_pool_worker && class.is_none() {
+            return vec![Entry::Finished {
+                attempt_id: id,
+                state: st.state.clone(),
+                exit_code: st.exit_code,
+                class,
+                detail,
+                log_path: Some(log_path),
+            }];
+        }
+        let decision = if is_pool_worker && class.is_none() {
             Decision::Done
         } else {
             decide(&self.retry, class, &h, id.as_str())

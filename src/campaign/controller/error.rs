@@ -60,6 +60,16 @@ pub enum ControllerError {
         /// What is wrong.
         reason: String,
     },
+    /// The campaign folder cannot be used: it is a file, or a non-empty folder that this
+    /// library did not create (no `controller/` folder), so campaign files would be scattered
+    /// among unrelated ones.
+    #[error("campaign folder {}: {reason}", path.display())]
+    NotACampaign {
+        /// The folder given as `campaign_dir`.
+        path: PathBuf,
+        /// What is wrong and what was expected.
+        reason: String,
+    },
     /// A builder option is missing or invalid.
     #[error("controller option {option}: {reason}")]
     BadOption {

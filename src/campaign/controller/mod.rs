@@ -40,7 +40,7 @@ pub mod spec;
 mod state;
 pub mod view;
 
-pub use builder::CampaignControllerBuilder;
+pub use builder::{CampaignControllerBuilder, open_campaign_dir};
 pub use classify::{
     Classification, Evidence, FailureClass, OomKind, PendingVerdict, classify, pending_verdict,
 };

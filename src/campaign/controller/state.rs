@@ -268,6 +268,18 @@ impl State {
                 let by_us =
                     self.attempts[a].cancel_requested && *class == Some(FailureClass::Cancelled);
                 let unit = &mut self.units[self.attempts[a].unit];
+                if by_us {
+                    // Cancelled by the controller (shutdown): no decision follows (journals
+                    // before this rule have a `Retry` one, which ends the same way). Not a
+                    // failure: ready again, with resume where the stage supports it.
+                    if unit.status == UnitStatus::Live {
+                        unit.status = UnitStatus::Ready;
+                        unit.not_before_ms = 0;
+                        unit.next_resume = plan.stages[unit.stage].resumable;
+                        unit.next_more_resources = false;
+                    }
+                    return Ok(());
+                }
                 unit.last_class = *class;
                 match class {
                     Some(FailureClass::Transient) => unit.transient += 1,
@@ -275,7 +287,6 @@ impl State {
                         unit.oom += 1;
                         unit.counted += 1
                     }
-                    _ if by_us => {}
                     _ => unit.counted += 1,
                 }
             }

@@ -107,8 +107,8 @@ impl LocalExecutorBuilder {
     /// Creates the root folder and the executor.
     ///
     /// # Errors
-    /// [`ExecutorError::InvalidSpec`] when `max_concurrent` is 0, a GPU id is empty or holds a
-    /// `,`; [`ExecutorError::Io`] when the root cannot be created.
+    /// [`ExecutorError::InvalidSpec`] when `max_concurrent` is 0, a GPU id is empty, holds a
+    /// `,` or whitespace, or appears twice; [`ExecutorError::Io`] when the root cannot be created.
     pub fn build(self) -> Result<LocalExecutor, ExecutorError> {
         let max = self.max_concurrent.unwrap_or_else(|| {
             std::thread::available_parallelism()
@@ -130,6 +130,14 @@ impl LocalExecutorBuilder {
                     &format!("local.gpu_ids[{i}]"),
                     g.clone(),
                     "a GPU index or UUID without ',' or spaces",
+                ));
+            }
+            // The same GPU twice would be handed to two jobs at once.
+            if let Some(j) = self.gpu_ids[..i].iter().position(|h| h == g) {
+                return Err(bad(
+                    &format!("local.gpu_ids[{i}]"),
+                    g.clone(),
+                    &format!("distinct GPU ids ({g:?} is also local.gpu_ids[{j}])"),
                 ));
             }
         }
