@@ -38,6 +38,9 @@ pub(crate) struct LiveView {
     last_print_ms: u64,
     #[cfg(feature = "progress")]
     bars: Option<(indicatif::MultiProgress, Vec<indicatif::ProgressBar>)>,
+    /// Draw the bars nowhere (tests read their state instead).
+    #[cfg(feature = "progress")]
+    hidden: bool,
 }
 
 impl LiveView {
@@ -54,7 +57,18 @@ impl LiveView {
             last_print_ms: 0,
             #[cfg(feature = "progress")]
             bars: None,
+            #[cfg(feature = "progress")]
+            hidden: false,
         }
+    }
+
+    /// Bars drawn to a hidden target, whatever stderr is.
+    #[cfg(all(test, feature = "progress"))]
+    fn hidden_bars() -> Self {
+        let mut v = Self::new(ViewMode::Off);
+        v.mode = ViewMode::Auto;
+        v.hidden = true;
+        v
     }
 
     pub fn update(&mut self, progress: &[StageProgress], now_ms: u64) {
@@ -76,9 +90,23 @@ impl LiveView {
 
     #[cfg(feature = "progress")]
     fn draw(&mut self, progress: &[StageProgress], now_ms: u64) {
-        use indicatif::{MultiProgress, ProgressBar, ProgressStyle};
+        use indicatif::{MultiProgress, ProgressBar, ProgressDrawTarget, ProgressStyle};
+        // One bar per stage; a plan with other stages (a new revision) gets new bars.
+        let same_stages = self.bars.as_ref().is_some_and(|(_, b)| {
+            b.len() == progress.len() && b.iter().zip(progress).all(|(b, p)| b.prefix() == p.stage)
+        });
+        if !same_stages && let Some((_, old)) = self.bars.take() {
+            for b in old {
+                b.finish_and_clear();
+            }
+        }
+        let hidden = self.hidden;
         let (mp, bars) = self.bars.get_or_insert_with(|| {
-            let mp = MultiProgress::new();
+            let mp = if hidden {
+                MultiProgress::with_draw_target(ProgressDrawTarget::hidden())
+            } else {
+                MultiProgress::new()
+            };
             let style = ProgressStyle::with_template("{prefix:<16} [{bar:30}] {pos}/{len} {msg}")
                 .unwrap_or_else(|_| ProgressStyle::default_bar())
                 .progress_chars("=> ");
@@ -95,6 +123,7 @@ impl LiveView {
         });
         let _ = mp;
         for (b, p) in bars.iter().zip(progress) {
+            b.set_length(p.total as u64);
             b.set_position(p.done as u64);
             let line = progress_line(p, Some(now_ms));
             b.set_message(line[p.stage.len().min(16)..].trim_start().to_string());
@@ -114,5 +143,57 @@ impl LiveView {
         if self.mode != ViewMode::Off {
             eprintln!("{report}");
         }
+    }
+}
+
+#[cfg(all(test, feature = "progress"))]
+mod tests {
+    use super::*;
+
+    fn stage(id: &str, total: usize, done: usize, running: usize) -> StageProgress {
+        StageProgress {
+            stage: id.into(),
+            status: if done == total { "done" } else { "running" }.into(),
+            total,
+            done,
+            running,
+            queued: total - done - running,
+            failed: 0,
+            started_ms: Some(1_000),
+            ended_ms: None,
+        }
+    }
+
+    #[test]
+    fn bars_follow_each_stage_and_are_rebuilt_for_new_stages() {
+        let mut v = LiveView::hidden_bars();
+        v.update(&[stage("prepare", 1, 0, 1), stage("score", 5, 0, 0)], 2_000);
+        v.update(&[stage("prepare", 1, 1, 0), stage("score", 5, 2, 3)], 3_500);
+        let (_, bars) = v.bars.as_ref().expect("bars drawn");
+        let state: Vec<_> = bars
+            .iter()
+            .map(|b| (b.prefix(), b.position(), b.length()))
+            .collect();
+        assert_eq!(
+            state,
+            vec![
+                ("prepare".to_string(), 1, Some(1)),
+                ("score".to_string(), 2, Some(5))
+            ]
+        );
+        assert_eq!(
+            bars[1].message(),
+            "running  2/5 done  3 running  0 queued  0 failed  2.5 s"
+        );
+        // A new revision with another stage list: one bar per new stage.
+        v.update(&[stage("evaluate", 2, 0, 2)], 4_000);
+        let (_, bars) = v.bars.as_ref().expect("bars drawn");
+        assert_eq!(bars.len(), 1);
+        assert_eq!(
+            (bars[0].prefix(), bars[0].length()),
+            ("evaluate".into(), Some(2))
+        );
+        v.finish(&CampaignReport::default());
+        assert!(v.bars.is_none());
     }
 }
