@@ -10,13 +10,7 @@ use std::process::{Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
 fn dry_run_exe() -> PathBuf {
-    let exe = controller_support::campaign_exe().with_file_name("campaign_dry_run");
-    assert!(
-        exe.exists(),
-        "{} is missing: run `cargo build --example campaign_dry_run` first",
-        exe.display()
-    );
-    exe
+    controller_support::example_exe("campaign_dry_run")
 }
 
 fn run(exe: &Path, args: &[&str]) -> (i32, String, String) {

@@ -1,22 +1,14 @@
 //! The sweep example as a user runs it: the README's `--executor local` on a new store, then
 //! the same sweep in process on that store (all cached), and arguments refused up front.
 
+#[path = "support/examples.rs"]
+mod examples;
+
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
 fn sweep_exe() -> PathBuf {
-    let me = std::env::current_exe().expect("test binary path");
-    let dir = me
-        .parent()
-        .and_then(Path::parent)
-        .expect("target/<profile>");
-    let exe = dir.join("examples").join("sweep");
-    assert!(
-        exe.exists(),
-        "{} is missing: `cargo test` builds examples; run `cargo build --example sweep` first",
-        exe.display()
-    );
-    exe
+    examples::example_exe("sweep")
 }
 
 fn run(args: &[&str], cwd: &Path) -> (Output, String) {

@@ -399,23 +399,42 @@ async fn killed_wrapper_is_reported_not_hidden() {
     );
 }
 
+/// A controller that runs one job at a time, busy for 30 s, with `queued` (which appends to
+/// `runs` in its folder) waiting behind; `queued`'s launch claim is then set to `launching`,
+/// as a controller that died while launching it would have left it.
+async fn queued_behind_busy(
+    launching: &str,
+) -> (
+    tempfile::TempDir,
+    LocalExecutor,
+    JobHandle,
+    JobHandle,
+    PathBuf,
+) {
+    let root = tempfile::tempdir().unwrap();
+    let e = exec(root.path()).max_concurrent(1).build().unwrap();
+    let busy = e
+        .submit(&AttemptSpec::new(id("busy"), sh("sleep 30")))
+        .await
+        .unwrap();
+    let queued = e
+        .submit(&AttemptSpec::new(
+            id("queued"),
+            sh("echo run >> \"$PUZZLETRON_ATTEMPT_DIR/runs\""),
+        ))
+        .await
+        .unwrap();
+    let dir = e.attempt_dir(&queued.attempt_id);
+    std::fs::write(dir.join("launching"), launching).unwrap();
+    (root, e, busy, queued, dir)
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_launch_claim_caught_before_its_time_is_written_is_launching_not_lost() {
     // A controller that dies (or is read) between creating `launching` and writing the time
     // leaves it empty: its age comes from the file, so it is "launching" for the grace, then
     // Lost, never Lost at once.
-    let root = tempfile::tempdir().unwrap();
-    let e = exec(root.path()).max_concurrent(1).build().unwrap();
-    let busy = e
-        .submit(&AttemptSpec::new(id("busy"), sh("sleep 3")))
-        .await
-        .unwrap();
-    let queued = e
-        .submit(&AttemptSpec::new(id("queued"), sh("true")))
-        .await
-        .unwrap();
-    let dir = e.attempt_dir(&queued.attempt_id);
-    std::fs::write(dir.join("launching"), b"").unwrap();
+    let (root, e, busy, queued, _dir) = queued_behind_busy("").await;
     let fresh = exec(root.path()).build().unwrap();
     let s = fresh
         .poll(std::slice::from_ref(&queued))
@@ -440,22 +459,8 @@ async fn a_launch_abandoned_by_a_dead_controller_runs_once_not_lost() {
     // The controller died between claiming the launch and starting the wrapper: the job never
     // ran, so a fresh controller launches it (it used to be Lost after 30 s, and a strict
     // campaign failed on it).
-    let root = tempfile::tempdir().unwrap();
-    let e = exec(root.path()).max_concurrent(1).build().unwrap();
-    let busy = e
-        .submit(&AttemptSpec::new(id("busy"), sh("sleep 30")))
-        .await
-        .unwrap();
-    let queued = e
-        .submit(&AttemptSpec::new(
-            id("queued"),
-            sh("echo run >> \"$PUZZLETRON_ATTEMPT_DIR/runs\""),
-        ))
-        .await
-        .unwrap();
-    let dir = e.attempt_dir(&queued.attempt_id);
     let (pid, ticks) = dead_process();
-    std::fs::write(dir.join("launching"), format!("1 {pid} {ticks}\n")).unwrap();
+    let (root, e, busy, queued, dir) = queued_behind_busy(&format!("1 {pid} {ticks}\n")).await;
     let fresh = exec(root.path()).build().unwrap();
     let s = fresh
         .poll(std::slice::from_ref(&queued))
@@ -476,22 +481,8 @@ async fn a_launch_abandoned_by_a_dead_controller_runs_once_not_lost() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn cancelling_an_abandoned_launch_never_runs_it() {
-    let root = tempfile::tempdir().unwrap();
-    let e = exec(root.path()).max_concurrent(1).build().unwrap();
-    let busy = e
-        .submit(&AttemptSpec::new(id("busy"), sh("sleep 30")))
-        .await
-        .unwrap();
-    let queued = e
-        .submit(&AttemptSpec::new(
-            id("queued"),
-            sh("echo run >> \"$PUZZLETRON_ATTEMPT_DIR/runs\""),
-        ))
-        .await
-        .unwrap();
-    let dir = e.attempt_dir(&queued.attempt_id);
     let (pid, ticks) = dead_process();
-    std::fs::write(dir.join("launching"), format!("1 {pid} {ticks}\n")).unwrap();
+    let (root, e, busy, queued, dir) = queued_behind_busy(&format!("1 {pid} {ticks}\n")).await;
     let fresh = exec(root.path()).build().unwrap();
     fresh.cancel(&queued).await.unwrap();
     let st = wait(&fresh, std::slice::from_ref(&queued)).await;

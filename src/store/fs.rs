@@ -734,16 +734,22 @@ mod tests {
         }
     }
 
-    #[test]
-    fn a_taker_killed_mid_takeover_does_not_pin_the_claim_forever() {
+    /// What a taker leaves when killed right after pinning: the pin (`claim.stale.NONCE`), and
+    /// the dead owner's claim still in place. Returns the temp folder, store, key, job folder.
+    fn pinned_dead_claim() -> (tempfile::TempDir, FsStore, Hash, PathBuf) {
         let dir = tempfile::tempdir().unwrap();
         let store = FsStore::open(dir.path().join("s")).unwrap();
         let key = Hash::of("job");
         let jd = store.job_dir(&key);
         fs::create_dir_all(&jd).unwrap();
         fs::write(jd.join("claim"), serde_json::to_vec(&dead_owner()).unwrap()).unwrap();
-        // What a taker leaves when killed right after pinning: the tomb, and the claim in place.
         fs::hard_link(jd.join("claim"), jd.join("claim.stale.deadowner")).unwrap();
+        (dir, store, key, jd)
+    }
+
+    #[test]
+    fn a_taker_killed_mid_takeover_does_not_pin_the_claim_forever() {
+        let (_dir, store, key, _jd) = pinned_dead_claim();
         let me = Owner::current();
         // Right after the pin, another taker may still be at work: back off.
         match store.claim(&key, &me, None).unwrap() {
@@ -768,13 +774,7 @@ mod tests {
 
     #[test]
     fn a_fresh_pin_is_never_cleared() {
-        let dir = tempfile::tempdir().unwrap();
-        let store = FsStore::open(dir.path().join("s")).unwrap();
-        let key = Hash::of("job");
-        let jd = store.job_dir(&key);
-        fs::create_dir_all(&jd).unwrap();
-        fs::write(jd.join("claim"), serde_json::to_vec(&dead_owner()).unwrap()).unwrap();
-        fs::hard_link(jd.join("claim"), jd.join("claim.stale.deadowner")).unwrap();
+        let (_dir, store, key, jd) = pinned_dead_claim();
         let info = store.claim_info(&key).unwrap().unwrap();
         assert!(!info.live);
         assert!(!store.take_over(&key, &info).unwrap());

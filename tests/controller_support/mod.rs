@@ -9,20 +9,14 @@ use std::process::{Child, Command, Stdio};
 
 use serde_json::Value;
 
+#[path = "../support/examples.rs"]
+mod examples;
+#[allow(unused_imports)] // only some test crates use it
+pub use examples::example_exe;
+
 /// The `campaign` example binary that `cargo test` builds next to the test binaries.
 pub fn campaign_exe() -> PathBuf {
-    let me = std::env::current_exe().expect("test binary path");
-    let dir = me
-        .parent()
-        .and_then(Path::parent)
-        .expect("target/<profile>");
-    let exe = dir.join("examples").join("campaign");
-    assert!(
-        exe.exists(),
-        "{} is missing: `cargo test` builds examples; run `cargo build --example campaign` first",
-        exe.display()
-    );
-    exe
+    examples::example_exe("campaign")
 }
 
 pub fn spawn(dir: &Path, extra: &[&str]) -> Child {
