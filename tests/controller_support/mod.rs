@@ -101,12 +101,21 @@ pub fn audit(dir: &Path) -> Audit {
     let mut seen = HashSet::new();
     for stage in std::fs::read_dir(dir.join("work")).expect("work folder") {
         let stage = stage.unwrap().path();
+        // A persistent-pool stage (it has a work queue) is done when its items are, whether or
+        // not every worker ran: a worker whose folder was made just before a kill, and whose
+        // peers then drained the queue, is never started, and needs no `_SUCCESS`. Its items
+        // are checked through the campaign's result (`evaluate_items`, accuracy).
+        let pool = dir
+            .join("queues")
+            .join(stage.file_name().expect("stage folder name"))
+            .is_dir();
         for unit in std::fs::read_dir(&stage).unwrap() {
             let unit = unit.unwrap().path();
-            if !unit.join("_SUCCESS").exists() {
+            let starts = std::fs::read_to_string(unit.join("starts.log")).unwrap_or_default();
+            let never_started = starts.trim().is_empty();
+            if !unit.join("_SUCCESS").exists() && !(pool && never_started) {
                 a.missing.push(unit.display().to_string());
             }
-            let starts = std::fs::read_to_string(unit.join("starts.log")).unwrap_or_default();
             for id in starts.lines() {
                 a.starts += 1;
                 if !seen.insert(id.to_string()) {
