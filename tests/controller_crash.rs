@@ -18,17 +18,11 @@ use controller_support::{Rng, audit, result, spawn, spawn_env};
 fn run_to_completion(dir: &std::path::Path) {
     // Output is kept (in the campaign folder) so a failure says why the campaign exited.
     let log = dir.with_extension("log");
-    let out = std::process::Command::new(controller_support::campaign_exe())
-        .arg("--dir")
-        .arg(dir)
-        .args(["--quiet", "--poll-ms", "100"])
-        .stdin(std::process::Stdio::null())
-        .output()
-        .unwrap();
-    let text = format!(
-        "{}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
+    let (status, text) = controller_support::run_to_text(
+        std::process::Command::new(controller_support::campaign_exe())
+            .arg("--dir")
+            .arg(dir)
+            .args(["--quiet", "--poll-ms", "100"]),
     );
     let _ = std::fs::write(&log, &text);
     let tail: String = text
@@ -40,7 +34,7 @@ fn run_to_completion(dir: &std::path::Path) {
         .rev()
         .collect::<Vec<_>>()
         .join("\n");
-    if !out.status.success() {
+    if !status.success() {
         // Kept outside the temporary folder, which is removed as the test unwinds.
         let keep = std::env::temp_dir().join(format!(
             "controller_crash-{}-{}.log",
@@ -51,7 +45,7 @@ fn run_to_completion(dir: &std::path::Path) {
         panic!(
             "campaign in {} exited with {} after {} bytes of output (kept in {}); last output:\n{tail}",
             dir.display(),
-            out.status,
+            status,
             text.len(),
             keep.display()
         );

@@ -5,40 +5,30 @@
 mod examples;
 
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output};
+use std::process::{Command, ExitStatus};
 
 fn sweep_exe() -> PathBuf {
     examples::example_exe("sweep")
 }
 
-fn run(args: &[&str], cwd: &Path) -> (Output, String) {
-    let out = Command::new(sweep_exe())
-        .args(args)
-        .current_dir(cwd)
-        .output()
-        .unwrap();
-    let text = format!(
-        "{}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    (out, text)
+fn run(args: &[&str], cwd: &Path) -> (ExitStatus, String) {
+    examples::run_to_text(Command::new(sweep_exe()).args(args).current_dir(cwd))
 }
 
 #[test]
 fn local_executor_on_a_new_store_then_cached_in_process() {
     let dir = tempfile::tempdir().unwrap();
     let d = dir.path();
-    let (out, text) = run(
+    let (status, text) = run(
         &["--store", "new", "--executor", "local", "--epochs", "1"],
         d,
     );
-    assert!(out.status.success(), "{text}");
+    assert!(status.success(), "{text}");
     assert!(text.contains("9 ran, 0 skipped, 0 failed"), "{text}");
     assert!(d.join("metrics.parquet").is_file() && d.join("metrics.svg").is_file());
     // The same sweep in this process: the keys do not depend on the executor.
-    let (out, text) = run(&["--store", "new", "--epochs", "1"], d);
-    assert!(out.status.success(), "{text}");
+    let (status, text) = run(&["--store", "new", "--epochs", "1"], d);
+    assert!(status.success(), "{text}");
     assert!(text.contains("0 ran, 9 skipped, 0 failed"), "{text}");
 }
 
@@ -46,14 +36,14 @@ fn local_executor_on_a_new_store_then_cached_in_process() {
 fn bad_arguments_are_refused_before_any_work() {
     let dir = tempfile::tempdir().unwrap();
     let d = dir.path();
-    let (out, text) = run(&["--out", "nodir/m.parquet", "--store", "s"], d);
-    assert_eq!(out.status.code(), Some(1), "{text}");
+    let (status, text) = run(&["--out", "nodir/m.parquet", "--store", "s"], d);
+    assert_eq!(status.code(), Some(1), "{text}");
     assert!(
         text.contains("\"nodir\", which is not an existing folder"),
         "{text}"
     );
-    let (out, text) = run(&["--epochs", "1", "--epochs", "2", "--store", "s"], d);
-    assert_eq!(out.status.code(), Some(1), "{text}");
+    let (status, text) = run(&["--epochs", "1", "--epochs", "2", "--store", "s"], d);
+    assert_eq!(status.code(), Some(1), "{text}");
     assert!(text.contains("--epochs is given twice"), "{text}");
     assert!(
         !d.join("s").exists(),

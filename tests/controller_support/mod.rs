@@ -12,7 +12,7 @@ use serde_json::Value;
 #[path = "../support/examples.rs"]
 mod examples;
 #[allow(unused_imports)] // only some test crates use it
-pub use examples::example_exe;
+pub use examples::{example_exe, run_to_text};
 
 /// The `campaign` example binary that `cargo test` builds next to the test binaries.
 pub fn campaign_exe() -> PathBuf {

@@ -17,3 +17,17 @@ pub fn example_exe(name: &str) -> PathBuf {
     );
     exe
 }
+
+/// Runs `cmd` to its end (stdin closed); returns its status and its stdout then stderr as text.
+pub fn run_to_text(cmd: &mut std::process::Command) -> (std::process::ExitStatus, String) {
+    let out = cmd
+        .stdin(std::process::Stdio::null())
+        .output()
+        .expect("the example starts");
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    (out.status, text)
+}

@@ -816,6 +816,14 @@ impl CampaignController {
             _ => h.counted_attempts += 1,
         }
         let is_pool_worker = self.state.stages[u.stage].pool && u.item.is_some();
+        let finished = |class, detail| Entry::Finished {
+            attempt_id: id.clone(),
+            state: st.state.clone(),
+            exit_code: st.exit_code,
+            class,
+            detail,
+            log_path: Some(log_path.clone()),
+        };
         if by_us {
             // Cancelled by this controller (shutdown, new revision): not a failure and not a
             // retry. No decision is journaled: replaying the `Finished` entry puts the unit
@@ -829,14 +837,7 @@ impl CampaignController {
                     ),
                 );
             }
-            return vec![Entry::Finished {
-                attempt_id: id,
-                state: st.state.clone(),
-                exit_code: st.exit_code,
-                class,
-                detail,
-                log_path: Some(log_path),
-            }];
+            return vec![finished(class, detail)];
         }
         let decision = if is_pool_worker && class.is_none() {
             Decision::Done
@@ -862,14 +863,7 @@ impl CampaignController {
             f("attempt", &what);
         }
         vec![
-            Entry::Finished {
-                attempt_id: id,
-                state: st.state.clone(),
-                exit_code: st.exit_code,
-                class,
-                detail,
-                log_path: Some(log_path),
-            },
+            finished(class, detail),
             Entry::Decided {
                 unit: key,
                 decision,

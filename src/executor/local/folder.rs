@@ -242,10 +242,15 @@ pub(crate) struct LaunchClaim {
 impl LaunchClaim {
     /// A claim by this process, now.
     pub(crate) fn mine(now_ms: u64) -> Self {
-        let pid = std::process::id() as i32;
+        // This process's identity does not change: read `/proc/self/stat` once, not per launch.
+        static ME: std::sync::OnceLock<Option<(i32, u64)>> = std::sync::OnceLock::new();
+        let claimer = *ME.get_or_init(|| {
+            let pid = std::process::id() as i32;
+            proc_start_ticks(pid).map(|t| (pid, t))
+        });
         Self {
             at_ms: now_ms,
-            claimer: proc_start_ticks(pid).map(|t| (pid, t)),
+            claimer,
         }
     }
 
@@ -287,18 +292,31 @@ impl LaunchClaim {
         self.claimer
             .is_some_and(|(pid, ticks)| !is_same_process_alive(pid, ticks))
     }
+
+    /// Whether this claim (of the attempt folder `dir`) was made by a controller that died
+    /// before any wrapper got as far as `started`: the job never ran, and may be launched again.
+    pub(crate) fn abandoned(&self, dir: &Path) -> bool {
+        self.claimer_dead()
+            && !dir.join(STARTED_FILE).exists()
+            && !dir.join(WRAPPER_FILE).exists()
+            && !dir.join(EXIT_FILE).exists()
+    }
 }
 
-/// Whether a launch was claimed by a controller that died before any wrapper got as far as
-/// `started`: the job never ran, and may be launched again.
-pub(crate) fn launch_abandoned(dir: &Path) -> Result<bool, ExecutorError> {
-    let Some(claim) = LaunchClaim::read(dir)? else {
+/// Claims the launch of the attempt in `dir` for this process: a fresh claim, or one retaken
+/// from a controller that died before its job started (if that controller's wrapper is
+/// starting after all, the exclusive `started` decides who runs the job). `false`: another
+/// live controller holds it, or the job started.
+pub(crate) fn claim_launch(dir: &Path, now_ms: u64) -> Result<bool, ExecutorError> {
+    let claim = LaunchClaim::mine(now_ms).text();
+    if create_exclusive(dir, LAUNCHING_FILE, &claim)? {
+        return Ok(true);
+    }
+    if !LaunchClaim::read(dir)?.is_some_and(|c| c.abandoned(dir)) {
         return Ok(false);
-    };
-    Ok(claim.claimer_dead()
-        && !dir.join(STARTED_FILE).exists()
-        && !dir.join(WRAPPER_FILE).exists()
-        && !dir.join(EXIT_FILE).exists())
+    }
+    write_replace(dir, LAUNCHING_FILE, claim.as_bytes())?;
+    Ok(true)
 }
 
 /// Whether the process `pid` is alive and is the one that started at `ticks`.

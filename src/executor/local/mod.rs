@@ -374,14 +374,8 @@ impl Inner {
     /// retaken from a dead controller), then `started`, which no wrapper can create after us.
     /// `false`: a launch is under way or done.
     fn claim_to_cancel(dir: &Path) -> Result<bool, ExecutorError> {
-        let claim = folder::LaunchClaim::mine(now_ms()).text();
-        if !folder::create_exclusive(dir, folder::LAUNCHING_FILE, &claim)? {
-            if !folder::launch_abandoned(dir)? {
-                return Ok(false);
-            }
-            folder::write_replace(dir, folder::LAUNCHING_FILE, claim.as_bytes())?;
-        }
-        folder::create_exclusive(dir, folder::STARTED_FILE, "cancelled\n")
+        Ok(folder::claim_launch(dir, now_ms())?
+            && folder::create_exclusive(dir, folder::STARTED_FILE, "cancelled\n")?)
     }
 
     /// Claims, launches and waits for the job. `Ok(None)`: another controller claimed it.
@@ -392,14 +386,8 @@ impl Inner {
     ) -> Result<Option<JobStatus>, ExecutorError> {
         let spec = &rec.spec;
         let dir = self.dir(&spec.attempt_id);
-        let claim = folder::LaunchClaim::mine(now_ms()).text();
-        if !folder::create_exclusive(&dir, folder::LAUNCHING_FILE, &claim)? {
-            // Retaken only from a controller that died before its wrapper started the job; if
-            // that wrapper is starting after all, the exclusive `started` decides who runs it.
-            if !folder::launch_abandoned(&dir)? {
-                return Ok(None);
-            }
-            folder::write_replace(&dir, folder::LAUNCHING_FILE, claim.as_bytes())?;
+        if !folder::claim_launch(&dir, now_ms())? {
+            return Ok(None);
         }
         let log = self.log_path(spec);
         let argv = self.argv(spec)?;
@@ -563,7 +551,7 @@ impl Inner {
             // A controller that died between its launch claim and the wrapper's start: the job
             // never ran, so it is queued again (see `launch_and_wait`).
             if let Some(r) = &rec
-                && folder::launch_abandoned(&dir)?
+                && claim.abandoned(&dir)
             {
                 return Ok(FolderView::Queued(Box::new(r.clone())));
             }
