@@ -1,7 +1,26 @@
-//! Records the toolchain puzzletron (and so the user's crate) is compiled with, as a witness.
+//! Records the toolchain puzzletron (and so the user's crate) is compiled with, as a witness;
+//! turns on the tests that need outside services when asked (see `test_cfgs`).
 use std::process::Command;
 
+/// `PUZZLETRON_SLURM_TESTS=1` (the local Slurm cluster) and `PUZZLETRON_PYARROW_TESTS=1`
+/// (python3 with pyarrow) set the cfgs `puzzletron_slurm_tests` and `puzzletron_pyarrow_tests`:
+/// the tests that need the service run (and fail when it is missing); without them those
+/// tests are reported as ignored, with the reason. `.ci/run` exports both.
+fn test_cfgs() {
+    for (var, cfg) in [
+        ("PUZZLETRON_SLURM_TESTS", "puzzletron_slurm_tests"),
+        ("PUZZLETRON_PYARROW_TESTS", "puzzletron_pyarrow_tests"),
+    ] {
+        println!("cargo::rustc-check-cfg=cfg({cfg})");
+        println!("cargo:rerun-if-env-changed={var}");
+        if std::env::var(var).as_deref() == Ok("1") {
+            println!("cargo:rustc-cfg={cfg}");
+        }
+    }
+}
+
 fn main() {
+    test_cfgs();
     let rustc = std::env::var("RUSTC").unwrap_or_else(|_| "rustc".into());
     let out = Command::new(&rustc).arg("-vV").output().ok();
     let text = out

@@ -78,7 +78,7 @@ struct Model {
 }
 
 fn data_path() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("examples/data/digits.csv")
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("data/digits.csv")
 }
 
 fn params(hidden: usize) -> usize {

@@ -42,7 +42,7 @@ fn parse_args(args: &[String]) -> Result<Option<Inputs>, String> {
     if args.is_empty() {
         let fixtures = PathBuf::from(concat!(
             env!("CARGO_MANIFEST_DIR"),
-            "/../shared/fixtures/puzzletron-configs"
+            "/../../shared/fixtures/puzzletron-configs"
         ));
         return Ok(Some(Inputs {
             experiment: fixtures.join("families/qwen3_5/qwen3p6_35b_a3b/runs/production.yaml"),

@@ -37,7 +37,7 @@ struct Params {
 
 /// Trains the MLP, logging `train_loss` and `val_accuracy` after every epoch.
 fn train(p: &Params, run: &mut Run) -> JobResult {
-    let data = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("examples/data/digits.csv");
+    let data = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("data/digits.csv");
     let (train, val) = digits::load(&data)?;
     let mut rng = digits::Rng::new(p.seed);
     let mut model = digits::Mlp::new(p.hidden, &mut rng);
@@ -149,7 +149,7 @@ fn sweep_main() -> Result<(), Box<dyn std::error::Error>> {
     let args = parse_args()?;
     let builder = Orchestrator::builder()
         .store_root(&args.store)
-        .owned(Modules::all().with_file("examples/common/digits.rs"))
+        .owned(Modules::all().with_file("common/digits.rs"))
         .force(args.force)
         .on_event(|e| eprintln!("{e}"));
     // The same sweep in this process, as local processes, or as a Slurm job array. The

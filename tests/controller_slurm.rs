@@ -155,6 +155,10 @@ fn check_campaign(dir: &Path, reference: &serde_json::Value) -> (usize, usize) {
     (a.attempts, a.adopted)
 }
 
+#[cfg_attr(
+    not(puzzletron_slurm_tests),
+    ignore = "needs the local Slurm cluster: start it and set PUZZLETRON_SLURM_TESTS=1 (CONTRIBUTING.md)"
+)]
 #[test]
 fn slurm_crash_trials_match_local_results_with_one_job_per_attempt() {
     let _watchdog = watchdog::Watchdog::start(
@@ -245,6 +249,10 @@ fn slurmctld_pid() -> Option<i32> {
         .ok()
 }
 
+#[cfg_attr(
+    not(puzzletron_slurm_tests),
+    ignore = "needs the local Slurm cluster: start it and set PUZZLETRON_SLURM_TESTS=1 (CONTRIBUTING.md)"
+)]
 #[test]
 fn slurmctld_restart_mid_campaign() {
     let _watchdog =
@@ -311,6 +319,10 @@ fn slurmctld_restart_mid_campaign() {
     );
 }
 
+#[cfg_attr(
+    not(puzzletron_slurm_tests),
+    ignore = "needs the local Slurm cluster: start it and set PUZZLETRON_SLURM_TESTS=1 (CONTRIBUTING.md)"
+)]
 #[test]
 fn detach_reattaches_and_cancel_leaves_no_job_in_squeue() {
     let _watchdog = watchdog::Watchdog::start(

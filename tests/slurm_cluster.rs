@@ -104,6 +104,10 @@ fn sh(script: &str) -> CommandSpec {
     CommandSpec::shell_script(script)
 }
 
+#[cfg_attr(
+    not(puzzletron_slurm_tests),
+    ignore = "needs the local Slurm cluster: start it and set PUZZLETRON_SLURM_TESTS=1 (CONTRIBUTING.md)"
+)]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn conformance_suite_on_slurm() {
     if !cluster_available("conformance_suite_on_slurm") {
@@ -119,6 +123,10 @@ async fn conformance_suite_on_slurm() {
         .await;
 }
 
+#[cfg_attr(
+    not(puzzletron_slurm_tests),
+    ignore = "needs the local Slurm cluster: start it and set PUZZLETRON_SLURM_TESTS=1 (CONTRIBUTING.md)"
+)]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn submit_poll_cancel_exit3_and_gpus() {
     if !cluster_available("submit_poll_cancel_exit3_and_gpus") {
@@ -173,6 +181,10 @@ async fn submit_poll_cancel_exit3_and_gpus() {
     assert_eq!(cvd.split(',').count(), 2, "CUDA_VISIBLE_DEVICES={cvd}");
 }
 
+#[cfg_attr(
+    not(puzzletron_slurm_tests),
+    ignore = "needs the local Slurm cluster: start it and set PUZZLETRON_SLURM_TESTS=1 (CONTRIBUTING.md)"
+)]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn memory_hog_is_out_of_memory() {
     if !cluster_available("memory_hog_is_out_of_memory") {
@@ -194,6 +206,10 @@ async fn memory_hog_is_out_of_memory() {
     assert_eq!(st[0].state, JobState::OutOfMemory, "{:?}", st[0]);
 }
 
+#[cfg_attr(
+    not(puzzletron_slurm_tests),
+    ignore = "needs the local Slurm cluster: start it and set PUZZLETRON_SLURM_TESTS=1 (CONTRIBUTING.md)"
+)]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn four_node_job_and_array_of_8() {
     if !cluster_available("four_node_job_and_array_of_8") {
@@ -246,6 +262,10 @@ async fn four_node_job_and_array_of_8() {
     }
 }
 
+#[cfg_attr(
+    not(puzzletron_slurm_tests),
+    ignore = "needs the local Slurm cluster: start it and set PUZZLETRON_SLURM_TESTS=1 (CONTRIBUTING.md)"
+)]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn requeued_job_is_followed_to_completion() {
     if !cluster_available("requeued_job_is_followed_to_completion") {
@@ -294,6 +314,10 @@ async fn requeued_job_is_followed_to_completion() {
     assert!(log.contains("restart=1"), "{log:?}");
 }
 
+#[cfg_attr(
+    not(puzzletron_slurm_tests),
+    ignore = "needs the local Slurm cluster: start it and set PUZZLETRON_SLURM_TESTS=1 (CONTRIBUTING.md)"
+)]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn polling_budget_with_50_live_jobs() {
     if !cluster_available("polling_budget_with_50_live_jobs") {
@@ -339,6 +363,10 @@ async fn polling_budget_with_50_live_jobs() {
     assert!(cycles >= 2, "the jobs took several cycles");
 }
 
+#[cfg_attr(
+    not(puzzletron_slurm_tests),
+    ignore = "needs the local Slurm cluster: start it and set PUZZLETRON_SLURM_TESTS=1 (CONTRIBUTING.md)"
+)]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn fault_injection_30_percent_exactly_50_jobs() {
     if !cluster_available("fault_injection_30_percent_exactly_50_jobs") {

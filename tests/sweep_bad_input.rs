@@ -294,3 +294,124 @@ fn errors_debug_print_their_message_for_main() {
         "`fn main() -> Result` shows the readable message"
     );
 }
+
+#[derive(Serialize, Deserialize)]
+struct WithSet {
+    lr: f64,
+    model: Model,
+}
+#[derive(Serialize, Deserialize)]
+struct Model {
+    name: String,
+    frozen: std::collections::HashSet<String>,
+}
+fn with_set(_: &WithSet, _: &mut Run) -> JobResult {
+    Ok(())
+}
+
+#[derive(Serialize, Deserialize)]
+struct WithMaps {
+    tags: std::collections::BTreeSet<String>,
+    by_name: std::collections::HashMap<String, f64>,
+    by_layer: std::collections::HashMap<u32, f64>,
+}
+fn with_maps(_: &WithMaps, _: &mut Run) -> JobResult {
+    Ok(())
+}
+
+/// A HashSet (any depth) would give a new key in every process: refused at `run()` with its
+/// path and the fix, and nothing is enqueued. Ordered sets and maps of any kind (canonical
+/// JSON sorts keys) are accepted, and their keys are the same for values built anew.
+#[test]
+fn a_hash_set_parameter_is_refused_with_its_path_and_maps_are_fine() {
+    let c = FakeCrate::new();
+    let mut o = sweep(&c);
+    let e = o
+        .run(
+            &c.job(with_set),
+            WithSet {
+                lr: 0.1,
+                model: Model {
+                    name: "mlp".into(),
+                    frozen: ["embed", "head", "norm"].map(String::from).into(),
+                },
+            },
+        )
+        .unwrap_err();
+    let msg = e.to_string();
+    assert!(
+        msg.starts_with("bad parameters for job fake::train: parameter `model.frozen` lists its elements in a different order"),
+        "{msg}"
+    );
+    assert!(msg.contains("BTreeSet or BTreeMap"), "{msg}");
+    assert!(!e.is_retryable());
+    assert!(o.queued().is_empty(), "a refused run must not be enqueued");
+
+    let make = || WithMaps {
+        tags: ["b", "a"].map(String::from).into(),
+        by_name: (0..16).map(|i| (format!("w{i}"), i as f64)).collect(),
+        by_layer: (0..16).map(|i| (i, i as f64 / 2.0)).collect(),
+    };
+    let k1 = o.run(&c.job(with_maps), make()).unwrap();
+    let k2 = o.run(&c.job(with_maps), make()).unwrap();
+    assert_eq!(k1, k2, "equal maps built anew must give one key");
+    assert_eq!(o.queued().len(), 1);
+}
+
+#[derive(Serialize, Deserialize)]
+struct Typed {
+    lr: f64,
+    layers: u32,
+    wide: bool,
+    act: String,
+    dropout: Option<f64>,
+}
+fn typed(p: &Typed, run: &mut Run) -> JobResult {
+    run.log("loss", 0, p.lr)?;
+    Ok(())
+}
+
+/// A column's Arrow type comes from the parameter's Rust type, not from the values: whole f64
+/// values stay Float64, in `get`, `recorded` and `StoreExt::metric_table` alike, and an
+/// `Option` that is `None` in every run is still a column (of nulls).
+#[test]
+fn metric_columns_take_their_type_from_the_rust_type() {
+    use puzzletron::StoreExt;
+    use puzzletron::arrow::DataType;
+    let c = FakeCrate::new();
+    let mut o = sweep(&c);
+    for lr in [1.0, 2.0] {
+        o.run(
+            &c.job(typed),
+            Typed {
+                lr,
+                layers: 2,
+                wide: true,
+                act: "relu".into(),
+                dropout: None,
+            },
+        )
+        .unwrap();
+    }
+    let t = o.get("loss").unwrap();
+    let schema = t.batch().schema();
+    let ty = |n: &str| schema.field_with_name(n).unwrap().data_type().clone();
+    assert_eq!(ty("lr"), DataType::Float64);
+    assert_eq!(ty("layers"), DataType::Int64);
+    assert_eq!(ty("wide"), DataType::Boolean);
+    assert_eq!(ty("act"), DataType::Utf8);
+    assert_eq!(t.f64s("lr").unwrap(), [Some(1.0), Some(2.0)]);
+    let stored = o.store().metric_table("loss").unwrap();
+    assert_eq!(
+        stored.batch().schema(),
+        schema,
+        "the store's table has the same schema"
+    );
+    assert_eq!(o.recorded("loss").unwrap().batch().schema(), schema);
+    // The record says the types, for other tools too.
+    let rec = o.store().record(&o.enqueued()[0].key).unwrap().unwrap();
+    assert_eq!(
+        serde_json::to_value(&rec.param_types).unwrap(),
+        serde_json::json!({"act": "string", "layers": "int", "lr": "float", "wide": "bool"})
+    );
+}

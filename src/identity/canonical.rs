@@ -60,6 +60,16 @@ pub enum ParamError {
         /// The reserved name.
         name: String,
     },
+    /// A sequence whose element order differs between two serializations of equal values: a
+    /// `HashSet` (or a map written as a list of pairs) iterates in an order its random hasher
+    /// picks anew in every value, so its key would differ from process to process.
+    #[error(
+        "parameter `{path}` lists its elements in a different order each time it is built (a HashSet, or a HashMap written as a list, iterates in its random hasher's order), so its job key would change from process to process: use a BTreeSet or BTreeMap (or a Vec in a fixed order)"
+    )]
+    Unordered {
+        /// Path of the sequence.
+        path: String,
+    },
     /// The params type's `Serialize` impl failed.
     #[error("parameter `{path}` could not be serialized: {message}")]
     Custom {
@@ -79,6 +89,7 @@ impl ParamError {
     fn prefix(mut self, seg: &Seg<'_>) -> Self {
         let p = match &mut self {
             ParamError::NonFinite { path, .. }
+            | ParamError::Unordered { path, .. }
             | ParamError::BadMapKey { path, .. }
             | ParamError::DuplicateKey { path, .. }
             | ParamError::Custom { path, .. } => path,
@@ -128,13 +139,50 @@ enum Canon {
 }
 
 /// Parameters in canonical form: the RFC 8785 JSON text plus the top-level field names in the
-/// order the type declares them (used for metric-table column order).
+/// order the type declares them (used for metric-table column order) and their types.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct CanonicalParams {
     /// Canonical JSON text (RFC 8785).
     pub json: String,
     /// Top-level field names in declaration order; empty when the params are not an object.
     pub fields: Vec<String>,
+    /// The metric-table column type of each top-level parameter (the whole value, named
+    /// `params`, when it is not an object), from the Rust type that serialized it. A `None`
+    /// (an `Option` without a value) says nothing and is left out.
+    pub types: std::collections::BTreeMap<String, ParamType>,
+}
+
+/// The type of a parameter's metric-table column, taken from the Rust type that serialized it
+/// (not from the values: an `f64` that happens to be whole is still [`Float`](Self::Float)), so
+/// a column keeps its Arrow type from sweep to sweep.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "snake_case")]
+#[non_exhaustive]
+pub enum ParamType {
+    /// Integers (`i8`..`i128`, `u8`..`u128`): Arrow `Int64` (text beyond its range).
+    Int,
+    /// `f32`, `f64`: Arrow `Float64`.
+    Float,
+    /// `bool`: Arrow `Boolean`.
+    Bool,
+    /// Strings, chars, unit enum variants: Arrow `Utf8`.
+    String,
+    /// Sequences, maps, structs, enum variants with data: canonical JSON text in a `Utf8`
+    /// column.
+    Json,
+}
+
+impl ParamType {
+    fn of(v: &Canon) -> Option<Self> {
+        Some(match v {
+            Canon::Null => return None,
+            Canon::Bool(_) => ParamType::Bool,
+            Canon::Int(_) => ParamType::Int,
+            Canon::Float(_) => ParamType::Float,
+            Canon::Str(_) => ParamType::String,
+            Canon::Arr(_) | Canon::Obj(_) => ParamType::Json,
+        })
+    }
 }
 
 /// Encodes `value` as canonical JSON (RFC 8785), refusing NaN/infinity with the parameter's path.
@@ -152,14 +200,31 @@ pub fn canonical_json<T: Serialize + ?Sized>(value: &T) -> Result<String, ParamE
 /// As [`canonical_json`].
 pub fn canonical_params<T: Serialize + ?Sized>(value: &T) -> Result<CanonicalParams, ParamError> {
     let mut tree = value.serialize(CanonSer)?;
-    let fields = match &tree {
-        Canon::Obj(entries) => entries.iter().map(|(k, _)| k.to_string()).collect(),
-        _ => Vec::new(),
+    let (fields, types) = match &tree {
+        Canon::Obj(entries) => (
+            entries.iter().map(|(k, _)| k.to_string()).collect(),
+            entries
+                .iter()
+                .filter_map(|(k, v)| Some((k.to_string(), ParamType::of(v)?)))
+                .collect(),
+        ),
+        Canon::Null => (Vec::new(), Default::default()),
+        other => (
+            Vec::new(),
+            ParamType::of(other)
+                .map(|t| ("params".to_string(), t))
+                .into_iter()
+                .collect(),
+        ),
     };
     sort_tree(&mut tree)?;
     let mut json = String::with_capacity(128);
     write_canon(&tree, &mut json);
-    Ok(CanonicalParams { json, fields })
+    Ok(CanonicalParams {
+        json,
+        fields,
+        types,
+    })
 }
 
 /// Sorts object keys by UTF-16 code units (RFC 8785 §3.2.3) and refuses duplicate keys.

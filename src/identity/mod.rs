@@ -14,7 +14,7 @@ mod owned;
 mod tokens;
 mod witness;
 
-pub use canonical::{CanonicalParams, ParamError, canonical_json, canonical_params};
+pub use canonical::{CanonicalParams, ParamError, ParamType, canonical_json, canonical_params};
 pub use hash::{Hash, Hasher, ParseHashError};
 pub use owned::{
     Modules, OwnedCode, OwnedDigest, file_digest, owned_digest, owned_digest_uncached, token_digest,

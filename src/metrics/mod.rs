@@ -96,6 +96,7 @@ pub fn collect<S: Store + ?Sized>(store: &S) -> Result<MetricTable, MetricsError
             key: r.key,
             params: &r.params,
             param_order: &r.param_order,
+            param_types: &r.param_types,
             series: store.metrics(&r.key, None)?,
         });
     }
@@ -122,6 +123,7 @@ pub(crate) fn table_of<S: Store + ?Sized>(
             key: r.key,
             params: &r.params,
             param_order: &r.param_order,
+            param_types: &r.param_types,
             series: store.metrics(&r.key, Some(metric))?,
         });
     }
@@ -160,12 +162,14 @@ mod tests {
                 key: Hash::of("1"),
                 params: &p1,
                 param_order: &order,
+                param_types: &table::NO_TYPES,
                 series: series(&[(0, 1.0), (1, 0.5)]),
             },
             JobRows {
                 key: Hash::of("2"),
                 params: &p2,
                 param_order: &order,
+                param_types: &table::NO_TYPES,
                 series: series(&[(0, 2.0)]),
             },
         ];
@@ -221,12 +225,14 @@ mod tests {
                 key: Hash::of("1"),
                 params: &p1,
                 param_order: &[],
+                param_types: &table::NO_TYPES,
                 series: series(&[(0, 1.0)]),
             },
             JobRows {
                 key: Hash::of("2"),
                 params: &p2,
                 param_order: &[],
+                param_types: &table::NO_TYPES,
                 series: series(&[(0, 1.0)]),
             },
         ];
@@ -238,6 +244,7 @@ mod tests {
             key: Hash::of("1"),
             params: &bad,
             param_order: &[],
+            param_types: &table::NO_TYPES,
             series: series(&[]),
         }];
         let e = build_table(&jobs, false).unwrap_err();

@@ -200,12 +200,14 @@ mod tests {
                 key: Hash::of("a"),
                 params: &p1,
                 param_order: &[],
+                param_types: &crate::metrics::table::NO_TYPES,
                 series: s1,
             },
             JobRows {
                 key: Hash::of("b"),
                 params: &p2,
                 param_order: &[],
+                param_types: &crate::metrics::table::NO_TYPES,
                 series: s2,
             },
         ];

@@ -1,5 +1,6 @@
 //! [`MetricTable`]: the metrics of a sweep as one Arrow `RecordBatch` (DESIGN.md §7).
 
+use std::collections::BTreeMap;
 use std::fmt;
 use std::path::Path;
 use std::sync::Arc;
@@ -12,7 +13,7 @@ use arrow_schema::{DataType, Field, Schema};
 use serde_json::Value;
 
 use super::MetricsError;
-use crate::identity::{Hash, canonical_json};
+use crate::identity::{Hash, ParamType, canonical_json};
 use crate::store::Series;
 
 /// Column names the table owns; parameters may not use them.
@@ -240,11 +241,17 @@ impl fmt::Display for MetricTable {
     }
 }
 
+/// No declared parameter types (tests, and records older than `param_types`).
+#[cfg(test)]
+pub(crate) static NO_TYPES: BTreeMap<String, ParamType> = BTreeMap::new();
+
 /// One job's contribution to a table.
 pub(crate) struct JobRows<'a> {
     pub key: Hash,
     pub params: &'a Value,
     pub param_order: &'a [String],
+    /// Column types from the parameters' Rust types (empty for old records).
+    pub param_types: &'a BTreeMap<String, ParamType>,
     pub series: Series,
 }
 
@@ -266,6 +273,16 @@ fn kind_of(v: &Value) -> Kind {
         Value::Number(n) if n.is_f64() => Kind::Float,
         Value::Number(_) => Kind::Json, // beyond i64: keep exact digits as text
         Value::String(_) => Kind::Str,
+        _ => Kind::Json,
+    }
+}
+
+fn declared(t: ParamType) -> Kind {
+    match t {
+        ParamType::Int => Kind::Int,
+        ParamType::Float => Kind::Float,
+        ParamType::Bool => Kind::Bool,
+        ParamType::String => Kind::Str,
         _ => Kind::Json,
     }
 }
@@ -296,8 +313,11 @@ pub(crate) fn build_table(
     jobs: &[JobRows<'_>],
     metric_column: bool,
 ) -> Result<MetricTable, MetricsError> {
-    // Parameter columns: first-seen order over jobs, each job in its declaration order.
+    // Parameter columns: first-seen order over jobs, each job in its declaration order. A
+    // column's type comes from the parameters' Rust types where the records say them (so an
+    // f64 that is whole in every run is still Float64); from the values only for old records.
     let mut cols: Vec<(String, Kind)> = Vec::new();
+    let mut types: Vec<Option<Kind>> = Vec::new();
     for j in jobs {
         let tl = top_level(j.params);
         let mut ordered: Vec<(&str, &Value)> = Vec::with_capacity(tl.len());
@@ -318,10 +338,27 @@ pub(crate) fn build_table(
                     job_key: j.key,
                 });
             }
-            match cols.iter_mut().find(|(n, _)| n == name) {
-                Some((_, k)) => *k = unify(*k, kind_of(v)),
-                None => cols.push((name.to_string(), kind_of(v))),
+            let t = j.param_types.get(name).map(|t| declared(*t));
+            match cols.iter().position(|(n, _)| n == name) {
+                Some(c) => {
+                    cols[c].1 = unify(cols[c].1, kind_of(v));
+                    if let Some(t) = t {
+                        types[c] = Some(types[c].map_or(t, |k| unify(k, t)));
+                    }
+                }
+                None => {
+                    cols.push((name.to_string(), kind_of(v)));
+                    types.push(t);
+                }
             }
+        }
+    }
+    for ((_, k), t) in cols.iter_mut().zip(&types) {
+        match t {
+            // An integer beyond i64 in some run: exact digits as text, as before.
+            Some(Kind::Int) if *k == Kind::Json => {}
+            Some(t) => *k = *t,
+            None => {}
         }
     }
     let total: usize = jobs.iter().map(|j| j.series.len()).sum();

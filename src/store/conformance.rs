@@ -25,6 +25,7 @@ pub fn sample_record(key: Hash, status: Status, attempt: u32) -> JobRecord {
         job: "conformance::job".into(),
         params: serde_json::json!({"lr": 0.1}),
         param_order: vec!["lr".into()],
+        param_types: Default::default(),
         lineage: Hash::of(format!("lineage-{key}")),
         owned: OwnedDigest {
             digest: Hash::of("code"),

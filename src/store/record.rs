@@ -141,6 +141,10 @@ pub struct JobRecord {
     pub params: serde_json::Value,
     /// Top-level parameter names in declaration order.
     pub param_order: Vec<String>,
+    /// The metric-table column type of each top-level parameter, from its Rust type (absent in
+    /// records written before it existed: their columns are typed from the values).
+    #[serde(default, skip_serializing_if = "std::collections::BTreeMap::is_empty")]
+    pub param_types: std::collections::BTreeMap<String, crate::identity::ParamType>,
     /// Name + parameters without the code (see [`crate::identity::lineage_key`]).
     pub lineage: Hash,
     /// The owned-code digest and its files.

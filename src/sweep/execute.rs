@@ -206,6 +206,7 @@ impl<S: Store + ?Sized> Engine<'_, S> {
             job: p.job.to_string(),
             params,
             param_order: p.param_order.to_vec(),
+            param_types: (*p.param_types).clone(),
             lineage: p.lineage,
             owned: (*p.owned).clone(),
             witnesses: self.witnesses().clone(),

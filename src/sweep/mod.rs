@@ -10,6 +10,7 @@ mod execute;
 mod job;
 mod orchestrator;
 mod panics;
+mod params_check;
 mod pending;
 mod run;
 mod summary;

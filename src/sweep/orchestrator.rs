@@ -15,6 +15,7 @@ use super::decision::{Decider, JobDecision, Plan};
 use super::entry::Entry;
 use super::execute::{Drained, Engine, EventFn, Stop, failure, summary_of};
 use super::job::Job;
+use super::params_check::ParamsCheck;
 use super::pending::PendingRun;
 use super::run::Run;
 use super::summary::{FailureCause, Outcome, RunFailed, RunSummary};
@@ -53,6 +54,7 @@ pub struct Orchestrator<S: Store = FsStore, E: Executor = InProcess> {
     force: bool,
     witnesses: Witnesses,
     owned_cache: Vec<(PathBuf, PathBuf, Modules, Arc<OwnedDigest>)>,
+    params_check: ParamsCheck,
     job_names: HashMap<String, Arc<str>>,
     queue: Vec<PendingRun>,
     queued_keys: HashSet<Hash>,
@@ -80,6 +82,7 @@ impl<S: Store, E: Executor> Orchestrator<S, E> {
             force: p.force,
             witnesses: p.witnesses,
             owned_cache: Vec::new(),
+            params_check: ParamsCheck::default(),
             job_names: HashMap::new(),
             queue: Vec::new(),
             queued_keys: HashSet::new(),
@@ -98,8 +101,9 @@ impl<S: Store, E: Executor> Orchestrator<S, E> {
     ///
     /// # Errors
     /// [`Error::Params`] when the parameters cannot be encoded (NaN, infinity, a reserved
-    /// top-level name `step`/`value`/`job_key`, non-scalar map keys), naming the parameter's
-    /// path; [`Error::Identity`] when the job's source files cannot be read.
+    /// top-level name `step`/`value`/`job_key`, non-scalar map keys) or do not encode the same
+    /// in every process ([`ParamError::Unordered`]: a `HashSet` at any depth; use a
+    /// `BTreeSet`), naming the parameter's path; [`Error::Identity`] when the job's source files cannot be read.
     pub fn run<P>(&mut self, job: &Job<P>, params: P) -> Result<Hash>
     where
         P: Serialize + DeserializeOwned + Send + Sync + 'static,
@@ -109,6 +113,7 @@ impl<S: Store, E: Executor> Orchestrator<S, E> {
             source,
         };
         let canon = identity::canonical_params(&params).map_err(bad)?;
+        self.params_check.check::<P>(&canon.json).map_err(bad)?;
         if let Some(r) = canon
             .fields
             .iter()
@@ -142,6 +147,7 @@ impl<S: Store, E: Executor> Orchestrator<S, E> {
             job: name,
             params: canon.json.into(),
             param_order: canon.fields.into(),
+            param_types: Arc::new(canon.types),
             owned,
             call: Arc::new(move |run: &mut Run| f(&params, run)),
             entry: Entry::of::<P>(f),
@@ -381,6 +387,12 @@ impl<S: Store, E: Executor> Orchestrator<S, E> {
                 key: p.key,
                 params: &rec.params,
                 param_order: &p.param_order,
+                // Records written before types were kept: this sweep's own types.
+                param_types: if rec.param_types.is_empty() {
+                    &p.param_types
+                } else {
+                    &rec.param_types
+                },
                 series: self.store.metrics(&p.key, Some(metric))?,
             });
         }

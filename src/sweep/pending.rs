@@ -1,11 +1,12 @@
 //! [`PendingRun`]: a run in a sweep's queue, its key computed when it was enqueued.
 
+use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use super::entry::Entry;
 use super::job::JobResult;
 use super::run::Run;
-use crate::identity::{Hash, OwnedDigest};
+use crate::identity::{Hash, OwnedDigest, ParamType};
 
 /// The job function bound to its parameters.
 pub(super) type Call = Arc<dyn Fn(&mut Run) -> JobResult + Send + Sync>;
@@ -23,6 +24,8 @@ pub struct PendingRun {
     pub params: Arc<str>,
     /// Top-level parameter names in declaration order.
     pub param_order: Arc<[String]>,
+    /// The metric-table column type of each top-level parameter, from its Rust type.
+    pub param_types: Arc<BTreeMap<String, ParamType>>,
     /// The owned code the key covers.
     pub owned: Arc<OwnedDigest>,
     pub(super) call: Call,

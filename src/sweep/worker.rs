@@ -271,6 +271,8 @@ struct Task {
     job: String,
     params: String,
     param_order: Vec<String>,
+    #[serde(default)]
+    param_types: std::collections::BTreeMap<String, crate::identity::ParamType>,
     owned: OwnedDigest,
     witnesses: Witnesses,
     reasons: Vec<String>,
@@ -317,6 +319,7 @@ fn run_task(path: &Path) -> std::result::Result<Option<Outcome>, String> {
         job: task.job.clone().into(),
         params: params.clone(),
         param_order: task.param_order.into(),
+        param_types: Arc::new(task.param_types),
         owned: Arc::new(task.owned),
         // SAFETY: the entry was made by Entry::of in the same binary (checked above).
         call: Arc::new(move |run: &mut Run| unsafe { entry.call(&call_params, run) }),
@@ -557,6 +560,7 @@ async fn run_batch<S: Store + ?Sized, E: Executor + ?Sized>(
             job: p.job.to_string(),
             params: p.params.to_string(),
             param_order: p.param_order.to_vec(),
+            param_types: (*p.param_types).clone(),
             owned: (*p.owned).clone(),
             witnesses: o.witnesses().clone(),
             reasons: d.reasons.clone(),
@@ -729,6 +733,7 @@ fn conclude<S: Store + ?Sized>(
         job: p.job.to_string(),
         params,
         param_order: p.param_order.to_vec(),
+        param_types: (*p.param_types).clone(),
         lineage: p.lineage,
         owned: (*p.owned).clone(),
         witnesses: o.witnesses().clone(),
