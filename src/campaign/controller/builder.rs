@@ -10,7 +10,9 @@ use std::time::Duration;
 use tokio::sync::mpsc;
 
 use super::clock::{Clock, SystemClock};
-use super::driver::{CampaignController, Control, EventSink, PoolSource};
+use super::driver::{
+    CampaignController, Collaborators, Control, Counters, EventSink, PoolSource, Settings,
+};
 use super::error::ControllerError;
 use super::journal::Journal;
 use super::lease::Lease;
@@ -259,40 +261,38 @@ impl CampaignControllerBuilder {
         }
         let mut c = CampaignController {
             plan,
-            executor,
             dir,
-            clock: self.clock,
-            poll_min: self.poll_min,
-            poll_max: self.poll_max,
-            retry: self.retry,
-            new_revision: self.new_revision,
-            adopt_grace: self.adopt_grace,
-            stuck_after: self.stuck_after,
-            max_live: self.max_live,
-            poll_batch: self.poll_batch,
-            submit_batch: self.submit_batch,
-            oom_retry: self.oom_retry,
-            pools: self.pools,
-            max_requeues: self.max_requeues,
-            on_event: self.on_event,
-            controls: self.controls,
-            view: super::view::LiveView::new(self.view),
-            journal,
+            settings: Settings {
+                poll_min: self.poll_min,
+                poll_max: self.poll_max,
+                retry: self.retry,
+                new_revision: self.new_revision,
+                adopt_grace: self.adopt_grace,
+                stuck_after: self.stuck_after,
+                max_live: self.max_live,
+                poll_batch: self.poll_batch,
+                submit_batch: self.submit_batch,
+                oom_retry: self.oom_retry,
+                max_requeues: self.max_requeues,
+                abort_after_submits: self.abort_after_submits,
+                pools: self.pools,
+            },
+            io: Collaborators {
+                executor,
+                clock: self.clock,
+                on_event: self.on_event,
+                controls: self.controls,
+                view: super::view::LiveView::new(self.view),
+                journal,
+                lease,
+            },
+            counters: Counters::default(),
             state,
-            lease,
             own_uid: unsafe_getuid(),
             halted: false,
-            reattached: 0,
-            adopted: 0,
-            submitted: 0,
-            poll_errors: 0,
-            poll_errors_in_row: 0,
-            pool_restarts: HashMap::new(),
             pending_revision: None,
             started: false,
             recovery_reported: false,
-            submits_this_process: 0,
-            abort_after_submits: self.abort_after_submits,
         };
         if replay.torn_tail > 0 {
             c.emit(super::ControllerEvent::JournalRepaired {

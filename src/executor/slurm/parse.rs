@@ -169,7 +169,7 @@ pub fn classify_error(stderr: &str) -> ErrorClass {
         "maxsubmitjobs",
     ];
     let s = stderr.to_ascii_lowercase();
-    if s.contains("invalid job id specified") {
+    if s.contains("invalid job id") {
         ErrorClass::InvalidJobId
     } else if s.contains("accounting storage is disabled") {
         ErrorClass::AccountingDisabled
