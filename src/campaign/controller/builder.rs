@@ -48,6 +48,7 @@ pub struct CampaignControllerBuilder {
     controls: Option<mpsc::UnboundedReceiver<Control>>,
     view: super::view::ViewMode,
     abort_after_submits: Option<u64>,
+    require_success_marker: bool,
 }
 
 impl Default for CampaignControllerBuilder {
@@ -75,6 +76,7 @@ impl Default for CampaignControllerBuilder {
             controls: None,
             view: super::view::ViewMode::Off,
             abort_after_submits: None,
+            require_success_marker: true,
         }
     }
 }
@@ -196,6 +198,13 @@ impl CampaignControllerBuilder {
         self.abort_after_submits = Some(n);
         self
     }
+    /// Whether an attempt that exits 0 must also leave its success marker (`_SUCCESS` in
+    /// its output folder) to count as done (default `true`: success needs proof). Turn it off
+    /// only for executors that run nothing (tests of controller logic on the mock executor).
+    pub fn require_success_marker(mut self, required: bool) -> Self {
+        self.require_success_marker = required;
+        self
+    }
     /// The live view (default off).
     pub fn view(mut self, mode: super::view::ViewMode) -> Self {
         self.view = mode;
@@ -275,6 +284,7 @@ impl CampaignControllerBuilder {
                 oom_retry: self.oom_retry,
                 max_requeues: self.max_requeues,
                 abort_after_submits: self.abort_after_submits,
+                require_success_marker: self.require_success_marker,
                 pools: self.pools,
             },
             io: Collaborators {
@@ -293,6 +303,9 @@ impl CampaignControllerBuilder {
             pending_revision: None,
             started: false,
             recovery_reported: false,
+            interrupt: None,
+            scheduler_uid: None,
+            scheduler_uid_asked: false,
         };
         if replay.torn_tail > 0 {
             c.emit(super::ControllerEvent::JournalRepaired {

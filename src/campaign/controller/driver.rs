@@ -72,6 +72,18 @@ pub struct CampaignController {
     pub(super) pending_revision: Option<Hash>,
     pub(super) started: bool,
     pub(super) recovery_reported: bool,
+    /// A Detach or Cancel that arrived while an executor call was awaited (see `guarded`).
+    pub(super) interrupt: Option<Control>,
+    /// The uid of the scheduler's own user (SlurmUser), asked once per process.
+    pub(super) scheduler_uid: Option<u32>,
+    pub(super) scheduler_uid_asked: bool,
+}
+
+/// What ended a [`CampaignController::guarded`] wait.
+enum Woke<T> {
+    Done(T),
+    Control(Option<Control>),
+    Slow,
 }
 
 /// The options the builder fixed; never changed by a run.
@@ -88,6 +100,7 @@ pub(super) struct Settings {
     pub oom_retry: HashSet<String>,
     pub max_requeues: u32,
     pub abort_after_submits: Option<u64>,
+    pub require_success_marker: bool,
     pub pools: HashMap<String, Arc<PoolSource>>,
 }
 
@@ -278,6 +291,18 @@ impl CampaignController {
         if options.retry_failed {
             self.reset_failed()?;
         }
+        if !self.scheduler_uid_asked {
+            // Asked once per process (a preemption is a cancel by this uid); an error only
+            // loses that distinction for root's cancels, so it is not fatal.
+            let exec = self.io.executor.clone();
+            match self.guarded("scheduler_uid", exec.scheduler_uid()).await? {
+                Some(Ok(u)) => {
+                    self.scheduler_uid = u;
+                    self.scheduler_uid_asked = true;
+                }
+                Some(Err(_)) | None => {}
+            }
+        }
         // Recovery is reported once per controller (later runs continue the same session).
         if !self.started {
             self.started = true;
@@ -372,9 +397,18 @@ impl CampaignController {
             }
         }
         let mut progressed = self.resolve_intents().await?;
+        if let Some(flow) = self.take_interrupt().await? {
+            return Ok(flow);
+        }
         progressed |= self.advance_stages().await?;
         progressed |= self.start_ready().await?;
+        if let Some(flow) = self.take_interrupt().await? {
+            return Ok(flow);
+        }
         progressed |= self.poll_live().await?;
+        if let Some(flow) = self.take_interrupt().await? {
+            return Ok(flow);
+        }
         progressed |= self.advance_stages().await?;
         let open = self
             .state
@@ -388,6 +422,91 @@ impl CampaignController {
             return Ok(Flow::Finished);
         }
         Ok(Flow::Continue { progressed })
+    }
+
+    /// Acts on a control request that interrupted an executor call.
+    async fn take_interrupt(&mut self) -> Result<Option<Flow>, ControllerError> {
+        match self.interrupt.take() {
+            Some(Control::Cancel) => {
+                let n = self.shutdown("cancelled by the user").await?;
+                Ok(Some(Flow::Cancelled(n)))
+            }
+            Some(Control::Detach) => Ok(Some(Flow::Detached)),
+            Some(Control::Continue) | None => Ok(None),
+        }
+    }
+
+    /// Awaits an executor call (`call` names it, e.g. `poll`), while watching the control
+    /// channel and the time: a Detach or Cancel stops the wait at once (the call is dropped;
+    /// `None` is returned and the request is acted on by the loop — a submit cut off this way
+    /// is resolved by its journaled intent), and a call that takes longer than one poll
+    /// interval (at least 1 s) is shown in the live view and journaled once as
+    /// [`ControllerEvent::SchedulerSlow`], so a scheduler that does not answer is never silent.
+    pub(super) async fn guarded<T>(
+        &mut self,
+        call: &str,
+        fut: impl std::future::Future<Output = T>,
+    ) -> Result<Option<T>, ControllerError> {
+        if self.interrupt.is_some() {
+            return Ok(None);
+        }
+        tokio::pin!(fut);
+        let slow_after = self.settings.poll_min.max(Duration::from_secs(1));
+        let started = std::time::Instant::now();
+        let mut slow = false;
+        loop {
+            let tick = tokio::time::sleep(if slow {
+                Duration::from_secs(1)
+            } else {
+                slow_after
+            });
+            let woke = {
+                let controls = self.io.controls.as_mut();
+                tokio::select! {
+                    biased;
+                    r = &mut fut => Woke::Done(r),
+                    c = async {
+                        match controls {
+                            Some(rx) => rx.recv().await,
+                            None => std::future::pending().await,
+                        }
+                    } => Woke::Control(c),
+                    _ = tick => Woke::Slow,
+                }
+            };
+            match woke {
+                Woke::Done(r) => {
+                    if slow {
+                        self.io.view.scheduler_error(None);
+                    }
+                    return Ok(Some(r));
+                }
+                Woke::Control(Some(Control::Continue)) => {}
+                Woke::Control(Some(c)) => {
+                    self.interrupt = Some(c);
+                    return Ok(None);
+                }
+                // Every sender is gone: nobody can ask any more.
+                Woke::Control(None) => self.io.controls = None,
+                Woke::Slow => {
+                    let waited = started.elapsed();
+                    self.io.view.scheduler_error(Some(format!(
+                        "waiting for the scheduler ({call}) for {:.0} s",
+                        waited.as_secs_f64()
+                    )));
+                    self.io
+                        .view
+                        .update(&self.progress(), self.io.clock.now_ms());
+                    if !slow {
+                        slow = true;
+                        self.emit(ControllerEvent::SchedulerSlow {
+                            call: call.to_string(),
+                            waited,
+                        })?;
+                    }
+                }
+            }
+        }
     }
 
     pub(super) fn blocked(&self, s: &super::state::StageRt) -> bool {

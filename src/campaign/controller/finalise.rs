@@ -15,19 +15,110 @@ use super::pool::WorkQueue;
 use super::spec::{SUCCESS_MARKER, output_dir, queue_dir};
 use super::state::{Phase, StageStatus, UnitStatus};
 use crate::campaign::HaltPolicy;
-use crate::executor::JobStatus;
+use crate::executor::{JobState, JobStatus};
+
+/// Longest run of a stage's validation command.
+pub const VALIDATE_TIMEOUT: Duration = Duration::from_secs(120);
 
 impl CampaignController {
-    pub(super) fn read_tail(path: &Path) -> String {
+    /// The last 16 KiB of a log; `Err` says why it could not be read (then the log is
+    /// evidence "unavailable", never "clean").
+    pub(super) fn read_tail(path: &Path) -> Result<String, String> {
         use std::io::{Read, Seek, SeekFrom};
-        let Ok(mut f) = std::fs::File::open(path) else {
-            return String::new();
-        };
-        let len = f.metadata().map(|m| m.len()).unwrap_or(0);
-        let _ = f.seek(SeekFrom::Start(len.saturating_sub(16 * 1024)));
+        let mut f = std::fs::File::open(path).map_err(|e| format!("{}: {e}", path.display()))?;
+        let len = f
+            .metadata()
+            .map_err(|e| format!("{}: {e}", path.display()))?
+            .len();
+        f.seek(SeekFrom::Start(len.saturating_sub(16 * 1024)))
+            .map_err(|e| format!("{}: {e}", path.display()))?;
         let mut buf = Vec::new();
-        let _ = f.read_to_end(&mut buf);
-        String::from_utf8_lossy(&buf).into_owned()
+        f.read_to_end(&mut buf)
+            .map_err(|e| format!("{}: {e}", path.display()))?;
+        Ok(String::from_utf8_lossy(&buf).into_owned())
+    }
+
+    /// Why the stage's declared outputs do not validate in `out`, if they do not: a missing
+    /// output, or a validation command that failed (it runs in `out`, argv without a shell,
+    /// with the attempt's environment basics, for at most [`VALIDATE_TIMEOUT`]).
+    pub(super) fn outputs_problem(
+        stage: &crate::campaign::StagePlan,
+        out: &Path,
+    ) -> Option<String> {
+        if let Some(missing) = stage.outputs.iter().find(|o| !out.join(o).exists()) {
+            return Some(format!(
+                "declared output `{missing}` is missing in {}",
+                out.display()
+            ));
+        }
+        let (prog, args) = stage.validate.split_first()?;
+        let mut child = match std::process::Command::new(prog)
+            .args(args)
+            .current_dir(out)
+            .env("PUZZLETRON_OUTPUT_DIR", out)
+            .env("PUZZLETRON_STAGE", &stage.stage_id)
+            .stdin(std::process::Stdio::null())
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+        {
+            Ok(c) => c,
+            Err(e) => {
+                return Some(format!(
+                    "the validation command `{}` could not start: {e}",
+                    stage.validate.join(" ")
+                ));
+            }
+        };
+        let t = std::time::Instant::now();
+        loop {
+            match child.try_wait() {
+                Ok(Some(status)) if status.success() => return None,
+                Ok(Some(status)) => {
+                    let mut err = String::new();
+                    if let Some(mut e) = child.stderr.take() {
+                        use std::io::Read;
+                        let _ = e.read_to_string(&mut err);
+                    }
+                    let err = err.trim();
+                    let tail: String = err
+                        .chars()
+                        .rev()
+                        .take(300)
+                        .collect::<Vec<_>>()
+                        .into_iter()
+                        .rev()
+                        .collect();
+                    return Some(format!(
+                        "the validation command `{}` failed ({status}){}",
+                        stage.validate.join(" "),
+                        if tail.is_empty() {
+                            String::new()
+                        } else {
+                            format!(": {tail}")
+                        }
+                    ));
+                }
+                Ok(None) if t.elapsed() < VALIDATE_TIMEOUT => {
+                    std::thread::sleep(Duration::from_millis(20))
+                }
+                Ok(None) => {
+                    let _ = child.kill();
+                    let _ = child.wait();
+                    return Some(format!(
+                        "the validation command `{}` did not finish within {:?}",
+                        stage.validate.join(" "),
+                        VALIDATE_TIMEOUT
+                    ));
+                }
+                Err(e) => {
+                    return Some(format!(
+                        "the validation command `{}` could not be waited for: {e}",
+                        stage.validate.join(" ")
+                    ));
+                }
+            }
+        }
     }
 
     /// The Finished + Decided entries of an attempt that ended (only Finished for one this
@@ -50,12 +141,29 @@ impl CampaignController {
         let (class, detail) = match forced {
             Some((c, d)) => (Some(c), d),
             None => {
+                let (log_tail, log_unavailable) = match Self::read_tail(&log_path) {
+                    Ok(t) => (t, None),
+                    Err(why) => (String::new(), Some(why)),
+                };
+                let marker = out.join(SUCCESS_MARKER).exists();
+                let completed = st.state == JobState::Completed;
                 let ev = Evidence {
-                    log_tail: Self::read_tail(&log_path),
+                    log_tail,
+                    log_unavailable,
                     resumable: stage.resumable,
                     cancel_requested: at.cancel_requested,
                     own_uid: self.own_uid,
-                    success_marker: Some(out.join(SUCCESS_MARKER).exists()),
+                    scheduler_uid: self.scheduler_uid,
+                    success_marker: if self.settings.require_success_marker || marker {
+                        Some(marker)
+                    } else {
+                        None
+                    },
+                    outputs_problem: if completed {
+                        Self::outputs_problem(stage, &out)
+                    } else {
+                        None
+                    },
                 };
                 let c = classify(st, &ev);
                 (c.class, c.detail)

@@ -20,7 +20,11 @@ impl CampaignController {
                 .iter()
                 .filter_map(|&a| self.state.attempts[a].handle.clone())
                 .collect();
-            let statuses = match self.io.executor.poll(&handles).await {
+            let exec = self.io.executor.clone();
+            let Some(polled) = self.guarded("poll", exec.poll(&handles)).await? else {
+                return Ok(progressed);
+            };
+            let statuses = match polled {
                 Ok(s) => s,
                 Err(e) if e.is_retryable() => {
                     self.counters.poll_errors += 1;

@@ -22,7 +22,11 @@ impl CampaignController {
                 continue;
             };
             let id = self.state.attempts[a].id.clone();
-            match self.io.executor.find(&id).await {
+            let exec = self.io.executor.clone();
+            let Some(found) = self.guarded("find", exec.find(&id)).await? else {
+                break;
+            };
+            match found {
                 Ok(Some(handle)) => {
                     self.counters.adopted += 1;
                     entries.push(Entry::Submitted {
@@ -179,6 +183,13 @@ impl CampaignController {
             })?;
             let out = output_dir(&self.dir, &st.stage_id, unit.item);
             std::fs::create_dir_all(&out).map_err(|e| ControllerError::io("creating", &out, e))?;
+            // A marker left by an earlier revision's attempt must not vouch for this one.
+            let marker = out.join(super::spec::SUCCESS_MARKER);
+            match std::fs::remove_file(&marker) {
+                Ok(()) => {}
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+                Err(e) => return Err(ControllerError::io("removing", &marker, e)),
+            }
             intents.push(Entry::Intent {
                 unit: unit.key.clone(),
                 attempt: n,
@@ -191,7 +202,13 @@ impl CampaignController {
         self.record(intents)?;
         let mut results = Vec::with_capacity(specs.len());
         for spec in &specs {
-            let r = match self.io.executor.submit(spec).await {
+            let exec = self.io.executor.clone();
+            // Interrupted: what was submitted is recorded below; the rest stay intents, which
+            // the next run resolves by lookup.
+            let Some(submitted) = self.guarded("submit", exec.submit(spec)).await? else {
+                break;
+            };
+            let r = match submitted {
                 Ok(h) => Entry::Submitted {
                     attempt_id: spec.attempt_id.clone(),
                     handle: h,
@@ -259,7 +276,17 @@ impl CampaignController {
                 ExecutorError::DuplicateAttempt { .. } | ExecutorError::SubmitUnknown { .. }
             );
         if maybe_created {
-            match self.io.executor.find(&id).await {
+            let exec = self.io.executor.clone();
+            let found = match self.guarded("find", exec.find(&id)).await? {
+                Some(f) => f,
+                // Interrupted: the intent stays open; the next run looks the job up.
+                None => Err(ExecutorError::SchedulerUnavailable {
+                    command: "find".into(),
+                    tries: 0,
+                    message: "interrupted by a control request".into(),
+                }),
+            };
+            match found {
                 Ok(Some(h)) => {
                     self.counters.adopted += 1;
                     return Ok(Entry::Submitted {

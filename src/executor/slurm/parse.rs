@@ -136,7 +136,8 @@ pub enum ErrorClass {
     Transient,
     /// A submit limit was reached (`QOSMaxSubmitJobPerUserLimit`): pause submitting.
     Throttle,
-    /// `Invalid job id specified`: the job is not (or no longer) known to `squeue`/`scontrol`;
+    /// `Invalid job id specified` (or `Invalid job id: N` for an id above the cluster's range):
+    /// the job is not (or no longer) known to `squeue`/`scontrol`;
     /// ask `sacct`.
     InvalidJobId,
     /// Accounting is off: `sacct` cannot work on this cluster.
@@ -652,6 +653,36 @@ pub fn parse_sacct(stdout: &str) -> Result<Vec<SacctRecord>, ExecutorError> {
         }
     }
     Ok(order.into_iter().filter_map(|j| recs.remove(&j)).collect())
+}
+
+/// The uid of `SlurmUser` in `scontrol show config` output (`SlurmUser = slurm(64030)`);
+/// `None` when the line is absent (an old or trimmed configuration).
+///
+/// # Errors
+/// [`ExecutorError::Parse`] naming the line when it is present but not `NAME(UID)`.
+pub fn parse_slurm_user(stdout: &str) -> Result<Option<u32>, ExecutorError> {
+    for (n, line) in stdout.lines().enumerate() {
+        let Some((key, value)) = line.split_once('=') else {
+            continue;
+        };
+        if key.trim() != "SlurmUser" {
+            continue;
+        }
+        let value = value.trim();
+        let uid = value
+            .rsplit_once('(')
+            .and_then(|(_, rest)| rest.strip_suffix(')'))
+            .and_then(|u| u.parse::<u32>().ok());
+        return match uid {
+            Some(u) => Ok(Some(u)),
+            None => Err(parse_error(
+                "scontrol show config",
+                format!("line {}: expected `SlurmUser = NAME(UID)`", n + 1),
+                line,
+            )),
+        };
+    }
+    Ok(None)
 }
 
 /// The combined state of a heterogeneous job from its components' states (C12): failed if any

@@ -129,6 +129,18 @@ fn status_from_sacct(rec: &SacctRecord) -> JobStatus {
     }
     s.nodes = rec.nodes.clone();
     s.state = state;
+    s.steps = rec
+        .steps
+        .iter()
+        .map(|(name, st)| {
+            crate::executor::StepStatus::new(
+                name.clone(),
+                st.state.clone(),
+                st.exit.map(|e| e.code),
+                st.exit.and_then(|e| e.signal),
+            )
+        })
+        .collect();
     s
 }
 
