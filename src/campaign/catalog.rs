@@ -136,6 +136,14 @@ pub struct StageDef {
     pub shard_axis: Option<ShardAxis>,
     /// Whether an interrupted attempt can resume from a checkpoint.
     pub resumable: bool,
+    /// Files or folders, relative to the unit's output folder, that a successful attempt must
+    /// leave (checked before the attempt counts as done; never outside the folder).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub outputs: Vec<String>,
+    /// A validation command (argv, no shell) run in the unit's output folder after a
+    /// successful attempt; a non-zero exit makes the attempt a failure. Empty: none.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub validate: Vec<String>,
 }
 
 impl StageDef {
@@ -155,6 +163,8 @@ impl StageDef {
             command: Vec::new(),
             shard_axis: None,
             resumable: false,
+            outputs: Vec::new(),
+            validate: Vec::new(),
         }
     }
     /// Adds contracted parents.
@@ -229,6 +239,14 @@ pub struct ResolvedStage {
     pub shard_axis_name: Option<String>,
     /// Whether an attempt can resume from a checkpoint.
     pub resumable: bool,
+    /// Files or folders, relative to the unit's output folder, that a successful attempt must
+    /// leave (checked before the attempt counts as done; never outside the folder).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub outputs: Vec<String>,
+    /// A validation command (argv, no shell) run in the unit's output folder after a
+    /// successful attempt; a non-zero exit makes the attempt a failure. Empty: none.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub validate: Vec<String>,
 }
 
 /// Post-MIP flow expansion settings of the Puzzle catalog.
@@ -573,6 +591,8 @@ impl StageCatalog {
                 shard_groups,
                 shard_axis_name,
                 resumable: d.resumable,
+                outputs: d.outputs.clone(),
+                validate: d.validate.clone(),
             });
         }
         Ok(resolved)
@@ -925,7 +945,7 @@ fn check_flow_name(file: &str, path: &str, name: &str) -> Result<(), PlanError> 
     }
 }
 
-const USER_STAGE_KEYS: [&str; 10] = [
+const USER_STAGE_KEYS: [&str; 12] = [
     "id",
     "needs",
     "strategy",
@@ -936,6 +956,8 @@ const USER_STAGE_KEYS: [&str; 10] = [
     "distributed",
     "aggregate",
     "resumable",
+    "outputs",
+    "validate",
 ];
 
 fn parse_user_stage(file: &str, path: &str, node: &Node) -> Result<StageDef, PlanError> {
@@ -1011,6 +1033,40 @@ fn parse_user_stage(file: &str, path: &str, node: &Node) -> Result<StageDef, Pla
             &join(path, "parallel"),
             v,
         )?);
+    }
+    if let Some(n) = node.get("outputs").filter(|v| !v.is_null()) {
+        let p = join(path, "outputs");
+        def.outputs = expect_str_list(file, &p, n)?;
+        for (i, o) in def.outputs.iter().enumerate() {
+            let rel = std::path::Path::new(o);
+            let inside = !o.is_empty()
+                && rel.is_relative()
+                && rel
+                    .components()
+                    .all(|c| matches!(c, std::path::Component::Normal(_)));
+            if !inside {
+                return Err(invalid(
+                    file,
+                    &format!("{p}[{i}]"),
+                    &Node::Str(o.clone()),
+                    "a path relative to the unit's output folder, without `..`",
+                ));
+            }
+        }
+    }
+    if let Some(n) = node.get("validate").filter(|v| !v.is_null()) {
+        let p = join(path, "validate");
+        match n {
+            Node::Seq(_) => def.validate = expect_str_list(file, &p, n)?,
+            other => {
+                return Err(invalid(
+                    file,
+                    &p,
+                    other,
+                    "a list of arguments (argv), e.g. [python, check.py]; commands never go through a shell",
+                ));
+            }
+        }
     }
     for (key, slot) in [
         ("distributed", &mut def.distributed),

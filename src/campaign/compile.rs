@@ -219,6 +219,8 @@ pub fn compile_resolved(
             work,
             command: stage.command.clone(),
             resumable: stage.resumable,
+            outputs: stage.outputs.clone(),
+            validate: stage.validate.clone(),
         });
     }
     let (stages, completed) = match stage_filter {

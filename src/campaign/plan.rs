@@ -24,6 +24,14 @@ pub struct StagePlan {
     pub command: Vec<String>,
     /// Whether an interrupted attempt can resume from a checkpoint.
     pub resumable: bool,
+    /// Files or folders, relative to the unit's output folder, that a successful attempt must
+    /// leave (checked before the attempt counts as done; never outside the folder).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub outputs: Vec<String>,
+    /// A validation command (argv, no shell) run in the unit's output folder after a
+    /// successful attempt; a non-zero exit makes the attempt a failure. Empty: none.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub validate: Vec<String>,
 }
 
 /// A compiled campaign: the stage DAG in topological order, each stage's execution spec and

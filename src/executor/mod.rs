@@ -104,7 +104,7 @@ pub use spec::{
     ARRAY_INDEX_ENV, ATTEMPT_ID_ENV, ArraySpec, AttemptId, AttemptSpec, CommandSpec, GpuRequest,
     MAX_ATTEMPT_ID_LEN, SchedulerOptions, TaskLauncher, TaskTopology,
 };
-pub use status::{JobState, JobStatus};
+pub use status::{JobState, JobStatus, StepStatus};
 
 /// Runs attempts somewhere and reports on them. See the [module docs](self) for the contract.
 ///
@@ -170,6 +170,17 @@ pub trait Executor: Send + Sync {
     /// # Errors
     /// Scheduler errors as for [`poll`](Executor::poll).
     async fn find(&self, attempt_id: &AttemptId) -> Result<Option<JobHandle>, ExecutorError>;
+
+    /// The uid of the scheduler's own user (Slurm's `SlurmUser`), when the executor has one:
+    /// a job `CANCELLED by` that uid was cancelled by the scheduler (a preemption), not by a
+    /// person. The default is `Ok(None)` (no scheduler user).
+    ///
+    /// # Errors
+    /// Scheduler errors as for [`poll`](Executor::poll); malformed answers as
+    /// [`ExecutorError::Parse`].
+    async fn scheduler_uid(&self) -> Result<Option<u32>, ExecutorError> {
+        Ok(None)
+    }
 }
 
 macro_rules! forward_executor {
@@ -199,6 +210,9 @@ macro_rules! forward_executor {
                 attempt_id: &AttemptId,
             ) -> Result<Option<JobHandle>, ExecutorError> {
                 (**self).find(attempt_id).await
+            }
+            async fn scheduler_uid(&self) -> Result<Option<u32>, ExecutorError> {
+                (**self).scheduler_uid().await
             }
         }
     };

@@ -117,6 +117,15 @@ pub enum ControllerEvent {
         /// When the next try is due.
         retry_in: Duration,
     },
+    /// An executor call (`poll`, `submit`, `find`) has not returned after one poll interval
+    /// (at least 1 s): the scheduler is slow or retrying internally. Journaled once per call;
+    /// the live view shows the wait as it grows.
+    SchedulerSlow {
+        /// The call.
+        call: String,
+        /// How long it had waited when this was reported.
+        waited: Duration,
+    },
     /// The scheduler answered again after [`SchedulerUnreachable`](Self::SchedulerUnreachable).
     SchedulerReachable {
         /// How many calls had failed in a row.
@@ -189,6 +198,7 @@ impl ControllerEvent {
             ControllerEvent::StageFailed { .. } => "stage_failed",
             ControllerEvent::Halted { .. } => "halted",
             ControllerEvent::SchedulerUnreachable { .. } => "scheduler_unreachable",
+            ControllerEvent::SchedulerSlow { .. } => "scheduler_slow",
             ControllerEvent::SchedulerReachable { .. } => "scheduler_reachable",
             ControllerEvent::CancelError { .. } => "cancel_error",
             ControllerEvent::Requeued { .. } => "requeued",
@@ -210,6 +220,7 @@ impl ControllerEvent {
                 | ControllerEvent::StageFailed { .. }
                 | ControllerEvent::Halted { .. }
                 | ControllerEvent::SchedulerUnreachable { .. }
+                | ControllerEvent::SchedulerSlow { .. }
                 | ControllerEvent::CancelError { .. }
                 | ControllerEvent::NodeExcluded { .. }
         )
@@ -288,6 +299,11 @@ impl std::fmt::Display for ControllerEvent {
                 f,
                 "scheduler unreachable ({consecutive} failed calls in a row): {error}; retrying in {:.1} s (not a job failure)",
                 retry_in.as_secs_f64()
+            ),
+            ControllerEvent::SchedulerSlow { call, waited } => write!(
+                f,
+                "the scheduler has not answered `{call}` for {:.1} s (still waiting; Ctrl-C works)",
+                waited.as_secs_f64()
             ),
             ControllerEvent::SchedulerReachable { after_errors } => write!(
                 f,

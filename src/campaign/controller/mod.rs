@@ -2,7 +2,9 @@
 //! [`Executor`], durably.
 //!
 //! - [`builder`]: [`CampaignControllerBuilder`] (options, lease, replay, contract check).
-//! - [`driver`]: [`CampaignController`] and its builder, the control loop.
+//! - [`driver`]: [`CampaignController`], the small control loop; its parts, one job each:
+//!   `submit` (intents, submits, adoption), `poll` (polling, scheduler errors, stuck jobs),
+//!   `finalise` (evidence, decisions, stage transitions), `shutdown` (cancels).
 //! - [`event`]: [`ControllerEvent`], what observers (logs, the CLI, reports) are told.
 //! - [`journal`]: the append-only journal (intents before submits, handles after, events).
 //! - [`lease`]: one controller per campaign.
@@ -33,13 +35,17 @@ pub mod controls;
 pub mod driver;
 pub mod error;
 pub mod event;
+mod finalise;
 pub mod journal;
 pub mod lease;
 pub mod policy;
+mod poll;
 pub mod pool;
 pub mod report;
+mod shutdown;
 pub mod spec;
 mod state;
+mod submit;
 pub mod view;
 
 pub use builder::{CampaignControllerBuilder, open_campaign_dir};
