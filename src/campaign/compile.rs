@@ -239,6 +239,7 @@ pub fn compile_resolved(
         puzzle_dir,
         contract_hash: hash,
         overrides: overrides.to_vec(),
+        unchecked_overrides: Vec::new(),
         runner: runner.clone(),
         execution_defaults: defaults,
         catalog: catalog.name.clone(),
