@@ -435,7 +435,7 @@ fn dry_run_ends_with_a_stage_table_and_node_hours() {
     assert_eq!(zs.partition.as_deref(), Some("batch"));
     assert_eq!(
         (zs.resource.as_str(), zs.launcher.as_str()),
-        ("gpu", "torchrun")
+        ("gpu", "direct") // lm-eval starts its own processes (as the reference)
     );
     assert_eq!(zs.parents, ["mip"]);
 
@@ -473,7 +473,7 @@ fn dry_run_ends_with_a_stage_table_and_node_hours() {
             "8 x 8",
             "batch",
             "gpu",
-            "torchrun",
+            "direct",
             "4:00:00",
             "32.0",
             "mip"

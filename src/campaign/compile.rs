@@ -208,6 +208,7 @@ pub fn compile_resolved(
                 shard_axis_name: stage.shard_axis_name.as_deref(),
                 aggregate: stage.aggregate,
                 distributed: spec.distributed,
+                direct_launch: stage.direct_launch,
                 allocation: &spec.allocation,
             },
             &mut rdzv,
