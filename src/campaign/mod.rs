@@ -23,6 +23,7 @@ pub mod controller;
 pub mod document;
 pub mod dryrun;
 pub mod execution;
+#[cfg(feature = "fuzzing")]
 pub mod fuzzing;
 pub mod mesh;
 pub mod plan;
