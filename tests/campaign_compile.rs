@@ -398,7 +398,11 @@ fn fixture_runners_and_executions_parse() {
         s.partition.to_slurm(),
         "REPLACE_WITH_PRIMARY_SLURM_PARTITION,REPLACE_WITH_ALTERNATE_SLURM_PARTITION"
     );
-    assert_eq!(s.time_limit.as_deref(), Some("4:00:00"));
+    assert_eq!(s.time_limit.as_ref().map(|t| t.as_str()), Some("4:00:00"));
+    assert_eq!(
+        s.time_limit.as_ref().map(|t| t.as_duration().as_secs()),
+        Some(4 * 3600)
+    );
     assert_eq!(r.execution_contract.venv.as_deref(), Some("/venv"));
     let r = RunnerEnvironment::load(fixtures().join("orchestration/qwen_moe/runner.slurm.yaml"))
         .unwrap();

@@ -47,6 +47,10 @@ pub struct CampaignPlan {
     pub contract_hash: Hash,
     /// The overrides applied, in order (serialized as the text typed).
     pub overrides: Vec<Override>,
+    /// The overrides (as typed) whose keys the compiler does not read: passed to the workers
+    /// unchanged in the resolved config, not checked.
+    #[serde(default)]
+    pub unchecked_overrides: Vec<String>,
     /// The runner.
     pub runner: RunnerEnvironment,
     /// Execution defaults.
