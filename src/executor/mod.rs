@@ -78,6 +78,7 @@
 
 mod error;
 mod handle;
+mod inprocess;
 pub mod local;
 pub mod mock;
 #[cfg(feature = "slurm")]
@@ -96,6 +97,7 @@ use async_trait::async_trait;
 pub use error::ExecutorError;
 pub use handle::JobHandle;
 pub(crate) use handle::now_ms;
+pub use inprocess::InProcess;
 pub use local::{LocalExecutor, LocalExecutorBuilder};
 pub use mock::{MockCall, MockClock, MockExecutor, MockScript, MockSubmitError};
 #[cfg(feature = "slurm")]

@@ -7,14 +7,14 @@ use super::event::Event;
 use super::execute::EventFn;
 use super::orchestrator::Orchestrator;
 use crate::error::{Error, Result};
-use crate::executor::{Executor, MockExecutor};
+use crate::executor::{Executor, InProcess};
 use crate::identity::{self, Modules, Toolchain, Witnesses};
 use crate::store::{FsStore, Store};
 
 /// Builds an [`Orchestrator`]. Defaults: [`FsStore`] under `.puzzletron` in the current folder,
 /// in-process execution, the Cargo.lock found upward from the current folder, no source
 /// checkout witnessed, the whole `src/` of each job's crate owned.
-pub struct OrchestratorBuilder<S: Store = FsStore, E: Executor = MockExecutor> {
+pub struct OrchestratorBuilder<S: Store = FsStore, E: Executor = InProcess> {
     store: Box<dyn FnOnce() -> Result<S>>,
     executor: E,
     modules: Modules,
@@ -25,13 +25,14 @@ pub struct OrchestratorBuilder<S: Store = FsStore, E: Executor = MockExecutor> {
     trace: bool,
     on_event: Option<EventFn>,
     wait_poll: Duration,
+    worker_dir: Option<PathBuf>,
 }
 
-impl OrchestratorBuilder<FsStore, MockExecutor> {
+impl OrchestratorBuilder<FsStore, InProcess> {
     pub(super) fn new() -> Self {
         Self {
             store: Box::new(|| Ok(FsStore::open(".puzzletron")?)),
-            executor: MockExecutor::new(),
+            executor: InProcess,
             modules: Modules::all(),
             lock: None,
             source: None,
@@ -40,6 +41,7 @@ impl OrchestratorBuilder<FsStore, MockExecutor> {
             trace: false,
             on_event: None,
             wait_poll: Duration::from_millis(100),
+            worker_dir: None,
         }
     }
 }
@@ -67,6 +69,7 @@ impl<S: Store + 'static, E: Executor> OrchestratorBuilder<S, E> {
             trace: self.trace,
             on_event: self.on_event,
             wait_poll: self.wait_poll,
+            worker_dir: self.worker_dir,
         }
     }
 
@@ -83,6 +86,7 @@ impl<S: Store + 'static, E: Executor> OrchestratorBuilder<S, E> {
             trace: self.trace,
             on_event: self.on_event,
             wait_poll: self.wait_poll,
+            worker_dir: self.worker_dir,
         }
     }
 
@@ -113,9 +117,19 @@ impl<S: Store + 'static, E: Executor> OrchestratorBuilder<S, E> {
 
     /// Run each job in a fresh process of this binary through the executor (see
     /// [`worker`](crate::worker): the binary must call `puzzletron::worker::main_guard()` first
-    /// in `main`). Needs a store that worker processes can open ([`FsStore`]).
+    /// in `main`). Needs a store that worker processes can reopen: an [`FsStore`], or your own
+    /// [`Store`] whose [`spec`](Store::spec) names a kind registered with
+    /// [`worker::main_guard_with`](crate::worker::main_guard_with).
     pub fn isolate(mut self, isolate: bool) -> Self {
         self.isolate = isolate;
+        self
+    }
+
+    /// The folder for the task files of isolated runs, readable by the workers (on a cluster:
+    /// a shared filesystem). Default: `isolated/` in an [`FsStore`]'s folder; required for
+    /// isolated runs over a store that is not a folder.
+    pub fn worker_dir(mut self, dir: impl Into<PathBuf>) -> Self {
+        self.worker_dir = Some(dir.into());
         self
     }
 
@@ -140,8 +154,9 @@ impl<S: Store + 'static, E: Executor> OrchestratorBuilder<S, E> {
     /// Opens the store and reads the witnesses.
     ///
     /// # Errors
-    /// [`Error::Unsupported`] for `trace(true)`, or `isolate(true)` with a store that is not a
-    /// folder;
+    /// [`Error::Unsupported`] for `trace(true)`, or `isolate(true)` with an executor that
+    /// starts no processes ([`InProcess`], `MockExecutor`), a store workers cannot reopen, or no
+    /// folder for task files (see [`worker_dir`](Self::worker_dir));
     /// [`Error::Store`] when the store cannot be opened; [`Error::Identity`] when a lock file
     /// given with [`lock`](Self::lock) is missing or unreadable.
     pub fn build(self) -> Result<Orchestrator<S, E>> {
@@ -181,9 +196,15 @@ impl<S: Store + 'static, E: Executor> OrchestratorBuilder<S, E> {
             source: self.source.as_deref().map(identity::source_witness),
         };
         let store = (self.store)()?;
-        if self.isolate {
-            super::worker::check_isolatable(&store, &self.executor)?;
-        }
+        let tasks_dir = if self.isolate {
+            Some(super::worker::check_isolatable(
+                &store,
+                &self.executor,
+                self.worker_dir.as_deref(),
+            )?)
+        } else {
+            None
+        };
         Ok(Orchestrator::new(super::orchestrator::Parts {
             store,
             executor: self.executor,
@@ -192,7 +213,7 @@ impl<S: Store + 'static, E: Executor> OrchestratorBuilder<S, E> {
             witnesses,
             on_event: self.on_event,
             wait_poll: self.wait_poll,
-            isolate: self.isolate,
+            tasks_dir,
         }))
     }
 }

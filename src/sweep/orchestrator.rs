@@ -19,7 +19,7 @@ use super::pending::PendingRun;
 use super::run::Run;
 use super::summary::{FailureCause, Outcome, RunFailed, RunSummary};
 use crate::error::{Error, Result};
-use crate::executor::{Executor, MockExecutor};
+use crate::executor::{Executor, InProcess};
 use crate::identity::{self, Hash, Modules, OwnedCode, OwnedDigest, ParamError, Witnesses};
 use crate::metrics::{JobRows, MetricTable, MetricsError, RESERVED_COLUMNS, build_table};
 use crate::store::{FsStore, Owner, Store};
@@ -33,7 +33,8 @@ pub(super) struct Parts<S, E> {
     pub(super) witnesses: Witnesses,
     pub(super) on_event: Option<EventFn>,
     pub(super) wait_poll: Duration,
-    pub(super) isolate: bool,
+    /// Where isolated runs write task files; `None`: runs execute in process.
+    pub(super) tasks_dir: Option<PathBuf>,
 }
 
 /// Runs a sweep: enqueue runs with [`run`](Self::run), see what would happen with
@@ -45,7 +46,7 @@ pub(super) struct Parts<S, E> {
 /// was interrupted, its recorded witnesses (Cargo.lock, toolchain, source commit) differ, or the
 /// orchestrator is forced; otherwise it is skipped. Several processes may drain one store: each
 /// run executes once.
-pub struct Orchestrator<S: Store = FsStore, E: Executor = MockExecutor> {
+pub struct Orchestrator<S: Store = FsStore, E: Executor = InProcess> {
     store: S,
     executor: E,
     modules: Modules,
@@ -60,12 +61,12 @@ pub struct Orchestrator<S: Store = FsStore, E: Executor = MockExecutor> {
     on_event: Option<EventFn>,
     owner: Owner,
     wait_poll: Duration,
-    isolate: bool,
+    tasks_dir: Option<PathBuf>,
 }
 
-impl Orchestrator<FsStore, MockExecutor> {
+impl Orchestrator<FsStore, InProcess> {
     /// A builder with the defaults (see [`OrchestratorBuilder`]).
-    pub fn builder() -> OrchestratorBuilder<FsStore, MockExecutor> {
+    pub fn builder() -> OrchestratorBuilder<FsStore, InProcess> {
         OrchestratorBuilder::new()
     }
 }
@@ -87,7 +88,7 @@ impl<S: Store, E: Executor> Orchestrator<S, E> {
             on_event: p.on_event,
             owner: Owner::current(),
             wait_poll: p.wait_poll,
-            isolate: p.isolate,
+            tasks_dir: p.tasks_dir,
         }
     }
 
@@ -239,10 +240,42 @@ impl<S: Store, E: Executor> Orchestrator<S, E> {
     /// store fails.
     pub fn drain(&mut self) -> std::result::Result<RunSummary, Box<RunFailed>> {
         let queue = self.queue.clone();
-        let drained = if self.isolate {
-            super::worker::drain_isolated(&self.engine(), &self.executor, &queue)
-        } else {
-            self.engine().drain(&queue)
+        let drained = match &self.tasks_dir {
+            Some(dir) => super::worker::drain_isolated(&self.engine(), &self.executor, dir, &queue),
+            None => self.engine().drain(&queue),
+        };
+        self.conclude_drain(&queue, drained)
+    }
+
+    /// [`drain`](Self::drain) for async drivers (inside a tokio runtime). Isolated runs are
+    /// submitted and polled on the caller's runtime without blocking it. In-process runs are
+    /// plain functions: on a multi-thread runtime they run under
+    /// [`tokio::task::block_in_place`] (other tasks move to other workers meanwhile); on a
+    /// current-thread runtime they run on it, blocking it until they end (use `isolate(true)`,
+    /// or a multi-thread runtime, to keep other tasks going).
+    ///
+    /// (The blocking [`drain`](Self::drain) is safe inside a runtime too: it blocks the calling
+    /// thread, and an isolated drain then polls its workers on a runtime of its own, in a
+    /// thread of its own.)
+    ///
+    /// # Errors
+    /// As [`drain`](Self::drain).
+    pub async fn drain_async(&mut self) -> std::result::Result<RunSummary, Box<RunFailed>> {
+        let queue = self.queue.clone();
+        let drained = match &self.tasks_dir {
+            Some(dir) => {
+                super::worker::drain_isolated_async(&self.engine(), &self.executor, dir, &queue)
+                    .await
+            }
+            None => {
+                let engine = self.engine();
+                let flavor = tokio::runtime::Handle::try_current().map(|h| h.runtime_flavor());
+                if matches!(flavor, Ok(tokio::runtime::RuntimeFlavor::MultiThread)) {
+                    tokio::task::block_in_place(|| engine.drain(&queue))
+                } else {
+                    engine.drain(&queue)
+                }
+            }
         };
         self.conclude_drain(&queue, drained)
     }
@@ -300,13 +333,36 @@ impl<S: Store, E: Executor> Orchestrator<S, E> {
     ///
     /// Because it drains first, a run whose last attempt failed is attempted again here (as in
     /// any drain); to read what is recorded without running anything, use
-    /// [`metrics::collect`](crate::metrics::collect) on [`store`](Self::store).
+    /// [`recorded`](Self::recorded) (this sweep's runs) or
+    /// [`StoreExt::metric_table`](crate::StoreExt::metric_table) (every run in a store).
     ///
     /// # Errors
     /// [`Error::RunFailed`] when the drain fails; [`Error::Metrics`] with
     /// [`MetricsError::UnknownMetric`] (naming the metrics that exist) when no run recorded it.
     pub fn get(&mut self, metric: &str) -> Result<MetricTable> {
         self.drain()?;
+        self.recorded(metric)
+    }
+
+    /// [`get`](Self::get) for async drivers: [`drain_async`](Self::drain_async), then
+    /// [`recorded`](Self::recorded).
+    ///
+    /// # Errors
+    /// As [`get`](Self::get).
+    pub async fn get_async(&mut self, metric: &str) -> Result<MetricTable> {
+        self.drain_async().await?;
+        self.recorded(metric)
+    }
+
+    /// Metric `metric` of this sweep's enqueued runs as they are recorded now, as a table
+    /// `[step, value, *params, job_key]`, runs in enqueue order; runs without a done record add
+    /// no rows. Runs nothing: enqueue a finished sweep's grid with [`run`](Self::run) (which
+    /// only computes keys) and call this to read its results.
+    ///
+    /// # Errors
+    /// [`Error::Store`] when a record cannot be read; [`Error::Metrics`] with
+    /// [`MetricsError::UnknownMetric`] (naming the metrics that exist) when no run recorded it.
+    pub fn recorded(&self, metric: &str) -> Result<MetricTable> {
         let keys: Vec<Hash> = self.enqueued.iter().map(|p| p.key).collect();
         let recs = self.store.records(&keys)?;
         let mut jobs = Vec::with_capacity(keys.len());
@@ -314,6 +370,9 @@ impl<S: Store, E: Executor> Orchestrator<S, E> {
         let mut any = false;
         for (p, rec) in self.enqueued.iter().zip(&recs) {
             let Some(rec) = rec else { continue };
+            if rec.status != crate::store::Status::Done {
+                continue;
+            }
             if let Some(m) = &rec.metrics {
                 available.extend(m.names.iter().cloned());
                 any |= m.names.iter().any(|n| n == metric);

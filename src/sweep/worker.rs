@@ -16,7 +16,9 @@
 //!
 //! How it works:
 //! 1. `drain()` decides as usual, then writes one *task* file per run to execute
-//!    (`<store>/isolated/<batch>/<n>.json`: the store root, the record fields, the parent's
+//!    (`<store>/isolated/<batch>/<n>.json`, or under
+//!    [`worker_dir`](crate::sweep::OrchestratorBuilder::worker_dir): how to reopen the store
+//!    ([`StoreSpec`]), the record fields, the parent's
 //!    witnesses, where the job function is, which binary) and a manifest listing them, and
 //!    submits **one array** through the executor: the command is this binary
 //!    ([`std::env::current_exe`]) with `PUZZLETRON_WORKER_MANIFEST` set; task `i` runs
@@ -39,7 +41,7 @@
 //! and record their results; the next drain finds them done, or waits for live ones.
 
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, OnceLock};
+use std::sync::{Arc, Mutex, OnceLock};
 
 use serde::{Deserialize, Serialize};
 
@@ -57,7 +59,8 @@ use crate::executor::{
 };
 use crate::identity::{Hash, OwnedDigest, Witnesses};
 use crate::store::{
-    ClaimOutcome, FORMAT_VERSION, FsStore, JobRecord, Owner, Status, Store, StoreError, unix_now,
+    ClaimOutcome, FORMAT_VERSION, FsStore, JobRecord, Owner, Status, Store, StoreError, StoreSpec,
+    unix_now,
 };
 
 /// Environment variable naming the manifest of an isolated batch (set by the parent).
@@ -71,15 +74,87 @@ const EXIT_FAILED: i32 = 1;
 const EXIT_WORKER_ERROR: i32 = 2;
 const EXIT_ELSEWHERE: i32 = 3;
 
-const TASK_VERSION: u32 = 1;
+/// Version 2: the store is a [`StoreSpec`] (version 1 had an `FsStore` root).
+const TASK_VERSION: u32 = 2;
+
+/// Opens a user store in a worker process from its [`StoreSpec::location`]; registered for a
+/// [`StoreSpec::kind`] with [`main_guard_with`].
+pub type StoreOpener = fn(&str) -> std::result::Result<Box<dyn Store>, StoreError>;
+
+/// The openers [`main_guard_with`] registered in this process (the parent registers them too:
+/// it runs the same `main`, so a sweep can check at build time that its workers will have one).
+static OPENERS: Mutex<Vec<(String, StoreOpener)>> = Mutex::new(Vec::new());
+
+fn opener(kind: &str) -> Option<StoreOpener> {
+    OPENERS
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .iter()
+        .find(|(k, _)| k == kind)
+        .map(|(_, f)| *f)
+}
+
+/// Whether a worker of this binary can reopen a store of `kind`: `fs` always, others once
+/// registered with [`main_guard_with`].
+pub fn can_open(kind: &str) -> bool {
+    kind == "fs" || opener(kind).is_some()
+}
+
+/// Reopens the store `spec` describes: an [`FsStore`] for kind `fs`, else the registered
+/// opener.
+fn open_store(spec: &StoreSpec) -> std::result::Result<Box<dyn Store>, String> {
+    if spec.kind == "fs" {
+        return FsStore::open(&spec.location)
+            .map(|s| Box::new(s) as Box<dyn Store>)
+            .map_err(|e| e.to_string());
+    }
+    let Some(open) = opener(&spec.kind) else {
+        return Err(format!(
+            "no opener for store kind {:?}: call `puzzletron::worker::main_guard_with(&[({:?}, \
+             opener)])` first in main",
+            spec.kind, spec.kind
+        ));
+    };
+    open(&spec.location)
+        .map_err(|e| format!("opening {:?} store {:?}: {e}", spec.kind, spec.location))
+}
 
 /// Runs the isolated job this process was started for, and exits; returns at once (doing
-/// nothing) in a normal run. Call it first in `main`.
+/// nothing) in a normal run. Call it first in `main`. Workers reopen an [`FsStore`] by
+/// themselves; a sweep over your own [`Store`] needs [`main_guard_with`] instead.
 ///
 /// Exit codes of a worker: 0 the run is done, 1 it failed (recorded in the store), 2 the
 /// worker could not run it (message on stderr: bad task file, a different binary, store
 /// error), 3 another process holds or finished the run.
 pub fn main_guard() {
+    main_guard_with(&[]);
+}
+
+/// [`main_guard`] for sweeps over your own [`Store`]: `stores` pairs each store kind your
+/// sweeps use (what your [`Store::spec`] returns) with a function that opens it from its
+/// location. Call it first in `main`:
+///
+/// ```no_run
+/// use puzzletron::Store;
+/// use puzzletron::store::{FsStore, StoreError};
+///
+/// fn open_mine(location: &str) -> Result<Box<dyn Store>, StoreError> {
+///     Ok(Box::new(FsStore::open(location)?)) // your store's own constructor
+/// }
+///
+/// fn main() {
+///     puzzletron::worker::main_guard_with(&[("mine", open_mine)]);
+///     // ... build the sweep with `.store(MyStore::open(...)?).isolate(true)`
+/// }
+/// ```
+pub fn main_guard_with(stores: &[(&str, StoreOpener)]) {
+    {
+        let mut openers = OPENERS.lock().unwrap_or_else(|p| p.into_inner());
+        for (kind, f) in stores {
+            openers.retain(|(k, _)| k != kind);
+            openers.push((kind.to_string(), *f));
+        }
+    }
     let task = match task_path() {
         None => return,
         Some(Ok(p)) => p,
@@ -188,7 +263,7 @@ fn exe_id() -> std::result::Result<ExeId, String> {
 #[derive(Debug, Serialize, Deserialize)]
 struct Task {
     version: u32,
-    store_root: PathBuf,
+    store: StoreSpec,
     exe: ExeId,
     entry: Entry,
     key: Hash,
@@ -221,11 +296,11 @@ fn run_task(path: &Path) -> std::result::Result<Option<Outcome>, String> {
             task.exe
         ));
     }
-    let store = FsStore::open(&task.store_root).map_err(|e| e.to_string())?;
+    let store = open_store(&task.store)?;
     let owner = Owner::current();
     let engine = Engine {
         decider: Decider {
-            store: &store,
+            store: &*store,
             witnesses: &task.witnesses,
             force: false,
         },
@@ -260,29 +335,52 @@ fn run_task(path: &Path) -> std::result::Result<Option<Outcome>, String> {
         .map_err(|e| format!("store error: {e}"))
 }
 
-/// `isolate(true)` needs an executor that starts processes and a store that a worker process
-/// can open by path.
+/// `isolate(true)` needs an executor that starts processes, a store that a worker process can
+/// reopen ([`Store::spec`], `fs` or a kind registered with [`main_guard_with`]) and a folder
+/// for the task files (`tasks_dir`, else `isolated/` in the store's folder). Returns that
+/// folder.
 pub(super) fn check_isolatable<S: Store + ?Sized, E: Executor + ?Sized>(
     store: &S,
     executor: &E,
-) -> Result<()> {
-    if executor.kind() == "mock" {
+    tasks_dir: Option<&Path>,
+) -> Result<PathBuf> {
+    if matches!(executor.kind(), "mock" | crate::executor::InProcess::KIND) {
         return Err(Error::Unsupported {
-            what: "isolate(true) with the mock executor".into(),
+            what: format!("isolate(true) with the {} executor", executor.kind()),
             why: "isolated runs need an executor that starts processes, e.g. \
                   .executor(LocalExecutor::builder(dir).build()?)"
                 .into(),
         });
     }
-    let loc = store.location();
-    if Path::new(&loc).is_dir() {
-        Ok(())
-    } else {
-        Err(Error::Unsupported {
-            what: format!("isolate(true) with the store at {loc:?}"),
-            why: "worker processes reopen the store as an FsStore folder; use store_root(...)"
+    let Some(spec) = store.spec() else {
+        return Err(Error::Unsupported {
+            what: format!("isolate(true) with the store at {:?}", store.location()),
+            why: "worker processes must reopen the store, and this one cannot be reopened \
+                  (Store::spec is None): use store_root(...), or a store whose spec() says how \
+                  to open it"
                 .into(),
-        })
+        });
+    };
+    if !can_open(&spec.kind) {
+        return Err(Error::Unsupported {
+            what: format!("isolate(true) with a store of kind {:?}", spec.kind),
+            why: format!(
+                "worker processes could not reopen it: call \
+                 `puzzletron::worker::main_guard_with(&[({:?}, opener)])` as the first line of \
+                 main",
+                spec.kind
+            ),
+        });
+    }
+    match tasks_dir {
+        Some(d) => Ok(d.to_path_buf()),
+        None if spec.kind == "fs" => Ok(Path::new(&spec.location).join("isolated")),
+        None => Err(Error::Unsupported {
+            what: format!("isolate(true) with a store of kind {:?}", spec.kind),
+            why: "its task files need a folder the workers can read: set \
+                  OrchestratorBuilder::worker_dir(...)"
+                .into(),
+        }),
     }
 }
 
@@ -296,8 +394,18 @@ pub(super) fn check_isolatable<S: Store + ?Sized, E: Executor + ?Sized>(
 pub(super) fn drain_isolated<S: Store + ?Sized, E: Executor + ?Sized>(
     engine: &Engine<'_, S>,
     executor: &E,
+    tasks_dir: &Path,
     queue: &[PendingRun],
 ) -> Drained {
+    // Inside a runtime (an async driver calling the blocking drain) a runtime cannot be
+    // started on this thread: poll the workers from a thread of our own instead.
+    if tokio::runtime::Handle::try_current().is_ok() {
+        return std::thread::scope(|s| {
+            s.spawn(|| drain_isolated(engine, executor, tasks_dir, queue))
+                .join()
+                .unwrap_or_else(|p| std::panic::resume_unwind(p))
+        });
+    }
     let rt = match tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
@@ -314,13 +422,14 @@ pub(super) fn drain_isolated<S: Store + ?Sized, E: Executor + ?Sized>(
             };
         }
     };
-    rt.block_on(drain_isolated_async(engine, executor, queue))
+    rt.block_on(drain_isolated_async(engine, executor, tasks_dir, queue))
 }
 
 /// [`drain_isolated`] as a future.
 pub(super) async fn drain_isolated_async<S: Store + ?Sized, E: Executor + ?Sized>(
     engine: &Engine<'_, S>,
     executor: &E,
+    tasks_dir: &Path,
     queue: &[PendingRun],
 ) -> Drained {
     let total = queue.len();
@@ -361,7 +470,7 @@ pub(super) async fn drain_isolated_async<S: Store + ?Sized, E: Executor + ?Sized
                 tokio::time::sleep(engine.wait_poll).await;
             }
         } else {
-            match run_batch(engine, executor, queue, total, &run_now).await {
+            match run_batch(engine, executor, tasks_dir, queue, total, &run_now).await {
                 Ok(results) => {
                     for (i, r) in results {
                         match r {
@@ -404,6 +513,7 @@ fn write_replace(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
 async fn run_batch<S: Store + ?Sized, E: Executor + ?Sized>(
     o: &Engine<'_, S>,
     executor: &E,
+    tasks_dir: &Path,
     queue: &[PendingRun],
     total: usize,
     runs: &[(usize, JobDecision)],
@@ -414,7 +524,12 @@ async fn run_batch<S: Store + ?Sized, E: Executor + ?Sized>(
             source: e,
         })
     };
-    let store_root = PathBuf::from(o.store().location());
+    let Some(store) = o.store().spec() else {
+        return Err(FailureCause::Store(StoreError::NotAStore {
+            path: PathBuf::from(o.store().location()),
+            reason: "it cannot be reopened by a worker process (Store::spec is None)".into(),
+        }));
+    };
     let exe = std::env::current_exe().map_err(|e| io(Path::new("current_exe"), e))?;
     let exe_id = exe_id().map_err(|m| {
         FailureCause::Store(StoreError::Corrupt {
@@ -427,14 +542,14 @@ async fn run_batch<S: Store + ?Sized, E: Executor + ?Sized>(
         (unix_now() * 1000.0) as u64 % 10_000_000_000,
         std::process::id()
     );
-    let dir = store_root.join("isolated").join(&stamp);
+    let dir = tasks_dir.join(&stamp);
     std::fs::create_dir_all(&dir).map_err(|e| io(&dir, e))?;
     let mut manifest = Vec::with_capacity(runs.len());
     for (n, (i, d)) in runs.iter().enumerate() {
         let p = &queue[*i];
         let task = Task {
             version: TASK_VERSION,
-            store_root: store_root.clone(),
+            store: store.clone(),
             exe: exe_id.clone(),
             entry: p.entry,
             key: p.key,
