@@ -76,8 +76,12 @@ pub mod executor;
 pub mod fsutil;
 pub mod identity;
 pub mod metrics;
+pub mod report;
 pub mod store;
 pub mod sweep;
+
+#[cfg(feature = "cli")]
+pub mod cli;
 
 pub use error::{Error, Result};
 
