@@ -142,7 +142,7 @@ fn dag(o: &mut String, h: &CampaignHistory) {
         pos.push((l, *r));
         *r += 1;
     }
-    let (bw, bh, gx, gy) = (170.0, 40.0, 40.0, 14.0);
+    let (bw, bh, gx, gy) = (150.0, 40.0, 26.0, 14.0);
     let cols = level.iter().max().map_or(0, |m| m + 1);
     let rows = row_in_level.values().max().copied().unwrap_or(0);
     let w = 20.0 + cols as f64 * (bw + gx);
@@ -150,7 +150,7 @@ fn dag(o: &mut String, h: &CampaignHistory) {
     let xy = |(l, r): (usize, usize)| (10.0 + l as f64 * (bw + gx), 10.0 + r as f64 * (bh + gy));
     let _ = write!(
         o,
-        r#"<div class="scroll"><svg id="dag" xmlns="http://www.w3.org/2000/svg" width="{w:.0}" height="{ht:.0}" viewBox="0 0 {w:.0} {ht:.0}">"#
+        r#"<div class="scroll"><svg id="dag" xmlns="http://www.w3.org/2000/svg" width="{w:.0}" height="{ht:.0}" viewBox="0 0 {w:.0} {ht:.0}" style="max-width:100%;height:auto">"#
     );
     for (i, s) in h.stages.iter().enumerate() {
         let (x2, y2) = xy(pos[i]);
