@@ -79,8 +79,12 @@ pub mod executor;
 mod fsutil;
 pub mod identity;
 pub mod metrics;
+pub mod report;
 pub mod store;
 pub mod sweep;
+
+#[cfg(feature = "cli")]
+pub mod cli;
 
 pub use error::{Error, Result};
 

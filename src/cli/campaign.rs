@@ -1,0 +1,747 @@
+//! `puzzletron campaign ...`.
+
+use std::collections::HashMap;
+use std::fmt::Write as _;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use super::{CampaignCmd, CliError, PlanArgs, RunArgs, exit};
+use crate::campaign::controller::{
+    CampaignController, ControllerError, PoolItem, RetryPolicy, RunOptions, TerminalControls,
+    ViewMode, open_campaign_dir,
+};
+use crate::campaign::dryrun::{DryRunOptions, dry_run, render_dry_run};
+use crate::campaign::{
+    CampaignPlan, ExecutionConfig, RunnerEnvironment, RunnerKind, StageFilter,
+    compile_campaign_plan, plan_to_dict,
+};
+use crate::executor::{Executor, LocalExecutor, SlurmExecutor};
+use crate::report::{
+    CampaignHistory, LeaseStatus, Notifier, NotifyEvent, StageStatus, render_campaign_report,
+};
+
+pub(super) fn run(cmd: CampaignCmd) -> Result<i32, CliError> {
+    match cmd {
+        CampaignCmd::Compile { plan, json } => compile_cmd(&plan, json),
+        CampaignCmd::DryRun { plan, json } => dry_run_cmd(&plan, json),
+        CampaignCmd::Run(args) => run_cmd(*args),
+        CampaignCmd::Status { dir, json, watch } => status_cmd(&dir, json, watch),
+        CampaignCmd::Cancel { dir, tag, wait } => match (dir, tag) {
+            (_, Some(tag)) => cancel_tag(&tag),
+            (Some(dir), None) => cancel_dir(&dir, Duration::from_secs(wait)),
+            (None, None) => Err(CliError {
+                code: exit::USAGE,
+                message: "cancel needs a campaign folder or --tag T".into(),
+            }),
+        },
+        CampaignCmd::Report { dir, out, no_sacct } => report_cmd(&dir, out, !no_sacct),
+    }
+}
+
+/// Compiles the plan the arguments describe.
+pub(crate) fn compile(args: &PlanArgs) -> Result<CampaignPlan, CliError> {
+    let runner = if args.runner == "local" {
+        RunnerEnvironment::local()
+    } else {
+        RunnerEnvironment::load(&args.runner)?
+    };
+    let execution = match &args.execution {
+        Some(p) => ExecutionConfig::load(p)?,
+        None => ExecutionConfig::default(),
+    };
+    let filter = (!args.stages.is_empty()).then(|| StageFilter::only(args.stages.clone()));
+    let overrides = crate::campaign::config::parse_overrides(&args.overrides)?;
+    Ok(compile_campaign_plan(
+        &args.experiment,
+        &runner,
+        &execution,
+        &overrides,
+        filter.as_ref(),
+    )?)
+}
+
+/// The plan as a table: one line per stage.
+pub(crate) fn plan_table(plan: &CampaignPlan) -> String {
+    let mut o = String::new();
+    let _ = writeln!(
+        o,
+        "campaign {} (runner {}, contract {}): {} stages, {} work items",
+        plan.experiment_config_path,
+        plan.runner.kind.as_str(),
+        &plan.contract_hash.to_string()[..12],
+        plan.stages.len(),
+        plan.work_item_count()
+    );
+    let w = plan
+        .stages
+        .iter()
+        .map(|s| s.stage_id.len())
+        .max()
+        .unwrap_or(5)
+        .max(5);
+    let _ = writeln!(
+        o,
+        "{:<w$}  {:<15}  {:>9}  {:>11}  {:>5}  {:<8}  {:<10}  parents",
+        "stage", "strategy", "instances", "nodes x gpu", "gpus", "resource", "partition"
+    );
+    for s in &plan.stages {
+        let a = &s.spec.allocation;
+        let _ = writeln!(
+            o,
+            "{:<w$}  {:<15}  {:>9}  {:>11}  {:>5}  {:<8}  {:<10}  {}",
+            s.stage_id,
+            s.spec.strategy.as_str(),
+            s.spec.instances,
+            format!("{} x {}", a.nodes, a.gpus_per_node),
+            a.total_gpus,
+            s.spec.resource.as_str(),
+            s.spec.partition.as_deref().unwrap_or("-"),
+            if s.parents.is_empty() {
+                "-".to_string()
+            } else {
+                s.parents.join(",")
+            }
+        );
+    }
+    o
+}
+
+fn compile_cmd(args: &PlanArgs, json: bool) -> Result<i32, CliError> {
+    let plan = compile(args)?;
+    if json {
+        println!("{}", serde_json::to_string_pretty(&plan_to_dict(&plan))?);
+    } else {
+        print!("{}", plan_table(&plan));
+    }
+    Ok(exit::DONE)
+}
+
+fn dry_run_cmd(args: &PlanArgs, json: bool) -> Result<i32, CliError> {
+    let plan = compile(args)?;
+    let opts = DryRunOptions::default();
+    if json {
+        println!("{}", serde_json::to_string_pretty(&dry_run(&plan, &opts)?)?);
+    } else {
+        print!("{}", plan_table(&plan));
+        println!();
+        print!("{}", render_dry_run(&plan, &opts)?);
+    }
+    Ok(exit::DONE)
+}
+
+/// Splits a command given as one string at whitespace (no quoting: paths with spaces need a
+/// wrapper script).
+fn split_cmd(flag: &str, s: &str) -> Result<Vec<String>, CliError> {
+    let v: Vec<String> = s.split_whitespace().map(str::to_string).collect();
+    if v.is_empty() {
+        return Err(CliError {
+            code: exit::USAGE,
+            message: format!("{flag} {s:?}: expected a program and its arguments"),
+        });
+    }
+    Ok(v)
+}
+
+fn load_pool_items(spec: &str) -> Result<(String, Vec<PoolItem>), CliError> {
+    let usage = |m: String| CliError {
+        code: exit::USAGE,
+        message: m,
+    };
+    let (stage, file) = spec.split_once('=').ok_or_else(|| {
+        usage(format!(
+            "--pool-items {spec:?}: expected STAGE=FILE (FILE a JSON array of {{\"id\", \"payload\"}})"
+        ))
+    })?;
+    let text = std::fs::read_to_string(file)
+        .map_err(|e| CliError::new(format!("reading --pool-items file {file}: {e}")))?;
+    #[derive(serde::Deserialize)]
+    struct Item {
+        id: String,
+        #[serde(default)]
+        payload: serde_json::Value,
+    }
+    let items: Vec<Item> = serde_json::from_str(&text).map_err(|e| {
+        CliError::new(format!(
+            "{file} line {} column {}: {e}; expected a JSON array of {{\"id\": \"...\", \"payload\": ...}}",
+            e.line(),
+            e.column()
+        ))
+    })?;
+    Ok((
+        stage.to_string(),
+        items
+            .into_iter()
+            .map(|i| PoolItem::new(i.id, i.payload))
+            .collect(),
+    ))
+}
+
+fn runtime() -> Result<tokio::runtime::Runtime, CliError> {
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .map_err(|e| CliError::new(format!("cannot start the async runtime: {e}")))
+}
+
+fn executor_for(
+    kind: RunnerKind,
+    dir: &Path,
+    gpus: &[String],
+    max_concurrent: Option<usize>,
+) -> Result<Arc<dyn Executor>, CliError> {
+    Ok(match kind {
+        RunnerKind::Local => {
+            let ids: Vec<String> = if gpus.is_empty() {
+                (0..8).map(|i| i.to_string()).collect()
+            } else {
+                gpus.to_vec()
+            };
+            let n = max_concurrent.unwrap_or(ids.len().max(1));
+            Arc::new(
+                LocalExecutor::builder(dir.join("attempts"))
+                    .gpu_ids(ids)
+                    .max_concurrent(n)
+                    .build()?,
+            )
+        }
+        RunnerKind::Slurm => Arc::new(SlurmExecutor::builder(dir.join("slurm-logs")).build()?),
+        other => {
+            return Err(CliError::new(format!(
+                "runner kind {} has no executor in this version (local and slurm do)",
+                other.as_str()
+            )));
+        }
+    })
+}
+
+fn run_cmd(a: RunArgs) -> Result<i32, CliError> {
+    if a.detach {
+        return detach(&a);
+    }
+    let mut plan = compile(&a.plan)?;
+    if let Some(p) = &a.command_prefix {
+        let prefix = split_cmd("--command-prefix", p)?;
+        for s in &mut plan.stages {
+            let mut c = prefix.clone();
+            c.append(&mut s.command);
+            s.command = c;
+        }
+    }
+    let notifier = match &a.notify {
+        Some(n) => Some(Arc::new(Notifier::new(split_cmd("--notify", n)?).map_err(
+            |m| CliError {
+                code: exit::USAGE,
+                message: format!("--notify: {m}"),
+            },
+        )?)),
+        None => None,
+    };
+    let pools = a
+        .pool_items
+        .iter()
+        .map(|p| load_pool_items(p))
+        .collect::<Result<Vec<_>, _>>()?;
+    let dir = open_campaign_dir(&a.dir)?;
+    let rt = runtime()?;
+    let kind = plan.runner.kind;
+    let code = rt.block_on(async {
+        let executor = executor_for(kind, &dir, &a.gpus, a.max_concurrent)?;
+        let (controls, rx) = TerminalControls::start()
+            .map_err(|e| CliError::new(format!("installing the signal handlers: {e}")))?;
+        let poll = Duration::from_millis(a.poll_ms.max(10));
+        let mut retry = RetryPolicy::default();
+        if let Some(ms) = a.retry_delay_ms {
+            retry.base_delay = Duration::from_millis(ms);
+        }
+        let mut b = CampaignController::builder()
+            .plan(plan)
+            .executor(executor)
+            .campaign_dir(&dir)
+            .poll_interval(poll, poll * 10)
+            .retry_policy(retry)
+            .adopt_grace(Duration::from_secs(if kind == RunnerKind::Slurm {
+                30
+            } else {
+                5
+            }))
+            .new_revision(a.new_revision)
+            .controls(rx)
+            .view(if a.quiet {
+                ViewMode::Off
+            } else {
+                ViewMode::Auto
+            });
+        for s in &a.allow_oom_retry {
+            b = b.allow_oom_retry(s.clone());
+        }
+        for (stage, items) in pools {
+            b = b.pool_items(stage, move |_| Ok(items.clone()));
+        }
+        {
+            let notifier = notifier.clone();
+            let dir = dir.clone();
+            b = b.on_event(move |ev| {
+                let kind = ev.kind();
+                let msg = &ev.to_string();
+                if kind != "attempt" || msg.contains("->") {
+                    eprintln!("[{kind}] {msg}");
+                }
+                if let Some(n) = &notifier
+                    && let Some(ev) = NotifyEvent::from_controller(&dir, kind, msg)
+                {
+                    n.send(&ev);
+                }
+            });
+        }
+        let mut ctl = b.build().map_err(|e| {
+            let mut m = e.to_string();
+            if matches!(e, ControllerError::ContractChanged { .. }) {
+                m.push_str(
+                    "\nhint: run again with --new-revision to cancel the old attempts and start \
+                     over with the new settings, or use the old settings",
+                );
+            }
+            CliError::new(m)
+        })?;
+        let report = ctl
+            .run(RunOptions {
+                once: a.once,
+                ..RunOptions::default()
+            })
+            .await?;
+        drop(controls);
+        if a.quiet {
+            eprintln!("{report}");
+        }
+        let code = if report.is_complete() {
+            exit::DONE
+        } else if !report.failed.is_empty() && report.live == 0 && !report.detached {
+            exit::FAILED
+        } else {
+            exit::INCOMPLETE
+        };
+        if code != exit::INCOMPLETE {
+            // The campaign ended: its report, and the notification.
+            match write_report(&dir, None, kind == RunnerKind::Slurm) {
+                Ok(p) => eprintln!("report: {}", p.display()),
+                Err(e) => eprintln!("warning: writing the report: {}", e.message),
+            }
+            if let Some(n) = &notifier {
+                n.send(&NotifyEvent {
+                    event: "campaign_end".into(),
+                    campaign: dir.clone(),
+                    stage: None,
+                    message: if code == exit::DONE {
+                        format!("campaign complete: {} stages", report.completed.len())
+                    } else {
+                        format!("campaign ended with {} failed stages", report.failed.len())
+                    },
+                    at_ms: now_ms(),
+                    detail: serde_json::json!({
+                        "complete": code == exit::DONE,
+                        "completed": report.completed,
+                        "failed": report.failed.iter().map(|f| &f.stage).collect::<Vec<_>>(),
+                        "blocked": report.blocked,
+                    }),
+                });
+            }
+        }
+        Ok::<i32, CliError>(code)
+    });
+    if let Some(n) = &notifier {
+        n.flush();
+    }
+    code
+}
+
+/// Starts this same command without `--detach` in a new session, output to
+/// `<dir>/controller/run.log`, and returns once it holds the lease (or has exited).
+fn detach(a: &RunArgs) -> Result<i32, CliError> {
+    use std::os::unix::process::CommandExt;
+    let dir = open_campaign_dir(&a.dir)?;
+    let ctl = dir.join("controller");
+    std::fs::create_dir_all(&ctl)
+        .map_err(|e| CliError::new(format!("creating {}: {e}", ctl.display())))?;
+    let log_path = ctl.join("run.log");
+    let log = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(&log_path)
+        .map_err(|e| CliError::new(format!("opening {}: {e}", log_path.display())))?;
+    let exe =
+        std::env::current_exe().map_err(|e| CliError::new(format!("finding this program: {e}")))?;
+    let args: Vec<std::ffi::OsString> = std::env::args_os()
+        .skip(1)
+        .filter(|x| x != "--detach")
+        .chain(["--quiet".into()])
+        .collect();
+    let mut cmd = std::process::Command::new(exe);
+    cmd.args(&args)
+        .stdin(std::process::Stdio::null())
+        .stdout(log.try_clone().map_err(CliError::from)?)
+        .stderr(log);
+    // SAFETY: setsid is async-signal-safe; the child leaves our session so a Ctrl-C in this
+    // terminal does not reach it.
+    unsafe {
+        cmd.pre_exec(|| {
+            libc::setsid();
+            Ok(())
+        });
+    }
+    let mut child = cmd
+        .spawn()
+        .map_err(|e| CliError::new(format!("starting the background controller: {e}")))?;
+    let pid = child.id();
+    let deadline = Instant::now() + Duration::from_secs(120);
+    loop {
+        if let Some(st) = child.try_wait()? {
+            return Err(CliError::new(format!(
+                "the background controller exited at once ({st}); see {}",
+                log_path.display()
+            )));
+        }
+        let l = LeaseStatus::probe(&ctl)?;
+        if l.held && l.lock_pid == Some(pid as i32) {
+            break;
+        }
+        if Instant::now() > deadline {
+            eprintln!(
+                "warning: the background controller (pid {pid}) has not taken the lease after 120 s"
+            );
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    println!(
+        "controller running in the background: pid {pid}, log {}\nfollow it with: puzzletron campaign status {}",
+        log_path.display(),
+        dir.display()
+    );
+    Ok(exit::INCOMPLETE)
+}
+
+fn now_ms() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_millis() as u64)
+        .unwrap_or(0)
+}
+
+/// What `status --json` prints.
+#[derive(serde::Serialize)]
+struct StatusJson<'a> {
+    dir: &'a Path,
+    nonce: Option<&'a str>,
+    revision: u32,
+    runner: Option<&'a str>,
+    lease: &'a LeaseStatus,
+    lease_text: String,
+    finished: bool,
+    records: u64,
+    attempts: usize,
+    live: Vec<&'a crate::report::AttemptHistory>,
+    stages: &'a [crate::report::StageHistory],
+    gpu_hours: f64,
+    wasted_gpu_hours: f64,
+    waste_by_class: std::collections::BTreeMap<String, f64>,
+    last_events: &'a [(u64, String, String)],
+}
+
+fn status_code(h: &CampaignHistory) -> i32 {
+    if !h.finished {
+        exit::INCOMPLETE
+    } else if h.stages.iter().any(|s| s.status == StageStatus::Failed) {
+        exit::FAILED
+    } else {
+        exit::DONE
+    }
+}
+
+/// `status` text.
+pub(crate) fn status_text(h: &CampaignHistory) -> String {
+    let mut o = String::new();
+    let _ = writeln!(
+        o,
+        "campaign {} (revision {}, nonce {}, runner {})",
+        h.dir.display(),
+        h.revision,
+        h.nonce.as_deref().unwrap_or("?"),
+        h.runner.as_deref().unwrap_or("?")
+    );
+    let _ = writeln!(o, "lease: {}", h.lease.describe());
+    let w = h
+        .stages
+        .iter()
+        .map(|s| s.id.len())
+        .max()
+        .unwrap_or(5)
+        .max(5);
+    let _ = writeln!(
+        o,
+        "{:<w$}  {:<8}  {:>9}  {:>4}  {:>6}  {:>9}  {:>10}",
+        "stage", "status", "done", "live", "failed", "GPU-h", "wasted GPU-h"
+    );
+    for s in &h.stages {
+        let _ = writeln!(
+            o,
+            "{:<w$}  {:<8}  {:>9}  {:>4}  {:>6}  {:>9.3}  {:>10.3}",
+            s.id,
+            s.status.as_str(),
+            format!("{}/{}", s.done_units, s.units),
+            s.live_units,
+            s.failed_units,
+            s.gpu_hours,
+            s.wasted_gpu_hours
+        );
+        if let Some(r) = &s.reason {
+            let _ = writeln!(o, "  failed: {r}");
+        }
+    }
+    let live: Vec<_> = h.live().collect();
+    let _ = writeln!(
+        o,
+        "{} attempts, {} live{}; {:.3} GPU-hours, {:.3} wasted; {}",
+        h.attempts.len(),
+        live.len(),
+        if live.is_empty() {
+            String::new()
+        } else {
+            format!(
+                " ({}{})",
+                live.iter()
+                    .take(5)
+                    .map(|a| a.attempt_id.as_str())
+                    .collect::<Vec<_>>()
+                    .join(", "),
+                if live.len() > 5 { ", ..." } else { "" }
+            )
+        },
+        h.gpu_hours(),
+        h.wasted_gpu_hours(),
+        if h.finished {
+            "finished"
+        } else {
+            "not finished"
+        }
+    );
+    o
+}
+
+fn status_cmd(dir: &Path, json: bool, watch: Option<u64>) -> Result<i32, CliError> {
+    loop {
+        let h = CampaignHistory::load(dir, false)?;
+        if json {
+            let s = StatusJson {
+                dir: &h.dir,
+                nonce: h.nonce.as_deref(),
+                revision: h.revision,
+                runner: h.runner.as_deref(),
+                lease: &h.lease,
+                lease_text: h.lease.describe(),
+                finished: h.finished,
+                records: h.records,
+                attempts: h.attempts.len(),
+                live: h.live().collect(),
+                stages: &h.stages,
+                gpu_hours: h.gpu_hours(),
+                wasted_gpu_hours: h.wasted_gpu_hours(),
+                waste_by_class: h.waste_by_class(),
+                last_events: &h.events,
+            };
+            println!("{}", serde_json::to_string_pretty(&s)?);
+        } else {
+            print!("{}", status_text(&h));
+        }
+        match watch {
+            Some(secs) if !h.finished => {
+                std::thread::sleep(Duration::from_secs(secs.max(1)));
+                if !json {
+                    println!();
+                }
+            }
+            _ => return Ok(status_code(&h)),
+        }
+    }
+}
+
+fn cancel_dir(dir: &Path, wait: Duration) -> Result<i32, CliError> {
+    let ctl = dir.join("controller");
+    let h = CampaignHistory::load(dir, false)?;
+    let lease = &h.lease;
+    if lease.held {
+        let Some(pid) = lease.lock_pid else {
+            return Err(CliError::new(format!(
+                "the lease is {}: cancel it on that host",
+                lease.describe()
+            )));
+        };
+        // SIGTERM makes the controller cancel every live job and exit (TerminalControls).
+        // SAFETY: kill(2) with a pid the kernel named as the lock holder.
+        if unsafe { libc::kill(pid, libc::SIGTERM) } != 0 {
+            return Err(CliError::new(format!(
+                "signalling the controller (pid {pid}): {}",
+                std::io::Error::last_os_error()
+            )));
+        }
+        eprintln!("asked the controller (pid {pid}) to cancel; waiting for it to stop");
+        let deadline = Instant::now() + wait;
+        while LeaseStatus::probe(&ctl)?.held {
+            if Instant::now() > deadline {
+                return Err(CliError::new(format!(
+                    "the controller (pid {pid}) still holds the lease after {} s",
+                    wait.as_secs()
+                )));
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        let after = CampaignHistory::load(dir, false)?;
+        println!(
+            "cancelled: the controller stopped; {} attempts live",
+            after.live().count()
+        );
+        return Ok(exit::DONE);
+    }
+    // No controller: take the lease ourselves and cancel what the journal says is live.
+    let plan_path = ctl.join("plan.json");
+    let plan: CampaignPlan = serde_json::from_slice(
+        &std::fs::read(&plan_path)
+            .map_err(|e| CliError::new(format!("reading {}: {e}", plan_path.display())))?,
+    )
+    .map_err(|e| CliError::new(format!("{}: {e}", plan_path.display())))?;
+    let kind = plan.runner.kind;
+    let dir = dir.to_path_buf();
+    let rt = runtime()?;
+    rt.block_on(async {
+        let executor = executor_for(kind, &dir, &[], None)?;
+        let mut ctl = CampaignController::builder()
+            .plan(plan)
+            .executor(executor)
+            .campaign_dir(&dir)
+            .view(ViewMode::Off)
+            .build()?;
+        let n = ctl
+            .shutdown("cancelled by `puzzletron campaign cancel`")
+            .await?;
+        println!("cancelled {n} attempts");
+        Ok::<i32, CliError>(exit::DONE)
+    })
+}
+
+/// Cancels the Slurm jobs of this user whose name starts with `tag` followed by `.` or `r`
+/// (attempt ids are `<nonce>[r<revision>].<stage>...`).
+fn cancel_tag(tag: &str) -> Result<i32, CliError> {
+    if tag.is_empty()
+        || !tag
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_')
+    {
+        return Err(CliError {
+            code: exit::USAGE,
+            message: format!("--tag {tag:?}: expected a campaign nonce (letters, digits, - and _)"),
+        });
+    }
+    let user = std::env::var("USER").unwrap_or_else(|_| "root".into());
+    let out = std::process::Command::new("squeue")
+        .args(["-h", "-u", &user, "-o", "%i|%j"])
+        .output()
+        .map_err(|e| CliError::new(format!("running squeue: {e}")))?;
+    if !out.status.success() {
+        return Err(CliError::new(format!(
+            "squeue failed ({}): {}",
+            out.status,
+            String::from_utf8_lossy(&out.stderr).trim()
+        )));
+    }
+    let text = String::from_utf8_lossy(&out.stdout);
+    let mut ids = Vec::new();
+    for (n, line) in text.lines().enumerate() {
+        let Some((id, name)) = line.split_once('|') else {
+            return Err(CliError::new(format!(
+                "squeue output line {}: {line:?}: expected JOBID|NAME",
+                n + 1
+            )));
+        };
+        if let Some(rest) = name.strip_prefix(tag)
+            && (rest.starts_with('.') || rest.starts_with('r'))
+        {
+            // An array task `123_4` is cancelled through its array job id.
+            let job = id.split('_').next().unwrap_or(id).to_string();
+            if !ids.contains(&job) {
+                ids.push(job);
+            }
+        }
+    }
+    if ids.is_empty() {
+        println!("no job of {user} has a name starting with {tag}");
+        return Ok(exit::DONE);
+    }
+    let st = std::process::Command::new("scancel")
+        .args(&ids)
+        .status()
+        .map_err(|e| CliError::new(format!("running scancel: {e}")))?;
+    if !st.success() {
+        return Err(CliError::new(format!(
+            "scancel {} failed ({st})",
+            ids.join(" ")
+        )));
+    }
+    println!("cancelled {} jobs: {}", ids.len(), ids.join(" "));
+    Ok(exit::DONE)
+}
+
+/// Start, end and node of Slurm jobs by attempt id, from one `sacct` call per 500 job ids.
+fn sacct_times(h: &CampaignHistory) -> HashMap<String, (Option<u64>, Option<u64>, Option<String>)> {
+    let mut out = HashMap::new();
+    let jobs: Vec<&str> = h
+        .attempts
+        .iter()
+        .filter_map(|a| a.job_id.as_deref())
+        .collect();
+    for chunk in jobs.chunks(500) {
+        let Ok(o) = std::process::Command::new("sacct")
+            .env("SLURM_TIME_FORMAT", "%s")
+            .args([
+                "-n",
+                "-P",
+                "-X",
+                "--format=JobName,Start,End,NodeList",
+                "-j",
+            ])
+            .arg(chunk.join(","))
+            .output()
+        else {
+            return out;
+        };
+        for line in String::from_utf8_lossy(&o.stdout).lines() {
+            let f: Vec<&str> = line.split('|').collect();
+            if f.len() < 4 {
+                continue;
+            }
+            let t = |s: &str| s.parse::<u64>().ok().map(|v| v * 1000);
+            let node = (!f[3].is_empty() && f[3] != "None assigned").then(|| f[3].to_string());
+            out.insert(f[0].to_string(), (t(f[1]), t(f[2]), node));
+        }
+    }
+    out
+}
+
+/// Writes the report of `dir` to `out` (default `<dir>/report.html`); returns the path.
+fn write_report(dir: &Path, out: Option<PathBuf>, sacct: bool) -> Result<PathBuf, CliError> {
+    let mut h = CampaignHistory::load(dir, true)?;
+    if sacct && h.runner.as_deref() == Some("slurm") {
+        let t = sacct_times(&h);
+        h.apply_times(&t);
+    }
+    let html = render_campaign_report(&h);
+    let out = out.unwrap_or_else(|| dir.join("report.html"));
+    crate::fsutil::atomic_write(&out, html.as_bytes())
+        .map_err(|e| CliError::new(format!("writing {}: {e}", out.display())))?;
+    Ok(out)
+}
+
+fn report_cmd(dir: &Path, out: Option<PathBuf>, sacct: bool) -> Result<i32, CliError> {
+    let p = write_report(dir, out, sacct)?;
+    println!("{}", p.display());
+    Ok(exit::DONE)
+}

@@ -1,0 +1,948 @@
+//! [`CampaignHistory`]: every attempt of a campaign, read without the lease from
+//! `controller/journal.jsonl`, `controller/plan.json`, `controller/lease.json` and, for the
+//! local executor, the attempt folders under `attempts/`.
+//!
+//! Reading is strictly read-only: files are opened for reading only, nothing is created,
+//! truncated or locked, so a controller appending to the journal at the same moment is never
+//! disturbed. A journal line without its newline (a controller mid-append) is left for the next
+//! read; a complete line that is not JSON is an error naming the file and line. Entry kinds this
+//! reader does not know are skipped, so a newer journal stays readable.
+//!
+//! # GPU-hours and waste
+//!
+//! An attempt's GPU-hours are its allocation's GPUs (the plan's placement of the unit's
+//! instance: nodes × GPUs per node, 0 for CPU stages) × its run time (start to end, or to the
+//! history's `as_of_ms` while it runs). Start and end come from the executor's attempt record
+//! when there is one (local: the wrapper's `exit` record), else from what the journal says;
+//! without a known start the submit time is used and the attempt is marked
+//! [`AttemptHistory::start_estimated`].
+//!
+//! Wasted GPU-hours, by key (a [`FailureClass`] name, `superseded` or `hung`):
+//! - a failed attempt: all of it, under its failure class (`cancelled` for a cancel);
+//! - an attempt of an earlier revision (the campaign started over): all of it, `superseded`;
+//! - a hung attempt (the journal gives its last heartbeat): the time after the last heartbeat,
+//!   `hung`; the time before it follows the rules above (useful if it succeeded);
+//! - successful attempts of the current revision and attempts still running: nothing.
+
+use std::collections::{BTreeMap, HashMap};
+use std::fs::File;
+use std::io::Read;
+use std::path::{Path, PathBuf};
+
+use serde::{Deserialize, Serialize};
+
+use super::ReportError;
+use super::lease::LeaseStatus;
+use crate::campaign::CampaignPlan;
+use crate::campaign::controller::FailureClass;
+use crate::campaign::execution::{Resource, Strategy};
+
+/// How an attempt ended (or where it is).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize, PartialOrd, Ord)]
+#[serde(rename_all = "snake_case")]
+#[non_exhaustive]
+pub enum Outcome {
+    /// The intent is journaled; the submit is not confirmed (yet).
+    Intent,
+    /// Submitted, not finished (queued or running).
+    Live,
+    /// Finished successfully.
+    Succeeded,
+    /// Finished with a failure (its [`AttemptHistory::class`]).
+    Failed,
+    /// Cancelled (by the controller, a user or the scheduler).
+    Cancelled,
+    /// The submit failed; no job existed.
+    SubmitFailed,
+    /// Belongs to an earlier revision: its work was thrown away.
+    Superseded,
+}
+
+impl Outcome {
+    /// The snake_case name.
+    pub fn as_str(&self) -> &'static str {
+        match self {
+            Outcome::Intent => "intent",
+            Outcome::Live => "live",
+            Outcome::Succeeded => "succeeded",
+            Outcome::Failed => "failed",
+            Outcome::Cancelled => "cancelled",
+            Outcome::SubmitFailed => "submit_failed",
+            Outcome::Superseded => "superseded",
+        }
+    }
+}
+
+/// A stage's status as the journal tells it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+#[non_exhaustive]
+pub enum StageStatus {
+    /// No attempt yet.
+    Waiting,
+    /// Some attempt submitted, not finished.
+    Running,
+    /// Done.
+    Done,
+    /// Failed for good.
+    Failed,
+}
+
+impl StageStatus {
+    /// The snake_case name.
+    pub fn as_str(&self) -> &'static str {
+        match self {
+            StageStatus::Waiting => "waiting",
+            StageStatus::Running => "running",
+            StageStatus::Done => "done",
+            StageStatus::Failed => "failed",
+        }
+    }
+}
+
+/// One stage.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct StageHistory {
+    /// Stage id.
+    pub id: String,
+    /// Parent stage ids.
+    pub parents: Vec<String>,
+    /// Units (work items plus the aggregate step); 0 when the plan is unknown.
+    pub units: usize,
+    /// Units whose last attempt succeeded (current revision).
+    pub done_units: usize,
+    /// Units with a live attempt.
+    pub live_units: usize,
+    /// Units whose last attempt failed or was cancelled and no retry is live.
+    pub failed_units: usize,
+    /// Status.
+    pub status: StageStatus,
+    /// Why it failed, when it did.
+    pub reason: Option<String>,
+    /// GPU-hours of all its attempts.
+    pub gpu_hours: f64,
+    /// Wasted GPU-hours of its attempts.
+    pub wasted_gpu_hours: f64,
+}
+
+/// One attempt.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct AttemptHistory {
+    /// The attempt id (the scheduler job name).
+    pub attempt_id: String,
+    /// The unit, e.g. `score/3` or `score/agg`.
+    pub unit: String,
+    /// The stage.
+    pub stage: String,
+    /// Attempt number of the unit, from 1.
+    pub attempt: u32,
+    /// The campaign revision it belongs to.
+    pub revision: u32,
+    /// Submitted with the resume flag.
+    pub resume: bool,
+    /// Submitted with more resources.
+    pub more_resources: bool,
+    /// The scheduler's job id, once submitted.
+    pub job_id: Option<String>,
+    /// Submit time (ms since the Unix epoch).
+    pub submitted_ms: u64,
+    /// Start time (ms), when known.
+    pub started_ms: Option<u64>,
+    /// End time (ms), once finished.
+    pub ended_ms: Option<u64>,
+    /// The start is not known; `submitted_ms` stands in for it in GPU-hours.
+    pub start_estimated: bool,
+    /// Where it is or how it ended.
+    pub outcome: Outcome,
+    /// Scheduler state name at the end, e.g. `OUT_OF_MEMORY`.
+    pub state: Option<String>,
+    /// Exit code, if any.
+    pub exit_code: Option<i32>,
+    /// Failure class.
+    pub class: Option<FailureClass>,
+    /// Evidence (the classification's detail, the submit error, the cancel reason).
+    pub detail: String,
+    /// Its log.
+    pub log_path: Option<PathBuf>,
+    /// Nodes it ran on, when known (`localhost` for the local executor).
+    pub nodes: Option<String>,
+    /// GPUs of its allocation.
+    pub gpus: u32,
+    /// Last heartbeat of a hung attempt (ms), when one was declared hung.
+    pub last_heartbeat_ms: Option<u64>,
+    /// Index (in [`CampaignHistory::attempts`]) of the previous attempt of the same unit.
+    pub retry_of: Option<usize>,
+}
+
+impl AttemptHistory {
+    /// Start used for GPU-hours: the start, else the submit time.
+    pub fn run_start_ms(&self) -> u64 {
+        self.started_ms.unwrap_or(self.submitted_ms)
+    }
+
+    /// Run time in ms up to `as_of_ms` for an attempt still running (0 before it started).
+    pub fn run_ms(&self, as_of_ms: u64) -> u64 {
+        match self.outcome {
+            Outcome::Intent | Outcome::SubmitFailed => 0,
+            Outcome::Live if self.started_ms.is_none() => 0,
+            _ => self
+                .ended_ms
+                .unwrap_or(as_of_ms)
+                .saturating_sub(self.run_start_ms()),
+        }
+    }
+
+    /// GPU-hours: GPUs × run time.
+    pub fn gpu_hours(&self, as_of_ms: u64) -> f64 {
+        f64::from(self.gpus) * self.run_ms(as_of_ms) as f64 / 3_600_000.0
+    }
+
+    /// Wasted GPU-hours by key (see the [module docs](self)).
+    pub fn waste(&self, as_of_ms: u64) -> Vec<(String, f64)> {
+        let total = self.gpu_hours(as_of_ms);
+        if total == 0.0 {
+            return Vec::new();
+        }
+        let mut out = Vec::new();
+        let mut rest = total;
+        if let (Some(hb), Some(end)) = (self.last_heartbeat_ms, self.ended_ms) {
+            let hung_ms = end.saturating_sub(hb.max(self.run_start_ms()));
+            let hung = f64::from(self.gpus) * hung_ms as f64 / 3_600_000.0;
+            if hung > 0.0 {
+                out.push(("hung".to_string(), hung));
+                rest -= hung;
+            }
+        }
+        let key = match self.outcome {
+            Outcome::Superseded => Some("superseded".to_string()),
+            Outcome::Cancelled => Some(FailureClass::Cancelled.as_str().to_string()),
+            Outcome::Failed => Some(
+                self.class
+                    .unwrap_or(FailureClass::Unknown)
+                    .as_str()
+                    .to_string(),
+            ),
+            _ => None,
+        };
+        if let Some(k) = key
+            && rest > 0.0
+        {
+            out.push((k, rest));
+        }
+        out
+    }
+}
+
+/// Everything known about a campaign's attempts.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct CampaignHistory {
+    /// The campaign folder.
+    pub dir: PathBuf,
+    /// The campaign nonce (prefix of its attempt ids; the tag of `cancel --tag`).
+    pub nonce: Option<String>,
+    /// The current contract hash.
+    pub contract_hash: Option<String>,
+    /// The current revision.
+    pub revision: u32,
+    /// The runner kind of the plan (`local`, `slurm`, ...), when the plan is readable.
+    pub runner: Option<String>,
+    /// The experiment config of the plan.
+    pub experiment: Option<String>,
+    /// Journal records read.
+    pub records: u64,
+    /// First and last journal record times (ms).
+    pub first_ms: Option<u64>,
+    /// Last journal record time (ms).
+    pub last_ms: Option<u64>,
+    /// "Now" for attempts still running: the read time.
+    pub as_of_ms: u64,
+    /// Stages in plan order.
+    pub stages: Vec<StageHistory>,
+    /// Attempts in journal order.
+    pub attempts: Vec<AttemptHistory>,
+    /// Whether the campaign has ended: every stage done or failed, nothing live.
+    pub finished: bool,
+    /// The last events (`Event` entries: recovery, halt, detach...), at most 50.
+    pub events: Vec<(u64, String, String)>,
+    /// The lease, as probed when read.
+    pub lease: LeaseStatus,
+}
+
+#[derive(Deserialize)]
+struct RawRecord {
+    at_ms: u64,
+    entry: RawEntry,
+}
+
+#[derive(Deserialize)]
+struct RawHandle {
+    #[serde(default)]
+    executor: Option<String>,
+    #[serde(default)]
+    job_id: Option<String>,
+    #[serde(default)]
+    array_task: Option<u32>,
+    #[serde(default)]
+    submitted_at_ms: Option<u64>,
+}
+
+/// A journal entry as a bag of optional fields (unknown fields ignored, unknown kinds skipped).
+#[derive(Deserialize)]
+struct RawEntry {
+    t: String,
+    #[serde(default)]
+    nonce: Option<String>,
+    #[serde(default)]
+    contract_hash: Option<String>,
+    #[serde(default)]
+    revision: Option<u32>,
+    #[serde(default)]
+    unit: Option<String>,
+    #[serde(default)]
+    attempt: Option<u32>,
+    #[serde(default)]
+    attempt_id: Option<String>,
+    #[serde(default)]
+    resume: Option<bool>,
+    #[serde(default)]
+    more_resources: Option<bool>,
+    #[serde(default)]
+    handle: Option<RawHandle>,
+    #[serde(default)]
+    error: Option<String>,
+    #[serde(default)]
+    reason: Option<String>,
+    #[serde(default)]
+    state: Option<serde_json::Value>,
+    #[serde(default)]
+    exit_code: Option<i32>,
+    #[serde(default)]
+    class: Option<FailureClass>,
+    #[serde(default)]
+    detail: Option<String>,
+    #[serde(default)]
+    log_path: Option<PathBuf>,
+    #[serde(default)]
+    stage: Option<String>,
+    #[serde(default)]
+    kind: Option<String>,
+    #[serde(default)]
+    message: Option<String>,
+    // Fields a richer journal may carry (typed controller events); used when present.
+    #[serde(default)]
+    nodes: Option<String>,
+    #[serde(default)]
+    started_at_ms: Option<u64>,
+    #[serde(default)]
+    ended_at_ms: Option<u64>,
+    #[serde(default)]
+    last_heartbeat_ms: Option<u64>,
+}
+
+fn state_name(v: &serde_json::Value) -> Option<String> {
+    match v {
+        serde_json::Value::String(s) => Some(s.to_ascii_uppercase()),
+        serde_json::Value::Object(m) => m
+            .get("state")
+            .and_then(|s| s.as_str())
+            .map(|s| s.to_ascii_uppercase()),
+        _ => None,
+    }
+}
+
+/// Per-unit GPUs and per-stage layout from the plan.
+struct PlanInfo {
+    runner: String,
+    experiment: String,
+    stages: Vec<(String, Vec<String>, usize)>,
+    /// Unit key -> GPUs.
+    gpus: HashMap<String, u32>,
+}
+
+fn plan_info(plan: &CampaignPlan) -> PlanInfo {
+    let mut gpus = HashMap::new();
+    let mut stages = Vec::new();
+    for st in &plan.stages {
+        let gpu_stage = st.spec.resource == Resource::Gpu;
+        let unit_gpus = |instance: u32| -> u32 {
+            if !gpu_stage {
+                return 0;
+            }
+            st.work
+                .topology
+                .groups
+                .get(instance as usize)
+                .map(|g| g.placement.node_count.max(1) * g.placement.gpus_on_node)
+                .unwrap_or(0)
+        };
+        for (i, item) in st.work.items.iter().enumerate() {
+            gpus.insert(format!("{}/{i}", st.stage_id), unit_gpus(item.instance));
+        }
+        let agg = st.work.strategy == Strategy::Sharded && st.work.aggregate_required;
+        if agg {
+            // The aggregate step runs with the topology of item 0 (controller::spec).
+            let g = st.work.items.first().map(|i| unit_gpus(i.instance));
+            gpus.insert(format!("{}/agg", st.stage_id), g.unwrap_or(0));
+        }
+        stages.push((
+            st.stage_id.clone(),
+            st.parents.clone(),
+            st.work.items.len() + usize::from(agg),
+        ));
+    }
+    PlanInfo {
+        runner: plan.runner.kind.as_str().to_string(),
+        experiment: plan.experiment_config_path.clone(),
+        stages,
+        gpus,
+    }
+}
+
+/// Reads the complete lines of a journal file read-only: `(records, bytes of an unfinished
+/// last line left unread)`.
+fn read_journal(path: &Path) -> Result<(Vec<RawRecord>, usize), ReportError> {
+    let mut bytes = Vec::new();
+    File::open(path)
+        .and_then(|mut f| f.read_to_end(&mut bytes))
+        .map_err(|e| ReportError::io("reading journal", path, e))?;
+    let complete = bytes.iter().rposition(|&b| b == b'\n').map_or(0, |i| i + 1);
+    let mut out = Vec::with_capacity(complete / 200);
+    for (i, line) in bytes[..complete].split(|&b| b == b'\n').enumerate() {
+        if line.is_empty() {
+            continue;
+        }
+        // An entry kind this reader does not know is skipped (a newer journal); only a line
+        // that is not a record at all is an error.
+        match serde_json::from_slice::<RawRecord>(line) {
+            Ok(r) => out.push(r),
+            Err(e) => {
+                let v: Result<serde_json::Value, _> = serde_json::from_slice(line);
+                let known =
+                    matches!(&v, Ok(v) if v.get("entry").and_then(|e| e.get("t")).is_some());
+                if !known {
+                    return Err(ReportError::Corrupt {
+                        path: path.to_path_buf(),
+                        line: Some(i + 1),
+                        reason: format!(
+                            "not a journal record ({e}); expected one JSON object with seq, at_ms and entry"
+                        ),
+                    });
+                }
+            }
+        }
+    }
+    Ok((out, bytes.len() - complete))
+}
+
+/// The local executor's record of an attempt: start/end from `exit`, or the `started` marker's
+/// time while it runs.
+fn local_times(attempts_dir: &Path, id: &str) -> (Option<u64>, Option<u64>) {
+    let dir = attempts_dir.join(id);
+    let mut start = None;
+    let mut end = None;
+    if let Ok(text) = std::fs::read_to_string(dir.join("exit")) {
+        for line in text.lines() {
+            match line.split_once('=') {
+                Some(("start_ms", v)) => start = v.trim().parse().ok(),
+                Some(("end_ms", v)) => end = v.trim().parse().ok(),
+                _ => {}
+            }
+        }
+    }
+    if start.is_none()
+        && let Ok(m) = std::fs::metadata(dir.join("job"))
+        && let Ok(t) = m.modified()
+        && let Ok(d) = t.duration_since(std::time::UNIX_EPOCH)
+    {
+        start = Some(d.as_millis() as u64);
+    }
+    (start, end)
+}
+
+fn now_ms() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_millis() as u64)
+        .unwrap_or(0)
+}
+
+impl CampaignHistory {
+    /// Reads the campaign in `dir`, read-only, without the lease.
+    ///
+    /// `attempt_records`: also read the local executor's attempt folders (`attempts/<id>/`) for
+    /// start and end times (one or two small files per attempt; `status` skips them for speed).
+    ///
+    /// # Errors
+    /// [`ReportError::NotACampaign`] when `dir` has no journal; [`ReportError::Corrupt`] for a
+    /// complete journal line that is not a record, or a `plan.json` that does not parse;
+    /// [`ReportError::Io`] for read errors.
+    pub fn load(dir: &Path, attempt_records: bool) -> Result<Self, ReportError> {
+        let ctl = dir.join("controller");
+        let journal = ctl.join("journal.jsonl");
+        if !journal.is_file() {
+            return Err(ReportError::NotACampaign {
+                path: dir.to_path_buf(),
+            });
+        }
+        let lease = LeaseStatus::probe(&ctl)?;
+        let plan_path = ctl.join("plan.json");
+        let plan = match std::fs::read(&plan_path) {
+            Ok(b) => Some(plan_info(
+                &serde_json::from_slice::<CampaignPlan>(&b).map_err(|e| ReportError::Corrupt {
+                    path: plan_path.clone(),
+                    line: Some(e.line()),
+                    reason: format!("not a campaign plan: {e}"),
+                })?,
+            )),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => None,
+            Err(e) => return Err(ReportError::io("reading plan", &plan_path, e)),
+        };
+        let (records, _torn) = read_journal(&journal)?;
+        let mut h = Self::from_records(dir, &records, plan.as_ref(), lease, now_ms());
+        if attempt_records {
+            let adir = dir.join("attempts");
+            if adir.is_dir() {
+                for a in &mut h.attempts {
+                    if matches!(a.outcome, Outcome::Intent | Outcome::SubmitFailed) {
+                        continue;
+                    }
+                    let (s, e) = local_times(&adir, &a.attempt_id);
+                    if s.is_some() {
+                        a.started_ms = s;
+                        a.start_estimated = false;
+                    }
+                    if e.is_some() {
+                        a.ended_ms = e;
+                    }
+                    a.nodes.get_or_insert_with(|| "localhost".to_string());
+                }
+                h.recompute_stages();
+            }
+        }
+        Ok(h)
+    }
+
+    fn from_records(
+        dir: &Path,
+        records: &[RawRecord],
+        plan: Option<&PlanInfo>,
+        lease: LeaseStatus,
+        as_of_ms: u64,
+    ) -> Self {
+        let mut h = CampaignHistory {
+            dir: dir.to_path_buf(),
+            nonce: None,
+            contract_hash: None,
+            revision: 0,
+            runner: plan.map(|p| p.runner.clone()),
+            experiment: plan.map(|p| p.experiment.clone()),
+            records: records.len() as u64,
+            first_ms: records.first().map(|r| r.at_ms),
+            last_ms: records.last().map(|r| r.at_ms),
+            as_of_ms,
+            stages: Vec::new(),
+            attempts: Vec::new(),
+            finished: false,
+            events: Vec::new(),
+            lease,
+        };
+        let mut by_id: HashMap<String, usize> = HashMap::new();
+        let mut last_of_unit: HashMap<String, usize> = HashMap::new();
+        let mut stage_end: HashMap<String, (StageStatus, Option<String>)> = HashMap::new();
+        for r in records {
+            let e = &r.entry;
+            match e.t.as_str() {
+                "header" => {
+                    h.nonce = e.nonce.clone();
+                    h.contract_hash = e.contract_hash.clone();
+                }
+                "revision" => {
+                    h.revision = e.revision.unwrap_or(h.revision + 1);
+                    h.contract_hash = e.contract_hash.clone().or(h.contract_hash.take());
+                    // A new revision starts over: what the old one did is thrown away.
+                    for a in &mut h.attempts {
+                        a.outcome = Outcome::Superseded;
+                    }
+                    last_of_unit.clear();
+                    stage_end.clear();
+                }
+                "intent" => {
+                    let (Some(unit), Some(id)) = (&e.unit, &e.attempt_id) else {
+                        continue;
+                    };
+                    let stage = unit
+                        .rsplit_once('/')
+                        .map_or(unit.as_str(), |(s, _)| s)
+                        .to_string();
+                    let gpus = plan.and_then(|p| p.gpus.get(unit).copied()).unwrap_or(0);
+                    let idx = h.attempts.len();
+                    h.attempts.push(AttemptHistory {
+                        attempt_id: id.clone(),
+                        unit: unit.clone(),
+                        stage,
+                        attempt: e.attempt.unwrap_or(1),
+                        revision: h.revision,
+                        resume: e.resume.unwrap_or(false),
+                        more_resources: e.more_resources.unwrap_or(false),
+                        job_id: None,
+                        submitted_ms: r.at_ms,
+                        started_ms: None,
+                        ended_ms: None,
+                        start_estimated: true,
+                        outcome: Outcome::Intent,
+                        state: None,
+                        exit_code: None,
+                        class: None,
+                        detail: String::new(),
+                        log_path: None,
+                        nodes: None,
+                        gpus,
+                        last_heartbeat_ms: None,
+                        retry_of: last_of_unit.get(unit).copied(),
+                    });
+                    by_id.insert(id.clone(), idx);
+                    last_of_unit.insert(unit.clone(), idx);
+                }
+                "submitted" => {
+                    let Some(&i) = e.attempt_id.as_ref().and_then(|id| by_id.get(id)) else {
+                        continue;
+                    };
+                    let a = &mut h.attempts[i];
+                    if a.outcome == Outcome::Intent {
+                        a.outcome = Outcome::Live;
+                    }
+                    if let Some(hd) = &e.handle {
+                        a.job_id = hd.job_id.as_ref().map(|j| match hd.array_task {
+                            Some(t) => format!("{j}_{t}"),
+                            None => j.clone(),
+                        });
+                        if let Some(t) = hd.submitted_at_ms.filter(|&t| t > 0) {
+                            a.submitted_ms = t;
+                        }
+                        if hd.executor.as_deref() == Some("local") {
+                            a.nodes = Some("localhost".into());
+                        }
+                    }
+                }
+                "submit_failed" => {
+                    if let Some(&i) = e.attempt_id.as_ref().and_then(|id| by_id.get(id)) {
+                        let a = &mut h.attempts[i];
+                        if a.outcome != Outcome::Superseded {
+                            a.outcome = Outcome::SubmitFailed;
+                        }
+                        a.detail = e.error.clone().unwrap_or_default();
+                        a.ended_ms = Some(r.at_ms);
+                    }
+                }
+                "cancel_requested" => {
+                    if let Some(&i) = e.attempt_id.as_ref().and_then(|id| by_id.get(id)) {
+                        let a = &mut h.attempts[i];
+                        if a.detail.is_empty() {
+                            a.detail =
+                                format!("cancel requested: {}", e.reason.as_deref().unwrap_or(""));
+                        }
+                    }
+                }
+                "finished" => {
+                    let Some(&i) = e.attempt_id.as_ref().and_then(|id| by_id.get(id)) else {
+                        continue;
+                    };
+                    let a = &mut h.attempts[i];
+                    a.state = e.state.as_ref().and_then(state_name);
+                    a.exit_code = e.exit_code;
+                    a.class = e.class;
+                    if let Some(d) = &e.detail {
+                        a.detail = d.clone();
+                    }
+                    a.log_path = e.log_path.clone();
+                    a.ended_ms = Some(e.ended_at_ms.unwrap_or(r.at_ms));
+                    if let Some(s) = e.started_at_ms {
+                        a.started_ms = Some(s);
+                        a.start_estimated = false;
+                    }
+                    if e.nodes.is_some() {
+                        a.nodes = e.nodes.clone();
+                    }
+                    if a.outcome != Outcome::Superseded {
+                        let cancelled = a.class == Some(FailureClass::Cancelled)
+                            || a.state.as_deref() == Some("CANCELLED");
+                        a.outcome = match a.class {
+                            None => Outcome::Succeeded,
+                            Some(_) if cancelled => Outcome::Cancelled,
+                            Some(_) => Outcome::Failed,
+                        };
+                    }
+                }
+                "stage_done" => {
+                    if let Some(s) = &e.stage {
+                        stage_end.insert(s.clone(), (StageStatus::Done, None));
+                    }
+                }
+                "stage_failed" => {
+                    if let Some(s) = &e.stage {
+                        stage_end.insert(s.clone(), (StageStatus::Failed, e.reason.clone()));
+                    }
+                }
+                "event" => {
+                    h.events.push((
+                        r.at_ms,
+                        e.kind.clone().unwrap_or_default(),
+                        e.message.clone().unwrap_or_default(),
+                    ));
+                    if h.events.len() > 100 {
+                        h.events.drain(..50);
+                    }
+                }
+                _ => {}
+            }
+            // Any entry naming an attempt may carry its last heartbeat (a hung attempt) or its
+            // start (a richer journal).
+            if (e.last_heartbeat_ms.is_some() || e.started_at_ms.is_some())
+                && e.t != "finished"
+                && let Some(&i) = e.attempt_id.as_ref().and_then(|id| by_id.get(id))
+            {
+                let a = &mut h.attempts[i];
+                if e.last_heartbeat_ms.is_some() {
+                    a.last_heartbeat_ms = e.last_heartbeat_ms;
+                }
+                if let Some(s) = e.started_at_ms {
+                    a.started_ms = Some(s);
+                    a.start_estimated = false;
+                }
+            }
+        }
+        if h.events.len() > 50 {
+            let cut = h.events.len() - 50;
+            h.events.drain(..cut);
+        }
+        // Stages: the plan's, else those the attempts name, in first-seen order.
+        let mut stages: Vec<StageHistory> = match plan {
+            Some(p) => p
+                .stages
+                .iter()
+                .map(|(id, parents, units)| StageHistory::new(id, parents.clone(), *units))
+                .collect(),
+            None => Vec::new(),
+        };
+        for a in &h.attempts {
+            if !stages.iter().any(|s| s.id == a.stage) {
+                stages.push(StageHistory::new(&a.stage, Vec::new(), 0));
+            }
+        }
+        for s in &mut stages {
+            if let Some((st, reason)) = stage_end.get(&s.id) {
+                s.status = *st;
+                s.reason = reason.clone();
+            }
+        }
+        h.stages = stages;
+        h.recompute_stages();
+        h
+    }
+
+    /// Recomputes the stages' unit counts, GPU-hours and the `finished` flag from the attempts.
+    fn recompute_stages(&mut self) {
+        let idx: HashMap<String, usize> = self
+            .stages
+            .iter()
+            .enumerate()
+            .map(|(i, s)| (s.id.clone(), i))
+            .collect();
+        for s in &mut self.stages {
+            s.done_units = 0;
+            s.live_units = 0;
+            s.failed_units = 0;
+            s.gpu_hours = 0.0;
+            s.wasted_gpu_hours = 0.0;
+        }
+        // Last attempt per unit decides the unit's state.
+        let mut last: HashMap<&str, usize> = HashMap::new();
+        for (i, a) in self.attempts.iter().enumerate() {
+            if let Some(&si) = idx.get(&a.stage) {
+                let s = &mut self.stages[si];
+                s.gpu_hours += a.gpu_hours(self.as_of_ms);
+                s.wasted_gpu_hours += a.waste(self.as_of_ms).iter().map(|w| w.1).sum::<f64>();
+            }
+            if a.outcome != Outcome::Superseded {
+                last.insert(a.unit.as_str(), i);
+            }
+        }
+        let mut live_any = false;
+        for &i in last.values() {
+            let a = &self.attempts[i];
+            let Some(&si) = idx.get(&a.stage) else {
+                continue;
+            };
+            let s = &mut self.stages[si];
+            match a.outcome {
+                Outcome::Succeeded => s.done_units += 1,
+                Outcome::Live | Outcome::Intent => {
+                    s.live_units += 1;
+                    live_any = true;
+                }
+                Outcome::Failed | Outcome::Cancelled | Outcome::SubmitFailed => s.failed_units += 1,
+                Outcome::Superseded => {}
+            }
+        }
+        for s in &mut self.stages {
+            if matches!(s.status, StageStatus::Waiting | StageStatus::Running) {
+                s.status = if s.live_units > 0 || s.done_units > 0 || s.failed_units > 0 {
+                    StageStatus::Running
+                } else {
+                    StageStatus::Waiting
+                };
+            }
+        }
+        self.finished = !live_any
+            && !self.stages.is_empty()
+            && self
+                .stages
+                .iter()
+                .all(|s| matches!(s.status, StageStatus::Done | StageStatus::Failed));
+    }
+
+    /// Total GPU-hours of every attempt.
+    pub fn gpu_hours(&self) -> f64 {
+        self.attempts
+            .iter()
+            .map(|a| a.gpu_hours(self.as_of_ms))
+            .sum()
+    }
+
+    /// Wasted GPU-hours by key (failure class name, `superseded`, `hung`), sorted by key.
+    pub fn waste_by_class(&self) -> BTreeMap<String, f64> {
+        let mut m = BTreeMap::new();
+        for a in &self.attempts {
+            for (k, v) in a.waste(self.as_of_ms) {
+                *m.entry(k).or_insert(0.0) += v;
+            }
+        }
+        m
+    }
+
+    /// Total wasted GPU-hours.
+    pub fn wasted_gpu_hours(&self) -> f64 {
+        self.waste_by_class().values().sum()
+    }
+
+    /// Attempts that ended badly (failed, cancelled, submit failed), in journal order.
+    pub fn failures(&self) -> impl Iterator<Item = &AttemptHistory> {
+        self.attempts.iter().filter(|a| {
+            matches!(
+                a.outcome,
+                Outcome::Failed | Outcome::Cancelled | Outcome::SubmitFailed
+            )
+        })
+    }
+
+    /// Attempts submitted and not finished.
+    pub fn live(&self) -> impl Iterator<Item = &AttemptHistory> {
+        self.attempts
+            .iter()
+            .filter(|a| matches!(a.outcome, Outcome::Live | Outcome::Intent))
+    }
+
+    /// Fills start/end/nodes of attempts from outside records (e.g. `sacct` rows), keyed by
+    /// attempt id: `(start_ms, end_ms, nodes)`.
+    pub fn apply_times(
+        &mut self,
+        times: &HashMap<String, (Option<u64>, Option<u64>, Option<String>)>,
+    ) {
+        for a in &mut self.attempts {
+            if let Some((s, e, n)) = times.get(&a.attempt_id) {
+                if s.is_some() {
+                    a.started_ms = *s;
+                    a.start_estimated = false;
+                }
+                if e.is_some() && a.ended_ms.is_some() {
+                    a.ended_ms = *e;
+                }
+                if n.is_some() {
+                    a.nodes = n.clone();
+                }
+            }
+        }
+        self.recompute_stages();
+    }
+}
+
+impl StageHistory {
+    fn new(id: &str, parents: Vec<String>, units: usize) -> Self {
+        StageHistory {
+            id: id.to_string(),
+            parents,
+            units,
+            done_units: 0,
+            live_units: 0,
+            failed_units: 0,
+            status: StageStatus::Waiting,
+            reason: None,
+            gpu_hours: 0.0,
+            wasted_gpu_hours: 0.0,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn rec(at: u64, entry: serde_json::Value) -> RawRecord {
+        serde_json::from_value(serde_json::json!({"seq": 1, "at_ms": at, "entry": entry})).unwrap()
+    }
+
+    #[test]
+    fn waste_follows_outcomes_and_revisions() {
+        let recs = vec![
+            rec(
+                0,
+                serde_json::json!({"t":"header","format":1,"nonce":"n","contract_hash":"h"}),
+            ),
+            rec(
+                0,
+                serde_json::json!({"t":"intent","unit":"a/0","attempt":1,"attempt_id":"n.a.0.a1","resume":false,"more_resources":false}),
+            ),
+            rec(
+                0,
+                serde_json::json!({"t":"submitted","attempt_id":"n.a.0.a1","handle":{"executor":"mock","attempt_id":"n.a.0.a1","job_id":"1","array_task":null,"cluster":null,"submitted_at_ms":0,"data":{}},"adopted":false}),
+            ),
+            rec(
+                3_600_000,
+                serde_json::json!({"t":"finished","attempt_id":"n.a.0.a1","state":{"state":"out_of_memory"},"exit_code":null,"class":"oom","detail":"OOM","log_path":"/l","started_at_ms":0}),
+            ),
+            rec(3_600_000, serde_json::json!({"t":"something_new","x":1})),
+            rec(
+                3_600_000,
+                serde_json::json!({"t":"intent","unit":"a/0","attempt":2,"attempt_id":"n.a.0.a2","resume":false,"more_resources":true}),
+            ),
+            rec(
+                3_600_000,
+                serde_json::json!({"t":"submitted","attempt_id":"n.a.0.a2","handle":{"executor":"mock","attempt_id":"n.a.0.a2","job_id":"2","array_task":null,"cluster":null,"submitted_at_ms":3_600_000,"data":{}},"adopted":false}),
+            ),
+            rec(
+                5_400_000,
+                serde_json::json!({"t":"finished","attempt_id":"n.a.0.a2","state":{"state":"completed"},"exit_code":0,"class":null,"detail":"","log_path":null,"started_at_ms":3_600_000}),
+            ),
+        ];
+        let mut h = CampaignHistory::from_records(
+            Path::new("/c"),
+            &recs,
+            None,
+            LeaseStatus::default(),
+            10_000_000,
+        );
+        for a in &mut h.attempts {
+            a.gpus = 2;
+        }
+        h.recompute_stages();
+        assert_eq!(h.attempts.len(), 2);
+        assert_eq!(h.attempts[1].retry_of, Some(0));
+        assert_eq!(h.attempts[0].outcome, Outcome::Failed);
+        assert_eq!(h.attempts[0].state.as_deref(), Some("OUT_OF_MEMORY"));
+        assert!((h.gpu_hours() - 3.0).abs() < 1e-9);
+        let w = h.waste_by_class();
+        assert_eq!(w.len(), 1);
+        assert!((w["oom"] - 2.0).abs() < 1e-9, "{w:?}");
+        assert_eq!(h.stages[0].done_units, 1);
+    }
+}

@@ -1,0 +1,561 @@
+//! [`render_campaign_report`]: a [`CampaignHistory`] as one self-contained HTML file.
+//!
+//! Inline CSS and SVG only: no script, no external resource, so it opens from a mail
+//! attachment or an air-gapped cluster. Sections: summary, stage DAG (boxes coloured by status),
+//! timeline (one bar per attempt on its node's GPU rows, from start to end, with its queue wait
+//! from submit to start drawn thin before it, coloured by outcome, a line from each attempt to
+//! its retry), GPU-hours per stage and per attempt, wasted GPU-hours by failure class, failures
+//! with class, evidence and log path.
+//!
+//! Stable hooks for tools and tests: the timeline is `<svg id="timeline">` with one
+//! `<rect class="bar" data-attempt=… data-outcome=… data-stage=…>` per attempt, `<rect
+//! class="wait">` per queue wait and `<line class="retry" data-from=… data-to=…>` per retry;
+//! the DAG is `<svg id="dag">` with `<g class="stage" data-stage=… data-status=…>`; the waste
+//! table is `<table id="waste">` with `data-class`/`data-gpu-hours` on each row.
+
+use std::collections::{BTreeMap, HashMap};
+use std::fmt::Write;
+
+use super::history::{AttemptHistory, CampaignHistory, Outcome};
+use super::svg::{colour, duration, esc, gh, text, utc};
+
+/// Shared page style.
+pub(crate) const STYLE: &str = r#"
+body{font-family:system-ui,-apple-system,"Segoe UI",Roboto,sans-serif;margin:24px;color:#222;background:#fff}
+h1{font-size:22px;margin:0 0 4px}h2{font-size:17px;margin:28px 0 8px;border-bottom:1px solid #ddd;padding-bottom:4px}
+.meta{color:#555;font-size:13px}.cards{display:flex;gap:12px;flex-wrap:wrap;margin:14px 0}
+.card{border:1px solid #ddd;border-radius:6px;padding:8px 14px;min-width:120px}.card b{display:block;font-size:20px}
+.card span{font-size:12px;color:#666}table{border-collapse:collapse;font-size:13px}
+td,th{border:1px solid #ddd;padding:3px 8px;text-align:left;vertical-align:top}th{background:#f4f4f4}
+td.n{text-align:right;font-variant-numeric:tabular-nums}.mono{font-family:ui-monospace,Menlo,Consolas,monospace;font-size:12px}
+svg text{font-family:system-ui,sans-serif;font-size:11px;fill:#222}svg text.small{font-size:10px;fill:#555}
+svg text.lbl{font-size:12px;font-weight:600}.legend span{display:inline-block;margin-right:14px;font-size:12px}
+.legend i{display:inline-block;width:12px;height:12px;margin-right:4px;vertical-align:-2px;border-radius:2px}
+rect.wait{opacity:.45}line.retry{stroke:#444;stroke-width:1;stroke-dasharray:3 2}
+.scroll{overflow-x:auto;max-width:100%}
+"#;
+
+const OUTCOMES: [Outcome; 7] = [
+    Outcome::Succeeded,
+    Outcome::Failed,
+    Outcome::Cancelled,
+    Outcome::Superseded,
+    Outcome::Live,
+    Outcome::SubmitFailed,
+    Outcome::Intent,
+];
+
+/// Renders the report. Pure: the same history gives the same bytes.
+pub fn render_campaign_report(h: &CampaignHistory) -> String {
+    let mut o = String::with_capacity(4096 + h.attempts.len() * 400);
+    let title = format!("Campaign report: {}", h.dir.display());
+    let _ = write!(
+        o,
+        "<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\"><title>{}</title><style>{STYLE}</style></head><body>",
+        esc(&title)
+    );
+    let _ = write!(o, "<h1>{}</h1>", esc(&title));
+    let _ = write!(
+        o,
+        "<div class=\"meta\">experiment {} · runner {} · revision {} · nonce (cancel tag) <span class=\"mono\">{}</span> · {} journal records · as of {}<br>lease: {}</div>",
+        esc(h.experiment.as_deref().unwrap_or("?")),
+        esc(h.runner.as_deref().unwrap_or("?")),
+        h.revision,
+        esc(h.nonce.as_deref().unwrap_or("?")),
+        h.records,
+        utc(h.as_of_ms),
+        esc(&h.lease.describe()),
+    );
+    summary(&mut o, h);
+    o.push_str("<h2>Stages</h2>");
+    dag(&mut o, h);
+    stage_table(&mut o, h);
+    o.push_str("<h2>Timeline</h2>");
+    timeline(&mut o, h);
+    o.push_str("<h2>Wasted GPU-hours by failure class</h2>");
+    waste_table(&mut o, h);
+    o.push_str("<h2>Failures</h2>");
+    failures(&mut o, h);
+    o.push_str("<h2>Attempts</h2>");
+    attempts_table(&mut o, h);
+    o.push_str("</body></html>\n");
+    o
+}
+
+fn summary(o: &mut String, h: &CampaignHistory) {
+    let done = h
+        .stages
+        .iter()
+        .filter(|s| s.status == super::StageStatus::Done)
+        .count();
+    let failed = h
+        .stages
+        .iter()
+        .filter(|s| s.status == super::StageStatus::Failed)
+        .count();
+    let span = match (h.first_ms, h.last_ms) {
+        (Some(a), Some(b)) => duration(b.saturating_sub(a)),
+        _ => "-".into(),
+    };
+    let cards = [
+        (format!("{done}/{}", h.stages.len()), "stages done"),
+        (failed.to_string(), "stages failed"),
+        (h.attempts.len().to_string(), "attempts"),
+        (h.live().count().to_string(), "live now"),
+        (gh(h.gpu_hours()), "GPU-hours"),
+        (gh(h.wasted_gpu_hours()), "wasted GPU-hours"),
+        (span, "journal span"),
+    ];
+    o.push_str("<div class=\"cards\">");
+    for (v, l) in cards {
+        let _ = write!(
+            o,
+            "<div class=\"card\"><b>{}</b><span>{l}</span></div>",
+            esc(&v)
+        );
+    }
+    o.push_str("</div>");
+}
+
+fn dag(o: &mut String, h: &CampaignHistory) {
+    // Level = longest path from a root; stages are in topological order in the plan.
+    let idx: HashMap<&str, usize> = h
+        .stages
+        .iter()
+        .enumerate()
+        .map(|(i, s)| (s.id.as_str(), i))
+        .collect();
+    let mut level = vec![0usize; h.stages.len()];
+    for (i, s) in h.stages.iter().enumerate() {
+        for p in &s.parents {
+            if let Some(&j) = idx.get(p.as_str())
+                && j < i
+            {
+                level[i] = level[i].max(level[j] + 1);
+            }
+        }
+    }
+    let mut row_in_level: BTreeMap<usize, usize> = BTreeMap::new();
+    let mut pos = Vec::with_capacity(h.stages.len());
+    for &l in &level {
+        let r = row_in_level.entry(l).or_insert(0);
+        pos.push((l, *r));
+        *r += 1;
+    }
+    let (bw, bh, gx, gy) = (150.0, 40.0, 26.0, 14.0);
+    let cols = level.iter().max().map_or(0, |m| m + 1);
+    let rows = row_in_level.values().max().copied().unwrap_or(0);
+    let w = 20.0 + cols as f64 * (bw + gx);
+    let ht = 20.0 + rows as f64 * (bh + gy);
+    let xy = |(l, r): (usize, usize)| (10.0 + l as f64 * (bw + gx), 10.0 + r as f64 * (bh + gy));
+    let _ = write!(
+        o,
+        r#"<div class="scroll"><svg id="dag" xmlns="http://www.w3.org/2000/svg" width="{w:.0}" height="{ht:.0}" viewBox="0 0 {w:.0} {ht:.0}" style="max-width:100%;height:auto">"#
+    );
+    for (i, s) in h.stages.iter().enumerate() {
+        let (x2, y2) = xy(pos[i]);
+        for p in &s.parents {
+            if let Some(&j) = idx.get(p.as_str()) {
+                let (x1, y1) = xy(pos[j]);
+                let _ = write!(
+                    o,
+                    r##"<path class="edge" d="M{:.1} {:.1} C{:.1} {:.1} {:.1} {:.1} {x2:.1} {:.1}" fill="none" stroke="#999" stroke-width="1.2"/>"##,
+                    x1 + bw,
+                    y1 + bh / 2.0,
+                    x1 + bw + gx / 2.0,
+                    y1 + bh / 2.0,
+                    x2 - gx / 2.0,
+                    y2 + bh / 2.0,
+                    y2 + bh / 2.0
+                );
+            }
+        }
+    }
+    for (i, s) in h.stages.iter().enumerate() {
+        let (x, y) = xy(pos[i]);
+        let st = s.status.as_str();
+        let _ = write!(
+            o,
+            r##"<g class="stage" data-stage="{}" data-status="{st}"><title>{}: {st}, {}/{} units done, {} GPU-h</title><rect x="{x:.1}" y="{y:.1}" width="{bw}" height="{bh}" rx="5" fill="{}" fill-opacity="0.25" stroke="{}" stroke-width="1.5"/>"##,
+            esc(&s.id),
+            esc(&s.id),
+            s.done_units,
+            s.units,
+            gh(s.gpu_hours),
+            colour(st),
+            colour(st)
+        );
+        let name: String = if s.id.chars().count() > 26 {
+            let tail: String =
+                s.id.chars()
+                    .rev()
+                    .take(25)
+                    .collect::<Vec<_>>()
+                    .into_iter()
+                    .rev()
+                    .collect();
+            format!("…{tail}")
+        } else {
+            s.id.clone()
+        };
+        text(o, x + 6.0, y + 16.0, "lbl", &name);
+        text(
+            o,
+            x + 6.0,
+            y + 32.0,
+            "small",
+            &format!("{st} · {}/{}", s.done_units, s.units),
+        );
+        o.push_str("</g>");
+    }
+    o.push_str("</svg></div>");
+}
+
+fn stage_table(o: &mut String, h: &CampaignHistory) {
+    o.push_str("<table id=\"stages\"><tr><th>stage</th><th>status</th><th>units done</th><th>live</th><th>failed</th><th>attempts</th><th>GPU-hours</th><th>wasted GPU-hours</th><th>reason</th></tr>");
+    let mut attempts: HashMap<&str, usize> = HashMap::new();
+    for a in &h.attempts {
+        *attempts.entry(a.stage.as_str()).or_insert(0) += 1;
+    }
+    for s in &h.stages {
+        let _ = write!(
+            o,
+            "<tr data-stage=\"{}\" data-gpu-hours=\"{}\"><td>{}</td><td style=\"color:{}\">{}</td><td class=\"n\">{}/{}</td><td class=\"n\">{}</td><td class=\"n\">{}</td><td class=\"n\">{}</td><td class=\"n\">{}</td><td class=\"n\">{}</td><td>{}</td></tr>",
+            esc(&s.id),
+            s.gpu_hours,
+            esc(&s.id),
+            colour(s.status.as_str()),
+            s.status.as_str(),
+            s.done_units,
+            s.units,
+            s.live_units,
+            s.failed_units,
+            attempts.get(s.id.as_str()).copied().unwrap_or(0),
+            gh(s.gpu_hours),
+            gh(s.wasted_gpu_hours),
+            esc(s.reason.as_deref().unwrap_or("")),
+        );
+    }
+    o.push_str("</table>");
+}
+
+/// Row layout of the timeline: per node, GPU lanes handed out first-fit by start time.
+struct Layout {
+    /// (node, lanes) in order.
+    groups: Vec<(String, usize)>,
+    /// Per attempt: (first row overall, rows spanned), or None when not drawn.
+    place: Vec<Option<(usize, usize)>>,
+}
+
+fn layout(h: &CampaignHistory) -> Layout {
+    let mut by_node: BTreeMap<String, Vec<usize>> = BTreeMap::new();
+    for (i, a) in h.attempts.iter().enumerate() {
+        if matches!(a.outcome, Outcome::Intent | Outcome::SubmitFailed) {
+            continue;
+        }
+        let node = a.nodes.clone().unwrap_or_else(|| "node unknown".into());
+        by_node.entry(node).or_default().push(i);
+    }
+    let mut place = vec![None; h.attempts.len()];
+    let mut groups = Vec::new();
+    let mut base = 0;
+    for (node, mut ids) in by_node {
+        ids.sort_by_key(|&i| (h.attempts[i].run_start_ms(), i));
+        let mut free_at: Vec<u64> = Vec::new();
+        for i in ids {
+            let a = &h.attempts[i];
+            let need = a.gpus.max(1) as usize;
+            // Lanes hold the whole bar, queue wait included, so bars never overlap.
+            let (s, e) = (a.submitted_ms.min(a.run_start_ms()), end_of(a, h.as_of_ms));
+            let mut lane = None;
+            let mut k = 0;
+            while k + need <= free_at.len() {
+                if free_at[k..k + need].iter().all(|&f| f <= s) {
+                    lane = Some(k);
+                    break;
+                }
+                k += 1;
+            }
+            let lane = lane.unwrap_or_else(|| {
+                // Reuse the free lanes at the end, then add lanes.
+                let mut start = free_at.len();
+                while start > 0 && free_at[start - 1] <= s {
+                    start -= 1;
+                }
+                start
+            });
+            if free_at.len() < lane + need {
+                free_at.resize(lane + need, 0);
+            }
+            for f in &mut free_at[lane..lane + need] {
+                *f = e;
+            }
+            place[i] = Some((base + lane, need));
+        }
+        groups.push((node, free_at.len()));
+        base += free_at.len();
+    }
+    Layout { groups, place }
+}
+
+fn end_of(a: &AttemptHistory, as_of_ms: u64) -> u64 {
+    a.ended_ms.unwrap_or(as_of_ms).max(a.run_start_ms())
+}
+
+fn timeline(o: &mut String, h: &CampaignHistory) {
+    let lay = layout(h);
+    let rows: usize = lay.groups.iter().map(|g| g.1).sum();
+    if rows == 0 {
+        o.push_str("<p>No attempt was submitted yet.</p>");
+        return;
+    }
+    let t0 = h
+        .attempts
+        .iter()
+        .zip(&lay.place)
+        .filter(|(_, p)| p.is_some())
+        .map(|(a, _)| a.submitted_ms.min(a.run_start_ms()))
+        .min()
+        .unwrap_or(0);
+    let t1 = h
+        .attempts
+        .iter()
+        .zip(&lay.place)
+        .filter(|(_, p)| p.is_some())
+        .map(|(a, _)| end_of(a, h.as_of_ms))
+        .max()
+        .unwrap_or(t0)
+        .max(t0 + 1);
+    let (left, plot_w, row_h, top) = (170.0, 900.0, 14.0, 24.0);
+    let gap = 6.0;
+    let height = top + rows as f64 * row_h + lay.groups.len() as f64 * gap + 10.0;
+    let width = left + plot_w + 20.0;
+    let x = |t: u64| left + (t.saturating_sub(t0)) as f64 / (t1 - t0) as f64 * plot_w;
+    // Row y, with a gap between node groups.
+    let mut group_of_row = Vec::with_capacity(rows);
+    for (g, (_, n)) in lay.groups.iter().enumerate() {
+        group_of_row.extend(std::iter::repeat_n(g, *n));
+    }
+    let y = |row: usize| top + row as f64 * row_h + group_of_row[row] as f64 * gap;
+    let _ = write!(o, r#"<div class="legend">"#);
+    for oc in OUTCOMES {
+        let _ = write!(
+            o,
+            r#"<span><i style="background:{}"></i>{}</span>"#,
+            colour(oc.as_str()),
+            oc.as_str()
+        );
+    }
+    o.push_str("<span>thin bar before an attempt: queue wait (submit to start); dashed line: retry</span></div>");
+    let _ = write!(
+        o,
+        r#"<div class="scroll"><svg id="timeline" xmlns="http://www.w3.org/2000/svg" width="{width:.0}" height="{height:.0}" viewBox="0 0 {width:.0} {height:.0}" data-t0="{t0}" data-t1="{t1}" data-left="{left}" data-plot-width="{plot_w}">"#
+    );
+    // Axis: 6 ticks.
+    for k in 0..=5u64 {
+        let t = t0 + (t1 - t0) * k / 5;
+        let xx = x(t);
+        let _ = write!(
+            o,
+            r##"<line x1="{xx:.1}" y1="{:.1}" x2="{xx:.1}" y2="{:.1}" stroke="#eee"/>"##,
+            top - 4.0,
+            height - 6.0
+        );
+        text(
+            o,
+            xx - 12.0,
+            12.0,
+            "small",
+            &format!("+{}", duration(t - t0)),
+        );
+    }
+    // Row labels.
+    let mut row = 0;
+    for (node, n) in &lay.groups {
+        for lane in 0..*n {
+            text(
+                o,
+                4.0,
+                y(row) + row_h - 4.0,
+                "small",
+                &format!("{node} · GPU {lane}"),
+            );
+            row += 1;
+        }
+    }
+    // Bars.
+    for (i, a) in h.attempts.iter().enumerate() {
+        let Some((r, span)) = lay.place[i] else {
+            continue;
+        };
+        let (yy, hh) = (y(r) + 1.0, span as f64 * row_h - 2.0);
+        let start = a.run_start_ms();
+        if a.started_ms.is_some() && start > a.submitted_ms {
+            let _ = write!(
+                o,
+                r#"<rect class="wait" data-attempt="{}" x="{:.2}" y="{:.2}" width="{:.2}" height="{:.2}" fill="{}"/>"#,
+                esc(&a.attempt_id),
+                x(a.submitted_ms),
+                yy + hh * 0.35,
+                (x(start) - x(a.submitted_ms)).max(0.5),
+                hh * 0.3,
+                colour(a.outcome.as_str())
+            );
+        }
+        let end = end_of(a, h.as_of_ms);
+        let oc = a.outcome.as_str();
+        let _ = write!(
+            o,
+            r##"<rect class="bar" data-attempt="{id}" data-stage="{st}" data-outcome="{oc}" data-gpus="{g}" x="{:.2}" y="{yy:.2}" width="{:.2}" height="{hh:.2}" rx="2" fill="{}" stroke="#fff" stroke-width="0.5"><title>{id} ({unit}, attempt {n}): {oc}{cls}; {g} GPUs, queued {q}, ran {run}</title></rect>"##,
+            x(start),
+            (x(end) - x(start)).max(1.0),
+            colour(oc),
+            id = esc(&a.attempt_id),
+            st = esc(&a.stage),
+            unit = esc(&a.unit),
+            n = a.attempt,
+            g = a.gpus,
+            cls = a.class.map(|c| format!(" ({c})")).unwrap_or_default(),
+            q = duration(start.saturating_sub(a.submitted_ms)),
+            run = duration(end.saturating_sub(start)),
+        );
+    }
+    // Retry links: from the end of an attempt to the start of the next attempt of its unit.
+    for (i, a) in h.attempts.iter().enumerate() {
+        let (Some(p), Some((r, span))) = (a.retry_of, lay.place[i]) else {
+            continue;
+        };
+        let Some((pr, pspan)) = lay.place[p] else {
+            continue;
+        };
+        let prev = &h.attempts[p];
+        let _ = write!(
+            o,
+            r#"<line class="retry" data-from="{}" data-to="{}" x1="{:.2}" y1="{:.2}" x2="{:.2}" y2="{:.2}"/>"#,
+            esc(&prev.attempt_id),
+            esc(&a.attempt_id),
+            x(end_of(prev, h.as_of_ms)),
+            y(pr) + pspan as f64 * row_h / 2.0,
+            x(a.submitted_ms.min(a.run_start_ms())),
+            y(r) + span as f64 * row_h / 2.0,
+        );
+    }
+    o.push_str("</svg></div>");
+    if h.attempts
+        .iter()
+        .any(|a| a.start_estimated && a.run_ms(h.as_of_ms) > 0)
+    {
+        o.push_str("<p class=\"meta\">Some attempts have no recorded start: their bars start at the submit time and their GPU-hours include the queue wait.</p>");
+    }
+}
+
+fn waste_table(o: &mut String, h: &CampaignHistory) {
+    let w = h.waste_by_class();
+    if w.is_empty() {
+        o.push_str("<p>No GPU time was wasted.</p>");
+    }
+    o.push_str(
+        "<table id=\"waste\"><tr><th>class</th><th>wasted GPU-hours</th><th>attempts</th></tr>",
+    );
+    let mut counts: BTreeMap<String, usize> = BTreeMap::new();
+    for a in &h.attempts {
+        for (k, _) in a.waste(h.as_of_ms) {
+            *counts.entry(k).or_insert(0) += 1;
+        }
+    }
+    for (k, v) in &w {
+        let _ = write!(
+            o,
+            "<tr data-class=\"{}\" data-gpu-hours=\"{v}\"><td>{}</td><td class=\"n\">{}</td><td class=\"n\">{}</td></tr>",
+            esc(k),
+            esc(k),
+            gh(*v),
+            counts.get(k).copied().unwrap_or(0)
+        );
+    }
+    let total = h.wasted_gpu_hours();
+    let _ = write!(
+        o,
+        "<tr data-class=\"total\" data-gpu-hours=\"{total}\"><th>total</th><th class=\"n\">{}</th><th>of {} GPU-hours</th></tr></table>",
+        gh(total),
+        gh(h.gpu_hours())
+    );
+}
+
+fn failures(o: &mut String, h: &CampaignHistory) {
+    let mut any = false;
+    for s in h.stages.iter().filter(|s| s.reason.is_some()) {
+        any = true;
+        let _ = write!(
+            o,
+            "<p><b>stage {} failed</b>: {}</p>",
+            esc(&s.id),
+            esc(s.reason.as_deref().unwrap_or(""))
+        );
+    }
+    let mut rows = String::new();
+    // At most 500 rows: a campaign with 100k failures needs the table of classes, not a list.
+    for a in h.failures().take(500) {
+        any = true;
+        let _ = write!(
+            rows,
+            "<tr data-attempt=\"{}\"><td class=\"mono\">{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td class=\"mono\">{}</td></tr>",
+            esc(&a.attempt_id),
+            esc(&a.attempt_id),
+            esc(&a.unit),
+            a.outcome.as_str(),
+            a.class.map_or("-", |c| c.as_str()),
+            esc(&a.detail),
+            esc(&a
+                .log_path
+                .as_ref()
+                .map(|p| p.display().to_string())
+                .unwrap_or_default()),
+        );
+    }
+    if !rows.is_empty() {
+        let _ = write!(
+            o,
+            "<table id=\"failures\"><tr><th>attempt</th><th>unit</th><th>outcome</th><th>class</th><th>evidence</th><th>log</th></tr>{rows}</table>"
+        );
+    }
+    if !any {
+        o.push_str("<p>No failure.</p>");
+    }
+}
+
+fn attempts_table(o: &mut String, h: &CampaignHistory) {
+    // Per-attempt GPU-hours; capped so a 100k-attempt report stays a readable size (the
+    // timeline still has every attempt).
+    const MAX: usize = 2000;
+    o.push_str("<table id=\"attempts\"><tr><th>attempt</th><th>unit</th><th>outcome</th><th>job</th><th>nodes</th><th>GPUs</th><th>queued</th><th>ran</th><th>GPU-hours</th></tr>");
+    for a in h.attempts.iter().take(MAX) {
+        let start = a.run_start_ms();
+        let _ = write!(
+            o,
+            "<tr><td class=\"mono\">{}</td><td>{}</td><td style=\"color:{}\">{}</td><td class=\"mono\">{}</td><td>{}</td><td class=\"n\">{}</td><td class=\"n\">{}</td><td class=\"n\">{}</td><td class=\"n\">{}</td></tr>",
+            esc(&a.attempt_id),
+            esc(&a.unit),
+            colour(a.outcome.as_str()),
+            a.outcome.as_str(),
+            esc(a.job_id.as_deref().unwrap_or("")),
+            esc(a.nodes.as_deref().unwrap_or("")),
+            a.gpus,
+            if a.started_ms.is_some() {
+                duration(start.saturating_sub(a.submitted_ms))
+            } else {
+                "-".into()
+            },
+            duration(a.run_ms(h.as_of_ms)),
+            gh(a.gpu_hours(h.as_of_ms)),
+        );
+    }
+    o.push_str("</table>");
+    if h.attempts.len() > MAX {
+        let _ = write!(
+            o,
+            "<p class=\"meta\">{} more attempts are in the timeline and in `puzzletron campaign status --json`.</p>",
+            h.attempts.len() - MAX
+        );
+    }
+}

@@ -1,0 +1,261 @@
+//! [`Notifier`]: runs a command with an event as JSON on its stdin when a stage completes or
+//! fails, the campaign ends, or an attempt is declared hung.
+//!
+//! The command is an argv (no shell): `["notify-send", "puzzletron"]`,
+//! `["curl", "-sS", "--data-binary", "@-", "https://chat.example/hook"]`. Each event runs it
+//! once, on its own thread, so a slow notifier never holds up the controller; it gets
+//! [`Notifier::timeout`] (default 30 s) before it is killed. A notifier that cannot start,
+//! exits non-zero or times out is reported on stderr (and in [`Notifier::failures`]) and
+//! otherwise ignored: notifications never stop a campaign.
+//!
+//! The JSON object ([`NotifyEvent`]): `{"event": "stage_done" | "stage_failed" |
+//! "campaign_end" | "attempt_hung", "campaign": "<dir>", "stage": "<id>" | null, "message":
+//! "...", "at_ms": <ms since epoch>, "detail": {...}}` (`detail` of `campaign_end`: `complete`,
+//! `detached`, stage counts).
+
+use std::io::Write;
+use std::path::PathBuf;
+use std::process::{Command, Stdio};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use serde::{Deserialize, Serialize};
+
+/// One notification.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct NotifyEvent {
+    /// `stage_done`, `stage_failed`, `campaign_end` or `attempt_hung`.
+    pub event: String,
+    /// The campaign folder.
+    pub campaign: PathBuf,
+    /// The stage, for stage events.
+    pub stage: Option<String>,
+    /// Human text.
+    pub message: String,
+    /// When (ms since the Unix epoch).
+    pub at_ms: u64,
+    /// Event-specific data.
+    pub detail: serde_json::Value,
+}
+
+impl NotifyEvent {
+    /// Maps a controller event (`kind`, `message` as given to
+    /// [`CampaignControllerBuilder::on_event`](crate::campaign::controller::CampaignControllerBuilder::on_event))
+    /// to a notification: `stage_done` and `stage_failed` (message `<stage>` or
+    /// `<stage>: <reason>`), and any kind naming a hung attempt (`hung`, `heartbeat_timeout`).
+    /// `None` for kinds that do not notify.
+    pub fn from_controller(campaign: &std::path::Path, kind: &str, message: &str) -> Option<Self> {
+        let event = match kind {
+            "stage_done" | "stage_failed" => kind,
+            k if k.contains("hung") || k.contains("heartbeat") => "attempt_hung",
+            _ => return None,
+        };
+        let stage = match event {
+            "attempt_hung" => None,
+            _ => Some(
+                message
+                    .split_once(": ")
+                    .map_or(message, |(s, _)| s)
+                    .to_string(),
+            ),
+        };
+        Some(NotifyEvent {
+            event: event.to_string(),
+            campaign: campaign.to_path_buf(),
+            stage,
+            message: message.to_string(),
+            at_ms: now_ms(),
+            detail: serde_json::json!({"controller_event": kind}),
+        })
+    }
+}
+
+/// Runs a command per event; see the [module docs](self).
+#[derive(Debug)]
+pub struct Notifier {
+    argv: Vec<String>,
+    timeout: Duration,
+    pending: Mutex<Vec<JoinHandle<()>>>,
+    failures: Arc<AtomicU64>,
+    sent: Arc<AtomicU64>,
+}
+
+impl Notifier {
+    /// A notifier running `argv` (program and arguments; no shell).
+    ///
+    /// # Errors
+    /// A message when `argv` is empty or its program is an empty string.
+    pub fn new(argv: Vec<String>) -> Result<Self, String> {
+        if argv.first().is_none_or(|p| p.is_empty()) {
+            return Err(
+                "the notify command is empty: expected a program and its arguments, \
+                        e.g. --notify 'notify-send puzzletron'"
+                    .into(),
+            );
+        }
+        Ok(Notifier {
+            argv,
+            timeout: Duration::from_secs(30),
+            pending: Mutex::new(Vec::new()),
+            failures: Arc::new(AtomicU64::new(0)),
+            sent: Arc::new(AtomicU64::new(0)),
+        })
+    }
+
+    /// How long one run may take before it is killed (default 30 s).
+    pub fn timeout(mut self, t: Duration) -> Self {
+        self.timeout = t;
+        self
+    }
+
+    /// The command.
+    pub fn argv(&self) -> &[String] {
+        &self.argv
+    }
+
+    /// Runs the command for `event` on a background thread; returns at once.
+    pub fn send(&self, event: &NotifyEvent) {
+        let json = match serde_json::to_vec(event) {
+            Ok(j) => j,
+            Err(e) => {
+                eprintln!("warning: notify: encoding the event: {e}");
+                return;
+            }
+        };
+        let argv = self.argv.clone();
+        let timeout = self.timeout;
+        let (failures, sent) = (self.failures.clone(), self.sent.clone());
+        let name = event.event.clone();
+        let t = std::thread::spawn(move || match run_once(&argv, &json, timeout) {
+            Ok(()) => {
+                sent.fetch_add(1, Ordering::Relaxed);
+            }
+            Err(e) => {
+                failures.fetch_add(1, Ordering::Relaxed);
+                eprintln!(
+                    "warning: notify command {:?} for {name}: {e} (the campaign goes on)",
+                    argv[0]
+                );
+            }
+        });
+        let mut p = self.pending.lock().unwrap_or_else(|p| p.into_inner());
+        p.retain(|h| !h.is_finished());
+        p.push(t);
+    }
+
+    /// Waits for every notification sent so far (each bounded by the timeout).
+    pub fn flush(&self) {
+        let handles: Vec<_> =
+            std::mem::take(&mut *self.pending.lock().unwrap_or_else(|p| p.into_inner()));
+        for h in handles {
+            let _ = h.join();
+        }
+    }
+
+    /// Runs that failed (could not start, non-zero exit, timeout).
+    pub fn failures(&self) -> u64 {
+        self.failures.load(Ordering::Relaxed)
+    }
+
+    /// Runs that succeeded.
+    pub fn sent(&self) -> u64 {
+        self.sent.load(Ordering::Relaxed)
+    }
+}
+
+fn run_once(argv: &[String], json: &[u8], timeout: Duration) -> Result<(), String> {
+    let mut child = Command::new(&argv[0])
+        .args(&argv[1..])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::null())
+        .spawn()
+        .map_err(|e| format!("cannot start it: {e}"))?;
+    if let Some(mut stdin) = child.stdin.take() {
+        // A notifier that does not read its stdin is fine: ignore EPIPE.
+        let _ = stdin.write_all(json).and_then(|_| stdin.write_all(b"\n"));
+    }
+    let deadline = Instant::now() + timeout;
+    loop {
+        match child.try_wait() {
+            Ok(Some(st)) if st.success() => return Ok(()),
+            Ok(Some(st)) => return Err(format!("it ended with {st}")),
+            Ok(None) if Instant::now() >= deadline => {
+                let _ = child.kill();
+                let _ = child.wait();
+                return Err(format!("killed after {} s", timeout.as_secs()));
+            }
+            Ok(None) => std::thread::sleep(Duration::from_millis(20)),
+            Err(e) => return Err(format!("waiting for it: {e}")),
+        }
+    }
+}
+
+fn now_ms() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_millis() as u64)
+        .unwrap_or(0)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn controller_events_map_to_notifications() {
+        let c = std::path::Path::new("/c");
+        let e = NotifyEvent::from_controller(c, "stage_failed", "score: oom: no retry").unwrap();
+        assert_eq!(e.event, "stage_failed");
+        assert_eq!(e.stage.as_deref(), Some("score"));
+        let e = NotifyEvent::from_controller(c, "stage_done", "prepare").unwrap();
+        assert_eq!(e.stage.as_deref(), Some("prepare"));
+        assert!(NotifyEvent::from_controller(c, "attempt", "x completed").is_none());
+        assert_eq!(
+            NotifyEvent::from_controller(c, "heartbeat_timeout", "a hung")
+                .unwrap()
+                .event,
+            "attempt_hung"
+        );
+    }
+
+    #[test]
+    fn the_command_gets_the_json_and_failures_are_counted_not_raised() {
+        let dir = tempfile::tempdir().unwrap();
+        let out = dir.path().join("got.json");
+        let n = Notifier::new(vec![
+            "sh".into(),
+            "-c".into(),
+            "cat > \"$0\"".into(),
+            out.display().to_string(),
+        ])
+        .unwrap();
+        let ev = NotifyEvent::from_controller(dir.path(), "stage_done", "prepare").unwrap();
+        n.send(&ev);
+        n.flush();
+        let got: NotifyEvent =
+            serde_json::from_str(std::fs::read_to_string(&out).unwrap().trim()).unwrap();
+        assert_eq!(got, ev);
+        assert_eq!((n.sent(), n.failures()), (1, 0));
+
+        let bad = Notifier::new(vec!["false".into()]).unwrap();
+        bad.send(&ev);
+        let missing = Notifier::new(vec!["/nonexistent/notifier".into()]).unwrap();
+        missing.send(&ev);
+        let slow = Notifier::new(vec!["sleep".into(), "30".into()])
+            .unwrap()
+            .timeout(Duration::from_millis(200));
+        let t = Instant::now();
+        slow.send(&ev);
+        bad.flush();
+        missing.flush();
+        slow.flush();
+        assert!(t.elapsed() < Duration::from_secs(10));
+        assert_eq!(
+            (bad.failures(), missing.failures(), slow.failures()),
+            (1, 1, 1)
+        );
+        assert!(Notifier::new(vec![]).is_err());
+    }
+}

@@ -1,0 +1,622 @@
+//! The `puzzletron` binary end to end on the shared Puzzletron fixtures, with a stub worker in
+//! place of the Python stage workers: help examples, usage and config errors, compile and dry
+//! run, run / detach / status from a second process / cancel / re-attach / report on the
+//! local executor, the report's wasted GPU-hours against a sum computed here from the raw
+//! files, and the same flow on the local Slurm cluster (with `cancel --tag` for orphans).
+
+#[path = "support/cli.rs"]
+mod cli;
+#[path = "support/examples.rs"]
+#[allow(dead_code)]
+mod examples;
+#[path = "support/watchdog.rs"]
+mod watchdog;
+
+use std::collections::BTreeMap;
+use std::path::Path;
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use cli::{SMOKE, SMOKE_EXEC, fixtures, journal, prefix, puzzletron, run};
+use watchdog::Watchdog;
+
+/// Every `$ puzzletron campaign compile|dry-run ...` example of the help texts runs on the
+/// fixtures and succeeds; every help exits 0 and documents the exit codes.
+#[test]
+fn help_examples_run_on_the_fixtures() {
+    let helps: &[&[&str]] = &[
+        &["--help"],
+        &["campaign", "--help"],
+        &["campaign", "compile", "--help"],
+        &["campaign", "dry-run", "--help"],
+        &["campaign", "run", "--help"],
+        &["campaign", "status", "--help"],
+        &["campaign", "cancel", "--help"],
+        &["campaign", "report", "--help"],
+        &["sweep", "status", "--help"],
+        &["sweep", "gc", "--help"],
+    ];
+    let mut ran = 0;
+    for h in helps {
+        let (code, text, err) = run(h);
+        assert_eq!(code, 0, "{h:?}: {err}");
+        if h.len() > 2 || h[0] == "--help" {
+            assert!(
+                text.contains("Exit status: 0 done, 1 error, 2 usage error"),
+                "{h:?}:\n{text}"
+            );
+            assert!(text.contains("Examples"), "{h:?}:\n{text}");
+        }
+        for line in text.lines() {
+            let Some(cmd) = line.trim().strip_prefix("$ puzzletron ") else {
+                continue;
+            };
+            let args: Vec<&str> = cmd.split_whitespace().collect();
+            if !matches!(args.get(1), Some(&"compile") | Some(&"dry-run")) {
+                continue;
+            }
+            let (code, out, err) = run(&args);
+            assert_eq!(code, 0, "example `{cmd}` failed:\n{err}");
+            assert!(out.contains("stages,"), "example `{cmd}`:\n{out}");
+            if args.contains(&"--json") {
+                let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+                assert!(v["stages"].as_array().is_some_and(|s| !s.is_empty()));
+            }
+            ran += 1;
+        }
+    }
+    assert!(ran >= 5, "only {ran} examples ran");
+}
+
+#[test]
+fn usage_errors_exit_2_and_config_errors_exit_1_naming_the_problem() {
+    let (code, _, err) = run(&["campaign", "frobnicate"]);
+    assert_eq!(code, 2, "{err}");
+    let (code, _, err) = run(&["campaign", "compile", SMOKE]);
+    assert_eq!(code, 2, "missing --runner: {err}");
+    assert!(err.contains("--runner"), "{err}");
+    let (code, _, err) = run(&["campaign", "status", "/nonexistent/campaign"]);
+    assert_eq!(code, 1);
+    assert!(
+        err.contains("/nonexistent/campaign is not a campaign folder"),
+        "{err}"
+    );
+    let (code, _, err) = run(&[
+        "campaign",
+        "compile",
+        SMOKE,
+        "--runner",
+        "local",
+        "--execution",
+        SMOKE_EXEC,
+        "--override",
+        "pruning.no_such_key.x=1",
+    ]);
+    assert_eq!(code, 1, "{err}");
+    assert!(err.contains("pruning"), "the error names the key: {err}");
+    let (code, _, err) = run(&["campaign", "compile", "nope.yaml", "--runner", "local"]);
+    assert_eq!(code, 1);
+    assert!(err.contains("nope.yaml"), "{err}");
+    let (code, _, err) = run(&["sweep", "status", "/nonexistent/store"]);
+    assert_eq!(code, 1);
+    assert!(err.contains("not a sweep store"), "{err}");
+    let (code, _, err) = run(&["campaign", "cancel", "--tag", "a b"]);
+    assert_eq!(code, 2, "{err}");
+}
+
+#[test]
+fn compile_and_dry_run_print_the_plan() {
+    let (code, out, err) = run(&[
+        "campaign",
+        "compile",
+        SMOKE,
+        "--runner",
+        "local",
+        "--execution",
+        SMOKE_EXEC,
+    ]);
+    assert_eq!(code, 0, "{err}");
+    assert!(out.contains("10 stages, 10 work items"), "{out}");
+    for s in ["convert", "tokenize_data", "replacement_scoring", "mip"] {
+        assert!(out.lines().any(|l| l.starts_with(s)), "{s} missing:\n{out}");
+    }
+    let (code, out, err) = run(&[
+        "campaign",
+        "dry-run",
+        SMOKE,
+        "--runner",
+        "local",
+        "--execution",
+        SMOKE_EXEC,
+        "--stage",
+        "convert",
+        "--json",
+    ]);
+    assert_eq!(code, 0, "{err}");
+    let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+    assert!(out.contains("convert"), "{v}");
+    assert!(
+        !out.contains("tokenize_data"),
+        "only the selected stage: {out}"
+    );
+}
+
+fn run_args<'a>(dir: &'a str, stub: &'a str) -> Vec<&'a str> {
+    vec![
+        "campaign",
+        "run",
+        SMOKE,
+        "--runner",
+        "local",
+        "--execution",
+        SMOKE_EXEC,
+        "--dir",
+        dir,
+        "--command-prefix",
+        stub,
+        "--allow-oom-retry",
+        "sort",
+        "--retry-delay-ms",
+        "50",
+        "--poll-ms",
+        "50",
+        "--gpus",
+        "0,1",
+        "--quiet",
+    ]
+}
+
+fn status_json(dir: &str) -> (i32, serde_json::Value, Duration) {
+    let t = Instant::now();
+    let (code, out, err) = run(&["campaign", "status", dir, "--json"]);
+    let took = t.elapsed();
+    assert!(code == 0 || code == 3 || code == 4, "status failed: {err}");
+    (code, serde_json::from_str(&out).unwrap(), took)
+}
+
+/// The wasted GPU-hours by class, computed from the journal and the local executor's `exit`
+/// records without the report code: every attempt that finished with a failure class, GPUs
+/// (1 per unit in the smoke plan) x (end - start).
+fn independent_waste(dir: &Path) -> BTreeMap<String, f64> {
+    let mut m = BTreeMap::new();
+    for r in journal(dir) {
+        let e = &r["entry"];
+        if e["t"] != "finished" || e["class"].is_null() {
+            continue;
+        }
+        let id = e["attempt_id"].as_str().unwrap();
+        let exit = std::fs::read_to_string(dir.join("attempts").join(id).join("exit")).unwrap();
+        let field = |k: &str| -> u64 {
+            exit.lines()
+                .find_map(|l| l.strip_prefix(&format!("{k}=")))
+                .unwrap_or_else(|| panic!("{id}: no {k} in {exit}"))
+                .parse()
+                .unwrap()
+        };
+        let hours = (field("end_ms") - field("start_ms")) as f64 / 3_600_000.0;
+        *m.entry(e["class"].as_str().unwrap().to_string())
+            .or_insert(0.0) += hours;
+    }
+    m
+}
+
+/// The `data-gpu-hours` of the waste table's rows, by class.
+fn report_waste(html: &str) -> BTreeMap<String, f64> {
+    let table = &html[html.find("<table id=\"waste\">").unwrap()..];
+    let table = &table[..table.find("</table>").unwrap()];
+    let mut m = BTreeMap::new();
+    for row in table.split("<tr data-class=\"").skip(1) {
+        let class = &row[..row.find('"').unwrap()];
+        let v = row.split("data-gpu-hours=\"").nth(1).unwrap();
+        let v: f64 = v[..v.find('"').unwrap()].parse().unwrap();
+        m.insert(class.to_string(), v);
+    }
+    m
+}
+
+/// Run detached with an OOM on `sort` and a transient failure on `build_library`, `status`
+/// from other processes while it runs (lease held by the controller's pid; the controller is
+/// never blocked), cancel through the lease holder while `sort_sanity` runs (a cancelled
+/// stage), re-run to completion, `--once` then re-attach, and the report's waste equals the
+/// independent sum.
+#[test]
+fn local_run_detach_status_cancel_reattach_report() {
+    let _w = Watchdog::start(
+        "local_run_detach_status_cancel_reattach_report",
+        Duration::from_secs(240),
+    );
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().join("c");
+    let d = dir.to_str().unwrap().to_string();
+    let stub = prefix(
+        "--sleep-ms 150 --slow sort_sanity=60000 --fail sort=oom --fail build_library=transient",
+    );
+    let mut args = run_args(&d, &stub);
+    args.push("--detach");
+    let (code, out, err) = run(&args);
+    assert_eq!(code, 3, "--detach returns 3 (detached):\n{out}\n{err}");
+    let pid: i32 = out
+        .split("pid ")
+        .nth(1)
+        .and_then(|s| s.split(|c: char| !c.is_ascii_digit()).next())
+        .and_then(|s| s.parse().ok())
+        .unwrap_or_else(|| panic!("no pid in {out}"));
+
+    // Status from other processes while it runs: the lease is held by the controller.
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let mut polls = 0;
+    let st = loop {
+        let (code, v, took) = status_json(&d);
+        polls += 1;
+        assert_eq!(code, 3, "not finished while running: {v}");
+        assert!(took < Duration::from_secs(5), "status took {took:?}");
+        assert_eq!(v["lease"]["held"], true, "{v}");
+        assert_eq!(v["lease"]["lock_pid"], pid, "{v}");
+        assert!(v["lease_text"].as_str().unwrap().contains("held by"), "{v}");
+        let sanity_live = v["live"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|a| a["stage"] == "sort_sanity" && a["outcome"] == "live");
+        if sanity_live {
+            break v;
+        }
+        assert!(Instant::now() < deadline, "sort_sanity never ran: {v}");
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    assert!(polls >= 1);
+    let stages = st["stages"].as_array().unwrap();
+    let sort = stages.iter().find(|s| s["id"] == "sort").unwrap();
+    assert_eq!(sort["status"], "done", "sort retried after its OOM: {st}");
+    let (code, text, _) = run(&["campaign", "status", &d]);
+    assert_eq!(code, 3);
+    assert!(
+        text.contains(&format!("pid {pid}"))
+            || text.contains(&format!(":{pid}"))
+            || text.contains(&pid.to_string()),
+        "{text}"
+    );
+    assert!(text.contains("since"), "says since when: {text}");
+
+    // Cancel through the lease holder.
+    let (code, out, err) = run(&["campaign", "cancel", &d, "--wait", "60"]);
+    assert_eq!(code, 0, "{out}\n{err}");
+    let (code, v, _) = status_json(&d);
+    assert_eq!(code, 3, "cancelled, not finished: {v}");
+    assert_eq!(v["lease"]["held"], false, "{v}");
+    assert_eq!(v["live"].as_array().unwrap().len(), 0, "{v}");
+    // SAFETY: signal 0 only checks the pid exists.
+    assert!(
+        unsafe { libc::kill(pid, 0) } != 0 || {
+            std::thread::sleep(Duration::from_secs(2));
+            unsafe { libc::kill(pid, 0) != 0 }
+        },
+        "the controller exited"
+    );
+
+    // Run again: `--once` leaves the slow-free rerun's first job running, then re-attach.
+    let stub2 = prefix("--sleep-ms 150 --slow sort_sanity=1500");
+    let mut once = run_args(&d, &stub2);
+    once.push("--once");
+    let (code, _, err) = run(&once);
+    assert_eq!(code, 3, "--once detaches: {err}");
+    assert!(err.contains("detached with"), "{err}");
+    let (code, _, err) = run(&run_args(&d, &stub2));
+    assert_eq!(code, 0, "the rerun completes: {err}");
+    assert!(
+        err.contains("1 re-attached") || err.contains("2 re-attached"),
+        "the rerun re-attaches to the job --once left running: {err}"
+    );
+    let (code, v, _) = status_json(&d);
+    assert_eq!(code, 0, "{v}");
+    assert_eq!(v["finished"], true);
+
+    // The report, written at the end, and on demand.
+    assert!(dir.join("report.html").is_file());
+    let out_file = tmp.path().join("r.html");
+    let (code, _, err) = run(&[
+        "campaign",
+        "report",
+        &d,
+        "--out",
+        out_file.to_str().unwrap(),
+    ]);
+    assert_eq!(code, 0, "{err}");
+    let html = std::fs::read_to_string(&out_file).unwrap();
+    assert!(!html.contains("<script"), "no script");
+    assert!(
+        !html.contains("http://")
+            || !html
+                .replace("http://www.w3.org/2000/svg", "")
+                .contains("http://"),
+        "no network"
+    );
+    let got = report_waste(&html);
+    let want = independent_waste(&dir);
+    for class in ["oom", "transient", "cancelled"] {
+        assert!(
+            want.contains_key(class),
+            "the campaign has a {class} failure: {want:?}"
+        );
+    }
+    let total: f64 = want.values().sum();
+    assert!(
+        (got["total"] - total).abs() < 1e-9,
+        "report {got:?} vs independent {want:?}"
+    );
+    for (k, v) in &want {
+        assert!(
+            (got[k] - v).abs() < 1e-9,
+            "{k}: report {got:?} vs independent {want:?}"
+        );
+    }
+    // Every submitted attempt has one bar; each retry is linked.
+    let attempts = journal(&dir)
+        .iter()
+        .filter(|r| r["entry"]["t"] == "submitted")
+        .count();
+    assert_eq!(html.matches("<rect class=\"bar\"").count(), attempts);
+    assert!(
+        html.matches("<line class=\"retry\"").count() >= 3,
+        "oom, transient and cancel retries"
+    );
+}
+
+/// Items of the stub's record: the catalog's own command comes after the prefix.
+#[test]
+fn the_stub_gets_the_catalog_command_after_the_prefix() {
+    let _w = Watchdog::start(
+        "the_stub_gets_the_catalog_command_after_the_prefix",
+        Duration::from_secs(120),
+    );
+    let tmp = tempfile::tempdir().unwrap();
+    let d = tmp.path().join("c").to_str().unwrap().to_string();
+    let stub = prefix("--sleep-ms 10");
+    let mut args = run_args(&d, &stub);
+    args.extend(["--stage", "convert"]);
+    let (code, _, err) = run(&args);
+    assert_eq!(code, 0, "{err}");
+    let rec: serde_json::Value = serde_json::from_str(
+        &std::fs::read_to_string(Path::new(&d).join("work/convert/0/stub.1.json")).unwrap(),
+    )
+    .unwrap();
+    let argv: Vec<&str> = rec["argv"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|a| a.as_str().unwrap())
+        .collect();
+    assert!(!argv.is_empty(), "{rec}");
+    assert!(
+        argv.iter().any(|a| a.contains("convert")),
+        "the catalog's convert command: {argv:?}"
+    );
+    assert_eq!(
+        rec["cuda_visible_devices"]
+            .as_str()
+            .map(|s| s.split(',').count()),
+        Some(1),
+        "{rec}"
+    );
+}
+
+/// `--notify`: a command gets every stage completion and the campaign's end as JSON on
+/// stdin; a notifier that fails does not stop the campaign.
+#[test]
+fn notify_runs_a_command_per_event_and_a_failing_one_is_harmless() {
+    let _w = Watchdog::start("notify_runs_a_command_per_event", Duration::from_secs(120));
+    let tmp = tempfile::tempdir().unwrap();
+    let d = tmp.path().join("c").to_str().unwrap().to_string();
+    let log = tmp.path().join("events.jsonl");
+    let script = tmp.path().join("notify.sh");
+    std::fs::write(&script, format!("#!/bin/sh\ncat >> {}\n", log.display())).unwrap();
+    std::fs::set_permissions(&script, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+    let stub = prefix("--sleep-ms 10 --fail tokenize_data=config");
+    let notify = script.display().to_string();
+    let mut args = run_args(&d, &stub);
+    args.extend([
+        "--stage",
+        "convert",
+        "--stage",
+        "tokenize_data",
+        "--notify",
+        &notify,
+    ]);
+    let (code, _, err) = run(&args);
+    assert_eq!(code, 4, "tokenize_data fails for good (config): {err}");
+    let events: Vec<serde_json::Value> = std::fs::read_to_string(&log)
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    let kinds: Vec<(&str, Option<&str>)> = events
+        .iter()
+        .map(|e| (e["event"].as_str().unwrap(), e["stage"].as_str()))
+        .collect();
+    assert!(
+        kinds.contains(&("stage_done", Some("convert"))),
+        "{kinds:?}"
+    );
+    assert!(
+        kinds.contains(&("stage_failed", Some("tokenize_data"))),
+        "{kinds:?}"
+    );
+    assert_eq!(kinds.last().unwrap().0, "campaign_end", "{kinds:?}");
+    assert_eq!(events.last().unwrap()["detail"]["complete"], false);
+
+    // A notifier that exits non-zero: warned about, the campaign completes.
+    let d2 = tmp.path().join("c2").to_str().unwrap().to_string();
+    let mut args = run_args(&d2, &stub);
+    args.truncate(args.len());
+    let ok_stub = prefix("--sleep-ms 10");
+    let mut args2 = run_args(&d2, &ok_stub);
+    args2.extend(["--stage", "convert", "--notify", "false"]);
+    let (code, _, err) = run(&args2);
+    assert_eq!(code, 0, "{err}");
+    assert!(err.contains("warning: notify command \"false\""), "{err}");
+}
+
+fn slurm_up(test: &str) -> bool {
+    let wanted = std::env::var("PUZZLETRON_SLURM_TESTS").is_ok_and(|v| v == "1");
+    let up = Command::new("sinfo")
+        .args(["-h", "-o", "%T"])
+        .output()
+        .is_ok_and(|o| o.status.success() && !o.stdout.is_empty());
+    match (wanted, up) {
+        (true, true) => true,
+        (true, false) => {
+            panic!("{test}: PUZZLETRON_SLURM_TESTS=1 but no Slurm cluster answers `sinfo`")
+        }
+        (false, _) => {
+            eprintln!(
+                "{test}: skipped (set PUZZLETRON_SLURM_TESTS=1 to run it on the local Slurm cluster)"
+            );
+            false
+        }
+    }
+}
+
+fn squeue_names() -> Vec<String> {
+    let o = Command::new("squeue")
+        .args(["-h", "-o", "%j"])
+        .output()
+        .unwrap();
+    String::from_utf8_lossy(&o.stdout)
+        .lines()
+        .map(str::to_string)
+        .collect()
+}
+
+/// On the local Slurm cluster: run detached, status while it runs, to completion, report with
+/// nodes from sacct; then a campaign whose controller is killed leaves orphans that `cancel
+/// --tag` removes.
+#[cfg_attr(
+    not(puzzletron_slurm_tests),
+    ignore = "needs the local Slurm cluster: start it and set PUZZLETRON_SLURM_TESTS=1 (CONTRIBUTING.md)"
+)]
+#[test]
+fn slurm_run_status_report_and_cancel_by_tag() {
+    if !slurm_up("slurm_run_status_report_and_cancel_by_tag") {
+        return;
+    }
+    let _w = Watchdog::start(
+        "slurm_run_status_report_and_cancel_by_tag",
+        Duration::from_secs(420),
+    );
+    let tmp = tempfile::Builder::new()
+        .prefix("cli-slurm-")
+        .tempdir_in(env!("CARGO_TARGET_TMPDIR"))
+        .unwrap();
+    let runner = tmp.path().join("runner.local-cluster.yaml");
+    std::fs::write(
+        &runner,
+        "runner:\n  kind: slurm\n  slurm:\n    partition: gpu\n    max_nodes: 1\n    time_limit: \"0:10:00\"\n",
+    )
+    .unwrap();
+    let r = runner.to_str().unwrap().to_string();
+    let d = tmp.path().join("c").to_str().unwrap().to_string();
+    let stub = prefix("--sleep-ms 1500");
+    let base = |d: &str, stub: &str| -> Vec<String> {
+        [
+            "campaign",
+            "run",
+            SMOKE,
+            "--runner",
+            &r,
+            "--execution",
+            SMOKE_EXEC,
+            "--dir",
+            d,
+            "--command-prefix",
+            stub,
+            "--poll-ms",
+            "500",
+            "--quiet",
+            "--stage",
+            "convert",
+            "--stage",
+            "tokenize_data",
+        ]
+        .iter()
+        .map(|s| s.to_string())
+        .collect()
+    };
+    let mut a = base(&d, &stub);
+    a.push("--detach".into());
+    let (code, out, err) = cli::out(puzzletron().args(&a).output().unwrap());
+    assert_eq!(code, 3, "{out}\n{err}");
+    let deadline = Instant::now() + Duration::from_secs(240);
+    let mut saw_live_with_lease = false;
+    loop {
+        let (code, v, took) = status_json(&d);
+        assert!(took < Duration::from_secs(5));
+        if v["lease"]["held"] == true && !v["live"].as_array().unwrap().is_empty() {
+            saw_live_with_lease = true;
+        }
+        if code == 0 {
+            break;
+        }
+        assert_eq!(code, 3, "{v}");
+        assert!(
+            Instant::now() < deadline,
+            "the Slurm campaign did not finish: {v}"
+        );
+        std::thread::sleep(Duration::from_millis(500));
+    }
+    assert!(
+        saw_live_with_lease,
+        "status saw the running controller and its jobs"
+    );
+    // A rerun of a finished campaign re-attaches to nothing and is done.
+    let (code, _, err) = cli::out(puzzletron().args(base(&d, &stub)).output().unwrap());
+    assert_eq!(code, 0, "{err}");
+    let (code, _, err) = run(&["campaign", "report", &d]);
+    assert_eq!(code, 0, "{err}");
+    let html = std::fs::read_to_string(Path::new(&d).join("report.html")).unwrap();
+    assert_eq!(
+        html.matches("<rect class=\"bar\"").count(),
+        2,
+        "two attempts"
+    );
+    assert!(
+        html.contains("n1 · GPU")
+            || html.contains("n2 · GPU")
+            || html.contains("n3 · GPU")
+            || html.contains("n4 · GPU"),
+        "rows name the Slurm nodes (sacct)"
+    );
+
+    // Orphans: kill -9 the controller while a long job runs, then cancel by tag.
+    let d2 = tmp.path().join("c2").to_str().unwrap().to_string();
+    let mut a = base(&d2, &prefix("--sleep-ms 300000"));
+    a.push("--detach".into());
+    let (code, out, _) = cli::out(puzzletron().args(&a).output().unwrap());
+    assert_eq!(code, 3);
+    let pid: i32 = out
+        .split("pid ")
+        .nth(1)
+        .and_then(|s| s.split(',').next())
+        .unwrap()
+        .trim()
+        .parse()
+        .unwrap();
+    let (_, v, _) = status_json(&d2);
+    let nonce = v["nonce"].as_str().unwrap().to_string();
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while !squeue_names().iter().any(|n| n.starts_with(&nonce)) {
+        assert!(Instant::now() < deadline, "no job of {nonce} in squeue");
+        std::thread::sleep(Duration::from_millis(300));
+    }
+    // SAFETY: the controller this test started.
+    unsafe { libc::kill(pid, libc::SIGKILL) };
+    std::fs::remove_dir_all(&d2).unwrap();
+    let (code, out, err) = run(&["campaign", "cancel", "--tag", &nonce]);
+    assert_eq!(code, 0, "{err}");
+    assert!(out.contains("cancelled 1 jobs"), "{out}");
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while squeue_names().iter().any(|n| n.starts_with(&nonce)) {
+        assert!(Instant::now() < deadline, "the orphan is still queued");
+        std::thread::sleep(Duration::from_millis(300));
+    }
+    let _ = fixtures();
+}

@@ -1,0 +1,243 @@
+//! The campaign report rendered by a real browser: headless Chromium loads the HTML of a
+//! real campaign (the smoke fixture with a stub worker: an OOM retry, a transient retry, a
+//! stage that fails for good), and the test reads the rendered DOM
+//! (`--dump-dom`: bar count, positions inside the plot, retries drawn after the attempt they
+//! retry, no two bars of a row overlapping) and a screenshot (decoded: its size, many colours,
+//! the outcome colours present).
+//!
+//! Needs Debian's `chromium` (`.ci/run` installs it). Without it the test prints SKIP; with
+//! `CI` set it fails. `PUZZLETRON_UPDATE_REPORT_PNG=1` copies the screenshot to
+//! `docs/campaign-report.png` (the picture in the README).
+
+#[path = "support/cli.rs"]
+mod cli;
+#[path = "support/examples.rs"]
+#[allow(dead_code)]
+mod examples;
+#[path = "support/watchdog.rs"]
+mod watchdog;
+
+use std::collections::HashMap;
+use std::time::Duration;
+
+use cli::{SMOKE, SMOKE_EXEC, chromium, chromium_cmd, prefix, run};
+
+fn attr(tag: &str, name: &str) -> Option<String> {
+    let key = format!(" {name}=\"");
+    let i = tag.find(&key)? + key.len();
+    Some(tag[i..i + tag[i..].find('"')?].to_string())
+}
+
+fn num(tag: &str, name: &str) -> f64 {
+    attr(tag, name)
+        .and_then(|v| v.parse().ok())
+        .unwrap_or_else(|| panic!("no numeric {name} in {tag}"))
+}
+
+/// The opening tags `<NAME ...>` in `html`.
+fn tags<'a>(html: &'a str, name: &str) -> Vec<&'a str> {
+    let open = format!("<{name} ");
+    html.match_indices(&open)
+        .map(|(i, _)| &html[i..i + html[i..].find('>').unwrap()])
+        .collect()
+}
+
+#[test]
+fn report_renders_in_headless_chromium() {
+    let Some(chrome) = chromium() else {
+        assert!(
+            std::env::var_os("CI").is_none(),
+            "CI is set but chromium is missing: .ci/run installs it (apt-get install -y chromium)"
+        );
+        eprintln!(
+            "SKIP report_renders_in_headless_chromium: no chromium (apt-get install -y chromium)"
+        );
+        return;
+    };
+    let _w = watchdog::Watchdog::start(
+        "report_renders_in_headless_chromium",
+        Duration::from_secs(240),
+    );
+    let tmp = tempfile::tempdir().unwrap();
+    let d = tmp.path().join("c").to_str().unwrap().to_string();
+    let stub = prefix(
+        "--sleep-ms 300 --slow replacement_scoring=900 --fail sort=oom --fail build_library=transient --fail slicing_sanity=app!",
+    );
+    let (code, _, err) = run(&[
+        "campaign",
+        "run",
+        SMOKE,
+        "--runner",
+        "local",
+        "--execution",
+        SMOKE_EXEC,
+        "--dir",
+        &d,
+        "--command-prefix",
+        &stub,
+        "--allow-oom-retry",
+        "sort",
+        "--retry-delay-ms",
+        "200",
+        "--poll-ms",
+        "50",
+        "--gpus",
+        "0,1,2,3",
+        "--quiet",
+    ]);
+    assert_eq!(code, 4, "slicing_sanity fails for good: {err}");
+    let report = std::path::Path::new(&d).join("report.html");
+    assert!(report.is_file(), "written at the end of the campaign");
+    let url = format!("file://{}", report.display());
+
+    // The DOM after the browser parsed and laid it out.
+    let profile = tempfile::tempdir().unwrap();
+    let o = chromium_cmd(&chrome, profile.path())
+        .args(["--dump-dom", "--virtual-time-budget=2000"])
+        .arg(&url)
+        .output()
+        .unwrap();
+    assert!(
+        o.status.success(),
+        "chromium --dump-dom: {}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+    let dom = String::from_utf8_lossy(&o.stdout).into_owned();
+    assert!(
+        dom.contains("<svg id=\"timeline\""),
+        "timeline rendered:\n{}",
+        &dom[..dom.len().min(2000)]
+    );
+    let svg_tag = tags(&dom, "svg")
+        .into_iter()
+        .find(|t| t.contains("id=\"timeline\""))
+        .unwrap();
+    let (left, plot_w) = (num(svg_tag, "data-left"), num(svg_tag, "data-plot-width"));
+    let bars = tags(&dom, "rect")
+        .into_iter()
+        .filter(|t| t.contains("class=\"bar\""))
+        .collect::<Vec<_>>();
+    // Attempts: every stage once (mip does not need slicing_sanity), plus the OOM and
+    // transient retries.
+    let journal = cli::journal(std::path::Path::new(&d));
+    let submitted = journal
+        .iter()
+        .filter(|r| r["entry"]["t"] == "submitted")
+        .count();
+    assert_eq!(bars.len(), submitted);
+    assert_eq!(submitted, 10 + 2, "10 stages ran, 2 retries");
+    let mut by_id = HashMap::new();
+    let mut outcomes: HashMap<String, usize> = HashMap::new();
+    for b in &bars {
+        let (x, w, y, h) = (num(b, "x"), num(b, "width"), num(b, "y"), num(b, "height"));
+        assert!(
+            x >= left - 0.01 && x + w <= left + plot_w + 1.01,
+            "bar inside the plot: {b}"
+        );
+        assert!(w >= 1.0 && h > 0.0);
+        by_id.insert(attr(b, "data-attempt").unwrap(), (x, w, y, h));
+        *outcomes
+            .entry(attr(b, "data-outcome").unwrap())
+            .or_insert(0) += 1;
+    }
+    assert_eq!(
+        outcomes.get("failed"),
+        Some(&3),
+        "oom, transient, slicing_sanity: {outcomes:?}"
+    );
+    assert_eq!(outcomes.get("succeeded"), Some(&9), "{outcomes:?}");
+    // Bars sharing a row never overlap.
+    let v: Vec<_> = by_id.values().collect();
+    for (i, a) in v.iter().enumerate() {
+        for b in &v[i + 1..] {
+            let rows_overlap = a.2 < b.2 + b.3 - 0.01 && b.2 < a.2 + a.3 - 0.01;
+            let time_overlap = a.0 < b.0 + b.1 - 1.01 && b.0 < a.0 + a.1 - 1.01;
+            assert!(!(rows_overlap && time_overlap), "bars overlap: {a:?} {b:?}");
+        }
+    }
+    // Every retry is drawn from the end of the attempt it retries to its successor, later.
+    let retries = tags(&dom, "line")
+        .into_iter()
+        .filter(|t| t.contains("class=\"retry\""))
+        .collect::<Vec<_>>();
+    assert!(retries.len() >= 2, "{retries:?}");
+    for r in &retries {
+        let from = &by_id[&attr(r, "data-from").unwrap()];
+        let to = &by_id[&attr(r, "data-to").unwrap()];
+        assert!(
+            (num(r, "x1") - (from.0 + from.1)).abs() < 0.6,
+            "starts at the failed bar's end: {r}"
+        );
+        assert!(
+            num(r, "x2") >= num(r, "x1") - 0.01,
+            "the retry comes later: {r}"
+        );
+        assert!(
+            to.0 >= from.0 + from.1 - 0.01,
+            "retry bar after the failed bar: {r}"
+        );
+    }
+    let stages = tags(&dom, "g")
+        .into_iter()
+        .filter(|t| t.contains("class=\"stage\""))
+        .collect::<Vec<_>>();
+    assert_eq!(stages.len(), 10);
+    let status = |s: &str| {
+        stages
+            .iter()
+            .find(|t| attr(t, "data-stage").as_deref() == Some(s))
+            .and_then(|t| attr(t, "data-status"))
+    };
+    assert_eq!(status("slicing_sanity").as_deref(), Some("failed"));
+    assert_eq!(status("sort").as_deref(), Some("done"));
+    assert_eq!(status("mip").as_deref(), Some("done"));
+
+    // A screenshot: decoded, sized as asked, with the outcome colours in it.
+    let png_path = tmp.path().join("report.png");
+    let o = chromium_cmd(&chrome, profile.path())
+        .arg(format!("--screenshot={}", png_path.display()))
+        .args(["--window-size=1300,1500", "--virtual-time-budget=2000"])
+        .arg(&url)
+        .output()
+        .unwrap();
+    assert!(
+        o.status.success(),
+        "chromium --screenshot: {}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+    let decoder = png::Decoder::new(std::io::BufReader::new(
+        std::fs::File::open(&png_path).unwrap(),
+    ));
+    let mut reader = decoder.read_info().unwrap();
+    let mut buf = vec![0; reader.output_buffer_size()];
+    let info = reader.next_frame(&mut buf).unwrap();
+    assert_eq!((info.width, info.height), (1300, 1500));
+    let bpp = info.color_type.samples();
+    let mut colours = std::collections::HashSet::new();
+    let near = |rgb: (u8, u8, u8)| {
+        buf.chunks(bpp)
+            .filter(|p| {
+                (p[0] as i32 - rgb.0 as i32).abs() < 12
+                    && (p[1] as i32 - rgb.1 as i32).abs() < 12
+                    && (p[2] as i32 - rgb.2 as i32).abs() < 12
+            })
+            .count()
+    };
+    let red = near((0xd6, 0x45, 0x41));
+    let green = near((0x2e, 0x9d, 0x4f));
+    for p in buf.chunks(bpp) {
+        colours.insert((p[0], p[1], p[2]));
+    }
+    assert!(
+        colours.len() > 50,
+        "a real page, not a blank one: {} colours",
+        colours.len()
+    );
+    assert!(red > 100, "failed bars are red: {red} px");
+    assert!(green > 100, "succeeded bars are green: {green} px");
+    if std::env::var("PUZZLETRON_UPDATE_REPORT_PNG").is_ok_and(|v| v == "1") {
+        let dst = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("docs/campaign-report.png");
+        std::fs::create_dir_all(dst.parent().unwrap()).unwrap();
+        std::fs::copy(&png_path, &dst).unwrap();
+    }
+}
