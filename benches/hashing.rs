@@ -3,7 +3,9 @@
 //! - `job_key/10_field_struct`: canonical JSON + SHA-256 of a 10-field params struct (target < 2 us);
 //! - `owned_digest/50k_lines` vs `sha256sum/50k_lines`: token-wise digest of a generated 50k-line
 //!   source tree and coreutils' sha256sum over the same files, in the same run (target ratio >= 0.8);
-//! - `enqueue_plan_100k/{memory,fs_empty}`: enqueue 100k runs and plan them (target < 1 s).
+//! - `enqueue_plan_100k/{memory,memory_vec_params,fs_empty}`: enqueue 100k runs and plan them
+//!   (target < 1 s); `memory_vec_params` has Vec fields, which `run()`'s determinism check
+//!   inspects.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -42,6 +44,29 @@ fn p10(i: u64) -> Params10 {
         seed: i,
         warmup: true,
     }
+}
+
+/// Params with sequences, which the determinism check of `run()` must look at (a HashSet there
+/// would be refused): 2 Vec fields of 2+ elements.
+#[derive(Clone, Serialize, Deserialize)]
+struct ParamsSeq {
+    lr: f64,
+    betas: Vec<f64>,
+    layers: Vec<u32>,
+    seed: u64,
+}
+
+fn pseq(i: u64) -> ParamsSeq {
+    ParamsSeq {
+        lr: 1e-3 * (1 + i % 7) as f64,
+        betas: vec![0.9, 0.999],
+        layers: vec![256, 256, 128],
+        seed: i,
+    }
+}
+
+fn noop_seq(_: &ParamsSeq, _: &mut Run) -> JobResult {
+    Ok(())
 }
 
 fn noop(_: &Params10, _: &mut Run) -> JobResult {
@@ -134,6 +159,29 @@ fn enqueue_plan(c: &mut Criterion) {
             |mut o| {
                 for i in 0..100_000 {
                     o.run(&job, p10(i)).unwrap();
+                }
+                let plan = o.plan().unwrap();
+                assert_eq!(plan.decisions.len(), 100_000);
+                plan
+            },
+            BatchSize::PerIteration,
+        )
+    });
+    // Sequences in the params: the determinism check proves each sequence path once (20 round
+    // trips on the first run), then only parses each run's JSON to find its paths.
+    let job_seq: Job<ParamsSeq> =
+        Job::new("bench::train", "bench", dir.path(), "src/lib.rs", noop_seq);
+    g.bench_function("memory_vec_params", |b| {
+        b.iter_batched(
+            || {
+                Orchestrator::builder()
+                    .store(MemoryStore::new())
+                    .build()
+                    .unwrap()
+            },
+            |mut o| {
+                for i in 0..100_000 {
+                    o.run(&job_seq, pseq(i)).unwrap();
                 }
                 let plan = o.plan().unwrap();
                 assert_eq!(plan.decisions.len(), 100_000);
