@@ -165,6 +165,16 @@ pub enum ExecutorError {
         state: String,
     },
 
+    /// The executor does not offer this operation (e.g. `cancel_matching` on an executor that
+    /// cannot list its jobs).
+    #[error("executor `{executor}` does not support {operation}")]
+    Unsupported {
+        /// The executor kind.
+        executor: String,
+        /// The operation.
+        operation: String,
+    },
+
     /// An error scripted into a [`MockExecutor`](super::MockExecutor), or raised by a user's
     /// executor that has no better variant.
     #[error("{message}")]
@@ -206,7 +216,8 @@ impl ExecutorError {
             | ExecutorError::SubmitRejected { .. }
             | ExecutorError::CommandFailed { .. }
             | ExecutorError::Parse { .. }
-            | ExecutorError::ForeignHandle { .. } => false,
+            | ExecutorError::ForeignHandle { .. }
+            | ExecutorError::Unsupported { .. } => false,
         }
     }
 

@@ -183,6 +183,25 @@ pub trait Executor: Send + Sync {
     async fn scheduler_uid(&self) -> Result<Option<u32>, ExecutorError> {
         Ok(None)
     }
+
+    /// Cancels every live job of this user whose attempt id `matches`, without any handle
+    /// (the campaign folder, with its journal, may be gone), and returns the attempt ids
+    /// cancelled. Used by
+    /// [`cancel_campaign`](crate::campaign::controller::cancel_campaign).
+    ///
+    /// # Errors
+    /// [`ExecutorError::Unsupported`] (the default) when the executor cannot list its jobs;
+    /// scheduler errors as for [`poll`](Executor::poll).
+    async fn cancel_matching(
+        &self,
+        matches: &(dyn for<'s> Fn(&'s str) -> bool + Send + Sync),
+    ) -> Result<Vec<String>, ExecutorError> {
+        let _ = matches;
+        Err(ExecutorError::Unsupported {
+            executor: self.kind().to_string(),
+            operation: "cancel_matching (cancel by attempt-id pattern)".into(),
+        })
+    }
 }
 
 macro_rules! forward_executor {
@@ -215,6 +234,12 @@ macro_rules! forward_executor {
             }
             async fn scheduler_uid(&self) -> Result<Option<u32>, ExecutorError> {
                 (**self).scheduler_uid().await
+            }
+            async fn cancel_matching(
+                &self,
+                matches: &(dyn for<'s> Fn(&'s str) -> bool + Send + Sync),
+            ) -> Result<Vec<String>, ExecutorError> {
+                (**self).cancel_matching(matches).await
             }
         }
     };

@@ -156,6 +156,12 @@ impl CampaignController {
         &self.dir
     }
 
+    /// The campaign's tag: the nonce that starts every attempt id (and Slurm job name) of
+    /// this campaign folder, for [`cancel_campaign`](super::cancel_campaign).
+    pub fn tag(&self) -> &str {
+        &self.state.nonce
+    }
+
     /// The journal file.
     pub fn journal_path(&self) -> &Path {
         self.io.journal.path()

@@ -62,4 +62,5 @@ pub use lease::{Lease, LeaseInfo};
 pub use policy::{Decision, RetryPolicy, UnitHistory, decide};
 pub use pool::{ClaimedItem, ItemOutcome, PoolItem, PoolWorker, QueueCounts, WorkQueue};
 pub use report::{CampaignReport, StageFailure, StageProgress};
+pub use shutdown::{cancel_campaign, has_campaign_tag};
 pub use view::ViewMode;

@@ -1,4 +1,5 @@
-//! Shutdown: cancel requests journaled, then the executor calls; `retry_failed` resets.
+//! Shutdown: cancel requests journaled, then the executor calls; `retry_failed` resets;
+//! [`cancel_campaign`] by tag, without the campaign folder.
 
 use std::time::Duration;
 
@@ -10,6 +11,11 @@ use super::journal::Entry;
 use super::policy::Decision;
 use super::state::{StageStatus, UnitStatus};
 use crate::executor::{JobState, JobStatus};
+
+/// Time all of a shutdown's executor cancels may take together.
+pub const SHUTDOWN_CANCEL_BUDGET: Duration = Duration::from_secs(30);
+/// Time a shutdown's final status poll may take.
+pub const SHUTDOWN_POLL_BUDGET: Duration = Duration::from_millis(500);
 
 impl CampaignController {
     pub(super) fn reset_failed(&mut self) -> Result<(), ControllerError> {
@@ -75,11 +81,27 @@ impl CampaignController {
         Ok(n)
     }
 
+    /// The executor's cancels, then one status poll to record how the attempts ended. A
+    /// scheduler that does not answer cannot hold a shutdown: the cancels share
+    /// [`SHUTDOWN_CANCEL_BUDGET`] and the poll gets [`SHUTDOWN_POLL_BUDGET`]; attempts left
+    /// unconfirmed keep their journaled cancel request and are recorded as cancelled by the
+    /// caller (they run again on the next `run`).
     pub(super) async fn cancel_live_now(&mut self) -> Result<(), ControllerError> {
         let live = self.state.live_attempts();
+        let deadline = tokio::time::Instant::now() + SHUTDOWN_CANCEL_BUDGET;
         for &a in &live {
             if let Some(h) = self.state.attempts[a].handle.clone() {
-                match self.io.executor.cancel(&h).await {
+                let exec = self.io.executor.clone();
+                let r = tokio::time::timeout_at(deadline, exec.cancel(&h))
+                    .await
+                    .unwrap_or_else(|_| {
+                        Err(crate::executor::ExecutorError::CancelUnconfirmed {
+                            attempt_id: h.attempt_id.clone(),
+                            job_id: h.job_id.clone(),
+                            state: "unknown (the scheduler did not answer in time)".into(),
+                        })
+                    });
+                match r {
                     Ok(()) => {}
                     Err(e) if e.is_retryable() => {
                         self.emit(ControllerEvent::CancelError {
@@ -96,7 +118,8 @@ impl CampaignController {
             .iter()
             .filter_map(|&a| self.state.attempts[a].handle.clone())
             .collect();
-        if let Ok(sts) = self.io.executor.poll(&handles).await {
+        let exec = self.io.executor.clone();
+        if let Ok(Ok(sts)) = tokio::time::timeout(SHUTDOWN_POLL_BUDGET, exec.poll(&handles)).await {
             let mut entries = Vec::new();
             for (&a, st) in live.iter().zip(sts.iter()) {
                 if st.state.is_terminal() {
@@ -138,5 +161,63 @@ impl CampaignController {
             cancelled: n + extra,
         })?;
         Ok(n + extra)
+    }
+}
+
+/// Whether `attempt_id` belongs to the campaign tagged `tag`: attempt ids are
+/// `<tag>[r<revision>].<stage>.<index|agg>.a<n>` (see the [module docs](super)).
+pub fn has_campaign_tag(attempt_id: &str, tag: &str) -> bool {
+    let Some(rest) = attempt_id.strip_prefix(tag) else {
+        return false;
+    };
+    if let Some(r) = rest.strip_prefix('r') {
+        let digits = r.bytes().take_while(u8::is_ascii_digit).count();
+        return digits > 0 && r[digits..].starts_with('.');
+    }
+    rest.starts_with('.')
+}
+
+/// Finds and cancels every live job of the campaign tagged `tag` (its attempt-id nonce, see
+/// [`CampaignController::tag`]), through the executor alone: no campaign folder or journal
+/// is needed, so jobs orphaned by a lost folder can still be stopped. Returns the attempt
+/// ids (Slurm: job names) cancelled.
+///
+/// # Errors
+/// [`ControllerError::BadOption`] for a tag that is not 1–32 ASCII letters and digits (an
+/// empty or short-circuiting pattern would cancel other campaigns' jobs);
+/// [`ControllerError::Executor`] when the executor cannot list its jobs
+/// ([`ExecutorError::Unsupported`](crate::executor::ExecutorError::Unsupported)) or the
+/// scheduler fails.
+pub async fn cancel_campaign(
+    executor: &dyn crate::executor::Executor,
+    tag: &str,
+) -> Result<Vec<String>, ControllerError> {
+    if tag.is_empty() || tag.len() > 32 || !tag.bytes().all(|b| b.is_ascii_alphanumeric()) {
+        return Err(ControllerError::BadOption {
+            option: "tag",
+            reason: format!(
+                "{tag:?} is not a campaign tag (1-32 ASCII letters and digits, the nonce that \
+                 starts every attempt id of the campaign)"
+            ),
+        });
+    }
+    let tag = tag.to_string();
+    let matches = move |id: &str| has_campaign_tag(id, &tag);
+    Ok(executor.cancel_matching(&matches).await?)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::has_campaign_tag;
+
+    #[test]
+    fn campaign_tag_matches_revisions_but_not_longer_tags() {
+        assert!(has_campaign_tag("abc123.score.0.a1", "abc123"));
+        assert!(has_campaign_tag("abc123r2.score.agg.a3", "abc123"));
+        assert!(!has_campaign_tag("abc1234.score.0.a1", "abc123"));
+        assert!(!has_campaign_tag("abc123rx.score.0.a1", "abc123"));
+        assert!(!has_campaign_tag("abc123r.score.0.a1", "abc123"));
+        assert!(!has_campaign_tag("zzz999.score.0.a1", "abc123"));
+        assert!(!has_campaign_tag("abc123", "abc123"));
     }
 }

@@ -907,4 +907,43 @@ impl Executor for LocalExecutor {
         Ok(folder::read_attempt(&dir)?
             .map(|rec| self.inner.handle(attempt_id, rec.submitted_at_ms)))
     }
+
+    /// Every attempt folder under the root whose name matches and whose job is still queued
+    /// or running is cancelled (as by [`cancel`](Executor::cancel)).
+    async fn cancel_matching(
+        &self,
+        matches: &(dyn for<'s> Fn(&'s str) -> bool + Send + Sync),
+    ) -> Result<Vec<String>, ExecutorError> {
+        let root = &self.inner.root;
+        let entries = match std::fs::read_dir(root) {
+            Ok(e) => e,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Vec::new()),
+            Err(e) => return Err(ExecutorError::io("listing", root, e)),
+        };
+        let mut ids = Vec::new();
+        for entry in entries {
+            let entry = entry.map_err(|e| ExecutorError::io("listing", root, e))?;
+            let Some(name) = entry.file_name().to_str().map(String::from) else {
+                continue;
+            };
+            if matches(&name)
+                && let Ok(id) = AttemptId::new(&name)
+            {
+                ids.push(id);
+            }
+        }
+        ids.sort();
+        let mut cancelled = Vec::new();
+        for id in ids {
+            let Some(h) = self.find(&id).await? else {
+                continue;
+            };
+            let st = self.poll(std::slice::from_ref(&h)).await?;
+            if st[0].state.is_active() {
+                self.cancel(&h).await?;
+                cancelled.push(id.as_str().to_string());
+            }
+        }
+        Ok(cancelled)
+    }
 }

@@ -358,6 +358,70 @@ impl Executor for SlurmExecutor {
         "slurm"
     }
 
+    /// One `squeue --me` for the active jobs and their names (name last), one `scancel` for
+    /// every matching job id (an array is cancelled whole).
+    async fn cancel_matching(
+        &self,
+        matches: &(dyn for<'s> Fn(&'s str) -> bool + Send + Sync),
+    ) -> Result<Vec<String>, ExecutorError> {
+        let args: Vec<String> = ["-h", "--me", "-o", "%i|%T|%j"]
+            .into_iter()
+            .map(String::from)
+            .collect();
+        let out = self.inner.runner.run_retrying("squeue", &args).await?;
+        if !out.ok() {
+            return Err(ExecutorError::CommandFailed {
+                command: "squeue --me".into(),
+                exit_code: out.code,
+                stderr: out.message(),
+            });
+        }
+        let mut ids = std::collections::BTreeSet::new();
+        let mut names = std::collections::BTreeSet::new();
+        for (n, line) in out.stdout.lines().enumerate() {
+            if line.trim().is_empty() {
+                continue;
+            }
+            let f: Vec<&str> = line.splitn(3, '|').collect();
+            if f.len() < 3 {
+                return Err(ExecutorError::Parse {
+                    command: "squeue --me".into(),
+                    detail: format!("line {}: expected `id|state|name`", n + 1),
+                    output: line.into(),
+                });
+            }
+            if !parse::map_state(f[1]).is_active() || !matches(f[2].trim()) {
+                continue;
+            }
+            let id = match parse::parse_id_field(f[0]).map_err(|e| match e {
+                ExecutorError::Parse { detail, .. } => ExecutorError::Parse {
+                    command: "squeue --me".into(),
+                    detail: format!("line {}: {detail}", n + 1),
+                    output: line.into(),
+                },
+                other => other,
+            })? {
+                parse::IdField::One { job, .. } => job.id,
+                parse::IdField::PendingArray { id, .. } => id,
+            };
+            ids.insert(id);
+            names.insert(f[2].trim().to_string());
+        }
+        if ids.is_empty() {
+            return Ok(Vec::new());
+        }
+        let args: Vec<String> = ids.iter().map(u64::to_string).collect();
+        let out = self.inner.runner.run_retrying("scancel", &args).await?;
+        if !out.ok() && out.class() != parse::ErrorClass::InvalidJobId {
+            return Err(ExecutorError::CommandFailed {
+                command: "scancel".into(),
+                exit_code: out.code,
+                stderr: out.message(),
+            });
+        }
+        Ok(names.into_iter().collect())
+    }
+
     /// From `scontrol show config` (`SlurmUser = slurm(64030)`), asked once per executor.
     async fn scheduler_uid(&self) -> Result<Option<u32>, ExecutorError> {
         if let Some(u) = self.inner.slurm_user.get() {

@@ -1,0 +1,313 @@
+//! Issue 9 on real processes (the local executor) and on a scheduler that hangs: success
+//! needs proof (success marker, declared outputs, validation command), Ctrl-C acts within a
+//! second whatever the controller waits on, a slow scheduler is shown, and a campaign's jobs
+//! are cancelled by its tag without the campaign folder.
+
+use std::path::Path;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use puzzletron::campaign::controller::{
+    CampaignController, Control, ControllerEvent, FailureClass, RunOptions, cancel_campaign,
+};
+use puzzletron::campaign::tree::Node;
+use puzzletron::campaign::{
+    CampaignPlan, ExecutionConfig, RunnerEnvironment, StageCatalog, compile_resolved,
+};
+use puzzletron::executor::{
+    AttemptId, AttemptSpec, CommandSpec, Executor, ExecutorError, JobHandle, JobState, JobStatus,
+    LocalExecutor, MockExecutor, MockScript,
+};
+use serde_json::{Value, json};
+
+fn plan(stages: Value) -> CampaignPlan {
+    let node = Node::from_json(&json!({ "stages": stages }));
+    let catalog = StageCatalog::from_config("exp", &node).unwrap();
+    let execution = ExecutionConfig::from_node(
+        "execution.yaml",
+        &Node::from_json(&json!({ "execution": {
+            "defaults": {"failure_policy": "strict", "max_attempts": 1}
+        }})),
+    )
+    .unwrap();
+    compile_resolved(
+        "exp",
+        node,
+        &[],
+        &catalog,
+        &RunnerEnvironment::local(),
+        &execution,
+        None,
+    )
+    .unwrap()
+}
+
+fn rt() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap()
+}
+
+type Events = Arc<Mutex<Vec<(Instant, ControllerEvent)>>>;
+
+/// Runs a one-stage campaign of `stage` on the local executor (one GPU id); returns whether
+/// it completed and its events.
+fn run_local(dir: &Path, stage: Value) -> (bool, Vec<ControllerEvent>) {
+    let events: Events = Arc::default();
+    let ev = events.clone();
+    let mut ctl = CampaignController::builder()
+        .plan(plan(json!([stage])))
+        .local(["0"])
+        .campaign_dir(dir)
+        .poll_interval(Duration::from_millis(50), Duration::from_millis(200))
+        .on_event(move |e| ev.lock().unwrap().push((Instant::now(), e.clone())))
+        .build()
+        .unwrap();
+    let report = rt().block_on(ctl.run(RunOptions::default())).unwrap();
+    let evs = events
+        .lock()
+        .unwrap()
+        .iter()
+        .map(|(_, e)| e.clone())
+        .collect();
+    (report.is_complete(), evs)
+}
+
+fn finished(evs: &[ControllerEvent]) -> (Option<FailureClass>, String) {
+    evs.iter()
+        .find_map(|e| match e {
+            ControllerEvent::AttemptFinished { class, detail, .. } => {
+                Some((*class, detail.clone()))
+            }
+            _ => None,
+        })
+        .unwrap_or_else(|| panic!("no attempt finished: {evs:?}"))
+}
+
+const MARK: &str = "touch \"$PUZZLETRON_OUTPUT_DIR/_SUCCESS\"";
+
+#[test]
+fn exit_0_without_the_success_marker_is_not_done() {
+    let dir = tempfile::tempdir().unwrap();
+    let (done, evs) = run_local(
+        dir.path(),
+        json!({"id": "s", "command": ["sh", "-c", "exit 0"]}),
+    );
+    assert!(!done);
+    let (class, detail) = finished(&evs);
+    assert_eq!(class, Some(FailureClass::Unknown), "{detail}");
+    assert!(detail.contains("no success marker"), "{detail}");
+}
+
+#[test]
+fn marker_and_declared_outputs_and_validation_make_it_done() {
+    let dir = tempfile::tempdir().unwrap();
+    let (done, evs) = run_local(
+        dir.path(),
+        json!({"id": "s",
+               "command": ["sh", "-c", format!("echo 1 > \"$PUZZLETRON_OUTPUT_DIR/scores.json\"; {MARK}")],
+               "outputs": ["scores.json"],
+               "validate": ["sh", "-c", "test -s scores.json"]}),
+    );
+    let (class, detail) = finished(&evs);
+    assert!(done, "{detail}");
+    assert_eq!(class, None);
+    assert!(detail.contains("success marker present"), "{detail}");
+}
+
+#[test]
+fn a_missing_declared_output_is_a_failure_naming_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let (done, evs) = run_local(
+        dir.path(),
+        json!({"id": "s", "command": ["sh", "-c", MARK], "outputs": ["model.safetensors"]}),
+    );
+    assert!(!done);
+    let (class, detail) = finished(&evs);
+    assert_eq!(class, Some(FailureClass::Unknown));
+    assert!(
+        detail.contains("declared output `model.safetensors` is missing"),
+        "{detail}"
+    );
+}
+
+#[test]
+fn a_failing_validation_command_is_a_failure_with_its_stderr() {
+    let dir = tempfile::tempdir().unwrap();
+    let (done, evs) = run_local(
+        dir.path(),
+        json!({"id": "s", "command": ["sh", "-c", MARK],
+               "validate": ["sh", "-c", "echo 'checksum mismatch in shard 3' >&2; exit 4"]}),
+    );
+    assert!(!done);
+    let (class, detail) = finished(&evs);
+    assert_eq!(class, Some(FailureClass::Unknown));
+    assert!(detail.contains("validation command"), "{detail}");
+    assert!(detail.contains("checksum mismatch in shard 3"), "{detail}");
+}
+
+#[test]
+fn outputs_outside_the_output_folder_are_refused_at_compile_time() {
+    let node = Node::from_json(&json!({ "stages": [
+        {"id": "s", "command": ["true"], "outputs": ["../../etc/passwd"]}
+    ]}));
+    let err = StageCatalog::from_config("exp.yaml", &node).unwrap_err();
+    let msg = err.to_string();
+    assert!(msg.contains("stages[0].outputs[0]"), "{msg}");
+    assert!(msg.contains("without `..`"), "{msg}");
+}
+
+/// A mock whose `poll` hangs like a scheduler that does not answer.
+struct Hanging(MockExecutor);
+
+#[async_trait::async_trait]
+impl Executor for Hanging {
+    fn kind(&self) -> &str {
+        self.0.kind()
+    }
+    async fn submit(&self, spec: &AttemptSpec) -> Result<JobHandle, ExecutorError> {
+        self.0.submit(spec).await
+    }
+    async fn poll(&self, _: &[JobHandle]) -> Result<Vec<JobStatus>, ExecutorError> {
+        tokio::time::sleep(Duration::from_secs(600)).await;
+        Err(ExecutorError::SchedulerUnavailable {
+            command: "squeue".into(),
+            tries: 1,
+            message: "no answer".into(),
+        })
+    }
+    async fn cancel(&self, h: &JobHandle) -> Result<(), ExecutorError> {
+        self.0.cancel(h).await
+    }
+    async fn find(&self, id: &AttemptId) -> Result<Option<JobHandle>, ExecutorError> {
+        self.0.find(id).await
+    }
+}
+
+#[test]
+fn ctrl_c_acts_within_a_second_while_the_scheduler_hangs() {
+    let dir = tempfile::tempdir().unwrap();
+    let mock = MockExecutor::new().with_default_script(|_| MockScript::runs_forever());
+    let events: Events = Arc::default();
+    let ev = events.clone();
+    let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
+    let mut ctl = CampaignController::builder()
+        .plan(plan(json!([{"id": "s", "command": ["w"]}])))
+        .executor(Arc::new(Hanging(mock)))
+        .campaign_dir(dir.path())
+        .require_success_marker(false)
+        .poll_interval(Duration::from_millis(100), Duration::from_millis(500))
+        .controls(rx)
+        .on_event(move |e| ev.lock().unwrap().push((Instant::now(), e.clone())))
+        .build()
+        .unwrap();
+    let sent = Arc::new(Mutex::new(None::<Instant>));
+    let sent2 = sent.clone();
+    let ev2 = events.clone();
+    // Ctrl-C once the controller has reported that it is waiting on the scheduler.
+    std::thread::spawn(move || {
+        let t = Instant::now();
+        while t.elapsed() < Duration::from_secs(30) {
+            let slow = ev2
+                .lock()
+                .unwrap()
+                .iter()
+                .any(|(_, e)| matches!(e, ControllerEvent::SchedulerSlow { .. }));
+            if slow {
+                *sent2.lock().unwrap() = Some(Instant::now());
+                tx.send(Control::Cancel).unwrap();
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    });
+    let t0 = Instant::now();
+    let report = rt().block_on(ctl.run(RunOptions::default())).unwrap();
+    let returned = Instant::now();
+    let sent = sent
+        .lock()
+        .unwrap()
+        .expect("the slow scheduler was reported");
+    let evs = events.lock().unwrap().clone();
+    let slow_at = evs
+        .iter()
+        .find_map(|(t, e)| matches!(e, ControllerEvent::SchedulerSlow { .. }).then_some(*t))
+        .unwrap();
+    // Shown within one poll interval (at least 1 s) of the hang, not after the 45 s of retries.
+    assert!(
+        slow_at.duration_since(t0) < Duration::from_secs(5),
+        "{:?}",
+        slow_at.duration_since(t0)
+    );
+    let shut = evs
+        .iter()
+        .find_map(|(t, e)| matches!(e, ControllerEvent::ShutDown { .. }).then_some(*t))
+        .expect("shut down");
+    assert!(
+        shut.duration_since(sent) < Duration::from_secs(1),
+        "Ctrl-C took {:?} to act",
+        shut.duration_since(sent)
+    );
+    assert!(returned.duration_since(sent) < Duration::from_secs(2));
+    assert_eq!(report.cancelled, 1, "{report}");
+}
+
+/// The live jobs of one campaign are cancelled by its tag, with the campaign folder gone;
+/// another campaign's job is left alone.
+#[test]
+fn cancel_campaign_by_tag_without_the_folder() {
+    let root = tempfile::tempdir().unwrap();
+    let exec = LocalExecutor::builder(root.path().join("attempts"))
+        .max_concurrent(4)
+        .kill_grace(Duration::from_secs(1))
+        .build()
+        .unwrap();
+    let rt = rt();
+    let ids = [
+        "abc123.score.0.a1",
+        "abc123r1.score.agg.a2",
+        "abc1234.score.0.a1",
+        "zzz999.score.0.a1",
+    ];
+    let handles: Vec<JobHandle> = ids
+        .iter()
+        .map(|id| {
+            let spec = AttemptSpec::new(
+                AttemptId::new(*id).unwrap(),
+                CommandSpec::new("sleep").arg("30"),
+            );
+            rt.block_on(exec.submit(&spec)).unwrap()
+        })
+        .collect();
+    // No handle is used: the executor lists its jobs.
+    let fresh = &exec;
+    let mut cancelled = rt.block_on(cancel_campaign(fresh, "abc123")).unwrap();
+    cancelled.sort();
+    assert_eq!(cancelled, ["abc123.score.0.a1", "abc123r1.score.agg.a2"]);
+    let st = rt.block_on(exec.poll(&handles)).unwrap();
+    for h in &handles {
+        let d = root.path().join("attempts").join(h.attempt_id.as_str());
+        eprintln!("{}: {:?}", h.attempt_id, std::fs::read_dir(&d).unwrap().map(|e| e.unwrap().file_name()).collect::<Vec<_>>());
+    }
+    assert!(matches!(st[0].state, JobState::Cancelled { .. }), "{st:?}");
+    assert!(matches!(st[1].state, JobState::Cancelled { .. }), "{st:?}");
+    assert!(
+        st[2].state.is_active(),
+        "another campaign's job: {:?}",
+        st[2]
+    );
+    assert!(st[3].state.is_active(), "{:?}", st[3]);
+    // A tag that would match everything is refused.
+    let err = rt.block_on(cancel_campaign(fresh, "")).unwrap_err();
+    assert!(err.to_string().contains("not a campaign tag"), "{err}");
+    // The mock cannot list jobs: a clear error, not a silent nothing.
+    let err = rt
+        .block_on(cancel_campaign(&MockExecutor::new(), "abc123"))
+        .unwrap_err();
+    assert!(err.to_string().contains("does not support"), "{err}");
+    for h in &handles[2..] {
+        rt.block_on(exec.cancel(h)).unwrap();
+    }
+}
