@@ -368,11 +368,13 @@ fn detach(a: &RunArgs) -> Result<i32, CliError> {
         .map_err(|e| CliError::new(format!("opening {}: {e}", log_path.display())))?;
     let exe =
         std::env::current_exe().map_err(|e| CliError::new(format!("finding this program: {e}")))?;
-    let args: Vec<std::ffi::OsString> = std::env::args_os()
+    let mut args: Vec<std::ffi::OsString> = std::env::args_os()
         .skip(1)
         .filter(|x| x != "--detach")
-        .chain(["--quiet".into()])
         .collect();
+    if !args.iter().any(|x| x == "--quiet") {
+        args.push("--quiet".into());
+    }
     let mut cmd = std::process::Command::new(exe);
     cmd.args(&args)
         .stdin(std::process::Stdio::null())
@@ -399,7 +401,7 @@ fn detach(a: &RunArgs) -> Result<i32, CliError> {
             )));
         }
         let l = LeaseStatus::probe(&ctl)?;
-        if l.held && l.lock_pid == Some(pid as i32) {
+        if l.held && l.lock_pid == Some(pid as i32) && ctl.join("journal.jsonl").is_file() {
             break;
         }
         if Instant::now() > deadline {
@@ -638,9 +640,8 @@ fn cancel_tag(tag: &str) -> Result<i32, CliError> {
             message: format!("--tag {tag:?}: expected a campaign nonce (letters, digits, - and _)"),
         });
     }
-    let user = std::env::var("USER").unwrap_or_else(|_| "root".into());
     let out = std::process::Command::new("squeue")
-        .args(["-h", "-u", &user, "-o", "%i|%j"])
+        .args(["-h", "--me", "-o", "%i|%j"])
         .output()
         .map_err(|e| CliError::new(format!("running squeue: {e}")))?;
     if !out.status.success() {
@@ -670,7 +671,7 @@ fn cancel_tag(tag: &str) -> Result<i32, CliError> {
         }
     }
     if ids.is_empty() {
-        println!("no job of {user} has a name starting with {tag}");
+        println!("no job of yours has a name starting with {tag}");
         return Ok(exit::DONE);
     }
     let st = std::process::Command::new("scancel")

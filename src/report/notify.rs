@@ -3,7 +3,8 @@
 //!
 //! The command is an argv (no shell): `["notify-send", "puzzletron"]`,
 //! `["curl", "-sS", "--data-binary", "@-", "https://chat.example/hook"]`. Each event runs it
-//! once, on its own thread, so a slow notifier never holds up the controller; it gets
+//! once, in order, on the notifier's own thread, so a slow notifier never holds up the
+//! controller; each run gets
 //! [`Notifier::timeout`] (default 30 s) before it is killed. A notifier that cannot start,
 //! exits non-zero or times out is reported on stderr (and in [`Notifier::failures`]) and
 //! otherwise ignored: notifications never stop a campaign.
@@ -17,7 +18,7 @@ use std::io::Write;
 use std::path::PathBuf;
 use std::process::{Command, Stdio};
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, mpsc};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
@@ -77,9 +78,15 @@ impl NotifyEvent {
 pub struct Notifier {
     argv: Vec<String>,
     timeout: Duration,
-    pending: Mutex<Vec<JoinHandle<()>>>,
+    worker: Mutex<Option<(mpsc::Sender<Job>, JoinHandle<()>)>>,
     failures: Arc<AtomicU64>,
     sent: Arc<AtomicU64>,
+}
+
+/// Work for the notifier's thread: events run one at a time, in the order sent.
+enum Job {
+    Event(String, Vec<u8>),
+    Flush(mpsc::Sender<()>),
 }
 
 impl Notifier {
@@ -98,7 +105,7 @@ impl Notifier {
         Ok(Notifier {
             argv,
             timeout: Duration::from_secs(30),
-            pending: Mutex::new(Vec::new()),
+            worker: Mutex::new(None),
             failures: Arc::new(AtomicU64::new(0)),
             sent: Arc::new(AtomicU64::new(0)),
         })
@@ -115,7 +122,8 @@ impl Notifier {
         &self.argv
     }
 
-    /// Runs the command for `event` on a background thread; returns at once.
+    /// Queues `event` for the notifier's thread (started on first use) and returns at once.
+    /// Events are delivered one at a time, in the order sent.
     pub fn send(&self, event: &NotifyEvent) {
         let json = match serde_json::to_vec(event) {
             Ok(j) => j,
@@ -124,34 +132,53 @@ impl Notifier {
                 return;
             }
         };
-        let argv = self.argv.clone();
-        let timeout = self.timeout;
-        let (failures, sent) = (self.failures.clone(), self.sent.clone());
-        let name = event.event.clone();
-        let t = std::thread::spawn(move || match run_once(&argv, &json, timeout) {
-            Ok(()) => {
-                sent.fetch_add(1, Ordering::Relaxed);
-            }
-            Err(e) => {
-                failures.fetch_add(1, Ordering::Relaxed);
-                eprintln!(
-                    "warning: notify command {:?} for {name}: {e} (the campaign goes on)",
-                    argv[0]
-                );
-            }
+        let mut w = self.worker.lock().unwrap_or_else(|p| p.into_inner());
+        let (tx, _) = w.get_or_insert_with(|| {
+            let (tx, rx) = mpsc::channel::<Job>();
+            let argv = self.argv.clone();
+            let timeout = self.timeout;
+            let (failures, sent) = (self.failures.clone(), self.sent.clone());
+            let t = std::thread::spawn(move || {
+                for job in rx {
+                    match job {
+                        Job::Flush(ack) => {
+                            let _ = ack.send(());
+                        }
+                        Job::Event(name, json) => match run_once(&argv, &json, timeout) {
+                            Ok(()) => {
+                                sent.fetch_add(1, Ordering::Relaxed);
+                            }
+                            Err(e) => {
+                                failures.fetch_add(1, Ordering::Relaxed);
+                                eprintln!(
+                                    "warning: notify command {:?} for {name}: {e} (the campaign goes on)",
+                                    argv[0]
+                                );
+                            }
+                        },
+                    }
+                }
+            });
+            (tx, t)
         });
-        let mut p = self.pending.lock().unwrap_or_else(|p| p.into_inner());
-        p.retain(|h| !h.is_finished());
-        p.push(t);
+        let _ = tx.send(Job::Event(event.event.clone(), json));
     }
 
-    /// Waits for every notification sent so far (each bounded by the timeout).
+    /// Waits until every notification sent so far was delivered (each bounded by the timeout).
     pub fn flush(&self) {
-        let handles: Vec<_> =
-            std::mem::take(&mut *self.pending.lock().unwrap_or_else(|p| p.into_inner()));
-        for h in handles {
-            let _ = h.join();
+        let (ack_tx, ack_rx) = mpsc::channel();
+        {
+            let w = self.worker.lock().unwrap_or_else(|p| p.into_inner());
+            match w.as_ref() {
+                Some((tx, _)) => {
+                    if tx.send(Job::Flush(ack_tx)).is_err() {
+                        return;
+                    }
+                }
+                None => return,
+            }
         }
+        let _ = ack_rx.recv();
     }
 
     /// Runs that failed (could not start, non-zero exit, timeout).
@@ -162,6 +189,21 @@ impl Notifier {
     /// Runs that succeeded.
     pub fn sent(&self) -> u64 {
         self.sent.load(Ordering::Relaxed)
+    }
+}
+
+impl Drop for Notifier {
+    fn drop(&mut self) {
+        // Deliver what is queued before the process moves on.
+        let w = self
+            .worker
+            .get_mut()
+            .unwrap_or_else(|p| p.into_inner())
+            .take();
+        if let Some((tx, t)) = w {
+            drop(tx);
+            let _ = t.join();
+        }
     }
 }
 
