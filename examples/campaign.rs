@@ -40,15 +40,14 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use puzzletron::campaign::controller::{
-    CampaignController, ControllerError, PoolItem, PoolWorker, RunOptions, TerminalControls,
-    ViewMode, open_campaign_dir,
+    CampaignController, ControllerError, ControllerEvent, PoolItem, PoolWorker, RunOptions,
+    TerminalControls, ViewMode, open_campaign_dir,
 };
 use puzzletron::campaign::tree::Node;
 use puzzletron::campaign::{
     CampaignPlan, ExecutionConfig, RunnerEnvironment, StageCatalog, compile_resolved,
 };
 use puzzletron::executor::{Executor, LocalExecutor, SlurmExecutor};
-use puzzletron::fsutil::atomic_write;
 use serde::{Deserialize, Serialize};
 use serde_json::json;
 
@@ -89,6 +88,23 @@ fn params(hidden: usize) -> usize {
 fn var(k: &str) -> Result<String, Error> {
     std::env::var(k)
         .map_err(|_| format!("{k} is not set: `campaign worker` runs under the controller").into())
+}
+
+/// Writes `bytes` to `path` so a crash leaves the old file or the new one: a temp file in the
+/// same folder, fsync, rename over `path`, fsync of the folder.
+fn atomic_write(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
+    use std::io::Write;
+    let dir = path.parent().unwrap_or(Path::new("."));
+    let name = path
+        .file_name()
+        .map(|n| n.to_string_lossy())
+        .unwrap_or_default();
+    let tmp = dir.join(format!(".{name}.tmp.{}", std::process::id()));
+    let mut f = std::fs::File::create(&tmp)?;
+    f.write_all(bytes)?;
+    f.sync_all()?;
+    std::fs::rename(&tmp, path)?;
+    std::fs::File::open(dir)?.sync_all()
 }
 
 fn write_json<T: Serialize>(path: &Path, v: &T) -> Result<(), Error> {
@@ -465,9 +481,10 @@ async fn controller_main(args: Args) -> Result<i32, Error> {
         } else {
             ViewMode::Off
         })
-        .on_event(|kind, msg| {
-            if kind != "attempt" || msg.contains("->") {
-                eprintln!("[{kind}] {msg}");
+        .on_event(|ev| {
+            // Successes are in the view and the report; everything else is logged.
+            if !matches!(ev, ControllerEvent::AttemptFinished { class: None, .. }) {
+                eprintln!("[{}] {ev}", ev.kind());
             }
         })
         .build()?;

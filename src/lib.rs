@@ -55,11 +55,14 @@
 //! ## Map
 //! - [`identity`]: [`Hash`](struct@Hash), canonical parameters, the owned-code digest, witnesses
 //!   (Cargo.lock, toolchain, source commit).
-//! - [`store`]: the [`Store`] trait, [`FsStore`] (a folder, safe for many processes and hosts),
-//!   [`MemoryStore`].
+//! - [`store`]: the [`Store`] trait (forwarded through `Box`, `Arc` and `&`), [`StoreExt`]
+//!   (conveniences: a finished sweep's table in one call), [`FsStore`] (a folder, safe for many
+//!   processes and hosts), [`MemoryStore`].
 //! - [`sweep`]: [`Orchestrator`], [`Job`] and the [`job!`] macro, [`Run`] (where a job logs).
 //! - [`metrics`]: [`MetricTable`] (Arrow), Parquet and CSV output, [`metrics::collect`].
-//! - [`executor`]: the [`executor::Executor`] trait that runs attempts (mock, local, Slurm).
+//! - [`executor`]: the [`executor::Executor`] trait that runs attempts (local, Slurm, mock);
+//!   [`executor::InProcess`], the default: jobs run in the draining process.
+//! - [`arrow`]: the Arrow types used in public signatures.
 //! - [`campaign`]: multi-stage GPU campaigns compiled from experiment YAML (Hydra-style
 //!   composition, overrides, interpolation), GPU packing and dry runs.
 //!
@@ -73,7 +76,7 @@
 pub mod campaign;
 mod error;
 pub mod executor;
-pub mod fsutil;
+mod fsutil;
 pub mod identity;
 pub mod metrics;
 pub mod report;
@@ -91,6 +94,14 @@ pub use error::{Error, Result};
 struct ReadmeDoctests;
 pub use identity::Hash;
 pub use metrics::MetricTable;
-pub use store::{FsStore, MemoryStore, Store};
+pub use store::{FsStore, MemoryStore, Store, StoreExt, StoreSpec};
 pub use sweep::worker;
 pub use sweep::{Job, JobResult, Orchestrator, Run};
+
+/// The Arrow crates whose types appear in this crate's public signatures
+/// ([`MetricTable::batch`] is an `arrow_array::RecordBatch`, [`MetricTable::column`] an
+/// `arrow_array::ArrayRef`), re-exported so users name them without a version to match.
+pub mod arrow {
+    pub use arrow_array::{self as array, ArrayRef, RecordBatch};
+    pub use arrow_schema::{self as schema, DataType, Field, Schema, SchemaRef};
+}

@@ -385,3 +385,122 @@ fn secrets_are_redacted_in_dry_runs() {
     .unwrap();
     assert!(raw.contains("hf_abc123"));
 }
+
+/// The dry run ends with a summary: a row per stage (strategy, instances, nodes x GPUs,
+/// partition, resource, launcher, parents) and the node-hours at the time limits, each
+/// computed here from the plan independently.
+#[test]
+fn dry_run_ends_with_a_stage_table_and_node_hours() {
+    use puzzletron::campaign::PlanSummary;
+    let plan = moe();
+    let summary = PlanSummary::of(&plan);
+    assert_eq!(summary.stages.len(), plan.stages.len());
+    let runner_limit = plan
+        .runner
+        .slurm
+        .as_ref()
+        .and_then(|s| s.time_limit.as_ref())
+        .map(|t| t.as_duration().as_secs())
+        .expect("the Qwen runner sets a time limit");
+    assert_eq!(runner_limit, 4 * 3600);
+    let mut expected_hours = 0.0;
+    for (row, st) in summary.stages.iter().zip(&plan.stages) {
+        assert_eq!(row.stage_id, st.stage_id);
+        assert_eq!(row.instances, st.spec.instances);
+        assert_eq!(row.nodes, st.spec.allocation.nodes);
+        assert_eq!(row.parents, st.parents);
+        let limit = st
+            .spec
+            .time_limit
+            .as_ref()
+            .map_or(runner_limit, |t| t.as_duration().as_secs());
+        assert_eq!(row.time_limit_s, Some(limit));
+        expected_hours += f64::from(st.spec.allocation.nodes) * limit as f64 / 3600.0;
+    }
+    assert!((summary.node_hours() - expected_hours).abs() < 1e-9);
+    let zs = summary
+        .stages
+        .iter()
+        .find(|r| r.stage_id == "zero_shot_evaluation")
+        .unwrap();
+    assert_eq!(
+        (
+            zs.strategy.as_str(),
+            zs.instances,
+            zs.nodes,
+            zs.gpus_per_node
+        ),
+        ("sharded", 8, 8, 8)
+    );
+    assert_eq!(zs.partition.as_deref(), Some("batch"));
+    assert_eq!(
+        (zs.resource.as_str(), zs.launcher.as_str()),
+        ("gpu", "direct") // lm-eval starts its own processes (as the reference)
+    );
+    assert_eq!(zs.parents, ["mip"]);
+
+    let text = render_dry_run(&plan, &DryRunOptions::default()).unwrap();
+    let table = text.split("\n=== summary ===\n").nth(1).expect("a summary");
+    let mut lines = table.lines();
+    let header = lines.next().unwrap();
+    for col in [
+        "stage",
+        "strategy",
+        "instances",
+        "nodes x GPUs",
+        "partition",
+        "resource",
+        "launcher",
+        "parents",
+    ] {
+        assert!(header.contains(col), "{header}");
+    }
+    let zs_line = table
+        .lines()
+        .find(|l| l.starts_with("zero_shot_evaluation "))
+        .unwrap();
+    let cells: Vec<&str> = zs_line
+        .split("  ")
+        .map(str::trim)
+        .filter(|c| !c.is_empty())
+        .collect();
+    assert_eq!(
+        cells,
+        [
+            "zero_shot_evaluation",
+            "sharded",
+            "8",
+            "8 x 8",
+            "batch",
+            "gpu",
+            "direct",
+            "4:00:00",
+            "32.0",
+            "mip"
+        ]
+    );
+    assert!(
+        table.contains(&format!(
+            "total: {} stage(s), {expected_hours:.1} node-hours at their time limits\n",
+            plan.stages.len()
+        )),
+        "{table}"
+    );
+}
+
+/// A runner without time limits (local) counts no node-hours and says which stages it left out.
+#[test]
+fn summary_without_time_limits_names_the_stages_left_out() {
+    let dir = tempfile::tempdir().unwrap();
+    let plan = user_plan("runner: {kind: local}", dir.path());
+    let text = render_dry_run(&plan, &DryRunOptions::default()).unwrap();
+    let table = text.split("\n=== summary ===\n").nth(1).expect("a summary");
+    assert!(
+        table.contains("total: 1 stage(s), 0.0 node-hours at their time limits (no time limit, not counted: train)"),
+        "{table}"
+    );
+    let row = table.lines().nth(1).unwrap();
+    assert!(row.starts_with("train "), "{row}");
+    assert!(row.contains(" sharded "), "{row}");
+    assert!(row.contains(" 1 x 4 "), "{row}");
+}

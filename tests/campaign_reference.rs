@@ -23,7 +23,7 @@ struct Case {
     experiment: String,
     runner: String,
     execution: String,
-    overrides: Vec<String>,
+    overrides: Vec<puzzletron::campaign::config::Override>,
     reference: PlanDocument,
 }
 
@@ -43,7 +43,7 @@ fn cases() -> Vec<Case> {
                 .as_array()
                 .unwrap()
                 .iter()
-                .map(|o| o.as_str().unwrap().to_string())
+                .map(|o| o.as_str().unwrap().parse().unwrap())
                 .collect(),
             reference: load_plan_document(&c["plan"])
                 .expect("reference plan loads with our loader"),
@@ -197,7 +197,7 @@ fn compare(case: &Case, ours: &PlanDocument) -> Vec<String> {
             );
         }
     }
-    // Task layout of each submission (launcher and ids are ours: see work.rs).
+    // Every field of each submission: task layout, launcher, ids, node sharing.
     check(
         "submission count".into(),
         ours.dry_run_submissions.len().to_string(),
@@ -235,6 +235,73 @@ fn compare(case: &Case, ours: &PlanDocument) -> Vec<String> {
             a.group_count.to_string(),
             b.group_count.to_string(),
         );
+        check(
+            format!("{id}.submission.stage_id"),
+            a.stage_id.clone(),
+            b.stage_id.clone(),
+        );
+        check(
+            format!("{id}.submission.launcher"),
+            a.launcher.clone(),
+            b.launcher.clone(),
+        );
+        // Deliberate differences: where ours differs, our value must follow our own rule
+        // (asserted here), else it counts as a difference.
+        let node_size = ours
+            .stages
+            .iter()
+            .find(|s| s.stage_id == a.stage_id)
+            .map_or(0, |s| u64::from(s.gpus_per_node));
+        // work_id: a gang (several instances in one submission) is `<stage>:gang`; the
+        // reference adds its shard label (`:default:gang`, `:w2048:gang`) and names pool width
+        // groups `width-N` where ours are `wN` (one label grammar for every shard axis).
+        if a.work_id != b.work_id {
+            let gang = a.work_id == format!("{id}:gang") && b.work_id.ends_with(":gang");
+            let width = b
+                .work_id
+                .strip_prefix(&format!("{id}:width-"))
+                .is_some_and(|n| a.work_id == format!("{id}:w{n}"));
+            check(
+                format!("{id}.submission.work_id (no deliberate rule)"),
+                a.work_id.clone(),
+                if gang || width {
+                    a.work_id.clone()
+                } else {
+                    b.work_id.clone()
+                },
+            );
+        }
+        // gpus_per_node: ours is what the job asks Slurm for per node (`--gpus-per-node`), the
+        // GPUs it uses; the reference writes the node size for single catalog stages, asking
+        // a whole node's GPUs for a 1-GPU job.
+        if a.gpus_per_node != b.gpus_per_node {
+            let ours_is_use = u64::from(a.gpus_per_node) * u64::from(a.nodes) >= a.gpus
+                && u64::from(a.gpus_per_node.saturating_sub(1)) * u64::from(a.nodes) < a.gpus;
+            check(
+                format!("{id}.submission.gpus_per_node (no deliberate rule)"),
+                a.gpus_per_node.to_string(),
+                if ours_is_use && u64::from(b.gpus_per_node) == node_size {
+                    a.gpus_per_node.to_string()
+                } else {
+                    b.gpus_per_node.to_string()
+                },
+            );
+        }
+        // exclusive: ours takes nodes whole exactly when the job fills them or spans several
+        // (a multi-node instance must own its nodes); the reference marks multi-node and gang
+        // submissions shared and every post-MIP node exclusive, even one using 1 of 8 GPUs.
+        if a.exclusive != b.exclusive {
+            let fills = a.gpus == u64::from(a.nodes) * node_size || a.tasks_per_group > 1;
+            check(
+                format!("{id}.submission.exclusive (no deliberate rule)"),
+                a.exclusive.to_string(),
+                if a.exclusive == fills {
+                    a.exclusive.to_string()
+                } else {
+                    b.exclusive.to_string()
+                },
+            );
+        }
     }
     diffs
 }

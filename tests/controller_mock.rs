@@ -90,6 +90,8 @@ fn controller(
     dir: &Path,
 ) -> puzzletron::campaign::controller::CampaignControllerBuilder {
     CampaignController::builder()
+        // The mock runs nothing, so no worker writes a success marker.
+        .require_success_marker(false)
         .plan(p)
         .executor(Arc::new(s.mock.clone()))
         .campaign_dir(dir)
@@ -591,6 +593,8 @@ fn crash_then_recover(after_submit: bool) -> (Sim, CampaignReport) {
     );
     let crashed = std::thread::spawn(move || {
         let mut ctl = CampaignController::builder()
+            // The mock runs nothing, so no worker writes a success marker.
+            .require_success_marker(false)
             .plan(p2)
             .executor(c2)
             .campaign_dir(d2)
@@ -758,7 +762,8 @@ fn poll_errors_are_retried_not_job_failures() {
     assert!(r.is_complete());
     assert_eq!(submits(&s.mock), ["a/0#1"]);
     let journal = std::fs::read_to_string(dir.path().join("controller/journal.jsonl")).unwrap();
-    assert!(journal.contains("poll_error"));
+    assert!(journal.contains("scheduler_unreachable"), "{journal}");
+    assert!(journal.contains("scheduler_reachable"), "{journal}");
 }
 
 #[test]
@@ -829,7 +834,11 @@ fn a_cancel_by_shutdown_is_not_a_retry_and_the_unit_runs_again_on_the_next_run()
     {
         let mut ctl = controller(p.clone(), &s, dir.path())
             .controls(rx)
-            .on_event(move |k, m| ev.lock().unwrap().push((k.into(), m.into())))
+            .on_event(move |e| {
+                ev.lock()
+                    .unwrap()
+                    .push((e.kind().to_string(), e.to_string()))
+            })
             .build()
             .unwrap();
         rt.block_on(ctl.run(RunOptions {
@@ -852,7 +861,7 @@ fn a_cancel_by_shutdown_is_not_a_retry_and_the_unit_runs_again_on_the_next_run()
     let events = events.lock().unwrap().clone();
     let attempts: Vec<&String> = events
         .iter()
-        .filter(|(k, _)| k == "attempt")
+        .filter(|(k, _)| k == "attempt_cancelled")
         .map(|(_, m)| m)
         .collect();
     assert_eq!(attempts.len(), 2, "{events:?}");

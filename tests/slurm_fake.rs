@@ -86,6 +86,22 @@ fn spec(name: &str) -> AttemptSpec {
     AttemptSpec::new(AttemptId::new(name).unwrap(), CommandSpec::new("true"))
 }
 
+/// Slurm's local time now (`Submit` of a job we just submitted).
+fn slurm_now() -> String {
+    let out = std::process::Command::new("date")
+        .arg("+%Y-%m-%dT%H:%M:%S")
+        .output()
+        .unwrap();
+    String::from_utf8(out.stdout).unwrap().trim().to_string()
+}
+
+/// One allocation row and its batch step in the poll's sacct form
+/// (`JobID|State|ExitCode|NodeList|Start|End|Submit|JobName`), submitted now, named `name`.
+fn acct(id: &str, state: &str, code: &str, name: &str) -> String {
+    let now = slurm_now();
+    format!("{id}|{state}|{code}|n1|||{now}|{name}\n{id}.batch|{state}|{code}|||||batch\n")
+}
+
 async fn poll1(e: &SlurmExecutor, h: &JobHandle) -> JobStatus {
     e.poll(std::slice::from_ref(h)).await.unwrap().remove(0)
 }
@@ -236,10 +252,7 @@ async fn c14_c15_c16_c17_status_lifecycle() {
         "slurm_load_jobs error: Invalid job id specified\n",
     );
     f.set("squeue.rc", "1");
-    f.set(
-        "sacct.out",
-        "4711|FAILED|3:0|n1|2026-01-01T10:00:00|2026-01-01T10:01:00\n4711.batch|FAILED|3:0||||\n",
-    );
+    f.set("sacct.out", &acct("4711", "FAILED", "3:0", "job.a1"));
     let s = poll1(&e, &h).await;
     assert_eq!(
         (s.state.clone(), s.exit_code),
@@ -339,9 +352,7 @@ async fn c19_500_array_tasks_one_squeue_one_sacct_per_tick() {
         } else {
             ("COMPLETED", "0:0")
         };
-        acct.push_str(&format!(
-            "5000_{t}|{state}|{code}|n1||\n5000_{t}.batch|{state}|{code}||||\n"
-        ));
+        acct.push_str(&self::acct(&format!("5000_{t}"), state, code, "big"));
     }
     f.set("sacct.out", &acct);
     let st = e.poll(&hs).await.unwrap();
@@ -397,7 +408,10 @@ async fn scancel_is_confirmed() {
     let e = f.executor();
     let h = e.submit(&spec("job.a1")).await.unwrap();
     f.set("squeue.out", "");
-    f.set("sacct.out", "4711|CANCELLED by 0|0:15|n1||\n");
+    f.set(
+        "sacct.out",
+        &acct("4711", "CANCELLED by 0", "0:15", "job.a1"),
+    );
     e.cancel(&h).await.unwrap();
     assert_eq!(f.calls("scancel"), vec!["scancel 4711".to_string()]);
     assert_eq!(
@@ -407,4 +421,115 @@ async fn scancel_is_confirmed() {
     // Already terminal: no second scancel.
     e.cancel(&h).await.unwrap();
     assert_eq!(f.calls("scancel").len(), 1);
+}
+
+/// Issue 9, "our job, not a namesake": a recycled job id's month-old row with another job
+/// name is never taken as our job's completion; our own row wins over it; the namesake is
+/// logged once.
+#[tokio::test]
+async fn recycled_job_id_row_is_not_our_job() {
+    let f = Fake::new();
+    f.set("sbatch.out", "4711\n");
+    let e = f.executor();
+    let h = e.submit(&spec("camp.s.0.a1")).await.unwrap();
+    // Gone from squeue; sacct only has last month's job 4711 of someone else.
+    f.set("squeue.out", "");
+    f.set(
+        "sacct.out",
+        "4711|COMPLETED|0:0|n1|||2026-01-01T00:00:00|other.job\n4711.batch|COMPLETED|0:0|||||batch\n",
+    );
+    let s = poll1(&e, &h).await;
+    assert_eq!(
+        s.state,
+        JobState::Pending,
+        "a namesake was taken as ours: {s:?}"
+    );
+    // Same name but submitted a month before us: still not ours.
+    f.set(
+        "sacct.out",
+        "4711|COMPLETED|0:0|n1|||2026-01-01T00:00:00|camp.s.0.a1\n",
+    );
+    assert_eq!(poll1(&e, &h).await.state, JobState::Pending);
+    // Our row (now, our name) after the old one: ours, with our steps only.
+    let mut out = String::from(
+        "4711|COMPLETED|0:0|n1|||2026-01-01T00:00:00|other.job\n4711.0|CANCELLED|0:10|||||x\n",
+    );
+    out.push_str(&acct("4711", "FAILED", "3:0", "camp.s.0.a1"));
+    f.set("sacct.out", &out);
+    let s = poll1(&e, &h).await;
+    assert_eq!(
+        (s.state.clone(), s.exit_code),
+        (JobState::Failed, Some(3)),
+        "{s:?}"
+    );
+    assert_eq!(
+        s.steps.iter().map(|x| x.name.as_str()).collect::<Vec<_>>(),
+        ["batch"],
+        "the namesake's step 0 leaked into our status"
+    );
+    let ignored: Vec<String> = e
+        .warnings()
+        .into_iter()
+        .filter(|w| w.contains("not our job"))
+        .collect();
+    assert_eq!(
+        ignored.len(),
+        2,
+        "each namesake row logged once: {ignored:?}"
+    );
+    // The poll asks sacct for the submit time and the job name, the name last.
+    let call = f.calls("sacct").last().unwrap().clone();
+    assert!(
+        call.contains("JobID,State,ExitCode,NodeList,Start,End,Submit,JobName"),
+        "{call}"
+    );
+}
+
+/// Issue 9, "success needs proof" at the executor: steps come with the status, so a failed
+/// `srun` step under a COMPLETED allocation is visible to the controller.
+#[tokio::test]
+async fn steps_are_reported_with_the_allocation() {
+    let f = Fake::new();
+    f.set("sbatch.out", "4711\n");
+    let e = f.executor();
+    let h = e.submit(&spec("camp.s.0.a1")).await.unwrap();
+    f.set("squeue.out", "");
+    let now = slurm_now();
+    f.set(
+        "sacct.out",
+        &format!(
+            "4711|COMPLETED|0:0|n1|||{now}|camp.s.0.a1\n4711.batch|COMPLETED|0:0|||||batch\n4711.extern|COMPLETED|0:0|||||extern\n4711.0|CANCELLED|0:10|||||python\n"
+        ),
+    );
+    let s = poll1(&e, &h).await;
+    assert_eq!(s.state, JobState::Completed);
+    let step0 = s.steps.iter().find(|x| x.name == "0").expect("step 0");
+    assert_eq!(
+        (step0.state.clone(), step0.signal, step0.is_clean()),
+        (JobState::Cancelled { by_uid: None }, Some(10), false)
+    );
+    assert_eq!(step0.to_string(), "step 0 CANCELLED by signal 10");
+}
+
+/// Bad input: a truncated sacct line is an error naming the command, the line and what was
+/// expected, never a guess at success.
+#[tokio::test]
+async fn truncated_sacct_line_is_an_error_naming_it() {
+    let f = Fake::new();
+    f.set("sbatch.out", "4711\n");
+    let e = f.executor();
+    let h = e.submit(&spec("camp.s.0.a1")).await.unwrap();
+    f.set("squeue.out", "");
+    f.set("sacct.out", "4711|COMPLETED|0:0|n1\n");
+    let err = e.poll(std::slice::from_ref(&h)).await.unwrap_err();
+    let msg = err.to_string();
+    assert!(matches!(err, ExecutorError::Parse { .. }), "{err:?}");
+    for want in [
+        "sacct",
+        "line 1",
+        "4 fields, expected at least 8",
+        "4711|COMPLETED|0:0|n1",
+    ] {
+        assert!(msg.contains(want), "`{want}` missing in: {msg}");
+    }
 }

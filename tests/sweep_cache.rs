@@ -357,8 +357,8 @@ fn trace_is_refused_and_isolate_needs_a_folder_store() {
         .isolate(true)
         .build()
         .err()
-        .expect("the default mock executor runs nothing");
-    assert!(e.to_string().contains("mock executor"), "{e}");
+        .expect("the default in-process executor starts no processes");
+    assert!(e.to_string().contains("the in-process executor"), "{e}");
     let e = Orchestrator::builder()
         .store(puzzletron::MemoryStore::new())
         .executor(local())
@@ -368,7 +368,8 @@ fn trace_is_refused_and_isolate_needs_a_folder_store() {
         .expect("must be refused");
     assert!(
         e.to_string().contains("isolate(true) with the store at")
-            && e.to_string().contains("FsStore"),
+            && e.to_string().contains("cannot be reopened")
+            && e.to_string().contains("store_root"),
         "{e}"
     );
 }
@@ -423,4 +424,60 @@ fn a_wait_for_another_holder_is_announced_once_then_taken_over() {
         "about 50 polls, one announcement: {waits:?}"
     );
     assert!(waits[0].contains(&format!("pid {}", std::process::id())));
+}
+
+/// A finished sweep's table is one call away, and reading it runs nothing: `recorded` for the
+/// runs a sweep enqueued (enqueue order), `StoreExt::metric_table` for every done run in a
+/// store (through `&`, `Box` and `Arc` alike).
+#[test]
+fn a_finished_sweeps_table_is_read_without_running() {
+    use puzzletron::StoreExt;
+    let _g = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
+    let c = FakeCrate::new();
+    let mut o = sweep(&c);
+    grid(&mut o, &c, &[0.2, 0.1]);
+    o.drain().unwrap();
+
+    let mut o = sweep(&c);
+    grid(&mut o, &c, &[0.1, 0.2, 0.3]); // 0.3 never ran
+    let (n, t) = executions(|| o.recorded("loss").unwrap());
+    assert_eq!(n, 0, "reading ran a job");
+    assert_eq!(t.values(), [0.0, 0.1, 0.2, 0.0, 0.2, 0.4]);
+    assert_eq!(
+        t.column_names(),
+        ["step", "value", "lr", "hidden", "job_key"]
+    );
+    assert_eq!(
+        o.plan().unwrap().count(Action::Run),
+        1,
+        "the queue is untouched"
+    );
+    let e = o.recorded("nope").unwrap_err().to_string();
+    assert!(e.contains("acc, loss"), "{e}");
+
+    let store = FsStore::open(c.path().join("store")).unwrap();
+    let (n, all) = executions(|| store.metric_table("loss").unwrap());
+    assert_eq!(n, 0);
+    assert_eq!(all.num_rows(), 6);
+    let mut lrs = all.f64s("lr").unwrap();
+    lrs.dedup();
+    assert_eq!(lrs.len(), 2, "{lrs:?}");
+    let arc: std::sync::Arc<dyn Store> = std::sync::Arc::new(store);
+    assert_eq!(arc.metric_table("loss").unwrap().values(), all.values());
+    let boxed: Box<dyn Store> = Box::new(&*arc);
+    assert_eq!(boxed.metric_table("acc").unwrap().values().len(), 2);
+    let e = boxed.metric_table("nope").unwrap_err().to_string();
+    assert!(e.contains("acc, loss"), "{e}");
+}
+
+/// The default executor is the in-process marker, not the mock: a plain sweep's type says so.
+#[test]
+fn the_default_executor_is_in_process() {
+    let c = FakeCrate::new();
+    let o: Orchestrator<FsStore, puzzletron::executor::InProcess> = sweep(&c);
+    let _ = o;
+    assert_eq!(
+        puzzletron::executor::Executor::kind(&puzzletron::executor::InProcess),
+        "in-process"
+    );
 }

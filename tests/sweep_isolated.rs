@@ -84,6 +84,257 @@ fn table(o: &mut Orchestrator<puzzletron::FsStore, impl puzzletron::executor::Ex
         .collect()
 }
 
+/// A user store: an `FsStore` under another kind, that notes in its folder which process
+/// opened it through the registered opener (so the test sees workers used that opener).
+struct Tagged(puzzletron::FsStore, PathBuf, &'static str);
+
+const TAGGED: &str = "tagged";
+
+fn open_tagged(location: &str) -> Result<Box<dyn Store>, puzzletron::store::StoreError> {
+    let root = PathBuf::from(location);
+    let store = puzzletron::FsStore::open(&root)?;
+    use std::io::Write;
+    let mut f = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(root.join("opened-by"))
+        .map_err(|e| puzzletron::store::StoreError::Io {
+            path: root.join("opened-by"),
+            source: e,
+        })?;
+    let _ = writeln!(f, "pid {}", std::process::id());
+    Ok(Box::new(Tagged(store, root, TAGGED)))
+}
+
+impl Store for Tagged {
+    fn location(&self) -> String {
+        self.0.location()
+    }
+    fn record(&self, key: &puzzletron::Hash) -> StoreResult<Option<puzzletron::store::JobRecord>> {
+        self.0.record(key)
+    }
+    fn keys(&self) -> StoreResult<Vec<puzzletron::Hash>> {
+        self.0.keys()
+    }
+    fn lineage(&self, l: &puzzletron::Hash) -> StoreResult<Option<puzzletron::Hash>> {
+        self.0.lineage(l)
+    }
+    fn claim_info(
+        &self,
+        key: &puzzletron::Hash,
+    ) -> StoreResult<Option<puzzletron::store::ClaimInfo>> {
+        self.0.claim_info(key)
+    }
+    fn claim(
+        &self,
+        key: &puzzletron::Hash,
+        owner: &puzzletron::store::Owner,
+        replace_done: Option<u32>,
+    ) -> StoreResult<puzzletron::store::ClaimOutcome> {
+        self.0.claim(key, owner, replace_done)
+    }
+    fn start(
+        &self,
+        claim: &puzzletron::store::Claim,
+        record: &puzzletron::store::JobRecord,
+    ) -> StoreResult<()> {
+        self.0.start(claim, record)
+    }
+    fn metric_sink(
+        &self,
+        claim: &puzzletron::store::Claim,
+    ) -> StoreResult<Box<dyn puzzletron::store::MetricSink>> {
+        self.0.metric_sink(claim)
+    }
+    fn finish(
+        &self,
+        claim: &puzzletron::store::Claim,
+        record: &puzzletron::store::JobRecord,
+    ) -> StoreResult<()> {
+        self.0.finish(claim, record)
+    }
+    fn release(&self, claim: &puzzletron::store::Claim) -> StoreResult<()> {
+        self.0.release(claim)
+    }
+    fn heartbeat(&self, claim: &puzzletron::store::Claim) -> StoreResult<()> {
+        self.0.heartbeat(claim)
+    }
+    fn metrics(
+        &self,
+        key: &puzzletron::Hash,
+        name: Option<&str>,
+    ) -> StoreResult<puzzletron::store::Series> {
+        self.0.metrics(key, name)
+    }
+    fn artifact_dir(&self, key: &puzzletron::Hash) -> Option<PathBuf> {
+        self.0.artifact_dir(key)
+    }
+    fn spec(&self) -> Option<puzzletron::StoreSpec> {
+        Some(puzzletron::StoreSpec::new(
+            self.2,
+            self.1.display().to_string(),
+        ))
+    }
+}
+
+type StoreResult<T> = Result<T, puzzletron::store::StoreError>;
+
+/// Isolated runs over a user store: workers reopen it through the opener registered with
+/// `main_guard_with`, not as a bare FsStore; a store no worker can reopen is refused at build.
+fn user_store_isolated(base: &Path) {
+    std::fs::create_dir_all(base).unwrap();
+    let root = base.join("tagged");
+    let store = open_tagged(root.to_str().unwrap()).unwrap();
+    // Behind an Arc: the forwarding impls make `Arc<dyn Store>` a store too.
+    let store: std::sync::Arc<dyn Store> = std::sync::Arc::from(store);
+    let mut o = Orchestrator::builder()
+        .store(store)
+        .executor(local(base, 3))
+        .isolate(true)
+        .worker_dir(base.join("tasks"))
+        .build()
+        .unwrap();
+    let j = job!(work);
+    for x in [7, 8, 9] {
+        o.run(&j, params(x, "ok", 0)).unwrap();
+    }
+    let s = o
+        .drain()
+        .unwrap_or_else(|f| panic!("isolated drain failed: {f}"));
+    assert_eq!(s.ran(), 3, "{}", s.report());
+    let t = o.recorded("y").unwrap();
+    assert_eq!(
+        t.values(),
+        [49.0, 50.0, 51.0, 64.0, 65.0, 66.0, 81.0, 82.0, 83.0]
+    );
+    let opened = std::fs::read_to_string(root.join("opened-by")).unwrap();
+    let me = format!("pid {}", std::process::id());
+    let workers: Vec<&str> = opened.lines().filter(|l| *l != me).collect();
+    assert_eq!(
+        workers.len(),
+        3,
+        "each worker opens the store once: {opened}"
+    );
+    // Task files went to the worker_dir, not into the store.
+    assert!(std::fs::read_dir(base.join("tasks")).unwrap().count() >= 1);
+    assert!(!root.join("isolated").exists());
+
+    // A kind no opener was registered for is refused when the sweep is built.
+    let other = Tagged(
+        puzzletron::FsStore::open(base.join("other")).unwrap(),
+        base.join("other"),
+        "unknown-kind",
+    );
+    let boxed: Box<dyn Store> = Box::new(other);
+    let err = Orchestrator::builder()
+        .store(boxed)
+        .executor(local(base, 1))
+        .isolate(true)
+        .worker_dir(base.join("tasks"))
+        .build()
+        .err()
+        .expect("an unregistered store kind must be refused");
+    let msg = err.to_string();
+    assert!(
+        msg.contains("\"unknown-kind\"") && msg.contains("main_guard_with"),
+        "{msg}"
+    );
+    // A memory store cannot be reopened at all.
+    let err = Orchestrator::builder()
+        .store(puzzletron::MemoryStore::new())
+        .executor(local(base, 1))
+        .isolate(true)
+        .build()
+        .err()
+        .expect("a memory store must be refused");
+    assert!(err.to_string().contains("cannot be reopened"), "{err}");
+    println!("ok - user_store_isolated");
+}
+
+/// Drains from inside tokio runtimes: the blocking drain (isolated: it used to panic with
+/// "Cannot start a runtime from within a runtime"), `drain_async` isolated and in process, on
+/// both runtime flavors; each gives the same table as a plain in-process drain.
+fn async_drivers(base: &Path) {
+    let j = job!(work);
+    let xs = [2, 3];
+    let want: Vec<f64> = xs
+        .iter()
+        .flat_map(|x| (0..3).map(move |s| (x * x + s) as f64))
+        .collect();
+    let iso = |name: &str| {
+        let mut o = Orchestrator::builder()
+            .store_root(base.join(name))
+            .executor(local(&base.join(format!("{name}-exec")), 2))
+            .isolate(true)
+            .build()
+            .unwrap();
+        for x in xs {
+            o.run(&j, params(x, "ok", 0)).unwrap();
+        }
+        o
+    };
+    let inproc = |name: &str| {
+        let mut o = Orchestrator::builder()
+            .store_root(base.join(name))
+            .build()
+            .unwrap();
+        for x in xs {
+            o.run(&j, params(x, "ok", 0)).unwrap();
+        }
+        o
+    };
+    let multi = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
+    let single = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    for (flavor, rt) in [("multi-thread", &multi), ("current-thread", &single)] {
+        // The blocking drain inside the runtime.
+        let mut o = iso(&format!("blocking-{flavor}"));
+        let s = rt
+            .block_on(async { o.drain() })
+            .unwrap_or_else(|f| panic!("{flavor}: {f}"));
+        assert_eq!(s.ran(), 2, "{flavor}: {}", s.report());
+        assert_eq!(o.recorded("y").unwrap().values(), want, "{flavor}");
+        // The async drain, isolated: another task keeps running meanwhile.
+        let mut o = iso(&format!("async-{flavor}"));
+        let ticks = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let t2 = ticks.clone();
+        let s = rt
+            .block_on(async {
+                let ticker = tokio::spawn(async move {
+                    loop {
+                        t2.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                        tokio::time::sleep(Duration::from_millis(5)).await;
+                    }
+                });
+                let s = o.drain_async().await;
+                ticker.abort();
+                s
+            })
+            .unwrap_or_else(|f| panic!("{flavor}: {f}"));
+        assert_eq!(s.ran(), 2, "{flavor}: {}", s.report());
+        assert!(
+            ticks.load(std::sync::atomic::Ordering::Relaxed) > 1,
+            "{flavor}: the async isolated drain blocked the runtime"
+        );
+        let t = rt.block_on(o.get_async("y")).unwrap();
+        assert_eq!(t.values(), want, "{flavor}");
+        // The async drain, in process.
+        let mut o = inproc(&format!("inproc-{flavor}"));
+        let s = rt
+            .block_on(o.drain_async())
+            .unwrap_or_else(|f| panic!("{flavor}: {f}"));
+        assert_eq!(s.ran(), 2, "{flavor}: {}", s.report());
+        assert_eq!(o.recorded("y").unwrap().values(), want, "{flavor}");
+    }
+    println!("ok - async_drivers");
+}
+
 /// Isolated (4 at a time) equals in-process, metric for metric.
 fn isolated_equals_in_process(base: &Path) {
     let xs = [1, 2, 3, 4, 5, 6];
@@ -380,7 +631,7 @@ fn slurm_fault_injection_50_isolated(base: &Path) {
 }
 
 fn main() {
-    puzzletron::worker::main_guard();
+    puzzletron::worker::main_guard_with(&[(TAGGED, open_tagged)]);
     if let Some(base) = std::env::var_os(ROLE_ENV) {
         parent_role(&PathBuf::from(base));
     }
@@ -390,6 +641,8 @@ fn main() {
     isolated_equals_in_process(&tmp.path().join("a"));
     crashes_fail_only_their_run(&tmp.path().join("b"));
     killed_parent_loses_nothing(&tmp.path().join("c"));
+    user_store_isolated(&tmp.path().join("f"));
+    async_drivers(&tmp.path().join("g"));
     // Slurm: the "compute nodes" are this machine, so a folder under /tmp is shared.
     #[cfg(feature = "slurm")]
     {

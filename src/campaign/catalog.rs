@@ -123,8 +123,13 @@ pub struct StageDef {
     pub instances: u32,
     /// Where its mesh comes from.
     pub mesh: MeshSource,
-    /// Whether one instance is a torch.distributed job (launched with torchrun).
+    /// Whether one instance is a torch.distributed job (launched with torchrun unless
+    /// [`StageDef::direct_launch`]).
     pub distributed: bool,
+    /// Whether the worker starts its own processes (vLLM servers, lm-eval, model export), so
+    /// it is started directly even when distributed. Persistent-pool stages always are.
+    #[serde(default)]
+    pub direct_launch: bool,
     /// Whether shard / pool results must be merged by an aggregate step.
     pub aggregate: bool,
     /// Failure policy the stage asks for (the execution config still wins).
@@ -136,6 +141,14 @@ pub struct StageDef {
     pub shard_axis: Option<ShardAxis>,
     /// Whether an interrupted attempt can resume from a checkpoint.
     pub resumable: bool,
+    /// Files or folders, relative to the unit's output folder, that a successful attempt must
+    /// leave (checked before the attempt counts as done; never outside the folder).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub outputs: Vec<String>,
+    /// A validation command (argv, no shell) run in the unit's output folder after a
+    /// successful attempt; a non-zero exit makes the attempt a failure. Empty: none.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub validate: Vec<String>,
 }
 
 impl StageDef {
@@ -150,11 +163,14 @@ impl StageDef {
             instances: 1,
             mesh: MeshSource::Single,
             distributed: false,
+            direct_launch: false,
             aggregate: false,
             failure_policy: None,
             command: Vec::new(),
             shard_axis: None,
             resumable: false,
+            outputs: Vec::new(),
+            validate: Vec::new(),
         }
     }
     /// Adds contracted parents.
@@ -190,6 +206,12 @@ impl StageDef {
         self.distributed = d;
         self
     }
+
+    /// Marks the worker as starting its own processes (see [`StageDef::direct_launch`]).
+    pub fn direct_launch(mut self, d: bool) -> Self {
+        self.direct_launch = d;
+        self
+    }
     /// Marks shard/pool results as needing aggregation.
     pub fn aggregate(mut self, a: bool) -> Self {
         self.aggregate = a;
@@ -217,6 +239,8 @@ pub struct ResolvedStage {
     pub mesh: ParallelMesh,
     /// Whether an instance is a torch.distributed job.
     pub distributed: bool,
+    /// Whether the worker starts its own processes (no torchrun).
+    pub direct_launch: bool,
     /// Whether results need aggregation.
     pub aggregate: bool,
     /// Failure policy the stage asks for.
@@ -229,6 +253,14 @@ pub struct ResolvedStage {
     pub shard_axis_name: Option<String>,
     /// Whether an attempt can resume from a checkpoint.
     pub resumable: bool,
+    /// Files or folders, relative to the unit's output folder, that a successful attempt must
+    /// leave (checked before the attempt counts as done; never outside the folder).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub outputs: Vec<String>,
+    /// A validation command (argv, no shell) run in the unit's output folder after a
+    /// successful attempt; a non-zero exit makes the attempt a failure. Empty: none.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub validate: Vec<String>,
 }
 
 /// Post-MIP flow expansion settings of the Puzzle catalog.
@@ -397,6 +429,8 @@ impl StageCatalog {
                     .strategy(Sharded)
                     .mesh(automodel(&["zero_shot_evaluation"]))
                     .distributed(true)
+                    // lm-eval with its own model parallelism: no torchrun (as the reference).
+                    .direct_launch(true)
                     .aggregate(true);
                 d.shard_axis = Some(embedding_widths());
                 d
@@ -567,12 +601,15 @@ impl StageCatalog {
                 instances: d.instances,
                 mesh,
                 distributed: d.distributed,
+                direct_launch: d.direct_launch,
                 aggregate: d.aggregate,
                 failure_policy: d.failure_policy,
                 command: d.command.clone(),
                 shard_groups,
                 shard_axis_name,
                 resumable: d.resumable,
+                outputs: d.outputs.clone(),
+                validate: d.validate.clone(),
             });
         }
         Ok(resolved)
@@ -722,14 +759,16 @@ fn read_shard_groups(
         .collect()
 }
 
-/// Post-MIP node types, with (strategy, distributed).
-const NODE_TYPES: [(&str, Strategy, bool); 6] = [
-    ("filter", Strategy::Single, false),
-    ("evaluation", Strategy::Sharded, true),
-    ("materialize", Strategy::Sharded, true),
-    ("aiperf", Strategy::Sharded, true),
-    ("global_kd", Strategy::Sharded, true),
-    ("downstream_evaluation", Strategy::Sharded, true),
+/// Post-MIP node types, with (strategy, distributed, direct launch). As in the reference,
+/// `materialize` (model export), `aiperf` (a vLLM server under load) and
+/// `downstream_evaluation` (lm-eval / lmms-eval) start their own processes: no torchrun.
+const NODE_TYPES: [(&str, Strategy, bool, bool); 6] = [
+    ("filter", Strategy::Single, false, false),
+    ("evaluation", Strategy::Sharded, true, false),
+    ("materialize", Strategy::Sharded, true, true),
+    ("aiperf", Strategy::Sharded, true, true),
+    ("global_kd", Strategy::Sharded, true, false),
+    ("downstream_evaluation", Strategy::Sharded, true, true),
 ];
 const FLOW_KEYS: [&str; 2] = ["source", "nodes"];
 const NODE_KEYS: [&str; 11] = [
@@ -799,9 +838,10 @@ fn expand_post_mip(
                     });
                 }
             };
-            let Some(&(_, strategy, distributed)) = NODE_TYPES.iter().find(|(t, _, _)| *t == ty)
+            let Some(&(_, strategy, distributed, direct)) =
+                NODE_TYPES.iter().find(|(t, _, _, _)| *t == ty)
             else {
-                let valid: Vec<&str> = NODE_TYPES.iter().map(|(t, _, _)| *t).collect();
+                let valid: Vec<&str> = NODE_TYPES.iter().map(|(t, _, _, _)| *t).collect();
                 return Err(PlanError::InvalidValue {
                     file: file.into(),
                     path: join(&npath, "type"),
@@ -894,6 +934,7 @@ fn expand_post_mip(
             let mut def = StageDef::new(&sid(name))
                 .strategy(strategy)
                 .distributed(distributed)
+                .direct_launch(direct)
                 .command(pm.command.clone());
             def.needs = dedup.iter().map(|p| Need::on(p)).collect();
             def.failure_policy = failure_policy;
@@ -925,7 +966,7 @@ fn check_flow_name(file: &str, path: &str, name: &str) -> Result<(), PlanError> 
     }
 }
 
-const USER_STAGE_KEYS: [&str; 10] = [
+const USER_STAGE_KEYS: [&str; 12] = [
     "id",
     "needs",
     "strategy",
@@ -936,6 +977,8 @@ const USER_STAGE_KEYS: [&str; 10] = [
     "distributed",
     "aggregate",
     "resumable",
+    "outputs",
+    "validate",
 ];
 
 fn parse_user_stage(file: &str, path: &str, node: &Node) -> Result<StageDef, PlanError> {
@@ -1011,6 +1054,40 @@ fn parse_user_stage(file: &str, path: &str, node: &Node) -> Result<StageDef, Pla
             &join(path, "parallel"),
             v,
         )?);
+    }
+    if let Some(n) = node.get("outputs").filter(|v| !v.is_null()) {
+        let p = join(path, "outputs");
+        def.outputs = expect_str_list(file, &p, n)?;
+        for (i, o) in def.outputs.iter().enumerate() {
+            let rel = std::path::Path::new(o);
+            let inside = !o.is_empty()
+                && rel.is_relative()
+                && rel
+                    .components()
+                    .all(|c| matches!(c, std::path::Component::Normal(_)));
+            if !inside {
+                return Err(invalid(
+                    file,
+                    &format!("{p}[{i}]"),
+                    &Node::Str(o.clone()),
+                    "a path relative to the unit's output folder, without `..`",
+                ));
+            }
+        }
+    }
+    if let Some(n) = node.get("validate").filter(|v| !v.is_null()) {
+        let p = join(path, "validate");
+        match n {
+            Node::Seq(_) => def.validate = expect_str_list(file, &p, n)?,
+            other => {
+                return Err(invalid(
+                    file,
+                    &p,
+                    other,
+                    "a list of arguments (argv), e.g. [python, check.py]; commands never go through a shell",
+                ));
+            }
+        }
     }
     for (key, slot) in [
         ("distributed", &mut def.distributed),

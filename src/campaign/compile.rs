@@ -43,7 +43,7 @@ use std::path::Path;
 use serde::{Deserialize, Serialize};
 
 use super::catalog::{ResolvedStage, StageCatalog};
-use super::config::{ConfigLoader, Env};
+use super::config::{ConfigLoader, Env, Override};
 use super::execution::{
     ExecutionConfig, ExecutionDefaults, Resource, StageExecutionSpec, Strategy,
 };
@@ -104,7 +104,7 @@ pub fn compile_campaign_plan(
     experiment_config_path: impl AsRef<Path>,
     runner: &RunnerEnvironment,
     execution: &ExecutionConfig,
-    overrides: &[String],
+    overrides: &[Override],
     stage_filter: Option<&StageFilter>,
 ) -> Result<CampaignPlan, PlanError> {
     let loader = ConfigLoader::new().env(Env::from_process());
@@ -128,7 +128,7 @@ pub fn compile_campaign_plan_with(
     experiment_config_path: impl AsRef<Path>,
     runner: &RunnerEnvironment,
     execution: &ExecutionConfig,
-    overrides: &[String],
+    overrides: &[Override],
     stage_filter: Option<&StageFilter>,
 ) -> Result<CampaignPlan, PlanError> {
     let path = experiment_config_path.as_ref();
@@ -148,8 +148,8 @@ pub fn compile_campaign_plan_with(
 
 /// Compiles a campaign from an already loaded and resolved experiment config.
 ///
-/// `label` names the experiment in the plan and in errors; `overrides` are recorded as given
-/// (they must already be applied to `config`).
+/// `label` names the experiment in the plan and in errors; `overrides` are recorded in the plan
+/// as given (they must already be applied to `config`).
 ///
 /// Steps: resolve the catalog (enabled stages, contracted parents, meshes); check every
 /// `execution.stages` id is a stage of the catalog (or one it knows of); per stage merge
@@ -165,7 +165,7 @@ pub fn compile_campaign_plan_with(
 pub fn compile_resolved(
     label: &str,
     config: Node,
-    overrides: &[String],
+    overrides: &[Override],
     catalog: &StageCatalog,
     runner: &RunnerEnvironment,
     execution: &ExecutionConfig,
@@ -208,6 +208,7 @@ pub fn compile_resolved(
                 shard_axis_name: stage.shard_axis_name.as_deref(),
                 aggregate: stage.aggregate,
                 distributed: spec.distributed,
+                direct_launch: stage.direct_launch,
                 allocation: &spec.allocation,
             },
             &mut rdzv,
@@ -219,6 +220,8 @@ pub fn compile_resolved(
             work,
             command: stage.command.clone(),
             resumable: stage.resumable,
+            outputs: stage.outputs.clone(),
+            validate: stage.validate.clone(),
         });
     }
     let (stages, completed) = match stage_filter {
@@ -239,6 +242,7 @@ pub fn compile_resolved(
         puzzle_dir,
         contract_hash: hash,
         overrides: overrides.to_vec(),
+        unchecked_overrides: Vec::new(),
         runner: runner.clone(),
         execution_defaults: defaults,
         catalog: catalog.name.clone(),

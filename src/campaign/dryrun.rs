@@ -348,7 +348,11 @@ fn sbatch_script(
         let _ = writeln!(s, "#SBATCH --exclusive");
     }
     if let Some(tl) = stage.spec.time_limit.as_ref().or(slurm.time_limit.as_ref()) {
-        let _ = writeln!(s, "#SBATCH --time={}", directive_value(sid, "time", tl)?);
+        let _ = writeln!(
+            s,
+            "#SBATCH --time={}",
+            directive_value(sid, "time", tl.as_str())?
+        );
     }
     let log_dir = slurm.log_dir.clone().unwrap_or_else(|| "logs".into());
     let _ = writeln!(
@@ -567,7 +571,8 @@ fn processes(
     Ok(out)
 }
 
-/// The dry run as text: per stage, the job (script or processes) and the GPU placement.
+/// The dry run as text: per stage, the job (script or processes) and the GPU placement; then
+/// the [`PlanSummary`](super::PlanSummary) table (per stage, and the total node-hours).
 ///
 /// # Errors
 /// As [`dry_run`].
@@ -635,6 +640,11 @@ pub fn render_dry_run(plan: &CampaignPlan, options: &DryRunOptions) -> Result<St
             );
         }
     }
+    let _ = write!(
+        s,
+        "\n=== summary ===\n{}",
+        super::summary::PlanSummary::of(plan)
+    );
     Ok(s)
 }
 

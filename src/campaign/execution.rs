@@ -15,7 +15,7 @@ use serde::{Deserialize, Serialize};
 
 use super::mesh::{GpuAllocation, ParallelMesh, ParallelMeshOverride};
 use super::plan_error::PlanError;
-use super::runner::is_slurm_time;
+use super::slurm_time::SlurmTime;
 use super::tree::{
     Node, check_keys, did_you_mean, expect_map, expect_opt_str, expect_u32, invalid, join,
 };
@@ -138,8 +138,8 @@ pub struct StageExecutionConfig {
     pub parallel: ParallelMeshOverride,
     /// Most attempts per work item.
     pub max_attempts: Option<u32>,
-    /// Slurm `--time` for this stage.
-    pub time_limit: Option<String>,
+    /// Slurm `--time` for this stage, parsed.
+    pub time_limit: Option<SlurmTime>,
 }
 
 /// A parsed execution config.
@@ -268,7 +268,7 @@ fn parse_stage(file: &str, path: &str, node: &Node) -> Result<StageExecutionConf
             "parallel" => s.parallel = ParallelMeshOverride::from_mapping(file, &p, value)?,
             "max_attempts" => s.max_attempts = Some(expect_u32(file, &p, value, 1)?),
             "time_limit" => match value {
-                Node::Str(t) if is_slurm_time(t) => s.time_limit = Some(t.clone()),
+                Node::Str(t) if t.parse::<SlurmTime>().is_ok() => s.time_limit = t.parse().ok(),
                 other => return Err(invalid(file, &p, other, "a Slurm time such as \"4:00:00\"")),
             },
             // Every other key was refused by `check_keys` above.
@@ -300,7 +300,7 @@ pub struct StageExecutionSpec {
     /// Whether one instance is a multi-process distributed (torch.distributed) job.
     pub distributed: bool,
     /// Slurm `--time` for this stage, if set.
-    pub time_limit: Option<String>,
+    pub time_limit: Option<SlurmTime>,
 }
 
 #[cfg(test)]

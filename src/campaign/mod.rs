@@ -23,11 +23,14 @@ pub mod controller;
 pub mod document;
 pub mod dryrun;
 pub mod execution;
+#[cfg(feature = "fuzzing")]
 pub mod fuzzing;
 pub mod mesh;
 pub mod plan;
 pub mod plan_error;
 pub mod runner;
+mod slurm_time;
+mod summary;
 pub mod tree;
 pub mod work;
 
@@ -47,4 +50,6 @@ pub use mesh::{
 pub use plan::{CampaignPlan, StagePlan};
 pub use plan_error::PlanError;
 pub use runner::{ExecutionContract, RunnerEnvironment, RunnerKind};
+pub use slurm_time::{SlurmTime, SlurmTimeError};
+pub use summary::{PlanSummary, StageSummary};
 pub use work::{TaskLauncher, TaskTopology, WorkItem, WorkItemKind, WorkPlan};

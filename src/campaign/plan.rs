@@ -2,6 +2,7 @@
 
 use serde::{Deserialize, Serialize};
 
+use super::config::Override;
 use super::execution::{ExecutionDefaults, StageExecutionSpec};
 use super::runner::RunnerEnvironment;
 use super::tree::Node;
@@ -23,6 +24,14 @@ pub struct StagePlan {
     pub command: Vec<String>,
     /// Whether an interrupted attempt can resume from a checkpoint.
     pub resumable: bool,
+    /// Files or folders, relative to the unit's output folder, that a successful attempt must
+    /// leave (checked before the attempt counts as done; never outside the folder).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub outputs: Vec<String>,
+    /// A validation command (argv, no shell) run in the unit's output folder after a
+    /// successful attempt; a non-zero exit makes the attempt a failure. Empty: none.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub validate: Vec<String>,
 }
 
 /// A compiled campaign: the stage DAG in topological order, each stage's execution spec and
@@ -36,8 +45,12 @@ pub struct CampaignPlan {
     pub puzzle_dir: Option<String>,
     /// Hash of everything that changes results (see [`contract_hash`](super::compile::contract_hash)).
     pub contract_hash: Hash,
-    /// The overrides applied, as given.
-    pub overrides: Vec<String>,
+    /// The overrides applied, in order (serialized as the text typed).
+    pub overrides: Vec<Override>,
+    /// The overrides (as typed) whose keys the compiler does not read: passed to the workers
+    /// unchanged in the resolved config, not checked.
+    #[serde(default)]
+    pub unchecked_overrides: Vec<String>,
     /// The runner.
     pub runner: RunnerEnvironment,
     /// Execution defaults.

@@ -11,6 +11,7 @@
 use serde::{Deserialize, Serialize};
 
 use super::plan_error::PlanError;
+use super::slurm_time::SlurmTime;
 use super::tree::{
     Node, check_keys, did_you_mean, expect_map, expect_opt_str, expect_str_list, expect_u32,
     invalid, join,
@@ -105,8 +106,8 @@ pub struct SlurmSettings {
     pub interactive_max_nodes: Option<u32>,
     /// Most nodes any one stage may request.
     pub max_nodes: Option<u32>,
-    /// `--time` (Slurm's `[D-]HH:MM:SS` or minutes).
-    pub time_limit: Option<String>,
+    /// `--time` (Slurm's `[D-]HH:MM:SS` or minutes), parsed.
+    pub time_limit: Option<SlurmTime>,
     /// `--qos`.
     pub qos: Option<String>,
     /// `--constraint`.
@@ -439,8 +440,8 @@ fn parse_slurm(file: &str, node: &Node) -> Result<SlurmSettings, PlanError> {
     };
     let time_limit = match field(m, "time_limit") {
         Node::Null => None,
-        Node::Str(s) if is_slurm_time(s) => Some(s.clone()),
-        Node::Int(i) if *i > 0 => Some(i.to_string()),
+        Node::Str(s) if s.parse::<SlurmTime>().is_ok() => s.parse().ok(),
+        Node::Int(i) if *i > 0 && *i < 1_000_000 => Some(SlurmTime::from_minutes(*i as u32)),
         other => {
             return Err(invalid(
                 file,
@@ -463,22 +464,6 @@ fn parse_slurm(file: &str, node: &Node) -> Result<SlurmSettings, PlanError> {
         constraint: expect_opt_str(file, "runner.slurm.constraint", field(m, "constraint"))?,
         log_dir: expect_opt_str(file, "runner.slurm.log_dir", field(m, "log_dir"))?,
     })
-}
-
-/// Whether `s` is a Slurm `--time` value: `M`, `M:S`, `H:M:S`, `D-H`, `D-H:M`, `D-H:M:S`.
-pub(crate) fn is_slurm_time(s: &str) -> bool {
-    let (days, rest) = match s.split_once('-') {
-        Some((d, r)) => (Some(d), r),
-        None => (None, s),
-    };
-    let num = |x: &str| !x.is_empty() && x.len() <= 6 && x.chars().all(|c| c.is_ascii_digit());
-    if let Some(d) = days
-        && !num(d)
-    {
-        return false;
-    }
-    let parts: Vec<&str> = rest.split(':').collect();
-    !parts.is_empty() && parts.len() <= 3 && parts.iter().all(|p| num(p))
 }
 
 fn parse_inventory(file: &str, node: &Node) -> Result<BaremetalInventory, PlanError> {
@@ -669,15 +654,5 @@ mod tests {
         assert!(e.to_string().contains("rendezvous_host"), "{e}");
         let r = parse(json!({"runner": {"kind": "baremetal", "inventory": {"rendezvous_host": "h1", "hosts": [{"hostname": "h1", "gpus": 8}]}}})).unwrap();
         assert_eq!(r.inventory.unwrap().rendezvous_port_base, 29500);
-    }
-
-    #[test]
-    fn slurm_time_forms() {
-        for ok in ["4:00:00", "60", "1-00:00:00", "1-12", "30:00"] {
-            assert!(is_slurm_time(ok), "{ok}");
-        }
-        for bad in ["", "4h", "1:2:3:4", "$(x)"] {
-            assert!(!is_slurm_time(bad), "{bad}");
-        }
     }
 }

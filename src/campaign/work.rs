@@ -165,6 +165,8 @@ pub struct WorkPlanInput<'a> {
     pub aggregate: bool,
     /// Whether instances are torch.distributed jobs.
     pub distributed: bool,
+    /// Whether the worker starts its own processes (no torchrun even when distributed).
+    pub direct_launch: bool,
     /// The stage's allocation.
     pub allocation: &'a GpuAllocation,
 }
@@ -318,7 +320,11 @@ pub fn build_work_plan(
     } else {
         (a.gpus_per_instance, 1)
     };
-    let launcher = if input.distributed {
+    // Pool workers are model servers that start their own processes, like `direct_launch`
+    // stages (the reference's launcher choice).
+    let torchrun =
+        input.distributed && !input.direct_launch && input.strategy != Strategy::PersistentPool;
+    let launcher = if torchrun {
         TaskLauncher::Torchrun {
             nnodes: tasks_per_group,
             nproc_per_node: gpus_per_task.max(1),
@@ -398,6 +404,7 @@ mod tests {
             shard_axis_name: Some("embedding widths"),
             aggregate: true,
             distributed: true,
+            direct_launch: false,
             allocation: &alloc,
         };
         let e = build_work_plan(&input, &mut Ports(29500)).unwrap_err();
@@ -453,6 +460,7 @@ mod tests {
             shard_axis_name: None,
             aggregate: false,
             distributed: true,
+            direct_launch: false,
             allocation: &alloc,
         };
         let wp = build_work_plan(&input, &mut Ports(0)).unwrap();

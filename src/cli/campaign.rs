@@ -51,11 +51,12 @@ pub(crate) fn compile(args: &PlanArgs) -> Result<CampaignPlan, CliError> {
         None => ExecutionConfig::default(),
     };
     let filter = (!args.stages.is_empty()).then(|| StageFilter::only(args.stages.clone()));
+    let overrides = crate::campaign::config::parse_overrides(&args.overrides)?;
     Ok(compile_campaign_plan(
         &args.experiment,
         &runner,
         &execution,
-        &args.overrides,
+        &overrides,
         filter.as_ref(),
     )?)
 }
@@ -280,7 +281,9 @@ fn run_cmd(a: RunArgs) -> Result<i32, CliError> {
         {
             let notifier = notifier.clone();
             let dir = dir.clone();
-            b = b.on_event(move |kind, msg| {
+            b = b.on_event(move |ev| {
+                let kind = ev.kind();
+                let msg = &ev.to_string();
                 if kind != "attempt" || msg.contains("->") {
                     eprintln!("[{kind}] {msg}");
                 }

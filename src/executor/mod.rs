@@ -16,7 +16,20 @@
 //! - [`cancel`](Executor::cancel) returns once the job is terminal (or is confirmed to be
 //!   ending); cancelling a finished job is a no-op.
 //! - [`find`](Executor::find) finds the job of an attempt id, so a job submitted just before a
-//!   crash, whose handle was never recorded, is adopted instead of submitted twice.
+//!   crash, whose handle was never recorded, is adopted instead of submitted twice. It works
+//!   from a **fresh process** (a restarted controller): an executor's state may not live only
+//!   in memory.
+//! - A handle of this executor's kind for a job it does not know (never submitted, purged,
+//!   from a lost attempt folder) is polled as [`JobState::Lost`] (with a reason), never an
+//!   error and never a state that stays pending: the caller's policy decides what to do.
+//! - The spec is honoured: [`AttemptSpec::walltime`] ends an overrunning job as
+//!   [`JobState::Timeout`]; [`AttemptSpec::log_path`], when set, receives the job's
+//!   stdout/stderr and is the [`JobStatus::log_path`] reported; the job sees its attempt id in
+//!   [`ATTEMPT_ID_ENV`] (and its array index in [`ARRAY_INDEX_ENV`]).
+//!
+//! The conformance suite checks each rule (re-attach and `find` both in-process and from a
+//! separate process) and is tested against one "lying" executor per rule
+//! (`tests/executor_conformance.rs`).
 //!
 //! # Implementing an executor
 //!
@@ -65,6 +78,7 @@
 
 mod error;
 mod handle;
+mod inprocess;
 pub mod local;
 pub mod mock;
 #[cfg(feature = "slurm")]
@@ -83,6 +97,7 @@ use async_trait::async_trait;
 pub use error::ExecutorError;
 pub use handle::JobHandle;
 pub(crate) use handle::now_ms;
+pub use inprocess::InProcess;
 pub use local::{LocalExecutor, LocalExecutorBuilder};
 pub use mock::{MockCall, MockClock, MockExecutor, MockScript, MockSubmitError};
 #[cfg(feature = "slurm")]
@@ -91,7 +106,7 @@ pub use spec::{
     ARRAY_INDEX_ENV, ATTEMPT_ID_ENV, ArraySpec, AttemptId, AttemptSpec, CommandSpec, GpuRequest,
     MAX_ATTEMPT_ID_LEN, SchedulerOptions, TaskLauncher, TaskTopology,
 };
-pub use status::{JobState, JobStatus};
+pub use status::{JobState, JobStatus, StepStatus};
 
 /// Runs attempts somewhere and reports on them. See the [module docs](self) for the contract.
 ///
@@ -133,7 +148,8 @@ pub trait Executor: Send + Sync {
     }
 
     /// Reports the status of every handle, in the same order, in as few scheduler calls as
-    /// possible (Slurm: one `squeue` and at most one `sacct` for the whole slice).
+    /// possible (Slurm: one `squeue` and at most one `sacct` for the whole slice). A handle of
+    /// this kind whose job the executor does not know is [`JobState::Lost`].
     ///
     /// # Errors
     /// [`ExecutorError::SchedulerUnavailable`] when the scheduler could not be asked (no state
@@ -150,11 +166,23 @@ pub trait Executor: Send + Sync {
     async fn cancel(&self, handle: &JobHandle) -> Result<(), ExecutorError>;
 
     /// Finds the job running (or that ran) `attempt_id`, for recovery after a crash between
-    /// submit and recording the handle. `Ok(None)` when there is none.
+    /// submit and recording the handle. `Ok(None)` when there is none. Must work from a
+    /// process other than the one that submitted.
     ///
     /// # Errors
     /// Scheduler errors as for [`poll`](Executor::poll).
     async fn find(&self, attempt_id: &AttemptId) -> Result<Option<JobHandle>, ExecutorError>;
+
+    /// The uid of the scheduler's own user (Slurm's `SlurmUser`), when the executor has one:
+    /// a job `CANCELLED by` that uid was cancelled by the scheduler (a preemption), not by a
+    /// person. The default is `Ok(None)` (no scheduler user).
+    ///
+    /// # Errors
+    /// Scheduler errors as for [`poll`](Executor::poll); malformed answers as
+    /// [`ExecutorError::Parse`].
+    async fn scheduler_uid(&self) -> Result<Option<u32>, ExecutorError> {
+        Ok(None)
+    }
 }
 
 macro_rules! forward_executor {
@@ -184,6 +212,9 @@ macro_rules! forward_executor {
                 attempt_id: &AttemptId,
             ) -> Result<Option<JobHandle>, ExecutorError> {
                 (**self).find(attempt_id).await
+            }
+            async fn scheduler_uid(&self) -> Result<Option<u32>, ExecutorError> {
+                (**self).scheduler_uid().await
             }
         }
     };

@@ -162,6 +162,67 @@ pub struct JobStatus {
     pub started_at_ms: Option<u64>,
     /// End time, milliseconds since the Unix epoch, when known.
     pub ended_at_ms: Option<u64>,
+    /// The job's steps as the scheduler accounted them (Slurm `sacct` rows `ID.batch`,
+    /// `ID.extern`, `ID.0`, ...), sorted by name; empty when the executor has no steps or the
+    /// accounting is not available. A controller compares them with [`state`](Self::state):
+    /// a step killed by a signal under a `COMPLETED` allocation is a failure.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub steps: Vec<StepStatus>,
+}
+
+/// One step of a job (Slurm: a `sacct` row with a dotted id).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[non_exhaustive]
+pub struct StepStatus {
+    /// The step name: `batch`, `extern`, `0`, `1`, ...
+    pub name: String,
+    /// Its state.
+    pub state: JobState,
+    /// Its exit code, when it exited.
+    pub exit_code: Option<i32>,
+    /// The signal that ended it, when one did (ExitCode `N:S`, `S != 0`).
+    pub signal: Option<i32>,
+}
+
+impl StepStatus {
+    /// A step.
+    pub fn new(
+        name: impl Into<String>,
+        state: JobState,
+        exit_code: Option<i32>,
+        signal: Option<i32>,
+    ) -> Self {
+        Self {
+            name: name.into(),
+            state,
+            exit_code,
+            signal,
+        }
+    }
+
+    /// Whether this step ended well: `COMPLETED` with exit 0 and no signal. The `extern`
+    /// step (Slurm's own) only counts when it failed by signal or state other than
+    /// `COMPLETED`/`CANCELLED` (Slurm cancels it when the allocation ends).
+    pub fn is_clean(&self) -> bool {
+        if self.name == "extern" {
+            return self.signal.is_none_or(|s| s == 0 || s == 9 || s == 15)
+                && matches!(self.state, JobState::Completed | JobState::Cancelled { .. });
+        }
+        self.state == JobState::Completed
+            && self.exit_code.unwrap_or(0) == 0
+            && self.signal.is_none_or(|s| s == 0)
+    }
+}
+
+impl std::fmt::Display for StepStatus {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "step {} {}", self.name, self.state)?;
+        match (self.signal, self.exit_code) {
+            (Some(s), _) if s != 0 => write!(f, " by signal {s}"),
+            (_, Some(c)) if c != 0 => write!(f, " with exit code {c}"),
+            _ => Ok(()),
+        }
+    }
 }
 
 impl JobStatus {
@@ -178,7 +239,14 @@ impl JobStatus {
             nodes: None,
             started_at_ms: None,
             ended_at_ms: None,
+            steps: Vec::new(),
         }
+    }
+
+    /// Sets the steps.
+    pub fn with_steps(mut self, steps: Vec<StepStatus>) -> Self {
+        self.steps = steps;
+        self
     }
 
     /// Sets the exit code.

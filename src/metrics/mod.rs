@@ -76,7 +76,7 @@ impl MetricsError {
 /// # Errors
 /// [`MetricsError::Store`] when a record or metric file cannot be read,
 /// [`MetricsError::ReservedParameter`] when a job has a parameter named like a column.
-pub fn collect(store: &dyn Store) -> Result<MetricTable, MetricsError> {
+pub fn collect<S: Store + ?Sized>(store: &S) -> Result<MetricTable, MetricsError> {
     let keys = store.keys()?;
     let mut recs: Vec<_> = store
         .records(&keys)?
@@ -100,6 +100,38 @@ pub fn collect(store: &dyn Store) -> Result<MetricTable, MetricsError> {
         });
     }
     build_table(&jobs, true)
+}
+
+/// Metric `metric` of every done job in `store` as `[step, value, *params, job_key]`, jobs in
+/// finish order (then key); see [`StoreExt::metric_table`](crate::store::StoreExt::metric_table).
+pub(crate) fn table_of<S: Store + ?Sized>(
+    store: &S,
+    metric: &str,
+) -> Result<MetricTable, MetricsError> {
+    use crate::store::StoreExt;
+    let recs = store.done_records()?;
+    let mut available = std::collections::BTreeSet::new();
+    let mut jobs = Vec::with_capacity(recs.len());
+    for r in &recs {
+        let Some(m) = &r.metrics else { continue };
+        available.extend(m.names.iter().cloned());
+        if !m.names.iter().any(|n| n == metric) {
+            continue;
+        }
+        jobs.push(JobRows {
+            key: r.key,
+            params: &r.params,
+            param_order: &r.param_order,
+            series: store.metrics(&r.key, Some(metric))?,
+        });
+    }
+    if jobs.is_empty() {
+        return Err(MetricsError::UnknownMetric {
+            metric: metric.to_string(),
+            available: available.into_iter().collect(),
+        });
+    }
+    build_table(&jobs, false)
 }
 
 #[cfg(test)]

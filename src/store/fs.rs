@@ -389,6 +389,10 @@ impl Store for FsStore {
         self.root.display().to_string()
     }
 
+    fn spec(&self) -> Option<super::StoreSpec> {
+        Some(super::StoreSpec::new("fs", self.root.display().to_string()))
+    }
+
     fn record(&self, key: &Hash) -> Result<Option<JobRecord>, StoreError> {
         self.read_record(&self.job_dir(key).join("record.json"))
     }

@@ -245,7 +245,155 @@ pub trait Store: Send + Sync {
     fn artifact_dir(&self, _key: &Hash) -> Option<PathBuf> {
         None
     }
+
+    /// How another process reopens this very store (isolated sweep runs: a worker process
+    /// opens the parent's store from this), or `None` when it cannot (an in-memory store).
+    /// [`FsStore`] says `fs` + its root; a user store returns its own kind and registers an
+    /// opener for it with [`worker::main_guard_with`](crate::worker::main_guard_with).
+    fn spec(&self) -> Option<StoreSpec> {
+        None
+    }
 }
+
+/// How to reopen a store in another process: a kind (`fs` for [`FsStore`], or a user store's
+/// own name) and a location the kind's opener understands (a folder, a URL, ...). Serialized
+/// into the task files of isolated sweep runs.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct StoreSpec {
+    /// The store's kind: `fs`, or a name registered with
+    /// [`worker::main_guard_with`](crate::worker::main_guard_with).
+    pub kind: String,
+    /// Where it is, in the kind's own terms.
+    pub location: String,
+}
+
+impl StoreSpec {
+    /// A spec of kind `kind` at `location`.
+    pub fn new(kind: impl Into<String>, location: impl Into<String>) -> Self {
+        Self {
+            kind: kind.into(),
+            location: location.into(),
+        }
+    }
+}
+
+macro_rules! forward_store {
+    ($ty:ty) => {
+        impl<S: Store + ?Sized> Store for $ty {
+            fn location(&self) -> String {
+                (**self).location()
+            }
+            fn record(&self, key: &Hash) -> Result<Option<JobRecord>, StoreError> {
+                (**self).record(key)
+            }
+            fn records(&self, keys: &[Hash]) -> Result<Vec<Option<JobRecord>>, StoreError> {
+                (**self).records(keys)
+            }
+            fn keys(&self) -> Result<Vec<Hash>, StoreError> {
+                (**self).keys()
+            }
+            fn lineage(&self, lineage: &Hash) -> Result<Option<Hash>, StoreError> {
+                (**self).lineage(lineage)
+            }
+            fn lineages(&self, lineages: &[Hash]) -> Result<Vec<Option<Hash>>, StoreError> {
+                (**self).lineages(lineages)
+            }
+            fn claim_info(&self, key: &Hash) -> Result<Option<ClaimInfo>, StoreError> {
+                (**self).claim_info(key)
+            }
+            fn claim(
+                &self,
+                key: &Hash,
+                owner: &Owner,
+                replace_done: Option<u32>,
+            ) -> Result<ClaimOutcome, StoreError> {
+                (**self).claim(key, owner, replace_done)
+            }
+            fn start(&self, claim: &Claim, record: &JobRecord) -> Result<(), StoreError> {
+                (**self).start(claim, record)
+            }
+            fn metric_sink(&self, claim: &Claim) -> Result<Box<dyn MetricSink>, StoreError> {
+                (**self).metric_sink(claim)
+            }
+            fn finish(&self, claim: &Claim, record: &JobRecord) -> Result<(), StoreError> {
+                (**self).finish(claim, record)
+            }
+            fn release(&self, claim: &Claim) -> Result<(), StoreError> {
+                (**self).release(claim)
+            }
+            fn heartbeat(&self, claim: &Claim) -> Result<(), StoreError> {
+                (**self).heartbeat(claim)
+            }
+            fn metrics(&self, key: &Hash, name: Option<&str>) -> Result<Series, StoreError> {
+                (**self).metrics(key, name)
+            }
+            fn failure_file(&self, key: &Hash) -> Option<PathBuf> {
+                (**self).failure_file(key)
+            }
+            fn artifact_dir(&self, key: &Hash) -> Option<PathBuf> {
+                (**self).artifact_dir(key)
+            }
+            fn spec(&self) -> Option<StoreSpec> {
+                (**self).spec()
+            }
+        }
+    };
+}
+
+forward_store!(Box<S>);
+forward_store!(std::sync::Arc<S>);
+forward_store!(&S);
+
+/// Conveniences on top of [`Store`], implemented for every store (the trait keeps only what an
+/// implementation must decide).
+pub trait StoreExt: Store {
+    /// Metric `metric` of every done job in the store, as `[step, value, *params, job_key]`
+    /// (the table [`Orchestrator::get`](crate::Orchestrator::get) returns), jobs in finish
+    /// order (then key). Reads only: nothing runs. Jobs that did not log `metric` add no rows.
+    ///
+    /// # Errors
+    /// [`MetricsError::UnknownMetric`](crate::metrics::MetricsError::UnknownMetric) (naming the
+    /// metrics that exist) when no done job logged it; store errors as
+    /// [`MetricsError::Store`](crate::metrics::MetricsError::Store).
+    fn metric_table(
+        &self,
+        metric: &str,
+    ) -> Result<crate::MetricTable, crate::metrics::MetricsError> {
+        crate::metrics::table_of(self, metric)
+    }
+
+    /// Every metric of every done job, with a `metric` column (see
+    /// [`metrics::collect`](crate::metrics::collect)).
+    ///
+    /// # Errors
+    /// As [`metrics::collect`](crate::metrics::collect).
+    fn collect(&self) -> Result<crate::MetricTable, crate::metrics::MetricsError> {
+        crate::metrics::collect(self)
+    }
+
+    /// The records of every done job, in finish order (then key).
+    ///
+    /// # Errors
+    /// [`StoreError`] when a record cannot be read.
+    fn done_records(&self) -> Result<Vec<JobRecord>, StoreError> {
+        let keys = self.keys()?;
+        let mut recs: Vec<JobRecord> = self
+            .records(&keys)?
+            .into_iter()
+            .flatten()
+            .filter(|r| r.status == Status::Done)
+            .collect();
+        recs.sort_by(|a, b| {
+            a.finished_at
+                .unwrap_or(0.0)
+                .total_cmp(&b.finished_at.unwrap_or(0.0))
+                .then(a.key.cmp(&b.key))
+        });
+        Ok(recs)
+    }
+}
+
+impl<S: Store + ?Sized> StoreExt for S {}
 
 /// Errors of a [`Store`].
 #[derive(Debug, thiserror::Error)]

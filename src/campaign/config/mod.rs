@@ -44,6 +44,7 @@
 mod compose;
 mod de;
 mod error;
+#[cfg(feature = "fuzzing")]
 pub mod fuzzing;
 mod interpolate;
 mod merge;

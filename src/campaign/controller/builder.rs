@@ -10,7 +10,9 @@ use std::time::Duration;
 use tokio::sync::mpsc;
 
 use super::clock::{Clock, SystemClock};
-use super::driver::{CampaignController, Control, EventSink, PoolSource};
+use super::driver::{
+    CampaignController, Collaborators, Control, Counters, EventSink, PoolSource, Settings,
+};
 use super::error::ControllerError;
 use super::journal::Journal;
 use super::lease::Lease;
@@ -46,6 +48,7 @@ pub struct CampaignControllerBuilder {
     controls: Option<mpsc::UnboundedReceiver<Control>>,
     view: super::view::ViewMode,
     abort_after_submits: Option<u64>,
+    require_success_marker: bool,
 }
 
 impl Default for CampaignControllerBuilder {
@@ -73,6 +76,7 @@ impl Default for CampaignControllerBuilder {
             controls: None,
             view: super::view::ViewMode::Off,
             abort_after_submits: None,
+            require_success_marker: true,
         }
     }
 }
@@ -175,8 +179,10 @@ impl CampaignControllerBuilder {
         self.max_requeues = n;
         self
     }
-    /// Logger: called with `(kind, message)` for every event.
-    pub fn on_event(mut self, f: impl Fn(&str, &str) + Send + Sync + 'static) -> Self {
+    /// Observer: called with every [`ControllerEvent`](super::ControllerEvent) as it happens
+    /// (on the controller's task; keep it quick). The journal records the same events as
+    /// `(kind, message)` entries.
+    pub fn on_event(mut self, f: impl Fn(&super::ControllerEvent) + Send + Sync + 'static) -> Self {
         self.on_event = Some(Arc::new(f));
         self
     }
@@ -190,6 +196,13 @@ impl CampaignControllerBuilder {
     #[doc(hidden)]
     pub fn abort_after_submits(mut self, n: u64) -> Self {
         self.abort_after_submits = Some(n);
+        self
+    }
+    /// Whether an attempt that exits 0 must also leave its success marker (`_SUCCESS` in
+    /// its output folder) to count as done (default `true`: success needs proof). Turn it off
+    /// only for executors that run nothing (tests of controller logic on the mock executor).
+    pub fn require_success_marker(mut self, required: bool) -> Self {
+        self.require_success_marker = required;
         self
     }
     /// The live view (default off).
@@ -257,48 +270,47 @@ impl CampaignControllerBuilder {
         }
         let mut c = CampaignController {
             plan,
-            executor,
             dir,
-            clock: self.clock,
-            poll_min: self.poll_min,
-            poll_max: self.poll_max,
-            retry: self.retry,
-            new_revision: self.new_revision,
-            adopt_grace: self.adopt_grace,
-            stuck_after: self.stuck_after,
-            max_live: self.max_live,
-            poll_batch: self.poll_batch,
-            submit_batch: self.submit_batch,
-            oom_retry: self.oom_retry,
-            pools: self.pools,
-            max_requeues: self.max_requeues,
-            on_event: self.on_event,
-            controls: self.controls,
-            view: super::view::LiveView::new(self.view),
-            journal,
+            settings: Settings {
+                poll_min: self.poll_min,
+                poll_max: self.poll_max,
+                retry: self.retry,
+                new_revision: self.new_revision,
+                adopt_grace: self.adopt_grace,
+                stuck_after: self.stuck_after,
+                max_live: self.max_live,
+                poll_batch: self.poll_batch,
+                submit_batch: self.submit_batch,
+                oom_retry: self.oom_retry,
+                max_requeues: self.max_requeues,
+                abort_after_submits: self.abort_after_submits,
+                require_success_marker: self.require_success_marker,
+                pools: self.pools,
+            },
+            io: Collaborators {
+                executor,
+                clock: self.clock,
+                on_event: self.on_event,
+                controls: self.controls,
+                view: super::view::LiveView::new(self.view),
+                journal,
+                lease,
+            },
+            counters: Counters::default(),
             state,
-            lease,
             own_uid: unsafe_getuid(),
             halted: false,
-            reattached: 0,
-            adopted: 0,
-            submitted: 0,
-            poll_errors: 0,
-            pool_restarts: HashMap::new(),
             pending_revision: None,
             started: false,
             recovery_reported: false,
-            submits_this_process: 0,
-            abort_after_submits: self.abort_after_submits,
+            interrupt: None,
+            scheduler_uid: None,
+            scheduler_uid_asked: false,
         };
         if replay.torn_tail > 0 {
-            c.event(
-                "journal",
-                &format!(
-                    "cut a torn last record of {} bytes (a crash during a write)",
-                    replay.torn_tail
-                ),
-            )?;
+            c.emit(super::ControllerEvent::JournalRepaired {
+                torn_bytes: replay.torn_tail as u64,
+            })?;
         }
         c.check_contract()?;
         Ok(c)

@@ -4,18 +4,30 @@
 //!
 //! The rules, in order (the first that matches wins; sources in `shared/fixtures/slurm-cases.md`
 //! C20–C25):
-//! 1. `COMPLETED` is success, except when the log shows an oom-kill event (C21c,
-//!    "Detected 1 oom_kill event"): then it is success only if the attempt left its success
-//!    marker, else [`FailureClass::Oom`].
+//! 1. `COMPLETED` is success only when every piece of evidence agrees (*success needs proof*):
+//!    a. every step ([`JobStatus::steps`]) completed with exit 0 and no signal — otherwise the
+//!       attempt is classified from the first bad step (a signal-killed step outranks the
+//!       allocation row), with the detail `accounting inconsistent: allocation COMPLETED,
+//!       step 0 CANCELLED by signal 10; ...`;
+//!    b. no oom-kill event in the log (C21c, "Detected 1 oom_kill event"), unless the
+//!       success marker is present — else [`FailureClass::Oom`];
+//!    c. the success marker is present when it was checked ([`Evidence::success_marker`]) —
+//!       else [`FailureClass::Unknown`];
+//!    d. the stage's declared outputs exist and its validation command passed
+//!       ([`Evidence::outputs_problem`]) — else [`FailureClass::Unknown`].
+//!    A log that could not be read ([`Evidence::log_unavailable`]) is named in the detail:
+//!    "unavailable", never "clean".
 //! 2. The log says the job was cancelled `DUE TO TIME LIMIT`, or the state is `TIMEOUT` (C22):
 //!    [`FailureClass::TimeoutResumable`] when the stage can resume, else
 //!    [`FailureClass::TimeoutFatal`]; decided from state/log, never from the exit code.
 //! 3. `OUT_OF_MEMORY` (C20), "CUDA out of memory"/`OutOfMemoryError` in the log (C21a), Slurm's
 //!    "Exceeded job/step memory limit", or an exit 137 / SIGKILL together with an oom-kill line
 //!    in the log: [`FailureClass::Oom`].
-//! 4. `NODE_FAIL`, `BOOT_FAIL`, `PREEMPTED`, launch failures, and a cancel by root (uid 0) that
-//!    the controller did not ask for while it runs as another user (a preemption), or a log
-//!    `DUE TO PREEMPTION` / `DUE TO NODE FAILURE`: [`FailureClass::Transient`] (C23).
+//! 4. `NODE_FAIL`, `BOOT_FAIL`, `PREEMPTED`, launch failures, a log `DUE TO PREEMPTION` /
+//!    `DUE TO NODE FAILURE`, and a cancel the controller did not ask for by the scheduler
+//!    itself (the uid of Slurm's `SlurmUser`, [`Evidence::scheduler_uid`]) or by root when
+//!    the jobs were submitted by another user ([`Evidence::own_uid`]) — a preemption, whoever
+//!    runs the controller: [`FailureClass::Transient`] (C23).
 //! 5. `DEADLINE`: [`FailureClass::Expired`] (C25: expired, not failed).
 //! 6. Any other cancel: [`FailureClass::Cancelled`].
 //! 7. Exit code 2, or argparse/clap style argument errors in the log (`unrecognized arguments`,
@@ -27,7 +39,7 @@
 
 use serde::{Deserialize, Serialize};
 
-use crate::executor::{JobState, JobStatus};
+use crate::executor::{JobState, JobStatus, StepStatus};
 
 /// Why an attempt failed, as far as the evidence tells (DESIGN.md §6).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize, PartialOrd, Ord)]
@@ -109,10 +121,20 @@ pub struct Evidence {
     pub resumable: bool,
     /// The controller itself asked for this attempt to be cancelled.
     pub cancel_requested: bool,
-    /// The uid the controller runs as (to tell a preemption by root from a user's cancel).
+    /// The uid the controller runs as, which submitted the job (to tell a preemption by root
+    /// from a user's cancel).
     pub own_uid: u32,
+    /// The uid of the scheduler's own user (Slurm `SlurmUser`), when known: a cancel by it is
+    /// the scheduler's (preemption), never a user's.
+    pub scheduler_uid: Option<u32>,
     /// Whether the attempt left its success marker: `None` when not checked.
     pub success_marker: Option<bool>,
+    /// Why the stage's declared outputs do not validate (a missing output, a failed
+    /// validation command), `None` when they do or the stage declares none.
+    pub outputs_problem: Option<String>,
+    /// Why the log could not be read, when it could not (then `log_tail` is empty and means
+    /// nothing).
+    pub log_unavailable: Option<String>,
 }
 
 /// The verdict on one finished attempt.
@@ -180,24 +202,93 @@ fn contains_any(hay: &str, needles: &[&'static str]) -> Option<&'static str> {
 /// classified as [`FailureClass::Unknown`] with a detail saying so (callers only pass terminal
 /// ones). See the [module docs](self) for the rules and their order.
 pub fn classify(status: &JobStatus, ev: &Evidence) -> Classification {
+    let mut c = classify_inner(status, ev);
+    if let Some(why) = &ev.log_unavailable {
+        c.detail = format!("{}; log unavailable ({why})", c.detail);
+    }
+    c
+}
+
+/// The state a bad step stands for (rule 1a): its own terminal state when it says more than
+/// "failed" (OOM, timeout, node failure), else the signal that killed it, else its exit code.
+fn step_as_status(status: &JobStatus, step: &StepStatus) -> JobStatus {
+    let state = match (&step.state, step.signal.filter(|&s| s != 0)) {
+        (
+            s @ (JobState::OutOfMemory
+            | JobState::Timeout
+            | JobState::NodeFail
+            | JobState::Preempted),
+            _,
+        ) => s.clone(),
+        (_, Some(sig)) => JobState::Killed { signal: sig },
+        (JobState::Completed, None) => JobState::Failed,
+        (s, None) => s.clone(),
+    };
+    let mut s = JobStatus::new(status.attempt_id.clone(), state);
+    s.exit_code = step.exit_code;
+    s.signal = step.signal.filter(|&s| s != 0);
+    s.nodes = status.nodes.clone();
+    s
+}
+
+fn classify_inner(status: &JobStatus, ev: &Evidence) -> Classification {
     let log = ev.log_tail.to_ascii_lowercase();
     let state = &status.state;
     let gpu_oom = contains_any(&log, GPU_OOM);
     let host_oom = contains_any(&log, HOST_OOM);
-    // 1. completed, maybe with an oom-kill event behind it (C21c).
+    // 1. completed: only when every piece of evidence agrees.
     if *state == JobState::Completed {
-        return match (host_oom.or(gpu_oom), ev.success_marker) {
-            (None, _) => Classification::success("completed"),
-            (Some(_), Some(true)) => Classification::success(
-                "completed; the log shows an oom-kill event but the success marker is present",
-            ),
-            (Some(m), _) => Classification::oom(
+        // a. every step (a signal-killed step outranks the allocation row).
+        if let Some(bad) = status.steps.iter().find(|s| !s.is_clean()) {
+            let derived = step_as_status(status, bad);
+            let inner = classify_inner(&derived, ev);
+            let class = inner.class.unwrap_or(FailureClass::Unknown);
+            return Classification {
+                class: Some(class),
+                oom: inner.oom,
+                detail: format!(
+                    "accounting inconsistent: allocation COMPLETED, {bad}; {}",
+                    inner.detail
+                ),
+            };
+        }
+        // b. an oom-kill event behind it (C21c).
+        let oom = host_oom.or(gpu_oom);
+        if let Some(m) = oom
+            && ev.success_marker != Some(true)
+        {
+            return Classification::oom(
                 OomKind::Host,
                 format!(
                     "state COMPLETED but the log shows `{m}` and no success marker (suspect OOM)"
                 ),
-            ),
-        };
+            );
+        }
+        // c. the worker's own success marker.
+        if ev.success_marker == Some(false) {
+            return Classification::failed(
+                FailureClass::Unknown,
+                "state COMPLETED (exit 0) but the worker wrote no success marker (_SUCCESS)",
+            );
+        }
+        // d. the stage's declared outputs.
+        if let Some(p) = &ev.outputs_problem {
+            return Classification::failed(
+                FailureClass::Unknown,
+                format!("state COMPLETED (exit 0) but {p}"),
+            );
+        }
+        let mut proof = vec!["completed".to_string()];
+        if !status.steps.is_empty() {
+            proof.push(format!("{} steps clean", status.steps.len()));
+        }
+        if ev.success_marker == Some(true) {
+            proof.push("success marker present".into());
+        }
+        if oom.is_some() {
+            proof.push("the log shows an oom-kill event but the success marker is present".into());
+        }
+        return Classification::success(proof.join("; "));
     }
     if !state.is_terminal() {
         return Classification::failed(
@@ -262,15 +353,25 @@ pub fn classify(status: &JobStatus, ev: &Evidence) -> Classification {
             format!("state {state}, log says the job was preempted or its node failed"),
         );
     }
-    if let JobState::Cancelled { by_uid } = state
+    if let JobState::Cancelled { by_uid: Some(by) } = state
         && !ev.cancel_requested
-        && *by_uid == Some(0)
-        && ev.own_uid != 0
     {
-        return Classification::failed(
-            FailureClass::Transient,
-            "cancelled by root (uid 0) without a request from this controller: a preemption",
-        );
+        if Some(*by) == ev.scheduler_uid {
+            return Classification::failed(
+                FailureClass::Transient,
+                format!(
+                    "cancelled by the scheduler's own user (uid {by}) without a request from \
+                     this controller: a preemption"
+                ),
+            );
+        }
+        if *by == 0 && ev.own_uid != 0 {
+            return Classification::failed(
+                FailureClass::Transient,
+                "cancelled by root (uid 0), not by the submitting user, without a request \
+                 from this controller: a preemption",
+            );
+        }
     }
     // 5. deadline (C25).
     if *state == JobState::Deadline {
@@ -391,6 +492,81 @@ mod tests {
         let c = classify(&st(JobState::Completed).with_exit_code(0), &ev("done\n"));
         assert_eq!(c.class, None);
         assert_eq!(c.detail, "completed");
+    }
+
+    fn step(name: &str, state: JobState, exit: i32, sig: i32) -> StepStatus {
+        StepStatus::new(name, state, Some(exit), (sig != 0).then_some(sig))
+    }
+
+    #[test]
+    fn success_needs_every_piece_of_evidence() {
+        let ok = || {
+            st(JobState::Completed).with_exit_code(0).with_steps(vec![
+                step("batch", JobState::Completed, 0, 0),
+                step("extern", JobState::Completed, 0, 0),
+                step("0", JobState::Completed, 0, 0),
+            ])
+        };
+        let mut e = ev("");
+        e.success_marker = Some(true);
+        let c = classify(&ok(), &e);
+        assert_eq!(c.class, None, "{c:?}");
+        assert_eq!(c.detail, "completed; 3 steps clean; success marker present");
+        // The issue's form: a failed srun step under a COMPLETED allocation.
+        let s = ok().with_steps(vec![
+            step("batch", JobState::Completed, 0, 0),
+            step("0", JobState::Cancelled { by_uid: None }, 0, 10),
+        ]);
+        let c = classify(&s, &e);
+        assert_eq!(c.class, Some(FailureClass::Application), "{c:?}");
+        assert!(
+            c.detail.starts_with(
+                "accounting inconsistent: allocation COMPLETED, step 0 CANCELLED by signal 10;"
+            ),
+            "{c:?}"
+        );
+        // A step killed by SIGKILL with an oom trace is an OOM; a failed step's exit code
+        // decides like a job's (exit 2: config).
+        let s = ok().with_steps(vec![step("0", JobState::Failed, 0, 9)]);
+        let mut oom = ev("slurmstepd: error: Detected 1 oom_kill event in StepId=4711.0");
+        oom.success_marker = Some(true);
+        assert_eq!(class(&s, &oom), Some(FailureClass::Oom));
+        let s = ok().with_steps(vec![step("0", JobState::Failed, 2, 0)]);
+        assert_eq!(class(&s, &e), Some(FailureClass::Config));
+        let s = ok().with_steps(vec![step("0", JobState::OutOfMemory, 0, 125)]);
+        assert_eq!(class(&s, &e), Some(FailureClass::Oom));
+        // Slurm's extern step is cancelled when the allocation ends: not a disagreement.
+        let s = ok().with_steps(vec![step(
+            "extern",
+            JobState::Cancelled { by_uid: None },
+            0,
+            15,
+        )]);
+        assert_eq!(class(&s, &e), None);
+        // No success marker: not done.
+        let mut no_marker = ev("");
+        no_marker.success_marker = Some(false);
+        let c = classify(&ok(), &no_marker);
+        assert_eq!(c.class, Some(FailureClass::Unknown));
+        assert!(c.detail.contains("no success marker"), "{c:?}");
+        // Declared outputs missing or invalid: not done.
+        let mut bad_out = e.clone();
+        bad_out.outputs_problem = Some("declared output `scores.json` is missing".into());
+        let c = classify(&ok(), &bad_out);
+        assert_eq!(c.class, Some(FailureClass::Unknown));
+        assert_eq!(
+            c.detail,
+            "state COMPLETED (exit 0) but declared output `scores.json` is missing"
+        );
+        // An unreadable log is named, never read as clean.
+        let mut unread = ev("");
+        unread.log_unavailable = Some("permission denied".into());
+        let c = classify(&st(JobState::Failed).with_exit_code(1), &unread);
+        assert_eq!(c.class, Some(FailureClass::Application));
+        assert!(
+            c.detail.ends_with("; log unavailable (permission denied)"),
+            "{c:?}"
+        );
     }
 
     #[test]
@@ -541,10 +717,29 @@ mod tests {
         let mut e = ev("");
         e.cancel_requested = true;
         assert_eq!(class(&s, &e), Some(FailureClass::Cancelled));
-        // When we run as root ourselves a cancel by root cannot be told from a user's.
+        // Run as root with SlurmUser=slurm(64030): root is the submitting user, so a cancel
+        // by root is a user's; a cancel by SlurmUser is the scheduler's (a preemption).
         let mut e = ev("");
         e.own_uid = 0;
+        e.scheduler_uid = Some(64030);
         assert_eq!(class(&s, &e), Some(FailureClass::Cancelled));
+        let by_slurm = st(JobState::Cancelled {
+            by_uid: Some(64030),
+        });
+        assert_eq!(class(&by_slurm, &e), Some(FailureClass::Transient));
+        // Run as root with SlurmUser=root (the local cluster): the scheduler's own user.
+        e.scheduler_uid = Some(0);
+        let c = classify(&s, &e);
+        assert_eq!(c.class, Some(FailureClass::Transient), "{c:?}");
+        assert!(c.detail.contains("scheduler's own user (uid 0)"), "{c:?}");
+        // Run as an ordinary user whose cancel is not a preemption, whoever runs.
+        let mut e = ev("");
+        e.own_uid = 12345;
+        e.scheduler_uid = Some(64030);
+        let by_me = st(JobState::Cancelled {
+            by_uid: Some(12345),
+        });
+        assert_eq!(class(&by_me, &e), Some(FailureClass::Cancelled));
         let s = st(JobState::Cancelled {
             by_uid: Some(12345),
         });

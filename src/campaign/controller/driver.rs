@@ -14,18 +14,18 @@ use std::time::Duration;
 use tokio::sync::mpsc;
 
 use super::builder::CampaignControllerBuilder;
-use super::classify::{Evidence, FailureClass, PendingVerdict, classify, pending_verdict};
 use super::clock::Clock;
 use super::error::ControllerError;
+use super::event::ControllerEvent;
 use super::journal::{Entry, JOURNAL_FORMAT, Journal};
 use super::lease::Lease;
-use super::policy::{Decision, RetryPolicy, UnitHistory, decide};
+use super::policy::{Decision, RetryPolicy};
 use super::pool::{PoolItem, WorkQueue};
 use super::report::{CampaignReport, StageFailure, StageProgress};
-use super::spec::{self, SUCCESS_MARKER, UnitSpec, output_dir, queue_dir};
+use super::spec::queue_dir;
 use super::state::{Phase, StageStatus, State, UnitStatus};
-use crate::campaign::{CampaignPlan, HaltPolicy};
-use crate::executor::{AttemptId, Executor, ExecutorError, JobState, JobStatus};
+use crate::campaign::CampaignPlan;
+use crate::executor::{AttemptId, Executor};
 use crate::identity::Hash;
 
 /// What a user (terminal menu, signal) asks the controller to do.
@@ -46,7 +46,7 @@ pub enum Control {
 pub type ControlSender = mpsc::UnboundedSender<Control>;
 
 pub(super) type PoolSource = dyn Fn(&Path) -> Result<Vec<PoolItem>, String> + Send + Sync;
-pub(super) type EventSink = dyn Fn(&str, &str) + Send + Sync;
+pub(super) type EventSink = dyn Fn(&ControllerEvent) + Send + Sync;
 
 /// Options of one [`CampaignController::run`].
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -62,46 +62,76 @@ pub struct RunOptions {
 /// The campaign controller (DESIGN.md §6). Build with [`CampaignController::builder`].
 pub struct CampaignController {
     pub(super) plan: CampaignPlan,
-    pub(super) executor: Arc<dyn Executor>,
     pub(super) dir: PathBuf,
-    pub(super) clock: Arc<dyn Clock>,
-    pub(super) poll_min: Duration,
-    pub(super) poll_max: Duration,
-    pub(super) retry: RetryPolicy,
-    pub(super) new_revision: bool,
-    pub(super) adopt_grace: Duration,
-    pub(super) stuck_after: Duration,
-    pub(super) max_live: Option<usize>,
-    pub(super) poll_batch: usize,
-    pub(super) submit_batch: usize,
-    pub(super) oom_retry: HashSet<String>,
-    pub(super) pools: HashMap<String, Arc<PoolSource>>,
-    pub(super) max_requeues: u32,
-    pub(super) on_event: Option<Arc<EventSink>>,
-    pub(super) controls: Option<mpsc::UnboundedReceiver<Control>>,
-    pub(super) view: super::view::LiveView,
-    pub(super) journal: Journal,
+    pub(super) settings: Settings,
+    pub(super) io: Collaborators,
+    pub(super) counters: Counters,
     pub(super) state: State,
-    pub(super) lease: Lease,
     pub(super) own_uid: u32,
     pub(super) halted: bool,
-    pub(super) reattached: usize,
-    pub(super) adopted: u64,
-    pub(super) submitted: u64,
-    pub(super) poll_errors: u64,
-    pub(super) pool_restarts: HashMap<usize, (u32, usize)>,
     pub(super) pending_revision: Option<Hash>,
     pub(super) started: bool,
     pub(super) recovery_reported: bool,
-    pub(super) submits_this_process: u64,
-    pub(super) abort_after_submits: Option<u64>,
+    /// A Detach or Cancel that arrived while an executor call was awaited (see `guarded`).
+    pub(super) interrupt: Option<Control>,
+    /// The uid of the scheduler's own user (SlurmUser), asked once per process.
+    pub(super) scheduler_uid: Option<u32>,
+    pub(super) scheduler_uid_asked: bool,
+}
+
+/// What ended a [`CampaignController::guarded`] wait.
+enum Woke<T> {
+    Done(T),
+    Control(Option<Control>),
+    Slow,
+}
+
+/// The options the builder fixed; never changed by a run.
+pub(super) struct Settings {
+    pub poll_min: Duration,
+    pub poll_max: Duration,
+    pub retry: RetryPolicy,
+    pub new_revision: bool,
+    pub adopt_grace: Duration,
+    pub stuck_after: Duration,
+    pub max_live: Option<usize>,
+    pub poll_batch: usize,
+    pub submit_batch: usize,
+    pub oom_retry: HashSet<String>,
+    pub max_requeues: u32,
+    pub abort_after_submits: Option<u64>,
+    pub require_success_marker: bool,
+    pub pools: HashMap<String, Arc<PoolSource>>,
+}
+
+/// What the controller talks to: the executor, the clock, the journal and lease, observers.
+pub(super) struct Collaborators {
+    pub executor: Arc<dyn Executor>,
+    pub clock: Arc<dyn Clock>,
+    pub on_event: Option<Arc<EventSink>>,
+    pub controls: Option<mpsc::UnboundedReceiver<Control>>,
+    pub view: super::view::LiveView,
+    pub journal: Journal,
+    pub lease: Lease,
+}
+
+/// Counters of this controller process (for the report and the recovery message).
+#[derive(Default)]
+pub(super) struct Counters {
+    pub reattached: usize,
+    pub adopted: u64,
+    pub submitted: u64,
+    pub poll_errors: u64,
+    pub poll_errors_in_row: u64,
+    pub pool_restarts: HashMap<usize, (u32, usize)>,
+    pub submits_this_process: u64,
 }
 
 impl std::fmt::Debug for CampaignController {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("CampaignController")
             .field("campaign_dir", &self.dir)
-            .field("executor", &self.executor.kind())
+            .field("executor", &self.io.executor.kind())
             .field("stages", &self.state.stages.len())
             .field("live", &self.state.live)
             .finish()
@@ -128,7 +158,7 @@ impl CampaignController {
 
     /// The journal file.
     pub fn journal_path(&self) -> &Path {
-        self.journal.path()
+        self.io.journal.path()
     }
 
     /// The work queue of a persistent-pool stage.
@@ -156,29 +186,39 @@ impl CampaignController {
             .collect()
     }
 
-    fn record(&mut self, entries: Vec<Entry>) -> Result<(), ControllerError> {
-        let now = self.clock.now_ms();
-        self.journal.append(entries.iter().cloned(), now)?;
+    pub(super) fn record(&mut self, entries: Vec<Entry>) -> Result<(), ControllerError> {
+        let now = self.io.clock.now_ms();
+        self.io.journal.append(entries.iter().cloned(), now)?;
         for e in &entries {
             self.state
                 .apply(e, &self.plan, now)
                 .map_err(|reason| ControllerError::Corrupt {
-                    path: self.journal.path().to_path_buf(),
-                    line: self.journal.len() as usize,
+                    path: self.io.journal.path().to_path_buf(),
+                    line: self.io.journal.len() as usize,
                     reason,
                 })?;
         }
         Ok(())
     }
 
-    pub(super) fn event(&mut self, kind: &str, message: &str) -> Result<(), ControllerError> {
-        if let Some(f) = &self.on_event {
-            f(kind, message);
+    /// Tells the observer and journals the event.
+    pub(super) fn emit(&mut self, ev: ControllerEvent) -> Result<(), ControllerError> {
+        self.notify(&ev);
+        self.record(vec![Self::event_entry(&ev)])
+    }
+
+    /// Tells the observer only (the caller journals the entry with others).
+    pub(super) fn notify(&self, ev: &ControllerEvent) {
+        if let Some(f) = &self.io.on_event {
+            f(ev);
         }
-        self.record(vec![Entry::Event {
-            kind: kind.into(),
-            message: message.into(),
-        }])
+    }
+
+    pub(super) fn event_entry(ev: &ControllerEvent) -> Entry {
+        Entry::Event {
+            kind: ev.kind().into(),
+            message: ev.to_string(),
+        }
     }
 
     pub(super) fn check_contract(&mut self) -> Result<(), ControllerError> {
@@ -188,7 +228,7 @@ impl CampaignController {
                 let nonce = Hash::of(format!(
                     "{:?}/{}",
                     crate::store::Owner::current(),
-                    self.clock.now_ms()
+                    self.io.clock.now_ms()
                 ))
                 .to_hex()[..6]
                     .to_string();
@@ -200,7 +240,7 @@ impl CampaignController {
                 }])
             }
             Some(old) if old == new => Ok(()),
-            Some(old) if self.new_revision => {
+            Some(old) if self.settings.new_revision => {
                 // Done at the start of `run` (cancelling needs the executor).
                 self.pending_revision = Some(old);
                 Ok(())
@@ -241,36 +281,50 @@ impl CampaignController {
                 revision: rev,
                 contract_hash: new,
             }])?;
-            self.event(
-                "revision",
-                &format!("contract {old} -> {new}: revision {rev}, {n} old attempts cancelled"),
-            )?;
+            self.emit(ControllerEvent::Revision {
+                old,
+                new,
+                revision: rev,
+                cancelled: n,
+            })?;
         }
         if options.retry_failed {
             self.reset_failed()?;
         }
+        if !self.scheduler_uid_asked {
+            // Asked once per process (a preemption is a cancel by this uid); an error only
+            // loses that distinction for root's cancels, so it is not fatal.
+            let exec = self.io.executor.clone();
+            match self.guarded("scheduler_uid", exec.scheduler_uid()).await? {
+                Some(Ok(u)) => {
+                    self.scheduler_uid = u;
+                    self.scheduler_uid_asked = true;
+                }
+                Some(Err(_)) | None => {}
+            }
+        }
         // Recovery is reported once per controller (later runs continue the same session).
         if !self.started {
             self.started = true;
-            self.reattached = self.state.live;
+            self.counters.reattached = self.state.live;
         }
         if !self.recovery_reported
-            && (self.reattached > 0 || !self.state.unresolved_intents().is_empty())
+            && (self.counters.reattached > 0 || !self.state.unresolved_intents().is_empty())
         {
             self.recovery_reported = true;
-            let msg = format!(
-                "re-attached to {} live attempts; {} intents without a handle",
-                self.reattached,
-                self.state.unresolved_intents().len()
-            );
-            self.event("recovered", &msg)?;
+            self.emit(ControllerEvent::Recovered {
+                reattached: self.counters.reattached,
+                unresolved_intents: self.state.unresolved_intents().len(),
+            })?;
         }
         let mut iterations = 0u64;
-        let mut interval = self.poll_min;
+        let mut interval = self.settings.poll_min;
         let outcome = loop {
             iterations += 1;
             let flow = self.iterate().await?;
-            self.view.update(&self.progress(), self.clock.now_ms());
+            self.io
+                .view
+                .update(&self.progress(), self.io.clock.now_ms());
             match flow {
                 Flow::Finished => break Flow::Finished,
                 Flow::Detached | Flow::Cancelled(_) => break flow,
@@ -279,9 +333,9 @@ impl CampaignController {
                         break Flow::Detached;
                     }
                     interval = if progressed {
-                        self.poll_min
+                        self.settings.poll_min
                     } else {
-                        interval.mul_f64(1.5).min(self.poll_max)
+                        interval.mul_f64(1.5).min(self.settings.poll_max)
                     };
                     if let Some(c) = self.wait(interval).await {
                         match c {
@@ -298,91 +352,39 @@ impl CampaignController {
         };
         let (detached, cancelled) = match outcome {
             Flow::Detached => {
-                self.event(
-                    "detach",
-                    &format!(
-                        "stopped with {} attempts live; run again to re-attach",
-                        self.state.live
-                    ),
-                )?;
+                self.emit(ControllerEvent::Detached {
+                    live: self.state.live,
+                })?;
                 (true, 0)
             }
             Flow::Cancelled(n) => (false, n),
             _ => (false, 0),
         };
         let report = self.report(iterations, detached, cancelled);
-        self.view.finish(&report);
+        self.io.view.finish(&report);
         Ok(report)
     }
 
     async fn wait(&mut self, d: Duration) -> Option<Control> {
-        if let Some(rx) = &mut self.controls {
+        if let Some(rx) = &mut self.io.controls {
             if let Ok(c) = rx.try_recv() {
                 return Some(c);
             }
-            if !self.clock.is_virtual() {
-                let clock = self.clock.clone();
+            if !self.io.clock.is_virtual() {
+                let clock = self.io.clock.clone();
                 return tokio::select! {
                     c = rx.recv() => c,
                     _ = clock.sleep(d) => None,
                 };
             }
         }
-        self.clock.sleep(d).await;
+        self.io.clock.sleep(d).await;
         None
     }
 
-    fn reset_failed(&mut self) -> Result<(), ControllerError> {
-        let failed: Vec<String> = self
-            .state
-            .units
-            .iter()
-            .filter(|u| u.status == UnitStatus::Failed)
-            .map(|u| u.key.clone())
-            .collect();
-        if failed.is_empty() {
-            return Ok(());
-        }
-        let mut entries: Vec<Entry> = failed
-            .iter()
-            .map(|k| Entry::Decided {
-                unit: k.clone(),
-                decision: Decision::Retry {
-                    delay: Duration::ZERO,
-                    resume: false,
-                    more_resources: false,
-                },
-                not_before_ms: 0,
-            })
-            .collect();
-        entries.push(Entry::Event {
-            kind: "retry_failed".into(),
-            message: format!(
-                "running {} failed units again: {}",
-                failed.len(),
-                failed.join(", ")
-            ),
-        });
-        self.record(entries)?;
-        for u in &mut self.state.units {
-            if failed.contains(&u.key) {
-                u.transient = 0;
-                u.oom = 0;
-                u.counted = 0;
-            }
-        }
-        for s in &mut self.state.stages {
-            if s.status == StageStatus::Failed {
-                s.status = StageStatus::Open;
-                s.reason = None;
-            }
-        }
-        Ok(())
-    }
-
     async fn iterate(&mut self) -> Result<Flow, ControllerError> {
-        self.lease.check()?;
-        if let Some(rx) = &mut self.controls
+        self.io.lease.check()?;
+        if let Some(rx) = &mut self.io.controls
             && let Ok(c) = rx.try_recv()
         {
             match c {
@@ -395,9 +397,18 @@ impl CampaignController {
             }
         }
         let mut progressed = self.resolve_intents().await?;
+        if let Some(flow) = self.take_interrupt().await? {
+            return Ok(flow);
+        }
         progressed |= self.advance_stages().await?;
         progressed |= self.start_ready().await?;
+        if let Some(flow) = self.take_interrupt().await? {
+            return Ok(flow);
+        }
         progressed |= self.poll_live().await?;
+        if let Some(flow) = self.take_interrupt().await? {
+            return Ok(flow);
+        }
         progressed |= self.advance_stages().await?;
         let open = self
             .state
@@ -413,742 +424,96 @@ impl CampaignController {
         Ok(Flow::Continue { progressed })
     }
 
-    fn blocked(&self, s: &super::state::StageRt) -> bool {
+    /// Acts on a control request that interrupted an executor call.
+    async fn take_interrupt(&mut self) -> Result<Option<Flow>, ControllerError> {
+        match self.interrupt.take() {
+            Some(Control::Cancel) => {
+                let n = self.shutdown("cancelled by the user").await?;
+                Ok(Some(Flow::Cancelled(n)))
+            }
+            Some(Control::Detach) => Ok(Some(Flow::Detached)),
+            Some(Control::Continue) | None => Ok(None),
+        }
+    }
+
+    /// Awaits an executor call (`call` names it, e.g. `poll`), while watching the control
+    /// channel and the time: a Detach or Cancel stops the wait at once (the call is dropped;
+    /// `None` is returned and the request is acted on by the loop — a submit cut off this way
+    /// is resolved by its journaled intent), and a call that takes longer than one poll
+    /// interval (at least 1 s) is shown in the live view and journaled once as
+    /// [`ControllerEvent::SchedulerSlow`], so a scheduler that does not answer is never silent.
+    pub(super) async fn guarded<T>(
+        &mut self,
+        call: &str,
+        fut: impl std::future::Future<Output = T>,
+    ) -> Result<Option<T>, ControllerError> {
+        if self.interrupt.is_some() {
+            return Ok(None);
+        }
+        tokio::pin!(fut);
+        let slow_after = self.settings.poll_min.max(Duration::from_secs(1));
+        let started = std::time::Instant::now();
+        let mut slow = false;
+        loop {
+            let tick = tokio::time::sleep(if slow {
+                Duration::from_secs(1)
+            } else {
+                slow_after
+            });
+            let woke = {
+                let controls = self.io.controls.as_mut();
+                tokio::select! {
+                    biased;
+                    r = &mut fut => Woke::Done(r),
+                    c = async {
+                        match controls {
+                            Some(rx) => rx.recv().await,
+                            None => std::future::pending().await,
+                        }
+                    } => Woke::Control(c),
+                    _ = tick => Woke::Slow,
+                }
+            };
+            match woke {
+                Woke::Done(r) => {
+                    if slow {
+                        self.io.view.scheduler_error(None);
+                    }
+                    return Ok(Some(r));
+                }
+                Woke::Control(Some(Control::Continue)) => {}
+                Woke::Control(Some(c)) => {
+                    self.interrupt = Some(c);
+                    return Ok(None);
+                }
+                // Every sender is gone: nobody can ask any more.
+                Woke::Control(None) => self.io.controls = None,
+                Woke::Slow => {
+                    let waited = started.elapsed();
+                    self.io.view.scheduler_error(Some(format!(
+                        "waiting for the scheduler ({call}) for {:.0} s",
+                        waited.as_secs_f64()
+                    )));
+                    self.io
+                        .view
+                        .update(&self.progress(), self.io.clock.now_ms());
+                    if !slow {
+                        slow = true;
+                        self.emit(ControllerEvent::SchedulerSlow {
+                            call: call.to_string(),
+                            waited,
+                        })?;
+                    }
+                }
+            }
+        }
+    }
+
+    pub(super) fn blocked(&self, s: &super::state::StageRt) -> bool {
         s.parents.iter().any(|&p| {
             let ps = &self.state.stages[p];
             ps.status == StageStatus::Failed || (ps.status == StageStatus::Open && self.blocked(ps))
         })
-    }
-
-    /// Intents without a handle (the controller died between intent and handle): adopt the
-    /// job if the executor has it, else give up on the attempt once the grace has passed.
-    async fn resolve_intents(&mut self) -> Result<bool, ControllerError> {
-        let mut entries = Vec::new();
-        let now = self.clock.now_ms();
-        for a in self.state.unresolved_intents() {
-            let Phase::Intent { at_ms } = self.state.attempts[a].phase else {
-                continue;
-            };
-            let id = self.state.attempts[a].id.clone();
-            match self.executor.find(&id).await {
-                Ok(Some(handle)) => {
-                    self.adopted += 1;
-                    entries.push(Entry::Submitted {
-                        attempt_id: id,
-                        handle,
-                        adopted: true,
-                    });
-                }
-                Ok(None) if now.saturating_sub(at_ms) >= self.adopt_grace.as_millis() as u64 => {
-                    entries.push(Entry::SubmitFailed {
-                        attempt_id: id,
-                        error: "no job found for the intent after the adoption grace (the submit never happened)".into(),
-                    });
-                }
-                Ok(None) => {}
-                Err(e) if e.is_retryable() => {}
-                Err(e) => return Err(e.into()),
-            }
-        }
-        let changed = !entries.is_empty();
-        self.record(entries)?;
-        Ok(changed)
-    }
-
-    fn history(&self, unit: usize) -> UnitHistory {
-        let u = &self.state.units[unit];
-        let st = &self.plan.stages[u.stage];
-        UnitHistory {
-            failure_policy: st.spec.failure_policy,
-            resumable: st.resumable,
-            oom_retry_allowed: self.oom_retry.contains(&st.stage_id),
-            max_attempts: st.spec.max_attempts.max(1),
-            counted_attempts: u.counted,
-            transient_failures: u.transient,
-            oom_failures: u.oom,
-        }
-    }
-
-    fn attempt_id_for(&self, unit: usize, n: u32) -> AttemptId {
-        let u = &self.state.units[unit];
-        let stage = &self.state.stages[u.stage].id;
-        let leaf = u.item.map_or_else(|| "agg".to_string(), |i| i.to_string());
-        let rev = if self.state.revision > 0 {
-            format!("r{}", self.state.revision)
-        } else {
-            String::new()
-        };
-        AttemptId::sanitize(&format!("{}{rev}.{stage}.{leaf}.a{n}", self.state.nonce))
-    }
-
-    async fn start_ready(&mut self) -> Result<bool, ControllerError> {
-        if self.halted {
-            return Ok(false);
-        }
-        let now = self.clock.now_ms();
-        let mut budget = self
-            .max_live
-            .map_or(usize::MAX, |m| m.saturating_sub(self.state.live))
-            .min(self.submit_batch);
-        let mut picks = Vec::new();
-        for si in 0..self.state.stages.len() {
-            let s = &self.state.stages[si];
-            if s.status != StageStatus::Open
-                || !s
-                    .parents
-                    .iter()
-                    .all(|&p| self.state.stages[p].status == StageStatus::Done)
-            {
-                continue;
-            }
-            if s.units
-                .iter()
-                .chain(s.agg.iter())
-                .any(|&u| self.state.units[u].status == UnitStatus::Failed)
-            {
-                continue; // a failed stage starts nothing more (its live attempts drain)
-            }
-            let items_done = s
-                .units
-                .iter()
-                .all(|&u| self.state.units[u].status == UnitStatus::Done);
-            let mut cands: Vec<usize> = s.units.clone();
-            if items_done && let Some(a) = s.agg {
-                cands.push(a);
-            }
-            for u in cands {
-                if budget == 0 {
-                    break;
-                }
-                let unit = &self.state.units[u];
-                if unit.status == UnitStatus::Ready && unit.not_before_ms <= now {
-                    picks.push(u);
-                    budget -= 1;
-                }
-            }
-        }
-        if picks.is_empty() {
-            return Ok(false);
-        }
-        // Pool queues are filled before the first worker starts.
-        let mut fills = Vec::new();
-        for &u in &picks {
-            let si = self.state.units[u].stage;
-            if self.state.stages[si].pool
-                && !self.state.stages[si].pool_filled
-                && !fills.contains(&si)
-            {
-                fills.push(si);
-            }
-        }
-        for si in fills {
-            let id = self.state.stages[si].id.clone();
-            let src = self
-                .pools
-                .get(&id)
-                .cloned()
-                .ok_or_else(|| ControllerError::BadPlan {
-                    stage: id.clone(),
-                    reason: "no pool item source".into(),
-                })?;
-            let items = src(&self.dir).map_err(|reason| ControllerError::BadPlan {
-                stage: id.clone(),
-                reason,
-            })?;
-            let n = WorkQueue::new(queue_dir(&self.dir, &id)).fill(&items)?;
-            self.record(vec![Entry::PoolFilled {
-                stage: id,
-                items: n,
-            }])?;
-        }
-        // Intents first, durable, then the submits.
-        let mut intents = Vec::with_capacity(picks.len());
-        let mut specs = Vec::with_capacity(picks.len());
-        for &u in &picks {
-            let unit = &self.state.units[u];
-            let n = unit.attempts.len() as u32 + 1;
-            let id = self.attempt_id_for(u, n);
-            let st = &self.plan.stages[unit.stage];
-            let spec = spec::build(&UnitSpec {
-                campaign: &self.dir,
-                plan: &self.plan,
-                stage: st,
-                unit_key: &unit.key,
-                item: unit.item,
-                attempt_id: &id,
-                attempt: n,
-                resume: unit.next_resume,
-                more_resources: unit.next_more_resources,
-            })?;
-            let out = output_dir(&self.dir, &st.stage_id, unit.item);
-            std::fs::create_dir_all(&out).map_err(|e| ControllerError::io("creating", &out, e))?;
-            intents.push(Entry::Intent {
-                unit: unit.key.clone(),
-                attempt: n,
-                attempt_id: id,
-                resume: unit.next_resume,
-                more_resources: unit.next_more_resources,
-            });
-            specs.push(spec);
-        }
-        self.record(intents)?;
-        let mut results = Vec::with_capacity(specs.len());
-        for spec in &specs {
-            let r = match self.executor.submit(spec).await {
-                Ok(h) => Entry::Submitted {
-                    attempt_id: spec.attempt_id.clone(),
-                    handle: h,
-                    adopted: false,
-                },
-                Err(e) => self.after_submit_error(spec, e).await?,
-            };
-            results.push(r);
-            self.submits_this_process += 1;
-            if self.abort_after_submits == Some(self.submits_this_process) {
-                // Fault injection for crash tests: die like `kill -9` between a submit and
-                // the record of its handle (the worst moment for duplicates).
-                std::process::abort();
-            }
-        }
-        let mut follow = Vec::new();
-        for r in &results {
-            match r {
-                Entry::Submitted { .. } => self.submitted += 1,
-                Entry::SubmitFailed { attempt_id, error } => {
-                    let a = self.state.attempt_index[attempt_id];
-                    let u = self.state.attempts[a].unit;
-                    let key = self.state.units[u].key.clone();
-                    let fatal = error.starts_with("fatal: ");
-                    let decision = if fatal {
-                        Decision::Fail {
-                            reason: format!("config: {error}"),
-                        }
-                    } else {
-                        Decision::Retry {
-                            delay: self.retry.delay(1, attempt_id.as_str()),
-                            resume: self.state.units[u].next_resume,
-                            more_resources: self.state.units[u].next_more_resources,
-                        }
-                    };
-                    let not_before_ms = match &decision {
-                        Decision::Retry { delay, .. } => now + delay.as_millis() as u64,
-                        _ => 0,
-                    };
-                    follow.push(Entry::Decided {
-                        unit: key,
-                        decision,
-                        not_before_ms,
-                    });
-                }
-                _ => {}
-            }
-        }
-        results.extend(follow);
-        self.record(results)?;
-        Ok(true)
-    }
-
-    /// After a failed submit: an ambiguous or retryable error may still have created the job,
-    /// so ask `find` before deciding.
-    async fn after_submit_error(
-        &mut self,
-        spec: &crate::executor::AttemptSpec,
-        e: ExecutorError,
-    ) -> Result<Entry, ControllerError> {
-        let id = spec.attempt_id.clone();
-        let maybe_created = e.is_retryable()
-            || matches!(
-                e,
-                ExecutorError::DuplicateAttempt { .. } | ExecutorError::SubmitUnknown { .. }
-            );
-        if maybe_created {
-            match self.executor.find(&id).await {
-                Ok(Some(h)) => {
-                    self.adopted += 1;
-                    return Ok(Entry::Submitted {
-                        attempt_id: id,
-                        handle: h,
-                        adopted: true,
-                    });
-                }
-                Ok(None) => {}
-                // Cannot tell: leave the intent unresolved; `resolve_intents` asks again.
-                Err(_) => {
-                    return Ok(Entry::Event {
-                        kind: "submit_unknown".into(),
-                        message: format!("{id}: {e}; will look the job up again"),
-                    });
-                }
-            }
-        }
-        let fatal = !e.is_retryable() && !matches!(e, ExecutorError::SubmitUnknown { .. });
-        Ok(Entry::SubmitFailed {
-            attempt_id: id,
-            error: if fatal {
-                format!("fatal: {e}")
-            } else {
-                e.to_string()
-            },
-        })
-    }
-
-    async fn poll_live(&mut self) -> Result<bool, ControllerError> {
-        let live = self.state.live_attempts();
-        if live.is_empty() {
-            return Ok(false);
-        }
-        let mut progressed = false;
-        for chunk in live.chunks(self.poll_batch) {
-            let handles: Vec<_> = chunk
-                .iter()
-                .filter_map(|&a| self.state.attempts[a].handle.clone())
-                .collect();
-            let statuses = match self.executor.poll(&handles).await {
-                Ok(s) => s,
-                Err(e) if e.is_retryable() => {
-                    self.poll_errors += 1;
-                    // Rate-limit: the first error and every tenth.
-                    if self.poll_errors % 10 == 1 {
-                        self.event("poll_error", &format!("{e} (retrying; not a job failure)"))?;
-                    }
-                    return Ok(false);
-                }
-                Err(e) => return Err(e.into()),
-            };
-            let mut entries = Vec::new();
-            let mut cancels = Vec::new();
-            let now = self.clock.now_ms();
-            for (&a, st) in chunk.iter().zip(statuses.iter()) {
-                if st.state.is_terminal() {
-                    entries.extend(self.finish_entries(a, st, None));
-                } else if matches!(st.state, JobState::Pending) {
-                    let at = &mut self.state.attempts[a];
-                    if let Some(PendingVerdict::Stuck(class)) =
-                        st.reason.as_deref().map(pending_verdict)
-                    {
-                        let since = *at.pending_since_ms.get_or_insert(now);
-                        if now.saturating_sub(since) >= self.stuck_after.as_millis() as u64
-                            && !at.cancel_requested
-                        {
-                            cancels.push((a, class, st.reason.clone().unwrap_or_default()));
-                        }
-                    } else {
-                        at.pending_since_ms = None;
-                    }
-                }
-            }
-            for (a, class, reason) in cancels {
-                let id = self.state.attempts[a].id.clone();
-                let msg = format!(
-                    "pending with reason {reason} for longer than {:?}",
-                    self.stuck_after
-                );
-                self.record(vec![Entry::CancelRequested {
-                    attempt_id: id.clone(),
-                    reason: msg.clone(),
-                }])?;
-                if let Some(h) = self.state.attempts[a].handle.clone() {
-                    self.executor.cancel(&h).await?;
-                }
-                let st = JobStatus::new(id, JobState::Cancelled { by_uid: None })
-                    .with_reason(msg.clone());
-                entries.extend(self.finish_entries(a, &st, Some((class, msg))));
-            }
-            progressed |= !entries.is_empty();
-            self.record(entries)?;
-        }
-        // Dead pool workers: return their items.
-        Ok(progressed)
-    }
-
-    fn read_tail(path: &Path) -> String {
-        use std::io::{Read, Seek, SeekFrom};
-        let Ok(mut f) = std::fs::File::open(path) else {
-            return String::new();
-        };
-        let len = f.metadata().map(|m| m.len()).unwrap_or(0);
-        let _ = f.seek(SeekFrom::Start(len.saturating_sub(16 * 1024)));
-        let mut buf = Vec::new();
-        let _ = f.read_to_end(&mut buf);
-        String::from_utf8_lossy(&buf).into_owned()
-    }
-
-    /// The Finished + Decided entries of an attempt that ended (only Finished for one this
-    /// controller cancelled).
-    fn finish_entries(
-        &mut self,
-        a: usize,
-        st: &JobStatus,
-        forced: Option<(FailureClass, String)>,
-    ) -> Vec<Entry> {
-        let at = &self.state.attempts[a];
-        let unit = at.unit;
-        let u = &self.state.units[unit];
-        let stage = &self.plan.stages[u.stage];
-        let log_path = st
-            .log_path
-            .clone()
-            .unwrap_or_else(|| self.dir.join("logs").join(format!("{}.log", at.id)));
-        let out = output_dir(&self.dir, &stage.stage_id, u.item);
-        let (class, detail) = match forced {
-            Some((c, d)) => (Some(c), d),
-            None => {
-                let ev = Evidence {
-                    log_tail: Self::read_tail(&log_path),
-                    resumable: stage.resumable,
-                    cancel_requested: at.cancel_requested,
-                    own_uid: self.own_uid,
-                    success_marker: Some(out.join(SUCCESS_MARKER).exists()),
-                };
-                let c = classify(st, &ev);
-                (c.class, c.detail)
-            }
-        };
-        let id = at.id.clone();
-        let by_us = at.cancel_requested && class == Some(FailureClass::Cancelled);
-        let mut h = self.history(unit);
-        match class {
-            Some(FailureClass::Transient) => h.transient_failures += 1,
-            Some(FailureClass::Oom) => {
-                h.oom_failures += 1;
-                h.counted_attempts += 1
-            }
-            _ => h.counted_attempts += 1,
-        }
-        let is_pool_worker = self.state.stages[u.stage].pool && u.item.is_some();
-        let finished = |class, detail| Entry::Finished {
-            attempt_id: id.clone(),
-            state: st.state.clone(),
-            exit_code: st.exit_code,
-            class,
-            detail,
-            log_path: Some(log_path.clone()),
-        };
-        if by_us {
-            // Cancelled by this controller (shutdown, new revision): not a failure and not a
-            // retry. No decision is journaled: replaying the `Finished` entry puts the unit
-            // back to ready (see `State::apply`), so it runs again on the next `run`.
-            if let Some(f) = &self.on_event {
-                f(
-                    "attempt",
-                    &format!(
-                        "{id} {} by the controller ({detail}); runs again on the next run",
-                        st.state
-                    ),
-                );
-            }
-            return vec![finished(class, detail)];
-        }
-        let decision = if is_pool_worker && class.is_none() {
-            Decision::Done
-        } else {
-            decide(&self.retry, class, &h, id.as_str())
-        };
-        let not_before_ms = match &decision {
-            Decision::Retry { delay, .. } => self.clock.now_ms() + delay.as_millis() as u64,
-            _ => 0,
-        };
-        let decision = match decision {
-            Decision::Fail { reason } => Decision::Fail {
-                reason: format!("{reason} ({detail})"),
-            },
-            d => d,
-        };
-        let key = u.key.clone();
-        if let Some(f) = &self.on_event {
-            let what = match (&class, &decision) {
-                (None, _) => format!("{id} completed"),
-                (Some(c), d) => format!("{id} {} ({c}: {detail}) -> {}", st.state, describe(d)),
-            };
-            f("attempt", &what);
-        }
-        vec![
-            finished(class, detail),
-            Entry::Decided {
-                unit: key,
-                decision,
-                not_before_ms,
-            },
-        ]
-    }
-
-    /// Stage transitions: aggregate steps, pool queues, stage done/failed and the halt policy.
-    async fn advance_stages(&mut self) -> Result<bool, ControllerError> {
-        let mut progressed = false;
-        for si in 0..self.state.stages.len() {
-            let s = self.state.stages[si].clone();
-            if s.status != StageStatus::Open {
-                continue;
-            }
-            let failed_unit = s
-                .units
-                .iter()
-                .chain(s.agg.iter())
-                .find(|&&u| self.state.units[u].status == UnitStatus::Failed);
-            if let Some(&u) = failed_unit {
-                let still_live = s
-                    .units
-                    .iter()
-                    .chain(s.agg.iter())
-                    .any(|&x| self.state.units[x].status == UnitStatus::Live);
-                let halt = self.plan.execution_defaults.halt_policy;
-                if still_live && halt == HaltPolicy::Drain {
-                    continue; // let the stage's own live attempts finish first
-                }
-                let reason = format!(
-                    "unit {} failed: {}",
-                    self.state.units[u].key,
-                    self.state.units[u].fail_reason.clone().unwrap_or_default()
-                );
-                self.record(vec![Entry::StageFailed {
-                    stage: s.id.clone(),
-                    reason: reason.clone(),
-                }])?;
-                if let Some(f) = &self.on_event {
-                    f("stage_failed", &format!("{}: {reason}", s.id));
-                }
-                if halt == HaltPolicy::FailFast {
-                    self.halted = true;
-                    let n = self.cancel_all(&format!("fail_fast: stage {} failed", s.id))?;
-                    self.cancel_live_now().await?;
-                    self.event(
-                        "halt",
-                        &format!(
-                            "fail_fast after stage {} failed; {n} live attempts cancelled",
-                            s.id
-                        ),
-                    )?;
-                }
-                progressed = true;
-                continue;
-            }
-            let items_done = s
-                .units
-                .iter()
-                .all(|&u| self.state.units[u].status == UnitStatus::Done);
-            if s.pool {
-                progressed |= self.advance_pool(si).await?;
-                continue;
-            }
-            let agg_done = s
-                .agg
-                .is_none_or(|a| self.state.units[a].status == UnitStatus::Done);
-            if items_done
-                && agg_done
-                && s.parents
-                    .iter()
-                    .all(|&p| self.state.stages[p].status == StageStatus::Done)
-            {
-                self.record(vec![Entry::StageDone {
-                    stage: s.id.clone(),
-                }])?;
-                if let Some(f) = &self.on_event {
-                    f("stage_done", &s.id);
-                }
-                progressed = true;
-            }
-        }
-        Ok(progressed)
-    }
-
-    async fn advance_pool(&mut self, si: usize) -> Result<bool, ControllerError> {
-        let s = self.state.stages[si].clone();
-        if !s.pool_filled {
-            return Ok(false);
-        }
-        let q = WorkQueue::new(queue_dir(&self.dir, &s.id));
-        let mut entries = Vec::new();
-        // Workers whose attempt ended: return their items.
-        for &u in &s.units {
-            let unit = &self.state.units[u];
-            if unit.status == UnitStatus::Live {
-                continue;
-            }
-            for &a in &unit.attempts {
-                let at = &self.state.attempts[a];
-                if at.phase == Phase::Finished {
-                    let (r, f) = q.requeue_worker(at.id.as_str(), self.max_requeues)?;
-                    if r + f > 0 {
-                        entries.push(Entry::Event {
-                            kind: "requeue".into(),
-                            message: format!(
-                                "worker {} ended holding {} items: {r} requeued, {f} failed",
-                                at.id,
-                                r + f
-                            ),
-                        });
-                    }
-                }
-            }
-        }
-        self.record(entries)?;
-        let c = q.counts()?;
-        let any_live = s
-            .units
-            .iter()
-            .any(|&u| self.state.units[u].status == UnitStatus::Live);
-        if c.pending + c.claimed == 0 {
-            if any_live {
-                return Ok(false); // workers are exiting
-            }
-            if let Some(f) = &self.on_event {
-                f(
-                    if c.failed > 0 {
-                        "stage_failed"
-                    } else {
-                        "stage_done"
-                    },
-                    &s.id,
-                );
-            }
-            let e = if c.failed > 0 {
-                Entry::StageFailed {
-                    stage: s.id.clone(),
-                    reason: format!(
-                        "{} of {} pool items failed (see {}/failed)",
-                        c.failed,
-                        c.failed + c.done,
-                        q.dir().display()
-                    ),
-                }
-            } else {
-                Entry::StageDone {
-                    stage: s.id.clone(),
-                }
-            };
-            self.record(vec![e])?;
-            return Ok(true);
-        }
-        if !any_live {
-            // Items left and no worker: start workers again (not a failure of theirs).
-            let reopen: Vec<Entry> = s
-                .units
-                .iter()
-                .filter(|&&u| self.state.units[u].status == UnitStatus::Done)
-                .map(|&u| Entry::Decided {
-                    unit: self.state.units[u].key.clone(),
-                    decision: Decision::Retry {
-                        delay: Duration::ZERO,
-                        resume: false,
-                        more_resources: false,
-                    },
-                    not_before_ms: 0,
-                })
-                .collect();
-            let n = reopen.len();
-            let done_now = c.done;
-            let guard = self.pool_restarts.entry(si).or_insert((0, usize::MAX));
-            if guard.1 == done_now {
-                guard.0 += 1;
-            } else {
-                *guard = (1, done_now);
-            }
-            let restarts = guard.0;
-            if restarts > self.max_requeues + 1 {
-                self.record(vec![Entry::StageFailed {
-                    stage: s.id.clone(),
-                    reason: format!(
-                        "workers were restarted {} times and exited without finishing any of the {} items left",
-                        restarts - 1,
-                        c.pending + c.claimed
-                    ),
-                }])?;
-                return Ok(true);
-            }
-            if n > 0 {
-                self.record(reopen)?;
-                self.event(
-                    "pool",
-                    &format!(
-                        "stage {}: {} items left and no live worker: restarting {n} workers",
-                        s.id,
-                        c.pending + c.claimed
-                    ),
-                )?;
-                return Ok(true);
-            }
-        }
-        Ok(false)
-    }
-
-    /// Journals a cancel request for every live attempt (the executor calls follow in
-    /// [`cancel_live_now`](Self::cancel_live_now)). Returns how many.
-    fn cancel_all(&mut self, reason: &str) -> Result<usize, ControllerError> {
-        let entries: Vec<Entry> = self
-            .state
-            .live_attempts()
-            .into_iter()
-            .filter(|&a| !self.state.attempts[a].cancel_requested)
-            .map(|a| Entry::CancelRequested {
-                attempt_id: self.state.attempts[a].id.clone(),
-                reason: reason.into(),
-            })
-            .collect();
-        let n = entries.len();
-        self.record(entries)?;
-        Ok(n)
-    }
-
-    async fn cancel_live_now(&mut self) -> Result<(), ControllerError> {
-        let live = self.state.live_attempts();
-        for &a in &live {
-            if let Some(h) = self.state.attempts[a].handle.clone() {
-                match self.executor.cancel(&h).await {
-                    Ok(()) => {}
-                    Err(e) if e.is_retryable() => {
-                        self.event("cancel_error", &format!("{}: {e}", h.attempt_id))?;
-                    }
-                    Err(e) => return Err(e.into()),
-                }
-            }
-        }
-        // Record what the executor now says.
-        let handles: Vec<_> = live
-            .iter()
-            .filter_map(|&a| self.state.attempts[a].handle.clone())
-            .collect();
-        if let Ok(sts) = self.executor.poll(&handles).await {
-            let mut entries = Vec::new();
-            for (&a, st) in live.iter().zip(sts.iter()) {
-                if st.state.is_terminal() {
-                    entries.extend(self.finish_entries(a, st, None));
-                }
-            }
-            self.record(entries)?;
-        }
-        Ok(())
-    }
-
-    /// Cancels every live attempt, records them as cancelled by the controller (they run again
-    /// on the next [`run`](Self::run)), and returns how many were cancelled.
-    ///
-    /// # Errors
-    /// Journal I/O errors and executor errors that are not retryable.
-    pub async fn shutdown(&mut self, reason: &str) -> Result<usize, ControllerError> {
-        let n = self.cancel_all(reason)?;
-        // Intents without a handle: find their job, adopt, and cancel it too.
-        self.resolve_intents().await?;
-        let extra = self.cancel_all(reason)?;
-        self.cancel_live_now().await?;
-        // Attempts still live after the cancel (not confirmed): record them as cancelled.
-        let mut entries = Vec::new();
-        for a in self.state.live_attempts() {
-            let st = JobStatus::new(
-                self.state.attempts[a].id.clone(),
-                JobState::Cancelled { by_uid: None },
-            );
-            entries.extend(self.finish_entries(
-                a,
-                &st,
-                Some((FailureClass::Cancelled, reason.to_string())),
-            ));
-        }
-        self.record(entries)?;
-        self.event(
-            "shutdown",
-            &format!("{reason}: {} attempts cancelled", n + extra),
-        )?;
-        Ok(n + extra)
     }
 
     /// Per-stage progress (for the live view and reports).
@@ -1204,9 +569,9 @@ impl CampaignController {
             detached,
             cancelled,
             halted: self.halted,
-            submitted: self.submitted,
-            adopted: self.adopted,
-            reattached: self.reattached,
+            submitted: self.counters.submitted,
+            adopted: self.counters.adopted,
+            reattached: self.counters.reattached,
             live: self.state.live,
             stages: self.progress(),
             ..CampaignReport::default()
@@ -1272,7 +637,7 @@ fn write_json_streaming<T: serde::Serialize>(path: &Path, v: &T) -> Result<(), C
     result.map_err(|e| ControllerError::io("writing", path, e))
 }
 
-fn describe(d: &Decision) -> String {
+pub(super) fn describe(d: &Decision) -> String {
     match d {
         Decision::Done => "done".into(),
         Decision::Retry {

@@ -2,7 +2,10 @@
 //! [`Executor`], durably.
 //!
 //! - [`builder`]: [`CampaignControllerBuilder`] (options, lease, replay, contract check).
-//! - [`driver`]: [`CampaignController`] and its builder, the control loop.
+//! - [`driver`]: [`CampaignController`], the small control loop; its parts, one job each:
+//!   `submit` (intents, submits, adoption), `poll` (polling, scheduler errors, stuck jobs),
+//!   `finalise` (evidence, decisions, stage transitions), `shutdown` (cancels).
+//! - [`event`]: [`ControllerEvent`], what observers (logs, the CLI, reports) are told.
 //! - [`journal`]: the append-only journal (intents before submits, handles after, events).
 //! - [`lease`]: one controller per campaign.
 //! - `state` (private): the in-memory state rebuilt from the journal.
@@ -31,13 +34,18 @@ pub mod clock;
 pub mod controls;
 pub mod driver;
 pub mod error;
+pub mod event;
+mod finalise;
 pub mod journal;
 pub mod lease;
 pub mod policy;
+mod poll;
 pub mod pool;
 pub mod report;
+mod shutdown;
 pub mod spec;
 mod state;
+mod submit;
 pub mod view;
 
 pub use builder::{CampaignControllerBuilder, open_campaign_dir};
@@ -48,6 +56,7 @@ pub use clock::{Clock, SystemClock, VirtualClock};
 pub use controls::{TerminalControls, choose_revisions};
 pub use driver::{CampaignController, Control, ControlSender, RunOptions};
 pub use error::ControllerError;
+pub use event::ControllerEvent;
 pub use journal::{Entry, Journal, Record};
 pub use lease::{Lease, LeaseInfo};
 pub use policy::{Decision, RetryPolicy, UnitHistory, decide};

@@ -23,7 +23,6 @@
 //! memory request, so there is no `--mem` to raise.)
 
 use std::path::{Path, PathBuf};
-use std::time::Duration;
 
 use super::error::ControllerError;
 use super::pool::QUEUE_DIR_ENV;
@@ -46,27 +45,6 @@ pub fn output_dir(campaign: &Path, stage: &str, item: Option<usize>) -> PathBuf 
 /// The queue folder of a pool stage.
 pub fn queue_dir(campaign: &Path, stage: &str) -> PathBuf {
     campaign.join("queues").join(stage)
-}
-
-/// Parses a Slurm time limit (`MM`, `MM:SS`, `HH:MM:SS`, `D-HH`, `D-HH:MM`, `D-HH:MM:SS`).
-pub fn parse_slurm_time(s: &str) -> Option<Duration> {
-    let (days, rest) = match s.split_once('-') {
-        Some((d, r)) => (d.parse::<u64>().ok()?, r),
-        None => (0, s),
-    };
-    let parts: Vec<u64> = rest
-        .split(':')
-        .map(|p| p.parse().ok())
-        .collect::<Option<_>>()?;
-    let secs = match (s.contains('-'), parts.as_slice()) {
-        (false, [m]) => m * 60,
-        (false, [m, sec]) => m * 60 + sec,
-        (_, [h, m, sec]) => h * 3600 + m * 60 + sec,
-        (true, [h]) => h * 3600,
-        (true, [h, m]) => h * 3600 + m * 60,
-        _ => return None,
-    };
-    Some(Duration::from_secs(days * 86400 + secs))
 }
 
 pub(crate) struct UnitSpec<'a> {
@@ -139,8 +117,8 @@ pub(crate) fn build(u: &UnitSpec<'_>) -> Result<AttemptSpec, ControllerError> {
         // One job per instance: only an instance spanning whole nodes needs them exclusively
         // (the stage's packing may fill a node with several instances, each its own job).
         .with_exclusive(u.more_resources || st.spec.allocation.nodes_per_instance > 1);
-    if let Some(t) = st.spec.time_limit.as_deref().and_then(parse_slurm_time) {
-        spec = spec.with_walltime(t);
+    if let Some(t) = &st.spec.time_limit {
+        spec = spec.with_walltime(t.as_duration());
     }
     if let Some(p) = &st.spec.partition {
         spec = spec.with_scheduler(SchedulerOptions {
@@ -149,24 +127,4 @@ pub(crate) fn build(u: &UnitSpec<'_>) -> Result<AttemptSpec, ControllerError> {
         });
     }
     Ok(spec)
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn slurm_times() {
-        assert_eq!(parse_slurm_time("30"), Some(Duration::from_secs(1800)));
-        assert_eq!(
-            parse_slurm_time("01:30:00"),
-            Some(Duration::from_secs(5400))
-        );
-        assert_eq!(
-            parse_slurm_time("2-00:00:00"),
-            Some(Duration::from_secs(172800))
-        );
-        assert_eq!(parse_slurm_time("1-2"), Some(Duration::from_secs(93600)));
-        assert_eq!(parse_slurm_time("x"), None);
-    }
 }

@@ -147,6 +147,7 @@ impl SlurmExecutorBuilder {
                 },
                 state: tokio::sync::Mutex::new(PollState::new(self.poll.min_interval)),
                 warnings: std::sync::Mutex::new(Vec::new()),
+                slurm_user: std::sync::OnceLock::new(),
             }),
         })
     }
@@ -176,6 +177,8 @@ pub(crate) struct Inner {
     runner: Runner,
     state: tokio::sync::Mutex<PollState>,
     warnings: std::sync::Mutex<Vec<String>>,
+    /// `SlurmUser`'s uid, once asked.
+    slurm_user: std::sync::OnceLock<Option<u32>>,
 }
 
 impl SlurmExecutor {
@@ -353,6 +356,25 @@ fn job_key(h: &JobHandle) -> Result<poll::JobKey, ExecutorError> {
 impl Executor for SlurmExecutor {
     fn kind(&self) -> &str {
         "slurm"
+    }
+
+    /// From `scontrol show config` (`SlurmUser = slurm(64030)`), asked once per executor.
+    async fn scheduler_uid(&self) -> Result<Option<u32>, ExecutorError> {
+        if let Some(u) = self.inner.slurm_user.get() {
+            return Ok(*u);
+        }
+        let args = vec!["show".to_string(), "config".into()];
+        let out = self.inner.runner.run_retrying("scontrol", &args).await?;
+        if !out.ok() {
+            return Err(ExecutorError::CommandFailed {
+                command: "scontrol show config".into(),
+                exit_code: out.code,
+                stderr: out.message(),
+            });
+        }
+        let uid = parse::parse_slurm_user(&out.stdout)?;
+        let _ = self.inner.slurm_user.set(uid);
+        Ok(uid)
     }
 
     async fn submit(&self, spec: &AttemptSpec) -> Result<JobHandle, ExecutorError> {

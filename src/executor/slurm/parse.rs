@@ -136,7 +136,8 @@ pub enum ErrorClass {
     Transient,
     /// A submit limit was reached (`QOSMaxSubmitJobPerUserLimit`): pause submitting.
     Throttle,
-    /// `Invalid job id specified`: the job is not (or no longer) known to `squeue`/`scontrol`;
+    /// `Invalid job id specified` (or `Invalid job id: N` for an id above the cluster's range):
+    /// the job is not (or no longer) known to `squeue`/`scontrol`;
     /// ask `sacct`.
     InvalidJobId,
     /// Accounting is off: `sacct` cannot work on this cluster.
@@ -169,7 +170,7 @@ pub fn classify_error(stderr: &str) -> ErrorClass {
         "maxsubmitjobs",
     ];
     let s = stderr.to_ascii_lowercase();
-    if s.contains("invalid job id specified") {
+    if s.contains("invalid job id") {
         ErrorClass::InvalidJobId
     } else if s.contains("accounting storage is disabled") {
         ErrorClass::AccountingDisabled
@@ -542,7 +543,27 @@ pub struct SacctRecord {
     pub start: Option<String>,
     /// `End`, when given and not `Unknown`/`None`.
     pub end: Option<String>,
+    /// `Submit` (local time `YYYY-MM-DDTHH:MM:SS`), when given.
+    pub submit: Option<String>,
+    /// `JobName` of the allocation row, when given (always the last field: it is
+    /// user-controlled and may contain `|`).
+    pub name: Option<String>,
 }
+
+/// The fields of one `sacct` allocation row that tell whose job it is, for
+/// [`parse_sacct_for`]'s filter.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RowIdentity<'a> {
+    /// The job.
+    pub job: &'a JobRef,
+    /// `Submit`, when the row has it.
+    pub submit: Option<&'a str>,
+    /// `JobName`, when the row has it.
+    pub name: Option<&'a str>,
+}
+
+/// The `sacct` fields the executor's poll asks for, in order: user-controlled `JobName` last.
+pub const SACCT_POLL_FIELDS: &str = "JobID,State,ExitCode,NodeList,Start,End,Submit,JobName";
 
 /// Parses `sacct -n -P [-D] -o JobID,State,ExitCode[,NodeList,Start,End]` output into one
 /// record per job (array task, het component), in order of first appearance. With `-D`, the
@@ -552,8 +573,28 @@ pub struct SacctRecord {
 /// [`ExecutorError::Parse`] naming the line for a bad id (e.g. truncated, C08), a missing
 /// field, or a bad `ExitCode`.
 pub fn parse_sacct(stdout: &str) -> Result<Vec<SacctRecord>, ExecutorError> {
+    Ok(parse_sacct_for(stdout, 3, |_| true)?.0)
+}
+
+/// [`parse_sacct`] for [`SACCT_POLL_FIELDS`]-style output, keeping only allocation rows that
+/// `accept` (and their steps): the poll's guard against a namesake (a recycled job id whose
+/// old row has another job name or an earlier submit time). Every line must have at least
+/// `min_fields` fields (a truncated line is an error, never a guess); with 8 or more, fields
+/// 7 and 8 are `Submit` and `JobName`, and the line is split at most 8 times so a `|` in the
+/// name cannot shift a field (C06). Returns the records and the rejected allocation rows.
+///
+/// # Errors
+/// [`ExecutorError::Parse`] naming the line and what was expected.
+pub fn parse_sacct_for(
+    stdout: &str,
+    min_fields: usize,
+    accept: impl Fn(RowIdentity<'_>) -> bool,
+) -> Result<(Vec<SacctRecord>, Vec<String>), ExecutorError> {
     let mut order: Vec<JobRef> = Vec::new();
     let mut recs: BTreeMap<JobRef, SacctRecord> = BTreeMap::new();
+    let mut rejected = Vec::new();
+    // Whether the newest allocation row of a job was accepted (its steps follow it).
+    let mut alloc_ok: BTreeMap<JobRef, bool> = BTreeMap::new();
     for (n, line) in stdout.lines().enumerate() {
         let line = line.trim_end_matches(['\r', '\n']);
         if line.trim().is_empty() {
@@ -565,11 +606,21 @@ pub fn parse_sacct(stdout: &str) -> Result<Vec<SacctRecord>, ExecutorError> {
             }
             other => other,
         };
-        let f: Vec<&str> = line.split('|').collect();
-        if f.len() < 3 {
+        let f: Vec<&str> = line.splitn(8, '|').collect();
+        if f.len() < min_fields.max(3) {
             return Err(parse_error(
                 "sacct",
-                format!("line {}: expected `JobID|State|ExitCode[|...]`", n + 1),
+                format!(
+                    "line {}: {} fields, expected at least {} (`{}`)",
+                    n + 1,
+                    f.len(),
+                    min_fields.max(3),
+                    if min_fields >= 8 {
+                        SACCT_POLL_FIELDS.replace(',', "|")
+                    } else {
+                        "JobID|State|ExitCode[|...]".to_string()
+                    }
+                ),
                 line,
             ));
         }
@@ -581,11 +632,23 @@ pub fn parse_sacct(stdout: &str) -> Result<Vec<SacctRecord>, ExecutorError> {
                 .filter(|s| !s.is_empty() && !matches!(*s, "Unknown" | "None" | "None assigned"))
                 .map(String::from)
         };
+        let submit = opt(6);
+        let name = f.get(7).map(|s| s.to_string());
         match parse_id_field(f[0]).map_err(ctx)? {
             IdField::PendingArray { id, tasks, .. } => {
                 // sacct shows a pending range as `ID_[a-b]`: one pending record per task.
                 for t in tasks {
                     let job = JobRef::task(id, t);
+                    let ok = accept(RowIdentity {
+                        job: &job,
+                        submit: submit.as_deref(),
+                        name: name.as_deref(),
+                    });
+                    alloc_ok.insert(job.clone(), ok);
+                    if !ok {
+                        rejected.push(line.to_string());
+                        continue;
+                    }
                     if !recs.contains_key(&job) {
                         order.push(job.clone());
                     }
@@ -601,9 +664,21 @@ pub fn parse_sacct(stdout: &str) -> Result<Vec<SacctRecord>, ExecutorError> {
                             nodes: None,
                             start: None,
                             end: None,
+                            submit: submit.clone(),
+                            name: name.clone(),
                         },
                     );
                 }
+            }
+            IdField::One { job, step: None }
+                if !accept(RowIdentity {
+                    job: &job,
+                    submit: submit.as_deref(),
+                    name: name.as_deref(),
+                }) =>
+            {
+                alloc_ok.insert(job, false);
+                rejected.push(line.to_string());
             }
             IdField::One { job, step: None } => match recs.get_mut(&job) {
                 Some(prev) => {
@@ -621,9 +696,13 @@ pub fn parse_sacct(stdout: &str) -> Result<Vec<SacctRecord>, ExecutorError> {
                     prev.nodes = opt(3);
                     prev.start = opt(4);
                     prev.end = opt(5);
+                    prev.submit = submit.clone();
+                    prev.name = name.clone();
+                    alloc_ok.insert(job, true);
                 }
                 None => {
                     order.push(job.clone());
+                    alloc_ok.insert(job.clone(), true);
                     recs.insert(
                         job.clone(),
                         SacctRecord {
@@ -636,6 +715,8 @@ pub fn parse_sacct(stdout: &str) -> Result<Vec<SacctRecord>, ExecutorError> {
                             nodes: opt(3),
                             start: opt(4),
                             end: opt(5),
+                            submit: submit.clone(),
+                            name: name.clone(),
                         },
                     );
                 }
@@ -644,14 +725,51 @@ pub fn parse_sacct(stdout: &str) -> Result<Vec<SacctRecord>, ExecutorError> {
                 job,
                 step: Some(step),
             } => {
-                if let Some(rec) = recs.get_mut(&job) {
+                // Steps belong to the allocation row just before them (with -D, a namesake's
+                // steps follow the namesake's row and are dropped with it).
+                if alloc_ok.get(&job).copied().unwrap_or(false)
+                    && let Some(rec) = recs.get_mut(&job)
+                {
                     rec.steps.insert(step, StepRecord { state, exit });
                 }
                 // A step row before its allocation row does not happen with sacct; ignore.
             }
         }
     }
-    Ok(order.into_iter().filter_map(|j| recs.remove(&j)).collect())
+    Ok((
+        order.into_iter().filter_map(|j| recs.remove(&j)).collect(),
+        rejected,
+    ))
+}
+
+/// The uid of `SlurmUser` in `scontrol show config` output (`SlurmUser = slurm(64030)`);
+/// `None` when the line is absent (an old or trimmed configuration).
+///
+/// # Errors
+/// [`ExecutorError::Parse`] naming the line when it is present but not `NAME(UID)`.
+pub fn parse_slurm_user(stdout: &str) -> Result<Option<u32>, ExecutorError> {
+    for (n, line) in stdout.lines().enumerate() {
+        let Some((key, value)) = line.split_once('=') else {
+            continue;
+        };
+        if key.trim() != "SlurmUser" {
+            continue;
+        }
+        let value = value.trim();
+        let uid = value
+            .rsplit_once('(')
+            .and_then(|(_, rest)| rest.strip_suffix(')'))
+            .and_then(|u| u.parse::<u32>().ok());
+        return match uid {
+            Some(u) => Ok(Some(u)),
+            None => Err(parse_error(
+                "scontrol show config",
+                format!("line {}: expected `SlurmUser = NAME(UID)`", n + 1),
+                line,
+            )),
+        };
+    }
+    Ok(None)
 }
 
 /// The combined state of a heterogeneous job from its components' states (C12): failed if any

@@ -36,6 +36,9 @@ struct Cached {
     final_: bool,
     /// When it was last seen by squeue or sacct (or submitted).
     last_seen: Instant,
+    /// Seen by squeue or sacct, or submitted, by this process (else `last_seen` means nothing
+    /// and the handle's submit time counts).
+    seen: bool,
 }
 
 /// Poll state shared by all clones of one executor.
@@ -46,6 +49,8 @@ pub(crate) struct PollState {
     interval: Duration,
     /// `false` once sacct said accounting is disabled (C18): squeue only from then on.
     accounting: bool,
+    /// sacct rows already reported as not ours (each is logged once).
+    ignored_rows: std::collections::HashSet<String>,
 }
 
 impl PollState {
@@ -55,6 +60,7 @@ impl PollState {
             last_cycle: None,
             interval: min_interval,
             accounting: true,
+            ignored_rows: Default::default(),
         }
     }
 
@@ -70,6 +76,7 @@ impl PollState {
                         .with_reason("submitted"),
                     final_: false,
                     last_seen: Instant::now(),
+                    seen: true,
                 },
             );
         }
@@ -98,6 +105,46 @@ fn slurm_time(ms: u64) -> String {
 /// controller and slurmdbd, C17).
 const SACCT_MARGIN_MS: u64 = 3600 * 1000;
 
+/// How much earlier than our own clock's submit time the scheduler may date our job (clock
+/// skew between this machine and slurmctld) before a row counts as someone else's.
+const SUBMIT_SKEW_MS: u64 = 120 * 1000;
+
+/// The job name our script gives an attempt's job (`--job-name`): the attempt id, or for an
+/// array task the array's (template's) id.
+fn expected_job_name(h: &JobHandle) -> String {
+    match (h.array_task, h.attempt_id.split_array_task()) {
+        (Some(_), Some((base, _))) => base.as_str().to_string(),
+        _ => h.attempt_id.as_str().to_string(),
+    }
+}
+
+/// Milliseconds since the epoch of a Slurm local time `YYYY-MM-DDTHH:MM:SS`; `None` for
+/// `Unknown` or anything else.
+pub(crate) fn parse_slurm_time_ms(s: &str) -> Option<u64> {
+    let b = s.trim().as_bytes();
+    if b.len() != 19
+        || b[4] != b'-'
+        || b[7] != b'-'
+        || b[10] != b'T'
+        || b[13] != b':'
+        || b[16] != b':'
+    {
+        return None;
+    }
+    let num = |r: std::ops::Range<usize>| std::str::from_utf8(&b[r]).ok()?.parse::<i32>().ok();
+    // SAFETY: mktime reads and normalises the struct we own.
+    let mut tm: libc::tm = unsafe { std::mem::zeroed() };
+    tm.tm_year = num(0..4)? - 1900;
+    tm.tm_mon = num(5..7)? - 1;
+    tm.tm_mday = num(8..10)?;
+    tm.tm_hour = num(11..13)?;
+    tm.tm_min = num(14..16)?;
+    tm.tm_sec = num(17..19)?;
+    tm.tm_isdst = -1;
+    let t = unsafe { libc::mktime(&mut tm) };
+    (t >= 0).then(|| t as u64 * 1000)
+}
+
 fn cluster_args(cluster: &Option<String>) -> Vec<String> {
     match cluster {
         Some(c) => vec!["-M".into(), c.clone()],
@@ -125,6 +172,18 @@ fn status_from_sacct(rec: &SacctRecord) -> JobStatus {
     }
     s.nodes = rec.nodes.clone();
     s.state = state;
+    s.steps = rec
+        .steps
+        .iter()
+        .map(|(name, st)| {
+            crate::executor::StepStatus::new(
+                name.clone(),
+                st.state.clone(),
+                st.exit.map(|e| e.code),
+                st.exit.and_then(|e| e.signal),
+            )
+        })
+        .collect();
     s
 }
 
@@ -139,12 +198,19 @@ impl Inner {
         let keys: Vec<JobKey> = handles.iter().map(job_key).collect::<Result<_, _>>()?;
         let mut st = self.state.lock().await;
         for (k, h) in keys.iter().zip(handles) {
-            st.cache.entry(k.clone()).or_insert_with(|| Cached {
-                state: JobState::Pending,
-                status: JobStatus::new(h.attempt_id.clone(), JobState::Pending)
-                    .with_reason("not polled yet"),
-                final_: false,
-                last_seen: Instant::now(),
+            st.cache.entry(k.clone()).or_insert_with(|| {
+                // A handle this process never saw (a restarted controller): its job was last
+                // known alive at submit, so the grace for "not visible yet" runs from there,
+                // and a job that is in neither squeue nor sacct long after its submit is Lost
+                // at once instead of after another full grace.
+                Cached {
+                    state: JobState::Pending,
+                    status: JobStatus::new(h.attempt_id.clone(), JobState::Pending)
+                        .with_reason("not polled yet"),
+                    final_: false,
+                    last_seen: Instant::now(),
+                    seen: false,
+                }
             });
         }
         let due = force || st.last_cycle.is_none_or(|t| t.elapsed() >= st.interval);
@@ -243,7 +309,7 @@ impl Inner {
                     "-P".into(),
                     "-D".into(),
                     "-o".into(),
-                    "JobID,State,ExitCode,NodeList,Start,End".into(),
+                    parse::SACCT_POLL_FIELDS.into(),
                     "-S".into(),
                     slurm_time(since),
                     "-j".into(),
@@ -252,7 +318,32 @@ impl Inner {
                 args.extend(cluster_args(&cluster));
                 let out = self.runner.run_retrying("sacct", &args).await?;
                 if out.ok() {
-                    for rec in parse::parse_sacct(&out.stdout)? {
+                    // Our job, not a namesake: the row's job name must be the attempt's and
+                    // its submit time not earlier than ours (a recycled id's old row is
+                    // neither).
+                    let expect: HashMap<u64, (String, u64)> = jobs
+                        .iter()
+                        .map(|(k, i)| {
+                            let h = &handles[*i];
+                            (k.id, (expected_job_name(h), h.submitted_at_ms))
+                        })
+                        .collect();
+                    let (recs, rejected) = parse::parse_sacct_for(&out.stdout, 8, |row| {
+                        let Some((name, at)) = expect.get(&row.job.id) else {
+                            return false;
+                        };
+                        let submitted = row.submit.and_then(parse_slurm_time_ms);
+                        row.name == Some(name.as_str())
+                            && submitted.is_some_and(|s| s + SUBMIT_SKEW_MS >= *at)
+                    })?;
+                    for line in rejected {
+                        if st.ignored_rows.insert(line.clone()) {
+                            self.warn(format!(
+                                "ignored a sacct row that is not our job (another job name or an earlier submit under a recycled id): {line}"
+                            ));
+                        }
+                    }
+                    for rec in recs {
                         acct.insert(JobKey::from_ref(&cluster, &rec.job), rec);
                     }
                 } else if out.class() == ErrorClass::AccountingDisabled {
@@ -305,8 +396,12 @@ impl Inner {
                         }
                     }
                     (None, None) => {
-                        let since_seen = now.duration_since(prev.last_seen);
                         let age_ms = now_ms().saturating_sub(h.submitted_at_ms);
+                        let since_seen = if prev.seen {
+                            now.duration_since(prev.last_seen)
+                        } else {
+                            Duration::from_millis(age_ms)
+                        };
                         let grace = self.poll_policy.missing_grace;
                         if !st.accounting
                             && prev.state.is_active()
@@ -350,6 +445,7 @@ impl Inner {
                             } else {
                                 prev.last_seen
                             },
+                            seen: prev.seen || row.is_some() || rec.is_some(),
                         },
                     );
                 }

@@ -1,0 +1,431 @@
+//! Stage finalisation: what an attempt that ended proves (scheduler state, steps, logs, the
+//! success marker, declared outputs and validation), the policy's decision, and the stage
+//! transitions (aggregate steps, pool queues, halt policy).
+
+use std::path::Path;
+use std::time::Duration;
+
+use super::classify::{Evidence, FailureClass, classify};
+use super::driver::{CampaignController, describe};
+use super::error::ControllerError;
+use super::event::ControllerEvent;
+use super::journal::Entry;
+use super::policy::{Decision, decide};
+use super::pool::WorkQueue;
+use super::spec::{SUCCESS_MARKER, output_dir, queue_dir};
+use super::state::{Phase, StageStatus, UnitStatus};
+use crate::campaign::HaltPolicy;
+use crate::executor::{JobState, JobStatus};
+
+/// Longest run of a stage's validation command.
+pub const VALIDATE_TIMEOUT: Duration = Duration::from_secs(120);
+
+impl CampaignController {
+    /// The last 16 KiB of a log; `Err` says why it could not be read (then the log is
+    /// evidence "unavailable", never "clean").
+    pub(super) fn read_tail(path: &Path) -> Result<String, String> {
+        use std::io::{Read, Seek, SeekFrom};
+        let mut f = std::fs::File::open(path).map_err(|e| format!("{}: {e}", path.display()))?;
+        let len = f
+            .metadata()
+            .map_err(|e| format!("{}: {e}", path.display()))?
+            .len();
+        f.seek(SeekFrom::Start(len.saturating_sub(16 * 1024)))
+            .map_err(|e| format!("{}: {e}", path.display()))?;
+        let mut buf = Vec::new();
+        f.read_to_end(&mut buf)
+            .map_err(|e| format!("{}: {e}", path.display()))?;
+        Ok(String::from_utf8_lossy(&buf).into_owned())
+    }
+
+    /// Why the stage's declared outputs do not validate in `out`, if they do not: a missing
+    /// output, or a validation command that failed (it runs in `out`, argv without a shell,
+    /// with the attempt's environment basics, for at most [`VALIDATE_TIMEOUT`]).
+    pub(super) fn outputs_problem(
+        stage: &crate::campaign::StagePlan,
+        out: &Path,
+    ) -> Option<String> {
+        if let Some(missing) = stage.outputs.iter().find(|o| !out.join(o).exists()) {
+            return Some(format!(
+                "declared output `{missing}` is missing in {}",
+                out.display()
+            ));
+        }
+        let (prog, args) = stage.validate.split_first()?;
+        let mut child = match std::process::Command::new(prog)
+            .args(args)
+            .current_dir(out)
+            .env("PUZZLETRON_OUTPUT_DIR", out)
+            .env("PUZZLETRON_STAGE", &stage.stage_id)
+            .stdin(std::process::Stdio::null())
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+        {
+            Ok(c) => c,
+            Err(e) => {
+                return Some(format!(
+                    "the validation command `{}` could not start: {e}",
+                    stage.validate.join(" ")
+                ));
+            }
+        };
+        let t = std::time::Instant::now();
+        loop {
+            match child.try_wait() {
+                Ok(Some(status)) if status.success() => return None,
+                Ok(Some(status)) => {
+                    let mut err = String::new();
+                    if let Some(mut e) = child.stderr.take() {
+                        use std::io::Read;
+                        let _ = e.read_to_string(&mut err);
+                    }
+                    let err = err.trim();
+                    let tail: String = err
+                        .chars()
+                        .rev()
+                        .take(300)
+                        .collect::<Vec<_>>()
+                        .into_iter()
+                        .rev()
+                        .collect();
+                    return Some(format!(
+                        "the validation command `{}` failed ({status}){}",
+                        stage.validate.join(" "),
+                        if tail.is_empty() {
+                            String::new()
+                        } else {
+                            format!(": {tail}")
+                        }
+                    ));
+                }
+                Ok(None) if t.elapsed() < VALIDATE_TIMEOUT => {
+                    std::thread::sleep(Duration::from_millis(20))
+                }
+                Ok(None) => {
+                    let _ = child.kill();
+                    let _ = child.wait();
+                    return Some(format!(
+                        "the validation command `{}` did not finish within {:?}",
+                        stage.validate.join(" "),
+                        VALIDATE_TIMEOUT
+                    ));
+                }
+                Err(e) => {
+                    return Some(format!(
+                        "the validation command `{}` could not be waited for: {e}",
+                        stage.validate.join(" ")
+                    ));
+                }
+            }
+        }
+    }
+
+    /// The Finished + Decided entries of an attempt that ended (only Finished for one this
+    /// controller cancelled).
+    pub(super) fn finish_entries(
+        &mut self,
+        a: usize,
+        st: &JobStatus,
+        forced: Option<(FailureClass, String)>,
+    ) -> Vec<Entry> {
+        let at = &self.state.attempts[a];
+        let unit = at.unit;
+        let u = &self.state.units[unit];
+        let stage = &self.plan.stages[u.stage];
+        let log_path = st
+            .log_path
+            .clone()
+            .unwrap_or_else(|| self.dir.join("logs").join(format!("{}.log", at.id)));
+        let out = output_dir(&self.dir, &stage.stage_id, u.item);
+        let (class, detail) = match forced {
+            Some((c, d)) => (Some(c), d),
+            None => {
+                let (log_tail, log_unavailable) = match Self::read_tail(&log_path) {
+                    Ok(t) => (t, None),
+                    Err(why) => (String::new(), Some(why)),
+                };
+                let marker = out.join(SUCCESS_MARKER).exists();
+                let completed = st.state == JobState::Completed;
+                let ev = Evidence {
+                    log_tail,
+                    log_unavailable,
+                    resumable: stage.resumable,
+                    cancel_requested: at.cancel_requested,
+                    own_uid: self.own_uid,
+                    scheduler_uid: self.scheduler_uid,
+                    success_marker: if self.settings.require_success_marker || marker {
+                        Some(marker)
+                    } else {
+                        None
+                    },
+                    outputs_problem: if completed {
+                        Self::outputs_problem(stage, &out)
+                    } else {
+                        None
+                    },
+                };
+                let c = classify(st, &ev);
+                (c.class, c.detail)
+            }
+        };
+        let id = at.id.clone();
+        let by_us = at.cancel_requested && class == Some(FailureClass::Cancelled);
+        let mut h = self.history(unit);
+        match class {
+            Some(FailureClass::Transient) => h.transient_failures += 1,
+            Some(FailureClass::Oom) => {
+                h.oom_failures += 1;
+                h.counted_attempts += 1
+            }
+            _ => h.counted_attempts += 1,
+        }
+        let is_pool_worker = self.state.stages[u.stage].pool && u.item.is_some();
+        let finished = |class, detail| Entry::Finished {
+            attempt_id: id.clone(),
+            state: st.state.clone(),
+            exit_code: st.exit_code,
+            class,
+            detail,
+            log_path: Some(log_path.clone()),
+        };
+        if by_us {
+            // Cancelled by this controller (shutdown, new revision): not a failure and not a
+            // retry. No decision is journaled: replaying the `Finished` entry puts the unit
+            // back to ready (see `State::apply`), so it runs again on the next `run`.
+            self.notify(&ControllerEvent::AttemptCancelled {
+                attempt_id: id.clone(),
+                stage: stage.stage_id.clone(),
+                detail: format!("{}; {detail}", st.state),
+            });
+            return vec![finished(class, detail)];
+        }
+        let decision = if is_pool_worker && class.is_none() {
+            Decision::Done
+        } else {
+            decide(&self.settings.retry, class, &h, id.as_str())
+        };
+        let not_before_ms = match &decision {
+            Decision::Retry { delay, .. } => self.io.clock.now_ms() + delay.as_millis() as u64,
+            _ => 0,
+        };
+        let decision = match decision {
+            Decision::Fail { reason } => Decision::Fail {
+                reason: format!("{reason} ({detail})"),
+            },
+            d => d,
+        };
+        let key = u.key.clone();
+        self.notify(&ControllerEvent::AttemptFinished {
+            attempt_id: id.clone(),
+            stage: stage.stage_id.clone(),
+            state: st.state.to_string(),
+            class,
+            detail: detail.clone(),
+            decision: class.map(|_| describe(&decision)),
+        });
+        vec![
+            finished(class, detail),
+            Entry::Decided {
+                unit: key,
+                decision,
+                not_before_ms,
+            },
+        ]
+    }
+
+    /// Stage transitions: aggregate steps, pool queues, stage done/failed and the halt policy.
+    pub(super) async fn advance_stages(&mut self) -> Result<bool, ControllerError> {
+        let mut progressed = false;
+        for si in 0..self.state.stages.len() {
+            let s = self.state.stages[si].clone();
+            if s.status != StageStatus::Open {
+                continue;
+            }
+            let failed_unit = s
+                .units
+                .iter()
+                .chain(s.agg.iter())
+                .find(|&&u| self.state.units[u].status == UnitStatus::Failed);
+            if let Some(&u) = failed_unit {
+                let still_live = s
+                    .units
+                    .iter()
+                    .chain(s.agg.iter())
+                    .any(|&x| self.state.units[x].status == UnitStatus::Live);
+                let halt = self.plan.execution_defaults.halt_policy;
+                if still_live && halt == HaltPolicy::Drain {
+                    continue; // let the stage's own live attempts finish first
+                }
+                let reason = format!(
+                    "unit {} failed: {}",
+                    self.state.units[u].key,
+                    self.state.units[u].fail_reason.clone().unwrap_or_default()
+                );
+                self.record(vec![Entry::StageFailed {
+                    stage: s.id.clone(),
+                    reason: reason.clone(),
+                }])?;
+                self.notify(&ControllerEvent::StageFailed {
+                    stage: s.id.clone(),
+                    reason: reason.clone(),
+                });
+                if halt == HaltPolicy::FailFast {
+                    self.halted = true;
+                    let n = self.cancel_all(&format!("fail_fast: stage {} failed", s.id))?;
+                    self.cancel_live_now().await?;
+                    self.emit(ControllerEvent::Halted {
+                        stage: s.id.clone(),
+                        cancelled: n,
+                    })?;
+                }
+                progressed = true;
+                continue;
+            }
+            let items_done = s
+                .units
+                .iter()
+                .all(|&u| self.state.units[u].status == UnitStatus::Done);
+            if s.pool {
+                progressed |= self.advance_pool(si).await?;
+                continue;
+            }
+            let agg_done = s
+                .agg
+                .is_none_or(|a| self.state.units[a].status == UnitStatus::Done);
+            if items_done
+                && agg_done
+                && s.parents
+                    .iter()
+                    .all(|&p| self.state.stages[p].status == StageStatus::Done)
+            {
+                self.record(vec![Entry::StageDone {
+                    stage: s.id.clone(),
+                }])?;
+                self.notify(&ControllerEvent::StageDone {
+                    stage: s.id.clone(),
+                });
+                progressed = true;
+            }
+        }
+        Ok(progressed)
+    }
+
+    pub(super) async fn advance_pool(&mut self, si: usize) -> Result<bool, ControllerError> {
+        let s = self.state.stages[si].clone();
+        if !s.pool_filled {
+            return Ok(false);
+        }
+        let q = WorkQueue::new(queue_dir(&self.dir, &s.id));
+        let mut entries = Vec::new();
+        // Workers whose attempt ended: return their items.
+        for &u in &s.units {
+            let unit = &self.state.units[u];
+            if unit.status == UnitStatus::Live {
+                continue;
+            }
+            for &a in &unit.attempts {
+                let at = &self.state.attempts[a];
+                if at.phase == Phase::Finished {
+                    let (r, f) = q.requeue_worker(at.id.as_str(), self.settings.max_requeues)?;
+                    if r + f > 0 {
+                        let ev = ControllerEvent::Requeued {
+                            worker: at.id.clone(),
+                            requeued: r,
+                            failed: f,
+                        };
+                        self.notify(&ev);
+                        entries.push(Self::event_entry(&ev));
+                    }
+                }
+            }
+        }
+        self.record(entries)?;
+        let c = q.counts()?;
+        let any_live = s
+            .units
+            .iter()
+            .any(|&u| self.state.units[u].status == UnitStatus::Live);
+        if c.pending + c.claimed == 0 {
+            if any_live {
+                return Ok(false); // workers are exiting
+            }
+            let e = if c.failed > 0 {
+                let reason = format!(
+                    "{} of {} pool items failed (see {}/failed)",
+                    c.failed,
+                    c.failed + c.done,
+                    q.dir().display()
+                );
+                self.notify(&ControllerEvent::StageFailed {
+                    stage: s.id.clone(),
+                    reason: reason.clone(),
+                });
+                Entry::StageFailed {
+                    stage: s.id.clone(),
+                    reason,
+                }
+            } else {
+                self.notify(&ControllerEvent::StageDone {
+                    stage: s.id.clone(),
+                });
+                Entry::StageDone {
+                    stage: s.id.clone(),
+                }
+            };
+            self.record(vec![e])?;
+            return Ok(true);
+        }
+        if !any_live {
+            // Items left and no worker: start workers again (not a failure of theirs).
+            let reopen: Vec<Entry> = s
+                .units
+                .iter()
+                .filter(|&&u| self.state.units[u].status == UnitStatus::Done)
+                .map(|&u| Entry::Decided {
+                    unit: self.state.units[u].key.clone(),
+                    decision: Decision::Retry {
+                        delay: Duration::ZERO,
+                        resume: false,
+                        more_resources: false,
+                    },
+                    not_before_ms: 0,
+                })
+                .collect();
+            let n = reopen.len();
+            let done_now = c.done;
+            let guard = self
+                .counters
+                .pool_restarts
+                .entry(si)
+                .or_insert((0, usize::MAX));
+            if guard.1 == done_now {
+                guard.0 += 1;
+            } else {
+                *guard = (1, done_now);
+            }
+            let restarts = guard.0;
+            if restarts > self.settings.max_requeues + 1 {
+                self.record(vec![Entry::StageFailed {
+                    stage: s.id.clone(),
+                    reason: format!(
+                        "workers were restarted {} times and exited without finishing any of the {} items left",
+                        restarts - 1,
+                        c.pending + c.claimed
+                    ),
+                }])?;
+                return Ok(true);
+            }
+            if n > 0 {
+                self.record(reopen)?;
+                self.emit(ControllerEvent::PoolRestarted {
+                    stage: s.id.clone(),
+                    items_left: c.pending + c.claimed,
+                    workers: n,
+                })?;
+                return Ok(true);
+            }
+        }
+        Ok(false)
+    }
+}

@@ -1,0 +1,320 @@
+//! Starting attempts: intents journaled and synced before the submits, handles right after;
+//! resolving intents a crash left without a handle (adopt by `find`, or give up after the grace).
+
+use super::driver::CampaignController;
+use super::error::ControllerError;
+use super::event::ControllerEvent;
+use super::journal::Entry;
+use super::policy::{Decision, UnitHistory};
+use super::pool::WorkQueue;
+use super::spec::{self, UnitSpec, output_dir, queue_dir};
+use super::state::{Phase, StageStatus, UnitStatus};
+use crate::executor::{AttemptId, ExecutorError};
+
+impl CampaignController {
+    /// Intents without a handle (the controller died between intent and handle): adopt the
+    /// job if the executor has it, else give up on the attempt once the grace has passed.
+    pub(super) async fn resolve_intents(&mut self) -> Result<bool, ControllerError> {
+        let mut entries = Vec::new();
+        let now = self.io.clock.now_ms();
+        for a in self.state.unresolved_intents() {
+            let Phase::Intent { at_ms } = self.state.attempts[a].phase else {
+                continue;
+            };
+            let id = self.state.attempts[a].id.clone();
+            let exec = self.io.executor.clone();
+            let Some(found) = self.guarded("find", exec.find(&id)).await? else {
+                break;
+            };
+            match found {
+                Ok(Some(handle)) => {
+                    self.counters.adopted += 1;
+                    entries.push(Entry::Submitted {
+                        attempt_id: id,
+                        handle,
+                        adopted: true,
+                    });
+                }
+                Ok(None)
+                    if now.saturating_sub(at_ms)
+                        >= self.settings.adopt_grace.as_millis() as u64 =>
+                {
+                    entries.push(Entry::SubmitFailed {
+                        attempt_id: id,
+                        error: "no job found for the intent after the adoption grace (the submit never happened)".into(),
+                    });
+                }
+                Ok(None) => {}
+                Err(e) if e.is_retryable() => {}
+                Err(e) => return Err(e.into()),
+            }
+        }
+        let changed = !entries.is_empty();
+        self.record(entries)?;
+        Ok(changed)
+    }
+
+    pub(super) fn history(&self, unit: usize) -> UnitHistory {
+        let u = &self.state.units[unit];
+        let st = &self.plan.stages[u.stage];
+        UnitHistory {
+            failure_policy: st.spec.failure_policy,
+            resumable: st.resumable,
+            oom_retry_allowed: self.settings.oom_retry.contains(&st.stage_id),
+            max_attempts: st.spec.max_attempts.max(1),
+            counted_attempts: u.counted,
+            transient_failures: u.transient,
+            oom_failures: u.oom,
+        }
+    }
+
+    pub(super) fn attempt_id_for(&self, unit: usize, n: u32) -> AttemptId {
+        let u = &self.state.units[unit];
+        let stage = &self.state.stages[u.stage].id;
+        let leaf = u.item.map_or_else(|| "agg".to_string(), |i| i.to_string());
+        let rev = if self.state.revision > 0 {
+            format!("r{}", self.state.revision)
+        } else {
+            String::new()
+        };
+        AttemptId::sanitize(&format!("{}{rev}.{stage}.{leaf}.a{n}", self.state.nonce))
+    }
+
+    pub(super) async fn start_ready(&mut self) -> Result<bool, ControllerError> {
+        if self.halted {
+            return Ok(false);
+        }
+        let now = self.io.clock.now_ms();
+        let mut budget = self
+            .settings
+            .max_live
+            .map_or(usize::MAX, |m| m.saturating_sub(self.state.live))
+            .min(self.settings.submit_batch);
+        let mut picks = Vec::new();
+        for si in 0..self.state.stages.len() {
+            let s = &self.state.stages[si];
+            if s.status != StageStatus::Open
+                || !s
+                    .parents
+                    .iter()
+                    .all(|&p| self.state.stages[p].status == StageStatus::Done)
+            {
+                continue;
+            }
+            if s.units
+                .iter()
+                .chain(s.agg.iter())
+                .any(|&u| self.state.units[u].status == UnitStatus::Failed)
+            {
+                continue; // a failed stage starts nothing more (its live attempts drain)
+            }
+            let items_done = s
+                .units
+                .iter()
+                .all(|&u| self.state.units[u].status == UnitStatus::Done);
+            let mut cands: Vec<usize> = s.units.clone();
+            if items_done && let Some(a) = s.agg {
+                cands.push(a);
+            }
+            for u in cands {
+                if budget == 0 {
+                    break;
+                }
+                let unit = &self.state.units[u];
+                if unit.status == UnitStatus::Ready && unit.not_before_ms <= now {
+                    picks.push(u);
+                    budget -= 1;
+                }
+            }
+        }
+        if picks.is_empty() {
+            return Ok(false);
+        }
+        // Pool queues are filled before the first worker starts.
+        let mut fills = Vec::new();
+        for &u in &picks {
+            let si = self.state.units[u].stage;
+            if self.state.stages[si].pool
+                && !self.state.stages[si].pool_filled
+                && !fills.contains(&si)
+            {
+                fills.push(si);
+            }
+        }
+        for si in fills {
+            let id = self.state.stages[si].id.clone();
+            let src =
+                self.settings
+                    .pools
+                    .get(&id)
+                    .cloned()
+                    .ok_or_else(|| ControllerError::BadPlan {
+                        stage: id.clone(),
+                        reason: "no pool item source".into(),
+                    })?;
+            let items = src(&self.dir).map_err(|reason| ControllerError::BadPlan {
+                stage: id.clone(),
+                reason,
+            })?;
+            let n = WorkQueue::new(queue_dir(&self.dir, &id)).fill(&items)?;
+            self.record(vec![Entry::PoolFilled {
+                stage: id,
+                items: n,
+            }])?;
+        }
+        // Intents first, durable, then the submits.
+        let mut intents = Vec::with_capacity(picks.len());
+        let mut specs = Vec::with_capacity(picks.len());
+        for &u in &picks {
+            let unit = &self.state.units[u];
+            let n = unit.attempts.len() as u32 + 1;
+            let id = self.attempt_id_for(u, n);
+            let st = &self.plan.stages[unit.stage];
+            let spec = spec::build(&UnitSpec {
+                campaign: &self.dir,
+                plan: &self.plan,
+                stage: st,
+                unit_key: &unit.key,
+                item: unit.item,
+                attempt_id: &id,
+                attempt: n,
+                resume: unit.next_resume,
+                more_resources: unit.next_more_resources,
+            })?;
+            let out = output_dir(&self.dir, &st.stage_id, unit.item);
+            std::fs::create_dir_all(&out).map_err(|e| ControllerError::io("creating", &out, e))?;
+            // A marker left by an earlier revision's attempt must not vouch for this one.
+            let marker = out.join(super::spec::SUCCESS_MARKER);
+            match std::fs::remove_file(&marker) {
+                Ok(()) => {}
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+                Err(e) => return Err(ControllerError::io("removing", &marker, e)),
+            }
+            intents.push(Entry::Intent {
+                unit: unit.key.clone(),
+                attempt: n,
+                attempt_id: id,
+                resume: unit.next_resume,
+                more_resources: unit.next_more_resources,
+            });
+            specs.push(spec);
+        }
+        self.record(intents)?;
+        let mut results = Vec::with_capacity(specs.len());
+        for spec in &specs {
+            let exec = self.io.executor.clone();
+            // Interrupted: what was submitted is recorded below; the rest stay intents, which
+            // the next run resolves by lookup.
+            let Some(submitted) = self.guarded("submit", exec.submit(spec)).await? else {
+                break;
+            };
+            let r = match submitted {
+                Ok(h) => Entry::Submitted {
+                    attempt_id: spec.attempt_id.clone(),
+                    handle: h,
+                    adopted: false,
+                },
+                Err(e) => self.after_submit_error(spec, e).await?,
+            };
+            results.push(r);
+            self.counters.submits_this_process += 1;
+            if self.settings.abort_after_submits == Some(self.counters.submits_this_process) {
+                // Fault injection for crash tests: die like `kill -9` between a submit and
+                // the record of its handle (the worst moment for duplicates).
+                std::process::abort();
+            }
+        }
+        let mut follow = Vec::new();
+        for r in &results {
+            match r {
+                Entry::Submitted { .. } => self.counters.submitted += 1,
+                Entry::SubmitFailed { attempt_id, error } => {
+                    let a = self.state.attempt_index[attempt_id];
+                    let u = self.state.attempts[a].unit;
+                    let key = self.state.units[u].key.clone();
+                    let fatal = error.starts_with("fatal: ");
+                    let decision = if fatal {
+                        Decision::Fail {
+                            reason: format!("config: {error}"),
+                        }
+                    } else {
+                        Decision::Retry {
+                            delay: self.settings.retry.delay(1, attempt_id.as_str()),
+                            resume: self.state.units[u].next_resume,
+                            more_resources: self.state.units[u].next_more_resources,
+                        }
+                    };
+                    let not_before_ms = match &decision {
+                        Decision::Retry { delay, .. } => now + delay.as_millis() as u64,
+                        _ => 0,
+                    };
+                    follow.push(Entry::Decided {
+                        unit: key,
+                        decision,
+                        not_before_ms,
+                    });
+                }
+                _ => {}
+            }
+        }
+        results.extend(follow);
+        self.record(results)?;
+        Ok(true)
+    }
+
+    /// After a failed submit: an ambiguous or retryable error may still have created the job,
+    /// so ask `find` before deciding.
+    pub(super) async fn after_submit_error(
+        &mut self,
+        spec: &crate::executor::AttemptSpec,
+        e: ExecutorError,
+    ) -> Result<Entry, ControllerError> {
+        let id = spec.attempt_id.clone();
+        let maybe_created = e.is_retryable()
+            || matches!(
+                e,
+                ExecutorError::DuplicateAttempt { .. } | ExecutorError::SubmitUnknown { .. }
+            );
+        if maybe_created {
+            let exec = self.io.executor.clone();
+            let found = match self.guarded("find", exec.find(&id)).await? {
+                Some(f) => f,
+                // Interrupted: the intent stays open; the next run looks the job up.
+                None => Err(ExecutorError::SchedulerUnavailable {
+                    command: "find".into(),
+                    tries: 0,
+                    message: "interrupted by a control request".into(),
+                }),
+            };
+            match found {
+                Ok(Some(h)) => {
+                    self.counters.adopted += 1;
+                    return Ok(Entry::Submitted {
+                        attempt_id: id,
+                        handle: h,
+                        adopted: true,
+                    });
+                }
+                Ok(None) => {}
+                // Cannot tell: leave the intent unresolved; `resolve_intents` asks again.
+                Err(_) => {
+                    let ev = ControllerEvent::SubmitUnknown {
+                        attempt_id: id,
+                        error: e.to_string(),
+                    };
+                    self.notify(&ev);
+                    return Ok(Self::event_entry(&ev));
+                }
+            }
+        }
+        let fatal = !e.is_retryable() && !matches!(e, ExecutorError::SubmitUnknown { .. });
+        Ok(Entry::SubmitFailed {
+            attempt_id: id,
+            error: if fatal {
+                format!("fatal: {e}")
+            } else {
+                e.to_string()
+            },
+        })
+    }
+}

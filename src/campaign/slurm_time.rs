@@ -1,0 +1,179 @@
+//! [`SlurmTime`]: a Slurm `--time` value, parsed once into a duration.
+
+use std::fmt;
+use std::str::FromStr;
+use std::time::Duration;
+
+/// A Slurm time limit (`sbatch --time`), in any of Slurm's forms: `M`, `M:S`, `H:M:S`, `D-H`,
+/// `D-H:M`, `D-H:M:S` (see `man sbatch`, `--time`). Each field is 1 to 6 digits.
+///
+/// Kept both as written (what `#SBATCH --time=` gets, so the script says what the config
+/// said) and as a [`Duration`] (what the controller and node-hour totals use). Serialized as
+/// the text; deserializing parses it again.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct SlurmTime {
+    text: String,
+    duration: Duration,
+}
+
+/// Why a string is not a Slurm time.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[error(
+    "{text:?} is not a Slurm time (expected M, M:S, H:M:S, D-H, D-H:M or D-H:M:S, e.g. \"4:00:00\" or \"1-00:00:00\")"
+)]
+pub struct SlurmTimeError {
+    /// The text refused.
+    pub text: String,
+}
+
+impl SlurmTime {
+    /// The limit as a duration.
+    pub fn as_duration(&self) -> Duration {
+        self.duration
+    }
+
+    /// The limit as written in the config.
+    pub fn as_str(&self) -> &str {
+        &self.text
+    }
+
+    /// A limit of `minutes` (written as minutes, Slurm's plain-number form).
+    pub fn from_minutes(minutes: u32) -> Self {
+        SlurmTime {
+            text: minutes.to_string(),
+            duration: Duration::from_secs(u64::from(minutes) * 60),
+        }
+    }
+}
+
+impl FromStr for SlurmTime {
+    type Err = SlurmTimeError;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        let bad = || SlurmTimeError {
+            text: s.to_string(),
+        };
+        let num = |x: &str| -> Option<u64> {
+            if x.is_empty() || x.len() > 6 || !x.bytes().all(|b| b.is_ascii_digit()) {
+                return None;
+            }
+            x.parse().ok()
+        };
+        let (days, rest) = match s.split_once('-') {
+            Some((d, r)) => (Some(num(d).ok_or_else(bad)?), r),
+            None => (None, s),
+        };
+        let parts: Vec<u64> = rest
+            .split(':')
+            .map(num)
+            .collect::<Option<_>>()
+            .ok_or_else(bad)?;
+        let secs = match (days.is_some(), parts.as_slice()) {
+            (false, [m]) => m * 60,
+            (false, [m, sec]) => m * 60 + sec,
+            (_, [h, m, sec]) => h * 3600 + m * 60 + sec,
+            (true, [h]) => h * 3600,
+            (true, [h, m]) => h * 3600 + m * 60,
+            _ => return Err(bad()),
+        };
+        Ok(SlurmTime {
+            text: s.to_string(),
+            duration: Duration::from_secs(days.unwrap_or(0) * 86_400 + secs),
+        })
+    }
+}
+
+impl fmt::Display for SlurmTime {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.text)
+    }
+}
+
+impl serde::Serialize for SlurmTime {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str(&self.text)
+    }
+}
+
+/// Accepts a string in Slurm's grammar or a positive integer (minutes, as `--time=30`).
+impl<'de> serde::Deserialize<'de> for SlurmTime {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct V;
+        impl serde::de::Visitor<'_> for V {
+            type Value = SlurmTime;
+            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str("a Slurm time such as \"4:00:00\", \"1-00:00:00\" or minutes")
+            }
+            fn visit_str<E: serde::de::Error>(self, s: &str) -> Result<SlurmTime, E> {
+                s.parse().map_err(E::custom)
+            }
+            fn visit_u64<E: serde::de::Error>(self, m: u64) -> Result<SlurmTime, E> {
+                match u32::try_from(m) {
+                    Ok(m) if m > 0 && m < 1_000_000 => Ok(SlurmTime::from_minutes(m)),
+                    _ => Err(E::custom(format!("{m} minutes is out of range"))),
+                }
+            }
+            fn visit_i64<E: serde::de::Error>(self, m: i64) -> Result<SlurmTime, E> {
+                match u64::try_from(m) {
+                    Ok(m) => self.visit_u64(m),
+                    Err(_) => Err(E::custom(format!("{m} minutes is out of range"))),
+                }
+            }
+        }
+        d.deserialize_any(V)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn secs(s: &str) -> Option<u64> {
+        s.parse::<SlurmTime>()
+            .ok()
+            .map(|t| t.as_duration().as_secs())
+    }
+
+    #[test]
+    fn every_slurm_form_parses_to_its_duration() {
+        assert_eq!(secs("30"), Some(1800));
+        assert_eq!(secs("30:15"), Some(1815));
+        assert_eq!(secs("01:30:00"), Some(5400));
+        assert_eq!(secs("4:00:00"), Some(14400));
+        assert_eq!(secs("2-00:00:00"), Some(172_800));
+        assert_eq!(secs("1-2"), Some(93_600));
+        assert_eq!(secs("1-2:30"), Some(95_400));
+        let t: SlurmTime = "4:00:00".parse().unwrap();
+        assert_eq!(t.to_string(), "4:00:00");
+    }
+
+    #[test]
+    fn malformed_times_are_refused_not_dropped() {
+        for bad in [
+            "",
+            "x",
+            "1:2:3:4",
+            "-1",
+            "1-",
+            "1--2",
+            "1.5",
+            "1234567",
+            "4h",
+            "1-2:3:4:5",
+            " 30",
+        ] {
+            let e = bad.parse::<SlurmTime>().unwrap_err();
+            assert_eq!(e.text, bad);
+            assert!(e.to_string().contains("not a Slurm time"), "{e}");
+        }
+    }
+
+    #[test]
+    fn serde_round_trips_as_text_and_accepts_minutes() {
+        let t: SlurmTime = serde_json::from_str("\"1-00:00:00\"").unwrap();
+        assert_eq!(serde_json::to_string(&t).unwrap(), "\"1-00:00:00\"");
+        let m: SlurmTime = serde_json::from_str("90").unwrap();
+        assert_eq!(m.as_duration().as_secs(), 5400);
+        assert!(serde_json::from_str::<SlurmTime>("0").is_err());
+        assert!(serde_json::from_str::<SlurmTime>("\"4h\"").is_err());
+    }
+}
