@@ -15,7 +15,9 @@
 //! `detached`, stage counts).
 
 use std::io::Write;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
+
+use crate::campaign::controller::{CampaignReport, ControllerEvent};
 use std::process::{Command, Stdio};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, mpsc};
@@ -42,34 +44,54 @@ pub struct NotifyEvent {
 }
 
 impl NotifyEvent {
-    /// Maps a controller event (`kind`, `message` as given to
-    /// [`CampaignControllerBuilder::on_event`](crate::campaign::controller::CampaignControllerBuilder::on_event))
-    /// to a notification: `stage_done` and `stage_failed` (message `<stage>` or
-    /// `<stage>: <reason>`), and any kind naming a hung attempt (`hung`, `heartbeat_timeout`).
-    /// `None` for kinds that do not notify.
-    pub fn from_controller(campaign: &std::path::Path, kind: &str, message: &str) -> Option<Self> {
-        let event = match kind {
-            "stage_done" | "stage_failed" => kind,
-            k if k.contains("hung") || k.contains("heartbeat") => "attempt_hung",
+    /// The notification for a controller event: [`StageDone`](ControllerEvent::StageDone) ->
+    /// `stage_done`, [`StageFailed`](ControllerEvent::StageFailed) -> `stage_failed`,
+    /// [`AttemptStuck`](ControllerEvent::AttemptStuck) -> `attempt_hung`; `None` for the
+    /// others. `detail` is the event's own JSON form.
+    pub fn from_event(campaign: &Path, ev: &ControllerEvent) -> Option<Self> {
+        let (event, stage) = match ev {
+            ControllerEvent::StageDone { stage } => ("stage_done", Some(stage.clone())),
+            ControllerEvent::StageFailed { stage, .. } => ("stage_failed", Some(stage.clone())),
+            ControllerEvent::AttemptStuck { .. } => ("attempt_hung", None),
             _ => return None,
-        };
-        let stage = match event {
-            "attempt_hung" => None,
-            _ => Some(
-                message
-                    .split_once(": ")
-                    .map_or(message, |(s, _)| s)
-                    .to_string(),
-            ),
         };
         Some(NotifyEvent {
             event: event.to_string(),
             campaign: campaign.to_path_buf(),
             stage,
-            message: message.to_string(),
+            message: ev.to_string(),
             at_ms: now_ms(),
-            detail: serde_json::json!({"controller_event": kind}),
+            detail: serde_json::to_value(ev).unwrap_or(serde_json::Value::Null),
         })
+    }
+
+    /// The `campaign_end` notification for the report of a finished
+    /// [`run`](crate::campaign::controller::CampaignController::run).
+    pub fn campaign_end(campaign: &Path, report: &CampaignReport) -> Self {
+        let complete = report.is_complete();
+        NotifyEvent {
+            event: "campaign_end".into(),
+            campaign: campaign.to_path_buf(),
+            stage: None,
+            message: if complete {
+                format!("campaign complete: {} stages", report.completed.len())
+            } else {
+                format!(
+                    "campaign ended: {} stages done, {} failed, {} not started",
+                    report.completed.len(),
+                    report.failed.len(),
+                    report.blocked.len()
+                )
+            },
+            at_ms: now_ms(),
+            detail: serde_json::json!({
+                "complete": complete,
+                "completed": report.completed,
+                "failed": report.failed.iter().map(|f| &f.stage).collect::<Vec<_>>(),
+                "blocked": report.blocked,
+                "submitted": report.submitted,
+            }),
+        }
     }
 }
 
@@ -247,19 +269,32 @@ mod tests {
 
     #[test]
     fn controller_events_map_to_notifications() {
-        let c = std::path::Path::new("/c");
-        let e = NotifyEvent::from_controller(c, "stage_failed", "score: oom: no retry").unwrap();
-        assert_eq!(e.event, "stage_failed");
-        assert_eq!(e.stage.as_deref(), Some("score"));
-        let e = NotifyEvent::from_controller(c, "stage_done", "prepare").unwrap();
-        assert_eq!(e.stage.as_deref(), Some("prepare"));
-        assert!(NotifyEvent::from_controller(c, "attempt", "x completed").is_none());
+        let c = Path::new("/c");
+        let e = NotifyEvent::from_event(
+            c,
+            &ControllerEvent::StageFailed {
+                stage: "score".into(),
+                reason: "oom".into(),
+            },
+        )
+        .unwrap();
         assert_eq!(
-            NotifyEvent::from_controller(c, "heartbeat_timeout", "a hung")
-                .unwrap()
-                .event,
+            (e.event.as_str(), e.stage.as_deref()),
+            ("stage_failed", Some("score"))
+        );
+        assert_eq!(e.detail["kind"], "stage_failed");
+        let e = NotifyEvent::from_event(c, &ControllerEvent::StageDone { stage: "p".into() });
+        assert_eq!(e.unwrap().event, "stage_done");
+        let hung = ControllerEvent::AttemptStuck {
+            attempt_id: crate::executor::AttemptId::new("n.a.0.a1").unwrap(),
+            reason: "no progress for 600 s".into(),
+        };
+        assert_eq!(
+            NotifyEvent::from_event(c, &hung).unwrap().event,
             "attempt_hung"
         );
+        let detached = ControllerEvent::Detached { live: 1 };
+        assert!(NotifyEvent::from_event(c, &detached).is_none());
     }
 
     #[test]
@@ -273,7 +308,13 @@ mod tests {
             out.display().to_string(),
         ])
         .unwrap();
-        let ev = NotifyEvent::from_controller(dir.path(), "stage_done", "prepare").unwrap();
+        let ev = NotifyEvent::from_event(
+            dir.path(),
+            &ControllerEvent::StageDone {
+                stage: "prepare".into(),
+            },
+        )
+        .unwrap();
         n.send(&ev);
         n.flush();
         let got: NotifyEvent =
