@@ -42,7 +42,7 @@ fn help_examples_run_on_the_fixtures() {
         assert_eq!(code, 0, "{h:?}: {err}");
         if h.len() > 2 || h[0] == "--help" {
             assert!(
-                text.contains("Exit status: 0 done, 1 error, 2 usage error"),
+                text.contains("Exit status: 0 ") && text.contains("1 error, 2 usage error"),
                 "{h:?}:\n{text}"
             );
             assert!(text.contains("Examples"), "{h:?}:\n{text}");
@@ -57,8 +57,9 @@ fn help_examples_run_on_the_fixtures() {
             }
             let (code, out, err) = run(&args);
             assert_eq!(code, 0, "example `{cmd}` failed:\n{err}");
-            assert!(out.contains("stages,"), "example `{cmd}`:\n{out}");
-            if args.contains(&"--json") {
+            if !args.contains(&"--json") {
+                assert!(out.contains("stages,"), "example `{cmd}`:\n{out}");
+            } else {
                 let v: serde_json::Value = serde_json::from_str(&out).unwrap();
                 assert!(v["stages"].as_array().is_some_and(|s| !s.is_empty()));
             }
@@ -258,7 +259,14 @@ fn local_run_detach_status_cancel_reattach_report() {
             .unwrap()
             .iter()
             .any(|a| a["stage"] == "sort_sanity" && a["outcome"] == "live");
-        if sanity_live {
+        // Wait for build_library's transient failure and retry too, so the cancel only
+        // catches sort_sanity.
+        let library_done = v["stages"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|s| s["id"] == "build_library" && s["status"] == "done");
+        if sanity_live && library_done {
             break v;
         }
         assert!(Instant::now() < deadline, "sort_sanity never ran: {v}");

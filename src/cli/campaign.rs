@@ -8,8 +8,8 @@ use std::time::{Duration, Instant};
 
 use super::{CampaignCmd, CliError, PlanArgs, RunArgs, exit};
 use crate::campaign::controller::{
-    CampaignController, ControllerError, PoolItem, RetryPolicy, RunOptions, TerminalControls,
-    ViewMode, open_campaign_dir,
+    CampaignController, ControllerError, ControllerEvent, PoolItem, RetryPolicy, RunOptions,
+    TerminalControls, ViewMode, open_campaign_dir,
 };
 use crate::campaign::dryrun::{DryRunOptions, dry_run, render_dry_run};
 use crate::campaign::{
@@ -278,21 +278,22 @@ fn run_cmd(a: RunArgs) -> Result<i32, CliError> {
         for (stage, items) in pools {
             b = b.pool_items(stage, move |_| Ok(items.clone()));
         }
-        {
-            let notifier = notifier.clone();
-            let dir = dir.clone();
-            b = b.on_event(move |ev| {
-                let kind = ev.kind();
-                let msg = &ev.to_string();
-                if kind != "attempt" || msg.contains("->") {
-                    eprintln!("[{kind}] {msg}");
-                }
-                if let Some(n) = &notifier
-                    && let Some(ev) = NotifyEvent::from_controller(&dir, kind, msg)
-                {
-                    n.send(&ev);
-                }
-            });
+        b = b.on_event(|ev| {
+            // Progress is in the live view; print what a person should see in a log.
+            if ev.is_problem()
+                || matches!(
+                    ev,
+                    ControllerEvent::StageDone { .. }
+                        | ControllerEvent::Recovered { .. }
+                        | ControllerEvent::Revision { .. }
+                        | ControllerEvent::ShutDown { .. }
+                )
+            {
+                eprintln!("[{}] {ev}", ev.kind());
+            }
+        });
+        if let Some(n) = &notifier {
+            b = b.notify(n.clone());
         }
         let mut ctl = b.build().map_err(|e| {
             let mut m = e.to_string();
@@ -328,23 +329,7 @@ fn run_cmd(a: RunArgs) -> Result<i32, CliError> {
                 Err(e) => eprintln!("warning: writing the report: {}", e.message),
             }
             if let Some(n) = &notifier {
-                n.send(&NotifyEvent {
-                    event: "campaign_end".into(),
-                    campaign: dir.clone(),
-                    stage: None,
-                    message: if code == exit::DONE {
-                        format!("campaign complete: {} stages", report.completed.len())
-                    } else {
-                        format!("campaign ended with {} failed stages", report.failed.len())
-                    },
-                    at_ms: now_ms(),
-                    detail: serde_json::json!({
-                        "complete": code == exit::DONE,
-                        "completed": report.completed,
-                        "failed": report.failed.iter().map(|f| &f.stage).collect::<Vec<_>>(),
-                        "blocked": report.blocked,
-                    }),
-                });
+                n.send(&NotifyEvent::campaign_end(&dir, &report));
             }
         }
         Ok::<i32, CliError>(code)
@@ -371,11 +356,13 @@ fn detach(a: &RunArgs) -> Result<i32, CliError> {
         .map_err(|e| CliError::new(format!("opening {}: {e}", log_path.display())))?;
     let exe =
         std::env::current_exe().map_err(|e| CliError::new(format!("finding this program: {e}")))?;
-    let args: Vec<std::ffi::OsString> = std::env::args_os()
+    let mut args: Vec<std::ffi::OsString> = std::env::args_os()
         .skip(1)
         .filter(|x| x != "--detach")
-        .chain(["--quiet".into()])
         .collect();
+    if !args.iter().any(|x| x == "--quiet") {
+        args.push("--quiet".into());
+    }
     let mut cmd = std::process::Command::new(exe);
     cmd.args(&args)
         .stdin(std::process::Stdio::null())
@@ -402,7 +389,7 @@ fn detach(a: &RunArgs) -> Result<i32, CliError> {
             )));
         }
         let l = LeaseStatus::probe(&ctl)?;
-        if l.held && l.lock_pid == Some(pid as i32) {
+        if l.held && l.lock_pid == Some(pid as i32) && ctl.join("journal.jsonl").is_file() {
             break;
         }
         if Instant::now() > deadline {
@@ -419,13 +406,6 @@ fn detach(a: &RunArgs) -> Result<i32, CliError> {
         dir.display()
     );
     Ok(exit::INCOMPLETE)
-}
-
-fn now_ms() -> u64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.as_millis() as u64)
-        .unwrap_or(0)
 }
 
 /// What `status --json` prints.
@@ -641,9 +621,8 @@ fn cancel_tag(tag: &str) -> Result<i32, CliError> {
             message: format!("--tag {tag:?}: expected a campaign nonce (letters, digits, - and _)"),
         });
     }
-    let user = std::env::var("USER").unwrap_or_else(|_| "root".into());
     let out = std::process::Command::new("squeue")
-        .args(["-h", "-u", &user, "-o", "%i|%j"])
+        .args(["-h", "--me", "-o", "%i|%j"])
         .output()
         .map_err(|e| CliError::new(format!("running squeue: {e}")))?;
     if !out.status.success() {
@@ -673,7 +652,7 @@ fn cancel_tag(tag: &str) -> Result<i32, CliError> {
         }
     }
     if ids.is_empty() {
-        println!("no job of {user} has a name starting with {tag}");
+        println!("no job of yours has a name starting with {tag}");
         return Ok(exit::DONE);
     }
     let st = std::process::Command::new("scancel")

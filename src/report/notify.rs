@@ -3,7 +3,8 @@
 //!
 //! The command is an argv (no shell): `["notify-send", "puzzletron"]`,
 //! `["curl", "-sS", "--data-binary", "@-", "https://chat.example/hook"]`. Each event runs it
-//! once, on its own thread, so a slow notifier never holds up the controller; it gets
+//! once, in order, on the notifier's own thread, so a slow notifier never holds up the
+//! controller; each run gets
 //! [`Notifier::timeout`] (default 30 s) before it is killed. A notifier that cannot start,
 //! exits non-zero or times out is reported on stderr (and in [`Notifier::failures`]) and
 //! otherwise ignored: notifications never stop a campaign.
@@ -14,10 +15,12 @@
 //! `detached`, stage counts).
 
 use std::io::Write;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
+
+use crate::campaign::controller::{CampaignReport, ControllerEvent};
 use std::process::{Command, Stdio};
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, mpsc};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
@@ -41,34 +44,54 @@ pub struct NotifyEvent {
 }
 
 impl NotifyEvent {
-    /// Maps a controller event (`kind`, `message` as given to
-    /// [`CampaignControllerBuilder::on_event`](crate::campaign::controller::CampaignControllerBuilder::on_event))
-    /// to a notification: `stage_done` and `stage_failed` (message `<stage>` or
-    /// `<stage>: <reason>`), and any kind naming a hung attempt (`hung`, `heartbeat_timeout`).
-    /// `None` for kinds that do not notify.
-    pub fn from_controller(campaign: &std::path::Path, kind: &str, message: &str) -> Option<Self> {
-        let event = match kind {
-            "stage_done" | "stage_failed" => kind,
-            k if k.contains("hung") || k.contains("heartbeat") => "attempt_hung",
+    /// The notification for a controller event: [`StageDone`](ControllerEvent::StageDone) ->
+    /// `stage_done`, [`StageFailed`](ControllerEvent::StageFailed) -> `stage_failed`,
+    /// [`AttemptStuck`](ControllerEvent::AttemptStuck) -> `attempt_hung`; `None` for the
+    /// others. `detail` is the event's own JSON form.
+    pub fn from_event(campaign: &Path, ev: &ControllerEvent) -> Option<Self> {
+        let (event, stage) = match ev {
+            ControllerEvent::StageDone { stage } => ("stage_done", Some(stage.clone())),
+            ControllerEvent::StageFailed { stage, .. } => ("stage_failed", Some(stage.clone())),
+            ControllerEvent::AttemptStuck { .. } => ("attempt_hung", None),
             _ => return None,
-        };
-        let stage = match event {
-            "attempt_hung" => None,
-            _ => Some(
-                message
-                    .split_once(": ")
-                    .map_or(message, |(s, _)| s)
-                    .to_string(),
-            ),
         };
         Some(NotifyEvent {
             event: event.to_string(),
             campaign: campaign.to_path_buf(),
             stage,
-            message: message.to_string(),
+            message: ev.to_string(),
             at_ms: now_ms(),
-            detail: serde_json::json!({"controller_event": kind}),
+            detail: serde_json::to_value(ev).unwrap_or(serde_json::Value::Null),
         })
+    }
+
+    /// The `campaign_end` notification for the report of a finished
+    /// [`run`](crate::campaign::controller::CampaignController::run).
+    pub fn campaign_end(campaign: &Path, report: &CampaignReport) -> Self {
+        let complete = report.is_complete();
+        NotifyEvent {
+            event: "campaign_end".into(),
+            campaign: campaign.to_path_buf(),
+            stage: None,
+            message: if complete {
+                format!("campaign complete: {} stages", report.completed.len())
+            } else {
+                format!(
+                    "campaign ended: {} stages done, {} failed, {} not started",
+                    report.completed.len(),
+                    report.failed.len(),
+                    report.blocked.len()
+                )
+            },
+            at_ms: now_ms(),
+            detail: serde_json::json!({
+                "complete": complete,
+                "completed": report.completed,
+                "failed": report.failed.iter().map(|f| &f.stage).collect::<Vec<_>>(),
+                "blocked": report.blocked,
+                "submitted": report.submitted,
+            }),
+        }
     }
 }
 
@@ -77,9 +100,15 @@ impl NotifyEvent {
 pub struct Notifier {
     argv: Vec<String>,
     timeout: Duration,
-    pending: Mutex<Vec<JoinHandle<()>>>,
+    worker: Mutex<Option<(mpsc::Sender<Job>, JoinHandle<()>)>>,
     failures: Arc<AtomicU64>,
     sent: Arc<AtomicU64>,
+}
+
+/// Work for the notifier's thread: events run one at a time, in the order sent.
+enum Job {
+    Event(String, Vec<u8>),
+    Flush(mpsc::Sender<()>),
 }
 
 impl Notifier {
@@ -98,7 +127,7 @@ impl Notifier {
         Ok(Notifier {
             argv,
             timeout: Duration::from_secs(30),
-            pending: Mutex::new(Vec::new()),
+            worker: Mutex::new(None),
             failures: Arc::new(AtomicU64::new(0)),
             sent: Arc::new(AtomicU64::new(0)),
         })
@@ -115,7 +144,8 @@ impl Notifier {
         &self.argv
     }
 
-    /// Runs the command for `event` on a background thread; returns at once.
+    /// Queues `event` for the notifier's thread (started on first use) and returns at once.
+    /// Events are delivered one at a time, in the order sent.
     pub fn send(&self, event: &NotifyEvent) {
         let json = match serde_json::to_vec(event) {
             Ok(j) => j,
@@ -124,34 +154,53 @@ impl Notifier {
                 return;
             }
         };
-        let argv = self.argv.clone();
-        let timeout = self.timeout;
-        let (failures, sent) = (self.failures.clone(), self.sent.clone());
-        let name = event.event.clone();
-        let t = std::thread::spawn(move || match run_once(&argv, &json, timeout) {
-            Ok(()) => {
-                sent.fetch_add(1, Ordering::Relaxed);
-            }
-            Err(e) => {
-                failures.fetch_add(1, Ordering::Relaxed);
-                eprintln!(
-                    "warning: notify command {:?} for {name}: {e} (the campaign goes on)",
-                    argv[0]
-                );
-            }
+        let mut w = self.worker.lock().unwrap_or_else(|p| p.into_inner());
+        let (tx, _) = w.get_or_insert_with(|| {
+            let (tx, rx) = mpsc::channel::<Job>();
+            let argv = self.argv.clone();
+            let timeout = self.timeout;
+            let (failures, sent) = (self.failures.clone(), self.sent.clone());
+            let t = std::thread::spawn(move || {
+                for job in rx {
+                    match job {
+                        Job::Flush(ack) => {
+                            let _ = ack.send(());
+                        }
+                        Job::Event(name, json) => match run_once(&argv, &json, timeout) {
+                            Ok(()) => {
+                                sent.fetch_add(1, Ordering::Relaxed);
+                            }
+                            Err(e) => {
+                                failures.fetch_add(1, Ordering::Relaxed);
+                                eprintln!(
+                                    "warning: notify command {:?} for {name}: {e} (the campaign goes on)",
+                                    argv[0]
+                                );
+                            }
+                        },
+                    }
+                }
+            });
+            (tx, t)
         });
-        let mut p = self.pending.lock().unwrap_or_else(|p| p.into_inner());
-        p.retain(|h| !h.is_finished());
-        p.push(t);
+        let _ = tx.send(Job::Event(event.event.clone(), json));
     }
 
-    /// Waits for every notification sent so far (each bounded by the timeout).
+    /// Waits until every notification sent so far was delivered (each bounded by the timeout).
     pub fn flush(&self) {
-        let handles: Vec<_> =
-            std::mem::take(&mut *self.pending.lock().unwrap_or_else(|p| p.into_inner()));
-        for h in handles {
-            let _ = h.join();
+        let (ack_tx, ack_rx) = mpsc::channel();
+        {
+            let w = self.worker.lock().unwrap_or_else(|p| p.into_inner());
+            match w.as_ref() {
+                Some((tx, _)) => {
+                    if tx.send(Job::Flush(ack_tx)).is_err() {
+                        return;
+                    }
+                }
+                None => return,
+            }
         }
+        let _ = ack_rx.recv();
     }
 
     /// Runs that failed (could not start, non-zero exit, timeout).
@@ -162,6 +211,21 @@ impl Notifier {
     /// Runs that succeeded.
     pub fn sent(&self) -> u64 {
         self.sent.load(Ordering::Relaxed)
+    }
+}
+
+impl Drop for Notifier {
+    fn drop(&mut self) {
+        // Deliver what is queued before the process moves on.
+        let w = self
+            .worker
+            .get_mut()
+            .unwrap_or_else(|p| p.into_inner())
+            .take();
+        if let Some((tx, t)) = w {
+            drop(tx);
+            let _ = t.join();
+        }
     }
 }
 
@@ -205,19 +269,32 @@ mod tests {
 
     #[test]
     fn controller_events_map_to_notifications() {
-        let c = std::path::Path::new("/c");
-        let e = NotifyEvent::from_controller(c, "stage_failed", "score: oom: no retry").unwrap();
-        assert_eq!(e.event, "stage_failed");
-        assert_eq!(e.stage.as_deref(), Some("score"));
-        let e = NotifyEvent::from_controller(c, "stage_done", "prepare").unwrap();
-        assert_eq!(e.stage.as_deref(), Some("prepare"));
-        assert!(NotifyEvent::from_controller(c, "attempt", "x completed").is_none());
+        let c = Path::new("/c");
+        let e = NotifyEvent::from_event(
+            c,
+            &ControllerEvent::StageFailed {
+                stage: "score".into(),
+                reason: "oom".into(),
+            },
+        )
+        .unwrap();
         assert_eq!(
-            NotifyEvent::from_controller(c, "heartbeat_timeout", "a hung")
-                .unwrap()
-                .event,
+            (e.event.as_str(), e.stage.as_deref()),
+            ("stage_failed", Some("score"))
+        );
+        assert_eq!(e.detail["kind"], "stage_failed");
+        let e = NotifyEvent::from_event(c, &ControllerEvent::StageDone { stage: "p".into() });
+        assert_eq!(e.unwrap().event, "stage_done");
+        let hung = ControllerEvent::AttemptStuck {
+            attempt_id: crate::executor::AttemptId::new("n.a.0.a1").unwrap(),
+            reason: "no progress for 600 s".into(),
+        };
+        assert_eq!(
+            NotifyEvent::from_event(c, &hung).unwrap().event,
             "attempt_hung"
         );
+        let detached = ControllerEvent::Detached { live: 1 };
+        assert!(NotifyEvent::from_event(c, &detached).is_none());
     }
 
     #[test]
@@ -231,7 +308,13 @@ mod tests {
             out.display().to_string(),
         ])
         .unwrap();
-        let ev = NotifyEvent::from_controller(dir.path(), "stage_done", "prepare").unwrap();
+        let ev = NotifyEvent::from_event(
+            dir.path(),
+            &ControllerEvent::StageDone {
+                stage: "prepare".into(),
+            },
+        )
+        .unwrap();
         n.send(&ev);
         n.flush();
         let got: NotifyEvent =

@@ -45,6 +45,7 @@ pub struct CampaignControllerBuilder {
     pools: HashMap<String, Arc<PoolSource>>,
     max_requeues: u32,
     on_event: Option<Arc<EventSink>>,
+    notifier: Option<Arc<crate::report::Notifier>>,
     controls: Option<mpsc::UnboundedReceiver<Control>>,
     view: super::view::ViewMode,
     abort_after_submits: Option<u64>,
@@ -73,6 +74,7 @@ impl Default for CampaignControllerBuilder {
             pools: HashMap::new(),
             max_requeues: 3,
             on_event: None,
+            notifier: None,
             controls: None,
             view: super::view::ViewMode::Off,
             abort_after_submits: None,
@@ -186,6 +188,18 @@ impl CampaignControllerBuilder {
         self.on_event = Some(Arc::new(f));
         self
     }
+    /// Runs `notifier`'s command (argv, no shell) with the event as JSON on stdin when a stage
+    /// completes or fails or an attempt is declared hung (see [`Notifier`]); besides any
+    /// [`on_event`](Self::on_event) observer. A failing notifier never stops the campaign. The
+    /// campaign's end is the caller's to announce after [`run`](super::CampaignController::run)
+    /// ([`NotifyEvent::campaign_end`]).
+    ///
+    /// [`Notifier`]: crate::report::Notifier
+    /// [`NotifyEvent::campaign_end`]: crate::report::NotifyEvent::campaign_end
+    pub fn notify(mut self, notifier: Arc<crate::report::Notifier>) -> Self {
+        self.notifier = Some(notifier);
+        self
+    }
     /// Control requests (menu, signals). See [`TerminalControls`](super::TerminalControls).
     pub fn controls(mut self, rx: mpsc::UnboundedReceiver<Control>) -> Self {
         self.controls = Some(rx);
@@ -256,6 +270,20 @@ impl CampaignControllerBuilder {
                 });
             }
         }
+        let on_event: Option<Arc<EventSink>> = match (self.on_event, self.notifier) {
+            (f, Some(n)) => {
+                let campaign = dir.clone();
+                Some(Arc::new(move |ev: &super::ControllerEvent| {
+                    if let Some(f) = &f {
+                        f(ev);
+                    }
+                    if let Some(e) = crate::report::NotifyEvent::from_event(&campaign, ev) {
+                        n.send(&e);
+                    }
+                }))
+            }
+            (f, None) => f,
+        };
         let lease = Lease::acquire(&dir, &ctl_dir, self.lease_ttl)?;
         let (journal, replay) = Journal::open(&ctl_dir)?;
         let mut state = State::new(&plan);
@@ -290,7 +318,7 @@ impl CampaignControllerBuilder {
             io: Collaborators {
                 executor,
                 clock: self.clock,
-                on_event: self.on_event,
+                on_event,
                 controls: self.controls,
                 view: super::view::LiveView::new(self.view),
                 journal,
