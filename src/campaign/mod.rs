@@ -15,7 +15,6 @@
 //!   runs a plan (journal, lease, recovery, failure classes, policies, pools).
 //! - [`document`]: [`plan_to_dict`] and its loader; [`dryrun`]: what would be submitted.
 
-mod adapter;
 pub mod catalog;
 pub mod compile;
 pub mod config;

@@ -287,8 +287,10 @@ impl RunnerEnvironment {
     /// [`PlanError::Config`] for I/O and YAML errors, then those of [`Self::from_node`].
     pub fn load(path: impl AsRef<std::path::Path>) -> Result<Self, PlanError> {
         let path = path.as_ref();
-        let node = super::adapter::load_plain(path)?;
-        Self::from_node(&path.display().to_string(), &node)
+        let cfg = super::config::load_yaml_file(path)?;
+        let label = path.display().to_string();
+        Self::from_node(&label, &Node::from(cfg.value()))
+            .map_err(|e| e.locate(&label, cfg.origins()))
     }
 
     /// Reads a runner from a loaded config tree (the whole file, with its top-level `runner:`).
