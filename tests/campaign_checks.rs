@@ -7,7 +7,7 @@
 use std::path::{Path, PathBuf};
 
 use puzzletron::campaign::config::{ConfigLoader, Env, Override};
-use puzzletron::campaign::dryrun::{DryRunOptions, render_dry_run};
+use puzzletron::campaign::{DryRunOptions, render_dry_run};
 use puzzletron::campaign::{
     CampaignPlan, ExecutionConfig, PlanError, RunnerEnvironment, compile_campaign_plan_with,
 };

@@ -66,6 +66,7 @@ impl Need {
 
 /// When a stage is part of the plan.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[non_exhaustive]
 pub enum Enablement {
     /// Always.
     Always,
@@ -84,6 +85,7 @@ pub enum Enablement {
 
 /// Where a stage's [`ParallelMesh`] comes from in the experiment config.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[non_exhaustive]
 pub enum MeshSource {
     /// One GPU, no parallelism.
     Single,

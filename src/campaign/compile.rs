@@ -5,7 +5,7 @@
 //! config files.
 //!
 //! ```
-//! use puzzletron::campaign::tree::Node;
+//! use puzzletron::campaign::Node;
 //! use puzzletron::campaign::{
 //!     ExecutionConfig, RunnerEnvironment, StageCatalog, StageFilter, compile_resolved,
 //! };

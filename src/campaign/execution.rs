@@ -26,6 +26,7 @@ macro_rules! str_enum {
     ($(#[$m:meta])* $name:ident { $($(#[$vm:meta])* $var:ident = $s:literal),+ $(,)? }) => {
         $(#[$m])*
         #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+        #[non_exhaustive]
         pub enum $name { $($(#[$vm])* #[serde(rename = $s)] $var),+ }
         impl $name {
             /// All values, in declaration order.

@@ -21,6 +21,7 @@ use crate::identity::{Hash, Hasher};
 /// Which kind of machines run the stages.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
+#[non_exhaustive]
 pub enum RunnerKind {
     /// Processes on this machine.
     Local,

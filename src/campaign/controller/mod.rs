@@ -26,21 +26,21 @@
 //! [`CampaignPlan`]: crate::campaign::CampaignPlan
 //! [`Executor`]: crate::executor::Executor
 
-pub mod builder;
-pub mod classify;
-pub mod clock;
-pub mod controls;
-pub mod driver;
-pub mod error;
-pub mod event;
-pub mod journal;
-pub mod lease;
-pub mod policy;
-pub mod pool;
-pub mod report;
-pub mod spec;
+mod builder;
+mod classify;
+mod clock;
+mod controls;
+mod driver;
+mod error;
+mod event;
+mod journal;
+mod lease;
+mod policy;
+mod pool;
+mod report;
+mod spec;
 mod state;
-pub mod view;
+mod view;
 
 pub use builder::{CampaignControllerBuilder, open_campaign_dir};
 pub use classify::{
