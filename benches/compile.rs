@@ -6,7 +6,7 @@ use std::path::PathBuf;
 
 use criterion::{Criterion, criterion_group, criterion_main};
 use puzzletron::campaign::config::{ConfigLoader, Env};
-use puzzletron::campaign::tree::Node;
+use puzzletron::campaign::Node;
 use puzzletron::campaign::{
     ExecutionConfig, RunnerEnvironment, StageCatalog, compile_campaign_plan_with, compile_resolved,
 };

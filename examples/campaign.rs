@@ -43,7 +43,7 @@ use puzzletron::campaign::controller::{
     CampaignController, ControllerError, ControllerEvent, PoolItem, PoolWorker, RunOptions,
     TerminalControls, ViewMode, open_campaign_dir,
 };
-use puzzletron::campaign::tree::Node;
+use puzzletron::campaign::Node;
 use puzzletron::campaign::{
     CampaignPlan, ExecutionConfig, RunnerEnvironment, StageCatalog, compile_resolved,
 };

@@ -9,7 +9,7 @@
 use std::path::{Path, PathBuf};
 
 use puzzletron::campaign::config::Override;
-use puzzletron::campaign::dryrun::{DryRunOptions, render_dry_run};
+use puzzletron::campaign::{DryRunOptions, render_dry_run};
 use puzzletron::campaign::{ExecutionConfig, RunnerEnvironment, compile_campaign_plan};
 
 const USAGE: &str = "\

@@ -1,5 +1,8 @@
 //! The crate's top-level [`Error`], wrapping each area's error.
 
+use crate::campaign::PlanError;
+use crate::campaign::config::ConfigError;
+use crate::campaign::controller::ControllerError;
 use crate::executor::ExecutorError;
 use crate::identity::{IdentityError, ParamError};
 use crate::metrics::MetricsError;
@@ -34,6 +37,15 @@ pub enum Error {
     /// An executor failed.
     #[error(transparent)]
     Executor(#[from] ExecutorError),
+    /// Loading, composing, overriding or interpolating a campaign config failed.
+    #[error(transparent)]
+    Config(#[from] ConfigError),
+    /// Compiling a campaign plan failed (schemas, stage graph, meshes, packing, limits).
+    #[error(transparent)]
+    Plan(#[from] PlanError),
+    /// The campaign controller failed (journal, lease, executor, a stage that failed).
+    #[error(transparent)]
+    Controller(#[from] ControllerError),
     /// A drain stopped at a failing job or a store error.
     #[error(transparent)]
     RunFailed(#[from] Box<RunFailed>),
@@ -62,6 +74,9 @@ impl Error {
             Error::Metrics(e) => e.is_retryable(),
             Error::Executor(e) => e.is_retryable(),
             Error::RunFailed(e) => e.is_retryable(),
+            Error::Config(e) => e.is_retryable(),
+            Error::Plan(e) => e.is_retryable(),
+            Error::Controller(e) => e.is_retryable(),
             Error::Params { .. } | Error::Unsupported { .. } | Error::Usage { .. } => false,
         }
     }

@@ -6,8 +6,8 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 
 use puzzletron::campaign::config::{ConfigLoader, Env};
-use puzzletron::campaign::dryrun::{DryRunOptions, dry_run, render_dry_run};
-use puzzletron::campaign::tree::Node;
+use puzzletron::campaign::{DryRunOptions, dry_run, render_dry_run};
+use puzzletron::campaign::Node;
 use puzzletron::campaign::{
     CampaignPlan, ExecutionConfig, RunnerEnvironment, StageCatalog, compile_campaign_plan_with,
     compile_resolved,

@@ -414,7 +414,7 @@ fn refused_triple_matches_the_reference_up_to_the_work_planner() {
     }
     let inv = runner.inventory.as_mut().unwrap();
     for i in 2..8 {
-        inv.hosts.push(puzzletron::campaign::runner::Host {
+        inv.hosts.push(puzzletron::campaign::Host {
             hostname: format!("extra{i}"),
             gpus: 8,
         });

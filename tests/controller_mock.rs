@@ -12,7 +12,7 @@ use puzzletron::campaign::controller::{
     CampaignController, CampaignReport, ControllerError, FailureClass, PoolItem, PoolWorker,
     RetryPolicy, RunOptions, VirtualClock,
 };
-use puzzletron::campaign::tree::Node;
+use puzzletron::campaign::Node;
 use puzzletron::campaign::{
     CampaignPlan, ExecutionConfig, RunnerEnvironment, StageCatalog, compile_resolved,
 };

@@ -18,7 +18,7 @@
 //!     - {id: train, needs: [prepare], strategy: sharded, command: [python, train.py]}
 //!   ```
 
-use std::collections::{BTreeSet, HashMap};
+use std::collections::{BTreeSet, HashMap, HashSet};
 
 use serde::{Deserialize, Serialize};
 
@@ -66,6 +66,7 @@ impl Need {
 
 /// When a stage is part of the plan.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[non_exhaustive]
 pub enum Enablement {
     /// Always.
     Always,
@@ -84,6 +85,7 @@ pub enum Enablement {
 
 /// Where a stage's [`ParallelMesh`] comes from in the experiment config.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[non_exhaustive]
 pub enum MeshSource {
     /// One GPU, no parallelism.
     Single,
@@ -483,6 +485,38 @@ impl StageCatalog {
                 command: cmd,
             }),
         }
+    }
+
+    /// The dotted config keys this catalog reads: each stage's enable switch, mesh sources and
+    /// shard axis, and the post-MIP flows key. Everything else in an experiment is passed to
+    /// the workers unchecked.
+    pub fn read_keys(&self) -> Vec<String> {
+        fn enablement(e: &Enablement, out: &mut Vec<String>) {
+            match e {
+                Enablement::Key { path, .. } => out.push(path.clone()),
+                Enablement::All(items) => items.iter().for_each(|i| enablement(i, out)),
+                Enablement::Always | Enablement::Never => {}
+            }
+        }
+        let mut out: Vec<String> = Vec::new();
+        for d in &self.stages {
+            enablement(&d.enabled, &mut out);
+            match &d.mesh {
+                MeshSource::AutoModel(paths) => out.extend(paths.iter().cloned()),
+                MeshSource::Vllm(path) => out.push(path.clone()),
+                MeshSource::Single | MeshSource::Fixed(_) => {}
+            }
+            if let Some(axis) = &d.shard_axis {
+                out.push(axis.values_key.clone());
+                out.extend(axis.enabled_key.iter().cloned());
+            }
+        }
+        if let Some(pm) = &self.post_mip {
+            out.push(pm.flows_key.clone());
+        }
+        let mut seen = HashSet::new();
+        out.retain(|k| seen.insert(k.clone()));
+        out
     }
 
     /// The catalog an experiment config asks for: its own `stages:` list if it has one (see

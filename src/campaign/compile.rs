@@ -5,7 +5,7 @@
 //! config files.
 //!
 //! ```
-//! use puzzletron::campaign::tree::Node;
+//! use puzzletron::campaign::Node;
 //! use puzzletron::campaign::{
 //!     ExecutionConfig, RunnerEnvironment, StageCatalog, StageFilter, compile_resolved,
 //! };
@@ -43,7 +43,7 @@ use std::path::Path;
 use serde::{Deserialize, Serialize};
 
 use super::catalog::{ResolvedStage, StageCatalog};
-use super::config::{ConfigLoader, Env, Override};
+use super::config::{ConfigLoader, Env, Override, Value};
 use super::execution::{
     ExecutionConfig, ExecutionDefaults, Resource, StageExecutionSpec, Strategy,
 };
@@ -132,10 +132,12 @@ pub fn compile_campaign_plan_with(
     stage_filter: Option<&StageFilter>,
 ) -> Result<CampaignPlan, PlanError> {
     let path = experiment_config_path.as_ref();
-    let config = super::adapter::load_experiment(loader, path, overrides)?;
+    let cfg = loader.load_experiment(path, overrides)?;
     let label = path.display().to_string();
-    let catalog = StageCatalog::from_config(&label, &config)?;
-    compile_resolved(
+    let config = Node::from(cfg.value());
+    let locate = |e: PlanError| e.locate(&label, cfg.origins());
+    let catalog = StageCatalog::from_config(&label, &config).map_err(locate)?;
+    let mut plan = compile_resolved(
         &label,
         config,
         overrides,
@@ -144,6 +146,82 @@ pub fn compile_campaign_plan_with(
         execution,
         stage_filter,
     )
+    .map_err(locate)?;
+    if !plan.unchecked_overrides.is_empty() {
+        // Say when an unchecked override changes a value's type (`seed=abc` over an int):
+        // legal for the workers to decide, but worth a look in the dry run.
+        if let Ok(before) = loader.compose(path, &[]) {
+            for (text, o) in plan.unchecked_overrides.iter_mut().zip(
+                overrides
+                    .iter()
+                    .filter(|o| !reads(&catalog, &o.key.to_string())),
+            ) {
+                let old = before.get_path(&o.key);
+                let new = o.value.as_ref();
+                if let (Some(old), Some(new)) = (old, new)
+                    && old.kind() != new.kind()
+                    && !old.is_null()
+                    && !matches!(
+                        (old, new),
+                        (Value::Int(_), Value::Float(_)) | (Value::Float(_), Value::Int(_))
+                    )
+                {
+                    text.push_str(&format!(" (was {}, now {})", old.kind(), new.kind()));
+                }
+            }
+        }
+    }
+    Ok(plan)
+}
+
+/// Whether the compiler reads `key` (dotted): it is, contains or lies inside a key of
+/// [`StageCatalog::read_keys`], or one the compiler itself reads (`puzzle_dir`, `stages`,
+/// `execution.gpus_per_node`).
+fn reads(catalog: &StageCatalog, key: &str) -> bool {
+    let within = |outer: &str, inner: &str| {
+        inner == outer
+            || inner
+                .strip_prefix(outer)
+                .is_some_and(|rest| rest.starts_with('.') || rest.starts_with('['))
+    };
+    catalog
+        .read_keys()
+        .iter()
+        .map(String::as_str)
+        .chain(COMPILER_KEYS)
+        .any(|r| within(r, key) || within(key, r))
+}
+
+/// Keys the compiler reads besides the catalog's.
+const COMPILER_KEYS: [&str; 3] = ["puzzle_dir", "stages", "execution.gpus_per_node"];
+
+fn check_recognised(label: &str, config: &Node, catalog: &StageCatalog) -> Result<(), PlanError> {
+    let read = catalog.read_keys();
+    if read.is_empty() {
+        // A catalog built in code that reads no config key needs none.
+        return Ok(());
+    }
+    let mut roots: Vec<&str> = read
+        .iter()
+        .map(String::as_str)
+        .chain(COMPILER_KEYS)
+        .map(|k| k.split(['.', '[']).next().unwrap_or(k))
+        .collect();
+    let mut seen = HashSet::new();
+    roots.retain(|r| seen.insert(*r));
+    let present: Vec<String> = config
+        .as_map()
+        .map(|m| m.iter().map(|(k, _)| k.clone()).collect())
+        .unwrap_or_default();
+    if present.iter().any(|k| roots.contains(&k.as_str())) {
+        return Ok(());
+    }
+    Err(PlanError::NothingToCompile {
+        file: label.to_string(),
+        catalog: catalog.name.clone(),
+        found: present,
+        expected: roots.iter().map(|r| r.to_string()).collect(),
+    })
 }
 
 /// Compiles a campaign from an already loaded and resolved experiment config.
@@ -171,6 +249,7 @@ pub fn compile_resolved(
     execution: &ExecutionConfig,
     stage_filter: Option<&StageFilter>,
 ) -> Result<CampaignPlan, PlanError> {
+    check_recognised(label, &config, catalog)?;
     let resolved = catalog.resolve(label, &config)?;
     check_execution_stage_ids(label, &config, catalog, execution, &resolved)?;
 
@@ -242,7 +321,11 @@ pub fn compile_resolved(
         puzzle_dir,
         contract_hash: hash,
         overrides: overrides.to_vec(),
-        unchecked_overrides: Vec::new(),
+        unchecked_overrides: overrides
+            .iter()
+            .filter(|o| !reads(catalog, &o.key.to_string()))
+            .map(ToString::to_string)
+            .collect(),
         runner: runner.clone(),
         execution_defaults: defaults,
         catalog: catalog.name.clone(),
@@ -286,8 +369,14 @@ fn check_execution_stage_ids(
         if !known.contains(id) {
             let mut valid: Vec<String> = known.iter().cloned().collect();
             valid.sort();
+            // The id is at fault in the execution file: name it (and the line), not the
+            // experiment.
+            let at = execution
+                .origin_of_stage(id)
+                .map(|o| format!("{o}: "))
+                .unwrap_or_default();
             return Err(PlanError::UnknownStage {
-                context: format!("execution.stages (experiment {label})"),
+                context: format!("{at}execution.stages (for experiment {label})"),
                 stage: id.clone(),
                 suggestion: did_you_mean(id, valid.iter().map(String::as_str)),
                 valid,

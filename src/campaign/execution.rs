@@ -9,10 +9,12 @@
 //!     build_library: {gpus_per_node: 1, parallel: {tp: 1}}
 //! ```
 
+use std::collections::BTreeMap;
 use std::fmt;
 
 use serde::{Deserialize, Serialize};
 
+use super::config::PathSegment;
 use super::mesh::{GpuAllocation, ParallelMesh, ParallelMeshOverride};
 use super::plan_error::PlanError;
 use super::slurm_time::SlurmTime;
@@ -24,6 +26,7 @@ macro_rules! str_enum {
     ($(#[$m:meta])* $name:ident { $($(#[$vm:meta])* $var:ident = $s:literal),+ $(,)? }) => {
         $(#[$m])*
         #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+        #[non_exhaustive]
         pub enum $name { $($(#[$vm])* #[serde(rename = $s)] $var),+ }
         impl $name {
             /// All values, in declaration order.
@@ -152,6 +155,10 @@ pub struct ExecutionConfig {
     pub gpus_per_node_given: bool,
     /// `execution.stages`, in file order.
     pub stages: Vec<(String, StageExecutionConfig)>,
+    /// Where each `execution.stages.<id>` key was written (`file:line:column`), when loaded
+    /// from a file; for errors about the id.
+    #[serde(skip)]
+    stage_origins: BTreeMap<String, String>,
 }
 
 const TOP_KEYS: [&str; 1] = ["execution"];
@@ -198,8 +205,26 @@ impl ExecutionConfig {
     /// [`PlanError::Config`] for I/O and YAML errors, then those of [`Self::from_node`].
     pub fn load(path: impl AsRef<std::path::Path>) -> Result<Self, PlanError> {
         let path = path.as_ref();
-        let node = super::adapter::load_plain(path)?;
-        Self::from_node(&path.display().to_string(), &node)
+        let cfg = super::config::load_yaml_file(path)?;
+        let label = path.display().to_string();
+        let mut config = Self::from_node(&label, &Node::from(cfg.value()))
+            .map_err(|e| e.locate(&label, cfg.origins()))?;
+        for (id, _) in &config.stages {
+            let key = super::config::KeyPath(vec![
+                PathSegment::Key("execution".into()),
+                PathSegment::Key("stages".into()),
+                PathSegment::Key(id.clone()),
+            ]);
+            if let Some(o) = cfg.origins().get(&key) {
+                config.stage_origins.insert(id.clone(), o.to_string());
+            }
+        }
+        Ok(config)
+    }
+
+    /// Where the settings of `stage` were written (`file:line:column`), if loaded from a file.
+    pub fn origin_of_stage(&self, stage: &str) -> Option<&str> {
+        self.stage_origins.get(stage).map(String::as_str)
     }
 
     /// Reads an execution config from a loaded tree (the whole file, with `execution:`).
@@ -245,6 +270,7 @@ impl ExecutionConfig {
             defaults,
             gpus_per_node_given,
             stages,
+            stage_origins: BTreeMap::new(),
         })
     }
 }

@@ -8,7 +8,6 @@
 //! that depends on key order, a parent listed after its child, a plan document that does not
 //! load back, or an error without a message.
 
-use super::adapter::node_from_value;
 use super::catalog::StageCatalog;
 use super::compile::compile_resolved;
 use super::config::{ConfigLoader, Env, Override, parse_override};
@@ -115,7 +114,7 @@ pub fn compile(data: &[u8]) -> CompileOutcome {
     let Ok(cfg) = loader.load_str(yaml, "fuzz.yaml", &overrides) else {
         return CompileOutcome::Skipped;
     };
-    let config = node_from_value(cfg.value());
+    let config = Node::from(cfg.value());
     let runner = match config.get("runner") {
         Some(r) => match RunnerEnvironment::from_node(
             "fuzz.yaml",

@@ -4,52 +4,73 @@
 //! `defaults`, overrides and `${...}` interpolation, see [`config`]), a runner config and an
 //! execution config. This module area turns them into a pure, deterministic plan.
 //!
+//! Two sub-areas are modules of their own; everything else is re-exported here, one path each:
+//!
 //! - [`config`]: loading YAML files, composing `defaults`, applying Hydra-style overrides and
 //!   resolving interpolations into a [`config::Config`] tree with source locations.
-//! - [`runner`], [`execution`]: the runner ([`RunnerEnvironment`]) and execution
-//!   ([`ExecutionConfig`]) schemas.
-//! - [`catalog`]: the stage graph as data ([`StageCatalog::puzzle`], user catalogs).
-//! - [`mesh`]: [`ParallelMesh`], [`pack_gpu_allocation`], [`normalize_vllm_topology`].
-//! - [`compile`]: [`compile_campaign_plan`] -> [`CampaignPlan`] ([`plan`], [`work`]).
 //! - [`controller`]: [`CampaignController`](controller::CampaignController), the durable loop that
 //!   runs a plan (journal, lease, recovery, failure classes, policies, pools).
-//! - [`document`]: [`plan_to_dict`] and its loader; [`dryrun`]: what would be submitted.
+//! - The runner ([`RunnerEnvironment`], with [`SlurmTime`] limits) and execution
+//!   ([`ExecutionConfig`]) schemas.
+//! - The stage graph as data ([`StageCatalog::puzzle`], user catalogs).
+//! - [`ParallelMesh`], [`pack_gpu_allocation`], [`normalize_vllm_topology`].
+//! - [`compile_campaign_plan`] (overrides as [`config::Override`]s) -> [`CampaignPlan`]
+//!   ([`StagePlan`], [`WorkPlan`]).
+//! - [`plan_to_dict`] and its loader; [`dry_run`] / [`render_dry_run`]: what would be
+//!   submitted, ending with the [`PlanSummary`] table.
 
-mod adapter;
-pub mod catalog;
-pub mod compile;
+mod catalog;
+mod compile;
 pub mod config;
 pub mod controller;
-pub mod document;
-pub mod dryrun;
-pub mod execution;
+mod document;
+mod dryrun;
+mod execution;
 #[cfg(feature = "fuzzing")]
 pub mod fuzzing;
-pub mod mesh;
-pub mod plan;
-pub mod plan_error;
-pub mod runner;
+mod mesh;
+mod plan;
+mod plan_error;
+mod runner;
 mod slurm_time;
 mod summary;
-pub mod tree;
-pub mod work;
+mod tree;
+mod work;
 
-pub use catalog::{StageCatalog, StageDef};
-pub use compile::{
-    StageFilter, compile_campaign_plan, compile_campaign_plan_with, compile_resolved, contract_hash,
+pub use catalog::{
+    Enablement, IfDisabled, MeshSource, Need, PUZZLE_WORKER, PostMipExpansion, ResolvedStage,
+    ShardAxis, StageCatalog, StageDef,
 };
-pub use document::{PlanDocument, load_plan_document, plan_to_dict};
-pub use dryrun::{DryRun, DryRunOptions, dry_run, render_dry_run};
+pub use compile::{
+    MAX_INSTANCES_PER_STAGE, MAX_WORK_ITEMS_PER_PLAN, PUZZLE_KNOWN_EXTERNAL_STAGES, StageFilter,
+    compile_campaign_plan, compile_campaign_plan_with, compile_resolved, contract_hash,
+};
+pub use document::{
+    DefaultsDocument, PlanDocument, StageDocument, SubmissionDocument, load_plan_document,
+    plan_to_dict,
+};
+pub use dryrun::{
+    DryRun, DryRunOptions, ProcessLaunch, RESOLVED_CONFIG_FILE, StageSubmission, dry_run,
+    item_argv, render_dry_run, shell_quote,
+};
 pub use execution::{
-    ExecutionConfig, FailurePolicy, HaltPolicy, Resource, StageExecutionSpec, Strategy,
+    ExecutionConfig, ExecutionDefaults, FailurePolicy, HaltPolicy, Resource, StageExecutionConfig,
+    StageExecutionSpec, Strategy,
 };
 pub use mesh::{
-    GpuAllocation, InstancePlacement, ParallelMesh, ParallelMeshOverride, VllmTopology,
-    normalize_vllm_topology, pack_gpu_allocation,
+    GpuAllocation, InstancePlacement, MAX_GPUS_PER_INSTANCE, MESH_EXTRA_KEYS, MESH_KEYS,
+    ParallelMesh, ParallelMeshOverride, VllmTopology, normalize_vllm_topology, pack_gpu_allocation,
 };
 pub use plan::{CampaignPlan, StagePlan};
 pub use plan_error::PlanError;
-pub use runner::{ExecutionContract, RunnerEnvironment, RunnerKind};
+pub use runner::{
+    BaremetalInventory, ExecutionContract, Host, LocalSettings, Partitions, RunnerEnvironment,
+    RunnerKind, SlurmSettings,
+};
 pub use slurm_time::{SlurmTime, SlurmTimeError};
 pub use summary::{PlanSummary, StageSummary};
-pub use work::{TaskLauncher, TaskTopology, WorkItem, WorkItemKind, WorkPlan};
+pub use tree::Node;
+pub use work::{
+    MasterAddr, Rendezvous, RendezvousAllocator, TaskGroup, TaskLauncher, TaskTopology, WorkItem,
+    WorkItemKind, WorkPlan, WorkPlanInput, build_work_plan,
+};

@@ -49,6 +49,19 @@ pub enum PlanError {
     /// Loading or composing a YAML file failed (parse error, defaults, overrides, interpolation).
     #[error(transparent)]
     Config(Box<super::config::ConfigError>),
+    /// The experiment holds nothing the stage catalog reads (an empty file, a wrong file, or
+    /// keys all misspelled), so compiling it would plan the catalog's defaults for nothing.
+    #[error("{file}: nothing in this experiment is read by the `{catalog}` stage catalog (top-level keys: {}); expected at least one of: {}, or a `stages:` list of your own", if .found.is_empty() { "none".to_string() } else { .found.join(", ") }, .expected.join(", "))]
+    NothingToCompile {
+        /// The experiment.
+        file: String,
+        /// The catalog's name.
+        catalog: String,
+        /// The top-level keys the experiment has.
+        found: Vec<String>,
+        /// The top-level keys the catalog reads.
+        expected: Vec<String>,
+    },
     /// A file could not be read.
     #[error("cannot read {path}: {source}")]
     Io {
@@ -175,6 +188,57 @@ impl PlanError {
             PlanError::Io { .. } => true,
             PlanError::Config(e) => e.is_retryable(),
             _ => false,
+        }
+    }
+}
+
+impl PlanError {
+    /// Replaces the file label `label` of a key-path error ([`PlanError::UnknownField`],
+    /// [`PlanError::InvalidValue`], [`PlanError::MissingField`]) by where the value at fault
+    /// was written: `file:line:column` of the YAML file that holds it (a `defaults` file, not
+    /// necessarily the experiment) or the override that set it. Other errors, and paths
+    /// without a recorded origin, are returned unchanged.
+    pub fn locate(self, label: &str, origins: &super::config::Origins) -> PlanError {
+        let at = |file: &str, path: &str| -> Option<String> {
+            if file != label {
+                return None;
+            }
+            let key = super::config::KeyPath::parse(path)?;
+            origins.nearest(&key).map(ToString::to_string)
+        };
+        match self {
+            PlanError::UnknownField {
+                file,
+                path,
+                suggestion,
+                valid,
+            } => PlanError::UnknownField {
+                file: at(&file, &path).unwrap_or(file),
+                path,
+                suggestion,
+                valid,
+            },
+            PlanError::InvalidValue {
+                file,
+                path,
+                value,
+                expected,
+            } => PlanError::InvalidValue {
+                file: at(&file, &path).unwrap_or(file),
+                path,
+                value,
+                expected,
+            },
+            PlanError::MissingField {
+                file,
+                path,
+                expected,
+            } => PlanError::MissingField {
+                file: at(&file, &path).unwrap_or(file),
+                path,
+                expected,
+            },
+            other => other,
         }
     }
 }

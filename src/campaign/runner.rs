@@ -21,6 +21,7 @@ use crate::identity::{Hash, Hasher};
 /// Which kind of machines run the stages.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
+#[non_exhaustive]
 pub enum RunnerKind {
     /// Processes on this machine.
     Local,
@@ -287,8 +288,10 @@ impl RunnerEnvironment {
     /// [`PlanError::Config`] for I/O and YAML errors, then those of [`Self::from_node`].
     pub fn load(path: impl AsRef<std::path::Path>) -> Result<Self, PlanError> {
         let path = path.as_ref();
-        let node = super::adapter::load_plain(path)?;
-        Self::from_node(&path.display().to_string(), &node)
+        let cfg = super::config::load_yaml_file(path)?;
+        let label = path.display().to_string();
+        Self::from_node(&label, &Node::from(cfg.value()))
+            .map_err(|e| e.locate(&label, cfg.origins()))
     }
 
     /// Reads a runner from a loaded config tree (the whole file, with its top-level `runner:`).

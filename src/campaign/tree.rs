@@ -1,9 +1,11 @@
 //! A plain, ordered config tree that the planner reads, plus key checking with "did you mean".
 //!
 //! The YAML loader ([`super::config`]) produces its own value type; the planner converts it into
-//! a [`Node`] once (see `adapter.rs`) so the schemas here do not depend on loader internals.
+//! a [`Node`] once (`Node::from(&Value)`); errors are mapped back to file positions with
+//! [`PlanError::locate`].
 //! Mapping order is preserved (it decides the order of `post_mip` nodes).
 
+use super::config::Value;
 use super::plan_error::PlanError;
 
 /// One value of a loaded config: YAML's data model after composition and interpolation.
@@ -180,6 +182,23 @@ impl Node {
                     .map(|(k, v)| (k.clone(), v.to_json()))
                     .collect(),
             ),
+        }
+    }
+}
+
+impl From<&Value> for Node {
+    /// The planner's view of a loaded config value (mapping order kept).
+    fn from(v: &Value) -> Node {
+        match v {
+            Value::Null => Node::Null,
+            Value::Bool(b) => Node::Bool(*b),
+            Value::Int(i) => Node::Int(*i),
+            Value::Float(f) => Node::Float(*f),
+            Value::String(s) => Node::Str(s.clone()),
+            Value::List(items) => Node::Seq(items.iter().map(Node::from).collect()),
+            Value::Mapping(m) => {
+                Node::Map(m.iter().map(|(k, v)| (k.clone(), Node::from(v))).collect())
+            }
         }
     }
 }

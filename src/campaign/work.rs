@@ -22,6 +22,7 @@ use super::plan_error::PlanError;
 /// What one work item is.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
+#[non_exhaustive]
 pub enum WorkItemKind {
     /// The only item of a `single` stage.
     Single,
@@ -53,6 +54,7 @@ pub struct WorkItem {
 /// How a task group's processes are started.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(tag = "kind", rename_all = "snake_case")]
+#[non_exhaustive]
 pub enum TaskLauncher {
     /// The command runs as is, one process per task.
     Direct,
@@ -78,6 +80,7 @@ impl TaskLauncher {
 /// Where MASTER_ADDR points.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(tag = "kind", content = "host", rename_all = "snake_case")]
+#[non_exhaustive]
 pub enum MasterAddr {
     /// A fixed host (bare metal: the inventory's rendezvous host or the group's first host;
     /// local: `127.0.0.1`).
@@ -369,7 +372,7 @@ pub fn build_work_plan(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::campaign::mesh::pack_gpu_allocation;
+    use crate::campaign::pack_gpu_allocation;
 
     struct Ports(u16);
     impl RendezvousAllocator for Ports {

@@ -8,7 +8,7 @@ use std::time::Duration;
 use puzzletron::campaign::controller::{
     CampaignController, CampaignReport, RetryPolicy, RunOptions, VirtualClock,
 };
-use puzzletron::campaign::tree::Node;
+use puzzletron::campaign::Node;
 use puzzletron::campaign::{
     CampaignPlan, ExecutionConfig, RunnerEnvironment, StageCatalog, compile_resolved,
 };

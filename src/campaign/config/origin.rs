@@ -9,6 +9,7 @@ use super::path::KeyPath;
 
 /// The source of one config value, for error messages.
 #[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum Origin {
     /// A position in a YAML file. `line` and `column` are 1-based (column in characters).
     File {

@@ -17,6 +17,7 @@ use super::value::{Mapping, Value};
 
 /// What an override does.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum OverrideKind {
     /// `a.b=v`: change an existing key (error if it does not exist).
     Set,

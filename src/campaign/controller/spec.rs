@@ -26,7 +26,7 @@ use std::path::{Path, PathBuf};
 
 use super::error::ControllerError;
 use super::pool::QUEUE_DIR_ENV;
-use crate::campaign::dryrun::item_argv;
+use crate::campaign::item_argv;
 use crate::campaign::{CampaignPlan, Resource, StagePlan, Strategy};
 use crate::executor::{
     AttemptId, AttemptSpec, CommandSpec, GpuRequest, SchedulerOptions, TaskTopology,

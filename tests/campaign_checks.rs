@@ -1,0 +1,286 @@
+//! What the compiler reads is checked, with the position of the value at fault in the file that
+//! holds it; what it does not read passes through, and overrides of such keys are listed.
+//! (Issue cases: an empty or unrelated experiment, mistyped and unknown keys the compiler reads,
+//! directly and through overrides, a bad value from a `defaults` file, and errors of the runner
+//! and execution files naming those files.)
+
+use std::path::{Path, PathBuf};
+
+use puzzletron::campaign::config::{ConfigLoader, Env, Override};
+use puzzletron::campaign::{DryRunOptions, render_dry_run};
+use puzzletron::campaign::{
+    CampaignPlan, ExecutionConfig, PlanError, RunnerEnvironment, compile_campaign_plan_with,
+};
+
+fn fixtures() -> PathBuf {
+    PathBuf::from(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../shared/fixtures/puzzletron-configs"
+    ))
+}
+
+fn write(dir: &Path, name: &str, text: &str) -> PathBuf {
+    let p = dir.join(name);
+    if let Some(parent) = p.parent() {
+        std::fs::create_dir_all(parent).unwrap();
+    }
+    std::fs::write(&p, text).unwrap();
+    p
+}
+
+fn overrides(texts: &[&str]) -> Vec<Override> {
+    texts.iter().map(|t| t.parse().unwrap()).collect()
+}
+
+/// Compiles `exp.yaml` (with `text`) in a fresh config root, local runner, default execution.
+fn compile_text(text: &str, ov: &[&str]) -> (tempfile::TempDir, Result<CampaignPlan, PlanError>) {
+    let dir = tempfile::tempdir().unwrap();
+    write(dir.path(), "base.yaml", "{}\n");
+    let exp = write(dir.path(), "exp.yaml", text);
+    let r = compile_campaign_plan_with(
+        &ConfigLoader::new(),
+        &exp,
+        &RunnerEnvironment::local(),
+        &ExecutionConfig::default(),
+        &overrides(ov),
+        None,
+    );
+    (dir, r)
+}
+
+fn moe(ov: &[&str]) -> Result<CampaignPlan, PlanError> {
+    let runner =
+        RunnerEnvironment::load(fixtures().join("orchestration/qwen_moe/runner.slurm.yaml"))?;
+    let execution =
+        ExecutionConfig::load(fixtures().join("orchestration/qwen_moe/execution.production.yaml"))?;
+    compile_campaign_plan_with(
+        &ConfigLoader::new().env(
+            Env::new()
+                .with("PUZZLETRON_RUN_ROOT", "runs/test")
+                .with("PUZZLETRON_DATASET_PATH", "data/ds"),
+        ),
+        fixtures().join("families/qwen3_5/qwen3p6_35b_a3b/runs/production.yaml"),
+        &runner,
+        &execution,
+        &overrides(ov),
+        None,
+    )
+}
+
+#[test]
+fn an_empty_experiment_is_refused_naming_what_is_missing() {
+    for text in ["", "{}\n", "# nothing\n"] {
+        let (dir, r) = compile_text(text, &[]);
+        let e = r.unwrap_err();
+        assert!(matches!(e, PlanError::NothingToCompile { .. }), "{e:?}");
+        let msg = e.to_string();
+        assert!(
+            msg.starts_with(&dir.path().join("exp.yaml").display().to_string()),
+            "{msg}"
+        );
+        assert!(msg.contains("top-level keys: none"), "{msg}");
+        for key in [
+            "puzzle_dir",
+            "post_mip",
+            "tokenize_data",
+            "pruning",
+            "stages",
+        ] {
+            assert!(msg.contains(key), "{key} missing from: {msg}");
+        }
+    }
+}
+
+#[test]
+fn an_experiment_of_unknown_keys_is_refused_listing_them() {
+    let (_dir, r) = compile_text("foo: bar\nmodel_nmae: x\n", &[]);
+    let msg = r.unwrap_err().to_string();
+    assert!(msg.contains("top-level keys: foo, model_nmae"), "{msg}");
+    assert!(msg.contains("`puzzle` stage catalog"), "{msg}");
+    // One key the compiler reads is enough.
+    let (_dir, r) = compile_text("puzzle_dir: runs/x\nfoo: bar\n", &[]);
+    let plan = r.unwrap();
+    assert_eq!(plan.puzzle_dir.as_deref(), Some("runs/x"));
+}
+
+#[test]
+fn a_mistyped_key_the_compiler_reads_names_its_line_and_column() {
+    let (dir, r) = compile_text(
+        "puzzle_dir: runs/x\ntokenize_data:\n  enabled: maybe\n",
+        &[],
+    );
+    let e = r.unwrap_err();
+    let msg = e.to_string();
+    let exp = dir.path().join("exp.yaml").display().to_string();
+    assert!(msg.starts_with(&format!("{exp}:3:")), "{msg}");
+    assert!(msg.contains("`tokenize_data.enabled` = \"maybe\""), "{msg}");
+    assert!(msg.contains("true or false"), "{msg}");
+}
+
+#[test]
+fn a_mistyped_override_of_a_key_the_compiler_reads_names_the_override() {
+    for bad in [
+        "tokenize_data.enabled=abc",
+        "pruning.automodel.parallel.tp=two",
+    ] {
+        let e = moe(&[bad]).unwrap_err();
+        let msg = e.to_string();
+        assert!(
+            msg.contains(&format!("override #1 `{bad}`")),
+            "{bad}: {msg}"
+        );
+    }
+    // The same keys with values of the right type compile.
+    moe(&["tokenize_data.enabled=true"]).unwrap();
+}
+
+#[test]
+fn an_unknown_key_where_the_compiler_reads_gets_a_suggestion_and_position() {
+    let (dir, r) = compile_text(
+        "puzzle_dir: runs/x\npost_mip:\n  flows:\n    f1:\n      nodes:\n        ev:\n          type: evaluation\n          inptu: x\n",
+        &[],
+    );
+    let msg = r.unwrap_err().to_string();
+    let exp = dir.path().join("exp.yaml").display().to_string();
+    assert!(msg.starts_with(&format!("{exp}:8:")), "{msg}");
+    assert!(msg.contains("post_mip.flows.f1.nodes.ev.inptu"), "{msg}");
+    assert!(msg.contains("did you mean `input`"), "{msg}");
+}
+
+#[test]
+fn a_bad_value_from_a_defaults_file_names_that_file() {
+    let dir = tempfile::tempdir().unwrap();
+    write(dir.path(), "base.yaml", "{}\n");
+    let part = write(
+        dir.path(),
+        "parts/stages.yaml",
+        "tokenize_data:\n  enabled: 3\n",
+    );
+    let exp = write(
+        dir.path(),
+        "exp.yaml",
+        "defaults:\n  - /parts/stages@_global_\n  - _self_\npuzzle_dir: runs/x\n",
+    );
+    let msg = compile_campaign_plan_with(
+        &ConfigLoader::new(),
+        &exp,
+        &RunnerEnvironment::local(),
+        &ExecutionConfig::default(),
+        &[],
+        None,
+    )
+    .unwrap_err()
+    .to_string();
+    let part = std::fs::canonicalize(&part).unwrap();
+    assert!(
+        msg.starts_with(&format!("{}:2:", part.display())),
+        "not the defaults file: {msg}"
+    );
+}
+
+#[test]
+fn overrides_the_compiler_does_not_read_pass_through_and_are_listed() {
+    let plan = moe(&[
+        "pruning.seed=notanumber",
+        "data.max_sample_length=abc",
+        "tokenize_data.enabled=true",
+        "+notes=smoke",
+    ])
+    .unwrap();
+    assert_eq!(
+        plan.unchecked_overrides,
+        [
+            "pruning.seed=notanumber (was int, now string)",
+            "data.max_sample_length=abc (was int, now string)",
+            "+notes=smoke",
+        ]
+    );
+    // Passed to the workers unchanged, in the resolved config.
+    assert_eq!(
+        plan.resolved_config
+            .get_path("pruning.seed")
+            .and_then(|n| n.as_str()),
+        Some("notanumber")
+    );
+    let text = render_dry_run(&plan, &DryRunOptions::default()).unwrap();
+    assert!(
+        text.contains(
+            "overrides passed to the workers unchecked (keys the compiler does not read): \
+             pruning.seed=notanumber (was int, now string) data.max_sample_length=abc (was int, now string) +notes=smoke"
+        ),
+        "{}",
+        text.split("=== summary ===").nth(1).unwrap_or(&text)
+    );
+    // Without unchecked overrides the dry run says nothing about them.
+    let plain = moe(&["tokenize_data.enabled=true"]).unwrap();
+    assert!(plain.unchecked_overrides.is_empty());
+    let text = render_dry_run(&plain, &DryRunOptions::default()).unwrap();
+    assert!(!text.contains("unchecked"), "{text}");
+}
+
+#[test]
+fn an_unknown_stage_in_the_execution_file_names_the_execution_file() {
+    let dir = tempfile::tempdir().unwrap();
+    let exec = write(
+        dir.path(),
+        "execution.yaml",
+        "execution:\n  stages:\n    mip:\n      instances: 1\n    zero_shot_evaluaton:\n      instances: 2\n",
+    );
+    let execution = ExecutionConfig::load(&exec).unwrap();
+    let runner =
+        RunnerEnvironment::load(fixtures().join("orchestration/qwen_moe/runner.slurm.yaml"))
+            .unwrap();
+    let msg = compile_campaign_plan_with(
+        &ConfigLoader::new().env(
+            Env::new()
+                .with("PUZZLETRON_RUN_ROOT", "runs/test")
+                .with("PUZZLETRON_DATASET_PATH", "data/ds"),
+        ),
+        fixtures().join("families/qwen3_5/qwen3p6_35b_a3b/runs/production.yaml"),
+        &runner,
+        &execution,
+        &[],
+        None,
+    )
+    .unwrap_err()
+    .to_string();
+    assert!(
+        // The position of the stage's settings (origins are recorded for values).
+        msg.starts_with(&format!("{}:6:7: execution.stages", exec.display())),
+        "{msg}"
+    );
+    assert!(msg.contains("unknown stage `zero_shot_evaluaton`"), "{msg}");
+    assert!(msg.contains("did you mean `zero_shot_evaluation`"), "{msg}");
+}
+
+#[test]
+fn runner_and_execution_file_errors_name_their_file_line_and_column() {
+    let dir = tempfile::tempdir().unwrap();
+    let runner = write(
+        dir.path(),
+        "runner.yaml",
+        "runner:\n  kind: slurm\n  slurm:\n    partiton: batch\n",
+    );
+    let msg = RunnerEnvironment::load(&runner).unwrap_err().to_string();
+    assert!(
+        msg.starts_with(&format!(
+            "{}:4:15: unknown key `runner.slurm.partiton`",
+            runner.display()
+        )),
+        "{msg}"
+    );
+    assert!(msg.contains("did you mean `partition`"), "{msg}");
+    let exec = write(
+        dir.path(),
+        "execution.yaml",
+        "execution:\n  stages:\n    mip:\n      time_limit: 4h\n",
+    );
+    let msg = ExecutionConfig::load(&exec).unwrap_err().to_string();
+    assert!(
+        msg.starts_with(&format!(
+            "{}:4:19: `execution.stages.mip.time_limit`",
+            exec.display()
+        )),
+        "{msg}"
+    );
+}
