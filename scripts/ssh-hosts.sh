@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Fake GPU hosts for the bare-metal executor's tests: several OpenSSH sshd instances on
-# loopback addresses (127.0.10.N, port 2222), key authentication only, each "host" with its own
+# loopback addresses (127.0.10.N, port 2222; h1-h6 by default, tests use h1-h4 as the cluster
+# and h5/h6 for fault injection), key authentication only, each "host" with its own
 # fake GPU probe (`nvidia-smi -L` listing 4 GPUs) and its own state folder.
 #
 #   scripts/ssh-hosts.sh start              start every host (idempotent); prints the env to eval
@@ -18,7 +19,7 @@
 # is how `ps` and `kill-tasks` tell the hosts apart on this one machine.
 set -euo pipefail
 DIR=${PUZZLETRON_SSH_HOSTS_DIR:-/tmp/puzzletron-ssh-hosts}
-N=${PUZZLETRON_SSH_HOSTS:-4}
+N=${PUZZLETRON_SSH_HOSTS:-6}
 PORT=${PUZZLETRON_SSH_PORT:-2222}
 SSHD=/usr/sbin/sshd
 
@@ -110,19 +111,30 @@ start_host() {
 # The listener and every session process under it (a machine whose network went away: the
 # tasks it started keep running, detached by setsid).
 stop_host() {
-  local p; p=$(pid_of "$1")
-  [ -n "$p" ] || return 0
-  local all="$p" frontier="$p" next c
+  # The listener(s) of this host: by pid file and by command line (a listener whose pid file
+  # was lost must not survive a stop).
+  local all="" frontier next c f
+  frontier="$(pid_of "$1")"
+  for f in /proc/[0-9]*/cmdline; do
+    if tr '\0' ' ' 2>/dev/null < "$f" | grep -q -- "-f $DIR/$1/sshd_config"; then
+      c=${f#/proc/}; frontier="$frontier ${c%/cmdline}"
+    fi
+  done
+  frontier=$(echo $frontier)
+  [ -n "$frontier" ] || { rm -f "$DIR/$1/sshd.pid"; return 0; }
+  all="$frontier"
   while [ -n "$frontier" ]; do
     next=""
     for c in $frontier; do
-      next="$next $(cat /proc/[0-9]*/stat 2>/dev/null | awk -v pp="$c" '$4 == pp {print $1}' | tr '\n' ' ')"
+      next="$next $( { cat /proc/[0-9]*/stat 2>/dev/null || true; } | awk -v pp="$c" '$4 == pp {print $1}' | tr '\n' ' ')"
     done
     frontier=$(echo $next)
     all="$all $frontier"
   done
   for c in $all; do kill -TERM "$c" 2>/dev/null || true; done
-  for _ in $(seq 1 50); do kill -0 "$p" 2>/dev/null || break; sleep 0.05; done
+  for c in $all; do
+    for _ in $(seq 1 50); do kill -0 "$c" 2>/dev/null || break; sleep 0.05; done
+  done
   rm -f "$DIR/$1/sshd.pid"
 }
 
@@ -132,7 +144,7 @@ host_pids() {
   for f in /proc/[0-9]*/environ; do
     pid=${f#/proc/}; pid=${pid%/environ}
     [ "$pid" = "$$" ] && continue
-    if tr '\0' '\n' < "$f" 2>/dev/null | grep -qx "PUZZLETRON_FAKE_HOST=$1"; then echo "$pid"; fi
+    if tr '\0' '\n' 2>/dev/null < "$f" | grep -qx "PUZZLETRON_FAKE_HOST=$1"; then echo "$pid"; fi
   done
 }
 
@@ -147,6 +159,9 @@ cmd=${1:-}
 case "$cmd" in
   start)
     need_packages
+    mkdir -p "$DIR"
+    exec 9>"$DIR/.lock"
+    flock 9
     if [ -n "${2:-}" ]; then start_host "$2"; else
       setup
       for h in $(hosts); do start_host "$h"; done
