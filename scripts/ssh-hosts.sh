@@ -13,7 +13,8 @@
 #
 # Everything lives in $PUZZLETRON_SSH_HOSTS_DIR (default /tmp/puzzletron-ssh-hosts), which this
 # script owns: host and client keys, authorized_keys, known_hosts, an ssh_config with one
-# `Host hN` alias per host, and per host hN/: sshd_config, pid file, bin/nvidia-smi, state/.
+# `Host hN` alias per host, and per host hN/: sshd_config, pid file, bin/nvidia-smi, state/,
+# home/ (the session's HOME, so the login shell reads no rc file of the machine's user).
 # The machine's own ~/.ssh and /etc/ssh are never touched. Only loopback addresses are used.
 # Tasks of host hN carry PUZZLETRON_FAKE_HOST=hN in their environment (set by that sshd), which
 # is how `ps` and `kill-tasks` tell the hosts apart on this one machine.
@@ -63,7 +64,7 @@ Host $h
   ServerAliveCountMax 2
 
 CFG
-    mkdir -p "$DIR/$h/bin" "$DIR/$h/state"
+    mkdir -p "$DIR/$h/bin" "$DIR/$h/state" "$DIR/$h/home"
     cat > "$DIR/$h/bin/nvidia-smi" <<SMI
 #!/bin/sh
 # Fake GPU probe of host $h: 4 GPUs.
@@ -85,7 +86,7 @@ UsePAM no
 MaxSessions 200
 MaxStartups 100:30:200
 LogLevel ERROR
-SetEnv PATH=$DIR/$h/bin:/usr/local/bin:/usr/bin:/bin PUZZLETRON_BAREMETAL_ROOT=$DIR/$h/state PUZZLETRON_FAKE_HOST=$h
+SetEnv HOME=$DIR/$h/home PATH=$DIR/$h/bin:/usr/local/bin:/usr/bin:/bin PUZZLETRON_BAREMETAL_ROOT=$DIR/$h/state PUZZLETRON_FAKE_HOST=$h
 CONF
   done
   mv "$DIR/known_hosts.tmp" "$DIR/known_hosts"

@@ -44,8 +44,8 @@ use super::{
     ATTEMPT_ID_ENV, AttemptId, AttemptSpec, Executor, ExecutorError, JobHandle, JobState,
     JobStatus, TaskLauncher, check_kind, now_ms,
 };
-use crate::campaign::ExecutionContract;
 use crate::campaign::runner::BaremetalInventory;
+use crate::campaign::{ExecutionContract, RunnerEnvironment, RunnerKind};
 pub use lease::{HostSlots, LEASE_FILE, Lease, LeaseTable, Slice};
 use remote::{RemoteState, command_line};
 use ssh::{Ssh, SshFailure};
@@ -90,6 +90,33 @@ impl BareMetalExecutorBuilder {
         self.rendezvous_host = Some(inv.rendezvous_host.clone());
         self.rendezvous_port_base = inv.rendezvous_port_base;
         self
+    }
+
+    /// Hosts, rendezvous settings and execution contract of a `runner.kind: baremetal`
+    /// runner config.
+    ///
+    /// # Errors
+    /// [`ExecutorError::InvalidSpec`] naming `runner.kind` when the runner is not `baremetal`,
+    /// or `runner.inventory` when it has no inventory.
+    pub fn runner(self, runner: &RunnerEnvironment) -> Result<Self, ExecutorError> {
+        if runner.kind != RunnerKind::Baremetal {
+            return Err(ExecutorError::InvalidSpec {
+                attempt_id: None,
+                field: "runner.kind".into(),
+                value: runner.kind.as_str().into(),
+                expected: "baremetal for the bare-metal executor".into(),
+            });
+        }
+        let inv = runner
+            .inventory
+            .as_ref()
+            .ok_or_else(|| ExecutorError::InvalidSpec {
+                attempt_id: None,
+                field: "runner.inventory".into(),
+                value: "missing".into(),
+                expected: "the hosts of the baremetal runner".into(),
+            })?;
+        Ok(self.inventory(inv).contract(&runner.execution_contract))
     }
 
     /// Adds one host with `gpus` GPUs (indices `0..gpus`).
