@@ -116,10 +116,8 @@ stop_host() {
   # was lost must not survive a stop).
   local all="" frontier next c f
   frontier="$(pid_of "$1")"
-  for f in /proc/[0-9]*/cmdline; do
-    if tr '\0' ' ' 2>/dev/null < "$f" | grep -q -- "-f $DIR/$1/sshd_config"; then
-      c=${f#/proc/}; frontier="$frontier ${c%/cmdline}"
-    fi
+  for f in $(grep -l -z -x -- "$DIR/$1/sshd_config" /proc/[0-9]*/cmdline 2>/dev/null || true); do
+    c=${f#/proc/}; frontier="$frontier ${c%/cmdline}"
   done
   frontier=$(echo $frontier)
   [ -n "$frontier" ] || { rm -f "$DIR/$1/sshd.pid"; return 0; }
@@ -142,10 +140,9 @@ stop_host() {
 # Processes whose environment says they belong to host $1.
 host_pids() {
   local f pid
-  for f in /proc/[0-9]*/environ; do
+  for f in $(grep -l -z -x "PUZZLETRON_FAKE_HOST=$1" /proc/[0-9]*/environ 2>/dev/null || true); do
     pid=${f#/proc/}; pid=${pid%/environ}
-    [ "$pid" = "$$" ] && continue
-    if tr '\0' '\n' 2>/dev/null < "$f" | grep -qx "PUZZLETRON_FAKE_HOST=$1"; then echo "$pid"; fi
+    [ "$pid" = "$$" ] || echo "$pid"
   done
 }
 
