@@ -42,8 +42,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use puzzletron::campaign::controller::{
-    CampaignController, ControllerError, PoolItem, PoolWorker, RunOptions, TerminalControls,
-    ViewMode, open_campaign_dir,
+    CampaignController, ControllerError, ControllerEvent, PoolItem, PoolWorker, RunOptions,
+    TerminalControls, ViewMode, open_campaign_dir,
 };
 use puzzletron::campaign::tree::Node;
 use puzzletron::campaign::{
@@ -575,9 +575,10 @@ async fn controller_main(args: Args) -> Result<i32, Error> {
         } else {
             ViewMode::Off
         })
-        .on_event(|kind, msg| {
-            if kind != "attempt" || msg.contains("->") {
-                eprintln!("[{kind}] {msg}");
+        .on_event(|ev| {
+            // Successes are in the view and the report; everything else is logged.
+            if !matches!(ev, ControllerEvent::AttemptFinished { class: None, .. }) {
+                eprintln!("[{}] {ev}", ev.kind());
             }
         })
         .build()?;

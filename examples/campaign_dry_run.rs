@@ -8,6 +8,7 @@
 
 use std::path::{Path, PathBuf};
 
+use puzzletron::campaign::config::Override;
 use puzzletron::campaign::dryrun::{DryRunOptions, render_dry_run};
 use puzzletron::campaign::{ExecutionConfig, RunnerEnvironment, compile_campaign_plan};
 
@@ -18,7 +19,8 @@ Compiles a campaign and prints what would be submitted, per stage (nothing is ru
   EXPERIMENT.yaml   the experiment (stages and their settings)
   RUNNER.yaml       the runner environment (local or slurm)
   EXECUTION.yaml    the execution policies (failure/halt policy, resources)
-  OVERRIDE...       Hydra-style overrides, e.g. stages.score.instances=8
+  OVERRIDE...       Hydra-style overrides of the experiment, e.g. pruning.eval_samples=4
+                    or +notes=smoke (both work on the Qwen MoE production run)
 Without arguments: the shared Qwen MoE fixture triple (../shared/fixtures).
   -h, --help        this help";
 
@@ -27,7 +29,7 @@ struct Inputs {
     experiment: PathBuf,
     runner: PathBuf,
     execution: PathBuf,
-    overrides: Vec<String>,
+    overrides: Vec<Override>,
 }
 
 /// `Ok(None)`: help was asked for.
@@ -62,7 +64,10 @@ fn parse_args(args: &[String]) -> Result<Option<Inputs>, String> {
         experiment: PathBuf::from(&args[0]),
         runner: PathBuf::from(&args[1]),
         execution: PathBuf::from(&args[2]),
-        overrides: args[3..].to_vec(),
+        overrides: args[3..]
+            .iter()
+            .map(|a| a.parse().map_err(|e| format!("override {a:?}: {e}")))
+            .collect::<Result<_, _>>()?,
     }))
 }
 

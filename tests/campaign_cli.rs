@@ -288,3 +288,59 @@ fn dry_run_missing_file_is_a_display_error_naming_the_path() {
     assert_eq!(code, 0, "{err}");
     assert!(out.contains("=== stage "), "{out}");
 }
+
+/// The overrides the dry run's `--help` gives as examples (`e.g. A or B`) compile on the fixture
+/// the help names (the Qwen MoE production triple), each alone and all together, and a bad
+/// override is a usage error (exit 2) naming it.
+#[test]
+fn dry_run_help_examples_work_on_the_fixture_they_name() {
+    let exe = dry_run_exe();
+    let (code, help, err) = run(&exe, &["--help"]);
+    assert_eq!(code, 0, "{err}");
+    let line = help
+        .lines()
+        .skip_while(|l| !l.trim_start().starts_with("OVERRIDE..."))
+        .take(2)
+        .collect::<Vec<_>>()
+        .join(" ");
+    assert!(line.contains("Qwen MoE production run"), "{help}");
+    let after = line.split("e.g.").nth(1).expect("an example in the help");
+    let examples: Vec<&str> = after
+        .split_whitespace()
+        .filter(|w| w.contains('='))
+        .collect();
+    assert_eq!(examples.len(), 2, "{line}");
+    let fixtures = PathBuf::from(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../shared/fixtures/puzzletron-configs"
+    ));
+    let files = [
+        fixtures.join("families/qwen3_5/qwen3p6_35b_a3b/runs/production.yaml"),
+        fixtures.join("orchestration/qwen_moe/runner.slurm.yaml"),
+        fixtures.join("orchestration/qwen_moe/execution.production.yaml"),
+    ];
+    let mut args: Vec<String> = files.iter().map(|p| p.display().to_string()).collect();
+    let (code, plain, err) = run(&exe, &args.iter().map(String::as_str).collect::<Vec<_>>());
+    assert_eq!(code, 0, "{err}");
+    for ex in &examples {
+        let mut one = args.clone();
+        one.push(ex.to_string());
+        let (code, out, err) = run(&exe, &one.iter().map(String::as_str).collect::<Vec<_>>());
+        assert_eq!(code, 0, "help example {ex}: {err}");
+        assert!(out.contains("=== stage "), "{ex}: {out}");
+    }
+    args.extend(examples.iter().map(|s| s.to_string()));
+    let (code, out, err) = run(&exe, &args.iter().map(String::as_str).collect::<Vec<_>>());
+    assert_eq!(code, 0, "{err}");
+    // `pruning.eval_samples=4` reaches the plan (the contract hash changes).
+    assert_ne!(
+        plain.lines().find(|l| l.contains("contract")),
+        out.lines().find(|l| l.contains("contract")),
+        "{out}"
+    );
+    let mut bad = args[..3].to_vec();
+    bad.push("a.b=[1".to_string());
+    let (code, out, err) = run(&exe, &bad.iter().map(String::as_str).collect::<Vec<_>>());
+    assert_eq!((code, out.as_str()), (2, ""), "{err}");
+    assert!(err.contains("override \"a.b=[1\""), "{err}");
+}

@@ -5,7 +5,7 @@
 use std::path::{Path, PathBuf};
 
 use proptest::prelude::*;
-use puzzletron::campaign::config::{ConfigLoader, Env};
+use puzzletron::campaign::config::{ConfigLoader, Env, Override, OverrideKind, Value};
 use puzzletron::campaign::tree::Node;
 use puzzletron::campaign::{
     ExecutionConfig, PlanError, RunnerEnvironment, RunnerKind, StageCatalog, StageFilter, Strategy,
@@ -41,7 +41,7 @@ fn compile_fixture(
 ) -> Result<puzzletron::campaign::CampaignPlan, PlanError> {
     let runner = RunnerEnvironment::load(fixtures().join(t.1))?;
     let execution = ExecutionConfig::load(fixtures().join(t.2))?;
-    let overrides: Vec<String> = overrides.iter().map(|s| s.to_string()).collect();
+    let overrides: Vec<Override> = overrides.iter().map(|s| s.parse().unwrap()).collect();
     compile_campaign_plan_with(
         &loader(),
         fixtures().join(t.0),
@@ -93,10 +93,17 @@ fn overrides_that_change_results_change_the_contract_hash() {
     let base = compile_fixture(MOE, &[], None).unwrap();
     let changed = compile_fixture(MOE, &["pruning.eval_samples=4"], None).unwrap();
     assert_ne!(base.contract_hash, changed.contract_hash);
-    assert_eq!(
-        changed.overrides,
-        vec!["pruning.eval_samples=4".to_string()]
-    );
+    // The plan records the override typed: kind, key path and value.
+    assert_eq!(changed.overrides.len(), 1);
+    let o = &changed.overrides[0];
+    assert_eq!(o.kind, OverrideKind::Set);
+    assert_eq!(o.key.to_string(), "pruning.eval_samples");
+    assert_eq!(o.value, Some(Value::Int(4)));
+    assert_eq!(o.to_string(), "pruning.eval_samples=4");
+    // A plan round-trips through serde with its overrides.
+    let json = serde_json::to_string(&changed).unwrap();
+    let back: puzzletron::campaign::CampaignPlan = serde_json::from_str(&json).unwrap();
+    assert_eq!(back.overrides, changed.overrides);
     // A mesh change through an override reaches the stage and the hash.
     let mesh = compile_fixture(
         MOE,

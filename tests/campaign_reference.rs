@@ -23,7 +23,7 @@ struct Case {
     experiment: String,
     runner: String,
     execution: String,
-    overrides: Vec<String>,
+    overrides: Vec<puzzletron::campaign::config::Override>,
     reference: PlanDocument,
 }
 
@@ -43,7 +43,7 @@ fn cases() -> Vec<Case> {
                 .as_array()
                 .unwrap()
                 .iter()
-                .map(|o| o.as_str().unwrap().to_string())
+                .map(|o| o.as_str().unwrap().parse().unwrap())
                 .collect(),
             reference: load_plan_document(&c["plan"])
                 .expect("reference plan loads with our loader"),

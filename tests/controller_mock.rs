@@ -758,7 +758,8 @@ fn poll_errors_are_retried_not_job_failures() {
     assert!(r.is_complete());
     assert_eq!(submits(&s.mock), ["a/0#1"]);
     let journal = std::fs::read_to_string(dir.path().join("controller/journal.jsonl")).unwrap();
-    assert!(journal.contains("poll_error"));
+    assert!(journal.contains("scheduler_unreachable"), "{journal}");
+    assert!(journal.contains("scheduler_reachable"), "{journal}");
 }
 
 #[test]
@@ -829,7 +830,11 @@ fn a_cancel_by_shutdown_is_not_a_retry_and_the_unit_runs_again_on_the_next_run()
     {
         let mut ctl = controller(p.clone(), &s, dir.path())
             .controls(rx)
-            .on_event(move |k, m| ev.lock().unwrap().push((k.into(), m.into())))
+            .on_event(move |e| {
+                ev.lock()
+                    .unwrap()
+                    .push((e.kind().to_string(), e.to_string()))
+            })
             .build()
             .unwrap();
         rt.block_on(ctl.run(RunOptions {
@@ -852,7 +857,7 @@ fn a_cancel_by_shutdown_is_not_a_retry_and_the_unit_runs_again_on_the_next_run()
     let events = events.lock().unwrap().clone();
     let attempts: Vec<&String> = events
         .iter()
-        .filter(|(k, _)| k == "attempt")
+        .filter(|(k, _)| k == "attempt_cancelled")
         .map(|(_, m)| m)
         .collect();
     assert_eq!(attempts.len(), 2, "{events:?}");

@@ -111,12 +111,38 @@ async fn conformance_suite_on_slurm() {
     }
     let dir = tmp();
     let logs = dir.path().to_path_buf();
+    let child_dir = logs.clone();
     // The suite makes fresh executors to re-attach; they share the log folder.
     conformance::Conformance::new(move || Box::new(exec(&logs)))
         .with_poll_interval(Duration::from_millis(100))
         .with_timeout(Duration::from_secs(90))
+        // --time has minute resolution and slurmctld checks limits periodically.
+        .with_walltime_timeout(Duration::from_secs(240))
+        .with_scratch_dir(dir.path())
+        .with_separate_process(move || {
+            let mut c = std::process::Command::new(std::env::current_exe().unwrap());
+            c.args([
+                "--exact",
+                "slurm_child_entry",
+                "--nocapture",
+                "--test-threads=1",
+            ])
+            .env(CHILD_DIR_ENV, &child_dir);
+            c
+        })
         .run_all()
         .await;
+}
+
+const CHILD_DIR_ENV: &str = "PUZZLETRON_SLURM_CONFORMANCE_DIR";
+
+/// Child entry point of the conformance suite's `find_from_separate_process`: a fresh
+/// `SlurmExecutor` in another process looks the job up (does nothing in a normal run).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn slurm_child_entry() {
+    if let Ok(dir) = std::env::var(CHILD_DIR_ENV) {
+        assert!(conformance::child_find_main(&exec(Path::new(&dir))).await);
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

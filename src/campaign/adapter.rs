@@ -2,7 +2,7 @@
 
 use std::path::Path;
 
-use super::config::{ConfigLoader, Value, load_yaml_file, parse_overrides};
+use super::config::{ConfigLoader, Override, Value, load_yaml_file};
 use super::plan_error::PlanError;
 use super::tree::Node;
 
@@ -34,10 +34,9 @@ impl From<&Value> for Node {
 pub(crate) fn load_experiment(
     loader: &ConfigLoader,
     path: &Path,
-    overrides: &[String],
+    overrides: &[Override],
 ) -> Result<Node, PlanError> {
-    let parsed = parse_overrides(overrides.iter().map(String::as_str))?;
-    let cfg = loader.load_experiment(path, &parsed)?;
+    let cfg = loader.load_experiment(path, overrides)?;
     Ok(node_from_value(cfg.value()))
 }
 

@@ -43,7 +43,7 @@ use std::path::Path;
 use serde::{Deserialize, Serialize};
 
 use super::catalog::{ResolvedStage, StageCatalog};
-use super::config::{ConfigLoader, Env};
+use super::config::{ConfigLoader, Env, Override};
 use super::execution::{
     ExecutionConfig, ExecutionDefaults, Resource, StageExecutionSpec, Strategy,
 };
@@ -104,7 +104,7 @@ pub fn compile_campaign_plan(
     experiment_config_path: impl AsRef<Path>,
     runner: &RunnerEnvironment,
     execution: &ExecutionConfig,
-    overrides: &[String],
+    overrides: &[Override],
     stage_filter: Option<&StageFilter>,
 ) -> Result<CampaignPlan, PlanError> {
     let loader = ConfigLoader::new().env(Env::from_process());
@@ -128,7 +128,7 @@ pub fn compile_campaign_plan_with(
     experiment_config_path: impl AsRef<Path>,
     runner: &RunnerEnvironment,
     execution: &ExecutionConfig,
-    overrides: &[String],
+    overrides: &[Override],
     stage_filter: Option<&StageFilter>,
 ) -> Result<CampaignPlan, PlanError> {
     let path = experiment_config_path.as_ref();
@@ -148,8 +148,8 @@ pub fn compile_campaign_plan_with(
 
 /// Compiles a campaign from an already loaded and resolved experiment config.
 ///
-/// `label` names the experiment in the plan and in errors; `overrides` are recorded as given
-/// (they must already be applied to `config`).
+/// `label` names the experiment in the plan and in errors; `overrides` are recorded in the plan
+/// as given (they must already be applied to `config`).
 ///
 /// Steps: resolve the catalog (enabled stages, contracted parents, meshes); check every
 /// `execution.stages` id is a stage of the catalog (or one it knows of); per stage merge
@@ -165,7 +165,7 @@ pub fn compile_campaign_plan_with(
 pub fn compile_resolved(
     label: &str,
     config: Node,
-    overrides: &[String],
+    overrides: &[Override],
     catalog: &StageCatalog,
     runner: &RunnerEnvironment,
     execution: &ExecutionConfig,

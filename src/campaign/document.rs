@@ -204,7 +204,7 @@ impl PlanDocument {
             experiment_config_path: plan.experiment_config_path.clone(),
             puzzle_dir: plan.puzzle_dir.clone(),
             contract_hash: plan.contract_hash.to_hex(),
-            overrides: plan.overrides.clone(),
+            overrides: plan.overrides.iter().map(ToString::to_string).collect(),
             runner_kind: plan.runner.kind.as_str().into(),
             execution_defaults: DefaultsDocument {
                 failure_policy: plan.execution_defaults.failure_policy.as_str().into(),

@@ -111,11 +111,6 @@ pub fn compile(data: &[u8]) -> CompileOutcome {
         .lines()
         .filter_map(|l| parse_override(l).ok())
         .collect();
-    let override_texts: Vec<String> = std::str::from_utf8(rest)
-        .unwrap_or("")
-        .lines()
-        .map(str::to_string)
-        .collect();
     let loader = ConfigLoader::new().env(Env::new().with("RUN", "runs/fuzz"));
     let Ok(cfg) = loader.load_str(yaml, "fuzz.yaml", &overrides) else {
         return CompileOutcome::Skipped;
@@ -155,7 +150,7 @@ pub fn compile(data: &[u8]) -> CompileOutcome {
     let first = compile_resolved(
         "fuzz.yaml",
         config.clone(),
-        &override_texts,
+        &overrides,
         &catalog,
         &runner,
         &execution,
@@ -164,7 +159,7 @@ pub fn compile(data: &[u8]) -> CompileOutcome {
     let second = compile_resolved(
         "fuzz.yaml",
         config.clone(),
-        &override_texts,
+        &overrides,
         &catalog,
         &runner,
         &execution,
@@ -185,7 +180,7 @@ pub fn compile(data: &[u8]) -> CompileOutcome {
             let c = compile_resolved(
                 "fuzz.yaml",
                 shuffled,
-                &override_texts,
+                &overrides,
                 &catalog2,
                 &runner,
                 &execution,

@@ -2,6 +2,7 @@
 
 use serde::{Deserialize, Serialize};
 
+use super::config::Override;
 use super::execution::{ExecutionDefaults, StageExecutionSpec};
 use super::runner::RunnerEnvironment;
 use super::tree::Node;
@@ -36,8 +37,8 @@ pub struct CampaignPlan {
     pub puzzle_dir: Option<String>,
     /// Hash of everything that changes results (see [`contract_hash`](super::compile::contract_hash)).
     pub contract_hash: Hash,
-    /// The overrides applied, as given.
-    pub overrides: Vec<String>,
+    /// The overrides applied, in order (serialized as the text typed).
+    pub overrides: Vec<Override>,
     /// The runner.
     pub runner: RunnerEnvironment,
     /// Execution defaults.

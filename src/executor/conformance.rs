@@ -17,13 +17,64 @@
 //! interprets them through [`mock_script`].
 //!
 //! Each check panics with a message naming the check and what differed.
+//!
+//! # Re-attach from a separate process
+//!
+//! A controller that crashed is restarted as a *new process*; an executor whose state lives
+//! only in memory passes every in-process check and then loses every job. The
+//! `find_from_separate_process` check therefore runs [`Executor::find`] in a child process you
+//! provide ([`Conformance::with_separate_process`]): the child builds the executor over the
+//! same backing state and calls [`child_find_main`], which prints the handle it found. The
+//! usual child is your own test binary re-executed with `--exact <an entry-point test>`
+//! (see `tests/executor_conformance.rs`). Only test doubles whose state is in memory by design
+//! (the mock) may opt out, with a reason ([`Conformance::in_memory_only`]).
 
+use std::path::PathBuf;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use super::{
-    ARRAY_INDEX_ENV, ArraySpec, AttemptId, AttemptSpec, CommandSpec, Executor, ExecutorError,
-    ExecutorExt, JobHandle, JobState, JobStatus, MockScript,
+    ARRAY_INDEX_ENV, ATTEMPT_ID_ENV, ArraySpec, AttemptId, AttemptSpec, CommandSpec, Executor,
+    ExecutorError, ExecutorExt, JobHandle, JobState, JobStatus, MockScript,
 };
+
+/// The environment variable carrying the attempt id a child process of
+/// `find_from_separate_process` must look up.
+pub const CHILD_FIND_ENV: &str = "PUZZLETRON_CONFORMANCE_FIND";
+/// The prefix of the line a child prints with what it found (JSON: a handle or `null`).
+pub const CHILD_FOUND_PREFIX: &str = "PUZZLETRON_CONFORMANCE_FOUND: ";
+
+/// The child side of `find_from_separate_process`: when [`CHILD_FIND_ENV`] is set, calls
+/// `exec.find` on it and prints [`CHILD_FOUND_PREFIX`] followed by the handle as JSON (or
+/// `null`) on stdout, and returns `true`. Returns `false` (doing nothing) when the variable is
+/// not set, so the entry-point test passes trivially in a normal run.
+///
+/// # Panics
+/// When the id is not a valid attempt id or `find` fails (the parent reports the child's
+/// output).
+pub async fn child_find_main(exec: &dyn Executor) -> bool {
+    let Ok(id) = std::env::var(CHILD_FIND_ENV) else {
+        return false;
+    };
+    let id = AttemptId::new(id).unwrap_or_else(|e| panic!("child: bad attempt id: {e}"));
+    let found = exec
+        .find(&id)
+        .await
+        .unwrap_or_else(|e| panic!("child: find failed: {e}"));
+    let json = serde_json::to_string(&found).unwrap_or_else(|e| panic!("child: {e}"));
+    // On a line of its own (a test harness may have printed the test's name before it).
+    println!("\n{CHILD_FOUND_PREFIX}{json}");
+    true
+}
+
+/// Builds the child command of `find_from_separate_process` (the attempt id is passed in
+/// [`CHILD_FIND_ENV`] by the suite).
+pub type ChildCommand = Box<dyn Fn() -> std::process::Command + Send + Sync>;
+
+enum SeparateProcess {
+    Child(ChildCommand),
+    InMemoryOnly,
+    Unset,
+}
 
 /// Makes a fresh executor over the same backing state.
 pub type Factory = Box<dyn Fn() -> Box<dyn Executor> + Send + Sync>;
@@ -37,6 +88,9 @@ pub struct Conformance {
     timeout: Duration,
     interval: Duration,
     prefix: String,
+    separate: SeparateProcess,
+    scratch: PathBuf,
+    walltime_timeout: Option<Duration>,
 }
 
 /// Runs every check with default settings (60 s per wait, 100 ms between polls).
@@ -51,13 +105,24 @@ where
 }
 
 /// The [`MockScript`] matching the suite's commands: `true` completes, `sh -c 'exit N'` fails
-/// with N (N = 0 completes), `sleep` runs until cancelled, the array check completes when its
+/// with N (N = 0 completes), `sleep` runs until cancelled (or times out at the spec's
+/// walltime), `sh -c 'echo X'` completes and logs `X`, the array check completes when its
 /// index is below 3. Pass it to [`MockExecutor::with_default_script`](super::MockExecutor).
 pub fn mock_script(spec: &AttemptSpec) -> MockScript {
     let argv = spec.command.effective_argv();
     let strs: Vec<&str> = argv.iter().map(String::as_str).collect();
     match strs.as_slice() {
-        ["sleep", ..] => MockScript::runs_forever(),
+        ["sleep", ..] => match spec.walltime {
+            Some(w) => MockScript::new()
+                .at(Duration::ZERO, JobState::Running)
+                .at(w, JobState::Timeout),
+            None => MockScript::runs_forever(),
+        },
+        [_, "-c", script] if script.starts_with("echo ") => {
+            let mut s = MockScript::completes();
+            s.log_text = format!("{}\n", &script["echo ".len()..]);
+            s
+        }
         [_, "-c", script] if script.starts_with("exit ") => {
             match script["exit ".len()..].trim().parse::<i32>() {
                 Ok(0) => MockScript::completes(),
@@ -96,7 +161,46 @@ impl Conformance {
             timeout: Duration::from_secs(60),
             interval: Duration::from_millis(100),
             prefix: format!("conf{}-{:x}", std::process::id(), nanos % 0xffff_ffff),
+            separate: SeparateProcess::Unset,
+            scratch: std::env::temp_dir(),
+            walltime_timeout: None,
         }
+    }
+
+    /// Longest wait for a 1 s walltime to end a job (default: the [`with_timeout`] value).
+    /// Schedulers with minute resolution and a periodic limit check (Slurm) need minutes.
+    ///
+    /// [`with_timeout`]: Self::with_timeout
+    pub fn with_walltime_timeout(mut self, timeout: Duration) -> Self {
+        self.walltime_timeout = Some(timeout);
+        self
+    }
+
+    /// How to start a child process that builds the executor over the same backing state and
+    /// calls [`child_find_main`] (required by `run_all` unless [`in_memory_only`]).
+    ///
+    /// [`in_memory_only`]: Self::in_memory_only
+    pub fn with_separate_process(
+        mut self,
+        child: impl Fn() -> std::process::Command + Send + Sync + 'static,
+    ) -> Self {
+        self.separate = SeparateProcess::Child(Box::new(child));
+        self
+    }
+
+    /// Skips `find_from_separate_process`, for test doubles whose state is in memory by design
+    /// (the mock). A real executor must not use this: its jobs would be lost when a
+    /// controller restarts.
+    pub fn in_memory_only(mut self) -> Self {
+        self.separate = SeparateProcess::InMemoryOnly;
+        self
+    }
+
+    /// A folder every place the jobs run can write to, for the `log_path_honoured` check's
+    /// log (default: the system temporary folder; on a cluster, a shared filesystem).
+    pub fn with_scratch_dir(mut self, dir: impl Into<PathBuf>) -> Self {
+        self.scratch = dir.into();
+        self
     }
 
     /// Adjusts every spec before submission.
@@ -136,6 +240,14 @@ impl Conformance {
         self.find_recovers_handle().await;
         self.array_tasks().await;
         self.foreign_handle_refused().await;
+        self.unknown_handle_is_lost().await;
+        self.attempt_id_env_set().await;
+        self.log_path_honoured().await;
+        self.walltime_honoured().await;
+        match &self.separate {
+            SeparateProcess::InMemoryOnly => {}
+            _ => self.find_from_separate_process().await,
+        }
     }
 
     fn id(&self, name: &str) -> AttemptId {
@@ -448,5 +560,178 @@ impl Conformance {
                 "conformance `foreign_handle_refused`: expected ForeignHandle, got {other:?}"
             ),
         }
+    }
+
+    /// A handle of this executor's kind for a job it never ran (an attempt id never
+    /// submitted, a job id no scheduler has, submitted long ago) is reported
+    /// [`JobState::Lost`], not an error and not a state that waits forever: a controller that
+    /// restarts with a stale journal must be able to apply its policy.
+    pub async fn unknown_handle_is_lost(&self) {
+        let check = "unknown_handle_is_lost";
+        let exec = (self.factory)();
+        let spec = self.spec("shape", CommandSpec::new("true"));
+        let real = self.submit(&*exec, check, &spec).await;
+        self.wait(&*exec, check, std::slice::from_ref(&real)).await;
+        let mut h = real.clone();
+        h.attempt_id = self.id("never-submitted-handle");
+        h.job_id = if !real.job_id.is_empty() && real.job_id.bytes().all(|b| b.is_ascii_digit()) {
+            // Above Slurm's largest job id (0x03FF0000) and most schedulers' ranges.
+            "4000000000".into()
+        } else {
+            h.attempt_id.as_str().to_string()
+        };
+        h.array_task = None;
+        h.submitted_at_ms = 1; // long ago: no grace for "not visible yet"
+        // Executor details (log paths, folders) name the never-submitted attempt instead.
+        for v in h.data.values_mut() {
+            *v = v.replace(real.attempt_id.as_str(), h.attempt_id.as_str());
+        }
+        let st = self.wait(&*exec, check, &[h]).await;
+        assert_eq!(
+            st[0].state,
+            JobState::Lost,
+            "conformance `{check}`: an unknown job must be Lost, got {:?}",
+            st[0]
+        );
+    }
+
+    /// The job sees its attempt id in [`ATTEMPT_ID_ENV`] (payloads use it to name their
+    /// outputs and claim pool items).
+    pub async fn attempt_id_env_set(&self) {
+        let check = "attempt_id_env_set";
+        let exec = (self.factory)();
+        let id = self.id("envid");
+        let spec = self.spec(
+            "envid",
+            CommandSpec::new("sh").args([
+                "-c".to_string(),
+                format!("test \"${ATTEMPT_ID_ENV}\" = '{id}'"),
+            ]),
+        );
+        let h = self.submit(&*exec, check, &spec).await;
+        let st = self.wait(&*exec, check, &[h]).await;
+        assert_eq!(
+            (&st[0].state, st[0].exit_code),
+            (&JobState::Completed, Some(0)),
+            "conformance `{check}`: the job did not see {ATTEMPT_ID_ENV}={id}: {:?}",
+            st[0]
+        );
+    }
+
+    /// A spec's `log_path` receives the job's output, and the status names that path.
+    pub async fn log_path_honoured(&self) {
+        let check = "log_path_honoured";
+        let exec = (self.factory)();
+        let log = self.scratch.join(format!("{}.log-check.log", self.prefix));
+        let _ = std::fs::remove_file(&log);
+        let marker = format!("conformance-log-{}", self.prefix);
+        let mut spec = self.spec(
+            "logpath",
+            CommandSpec::new("sh").args(["-c".to_string(), format!("echo {marker}")]),
+        );
+        spec.log_path = Some(log.clone());
+        let h = self.submit(&*exec, check, &spec).await;
+        let st = self.wait(&*exec, check, &[h]).await;
+        assert_eq!(
+            st[0].state,
+            JobState::Completed,
+            "conformance `{check}`: {:?}",
+            st[0]
+        );
+        let text = std::fs::read_to_string(&log).unwrap_or_else(|e| {
+            panic!(
+                "conformance `{check}`: the spec's log_path {} was not written: {e}",
+                log.display()
+            )
+        });
+        let _ = std::fs::remove_file(&log);
+        assert!(
+            text.contains(&marker),
+            "conformance `{check}`: {} lacks the job's output `{marker}`: {text:?}",
+            log.display()
+        );
+        assert_eq!(
+            st[0].log_path.as_deref(),
+            Some(log.as_path()),
+            "conformance `{check}`: the status names another log"
+        );
+    }
+
+    /// A job running past its `walltime` is stopped and reported [`JobState::Timeout`]
+    /// (schedulers with minute resolution round up: see [`with_walltime_timeout`]).
+    ///
+    /// [`with_walltime_timeout`]: Self::with_walltime_timeout
+    pub async fn walltime_honoured(&self) {
+        let check = "walltime_honoured";
+        let exec = (self.factory)();
+        let spec = self
+            .spec("walltime", CommandSpec::new("sleep").arg("600"))
+            .with_walltime(Duration::from_secs(1));
+        let h = self.submit(&*exec, check, &spec).await;
+        let st = exec
+            .wait_terminal(
+                std::slice::from_ref(&h),
+                self.interval,
+                self.walltime_timeout.unwrap_or(self.timeout),
+            )
+            .await
+            .unwrap_or_else(|e| panic!("conformance `{check}`: poll failed: {e}"));
+        if st[0].state.is_active() {
+            let _ = exec.cancel(&h).await;
+        }
+        assert_eq!(
+            st[0].state,
+            JobState::Timeout,
+            "conformance `{check}`: a 1 s walltime on `sleep 600` must end Timeout: {:?}",
+            st[0]
+        );
+    }
+
+    /// A job submitted here is found by `find` in a separate process (a restarted
+    /// controller), with the same job id.
+    pub async fn find_from_separate_process(&self) {
+        let check = "find_from_separate_process";
+        let SeparateProcess::Child(child) = &self.separate else {
+            panic!(
+                "conformance `{check}`: no child process configured; call \
+                 Conformance::with_separate_process (or in_memory_only for a test double)"
+            );
+        };
+        let exec = (self.factory)();
+        let spec = self.spec("childfind", CommandSpec::new("true"));
+        let submitted = self.submit(&*exec, check, &spec).await;
+        let mut cmd = child();
+        cmd.env(CHILD_FIND_ENV, spec.attempt_id.as_str());
+        let out = tokio::task::spawn_blocking(move || cmd.output())
+            .await
+            .unwrap_or_else(|e| panic!("conformance `{check}`: {e}"))
+            .unwrap_or_else(|e| panic!("conformance `{check}`: could not start the child: {e}"));
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        let Some(json) = stdout.lines().find_map(|l| {
+            l.find(CHILD_FOUND_PREFIX)
+                .map(|i| &l[i + CHILD_FOUND_PREFIX.len()..])
+        }) else {
+            panic!(
+                "conformance `{check}`: the child printed no `{CHILD_FOUND_PREFIX}` line \
+                 (exit {:?}); stdout: {stdout}; stderr: {}",
+                out.status.code(),
+                String::from_utf8_lossy(&out.stderr)
+            );
+        };
+        let found: Option<JobHandle> = serde_json::from_str(json)
+            .unwrap_or_else(|e| panic!("conformance `{check}`: bad child output {json:?}: {e}"));
+        let found = found.unwrap_or_else(|| {
+            panic!(
+                "conformance `{check}`: a separate process found no job for {} (is the \
+                 executor's state only in memory?)",
+                spec.attempt_id
+            )
+        });
+        assert_eq!(
+            (&found.attempt_id, &found.job_id),
+            (&submitted.attempt_id, &submitted.job_id),
+            "conformance `{check}`: the child found a different job"
+        );
+        self.wait(&*exec, check, &[found]).await;
     }
 }

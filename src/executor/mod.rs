@@ -16,7 +16,20 @@
 //! - [`cancel`](Executor::cancel) returns once the job is terminal (or is confirmed to be
 //!   ending); cancelling a finished job is a no-op.
 //! - [`find`](Executor::find) finds the job of an attempt id, so a job submitted just before a
-//!   crash, whose handle was never recorded, is adopted instead of submitted twice.
+//!   crash, whose handle was never recorded, is adopted instead of submitted twice. It works
+//!   from a **fresh process** (a restarted controller): an executor's state may not live only
+//!   in memory.
+//! - A handle of this executor's kind for a job it does not know (never submitted, purged,
+//!   from a lost attempt folder) is polled as [`JobState::Lost`] (with a reason), never an
+//!   error and never a state that stays pending: the caller's policy decides what to do.
+//! - The spec is honoured: [`AttemptSpec::walltime`] ends an overrunning job as
+//!   [`JobState::Timeout`]; [`AttemptSpec::log_path`], when set, receives the job's
+//!   stdout/stderr and is the [`JobStatus::log_path`] reported; the job sees its attempt id in
+//!   [`ATTEMPT_ID_ENV`] (and its array index in [`ARRAY_INDEX_ENV`]).
+//!
+//! The conformance suite checks each rule (re-attach and `find` both in-process and from a
+//! separate process) and is tested against one "lying" executor per rule
+//! (`tests/executor_conformance.rs`).
 //!
 //! # Implementing an executor
 //!
@@ -135,7 +148,8 @@ pub trait Executor: Send + Sync {
     }
 
     /// Reports the status of every handle, in the same order, in as few scheduler calls as
-    /// possible (Slurm: one `squeue` and at most one `sacct` for the whole slice).
+    /// possible (Slurm: one `squeue` and at most one `sacct` for the whole slice). A handle of
+    /// this kind whose job the executor does not know is [`JobState::Lost`].
     ///
     /// # Errors
     /// [`ExecutorError::SchedulerUnavailable`] when the scheduler could not be asked (no state
@@ -152,7 +166,8 @@ pub trait Executor: Send + Sync {
     async fn cancel(&self, handle: &JobHandle) -> Result<(), ExecutorError>;
 
     /// Finds the job running (or that ran) `attempt_id`, for recovery after a crash between
-    /// submit and recording the handle. `Ok(None)` when there is none.
+    /// submit and recording the handle. `Ok(None)` when there is none. Must work from a
+    /// process other than the one that submitted.
     ///
     /// # Errors
     /// Scheduler errors as for [`poll`](Executor::poll).

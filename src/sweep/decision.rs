@@ -2,7 +2,9 @@
 
 use std::fmt;
 
-use crate::identity::Hash;
+use super::pending::PendingRun;
+use crate::identity::{Hash, Witnesses};
+use crate::store::{JobRecord, Status, Store, StoreError};
 
 /// What a drain does with a run.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -90,5 +92,123 @@ impl fmt::Display for Plan {
             self.count(Action::Skip),
             self.count(Action::Wait)
         )
+    }
+}
+
+/// Decides runs against a store: what the rules of DESIGN.md §4 say a drain does with each.
+pub(super) struct Decider<'a, S: Store + ?Sized> {
+    pub(super) store: &'a S,
+    /// The environment results made now are recorded with.
+    pub(super) witnesses: &'a Witnesses,
+    /// Re-run even what is current.
+    pub(super) force: bool,
+}
+
+impl<S: Store + ?Sized> Decider<'_, S> {
+    /// The decision for `run`, reading its record (and its lineage when it has none).
+    pub(super) fn decide(&self, run: &PendingRun) -> Result<JobDecision, StoreError> {
+        let rec = self.store.record(&run.key)?;
+        let lineage = match rec {
+            None => self.store.lineage(&run.lineage)?,
+            Some(_) => None,
+        };
+        self.decide_with(run, rec, lineage)
+    }
+
+    /// The decision for every run of `queue`, in order, reading records in bulk.
+    pub(super) fn plan(&self, queue: &[PendingRun]) -> Result<Plan, StoreError> {
+        let keys: Vec<Hash> = queue.iter().map(|p| p.key).collect();
+        let recs = self.store.records(&keys)?;
+        // Lineages only matter for runs without a record ("code changed" vs "no record").
+        let (missing, lineages): (Vec<usize>, Vec<Hash>) = recs
+            .iter()
+            .enumerate()
+            .filter(|(_, r)| r.is_none())
+            .map(|(i, _)| (i, queue[i].lineage))
+            .unzip();
+        let mut prev = vec![None; recs.len()];
+        for (i, l) in missing.into_iter().zip(self.store.lineages(&lineages)?) {
+            prev[i] = l;
+        }
+        let decisions = queue
+            .iter()
+            .zip(recs)
+            .zip(prev)
+            .map(|((p, r), l)| self.decide_with(p, r, l))
+            .collect::<Result<Vec<_>, _>>()?;
+        Ok(Plan { decisions })
+    }
+
+    fn decide_with(
+        &self,
+        run: &PendingRun,
+        rec: Option<JobRecord>,
+        lineage: Option<Hash>,
+    ) -> Result<JobDecision, StoreError> {
+        let mut reasons = Vec::new();
+        let mut action = Action::Run;
+        let mut replaces = None;
+        match &rec {
+            None => match lineage {
+                Some(prev) if prev != run.key => {
+                    let changed = match self.store.record(&prev)? {
+                        Some(old) => run.owned.changed_files(&old.owned.files),
+                        None => Vec::new(),
+                    };
+                    if changed.is_empty() {
+                        reasons.push("code changed".to_string());
+                    } else {
+                        reasons.push(format!("code changed: {}", changed.join(", ")));
+                    }
+                }
+                _ => reasons.push("no record".to_string()),
+            },
+            Some(r) => match r.status {
+                Status::Done => {
+                    let diffs = self.witnesses.differences(&r.witnesses);
+                    if diffs.is_empty() {
+                        action = Action::Skip;
+                        reasons.push(format!("up to date, attempt {}", r.attempt));
+                    } else {
+                        reasons.extend(diffs);
+                        replaces = Some(r.attempt);
+                    }
+                }
+                Status::Failed => {
+                    let msg = r
+                        .error
+                        .as_ref()
+                        .map(|e| e.message.as_str())
+                        .unwrap_or("unknown");
+                    reasons.push(format!("last attempt failed: {msg}"));
+                }
+                Status::Running => match self.store.claim_info(&run.key)? {
+                    Some(c) if c.live => {
+                        action = Action::Wait;
+                        reasons.push(format!("running in {}", c.owner));
+                    }
+                    _ => {
+                        let by = r.owner.as_ref().map(|o| o.to_string()).unwrap_or_default();
+                        reasons.push(format!(
+                            "interrupted: attempt {} by {by} did not finish",
+                            r.attempt
+                        ));
+                    }
+                },
+            },
+        }
+        if self.force && action == Action::Skip {
+            action = Action::Run;
+            reasons = vec!["forced".to_string()];
+            replaces = rec.as_ref().map(|r| r.attempt);
+        }
+        Ok(JobDecision {
+            key: run.key,
+            job: run.job.to_string(),
+            params: run.params.to_string(),
+            action,
+            reasons,
+            replaces,
+        })
     }
 }

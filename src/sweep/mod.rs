@@ -2,18 +2,24 @@
 //!
 //! See [`Orchestrator`] for the whole story and the crate docs for an example.
 
+mod builder;
 mod decision;
+mod entry;
 mod event;
+mod execute;
 mod job;
 mod orchestrator;
 mod panics;
+mod pending;
 mod run;
 mod summary;
 pub mod worker;
 
+pub use builder::OrchestratorBuilder;
 pub use decision::{Action, JobDecision, Plan};
 pub use event::Event;
 pub use job::{Job, JobResult};
-pub use orchestrator::{Orchestrator, OrchestratorBuilder, PendingRun};
+pub use orchestrator::Orchestrator;
+pub use pending::PendingRun;
 pub use run::Run;
 pub use summary::{FailureCause, JobOutcome, Outcome, RunFailed, RunSummary};

@@ -41,23 +41,23 @@
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, OnceLock};
 
-use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
 
-use super::JobResult;
-use super::decision::{Action, JobDecision};
+use super::decision::{Action, Decider, JobDecision};
+use super::entry::Entry;
 use super::event::Event;
-use super::orchestrator::{Orchestrator, PendingRun, failure, summary_of};
+use super::execute::{Drained, Engine, Stop, failure};
+use super::pending::PendingRun;
 use super::run::Run;
-use super::summary::{FailureCause, Outcome, RunFailed, RunSummary};
+use super::summary::{FailureCause, Outcome};
 use crate::error::{Error, Result};
 use crate::executor::{
     ARRAY_INDEX_ENV, ArraySpec, AttemptId, AttemptSpec, CommandSpec, Executor, JobHandle, JobState,
-    JobStatus, MockExecutor,
+    JobStatus,
 };
 use crate::identity::{Hash, OwnedDigest, Witnesses};
 use crate::store::{
-    ClaimOutcome, FORMAT_VERSION, FsStore, JobRecord, Status, Store, StoreError, unix_now,
+    ClaimOutcome, FORMAT_VERSION, FsStore, JobRecord, Owner, Status, Store, StoreError, unix_now,
 };
 
 /// Environment variable naming the manifest of an isolated batch (set by the parent).
@@ -137,61 +137,8 @@ fn task_path() -> Option<std::result::Result<PathBuf, String>> {
 }
 
 // ------------------------------------------------------------------------------------------
-// Where the job function is
+// Which binary this is
 // ------------------------------------------------------------------------------------------
-
-type Trampoline = fn(usize, &str, &mut Run) -> JobResult;
-
-/// The job function and its parameter-decoding trampoline, as offsets from [`anchor`] in this
-/// binary.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-pub(crate) struct Entry {
-    trampoline: i64,
-    func: i64,
-}
-
-#[inline(never)]
-fn anchor() -> u64 {
-    // A body of its own so the linker cannot fold it with another function.
-    std::hint::black_box(0x7075_7a7a_6c65_7472)
-}
-
-fn anchor_addr() -> i64 {
-    anchor as fn() -> u64 as usize as i64
-}
-
-fn call_json<P: DeserializeOwned>(func: usize, params: &str, run: &mut Run) -> JobResult {
-    let p: P = serde_json::from_str(params)
-        .map_err(|e| format!("worker: the parameters do not deserialize: {e}"))?;
-    // SAFETY: `func` is the address of a `fn(&P, &mut Run) -> JobResult` in this very binary
-    // (Entry::of computed it for this P; the task's binary identity was checked).
-    let f = unsafe { std::mem::transmute::<usize, fn(&P, &mut Run) -> JobResult>(func) };
-    f(&p, run)
-}
-
-impl Entry {
-    /// The entry of job function `f` with parameters `P`.
-    pub(crate) fn of<P: DeserializeOwned>(f: fn(&P, &mut Run) -> JobResult) -> Self {
-        let base = anchor_addr();
-        let t: Trampoline = call_json::<P>;
-        Self {
-            trampoline: t as usize as i64 - base,
-            func: f as usize as i64 - base,
-        }
-    }
-
-    /// Calls the job.
-    ///
-    /// # Safety
-    /// The entry must have been made by [`Entry::of`] in a process of the same binary file.
-    unsafe fn call(&self, params: &str, run: &mut Run) -> JobResult {
-        let base = anchor_addr();
-        // SAFETY: per the contract, base + offset is the trampoline in this binary.
-        let t =
-            unsafe { std::mem::transmute::<usize, Trampoline>((base + self.trampoline) as usize) };
-        t((base + self.func) as usize, params, run)
-    }
-}
 
 /// Identity of the executable file, cheap enough to check in every worker.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -275,7 +222,17 @@ fn run_task(path: &Path) -> std::result::Result<Option<Outcome>, String> {
         ));
     }
     let store = FsStore::open(&task.store_root).map_err(|e| e.to_string())?;
-    let orch = Orchestrator::for_worker(store, MockExecutor::new(), task.witnesses);
+    let owner = Owner::current();
+    let engine = Engine {
+        decider: Decider {
+            store: &store,
+            witnesses: &task.witnesses,
+            force: false,
+        },
+        owner: &owner,
+        on_event: None,
+        wait_poll: std::time::Duration::from_millis(100),
+    };
     let entry = task.entry;
     let params: Arc<str> = task.params.into();
     let call_params = params.clone();
@@ -298,13 +255,17 @@ fn run_task(path: &Path) -> std::result::Result<Option<Outcome>, String> {
         reasons: task.reasons,
         replaces: task.replaces,
     };
-    orch.try_execute(0, 1, &pending, decision)
+    engine
+        .try_execute(0, 1, &pending, decision)
         .map_err(|e| format!("store error: {e}"))
 }
 
 /// `isolate(true)` needs an executor that starts processes and a store that a worker process
 /// can open by path.
-pub(super) fn check_isolatable<S: Store, E: Executor>(store: &S, executor: &E) -> Result<()> {
+pub(super) fn check_isolatable<S: Store + ?Sized, E: Executor + ?Sized>(
+    store: &S,
+    executor: &E,
+) -> Result<()> {
     if executor.kind() == "mock" {
         return Err(Error::Unsupported {
             what: "isolate(true) with the mock executor".into(),
@@ -329,19 +290,14 @@ pub(super) fn check_isolatable<S: Store, E: Executor>(store: &S, executor: &E) -
 // Parent side
 // ------------------------------------------------------------------------------------------
 
-/// The isolated drain (see the module docs).
-pub(super) fn drain_isolated<S: Store, E: Executor>(
-    o: &mut Orchestrator<S, E>,
-) -> std::result::Result<RunSummary, Box<RunFailed>> {
-    let queue = o.queue.clone();
-    let total = queue.len();
-    let mut outcomes: Vec<Option<Outcome>> = vec![None; total];
-    let stop = |outcomes: &[Option<Outcome>], cause| {
-        Box::new(RunFailed {
-            summary: summary_of(&queue, outcomes),
-            cause,
-        })
-    };
+/// The isolated drain (see the module docs): decides every run, submits those to execute as
+/// one array through `executor`, waits for them, and repeats for runs other processes held.
+/// Blocking; see [`drain_isolated_async`] for the async form.
+pub(super) fn drain_isolated<S: Store + ?Sized, E: Executor + ?Sized>(
+    engine: &Engine<'_, S>,
+    executor: &E,
+    queue: &[PendingRun],
+) -> Drained {
     let rt = match tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
@@ -352,25 +308,44 @@ pub(super) fn drain_isolated<S: Store, E: Executor>(
                 path: PathBuf::from("tokio runtime"),
                 source: e,
             };
-            return Err(stop(&outcomes, FailureCause::Store(err)));
+            return Drained {
+                outcomes: vec![None; queue.len()],
+                stop: Some(Stop::Cause(FailureCause::Store(err))),
+            };
         }
     };
+    rt.block_on(drain_isolated_async(engine, executor, queue))
+}
+
+/// [`drain_isolated`] as a future.
+pub(super) async fn drain_isolated_async<S: Store + ?Sized, E: Executor + ?Sized>(
+    engine: &Engine<'_, S>,
+    executor: &E,
+    queue: &[PendingRun],
+) -> Drained {
+    let total = queue.len();
+    let mut outcomes: Vec<Option<Outcome>> = vec![None; total];
     let mut todo: Vec<usize> = (0..total).collect();
     let mut first_failure: Option<usize> = None;
     while !todo.is_empty() && first_failure.is_none() {
         let mut run_now = Vec::new();
         let mut waiting = Vec::new();
         for &i in &todo {
-            let d = match o.decide(&queue[i]) {
+            let d = match engine.decider.decide(&queue[i]) {
                 Ok(d) => d,
-                Err(e) => return Err(stop(&outcomes, cause_of(e))),
+                Err(e) => {
+                    return Drained {
+                        outcomes,
+                        stop: Some(Stop::Cause(FailureCause::Store(e))),
+                    };
+                }
             };
             match d.action {
                 Action::Skip => {
                     outcomes[i] = Some(Outcome::Skipped {
                         reasons: d.reasons.clone(),
                     });
-                    o.emit(Event::Skipped {
+                    engine.emit(Event::Skipped {
                         index: i + 1,
                         total,
                         decision: d,
@@ -383,10 +358,10 @@ pub(super) fn drain_isolated<S: Store, E: Executor>(
         let mut again = waiting;
         if run_now.is_empty() {
             if !again.is_empty() {
-                std::thread::sleep(o.wait_poll);
+                tokio::time::sleep(engine.wait_poll).await;
             }
         } else {
-            match rt.block_on(run_batch(o, &queue, total, &run_now)) {
+            match run_batch(engine, executor, queue, total, &run_now).await {
                 Ok(results) => {
                     for (i, r) in results {
                         match r {
@@ -401,28 +376,20 @@ pub(super) fn drain_isolated<S: Store, E: Executor>(
                         }
                     }
                 }
-                Err(cause) => return Err(stop(&outcomes, cause)),
+                Err(cause) => {
+                    return Drained {
+                        outcomes,
+                        stop: Some(Stop::Cause(cause)),
+                    };
+                }
             }
         }
         again.sort_unstable();
         todo = again;
     }
-    if let Some(i) = first_failure {
-        return Err(o.job_failed(&queue, &outcomes, i));
-    }
-    o.queue.clear();
-    o.queued_keys.clear();
-    Ok(summary_of(&queue, &outcomes))
-}
-
-fn cause_of(e: Error) -> FailureCause {
-    match e {
-        Error::Store(s) => FailureCause::Store(s),
-        Error::Executor(x) => FailureCause::Executor(x),
-        other => FailureCause::Store(StoreError::Corrupt {
-            path: PathBuf::new(),
-            reason: other.to_string(),
-        }),
+    Drained {
+        outcomes,
+        stop: first_failure.map(Stop::JobFailed),
     }
 }
 
@@ -434,8 +401,9 @@ fn write_replace(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
 
 /// Submits `runs` as one array, waits for all, and concludes each from the store.
 /// `None` for a run another process holds.
-async fn run_batch<S: Store, E: Executor>(
-    o: &Orchestrator<S, E>,
+async fn run_batch<S: Store + ?Sized, E: Executor + ?Sized>(
+    o: &Engine<'_, S>,
+    executor: &E,
     queue: &[PendingRun],
     total: usize,
     runs: &[(usize, JobDecision)],
@@ -446,7 +414,7 @@ async fn run_batch<S: Store, E: Executor>(
             source: e,
         })
     };
-    let store_root = PathBuf::from(o.store.location());
+    let store_root = PathBuf::from(o.store().location());
     let exe = std::env::current_exe().map_err(|e| io(Path::new("current_exe"), e))?;
     let exe_id = exe_id().map_err(|m| {
         FailureCause::Store(StoreError::Corrupt {
@@ -475,7 +443,7 @@ async fn run_batch<S: Store, E: Executor>(
             params: p.params.to_string(),
             param_order: p.param_order.to_vec(),
             owned: (*p.owned).clone(),
-            witnesses: o.witnesses.clone(),
+            witnesses: o.witnesses().clone(),
             reasons: d.reasons.clone(),
             replaces: d.replaces,
         };
@@ -498,8 +466,7 @@ async fn run_batch<S: Store, E: Executor>(
         size: runs.len() as u32,
         max_concurrent: None,
     };
-    let handles = o
-        .executor
+    let handles = executor
         .submit_array(&array)
         .await
         .map_err(FailureCause::Executor)?;
@@ -518,7 +485,7 @@ async fn run_batch<S: Store, E: Executor>(
             break;
         }
         let hs: Vec<JobHandle> = live.iter().map(|&n| handles[n].clone()).collect();
-        let st = match o.executor.poll(&hs).await {
+        let st = match executor.poll(&hs).await {
             Ok(st) => st,
             Err(e) if e.is_retryable() => {
                 tokio::time::sleep(o.wait_poll).await;
@@ -533,7 +500,7 @@ async fn run_batch<S: Store, E: Executor>(
                 match &out {
                     Some(Outcome::Ran { seconds }) => {
                         let rows = o
-                            .store
+                            .store()
                             .record(&queue[*i].key)
                             .ok()
                             .flatten()
@@ -571,12 +538,12 @@ async fn run_batch<S: Store, E: Executor>(
 
 /// What a finished worker left in the store. A worker that died without a record fails its
 /// run: the stale claim is taken over and the failure recorded with the executor's evidence.
-fn conclude<S: Store, E: Executor>(
-    o: &Orchestrator<S, E>,
+fn conclude<S: Store + ?Sized>(
+    o: &Engine<'_, S>,
     p: &PendingRun,
     status: &JobStatus,
 ) -> std::result::Result<Option<Outcome>, StoreError> {
-    let rec = o.store.record(&p.key)?;
+    let rec = o.store().record(&p.key)?;
     match rec {
         Some(r) if r.status == Status::Done => {
             if status.exit_code == Some(EXIT_ELSEWHERE) {
@@ -629,7 +596,7 @@ fn conclude<S: Store, E: Executor>(
     };
     let mut f = failure(kind, message, log_tail);
     f.chain = Vec::new();
-    let claim = match o.store.claim(&p.key, &o.owner, None)? {
+    let claim = match o.store().claim(&p.key, o.owner, None)? {
         ClaimOutcome::Claimed(c) => c,
         ClaimOutcome::Busy(_) => return Ok(None),
         ClaimOutcome::Done(_) => {
@@ -649,7 +616,7 @@ fn conclude<S: Store, E: Executor>(
         param_order: p.param_order.to_vec(),
         lineage: p.lineage,
         owned: (*p.owned).clone(),
-        witnesses: o.witnesses.clone(),
+        witnesses: o.witnesses().clone(),
         status: Status::Running,
         attempt: claim.attempt,
         owner: Some(o.owner.clone()),
@@ -658,11 +625,11 @@ fn conclude<S: Store, E: Executor>(
         error: None,
         metrics: None,
     };
-    o.store.start(&claim, &record)?;
+    o.store().start(&claim, &record)?;
     record.status = Status::Failed;
     record.finished_at = Some(unix_now());
     record.error = Some(f.clone());
-    o.store.finish(&claim, &record)?;
+    o.store().finish(&claim, &record)?;
     Ok(Some(Outcome::Failed { failure: f }))
 }
 
@@ -670,20 +637,8 @@ fn conclude<S: Store, E: Executor>(
 mod tests {
     use super::*;
 
-    fn double(p: &u32, run: &mut Run) -> JobResult {
-        let _ = run;
-        if *p == 0 {
-            return Err("zero".into());
-        }
-        Ok(())
-    }
-
     #[test]
-    fn entry_offsets_round_trip_in_process() {
-        let e = Entry::of::<u32>(double);
-        let json = serde_json::to_string(&e).unwrap();
-        let back: Entry = serde_json::from_str(&json).unwrap();
-        assert_eq!(back, e);
+    fn exe_id_is_stable_within_a_process() {
         let id = exe_id().unwrap();
         assert!(id.size > 0);
         assert_eq!(exe_id().unwrap(), id);

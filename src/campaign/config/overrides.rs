@@ -55,6 +55,21 @@ impl std::str::FromStr for Override {
     }
 }
 
+/// Serialized as the text the user typed (`"a.b=1"`), so a plan document stays readable.
+impl serde::Serialize for Override {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str(&self.text)
+    }
+}
+
+/// Parsed back from its text with [`parse_override`]; a syntax error is a serde error.
+impl<'de> serde::Deserialize<'de> for Override {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let text = String::deserialize(d)?;
+        parse_override(&text).map_err(serde::de::Error::custom)
+    }
+}
+
 /// Parses one override as typed on a command line.
 ///
 /// # Errors

@@ -175,8 +175,10 @@ impl CampaignControllerBuilder {
         self.max_requeues = n;
         self
     }
-    /// Logger: called with `(kind, message)` for every event.
-    pub fn on_event(mut self, f: impl Fn(&str, &str) + Send + Sync + 'static) -> Self {
+    /// Observer: called with every [`ControllerEvent`](super::ControllerEvent) as it happens
+    /// (on the controller's task; keep it quick). The journal records the same events as
+    /// `(kind, message)` entries.
+    pub fn on_event(mut self, f: impl Fn(&super::ControllerEvent) + Send + Sync + 'static) -> Self {
         self.on_event = Some(Arc::new(f));
         self
     }
@@ -284,6 +286,7 @@ impl CampaignControllerBuilder {
             adopted: 0,
             submitted: 0,
             poll_errors: 0,
+            poll_errors_in_row: 0,
             pool_restarts: HashMap::new(),
             pending_revision: None,
             started: false,
@@ -292,13 +295,9 @@ impl CampaignControllerBuilder {
             abort_after_submits: self.abort_after_submits,
         };
         if replay.torn_tail > 0 {
-            c.event(
-                "journal",
-                &format!(
-                    "cut a torn last record of {} bytes (a crash during a write)",
-                    replay.torn_tail
-                ),
-            )?;
+            c.emit(super::ControllerEvent::JournalRepaired {
+                torn_bytes: replay.torn_tail as u64,
+            })?;
         }
         c.check_contract()?;
         Ok(c)

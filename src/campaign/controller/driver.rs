@@ -17,6 +17,7 @@ use super::builder::CampaignControllerBuilder;
 use super::classify::{Evidence, FailureClass, PendingVerdict, classify, pending_verdict};
 use super::clock::Clock;
 use super::error::ControllerError;
+use super::event::ControllerEvent;
 use super::journal::{Entry, JOURNAL_FORMAT, Journal};
 use super::lease::Lease;
 use super::policy::{Decision, RetryPolicy, UnitHistory, decide};
@@ -46,7 +47,7 @@ pub enum Control {
 pub type ControlSender = mpsc::UnboundedSender<Control>;
 
 pub(super) type PoolSource = dyn Fn(&Path) -> Result<Vec<PoolItem>, String> + Send + Sync;
-pub(super) type EventSink = dyn Fn(&str, &str) + Send + Sync;
+pub(super) type EventSink = dyn Fn(&ControllerEvent) + Send + Sync;
 
 /// Options of one [`CampaignController::run`].
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -89,6 +90,7 @@ pub struct CampaignController {
     pub(super) adopted: u64,
     pub(super) submitted: u64,
     pub(super) poll_errors: u64,
+    pub(super) poll_errors_in_row: u64,
     pub(super) pool_restarts: HashMap<usize, (u32, usize)>,
     pub(super) pending_revision: Option<Hash>,
     pub(super) started: bool,
@@ -171,14 +173,24 @@ impl CampaignController {
         Ok(())
     }
 
-    pub(super) fn event(&mut self, kind: &str, message: &str) -> Result<(), ControllerError> {
+    /// Tells the observer and journals the event.
+    pub(super) fn emit(&mut self, ev: ControllerEvent) -> Result<(), ControllerError> {
+        self.notify(&ev);
+        self.record(vec![Self::event_entry(&ev)])
+    }
+
+    /// Tells the observer only (the caller journals the entry with others).
+    pub(super) fn notify(&self, ev: &ControllerEvent) {
         if let Some(f) = &self.on_event {
-            f(kind, message);
+            f(ev);
         }
-        self.record(vec![Entry::Event {
-            kind: kind.into(),
-            message: message.into(),
-        }])
+    }
+
+    pub(super) fn event_entry(ev: &ControllerEvent) -> Entry {
+        Entry::Event {
+            kind: ev.kind().into(),
+            message: ev.to_string(),
+        }
     }
 
     pub(super) fn check_contract(&mut self) -> Result<(), ControllerError> {
@@ -241,10 +253,12 @@ impl CampaignController {
                 revision: rev,
                 contract_hash: new,
             }])?;
-            self.event(
-                "revision",
-                &format!("contract {old} -> {new}: revision {rev}, {n} old attempts cancelled"),
-            )?;
+            self.emit(ControllerEvent::Revision {
+                old,
+                new,
+                revision: rev,
+                cancelled: n,
+            })?;
         }
         if options.retry_failed {
             self.reset_failed()?;
@@ -258,12 +272,10 @@ impl CampaignController {
             && (self.reattached > 0 || !self.state.unresolved_intents().is_empty())
         {
             self.recovery_reported = true;
-            let msg = format!(
-                "re-attached to {} live attempts; {} intents without a handle",
-                self.reattached,
-                self.state.unresolved_intents().len()
-            );
-            self.event("recovered", &msg)?;
+            self.emit(ControllerEvent::Recovered {
+                reattached: self.reattached,
+                unresolved_intents: self.state.unresolved_intents().len(),
+            })?;
         }
         let mut iterations = 0u64;
         let mut interval = self.poll_min;
@@ -298,13 +310,9 @@ impl CampaignController {
         };
         let (detached, cancelled) = match outcome {
             Flow::Detached => {
-                self.event(
-                    "detach",
-                    &format!(
-                        "stopped with {} attempts live; run again to re-attach",
-                        self.state.live
-                    ),
-                )?;
+                self.emit(ControllerEvent::Detached {
+                    live: self.state.live,
+                })?;
                 (true, 0)
             }
             Flow::Cancelled(n) => (false, n),
@@ -355,14 +363,11 @@ impl CampaignController {
                 not_before_ms: 0,
             })
             .collect();
-        entries.push(Entry::Event {
-            kind: "retry_failed".into(),
-            message: format!(
-                "running {} failed units again: {}",
-                failed.len(),
-                failed.join(", ")
-            ),
-        });
+        let ev = ControllerEvent::RetryFailed {
+            units: failed.clone(),
+        };
+        self.notify(&ev);
+        entries.push(Self::event_entry(&ev));
         self.record(entries)?;
         for u in &mut self.state.units {
             if failed.contains(&u.key) {
@@ -674,10 +679,12 @@ impl CampaignController {
                 Ok(None) => {}
                 // Cannot tell: leave the intent unresolved; `resolve_intents` asks again.
                 Err(_) => {
-                    return Ok(Entry::Event {
-                        kind: "submit_unknown".into(),
-                        message: format!("{id}: {e}; will look the job up again"),
-                    });
+                    let ev = ControllerEvent::SubmitUnknown {
+                        attempt_id: id,
+                        error: e.to_string(),
+                    };
+                    self.notify(&ev);
+                    return Ok(Self::event_entry(&ev));
                 }
             }
         }
@@ -707,14 +714,32 @@ impl CampaignController {
                 Ok(s) => s,
                 Err(e) if e.is_retryable() => {
                     self.poll_errors += 1;
-                    // Rate-limit: the first error and every tenth.
-                    if self.poll_errors % 10 == 1 {
-                        self.event("poll_error", &format!("{e} (retrying; not a job failure)"))?;
+                    self.poll_errors_in_row += 1;
+                    let n = self.poll_errors_in_row;
+                    let retry_in = self
+                        .poll_min
+                        .mul_f64(1.5f64.powi(n.min(64) as i32))
+                        .min(self.poll_max);
+                    self.view.scheduler_error(Some(format!(
+                        "scheduler unreachable ({n} in a row): {e}"
+                    )));
+                    // Shown at once (the first failed call), then rate-limited: every tenth.
+                    if n % 10 == 1 {
+                        self.emit(ControllerEvent::SchedulerUnreachable {
+                            error: e.to_string(),
+                            consecutive: n,
+                            retry_in,
+                        })?;
                     }
                     return Ok(false);
                 }
                 Err(e) => return Err(e.into()),
             };
+            if self.poll_errors_in_row > 0 {
+                let after_errors = std::mem::take(&mut self.poll_errors_in_row);
+                self.view.scheduler_error(None);
+                self.emit(ControllerEvent::SchedulerReachable { after_errors })?;
+            }
             let mut entries = Vec::new();
             let mut cancels = Vec::new();
             let now = self.clock.now_ms();
@@ -828,15 +853,11 @@ impl CampaignController {
             // Cancelled by this controller (shutdown, new revision): not a failure and not a
             // retry. No decision is journaled: replaying the `Finished` entry puts the unit
             // back to ready (see `State::apply`), so it runs again on the next `run`.
-            if let Some(f) = &self.on_event {
-                f(
-                    "attempt",
-                    &format!(
-                        "{id} {} by the controller ({detail}); runs again on the next run",
-                        st.state
-                    ),
-                );
-            }
+            self.notify(&ControllerEvent::AttemptCancelled {
+                attempt_id: id.clone(),
+                stage: stage.stage_id.clone(),
+                detail: format!("{}; {detail}", st.state),
+            });
             return vec![finished(class, detail)];
         }
         let decision = if is_pool_worker && class.is_none() {
@@ -855,13 +876,14 @@ impl CampaignController {
             d => d,
         };
         let key = u.key.clone();
-        if let Some(f) = &self.on_event {
-            let what = match (&class, &decision) {
-                (None, _) => format!("{id} completed"),
-                (Some(c), d) => format!("{id} {} ({c}: {detail}) -> {}", st.state, describe(d)),
-            };
-            f("attempt", &what);
-        }
+        self.notify(&ControllerEvent::AttemptFinished {
+            attempt_id: id.clone(),
+            stage: stage.stage_id.clone(),
+            state: st.state.to_string(),
+            class,
+            detail: detail.clone(),
+            decision: class.map(|_| describe(&decision)),
+        });
         vec![
             finished(class, detail),
             Entry::Decided {
@@ -904,20 +926,18 @@ impl CampaignController {
                     stage: s.id.clone(),
                     reason: reason.clone(),
                 }])?;
-                if let Some(f) = &self.on_event {
-                    f("stage_failed", &format!("{}: {reason}", s.id));
-                }
+                self.notify(&ControllerEvent::StageFailed {
+                    stage: s.id.clone(),
+                    reason: reason.clone(),
+                });
                 if halt == HaltPolicy::FailFast {
                     self.halted = true;
                     let n = self.cancel_all(&format!("fail_fast: stage {} failed", s.id))?;
                     self.cancel_live_now().await?;
-                    self.event(
-                        "halt",
-                        &format!(
-                            "fail_fast after stage {} failed; {n} live attempts cancelled",
-                            s.id
-                        ),
-                    )?;
+                    self.emit(ControllerEvent::Halted {
+                        stage: s.id.clone(),
+                        cancelled: n,
+                    })?;
                 }
                 progressed = true;
                 continue;
@@ -942,9 +962,9 @@ impl CampaignController {
                 self.record(vec![Entry::StageDone {
                     stage: s.id.clone(),
                 }])?;
-                if let Some(f) = &self.on_event {
-                    f("stage_done", &s.id);
-                }
+                self.notify(&ControllerEvent::StageDone {
+                    stage: s.id.clone(),
+                });
                 progressed = true;
             }
         }
@@ -969,14 +989,13 @@ impl CampaignController {
                 if at.phase == Phase::Finished {
                     let (r, f) = q.requeue_worker(at.id.as_str(), self.max_requeues)?;
                     if r + f > 0 {
-                        entries.push(Entry::Event {
-                            kind: "requeue".into(),
-                            message: format!(
-                                "worker {} ended holding {} items: {r} requeued, {f} failed",
-                                at.id,
-                                r + f
-                            ),
-                        });
+                        let ev = ControllerEvent::Requeued {
+                            worker: at.id.clone(),
+                            requeued: r,
+                            failed: f,
+                        };
+                        self.notify(&ev);
+                        entries.push(Self::event_entry(&ev));
                     }
                 }
             }
@@ -991,27 +1010,25 @@ impl CampaignController {
             if any_live {
                 return Ok(false); // workers are exiting
             }
-            if let Some(f) = &self.on_event {
-                f(
-                    if c.failed > 0 {
-                        "stage_failed"
-                    } else {
-                        "stage_done"
-                    },
-                    &s.id,
-                );
-            }
             let e = if c.failed > 0 {
+                let reason = format!(
+                    "{} of {} pool items failed (see {}/failed)",
+                    c.failed,
+                    c.failed + c.done,
+                    q.dir().display()
+                );
+                self.notify(&ControllerEvent::StageFailed {
+                    stage: s.id.clone(),
+                    reason: reason.clone(),
+                });
                 Entry::StageFailed {
                     stage: s.id.clone(),
-                    reason: format!(
-                        "{} of {} pool items failed (see {}/failed)",
-                        c.failed,
-                        c.failed + c.done,
-                        q.dir().display()
-                    ),
+                    reason,
                 }
             } else {
+                self.notify(&ControllerEvent::StageDone {
+                    stage: s.id.clone(),
+                });
                 Entry::StageDone {
                     stage: s.id.clone(),
                 }
@@ -1057,14 +1074,11 @@ impl CampaignController {
             }
             if n > 0 {
                 self.record(reopen)?;
-                self.event(
-                    "pool",
-                    &format!(
-                        "stage {}: {} items left and no live worker: restarting {n} workers",
-                        s.id,
-                        c.pending + c.claimed
-                    ),
-                )?;
+                self.emit(ControllerEvent::PoolRestarted {
+                    stage: s.id.clone(),
+                    items_left: c.pending + c.claimed,
+                    workers: n,
+                })?;
                 return Ok(true);
             }
         }
@@ -1096,7 +1110,10 @@ impl CampaignController {
                 match self.executor.cancel(&h).await {
                     Ok(()) => {}
                     Err(e) if e.is_retryable() => {
-                        self.event("cancel_error", &format!("{}: {e}", h.attempt_id))?;
+                        self.emit(ControllerEvent::CancelError {
+                            attempt_id: h.attempt_id.clone(),
+                            error: e.to_string(),
+                        })?;
                     }
                     Err(e) => return Err(e.into()),
                 }
@@ -1144,10 +1161,10 @@ impl CampaignController {
             ));
         }
         self.record(entries)?;
-        self.event(
-            "shutdown",
-            &format!("{reason}: {} attempts cancelled", n + extra),
-        )?;
+        self.emit(ControllerEvent::ShutDown {
+            reason: reason.to_string(),
+            cancelled: n + extra,
+        })?;
         Ok(n + extra)
     }
 

@@ -3,6 +3,7 @@
 //!
 //! - [`builder`]: [`CampaignControllerBuilder`] (options, lease, replay, contract check).
 //! - [`driver`]: [`CampaignController`] and its builder, the control loop.
+//! - [`event`]: [`ControllerEvent`], what observers (logs, the CLI, reports) are told.
 //! - [`journal`]: the append-only journal (intents before submits, handles after, events).
 //! - [`lease`]: one controller per campaign.
 //! - `state` (private): the in-memory state rebuilt from the journal.
@@ -31,6 +32,7 @@ pub mod clock;
 pub mod controls;
 pub mod driver;
 pub mod error;
+pub mod event;
 pub mod journal;
 pub mod lease;
 pub mod policy;
@@ -48,6 +50,7 @@ pub use clock::{Clock, SystemClock, VirtualClock};
 pub use controls::{TerminalControls, choose_revisions};
 pub use driver::{CampaignController, Control, ControlSender, RunOptions};
 pub use error::ControllerError;
+pub use event::ControllerEvent;
 pub use journal::{Entry, Journal, Record};
 pub use lease::{Lease, LeaseInfo};
 pub use policy::{Decision, RetryPolicy, UnitHistory, decide};

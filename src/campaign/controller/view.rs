@@ -36,6 +36,8 @@ pub(crate) struct LiveView {
     mode: ViewMode,
     last: Vec<StageProgress>,
     last_print_ms: u64,
+    /// A problem shown beside the progress (the scheduler is unreachable), until cleared.
+    alert: Option<String>,
     #[cfg(feature = "progress")]
     bars: Option<(indicatif::MultiProgress, Vec<indicatif::ProgressBar>)>,
     /// Draw the bars nowhere (tests read their state instead).
@@ -55,6 +57,7 @@ impl LiveView {
             mode,
             last: Vec::new(),
             last_print_ms: 0,
+            alert: None,
             #[cfg(feature = "progress")]
             bars: None,
             #[cfg(feature = "progress")]
@@ -69,6 +72,27 @@ impl LiveView {
         v.mode = ViewMode::Auto;
         v.hidden = true;
         v
+    }
+
+    /// Shows (or with `None` clears) a problem beside the progress: printed at once in plain
+    /// mode, appended to the first bar's line on a terminal.
+    pub fn scheduler_error(&mut self, alert: Option<String>) {
+        if alert == self.alert {
+            return;
+        }
+        if let ViewMode::Plain { .. } = self.mode {
+            match &alert {
+                Some(a) => eprintln!("[campaign] {a}"),
+                None => eprintln!("[campaign] scheduler reachable again"),
+            }
+        }
+        self.alert = alert;
+    }
+
+    /// The problem shown now, if any.
+    #[cfg(test)]
+    pub fn alert(&self) -> Option<&str> {
+        self.alert.as_deref()
     }
 
     pub fn update(&mut self, progress: &[StageProgress], now_ms: u64) {
@@ -122,11 +146,17 @@ impl LiveView {
             (mp, bars)
         });
         let _ = mp;
-        for (b, p) in bars.iter().zip(progress) {
+        for (i, (b, p)) in bars.iter().zip(progress).enumerate() {
             b.set_length(p.total as u64);
             b.set_position(p.done as u64);
             let line = progress_line(p, Some(now_ms));
-            b.set_message(line[p.stage.len().min(16)..].trim_start().to_string());
+            let mut msg = line[p.stage.len().min(16)..].trim_start().to_string();
+            if i == 0
+                && let Some(a) = &self.alert
+            {
+                msg.push_str(&format!("  [{a}]"));
+            }
+            b.set_message(msg);
         }
     }
 
@@ -193,6 +223,22 @@ mod tests {
             (bars[0].prefix(), bars[0].length()),
             ("evaluate".into(), Some(2))
         );
+        // An unreachable scheduler is shown on the first bar until it answers again.
+        v.scheduler_error(Some("scheduler unreachable (1 in a row): timed out".into()));
+        v.update(&[stage("evaluate", 2, 0, 2)], 4_500);
+        let (_, bars) = v.bars.as_ref().expect("bars drawn");
+        assert!(
+            bars[0]
+                .message()
+                .ends_with("  [scheduler unreachable (1 in a row): timed out]"),
+            "{}",
+            bars[0].message()
+        );
+        v.scheduler_error(None);
+        v.update(&[stage("evaluate", 2, 0, 2)], 5_000);
+        let (_, bars) = v.bars.as_ref().expect("bars drawn");
+        assert!(!bars[0].message().contains("unreachable"));
+        assert_eq!(v.alert(), None);
         v.finish(&CampaignReport::default());
         assert!(v.bars.is_none());
     }

@@ -36,6 +36,9 @@ struct Cached {
     final_: bool,
     /// When it was last seen by squeue or sacct (or submitted).
     last_seen: Instant,
+    /// Seen by squeue or sacct, or submitted, by this process (else `last_seen` means nothing
+    /// and the handle's submit time counts).
+    seen: bool,
 }
 
 /// Poll state shared by all clones of one executor.
@@ -70,6 +73,7 @@ impl PollState {
                         .with_reason("submitted"),
                     final_: false,
                     last_seen: Instant::now(),
+                    seen: true,
                 },
             );
         }
@@ -139,12 +143,19 @@ impl Inner {
         let keys: Vec<JobKey> = handles.iter().map(job_key).collect::<Result<_, _>>()?;
         let mut st = self.state.lock().await;
         for (k, h) in keys.iter().zip(handles) {
-            st.cache.entry(k.clone()).or_insert_with(|| Cached {
-                state: JobState::Pending,
-                status: JobStatus::new(h.attempt_id.clone(), JobState::Pending)
-                    .with_reason("not polled yet"),
-                final_: false,
-                last_seen: Instant::now(),
+            st.cache.entry(k.clone()).or_insert_with(|| {
+                // A handle this process never saw (a restarted controller): its job was last
+                // known alive at submit, so the grace for "not visible yet" runs from there,
+                // and a job that is in neither squeue nor sacct long after its submit is Lost
+                // at once instead of after another full grace.
+                Cached {
+                    state: JobState::Pending,
+                    status: JobStatus::new(h.attempt_id.clone(), JobState::Pending)
+                        .with_reason("not polled yet"),
+                    final_: false,
+                    last_seen: Instant::now(),
+                    seen: false,
+                }
             });
         }
         let due = force || st.last_cycle.is_none_or(|t| t.elapsed() >= st.interval);
@@ -305,8 +316,12 @@ impl Inner {
                         }
                     }
                     (None, None) => {
-                        let since_seen = now.duration_since(prev.last_seen);
                         let age_ms = now_ms().saturating_sub(h.submitted_at_ms);
+                        let since_seen = if prev.seen {
+                            now.duration_since(prev.last_seen)
+                        } else {
+                            Duration::from_millis(age_ms)
+                        };
                         let grace = self.poll_policy.missing_grace;
                         if !st.accounting
                             && prev.state.is_active()
@@ -350,6 +365,7 @@ impl Inner {
                             } else {
                                 prev.last_seen
                             },
+                            seen: prev.seen || row.is_some() || rec.is_some(),
                         },
                     );
                 }

@@ -1,0 +1,198 @@
+//! [`OrchestratorBuilder`]: the options of a sweep, checked once when it is built.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use super::event::Event;
+use super::execute::EventFn;
+use super::orchestrator::Orchestrator;
+use crate::error::{Error, Result};
+use crate::executor::{Executor, MockExecutor};
+use crate::identity::{self, Modules, Toolchain, Witnesses};
+use crate::store::{FsStore, Store};
+
+/// Builds an [`Orchestrator`]. Defaults: [`FsStore`] under `.puzzletron` in the current folder,
+/// in-process execution, the Cargo.lock found upward from the current folder, no source
+/// checkout witnessed, the whole `src/` of each job's crate owned.
+pub struct OrchestratorBuilder<S: Store = FsStore, E: Executor = MockExecutor> {
+    store: Box<dyn FnOnce() -> Result<S>>,
+    executor: E,
+    modules: Modules,
+    lock: Option<PathBuf>,
+    source: Option<PathBuf>,
+    force: bool,
+    isolate: bool,
+    trace: bool,
+    on_event: Option<EventFn>,
+    wait_poll: Duration,
+}
+
+impl OrchestratorBuilder<FsStore, MockExecutor> {
+    pub(super) fn new() -> Self {
+        Self {
+            store: Box::new(|| Ok(FsStore::open(".puzzletron")?)),
+            executor: MockExecutor::new(),
+            modules: Modules::all(),
+            lock: None,
+            source: None,
+            force: false,
+            isolate: false,
+            trace: false,
+            on_event: None,
+            wait_poll: Duration::from_millis(100),
+        }
+    }
+}
+
+impl<E: Executor> OrchestratorBuilder<FsStore, E> {
+    /// Uses an [`FsStore`] at `root` (created when missing).
+    pub fn store_root(mut self, root: impl Into<PathBuf>) -> Self {
+        let root = root.into();
+        self.store = Box::new(move || Ok(FsStore::open(root)?));
+        self
+    }
+}
+
+impl<S: Store + 'static, E: Executor> OrchestratorBuilder<S, E> {
+    /// Uses `store` (any [`Store`]).
+    pub fn store<S2: Store + 'static>(self, store: S2) -> OrchestratorBuilder<S2, E> {
+        OrchestratorBuilder {
+            store: Box::new(move || Ok(store)),
+            executor: self.executor,
+            modules: self.modules,
+            lock: self.lock,
+            source: self.source,
+            force: self.force,
+            isolate: self.isolate,
+            trace: self.trace,
+            on_event: self.on_event,
+            wait_poll: self.wait_poll,
+        }
+    }
+
+    /// Uses `executor` for isolated runs.
+    pub fn executor<E2: Executor>(self, executor: E2) -> OrchestratorBuilder<S, E2> {
+        OrchestratorBuilder {
+            store: self.store,
+            executor,
+            modules: self.modules,
+            lock: self.lock,
+            source: self.source,
+            force: self.force,
+            isolate: self.isolate,
+            trace: self.trace,
+            on_event: self.on_event,
+            wait_poll: self.wait_poll,
+        }
+    }
+
+    /// Which modules of each job's crate count as its code (default: all of `src/`; a job's own
+    /// [`Job::with_modules`] wins). The job's file always counts.
+    pub fn owned(mut self, modules: Modules) -> Self {
+        self.modules = modules;
+        self
+    }
+
+    /// The Cargo.lock to witness (default: found upward from the current folder).
+    pub fn lock(mut self, path: impl Into<PathBuf>) -> Self {
+        self.lock = Some(path.into());
+        self
+    }
+
+    /// A git checkout whose commit and dirty flag are witnessed: results re-run when they change.
+    pub fn source(mut self, path: impl Into<PathBuf>) -> Self {
+        self.source = Some(path.into());
+        self
+    }
+
+    /// Re-run every run even when its result is current.
+    pub fn force(mut self, force: bool) -> Self {
+        self.force = force;
+        self
+    }
+
+    /// Run each job in a fresh process of this binary through the executor (see
+    /// [`worker`](crate::worker): the binary must call `puzzletron::worker::main_guard()` first
+    /// in `main`). Needs a store that worker processes can open ([`FsStore`]).
+    pub fn isolate(mut self, isolate: bool) -> Self {
+        self.isolate = isolate;
+        self
+    }
+
+    /// Trace the functions a job enters at run time (not yet supported: `build` fails).
+    pub fn trace(mut self, trace: bool) -> Self {
+        self.trace = trace;
+        self
+    }
+
+    /// Calls `f` for every [`Event`] of a drain (e.g. `|e| eprintln!("{e}")`).
+    pub fn on_event(mut self, f: impl Fn(&Event) + Send + Sync + 'static) -> Self {
+        self.on_event = Some(Box::new(f));
+        self
+    }
+
+    /// How often a drain re-checks runs held by other processes (default 100 ms).
+    pub fn wait_poll(mut self, every: Duration) -> Self {
+        self.wait_poll = every;
+        self
+    }
+
+    /// Opens the store and reads the witnesses.
+    ///
+    /// # Errors
+    /// [`Error::Unsupported`] for `trace(true)`, or `isolate(true)` with a store that is not a
+    /// folder;
+    /// [`Error::Store`] when the store cannot be opened; [`Error::Identity`] when a lock file
+    /// given with [`lock`](Self::lock) is missing or unreadable.
+    pub fn build(self) -> Result<Orchestrator<S, E>> {
+        // A worker whose `main` did not start with `main_guard()` would run the whole sweep
+        // again and submit workers of its own, without end: refuse before anything happens.
+        for var in [super::worker::MANIFEST_ENV, super::worker::TASK_ENV] {
+            if std::env::var_os(var).is_some() {
+                return Err(Error::Usage {
+                    message: format!(
+                        "this process was started as an isolated worker ({var} is set) but \
+                         `puzzletron::worker::main_guard();` did not run first in `main`: add it \
+                         as the first line of `main` (a worker must not build its own sweep)"
+                    ),
+                });
+            }
+        }
+        if self.trace {
+            return Err(Error::Unsupported {
+                what: "trace(true)".into(),
+                why: "runtime tracing of entered functions is not implemented; the owned-code \
+                      digest covers the job's whole module selection (leave trace off)"
+                    .into(),
+            });
+        }
+        let lock = match &self.lock {
+            Some(p) if !p.is_file() => {
+                return Err(identity::IdentityError::LockNotFound { path: p.clone() }.into());
+            }
+            Some(p) => Some(p.clone()),
+            None => std::env::current_dir()
+                .ok()
+                .and_then(|d| identity::find_lock_file(&d)),
+        };
+        let witnesses = Witnesses {
+            cargo_lock: lock.as_deref().map(identity::lock_witness).transpose()?,
+            toolchain: Toolchain::current(),
+            source: self.source.as_deref().map(identity::source_witness),
+        };
+        let store = (self.store)()?;
+        if self.isolate {
+            super::worker::check_isolatable(&store, &self.executor)?;
+        }
+        Ok(Orchestrator::new(super::orchestrator::Parts {
+            store,
+            executor: self.executor,
+            modules: self.modules,
+            force: self.force,
+            witnesses,
+            on_event: self.on_event,
+            wait_poll: self.wait_poll,
+            isolate: self.isolate,
+        }))
+    }
+}

@@ -1,0 +1,328 @@
+//! Execution of runs in this process: claim, record, call the job, record the outcome; the
+//! in-process drain loop. Knows nothing of the orchestrator's queue: a drain returns what
+//! happened ([`Drained`]) and the orchestrator updates its queue from that.
+
+use std::collections::HashMap;
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
+
+use super::decision::{Action, Decider, JobDecision};
+use super::event::Event;
+use super::panics;
+use super::pending::PendingRun;
+use super::run::Run;
+use super::summary::{FailureCause, JobOutcome, Outcome, RunSummary};
+use crate::identity::Witnesses;
+use crate::store::{
+    ClaimOutcome, FORMAT_VERSION, Failure, JobRecord, Owner, Status, Store, StoreError, unix_now,
+};
+
+/// A drain's progress callback.
+pub(super) type EventFn = Box<dyn Fn(&Event) + Send + Sync>;
+
+/// What a drain did: an outcome per queued run (`None`: not reached), and why it stopped early.
+pub(super) struct Drained {
+    pub(super) outcomes: Vec<Option<Outcome>>,
+    pub(super) stop: Option<Stop>,
+}
+
+/// Why a drain stopped before the end of its queue.
+pub(super) enum Stop {
+    /// Run `i` of the queue failed (its outcome is `Failed`).
+    JobFailed(usize),
+    /// The store or the executor failed.
+    Cause(FailureCause),
+}
+
+/// Everything executing a run needs: the store, the decision rules, who we are, where events
+/// go. Borrowed from the orchestrator in the parent, built from a task file in a worker.
+pub(super) struct Engine<'a, S: Store + ?Sized> {
+    pub(super) decider: Decider<'a, S>,
+    pub(super) owner: &'a Owner,
+    pub(super) on_event: Option<&'a EventFn>,
+    pub(super) wait_poll: Duration,
+}
+
+impl<S: Store + ?Sized> Engine<'_, S> {
+    pub(super) fn store(&self) -> &S {
+        self.decider.store
+    }
+
+    pub(super) fn witnesses(&self) -> &Witnesses {
+        self.decider.witnesses
+    }
+
+    pub(super) fn emit(&self, e: Event) {
+        if let Some(f) = self.on_event {
+            f(&e);
+        }
+    }
+
+    /// Executes every run of `queue` that is not done, in order, in this process; waits for
+    /// runs other processes hold. Stops at the first failure.
+    pub(super) fn drain(&self, queue: &[PendingRun]) -> Drained {
+        let total = queue.len();
+        let mut outcomes: Vec<Option<Outcome>> = vec![None; total];
+        let mut waiting: Vec<usize> = Vec::new();
+        macro_rules! stop {
+            ($stop:expr) => {
+                return Drained {
+                    outcomes,
+                    stop: Some($stop),
+                }
+            };
+        }
+        for (i, p) in queue.iter().enumerate() {
+            let decision = match self.decider.decide(p) {
+                Ok(d) => d,
+                Err(e) => stop!(Stop::Cause(FailureCause::Store(e))),
+            };
+            match decision.action {
+                Action::Skip => {
+                    outcomes[i] = Some(Outcome::Skipped {
+                        reasons: decision.reasons.clone(),
+                    });
+                    self.emit(Event::Skipped {
+                        index: i + 1,
+                        total,
+                        decision,
+                    });
+                }
+                Action::Wait => waiting.push(i),
+                Action::Run => match self.try_execute(i, total, p, decision) {
+                    Ok(Some(o)) => {
+                        let failed = matches!(o, Outcome::Failed { .. });
+                        outcomes[i] = Some(o);
+                        if failed {
+                            stop!(Stop::JobFailed(i));
+                        }
+                    }
+                    Ok(None) => waiting.push(i),
+                    Err(e) => stop!(Stop::Cause(FailureCause::Store(e))),
+                },
+            }
+        }
+        // Runs held by other processes: wait for their result, or take them over if their
+        // holder dies. Each wait is announced once per holder, not at every poll.
+        let mut announced: HashMap<usize, String> = HashMap::new();
+        while !waiting.is_empty() {
+            let mut still = Vec::new();
+            for &i in &waiting {
+                let p = &queue[i];
+                let rec = match self.store().record(&p.key) {
+                    Ok(r) => r,
+                    Err(e) => stop!(Stop::Cause(FailureCause::Store(e))),
+                };
+                let live = match self.store().claim_info(&p.key) {
+                    Ok(c) => c.filter(|c| c.live),
+                    Err(e) => stop!(Stop::Cause(FailureCause::Store(e))),
+                };
+                match (rec, live) {
+                    (Some(r), _) if r.status == Status::Done => {
+                        let by = r.owner.map(|o| o.to_string()).unwrap_or_default();
+                        outcomes[i] = Some(Outcome::Skipped {
+                            reasons: vec![format!("done by {by}")],
+                        });
+                    }
+                    (Some(r), None) if r.status == Status::Failed => {
+                        outcomes[i] = Some(Outcome::Failed {
+                            failure: r.error.unwrap_or_else(|| {
+                                failure("error", "failed in another process".into(), None)
+                            }),
+                        });
+                        stop!(Stop::JobFailed(i));
+                    }
+                    (_, Some(c)) => {
+                        let holder = c.owner.to_string();
+                        if announced.get(&i) != Some(&holder) {
+                            announced.insert(i, holder.clone());
+                            self.emit(Event::Waiting { key: p.key, holder });
+                        }
+                        still.push(i);
+                    }
+                    _ => {
+                        let decision = match self.decider.decide(p) {
+                            Ok(d) => d,
+                            Err(e) => stop!(Stop::Cause(FailureCause::Store(e))),
+                        };
+                        match self.try_execute(i, total, p, decision) {
+                            Ok(Some(o)) => {
+                                let failed = matches!(o, Outcome::Failed { .. });
+                                outcomes[i] = Some(o);
+                                if failed {
+                                    stop!(Stop::JobFailed(i));
+                                }
+                            }
+                            Ok(None) => still.push(i),
+                            Err(e) => stop!(Stop::Cause(FailureCause::Store(e))),
+                        }
+                    }
+                }
+            }
+            waiting = still;
+            if !waiting.is_empty() {
+                std::thread::sleep(self.wait_poll);
+            }
+        }
+        Drained {
+            outcomes,
+            stop: None,
+        }
+    }
+
+    /// Claims and executes one run. `Ok(None)`: another process holds it.
+    pub(super) fn try_execute(
+        &self,
+        index: usize,
+        total: usize,
+        p: &PendingRun,
+        decision: JobDecision,
+    ) -> std::result::Result<Option<Outcome>, StoreError> {
+        match self.store().claim(&p.key, self.owner, decision.replaces)? {
+            ClaimOutcome::Claimed(c) => self.execute(index, total, p, decision, c).map(Some),
+            ClaimOutcome::Busy(_) => Ok(None),
+            ClaimOutcome::Done(r) => {
+                let by = r.owner.map(|o| o.to_string()).unwrap_or_default();
+                Ok(Some(Outcome::Skipped {
+                    reasons: vec![format!("done by {by}")],
+                }))
+            }
+        }
+    }
+
+    fn execute(
+        &self,
+        index: usize,
+        total: usize,
+        p: &PendingRun,
+        decision: JobDecision,
+        claim: crate::store::Claim,
+    ) -> std::result::Result<Outcome, StoreError> {
+        let params: serde_json::Value =
+            serde_json::from_str(&p.params).unwrap_or(serde_json::Value::Null);
+        let mut rec = JobRecord {
+            format: FORMAT_VERSION,
+            key: p.key,
+            job: p.job.to_string(),
+            params,
+            param_order: p.param_order.to_vec(),
+            lineage: p.lineage,
+            owned: (*p.owned).clone(),
+            witnesses: self.witnesses().clone(),
+            status: Status::Running,
+            attempt: claim.attempt,
+            owner: Some(self.owner.clone()),
+            started_at: unix_now(),
+            finished_at: None,
+            error: None,
+            metrics: None,
+        };
+        self.store().start(&claim, &rec)?;
+        self.emit(Event::Started {
+            index: index + 1,
+            total,
+            decision,
+        });
+        let sink = self.store().metric_sink(&claim)?;
+        let mut run = Run::new(
+            p.key,
+            claim.attempt,
+            sink,
+            self.store().artifact_dir(&p.key),
+        );
+        let t0 = Instant::now();
+        let result = self.with_heartbeat(&claim, || panics::catch(|| (p.call)(&mut run)));
+        let seconds = t0.elapsed().as_secs_f64();
+        let mut sink = run.into_sink();
+        sink.sync()?;
+        rec.metrics = Some(sink.summary());
+        rec.finished_at = Some(unix_now());
+        let outcome = match result {
+            Ok(Ok(())) => {
+                rec.status = Status::Done;
+                Outcome::Ran { seconds }
+            }
+            Ok(Err(e)) => {
+                let mut chain = Vec::new();
+                let mut src = e.source();
+                while let Some(s) = src {
+                    chain.push(s.to_string());
+                    src = s.source();
+                }
+                let debug = format!("{e:?}");
+                let bt =
+                    (debug.contains("backtrace") || debug.contains("Backtrace")).then_some(debug);
+                let mut f = failure("error", e.to_string(), bt);
+                f.chain = chain;
+                rec.status = Status::Failed;
+                rec.error = Some(f.clone());
+                Outcome::Failed { failure: f }
+            }
+            Err((msg, bt)) => {
+                let f = failure("panic", msg, Some(bt));
+                rec.status = Status::Failed;
+                rec.error = Some(f.clone());
+                Outcome::Failed { failure: f }
+            }
+        };
+        self.store().finish(&claim, &rec)?;
+        match &outcome {
+            Outcome::Ran { seconds } => self.emit(Event::Finished {
+                index: index + 1,
+                total,
+                key: p.key,
+                seconds: *seconds,
+                rows: rec.metrics.as_ref().map(|m| m.rows).unwrap_or(0),
+            }),
+            Outcome::Failed { failure } => self.emit(Event::Failed {
+                index: index + 1,
+                total,
+                key: p.key,
+                failure: failure.clone(),
+            }),
+            _ => {}
+        }
+        Ok(outcome)
+    }
+
+    /// Runs `f` while a thread renews the claim's heartbeat every 10 s.
+    fn with_heartbeat<T>(&self, claim: &crate::store::Claim, f: impl FnOnce() -> T) -> T {
+        let (stop_tx, stop_rx) = mpsc::channel::<()>();
+        std::thread::scope(|s| {
+            s.spawn(move || {
+                while let Err(mpsc::RecvTimeoutError::Timeout) =
+                    stop_rx.recv_timeout(Duration::from_secs(10))
+                {
+                    let _ = self.store().heartbeat(claim);
+                }
+            });
+            let out = f();
+            drop(stop_tx);
+            out
+        })
+    }
+}
+
+pub(super) fn failure(kind: &str, message: String, backtrace: Option<String>) -> Failure {
+    Failure {
+        kind: kind.to_string(),
+        message,
+        chain: Vec::new(),
+        backtrace,
+    }
+}
+
+pub(super) fn summary_of(queue: &[PendingRun], outcomes: &[Option<Outcome>]) -> RunSummary {
+    RunSummary {
+        jobs: queue
+            .iter()
+            .zip(outcomes)
+            .map(|(p, o)| JobOutcome {
+                key: p.key,
+                job: p.job.to_string(),
+                params: p.params.to_string(),
+                outcome: o.clone().unwrap_or(Outcome::Pending),
+            })
+            .collect(),
+    }
+}
