@@ -203,11 +203,6 @@ impl LeaseFile {
         }
     }
 
-    /// The table's path.
-    pub fn path(&self) -> &Path {
-        &self.path
-    }
-
     /// Reads the table without the lock (a consistent old or new version: it is replaced by
     /// rename).
     pub fn read(&self) -> Result<LeaseTable, ExecutorError> {
@@ -311,23 +306,25 @@ mod tests {
         add(&mut t, "m2", 2, 4);
         add(&mut t, "late", 1, 4);
         let placed = t.place_waiting(&hosts(4), &BTreeSet::new(), 29500);
-        let s = |id: &str| t.get(&AttemptId::new(id).unwrap()).unwrap().clone();
+        fn get(t: &LeaseTable, id: &str) -> Lease {
+            t.get(&AttemptId::new(id).unwrap()).unwrap().clone()
+        }
         assert_eq!(
-            s("a").slices,
+            get(&t, "a").slices,
             vec![Slice {
                 host: "h1".into(),
                 gpus: vec![0, 1, 2]
             }]
         );
         assert_eq!(
-            s("b").slices,
+            get(&t, "b").slices,
             vec![Slice {
                 host: "h2".into(),
                 gpus: vec![0, 1]
             }]
         );
         assert_eq!(
-            s("c").slices,
+            get(&t, "c").slices,
             vec![Slice {
                 host: "h1".into(),
                 gpus: vec![3]
@@ -335,32 +332,32 @@ mod tests {
         );
         // Only h3 and h4 are empty: m1 takes them whole, m2 waits.
         assert_eq!(
-            s("m1")
+            get(&t, "m1")
                 .slices
                 .iter()
                 .map(|x| x.host.as_str())
                 .collect::<Vec<_>>(),
             ["h3", "h4"]
         );
-        assert!(s("m1").whole);
-        assert_eq!(s("m1").rdzv_port, Some(29500));
-        assert!(s("m2").slices.is_empty());
+        assert!(get(&t, "m1").whole);
+        assert_eq!(get(&t, "m1").rdzv_port, Some(29500));
+        assert!(get(&t, "m2").slices.is_empty());
         // `late` (4 GPUs) fits nowhere: h1 full, h2 has 2 free, h3/h4 held whole.
-        assert!(s("late").slices.is_empty());
+        assert!(get(&t, "late").slices.is_empty());
         assert_eq!(placed.len(), 4);
         // Free a and b: m2 still needs two empty hosts (h1 holds c), late takes h2.
         for id in ["a", "b"] {
             t.get_mut(&AttemptId::new(id).unwrap()).unwrap().released = true;
         }
         t.place_waiting(&hosts(4), &BTreeSet::new(), 29500);
-        assert!(s("m2").slices.is_empty());
-        assert_eq!(s("late").slices[0].host, "h2");
+        assert!(get(&t, "m2").slices.is_empty());
+        assert_eq!(get(&t, "late").slices[0].host, "h2");
         // Free c and late: m2 gets h1+h2 and the next port.
         for id in ["c", "late"] {
             t.get_mut(&AttemptId::new(id).unwrap()).unwrap().released = true;
         }
         t.place_waiting(&hosts(4), &BTreeSet::new(), 29500);
-        assert_eq!(s("m2").rdzv_port, Some(29501));
+        assert_eq!(get(&t, "m2").rdzv_port, Some(29501));
         // Disjointness over every live lease.
         let mut seen = BTreeSet::new();
         for l in t.leases.iter().filter(|l| l.is_live()) {
@@ -407,7 +404,7 @@ mod tests {
         })
         .unwrap();
         assert_eq!(f.read().unwrap().leases.len(), 1);
-        std::fs::write(f.path(), b"{not json").unwrap();
+        std::fs::write(dir.path().join(LEASE_FILE), b"{not json").unwrap();
         let e = f.read().unwrap_err().to_string();
         assert!(e.contains(LEASE_FILE), "{e}");
     }
