@@ -30,15 +30,41 @@ fn uniq(tag: &str) -> String {
     format!("bm{}-{tag}", std::process::id())
 }
 
+/// The state folder a child process of `find_from_separate_process` opens.
+const CHILD_STATE_ENV: &str = "PUZZLETRON_BM_CONFORMANCE_STATE";
+
+/// Child entry point: a fresh executor over the parent's state folder (its lease file)
+/// answers `find` (does nothing in a normal run).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn baremetal_child_entry() {
+    if let Ok(state) = std::env::var(CHILD_STATE_ENV) {
+        let h = ssh_hosts::hosts().expect("hosts");
+        assert!(conformance::child_find_main(&executor(&h, Path::new(&state))).await);
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn baremetal_executor_conforms() {
     let Some(h) = ssh_hosts::hosts() else { return };
     let _w = watchdog::Watchdog::start("baremetal_executor_conforms", Duration::from_secs(300));
     let state = tempfile::tempdir().unwrap();
     let path = state.path().to_path_buf();
+    let child_state = path.clone();
     conformance::Conformance::new(move || Box::new(executor(&h, &path)))
         .with_poll_interval(Duration::from_millis(50))
         .with_timeout(Duration::from_secs(60))
+        .with_scratch_dir(state.path())
+        .with_separate_process(move || {
+            let mut c = std::process::Command::new(std::env::current_exe().expect("test binary"));
+            c.args([
+                "--exact",
+                "baremetal_child_entry",
+                "--nocapture",
+                "--test-threads=1",
+            ])
+            .env(CHILD_STATE_ENV, &child_state);
+            c
+        })
         .run_all()
         .await;
 }

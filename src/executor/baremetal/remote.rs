@@ -322,7 +322,10 @@ mod tests {
             // The first argument is the remote root (empty: the default).
             &[String::new(), "a b".into(), "it's; rm -rf /".into()],
         );
-        assert!(line.ends_with("'n' '' 'a b' 'it'\\''s; rm -rf /'"), "{line}");
+        assert!(
+            line.ends_with("'n' '' 'a b' 'it'\\''s; rm -rf /'"),
+            "{line}"
+        );
         // Run it through a real shell: the values come back verbatim.
         let out = std::process::Command::new("sh")
             .arg("-c")
