@@ -60,6 +60,10 @@ pub struct Lease {
     /// Cancelled before it got GPUs (it never ran).
     #[serde(default)]
     pub cancelled: bool,
+    /// Reported `NODE_FAIL` because a host stayed unreachable: its GPUs stay leased until the
+    /// host answers again and the task is confirmed killed there (it may still be running).
+    #[serde(default)]
+    pub lost: bool,
 }
 
 impl Lease {
@@ -284,6 +288,7 @@ mod tests {
             rdzv_port: None,
             released: false,
             cancelled: false,
+            lost: false,
         });
     }
 

@@ -24,7 +24,9 @@
 //! - **Unreachable hosts** are retried with exponential backoff; their tasks stay `Running`
 //!   (reason says since when the host is silent) until `lost_after`, then are reported
 //!   [`JobState::NodeFail`] (a transient failure: the controller resubmits elsewhere when the
-//!   stage's policy allows). One failed probe never ends an attempt.
+//!   stage's policy allows). One failed probe never ends an attempt. The GPUs of such a task
+//!   stay leased until its host answers again and the task is killed there (it may have kept
+//!   running through a network outage).
 //!
 //! Exit codes are the shell's: a job killed by signal N reports exit code 128+N (state
 //! `Failed`, with a reason saying so), except cancel (`Cancelled`) and walltime (`Timeout`).
@@ -562,11 +564,52 @@ impl Inner {
         for id in to_launch {
             if let Some(l) = table.get(&id)
                 && l.is_live()
+                && !l.lost
             {
                 self.launch(l).await?;
             }
         }
+        self.reap_lost(&table).await?;
         Ok(table)
+    }
+
+    /// Kills the tasks of leases given up as `NODE_FAIL` once their hosts answer again, then
+    /// frees their GPUs (until then the GPUs stay leased: the task may still run there).
+    async fn reap_lost(&self, table: &LeaseTable) -> Result<(), ExecutorError> {
+        let mut freed = Vec::new();
+        for l in table.leases.iter().filter(|l| l.lost && !l.released) {
+            let mut all = true;
+            for s in &l.slices {
+                if !self.may_try(&s.host) {
+                    all = false;
+                    continue;
+                }
+                let line = command_line(
+                    "ptron-cancel",
+                    remote::cancel_body(),
+                    &[],
+                    &[self.root_arg(), l.attempt_id.to_string(), "1".into(), "5".into()],
+                );
+                match self.exchange(&s.host, &line).await {
+                    Ok(out) if out.trim() == "DONE" => {}
+                    _ => all = false,
+                }
+            }
+            if all {
+                freed.push(l.attempt_id.clone());
+            }
+        }
+        if !freed.is_empty() {
+            self.leases.update(|t| {
+                for id in &freed {
+                    if let Some(l) = t.get_mut(id) {
+                        l.released = true;
+                    }
+                }
+                (true, ())
+            })?;
+        }
+        Ok(())
     }
 
     /// Starts `l` on each of its hosts (node rank = slice order). A host that does not answer
@@ -946,6 +989,7 @@ impl Executor for BareMetalExecutor {
                     rdzv_port: None,
                     released: false,
                     cancelled: false,
+                    lost: false,
                 });
                 (true, false)
             }
@@ -1013,13 +1057,19 @@ impl Executor for BareMetalExecutor {
             answers.insert(host, res);
         }
         let mut out = Vec::with_capacity(handles.len());
-        let mut finished: Vec<AttemptId> = Vec::new();
+        let mut finished: Vec<(AttemptId, bool)> = Vec::new();
         let mut relaunch: Vec<AttemptId> = Vec::new();
         for (h, hosts) in handles.iter().zip(placement) {
             let id = &h.attempt_id;
             let lease = table.get(id);
             let submitted = lease.map_or(h.submitted_at_ms, |l| l.submitted_at_ms);
             let status = match hosts {
+                _ if lease.is_some_and(|l| l.lost) => JobStatus::new(id.clone(), JobState::NodeFail)
+                    .with_reason(format!(
+                        "host unreachable for more than {} s; its GPUs stay leased until the \
+                         host answers and the task is killed there",
+                        inner.cfg.lost_after.as_secs()
+                    )),
                 None => match lease {
                     Some(l) if l.cancelled => {
                         JobStatus::new(id.clone(), JobState::Cancelled { by_uid: None })
@@ -1080,16 +1130,22 @@ impl Executor for BareMetalExecutor {
                     .unwrap_or_else(|| PathBuf::from(format!("<remote root>/{id}/output.log")));
                 status = status.with_log_path(log);
             }
-            if status.state.is_terminal() && lease.is_some_and(|l| !l.released) {
-                finished.push(id.clone());
+            if status.state.is_terminal() && lease.is_some_and(|l| !l.released && !l.lost) {
+                finished.push((id.clone(), status.state == JobState::NodeFail));
             }
             out.push(status);
         }
         if !finished.is_empty() {
             inner.leases.update(|t| {
-                for id in &finished {
+                for (id, node_fail) in &finished {
                     if let Some(l) = t.get_mut(id) {
-                        l.released = true;
+                        // A node failure (a host silent past lost_after): the task may still
+                        // run there; reap_lost frees the GPUs once the host confirms it gone.
+                        if *node_fail {
+                            l.lost = true;
+                        } else {
+                            l.released = true;
+                        }
                     }
                 }
                 (true, ())
