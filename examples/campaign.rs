@@ -18,7 +18,9 @@
 //! ```sh
 //! cargo run --example campaign -- --dir /tmp/digits-campaign --gpus 0,1,2,3
 //! ```
-//! On the Slurm cluster of `../shared/slurm/start-local-cluster.sh`: add `--runner slurm`.
+//! On the Slurm cluster of `../shared/slurm/start-local-cluster.sh`: add `--runner slurm`. On
+//! SSH hosts (e.g. those of `scripts/ssh-hosts.sh start`): `--runner baremetal --hosts
+//! h1:4,h2:4 --ssh-config /tmp/puzzletron-ssh-hosts/ssh_config`.
 //! `--help` lists every option (`--epochs N`, `--new-revision`, `--once`, `--quiet`, ...).
 //! Kill it at any moment (even `kill -9`) and run the same command again: it re-attaches to
 //! the jobs that are still running and adopts those submitted just before the kill. On a
@@ -47,7 +49,7 @@ use puzzletron::campaign::Node;
 use puzzletron::campaign::{
     CampaignPlan, ExecutionConfig, RunnerEnvironment, StageCatalog, compile_resolved,
 };
-use puzzletron::executor::{Executor, LocalExecutor, SlurmExecutor};
+use puzzletron::executor::{BareMetalExecutor, Executor, LocalExecutor, SlurmExecutor};
 use serde::{Deserialize, Serialize};
 use serde_json::json;
 
@@ -133,6 +135,13 @@ fn train(
     Ok((model, val))
 }
 
+fn now_ms() -> u128 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_millis())
+        .unwrap_or(0)
+}
+
 fn subset(d: &digits::Dataset, range: std::ops::Range<usize>) -> digits::Dataset {
     digits::Dataset {
         x: d.x[range.start * digits::FEATURES..range.end * digits::FEATURES].to_vec(),
@@ -171,6 +180,7 @@ fn worker(args: &[String]) -> Result<(), Error> {
         var("PUZZLETRON_ATTEMPT")?,
         std::env::var("CUDA_VISIBLE_DEVICES").unwrap_or_default()
     );
+    let started_ms = now_ms();
     let work = campaign.join("work");
     match (stage.as_str(), phase.as_str()) {
         ("prepare", _) => {
@@ -253,6 +263,27 @@ fn worker(args: &[String]) -> Result<(), Error> {
         }
         (s, p) => return Err(format!("unknown stage/phase {s}/{p}").into()),
     }
+    // What this attempt ran on, for the tests of GPU slices: host, CUDA_VISIBLE_DEVICES and
+    // when (ms), one line per successful attempt.
+    {
+        use std::io::Write;
+        let mut f = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(out.join("seen.log"))?;
+        writeln!(
+            f,
+            "{} {} {} {started_ms} {}",
+            var(puzzletron::executor::ATTEMPT_ID_ENV)?,
+            std::env::var("PUZZLETRON_HOST").unwrap_or_else(|_| "localhost".into()),
+            std::env::var("CUDA_VISIBLE_DEVICES")
+                .ok()
+                .filter(|v| !v.is_empty())
+                .unwrap_or_else(|| "-".into()),
+            now_ms()
+        )?;
+        f.sync_all()?;
+    }
     atomic_write(&out.join("_SUCCESS"), b"")?;
     Ok(())
 }
@@ -268,6 +299,9 @@ struct Args {
     once: bool,
     poll_ms: u64,
     view: bool,
+    hosts: Vec<(String, u32)>,
+    ssh_config: Option<PathBuf>,
+    lost_after_s: u64,
 }
 
 const USAGE: &str = "\
@@ -279,7 +313,11 @@ same command again after a crash or a detach to resume.
 
 options:
   --dir D           campaign folder: new, empty, or one this example created (default digits-campaign)
-  --runner R        local or slurm (default local)
+  --runner R        local, slurm or baremetal (default local)
+  --hosts H:G,...   baremetal runner: SSH hosts and their GPU counts, e.g. h1:4,h2:4
+  --ssh-config F    baremetal runner: an OpenSSH client config (ssh -F), e.g. with Host aliases
+  --lost-after S    baremetal runner: seconds a host may stay unreachable before its tasks
+                    count as failed nodes and are resubmitted (default 120)
   --gpus IDS        local runner: comma-separated distinct GPU ids, e.g. 0,1,2,3 (default 0,1,2,3;
                     indices or GPU-/MIG- UUIDs, handed out through CUDA_VISIBLE_DEVICES)
   --epochs N        training epochs per candidate, a positive integer (default 3)
@@ -336,6 +374,9 @@ fn parse_args(mut it: impl Iterator<Item = String>) -> Result<Command, Error> {
         once: false,
         poll_ms: 200,
         view: true,
+        hosts: Vec::new(),
+        ssh_config: None,
+        lost_after_s: 120,
     };
     let mut seen = std::collections::HashSet::new();
     while let Some(arg) = it.next() {
@@ -350,8 +391,12 @@ fn parse_args(mut it: impl Iterator<Item = String>) -> Result<Command, Error> {
             "--dir" => a.dir = value("--dir")?.into(),
             "--runner" => {
                 a.runner = value("--runner")?;
-                if a.runner != "local" && a.runner != "slurm" {
-                    return Err(format!("--runner {:?}: expected local or slurm", a.runner).into());
+                if !["local", "slurm", "baremetal"].contains(&a.runner.as_str()) {
+                    return Err(format!(
+                        "--runner {:?}: expected local, slurm or baremetal",
+                        a.runner
+                    )
+                    .into());
                 }
             }
             "--gpus" => a.gpus = parse_gpus(&value("--gpus")?)?,
@@ -367,13 +412,53 @@ fn parse_args(mut it: impl Iterator<Item = String>) -> Result<Command, Error> {
                     format!("--poll-ms {v:?}: expected a whole number of milliseconds")
                 })?;
             }
+            "--hosts" => a.hosts = parse_hosts(&value("--hosts")?)?,
+            "--ssh-config" => a.ssh_config = Some(value("--ssh-config")?.into()),
+            "--lost-after" => {
+                let v = value("--lost-after")?;
+                a.lost_after_s = v.parse().ok().filter(|&n| n > 0).ok_or_else(|| {
+                    format!("--lost-after {v:?}: expected a positive number of seconds")
+                })?;
+            }
             "--new-revision" => a.new_revision = true,
             "--once" => a.once = true,
             "--quiet" => a.view = false,
             other => return Err(format!("unknown argument {other:?}").into()),
         }
     }
+    if a.runner == "baremetal" && a.hosts.is_empty() {
+        return Err("--runner baremetal needs --hosts H:G,... (e.g. h1:4,h2:4)".into());
+    }
+    if a.runner != "baremetal" && (!a.hosts.is_empty() || a.ssh_config.is_some()) {
+        return Err("--hosts and --ssh-config go with --runner baremetal".into());
+    }
     Ok(Command::Run(a))
+}
+
+fn parse_hosts(v: &str) -> Result<Vec<(String, u32)>, String> {
+    let mut out: Vec<(String, u32)> = Vec::new();
+    for (i, item) in v.split(',').enumerate() {
+        let (h, g) = item.split_once(':').ok_or_else(|| {
+            format!(
+                "--hosts {v:?}: item {} is {item:?}, expected HOST:GPUS",
+                i + 1
+            )
+        })?;
+        let g: u32 = g.parse().map_err(|_| {
+            format!(
+                "--hosts {v:?}: item {} has GPU count {g:?}, expected a whole number",
+                i + 1
+            )
+        })?;
+        if h.is_empty() || h.starts_with('-') || out.iter().any(|(x, _)| x == h) {
+            return Err(format!(
+                "--hosts {v:?}: item {} names host {h:?}: expected a distinct host name not starting with '-'",
+                i + 1
+            ));
+        }
+        out.push((h.to_string(), g));
+    }
+    Ok(out)
 }
 
 fn plan(args: &Args) -> Result<CampaignPlan, Error> {
@@ -411,6 +496,18 @@ fn plan(args: &Args) -> Result<CampaignPlan, Error> {
             "digits-runner",
             &Node::from_json(&json!({"runner": {"kind": "slurm", "slurm": {"partition": "gpu"}}})),
         )?,
+        "baremetal" => RunnerEnvironment::from_node(
+            "digits-runner",
+            &Node::from_json(&json!({"runner": {
+                "kind": "baremetal",
+                "inventory": {
+                    "rendezvous_host": args.hosts[0].0,
+                    "hosts": args.hosts.iter().map(|(h, g)| json!({"hostname": h, "gpus": g})).collect::<Vec<_>>(),
+                },
+                // The hosts see this checkout (same machine or a shared filesystem).
+                "execution_contract": {"repository": env!("CARGO_MANIFEST_DIR")},
+            }})),
+        )?,
         _ => RunnerEnvironment::local(),
     };
     Ok(compile_resolved(
@@ -445,6 +542,19 @@ async fn controller_main(args: Args) -> Result<i32, Error> {
     let plan = plan(&args)?;
     let executor: Arc<dyn Executor> = match args.runner.as_str() {
         "slurm" => Arc::new(SlurmExecutor::builder(dir.join("slurm-logs")).build()?),
+        "baremetal" => {
+            // `runner.kind: baremetal`: hosts and contract from the plan's runner; the lease
+            // file lives in the campaign folder.
+            let mut b = BareMetalExecutor::builder(dir.join("baremetal"))
+                .runner(&plan.runner)?
+                .kill_grace(Duration::from_secs(2))
+                .lost_after(Duration::from_secs(args.lost_after_s))
+                .backoff_max(Duration::from_secs(2));
+            if let Some(c) = &args.ssh_config {
+                b = b.ssh_config(c);
+            }
+            Arc::new(b.build()?)
+        }
         _ => Arc::new(
             LocalExecutor::builder(dir.join("attempts"))
                 .gpu_ids(args.gpus.clone())

@@ -175,6 +175,16 @@ pub enum ExecutorError {
         operation: String,
     },
 
+    /// A bare-metal host answered its preflight but lacks something the runner needs (the
+    /// repository, the venv, GPUs the inventory lists): a configuration error, never retryable.
+    #[error("preflight of host {host} failed: {problem}")]
+    HostPreflight {
+        /// The host (as in the inventory).
+        host: String,
+        /// What is missing or wrong.
+        problem: String,
+    },
+
     /// An error scripted into a [`MockExecutor`](super::MockExecutor), or raised by a user's
     /// executor that has no better variant.
     #[error("{message}")]
@@ -217,7 +227,8 @@ impl ExecutorError {
             | ExecutorError::CommandFailed { .. }
             | ExecutorError::Parse { .. }
             | ExecutorError::ForeignHandle { .. }
-            | ExecutorError::Unsupported { .. } => false,
+            | ExecutorError::Unsupported { .. }
+            | ExecutorError::HostPreflight { .. } => false,
         }
     }
 

@@ -76,6 +76,7 @@
 //! such an implementation against the same suite the built-in executors pass (this one would
 //! fail it: it never runs anything).
 
+pub mod baremetal;
 mod error;
 mod handle;
 mod inprocess;
@@ -94,6 +95,7 @@ use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
 
+pub use baremetal::{BareMetalExecutor, BareMetalExecutorBuilder};
 pub use error::ExecutorError;
 pub use handle::JobHandle;
 pub(crate) use handle::now_ms;

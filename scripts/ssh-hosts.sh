@@ -1,0 +1,177 @@
+#!/usr/bin/env bash
+# Fake GPU hosts for the bare-metal executor's tests: several OpenSSH sshd instances on
+# loopback addresses (127.0.10.N, port 2222; h1-h6 by default, tests use h1-h4 as the cluster
+# and h5/h6 for fault injection), key authentication only, each "host" with its own
+# fake GPU probe (`nvidia-smi -L` listing 4 GPUs) and its own state folder.
+#
+#   scripts/ssh-hosts.sh start              start every host (idempotent); prints the env to eval
+#   scripts/ssh-hosts.sh stop [HOST]        stop every host's sshd (or one), sessions included
+#   scripts/ssh-hosts.sh start HOST         start one host again
+#   scripts/ssh-hosts.sh kill-tasks HOST    kill the processes a host runs (a machine gone for good)
+#   scripts/ssh-hosts.sh ps HOST            the processes a host runs (pid, pgid, args)
+#   scripts/ssh-hosts.sh env                the variables the tests read
+#
+# Everything lives in $PUZZLETRON_SSH_HOSTS_DIR (default /tmp/puzzletron-ssh-hosts), which this
+# script owns: host and client keys, authorized_keys, known_hosts, an ssh_config with one
+# `Host hN` alias per host, and per host hN/: sshd_config, pid file, bin/nvidia-smi, state/,
+# home/ (the session's HOME, so the login shell reads no rc file of the machine's user).
+# The machine's own ~/.ssh and /etc/ssh are never touched. Only loopback addresses are used.
+# Tasks of host hN carry PUZZLETRON_FAKE_HOST=hN in their environment (set by that sshd), which
+# is how `ps` and `kill-tasks` tell the hosts apart on this one machine.
+set -euo pipefail
+DIR=${PUZZLETRON_SSH_HOSTS_DIR:-/tmp/puzzletron-ssh-hosts}
+N=${PUZZLETRON_SSH_HOSTS:-6}
+PORT=${PUZZLETRON_SSH_PORT:-2222}
+SSHD=/usr/sbin/sshd
+
+hosts() { local i; for i in $(seq 1 "$N"); do echo "h$i"; done; }
+addr() { echo "127.0.10.${1#h}"; }
+
+need_packages() {
+  if [ ! -x "$SSHD" ] || ! command -v ssh >/dev/null || ! command -v ssh-keygen >/dev/null; then
+    if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
+      DEBIAN_FRONTEND=noninteractive apt-get install -y -q openssh-server openssh-client >&2
+    else
+      echo "ssh-hosts: need openssh-server and openssh-client (apt-get install -y openssh-server)" >&2
+      exit 1
+    fi
+  fi
+}
+
+setup() {
+  mkdir -p "$DIR/keys"
+  chmod 700 "$DIR" "$DIR/keys"
+  [ -f "$DIR/keys/host_ed25519" ] || ssh-keygen -q -t ed25519 -N '' -C puzzletron-test-host -f "$DIR/keys/host_ed25519"
+  [ -f "$DIR/keys/id_ed25519" ] || ssh-keygen -q -t ed25519 -N '' -C puzzletron-test-client -f "$DIR/keys/id_ed25519"
+  cp "$DIR/keys/id_ed25519.pub" "$DIR/keys/authorized_keys"
+  chmod 600 "$DIR/keys/authorized_keys"
+  : > "$DIR/known_hosts.tmp"
+  : > "$DIR/ssh_config.tmp"
+  for h in $(hosts); do
+    local a; a=$(addr "$h")
+    echo "[$a]:$PORT $(cut -d' ' -f1,2 "$DIR/keys/host_ed25519.pub")" >> "$DIR/known_hosts.tmp"
+    cat >> "$DIR/ssh_config.tmp" <<CFG
+Host $h
+  HostName $a
+  Port $PORT
+  User $(id -un)
+  IdentityFile $DIR/keys/id_ed25519
+  IdentitiesOnly yes
+  UserKnownHostsFile $DIR/known_hosts
+  StrictHostKeyChecking yes
+  ConnectTimeout 5
+  ServerAliveInterval 2
+  ServerAliveCountMax 2
+
+CFG
+    mkdir -p "$DIR/$h/bin" "$DIR/$h/state" "$DIR/$h/home"
+    cat > "$DIR/$h/bin/nvidia-smi" <<SMI
+#!/bin/sh
+# Fake GPU probe of host $h: 4 GPUs.
+[ "\$1" = "-L" ] || { echo "fake nvidia-smi: only -L" >&2; exit 2; }
+for i in 0 1 2 3; do echo "GPU \$i: Fake H100 ($h) (UUID: GPU-$h-000\$i)"; done
+SMI
+    chmod 755 "$DIR/$h/bin/nvidia-smi"
+    cat > "$DIR/$h/sshd_config" <<CONF
+ListenAddress $a:$PORT
+HostKey $DIR/keys/host_ed25519
+PidFile $DIR/$h/sshd.pid
+AuthorizedKeysFile $DIR/keys/authorized_keys
+PubkeyAuthentication yes
+PasswordAuthentication no
+KbdInteractiveAuthentication no
+PermitRootLogin prohibit-password
+StrictModes no
+UsePAM no
+MaxSessions 200
+MaxStartups 100:30:200
+LogLevel ERROR
+SetEnv HOME=$DIR/$h/home PATH=$DIR/$h/bin:/usr/local/bin:/usr/bin:/bin PUZZLETRON_BAREMETAL_ROOT=$DIR/$h/state PUZZLETRON_FAKE_HOST=$h
+CONF
+  done
+  mv "$DIR/known_hosts.tmp" "$DIR/known_hosts"
+  mv "$DIR/ssh_config.tmp" "$DIR/ssh_config"
+  mkdir -p /run/sshd
+}
+
+pid_of() { local f="$DIR/$1/sshd.pid"; [ -f "$f" ] && cat "$f" || true; }
+alive() { local p; p=$(pid_of "$1"); [ -n "$p" ] && kill -0 "$p" 2>/dev/null; }
+
+start_host() {
+  alive "$1" && return 0
+  "$SSHD" -f "$DIR/$1/sshd_config" -E "$DIR/$1/sshd.log"
+  local i
+  for i in $(seq 1 50); do
+    ssh -F "$DIR/ssh_config" -o BatchMode=yes "$1" true 2>/dev/null && return 0
+    sleep 0.1
+  done
+  echo "ssh-hosts: $1 did not answer; see $DIR/$1/sshd.log" >&2
+  return 1
+}
+
+# The listener and every session process under it (a machine whose network went away: the
+# tasks it started keep running, detached by setsid).
+stop_host() {
+  # The listener(s) of this host: by pid file and by command line (a listener whose pid file
+  # was lost must not survive a stop).
+  local all="" frontier next c f
+  frontier="$(pid_of "$1")"
+  for f in $(grep -l -z -x -- "$DIR/$1/sshd_config" /proc/[0-9]*/cmdline 2>/dev/null || true); do
+    c=${f#/proc/}; frontier="$frontier ${c%/cmdline}"
+  done
+  frontier=$(echo $frontier)
+  [ -n "$frontier" ] || { rm -f "$DIR/$1/sshd.pid"; return 0; }
+  all="$frontier"
+  while [ -n "$frontier" ]; do
+    next=""
+    for c in $frontier; do
+      next="$next $( { cat /proc/[0-9]*/stat 2>/dev/null || true; } | awk -v pp="$c" '$4 == pp {print $1}' | tr '\n' ' ')"
+    done
+    frontier=$(echo $next)
+    all="$all $frontier"
+  done
+  for c in $all; do kill -TERM "$c" 2>/dev/null || true; done
+  for c in $all; do
+    for _ in $(seq 1 50); do kill -0 "$c" 2>/dev/null || break; sleep 0.05; done
+  done
+  rm -f "$DIR/$1/sshd.pid"
+}
+
+# Processes whose environment says they belong to host $1.
+host_pids() {
+  local f pid
+  for f in $(grep -l -z -x "PUZZLETRON_FAKE_HOST=$1" /proc/[0-9]*/environ 2>/dev/null || true); do
+    pid=${f#/proc/}; pid=${pid%/environ}
+    [ "$pid" = "$$" ] || echo "$pid"
+  done
+}
+
+print_env() {
+  echo "export PUZZLETRON_SSH_CONFIG=$DIR/ssh_config"
+  echo "export PUZZLETRON_SSH_HOSTS_LIST=\"$(hosts | tr '\n' ' ' | sed 's/ $//')\""
+  echo "export PUZZLETRON_SSH_HOSTS_DIR=$DIR"
+  echo "export PUZZLETRON_SSH_TESTS=1"
+}
+
+cmd=${1:-}
+case "$cmd" in
+  start)
+    need_packages
+    mkdir -p "$DIR"
+    exec 9>"$DIR/.lock"
+    flock 9
+    if [ -n "${2:-}" ]; then start_host "$2"; else
+      setup
+      for h in $(hosts); do start_host "$h"; done
+      print_env
+    fi ;;
+  stop)
+    if [ -n "${2:-}" ]; then stop_host "$2"; else for h in $(hosts); do stop_host "$h"; done; fi ;;
+  kill-tasks)
+    for p in $(host_pids "$2"); do kill -KILL "$p" 2>/dev/null || true; done ;;
+  ps)
+    pids=$(host_pids "$2" | tr '\n' ',' | sed 's/,$//')
+    [ -z "$pids" ] || ps -o pid=,pgid=,args= -p "$pids" | grep -v ' ps -o ' || true ;;
+  env) print_env ;;
+  *) echo "usage: $0 start [HOST] | stop [HOST] | kill-tasks HOST | ps HOST | env" >&2; exit 2 ;;
+esac

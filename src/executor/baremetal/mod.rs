@@ -1,0 +1,1231 @@
+//! [`BareMetalExecutor`]: attempts on plain GPU hosts over SSH (`runner.kind: baremetal`).
+//!
+//! - **Transport**: the system OpenSSH client, `ssh -o BatchMode=yes` with an argv array; the
+//!   remote side runs fixed `sh` scripts (`remote.rs`) that get every value as a quoted
+//!   positional argument, never spliced into shell text. Connections are multiplexed
+//!   (`ControlMaster=auto`, `ControlPersist`), and a [`poll`](Executor::poll) asks each host
+//!   about all its attempts in one exchange.
+//! - **Contract**: each task enters the runner's checkout (`execution_contract.repository`),
+//!   sources `setup_env` and `<venv>/bin/activate`, runs the prerun commands, exports its
+//!   environment and runs the argv (in `command.cwd` when set).
+//! - **Preflight**, once per host before its first task: the repository and venv exist and the
+//!   GPU probe (`nvidia-smi -L` by default) lists at least the inventory's GPUs; a host that
+//!   answers but fails is [`ExecutorError::HostPreflight`] naming the host and what is missing.
+//! - **GPU leases**: first-fit slices in a lock-protected, atomically replaced lease file in
+//!   the state folder (the campaign folder), so `CUDA_VISIBLE_DEVICES` are disjoint across
+//!   tasks and controller restarts; attempts that do not fit wait there (state `Pending`) and
+//!   start when GPUs free up. Multi-host attempts take whole hosts; multi-host torchrun groups
+//!   get `<rendezvous_host>:<port>` with a port unique among live leases.
+//! - **Tasks** run under `setsid` (pid = process group), with pid, start time and exit record
+//!   on the host; [`cancel`](Executor::cancel) and the walltime send SIGTERM to the group, then
+//!   SIGKILL after the grace; the wrapper kills what the job leaves in its group.
+//! - **Stateless recovery**: the handle (attempt id, hosts, GPUs, state folder) and the lease
+//!   file are all a fresh process needs; [`find`](Executor::find) reads the lease file.
+//! - **Unreachable hosts** are retried with exponential backoff; their tasks stay `Running`
+//!   (reason says since when the host is silent) until `lost_after`, then are reported
+//!   [`JobState::NodeFail`] (a transient failure: the controller resubmits elsewhere when the
+//!   stage's policy allows). One failed probe never ends an attempt. The GPUs of such a task
+//!   stay leased until its host answers again and the task is killed there (it may have kept
+//!   running through a network outage).
+//!
+//! Exit codes are the shell's: a job killed by signal N reports exit code 128+N (state
+//! `Failed`, with a reason saying so), except cancel (`Cancelled`) and walltime (`Timeout`).
+
+mod lease;
+mod remote;
+mod ssh;
+
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use async_trait::async_trait;
+
+use super::{
+    ATTEMPT_ID_ENV, AttemptId, AttemptSpec, Executor, ExecutorError, JobHandle, JobState,
+    JobStatus, TaskLauncher, check_kind, now_ms,
+};
+use crate::campaign::runner::BaremetalInventory;
+use crate::campaign::{ExecutionContract, RunnerEnvironment, RunnerKind};
+pub use lease::{HostSlots, LEASE_FILE, Lease, LeaseTable, Slice};
+use remote::{RemoteState, command_line};
+use ssh::{Ssh, SshFailure};
+
+/// Executor kind name, in every handle.
+pub const KIND: &str = "baremetal";
+
+/// A folder on the host whose tasks were started (`started/` made) but never recorded a
+/// wrapper is given this long before it counts as lost.
+const LAUNCH_GRACE: Duration = Duration::from_secs(30);
+
+/// Builder of a [`BareMetalExecutor`].
+#[derive(Debug, Clone)]
+pub struct BareMetalExecutorBuilder {
+    state_dir: PathBuf,
+    hosts: Vec<HostSlots>,
+    rendezvous_host: Option<String>,
+    rendezvous_port_base: u16,
+    contract: ExecutionContract,
+    ssh_config: Option<PathBuf>,
+    ssh_options: Vec<String>,
+    gpu_probe: Vec<String>,
+    remote_root: Option<String>,
+    kill_grace: Duration,
+    cancel_timeout: Duration,
+    lost_after: Duration,
+    exchange_timeout: Duration,
+    backoff_max: Duration,
+}
+
+impl BareMetalExecutorBuilder {
+    /// Hosts, GPUs and rendezvous settings from a runner's inventory.
+    pub fn inventory(mut self, inv: &BaremetalInventory) -> Self {
+        self.hosts = inv
+            .hosts
+            .iter()
+            .map(|h| HostSlots {
+                host: h.hostname.clone(),
+                gpus: h.gpus,
+            })
+            .collect();
+        self.rendezvous_host = Some(inv.rendezvous_host.clone());
+        self.rendezvous_port_base = inv.rendezvous_port_base;
+        self
+    }
+
+    /// Hosts, rendezvous settings and execution contract of a `runner.kind: baremetal`
+    /// runner config.
+    ///
+    /// # Errors
+    /// [`ExecutorError::InvalidSpec`] naming `runner.kind` when the runner is not `baremetal`,
+    /// or `runner.inventory` when it has no inventory.
+    pub fn runner(self, runner: &RunnerEnvironment) -> Result<Self, ExecutorError> {
+        if runner.kind != RunnerKind::Baremetal {
+            return Err(ExecutorError::InvalidSpec {
+                attempt_id: None,
+                field: "runner.kind".into(),
+                value: runner.kind.as_str().into(),
+                expected: "baremetal for the bare-metal executor".into(),
+            });
+        }
+        let inv = runner
+            .inventory
+            .as_ref()
+            .ok_or_else(|| ExecutorError::InvalidSpec {
+                attempt_id: None,
+                field: "runner.inventory".into(),
+                value: "missing".into(),
+                expected: "the hosts of the baremetal runner".into(),
+            })?;
+        Ok(self.inventory(inv).contract(&runner.execution_contract))
+    }
+
+    /// Adds one host with `gpus` GPUs (indices `0..gpus`).
+    pub fn host(mut self, hostname: impl Into<String>, gpus: u32) -> Self {
+        self.hosts.push(HostSlots {
+            host: hostname.into(),
+            gpus,
+        });
+        self
+    }
+
+    /// The rendezvous host and first port for multi-host torchrun groups (default: the first
+    /// host, 29500).
+    pub fn rendezvous(mut self, host: impl Into<String>, port_base: u16) -> Self {
+        self.rendezvous_host = Some(host.into());
+        self.rendezvous_port_base = port_base;
+        self
+    }
+
+    /// The checkout, venv, setup script and pre/postrun commands every task runs under.
+    pub fn contract(mut self, contract: &ExecutionContract) -> Self {
+        self.contract = contract.clone();
+        self
+    }
+
+    /// An OpenSSH client config file (`ssh -F`), e.g. with `Host` aliases, users and keys.
+    pub fn ssh_config(mut self, path: impl Into<PathBuf>) -> Self {
+        self.ssh_config = Some(path.into());
+        self
+    }
+
+    /// An extra `ssh -o` option, `Key=Value`.
+    pub fn ssh_option(mut self, option: impl Into<String>) -> Self {
+        self.ssh_options.push(option.into());
+        self
+    }
+
+    /// The GPU probe's argv (default `nvidia-smi -L`); its output must have a line
+    /// `GPU <i>: ...` for every inventory GPU.
+    pub fn gpu_probe<I, S>(mut self, argv: I) -> Self
+    where
+        I: IntoIterator<Item = S>,
+        S: Into<String>,
+    {
+        self.gpu_probe = argv.into_iter().map(Into::into).collect();
+        self
+    }
+
+    /// The folder on each host holding attempt folders (default `$PUZZLETRON_BAREMETAL_ROOT`
+    /// of the SSH session, else `$HOME/.puzzletron/baremetal`).
+    pub fn remote_root(mut self, root: impl Into<String>) -> Self {
+        self.remote_root = Some(root.into());
+        self
+    }
+
+    /// Time between SIGTERM and SIGKILL on cancel and walltime (default 10 s).
+    pub fn kill_grace(mut self, grace: Duration) -> Self {
+        self.kill_grace = grace;
+        self
+    }
+
+    /// How long cancel waits after SIGKILL for the exit record (default 10 s).
+    pub fn cancel_timeout(mut self, t: Duration) -> Self {
+        self.cancel_timeout = t;
+        self
+    }
+
+    /// How long a host may stay unreachable before its tasks are reported `NodeFail`
+    /// (default 120 s).
+    pub fn lost_after(mut self, d: Duration) -> Self {
+        self.lost_after = d;
+        self
+    }
+
+    /// Longest one SSH exchange may take (default 30 s); longer counts as unreachable.
+    pub fn exchange_timeout(mut self, d: Duration) -> Self {
+        self.exchange_timeout = d;
+        self
+    }
+
+    /// Longest pause between two tries of an unreachable host (default 30 s; the pause
+    /// doubles from 0.5 s).
+    pub fn backoff_max(mut self, d: Duration) -> Self {
+        self.backoff_max = d;
+        self
+    }
+
+    /// Checks the settings, creates the state folder and the SSH control folder.
+    ///
+    /// # Errors
+    /// [`ExecutorError::InvalidSpec`] for no host, a host name that is empty, has whitespace
+    /// or starts with `-`, a host given twice, an empty GPU probe, a rendezvous host not in the
+    /// inventory; [`ExecutorError::Io`] when a folder cannot be created.
+    pub fn build(self) -> Result<BareMetalExecutor, ExecutorError> {
+        let bad = |field: String, value: String, expected: &str| ExecutorError::InvalidSpec {
+            attempt_id: None,
+            field,
+            value,
+            expected: expected.into(),
+        };
+        if self.hosts.is_empty() {
+            return Err(bad(
+                "baremetal.hosts".into(),
+                "[]".into(),
+                "at least one host",
+            ));
+        }
+        for (i, h) in self.hosts.iter().enumerate() {
+            if h.host.is_empty() || h.host.starts_with('-') || h.host.contains(char::is_whitespace)
+            {
+                return Err(bad(
+                    format!("baremetal.hosts[{i}].hostname"),
+                    h.host.clone(),
+                    "a host name (no spaces, not starting with '-')",
+                ));
+            }
+            if self.hosts[..i].iter().any(|o| o.host == h.host) {
+                return Err(bad(
+                    format!("baremetal.hosts[{i}].hostname"),
+                    h.host.clone(),
+                    "a host not already in the inventory",
+                ));
+            }
+        }
+        if self.gpu_probe.is_empty() || self.gpu_probe[0].is_empty() {
+            return Err(bad(
+                "baremetal.gpu_probe".into(),
+                format!("{:?}", self.gpu_probe),
+                "a command, e.g. [\"nvidia-smi\", \"-L\"]",
+            ));
+        }
+        let rdzv = self
+            .rendezvous_host
+            .clone()
+            .unwrap_or_else(|| self.hosts[0].host.clone());
+        if !self.hosts.iter().any(|h| h.host == rdzv) {
+            return Err(bad(
+                "baremetal.rendezvous_host".into(),
+                rdzv,
+                "one of the inventory's hosts",
+            ));
+        }
+        std::fs::create_dir_all(&self.state_dir).map_err(|e| {
+            ExecutorError::io("creating the executor state folder", &self.state_dir, e)
+        })?;
+        let state_dir = std::fs::canonicalize(&self.state_dir)
+            .map_err(|e| ExecutorError::io("resolving the state folder", &self.state_dir, e))?;
+        // Control sockets: short paths (108-byte limit), one folder per state folder and user.
+        let tag = crate::identity::Hash::of(state_dir.display().to_string().as_bytes()).to_hex();
+        let control_dir = std::env::temp_dir().join(format!(
+            "ptron-ssh-{}-{}",
+            unsafe { libc::getuid() },
+            &tag[..10]
+        ));
+        let ssh = Ssh::new(
+            self.ssh_config.clone(),
+            self.ssh_options.clone(),
+            control_dir,
+            Duration::from_secs(120),
+            self.exchange_timeout
+                .max(self.kill_grace + self.cancel_timeout + Duration::from_secs(10)),
+        )?;
+        Ok(BareMetalExecutor {
+            inner: Arc::new(Inner {
+                leases: lease::LeaseFile::new(&state_dir),
+                state_dir,
+                rendezvous_host: rdzv,
+                ssh,
+                health: Mutex::new(HashMap::new()),
+                launching: Mutex::new(HashSet::new()),
+                preflighted: Mutex::new(HashSet::new()),
+                cfg: self,
+            }),
+        })
+    }
+}
+
+/// Runs attempts on SSH hosts. See the [module docs](self).
+///
+/// ```no_run
+/// use puzzletron::executor::*;
+/// # async fn demo() -> Result<(), ExecutorError> {
+/// let exec = BareMetalExecutor::builder("/data/campaign")
+///     .host("gpu-a", 8)
+///     .host("gpu-b", 8)
+///     .build()?;
+/// exec.preflight().await?;
+/// let spec = AttemptSpec::new(AttemptId::new("hello.a1")?, CommandSpec::new("nvidia-smi"));
+/// let h = exec.submit(&spec).await?;
+/// # Ok(()) }
+/// ```
+#[derive(Clone)]
+pub struct BareMetalExecutor {
+    inner: Arc<Inner>,
+}
+
+impl std::fmt::Debug for BareMetalExecutor {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("BareMetalExecutor")
+            .field("state_dir", &self.inner.state_dir)
+            .field("hosts", &self.inner.cfg.hosts)
+            .finish()
+    }
+}
+
+struct Inner {
+    cfg: BareMetalExecutorBuilder,
+    state_dir: PathBuf,
+    rendezvous_host: String,
+    leases: lease::LeaseFile,
+    ssh: Ssh,
+    health: Mutex<HashMap<String, Health>>,
+    /// Attempts this process is launching right now (a poll must not launch them again).
+    launching: Mutex<HashSet<AttemptId>>,
+    preflighted: Mutex<HashSet<String>>,
+}
+
+/// What this process knows about an unreachable host.
+#[derive(Debug, Clone)]
+struct Health {
+    down_since_ms: u64,
+    failures: u32,
+    next_try: Instant,
+    last_error: String,
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+impl BareMetalExecutor {
+    /// A builder keeping the lease file in `state_dir` (the campaign folder), with no host yet.
+    pub fn builder(state_dir: impl Into<PathBuf>) -> BareMetalExecutorBuilder {
+        BareMetalExecutorBuilder {
+            state_dir: state_dir.into(),
+            hosts: Vec::new(),
+            rendezvous_host: None,
+            rendezvous_port_base: 29500,
+            contract: ExecutionContract::default(),
+            ssh_config: None,
+            ssh_options: Vec::new(),
+            gpu_probe: vec!["nvidia-smi".into(), "-L".into()],
+            remote_root: None,
+            kill_grace: Duration::from_secs(10),
+            cancel_timeout: Duration::from_secs(10),
+            lost_after: Duration::from_secs(120),
+            exchange_timeout: Duration::from_secs(30),
+            backoff_max: Duration::from_secs(30),
+        }
+    }
+
+    /// SSH exchanges (ssh processes) this executor has started.
+    pub fn ssh_exchanges(&self) -> u64 {
+        self.inner.ssh.exchanges()
+    }
+
+    /// The lease table as it is on disk now.
+    ///
+    /// # Errors
+    /// I/O or a damaged file.
+    pub fn leases(&self) -> Result<LeaseTable, ExecutorError> {
+        self.inner.leases.read()
+    }
+
+    /// The state folder (canonical).
+    pub fn state_dir(&self) -> &Path {
+        &self.inner.state_dir
+    }
+
+    /// Checks every host now (see the module docs); also done lazily before a host's first
+    /// task. Hosts that do not answer are skipped (checked when they come back).
+    ///
+    /// # Errors
+    /// [`ExecutorError::HostPreflight`] for the first host that answers but lacks something;
+    /// [`ExecutorError::SchedulerUnavailable`] when no host answers.
+    pub async fn preflight(&self) -> Result<(), ExecutorError> {
+        let hosts: Vec<String> = self
+            .inner
+            .cfg
+            .hosts
+            .iter()
+            .map(|h| h.host.clone())
+            .collect();
+        self.inner.preflight_hosts(&hosts).await
+    }
+}
+
+impl Inner {
+    fn handle(&self, l: &Lease) -> JobHandle {
+        let mut h = JobHandle::new(
+            KIND,
+            l.attempt_id.clone(),
+            l.attempt_id.as_str(),
+            l.submitted_at_ms,
+        )
+        .with_data("state_dir", self.state_dir.display().to_string());
+        if !l.slices.is_empty() {
+            h = h.with_data(
+                "hosts",
+                l.slices
+                    .iter()
+                    .map(|s| s.host.as_str())
+                    .collect::<Vec<_>>()
+                    .join(","),
+            );
+            h = h.with_data(
+                "gpus",
+                l.slices
+                    .iter()
+                    .map(|s| {
+                        s.gpus
+                            .iter()
+                            .map(|g| g.to_string())
+                            .collect::<Vec<_>>()
+                            .join(",")
+                    })
+                    .collect::<Vec<_>>()
+                    .join(";"),
+            );
+        }
+        h
+    }
+
+    fn check_handle(&self, h: &JobHandle) -> Result<(), ExecutorError> {
+        check_kind(KIND, h)?;
+        match h.data.get("state_dir") {
+            Some(d) if Path::new(d) != self.state_dir => Err(ExecutorError::ForeignHandle {
+                expected: format!("baremetal at {}", self.state_dir.display()),
+                found: format!("baremetal at {d}"),
+                attempt_id: h.attempt_id.clone(),
+            }),
+            _ => Ok(()),
+        }
+    }
+
+    fn root_arg(&self) -> String {
+        self.cfg.remote_root.clone().unwrap_or_default()
+    }
+
+    fn down_hosts(&self) -> BTreeSet<String> {
+        lock(&self.health).keys().cloned().collect()
+    }
+
+    /// Whether `host` may be contacted now (not inside a backoff pause).
+    fn may_try(&self, host: &str) -> bool {
+        lock(&self.health)
+            .get(host)
+            .is_none_or(|h| Instant::now() >= h.next_try)
+    }
+
+    fn mark_down(&self, host: &str, err: &str) {
+        let mut m = lock(&self.health);
+        let e = m.entry(host.to_string()).or_insert_with(|| Health {
+            down_since_ms: now_ms(),
+            failures: 0,
+            next_try: Instant::now(),
+            last_error: String::new(),
+        });
+        e.failures += 1;
+        let pause = Duration::from_millis(500)
+            .saturating_mul(1u32 << e.failures.min(10).saturating_sub(1))
+            .min(self.cfg.backoff_max);
+        e.next_try = Instant::now() + pause;
+        e.last_error = err.to_string();
+    }
+
+    fn mark_up(&self, host: &str) {
+        lock(&self.health).remove(host);
+    }
+
+    /// One exchange with `host`, recording its health.
+    async fn exchange(&self, host: &str, line: &str) -> Result<String, SshFailure> {
+        let r = self.ssh.run(host, line).await;
+        match &r {
+            Err(SshFailure::Unreachable(m)) => self.mark_down(host, m),
+            _ => self.mark_up(host),
+        }
+        r
+    }
+
+    async fn preflight_hosts(self: &Inner, hosts: &[String]) -> Result<(), ExecutorError> {
+        let mut answered = 0;
+        let mut last_err = String::new();
+        for host in hosts {
+            if lock(&self.preflighted).contains(host) {
+                answered += 1;
+                continue;
+            }
+            let c = &self.cfg.contract;
+            let mut args = vec![
+                self.root_arg(),
+                c.repository.clone().unwrap_or_default(),
+                c.venv.clone().unwrap_or_default(),
+            ];
+            args.extend(self.cfg.gpu_probe.iter().cloned());
+            let line = command_line("ptron-preflight", remote::preflight_body(), &[], &args);
+            let out = match self.exchange(host, &line).await {
+                Ok(o) => o,
+                Err(SshFailure::Unreachable(m)) => {
+                    last_err = format!("{host}: {m}");
+                    continue;
+                }
+                Err(e) => return Err(e.into_error(host, "preflight")),
+            };
+            answered += 1;
+            let gpus = self
+                .cfg
+                .hosts
+                .iter()
+                .find(|h| &h.host == host)
+                .map_or(0, |h| h.gpus);
+            check_preflight(host, &out, c, &self.cfg.gpu_probe, gpus)?;
+            lock(&self.preflighted).insert(host.clone());
+        }
+        if answered == 0 && !hosts.is_empty() {
+            return Err(ExecutorError::SchedulerUnavailable {
+                command: "ssh (preflight)".into(),
+                tries: 1,
+                message: format!("no host answered; last: {last_err}"),
+            });
+        }
+        Ok(())
+    }
+
+    /// Places waiting attempts and launches every placed attempt of `ids` (or of the whole
+    /// table when `ids` is `None`) that its host has not got yet. Returns the table.
+    async fn pump(&self, only: Option<&[AttemptId]>) -> Result<LeaseTable, ExecutorError> {
+        let down = self.down_hosts();
+        let base = self.cfg.rendezvous_port_base;
+        let hosts = self.cfg.hosts.clone();
+        let (table, placed) = self.leases.update(|t| {
+            let placed = t.place_waiting(&hosts, &down, base);
+            (!placed.is_empty(), (t.clone(), placed))
+        })?;
+        let mut to_launch: Vec<AttemptId> = placed;
+        if let Some(ids) = only {
+            for id in ids {
+                if !to_launch.contains(id) {
+                    to_launch.push(id.clone());
+                }
+            }
+        }
+        for id in to_launch {
+            if let Some(l) = table.get(&id)
+                && l.is_live()
+                && !l.lost
+            {
+                self.launch(l).await?;
+            }
+        }
+        self.reap_lost(&table).await?;
+        Ok(table)
+    }
+
+    /// Kills the tasks of leases given up as `NODE_FAIL` once their hosts answer again, then
+    /// frees their GPUs (until then the GPUs stay leased: the task may still run there).
+    async fn reap_lost(&self, table: &LeaseTable) -> Result<(), ExecutorError> {
+        let mut freed = Vec::new();
+        for l in table.leases.iter().filter(|l| l.lost && !l.released) {
+            let mut all = true;
+            for s in &l.slices {
+                if !self.may_try(&s.host) {
+                    all = false;
+                    continue;
+                }
+                let line = command_line(
+                    "ptron-cancel",
+                    remote::cancel_body(),
+                    &[],
+                    &[self.root_arg(), l.attempt_id.to_string(), "1".into(), "5".into()],
+                );
+                match self.exchange(&s.host, &line).await {
+                    Ok(out) if out.trim() == "DONE" => {}
+                    _ => all = false,
+                }
+            }
+            if all {
+                freed.push(l.attempt_id.clone());
+            }
+        }
+        if !freed.is_empty() {
+            self.leases.update(|t| {
+                for id in &freed {
+                    if let Some(l) = t.get_mut(id) {
+                        l.released = true;
+                    }
+                }
+                (true, ())
+            })?;
+        }
+        Ok(())
+    }
+
+    /// Starts `l` on each of its hosts (node rank = slice order). A host that does not answer
+    /// leaves the attempt placed there: a later poll finds it absent and launches again (the
+    /// host's exclusive `mkdir` keeps it from running twice).
+    async fn launch(&self, l: &Lease) -> Result<(), ExecutorError> {
+        if !lock(&self.launching).insert(l.attempt_id.clone()) {
+            return Ok(());
+        }
+        let r = self.launch_inner(l).await;
+        lock(&self.launching).remove(&l.attempt_id);
+        r
+    }
+
+    async fn launch_inner(&self, l: &Lease) -> Result<(), ExecutorError> {
+        let hosts: Vec<String> = l.slices.iter().map(|s| s.host.clone()).collect();
+        self.preflight_hosts(&hosts).await?;
+        for (rank, slice) in l.slices.iter().enumerate() {
+            if !self.may_try(&slice.host) {
+                continue;
+            }
+            let args = self.submit_args(l, rank, slice);
+            let line = command_line("ptron-submit", remote::submit_body(), &[], &args);
+            match self.exchange(&slice.host, &line).await {
+                Ok(out) if out.trim() == "OK" || out.trim() == "DUP" => {}
+                Ok(out) => {
+                    return Err(ExecutorError::SubmitRejected {
+                        attempt_id: l.attempt_id.clone(),
+                        message: format!("host {}: unexpected answer {out:?}", slice.host),
+                    });
+                }
+                Err(SshFailure::Unreachable(_)) => {}
+                Err(e) => return Err(e.into_error(&slice.host, "submit")),
+            }
+        }
+        Ok(())
+    }
+
+    fn submit_args(&self, l: &Lease, rank: usize, slice: &Slice) -> Vec<String> {
+        let spec = &l.spec;
+        let c = &self.cfg.contract;
+        let nodes = l.slices.len();
+        let mut env: BTreeMap<String, String> = spec.command.env.clone();
+        env.insert(ATTEMPT_ID_ENV.into(), spec.attempt_id.to_string());
+        env.insert(
+            "CUDA_VISIBLE_DEVICES".into(),
+            slice
+                .gpus
+                .iter()
+                .map(|g| g.to_string())
+                .collect::<Vec<_>>()
+                .join(","),
+        );
+        env.insert("PUZZLETRON_NODE_RANK".into(), rank.to_string());
+        env.insert("PUZZLETRON_NNODES".into(), nodes.to_string());
+        env.insert("PUZZLETRON_HOST".into(), slice.host.clone());
+        let mut argv = spec.command.effective_argv();
+        if let Some(port) = l.rdzv_port {
+            env.insert("MASTER_ADDR".into(), self.rendezvous_host.clone());
+            env.insert("MASTER_PORT".into(), port.to_string());
+        }
+        if let TaskLauncher::Torchrun {
+            nproc_per_node,
+            rdzv_backend,
+            max_restarts,
+            ..
+        } = &spec.topology.launcher
+        {
+            let mut t = vec![
+                "torchrun".to_string(),
+                format!("--nnodes={nodes}"),
+                format!("--nproc_per_node={nproc_per_node}"),
+                format!("--max-restarts={max_restarts}"),
+            ];
+            match l.rdzv_port {
+                Some(port) if nodes > 1 => t.extend([
+                    format!("--node_rank={rank}"),
+                    format!("--rdzv_backend={rdzv_backend}"),
+                    format!("--rdzv_endpoint={}:{port}", self.rendezvous_host),
+                    format!("--rdzv_id={}", spec.attempt_id),
+                ]),
+                _ => t.push("--standalone".into()),
+            }
+            t.extend(argv);
+            argv = t;
+        }
+        let log = spec
+            .log_path
+            .as_ref()
+            .map(|p| p.display().to_string())
+            .unwrap_or_default();
+        let wall = spec.walltime.map_or(0, |w| w.as_secs().max(1));
+        let mut a = vec![
+            log,
+            wall.to_string(),
+            self.cfg.kill_grace.as_secs().max(1).to_string(),
+            c.repository.clone().unwrap_or_default(),
+            c.setup_env.clone().unwrap_or_default(),
+            c.venv.clone().unwrap_or_default(),
+            spec.command
+                .cwd
+                .as_ref()
+                .map(|p| p.display().to_string())
+                .unwrap_or_default(),
+            c.prerun_commands.len().to_string(),
+        ];
+        a.extend(c.prerun_commands.iter().cloned());
+        a.push(c.postrun_commands.len().to_string());
+        a.extend(c.postrun_commands.iter().cloned());
+        a.push(env.len().to_string());
+        a.extend(env.iter().map(|(k, v)| format!("{k}={v}")));
+        a.extend(argv);
+        let words: Vec<String> = a.iter().map(|w| remote::quote(w)).collect();
+        vec![
+            self.root_arg(),
+            spec.attempt_id.to_string(),
+            remote::wrapper_script(),
+            remote::JOB.to_string(),
+            words.join(" "),
+        ]
+    }
+
+    /// The states of `ids` on `host` in one exchange; `Err` with the reason when the host did
+    /// not answer (or is inside its backoff pause).
+    async fn poll_host(
+        &self,
+        host: &str,
+        ids: &[AttemptId],
+    ) -> Result<HashMap<String, RemoteState>, String> {
+        if !self.may_try(host) {
+            return Err(self.down_reason(host));
+        }
+        let mut args = vec![self.root_arg()];
+        args.extend(ids.iter().map(|i| i.to_string()));
+        let line = command_line("ptron-poll", remote::poll_body(), &[], &args);
+        match self.exchange(host, &line).await {
+            Ok(out) => Ok(remote::parse_poll(&out).into_iter().collect()),
+            Err(SshFailure::Unreachable(_)) => Err(self.down_reason(host)),
+            Err(SshFailure::Remote { code, stderr }) => {
+                Err(format!("poll script on {host} failed ({code:?}): {stderr}"))
+            }
+            Err(SshFailure::Spawn(e)) => Err(format!("cannot run ssh: {e}")),
+        }
+    }
+
+    fn down_reason(&self, host: &str) -> String {
+        match lock(&self.health).get(host) {
+            Some(h) => format!(
+                "host {host} unreachable for {} s ({} tries): {}",
+                now_ms().saturating_sub(h.down_since_ms) / 1000,
+                h.failures,
+                h.last_error
+            ),
+            None => format!("host {host} not asked"),
+        }
+    }
+
+    fn down_for(&self, host: &str) -> Option<Duration> {
+        lock(&self.health)
+            .get(host)
+            .map(|h| Duration::from_millis(now_ms().saturating_sub(h.down_since_ms)))
+    }
+}
+
+/// Reads the preflight answer.
+fn check_preflight(
+    host: &str,
+    out: &str,
+    c: &ExecutionContract,
+    probe: &[String],
+    gpus: u32,
+) -> Result<(), ExecutorError> {
+    let fail = |problem: String| ExecutorError::HostPreflight {
+        host: host.to_string(),
+        problem,
+    };
+    let mut lines = out.lines();
+    let mut probe_out = String::new();
+    let mut probe_rc = None;
+    for l in lines.by_ref() {
+        match l.split_once(' ') {
+            Some(("REPO", "missing")) => {
+                return Err(fail(format!(
+                    "the repository {} does not exist",
+                    c.repository.as_deref().unwrap_or_default()
+                )));
+            }
+            Some(("VENV", "missing")) => {
+                return Err(fail(format!(
+                    "the venv {} has no bin/activate",
+                    c.venv.as_deref().unwrap_or_default()
+                )));
+            }
+            Some(("ROOT", r)) if r.starts_with("unwritable") => {
+                return Err(fail(format!(
+                    "the state folder {} is not writable",
+                    &r[11..]
+                )));
+            }
+            Some(("PROBE", rc)) => {
+                probe_rc = rc.parse::<i32>().ok();
+                break;
+            }
+            _ => {}
+        }
+    }
+    for l in lines {
+        probe_out.push_str(l);
+        probe_out.push('\n');
+    }
+    if probe_rc != Some(0) {
+        return Err(fail(format!(
+            "the GPU probe `{}` failed (exit {:?}): {}",
+            probe.join(" "),
+            probe_rc,
+            probe_out.trim()
+        )));
+    }
+    let listed: BTreeSet<u32> = probe_out
+        .lines()
+        .filter_map(|l| l.strip_prefix("GPU "))
+        .filter_map(|l| l.split(':').next()?.trim().parse().ok())
+        .collect();
+    let missing: Vec<u32> = (0..gpus).filter(|g| !listed.contains(g)).collect();
+    if !missing.is_empty() {
+        return Err(fail(format!(
+            "the GPU probe `{}` lists {} GPU(s), the inventory says {gpus}; missing GPU {:?}",
+            probe.join(" "),
+            listed.len(),
+            missing
+        )));
+    }
+    Ok(())
+}
+
+/// The status of one host's part of an attempt.
+fn host_status(id: &AttemptId, st: &RemoteState, now: u64, submitted: u64) -> JobStatus {
+    let s = |state| JobStatus::new(id.clone(), state);
+    match st {
+        RemoteState::Absent => {
+            if now.saturating_sub(submitted) < LAUNCH_GRACE.as_millis() as u64 {
+                s(JobState::Pending).with_reason("launching")
+            } else {
+                s(JobState::Lost).with_reason("no attempt folder on the host")
+            }
+        }
+        RemoteState::Submitted { submitted_ms } => {
+            if now.saturating_sub(*submitted_ms.max(&submitted)) < LAUNCH_GRACE.as_millis() as u64 {
+                s(JobState::Pending).with_reason("starting")
+            } else {
+                s(JobState::Lost).with_reason("the wrapper never started")
+            }
+        }
+        RemoteState::Wrapping => s(JobState::Running),
+        RemoteState::Running { start_ms } => s(JobState::Running).with_times(*start_ms, None),
+        RemoteState::Dead => s(JobState::Lost)
+            .with_reason("the wrapper ended without recording an exit (host rebooted?)"),
+        RemoteState::Exited(r) => {
+            let base = s(JobState::Completed).with_times(r.start_ms, r.end_ms);
+            if r.status == "cancelled_before_start" {
+                let mut b = base;
+                b.state = JobState::Cancelled { by_uid: None };
+                return b.with_reason("cancelled before it started");
+            }
+            let code = r.code.unwrap_or(-1);
+            let mut b = base.with_exit_code(code);
+            b.state = if r.timeout {
+                JobState::Timeout
+            } else if r.cancelled && code != 0 {
+                JobState::Cancelled { by_uid: None }
+            } else if code == 0 {
+                JobState::Completed
+            } else {
+                JobState::Failed
+            };
+            if b.state == JobState::Failed && code > 128 {
+                b = b.with_reason(format!(
+                    "exit {code}: the shell's code for death by signal {} (or an exit {code})",
+                    code - 128
+                ));
+            }
+            b
+        }
+    }
+}
+
+/// Combines the parts of a multi-host attempt: running while any part runs; else the first
+/// part that did not complete; else completed.
+fn combine(parts: Vec<JobStatus>) -> JobStatus {
+    if let Some(p) = parts.iter().find(|p| p.state.is_active()) {
+        return p.clone();
+    }
+    parts
+        .iter()
+        .find(|p| !p.state.is_success())
+        .cloned()
+        .unwrap_or_else(|| parts[0].clone())
+}
+
+fn validate(spec: &AttemptSpec, hosts: &[HostSlots]) -> Result<(), ExecutorError> {
+    spec.validate()?;
+    let id = &spec.attempt_id;
+    let bad = |field: &str, value: String, expected: &str| ExecutorError::InvalidSpec {
+        attempt_id: Some(id.clone()),
+        field: field.into(),
+        value,
+        expected: expected.into(),
+    };
+    for k in spec.command.env.keys() {
+        let ok = k
+            .bytes()
+            .enumerate()
+            .all(|(i, b)| b == b'_' || b.is_ascii_alphabetic() || (i > 0 && b.is_ascii_digit()));
+        if !ok {
+            return Err(bad(
+                "command.env",
+                k.clone(),
+                "a shell variable name ([A-Za-z_][A-Za-z0-9_]*) for the bare-metal executor",
+            ));
+        }
+    }
+    let t = &spec.topology;
+    let torchrun = matches!(t.launcher, TaskLauncher::Torchrun { .. });
+    if t.ntasks_per_node != 1 && !torchrun {
+        return Err(bad(
+            "topology.ntasks_per_node",
+            t.ntasks_per_node.to_string(),
+            "1 for the bare-metal executor (use the Torchrun launcher for several processes)",
+        ));
+    }
+    if torchrun && spec.command.shell {
+        return Err(bad(
+            "command.shell",
+            "true".into(),
+            "false with the Torchrun launcher (torchrun runs a script file)",
+        ));
+    }
+    let need = t.gpus_per_node();
+    let fit = hosts.iter().filter(|h| h.gpus >= need).count();
+    if (t.nodes as usize) > fit {
+        return Err(ExecutorError::Unsatisfiable {
+            attempt_id: id.clone(),
+            needed: format!("{} host(s) with {need} GPU(s) each", t.nodes),
+            available: format!(
+                "{} host(s): {}",
+                hosts.len(),
+                hosts
+                    .iter()
+                    .map(|h| format!("{} ({} GPUs)", h.host, h.gpus))
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            ),
+        });
+    }
+    Ok(())
+}
+
+#[async_trait]
+impl Executor for BareMetalExecutor {
+    fn kind(&self) -> &str {
+        KIND
+    }
+
+    async fn submit(&self, spec: &AttemptSpec) -> Result<JobHandle, ExecutorError> {
+        let inner = &self.inner;
+        validate(spec, &inner.cfg.hosts)?;
+        let id = spec.attempt_id.clone();
+        let dup = inner.leases.update(|t| match t.get(&id) {
+            Some(_) => (false, true),
+            None => {
+                t.leases.push(Lease {
+                    attempt_id: id.clone(),
+                    spec: spec.clone(),
+                    submitted_at_ms: now_ms(),
+                    slices: Vec::new(),
+                    whole: false,
+                    rdzv_port: None,
+                    released: false,
+                    cancelled: false,
+                    lost: false,
+                });
+                (true, false)
+            }
+        })?;
+        if dup {
+            return Err(ExecutorError::DuplicateAttempt {
+                attempt_id: id.clone(),
+                job_id: id.to_string(),
+            });
+        }
+        let table = inner.pump(None).await?;
+        let l = table.get(&id).expect("just added");
+        Ok(inner.handle(l))
+    }
+
+    async fn poll(&self, handles: &[JobHandle]) -> Result<Vec<JobStatus>, ExecutorError> {
+        let inner = &self.inner;
+        for h in handles {
+            inner.check_handle(h)?;
+        }
+        if handles.is_empty() {
+            return Ok(Vec::new());
+        }
+        let table = inner.pump(None).await?;
+        let now = now_ms();
+        // Which hosts to ask about which attempts.
+        let mut by_host: BTreeMap<String, Vec<AttemptId>> = BTreeMap::new();
+        let mut placement: Vec<Option<Vec<String>>> = Vec::with_capacity(handles.len());
+        for h in handles {
+            let hosts: Option<Vec<String>> = match table.get(&h.attempt_id) {
+                Some(l) if !l.slices.is_empty() => {
+                    Some(l.slices.iter().map(|s| s.host.clone()).collect())
+                }
+                Some(_) => None,
+                None => h
+                    .data
+                    .get("hosts")
+                    .map(|s| s.split(',').map(str::to_string).collect()),
+            };
+            if let Some(hs) = &hosts {
+                for host in hs {
+                    by_host
+                        .entry(host.clone())
+                        .or_default()
+                        .push(h.attempt_id.clone());
+                }
+            }
+            placement.push(hosts);
+        }
+        let mut answers: HashMap<String, Result<HashMap<String, RemoteState>, String>> =
+            HashMap::new();
+        let mut set = tokio::task::JoinSet::new();
+        for (host, ids) in by_host {
+            let me = Arc::clone(inner);
+            set.spawn(async move {
+                let r = me.poll_host(&host, &ids).await;
+                (host, r)
+            });
+        }
+        while let Some(r) = set.join_next().await {
+            let (host, res) = r.map_err(|e| ExecutorError::Other {
+                message: format!("poll task failed: {e}"),
+                retryable: true,
+            })?;
+            answers.insert(host, res);
+        }
+        let mut out = Vec::with_capacity(handles.len());
+        let mut finished: Vec<(AttemptId, bool)> = Vec::new();
+        let mut relaunch: Vec<AttemptId> = Vec::new();
+        for (h, hosts) in handles.iter().zip(placement) {
+            let id = &h.attempt_id;
+            let lease = table.get(id);
+            let submitted = lease.map_or(h.submitted_at_ms, |l| l.submitted_at_ms);
+            let status = match hosts {
+                _ if lease.is_some_and(|l| l.lost) => JobStatus::new(id.clone(), JobState::NodeFail)
+                    .with_reason(format!(
+                        "host unreachable for more than {} s; its GPUs stay leased until the \
+                         host answers and the task is killed there",
+                        inner.cfg.lost_after.as_secs()
+                    )),
+                None => match lease {
+                    Some(l) if l.cancelled => {
+                        JobStatus::new(id.clone(), JobState::Cancelled { by_uid: None })
+                            .with_reason("cancelled while waiting for GPUs")
+                    }
+                    Some(l) => JobStatus::new(id.clone(), JobState::Pending).with_reason(format!(
+                        "waiting for {} GPU(s) on {} host(s)",
+                        l.spec.topology.gpus_per_node(),
+                        l.spec.topology.nodes
+                    )),
+                    None => JobStatus::new(id.clone(), JobState::Lost).with_reason(
+                        "unknown attempt: not in the lease file and no hosts in the handle",
+                    ),
+                },
+                Some(hosts) => {
+                    let mut parts = Vec::new();
+                    for host in &hosts {
+                        let part = match answers.get(host) {
+                            Some(Ok(m)) => match m.get(id.as_str()) {
+                                Some(RemoteState::Absent)
+                                    if lease.is_some_and(|l| l.is_live() && !l.cancelled) =>
+                                {
+                                    relaunch.push(id.clone());
+                                    JobStatus::new(id.clone(), JobState::Pending)
+                                        .with_reason(format!("launching on {host}"))
+                                }
+                                Some(st) => host_status(id, st, now, submitted),
+                                None => JobStatus::new(id.clone(), JobState::Running)
+                                    .with_reason(format!("no answer about it from {host}")),
+                            },
+                            Some(Err(reason)) => {
+                                if inner
+                                    .down_for(host)
+                                    .is_some_and(|d| d >= inner.cfg.lost_after)
+                                {
+                                    JobStatus::new(id.clone(), JobState::NodeFail)
+                                        .with_reason(reason.clone())
+                                } else {
+                                    JobStatus::new(id.clone(), JobState::Running)
+                                        .with_reason(reason.clone())
+                                }
+                            }
+                            None => JobStatus::new(id.clone(), JobState::Running),
+                        };
+                        parts.push(part.with_nodes(host.clone()));
+                    }
+                    let mut s = combine(parts);
+                    s.nodes = Some(hosts.join(","));
+                    s
+                }
+            };
+            let mut status = status;
+            if let Some(l) = lease {
+                let log = l
+                    .spec
+                    .log_path
+                    .clone()
+                    .unwrap_or_else(|| PathBuf::from(format!("<remote root>/{id}/output.log")));
+                status = status.with_log_path(log);
+            }
+            if status.state.is_terminal() && lease.is_some_and(|l| !l.released && !l.lost) {
+                finished.push((id.clone(), status.state == JobState::NodeFail));
+            }
+            out.push(status);
+        }
+        if !finished.is_empty() {
+            inner.leases.update(|t| {
+                for (id, node_fail) in &finished {
+                    if let Some(l) = t.get_mut(id) {
+                        // A node failure (a host silent past lost_after): the task may still
+                        // run there; reap_lost frees the GPUs once the host confirms it gone.
+                        if *node_fail {
+                            l.lost = true;
+                        } else {
+                            l.released = true;
+                        }
+                    }
+                }
+                (true, ())
+            })?;
+        }
+        if !relaunch.is_empty() {
+            inner.pump(Some(&relaunch)).await?;
+        }
+        Ok(out)
+    }
+
+    async fn cancel(&self, handle: &JobHandle) -> Result<(), ExecutorError> {
+        let inner = &self.inner;
+        inner.check_handle(handle)?;
+        let id = &handle.attempt_id;
+        // A waiting attempt is taken out of the queue under the lock: it can never start.
+        let placed = inner.leases.update(|t| match t.get_mut(id) {
+            Some(l) if l.slices.is_empty() && !l.released => {
+                l.released = true;
+                l.cancelled = true;
+                (true, None)
+            }
+            Some(l) => (
+                false,
+                Some(l.slices.iter().map(|s| s.host.clone()).collect::<Vec<_>>()),
+            ),
+            None => (
+                false,
+                handle
+                    .data
+                    .get("hosts")
+                    .map(|s| s.split(',').map(str::to_string).collect()),
+            ),
+        })?;
+        let Some(hosts) = placed else { return Ok(()) };
+        let deadline = Instant::now() + inner.cfg.kill_grace + inner.cfg.cancel_timeout * 2;
+        for host in hosts {
+            let args = vec![
+                inner.root_arg(),
+                id.to_string(),
+                inner.cfg.kill_grace.as_secs().max(1).to_string(),
+                inner.cfg.cancel_timeout.as_secs().max(1).to_string(),
+            ];
+            let line = command_line("ptron-cancel", remote::cancel_body(), &[], &args);
+            loop {
+                match inner.exchange(&host, &line).await {
+                    Ok(out) if out.trim() == "DONE" || out.trim() == "ABSENT" => break,
+                    Ok(out) => {
+                        return Err(ExecutorError::CancelUnconfirmed {
+                            attempt_id: id.clone(),
+                            job_id: id.to_string(),
+                            state: format!("{host}: {}", out.trim()),
+                        });
+                    }
+                    Err(SshFailure::Unreachable(m)) => {
+                        if Instant::now() >= deadline {
+                            return Err(ExecutorError::CancelUnconfirmed {
+                                attempt_id: id.clone(),
+                                job_id: id.to_string(),
+                                state: format!("host {host} unreachable: {m}"),
+                            });
+                        }
+                        tokio::time::sleep(Duration::from_millis(500)).await;
+                    }
+                    Err(e) => return Err(e.into_error(&host, "cancel")),
+                }
+            }
+        }
+        inner.leases.update(|t| match t.get_mut(id) {
+            Some(l) if !l.released => {
+                l.released = true;
+                (true, ())
+            }
+            _ => (false, ()),
+        })?;
+        Ok(())
+    }
+
+    async fn find(&self, attempt_id: &AttemptId) -> Result<Option<JobHandle>, ExecutorError> {
+        let t = self.inner.leases.read()?;
+        Ok(t.get(attempt_id).map(|l| self.inner.handle(l)))
+    }
+}

@@ -1,0 +1,338 @@
+//! What runs on a host: POSIX `sh` scripts (fixed text, never built from data) that get every
+//! value as a positional argument, and the parser of their answers.
+//!
+//! Layout of `<remote root>/<attempt id>/` on the host: `submitted` (ms), `started/` (made
+//! exclusively by the one wrapper that runs the job, or by a cancel that came first), `wrapper`
+//! and `job` (`<pid> <start ticks> [<start ms>]`, ticks from field 22 of `/proc/<pid>/stat`, so a
+//! recycled pid is never taken for the job), `cancel` (ms), `timeout` (walltime hit), `exit`
+//! (`status=exited|cancelled_before_start`, `code`, `timeout`, `cancelled`, `start_ms`, `end_ms`;
+//! written to a temp file, synced, renamed). The job runs under `setsid`: its pid is its
+//! process group, which cancel and walltime signal as a whole.
+
+/// The remote root when the executor names none: `$PUZZLETRON_BAREMETAL_ROOT`, else
+/// `$HOME/.puzzletron/baremetal`. Every script starts with it (`$1` = the configured root, or
+/// empty).
+const ROOT: &str = r#"root=$1; shift
+if [ -z "$root" ]; then root=${PUZZLETRON_BAREMETAL_ROOT:-$HOME/.puzzletron/baremetal}; fi
+now() { date +%s%3N; }
+ticks() { l=; read -r l < "/proc/$1/stat" 2>/dev/null || return 1; r=${l##*) }; set -- $r; shift 19; echo "$1"; }
+alive() { [ -n "$1" ] && [ -r "/proc/$1/stat" ] && [ "$(ticks "$1")" = "$2" ]; }
+"#;
+
+/// The job itself, run under `setsid` by the wrapper: enters the checkout, sources the setup
+/// script and the venv, runs the site's prerun commands (trusted text of the runner file, like
+/// in the Slurm script), exports the environment and runs the argv.
+/// Run as `sh <dir>/job.sh <dir>`; reads its arguments from `<dir>/args` (mode 0600, so
+/// environment values never show in `ps`): log walltime_s grace_s repo setup venv cwd nprerun
+/// prerun... npostrun postrun... nenv K=V... argv...
+pub const JOB: &str = r#"eval "set -- $(cat "$1/args")"; shift 3
+repo=$1; setup=$2; venv=$3; cwd=$4; shift 4
+fail() { echo "puzzletron-baremetal: $*" >&2; exit 126; }
+if [ -n "$repo" ]; then cd -- "$repo" || fail "cannot enter the repository $repo"; fi
+if [ -n "$setup" ]; then case $setup in */*) ;; *) setup=./$setup ;; esac; . "$setup" || fail "setup_env $setup failed"; fi
+n=$1; shift; while [ "$n" -gt 0 ]; do eval "$1" || fail "prerun command failed: $1"; shift; n=$((n-1)); done
+if [ -n "$venv" ]; then . "$venv/bin/activate" || fail "cannot activate the venv $venv"; fi
+post=$1; shift; i=0; while [ "$i" -lt "$post" ]; do eval "p$i=\$1"; shift; i=$((i+1)); done
+n=$1; shift; while [ "$n" -gt 0 ]; do export "$1" || fail "bad environment entry"; shift; n=$((n-1)); done
+if [ -n "$cwd" ]; then cd -- "$cwd" || fail "cannot enter the working directory $cwd"; fi
+if [ "$post" -eq 0 ]; then exec "$@"; fi
+"$@"; rc=$?
+i=0; while [ "$i" -lt "$post" ]; do eval "eval \"\$p$i\""; i=$((i+1)); done
+exit $rc
+"#;
+
+/// The wrapper: claims the start, runs the job in its own session, enforces the walltime,
+/// records the exit code, and kills what the job left in its process group.
+/// Args (after the root): dir; the rest is read from `<dir>/args` (see [`JOB`]).
+const WRAPPER: &str = r#"d=$1
+eval "set -- $(cat "$d/args")"
+log=$1; wall=$2; grace=$3
+[ -n "$log" ] || log=$d/output.log
+mkdir "$d/started" 2>/dev/null || exit 0
+echo "$$ $(ticks $$)" > "$d/wrapper.tmp" && mv -f "$d/wrapper.tmp" "$d/wrapper"
+record() { printf '%s' "$1" > "$d/exit.tmp" && sync "$d/exit.tmp" 2>/dev/null; mv -f "$d/exit.tmp" "$d/exit"; }
+if [ -e "$d/cancel" ]; then t=$(now); record "status=cancelled_before_start
+start_ms=$t
+end_ms=$t
+"; exit 0; fi
+trap : HUP INT TERM
+mkdir -p "$(dirname -- "$log")" 2>/dev/null
+start=$(now)
+setsid sh "$d/job.sh" "$d" < /dev/null >> "$log" 2>&1 &
+jp=$!
+echo "$jp $(ticks $jp) $start" > "$d/job.tmp" && mv -f "$d/job.tmp" "$d/job"
+if [ -e "$d/cancel" ]; then kill -TERM "-$jp" 2>/dev/null || kill -TERM "$jp" 2>/dev/null; fi
+wd=
+if [ "$wall" != 0 ]; then
+  setsid sh -c 'trap "kill \$s 2>/dev/null; exit 0" TERM; sleep "$1" & s=$!; wait $s
+    [ -e "$2/exit" ] && exit 0; : > "$2/timeout"; kill -TERM "-$3" 2>/dev/null
+    sleep "$4" & s=$!; wait $s; kill -KILL "-$3" 2>/dev/null' ptron-walltime "$wall" "$d" "$jp" "$grace" < /dev/null > /dev/null 2>&1 &
+  wd=$!
+fi
+while :; do wait "$jp"; rc=$?; kill -0 "$jp" 2>/dev/null || break; done
+kill -KILL "-$jp" 2>/dev/null
+end=$(now)
+to=0; [ -e "$d/timeout" ] && to=1
+c=0; [ -e "$d/cancel" ] && c=1
+record "status=exited
+code=$rc
+timeout=$to
+cancelled=$c
+start_ms=$start
+end_ms=$end
+"
+if [ -n "$wd" ]; then kill -TERM "-$wd" 2>/dev/null; fi
+exit 0
+"#;
+
+/// Submit: makes the attempt folder exclusively and starts the wrapper detached (`setsid`,
+/// no terminal, no tie to the SSH session). Prints `OK`, or `DUP` when the attempt was
+/// already started on this host. Args (after the root): id wrapper_text job_text args_text
+/// (the job's arguments as quoted shell words, written to `<dir>/args`).
+const SUBMIT: &str = r#"id=$1; W=$2; J=$3; A=$4
+d=$root/$id
+umask 077
+mkdir -p "$root" || exit 3
+if ! mkdir "$d" 2>/dev/null; then
+  if [ -e "$d/started" ] || [ -e "$d/exit" ]; then echo DUP; exit 0; fi
+fi
+umask 022
+printf '%s' "$J" > "$d/job.sh" || exit 3
+( umask 077; printf '%s' "$A" > "$d/args" ) || exit 3
+[ -e "$d/submitted" ] || now > "$d/submitted"
+setsid sh -c "$W" ptron-wrap "" "$d" < /dev/null > /dev/null 2>&1 &
+echo OK
+"#;
+
+/// Poll: one line per attempt id. `E <id> k=v...` (exit record), `R <id> <start ms>` (job
+/// alive), `W <id>` (wrapper alive, job starting or ending), `S <id> <submitted ms>` (folder
+/// made, wrapper not up yet), `D <id>` (wrapper gone without a record), `A <id>` (no folder).
+const POLL: &str = r#"for id in "$@"; do
+  d=$root/$id
+  if [ ! -d "$d" ]; then echo "A $id"; continue; fi
+  if [ ! -f "$d/exit" ]; then
+    p=; t=; s=
+    if [ -f "$d/job" ]; then read -r p t s < "$d/job"; if alive "$p" "$t"; then echo "R $id $s"; continue; fi; fi
+    p=; t=
+    if [ -f "$d/wrapper" ]; then read -r p t < "$d/wrapper"; if alive "$p" "$t"; then echo "W $id"; continue; fi; fi
+  fi
+  if [ -f "$d/exit" ]; then
+    line="E $id"; while IFS= read -r l; do line="$line $l"; done < "$d/exit"; echo "$line"; continue
+  fi
+  if [ -f "$d/wrapper" ]; then echo "D $id"; continue; fi
+  s=0; [ -f "$d/submitted" ] && read -r s < "$d/submitted"; echo "S $id $s"
+done
+"#;
+
+/// Cancel: records the request, signals the job's process group (TERM, then KILL after the
+/// grace) and waits for the exit record; an attempt not started yet never starts (its
+/// `started/` claim is taken). Prints `DONE` or `PENDING <state>`.
+/// Args (after the root): id grace_s confirm_s
+const CANCEL: &str = r#"id=$1; grace=$2; confirm=$3; d=$root/$id
+[ -f "$d/exit" ] && { echo DONE; exit 0; }
+mkdir -p "$d" || exit 3
+now > "$d/cancel.tmp" && mv -f "$d/cancel.tmp" "$d/cancel"
+i=0; while [ ! -f "$d/job" ] && [ ! -f "$d/exit" ] && [ $i -lt 50 ]; do
+  if [ ! -f "$d/wrapper" ] && mkdir "$d/started" 2>/dev/null; then
+    t=$(now); printf 'status=cancelled_before_start\nstart_ms=%s\nend_ms=%s\n' "$t" "$t" > "$d/exit.tmp"; mv -f "$d/exit.tmp" "$d/exit"
+    echo DONE; exit 0
+  fi
+  sleep 0.1; i=$((i+1))
+done
+p=; t=
+[ -f "$d/job" ] && read -r p t s < "$d/job"
+[ -n "$p" ] && kill -TERM "-$p" 2>/dev/null
+i=0; n=$((grace*10)); while [ ! -f "$d/exit" ] && [ $i -lt $n ]; do sleep 0.1; i=$((i+1)); done
+[ -f "$d/exit" ] || { [ -n "$p" ] && kill -KILL "-$p" 2>/dev/null; }
+i=0; n=$((confirm*10)); while [ ! -f "$d/exit" ] && [ $i -lt $n ]; do sleep 0.1; i=$((i+1)); done
+if [ -f "$d/exit" ]; then echo DONE; else echo "PENDING running"; fi
+"#;
+
+/// Preflight: the repository and the venv exist, and the GPU probe's output. Prints
+/// `REPO ok|missing`, `VENV ok|missing|none`, `PROBE <exit code>` and then the probe's output.
+/// Args (after the root): repo venv probe_argv...
+const PREFLIGHT: &str = r#"repo=$1; venv=$2; shift 2
+if [ -z "$repo" ]; then echo "REPO none"; elif [ -d "$repo" ]; then echo "REPO ok"; else echo "REPO missing"; fi
+if [ -z "$venv" ]; then echo "VENV none"; elif [ -f "$venv/bin/activate" ]; then echo "VENV ok"; else echo "VENV missing"; fi
+mkdir -p "$root" && [ -w "$root" ] && echo "ROOT ok $root" || echo "ROOT unwritable $root"
+out=$("$@" 2>&1); rc=$?
+echo "PROBE $rc"
+printf '%s\n' "$out"
+"#;
+
+/// The whole text of a script: the root preamble, then the body.
+fn script(body: &str) -> String {
+    format!("{ROOT}{body}")
+}
+
+/// The remote command line for `body` with `args`: `sh -c '<script>' <name> <args...>`, every
+/// word quoted (the remote login shell parses the line; nothing in it is left unquoted).
+pub fn command_line(name: &str, body: &str, env: &[(&str, &str)], args: &[String]) -> String {
+    let mut words: Vec<String> = Vec::with_capacity(args.len() + 6);
+    if !env.is_empty() {
+        words.push("env".into());
+        for (k, v) in env {
+            words.push(quote(&format!("{k}={v}")));
+        }
+    }
+    words.push("sh".into());
+    words.push("-c".into());
+    words.push(quote(&script(body)));
+    words.push(quote(name));
+    words.extend(args.iter().map(|a| quote(a)));
+    words.join(" ")
+}
+
+/// Quotes one word for a POSIX shell: `'...'` with `'` written as `'\''`.
+pub fn quote(s: &str) -> String {
+    crate::campaign::dryrun::shell_quote(s)
+}
+
+/// Script bodies by operation.
+pub fn submit_body() -> &'static str {
+    SUBMIT
+}
+/// See [`POLL`].
+pub fn poll_body() -> &'static str {
+    POLL
+}
+/// See [`CANCEL`].
+pub fn cancel_body() -> &'static str {
+    CANCEL
+}
+/// See [`PREFLIGHT`].
+pub fn preflight_body() -> &'static str {
+    PREFLIGHT
+}
+/// The wrapper's full text (with the root preamble for `now`/`ticks`; its root argument is
+/// passed empty and unused).
+pub fn wrapper_script() -> String {
+    script(WRAPPER)
+}
+
+/// One line of the poll script's answer.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum RemoteState {
+    /// No attempt folder.
+    Absent,
+    /// Folder made at `submitted_ms`, wrapper not started yet.
+    Submitted { submitted_ms: u64 },
+    /// The wrapper runs but the job is not (yet, or any more) alive.
+    Wrapping,
+    /// The job runs, started at this time.
+    Running { start_ms: Option<u64> },
+    /// The wrapper died without recording an exit (host rebooted, wrapper killed).
+    Dead,
+    /// The exit record.
+    Exited(ExitRecord),
+}
+
+/// The wrapper's exit record.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct ExitRecord {
+    /// `exited` or `cancelled_before_start`.
+    pub status: String,
+    /// Exit code (128+N for death by signal N, as the shell reports it).
+    pub code: Option<i32>,
+    /// The walltime watchdog fired.
+    pub timeout: bool,
+    /// A cancel was requested before the job ended.
+    pub cancelled: bool,
+    /// Start, ms.
+    pub start_ms: Option<u64>,
+    /// End, ms.
+    pub end_ms: Option<u64>,
+}
+
+/// Parses the poll answer into `(attempt id, state)` pairs (unknown lines are skipped; the
+/// caller treats a missing id as an incomplete answer).
+pub fn parse_poll(out: &str) -> Vec<(String, RemoteState)> {
+    let mut v = Vec::new();
+    for line in out.lines() {
+        let mut w = line.split(' ');
+        let (Some(tag), Some(id)) = (w.next(), w.next()) else {
+            continue;
+        };
+        let num = |s: Option<&str>| s.and_then(|x| x.parse::<u64>().ok());
+        let st = match tag {
+            "A" => RemoteState::Absent,
+            "S" => RemoteState::Submitted {
+                submitted_ms: num(w.next()).unwrap_or(0),
+            },
+            "W" => RemoteState::Wrapping,
+            "R" => RemoteState::Running {
+                start_ms: num(w.next()),
+            },
+            "D" => RemoteState::Dead,
+            "E" => {
+                let mut r = ExitRecord::default();
+                for kv in w {
+                    let Some((k, val)) = kv.split_once('=') else {
+                        continue;
+                    };
+                    match k {
+                        "status" => r.status = val.to_string(),
+                        "code" => r.code = val.parse().ok(),
+                        "timeout" => r.timeout = val == "1",
+                        "cancelled" => r.cancelled = val == "1",
+                        "start_ms" => r.start_ms = val.parse().ok(),
+                        "end_ms" => r.end_ms = val.parse().ok(),
+                        _ => {}
+                    }
+                }
+                RemoteState::Exited(r)
+            }
+            _ => continue,
+        };
+        v.push((id.to_string(), st));
+    }
+    v
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn poll_lines_parse() {
+        let out = "A x\nS y 17\nW z\nR r 42\nD d\nE e status=exited code=3 timeout=0 cancelled=1 start_ms=5 end_ms=9\ngarbage\n";
+        let v = parse_poll(out);
+        assert_eq!(v.len(), 6);
+        assert_eq!(v[1].1, RemoteState::Submitted { submitted_ms: 17 });
+        assert_eq!(v[3].1, RemoteState::Running { start_ms: Some(42) });
+        assert_eq!(
+            v[5].1,
+            RemoteState::Exited(ExitRecord {
+                status: "exited".into(),
+                code: Some(3),
+                timeout: false,
+                cancelled: true,
+                start_ms: Some(5),
+                end_ms: Some(9),
+            })
+        );
+    }
+
+    #[test]
+    fn command_line_quotes_every_word() {
+        let line = command_line(
+            "n",
+            "echo \"$@\"",
+            &[],
+            // The first argument is the remote root (empty: the default).
+            &[String::new(), "a b".into(), "it's; rm -rf /".into()],
+        );
+        assert!(
+            line.ends_with("'n' '' 'a b' 'it'\\''s; rm -rf /'"),
+            "{line}"
+        );
+        // Run it through a real shell: the values come back verbatim.
+        let out = std::process::Command::new("sh")
+            .arg("-c")
+            .arg(&line)
+            .output()
+            .unwrap();
+        let text = String::from_utf8_lossy(&out.stdout);
+        assert!(text.contains("a b it's; rm -rf /"), "{text}");
+    }
+}

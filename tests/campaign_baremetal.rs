@@ -1,0 +1,448 @@
+//! Campaigns on the bare-metal executor over real OpenSSH hosts on loopback
+//! (`scripts/ssh-hosts.sh`: sshd instances h1-h6, 4 fake GPUs each):
+//! - the digits campaign example runs to completion across h1-h4 with the same results as on
+//!   the local runner, GPU slices disjoint (every attempt records host, CUDA_VISIBLE_DEVICES and
+//!   its time span; overlapping attempts on one host never share a GPU);
+//! - a real Puzzletron fixture (qwen3p5_0p8b `mip_smoke`) with a stub worker in the runner's
+//!   venv runs to completion across the hosts;
+//! - `kill -9` of the controller at random moments (`PUZZLETRON_BM_CRASH_TRIALS`, default 12):
+//!   no attempt started twice, no lost result, results identical;
+//! - one host's sshd stopped mid-run and started again: the campaign completes; a host stopped
+//!   for good (sshd and its tasks killed): its tasks fail as NODE_FAIL after `--lost-after`
+//!   and are resubmitted on the other host.
+//! The fault tests use h5/h6 only, so they never disturb the tests running on h1-h4.
+
+mod controller_support;
+#[path = "support/ssh_hosts.rs"]
+mod ssh_hosts;
+#[path = "support/watchdog.rs"]
+mod watchdog;
+
+use std::collections::BTreeSet;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use controller_support::{Rng, audit, campaign_exe, result};
+
+const CLUSTER: &str = "h1:4,h2:4,h3:4,h4:4";
+const SPARE: &str = "h5:4,h6:4";
+
+fn bm_args(h: &ssh_hosts::SshHosts, hosts: &str) -> Vec<String> {
+    vec![
+        "--runner".into(),
+        "baremetal".into(),
+        "--hosts".into(),
+        hosts.into(),
+        "--ssh-config".into(),
+        h.config.display().to_string(),
+        "--epochs".into(),
+        "1".into(),
+    ]
+}
+
+fn run(dir: &Path, args: &[String]) -> String {
+    let (status, text) = controller_support::run_to_text(
+        Command::new(campaign_exe())
+            .arg("--dir")
+            .arg(dir)
+            .args(["--quiet", "--poll-ms", "100"])
+            .args(args),
+    );
+    let _ = std::fs::write(dir.with_extension("log"), &text);
+    assert!(
+        status.success(),
+        "campaign in {} exited {status}; output:\n{}",
+        dir.display(),
+        text.lines()
+            .rev()
+            .take(30)
+            .collect::<Vec<_>>()
+            .into_iter()
+            .rev()
+            .collect::<Vec<_>>()
+            .join("\n")
+    );
+    text
+}
+
+/// `seen.log` lines of every unit: (attempt, host, GPUs, start ms, end ms).
+fn seen(dir: &Path) -> Vec<(String, String, Vec<String>, u128, u128)> {
+    let mut v = Vec::new();
+    for stage in std::fs::read_dir(dir.join("work")).unwrap() {
+        for unit in std::fs::read_dir(stage.unwrap().path()).unwrap() {
+            let text =
+                std::fs::read_to_string(unit.unwrap().path().join("seen.log")).unwrap_or_default();
+            for l in text.lines() {
+                let w: Vec<&str> = l.split(' ').collect();
+                let gpus = if w[2] == "-" {
+                    Vec::new()
+                } else {
+                    w[2].split(',').map(str::to_string).collect()
+                };
+                v.push((
+                    w[0].to_string(),
+                    w[1].to_string(),
+                    gpus,
+                    w[3].parse().unwrap(),
+                    w[4].parse().unwrap(),
+                ));
+            }
+        }
+    }
+    v
+}
+
+/// Overlapping attempts on one host never share a GPU.
+fn assert_disjoint(runs: &[(String, String, Vec<String>, u128, u128)]) {
+    for (i, a) in runs.iter().enumerate() {
+        for b in &runs[i + 1..] {
+            if a.1 == b.1 && a.3 < b.4 && b.3 < a.4 {
+                assert!(
+                    a.2.iter().all(|g| !b.2.contains(g)),
+                    "{} and {} overlapped on {} with GPUs {:?} / {:?}",
+                    a.0,
+                    b.0,
+                    a.1,
+                    a.2,
+                    b.2
+                );
+            }
+        }
+    }
+}
+
+fn reference(root: &Path) -> serde_json::Value {
+    let dir = root.join("reference-local");
+    run(&dir, &["--epochs".into(), "1".into()]);
+    result(&dir)
+}
+
+#[test]
+fn digits_campaign_runs_across_hosts_with_disjoint_gpu_slices() {
+    let Some(h) = ssh_hosts::hosts() else { return };
+    let _w = watchdog::Watchdog::start("digits_baremetal", Duration::from_secs(600));
+    let root = tempfile::tempdir().unwrap();
+    let want = reference(root.path());
+    let dir = root.path().join("bm");
+    run(&dir, &bm_args(&h, CLUSTER));
+    assert_eq!(
+        result(&dir),
+        want,
+        "bare-metal results differ from the local runner's"
+    );
+    let a = audit(&dir);
+    assert!(a.duplicates.is_empty() && a.missing.is_empty(), "{a:?}");
+    let runs = seen(&dir);
+    assert!(runs.len() >= 10, "{runs:?}");
+    assert_disjoint(&runs);
+    let hosts: BTreeSet<&str> = runs.iter().map(|r| r.1.as_str()).collect();
+    assert!(
+        hosts.len() >= 2 && hosts.iter().all(|x| ["h1", "h2", "h3", "h4"].contains(x)),
+        "{hosts:?}"
+    );
+    // score shards ask for 1 GPU each and saw exactly one.
+    for r in runs
+        .iter()
+        .filter(|r| r.0.contains(".score.") && !r.0.contains(".agg."))
+    {
+        assert_eq!(r.2.len(), 1, "{r:?}");
+    }
+    // Every lease released at the end; a second run is a no-op that submits nothing.
+    let leases: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(dir.join("baremetal/gpu-leases.json")).unwrap())
+            .unwrap();
+    assert!(
+        leases["leases"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .all(|l| l["released"] == true),
+        "{leases}"
+    );
+    let before = audit(&dir).attempts;
+    run(&dir, &bm_args(&h, CLUSTER));
+    assert_eq!(audit(&dir).attempts, before);
+}
+
+#[test]
+fn kill_9_of_the_controller_at_random_moments() {
+    let Some(h) = ssh_hosts::hosts() else { return };
+    let trials: usize = std::env::var("PUZZLETRON_BM_CRASH_TRIALS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(12);
+    let _w = watchdog::Watchdog::start("bm_kill_9", Duration::from_secs(300 + 30 * trials as u64));
+    let seed = std::env::var("PUZZLETRON_CRASH_SEED")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(0xba5e_u64);
+    let mut rng = Rng(seed | 1);
+    let root = tempfile::tempdir().unwrap();
+    let want = reference(root.path());
+    let args = bm_args(&h, CLUSTER);
+    let started = Instant::now();
+    let (mut kills, mut campaigns, mut adopted) = (0usize, 0usize, 0usize);
+    while kills < trials {
+        campaigns += 1;
+        let dir = root.path().join(format!("c{campaigns}"));
+        loop {
+            let mut child = Command::new(campaign_exe())
+                .arg("--dir")
+                .arg(&dir)
+                .args(["--quiet", "--poll-ms", "100"])
+                .args(&args)
+                .stdin(Stdio::null())
+                .stdout(Stdio::null())
+                .stderr(Stdio::null())
+                .spawn()
+                .unwrap();
+            let deadline = Instant::now() + Duration::from_millis(50 + rng.below(2950));
+            let mut finished = None;
+            while Instant::now() < deadline {
+                if let Some(st) = child.try_wait().unwrap() {
+                    finished = Some(st);
+                    break;
+                }
+                std::thread::sleep(Duration::from_millis(10));
+            }
+            match finished {
+                Some(st) => {
+                    assert!(st.success(), "campaign {campaigns} exited with {st}");
+                    break;
+                }
+                None => {
+                    child.kill().unwrap();
+                    child.wait().unwrap();
+                    kills += 1;
+                }
+            }
+        }
+        assert_eq!(result(&dir), want, "campaign {campaigns}: results differ");
+        let a = audit(&dir);
+        assert!(
+            a.duplicates.is_empty(),
+            "campaign {campaigns}: duplicates {:?}",
+            a.duplicates
+        );
+        assert!(
+            a.missing.is_empty(),
+            "campaign {campaigns}: lost results {:?}",
+            a.missing
+        );
+        assert_disjoint(&seen(&dir));
+        adopted += a.adopted;
+    }
+    eprintln!(
+        "bare-metal crash trials: {kills} kill -9 over {campaigns} campaigns (seed {seed}), {adopted} adopted, 0 duplicates, 0 lost results, {:.1} s",
+        started.elapsed().as_secs_f64()
+    );
+}
+
+/// Waits until the campaign in `dir` has a live lease on `host` whose task runs there.
+fn wait_for_task_on(dir: &Path, host: &str, child: &mut std::process::Child) -> bool {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while Instant::now() < deadline {
+        if child.try_wait().unwrap().is_some() {
+            return false;
+        }
+        if let Ok(b) = std::fs::read(dir.join("baremetal/gpu-leases.json"))
+            && let Ok(v) = serde_json::from_slice::<serde_json::Value>(&b)
+        {
+            let live = v["leases"].as_array().into_iter().flatten().any(|l| {
+                l["released"] == false
+                    && l["slices"]
+                        .as_array()
+                        .into_iter()
+                        .flatten()
+                        .any(|s| s["host"] == host)
+            });
+            // The payload itself (not a poll's shell) runs there.
+            if live && ssh_hosts::ctl(&["ps", host]).contains("worker --epochs") {
+                return true;
+            }
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    false
+}
+
+#[test]
+fn host_down_and_back_then_host_down_for_good() {
+    let Some(h) = ssh_hosts::hosts() else { return };
+    let _w = watchdog::Watchdog::start("bm_host_faults", Duration::from_secs(600));
+    let root = tempfile::tempdir().unwrap();
+    let want = reference(root.path());
+
+    // 1. h5's sshd stops while it runs a task, and comes back 4 s later: the campaign
+    //    completes without losing or repeating anything.
+    let dir = root.path().join("blip");
+    let mut child = Command::new(campaign_exe())
+        .arg("--dir")
+        .arg(&dir)
+        .args(["--quiet", "--poll-ms", "100"])
+        .args(bm_args(&h, SPARE))
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    assert!(
+        wait_for_task_on(&dir, "h5", &mut child),
+        "no task ran on h5"
+    );
+    ssh_hosts::ctl(&["stop", "h5"]);
+    std::thread::sleep(Duration::from_secs(4));
+    ssh_hosts::ctl(&["start", "h5"]);
+    let st = child.wait().unwrap();
+    assert!(st.success(), "campaign with a host blip exited {st}");
+    assert_eq!(result(&dir), want);
+    let a = audit(&dir);
+    assert!(a.duplicates.is_empty() && a.missing.is_empty(), "{a:?}");
+
+    // 2. h6 goes away for good (sshd and every process of it killed) while it runs a task:
+    //    after --lost-after its tasks are NODE_FAIL (transient) and resubmitted on h5.
+    let dir = root.path().join("gone");
+    // h6 first: the GPU stages (score's shards, realize) are placed there first.
+    let mut args = bm_args(&h, "h6:4,h5:4");
+    args.extend(["--lost-after".into(), "3".into()]);
+    let mut child = Command::new(campaign_exe())
+        .arg("--dir")
+        .arg(&dir)
+        .args(["--quiet", "--poll-ms", "100"])
+        .args(&args)
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let ran = wait_for_task_on(&dir, "h6", &mut child);
+    ssh_hosts::ctl(&["stop", "h6"]);
+    ssh_hosts::ctl(&["kill-tasks", "h6"]);
+    let out = child.wait_with_output().unwrap();
+    ssh_hosts::ctl(&["start", "h6"]);
+    let text = String::from_utf8_lossy(&out.stderr);
+    assert!(ran, "no task ran on h6:\n{text}");
+    assert!(
+        out.status.success(),
+        "campaign with a dead host exited {}:\n{text}",
+        out.status
+    );
+    assert_eq!(result(&dir), want);
+    let a = audit(&dir);
+    assert!(a.duplicates.is_empty() && a.missing.is_empty(), "{a:?}");
+    let journal = std::fs::read_to_string(dir.join("controller/journal.jsonl")).unwrap();
+    assert!(
+        journal.contains("NODE_FAIL")
+            || journal.contains("node_fail")
+            || journal.contains("transient"),
+        "no transient failure recorded:\n{journal}"
+    );
+    // Everything that finished after the loss ran on h5.
+    let runs = seen(&dir);
+    let lost: Vec<_> = runs.iter().filter(|r| r.1 == "h6").collect();
+    let after: Vec<_> = runs.iter().filter(|r| r.0.ends_with(".a2")).collect();
+    assert!(
+        !after.is_empty() && after.iter().all(|r| r.1 == "h5"),
+        "retries {after:?}, on h6 {lost:?}"
+    );
+}
+
+/// A real Puzzletron fixture (qwen3p5_0p8b `mip_smoke`, 11 single-instance stages, 1 GPU each)
+/// with a stub worker: the runner's venv puts a stub `python` first in PATH that records what
+/// it saw and writes `_SUCCESS`. Driven in-process by the library's controller.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn puzzletron_fixture_with_a_stub_worker_runs_across_hosts() {
+    use puzzletron::campaign::controller::{CampaignController, RunOptions, ViewMode};
+    use puzzletron::campaign::{ExecutionConfig, RunnerEnvironment, compile_campaign_plan};
+    use puzzletron::executor::BareMetalExecutor;
+
+    let Some(h) = ssh_hosts::hosts() else { return };
+    let _w = watchdog::Watchdog::start("bm_fixture", Duration::from_secs(300));
+    let fixtures =
+        PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../shared/fixtures/puzzletron-configs");
+    let root = tempfile::tempdir().unwrap();
+    let repo = root.path().join("checkout");
+    let venv = root.path().join("venv");
+    std::fs::create_dir_all(&repo).unwrap();
+    std::fs::create_dir_all(venv.join("bin")).unwrap();
+    std::fs::write(
+        venv.join("bin/activate"),
+        format!(
+            "VIRTUAL_ENV={}\nPATH=\"$VIRTUAL_ENV/bin:$PATH\"\nexport VIRTUAL_ENV PATH\n",
+            venv.display()
+        ),
+    )
+    .unwrap();
+    let stub = venv.join("bin/python");
+    std::fs::write(
+        &stub,
+        "#!/bin/sh\n# stub Puzzletron worker: records what it saw, then succeeds\n\
+         mkdir -p \"$PUZZLETRON_OUTPUT_DIR\"\n\
+         start=$(date +%s%3N)\n\
+         printf '%s %s\\n' \"$(pwd)\" \"$*\" >> \"$PUZZLETRON_OUTPUT_DIR/args.log\"\n\
+         sleep 0.2\n\
+         printf '%s %s %s %s %s\\n' \"$PUZZLETRON_ATTEMPT_ID\" \"$PUZZLETRON_HOST\" \"${CUDA_VISIBLE_DEVICES:--}\" \"$start\" \"$(date +%s%3N)\" >> \"$PUZZLETRON_OUTPUT_DIR/seen.log\"\n\
+         : > \"$PUZZLETRON_OUTPUT_DIR/_SUCCESS\"\n",
+    )
+    .unwrap();
+    std::fs::set_permissions(&stub, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+    let runner_yaml = root.path().join("runner.yaml");
+    std::fs::write(
+        &runner_yaml,
+        format!(
+            "runner:\n  kind: baremetal\n  inventory:\n    rendezvous_host: h1\n    rendezvous_port_base: 29600\n    hosts:\n{}  execution_contract:\n    repository: {}\n    venv: {}\n",
+            ["h1", "h2", "h3", "h4"].iter().map(|x| format!("      - {{hostname: {x}, gpus: 4}}\n")).collect::<String>(),
+            repo.display(),
+            venv.display()
+        ),
+    )
+    .unwrap();
+    let runner = RunnerEnvironment::load(&runner_yaml).unwrap();
+    let execution =
+        ExecutionConfig::load(fixtures.join("orchestration/qwen3p5_0p8b/execution.smoke.yaml"))
+            .unwrap();
+    let plan = compile_campaign_plan(
+        fixtures.join("families/qwen3_5/qwen3p5_0p8b/runs/mip_smoke.yaml"),
+        &runner,
+        &execution,
+        &[],
+        None,
+    )
+    .unwrap();
+    let stages = plan.stages.len();
+    let dir =
+        puzzletron::campaign::controller::open_campaign_dir(&root.path().join("campaign")).unwrap();
+    let exec = BareMetalExecutor::builder(dir.join("baremetal"))
+        .runner(&plan.runner)
+        .unwrap()
+        .ssh_config(&h.config)
+        .kill_grace(Duration::from_secs(1))
+        .build()
+        .unwrap();
+    let mut ctl = CampaignController::builder()
+        .plan(plan)
+        .executor(Arc::new(exec))
+        .campaign_dir(&dir)
+        .poll_interval(Duration::from_millis(50), Duration::from_millis(200))
+        .view(ViewMode::Off)
+        .build()
+        .unwrap();
+    let report = ctl.run(RunOptions::default()).await.unwrap();
+    assert!(report.is_complete(), "{report}");
+    let runs = seen(&dir);
+    assert_eq!(runs.len(), stages, "{runs:?}");
+    for r in &runs {
+        assert_eq!(r.2.len(), 1, "one GPU per stage: {r:?}");
+        assert!(["h1", "h2", "h3", "h4"].contains(&r.1.as_str()), "{r:?}");
+    }
+    assert_disjoint(&runs);
+    // The stub ran from the venv, in the campaign folder (the controller's cwd), with the
+    // stage's own arguments.
+    let text = std::fs::read_to_string(dir.join("work/mip/0/args.log")).unwrap();
+    assert!(
+        text.starts_with(&format!("{} ", dir.display())) && text.contains("--stage mip"),
+        "{text}"
+    );
+}

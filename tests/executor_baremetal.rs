@@ -1,0 +1,432 @@
+//! The bare-metal executor against real OpenSSH hosts on loopback (`scripts/ssh-hosts.sh`):
+//! the conformance suite, preflight errors, disjoint GPU slices, walltime, cancel leaving no
+//! process behind (checked with `ps` per host), an unreachable host.
+
+#[path = "support/ssh_hosts.rs"]
+mod ssh_hosts;
+#[path = "support/watchdog.rs"]
+mod watchdog;
+
+use std::path::Path;
+use std::time::Duration;
+
+use puzzletron::executor::{
+    AttemptId, AttemptSpec, BareMetalExecutor, CommandSpec, Executor, ExecutorError, ExecutorExt,
+    GpuRequest, JobState, TaskTopology, conformance,
+};
+
+fn executor(h: &ssh_hosts::SshHosts, state: &Path) -> BareMetalExecutor {
+    let mut b = BareMetalExecutor::builder(state)
+        .ssh_config(&h.config)
+        .kill_grace(Duration::from_secs(1))
+        .cancel_timeout(Duration::from_secs(5));
+    for host in &h.hosts[..4] {
+        b = b.host(host, 4);
+    }
+    b.build().expect("bare-metal executor")
+}
+
+fn uniq(tag: &str) -> String {
+    format!("bm{}-{tag}", std::process::id())
+}
+
+/// The state folder a child process of `find_from_separate_process` opens.
+const CHILD_STATE_ENV: &str = "PUZZLETRON_BM_CONFORMANCE_STATE";
+
+/// Child entry point: a fresh executor over the parent's state folder (its lease file)
+/// answers `find` (does nothing in a normal run).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn baremetal_child_entry() {
+    if let Ok(state) = std::env::var(CHILD_STATE_ENV) {
+        let h = ssh_hosts::hosts().expect("hosts");
+        assert!(conformance::child_find_main(&executor(&h, Path::new(&state))).await);
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn baremetal_executor_conforms() {
+    let Some(h) = ssh_hosts::hosts() else { return };
+    let _w = watchdog::Watchdog::start("baremetal_executor_conforms", Duration::from_secs(300));
+    let state = tempfile::tempdir().unwrap();
+    let path = state.path().to_path_buf();
+    let child_state = path.clone();
+    conformance::Conformance::new(move || Box::new(executor(&h, &path)))
+        .with_poll_interval(Duration::from_millis(50))
+        .with_timeout(Duration::from_secs(60))
+        .with_scratch_dir(state.path())
+        .with_separate_process(move || {
+            let mut c = std::process::Command::new(std::env::current_exe().expect("test binary"));
+            c.args([
+                "--exact",
+                "baremetal_child_entry",
+                "--nocapture",
+                "--test-threads=1",
+            ])
+            .env(CHILD_STATE_ENV, &child_state);
+            c
+        })
+        .run_all()
+        .await;
+}
+
+/// Processes of host `h` (as `ps` shows them, environment included) that belong to attempts
+/// whose id starts with `prefix`.
+fn ps_attempts(h: &str, prefix: &str) -> Vec<String> {
+    let out = std::process::Command::new("ps")
+        .args(["-eww", "e", "-o", "pid=,pgid=,args="])
+        .output()
+        .expect("ps");
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .filter(|l| {
+            l.contains(&format!("PUZZLETRON_FAKE_HOST={h} "))
+                && l.contains(&format!("PUZZLETRON_ATTEMPT_ID={prefix}"))
+        })
+        .map(|l| l.chars().take(160).collect())
+        .collect()
+}
+
+fn spec(id: &str, script: &str, gpus: u32) -> AttemptSpec {
+    let mut t = TaskTopology::single();
+    if gpus > 0 {
+        t.gpus = GpuRequest::PerNode(gpus);
+    }
+    AttemptSpec::new(
+        AttemptId::new(id).unwrap(),
+        CommandSpec::new("sh").arg("-c").arg(script),
+    )
+    .with_topology(t)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn preflight_names_the_host_and_what_is_missing() {
+    let Some(h) = ssh_hosts::hosts() else { return };
+    let _w = watchdog::Watchdog::start("preflight", Duration::from_secs(120));
+    let state = tempfile::tempdir().unwrap();
+    let repo = state.path().join("no-such-checkout");
+    let contract = puzzletron::campaign::ExecutionContract {
+        repository: Some(repo.display().to_string()),
+        ..Default::default()
+    };
+    let exec = BareMetalExecutor::builder(state.path())
+        .ssh_config(&h.config)
+        .host(&h.hosts[1], 4)
+        .contract(&contract)
+        .build()
+        .unwrap();
+    let e = exec.preflight().await.unwrap_err();
+    let m = e.to_string();
+    assert!(
+        matches!(e, ExecutorError::HostPreflight { ref host, .. } if host == &h.hosts[1]),
+        "{m}"
+    );
+    assert!(
+        m.contains("no-such-checkout") && m.contains("repository"),
+        "{m}"
+    );
+    assert!(!e.is_retryable());
+    // The venv must have bin/activate.
+    let venv = state.path().join("venv");
+    std::fs::create_dir_all(venv.join("bin")).unwrap();
+    let contract = puzzletron::campaign::ExecutionContract {
+        repository: Some(state.path().display().to_string()),
+        venv: Some(venv.display().to_string()),
+        ..Default::default()
+    };
+    let exec = BareMetalExecutor::builder(state.path())
+        .ssh_config(&h.config)
+        .host(&h.hosts[0], 4)
+        .contract(&contract)
+        .build()
+        .unwrap();
+    let m = exec.preflight().await.unwrap_err().to_string();
+    assert!(m.contains(&h.hosts[0]) && m.contains("bin/activate"), "{m}");
+    std::fs::write(venv.join("bin/activate"), "export PTRON_VENV_ON=1\n").unwrap();
+    exec.preflight().await.expect("repo and venv exist now");
+    // The probe lists 4 GPUs; an inventory of 8 is refused naming the missing ones.
+    let exec = BareMetalExecutor::builder(state.path())
+        .ssh_config(&h.config)
+        .host(&h.hosts[2], 8)
+        .build()
+        .unwrap();
+    let m = exec.preflight().await.unwrap_err().to_string();
+    assert!(m.contains(&h.hosts[2]) && m.contains("[4, 5, 6, 7]"), "{m}");
+    // A custom probe that fails.
+    let exec = BareMetalExecutor::builder(state.path())
+        .ssh_config(&h.config)
+        .host(&h.hosts[2], 1)
+        .gpu_probe(["sh", "-c", "echo no driver >&2; exit 9"])
+        .build()
+        .unwrap();
+    let m = exec.preflight().await.unwrap_err().to_string();
+    assert!(m.contains("exit Some(9)") && m.contains("no driver"), "{m}");
+    // Submitting runs the preflight first.
+    let exec = BareMetalExecutor::builder(state.path().join("s2"))
+        .ssh_config(&h.config)
+        .host(&h.hosts[1], 4)
+        .contract(&puzzletron::campaign::ExecutionContract {
+            repository: Some(repo.display().to_string()),
+            ..Default::default()
+        })
+        .build()
+        .unwrap();
+    let e = exec
+        .submit(&spec(&uniq("pf"), "true", 0))
+        .await
+        .unwrap_err();
+    assert!(matches!(e, ExecutorError::HostPreflight { .. }), "{e}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn gpu_slices_are_disjoint_and_waiting_tasks_start_later() {
+    let Some(h) = ssh_hosts::hosts() else { return };
+    let _w = watchdog::Watchdog::start("gpu_slices", Duration::from_secs(180));
+    let state = tempfile::tempdir().unwrap();
+    let seen = state.path().join("seen");
+    std::fs::create_dir_all(&seen).unwrap();
+    let exec = executor(&h, &state.path().join("campaign"));
+    // 4 hosts x 4 GPUs: eight 2-GPU tasks fill them; two more wait.
+    let mut handles = Vec::new();
+    for i in 0..10 {
+        let id = uniq(&format!("slice{i}"));
+        let script = format!(
+            "echo \"$PUZZLETRON_HOST $CUDA_VISIBLE_DEVICES $(date +%s%N)\" > {}/{id}; sleep 2; echo \"end $(date +%s%N)\" >> {}/{id}",
+            seen.display(),
+            seen.display()
+        );
+        handles.push(exec.submit(&spec(&id, &script, 2)).await.unwrap());
+    }
+    let first = exec.poll(&handles).await.unwrap();
+    let pending: Vec<_> = first
+        .iter()
+        .filter(|s| s.state == JobState::Pending)
+        .collect();
+    assert!(
+        pending.len() >= 2
+            && pending.iter().any(|s| s
+                .reason
+                .as_deref()
+                .unwrap_or("")
+                .contains("waiting for 2 GPU")),
+        "{first:?}"
+    );
+    let st = exec
+        .wait_terminal(
+            &handles,
+            Duration::from_millis(100),
+            Duration::from_secs(90),
+        )
+        .await
+        .unwrap();
+    for s in &st {
+        assert_eq!(s.state, JobState::Completed, "{s:?}");
+    }
+    // Every task saw 2 GPUs; tasks that overlapped in time never shared a (host, GPU).
+    let mut runs = Vec::new();
+    for h in &handles {
+        let text = std::fs::read_to_string(seen.join(h.attempt_id.as_str())).unwrap();
+        let mut lines = text.lines();
+        let first: Vec<&str> = lines.next().unwrap().split(' ').collect();
+        let end: u128 = lines.next().unwrap()[4..].parse().unwrap();
+        let gpus: Vec<String> = first[1].split(',').map(str::to_string).collect();
+        assert_eq!(gpus.len(), 2, "{text}");
+        runs.push((
+            first[0].to_string(),
+            gpus,
+            first[2].parse::<u128>().unwrap(),
+            end,
+        ));
+    }
+    for (i, a) in runs.iter().enumerate() {
+        for b in &runs[i + 1..] {
+            let overlap = a.2 < b.3 && b.2 < a.3;
+            if overlap && a.0 == b.0 {
+                assert!(
+                    a.1.iter().all(|g| !b.1.contains(g)),
+                    "GPU shared on {}: {:?} and {:?}",
+                    a.0,
+                    a.1,
+                    b.1
+                );
+            }
+        }
+    }
+    let hosts_used: std::collections::BTreeSet<&str> = runs.iter().map(|r| r.0.as_str()).collect();
+    assert_eq!(hosts_used.len(), 4, "{runs:?}");
+    assert!(runs.iter().all(|r| h.hosts[..4].contains(&r.0)), "{runs:?}");
+    assert!(exec.leases().unwrap().leases.iter().all(|l| l.released));
+    // A fresh executor (a restarted controller) finds them all from the lease file.
+    let again = executor(&h, &state.path().join("campaign"));
+    let found = again.find(&handles[9].attempt_id).await.unwrap().unwrap();
+    assert_eq!(found.attempt_id, handles[9].attempt_id);
+    assert_eq!(
+        again.poll(&[found]).await.unwrap()[0].state,
+        JobState::Completed
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn walltime_and_cancel_leave_no_process_on_any_host() {
+    let Some(h) = ssh_hosts::hosts() else { return };
+    let _w = watchdog::Watchdog::start("cancel_ps", Duration::from_secs(180));
+    let state = tempfile::tempdir().unwrap();
+    let exec = executor(&h, state.path());
+    let prefix = uniq("ps");
+    // A job with children that ignore nothing, on every host, plus one hitting its walltime.
+    let mut handles = Vec::new();
+    for i in 0..4 {
+        let s = spec(
+            &format!("{prefix}{i}"),
+            "sleep 300 & sh -c 'sleep 301' & sleep 302; wait",
+            4,
+        );
+        handles.push(exec.submit(&s).await.unwrap());
+    }
+    let wall = spec(&format!("{prefix}w"), "sleep 303 & sleep 304", 0)
+        .with_walltime(Duration::from_secs(2));
+    let wh = exec.submit(&wall).await.unwrap();
+    // All running, on all four hosts.
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    loop {
+        let st = exec.poll(&handles).await.unwrap();
+        if st.iter().all(|s| s.state == JobState::Running) {
+            let nodes: std::collections::BTreeSet<_> =
+                st.iter().map(|s| s.nodes.clone().unwrap()).collect();
+            assert_eq!(nodes.len(), 4, "{st:?}");
+            break;
+        }
+        assert!(std::time::Instant::now() < deadline, "{st:?}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let before: usize = h.hosts[..4]
+        .iter()
+        .map(|x| ps_attempts(x, &prefix).len())
+        .sum();
+    assert!(
+        before >= 4 * 4,
+        "expected the jobs' processes in ps, saw {before}"
+    );
+    for hd in &handles {
+        exec.cancel(hd).await.unwrap();
+    }
+    let st = exec.poll(&handles).await.unwrap();
+    for s in &st {
+        assert!(matches!(s.state, JobState::Cancelled { .. }), "{s:?}");
+    }
+    let ws = exec
+        .wait_terminal(
+            std::slice::from_ref(&wh),
+            Duration::from_millis(100),
+            Duration::from_secs(30),
+        )
+        .await
+        .unwrap();
+    assert_eq!(ws[0].state, JobState::Timeout, "{ws:?}");
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    for x in &h.hosts[..4] {
+        let left = ps_attempts(x, &prefix);
+        assert!(left.is_empty(), "processes left on {x}: {left:#?}");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn unreachable_host_is_retried_then_node_fail() {
+    let Some(h) = ssh_hosts::hosts() else { return };
+    let _w = watchdog::Watchdog::start("unreachable", Duration::from_secs(180));
+    // A host of its own (stopping h1-h4 would disturb the other tests): h6.
+    let state = tempfile::tempdir().unwrap();
+    let host = h.hosts[5].clone();
+    let build = |lost: u64| {
+        BareMetalExecutor::builder(state.path())
+            .ssh_config(&h.config)
+            .host(&host, 4)
+            .lost_after(Duration::from_secs(lost))
+            .backoff_max(Duration::from_secs(1))
+            .build()
+            .unwrap()
+    };
+    let exec = build(600);
+    let a = exec
+        .submit(&spec(&uniq("down-a"), "sleep 6", 1))
+        .await
+        .unwrap();
+    assert_eq!(
+        exec.poll(std::slice::from_ref(&a)).await.unwrap()[0].state,
+        JobState::Running
+    );
+    ssh_hosts::ctl(&["stop", &host]);
+    // Failed probes: still running, the reason says the host is silent.
+    for _ in 0..3 {
+        let s = &exec.poll(std::slice::from_ref(&a)).await.unwrap()[0];
+        assert_eq!(s.state, JobState::Running, "{s:?}");
+        assert!(
+            s.reason.as_deref().unwrap_or("").contains("unreachable"),
+            "{s:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(400)).await;
+    }
+    ssh_hosts::ctl(&["start", &host]);
+    let st = exec
+        .wait_terminal(
+            std::slice::from_ref(&a),
+            Duration::from_millis(200),
+            Duration::from_secs(60),
+        )
+        .await
+        .unwrap();
+    assert_eq!(st[0].state, JobState::Completed, "{st:?}");
+    // Gone for good: NODE_FAIL after lost_after, the lease freed.
+    let exec = build(2);
+    let b = exec
+        .submit(&spec(&uniq("down-b"), "sleep 60", 1))
+        .await
+        .unwrap();
+    ssh_hosts::ctl(&["stop", &host]);
+    ssh_hosts::ctl(&["kill-tasks", &host]);
+    let st = exec
+        .wait_terminal(
+            std::slice::from_ref(&b),
+            Duration::from_millis(200),
+            Duration::from_secs(60),
+        )
+        .await
+        .unwrap();
+    assert_eq!(st[0].state, JobState::NodeFail, "{st:?}");
+    assert!(st[0].reason.as_deref().unwrap_or("").contains("unreachable"), "{st:?}");
+    // Its GPU stays leased while the host is silent (the task might still run there)...
+    let live = |e: &BareMetalExecutor| {
+        e.leases().unwrap().leases.iter().filter(|l| l.is_live()).count()
+    };
+    assert_eq!(live(&exec), 1);
+    // ...and is freed once the host answers and the task is confirmed gone.
+    ssh_hosts::ctl(&["start", &host]);
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    while live(&exec) > 0 {
+        assert!(std::time::Instant::now() < deadline, "lease of the lost task never freed");
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        let s = exec.poll(std::slice::from_ref(&b)).await.unwrap();
+        assert_eq!(s[0].state, JobState::NodeFail, "{s:?}");
+    }
+    // An outage without the kill: the task runs on; when the host is back it is killed there.
+    let c = exec.submit(&spec(&uniq("down-c"), "sleep 60", 1)).await.unwrap();
+    assert_eq!(exec.poll(std::slice::from_ref(&c)).await.unwrap()[0].state, JobState::Running);
+    ssh_hosts::ctl(&["stop", &host]);
+    let st = exec
+        .wait_terminal(std::slice::from_ref(&c), Duration::from_millis(200), Duration::from_secs(60))
+        .await
+        .unwrap();
+    assert_eq!(st[0].state, JobState::NodeFail, "{st:?}");
+    assert!(
+        !ps_attempts(&host, c.attempt_id.as_str()).is_empty(),
+        "the task runs on through the outage"
+    );
+    ssh_hosts::ctl(&["start", &host]);
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    while live(&exec) > 0 {
+        assert!(std::time::Instant::now() < deadline, "lease of the lost task never freed");
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        exec.poll(std::slice::from_ref(&c)).await.unwrap();
+    }
+    let left = ps_attempts(&host, c.attempt_id.as_str());
+    assert!(left.is_empty(), "the lost task was not killed when its host came back: {left:?}");
+}
