@@ -25,6 +25,8 @@ use super::{
     Claim, ClaimInfo, ClaimOutcome, DEFAULT_STALE_AFTER, FORMAT_VERSION, JobRecord, MetricSink,
     MetricsInfo, Owner, Series, Status, Store, StoreError, check_metric_name,
 };
+use super::fs_sink::FsSink;
+use super::rows::{Bound, TornTail, read_rows};
 use crate::fsutil::{Durability, atomic_write, replace_file, write_file};
 use crate::identity::Hash;
 
@@ -54,6 +56,35 @@ fn io_err(path: &Path) -> impl FnOnce(io::Error) -> StoreError + '_ {
 }
 
 impl FsStore {
+    /// The rows attempt `attempt` of job `key` has written so far, whatever its state: for a
+    /// running or interrupted attempt (a killed process, a lost machine) these are the rows
+    /// flushed before the end (see [`Run::log`](crate::sweep::Run::log) for when rows are
+    /// flushed). A last line cut short by a crash is dropped and returned as a [`TornTail`]
+    /// (its file and byte offset), never an error; show it as a warning.
+    ///
+    /// # Errors
+    /// [`StoreError::Io`] when the file cannot be read (a missing file reads as no rows),
+    /// [`StoreError::Corrupt`] when a complete row before the end is not `name TAB step TAB
+    /// value`.
+    pub fn attempt_metrics(
+        &self,
+        key: &Hash,
+        attempt: u32,
+    ) -> Result<(Series, Option<TornTail>), StoreError> {
+        let path = self.job_dir(key).join(format!("metrics.{attempt}.tsv"));
+        let file = match File::open(&path) {
+            Ok(f) => f,
+            Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok((Series::default(), None)),
+            Err(e) => return Err(io_err(&path)(e)),
+        };
+        read_rows(
+            &path,
+            BufReader::with_capacity(1 << 16, file),
+            Bound::ToEnd,
+            None,
+        )
+    }
+
     /// Opens the store at `root`, creating it when missing.
     ///
     /// # Errors
@@ -536,13 +567,7 @@ impl Store for FsStore {
             .truncate(true)
             .open(&path)
             .map_err(io_err(&path))?;
-        Ok(Box::new(FsSink {
-            path,
-            file,
-            rows: 0,
-            names: BTreeSet::new(),
-            line: String::new(),
-        }))
+        Ok(Box::new(FsSink::new(path, file)))
     }
 
     fn finish(&self, claim: &Claim, record: &JobRecord) -> Result<(), StoreError> {
@@ -605,67 +630,8 @@ impl Store for FsStore {
             });
         }
         let file = File::open(&path).map_err(io_err(&path))?;
-        let mut series = Series::default();
-        let mut reader = BufReader::with_capacity(1 << 16, file);
-        let mut line = Vec::with_capacity(128);
-        let mut rows = 0u64;
-        let mut cur_name: Option<(Vec<u8>, u32)> = None;
-        while rows < info.rows {
-            line.clear();
-            let n = reader.read_until(b'\n', &mut line).map_err(io_err(&path))?;
-            if n == 0 || line.last() != Some(&b'\n') {
-                return Err(StoreError::Corrupt {
-                    path,
-                    reason: format!("{rows} complete rows, the record says {}", info.rows),
-                });
-            }
-            rows += 1;
-            let row = &line[..line.len() - 1];
-            let bad = |why: &str| StoreError::Corrupt {
-                path: path.clone(),
-                reason: format!("row {rows}: {why}: expected name TAB step TAB value"),
-            };
-            let t2 = row
-                .iter()
-                .rposition(|&b| b == b'\t')
-                .ok_or_else(|| bad("no tab"))?;
-            let t1 = row[..t2]
-                .iter()
-                .rposition(|&b| b == b'\t')
-                .ok_or_else(|| bad("one tab"))?;
-            let n = &row[..t1];
-            if let Some(want) = name
-                && n != want.as_bytes()
-            {
-                continue;
-            }
-            let step: i64 = std::str::from_utf8(&row[t1 + 1..t2])
-                .ok()
-                .and_then(|s| s.parse().ok())
-                .ok_or_else(|| bad("bad step"))?;
-            let value: f64 = std::str::from_utf8(&row[t2 + 1..])
-                .ok()
-                .and_then(|s| s.parse().ok())
-                .ok_or_else(|| bad("bad value"))?;
-            let idx = match &cur_name {
-                Some((cn, i)) if cn.as_slice() == n => *i,
-                _ => {
-                    let s = String::from_utf8_lossy(n);
-                    let i = match series.names.iter().position(|x| *x == s) {
-                        Some(i) => i as u32,
-                        None => {
-                            series.names.push(s.into_owned());
-                            (series.names.len() - 1) as u32
-                        }
-                    };
-                    cur_name = Some((n.to_vec(), i));
-                    i
-                }
-            };
-            series.name_index.push(idx);
-            series.step.push(step);
-            series.value.push(value);
-        }
+        let reader = BufReader::with_capacity(1 << 16, file);
+        let (series, _) = read_rows(&path, reader, Bound::Exactly(info.rows), name)?;
         Ok(series)
     }
 
@@ -677,50 +643,6 @@ impl Store for FsStore {
         let d = self.job_dir(key).join("artifacts");
         fs::create_dir_all(&d).ok()?;
         Some(d)
-    }
-}
-
-struct FsSink {
-    path: PathBuf,
-    file: File,
-    rows: u64,
-    names: BTreeSet<String>,
-    line: String,
-}
-
-impl MetricSink for FsSink {
-    fn append(&mut self, name: &str, step: i64, value: f64) -> Result<(), StoreError> {
-        use std::fmt::Write as _;
-        check_metric_name(name)?;
-        self.line.clear();
-        // f64's Display is the shortest text that parses back to the same value.
-        let _ = writeln!(self.line, "{name}\t{step}\t{value}");
-        // One write(2) per row: a killed process leaves whole rows (plus at most a torn last one
-        // on power loss, which readers bound by the record's row count).
-        self.file
-            .write_all(self.line.as_bytes())
-            .map_err(io_err(&self.path))?;
-        self.rows += 1;
-        if !self.names.contains(name) {
-            self.names.insert(name.to_string());
-        }
-        Ok(())
-    }
-
-    fn sync(&mut self) -> Result<(), StoreError> {
-        self.file.sync_all().map_err(io_err(&self.path))
-    }
-
-    fn summary(&self) -> MetricsInfo {
-        MetricsInfo {
-            file: self
-                .path
-                .file_name()
-                .map(|n| n.to_string_lossy().into_owned())
-                .unwrap_or_default(),
-            rows: self.rows,
-            names: self.names.iter().cloned().collect(),
-        }
     }
 }
 

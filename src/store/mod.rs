@@ -12,7 +12,9 @@
 //! `test-util`), which both built-in stores run.
 
 mod fs;
+mod fs_sink;
 mod memory;
+mod rows;
 mod record;
 
 #[cfg(any(test, feature = "test-util"))]
@@ -22,7 +24,9 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 pub use fs::FsStore;
+pub use fs_sink::{FLUSH_INTERVAL, FLUSH_ROWS};
 pub use memory::MemoryStore;
+pub use rows::TornTail;
 pub use record::{
     FORMAT_VERSION, Failure, JobRecord, MetricsInfo, Owner, Status, hostname, process_start_ticks,
     unix_now,
@@ -112,15 +116,27 @@ impl Series {
     }
 }
 
-/// Where a running attempt appends its metric rows. Each call is durable against a crash of the
-/// process (the row reaches the OS before `append` returns); [`MetricSink::sync`] makes everything
-/// durable against a crash of the machine.
+/// Where a running attempt appends its metric rows. A sink may buffer: rows appended reach the
+/// OS (and survive a crash of the process) at the latest on [`MetricSink::flush`], within a
+/// bounded time the sink documents, and on [`MetricSink::sync`], which also makes everything
+/// durable against a crash of the machine. [`FsStore`]'s sink buffers up to [`FLUSH_ROWS`] rows
+/// or [`FLUSH_INTERVAL`].
 pub trait MetricSink: Send {
     /// Appends one row.
     ///
     /// # Errors
-    /// [`StoreError::Io`] when the row cannot be written.
+    /// [`StoreError::BadMetricName`] for a name that cannot be stored; [`StoreError::Io`] when
+    /// the row (or an earlier buffered batch) cannot be written.
     fn append(&mut self, name: &str, step: i64, value: f64) -> Result<(), StoreError>;
+
+    /// Hands the buffered rows to the OS: after it returns they survive a crash of the
+    /// process. A sink without a buffer does nothing.
+    ///
+    /// # Errors
+    /// [`StoreError::Io`].
+    fn flush(&mut self) -> Result<(), StoreError> {
+        Ok(())
+    }
 
     /// Flushes to stable storage (called before an attempt is promoted to done).
     ///

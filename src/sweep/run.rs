@@ -37,14 +37,31 @@ impl Run {
         }
     }
 
-    /// Logs `value` of metric `name` at `step`. The row is durable when this returns: a crash of
-    /// the process afterwards keeps it.
+    /// Logs `value` of metric `name` at `step`.
+    ///
+    /// Rows are buffered, not written one system call each. With [`FsStore`](crate::FsStore) a
+    /// row reaches the OS (and survives a crash of the process) at the latest
+    /// [`FLUSH_INTERVAL`](crate::store::FLUSH_INTERVAL) after it is logged, when
+    /// [`FLUSH_ROWS`](crate::store::FLUSH_ROWS) rows are buffered, when the job calls
+    /// [`Run::flush`], and when the job returns; when the job returns every row is also fsynced
+    /// before the run is recorded done (durable against a crash of the machine). A process
+    /// killed mid-run loses at most the unflushed rows.
     ///
     /// # Errors
     /// [`StoreError::BadMetricName`] for an empty name or one with tabs/newlines;
-    /// [`StoreError::Io`] when the row cannot be written.
+    /// [`StoreError::Io`] when a batch of rows (this one or an earlier one) cannot be written.
     pub fn log(&mut self, name: &str, step: i64, value: f64) -> Result<(), StoreError> {
         self.sink.append(name, step, value)
+    }
+
+    /// Marks a step boundary (e.g. after saving a checkpoint): every row logged so far reaches
+    /// the OS before this returns, so a crash of the process afterwards keeps them. One system
+    /// call at most; not an fsync.
+    ///
+    /// # Errors
+    /// [`StoreError::Io`] when the rows cannot be written.
+    pub fn flush(&mut self) -> Result<(), StoreError> {
+        self.sink.flush()
     }
 
     /// The job key of this run.
