@@ -79,6 +79,11 @@ pub mod metrics;
 pub mod store;
 pub mod sweep;
 
+#[doc(hidden)]
+pub mod __private {
+    pub use puzzletron_macros::job_code;
+}
+
 pub use error::{Error, Result};
 
 /// Compiles the README's example (`no_run`: it writes files), so the README cannot rot.

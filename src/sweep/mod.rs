@@ -4,6 +4,7 @@
 
 mod decision;
 mod event;
+mod identity;
 mod job;
 mod orchestrator;
 mod panics;

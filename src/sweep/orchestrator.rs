@@ -168,7 +168,13 @@ impl<S: Store + 'static, E: Executor> OrchestratorBuilder<S, E> {
         self
     }
 
-    /// Trace the functions a job enters at run time (not yet supported: `build` fails).
+    /// Re-check identities at decide time (default off): a done result is reused only if the
+    /// per-item digests it recorded equal this binary's (else it re-runs, naming the items), and
+    /// each decision of a `job!` job whose covered source files exist here and differ from what
+    /// this binary was compiled from says `stale binary: <files>` (its results are still recorded
+    /// under this binary's key, which describes the code that runs; rebuild to run the new
+    /// code). It cannot see code that is not in the closure (registry crates: Cargo.lock) nor
+    /// edits on another machine; it reads every covered file once per job per process.
     pub fn trace(mut self, trace: bool) -> Self {
         self.trace = trace;
         self
@@ -189,8 +195,7 @@ impl<S: Store + 'static, E: Executor> OrchestratorBuilder<S, E> {
     /// Opens the store and reads the witnesses.
     ///
     /// # Errors
-    /// [`Error::Unsupported`] for `trace(true)`, or `isolate(true)` with a store that is not a
-    /// folder;
+    /// [`Error::Unsupported`] for `isolate(true)` with a store that is not a folder;
     /// [`Error::Store`] when the store cannot be opened; [`Error::Identity`] when a lock file
     /// given with [`lock`](Self::lock) is missing or unreadable.
     pub fn build(self) -> Result<Orchestrator<S, E>> {
@@ -207,22 +212,14 @@ impl<S: Store + 'static, E: Executor> OrchestratorBuilder<S, E> {
                 });
             }
         }
-        if self.trace {
-            return Err(Error::Unsupported {
-                what: "trace(true)".into(),
-                why: "runtime tracing of entered functions is not implemented; the owned-code \
-                      digest covers the job's whole module selection (leave trace off)"
-                    .into(),
-            });
-        }
         let lock = match &self.lock {
             Some(p) if !p.is_file() => {
                 return Err(identity::IdentityError::LockNotFound { path: p.clone() }.into());
             }
             Some(p) => Some(p.clone()),
-            None => std::env::current_dir()
-                .ok()
-                .and_then(|d| identity::find_lock_file(&d)),
+            // Found per job at `run()`: from the job's compile-time capture, or upward from
+            // its crate folder (never the current folder).
+            None => None,
         };
         let witnesses = Witnesses {
             cargo_lock: lock.as_deref().map(identity::lock_witness).transpose()?,
@@ -245,6 +242,7 @@ impl<S: Store + 'static, E: Executor> OrchestratorBuilder<S, E> {
             queued_keys: HashSet::new(),
             enqueued: Vec::new(),
             enqueued_keys: HashSet::new(),
+            identity: super::identity::JobIdentities::new(self.trace, self.lock.is_none()),
             on_event: self.on_event,
             owner: Owner::current(),
             wait_poll: self.wait_poll,
@@ -274,6 +272,7 @@ pub struct Orchestrator<S: Store = FsStore, E: Executor = MockExecutor> {
     pub(super) queued_keys: HashSet<Hash>,
     enqueued: Vec<PendingRun>,
     enqueued_keys: HashSet<Hash>,
+    identity: super::identity::JobIdentities,
     on_event: Option<EventFn>,
     pub(super) owner: Owner,
     pub(super) wait_poll: Duration,
@@ -303,6 +302,7 @@ impl<S: Store, E: Executor> Orchestrator<S, E> {
             queued_keys: HashSet::new(),
             enqueued: Vec::new(),
             enqueued_keys: HashSet::new(),
+            identity: super::identity::JobIdentities::new(false, false),
             on_event: None,
             owner: Owner::current(),
             wait_poll: Duration::from_millis(100),
@@ -371,6 +371,11 @@ impl<S: Store, E: Executor> Orchestrator<S, E> {
     }
 
     fn owned_for<P>(&mut self, job: &Job<P>) -> Result<Arc<OwnedDigest>> {
+        if let Some(code) = job.code() {
+            return Ok(self.identity.compiled(job.name(), code, &mut self.witnesses));
+        }
+        self.identity
+            .runtime_lock(job.crate_dir(), &mut self.witnesses)?;
         let modules = job.modules().unwrap_or(&self.modules);
         // A sweep has a handful of jobs: a scan without allocation beats hashing paths.
         if let Some((.., d)) = self
@@ -440,18 +445,11 @@ impl<S: Store, E: Executor> Orchestrator<S, E> {
         let mut replaces = None;
         match &rec {
             None => match lineage {
-                Some(prev) if prev != run.key => {
-                    let changed = match self.store.record(&prev)? {
-                        Some(old) => run.owned.changed_files(&old.owned.files),
-                        None => Vec::new(),
-                    };
-                    if changed.is_empty() {
-                        reasons.push("code changed".to_string());
-                    } else {
-                        reasons.push(format!("code changed: {}", changed.join(", ")));
-                    }
-                }
-                _ => reasons.push("no record".to_string()),
+                Some(prev) if prev != run.key => match self.store.record(&prev)? {
+                    Some(old) => reasons.extend(identity::code_differences(&run.owned, &old.owned)),
+                    None => reasons.push("code changed".to_string()),
+                },
+                _ => reasons.push(self.identity.no_record_reason(&self.store, run)?),
             },
             Some(r) => match r.status {
                 Status::Done => {
@@ -487,6 +485,8 @@ impl<S: Store, E: Executor> Orchestrator<S, E> {
                 },
             },
         }
+        self.identity
+            .trace_check(run, rec.as_ref(), &mut action, &mut reasons, &mut replaces);
         if self.force && action == Action::Skip {
             action = Action::Run;
             reasons = vec!["forced".to_string()];

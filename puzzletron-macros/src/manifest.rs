@@ -1,0 +1,135 @@
+//! Which crates are owned: the user's package and, transitively, its path and workspace
+//! dependencies (registry crates are covered by the Cargo.lock witness).
+
+use std::path::{Path, PathBuf};
+
+/// One owned package.
+#[derive(Debug, Clone)]
+pub struct Package {
+    /// Its library name (`-` replaced by `_`), the first segment of its items' paths.
+    pub lib_name: String,
+    /// The folder of its `Cargo.toml`.
+    pub dir: PathBuf,
+    /// Root files to parse: `src/lib.rs` (or `[lib] path`), and for the user's package also
+    /// `src/main.rs` and `src/bin/*.rs`.
+    pub roots: Vec<PathBuf>,
+    /// Its `Cargo.toml`.
+    pub manifest: PathBuf,
+}
+
+fn read_table(path: &Path) -> Option<toml::Table> {
+    std::fs::read_to_string(path).ok()?.parse::<toml::Table>().ok()
+}
+
+/// The workspace root manifest above `dir` (the nearest ancestor whose `Cargo.toml` has a
+/// `[workspace]` table), if any.
+pub fn workspace_manifest(dir: &Path) -> Option<(PathBuf, toml::Table)> {
+    dir.ancestors().find_map(|d| {
+        let m = d.join("Cargo.toml");
+        let t = read_table(&m)?;
+        t.contains_key("workspace").then_some((m, t))
+    })
+}
+
+fn package_name(t: &toml::Table, dir: &Path) -> String {
+    t.get("package")
+        .and_then(|p| p.get("name"))
+        .and_then(|n| n.as_str())
+        .map(str::to_string)
+        .unwrap_or_else(|| {
+            dir.file_name()
+                .map(|n| n.to_string_lossy().into_owned())
+                .unwrap_or_default()
+        })
+}
+
+/// The user's package at `dir` and its owned dependencies, the user's first. `notes` gets a line
+/// for each manifest that cannot be read (then that crate is not analysed: said once).
+pub fn packages(dir: &Path, notes: &mut Vec<String>) -> Vec<Package> {
+    let mut out: Vec<Package> = Vec::new();
+    let ws = workspace_manifest(dir);
+    let mut stack = vec![(dir.to_path_buf(), true)];
+    while let Some((d, user)) = stack.pop() {
+        let d = std::fs::canonicalize(&d).unwrap_or(d);
+        if out.iter().any(|p| p.dir == d) {
+            continue;
+        }
+        let manifest = d.join("Cargo.toml");
+        let Some(t) = read_table(&manifest) else {
+            notes.push(format!(
+                "cannot read {}: its crate is not analysed (covered by Cargo.lock only)",
+                manifest.display()
+            ));
+            continue;
+        };
+        let lib_name = t
+            .get("lib")
+            .and_then(|l| l.get("name"))
+            .and_then(|n| n.as_str())
+            .map(str::to_string)
+            .unwrap_or_else(|| package_name(&t, &d))
+            .replace('-', "_");
+        let mut roots = Vec::new();
+        let lib = t
+            .get("lib")
+            .and_then(|l| l.get("path"))
+            .and_then(|p| p.as_str())
+            .map(|p| d.join(p))
+            .unwrap_or_else(|| d.join("src/lib.rs"));
+        if lib.is_file() {
+            roots.push(lib);
+        }
+        if user {
+            if d.join("src/main.rs").is_file() {
+                roots.push(d.join("src/main.rs"));
+            }
+            if let Ok(rd) = std::fs::read_dir(d.join("src/bin")) {
+                let mut bins: Vec<PathBuf> = rd
+                    .flatten()
+                    .map(|e| e.path())
+                    .filter(|p| p.extension().is_some_and(|x| x == "rs"))
+                    .collect();
+                bins.sort();
+                roots.extend(bins);
+            }
+        }
+        for table in ["dependencies", "dev-dependencies"] {
+            let mut deps: Vec<&toml::Table> = Vec::new();
+            if let Some(x) = t.get(table).and_then(|x| x.as_table()) {
+                deps.push(x);
+            }
+            if let Some(targets) = t.get("target").and_then(|x| x.as_table()) {
+                for cfg in targets.values() {
+                    if let Some(x) = cfg.get(table).and_then(|x| x.as_table()) {
+                        deps.push(x);
+                    }
+                }
+            }
+            for deps in deps {
+                for (name, spec) in deps {
+                    if let Some(p) = spec.get("path").and_then(|p| p.as_str()) {
+                        stack.push((d.join(p), false));
+                    } else if spec.get("workspace").and_then(|w| w.as_bool()) == Some(true)
+                        && let Some((wm, wt)) = &ws
+                        && let Some(p) = wt
+                            .get("workspace")
+                            .and_then(|w| w.get("dependencies"))
+                            .and_then(|w| w.get(name))
+                            .and_then(|s| s.get("path"))
+                            .and_then(|p| p.as_str())
+                        && let Some(root) = wm.parent()
+                    {
+                        stack.push((root.join(p), false));
+                    }
+                }
+            }
+        }
+        out.push(Package {
+            lib_name,
+            dir: d,
+            roots,
+            manifest,
+        });
+    }
+    out
+}
