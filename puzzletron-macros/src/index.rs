@@ -44,7 +44,11 @@ pub struct Index {
     pub packages: Vec<Package>,
     pub items: Vec<Item>,
     by_name: HashMap<String, Vec<usize>>,
-    impls: HashMap<String, Vec<usize>>,
+    impls_by_type: HashMap<String, Vec<usize>>,
+    impls_by_trait: HashMap<String, Vec<usize>>,
+    /// `visible[a][b]`: code of package `a` can name items of package `b` (itself and its
+    /// dependencies; a crate cannot name its dependents' items).
+    visible: Vec<Vec<bool>>,
     aliases: HashMap<String, Vec<String>>,
     /// Every source file parsed (cargo must rebuild when one changes).
     pub files: BTreeSet<PathBuf>,
@@ -102,6 +106,7 @@ impl Index {
                 ix.load_file(pi, root, module, dir, Vec::new());
             }
         }
+        ix.visible = crate::manifest::visibility(&packages);
         ix.packages = packages;
         ix
     }
@@ -204,8 +209,8 @@ impl Index {
             self.by_name.entry(n.clone()).or_default().push(idx);
         }
         if let Some((ty, tr)) = &impl_of {
-            self.impls.entry(ty.clone()).or_default().push(idx);
-            self.impls.entry(tr.clone()).or_default().push(idx);
+            self.impls_by_type.entry(ty.clone()).or_default().push(idx);
+            self.impls_by_trait.entry(tr.clone()).or_default().push(idx);
         }
         self.items.push(Item {
             path,
@@ -483,9 +488,13 @@ impl Index {
     }
 
     /// The closure of `start`: every item reachable by name, plus the always-included ones.
+    ///
+    /// A name used in package `a` reaches items of that name in `a` and its dependencies, trait
+    /// impls of a type of that name there, and trait impls of a trait of that name in any
+    /// package (a dependency's generic code calls its dependents' impls of its traits).
     pub fn closure(&self, start: &[usize]) -> BTreeSet<usize> {
         let mut reached: BTreeSet<usize> = BTreeSet::new();
-        let mut seen: HashSet<&str> = HashSet::new();
+        let mut seen: HashSet<(&str, usize)> = HashSet::new();
         let mut work: Vec<usize> = start.to_vec();
         work.extend(
             self.items
@@ -498,21 +507,30 @@ impl Index {
             if !reached.insert(i) {
                 continue;
             }
+            let pkg = self.items[i].package;
+            let vis = &self.visible[pkg];
             let mut names: Vec<&str> = self.items[i].refs.iter().map(String::as_str).collect();
             let mut k = 0;
             while k < names.len() {
                 let n = names[k];
                 k += 1;
-                if !seen.insert(n) {
+                if !seen.insert((n, pkg)) {
                     continue;
                 }
                 if let Some(a) = self.aliases.get(n) {
                     names.extend(a.iter().map(String::as_str));
                 }
-                for map in [&self.by_name, &self.impls] {
+                for map in [&self.by_name, &self.impls_by_type] {
                     if let Some(v) = map.get(n) {
-                        work.extend(v.iter().copied().filter(|j| !reached.contains(j)));
+                        work.extend(
+                            v.iter()
+                                .copied()
+                                .filter(|&j| vis[self.items[j].package] && !reached.contains(&j)),
+                        );
                     }
+                }
+                if let Some(v) = self.impls_by_trait.get(n) {
+                    work.extend(v.iter().copied().filter(|j| !reached.contains(j)));
                 }
             }
         }

@@ -156,7 +156,9 @@ fn expand(input: TokenStream) -> Result<proc_macro2::TokenStream, String> {
         items.insert(it.path.clone(), (ix.rel(it.package, &it.file), it.digest.clone()));
         if it.package == 0 {
             user_cfgs.extend(it.cfgs.iter().cloned());
-        } else if !it.cfgs.is_empty() {
+        } else if !it.cfgs.is_empty() && !ix.packages[it.package].proc_macro {
+            // A proc-macro crate's cfgs are the host's at compile time; its items count, its
+            // build does not run in the job.
             dep_cfg.insert(it.package);
         }
     }
@@ -177,13 +179,18 @@ fn expand(input: TokenStream) -> Result<proc_macro2::TokenStream, String> {
                 builds.insert(name, id);
             }
             None => {
-                // Unknown: the key cannot witness the dependency's features. Hash every
-                // manifest of the owned packages instead (over-includes, never skips wrongly
-                // for a manifest-level feature change) and say so.
+                // Not a direct dependency (no `--extern`): the build ids of the direct owned
+                // dependencies stand for it (cargo's hash of a crate covers its dependencies'),
+                // and the manifests in case it is not below any of them.
                 notes.push(format!(
-                    "no --extern build id for `{name}`: its cfg predicates are covered by the \
-                     manifests only (a --features flag on the command line is not seen)"
+                    "no --extern build id for `{name}` (not a direct dependency): its cfg \
+                     predicates are covered by the direct dependencies' build ids and the manifests"
                 ));
+                for p in &ix.packages[1..] {
+                    if let Some(id) = extern_build_id(&args, &p.lib_name) {
+                        builds.insert(p.lib_name.clone(), id);
+                    }
+                }
                 let mut all = String::new();
                 for p in &ix.packages {
                     if let Ok(t) = std::fs::read(&p.manifest) {

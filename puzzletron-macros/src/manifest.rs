@@ -15,6 +15,10 @@ pub struct Package {
     pub roots: Vec<PathBuf>,
     /// Its `Cargo.toml`.
     pub manifest: PathBuf,
+    /// Folders of its direct owned dependencies.
+    pub dep_dirs: Vec<PathBuf>,
+    /// A proc-macro crate: its code runs in the compiler, for the host, not in the job.
+    pub proc_macro: bool,
 }
 
 fn read_table(path: &Path) -> Option<toml::Table> {
@@ -50,7 +54,8 @@ pub fn packages(dir: &Path, notes: &mut Vec<String>) -> Vec<Package> {
     let ws = workspace_manifest(dir);
     let mut stack = vec![(dir.to_path_buf(), true)];
     while let Some((d, user)) = stack.pop() {
-        let d = std::fs::canonicalize(&d).unwrap_or(d);
+        let mut dep_dirs = Vec::new();
+        let d = canon(&d);
         if out.iter().any(|p| p.dir == d) {
             continue;
         }
@@ -108,6 +113,7 @@ pub fn packages(dir: &Path, notes: &mut Vec<String>) -> Vec<Package> {
             for deps in deps {
                 for (name, spec) in deps {
                     if let Some(p) = spec.get("path").and_then(|p| p.as_str()) {
+                        dep_dirs.push(canon(&d.join(p)));
                         stack.push((d.join(p), false));
                     } else if spec.get("workspace").and_then(|w| w.as_bool()) == Some(true)
                         && let Some((wm, wt)) = &ws
@@ -119,6 +125,7 @@ pub fn packages(dir: &Path, notes: &mut Vec<String>) -> Vec<Package> {
                             .and_then(|p| p.as_str())
                         && let Some(root) = wm.parent()
                     {
+                        dep_dirs.push(canon(&root.join(p)));
                         stack.push((root.join(p), false));
                     }
                 }
@@ -129,7 +136,43 @@ pub fn packages(dir: &Path, notes: &mut Vec<String>) -> Vec<Package> {
             dir: d,
             roots,
             manifest,
+            dep_dirs,
+            proc_macro: t
+                .get("lib")
+                .and_then(|l| l.get("proc-macro"))
+                .and_then(|v| v.as_bool())
+                .unwrap_or(false),
         });
     }
     out
+}
+
+fn canon(p: &Path) -> PathBuf {
+    std::fs::canonicalize(p).unwrap_or_else(|_| p.to_path_buf())
+}
+
+/// For each package, the packages it can name: itself and its transitive owned dependencies.
+pub fn visibility(packages: &[Package]) -> Vec<Vec<bool>> {
+    let n = packages.len();
+    let direct: Vec<Vec<usize>> = packages
+        .iter()
+        .map(|p| {
+            p.dep_dirs
+                .iter()
+                .filter_map(|d| packages.iter().position(|q| &q.dir == d))
+                .collect()
+        })
+        .collect();
+    (0..n)
+        .map(|i| {
+            let mut seen = vec![false; n];
+            let mut stack = vec![i];
+            while let Some(j) = stack.pop() {
+                if !std::mem::replace(&mut seen[j], true) {
+                    stack.extend(direct[j].iter().copied());
+                }
+            }
+            seen
+        })
+        .collect()
 }

@@ -20,6 +20,11 @@ pub struct Scan {
 
 /// Scans `ts` into `out`.
 pub fn scan(ts: TokenStream, out: &mut Scan) {
+    scan_in(ts, out, false)
+}
+
+/// `in_attr`: inside `#[...]`, where string literals may name paths (`#[serde(with = "m")]`).
+fn scan_in(ts: TokenStream, out: &mut Scan, in_attr: bool) {
     let toks: Vec<TokenTree> = ts.into_iter().collect();
     let mut i = 0;
     while i < toks.len() {
@@ -92,7 +97,7 @@ pub fn scan(ts: TokenStream, out: &mut Scan) {
                 let serde_default = i >= 2
                     && matches!(&toks[i - 1], TokenTree::Punct(p) if p.as_char() == '=')
                     && matches!(&toks[i - 2], TokenTree::Ident(d) if d == "default");
-                if !serde_default && let Some(s) = plain_string(&text) {
+                if in_attr && !serde_default && let Some(s) = plain_string(&text) {
                     push_path_idents(&s, &mut out.idents);
                 }
                 out.canon.push_str("l ");
@@ -108,7 +113,11 @@ pub fn scan(ts: TokenStream, out: &mut Scan) {
                 };
                 out.canon.push_str(open);
                 out.canon.push('\n');
-                scan(g.stream(), out);
+                let attr = in_attr
+                    || (g.delimiter() == Delimiter::Bracket
+                        && i >= 1
+                        && is_attr_start(&toks[..i]));
+                scan_in(g.stream(), out, attr);
                 out.canon.push_str(close);
                 out.canon.push('\n');
             }
@@ -134,4 +143,12 @@ fn push_path_idents(s: &str, out: &mut Vec<String>) {
     if !segs.is_empty() && segs.iter().all(|seg| is_ident(seg)) {
         out.extend(segs.iter().map(|s| s.to_string()));
     }
+}
+
+/// Whether the tokens before a `[...]` group end with `#` or `#!` (an attribute).
+fn is_attr_start(before: &[TokenTree]) -> bool {
+    let punct = |t: Option<&TokenTree>, c: char| matches!(t, Some(TokenTree::Punct(p)) if p.as_char() == c);
+    let n = before.len();
+    punct(before.last(), '#')
+        || (punct(before.last(), '!') && n >= 2 && punct(before.get(n - 2), '#'))
 }

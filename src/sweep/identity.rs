@@ -1,7 +1,7 @@
 //! The orchestrator's identity bookkeeping: compiled owned digests per job, the build witnesses
 //! they carry, `trace(true)` re-checks and the texts of `no record` reasons.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::HashMap;
 use std::path::Path;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -192,14 +192,7 @@ pub(super) fn params_changed(
             })
             .collect()
     };
-    let best: BTreeMap<usize, Vec<String>> = others
-        .iter()
-        .map(|o| {
-            let d = diff(o);
-            (d.len(), d)
-        })
-        .collect();
-    let (_, d) = best.into_iter().next()?;
+    let d = others.iter().map(diff).min_by_key(Vec::len)?;
     (!d.is_empty()).then(|| format!("params changed: {}", d.join(", ")))
 }
 

@@ -61,8 +61,9 @@ impl std::fmt::Debug for PendingRun {
 type EventFn = Box<dyn Fn(&Event) + Send + Sync>;
 
 /// Builds an [`Orchestrator`]. Defaults: [`FsStore`] under `.puzzletron` in the current folder,
-/// in-process execution, the Cargo.lock found upward from the current folder, no source
-/// checkout witnessed, the whole `src/` of each job's crate owned.
+/// in-process execution, the Cargo.lock of the jobs' build (found from their package upward),
+/// no source checkout witnessed, `job!` jobs' compiled closures (the whole `src/` for
+/// [`Job::new`] jobs).
 pub struct OrchestratorBuilder<S: Store = FsStore, E: Executor = MockExecutor> {
     store: Box<dyn FnOnce() -> Result<S>>,
     executor: E,
@@ -135,14 +136,18 @@ impl<S: Store + 'static, E: Executor> OrchestratorBuilder<S, E> {
         }
     }
 
-    /// Which modules of each job's crate count as its code (default: all of `src/`; a job's own
-    /// [`Job::with_modules`] wins). The job's file always counts.
+    /// Which modules of each job's crate count as its code, for jobs made with [`Job::new`]
+    /// (default: all of `src/`; a job's own [`Job::with_modules`] wins; the job's file always
+    /// counts). [`job!`](crate::job) jobs ignore it: their code is the compiled closure of the
+    /// job function.
     pub fn owned(mut self, modules: Modules) -> Self {
         self.modules = modules;
         self
     }
 
-    /// The Cargo.lock to witness (default: found upward from the current folder).
+    /// The Cargo.lock to witness (default: the one `job!` found at compile time from the job's
+    /// package upward, or for [`Job::new`] jobs the one found upward from the job's crate
+    /// folder; never the current folder).
     pub fn lock(mut self, path: impl Into<PathBuf>) -> Self {
         self.lock = Some(path.into());
         self
@@ -256,7 +261,8 @@ impl<S: Store + 'static, E: Executor> OrchestratorBuilder<S, E> {
 /// [`get`](Self::get).
 ///
 /// A run's key is the hash of the job's name, its parameters (canonical JSON) and its owned
-/// code. A run is executed when the store has no result for its key, its last attempt failed or
+/// code (for [`job!`](crate::job) jobs, fixed at compile time: see
+/// [`CompiledCode`](crate::identity::CompiledCode)). A run is executed when the store has no result for its key, its last attempt failed or
 /// was interrupted, its recorded witnesses (Cargo.lock, toolchain, source commit) differ, or the
 /// orchestrator is forced; otherwise it is skipped. Several processes may drain one store: each
 /// run executes once.
