@@ -28,7 +28,8 @@ fn generate(dir: &Path, with_macro: bool) {
         ),
     )
     .unwrap();
-    let mut main = String::from("#![allow(dead_code)]\nuse puzzletron::sweep::{Job, JobResult, Run};\n");
+    let mut main =
+        String::from("#![allow(dead_code)]\nuse puzzletron::sweep::{Job, JobResult, Run};\n");
     for m in 0..MODULES {
         main.push_str(&format!("mod m{m};\n"));
         let mut s = String::new();
@@ -45,9 +46,7 @@ fn generate(dir: &Path, with_macro: bool) {
         }
         std::fs::write(src.join(format!("m{m}.rs")), s).unwrap();
     }
-    main.push_str(
-        "#[derive(serde::Serialize, serde::Deserialize)]\npub struct P { lr: f64 }\n",
-    );
+    main.push_str("#[derive(serde::Serialize, serde::Deserialize)]\npub struct P { lr: f64 }\n");
     for j in 0..JOBS {
         main.push_str(&format!(
             "fn job{j}(p: &P, run: &mut Run) -> JobResult {{\n    let v = m{}::f_{}_0(&[1.0, 2.0], p.lr);\n    run.log(\"v\", 0, v[0])?;\n    Ok(())\n}}\n",
@@ -119,7 +118,12 @@ fn main() {
     }
     let lines: usize = std::fs::read_dir(with.join("src"))
         .unwrap()
-        .map(|e| std::fs::read_to_string(e.unwrap().path()).unwrap().lines().count())
+        .map(|e| {
+            std::fs::read_to_string(e.unwrap().path())
+                .unwrap()
+                .lines()
+                .count()
+        })
         .sum();
     // Warm-up: dependencies, and each variant once.
     build(&without, &target);

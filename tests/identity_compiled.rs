@@ -40,10 +40,18 @@ fn job_macro_bakes_the_closure_and_the_lock() {
     let j = job!(work);
     let code = j.code().expect("job! attaches compiled identity");
     let paths: Vec<&str> = code.items.iter().map(|i| i.path).collect();
-    for reached in ["identity_compiled::work", "identity_compiled::helper", "identity_compiled::OFFSET", "identity_compiled::P"] {
+    for reached in [
+        "identity_compiled::work",
+        "identity_compiled::helper",
+        "identity_compiled::OFFSET",
+        "identity_compiled::P",
+    ] {
         assert!(paths.contains(&reached), "{reached} missing from {paths:?}");
     }
-    assert!(!paths.contains(&"identity_compiled::not_reached"), "{paths:?}");
+    assert!(
+        !paths.contains(&"identity_compiled::not_reached"),
+        "{paths:?}"
+    );
     assert!(!paths.contains(&"identity_compiled::sweep"), "{paths:?}");
     // The workspace lock, found from the package upward at compile time.
     let (lock, digest) = code.lock.unwrap();
@@ -65,7 +73,14 @@ fn witnesses_come_from_the_job_not_the_cwd() {
         w.path,
         std::path::Path::new(concat!(env!("CARGO_MANIFEST_DIR"), "/Cargo.lock"))
     );
-    assert!(o.witnesses().toolchain.profile.as_deref().unwrap().contains("opt-level="));
+    assert!(
+        o.witnesses()
+            .toolchain
+            .profile
+            .as_deref()
+            .unwrap()
+            .contains("opt-level=")
+    );
 }
 
 #[test]
@@ -83,9 +98,17 @@ fn file_scheme_records_read_and_rerun_only_when_the_key_changed() {
     let mut o = sweep(&store, false);
     let old_key = o.run(&old_job, P { x: 2 }).unwrap();
     assert_eq!(o.drain().unwrap().ran(), 1);
-    let text = std::fs::read_to_string(store.join("jobs").join(old_key.to_hex()).join("record.json"))
-        .unwrap();
-    assert!(!text.contains("scheme") && text.contains("\"files\""), "{text}");
+    let text = std::fs::read_to_string(
+        store
+            .join("jobs")
+            .join(old_key.to_hex())
+            .join("record.json"),
+    )
+    .unwrap();
+    assert!(
+        !text.contains("scheme") && text.contains("\"files\""),
+        "{text}"
+    );
 
     // Read back by a new process: the Job::new job is still up to date (nothing lost).
     let mut o = sweep(&store, false);
@@ -100,7 +123,9 @@ fn file_scheme_records_read_and_rerun_only_when_the_key_changed() {
     assert_eq!(plan.decisions[0].action, Action::Run);
     assert_eq!(
         plan.decisions[0].reasons,
-        ["code changed: identity scheme changed (puzzletron/owned-tree/v1 (files) -> puzzletron/owned-items/v2)"]
+        [
+            "code changed: identity scheme changed (puzzletron/owned-tree/v1 (files) -> puzzletron/owned-items/v2)"
+        ]
     );
     assert_eq!(o.drain().unwrap().ran(), 1);
     // The old record is still there and readable.
@@ -117,7 +142,8 @@ fn trace_rechecks_recorded_item_digests() {
     // A record whose item digests do not match this binary's (written by another tool, or a
     // key collision): without trace it is trusted, with trace it re-runs naming the item.
     let path = store.join("jobs").join(key.to_hex()).join("record.json");
-    let mut rec: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
+    let mut rec: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
     rec["owned"]["items"]["identity_compiled::helper"]["digest"] =
         serde_json::Value::String("00".repeat(32));
     std::fs::write(&path, serde_json::to_string(&rec).unwrap()).unwrap();
@@ -130,7 +156,9 @@ fn trace_rechecks_recorded_item_digests() {
     assert_eq!(dec.action, Action::Run);
     assert_eq!(
         dec.reasons,
-        ["trace: recorded items differ: code changed: identity_compiled::helper (tests/identity_compiled.rs)"]
+        [
+            "trace: recorded items differ: code changed: identity_compiled::helper (tests/identity_compiled.rs)"
+        ]
     );
     assert!(traced.store().record(&key).unwrap().is_some());
 }

@@ -152,7 +152,9 @@ impl Out {
     }
 
     fn all_skip(&self) -> bool {
-        self.decisions.iter().all(|d| d.0 == "skip" && d.2.starts_with("up to date"))
+        self.decisions
+            .iter()
+            .all(|d| d.0 == "skip" && d.2.starts_with("up to date"))
     }
 
     fn all_run_because(&self, reason: &str) {
@@ -238,7 +240,10 @@ fn edit_scenarios() {
     let first = ws.run(&bin);
     eprintln!("first build + run: {:?}", t0.elapsed());
     assert_eq!(first.ran, 4, "{first:#?}");
-    assert!(first.decisions.iter().all(|d| d.2 == "no record"), "{first:#?}");
+    assert!(
+        first.decisions.iter().all(|d| d.2 == "no record"),
+        "{first:#?}"
+    );
     check_keys(&first);
     // The closure: what the job reaches, and not what it does not.
     let items = item_paths(&first);
@@ -254,7 +259,10 @@ fn edit_scenarios() {
         "ccdep::blur",
         "file src/prompt.txt",
     ] {
-        assert!(items.iter().any(|i| i == reached), "{reached} not in {items:#?}");
+        assert!(
+            items.iter().any(|i| i == reached),
+            "{reached} not in {items:#?}"
+        );
     }
     for unreached in [
         "ccdemo::main",
@@ -263,21 +271,36 @@ fn edit_scenarios() {
         "ccdep::unrelated",
         "ccdemo::train::default_dropout",
     ] {
-        assert!(!items.iter().any(|i| i == unreached), "{unreached} in the closure");
+        assert!(
+            !items.iter().any(|i| i == unreached),
+            "{unreached} in the closure"
+        );
     }
     assert_eq!(first.code["cfgs"][0][0], "feature = \"wide\"");
     assert_eq!(first.code["cfgs"][0][1], false);
     assert_eq!(first.code["builds"][0][0], "ccdep");
 
     // Comment, reformat and `///` doc edits: nothing runs.
-    ws.edit("ccdemo/src/helpers.rs", "//! Helpers of the job.", "//! Helpers of the job (edited).\n// a comment");
+    ws.edit(
+        "ccdemo/src/helpers.rs",
+        "//! Helpers of the job.",
+        "//! Helpers of the job (edited).\n// a comment",
+    );
     ws.edit(
         "ccdemo/src/train.rs",
         "    for step in 0..3 {",
         "    for step   in 0..3\n    {",
     );
-    ws.edit("ccdemo/src/helpers.rs", "/// Smooths a value.", "/// Smooths a value, gently.");
-    ws.edit("ccdep/src/lib.rs", "/// Blurs a value.", "/// Blurs a value (doc edit).");
+    ws.edit(
+        "ccdemo/src/helpers.rs",
+        "/// Smooths a value.",
+        "/// Smooths a value, gently.",
+    );
+    ws.edit(
+        "ccdep/src/lib.rs",
+        "/// Blurs a value.",
+        "/// Blurs a value (doc edit).",
+    );
     let o = ws.run(&ws.build(&[]));
     assert!(o.all_skip(), "{o:#?}");
     assert_eq!(o.keys, first.keys);
@@ -376,7 +399,10 @@ fn edit_scenarios() {
     let o = ws.run(&ws.build(&[]));
     assert_eq!(
         o.ran_params(),
-        [r#"{"dropout":0.25,"lr":0.1}"#, r#"{"dropout":0.25,"lr":0.2}"#],
+        [
+            r#"{"dropout":0.25,"lr":0.1}"#,
+            r#"{"dropout":0.25,"lr":0.2}"#
+        ],
         "{o:#?}"
     );
     assert!(
@@ -386,6 +412,37 @@ fn edit_scenarios() {
             .all(|d| d.2.starts_with("params changed: dropout 0.") && d.2.ends_with(" -> 0.25")),
         "{o:#?}"
     );
+
+    let bin = ws.build(&[]);
+    // The same binary from another cwd, and copied to another folder: nothing runs.
+    let elsewhere = ws.root.parent().unwrap().join("elsewhere");
+    std::fs::create_dir_all(&elsewhere).unwrap();
+    let copied = elsewhere.join("ccdemo-copy");
+    std::fs::copy(&bin, &copied).unwrap();
+    let o = ws.run_in(&bin, Path::new("/"), false);
+    assert!(o.all_skip(), "{o:#?}");
+    let o = ws.run_in(&copied, &elsewhere, false);
+    assert!(o.all_skip(), "{o:#?}");
+
+    // A stale binary (built before an edit) keeps its own key: it cannot run under the new
+    // code's key, and trace(true) says it is stale.
+    ws.edit(
+        "ccdemo/src/helpers.rs",
+        "self.w * x + 0.5",
+        "self.w * x + 0.75",
+    );
+    let stale = ws.run_in(&copied, &elsewhere, true);
+    assert_eq!(stale.keys, o.keys);
+    assert!(
+        stale
+            .decisions
+            .iter()
+            .all(|d| d.0 == "skip" && d.2.contains("stale binary: ") && d.2.contains("helpers.rs")),
+        "{stale:#?}"
+    );
+    let fresh = ws.run(&ws.build(&[]));
+    fresh.all_run_because("code changed: ccdemo::helpers::<Linear as Model> (src/helpers.rs)");
+    assert!(fresh.keys.iter().zip(&stale.keys).all(|(a, b)| a.1 != b.1));
 
     // A feature build: everything reruns, naming the feature; back to the default build, the
     // earlier results are current again.
@@ -400,35 +457,8 @@ fn edit_scenarios() {
             .all(|d| d.0 == "run" && d.2.starts_with("build configuration changed: ccdep build")),
         "{fast:#?}"
     );
-    let bin = ws.build(&[]);
-    let o = ws.run(&bin);
+    let o = ws.run(&ws.build(&[]));
     assert!(o.all_skip(), "{o:#?}");
-
-    // The same binary from another cwd, and copied to another folder: nothing runs.
-    let elsewhere = ws.root.parent().unwrap().join("elsewhere");
-    std::fs::create_dir_all(&elsewhere).unwrap();
-    let copied = elsewhere.join("ccdemo-copy");
-    std::fs::copy(&bin, &copied).unwrap();
-    let o = ws.run_in(&bin, Path::new("/"), false);
-    assert!(o.all_skip(), "{o:#?}");
-    let o = ws.run_in(&copied, &elsewhere, false);
-    assert!(o.all_skip(), "{o:#?}");
-
-    // A stale binary (built before an edit) keeps its own key: it cannot run under the new
-    // code's key, and trace(true) says it is stale.
-    ws.edit("ccdemo/src/helpers.rs", "self.w * x + 0.5", "self.w * x + 0.75");
-    let stale = ws.run_in(&copied, &elsewhere, true);
-    assert_eq!(stale.keys, o.keys);
-    assert!(
-        stale
-            .decisions
-            .iter()
-            .all(|d| d.0 == "skip" && d.2.contains("stale binary: ") && d.2.contains("helpers.rs")),
-        "{stale:#?}"
-    );
-    let fresh = ws.run(&ws.build(&[]));
-    fresh.all_run_because("code changed: ccdemo::helpers::<Linear as Model> (src/helpers.rs)");
-    assert!(fresh.keys.iter().zip(&stale.keys).all(|(a, b)| a.1 != b.1));
 
     // A Cargo.lock change (a new dependency of the user crate): rerun in place.
     ws.edit(

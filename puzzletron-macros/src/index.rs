@@ -138,7 +138,8 @@ impl Index {
         let text = match std::fs::read_to_string(file) {
             Ok(t) => t,
             Err(e) => {
-                self.notes.push(format!("cannot read {}: {e}", file.display()));
+                self.notes
+                    .push(format!("cannot read {}: {e}", file.display()));
                 return;
             }
         };
@@ -173,7 +174,13 @@ impl Index {
         }
     }
 
-    fn push(&mut self, ctx: &Ctx, path: String, names: Vec<String>, tokens: impl ToTokens) -> usize {
+    fn push(
+        &mut self,
+        ctx: &Ctx,
+        path: String,
+        names: Vec<String>,
+        tokens: impl ToTokens,
+    ) -> usize {
         self.push_full(ctx, path, names, tokens, None, false, Vec::new())
     }
 
@@ -201,7 +208,12 @@ impl Index {
         // Same path twice (e.g. `#[cfg]` variants of one function): keep both, numbered.
         let mut path = path;
         if self.items.iter().any(|i| i.path == path) {
-            let n = self.items.iter().filter(|i| i.path.starts_with(&path)).count() + 1;
+            let n = self
+                .items
+                .iter()
+                .filter(|i| i.path.starts_with(&path))
+                .count()
+                + 1;
             path = format!("{path}#{n}");
         }
         let idx = self.items.len();
@@ -362,15 +374,7 @@ impl Index {
                         "unparsed item in {}: included in every job of this crate",
                         ctx.file.display()
                     ));
-                    self.push_full(
-                        ctx,
-                        at("<verbatim>"),
-                        Vec::new(),
-                        v,
-                        None,
-                        true,
-                        Vec::new(),
-                    );
+                    self.push_full(ctx, at("<verbatim>"), Vec::new(), v, None, true, Vec::new());
                 }
                 _ => {}
             }
@@ -446,15 +450,7 @@ impl Index {
                         }
                     };
                     let path = format!("{}::{ty}::{name}", ctx.module);
-                    self.push_full(
-                        ctx,
-                        path,
-                        vec![name],
-                        ii,
-                        None,
-                        false,
-                        vec![ty.clone()],
-                    );
+                    self.push_full(ctx, path, vec![name], ii, None, false, vec![ty.clone()]);
                 }
             }
         }
@@ -572,4 +568,78 @@ pub fn included_files(
         }
     }
     out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn write(root: &Path, rel: &str, text: &str) {
+        let p = root.join(rel);
+        std::fs::create_dir_all(p.parent().unwrap()).unwrap();
+        std::fs::write(p, text).unwrap();
+    }
+
+    fn paths(ix: &Index, set: &BTreeSet<usize>) -> Vec<String> {
+        set.iter().map(|&i| ix.items[i].path.clone()).collect()
+    }
+
+    #[test]
+    fn closure_follows_names_impls_and_dependencies_but_not_dependents() {
+        let d = std::env::temp_dir().join(format!("ptm-index-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&d);
+        write(
+            &d,
+            "app/Cargo.toml",
+            "[package]\nname = \"app\"\n[dependencies]\ndep = { path = \"../dep\" }\n",
+        );
+        write(
+            &d,
+            "app/src/main.rs",
+            "mod m;\nfn job() { m::go(); }\nfn main() { grid(); }\nfn grid() {}\n\
+             impl dep::Shape for Sq { fn area(&self) -> f64 { 1.0 } }\nstruct Sq;\n",
+        );
+        write(
+            &d,
+            "app/src/m.rs",
+            "pub fn go() { let s: &dyn dep::Shape = todo(); s.area(); }\npub fn todo() {}\nfn other() {}\n",
+        );
+        write(&d, "dep/Cargo.toml", "[package]\nname = \"dep\"\n");
+        write(
+            &d,
+            "dep/src/lib.rs",
+            "pub trait Shape { fn area(&self) -> f64; }\npub fn main() {}\npub fn grid() {}\n\
+             thread_local! { static X: u8 = 0; }\n",
+        );
+        let mut notes = Vec::new();
+        let ix = Index::build(crate::manifest::packages(&d.join("app"), &mut notes));
+        let start = ix.functions_named("job");
+        let c = ix.closure(&start);
+        let got = paths(&ix, &c);
+        for want in [
+            "app::job",
+            "app::m::go",
+            "app::m::todo",
+            "dep::Shape",
+            "app::<Sq as Shape>",
+            "dep::thread_local!#1",
+        ] {
+            assert!(got.iter().any(|g| g == want), "{want} missing: {got:?}");
+        }
+        for not in [
+            "app::main",
+            "app::grid",
+            "app::m::other",
+            "dep::main",
+            "dep::grid",
+        ] {
+            assert!(!got.iter().any(|g| g == not), "{not} included: {got:?}");
+        }
+        assert!(
+            ix.notes.iter().any(|n| n.contains("thread_local!#1")),
+            "{:?}",
+            ix.notes
+        );
+        let _ = std::fs::remove_dir_all(&d);
+    }
 }

@@ -76,8 +76,8 @@ fn expand(input: TokenStream) -> Result<proc_macro2::TokenStream, String> {
     {
         toks = g.stream().into_iter().collect();
     }
-    let job_path: syn::Path = syn::parse(toks.into_iter().collect::<TokenStream>())
-        .map_err(|e| format!("job!: {e}"))?;
+    let job_path: syn::Path =
+        syn::parse(toks.into_iter().collect::<TokenStream>()).map_err(|e| format!("job!: {e}"))?;
     let call_file = first_span(rest).and_then(|s| s.local_file());
 
     let manifest_dir = PathBuf::from(
@@ -103,14 +103,19 @@ fn expand(input: TokenStream) -> Result<proc_macro2::TokenStream, String> {
         let abs = if f.is_absolute() {
             f.clone()
         } else {
-            std::env::current_dir().map(|d| d.join(f)).unwrap_or(f.clone())
+            std::env::current_dir()
+                .map(|d| d.join(f))
+                .unwrap_or(f.clone())
         };
         let abs = std::fs::canonicalize(&abs).unwrap_or(abs);
         if !ix.packages.is_empty() {
             ix.add_root(0, &abs);
         }
     } else {
-        notes.push("the job's file is unknown to the macro: only the package's targets are analysed".into());
+        notes.push(
+            "the job's file is unknown to the macro: only the package's targets are analysed"
+                .into(),
+        );
     }
 
     // The job's function: the functions of that name whose path ends like the one written.
@@ -153,7 +158,10 @@ fn expand(input: TokenStream) -> Result<proc_macro2::TokenStream, String> {
     let mut dep_cfg: BTreeSet<usize> = BTreeSet::new();
     for &i in &closure {
         let it = &ix.items[i];
-        items.insert(it.path.clone(), (ix.rel(it.package, &it.file), it.digest.clone()));
+        items.insert(
+            it.path.clone(),
+            (ix.rel(it.package, &it.file), it.digest.clone()),
+        );
         if it.package == 0 {
             user_cfgs.extend(it.cfgs.iter().cloned());
         } else if !it.cfgs.is_empty() && !ix.packages[it.package].proc_macro {
@@ -227,13 +235,12 @@ fn expand(input: TokenStream) -> Result<proc_macro2::TokenStream, String> {
     if let Some((m, _)) = manifest::workspace_manifest(&manifest_dir) {
         tracked.insert(m);
     }
-    let track = tracked
-        .iter()
-        .filter(|p| p.is_file())
-        .map(|p| {
-            let s = p.to_string_lossy().into_owned();
-            quote!(const _: &[u8] = include_bytes!(#s);)
-        });
+    let track = tracked.iter().filter(|p| p.is_file()).map(|p| {
+        let s = p.to_string_lossy().into_owned();
+        quote!(
+            const _: &[u8] = include_bytes!(#s);
+        )
+    });
     let files: Vec<proc_macro2::TokenStream> = ix
         .files
         .iter()
@@ -261,7 +268,11 @@ fn expand(input: TokenStream) -> Result<proc_macro2::TokenStream, String> {
     let build_tokens = builds.iter().map(|(n, id)| quote!((#n, #id)));
     notes.sort();
     notes.dedup();
-    let package = ix.packages.first().map(|p| p.lib_name.clone()).unwrap_or_default();
+    let package = ix
+        .packages
+        .first()
+        .map(|p| p.lib_name.clone())
+        .unwrap_or_default();
     Ok(quote! {{
         #(#track)*
         static CODE: #krate::identity::CompiledCode = #krate::identity::CompiledCode {
@@ -293,7 +304,11 @@ fn extern_build_id(args: &[String], name: &str) -> Option<String> {
         };
         if let Some(path) = spec.strip_prefix(&prefix) {
             let stem = Path::new(path).file_stem()?.to_string_lossy().into_owned();
-            return Some(stem.rsplit_once('-').map(|(_, h)| h.to_string()).unwrap_or(stem));
+            return Some(
+                stem.rsplit_once('-')
+                    .map(|(_, h)| h.to_string())
+                    .unwrap_or(stem),
+            );
         }
     }
     None

@@ -22,7 +22,10 @@ pub struct Package {
 }
 
 fn read_table(path: &Path) -> Option<toml::Table> {
-    std::fs::read_to_string(path).ok()?.parse::<toml::Table>().ok()
+    std::fs::read_to_string(path)
+        .ok()?
+        .parse::<toml::Table>()
+        .ok()
 }
 
 /// The workspace root manifest above `dir` (the nearest ancestor whose `Cargo.toml` has a

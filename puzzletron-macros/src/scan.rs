@@ -57,7 +57,9 @@ fn scan_in(ts: TokenStream, out: &mut Scan, in_attr: bool) {
                             let pred: TokenStream = args
                                 .stream()
                                 .into_iter()
-                                .take_while(|t| !matches!(t, TokenTree::Punct(p) if p.as_char() == ','))
+                                .take_while(
+                                    |t| !matches!(t, TokenTree::Punct(p) if p.as_char() == ','),
+                                )
                                 .collect();
                             out.cfgs.push(pred.to_string());
                         }
@@ -69,16 +71,16 @@ fn scan_in(ts: TokenStream, out: &mut Scan, in_attr: bool) {
         match &toks[i] {
             TokenTree::Ident(id) => {
                 let name = id.to_string();
-                let bang = matches!(toks.get(i + 1), Some(TokenTree::Punct(p)) if p.as_char() == '!');
+                let bang =
+                    matches!(toks.get(i + 1), Some(TokenTree::Punct(p)) if p.as_char() == '!');
                 if bang && let Some(TokenTree::Group(g)) = toks.get(i + 2) {
                     if name == "cfg" {
                         out.cfgs.push(g.stream().to_string());
-                    } else if name == "include_str" || name == "include_bytes" {
-                        if let Some(TokenTree::Literal(l)) = g.stream().into_iter().next()
-                            && let Some(s) = plain_string(&l.to_string())
-                        {
-                            out.includes.push(s);
-                        }
+                    } else if (name == "include_str" || name == "include_bytes")
+                        && let Some(TokenTree::Literal(l)) = g.stream().into_iter().next()
+                        && let Some(s) = plain_string(&l.to_string())
+                    {
+                        out.includes.push(s);
                     }
                 }
                 out.canon.push_str("i ");
@@ -89,15 +91,21 @@ fn scan_in(ts: TokenStream, out: &mut Scan, in_attr: bool) {
             TokenTree::Punct(p) => {
                 out.canon.push_str("p ");
                 out.canon.push(p.as_char());
-                out.canon
-                    .push_str(if p.spacing() == Spacing::Joint { "j\n" } else { "\n" });
+                out.canon.push_str(if p.spacing() == Spacing::Joint {
+                    "j\n"
+                } else {
+                    "\n"
+                });
             }
             TokenTree::Literal(l) => {
                 let text = l.to_string();
                 let serde_default = i >= 2
                     && matches!(&toks[i - 1], TokenTree::Punct(p) if p.as_char() == '=')
                     && matches!(&toks[i - 2], TokenTree::Ident(d) if d == "default");
-                if in_attr && !serde_default && let Some(s) = plain_string(&text) {
+                if in_attr
+                    && !serde_default
+                    && let Some(s) = plain_string(&text)
+                {
                     push_path_idents(&s, &mut out.idents);
                 }
                 out.canon.push_str("l ");
@@ -114,9 +122,7 @@ fn scan_in(ts: TokenStream, out: &mut Scan, in_attr: bool) {
                 out.canon.push_str(open);
                 out.canon.push('\n');
                 let attr = in_attr
-                    || (g.delimiter() == Delimiter::Bracket
-                        && i >= 1
-                        && is_attr_start(&toks[..i]));
+                    || (g.delimiter() == Delimiter::Bracket && i >= 1 && is_attr_start(&toks[..i]));
                 scan_in(g.stream(), out, attr);
                 out.canon.push_str(close);
                 out.canon.push('\n');
@@ -136,7 +142,8 @@ fn plain_string(lit: &str) -> Option<String> {
 fn push_path_idents(s: &str, out: &mut Vec<String>) {
     let is_ident = |seg: &str| {
         let mut c = seg.chars();
-        c.next().is_some_and(|f| f == '_' || f.is_ascii_alphabetic())
+        c.next()
+            .is_some_and(|f| f == '_' || f.is_ascii_alphabetic())
             && c.all(|ch| ch == '_' || ch.is_ascii_alphanumeric())
     };
     let segs: Vec<&str> = s.split("::").collect();
@@ -147,8 +154,45 @@ fn push_path_idents(s: &str, out: &mut Vec<String>) {
 
 /// Whether the tokens before a `[...]` group end with `#` or `#!` (an attribute).
 fn is_attr_start(before: &[TokenTree]) -> bool {
-    let punct = |t: Option<&TokenTree>, c: char| matches!(t, Some(TokenTree::Punct(p)) if p.as_char() == c);
+    let punct =
+        |t: Option<&TokenTree>, c: char| matches!(t, Some(TokenTree::Punct(p)) if p.as_char() == c);
     let n = before.len();
     punct(before.last(), '#')
         || (punct(before.last(), '!') && n >= 2 && punct(before.get(n - 2), '#'))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn scanned(src: &str) -> Scan {
+        let mut s = Scan::default();
+        scan(src.parse().unwrap(), &mut s);
+        s
+    }
+
+    #[test]
+    fn docs_comments_and_formatting_do_not_count() {
+        let a = scanned("/// Doc.\nfn f(x: u8) -> u8 { x + 1 } // c");
+        let b = scanned("/** Other doc. */ fn f( x : u8 )->u8{\n  /* c */ x+1\n}");
+        assert_eq!(a.canon, b.canon);
+        assert_ne!(a.canon, scanned("fn f(x: u8) -> u8 { x + 2 }").canon);
+        // `+=` is not `+ =`.
+        assert_ne!(scanned("a += b").canon, scanned("a + = b").canon);
+    }
+
+    #[test]
+    fn cfgs_includes_and_attribute_paths_are_collected() {
+        let s = scanned(
+            r#"#[cfg(feature = "wide")] #[cfg_attr(test, derive(Debug))]
+            #[serde(with = "codec::hex", default = "dflt")]
+            fn f() { if cfg!(debug_assertions) { include_str!("a.txt"); } let s = "main"; vec![1]; }"#,
+        );
+        assert_eq!(s.cfgs, ["feature = \"wide\"", "test", "debug_assertions"]);
+        assert_eq!(s.includes, ["a.txt"]);
+        assert!(s.idents.contains(&"codec".to_string()) && s.idents.contains(&"hex".to_string()));
+        // serde defaults are params, and plain string values are not paths.
+        assert!(!s.idents.contains(&"dflt".to_string()));
+        assert!(!s.idents.contains(&"main".to_string()));
+    }
 }

@@ -160,8 +160,12 @@ pub fn code_differences(new: &OwnedDigest, old: &OwnedDigest) -> Vec<String> {
     if new.scheme != old.scheme {
         return vec![format!(
             "code changed: identity scheme changed ({} -> {})",
-            old.scheme.as_deref().unwrap_or("puzzletron/owned-tree/v1 (files)"),
-            new.scheme.as_deref().unwrap_or("puzzletron/owned-tree/v1 (files)")
+            old.scheme
+                .as_deref()
+                .unwrap_or("puzzletron/owned-tree/v1 (files)"),
+            new.scheme
+                .as_deref()
+                .unwrap_or("puzzletron/owned-tree/v1 (files)")
         )];
     }
     if new.scheme.is_none() {

@@ -19,9 +19,7 @@ mod tokens;
 mod witness;
 
 pub use canonical::{CanonicalParams, ParamError, canonical_json, canonical_params};
-pub use compiled::{
-    CompiledCode, CompiledItem, ITEMS_SCHEME, ItemDigest, code_differences,
-};
+pub use compiled::{CompiledCode, CompiledItem, ITEMS_SCHEME, ItemDigest, code_differences};
 pub use hash::{Hash, Hasher, ParseHashError};
 pub use owned::{
     Modules, OwnedCode, OwnedDigest, file_digest, owned_digest, owned_digest_uncached, token_digest,

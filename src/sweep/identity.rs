@@ -83,7 +83,11 @@ impl JobIdentities {
     }
 
     /// For jobs without compiled identity: the Cargo.lock upward from the job's crate folder.
-    pub(super) fn runtime_lock(&mut self, crate_dir: &Path, witnesses: &mut Witnesses) -> Result<()> {
+    pub(super) fn runtime_lock(
+        &mut self,
+        crate_dir: &Path,
+        witnesses: &mut Witnesses,
+    ) -> Result<()> {
         if self.lock_from_jobs
             && witnesses.cargo_lock.is_none()
             && let Some(p) = identity::find_lock_file(crate_dir)
@@ -213,7 +217,7 @@ mod tests {
             "params changed: dropout 0.5 -> 0.25"
         );
         assert_eq!(params_changed(&new, &[]), None);
-        assert_eq!(params_changed(&new, &[new.clone()]), None);
+        assert_eq!(params_changed(&new, std::slice::from_ref(&new)), None);
         assert_eq!(
             params_changed(&json!({"a": 1}), &[json!({"a": 1, "b": 2})]).unwrap(),
             "params changed: b 2 -> (none)"

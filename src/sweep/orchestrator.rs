@@ -378,7 +378,9 @@ impl<S: Store, E: Executor> Orchestrator<S, E> {
 
     fn owned_for<P>(&mut self, job: &Job<P>) -> Result<Arc<OwnedDigest>> {
         if let Some(code) = job.code() {
-            return Ok(self.identity.compiled(job.name(), code, &mut self.witnesses));
+            return Ok(self
+                .identity
+                .compiled(job.name(), code, &mut self.witnesses));
         }
         self.identity
             .runtime_lock(job.crate_dir(), &mut self.witnesses)?;
