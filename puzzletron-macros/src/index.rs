@@ -90,15 +90,18 @@ struct Ctx<'a> {
 }
 
 impl Index {
-    /// Parses every package's module tree.
-    pub fn build(packages: Vec<Package>) -> Self {
+    /// Parses every package's module tree. The user's binary roots become crates of their own
+    /// (appended after the packages) that depend on the user's library.
+    pub fn build(mut packages: Vec<Package>) -> Self {
         let mut ix = Index::default();
+        if let Some(user) = packages.first().cloned() {
+            for bin in &user.bins {
+                packages.push(Self::bin_crate(&user, bin));
+            }
+        }
         for (pi, p) in packages.iter().enumerate() {
             for root in &p.roots {
                 let module = match root.file_stem().and_then(|s| s.to_str()) {
-                    Some("lib") | Some("main") if root.parent() == Some(&p.dir.join("src")) => {
-                        p.lib_name.clone()
-                    }
                     Some(stem) if root.parent() == Some(&p.dir.join("src/bin")) => stem.to_string(),
                     _ => p.lib_name.clone(),
                 };
@@ -111,9 +114,25 @@ impl Index {
         ix
     }
 
-    /// Adds a file that is not under any package root (the job's file, e.g. an example).
-    pub fn add_root(&mut self, package: usize, file: &Path) {
-        if self.files.contains(file) {
+    fn bin_crate(user: &Package, root: &Path) -> Package {
+        let mut dep_dirs = user.dep_dirs.clone();
+        dep_dirs.push(user.dir.clone());
+        Package {
+            lib_name: user.lib_name.clone(),
+            dir: user.dir.clone(),
+            roots: vec![root.to_path_buf()],
+            bins: Vec::new(),
+            user: true,
+            manifest: user.manifest.clone(),
+            dep_dirs,
+            proc_macro: false,
+        }
+    }
+
+    /// Adds a file that is not under any package root (the job's file, e.g. an example or an
+    /// integration test): a crate of its own that depends on the user's library.
+    pub fn add_root(&mut self, file: &Path) {
+        if self.files.contains(file) || self.packages.is_empty() {
             return;
         }
         let module = file
@@ -121,7 +140,11 @@ impl Index {
             .map(|s| s.to_string_lossy().into_owned())
             .unwrap_or_default();
         let dir = file.parent().unwrap_or(Path::new(".")).to_path_buf();
-        self.load_file(package, file, module, dir, Vec::new());
+        let pkg = Self::bin_crate(&self.packages[0], file);
+        self.packages.push(pkg);
+        self.visible = crate::manifest::visibility(&self.packages);
+        let pi = self.packages.len() - 1;
+        self.load_file(pi, file, module, dir, Vec::new());
     }
 
     fn load_file(
@@ -542,7 +565,7 @@ impl Index {
             .map(|c| c.to_string_lossy())
             .collect::<Vec<_>>()
             .join("/");
-        if package == 0 {
+        if p.user {
             s
         } else {
             format!("{}: {s}", p.lib_name)

@@ -108,9 +108,7 @@ fn expand(input: TokenStream) -> Result<proc_macro2::TokenStream, String> {
                 .unwrap_or(f.clone())
         };
         let abs = std::fs::canonicalize(&abs).unwrap_or(abs);
-        if !ix.packages.is_empty() {
-            ix.add_root(0, &abs);
-        }
+        ix.add_root(&abs);
     } else {
         notes.push(
             "the job's file is unknown to the macro: only the package's targets are analysed"
@@ -145,7 +143,7 @@ fn expand(input: TokenStream) -> Result<proc_macro2::TokenStream, String> {
             "function `{last}` not found in the sources: every item of the package is included"
         ));
         (0..ix.items.len())
-            .filter(|&i| ix.items[i].package == 0)
+            .filter(|&i| ix.packages[ix.items[i].package].user)
             .collect()
     };
     let closure = ix.closure(&start);
@@ -162,7 +160,7 @@ fn expand(input: TokenStream) -> Result<proc_macro2::TokenStream, String> {
             it.path.clone(),
             (ix.rel(it.package, &it.file), it.digest.clone()),
         );
-        if it.package == 0 {
+        if ix.packages[it.package].user {
             user_cfgs.extend(it.cfgs.iter().cloned());
         } else if !it.cfgs.is_empty() && !ix.packages[it.package].proc_macro {
             // A proc-macro crate's cfgs are the host's at compile time; its items count, its
@@ -194,7 +192,7 @@ fn expand(input: TokenStream) -> Result<proc_macro2::TokenStream, String> {
                     "no --extern build id for `{name}` (not a direct dependency): its cfg \
                      predicates are covered by the direct dependencies' build ids and the manifests"
                 ));
-                for p in &ix.packages[1..] {
+                for p in ix.packages.iter().filter(|p| !p.user) {
                     if let Some(id) = extern_build_id(&args, &p.lib_name) {
                         builds.insert(p.lib_name.clone(), id);
                     }

@@ -10,9 +10,13 @@ pub struct Package {
     pub lib_name: String,
     /// The folder of its `Cargo.toml`.
     pub dir: PathBuf,
-    /// Root files to parse: `src/lib.rs` (or `[lib] path`), and for the user's package also
-    /// `src/main.rs` and `src/bin/*.rs`.
+    /// Its library root (`src/lib.rs` or `[lib] path`), when it has one.
     pub roots: Vec<PathBuf>,
+    /// The user's package only: its binary roots (`src/main.rs`, `src/bin/*.rs`), each its own
+    /// crate that can name the library's items (the library cannot name theirs).
+    pub bins: Vec<PathBuf>,
+    /// The calling package (or one of its binary crates): paths shown without a prefix.
+    pub user: bool,
     /// Its `Cargo.toml`.
     pub manifest: PathBuf,
     /// Folders of its direct owned dependencies.
@@ -87,18 +91,19 @@ pub fn packages(dir: &Path, notes: &mut Vec<String>) -> Vec<Package> {
         if lib.is_file() {
             roots.push(lib);
         }
+        let mut bins = Vec::new();
         if user {
             if d.join("src/main.rs").is_file() {
-                roots.push(d.join("src/main.rs"));
+                bins.push(d.join("src/main.rs"));
             }
             if let Ok(rd) = std::fs::read_dir(d.join("src/bin")) {
-                let mut bins: Vec<PathBuf> = rd
+                let mut found: Vec<PathBuf> = rd
                     .flatten()
                     .map(|e| e.path())
                     .filter(|p| p.extension().is_some_and(|x| x == "rs"))
                     .collect();
-                bins.sort();
-                roots.extend(bins);
+                found.sort();
+                bins.extend(found);
             }
         }
         for table in ["dependencies", "dev-dependencies"] {
@@ -138,6 +143,8 @@ pub fn packages(dir: &Path, notes: &mut Vec<String>) -> Vec<Package> {
             lib_name,
             dir: d,
             roots,
+            bins,
+            user,
             manifest,
             dep_dirs,
             proc_macro: t
