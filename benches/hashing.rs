@@ -1,6 +1,9 @@
 //! Identity and planning speed (issue: sweeps end to end).
 //!
-//! - `job_key/10_field_struct`: canonical JSON + SHA-256 of a 10-field params struct (target < 2 us);
+//! - `job_key/10_field_struct`: canonical JSON + SHA-256 of a 10-field params struct, with the
+//!   owned digest baked in by `job!` (target < 2 us);
+//! - `compiled_owned/this_bench`: `CompiledCode::owned()`, the once-per-job cost of turning the
+//!   baked item digests into the owned digest;
 //! - `owned_digest/50k_lines` vs `sha256sum/50k_lines`: token-wise digest of a generated 50k-line
 //!   source tree and coreutils' sha256sum over the same files, in the same run (target ratio >= 0.8);
 //! - `enqueue_plan_100k/{memory,memory_vec_params,fs_empty}`: enqueue 100k runs and plan them
@@ -14,7 +17,7 @@ use std::time::Duration;
 use criterion::{BatchSize, Criterion, Throughput, criterion_group, criterion_main};
 use puzzletron::identity::{self, Modules, OwnedCode};
 use puzzletron::sweep::{Job, JobResult, Run};
-use puzzletron::{MemoryStore, Orchestrator};
+use puzzletron::{MemoryStore, Orchestrator, job};
 use serde::{Deserialize, Serialize};
 
 #[derive(Clone, Serialize, Deserialize)]
@@ -74,13 +77,19 @@ fn noop(_: &Params10, _: &mut Run) -> JobResult {
 }
 
 fn job_key(c: &mut Criterion) {
-    let owned = identity::Hash::of("owned");
+    let j: Job<Params10> = job!(noop);
+    let code = j.code().unwrap();
+    let owned = code.owned().digest;
     let p = p10(3);
     c.bench_function("job_key/10_field_struct", |b| {
         b.iter(|| {
             let json = identity::canonical_json(std::hint::black_box(&p)).unwrap();
             identity::job_key("bench::train", &json, &owned)
         })
+    });
+    eprintln!("compiled closure of noop: {} items", code.items.len());
+    c.bench_function("compiled_owned/this_bench", |b| {
+        b.iter(|| std::hint::black_box(code).owned())
     });
 }
 
@@ -142,9 +151,7 @@ fn owned_digest(c: &mut Criterion) {
 
 fn enqueue_plan(c: &mut Criterion) {
     let dir = tempfile::tempdir().unwrap();
-    std::fs::create_dir_all(dir.path().join("src")).unwrap();
-    std::fs::write(dir.path().join("src/lib.rs"), "pub fn train() {}\n").unwrap();
-    let job: Job<Params10> = Job::new("bench::train", "bench", dir.path(), "src/lib.rs", noop);
+    let job: Job<Params10> = job!(noop);
     let mut g = c.benchmark_group("enqueue_plan_100k");
     g.sample_size(10);
     g.measurement_time(Duration::from_secs(15));

@@ -86,6 +86,11 @@ pub mod sweep;
 #[cfg(feature = "cli")]
 pub mod cli;
 
+#[doc(hidden)]
+pub mod __private {
+    pub use puzzletron_macros::job_code;
+}
+
 pub use error::{Error, Result};
 
 /// Compiles the README's example (`no_run`: it writes files), so the README cannot rot.

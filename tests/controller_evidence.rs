@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 use puzzletron::campaign::controller::{
     CampaignController, Control, ControllerEvent, FailureClass, RunOptions, cancel_campaign,
 };
-use puzzletron::campaign::tree::Node;
+use puzzletron::campaign::Node;
 use puzzletron::campaign::{
     CampaignPlan, ExecutionConfig, RunnerEnvironment, StageCatalog, compile_resolved,
 };

@@ -324,18 +324,15 @@ fn get_returns_this_sweeps_rows_in_enqueue_order_with_typed_columns() {
 }
 
 #[test]
-fn trace_is_refused_and_isolate_needs_a_folder_store() {
+fn trace_builds_and_isolate_needs_a_folder_store() {
+    // trace(true) used to be refused; it now re-checks identities (tests/identity_compiled.rs).
     let c = FakeCrate::new();
-    let e = Orchestrator::builder()
-        .store_root(c.path().join("s"))
-        .trace(true)
-        .build()
-        .err()
-        .expect("must be refused");
     assert!(
-        e.to_string()
-            .starts_with("trace(true) is not yet supported"),
-        "{e}"
+        Orchestrator::builder()
+            .store_root(c.path().join("s"))
+            .trace(true)
+            .build()
+            .is_ok()
     );
     // Isolated runs reopen the store in worker processes: a folder store works, a memory
     // store is refused with the reason.

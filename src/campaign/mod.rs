@@ -24,14 +24,14 @@ mod compile;
 pub mod config;
 pub mod controller;
 mod document;
-mod dryrun;
-mod execution;
+pub(crate) mod dryrun;
+pub(crate) mod execution;
 #[cfg(feature = "fuzzing")]
 pub mod fuzzing;
 mod mesh;
 mod plan;
 mod plan_error;
-mod runner;
+pub(crate) mod runner;
 mod slurm_time;
 mod summary;
 mod tree;

@@ -2,19 +2,24 @@
 //!
 //! - [`Hash`](struct@Hash): the SHA-256 digest type;
 //! - [`canonical_json`]: parameters as RFC 8785 canonical JSON;
-//! - [`owned_digest`]: the job's own code, hashed token-wise (comments and formatting excluded);
+//! - [`CompiledCode`]: the job's code identity computed at compile time by `job!`, item by item
+//!   (its closure: what the job reaches), with `cfg` values and build witnesses;
+//! - [`owned_digest`]: the run-time, file-level digest of [`Job::new`](crate::sweep::Job::new)
+//!   jobs (comments and formatting excluded);
 //! - [`Witnesses`]: Cargo.lock, toolchain and source commit, recorded beside each result;
 //! - [`job_key`]: the key of one run, from the job's name, its parameters and its owned code.
 
 use std::path::PathBuf;
 
 mod canonical;
+mod compiled;
 mod hash;
 mod owned;
 mod tokens;
 mod witness;
 
 pub use canonical::{CanonicalParams, ParamError, ParamType, canonical_json, canonical_params};
+pub use compiled::{CompiledCode, CompiledItem, ITEMS_SCHEME, ItemDigest, code_differences};
 pub use hash::{Hash, Hasher, ParseHashError};
 pub use owned::{
     Modules, OwnedCode, OwnedDigest, file_digest, owned_digest, owned_digest_uncached, token_digest,

@@ -118,12 +118,42 @@ pub struct OwnedCode {
 
 /// The owned-code digest and the per-file digests it was made from (paths relative to the
 /// crate root, `/`-separated), so a changed result can name the files that changed.
+///
+/// Jobs made with [`job!`](crate::job) fill the item-level fields instead of `files` (see
+/// [`CompiledCode`](super::CompiledCode)); records written before item-level identity have only
+/// `digest` and `files`, and still read.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct OwnedDigest {
-    /// Digest over the sorted (path, file digest) pairs.
+    /// The owned-code digest: over the sorted (path, file digest) pairs (file scheme), or as in
+    /// [`CompiledCode::owned`](super::CompiledCode::owned) (item scheme).
     pub digest: Hash,
-    /// Token-stream digest of each file.
+    /// Token-stream digest of each file (file scheme; empty in the item scheme).
     pub files: BTreeMap<String, Hash>,
+    /// `None` for the file scheme; [`ITEMS_SCHEME`](super::ITEMS_SCHEME) for compiled identity.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub scheme: Option<String>,
+    /// Item scheme: each closure item's file and digest, by item path.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub items: BTreeMap<String, super::ItemDigest>,
+    /// Item scheme: the truth value of every `cfg` predicate of the closure in this build.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub cfg: BTreeMap<String, bool>,
+    /// Item scheme: build ids of dependencies whose `cfg`s count.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub builds: BTreeMap<String, String>,
+}
+
+impl Default for OwnedDigest {
+    fn default() -> Self {
+        Self {
+            digest: Hash::from_bytes([0; 32]),
+            files: BTreeMap::new(),
+            scheme: None,
+            items: BTreeMap::new(),
+            cfg: BTreeMap::new(),
+            builds: BTreeMap::new(),
+        }
+    }
 }
 
 impl OwnedDigest {
@@ -287,6 +317,7 @@ fn digest_tree(code: &OwnedCode, cached: bool) -> Result<OwnedDigest, IdentityEr
     Ok(OwnedDigest {
         digest: h.finish(),
         files,
+        ..OwnedDigest::default()
     })
 }
 

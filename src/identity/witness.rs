@@ -25,6 +25,12 @@ pub struct Toolchain {
     pub rustc: String,
     /// The target triple, e.g. `x86_64-unknown-linux-gnu`.
     pub target: String,
+    /// The build profile of the job's crate (e.g. `opt-level=3, debug_assertions=off`), captured
+    /// at compile time by `job!`; `None` for records made before it was captured or for
+    /// `Job::new` jobs. Recorded only: a profile change alone does not re-run (the `cfg`s it
+    /// switches, like `debug_assertions`, are in the key when the job's code tests them).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub profile: Option<String>,
 }
 
 impl Toolchain {
@@ -33,6 +39,7 @@ impl Toolchain {
         Self {
             rustc: env!("PUZZLETRON_RUSTC_VERSION").to_string(),
             target: env!("PUZZLETRON_TARGET").to_string(),
+            profile: None,
         }
     }
 }

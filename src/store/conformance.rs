@@ -30,6 +30,7 @@ pub fn sample_record(key: Hash, status: Status, attempt: u32) -> JobRecord {
         owned: OwnedDigest {
             digest: Hash::of("code"),
             files: BTreeMap::new(),
+            ..OwnedDigest::default()
         },
         witnesses: Witnesses {
             cargo_lock: None,

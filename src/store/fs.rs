@@ -17,13 +17,13 @@
 
 use std::collections::{BTreeSet, HashSet};
 use std::fs::{self, File, OpenOptions};
-use std::io::{self, BufRead, BufReader, Write};
+use std::io::{self, BufReader, Write};
 use std::path::{Path, PathBuf};
 use std::time::{Duration, SystemTime};
 
 use super::{
     Claim, ClaimInfo, ClaimOutcome, DEFAULT_STALE_AFTER, FORMAT_VERSION, JobRecord, MetricSink,
-    MetricsInfo, Owner, Series, Status, Store, StoreError, check_metric_name,
+    Owner, Series, Status, Store, StoreError,
 };
 use super::fs_sink::FsSink;
 use super::rows::{Bound, TornTail, read_rows};

@@ -12,8 +12,9 @@ use crate::identity::{self, Modules, Toolchain, Witnesses};
 use crate::store::{FsStore, Store};
 
 /// Builds an [`Orchestrator`]. Defaults: [`FsStore`] under `.puzzletron` in the current folder,
-/// in-process execution, the Cargo.lock found upward from the current folder, no source
-/// checkout witnessed, the whole `src/` of each job's crate owned.
+/// in-process execution, the Cargo.lock of the jobs' build (found from their package upward),
+/// no source checkout witnessed, `job!` jobs' compiled closures (the whole `src/` for
+/// [`Job::new`](super::Job::new) jobs).
 pub struct OrchestratorBuilder<S: Store = FsStore, E: Executor = InProcess> {
     store: Box<dyn FnOnce() -> Result<S>>,
     executor: E,
@@ -90,14 +91,19 @@ impl<S: Store + 'static, E: Executor> OrchestratorBuilder<S, E> {
         }
     }
 
-    /// Which modules of each job's crate count as its code (default: all of `src/`; a job's own
-    /// [`Job::with_modules`] wins). The job's file always counts.
+    /// Which modules of each job's crate count as its code, for jobs made with
+    /// [`Job::new`](super::Job::new) (default: all of `src/`; a job's own
+    /// [`Job::with_modules`](super::Job::with_modules) wins; the job's file always counts).
+    /// [`job!`](crate::job) jobs ignore it: their code is the compiled closure of the job
+    /// function.
     pub fn owned(mut self, modules: Modules) -> Self {
         self.modules = modules;
         self
     }
 
-    /// The Cargo.lock to witness (default: found upward from the current folder).
+    /// The Cargo.lock to witness (default: the one `job!` found at compile time from the job's
+    /// package upward, or for [`Job::new`](super::Job::new) jobs the one found upward from the
+    /// job's crate folder; never the current folder).
     pub fn lock(mut self, path: impl Into<PathBuf>) -> Self {
         self.lock = Some(path.into());
         self
@@ -133,7 +139,13 @@ impl<S: Store + 'static, E: Executor> OrchestratorBuilder<S, E> {
         self
     }
 
-    /// Trace the functions a job enters at run time (not yet supported: `build` fails).
+    /// Re-check identities at decide time (default off): a done result is reused only if the
+    /// per-item digests it recorded equal this binary's (else it re-runs, naming the items), and
+    /// each decision of a `job!` job whose covered source files exist here and differ from what
+    /// this binary was compiled from says `stale binary: <files>` (its results are still recorded
+    /// under this binary's key, which describes the code that runs; rebuild to run the new
+    /// code). It cannot see code that is not in the closure (registry crates: Cargo.lock) nor
+    /// edits on another machine; it reads every covered file once per job per process.
     pub fn trace(mut self, trace: bool) -> Self {
         self.trace = trace;
         self
@@ -154,7 +166,7 @@ impl<S: Store + 'static, E: Executor> OrchestratorBuilder<S, E> {
     /// Opens the store and reads the witnesses.
     ///
     /// # Errors
-    /// [`Error::Unsupported`] for `trace(true)`, or `isolate(true)` with an executor that
+    /// [`Error::Unsupported`] for `isolate(true)` with an executor that
     /// starts no processes ([`InProcess`], `MockExecutor`), a store workers cannot reopen, or no
     /// folder for task files (see [`worker_dir`](Self::worker_dir));
     /// [`Error::Store`] when the store cannot be opened; [`Error::Identity`] when a lock file
@@ -173,22 +185,14 @@ impl<S: Store + 'static, E: Executor> OrchestratorBuilder<S, E> {
                 });
             }
         }
-        if self.trace {
-            return Err(Error::Unsupported {
-                what: "trace(true)".into(),
-                why: "runtime tracing of entered functions is not implemented; the owned-code \
-                      digest covers the job's whole module selection (leave trace off)"
-                    .into(),
-            });
-        }
         let lock = match &self.lock {
             Some(p) if !p.is_file() => {
                 return Err(identity::IdentityError::LockNotFound { path: p.clone() }.into());
             }
             Some(p) => Some(p.clone()),
-            None => std::env::current_dir()
-                .ok()
-                .and_then(|d| identity::find_lock_file(&d)),
+            // Found per job at `run()`: from the job's compile-time capture, or upward from
+            // its crate folder (never the current folder).
+            None => None,
         };
         let witnesses = Witnesses {
             cargo_lock: lock.as_deref().map(identity::lock_witness).transpose()?,
@@ -214,6 +218,7 @@ impl<S: Store + 'static, E: Executor> OrchestratorBuilder<S, E> {
             on_event: self.on_event,
             wait_poll: self.wait_poll,
             tasks_dir,
+            identity: super::identity::JobIdentities::new(self.trace, self.lock.is_none()),
         }))
     }
 }

@@ -3,7 +3,7 @@
 use std::fmt;
 
 use super::pending::PendingRun;
-use crate::identity::{Hash, Witnesses};
+use crate::identity::{self, Hash, Witnesses};
 use crate::store::{JobRecord, Status, Store, StoreError};
 
 /// What a drain does with a run.
@@ -102,6 +102,8 @@ pub(super) struct Decider<'a, S: Store + ?Sized> {
     pub(super) witnesses: &'a Witnesses,
     /// Re-run even what is current.
     pub(super) force: bool,
+    /// Compiled identities: reasons naming changed items, `trace(true)` re-checks.
+    pub(super) identity: &'a super::identity::JobIdentities,
 }
 
 impl<S: Store + ?Sized> Decider<'_, S> {
@@ -150,18 +152,11 @@ impl<S: Store + ?Sized> Decider<'_, S> {
         let mut replaces = None;
         match &rec {
             None => match lineage {
-                Some(prev) if prev != run.key => {
-                    let changed = match self.store.record(&prev)? {
-                        Some(old) => run.owned.changed_files(&old.owned.files),
-                        None => Vec::new(),
-                    };
-                    if changed.is_empty() {
-                        reasons.push("code changed".to_string());
-                    } else {
-                        reasons.push(format!("code changed: {}", changed.join(", ")));
-                    }
-                }
-                _ => reasons.push("no record".to_string()),
+                Some(prev) if prev != run.key => match self.store.record(&prev)? {
+                    Some(old) => reasons.extend(identity::code_differences(&run.owned, &old.owned)),
+                    None => reasons.push("code changed".to_string()),
+                },
+                _ => reasons.push(self.identity.no_record_reason(self.store, run)?),
             },
             Some(r) => match r.status {
                 Status::Done => {
@@ -197,6 +192,8 @@ impl<S: Store + ?Sized> Decider<'_, S> {
                 },
             },
         }
+        self.identity
+            .trace_check(run, rec.as_ref(), &mut action, &mut reasons, &mut replaces);
         if self.force && action == Action::Skip {
             action = Action::Run;
             reasons = vec!["forced".to_string()];

@@ -3,7 +3,7 @@
 use std::marker::PhantomData;
 use std::path::PathBuf;
 
-use crate::identity::Modules;
+use crate::identity::{CompiledCode, Modules};
 
 use super::Run;
 
@@ -33,6 +33,7 @@ pub struct Job<P> {
     crate_dir: PathBuf,
     file: PathBuf,
     modules: Option<Modules>,
+    code: Option<&'static CompiledCode>,
     func: fn(&P, &mut Run) -> JobResult,
     _p: PhantomData<fn(&P)>,
 }
@@ -45,6 +46,7 @@ impl<P> Clone for Job<P> {
             crate_dir: self.crate_dir.clone(),
             file: self.file.clone(),
             modules: self.modules.clone(),
+            code: self.code,
             func: self.func,
             _p: PhantomData,
         }
@@ -77,6 +79,7 @@ impl<P> Job<P> {
             crate_dir: crate_dir.into(),
             file: file.into(),
             modules: None,
+            code: None,
             func,
             _p: PhantomData,
         }
@@ -84,9 +87,28 @@ impl<P> Job<P> {
 
     /// Narrows the owned code of this job to `modules` (default: the orchestrator's setting,
     /// itself defaulting to the whole `src/`).
+    ///
+    /// Applies to jobs without compiled identity ([`Job::new`]), whose code is read from the
+    /// source tree when the program runs. A [`job!`](crate::job) job's code is its compiled
+    /// closure (what the function reaches), which needs no narrowing; `modules` is ignored for
+    /// it. To make a job's key also cover a file the job does not reach in Rust (a config read
+    /// at run time), `include_str!` it in the job or put its content in the params.
     pub fn with_modules(mut self, modules: Modules) -> Self {
         self.modules = Some(modules);
         self
+    }
+
+    /// Attaches the compile-time code identity `job!` computed (used by the macro; the key then
+    /// depends on `code`, never on files read at run time).
+    #[doc(hidden)]
+    pub fn with_code(mut self, code: &'static CompiledCode) -> Self {
+        self.code = Some(code);
+        self
+    }
+
+    /// The compile-time code identity, for jobs made with [`job!`](crate::job).
+    pub fn code(&self) -> Option<&'static CompiledCode> {
+        self.code
     }
 
     /// The job's name: its Rust path, e.g. `sweep::train`.
@@ -122,8 +144,11 @@ impl<P> Job<P> {
 /// Names a job function: `job!(train)` or `job!(model::train)`.
 ///
 /// Captures the function's path (prefixed by the calling module's path), the crate name and
-/// folder, and the calling file (`file!()`, so write `job!` in the file that defines the
-/// function, or list the function's module in [`Modules`]).
+/// folder, the calling file, and the job's compile-time code identity
+/// ([`CompiledCode`]): the digests of every item the function reaches in the calling package and
+/// its path/workspace dependencies, computed when the crate is compiled (see
+/// [`identity::compiled`](crate::identity::CompiledCode) and CONTRIBUTING.md). Cargo rebuilds
+/// the crate when any file read for it changes.
 #[macro_export]
 macro_rules! job {
     ($f:path) => {
@@ -134,5 +159,6 @@ macro_rules! job {
             file!(),
             $f,
         )
+        .with_code($crate::__private::job_code!($crate; $f))
     };
 }

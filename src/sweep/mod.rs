@@ -7,6 +7,7 @@ mod decision;
 mod entry;
 mod event;
 mod execute;
+mod identity;
 mod job;
 mod orchestrator;
 mod panics;

@@ -36,6 +36,8 @@ pub(super) struct Parts<S, E> {
     pub(super) wait_poll: Duration,
     /// Where isolated runs write task files; `None`: runs execute in process.
     pub(super) tasks_dir: Option<PathBuf>,
+    /// Compiled identities, the per-job build witnesses and `trace(true)` re-checks.
+    pub(super) identity: super::identity::JobIdentities,
 }
 
 /// Runs a sweep: enqueue runs with [`run`](Self::run), see what would happen with
@@ -43,8 +45,9 @@ pub(super) struct Parts<S, E> {
 /// [`get`](Self::get).
 ///
 /// A run's key is the hash of the job's name, its parameters (canonical JSON) and its owned
-/// code. A run is executed when the store has no result for its key, its last attempt failed or
-/// was interrupted, its recorded witnesses (Cargo.lock, toolchain, source commit) differ, or the
+/// code (for [`job!`](crate::job) jobs, fixed at compile time: see
+/// [`CompiledCode`](crate::identity::CompiledCode)). A run is executed when the store has no
+/// result for its key, its last attempt failed or was interrupted, its recorded witnesses (Cargo.lock, toolchain, source commit) differ, or the
 /// orchestrator is forced; otherwise it is skipped. Several processes may drain one store: each
 /// run executes once.
 pub struct Orchestrator<S: Store = FsStore, E: Executor = InProcess> {
@@ -60,6 +63,7 @@ pub struct Orchestrator<S: Store = FsStore, E: Executor = InProcess> {
     queued_keys: HashSet<Hash>,
     enqueued: Vec<PendingRun>,
     enqueued_keys: HashSet<Hash>,
+    identity: super::identity::JobIdentities,
     on_event: Option<EventFn>,
     owner: Owner,
     wait_poll: Duration,
@@ -88,6 +92,7 @@ impl<S: Store, E: Executor> Orchestrator<S, E> {
             queued_keys: HashSet::new(),
             enqueued: Vec::new(),
             enqueued_keys: HashSet::new(),
+            identity: p.identity,
             on_event: p.on_event,
             owner: Owner::current(),
             wait_poll: p.wait_poll,
@@ -159,6 +164,13 @@ impl<S: Store, E: Executor> Orchestrator<S, E> {
     }
 
     fn owned_for<P>(&mut self, job: &Job<P>) -> Result<Arc<OwnedDigest>> {
+        if let Some(code) = job.code() {
+            return Ok(self
+                .identity
+                .compiled(job.name(), code, &mut self.witnesses));
+        }
+        self.identity
+            .runtime_lock(job.crate_dir(), &mut self.witnesses)?;
         let modules = job.modules().unwrap_or(&self.modules);
         // A sweep has a handful of jobs: a scan without allocation beats hashing paths.
         if let Some((.., d)) = self
@@ -204,6 +216,7 @@ impl<S: Store, E: Executor> Orchestrator<S, E> {
             store: &self.store,
             witnesses: &self.witnesses,
             force: self.force,
+            identity: &self.identity,
         }
     }
 

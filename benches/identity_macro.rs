@@ -1,0 +1,145 @@
+//! The compile time `job!` adds: a generated 50k-line crate with 10 jobs, built by cargo with
+//! `job!` (compile-time closure analysis) and with `Job::new` (no analysis), each after touching
+//! its `main.rs`, in the same run; reports the medians and their difference (target < 2 s).
+//!
+//! Not criterion (one sample is a whole rustc run of several seconds): `cargo bench --bench
+//! identity_macro` prints the figures. `PUZZLETRON_MACRO_BENCH_SAMPLES` (default 3) sets the
+//! samples per variant. The first run builds puzzletron's dependencies into a persistent target
+//! folder under this build's target dir.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+const MODULES: usize = 50;
+const FNS: usize = 100;
+const JOBS: usize = 10;
+
+fn generate(dir: &Path, with_macro: bool) {
+    let src = dir.join("src");
+    std::fs::create_dir_all(&src).unwrap();
+    std::fs::write(
+        dir.join("Cargo.toml"),
+        format!(
+            "[package]\nname = \"gen\"\nversion = \"0.1.0\"\nedition = \"2024\"\n\n[dependencies]\n\
+             puzzletron = {{ path = \"{}\", default-features = false }}\n\
+             serde = {{ version = \"1\", features = [\"derive\"] }}\n\n[workspace]\n",
+            env!("CARGO_MANIFEST_DIR")
+        ),
+    )
+    .unwrap();
+    let mut main =
+        String::from("#![allow(dead_code)]\nuse puzzletron::sweep::{Job, JobResult, Run};\n");
+    for m in 0..MODULES {
+        main.push_str(&format!("mod m{m};\n"));
+        let mut s = String::new();
+        for f in 0..FNS {
+            // ~10 lines per function, each calling the next one of its module.
+            let next = if f + 1 < FNS {
+                format!("f_{m}_{}(&out, lr)", f + 1)
+            } else {
+                "out".to_string()
+            };
+            s.push_str(&format!(
+                "/// Computes step {f} of module {m}.\npub fn f_{m}_{f}(x: &[f64], lr: f64) -> Vec<f64> {{\n    // scale, then shift\n    let mut out = Vec::with_capacity(x.len());\n    for (i, v) in x.iter().enumerate() {{\n        out.push(v * lr + i as f64 * {f}.5);\n    }}\n    if out.len() > 1_000_000 {{ return {next}; }}\n    out\n}}\n\n"
+            ));
+        }
+        std::fs::write(src.join(format!("m{m}.rs")), s).unwrap();
+    }
+    main.push_str("#[derive(serde::Serialize, serde::Deserialize)]\npub struct P { lr: f64 }\n");
+    for j in 0..JOBS {
+        main.push_str(&format!(
+            "fn job{j}(p: &P, run: &mut Run) -> JobResult {{\n    let v = m{}::f_{}_0(&[1.0, 2.0], p.lr);\n    run.log(\"v\", 0, v[0])?;\n    Ok(())\n}}\n",
+            j * (MODULES / JOBS),
+            j * (MODULES / JOBS)
+        ));
+    }
+    main.push_str("fn main() {\n    let jobs: Vec<Job<P>> = vec![\n");
+    for j in 0..JOBS {
+        if with_macro {
+            main.push_str(&format!("        puzzletron::job!(job{j}),\n"));
+        } else {
+            main.push_str(&format!(
+                "        Job::new(\"gen::job{j}\", \"gen\", env!(\"CARGO_MANIFEST_DIR\"), file!(), job{j}),\n"
+            ));
+        }
+    }
+    main.push_str("    ];\n    println!(\"{}\", jobs.len());\n}\n");
+    std::fs::write(src.join("main.rs"), main).unwrap();
+}
+
+fn build(dir: &Path, target: &Path) -> Duration {
+    // Touch main.rs so only this crate recompiles.
+    let main = dir.join("src/main.rs");
+    let text = std::fs::read(&main).unwrap();
+    std::fs::write(&main, text).unwrap();
+    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+    let t = Instant::now();
+    let out = Command::new(cargo)
+        .args(["build", "--offline", "--quiet"])
+        .current_dir(dir)
+        .env("CARGO_TARGET_DIR", target)
+        .output()
+        .unwrap();
+    let d = t.elapsed();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    d
+}
+
+fn median(mut v: Vec<Duration>) -> Duration {
+    v.sort();
+    v[v.len() / 2]
+}
+
+fn main() {
+    if std::env::args().any(|a| a == "--list") {
+        return;
+    }
+    let samples: usize = std::env::var("PUZZLETRON_MACRO_BENCH_SAMPLES")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(3);
+    let base = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("identity-macro-bench");
+    let target = base.join("target");
+    let with = base.join("with_macro");
+    let without = base.join("without_macro");
+    generate(&with, true);
+    generate(&without, false);
+    for d in [&with, &without] {
+        std::fs::copy(
+            concat!(env!("CARGO_MANIFEST_DIR"), "/Cargo.lock"),
+            d.join("Cargo.lock"),
+        )
+        .unwrap();
+    }
+    let lines: usize = std::fs::read_dir(with.join("src"))
+        .unwrap()
+        .map(|e| {
+            std::fs::read_to_string(e.unwrap().path())
+                .unwrap()
+                .lines()
+                .count()
+        })
+        .sum();
+    // Warm-up: dependencies, and each variant once.
+    build(&without, &target);
+    build(&with, &target);
+    let mut a = Vec::new();
+    let mut b = Vec::new();
+    for _ in 0..samples {
+        a.push(build(&without, &target));
+        b.push(build(&with, &target));
+    }
+    let (a, b) = (median(a), median(b));
+    println!(
+        "identity_macro: generated crate {lines} lines, {JOBS} jobs; build with Job::new {:.2} s, \
+         with job! {:.2} s, added by job! {:.2} s (median of {samples}; target < 2 s)",
+        a.as_secs_f64(),
+        b.as_secs_f64(),
+        b.as_secs_f64() - a.as_secs_f64()
+    );
+}

@@ -1,0 +1,329 @@
+//! Compile-time, item-level code identity for puzzletron jobs.
+//!
+//! Use it through `puzzletron::job!`; this crate's macro is an implementation detail whose
+//! input and output may change between versions.
+//!
+//! At expansion, [`job_code!`] reads the sources of the calling package and of its path and
+//! workspace dependencies (found from the manifests, starting at `CARGO_MANIFEST_DIR`), parses
+//! them with `syn`, computes the job's conservative reachability closure (see `index.rs`), hashes
+//! each item token-wise (comments, formatting and `///` docs do not count) and expands to a
+//! `&'static puzzletron::identity::CompiledCode` holding the per-item digests, the `cfg`
+//! predicates of the closure (evaluated with `cfg!` in the calling crate), the build ids of
+//! dependencies whose `cfg`s the calling crate cannot evaluate, the Cargo.lock digest and the
+//! profile. Every file read is named in a `const _: &[u8] = include_bytes!(..)`, so rustc's
+//! dep-info makes cargo rebuild the calling crate when any of them changes.
+
+use std::cell::RefCell;
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::path::{Path, PathBuf};
+use std::rc::Rc;
+
+use proc_macro::TokenStream;
+use quote::quote;
+
+mod index;
+mod manifest;
+mod scan;
+
+use index::{Index, included_files, sha256_hex};
+
+thread_local! {
+    // One parse per package per rustc process: a crate with many jobs parses its sources once.
+    static CACHE: RefCell<HashMap<PathBuf, Rc<RefCell<Index>>>> = RefCell::new(HashMap::new());
+}
+
+/// `job_code!($crate; path::to::job_fn)`: the compiled code identity of a job function, as a
+/// `&'static $crate::identity::CompiledCode`.
+#[proc_macro]
+pub fn job_code(input: TokenStream) -> TokenStream {
+    match expand(input) {
+        Ok(ts) => ts.into(),
+        Err(msg) => quote!(compile_error!(#msg)).into(),
+    }
+}
+
+fn first_span(ts: TokenStream) -> Option<proc_macro::Span> {
+    let t = ts.into_iter().next()?;
+    match &t {
+        proc_macro::TokenTree::Group(g) if g.delimiter() == proc_macro::Delimiter::None => {
+            first_span(g.stream()).or(Some(t.span()))
+        }
+        _ => Some(t.span()),
+    }
+}
+
+fn expand(input: TokenStream) -> Result<proc_macro2::TokenStream, String> {
+    let mut krate = proc_macro2::TokenStream::new();
+    let mut rest = TokenStream::new();
+    let mut after = false;
+    for t in input {
+        if !after {
+            if let proc_macro::TokenTree::Punct(p) = &t
+                && p.as_char() == ';'
+            {
+                after = true;
+                continue;
+            }
+            krate.extend(proc_macro2::TokenStream::from(TokenStream::from(t)));
+        } else {
+            rest.extend([t]);
+        }
+    }
+    // `$f:path` from `job!` arrives as one invisible group.
+    let mut toks: Vec<proc_macro::TokenTree> = rest.clone().into_iter().collect();
+    if let [proc_macro::TokenTree::Group(g)] = toks.as_slice()
+        && g.delimiter() == proc_macro::Delimiter::None
+    {
+        toks = g.stream().into_iter().collect();
+    }
+    let job_path: syn::Path =
+        syn::parse(toks.into_iter().collect::<TokenStream>()).map_err(|e| format!("job!: {e}"))?;
+    let call_file = first_span(rest).and_then(|s| s.local_file());
+
+    let manifest_dir = PathBuf::from(
+        std::env::var("CARGO_MANIFEST_DIR")
+            .map_err(|_| "job!: CARGO_MANIFEST_DIR is not set (build with cargo)".to_string())?,
+    );
+    let manifest_dir = std::fs::canonicalize(&manifest_dir).unwrap_or(manifest_dir);
+    let ix = CACHE.with(|c| {
+        c.borrow_mut()
+            .entry(manifest_dir.clone())
+            .or_insert_with(|| {
+                let mut notes = Vec::new();
+                let pkgs = manifest::packages(&manifest_dir, &mut notes);
+                let mut ix = Index::build(pkgs);
+                ix.notes.extend(notes);
+                Rc::new(RefCell::new(ix))
+            })
+            .clone()
+    });
+    let mut ix = ix.borrow_mut();
+    let mut notes: Vec<String> = Vec::new();
+    if let Some(f) = &call_file {
+        let abs = if f.is_absolute() {
+            f.clone()
+        } else {
+            std::env::current_dir()
+                .map(|d| d.join(f))
+                .unwrap_or(f.clone())
+        };
+        let abs = std::fs::canonicalize(&abs).unwrap_or(abs);
+        ix.add_root(&abs);
+    } else {
+        notes.push(
+            "the job's file is unknown to the macro: only the package's targets are analysed"
+                .into(),
+        );
+    }
+
+    // The job's function: the functions of that name whose path ends like the one written.
+    let segs: Vec<String> = job_path
+        .segments
+        .iter()
+        .map(|s| s.ident.to_string())
+        .filter(|s| s != "crate" && s != "self" && s != "super")
+        .collect();
+    let last = segs.last().cloned().unwrap_or_default();
+    let candidates = ix.functions_named(&last);
+    let suffix = format!("::{}", segs.join("::"));
+    let exact: Vec<usize> = candidates
+        .iter()
+        .copied()
+        .filter(|&i| {
+            let p = &ix.items[i].path;
+            p.ends_with(&suffix) || p.split('#').next().is_some_and(|b| b.ends_with(&suffix))
+        })
+        .collect();
+    let start: Vec<usize> = if !exact.is_empty() {
+        exact
+    } else if !candidates.is_empty() {
+        candidates
+    } else {
+        notes.push(format!(
+            "function `{last}` not found in the sources: every item of the package is included"
+        ));
+        (0..ix.items.len())
+            .filter(|&i| ix.packages[ix.items[i].package].user)
+            .collect()
+    };
+    let closure = ix.closure(&start);
+    notes.extend(ix.notes.iter().cloned());
+    let includes = included_files(&ix, &closure, &mut notes);
+
+    // Items, by path.
+    let mut items: BTreeMap<String, (String, String)> = BTreeMap::new();
+    let mut user_cfgs: BTreeSet<String> = BTreeSet::new();
+    let mut dep_cfg: BTreeSet<usize> = BTreeSet::new();
+    for &i in &closure {
+        let it = &ix.items[i];
+        items.insert(
+            it.path.clone(),
+            (ix.rel(it.package, &it.file), it.digest.clone()),
+        );
+        if ix.packages[it.package].user {
+            user_cfgs.extend(it.cfgs.iter().cloned());
+        } else if !it.cfgs.is_empty() && !ix.packages[it.package].proc_macro {
+            // A proc-macro crate's cfgs are the host's at compile time; its items count, its
+            // build does not run in the job.
+            dep_cfg.insert(it.package);
+        }
+    }
+    for (f, (pkg, digest)) in &includes {
+        let rel = ix.rel(*pkg, f);
+        items.insert(format!("file {rel}"), (rel, digest.clone()));
+    }
+
+    // A dependency's features are not the calling crate's: its `cfg`s are witnessed by the
+    // build id cargo gave it (its `-C extra-filename` hash covers its features, target and
+    // profile), read from this rustc's `--extern` arguments.
+    let args: Vec<String> = std::env::args().collect();
+    let mut builds: BTreeMap<String, String> = BTreeMap::new();
+    for pkg in dep_cfg {
+        let name = ix.packages[pkg].lib_name.clone();
+        match extern_build_id(&args, &name) {
+            Some(id) => {
+                builds.insert(name, id);
+            }
+            None => {
+                // Not a direct dependency (no `--extern`): the build ids of the direct owned
+                // dependencies stand for it (cargo's hash of a crate covers its dependencies'),
+                // and the manifests in case it is not below any of them.
+                notes.push(format!(
+                    "no --extern build id for `{name}` (not a direct dependency): its cfg \
+                     predicates are covered by the direct dependencies' build ids and the manifests"
+                ));
+                for p in ix.packages.iter().filter(|p| !p.user) {
+                    if let Some(id) = extern_build_id(&args, &p.lib_name) {
+                        builds.insert(p.lib_name.clone(), id);
+                    }
+                }
+                let mut all = String::new();
+                for p in &ix.packages {
+                    if let Ok(t) = std::fs::read(&p.manifest) {
+                        all.push_str(&sha256_hex(&t));
+                    }
+                }
+                builds.insert(name, format!("manifests:{}", sha256_hex(all.as_bytes())));
+            }
+        }
+    }
+    let opt_level = opt_level(&args);
+
+    let lock = manifest_dir
+        .ancestors()
+        .map(|d| d.join("Cargo.lock"))
+        .find(|p| p.is_file());
+    let lock_tokens = match &lock {
+        Some(p) => {
+            let bytes = std::fs::read(p).map_err(|e| format!("job!: {}: {e}", p.display()))?;
+            let path = p.to_string_lossy().into_owned();
+            let d = sha256_hex(&bytes);
+            quote!(::core::option::Option::Some((#path, #d)))
+        }
+        None => quote!(::core::option::Option::None),
+    };
+
+    // Files whose change must rebuild the calling crate.
+    let mut tracked: BTreeSet<PathBuf> = ix.files.clone();
+    tracked.extend(includes.keys().cloned());
+    tracked.extend(ix.packages.iter().map(|p| p.manifest.clone()));
+    if let Some(l) = &lock {
+        tracked.insert(l.clone());
+    }
+    if let Some((m, _)) = manifest::workspace_manifest(&manifest_dir) {
+        tracked.insert(m);
+    }
+    let track = tracked.iter().filter(|p| p.is_file()).map(|p| {
+        let s = p.to_string_lossy().into_owned();
+        quote!(
+            const _: &[u8] = include_bytes!(#s);
+        )
+    });
+    let files: Vec<proc_macro2::TokenStream> = ix
+        .files
+        .iter()
+        .chain(includes.keys())
+        .filter_map(|p| {
+            let bytes = std::fs::read(p).ok()?;
+            let s = p.to_string_lossy().into_owned();
+            let d = sha256_hex(&bytes);
+            Some(quote!((#s, #d)))
+        })
+        .collect();
+
+    let item_tokens = items.iter().map(|(path, (file, digest))| {
+        quote!(#krate::identity::CompiledItem { path: #path, file: #file, digest: #digest })
+    });
+    let cfg_tokens = user_cfgs
+        .iter()
+        .map(|pred| -> Result<proc_macro2::TokenStream, String> {
+            let toks: proc_macro2::TokenStream = pred
+                .parse()
+                .map_err(|e| format!("job!: cfg predicate `{pred}`: {e}"))?;
+            Ok(quote!((#pred, cfg!(#toks))))
+        })
+        .collect::<Result<Vec<_>, _>>()?;
+    let build_tokens = builds.iter().map(|(n, id)| quote!((#n, #id)));
+    notes.sort();
+    notes.dedup();
+    let package = ix
+        .packages
+        .first()
+        .map(|p| p.lib_name.clone())
+        .unwrap_or_default();
+    Ok(quote! {{
+        #(#track)*
+        static CODE: #krate::identity::CompiledCode = #krate::identity::CompiledCode {
+            package: #package,
+            items: &[#(#item_tokens),*],
+            cfgs: &[#(#cfg_tokens),*],
+            builds: &[#(#build_tokens),*],
+            files: &[#(#files),*],
+            lock: #lock_tokens,
+            opt_level: #opt_level,
+            debug_assertions: cfg!(debug_assertions),
+            notes: &[#(#notes),*],
+        };
+        &CODE
+    }})
+}
+
+/// The hash cargo put in the file name of `--extern name=.../libname-HASH.rlib`.
+fn extern_build_id(args: &[String], name: &str) -> Option<String> {
+    let prefix = format!("{name}=");
+    let mut it = args.iter();
+    while let Some(a) = it.next() {
+        let spec = if a == "--extern" {
+            it.next()?.as_str()
+        } else if let Some(s) = a.strip_prefix("--extern=") {
+            s
+        } else {
+            continue;
+        };
+        if let Some(path) = spec.strip_prefix(&prefix) {
+            let stem = Path::new(path).file_stem()?.to_string_lossy().into_owned();
+            return Some(
+                stem.rsplit_once('-')
+                    .map(|(_, h)| h.to_string())
+                    .unwrap_or(stem),
+            );
+        }
+    }
+    None
+}
+
+/// `-C opt-level=N` of this rustc (`0` when not given).
+fn opt_level(args: &[String]) -> String {
+    let mut it = args.iter().peekable();
+    while let Some(a) = it.next() {
+        let v = if a == "-C" {
+            it.peek().map(|s| s.as_str())
+        } else {
+            a.strip_prefix("-C")
+        };
+        if let Some(v) = v.and_then(|v| v.strip_prefix("opt-level=")) {
+            return v.to_string();
+        }
+    }
+    "0".into()
+}

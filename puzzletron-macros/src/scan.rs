@@ -1,0 +1,198 @@
+//! One pass over an item's tokens: its canonical form (for the digest), the identifiers it
+//! names, the `cfg` predicates it tests and the files it includes.
+
+use proc_macro2::{Delimiter, Spacing, TokenStream, TokenTree};
+
+/// What one item's tokens say.
+#[derive(Default, Debug)]
+pub struct Scan {
+    /// Canonical token text: doc attributes dropped, one token per line with its kind, so
+    /// comments, formatting and `///` docs never change it.
+    pub canon: String,
+    /// Every identifier named, including path segments written in string literals
+    /// (`#[serde(with = "a::b")]`), except serde `default = "f"` (its value is in the params).
+    pub idents: Vec<String>,
+    /// `cfg` predicates (`#[cfg(..)]`, `#[cfg_attr(pred, ..)]`, `cfg!(..)`), as token text.
+    pub cfgs: Vec<String>,
+    /// `include_str!`/`include_bytes!` arguments (as written, relative to the item's file).
+    pub includes: Vec<String>,
+}
+
+/// Scans `ts` into `out`.
+pub fn scan(ts: TokenStream, out: &mut Scan) {
+    scan_in(ts, out, false)
+}
+
+/// `in_attr`: inside `#[...]`, where string literals may name paths (`#[serde(with = "m")]`).
+fn scan_in(ts: TokenStream, out: &mut Scan, in_attr: bool) {
+    let toks: Vec<TokenTree> = ts.into_iter().collect();
+    let mut i = 0;
+    while i < toks.len() {
+        // `#[doc = ..]` and `#![doc = ..]`: dropped (docs are not code).
+        if let TokenTree::Punct(p) = &toks[i]
+            && p.as_char() == '#'
+        {
+            let mut j = i + 1;
+            if let Some(TokenTree::Punct(b)) = toks.get(j)
+                && b.as_char() == '!'
+            {
+                j += 1;
+            }
+            if let Some(TokenTree::Group(g)) = toks.get(j)
+                && g.delimiter() == Delimiter::Bracket
+            {
+                let inner: Vec<TokenTree> = g.stream().into_iter().collect();
+                match inner.first() {
+                    Some(TokenTree::Ident(id)) if id == "doc" => {
+                        i = j + 1;
+                        continue;
+                    }
+                    Some(TokenTree::Ident(id)) if id == "cfg" => {
+                        if let Some(TokenTree::Group(pred)) = inner.get(1) {
+                            out.cfgs.push(pred.stream().to_string());
+                        }
+                    }
+                    Some(TokenTree::Ident(id)) if id == "cfg_attr" => {
+                        if let Some(TokenTree::Group(args)) = inner.get(1) {
+                            let pred: TokenStream = args
+                                .stream()
+                                .into_iter()
+                                .take_while(
+                                    |t| !matches!(t, TokenTree::Punct(p) if p.as_char() == ','),
+                                )
+                                .collect();
+                            out.cfgs.push(pred.to_string());
+                        }
+                    }
+                    _ => {}
+                }
+            }
+        }
+        match &toks[i] {
+            TokenTree::Ident(id) => {
+                let name = id.to_string();
+                let bang =
+                    matches!(toks.get(i + 1), Some(TokenTree::Punct(p)) if p.as_char() == '!');
+                if bang && let Some(TokenTree::Group(g)) = toks.get(i + 2) {
+                    if name == "cfg" {
+                        out.cfgs.push(g.stream().to_string());
+                    } else if (name == "include_str" || name == "include_bytes")
+                        && let Some(TokenTree::Literal(l)) = g.stream().into_iter().next()
+                        && let Some(s) = plain_string(&l.to_string())
+                    {
+                        out.includes.push(s);
+                    }
+                }
+                out.canon.push_str("i ");
+                out.canon.push_str(&name);
+                out.canon.push('\n');
+                out.idents.push(name.trim_start_matches("r#").to_string());
+            }
+            TokenTree::Punct(p) => {
+                out.canon.push_str("p ");
+                out.canon.push(p.as_char());
+                out.canon.push_str(if p.spacing() == Spacing::Joint {
+                    "j\n"
+                } else {
+                    "\n"
+                });
+            }
+            TokenTree::Literal(l) => {
+                let text = l.to_string();
+                let serde_default = i >= 2
+                    && matches!(&toks[i - 1], TokenTree::Punct(p) if p.as_char() == '=')
+                    && matches!(&toks[i - 2], TokenTree::Ident(d) if d == "default");
+                if in_attr
+                    && !serde_default
+                    && let Some(s) = plain_string(&text)
+                {
+                    push_path_idents(&s, &mut out.idents);
+                }
+                out.canon.push_str("l ");
+                out.canon.push_str(&text);
+                out.canon.push('\n');
+            }
+            TokenTree::Group(g) => {
+                let (open, close) = match g.delimiter() {
+                    Delimiter::Parenthesis => ("(", ")"),
+                    Delimiter::Brace => ("{", "}"),
+                    Delimiter::Bracket => ("[", "]"),
+                    Delimiter::None => ("<", ">"),
+                };
+                out.canon.push_str(open);
+                out.canon.push('\n');
+                let attr = in_attr
+                    || (g.delimiter() == Delimiter::Bracket && i >= 1 && is_attr_start(&toks[..i]));
+                scan_in(g.stream(), out, attr);
+                out.canon.push_str(close);
+                out.canon.push('\n');
+            }
+        }
+        i += 1;
+    }
+}
+
+/// The content of a plain `"..."` literal without escapes, else `None`.
+fn plain_string(lit: &str) -> Option<String> {
+    let s = lit.strip_prefix('"')?.strip_suffix('"')?;
+    (!s.contains('\\')).then(|| s.to_string())
+}
+
+/// `a::b::c` in a string literal names `a`, `b`, `c` (serde `with`/`deserialize_with`, ...).
+fn push_path_idents(s: &str, out: &mut Vec<String>) {
+    let is_ident = |seg: &str| {
+        let mut c = seg.chars();
+        c.next()
+            .is_some_and(|f| f == '_' || f.is_ascii_alphabetic())
+            && c.all(|ch| ch == '_' || ch.is_ascii_alphanumeric())
+    };
+    let segs: Vec<&str> = s.split("::").collect();
+    if !segs.is_empty() && segs.iter().all(|seg| is_ident(seg)) {
+        out.extend(segs.iter().map(|s| s.to_string()));
+    }
+}
+
+/// Whether the tokens before a `[...]` group end with `#` or `#!` (an attribute).
+fn is_attr_start(before: &[TokenTree]) -> bool {
+    let punct =
+        |t: Option<&TokenTree>, c: char| matches!(t, Some(TokenTree::Punct(p)) if p.as_char() == c);
+    let n = before.len();
+    punct(before.last(), '#')
+        || (punct(before.last(), '!') && n >= 2 && punct(before.get(n - 2), '#'))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn scanned(src: &str) -> Scan {
+        let mut s = Scan::default();
+        scan(src.parse().unwrap(), &mut s);
+        s
+    }
+
+    #[test]
+    fn docs_comments_and_formatting_do_not_count() {
+        let a = scanned("/// Doc.\nfn f(x: u8) -> u8 { x + 1 } // c");
+        let b = scanned("/** Other doc. */ fn f( x : u8 )->u8{\n  /* c */ x+1\n}");
+        assert_eq!(a.canon, b.canon);
+        assert_ne!(a.canon, scanned("fn f(x: u8) -> u8 { x + 2 }").canon);
+        // `+=` is not `+ =`.
+        assert_ne!(scanned("a += b").canon, scanned("a + = b").canon);
+    }
+
+    #[test]
+    fn cfgs_includes_and_attribute_paths_are_collected() {
+        let s = scanned(
+            r#"#[cfg(feature = "wide")] #[cfg_attr(test, derive(Debug))]
+            #[serde(with = "codec::hex", default = "dflt")]
+            fn f() { if cfg!(debug_assertions) { include_str!("a.txt"); } let s = "main"; vec![1]; }"#,
+        );
+        assert_eq!(s.cfgs, ["feature = \"wide\"", "test", "debug_assertions"]);
+        assert_eq!(s.includes, ["a.txt"]);
+        assert!(s.idents.contains(&"codec".to_string()) && s.idents.contains(&"hex".to_string()));
+        // serde defaults are params, and plain string values are not paths.
+        assert!(!s.idents.contains(&"dflt".to_string()));
+        assert!(!s.idents.contains(&"main".to_string()));
+    }
+}

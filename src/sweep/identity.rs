@@ -1,0 +1,226 @@
+//! The orchestrator's identity bookkeeping: compiled owned digests per job, the build witnesses
+//! they carry, `trace(true)` re-checks and the texts of `no record` reasons.
+
+use std::collections::HashMap;
+use std::path::Path;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use super::decision::Action;
+use super::pending::PendingRun;
+use crate::error::Result;
+use crate::identity::{self, CompiledCode, Hash, LockWitness, OwnedDigest, Witnesses};
+use crate::store::{JobRecord, Status, Store, StoreError};
+
+/// Most records read to explain a `no record` (beyond that the reason stays `no record`).
+const MAX_SCAN: usize = 10_000;
+
+type ParamsIndex = (Instant, HashMap<String, Vec<serde_json::Value>>);
+
+pub(super) struct JobIdentities {
+    trace: bool,
+    /// Whether the Cargo.lock witness comes from the jobs (no explicit `lock(path)`).
+    lock_from_jobs: bool,
+    compiled: Vec<(usize, Arc<OwnedDigest>)>,
+    /// `trace(true)`: per job name, the covered files that differ from the binary's.
+    stale: HashMap<String, Vec<&'static str>>,
+    params: Mutex<Option<ParamsIndex>>,
+}
+
+impl JobIdentities {
+    pub(super) fn new(trace: bool, lock_from_jobs: bool) -> Self {
+        Self {
+            trace,
+            lock_from_jobs,
+            compiled: Vec::new(),
+            stale: HashMap::new(),
+            params: Mutex::new(None),
+        }
+    }
+
+    /// The owned digest of a `job!` job (made once per job), and its build witnesses.
+    pub(super) fn compiled(
+        &mut self,
+        job: &str,
+        code: &'static CompiledCode,
+        witnesses: &mut Witnesses,
+    ) -> Arc<OwnedDigest> {
+        let id = code as *const CompiledCode as usize;
+        if let Some((_, d)) = self.compiled.iter().find(|(p, _)| *p == id) {
+            return d.clone();
+        }
+        if self.lock_from_jobs
+            && witnesses.cargo_lock.is_none()
+            && let Some((path, digest)) = code.lock
+            && let Ok(digest) = digest.parse::<Hash>()
+        {
+            witnesses.cargo_lock = Some(LockWitness {
+                path: path.into(),
+                digest,
+            });
+        }
+        if witnesses.toolchain.profile.is_none() {
+            witnesses.toolchain.profile = Some(code.profile());
+        }
+        if !code.notes.is_empty() {
+            // Said once per job and process: what the analysis included conservatively.
+            static SAID: Mutex<Vec<usize>> = Mutex::new(Vec::new());
+            if let Ok(mut said) = SAID.lock()
+                && !said.contains(&id)
+            {
+                said.push(id);
+                for n in code.notes {
+                    tracing_note(job, n);
+                }
+            }
+        }
+        if self.trace {
+            self.stale.insert(job.to_string(), code.stale_files());
+        }
+        let d = Arc::new(code.owned());
+        self.compiled.push((id, d.clone()));
+        d
+    }
+
+    /// For jobs without compiled identity: the Cargo.lock upward from the job's crate folder.
+    pub(super) fn runtime_lock(
+        &mut self,
+        crate_dir: &Path,
+        witnesses: &mut Witnesses,
+    ) -> Result<()> {
+        if self.lock_from_jobs
+            && witnesses.cargo_lock.is_none()
+            && let Some(p) = identity::find_lock_file(crate_dir)
+        {
+            witnesses.cargo_lock = Some(identity::lock_witness(&p)?);
+        }
+        Ok(())
+    }
+
+    /// `trace(true)`: re-check a done record's per-item digests against this binary's, and say
+    /// when this binary is stale for its sources.
+    pub(super) fn trace_check(
+        &self,
+        run: &PendingRun,
+        rec: Option<&JobRecord>,
+        action: &mut Action,
+        reasons: &mut Vec<String>,
+        replaces: &mut Option<u32>,
+    ) {
+        if !self.trace {
+            return;
+        }
+        if let Some(r) = rec
+            && r.status == Status::Done
+            && *action == Action::Skip
+            && (r.owned.items != run.owned.items || r.owned.cfg != run.owned.cfg)
+        {
+            *action = Action::Run;
+            *replaces = Some(r.attempt);
+            reasons.clear();
+            reasons.extend(
+                identity::code_differences(&run.owned, &r.owned)
+                    .into_iter()
+                    .map(|d| format!("trace: recorded items differ: {d}")),
+            );
+        }
+        if let Some(files) = self.stale.get(&*run.job)
+            && !files.is_empty()
+        {
+            reasons.push(format!(
+                "stale binary: {} changed after this binary was built (rebuild to run the new code)",
+                files.join(", ")
+            ));
+        }
+    }
+
+    /// The reason for a run with no record and no earlier run of its lineage: `params changed:
+    /// dropout 0.5 -> 0.25` when the store has a run of the same job whose parameters differ
+    /// (the closest one), else `no record`.
+    pub(super) fn no_record_reason<S: Store + ?Sized>(
+        &self,
+        store: &S,
+        run: &PendingRun,
+    ) -> std::result::Result<String, StoreError> {
+        let mut guard = self.params.lock().unwrap_or_else(|e| e.into_inner());
+        let fresh = guard
+            .as_ref()
+            .is_some_and(|(at, _)| at.elapsed() < Duration::from_secs(2));
+        if !fresh {
+            let mut index: HashMap<String, Vec<serde_json::Value>> = HashMap::new();
+            let keys = store.keys()?;
+            if keys.len() <= MAX_SCAN {
+                for r in store.records(&keys)?.into_iter().flatten() {
+                    index.entry(r.job).or_default().push(r.params);
+                }
+            }
+            *guard = Some((Instant::now(), index));
+        }
+        let others = guard
+            .as_ref()
+            .and_then(|(_, ix)| ix.get(&*run.job))
+            .map(Vec::as_slice)
+            .unwrap_or(&[]);
+        let new: serde_json::Value =
+            serde_json::from_str(&run.params).unwrap_or(serde_json::Value::Null);
+        Ok(params_changed(&new, others).unwrap_or_else(|| "no record".to_string()))
+    }
+}
+
+fn tracing_note(job: &str, note: &str) {
+    eprintln!("puzzletron: identity of {job}: {note}");
+}
+
+/// `params changed: a 1 -> 2, b 3 -> 4` against the closest of `others` (fewest differing
+/// top-level fields); `None` when `others` is empty or one of them is equal.
+pub(super) fn params_changed(
+    new: &serde_json::Value,
+    others: &[serde_json::Value],
+) -> Option<String> {
+    let empty = serde_json::Map::new();
+    let fields = |v: &serde_json::Value| v.as_object().cloned().unwrap_or_default();
+    let new_f = fields(new);
+    let diff = |old: &serde_json::Value| -> Vec<String> {
+        let old_f = old.as_object().unwrap_or(&empty);
+        let mut names: Vec<&String> = new_f.keys().chain(old_f.keys()).collect();
+        names.sort();
+        names.dedup();
+        names
+            .into_iter()
+            .filter(|n| new_f.get(*n) != old_f.get(*n))
+            .map(|n| {
+                let show = |v: Option<&serde_json::Value>| {
+                    v.map(|v| v.to_string()).unwrap_or_else(|| "(none)".into())
+                };
+                format!("{n} {} -> {}", show(old_f.get(n)), show(new_f.get(n)))
+            })
+            .collect()
+    };
+    let d = others.iter().map(diff).min_by_key(Vec::len)?;
+    (!d.is_empty()).then(|| format!("params changed: {}", d.join(", ")))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn params_changed_names_the_fields_of_the_closest_run() {
+        let new = json!({"lr": 0.1, "dropout": 0.25});
+        let others = [
+            json!({"lr": 0.2, "dropout": 0.5}),
+            json!({"lr": 0.1, "dropout": 0.5}),
+        ];
+        assert_eq!(
+            params_changed(&new, &others).unwrap(),
+            "params changed: dropout 0.5 -> 0.25"
+        );
+        assert_eq!(params_changed(&new, &[]), None);
+        assert_eq!(params_changed(&new, std::slice::from_ref(&new)), None);
+        assert_eq!(
+            params_changed(&json!({"a": 1}), &[json!({"a": 1, "b": 2})]).unwrap(),
+            "params changed: b 2 -> (none)"
+        );
+    }
+}

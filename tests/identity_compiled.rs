@@ -1,0 +1,164 @@
+//! Compiled identity seen from a test crate: `job!` bakes the closure of the job function, old
+//! (file-scheme) records still read, and `trace(true)` re-checks recorded item digests.
+
+use puzzletron::identity::ITEMS_SCHEME;
+use puzzletron::sweep::{Action, Job, JobResult, Run};
+use puzzletron::{FsStore, Orchestrator, Store, job};
+use serde::{Deserialize, Serialize};
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+struct P {
+    x: i64,
+}
+
+const OFFSET: f64 = 0.5;
+
+fn helper(x: i64) -> f64 {
+    x as f64 + OFFSET
+}
+
+fn not_reached() -> u8 {
+    3
+}
+
+fn work(p: &P, run: &mut Run) -> JobResult {
+    run.log("v", 0, helper(p.x))?;
+    Ok(())
+}
+
+fn sweep(dir: &std::path::Path, trace: bool) -> Orchestrator<FsStore> {
+    Orchestrator::builder()
+        .store_root(dir)
+        .trace(trace)
+        .build()
+        .unwrap()
+}
+
+#[test]
+fn job_macro_bakes_the_closure_and_the_lock() {
+    assert_eq!(not_reached(), 3);
+    let j = job!(work);
+    let code = j.code().expect("job! attaches compiled identity");
+    let paths: Vec<&str> = code.items.iter().map(|i| i.path).collect();
+    for reached in [
+        "identity_compiled::work",
+        "identity_compiled::helper",
+        "identity_compiled::OFFSET",
+        "identity_compiled::P",
+    ] {
+        assert!(paths.contains(&reached), "{reached} missing from {paths:?}");
+    }
+    assert!(
+        !paths.contains(&"identity_compiled::not_reached"),
+        "{paths:?}"
+    );
+    assert!(!paths.contains(&"identity_compiled::sweep"), "{paths:?}");
+    // The workspace lock, found from the package upward at compile time.
+    let (lock, digest) = code.lock.unwrap();
+    assert_eq!(lock, concat!(env!("CARGO_MANIFEST_DIR"), "/Cargo.lock"));
+    let bytes = std::fs::read(lock).unwrap();
+    assert_eq!(digest, puzzletron::identity::Hash::of(bytes).to_hex());
+    assert_eq!(code.owned().scheme.as_deref(), Some(ITEMS_SCHEME));
+    // The same code gives the same digest on every call.
+    assert_eq!(code.owned(), job!(work).code().unwrap().owned());
+}
+
+#[test]
+fn witnesses_come_from_the_job_not_the_cwd() {
+    let d = tempfile::tempdir().unwrap();
+    let mut o = sweep(&d.path().join("s"), false);
+    o.run(&job!(work), P { x: 1 }).unwrap();
+    let w = o.witnesses().cargo_lock.clone().unwrap();
+    assert_eq!(
+        w.path,
+        std::path::Path::new(concat!(env!("CARGO_MANIFEST_DIR"), "/Cargo.lock"))
+    );
+    assert!(
+        o.witnesses()
+            .toolchain
+            .profile
+            .as_deref()
+            .unwrap()
+            .contains("opt-level=")
+    );
+}
+
+#[test]
+fn file_scheme_records_read_and_rerun_only_when_the_key_changed() {
+    let d = tempfile::tempdir().unwrap();
+    let store = d.path().join("s");
+    // A record of today's file scheme: a Job::new job of the same name and params.
+    let old_job: Job<P> = Job::new(
+        "identity_compiled::work",
+        "puzzletron",
+        env!("CARGO_MANIFEST_DIR"),
+        "tests/identity_compiled.rs",
+        work,
+    );
+    let mut o = sweep(&store, false);
+    let old_key = o.run(&old_job, P { x: 2 }).unwrap();
+    assert_eq!(o.drain().unwrap().ran(), 1);
+    let text = std::fs::read_to_string(
+        store
+            .join("jobs")
+            .join(old_key.to_hex())
+            .join("record.json"),
+    )
+    .unwrap();
+    assert!(
+        !text.contains("scheme") && text.contains("\"files\""),
+        "{text}"
+    );
+
+    // Read back by a new process: the Job::new job is still up to date (nothing lost).
+    let mut o = sweep(&store, false);
+    o.run(&old_job, P { x: 2 }).unwrap();
+    let plan = o.plan().unwrap();
+    assert_eq!(plan.decisions[0].action, Action::Skip, "{plan}");
+    // The job! job has a key of the item scheme: it re-runs, saying the scheme changed.
+    let mut o = sweep(&store, false);
+    let new_key = o.run(&job!(work), P { x: 2 }).unwrap();
+    assert_ne!(new_key, old_key);
+    let plan = o.plan().unwrap();
+    assert_eq!(plan.decisions[0].action, Action::Run);
+    assert_eq!(
+        plan.decisions[0].reasons,
+        [
+            "code changed: identity scheme changed (puzzletron/owned-tree/v1 (files) -> puzzletron/owned-items/v2)"
+        ]
+    );
+    assert_eq!(o.drain().unwrap().ran(), 1);
+    // The old record is still there and readable.
+    assert!(o.store().record(&old_key).unwrap().is_some());
+}
+
+#[test]
+fn trace_rechecks_recorded_item_digests() {
+    let d = tempfile::tempdir().unwrap();
+    let store = d.path().join("s");
+    let mut o = sweep(&store, true);
+    let key = o.run(&job!(work), P { x: 3 }).unwrap();
+    assert_eq!(o.drain().unwrap().ran(), 1);
+    // A record whose item digests do not match this binary's (written by another tool, or a
+    // key collision): without trace it is trusted, with trace it re-runs naming the item.
+    let path = store.join("jobs").join(key.to_hex()).join("record.json");
+    let mut rec: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
+    rec["owned"]["items"]["identity_compiled::helper"]["digest"] =
+        serde_json::Value::String("00".repeat(32));
+    std::fs::write(&path, serde_json::to_string(&rec).unwrap()).unwrap();
+    let mut plain = sweep(&store, false);
+    plain.run(&job!(work), P { x: 3 }).unwrap();
+    assert_eq!(plain.plan().unwrap().decisions[0].action, Action::Skip);
+    let mut traced = sweep(&store, true);
+    traced.run(&job!(work), P { x: 3 }).unwrap();
+    let dec = &traced.plan().unwrap().decisions[0];
+    assert_eq!(dec.action, Action::Run);
+    assert_eq!(
+        dec.reasons,
+        [
+            "trace: recorded items differ: code changed: identity_compiled::helper (tests/identity_compiled.rs)"
+        ]
+    );
+    assert!(traced.store().record(&key).unwrap().is_some());
+}

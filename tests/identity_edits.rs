@@ -1,0 +1,473 @@
+//! The edit-scenario suite (issue 8): a real fixture workspace (`tests/fixtures/ccdemo`: the user
+//! crate `ccdemo` with the grid in `main`, the job in `src/train.rs`, helpers with a const, a
+//! `macro_rules!`, a `dyn` trait, an `include_str!` file, a serde default, a `wide` feature; and
+//! the path dependency `ccdep` with a `fast` feature) is built by cargo inside the test after
+//! each edit, and its binary drains a real `FsStore`. For each edit: which runs rerun, which
+//! skip, and why. Keys are recomputed from the documented formula.
+//!
+//! Cost: the fixture builds against this repository by path into a persistent target folder
+//! under this build's target dir, so after the first time only the two fixture crates compile
+//! per edit.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use sha2::{Digest, Sha256};
+
+const FIXTURE: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/fixtures/ccdemo");
+
+struct Ws {
+    root: PathBuf,
+    target: PathBuf,
+    store: PathBuf,
+}
+
+#[derive(Debug)]
+struct Out {
+    code: serde_json::Value,
+    keys: Vec<(String, String)>,
+    /// (action, params, reasons)
+    decisions: Vec<(String, String, String)>,
+    ran: usize,
+    skipped: usize,
+}
+
+fn copy_dir(from: &Path, to: &Path) {
+    std::fs::create_dir_all(to).unwrap();
+    for e in std::fs::read_dir(from).unwrap() {
+        let e = e.unwrap();
+        let name = e.file_name().to_string_lossy().into_owned();
+        let dst = to.join(name.strip_suffix(".in").unwrap_or(&name));
+        if e.file_type().unwrap().is_dir() {
+            copy_dir(&e.path(), &dst);
+        } else {
+            let text = std::fs::read_to_string(e.path())
+                .unwrap()
+                .replace("@PUZZLETRON@", env!("CARGO_MANIFEST_DIR"));
+            std::fs::write(dst, text).unwrap();
+        }
+    }
+}
+
+impl Ws {
+    fn new() -> Self {
+        let base = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("identity-edits");
+        let root = base.join("ws");
+        let _ = std::fs::remove_dir_all(&root);
+        copy_dir(Path::new(FIXTURE), &root);
+        // The repository's lock: the fixture resolves to the versions already built.
+        std::fs::copy(
+            concat!(env!("CARGO_MANIFEST_DIR"), "/Cargo.lock"),
+            root.join("Cargo.lock"),
+        )
+        .unwrap();
+        let store = base.join("store");
+        let _ = std::fs::remove_dir_all(&store);
+        Self {
+            root,
+            target: base.join("target"),
+            store,
+        }
+    }
+
+    fn build(&self, features: &[&str]) -> PathBuf {
+        let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+        let mut cmd = Command::new(cargo);
+        cmd.args(["build", "--offline", "--quiet", "-p", "ccdemo"])
+            .current_dir(&self.root)
+            .env("CARGO_TARGET_DIR", &self.target)
+            .env_remove("RUSTFLAGS");
+        if !features.is_empty() {
+            cmd.arg("--features").arg(features.join(","));
+        }
+        let out = cmd.output().unwrap();
+        assert!(
+            out.status.success(),
+            "fixture build failed:\n{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        self.target.join("debug/ccdemo")
+    }
+
+    fn edit(&self, rel: &str, from: &str, to: &str) {
+        let p = self.root.join(rel);
+        let text = std::fs::read_to_string(&p).unwrap();
+        assert_eq!(text.matches(from).count(), 1, "{rel}: `{from}` once");
+        std::fs::write(&p, text.replace(from, to)).unwrap();
+    }
+
+    fn run_in(&self, bin: &Path, cwd: &Path, trace: bool) -> Out {
+        let mut cmd = Command::new(bin);
+        cmd.arg(&self.store).current_dir(cwd);
+        if trace {
+            cmd.arg("trace");
+        }
+        let out = cmd.output().unwrap();
+        let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+        assert!(
+            out.status.success(),
+            "fixture run failed:\n{stdout}\n{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let mut o = Out {
+            code: serde_json::Value::Null,
+            keys: Vec::new(),
+            decisions: Vec::new(),
+            ran: 0,
+            skipped: 0,
+        };
+        for line in stdout.lines() {
+            if let Some(c) = line.strip_prefix("CODE ") {
+                o.code = serde_json::from_str(c).unwrap();
+            } else if let Some(k) = line.strip_prefix("KEY ") {
+                let (p, k) = k.rsplit_once(' ').unwrap();
+                o.keys.push((p.to_string(), k.to_string()));
+            } else if let Some(d) = line.strip_prefix("DECISION ") {
+                let (action, rest) = d.split_once(' ').unwrap();
+                let (params, reasons) = rest.split_once(' ').unwrap_or((rest, ""));
+                o.decisions
+                    .push((action.into(), params.into(), reasons.into()));
+            } else if let Some(r) = line.strip_prefix("RAN ") {
+                let (ran, skipped) = r.split_once(" SKIPPED ").unwrap();
+                o.ran = ran.parse().unwrap();
+                o.skipped = skipped.parse().unwrap();
+            }
+        }
+        o
+    }
+
+    fn run(&self, bin: &Path) -> Out {
+        self.run_in(bin, &self.root, false)
+    }
+}
+
+impl Out {
+    /// Params of the runs that ran.
+    fn ran_params(&self) -> Vec<&str> {
+        self.decisions
+            .iter()
+            .filter(|d| d.0 == "run")
+            .map(|d| d.1.as_str())
+            .collect()
+    }
+
+    fn all_skip(&self) -> bool {
+        self.decisions
+            .iter()
+            .all(|d| d.0 == "skip" && d.2.starts_with("up to date"))
+    }
+
+    fn all_run_because(&self, reason: &str) {
+        assert!(
+            self.decisions.iter().all(|d| d.0 == "run" && d.2 == reason),
+            "expected every run to run with `{reason}`: {:#?}",
+            self.decisions
+        );
+        assert_eq!(self.ran, self.decisions.len());
+    }
+}
+
+fn frame(h: &mut Sha256, bytes: &[u8]) {
+    h.update((bytes.len() as u64).to_le_bytes());
+    h.update(bytes);
+}
+
+/// The key of each run recomputed from the formula in `identity::compiled` and `job_key`.
+fn check_keys(o: &Out) {
+    let mut items: Vec<(String, String)> = o.code["items"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|p| (p[0].as_str().unwrap().into(), p[1].as_str().unwrap().into()))
+        .collect();
+    items.sort();
+    let mut cfgs: Vec<(String, bool)> = o.code["cfgs"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|p| (p[0].as_str().unwrap().into(), p[1].as_bool().unwrap()))
+        .collect();
+    cfgs.sort();
+    let mut builds: Vec<(String, String)> = o.code["builds"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|p| (p[0].as_str().unwrap().into(), p[1].as_str().unwrap().into()))
+        .collect();
+    builds.sort();
+    let mut h = Sha256::new();
+    frame(&mut h, b"puzzletron/owned-items/v2");
+    for (path, digest) in &items {
+        frame(&mut h, path.as_bytes());
+        frame(&mut h, &hex::decode(digest).unwrap());
+    }
+    frame(&mut h, b"cfg");
+    for (p, v) in &cfgs {
+        frame(&mut h, p.as_bytes());
+        frame(&mut h, &[*v as u8]);
+    }
+    frame(&mut h, b"builds");
+    for (n, b) in &builds {
+        frame(&mut h, n.as_bytes());
+        frame(&mut h, b.as_bytes());
+    }
+    let owned = h.finalize();
+    assert!(!o.keys.is_empty());
+    for (params, key) in &o.keys {
+        let mut h = Sha256::new();
+        frame(&mut h, b"puzzletron/job-key/v1");
+        frame(&mut h, b"ccdemo::train::train");
+        frame(&mut h, params.as_bytes());
+        frame(&mut h, &owned);
+        assert_eq!(&hex::encode(h.finalize()), key, "key of {params}");
+    }
+}
+
+fn item_paths(o: &Out) -> Vec<String> {
+    o.code["items"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|p| p[0].as_str().unwrap().to_string())
+        .collect()
+}
+
+#[test]
+fn edit_scenarios() {
+    let ws = Ws::new();
+    let t0 = std::time::Instant::now();
+    let bin = ws.build(&[]);
+    let first = ws.run(&bin);
+    eprintln!("first build + run: {:?}", t0.elapsed());
+    assert_eq!(first.ran, 4, "{first:#?}");
+    assert!(
+        first.decisions.iter().all(|d| d.2 == "no record"),
+        "{first:#?}"
+    );
+    check_keys(&first);
+    // The closure: what the job reaches, and not what it does not.
+    let items = item_paths(&first);
+    for reached in [
+        "ccdemo::train::train",
+        "ccdemo::train::Params",
+        "ccdemo::train::PROMPT",
+        "ccdemo::helpers::smooth",
+        "ccdemo::helpers::SCALE",
+        "ccdemo::helpers::square!",
+        "ccdemo::helpers::Model",
+        "ccdemo::helpers::<Linear as Model>",
+        "ccdep::blur",
+        "file src/prompt.txt",
+    ] {
+        assert!(
+            items.iter().any(|i| i == reached),
+            "{reached} not in {items:#?}"
+        );
+    }
+    for unreached in [
+        "ccdemo::main",
+        "ccdemo::grid",
+        "ccdemo::helpers::unused",
+        "ccdep::unrelated",
+        "ccdemo::train::default_dropout",
+    ] {
+        assert!(
+            !items.iter().any(|i| i == unreached),
+            "{unreached} in the closure"
+        );
+    }
+    assert_eq!(first.code["cfgs"][0][0], "feature = \"wide\"");
+    assert_eq!(first.code["cfgs"][0][1], false);
+    assert_eq!(first.code["builds"][0][0], "ccdep");
+
+    // Comment, reformat and `///` doc edits: nothing runs.
+    ws.edit(
+        "ccdemo/src/helpers.rs",
+        "//! Helpers of the job.",
+        "//! Helpers of the job (edited).\n// a comment",
+    );
+    ws.edit(
+        "ccdemo/src/train.rs",
+        "    for step in 0..3 {",
+        "    for step   in 0..3\n    {",
+    );
+    ws.edit(
+        "ccdemo/src/helpers.rs",
+        "/// Smooths a value.",
+        "/// Smooths a value, gently.",
+    );
+    ws.edit(
+        "ccdep/src/lib.rs",
+        "/// Blurs a value.",
+        "/// Blurs a value (doc edit).",
+    );
+    let o = ws.run(&ws.build(&[]));
+    assert!(o.all_skip(), "{o:#?}");
+    assert_eq!(o.keys, first.keys);
+
+    // Each code edit reruns every run; the reason names the item.
+    let cases: &[(&str, &str, &str, &str)] = &[
+        (
+            "ccdemo/src/train.rs",
+            "p.lr * 0.5",
+            "p.lr * 0.6",
+            "code changed: ccdemo::train::train (src/train.rs)",
+        ),
+        (
+            "ccdemo/src/helpers.rs",
+            "square!(x) / SCALE",
+            "square!(x) / SCALE + 1.0",
+            "code changed: ccdemo::helpers::smooth (src/helpers.rs)",
+        ),
+        (
+            "ccdep/src/lib.rs",
+            "x * 0.25 + 1.0",
+            "x * 0.25 + 2.0",
+            "code changed: ccdep::blur (ccdep: src/lib.rs)",
+        ),
+        (
+            "ccdemo/src/helpers.rs",
+            "SCALE: f64 = 2.0",
+            "SCALE: f64 = 3.0",
+            "code changed: ccdemo::helpers::SCALE (src/helpers.rs)",
+        ),
+        (
+            "ccdemo/src/helpers.rs",
+            "$x * $x",
+            "$x * $x * 1.0",
+            "code changed: ccdemo::helpers::square! (src/helpers.rs)",
+        ),
+        (
+            "ccdemo/src/helpers.rs",
+            "self.w * x",
+            "self.w * x + 0.5",
+            "code changed: ccdemo::helpers::<Linear as Model> (src/helpers.rs)",
+        ),
+        (
+            "ccdemo/src/prompt.txt",
+            "hello prompt",
+            "hello prompt!",
+            "code changed: file src/prompt.txt",
+        ),
+    ];
+    let mut prev = first;
+    for (file, from, to, reason) in cases {
+        let t = std::time::Instant::now();
+        ws.edit(file, from, to);
+        let o = ws.run(&ws.build(&[]));
+        eprintln!("{reason}: {:?}", t.elapsed());
+        o.all_run_because(reason);
+        check_keys(&o);
+        assert!(o.keys.iter().zip(&prev.keys).all(|(a, b)| a.1 != b.1));
+        prev = o;
+    }
+
+    // An unreached function and the grid's code in `main`: nothing runs.
+    ws.edit("ccdemo/src/helpers.rs", "    1.0\n}", "    2.0\n}");
+    ws.edit("ccdep/src/lib.rs", "    7\n", "    8\n");
+    ws.edit(
+        "ccdemo/src/main.rs",
+        "println!(\"RAN {} SKIPPED {}\", s.ran(), s.skipped());",
+        "let (ran, skipped) = (s.ran(), s.skipped());\n    println!(\"RAN {ran} SKIPPED {skipped}\");",
+    );
+    let o = ws.run(&ws.build(&[]));
+    assert!(o.all_skip(), "{o:#?}");
+
+    // One grid point added: only it runs, saying which parameters differ from a stored run.
+    ws.edit(
+        "ccdemo/src/main.rs",
+        "        r#\"{\"lr\": 0.2, \"dropout\": 0.3}\"#,\n",
+        "        r#\"{\"lr\": 0.2, \"dropout\": 0.3}\"#,\n        r#\"{\"lr\": 0.4, \"dropout\": 0.3}\"#,\n",
+    );
+    let o = ws.run(&ws.build(&[]));
+    assert_eq!(o.ran_params(), [r#"{"dropout":0.3,"lr":0.4}"#], "{o:#?}");
+    let new = o.decisions.iter().find(|d| d.0 == "run").unwrap();
+    // The closest stored run differs in `lr` only (0.1 or 0.2: equally close).
+    assert!(
+        new.2.starts_with("params changed: lr 0.") && new.2.ends_with(" -> 0.4"),
+        "{new:?}"
+    );
+    assert_eq!(o.skipped, 4);
+
+    // `0.1` written `0.10` in the grid: nothing runs.
+    ws.edit("ccdemo/src/main.rs", "{\"lr\": 0.1}", "{\"lr\": 0.10}");
+    let o = ws.run(&ws.build(&[]));
+    assert!(o.all_skip(), "{o:#?}");
+
+    // A changed serde default: only the runs that used it.
+    ws.edit("ccdemo/src/train.rs", "    0.5\n}", "    0.25\n}");
+    let o = ws.run(&ws.build(&[]));
+    assert_eq!(
+        o.ran_params(),
+        [
+            r#"{"dropout":0.25,"lr":0.1}"#,
+            r#"{"dropout":0.25,"lr":0.2}"#
+        ],
+        "{o:#?}"
+    );
+    assert!(
+        o.decisions
+            .iter()
+            .filter(|d| d.0 == "run")
+            .all(|d| d.2.starts_with("params changed: dropout 0.") && d.2.ends_with(" -> 0.25")),
+        "{o:#?}"
+    );
+
+    let bin = ws.build(&[]);
+    // The same binary from another cwd, and copied to another folder: nothing runs.
+    let elsewhere = ws.root.parent().unwrap().join("elsewhere");
+    std::fs::create_dir_all(&elsewhere).unwrap();
+    let copied = elsewhere.join("ccdemo-copy");
+    std::fs::copy(&bin, &copied).unwrap();
+    let o = ws.run_in(&bin, Path::new("/"), false);
+    assert!(o.all_skip(), "{o:#?}");
+    let o = ws.run_in(&copied, &elsewhere, false);
+    assert!(o.all_skip(), "{o:#?}");
+
+    // A stale binary (built before an edit) keeps its own key: it cannot run under the new
+    // code's key, and trace(true) says it is stale.
+    ws.edit(
+        "ccdemo/src/helpers.rs",
+        "self.w * x + 0.5",
+        "self.w * x + 0.75",
+    );
+    let stale = ws.run_in(&copied, &elsewhere, true);
+    assert_eq!(stale.keys, o.keys);
+    assert!(
+        stale
+            .decisions
+            .iter()
+            .all(|d| d.0 == "skip" && d.2.contains("stale binary: ") && d.2.contains("helpers.rs")),
+        "{stale:#?}"
+    );
+    let fresh = ws.run(&ws.build(&[]));
+    fresh.all_run_because("code changed: ccdemo::helpers::<Linear as Model> (src/helpers.rs)");
+    assert!(fresh.keys.iter().zip(&stale.keys).all(|(a, b)| a.1 != b.1));
+
+    // A feature build: everything reruns, naming the feature; back to the default build, the
+    // earlier results are current again.
+    let wide = ws.run(&ws.build(&["wide"]));
+    wide.all_run_because("build configuration changed: feature \"wide\"");
+    check_keys(&wide);
+    // The path dependency's feature (its cfg is not the user crate's): reruns too.
+    let fast = ws.run(&ws.build(&["wide", "ccdep/fast"]));
+    assert!(
+        fast.decisions
+            .iter()
+            .all(|d| d.0 == "run" && d.2.starts_with("build configuration changed: ccdep build")),
+        "{fast:#?}"
+    );
+    let o = ws.run(&ws.build(&[]));
+    assert!(o.all_skip(), "{o:#?}");
+
+    // A Cargo.lock change (a new dependency of the user crate): rerun in place.
+    ws.edit(
+        "ccdemo/Cargo.toml",
+        "serde_json = \"1\"\n",
+        "serde_json = \"1\"\nhex = \"0.4\"\n",
+    );
+    let o = ws.run(&ws.build(&[]));
+    o.all_run_because("environment changed: Cargo.lock");
+    assert_eq!(o.keys, fresh.keys);
+    eprintln!("whole scenario: {:?}", t0.elapsed());
+}
