@@ -5,8 +5,8 @@ use std::hint::black_box;
 use std::path::PathBuf;
 
 use criterion::{Criterion, criterion_group, criterion_main};
-use puzzletron::campaign::config::{ConfigLoader, Env};
 use puzzletron::campaign::Node;
+use puzzletron::campaign::config::{ConfigLoader, Env};
 use puzzletron::campaign::{
     ExecutionConfig, RunnerEnvironment, StageCatalog, compile_campaign_plan_with, compile_resolved,
 };

@@ -7,8 +7,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use criterion::{Criterion, criterion_group, criterion_main};
-use puzzletron::campaign::controller::{CampaignController, RunOptions, VirtualClock};
 use puzzletron::campaign::Node;
+use puzzletron::campaign::controller::{CampaignController, RunOptions, VirtualClock};
 use puzzletron::campaign::{ExecutionConfig, RunnerEnvironment, StageCatalog, compile_resolved};
 use puzzletron::executor::{JobState, MockClock, MockExecutor, MockScript};
 use serde_json::json;

@@ -41,11 +41,11 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
+use puzzletron::campaign::Node;
 use puzzletron::campaign::controller::{
     CampaignController, ControllerError, ControllerEvent, PoolItem, PoolWorker, RunOptions,
     TerminalControls, ViewMode, open_campaign_dir,
 };
-use puzzletron::campaign::Node;
 use puzzletron::campaign::{
     CampaignPlan, ExecutionConfig, RunnerEnvironment, StageCatalog, compile_resolved,
 };

@@ -10,6 +10,7 @@
 //! - one host's sshd stopped mid-run and started again: the campaign completes; a host stopped
 //!   for good (sshd and its tasks killed): its tasks fail as NODE_FAIL after `--lost-after`
 //!   and are resubmitted on the other host.
+//!
 //! The fault tests use h5/h6 only, so they never disturb the tests running on h1-h4.
 
 mod controller_support;

@@ -7,10 +7,10 @@
 use std::path::{Path, PathBuf};
 
 use puzzletron::campaign::config::{ConfigLoader, Env, Override};
-use puzzletron::campaign::{DryRunOptions, render_dry_run};
 use puzzletron::campaign::{
     CampaignPlan, ExecutionConfig, PlanError, RunnerEnvironment, compile_campaign_plan_with,
 };
+use puzzletron::campaign::{DryRunOptions, render_dry_run};
 
 fn fixtures() -> PathBuf {
     PathBuf::from(concat!(

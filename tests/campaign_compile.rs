@@ -5,8 +5,8 @@
 use std::path::{Path, PathBuf};
 
 use proptest::prelude::*;
-use puzzletron::campaign::config::{ConfigLoader, Env, Override, OverrideKind, Value};
 use puzzletron::campaign::Node;
+use puzzletron::campaign::config::{ConfigLoader, Env, Override, OverrideKind, Value};
 use puzzletron::campaign::{
     ExecutionConfig, PlanError, RunnerEnvironment, RunnerKind, StageCatalog, StageFilter, Strategy,
     compile_campaign_plan_with, compile_resolved, plan_to_dict,

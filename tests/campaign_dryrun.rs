@@ -5,13 +5,13 @@
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-use puzzletron::campaign::config::{ConfigLoader, Env};
-use puzzletron::campaign::{DryRunOptions, dry_run, render_dry_run};
 use puzzletron::campaign::Node;
+use puzzletron::campaign::config::{ConfigLoader, Env};
 use puzzletron::campaign::{
     CampaignPlan, ExecutionConfig, RunnerEnvironment, StageCatalog, compile_campaign_plan_with,
     compile_resolved,
 };
+use puzzletron::campaign::{DryRunOptions, dry_run, render_dry_run};
 
 fn fixtures() -> PathBuf {
     PathBuf::from(concat!(

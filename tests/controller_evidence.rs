@@ -7,10 +7,10 @@ use std::path::Path;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use puzzletron::campaign::Node;
 use puzzletron::campaign::controller::{
     CampaignController, Control, ControllerEvent, FailureClass, RunOptions, cancel_campaign,
 };
-use puzzletron::campaign::Node;
 use puzzletron::campaign::{
     CampaignPlan, ExecutionConfig, RunnerEnvironment, StageCatalog, compile_resolved,
 };
@@ -289,7 +289,14 @@ fn cancel_campaign_by_tag_without_the_folder() {
     let st = rt.block_on(exec.poll(&handles)).unwrap();
     for h in &handles {
         let d = root.path().join("attempts").join(h.attempt_id.as_str());
-        eprintln!("{}: {:?}", h.attempt_id, std::fs::read_dir(&d).unwrap().map(|e| e.unwrap().file_name()).collect::<Vec<_>>());
+        eprintln!(
+            "{}: {:?}",
+            h.attempt_id,
+            std::fs::read_dir(&d)
+                .unwrap()
+                .map(|e| e.unwrap().file_name())
+                .collect::<Vec<_>>()
+        );
     }
     assert!(matches!(st[0].state, JobState::Cancelled { .. }), "{st:?}");
     assert!(matches!(st[1].state, JobState::Cancelled { .. }), "{st:?}");

@@ -8,11 +8,11 @@ use std::path::Path;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use puzzletron::campaign::Node;
 use puzzletron::campaign::controller::{
     CampaignController, CampaignReport, ControllerError, FailureClass, PoolItem, PoolWorker,
     RetryPolicy, RunOptions, VirtualClock,
 };
-use puzzletron::campaign::Node;
 use puzzletron::campaign::{
     CampaignPlan, ExecutionConfig, RunnerEnvironment, StageCatalog, compile_resolved,
 };

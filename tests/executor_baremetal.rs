@@ -392,27 +392,52 @@ async fn unreachable_host_is_retried_then_node_fail() {
         .await
         .unwrap();
     assert_eq!(st[0].state, JobState::NodeFail, "{st:?}");
-    assert!(st[0].reason.as_deref().unwrap_or("").contains("unreachable"), "{st:?}");
+    assert!(
+        st[0]
+            .reason
+            .as_deref()
+            .unwrap_or("")
+            .contains("unreachable"),
+        "{st:?}"
+    );
     // Its GPU stays leased while the host is silent (the task might still run there)...
     let live = |e: &BareMetalExecutor| {
-        e.leases().unwrap().leases.iter().filter(|l| l.is_live()).count()
+        e.leases()
+            .unwrap()
+            .leases
+            .iter()
+            .filter(|l| l.is_live())
+            .count()
     };
     assert_eq!(live(&exec), 1);
     // ...and is freed once the host answers and the task is confirmed gone.
     ssh_hosts::ctl(&["start", &host]);
     let deadline = std::time::Instant::now() + Duration::from_secs(30);
     while live(&exec) > 0 {
-        assert!(std::time::Instant::now() < deadline, "lease of the lost task never freed");
+        assert!(
+            std::time::Instant::now() < deadline,
+            "lease of the lost task never freed"
+        );
         tokio::time::sleep(Duration::from_millis(500)).await;
         let s = exec.poll(std::slice::from_ref(&b)).await.unwrap();
         assert_eq!(s[0].state, JobState::NodeFail, "{s:?}");
     }
     // An outage without the kill: the task runs on; when the host is back it is killed there.
-    let c = exec.submit(&spec(&uniq("down-c"), "sleep 60", 1)).await.unwrap();
-    assert_eq!(exec.poll(std::slice::from_ref(&c)).await.unwrap()[0].state, JobState::Running);
+    let c = exec
+        .submit(&spec(&uniq("down-c"), "sleep 60", 1))
+        .await
+        .unwrap();
+    assert_eq!(
+        exec.poll(std::slice::from_ref(&c)).await.unwrap()[0].state,
+        JobState::Running
+    );
     ssh_hosts::ctl(&["stop", &host]);
     let st = exec
-        .wait_terminal(std::slice::from_ref(&c), Duration::from_millis(200), Duration::from_secs(60))
+        .wait_terminal(
+            std::slice::from_ref(&c),
+            Duration::from_millis(200),
+            Duration::from_secs(60),
+        )
         .await
         .unwrap();
     assert_eq!(st[0].state, JobState::NodeFail, "{st:?}");
@@ -423,10 +448,16 @@ async fn unreachable_host_is_retried_then_node_fail() {
     ssh_hosts::ctl(&["start", &host]);
     let deadline = std::time::Instant::now() + Duration::from_secs(30);
     while live(&exec) > 0 {
-        assert!(std::time::Instant::now() < deadline, "lease of the lost task never freed");
+        assert!(
+            std::time::Instant::now() < deadline,
+            "lease of the lost task never freed"
+        );
         tokio::time::sleep(Duration::from_millis(500)).await;
         exec.poll(std::slice::from_ref(&c)).await.unwrap();
     }
     let left = ps_attempts(&host, c.attempt_id.as_str());
-    assert!(left.is_empty(), "the lost task was not killed when its host came back: {left:?}");
+    assert!(
+        left.is_empty(),
+        "the lost task was not killed when its host came back: {left:?}"
+    );
 }

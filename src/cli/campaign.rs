@@ -1,6 +1,8 @@
 //! `puzzletron campaign ...`.
 
 use std::collections::HashMap;
+
+use crate::report::AttemptTimes;
 use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -670,7 +672,7 @@ fn cancel_tag(tag: &str) -> Result<i32, CliError> {
 }
 
 /// Start, end and node of Slurm jobs by attempt id, from one `sacct` call per 500 job ids.
-fn sacct_times(h: &CampaignHistory) -> HashMap<String, (Option<u64>, Option<u64>, Option<String>)> {
+fn sacct_times(h: &CampaignHistory) -> HashMap<String, AttemptTimes> {
     let mut out = HashMap::new();
     let jobs: Vec<&str> = h
         .attempts

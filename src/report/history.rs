@@ -37,6 +37,10 @@ use crate::campaign::CampaignPlan;
 use crate::campaign::controller::FailureClass;
 use crate::campaign::execution::{Resource, Strategy};
 
+/// An attempt's times and nodes from outside records (e.g. `sacct` rows): `(start_ms, end_ms,
+/// nodes)`, milliseconds since the Unix epoch and Slurm's `NodeList`.
+pub type AttemptTimes = (Option<u64>, Option<u64>, Option<String>);
+
 /// How an attempt ended (or where it is).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize, PartialOrd, Ord)]
 #[serde(rename_all = "snake_case")]
@@ -844,10 +848,7 @@ impl CampaignHistory {
 
     /// Fills start/end/nodes of attempts from outside records (e.g. `sacct` rows), keyed by
     /// attempt id: `(start_ms, end_ms, nodes)`.
-    pub fn apply_times(
-        &mut self,
-        times: &HashMap<String, (Option<u64>, Option<u64>, Option<String>)>,
-    ) {
+    pub fn apply_times(&mut self, times: &HashMap<String, AttemptTimes>) {
         for a in &mut self.attempts {
             if let Some((s, e, n)) = times.get(&a.attempt_id) {
                 if s.is_some() {

@@ -22,7 +22,9 @@ pub mod sweep;
 
 use std::path::{Path, PathBuf};
 
-pub use history::{AttemptHistory, CampaignHistory, Outcome, StageHistory, StageStatus};
+pub use history::{
+    AttemptHistory, AttemptTimes, CampaignHistory, Outcome, StageHistory, StageStatus,
+};
 pub use html::render_campaign_report;
 pub use lease::LeaseStatus;
 pub use notify::{Notifier, NotifyEvent};

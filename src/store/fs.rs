@@ -21,12 +21,12 @@ use std::io::{self, BufReader, Write};
 use std::path::{Path, PathBuf};
 use std::time::{Duration, SystemTime};
 
+use super::fs_sink::FsSink;
+use super::rows::{Bound, TornTail, read_rows};
 use super::{
     Claim, ClaimInfo, ClaimOutcome, DEFAULT_STALE_AFTER, FORMAT_VERSION, JobRecord, MetricSink,
     Owner, Series, Status, Store, StoreError,
 };
-use super::fs_sink::FsSink;
-use super::rows::{Bound, TornTail, read_rows};
 use crate::fsutil::{Durability, atomic_write, replace_file, write_file};
 use crate::identity::Hash;
 

@@ -14,8 +14,8 @@
 mod fs;
 mod fs_sink;
 mod memory;
-mod rows;
 mod record;
+mod rows;
 
 #[cfg(any(test, feature = "test-util"))]
 pub mod conformance;
@@ -26,11 +26,11 @@ use std::time::Duration;
 pub use fs::FsStore;
 pub use fs_sink::{FLUSH_INTERVAL, FLUSH_ROWS};
 pub use memory::MemoryStore;
-pub use rows::TornTail;
 pub use record::{
     FORMAT_VERSION, Failure, JobRecord, MetricsInfo, Owner, Status, hostname, process_start_ticks,
     unix_now,
 };
+pub use rows::TornTail;
 
 use crate::identity::Hash;
 

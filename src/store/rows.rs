@@ -69,10 +69,12 @@ pub(super) fn read_rows(
             break;
         }
         line.clear();
-        let n = reader.read_until(b'\n', &mut line).map_err(|e| StoreError::Io {
-            path: path.to_path_buf(),
-            source: e,
-        })?;
+        let n = reader
+            .read_until(b'\n', &mut line)
+            .map_err(|e| StoreError::Io {
+                path: path.to_path_buf(),
+                source: e,
+            })?;
         let complete = n > 0 && line.last() == Some(&b'\n');
         if !complete {
             match bound {
@@ -186,7 +188,13 @@ mod tests {
         assert!(torn.is_none());
         assert_eq!(s.name_index, [0, 1, 0, 1]);
         assert!(s.value[3].is_nan());
-        let (s, _) = read_rows(Path::new("m"), text.as_bytes(), Bound::Exactly(4), Some("b")).unwrap();
+        let (s, _) = read_rows(
+            Path::new("m"),
+            text.as_bytes(),
+            Bound::Exactly(4),
+            Some("b"),
+        )
+        .unwrap();
         assert_eq!(s.names, ["b"]);
         assert_eq!(s.step, [0, 1]);
     }

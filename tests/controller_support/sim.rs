@@ -5,10 +5,10 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use puzzletron::campaign::Node;
 use puzzletron::campaign::controller::{
     CampaignController, CampaignReport, RetryPolicy, RunOptions, VirtualClock,
 };
-use puzzletron::campaign::Node;
 use puzzletron::campaign::{
     CampaignPlan, ExecutionConfig, RunnerEnvironment, StageCatalog, compile_resolved,
 };

@@ -6,15 +6,15 @@
 //! C20–C25):
 //! 1. `COMPLETED` is success only when every piece of evidence agrees (*success needs proof*):
 //!    a. every step ([`JobStatus::steps`]) completed with exit 0 and no signal — otherwise the
-//!       attempt is classified from the first bad step (a signal-killed step outranks the
-//!       allocation row), with the detail `accounting inconsistent: allocation COMPLETED,
-//!       step 0 CANCELLED by signal 10; ...`;
+//!    attempt is classified from the first bad step (a signal-killed step outranks the
+//!    allocation row), with the detail `accounting inconsistent: allocation COMPLETED,
+//!    step 0 CANCELLED by signal 10; ...`;
 //!    b. no oom-kill event in the log (C21c, "Detected 1 oom_kill event"), unless the
-//!       success marker is present — else [`FailureClass::Oom`];
+//!    success marker is present — else [`FailureClass::Oom`];
 //!    c. the success marker is present when it was checked ([`Evidence::success_marker`]) —
-//!       else [`FailureClass::Unknown`];
+//!    else [`FailureClass::Unknown`];
 //!    d. the stage's declared outputs exist and its validation command passed
-//!       ([`Evidence::outputs_problem`]) — else [`FailureClass::Unknown`].
+//!    ([`Evidence::outputs_problem`]) — else [`FailureClass::Unknown`].
 //!    A log that could not be read ([`Evidence::log_unavailable`]) is named in the detail:
 //!    "unavailable", never "clean".
 //! 2. The log says the job was cancelled `DUE TO TIME LIMIT`, or the state is `TIMEOUT` (C22):

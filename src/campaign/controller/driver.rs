@@ -301,12 +301,9 @@ impl CampaignController {
             // Asked once per process (a preemption is a cancel by this uid); an error only
             // loses that distinction for root's cancels, so it is not fatal.
             let exec = self.io.executor.clone();
-            match self.guarded("scheduler_uid", exec.scheduler_uid()).await? {
-                Some(Ok(u)) => {
-                    self.scheduler_uid = u;
-                    self.scheduler_uid_asked = true;
-                }
-                Some(Err(_)) | None => {}
+            if let Some(Ok(u)) = self.guarded("scheduler_uid", exec.scheduler_uid()).await? {
+                self.scheduler_uid = u;
+                self.scheduler_uid_asked = true;
             }
         }
         // Recovery is reported once per controller (later runs continue the same session).

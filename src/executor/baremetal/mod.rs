@@ -588,7 +588,12 @@ impl Inner {
                     "ptron-cancel",
                     remote::cancel_body(),
                     &[],
-                    &[self.root_arg(), l.attempt_id.to_string(), "1".into(), "5".into()],
+                    &[
+                        self.root_arg(),
+                        l.attempt_id.to_string(),
+                        "1".into(),
+                        "5".into(),
+                    ],
                 );
                 match self.exchange(&s.host, &line).await {
                     Ok(out) if out.trim() == "DONE" => {}
@@ -1064,12 +1069,13 @@ impl Executor for BareMetalExecutor {
             let lease = table.get(id);
             let submitted = lease.map_or(h.submitted_at_ms, |l| l.submitted_at_ms);
             let status = match hosts {
-                _ if lease.is_some_and(|l| l.lost) => JobStatus::new(id.clone(), JobState::NodeFail)
-                    .with_reason(format!(
+                _ if lease.is_some_and(|l| l.lost) => {
+                    JobStatus::new(id.clone(), JobState::NodeFail).with_reason(format!(
                         "host unreachable for more than {} s; its GPUs stay leased until the \
                          host answers and the task is killed there",
                         inner.cfg.lost_after.as_secs()
-                    )),
+                    ))
+                }
                 None => match lease {
                     Some(l) if l.cancelled => {
                         JobStatus::new(id.clone(), JobState::Cancelled { by_uid: None })
