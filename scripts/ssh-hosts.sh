@@ -116,8 +116,15 @@ stop_host() {
   # was lost must not survive a stop).
   local all="" frontier next c f
   frontier="$(pid_of "$1")"
-  for f in $(grep -l -z -x -- "$DIR/$1/sshd_config" /proc/[0-9]*/cmdline 2>/dev/null || true); do
-    c=${f#/proc/}; frontier="$frontier ${c%/cmdline}"
+  # A running sshd rewrites its process title ("sshd: /usr/sbin/sshd -f CFG ... [listener]"),
+  # so match the config path inside the title as well as in a plain argv.
+  local cl
+  for f in /proc/[0-9]*/cmdline; do
+    cl=$(tr '\0' ' ' < "$f" 2>/dev/null) || continue
+    case "$cl" in
+      "sshd: "*"$DIR/$1/sshd_config "*|"$SSHD "*"$DIR/$1/sshd_config "*)
+        c=${f#/proc/}; frontier="$frontier ${c%/cmdline}" ;;
+    esac
   done
   frontier=$(echo $frontier)
   [ -n "$frontier" ] || { rm -f "$DIR/$1/sshd.pid"; return 0; }

@@ -92,7 +92,7 @@ fn campaign_rejects_bad_values_naming_the_flag_value_and_expectation() {
         ),
         (
             &["--runner", "k8s"],
-            &["--runner \"k8s\"", "local or slurm"],
+            &["--runner \"k8s\"", "expected local, slurm or baremetal"],
         ),
         (&["--bogus"], &["unknown argument \"--bogus\""]),
     ];

@@ -377,5 +377,5 @@ fn detach_reattaches_and_cancel_leaves_no_job_in_squeue() {
         squeue_names(&n)
     );
     let j = std::fs::read_to_string(dir.join("controller/journal.jsonl")).unwrap();
-    assert!(j.contains("\"kind\":\"shutdown\""));
+    assert!(j.contains("\"kind\":\"shut_down\""));
 }

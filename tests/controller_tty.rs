@@ -92,7 +92,7 @@ fn menu_detach_then_reattach_and_menu_cancel() {
     assert_eq!(code, Some(3), "detached: {out}");
     assert!(restored(&out), "terminal mode restored after exit: {out}");
     let j = std::fs::read_to_string(dir.join("controller/journal.jsonl")).unwrap();
-    assert!(j.contains("\"kind\":\"detach\""));
+    assert!(j.contains("\"kind\":\"detached\""));
     assert!(!j.contains("cancel_requested"), "detach cancels nothing");
     // The next run re-attaches and completes without resubmitting the live shards.
     let st = controller_support::spawn(&dir, &["--epochs", "30"])
@@ -112,7 +112,7 @@ fn menu_detach_then_reattach_and_menu_cancel() {
     );
     let j = std::fs::read_to_string(dir.join("controller/journal.jsonl")).unwrap();
     assert!(
-        j.contains("\"kind\":\"shutdown\""),
+        j.contains("\"kind\":\"shut_down\""),
         "cancel went through shutdown"
     );
     // Every attempt that was live is finished in the journal (cancelled), none left running.
