@@ -5,7 +5,8 @@
 # fake GPU probe (`nvidia-smi -L` listing 4 GPUs) and its own state folder.
 #
 #   scripts/ssh-hosts.sh start              start every host (idempotent); prints the env to eval
-#   scripts/ssh-hosts.sh stop [HOST]        stop every host's sshd (or one), sessions included
+#   scripts/ssh-hosts.sh stop [HOST]        stop every host's sshd (or one), sessions included;
+#                                           a host stopped alone stays down until `start HOST`
 #   scripts/ssh-hosts.sh start HOST         start one host again
 #   scripts/ssh-hosts.sh kill-tasks HOST    kill the processes a host runs (a machine gone for good)
 #   scripts/ssh-hosts.sh ps HOST            the processes a host runs (pid, pgid, args)
@@ -167,13 +168,22 @@ case "$cmd" in
     mkdir -p "$DIR"
     exec 9>"$DIR/.lock"
     flock 9
-    if [ -n "${2:-}" ]; then start_host "$2"; else
+    if [ -n "${2:-}" ]; then rm -f "$DIR/$2/stopped"; start_host "$2"; else
       setup
-      for h in $(hosts); do start_host "$h"; done
+      # A host stopped on its own (`stop HOST`: a test's outage) stays down until `start HOST`,
+      # so one test's `start` of all hosts cannot end another test's outage.
+      for h in $(hosts); do [ -e "$DIR/$h/stopped" ] || start_host "$h"; done
       print_env
     fi ;;
   stop)
-    if [ -n "${2:-}" ]; then stop_host "$2"; else for h in $(hosts); do stop_host "$h"; done; fi ;;
+    # Under the same lock as start: a concurrent start must not launch a listener whose pid
+    # file this stop then removes.
+    [ -d "$DIR" ] || exit 0
+    exec 9>"$DIR/.lock"
+    flock 9
+    if [ -n "${2:-}" ]; then : > "$DIR/$2/stopped"; stop_host "$2"; else
+      for h in $(hosts); do rm -f "$DIR/$h/stopped"; stop_host "$h"; done
+    fi ;;
   kill-tasks)
     for p in $(host_pids "$2"); do kill -KILL "$p" 2>/dev/null || true; done ;;
   ps)

@@ -336,6 +336,8 @@ async fn unreachable_host_is_retried_then_node_fail() {
     // A host of its own (stopping h1-h4 would disturb the other tests): h6.
     let state = tempfile::tempdir().unwrap();
     let host = h.hosts[5].clone();
+    // Up, whatever an earlier run left (a host stopped alone stays down until started alone).
+    ssh_hosts::ctl(&["start", &host]);
     let build = |lost: u64| {
         BareMetalExecutor::builder(state.path())
             .ssh_config(&h.config)

@@ -145,7 +145,11 @@ p=; t=
 i=0; n=$((grace*10)); while [ ! -f "$d/exit" ] && [ $i -lt $n ]; do sleep 0.1; i=$((i+1)); done
 [ -f "$d/exit" ] || { [ -n "$p" ] && kill -KILL "-$p" 2>/dev/null; }
 i=0; n=$((confirm*10)); while [ ! -f "$d/exit" ] && [ $i -lt $n ]; do sleep 0.1; i=$((i+1)); done
-if [ -f "$d/exit" ]; then echo DONE; else echo "PENDING running"; fi
+[ -f "$d/exit" ] && { echo DONE; exit 0; }
+# The wrapper died without a record (killed, host rebooted): the task is gone once neither the
+# wrapper nor any process of the job's group is left.
+w=; wt=; [ -f "$d/wrapper" ] && read -r w wt < "$d/wrapper"
+if ! alive "$w" "$wt" && { [ -z "$p" ] || ! kill -0 "-$p" 2>/dev/null; }; then echo DONE; else echo "PENDING running"; fi
 "#;
 
 /// Preflight: the repository and the venv exist, and the GPU probe's output. Prints
