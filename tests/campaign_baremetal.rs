@@ -120,6 +120,10 @@ fn reference(root: &Path) -> serde_json::Value {
     result(&dir)
 }
 
+#[cfg_attr(
+    not(puzzletron_ssh_tests),
+    ignore = "needs the SSH hosts of scripts/ssh-hosts.sh (openssh-server): set PUZZLETRON_SSH_TESTS=1 (CONTRIBUTING.md)"
+)]
 #[test]
 fn digits_campaign_runs_across_hosts_with_disjoint_gpu_slices() {
     let Some(h) = ssh_hosts::hosts() else { return };
@@ -167,6 +171,10 @@ fn digits_campaign_runs_across_hosts_with_disjoint_gpu_slices() {
     assert_eq!(audit(&dir).attempts, before);
 }
 
+#[cfg_attr(
+    not(puzzletron_ssh_tests),
+    ignore = "needs the SSH hosts of scripts/ssh-hosts.sh (openssh-server): set PUZZLETRON_SSH_TESTS=1 (CONTRIBUTING.md)"
+)]
 #[test]
 fn kill_9_of_the_controller_at_random_moments() {
     let Some(h) = ssh_hosts::hosts() else { return };
@@ -269,6 +277,10 @@ fn wait_for_task_on(dir: &Path, host: &str, child: &mut std::process::Child) -> 
     false
 }
 
+#[cfg_attr(
+    not(puzzletron_ssh_tests),
+    ignore = "needs the SSH hosts of scripts/ssh-hosts.sh (openssh-server): set PUZZLETRON_SSH_TESTS=1 (CONTRIBUTING.md)"
+)]
 #[test]
 fn host_down_and_back_then_host_down_for_good() {
     let Some(h) = ssh_hosts::hosts() else { return };
@@ -353,6 +365,10 @@ fn host_down_and_back_then_host_down_for_good() {
 /// A real Puzzletron fixture (qwen3p5_0p8b `mip_smoke`, 11 single-instance stages, 1 GPU each)
 /// with a stub worker: the runner's venv puts a stub `python` first in PATH that records what
 /// it saw and writes `_SUCCESS`. Driven in-process by the library's controller.
+#[cfg_attr(
+    not(puzzletron_ssh_tests),
+    ignore = "needs the SSH hosts of scripts/ssh-hosts.sh (openssh-server): set PUZZLETRON_SSH_TESTS=1 (CONTRIBUTING.md)"
+)]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn puzzletron_fixture_with_a_stub_worker_runs_across_hosts() {
     use puzzletron::campaign::controller::{CampaignController, RunOptions, ViewMode};

@@ -43,6 +43,10 @@ async fn baremetal_child_entry() {
     }
 }
 
+#[cfg_attr(
+    not(puzzletron_ssh_tests),
+    ignore = "needs the SSH hosts of scripts/ssh-hosts.sh (openssh-server): set PUZZLETRON_SSH_TESTS=1 (CONTRIBUTING.md)"
+)]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn baremetal_executor_conforms() {
     let Some(h) = ssh_hosts::hosts() else { return };
@@ -98,6 +102,10 @@ fn spec(id: &str, script: &str, gpus: u32) -> AttemptSpec {
     .with_topology(t)
 }
 
+#[cfg_attr(
+    not(puzzletron_ssh_tests),
+    ignore = "needs the SSH hosts of scripts/ssh-hosts.sh (openssh-server): set PUZZLETRON_SSH_TESTS=1 (CONTRIBUTING.md)"
+)]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn preflight_names_the_host_and_what_is_missing() {
     let Some(h) = ssh_hosts::hosts() else { return };
@@ -177,6 +185,10 @@ async fn preflight_names_the_host_and_what_is_missing() {
     assert!(matches!(e, ExecutorError::HostPreflight { .. }), "{e}");
 }
 
+#[cfg_attr(
+    not(puzzletron_ssh_tests),
+    ignore = "needs the SSH hosts of scripts/ssh-hosts.sh (openssh-server): set PUZZLETRON_SSH_TESTS=1 (CONTRIBUTING.md)"
+)]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn gpu_slices_are_disjoint_and_waiting_tasks_start_later() {
     let Some(h) = ssh_hosts::hosts() else { return };
@@ -265,6 +277,10 @@ async fn gpu_slices_are_disjoint_and_waiting_tasks_start_later() {
     );
 }
 
+#[cfg_attr(
+    not(puzzletron_ssh_tests),
+    ignore = "needs the SSH hosts of scripts/ssh-hosts.sh (openssh-server): set PUZZLETRON_SSH_TESTS=1 (CONTRIBUTING.md)"
+)]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn walltime_and_cancel_leave_no_process_on_any_host() {
     let Some(h) = ssh_hosts::hosts() else { return };
@@ -329,6 +345,10 @@ async fn walltime_and_cancel_leave_no_process_on_any_host() {
     }
 }
 
+#[cfg_attr(
+    not(puzzletron_ssh_tests),
+    ignore = "needs the SSH hosts of scripts/ssh-hosts.sh (openssh-server): set PUZZLETRON_SSH_TESTS=1 (CONTRIBUTING.md)"
+)]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn unreachable_host_is_retried_then_node_fail() {
     let Some(h) = ssh_hosts::hosts() else { return };
