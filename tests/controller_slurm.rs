@@ -379,3 +379,144 @@ fn detach_reattaches_and_cancel_leaves_no_job_in_squeue() {
     let j = std::fs::read_to_string(dir.join("controller/journal.jsonl")).unwrap();
     assert!(j.contains("\"kind\":\"shut_down\""));
 }
+
+fn slurmdbd_pid() -> Option<i32> {
+    std::fs::read_to_string("/var/lib/slurm-local/run/slurmdbd.pid")
+        .ok()?
+        .trim()
+        .parse()
+        .ok()
+}
+
+/// Stops slurmdbd (SIGTERM, waits until it is gone); `start_cluster` brings it back.
+fn stop_slurmdbd() {
+    let pid = slurmdbd_pid().expect("slurmdbd pid file (the cluster runs with accounting)");
+    // SAFETY: signalling the slurmdbd process named by its pid file.
+    assert_eq!(unsafe { libc::kill(pid, libc::SIGTERM) }, 0);
+    let t = Instant::now();
+    while Path::new(&format!("/proc/{pid}")).exists() && t.elapsed() < Duration::from_secs(20) {
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    assert!(
+        !Path::new(&format!("/proc/{pid}")).exists(),
+        "slurmdbd stopped"
+    );
+}
+
+/// Starts what is not running, the way the start script does.
+fn start_cluster() {
+    let st = Command::new("bash")
+        .arg(shared().join("start-local-cluster.sh"))
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::null())
+        .status()
+        .unwrap();
+    assert!(
+        st.success(),
+        "start-local-cluster.sh failed: the cluster is not healthy"
+    );
+}
+
+/// Brings slurmdbd back whatever happens to the test (the next tests need `sacct`).
+struct DbdBack;
+impl Drop for DbdBack {
+    fn drop(&mut self) {
+        let _ = Command::new("bash")
+            .arg(shared().join("start-local-cluster.sh"))
+            .stdin(std::process::Stdio::null())
+            .stdout(std::process::Stdio::null())
+            .status();
+    }
+}
+
+/// N02 and the crash rule together: slurmdbd is stopped at the start of each campaign, the
+/// controller is killed with SIGKILL at random moments while `sacct` cannot answer (jobs finish
+/// and leave squeue meanwhile: they must wait as "accounting pending", and an intent left by a
+/// kill must not be given up or resubmitted because `sacct --name` cannot answer), then
+/// slurmdbd comes back and the campaign completes. `PUZZLETRON_SLURMDBD_CRASH_TRIALS` kills
+/// while slurmdbd is down (default 20); every campaign ends with the local executor's results
+/// and exactly one Slurm job per attempt id in `sacct`.
+#[cfg_attr(
+    not(puzzletron_slurm_tests),
+    ignore = "needs the local Slurm cluster: start it and set PUZZLETRON_SLURM_TESTS=1 (CONTRIBUTING.md)"
+)]
+#[test]
+fn slurmdbd_down_crash_trials_no_duplicate_no_lost_result() {
+    let _watchdog = watchdog::Watchdog::start(
+        "slurmdbd_down_crash_trials_no_duplicate_no_lost_result",
+        Duration::from_secs(900),
+    );
+    if !cluster_or_skip("slurmdbd down crash trials") {
+        return;
+    }
+    let _g = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
+    let _back = DbdBack;
+    let trials: usize = std::env::var("PUZZLETRON_SLURMDBD_CRASH_TRIALS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(20);
+    let root = tempfile::tempdir().unwrap();
+    let reference = local_reference(root.path());
+    let mut rng = Rng(0xDBD0);
+    let (mut kills, mut campaigns, mut attempts) = (0, 0, 0);
+    let started = Instant::now();
+    while kills < trials {
+        campaigns += 1;
+        let dir = root.path().join(format!("dbd{campaigns}"));
+        stop_slurmdbd();
+        let mut dbd_up = false;
+        // Kills while slurmdbd is down in this campaign: 4, or what is left of the trials.
+        let quota = (trials - kills).min(4);
+        let mut here = 0;
+        loop {
+            let mut child = spawn(&dir, &["--runner", "slurm"]);
+            let deadline = Instant::now() + Duration::from_millis(500 + rng.below(5000));
+            let mut finished = None;
+            while Instant::now() < deadline {
+                if let Some(st) = child.try_wait().unwrap() {
+                    finished = Some(st);
+                    break;
+                }
+                std::thread::sleep(Duration::from_millis(20));
+            }
+            if let Some(st) = finished {
+                assert!(
+                    dbd_up,
+                    "campaign {campaigns} ended while slurmdbd was down: {st}"
+                );
+                assert!(st.success(), "campaign {campaigns} exited with {st}");
+                break;
+            }
+            if !dbd_up && here < quota {
+                child.kill().unwrap();
+                child.wait().unwrap();
+                here += 1;
+                kills += 1;
+                if here == quota {
+                    start_cluster();
+                    dbd_up = true;
+                }
+                continue;
+            }
+            let st = child.wait().unwrap();
+            assert!(st.success(), "campaign {campaigns} exited with {st}");
+            break;
+        }
+        let j = std::fs::read_to_string(dir.join("controller/journal.jsonl")).unwrap();
+        assert!(
+            !j.contains("\"t\":\"submit_failed\""),
+            "{}: an intent was given up while slurmdbd was down",
+            dir.display()
+        );
+        let (n, _) = check_campaign(&dir, &reference);
+        attempts += n;
+        assert!(
+            started.elapsed() < Duration::from_secs(840),
+            "slurmdbd crash trials take too long"
+        );
+    }
+    eprintln!(
+        "slurmdbd-down crash trials: {kills} kill -9 while slurmdbd was stopped, over {campaigns} campaigns, {attempts} attempts (= Slurm jobs), 0 duplicates, 0 lost results, {:.1} s",
+        started.elapsed().as_secs_f64()
+    );
+}

@@ -533,3 +533,126 @@ fn builder_refuses_empty_and_duplicate_gpu_ids_naming_the_field() {
         .unwrap();
     drop(e);
 }
+
+/// The memory cgroup this process is in, as a folder we may create children in: v1
+/// `memory/<path>` or v2 `<path>` under /sys/fs/cgroup.
+fn own_memory_cgroup() -> Option<(PathBuf, bool)> {
+    let text = std::fs::read_to_string("/proc/self/cgroup").ok()?;
+    let root = Path::new("/sys/fs/cgroup");
+    for line in text.lines() {
+        let mut p = line.splitn(3, ':');
+        let (id, ctrl, path) = (p.next()?, p.next()?, p.next()?);
+        if ctrl.split(',').any(|c| c == "memory") {
+            return Some((root.join("memory").join(path.trim_start_matches('/')), true));
+        }
+        if id == "0" && ctrl.is_empty() {
+            let d = root.join(path.trim_start_matches('/'));
+            if d.join("memory.events").exists() {
+                return Some((d, false));
+            }
+        }
+    }
+    None
+}
+
+const OOM_CHILD_ENV: &str = "PUZZLETRON_TEST_OOM_CGROUP";
+
+/// N09 on real processes. The parent half: a job killed by `kill -9` while the counters stay
+/// still is `Killed { 9 }`, not an OOM. Then it creates a memory cgroup with a 128 MiB limit and
+/// runs this same test in a child process inside it (the child half): there a job that writes
+/// 400 MiB is killed by the kernel, and the local executor must report `OUT_OF_MEMORY` from
+/// the cgroup's `oom_kill` counter, naming the counter.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn n09_oom_kill_is_told_from_kill_9_by_the_cgroup_counter() {
+    let root = tempfile::tempdir().unwrap();
+    let hog = AttemptSpec::new(
+        id("hog"),
+        CommandSpec::new("python3")
+            .arg("-c")
+            .arg("b = b'x' * (400 << 20); print(len(b))"),
+    );
+    if let Ok(cg) = std::env::var(OOM_CHILD_ENV) {
+        // Child half: move this whole process into the limited cgroup, then launch the hog.
+        std::fs::write(
+            Path::new(&cg).join("cgroup.procs"),
+            std::process::id().to_string(),
+        )
+        .expect("join the test cgroup");
+        let e = exec(root.path()).build().unwrap();
+        let h = e.submit(&hog).await.unwrap();
+        let s = wait(&e, &[h]).await.remove(0);
+        println!(
+            "N09-CHILD {}|{}",
+            s.state,
+            s.reason.clone().unwrap_or_default()
+        );
+        assert_eq!(s.state, JobState::OutOfMemory, "{s:?}");
+        return;
+    }
+    // Parent half, 1: SIGKILL without an OOM.
+    let e = exec(root.path()).build().unwrap();
+    let h = e
+        .submit(&AttemptSpec::new(id("k9"), sh("kill -9 $$")))
+        .await
+        .unwrap();
+    let s = wait(&e, &[h]).await.remove(0);
+    assert_eq!(s.state, JobState::Killed { signal: 9 }, "{s:?}");
+    let counters = puzzletron::executor::oom::own_counter_file();
+    if counters.is_some() {
+        assert!(
+            !s.reason.clone().unwrap_or_default().contains("OOM unknown"),
+            "the counter is readable here: {s:?}"
+        );
+    } else {
+        assert!(
+            s.reason.clone().unwrap_or_default().contains("OOM unknown"),
+            "{s:?}"
+        );
+    }
+    // Parent half, 2: the hog in a 128 MiB cgroup, in a child process.
+    let (base, v1) = own_memory_cgroup().expect(
+        "no memory cgroup (v1 `memory` controller or v2 memory.events) for this process: the OOM test needs one",
+    );
+    let cg = base.join(format!("puzzletron-oom-{}", std::process::id()));
+    std::fs::create_dir(&cg).unwrap_or_else(|e| {
+        panic!(
+            "cannot create the test memory cgroup {} (run as root): {e}",
+            cg.display()
+        )
+    });
+    let limit = (128u64 << 20).to_string();
+    if v1 {
+        std::fs::write(cg.join("memory.limit_in_bytes"), &limit).unwrap();
+        // Without swap accounting the limit alone holds; with it, cap swap too.
+        let _ = std::fs::write(cg.join("memory.memsw.limit_in_bytes"), &limit);
+    } else {
+        std::fs::write(cg.join("memory.max"), &limit).unwrap();
+        let _ = std::fs::write(cg.join("memory.swap.max"), "0");
+    }
+    let out = std::process::Command::new(std::env::current_exe().unwrap())
+        .args([
+            "--exact",
+            "n09_oom_kill_is_told_from_kill_9_by_the_cgroup_counter",
+            "--nocapture",
+            "--test-threads=1",
+        ])
+        .env(OOM_CHILD_ENV, &cg)
+        .output()
+        .unwrap();
+    let _ = std::fs::remove_dir(&cg);
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "child half failed: {}\n{}",
+        text,
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let line = text
+        .lines()
+        .find_map(|l| l.split_once("N09-CHILD ").map(|(_, r)| r))
+        .expect("the child half ran and reported");
+    assert!(
+        line.starts_with("OUT_OF_MEMORY|killed by the OOM killer: oom_kill of /sys/fs/cgroup/"),
+        "{line}"
+    );
+}

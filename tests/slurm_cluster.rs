@@ -288,6 +288,65 @@ async fn four_node_job_and_array_of_8() {
     }
 }
 
+/// N01 on the real cluster: with `MaxArraySize` taken as 5, an array of 12 tasks with `%4` is
+/// three Slurm arrays (5, 5, 2 tasks; throttle 1 each), every task runs once with its global
+/// index, and `find` from a fresh executor re-attaches a task of the last chunk. (The cluster's
+/// own cap is 10001; lowering it would restart its daemons under the other tests.)
+#[cfg_attr(
+    not(puzzletron_slurm_tests),
+    ignore = "needs the local Slurm cluster: start it and set PUZZLETRON_SLURM_TESTS=1 (CONTRIBUTING.md)"
+)]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn array_above_max_array_size_runs_as_chunks() {
+    if !cluster_available("array_above_max_array_size_runs_as_chunks") {
+        return;
+    }
+    let dir = tmp();
+    let capped = |d: &Path| {
+        SlurmExecutor::builder(d.join("logs"))
+            .poll_policy(fast_poll())
+            .retry_policy(fast_retry())
+            .max_array_size(5)
+            .build()
+            .unwrap()
+    };
+    let e = capped(dir.path());
+    let arr = e
+        .submit_array(&ArraySpec {
+            template: AttemptSpec::new(
+                id("chunked"),
+                sh("echo \"index=$PUZZLETRON_ARRAY_INDEX task=$SLURM_ARRAY_TASK_ID\""),
+            ),
+            size: 12,
+            max_concurrent: Some(4),
+        })
+        .await
+        .unwrap();
+    let jobs: BTreeSet<&str> = arr.iter().map(|h| h.job_id.as_str()).collect();
+    assert_eq!(jobs.len(), 3, "three chunks: {jobs:?}");
+    let st = wait(&e, &arr, 180).await;
+    for (i, s) in st.iter().enumerate() {
+        assert_eq!(s.state, JobState::Completed, "task {i}: {s:?}");
+        assert_eq!(
+            log_of(s).trim(),
+            format!("index={i} task={}", i % 5),
+            "task {i}"
+        );
+    }
+    let fresh = capped(dir.path());
+    let h = fresh
+        .find(&id("chunked").array_task(11).unwrap())
+        .await
+        .unwrap()
+        .expect("task 11 found by its chunk's name");
+    assert_eq!(
+        (h.job_id.as_str(), h.array_task),
+        (arr[11].job_id.as_str(), Some(1))
+    );
+    let s = fresh.poll(&[h]).await.unwrap().remove(0);
+    assert_eq!(s.state, JobState::Completed, "{s:?}");
+}
+
 #[cfg_attr(
     not(puzzletron_slurm_tests),
     ignore = "needs the local Slurm cluster: start it and set PUZZLETRON_SLURM_TESTS=1 (CONTRIBUTING.md)"

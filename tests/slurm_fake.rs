@@ -11,7 +11,9 @@ use puzzletron::executor::*;
 /// A folder of fake Slurm commands. Each command logs its argv to `calls.log`, then:
 /// if `<cmd>.fail` holds a number N > 0, decrements it, prints `<cmd>.err` to stderr and exits
 /// 1; otherwise prints `<cmd>.out`, prints `<cmd>.stderr` (if any) to stderr, and exits with
-/// `<cmd>.rc` (default 0). `sbatch` with `sbatch.ambiguous` present appends that file to
+/// `<cmd>.rc` (default 0). With `squeue.byname` present, `squeue --name=X` prints
+/// `squeue.name.X` (or nothing). `sbatch` with `sbatch.next` holding N prints N and stores N+1 (a
+/// new job id per call). `sbatch` with `sbatch.ambiguous` present appends that file to
 /// `squeue.out` (the job appears) and then fails like `.fail`.
 struct Fake {
     dir: tempfile::TempDir,
@@ -20,7 +22,7 @@ struct Fake {
 impl Fake {
     fn new() -> Self {
         let dir = tempfile::tempdir().unwrap();
-        for cmd in ["sbatch", "squeue", "sacct", "scancel"] {
+        for cmd in ["sbatch", "squeue", "sacct", "scancel", "scontrol"] {
             let d = dir.path().display();
             let script = format!(
                 r#"#!/bin/sh
@@ -29,6 +31,17 @@ echo "{cmd} $*" >> "$d/calls.log"
 if [ "{cmd}" = sbatch ] && [ -f "$d/sbatch.ambiguous" ]; then
   cat "$d/sbatch.ambiguous" >> "$d/squeue.out"; rm -f "$d/sbatch.ambiguous"
   cat "$d/sbatch.err" >&2; exit 1
+fi
+if [ "{cmd}" = squeue ] && [ -f "$d/squeue.byname" ]; then
+  for a in "$@"; do case "$a" in --name=*) f="$d/squeue.name.${{a#--name=}}"; [ -f "$f" ] && cat "$f"; exit 0;; esac; done
+fi
+if [ "{cmd}" = sbatch ] && [ -f "$d/sbatch.failafter" ]; then
+  n=$(cat "$d/sbatch.failafter")
+  if [ "$n" -le 0 ]; then cat "$d/sbatch.err" >&2; exit 1; fi
+  echo $((n - 1)) > "$d/sbatch.failafter"
+fi
+if [ "{cmd}" = sbatch ] && [ -f "$d/sbatch.next" ]; then
+  n=$(cat "$d/sbatch.next"); echo $((n + 1)) > "$d/sbatch.next"; echo "$n"; exit 0
 fi
 if [ -f "$d/{cmd}.fail" ]; then
   n=$(cat "$d/{cmd}.fail")
@@ -304,6 +317,263 @@ async fn c18_accounting_disabled_falls_back_to_squeue() {
         "left squeue without accounting: {s:?}"
     );
     assert_eq!(f.calls("sacct").len(), sacct_calls);
+}
+
+/// N02: slurmdbd down while squeue works. A job that left squeue is "finished, accounting
+/// pending" (never Failed or Lost, even past the missing grace), the running one is Running
+/// from squeue, the outage is warned once, a lookup by name is a retryable error (never "not
+/// found", which would resubmit), and the job settles from sacct when slurmdbd is back.
+#[tokio::test]
+async fn n02_slurmdbd_down_leaves_finished_jobs_accounting_pending() {
+    let f = Fake::new();
+    let e = SlurmExecutor::builder(f.path().join("logs"))
+        .bin_dir(f.path())
+        .poll_policy(PollPolicy {
+            min_interval: Duration::ZERO,
+            max_interval: Duration::ZERO,
+            missing_grace: Duration::ZERO,
+        })
+        .retry_policy(RetryPolicy {
+            max_tries: 4,
+            base_delay: Duration::from_millis(1),
+            max_delay: Duration::from_millis(5),
+        })
+        .build()
+        .unwrap();
+    f.set("sbatch.out", "4711\n");
+    let h1 = e.submit(&spec("job.a1")).await.unwrap();
+    f.set("sbatch.out", "4712\n");
+    let h2 = e.submit(&spec("job.a2")).await.unwrap();
+    let both = [h1.clone(), h2.clone()];
+    f.set("squeue.out", "4711|RUNNING|None|n1\n4712|RUNNING|None|n2\n");
+    let s = e.poll(&both).await.unwrap();
+    assert_eq!(
+        (&s[0].state, &s[1].state),
+        (&JobState::Running, &JobState::Running)
+    );
+    // 4711 leaves squeue; slurmdbd refuses.
+    f.set("squeue.out", "4712|RUNNING|None|n2\n");
+    f.set("sacct.rc", "1");
+    f.set(
+        "sacct.stderr",
+        "sacct: error: slurm_persist_conn_open_without_init: failed to open persistent connection to host:dbhost:6819: Connection refused\nsacct: error: Problem talking to the database: Connection refused\n",
+    );
+    for _ in 0..3 {
+        let s = e.poll(&both).await.unwrap();
+        assert_eq!(
+            s[0].state,
+            JobState::Running,
+            "last known state kept: {:?}",
+            s[0]
+        );
+        let why = s[0].reason.as_deref().unwrap_or("");
+        assert!(
+            why.contains("accounting pending") && why.contains("Connection refused"),
+            "{why}"
+        );
+        assert_eq!(s[1].state, JobState::Running, "{:?}", s[1]);
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    let warned: Vec<_> = e
+        .warnings()
+        .into_iter()
+        .filter(|w| w.contains("slurmdbd unreachable"))
+        .collect();
+    assert_eq!(warned.len(), 1, "warned once: {warned:?}");
+    // Terminal in squeue (COMPLETING leaves as COMPLETED) but no accounting: still pending.
+    f.set("squeue.out", "4712|COMPLETED|None|n2\n");
+    let s = e.poll(&both).await.unwrap();
+    assert!(!s[1].state.is_terminal(), "{:?}", s[1]);
+    assert!(
+        s[1].reason
+            .as_deref()
+            .unwrap_or("")
+            .contains("accounting pending")
+    );
+    // A lookup by name cannot say "not found" while slurmdbd is down.
+    f.set("squeue.out", "");
+    let err = e
+        .find(&AttemptId::new("job.a3").unwrap())
+        .await
+        .unwrap_err();
+    assert!(err.is_retryable(), "{err}");
+    // slurmdbd is back: both settle from sacct, with their exit codes.
+    f.set("sacct.rc", "0");
+    f.set("sacct.stderr", "");
+    f.set(
+        "sacct.out",
+        &format!(
+            "{}{}",
+            acct("4711", "COMPLETED", "0:0", "job.a1"),
+            acct("4712", "FAILED", "2:0", "job.a2")
+        ),
+    );
+    let s = e.poll(&both).await.unwrap();
+    assert_eq!(
+        (&s[0].state, s[0].exit_code, &s[1].state, s[1].exit_code),
+        (&JobState::Completed, Some(0), &JobState::Failed, Some(2)),
+        "{s:?}"
+    );
+    assert!(
+        e.warnings()
+            .iter()
+            .any(|w| w.contains("slurmdbd answers again"))
+    );
+    assert_eq!(f.calls("sbatch").len(), 2, "nothing resubmitted");
+}
+
+/// N01: 2500 tasks with `%40` on a cluster whose `MaxArraySize` is 1001 (from `scontrol show
+/// config`): three arrays `0-1000`, `0-1000`, `0-497`, no index at or above the cap, the
+/// throttle split so at most 40 run overall, task `i` of chunk `c` exports index
+/// `1001*c + i`, every chunk named so it can be found again, and statuses mapped back from
+/// each chunk's `JobID_task` rows.
+#[tokio::test]
+async fn n01_array_above_max_array_size_is_split_into_chunks() {
+    let f = Fake::new();
+    f.set(
+        "scontrol.out",
+        "Configuration data as of 2026-12-01T10:00:00\nMaxArraySize            = 1001\nMaxJobCount             = 10000\n",
+    );
+    f.set("sbatch.next", "4801");
+    let e = f.executor();
+    let arr = ArraySpec {
+        template: spec("sweep.a1"),
+        size: 2500,
+        max_concurrent: Some(40),
+    };
+    let hs = e.submit_array(&arr).await.unwrap();
+    assert_eq!(hs.len(), 2500);
+    let logs = f.path().join("logs");
+    let mut ranges = Vec::new();
+    for (name, offset) in [
+        ("sweep.a1", 0),
+        ("sweep.a1.c1", 1001),
+        ("sweep.a1.c2", 2002),
+    ] {
+        let script = std::fs::read_to_string(logs.join(format!("{name}.sbatch"))).unwrap();
+        let array = script
+            .lines()
+            .find_map(|l| l.strip_prefix("#SBATCH --array="))
+            .unwrap()
+            .to_string();
+        assert!(
+            script.contains(&format!("#SBATCH --job-name={name}\n")),
+            "{script}"
+        );
+        let index = if offset == 0 {
+            "export PUZZLETRON_ARRAY_INDEX=\"$SLURM_ARRAY_TASK_ID\"".to_string()
+        } else {
+            format!("export PUZZLETRON_ARRAY_INDEX=\"$((SLURM_ARRAY_TASK_ID + {offset}))\"")
+        };
+        assert!(script.contains(&index), "{script}");
+        ranges.push(array);
+    }
+    assert_eq!(ranges, ["0-1000%13", "0-1000%13", "0-497%13"]);
+    assert_eq!(f.calls("sbatch").len(), 3);
+    // Handles: global attempt ids, chunk job ids, chunk-local task indices.
+    let h = |i: usize| {
+        (
+            hs[i].attempt_id.to_string(),
+            hs[i].job_id.clone(),
+            hs[i].array_task,
+        )
+    };
+    assert_eq!(h(0), ("sweep.a1_0".into(), "4801".into(), Some(0)));
+    assert_eq!(h(1000), ("sweep.a1_1000".into(), "4801".into(), Some(1000)));
+    assert_eq!(h(1001), ("sweep.a1_1001".into(), "4802".into(), Some(0)));
+    assert_eq!(h(2499), ("sweep.a1_2499".into(), "4803".into(), Some(497)));
+    assert!(hs.iter().all(|h| h.array_task.unwrap() < 1001));
+    // Status of global task 1092 = task 91 of the second chunk (`4802_91`).
+    let now = slurm_now();
+    f.set("squeue.out", "");
+    f.set(
+        "sacct.out",
+        &format!(
+            "4802_91|COMPLETED|0:0|n1|||{now}|sweep.a1.c1\n4802_91.batch|COMPLETED|0:0|||||batch\n4801_91|FAILED|1:0|n1|||{now}|sweep.a1\n4801_91.batch|FAILED|1:0|||||batch\n"
+        ),
+    );
+    let s = e.poll(&[hs[1092].clone(), hs[91].clone()]).await.unwrap();
+    assert_eq!(
+        (&s[0].state, s[0].exit_code),
+        (&JobState::Completed, Some(0)),
+        "{s:?}"
+    );
+    assert_eq!(
+        (&s[1].state, s[1].exit_code),
+        (&JobState::Failed, Some(1)),
+        "{s:?}"
+    );
+    // find() of a task in the third chunk looks for that chunk's job by its name.
+    f.set("sacct.out", "");
+    f.set("squeue.byname", "");
+    f.set("squeue.name.sweep.a1.c2", "4803|RUNNING\n");
+    let found = e
+        .find(&AttemptId::new("sweep.a1_2100").unwrap())
+        .await
+        .unwrap()
+        .expect("found");
+    assert_eq!(
+        (found.job_id.as_str(), found.array_task),
+        ("4803", Some(98))
+    );
+    assert!(
+        f.calls("squeue")
+            .last()
+            .unwrap()
+            .contains("--name=sweep.a1.c2"),
+        "{:?}",
+        f.calls("squeue")
+    );
+    assert!(e.warnings().iter().any(|w| w.contains("MaxArraySize=1001")));
+    // An array within the cap is one submission, unchanged.
+    let one = e
+        .submit_array(&ArraySpec {
+            template: spec("small.a1"),
+            size: 1001,
+            max_concurrent: Some(40),
+        })
+        .await
+        .unwrap();
+    assert_eq!(one.len(), 1001);
+    let script = std::fs::read_to_string(logs.join("small.a1.sbatch")).unwrap();
+    assert!(script.contains("#SBATCH --array=0-1000%40\n"), "{script}");
+}
+
+/// N01: a chunk that Slurm refuses is a configuration error naming the chunk and the ones
+/// already submitted, which are cancelled (half an array is no array).
+#[tokio::test]
+async fn n01_refused_chunk_cancels_the_submitted_ones() {
+    let f = Fake::new();
+    f.set("scontrol.out", "MaxArraySize = 4\n");
+    f.set("sbatch.next", "4901");
+    // The first sbatch (chunk 0) is accepted, every later one refused.
+    f.set("sbatch.failafter", "1");
+    f.set(
+        "sbatch.err",
+        "sbatch: error: Batch job submission failed: Invalid job array specification\n",
+    );
+    let e = f.executor();
+    let err = e
+        .submit_array(&ArraySpec {
+            template: spec("big.a1"),
+            size: 6,
+            max_concurrent: None,
+        })
+        .await
+        .unwrap_err();
+    let msg = err.to_string();
+    assert!(
+        msg.contains("chunk 1 (tasks 4-5) was refused")
+            && msg.contains("Invalid job array specification")
+            && msg.contains("now cancelled: 4901"),
+        "{msg}"
+    );
+    assert!(!err.is_retryable());
+    assert!(
+        f.calls("scancel").iter().any(|c| c == "scancel 4901"),
+        "{:?}",
+        f.calls("scancel")
+    );
 }
 
 #[tokio::test]

@@ -138,6 +138,26 @@ fn error_classes() {
             "sacct: error: Slurm accounting storage is disabled",
             AccountingDisabled,
         ),
+        (
+            "N02 slurmdbd refused",
+            "sacct: error: slurm_persist_conn_open_without_init: failed to open persistent connection to host:dbhost:6819: Connection refused\nsacct: error: Problem talking to the database: Connection refused",
+            AccountingUnavailable,
+        ),
+        (
+            "N02 no route",
+            "sacct: error: Problem talking to the database: No route to host",
+            AccountingUnavailable,
+        ),
+        (
+            "N02 unknown error 1021",
+            "sacct: error: slurmdbd: Unknown error 1021",
+            AccountingUnavailable,
+        ),
+        (
+            "N02 is not a busy slurmctld",
+            "squeue: error: Unable to contact slurm controller (connect failure)",
+            Transient,
+        ),
     ];
     for (case, stderr, want) in table {
         assert_eq!(classify_error(stderr), *want, "{case}: {stderr}");

@@ -66,6 +66,8 @@ fn directives_for_every_option() {
         Some(ArrayOpts {
             size: 8,
             max_concurrent: Some(2),
+            chunk: 0,
+            offset: 0,
         }),
     )
     .unwrap();

@@ -82,6 +82,7 @@ mod handle;
 mod inprocess;
 pub mod local;
 pub mod mock;
+pub mod oom;
 #[cfg(feature = "slurm")]
 pub mod slurm;
 mod spec;

@@ -37,7 +37,7 @@ pub fn write_shims(dir: &Path, fail_pct: u32) -> PathBuf {
     let bin = dir.join("bin");
     std::fs::create_dir_all(&bin).unwrap();
     let log = dir.join("calls.log");
-    for cmd in ["sbatch", "squeue", "sacct", "scancel"] {
+    for cmd in ["sbatch", "squeue", "sacct", "scancel", "scontrol"] {
         let real = String::from_utf8(
             std::process::Command::new("sh")
                 .args(["-c", &format!("command -v {cmd}")])

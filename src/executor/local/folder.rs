@@ -36,6 +36,10 @@ pub(crate) const JOB_FILE: &str = "job";
 pub(crate) const CANCEL_FILE: &str = "cancel";
 pub(crate) const EXIT_FILE: &str = "exit";
 pub(crate) const LOG_FILE: &str = "output.log";
+/// The job's memory-cgroup counter file and its counters when the job started (N09).
+pub(crate) const OOM_BEFORE_FILE: &str = "oom.before";
+/// The same counters read once after the job ended (kept, so the verdict never changes).
+pub(crate) const OOM_AFTER_FILE: &str = "oom.after";
 
 /// What `attempt.json` holds.
 #[derive(Debug, Clone, Serialize, Deserialize)]

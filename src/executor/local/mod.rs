@@ -44,7 +44,7 @@ use async_trait::async_trait;
 
 use super::{
     ATTEMPT_ID_ENV, AttemptId, AttemptSpec, Executor, ExecutorError, JobHandle, JobState,
-    JobStatus, TaskLauncher, check_kind, now_ms,
+    JobStatus, TaskLauncher, check_kind, now_ms, oom,
 };
 use folder::{AttemptRecord, ExitKind, ExitRecord};
 use wrapper::{Launch, Prepared};
@@ -420,6 +420,17 @@ impl Inner {
             spec.walltime,
             self.kill_grace,
         )?;
+        // N09: the job inherits this process's memory cgroup; its OOM counters now are the
+        // baseline that tells an OOM kill from any other SIGKILL.
+        let oom_before = match oom::own_counter_file() {
+            Some(p) => format!(
+                "file={}\n{}",
+                p.display(),
+                std::fs::read_to_string(&p).unwrap_or_default()
+            ),
+            None => "unknown\n".to_string(),
+        };
+        folder::write_replace(&dir, folder::OOM_BEFORE_FILE, oom_before.as_bytes())?;
         let launch = wrapper::launch(&prepared, &log)?;
         let wrapper_pid = match launch {
             Launch::Started {
@@ -510,10 +521,9 @@ impl Inner {
         if let Some(exit) = folder::read_exit(&dir)? {
             let cancel_ms = folder::read_opt(&dir.join(folder::CANCEL_FILE))?
                 .and_then(|s| s.trim().parse::<u64>().ok());
-            return Ok(FolderView::Status(status_from_exit(
-                status(JobState::Completed),
-                &exit,
-                cancel_ms,
+            return Ok(FolderView::Status(with_oom_evidence(
+                &dir,
+                status_from_exit(status(JobState::Completed), &exit, cancel_ms),
             )));
         }
         if let Some((pid, ticks)) = folder::read_pid_file(&dir.join(folder::WRAPPER_FILE))? {
@@ -534,10 +544,9 @@ impl Inner {
             }
             // The record may have landed between our two reads.
             if let Some(exit) = folder::read_exit(&dir)? {
-                return Ok(FolderView::Status(status_from_exit(
-                    status(JobState::Completed),
-                    &exit,
-                    None,
+                return Ok(FolderView::Status(with_oom_evidence(
+                    &dir,
+                    status_from_exit(status(JobState::Completed), &exit, None),
                 )));
             }
             return Ok(FolderView::Status(status(JobState::Lost).with_reason(
@@ -685,6 +694,64 @@ fn status_from_exit(base: JobStatus, exit: &ExitRecord, cancel_ms: Option<u64>) 
                 JobState::Killed { signal: sig }
             };
             s.nodes = Some("localhost".into());
+        }
+    }
+    s
+}
+
+/// A job killed by SIGKILL (not by our walltime or a cancel) is an OOM kill only if the
+/// `oom_kill` counter of its memory cgroup rose while it ran (N09); where no counter can be
+/// read, the reason says "OOM unknown". The counters after the end are read once and kept in
+/// the attempt folder, so a later OOM elsewhere in a shared cgroup never changes the verdict.
+///
+/// The cgroup is the one the controller ran in when it launched the job: the job's own when
+/// the controller runs in a per-job cgroup (a container, `systemd-run --scope`), otherwise one
+/// it shares with the controller's other jobs, where an OOM kill of a sibling that died in the
+/// same window is attributed to both (a retry with more memory, never a wrong success).
+fn with_oom_evidence(dir: &Path, mut s: JobStatus) -> JobStatus {
+    if s.state
+        != (JobState::Killed {
+            signal: libc::SIGKILL,
+        })
+    {
+        return s;
+    }
+    let before = std::fs::read_to_string(dir.join(folder::OOM_BEFORE_FILE)).unwrap_or_default();
+    let file = before
+        .lines()
+        .next()
+        .and_then(|l| l.strip_prefix("file="))
+        .map(PathBuf::from);
+    let after = match std::fs::read_to_string(dir.join(folder::OOM_AFTER_FILE)) {
+        Ok(t) => t,
+        Err(_) => {
+            let t = file
+                .as_deref()
+                .and_then(|f| std::fs::read_to_string(f).ok())
+                .unwrap_or_default();
+            // Best effort: without the record the verdict is recomputed next time.
+            let _ = folder::write_atomic(dir, folder::OOM_AFTER_FILE, t.as_bytes());
+            t
+        }
+    };
+    let shown = file
+        .as_deref()
+        .map_or_else(|| "none".into(), |f| f.display().to_string());
+    match oom::oom_verdict(
+        &oom::parse_memory_events(&before),
+        &oom::parse_memory_events(&after),
+    ) {
+        oom::OomEvidence::OomKilled { before, after } => {
+            s.state = JobState::OutOfMemory;
+            s.reason = Some(format!(
+                "killed by the OOM killer: oom_kill of {shown} went from {before} to {after} while it ran"
+            ));
+        }
+        oom::OomEvidence::NotOom => {}
+        oom::OomEvidence::Unknown => {
+            s.reason = Some(format!(
+                "killed by signal 9; OOM unknown (no cgroup oom_kill counter: {shown})"
+            ));
         }
     }
     s

@@ -218,7 +218,14 @@ impl Runner {
         loop {
             tries += 1;
             let out = self.run_once(name, args).await?;
-            if out.ok() || out.class() != ErrorClass::Transient {
+            // An unreachable slurmdbd is retried like a busy controller, except by sacct,
+            // whose caller goes on from squeue alone (N02) instead of waiting here.
+            let retry = match out.class() {
+                ErrorClass::Transient => true,
+                ErrorClass::AccountingUnavailable => name != "sacct",
+                _ => false,
+            };
+            if out.ok() || !retry {
                 return Ok(out);
             }
             if tries >= self.retry.max_tries {

@@ -74,9 +74,18 @@ pub struct SlurmExecutorBuilder {
     retry: RetryPolicy,
     command_timeout: Duration,
     cancel_timeout: Duration,
+    max_array_size: Option<u32>,
 }
 
 impl SlurmExecutorBuilder {
+    /// The cluster's `MaxArraySize` (array indices stay below it; larger arrays are split into
+    /// chunks, N01). Default: read once from `scontrol show config`, or Slurm's default 1001
+    /// when the line is absent. Set it only to a value at most the cluster's.
+    pub fn max_array_size(mut self, n: u32) -> Self {
+        self.max_array_size = Some(n.max(1));
+        self
+    }
+
     /// Where Slurm binaries are (default: found in `PATH`).
     pub fn bin_dir(mut self, dir: impl Into<PathBuf>) -> Self {
         self.bin_dir = Some(dir.into());
@@ -148,6 +157,10 @@ impl SlurmExecutorBuilder {
                 state: tokio::sync::Mutex::new(PollState::new(self.poll.min_interval)),
                 warnings: std::sync::Mutex::new(Vec::new()),
                 slurm_user: std::sync::OnceLock::new(),
+                max_array_size: match self.max_array_size {
+                    Some(n) => std::sync::OnceLock::from(n),
+                    None => std::sync::OnceLock::new(),
+                },
             }),
         })
     }
@@ -179,6 +192,8 @@ pub(crate) struct Inner {
     warnings: std::sync::Mutex<Vec<String>>,
     /// `SlurmUser`'s uid, once asked.
     slurm_user: std::sync::OnceLock<Option<u32>>,
+    /// `MaxArraySize`, once asked (or set by the builder).
+    max_array_size: std::sync::OnceLock<u32>,
 }
 
 impl SlurmExecutor {
@@ -192,6 +207,7 @@ impl SlurmExecutor {
             retry: RetryPolicy::default(),
             command_timeout: Duration::from_secs(60),
             cancel_timeout: Duration::from_secs(60),
+            max_array_size: None,
         }
     }
 
@@ -216,6 +232,26 @@ impl SlurmExecutor {
 }
 
 impl Inner {
+    /// `MaxArraySize` from `scontrol show config`, asked once (N01); Slurm's default 1001
+    /// when the line is absent. A failed `scontrol` is an error, never a guess: submit and
+    /// `find` must split an array the same way.
+    async fn max_array_size(&self) -> Result<u32, ExecutorError> {
+        if let Some(n) = self.max_array_size.get() {
+            return Ok(*n);
+        }
+        let args = vec!["show".to_string(), "config".into()];
+        let out = self.runner.run_retrying("scontrol", &args).await?;
+        if !out.ok() {
+            return Err(ExecutorError::SchedulerUnavailable {
+                command: "scontrol show config".into(),
+                tries: 1,
+                message: out.message(),
+            });
+        }
+        let n = parse::parse_max_array_size(&out.stdout)?.unwrap_or(parse::DEFAULT_MAX_ARRAY_SIZE);
+        Ok(*self.max_array_size.get_or_init(|| n))
+    }
+
     fn warn(&self, w: String) {
         let mut v = self.warnings.lock().unwrap_or_else(|p| p.into_inner());
         if v.len() < 1000 {
@@ -262,7 +298,7 @@ impl Inner {
                         message: out.message(),
                     });
                 }
-                ErrorClass::Transient => {
+                ErrorClass::Transient | ErrorClass::AccountingUnavailable => {
                     last = out.message();
                     // The job may exist although sbatch failed (C04): look before retrying.
                     match self.lookup(id, submitted_at).await {
@@ -461,21 +497,68 @@ impl Executor for SlurmExecutor {
         let inner = &self.inner;
         let spec = &array.template;
         let template = inner.log_template(spec, true);
-        let script = script::render(
-            spec,
-            &template,
-            Some(script::ArrayOpts {
-                size: array.size,
-                max_concurrent: array.max_concurrent,
-            }),
-        )?;
-        let (r, at) = inner.sbatch(spec, &script).await?;
-        let handles = (0..array.size)
-            .map(|i| {
-                let tid = spec.attempt_id.array_task(i)?;
-                Ok(inner.make_handle(&tid, &r, Some(i), at, &template))
-            })
-            .collect::<Result<Vec<_>, ExecutorError>>()?;
+        let cap = inner.max_array_size().await?;
+        let chunks = parse::array_chunks(array.size, array.max_concurrent, cap);
+        if chunks.len() > 1 {
+            inner.warn(format!(
+                "array {} of {} tasks is above MaxArraySize={cap}: submitted as {} chunks (throttle {:?} each)",
+                spec.attempt_id,
+                array.size,
+                chunks.len(),
+                chunks[0].2
+            ));
+        }
+        let mut handles = Vec::with_capacity(array.size as usize);
+        let mut submitted: Vec<String> = Vec::new();
+        for (c, &(offset, len, throttle)) in chunks.iter().enumerate() {
+            let c = c as u32;
+            let name = script::chunk_job_name(&spec.attempt_id, c)?;
+            let script = script::render(
+                spec,
+                &template,
+                Some(script::ArrayOpts {
+                    size: len,
+                    max_concurrent: throttle,
+                    chunk: c,
+                    offset,
+                }),
+            )?;
+            // The chunk's job is found by its own name if sbatch's answer is lost.
+            let mut chunk_spec = spec.clone();
+            chunk_spec.attempt_id = name.clone();
+            let (r, at) = match inner.sbatch(&chunk_spec, &script).await {
+                Ok(x) => x,
+                Err(e) if c > 0 => {
+                    // Half an array is no array: cancel the chunks already in, say which.
+                    for j in &submitted {
+                        let _ = inner
+                            .runner
+                            .run_once("scancel", std::slice::from_ref(j))
+                            .await;
+                    }
+                    return Err(ExecutorError::InvalidSpec {
+                        attempt_id: Some(spec.attempt_id.clone()),
+                        field: "array.size".into(),
+                        value: array.size.to_string(),
+                        expected: format!(
+                            "chunks that Slurm accepts (MaxArraySize={cap}); chunk {c} (tasks {offset}-{}) was refused: {e}; chunks already submitted, now cancelled: {}",
+                            offset + len - 1,
+                            submitted.join(", ")
+                        ),
+                    });
+                }
+                Err(e) => return Err(e),
+            };
+            submitted.push(r.id.to_string());
+            for i in 0..len {
+                let tid = spec.attempt_id.array_task(offset + i)?;
+                let mut h = inner.make_handle(&tid, &r, Some(i), at, &template);
+                if c > 0 {
+                    h = h.with_data("job_name", name.as_str());
+                }
+                handles.push(h);
+            }
+        }
         let keys = handles.iter().map(job_key).collect::<Result<Vec<_>, _>>()?;
         inner
             .state
@@ -510,20 +593,22 @@ impl Executor for SlurmExecutor {
                 inner.make_handle(attempt_id, &r, None, since, &template),
             ));
         }
-        if let Some((base, task)) = attempt_id.split_array_task()
-            && let Some(r) = inner.lookup(&base, since).await?
-        {
-            let template = inner.log_template(
-                &AttemptSpec::new(base.clone(), super::CommandSpec::new("true")),
-                true,
-            );
-            return Ok(Some(inner.make_handle(
-                attempt_id,
-                &r,
-                Some(task),
-                since,
-                &template,
-            )));
+        if let Some((base, task)) = attempt_id.split_array_task() {
+            // The chunk the task was submitted in (N01), split as submit does.
+            let cap = inner.max_array_size().await?;
+            let (chunk, local) = (task / cap, task % cap);
+            let name = script::chunk_job_name(&base, chunk)?;
+            if let Some(r) = inner.lookup(&name, since).await? {
+                let template = inner.log_template(
+                    &AttemptSpec::new(base.clone(), super::CommandSpec::new("true")),
+                    true,
+                );
+                let mut h = inner.make_handle(attempt_id, &r, Some(local), since, &template);
+                if chunk > 0 {
+                    h = h.with_data("job_name", name.as_str());
+                }
+                return Ok(Some(h));
+            }
         }
         Ok(None)
     }

@@ -142,6 +142,12 @@ pub enum ErrorClass {
     InvalidJobId,
     /// Accounting is off: `sacct` cannot work on this cluster.
     AccountingDisabled,
+    /// Accounting is on but slurmdbd cannot be reached (N02: `Problem talking to the
+    /// database`, `slurm_persist_conn_open…: Connection refused`, `slurmdbd: Unknown error
+    /// 1021`): transient, and distinct from an overloaded slurmctld (squeue still works) and
+    /// from accounting disabled (it will come back). Jobs that left squeue wait as "finished,
+    /// accounting pending"; they are never failed, lost or resubmitted because of it.
+    AccountingUnavailable,
     /// Anything else: retrying will not help (unknown text is fatal by policy, C05).
     Fatal,
 }
@@ -158,7 +164,6 @@ pub fn classify_error(stderr: &str) -> ErrorClass {
         "transport endpoint is not connected",
         "zero bytes were transmitted",
         "resource temporarily unavailable",
-        "slurm_persist_conn_open",
         "controller is not responding",
         "communication connection failure",
         "slurmctld is busy",
@@ -169,11 +174,21 @@ pub fn classify_error(stderr: &str) -> ErrorClass {
         "assocmaxsubmitjoblimit",
         "maxsubmitjobs",
     ];
+    // slurmdbd (not slurmctld) is the one that does not answer.
+    const ACCOUNTING_DOWN: &[&str] = &[
+        "problem talking to the database",
+        "slurm_persist_conn_open",
+        "persistent connection to host",
+        "slurmdbd: unknown error",
+        "unknown error 1021",
+    ];
     let s = stderr.to_ascii_lowercase();
     if s.contains("invalid job id") {
         ErrorClass::InvalidJobId
     } else if s.contains("accounting storage is disabled") {
         ErrorClass::AccountingDisabled
+    } else if ACCOUNTING_DOWN.iter().any(|p| s.contains(p)) {
+        ErrorClass::AccountingUnavailable
     } else if THROTTLE.iter().any(|p| s.contains(p)) {
         ErrorClass::Throttle
     } else if TRANSIENT.iter().any(|p| s.contains(p)) || s.contains("slurm_load_jobs error") {
@@ -770,6 +785,57 @@ pub fn parse_slurm_user(stdout: &str) -> Result<Option<u32>, ExecutorError> {
         };
     }
     Ok(None)
+}
+
+/// Slurm's default `MaxArraySize` (slurm.conf(5)): array indices run `0..=1000`.
+pub const DEFAULT_MAX_ARRAY_SIZE: u32 = 1001;
+
+/// `MaxArraySize` from `scontrol show config` output (`MaxArraySize = 1001`); `None` when the
+/// line is absent. Indices of an array must be below it (slurm.conf(5), "MaxArraySize").
+///
+/// # Errors
+/// [`ExecutorError::Parse`] naming the line when it is present but not a positive integer.
+pub fn parse_max_array_size(stdout: &str) -> Result<Option<u32>, ExecutorError> {
+    for (n, line) in stdout.lines().enumerate() {
+        let Some((key, value)) = line.split_once('=') else {
+            continue;
+        };
+        if key.trim() != "MaxArraySize" {
+            continue;
+        }
+        return match value.trim().parse::<u32>() {
+            Ok(v) if v >= 1 => Ok(Some(v)),
+            _ => Err(parse_error(
+                "scontrol show config",
+                format!("line {}: expected `MaxArraySize = N` with N >= 1", n + 1),
+                line,
+            )),
+        };
+    }
+    Ok(None)
+}
+
+/// How an array of `size` tasks is submitted when indices must stay below `max_array_size`
+/// (N01): chunks of at most `max_array_size` tasks, each a Slurm array `0-(len-1)` whose task
+/// `i` is the array's task `offset + i`, with the `%N` throttle split between the chunks so
+/// that at most `max(max_concurrent, chunks)` tasks run at once overall.
+///
+/// Returns `(offset, len, throttle)` per chunk, in index order.
+pub fn array_chunks(
+    size: u32,
+    max_concurrent: Option<u32>,
+    max_array_size: u32,
+) -> Vec<(u32, u32, Option<u32>)> {
+    let cap = max_array_size.max(1);
+    let n = size.div_ceil(cap).max(1);
+    // Each chunk gets its share of the throttle (at least 1, or it would never run).
+    let throttle = max_concurrent.map(|m| if n == 1 { m } else { (m / n).max(1) });
+    (0..n)
+        .map(|c| {
+            let offset = c * cap;
+            (offset, (size - offset).min(cap), throttle)
+        })
+        .collect()
 }
 
 /// The combined state of a heterogeneous job from its components' states (C12): failed if any

@@ -51,7 +51,26 @@ pub(crate) struct PollState {
     accounting: bool,
     /// sacct rows already reported as not ours (each is logged once).
     ignored_rows: std::collections::HashSet<String>,
+    /// slurmdbd does not answer (N02): since when, the last error, and when sacct is asked
+    /// again. `None` while accounting answers.
+    acct_down: Option<AccountingDown>,
 }
+
+/// An outage of slurmdbd as the poll sees it (N02).
+#[derive(Debug, Clone)]
+struct AccountingDown {
+    since: Instant,
+    retry_at: Instant,
+    backoff: Duration,
+    last_error: String,
+}
+
+/// First wait before sacct is asked again after slurmdbd failed to answer; doubles up to
+/// [`ACCT_BACKOFF_MAX`].
+const ACCT_BACKOFF_MIN: Duration = Duration::from_secs(5);
+/// The longest wait between two sacct calls while slurmdbd is down (N02: "backs off to ≤ ~5
+/// min").
+const ACCT_BACKOFF_MAX: Duration = Duration::from_secs(300);
 
 impl PollState {
     pub fn new(min_interval: Duration) -> Self {
@@ -61,6 +80,7 @@ impl PollState {
             interval: min_interval,
             accounting: true,
             ignored_rows: Default::default(),
+            acct_down: None,
         }
     }
 
@@ -109,9 +129,30 @@ const SACCT_MARGIN_MS: u64 = 3600 * 1000;
 /// skew between this machine and slurmctld) before a row counts as someone else's.
 const SUBMIT_SKEW_MS: u64 = 120 * 1000;
 
+/// The status of a job that left squeue (or is terminal there) while slurmdbd is down: its
+/// last known state, with a reason that says why it is not settled yet.
+fn accounting_pending(
+    prev: &JobStatus,
+    d: &AccountingDown,
+    squeue: Option<&JobState>,
+) -> JobStatus {
+    let mut s = prev.clone();
+    let seen = squeue.map_or_else(|| "left squeue".to_string(), |st| format!("{st} in squeue"));
+    s.reason = Some(format!(
+        "finished ({seen}), accounting pending: slurmdbd unreachable for {:.0} s ({})",
+        d.since.elapsed().as_secs_f64(),
+        d.last_error.trim()
+    ));
+    s
+}
+
 /// The job name our script gives an attempt's job (`--job-name`): the attempt id, or for an
 /// array task the array's (template's) id.
 fn expected_job_name(h: &JobHandle) -> String {
+    // A chunk of a split array (N01) has its own name.
+    if let Some(n) = h.data.get("job_name") {
+        return n.clone();
+    }
     match (h.array_task, h.attempt_id.split_array_task()) {
         (Some(_), Some((base, _))) => base.as_str().to_string(),
         _ => h.attempt_id.as_str().to_string(),
@@ -296,7 +337,11 @@ impl Inner {
                 .collect();
             // --- sacct, at most once ---
             let mut acct: HashMap<JobKey, SacctRecord> = HashMap::new();
-            if !need_sacct.is_empty() && st.accounting {
+            let acct_due = st
+                .acct_down
+                .as_ref()
+                .is_none_or(|d| Instant::now() >= d.retry_at);
+            if !need_sacct.is_empty() && st.accounting && acct_due {
                 let ids: BTreeSet<u64> = need_sacct.iter().map(|k| k.id).collect();
                 let since = jobs
                     .iter()
@@ -346,8 +391,38 @@ impl Inner {
                     for rec in recs {
                         acct.insert(JobKey::from_ref(&cluster, &rec.job), rec);
                     }
+                    if let Some(d) = st.acct_down.take() {
+                        self.warn(format!(
+                            "slurmdbd answers again after {:.0} s: finished jobs are settled from sacct",
+                            d.since.elapsed().as_secs_f64()
+                        ));
+                    }
                 } else if out.class() == ErrorClass::AccountingDisabled {
                     st.accounting = false;
+                } else if out.class() == ErrorClass::AccountingUnavailable {
+                    let now = Instant::now();
+                    let msg = out.message();
+                    match &mut st.acct_down {
+                        Some(d) => {
+                            d.backoff = (d.backoff * 2).min(ACCT_BACKOFF_MAX);
+                            d.retry_at = now + d.backoff;
+                            d.last_error = msg;
+                        }
+                        None => {
+                            // Warned once per outage; the live view shows it as a poll error.
+                            self.warn(format!(
+                                "slurmdbd unreachable (sacct: {msg}): polling goes on from squeue; jobs that left squeue wait as \"finished, accounting pending\" and are never resubmitted for it"
+                            ));
+                            // Never slower than the poll itself would ask.
+                            let first = ACCT_BACKOFF_MIN.min(self.poll_policy.max_interval);
+                            st.acct_down = Some(AccountingDown {
+                                since: now,
+                                retry_at: now + first,
+                                backoff: first,
+                                last_error: msg,
+                            });
+                        }
+                    }
                 } else {
                     return Err(ExecutorError::CommandFailed {
                         command: "sacct -j".into(),
@@ -358,6 +433,7 @@ impl Inner {
             }
             // --- merge ---
             let now = Instant::now();
+            let acct_down = st.acct_down.clone();
             for (k, i) in &jobs {
                 let h = &handles[*i];
                 let Some(prev) = st.cache.get(k).cloned() else {
@@ -387,13 +463,22 @@ impl Inner {
                     }
                     (Some(r), None) => {
                         // Terminal in squeue, no accounting record (yet).
-                        if st.accounting {
+                        if let Some(d) = &acct_down {
+                            Some((accounting_pending(&prev.status, d, Some(&r.state)), false))
+                        } else if st.accounting {
                             None // wait for sacct to have it (keeps exit code exact)
                         } else {
                             let s = JobStatus::new(h.attempt_id.clone(), r.state.clone())
                                 .with_reason("from squeue; accounting disabled, exit code unknown");
                             Some((s, true))
                         }
+                    }
+                    (None, None) if st.accounting && acct_down.is_some() => {
+                        // Gone from squeue while slurmdbd is down: finished, but how is not
+                        // known yet. Never Lost for it (N02).
+                        acct_down
+                            .as_ref()
+                            .map(|d| (accounting_pending(&prev.status, d, None), false))
                     }
                     (None, None) => {
                         let age_ms = now_ms().saturating_sub(h.submitted_at_ms);
@@ -440,7 +525,9 @@ impl Inner {
                             state: status.state.clone(),
                             status,
                             final_: fin,
-                            last_seen: if row.is_some() || rec.is_some() {
+                            // While slurmdbd is down the job counts as seen: the grace before
+                            // Lost runs from when accounting could answer again.
+                            last_seen: if row.is_some() || rec.is_some() || acct_down.is_some() {
                                 now
                             } else {
                                 prev.last_seen
@@ -493,6 +580,15 @@ impl Inner {
         }
         if out.class() == ErrorClass::AccountingDisabled {
             return Ok(None);
+        }
+        if out.class() == ErrorClass::AccountingUnavailable {
+            // Not in squeue and slurmdbd cannot say whether it ever ran: "not found" would
+            // let the caller submit a second job. Retryable, so the caller asks again later.
+            return Err(ExecutorError::SchedulerUnavailable {
+                command: "sacct --name".into(),
+                tries: 1,
+                message: format!("slurmdbd unreachable: {}", out.message()),
+            });
         }
         Err(ExecutorError::CommandFailed {
             command: "sacct --name".into(),

@@ -6,7 +6,8 @@
 //! (`'...'`, with `'` written as `'\''`). Nothing from the spec is ever interpreted by a shell.
 
 use crate::executor::{
-    ARRAY_INDEX_ENV, ATTEMPT_ID_ENV, AttemptSpec, ExecutorError, GpuRequest, TaskLauncher,
+    ARRAY_INDEX_ENV, ATTEMPT_ID_ENV, AttemptId, AttemptSpec, ExecutorError, GpuRequest,
+    TaskLauncher,
 };
 
 /// Quotes `s` as one bash word.
@@ -88,6 +89,30 @@ pub struct ArrayOpts {
     pub size: u32,
     /// `%N` limit.
     pub max_concurrent: Option<u32>,
+    /// This submission is chunk `chunk` of a larger array (N01): its task `i` is the array's
+    /// task `offset + i`. Chunk 0 (offset 0) is named like the attempt; chunk `c > 0` is
+    /// named `<attempt id>.c<c>` so that each chunk's job can be found by name.
+    pub chunk: u32,
+    /// Index of this chunk's first task in the whole array.
+    pub offset: u32,
+}
+
+/// The job name of chunk `chunk` of the array `base` (see [`ArrayOpts::chunk`]).
+///
+/// # Errors
+/// [`ExecutorError::InvalidSpec`] when the name would be longer than an attempt id may be.
+pub fn chunk_job_name(base: &AttemptId, chunk: u32) -> Result<AttemptId, ExecutorError> {
+    if chunk == 0 {
+        return Ok(base.clone());
+    }
+    AttemptId::new(format!("{base}.c{chunk}")).map_err(|_| ExecutorError::InvalidSpec {
+        attempt_id: Some(base.clone()),
+        field: "attempt_id".into(),
+        value: base.to_string(),
+        expected: format!(
+            "an id short enough to name array chunk {chunk} as `<id>.c{chunk}` (64 characters at most)"
+        ),
+    })
 }
 
 /// Renders the batch script of `spec` writing its output to `log_template` (a Slurm filename
@@ -117,7 +142,11 @@ pub fn render(
         Ok(())
     };
     // The job name is the attempt id, which is already [A-Za-z0-9._-]{1,64} (C06).
-    opt("job-name", "attempt_id", id.as_str())?;
+    let name = match array {
+        Some(a) => chunk_job_name(id, a.chunk)?,
+        None => id.clone(),
+    };
+    opt("job-name", "attempt_id", name.as_str())?;
     opt("output", "log_path", log_template)?;
     opt("open-mode", "open_mode", "append")?;
     let topo = &spec.topology;
@@ -199,10 +228,15 @@ pub fn render(
         "export {ATTEMPT_ID_ENV}={}\n",
         shell_quote(id.as_str())
     ));
-    if array.is_some() {
-        body.push_str(&format!(
+    match array {
+        Some(a) if a.offset > 0 => body.push_str(&format!(
+            "export {ARRAY_INDEX_ENV}=\"$((SLURM_ARRAY_TASK_ID + {}))\"\n",
+            a.offset
+        )),
+        Some(_) => body.push_str(&format!(
             "export {ARRAY_INDEX_ENV}=\"$SLURM_ARRAY_TASK_ID\"\n"
-        ));
+        )),
+        None => {}
     }
     for (k, v) in &spec.command.env {
         let ok = k
