@@ -176,8 +176,7 @@ fn enqueue_plan(c: &mut Criterion) {
     });
     // Sequences in the params: the determinism check proves each sequence path once (20 round
     // trips on the first run), then only parses each run's JSON to find its paths.
-    let job_seq: Job<ParamsSeq> =
-        Job::new("bench::train", "bench", dir.path(), "src/lib.rs", noop_seq);
+    let job_seq: Job<ParamsSeq> = job!(noop_seq);
     g.bench_function("memory_vec_params", |b| {
         b.iter_batched(
             || {

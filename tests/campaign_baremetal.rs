@@ -5,7 +5,7 @@
 //!   its time span; overlapping attempts on one host never share a GPU);
 //! - a real Puzzletron fixture (qwen3p5_0p8b `mip_smoke`) with a stub worker in the runner's
 //!   venv runs to completion across the hosts;
-//! - `kill -9` of the controller at random moments (`PUZZLETRON_BM_CRASH_TRIALS`, default 12):
+//! - `kill -9` of the controller at random moments (`PUZZLETRON_BM_CRASH_TRIALS`, default 30):
 //!   no attempt started twice, no lost result, results identical;
 //! - one host's sshd stopped mid-run and started again: the campaign completes; a host stopped
 //!   for good (sshd and its tasks killed): its tasks fail as NODE_FAIL after `--lost-after`
@@ -181,7 +181,7 @@ fn kill_9_of_the_controller_at_random_moments() {
     let trials: usize = std::env::var("PUZZLETRON_BM_CRASH_TRIALS")
         .ok()
         .and_then(|v| v.parse().ok())
-        .unwrap_or(12);
+        .unwrap_or(30);
     let _w = watchdog::Watchdog::start("bm_kill_9", Duration::from_secs(300 + 30 * trials as u64));
     let seed = std::env::var("PUZZLETRON_CRASH_SEED")
         .ok()
