@@ -1,6 +1,8 @@
 //! The compile time `job!` adds: a generated 50k-line crate with 10 jobs, built by cargo with
 //! `job!` (compile-time closure analysis) and with `Job::new` (no analysis), each after touching
-//! its `main.rs`, in the same run; reports the medians and their difference (target < 2 s).
+//! its `main.rs`, in the same run; reports the medians and their difference (target < 2 s),
+//! twice: with the default dev profile, where proc macros are compiled unoptimised, and with
+//! `[profile.dev.build-override] opt-level = 3`, the setting the README recommends.
 //!
 //! Not criterion (one sample is a whole rustc run of several seconds): `cargo bench --bench
 //! identity_macro` prints the figures. `PUZZLETRON_MACRO_BENCH_SAMPLES` (default 3) sets the
@@ -15,15 +17,29 @@ const MODULES: usize = 50;
 const FNS: usize = 100;
 const JOBS: usize = 10;
 
-fn generate(dir: &Path, with_macro: bool) {
+/// Writes the generated crate into `dir`. Each variant has its own package name, so that
+/// building one does not overwrite the other's artifacts in the shared target folder.
+/// `optimized_macros` adds `[profile.dev.build-override] opt-level = 3` (the README's advice:
+/// proc macros and build scripts compiled optimised).
+fn generate(dir: &Path, with_macro: bool, optimized_macros: bool) {
     let src = dir.join("src");
     std::fs::create_dir_all(&src).unwrap();
+    let name = format!(
+        "gen_{}_{}",
+        if with_macro { "with" } else { "without" },
+        if optimized_macros { "opt" } else { "dev" }
+    );
+    let profile = if optimized_macros {
+        "\n[profile.dev.build-override]\nopt-level = 3\n"
+    } else {
+        ""
+    };
     std::fs::write(
         dir.join("Cargo.toml"),
         format!(
-            "[package]\nname = \"gen\"\nversion = \"0.1.0\"\nedition = \"2024\"\n\n[dependencies]\n\
+            "[package]\nname = \"{name}\"\nversion = \"0.1.0\"\nedition = \"2024\"\n\n[dependencies]\n\
              puzzletron = {{ path = \"{}\", default-features = false }}\n\
-             serde = {{ version = \"1\", features = [\"derive\"] }}\n\n[workspace]\n",
+             serde = {{ version = \"1\", features = [\"derive\"] }}\n\n[workspace]\n{profile}",
             env!("CARGO_MANIFEST_DIR")
         ),
     )
@@ -105,41 +121,50 @@ fn main() {
         .unwrap_or(3);
     let base = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("identity-macro-bench");
     let target = base.join("target");
-    let with = base.join("with_macro");
-    let without = base.join("without_macro");
-    generate(&with, true);
-    generate(&without, false);
-    for d in [&with, &without] {
-        std::fs::copy(
-            concat!(env!("CARGO_MANIFEST_DIR"), "/Cargo.lock"),
-            d.join("Cargo.lock"),
-        )
-        .unwrap();
+    for optimized in [false, true] {
+        let tag = if optimized { "opt" } else { "dev" };
+        let with = base.join(format!("with_macro_{tag}"));
+        let without = base.join(format!("without_macro_{tag}"));
+        generate(&with, true, optimized);
+        generate(&without, false, optimized);
+        for d in [&with, &without] {
+            std::fs::copy(
+                concat!(env!("CARGO_MANIFEST_DIR"), "/Cargo.lock"),
+                d.join("Cargo.lock"),
+            )
+            .unwrap();
+        }
+        let lines: usize = std::fs::read_dir(with.join("src"))
+            .unwrap()
+            .map(|e| {
+                std::fs::read_to_string(e.unwrap().path())
+                    .unwrap()
+                    .lines()
+                    .count()
+            })
+            .sum();
+        // Warm-up: dependencies, and each variant once.
+        build(&without, &target);
+        build(&with, &target);
+        let mut a = Vec::new();
+        let mut b = Vec::new();
+        for _ in 0..samples {
+            a.push(build(&without, &target));
+            b.push(build(&with, &target));
+        }
+        let (a, b) = (median(a), median(b));
+        let how = if optimized {
+            "proc macros built with opt-level 3 (build-override)"
+        } else {
+            "default dev profile (proc macros unoptimised)"
+        };
+        println!(
+            "identity_macro [{how}]: generated crate {lines} lines, {JOBS} jobs; build with \
+             Job::new {:.2} s, with job! {:.2} s, added by job! {:.2} s (median of {samples}; \
+             target < 2 s)",
+            a.as_secs_f64(),
+            b.as_secs_f64(),
+            b.as_secs_f64() - a.as_secs_f64()
+        );
     }
-    let lines: usize = std::fs::read_dir(with.join("src"))
-        .unwrap()
-        .map(|e| {
-            std::fs::read_to_string(e.unwrap().path())
-                .unwrap()
-                .lines()
-                .count()
-        })
-        .sum();
-    // Warm-up: dependencies, and each variant once.
-    build(&without, &target);
-    build(&with, &target);
-    let mut a = Vec::new();
-    let mut b = Vec::new();
-    for _ in 0..samples {
-        a.push(build(&without, &target));
-        b.push(build(&with, &target));
-    }
-    let (a, b) = (median(a), median(b));
-    println!(
-        "identity_macro: generated crate {lines} lines, {JOBS} jobs; build with Job::new {:.2} s, \
-         with job! {:.2} s, added by job! {:.2} s (median of {samples}; target < 2 s)",
-        a.as_secs_f64(),
-        b.as_secs_f64(),
-        b.as_secs_f64() - a.as_secs_f64()
-    );
 }
