@@ -17,7 +17,9 @@ const MODULES: usize = 50;
 const FNS: usize = 100;
 const JOBS: usize = 10;
 
-/// Writes the generated crate into `dir`. Each variant has its own package name, so that
+/// Writes the generated crate into `dir`. It depends on puzzletron as a user does, by version
+/// (a registry crate, which `job!` does not analyse: Cargo.lock witnesses it); a
+/// `[patch.crates-io]` points that version at this checkout, so no network is needed. Each variant has its own package name, so that
 /// building one does not overwrite the other's artifacts in the shared target folder.
 /// `optimized_macros` adds `[profile.dev.build-override] opt-level = 3` (the README's advice:
 /// proc macros and build scripts compiled optimised).
@@ -38,8 +40,10 @@ fn generate(dir: &Path, with_macro: bool, optimized_macros: bool) {
         dir.join("Cargo.toml"),
         format!(
             "[package]\nname = \"{name}\"\nversion = \"0.1.0\"\nedition = \"2024\"\n\n[dependencies]\n\
-             puzzletron = {{ path = \"{}\", default-features = false }}\n\
-             serde = {{ version = \"1\", features = [\"derive\"] }}\n\n[workspace]\n{profile}",
+             puzzletron = {{ version = \"{}\", default-features = false }}\n\
+             serde = {{ version = \"1\", features = [\"derive\"] }}\n\n[workspace]\n{profile}\n\
+             [patch.crates-io]\npuzzletron = {{ path = \"{}\" }}\n",
+            env!("CARGO_PKG_VERSION"),
             env!("CARGO_MANIFEST_DIR")
         ),
     )
