@@ -1,6 +1,6 @@
 //! Slurm client cost: time and scheduler calls to submit and follow 200 trivial jobs on the
-//! local cluster (`shared/slurm/start-local-cluster.sh`), as one job array and as 200 single
-//! jobs.
+//! local cluster (`shared/slurm/start-local-cluster.sh`), as one job array, as 200 single
+//! jobs, and mixed (4 arrays of 40 tasks and 40 single jobs): scheduler calls per poll cycle.
 //!
 //! ```text
 //! cargo bench --bench executor_slurm       # PUZZLETRON_BENCH_JOBS=N to change 200
@@ -28,14 +28,51 @@ fn executor(dir: &std::path::Path) -> SlurmExecutor {
         .unwrap()
 }
 
-async fn run(array: bool, n: u32, tag: &str) -> (f64, f64, SlurmStats) {
+/// How the jobs are submitted.
+#[derive(Clone, Copy)]
+enum Mode {
+    /// One array of `n` tasks.
+    Array,
+    /// `n` single jobs.
+    Single,
+    /// Four arrays of `n/5` tasks and `n - 4*(n/5)` single jobs, all live together (the
+    /// polling budget of issue "evidence": scheduler calls per cycle with arrays among jobs).
+    Mixed,
+}
+
+async fn run(mode: Mode, n: u32, tag: &str) -> (f64, f64, SlurmStats) {
     let dir = tempfile::Builder::new()
         .prefix("pt-bench-")
         .tempdir()
         .unwrap();
     let e = executor(dir.path());
     let t = Instant::now();
-    let hs = if array {
+    let array = matches!(mode, Mode::Array);
+    let hs = if let Mode::Mixed = mode {
+        let mut hs = Vec::new();
+        for a in 0..4 {
+            hs.extend(
+                e.submit_array(&ArraySpec {
+                    template: AttemptSpec::new(
+                        AttemptId::new(format!("{tag}.arr{a}")).unwrap(),
+                        CommandSpec::new("true"),
+                    ),
+                    size: n / 5,
+                    max_concurrent: None,
+                })
+                .await
+                .unwrap(),
+            );
+        }
+        for i in 0..n - 4 * (n / 5) {
+            let spec = AttemptSpec::new(
+                AttemptId::new(format!("{tag}.j{i}")).unwrap(),
+                CommandSpec::new("true"),
+            );
+            hs.push(e.submit(&spec).await.unwrap());
+        }
+        hs
+    } else if array {
         e.submit_array(&ArraySpec {
             template: AttemptSpec::new(
                 AttemptId::new(format!("{tag}.arr")).unwrap(),
@@ -100,12 +137,24 @@ fn main() {
         .build()
         .unwrap();
     let mut json = serde_json::Map::new();
-    for (array, label) in [(true, "array"), (false, "single")] {
-        let (sub, total, s) = rt.block_on(run(array, n, &format!("{tag}{label}")));
+    for (mode, label) in [
+        (Mode::Array, "array"),
+        (Mode::Single, "single"),
+        (Mode::Mixed, "mixed"),
+    ] {
+        let (sub, total, s) = rt.block_on(run(mode, n, &format!("{tag}{label}")));
+        let per = |c: u64| c as f64 / s.poll_cycles.max(1) as f64;
         println!(
             "slurm, {n} trivial jobs as {label:6}: submitted in {sub:6.2} s, all COMPLETED after \
-             {total:6.2} s; calls: {} sbatch, {} squeue, {} sacct ({} poll cycles, {} retries)",
-            s.sbatch_calls, s.squeue_calls, s.sacct_calls, s.poll_cycles, s.retries
+             {total:6.2} s; calls: {} sbatch, {} squeue, {} sacct ({} poll cycles: {:.2} squeue \
+             and {:.2} sacct per cycle; {} retries)",
+            s.sbatch_calls,
+            s.squeue_calls,
+            s.sacct_calls,
+            s.poll_cycles,
+            per(s.squeue_calls),
+            per(s.sacct_calls),
+            s.retries
         );
         json.insert(
             label.into(),
