@@ -458,7 +458,7 @@ fn slurmdbd_down_crash_trials_no_duplicate_no_lost_result() {
     let root = tempfile::tempdir().unwrap();
     let reference = local_reference(root.path());
     let mut rng = Rng(0xDBD0);
-    let (mut kills, mut campaigns, mut attempts) = (0, 0, 0);
+    let (mut kills, mut campaigns, mut attempts, mut pending_seen) = (0, 0, 0, 0);
     let started = Instant::now();
     while kills < trials {
         campaigns += 1;
@@ -508,6 +508,7 @@ fn slurmdbd_down_crash_trials_no_duplicate_no_lost_result() {
             "{}: an intent was given up while slurmdbd was down",
             dir.display()
         );
+        pending_seen += usize::from(j.contains("\"kind\":\"accounting_pending\""));
         let (n, _) = check_campaign(&dir, &reference);
         attempts += n;
         assert!(
@@ -515,8 +516,12 @@ fn slurmdbd_down_crash_trials_no_duplicate_no_lost_result() {
             "slurmdbd crash trials take too long"
         );
     }
+    assert!(
+        pending_seen > 0,
+        "no campaign journaled an accounting_pending event: the outage was never seen"
+    );
     eprintln!(
-        "slurmdbd-down crash trials: {kills} kill -9 while slurmdbd was stopped, over {campaigns} campaigns, {attempts} attempts (= Slurm jobs), 0 duplicates, 0 lost results, {:.1} s",
+        "slurmdbd-down crash trials: {kills} kill -9 while slurmdbd was stopped, over {campaigns} campaigns ({pending_seen} journaled accounting_pending), {attempts} attempts (= Slurm jobs), 0 duplicates, 0 lost results, {:.1} s",
         started.elapsed().as_secs_f64()
     );
 }

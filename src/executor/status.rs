@@ -168,6 +168,11 @@ pub struct JobStatus {
     /// a step killed by a signal under a `COMPLETED` allocation is a failure.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub steps: Vec<StepStatus>,
+    /// The job has left the scheduler's queue but its accounting record cannot be read yet
+    /// (Slurm: slurmdbd unreachable, N02): [`state`](Self::state) is the last state seen, and
+    /// the job is neither failed nor lost. A controller waits; it never resubmits for this.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub accounting_pending: bool,
 }
 
 /// One step of a job (Slurm: a `sacct` row with a dotted id).
@@ -240,6 +245,7 @@ impl JobStatus {
             started_at_ms: None,
             ended_at_ms: None,
             steps: Vec::new(),
+            accounting_pending: false,
         }
     }
 

@@ -123,6 +123,8 @@ pub(super) struct Counters {
     pub submitted: u64,
     pub poll_errors: u64,
     pub poll_errors_in_row: u64,
+    /// Attempts whose last poll said "accounting pending" (N02).
+    pub accounting_pending: usize,
     pub pool_restarts: HashMap<usize, (u32, usize)>,
     pub submits_this_process: u64,
 }

@@ -126,6 +126,17 @@ pub enum ControllerEvent {
         /// How long it had waited when this was reported.
         waited: Duration,
     },
+    /// Jobs left the scheduler's queue but their accounting cannot be read (Slurm: slurmdbd
+    /// down while slurmctld answers, N02). They wait as "finished, accounting pending": never
+    /// failed, lost or resubmitted for it. Journaled when the count goes from 0 to more.
+    AccountingPending {
+        /// Attempts waiting for their accounting record.
+        attempts: usize,
+        /// The executor's reason for the first of them.
+        reason: String,
+    },
+    /// Every attempt that waited for accounting has its record again.
+    AccountingAvailable,
     /// The scheduler answered again after [`SchedulerUnreachable`](Self::SchedulerUnreachable).
     SchedulerReachable {
         /// How many calls had failed in a row.
@@ -200,6 +211,8 @@ impl ControllerEvent {
             ControllerEvent::SchedulerUnreachable { .. } => "scheduler_unreachable",
             ControllerEvent::SchedulerSlow { .. } => "scheduler_slow",
             ControllerEvent::SchedulerReachable { .. } => "scheduler_reachable",
+            ControllerEvent::AccountingPending { .. } => "accounting_pending",
+            ControllerEvent::AccountingAvailable => "accounting_available",
             ControllerEvent::CancelError { .. } => "cancel_error",
             ControllerEvent::Requeued { .. } => "requeued",
             ControllerEvent::PoolRestarted { .. } => "pool_restarted",
@@ -221,6 +234,7 @@ impl ControllerEvent {
                 | ControllerEvent::Halted { .. }
                 | ControllerEvent::SchedulerUnreachable { .. }
                 | ControllerEvent::SchedulerSlow { .. }
+                | ControllerEvent::AccountingPending { .. }
                 | ControllerEvent::CancelError { .. }
                 | ControllerEvent::NodeExcluded { .. }
         )
@@ -305,6 +319,13 @@ impl std::fmt::Display for ControllerEvent {
                 "the scheduler has not answered `{call}` for {:.1} s (still waiting; Ctrl-C works)",
                 waited.as_secs_f64()
             ),
+            ControllerEvent::AccountingPending { attempts, reason } => write!(
+                f,
+                "{attempts} attempts finished but their accounting is pending (not failures; nothing is resubmitted): {reason}"
+            ),
+            ControllerEvent::AccountingAvailable => {
+                write!(f, "accounting answers again: pending attempts are settled")
+            }
             ControllerEvent::SchedulerReachable { after_errors } => write!(
                 f,
                 "scheduler reachable again after {after_errors} failed calls"

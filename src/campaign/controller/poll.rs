@@ -9,12 +9,39 @@ use super::journal::Entry;
 use crate::executor::{JobState, JobStatus};
 
 impl CampaignController {
+    /// Shows and journals (once per outage) that finished jobs wait for their accounting.
+    fn note_accounting(
+        &mut self,
+        pending: usize,
+        reason: Option<String>,
+    ) -> Result<(), ControllerError> {
+        let was = self.counters.accounting_pending;
+        self.counters.accounting_pending = pending;
+        if pending > 0 {
+            let reason = reason.unwrap_or_default();
+            self.io.view.scheduler_error(Some(format!(
+                "{pending} attempts finished, accounting pending: {reason}"
+            )));
+            if was == 0 {
+                self.emit(ControllerEvent::AccountingPending {
+                    attempts: pending,
+                    reason,
+                })?;
+            }
+        } else if was > 0 {
+            self.io.view.scheduler_error(None);
+            self.emit(ControllerEvent::AccountingAvailable)?;
+        }
+        Ok(())
+    }
+
     pub(super) async fn poll_live(&mut self) -> Result<bool, ControllerError> {
         let live = self.state.live_attempts();
         if live.is_empty() {
             return Ok(false);
         }
         let mut progressed = false;
+        let (mut acct_pending, mut acct_reason) = (0, None);
         for chunk in live.chunks(self.settings.poll_batch) {
             let handles: Vec<_> = chunk
                 .iter()
@@ -54,6 +81,10 @@ impl CampaignController {
                 let after_errors = std::mem::take(&mut self.counters.poll_errors_in_row);
                 self.io.view.scheduler_error(None);
                 self.emit(ControllerEvent::SchedulerReachable { after_errors })?;
+            }
+            for s in statuses.iter().filter(|s| s.accounting_pending) {
+                acct_pending += 1;
+                acct_reason.get_or_insert_with(|| s.reason.clone().unwrap_or_default());
             }
             let mut entries = Vec::new();
             let mut cancels = Vec::new();
@@ -98,6 +129,7 @@ impl CampaignController {
             self.record(entries)?;
         }
         // Dead pool workers: return their items.
+        self.note_accounting(acct_pending, acct_reason)?;
         Ok(progressed)
     }
 }

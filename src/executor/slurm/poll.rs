@@ -137,6 +137,7 @@ fn accounting_pending(
     squeue: Option<&JobState>,
 ) -> JobStatus {
     let mut s = prev.clone();
+    s.accounting_pending = true;
     let seen = squeue.map_or_else(|| "left squeue".to_string(), |st| format!("{st} in squeue"));
     s.reason = Some(format!(
         "finished ({seen}), accounting pending: slurmdbd unreachable for {:.0} s ({})",
@@ -625,7 +626,9 @@ impl Inner {
         let mut nap = Duration::from_millis(200);
         loop {
             let s = self.poll_cycle(std::slice::from_ref(h), true).await?;
-            if s[0].state.is_terminal() {
+            // Gone from squeue with slurmdbd down: it runs no more, which is what a cancel
+            // must confirm; its final state comes with the accounting.
+            if s[0].state.is_terminal() || s[0].accounting_pending {
                 return Ok(());
             }
             if Instant::now() >= deadline {
