@@ -99,6 +99,8 @@ impl Index {
                 packages.push(Self::bin_crate(&user, bin));
             }
         }
+        // Known while walking (notes depend on which package an item is in).
+        ix.packages = packages.clone();
         for (pi, p) in packages.iter().enumerate() {
             for root in &p.roots {
                 let module = match root.file_stem().and_then(|s| s.to_str()) {
@@ -330,11 +332,19 @@ impl Index {
                         let c = macro_counts.entry(mac.clone()).or_default();
                         *c += 1;
                         let path = format!("{}!#{c}", at(&mac));
-                        self.notes.push(format!(
-                            "item-level macro invocation {path} ({}): the items it makes cannot \
-                             be seen, so it is included in every job of this crate",
-                            ctx.file.display()
-                        ));
+                        // puzzletron's own internals (when it is a path dependency, as in its
+                        // own examples) are included the same way, but are not the user's to
+                        // act on: no note for them.
+                        let ours = self.packages.get(ctx.package).is_some_and(|p| {
+                            matches!(p.lib_name.as_str(), "puzzletron" | "puzzletron_macros")
+                        });
+                        if !ours {
+                            self.notes.push(format!(
+                                "item-level macro invocation {path} ({}): the items it makes \
+                                 cannot be seen, so it is included in every job of this crate",
+                                ctx.file.display()
+                            ));
+                        }
                         self.push_full(ctx, path, Vec::new(), m, None, true, Vec::new());
                     }
                 }
