@@ -30,6 +30,21 @@ use index::{Index, included_files, sha256_hex};
 thread_local! {
     // One parse per package per rustc process: a crate with many jobs parses its sources once.
     static CACHE: RefCell<HashMap<PathBuf, Rc<RefCell<Index>>>> = RefCell::new(HashMap::new());
+    // File digests, once per rustc process (hashing is slow in an unoptimised proc macro).
+    static FILE_DIGESTS: RefCell<HashMap<PathBuf, Option<String>>> = RefCell::new(HashMap::new());
+    // Files already tracked by an `include_bytes!` in this crate: one is enough for cargo's
+    // dep-info, so later `job!`s of the crate do not embed them again.
+    static TRACKED: RefCell<BTreeSet<PathBuf>> = const { RefCell::new(BTreeSet::new()) };
+}
+
+/// The sha256 of a file's bytes, computed once per process; `None` if it cannot be read.
+fn file_digest(p: &Path) -> Option<String> {
+    FILE_DIGESTS.with(|c| {
+        c.borrow_mut()
+            .entry(p.to_path_buf())
+            .or_insert_with(|| std::fs::read(p).ok().map(|b| sha256_hex(&b)))
+            .clone()
+    })
 }
 
 /// `job_code!($crate; path::to::job_fn)`: the compiled code identity of a job function, as a
@@ -215,9 +230,8 @@ fn expand(input: TokenStream) -> Result<proc_macro2::TokenStream, String> {
         .find(|p| p.is_file());
     let lock_tokens = match &lock {
         Some(p) => {
-            let bytes = std::fs::read(p).map_err(|e| format!("job!: {}: {e}", p.display()))?;
+            let d = file_digest(p).ok_or_else(|| format!("job!: cannot read {}", p.display()))?;
             let path = p.to_string_lossy().into_owned();
-            let d = sha256_hex(&bytes);
             quote!(::core::option::Option::Some((#path, #d)))
         }
         None => quote!(::core::option::Option::None),
@@ -233,7 +247,15 @@ fn expand(input: TokenStream) -> Result<proc_macro2::TokenStream, String> {
     if let Some((m, _)) = manifest::workspace_manifest(&manifest_dir) {
         tracked.insert(m);
     }
-    let track = tracked.iter().filter(|p| p.is_file()).map(|p| {
+    let fresh: Vec<PathBuf> = TRACKED.with(|t| {
+        let mut t = t.borrow_mut();
+        tracked
+            .iter()
+            .filter(|p| p.is_file() && t.insert((*p).clone()))
+            .cloned()
+            .collect()
+    });
+    let track = fresh.iter().map(|p| {
         let s = p.to_string_lossy().into_owned();
         quote!(
             const _: &[u8] = include_bytes!(#s);
@@ -244,9 +266,8 @@ fn expand(input: TokenStream) -> Result<proc_macro2::TokenStream, String> {
         .iter()
         .chain(includes.keys())
         .filter_map(|p| {
-            let bytes = std::fs::read(p).ok()?;
+            let d = file_digest(p)?;
             let s = p.to_string_lossy().into_owned();
-            let d = sha256_hex(&bytes);
             Some(quote!((#s, #d)))
         })
         .collect();
