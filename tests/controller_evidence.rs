@@ -117,6 +117,41 @@ fn marker_and_declared_outputs_and_validation_make_it_done() {
     assert!(detail.contains("success marker present"), "{detail}");
 }
 
+/// N05 on real processes: a 4-rank job writes one log per rank under the unit's `logs/`
+/// folder (as `torchrun --log-dir` would); rank 2 hits an NCCL watchdog timeout, the job exits
+/// 1 and its own log says only `Terminated`. Every rank log is read: the attempt is Transient,
+/// before the first progress mark, naming rank 2's log. A stale rank log of an earlier attempt
+/// (older than the submit) is not evidence.
+#[test]
+fn n05_rank_logs_are_read_and_classified_by_phase() {
+    let dir = tempfile::tempdir().unwrap();
+    // An earlier attempt's NaN, left in the kept output folder before this attempt.
+    let stale = dir.path().join("work/s/agg/logs/old");
+    std::fs::create_dir_all(&stale).unwrap();
+    std::fs::write(stale.join("stdout.log"), "AssertionError: loss is NaN\n").unwrap();
+    let old = std::time::SystemTime::now() - Duration::from_secs(3600);
+    std::fs::File::options()
+        .write(true)
+        .open(stale.join("stdout.log"))
+        .unwrap()
+        .set_modified(old)
+        .unwrap();
+    let script = r#"for r in 0 1 2 3; do mkdir -p "$PUZZLETRON_OUTPUT_DIR/logs/$r"; echo "rank $r loading" > "$PUZZLETRON_OUTPUT_DIR/logs/$r/stdout.log"; done
+echo "[Rank 2] Watchdog caught collective operation timeout: WorkNCCL(SeqNum=1, OpType=ALLREDUCE, Timeout(ms)=600000)" >> "$PUZZLETRON_OUTPUT_DIR/logs/2/stdout.log"
+echo Terminated; exit 1"#;
+    let (done, evs) = run_local(
+        dir.path(),
+        json!({"id": "s", "command": ["sh", "-c", script]}),
+    );
+    assert!(!done);
+    let (class, detail) = finished(&evs);
+    assert_eq!(class, Some(FailureClass::Transient), "{detail}");
+    assert!(
+        detail.contains("rank log 2/stdout.log shows `watchdog caught collective operation timeout` before the first progress mark"),
+        "{detail}"
+    );
+}
+
 #[test]
 fn a_missing_declared_output_is_a_failure_naming_it() {
     let dir = tempfile::tempdir().unwrap();

@@ -169,10 +169,7 @@ fn slurm_crash_trials_match_local_results_with_one_job_per_attempt() {
         return;
     }
     let _g = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
-    let trials: usize = std::env::var("PUZZLETRON_SLURM_CRASH_TRIALS")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(10);
+    let trials = trials_from_env("PUZZLETRON_SLURM_CRASH_TRIALS", 10);
     let root = tempfile::tempdir().unwrap();
     let reference = local_reference(root.path());
     // The worst moment first: abort right after the 3rd sbatch (a `score` shard), before its
@@ -201,15 +198,7 @@ fn slurm_crash_trials_match_local_results_with_one_job_per_attempt() {
         let dir = root.path().join(format!("slurm{campaigns}"));
         loop {
             let mut child = spawn(&dir, &["--runner", "slurm"]);
-            let deadline = Instant::now() + Duration::from_millis(300 + rng.below(6000));
-            let mut finished = None;
-            while Instant::now() < deadline {
-                if let Some(st) = child.try_wait().unwrap() {
-                    finished = Some(st);
-                    break;
-                }
-                std::thread::sleep(Duration::from_millis(20));
-            }
+            let finished = exit_within(&mut child, Duration::from_millis(300 + rng.below(6000)));
             match finished {
                 Some(st) => {
                     assert!(st.success(), "campaign {campaigns} exited with {st}");
@@ -239,6 +228,29 @@ fn slurm_crash_trials_match_local_results_with_one_job_per_attempt() {
         "slurm crash trials: {kills} kill -9 over {campaigns} campaigns, {attempts} attempts (= Slurm jobs), {adopted} adopted, 0 duplicates, 0 lost results, {:.1} s",
         started.elapsed().as_secs_f64()
     );
+}
+
+/// A count from the environment variable `var`, else `default`.
+fn trials_from_env(var: &str, default: usize) -> usize {
+    std::env::var(var)
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(default)
+}
+
+/// The child's exit status if it ends within `wait`, else `None` (it keeps running).
+fn exit_within(
+    child: &mut std::process::Child,
+    wait: Duration,
+) -> Option<std::process::ExitStatus> {
+    let deadline = Instant::now() + wait;
+    while Instant::now() < deadline {
+        if let Some(st) = child.try_wait().unwrap() {
+            return Some(st);
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    None
 }
 
 fn slurmctld_pid() -> Option<i32> {
@@ -451,10 +463,7 @@ fn slurmdbd_down_crash_trials_no_duplicate_no_lost_result() {
     }
     let _g = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
     let _back = DbdBack;
-    let trials: usize = std::env::var("PUZZLETRON_SLURMDBD_CRASH_TRIALS")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(20);
+    let trials = trials_from_env("PUZZLETRON_SLURMDBD_CRASH_TRIALS", 20);
     let root = tempfile::tempdir().unwrap();
     let reference = local_reference(root.path());
     let mut rng = Rng(0xDBD0);
@@ -470,15 +479,7 @@ fn slurmdbd_down_crash_trials_no_duplicate_no_lost_result() {
         let mut here = 0;
         loop {
             let mut child = spawn(&dir, &["--runner", "slurm"]);
-            let deadline = Instant::now() + Duration::from_millis(500 + rng.below(5000));
-            let mut finished = None;
-            while Instant::now() < deadline {
-                if let Some(st) = child.try_wait().unwrap() {
-                    finished = Some(st);
-                    break;
-                }
-                std::thread::sleep(Duration::from_millis(20));
-            }
+            let finished = exit_within(&mut child, Duration::from_millis(500 + rng.below(5000)));
             if let Some(st) = finished {
                 assert!(
                     dbd_up,

@@ -135,6 +135,10 @@ pub struct Evidence {
     /// Why the log could not be read, when it could not (then `log_tail` is empty and means
     /// nothing).
     pub log_unavailable: Option<String>,
+    /// The last part of every per-rank log the attempt wrote (N05: `(name, tail)`, e.g.
+    /// torchrun's `--log-dir` files under the unit's `logs/` folder), in name order. Every
+    /// rank is read, not only the last: the rank that failed first is rarely the last.
+    pub rank_logs: Vec<(String, String)>,
 }
 
 /// The verdict on one finished attempt.
@@ -170,6 +174,97 @@ impl Classification {
             detail: detail.into(),
         }
     }
+}
+
+/// Application errors that make every other rank fail too (N05): they outrank the collective
+/// timeouts they cause elsewhere and are never retried.
+const APP_ERR: &[&str] = &[
+    "loss is nan",
+    "nan loss",
+    "loss: nan",
+    "found nan",
+    "nan detected",
+    "nan or inf",
+    "assertionerror",
+    "assertion failed",
+];
+
+/// Collective and rendezvous failures (N05; NCCL watchdog, torch elastic rendezvous): the
+/// infrastructure's, unless an application error explains them.
+const COLLECTIVE_ERR: &[&str] = &[
+    "watchdog caught collective operation timeout",
+    "ncclremoteerror",
+    "ncclsystemerror",
+    "ncclinternalerror",
+    "nccl communicator was aborted",
+    "rendezvoustimeouterror",
+    "rendezvousconnectionerror",
+    "rendezvousclosederror",
+    "distnetworkerror",
+];
+
+/// The highest training step a log mentions (`step 5300`, `step=5300`, `global_step: 12`,
+/// `iteration 40`): the attempt's progress mark, `None` before the first.
+pub fn progress_step(log_lower: &str) -> Option<u64> {
+    let mut best: Option<u64> = None;
+    for key in ["step", "iteration"] {
+        let mut rest = log_lower;
+        while let Some(i) = rest.find(key) {
+            rest = &rest[i + key.len()..];
+            let digits: String = rest
+                .trim_start_matches([' ', '=', ':', '_'])
+                .chars()
+                .take_while(char::is_ascii_digit)
+                .collect();
+            // `steps 3` or `step size 5` have no number right after the word.
+            let sep = rest.len() - rest.trim_start_matches([' ', '=', ':', '_']).len();
+            if !digits.is_empty() && sep <= 2 {
+                let n: u64 = digits.parse().unwrap_or(u64::MAX);
+                best = Some(best.map_or(n, |b| b.max(n)));
+            }
+        }
+    }
+    best
+}
+
+/// N05: an application error in any rank's log (NaN, assertion) outranks everything; a
+/// collective or rendezvous failure alone is transient, before or after the first progress
+/// mark (the detail says which: before it, the nodes are suspect; after it, the stage resumes).
+fn rank_verdict(ev: &Evidence) -> Option<Classification> {
+    let logs: Vec<(&str, String)> =
+        std::iter::once(("the job log", ev.log_tail.to_ascii_lowercase()))
+            .chain(
+                ev.rank_logs
+                    .iter()
+                    .map(|(n, t)| (n.as_str(), t.to_ascii_lowercase())),
+            )
+            .collect();
+    if let Some((name, m)) = logs
+        .iter()
+        .find_map(|(n, l)| contains_any(l, APP_ERR).map(|m| (*n, m)))
+    {
+        return Some(Classification::failed(
+            FailureClass::Application,
+            format!(
+                "{name} shows `{m}` (an application error; collective failures in other ranks follow from it)"
+            ),
+        ));
+    }
+    let (name, m) = logs
+        .iter()
+        .find_map(|(n, l)| contains_any(l, COLLECTIVE_ERR).map(|m| (*n, m)))?;
+    let progress = logs.iter().filter_map(|(_, l)| progress_step(l)).max();
+    let phase = match progress {
+        None => {
+            "before the first progress mark: an infrastructure failure (retried on other nodes)"
+                .to_string()
+        }
+        Some(s) => format!("after progress (step {s}): transient, resumes from its checkpoint"),
+    };
+    Some(Classification::failed(
+        FailureClass::Transient,
+        format!("{name} shows `{m}` {phase}"),
+    ))
 }
 
 const GPU_OOM: &[&str] = &[
@@ -388,6 +483,12 @@ fn classify_inner(status: &JobStatus, ev: &Evidence) -> Classification {
             (false, None) => "by a user".to_string(),
         };
         return Classification::failed(FailureClass::Cancelled, format!("cancelled {who}"));
+    }
+    // 6b. every rank's log (N05).
+    if matches!(state, JobState::Failed | JobState::Killed { .. })
+        && let Some(c) = rank_verdict(ev)
+    {
+        return c;
     }
     // 7. configuration errors.
     if status.exit_code == Some(2) && *state == JobState::Failed {
@@ -774,7 +875,15 @@ mod tests {
         let s = st(JobState::Failed).with_exit_code(1);
         let c = classify(&s, &ev("ValueError: nan loss\n"));
         assert_eq!(c.class, Some(FailureClass::Application));
-        assert_eq!(c.detail, "exit code 1");
+        assert!(
+            c.detail.starts_with("the job log shows `nan loss`"),
+            "{c:?}"
+        );
+        let c = classify(&s, &ev("ValueError: bad shape\n"));
+        assert_eq!(
+            (c.class, c.detail.as_str()),
+            (Some(FailureClass::Application), "exit code 1")
+        );
         assert_eq!(
             class(&st(JobState::Killed { signal: 11 }), &ev("")),
             Some(FailureClass::Application)
@@ -800,5 +909,95 @@ mod tests {
             let back: FailureClass = serde_json::from_str(&j).unwrap();
             assert_eq!(back, *c);
         }
+    }
+
+    /// N05 (`shared/fixtures/slurm-cases-2.md`): 16 rank logs; every one is read, the phase
+    /// (before/after the first progress mark) decides how a collective failure is retried, and
+    /// an application error in any rank outranks the timeouts it causes in the others.
+    #[test]
+    fn n05_every_rank_log_classified_by_phase() {
+        let ranks = |special: &[(usize, &str)], others: &str| -> Vec<(String, String)> {
+            (0..16)
+                .map(|r| {
+                    let text = special
+                        .iter()
+                        .find(|(i, _)| *i == r)
+                        .map_or(others.to_string(), |(_, t)| t.to_string());
+                    (format!("rank log {r:02}/stdout.log"), text)
+                })
+                .collect()
+        };
+        let watchdog = "[Rank 11] Watchdog caught collective operation timeout: WorkNCCL(SeqNum=1, OpType=ALLREDUCE, NumelIn=1, NumelOut=1, Timeout(ms)=600000) ran for 600001 milliseconds before timing out.\nncclRemoteError: A call failed possibly due to a network error or a remote process exiting prematurely.\n";
+        let failed = st(JobState::Failed).with_exit_code(1);
+        let with = |logs: Vec<(String, String)>, main: &str| Evidence {
+            rank_logs: logs,
+            ..ev(main)
+        };
+        let table: Vec<(&str, Evidence, Option<FailureClass>, &str)> = vec![
+            (
+                "watchdog in rank 11 before step 0, the last log only `Terminated`",
+                with(
+                    ranks(&[(11, watchdog), (15, "Terminated\n")], "loading data\n"),
+                    "",
+                ),
+                Some(FailureClass::Transient),
+                "rank log 11/stdout.log shows `watchdog caught collective operation timeout` before the first progress mark",
+            ),
+            (
+                "rendezvous timeout in every rank",
+                with(
+                    ranks(
+                        &[],
+                        "torch.distributed.elastic.rendezvous.api.RendezvousTimeoutError\n",
+                    ),
+                    "",
+                ),
+                Some(FailureClass::Transient),
+                "rank log 00/stdout.log shows `rendezvoustimeouterror` before the first progress mark",
+            ),
+            (
+                "the same watchdog after progress",
+                with(ranks(&[(11, watchdog)], "step 1200 loss 2.31\n"), ""),
+                Some(FailureClass::Transient),
+                "after progress (step 1200)",
+            ),
+            (
+                "NaN at step 5300 in rank 3, timeouts in the others",
+                with(
+                    ranks(
+                        &[
+                            (3, "step 5300: AssertionError: loss is NaN\n"),
+                            (11, watchdog),
+                        ],
+                        "step 5300\n",
+                    ),
+                    "",
+                ),
+                Some(FailureClass::Application),
+                "rank log 03/stdout.log shows `loss is nan`",
+            ),
+            (
+                "no rank logs, collective failure in the job log",
+                ev(watchdog),
+                Some(FailureClass::Transient),
+                "the job log shows `watchdog caught collective operation timeout`",
+            ),
+        ];
+        for (case, e, want, detail) in &table {
+            let c = classify(&failed, e);
+            assert_eq!(c.class, *want, "{case}: {c:?}");
+            assert!(c.detail.contains(detail), "{case}: {}", c.detail);
+        }
+        // A completed job is never failed for a warning line in a rank log.
+        let ok = classify(
+            &st(JobState::Completed).with_exit_code(0),
+            &with(ranks(&[(2, "NCCL WARN retrying\n")], ""), ""),
+        );
+        assert_eq!(ok.class, None, "{ok:?}");
+        assert_eq!(
+            progress_step("global_step: 12\nstep=40 of 100\nsteps 3\n"),
+            Some(40)
+        );
+        assert_eq!(progress_step("loading\nstep size 5\n"), None);
     }
 }

@@ -20,6 +20,9 @@ use crate::executor::{JobState, JobStatus};
 /// Longest run of a stage's validation command.
 pub const VALIDATE_TIMEOUT: Duration = Duration::from_secs(120);
 
+/// Most per-rank logs read for one attempt (16 KiB of each).
+pub const MAX_RANK_LOGS: usize = 256;
+
 impl CampaignController {
     /// The last 16 KiB of a log; `Err` says why it could not be read (then the log is
     /// evidence "unavailable", never "clean").
@@ -36,6 +39,44 @@ impl CampaignController {
         f.read_to_end(&mut buf)
             .map_err(|e| format!("{}: {e}", path.display()))?;
         Ok(String::from_utf8_lossy(&buf).into_owned())
+    }
+
+    /// The tails of the per-rank logs under `dir` (the unit's `logs/` folder, where a worker
+    /// points e.g. `torchrun --log-dir`) modified since `since_ms` (the attempt's submit; the
+    /// folder outlives attempts, an earlier attempt's logs are not this one's evidence), at
+    /// most [`MAX_RANK_LOGS`] files four levels deep, in name order. An unreadable one is
+    /// listed with its error as its text.
+    pub(super) fn rank_logs(dir: &Path, since_ms: u64) -> Vec<(String, String)> {
+        if !dir.is_dir() {
+            return Vec::new();
+        }
+        walkdir::WalkDir::new(dir)
+            .max_depth(4)
+            .sort_by_file_name()
+            .into_iter()
+            .filter_map(Result::ok)
+            .filter(|e| e.file_type().is_file())
+            .filter(|e| {
+                // 1 s of slack for filesystems that round modification times.
+                e.metadata()
+                    .ok()
+                    .and_then(|m| m.modified().ok())
+                    .and_then(|t| t.duration_since(std::time::UNIX_EPOCH).ok())
+                    .is_none_or(|t| t.as_millis() as u64 + 1000 >= since_ms)
+            })
+            .take(MAX_RANK_LOGS)
+            .map(|e| {
+                let name = e
+                    .path()
+                    .strip_prefix(dir)
+                    .unwrap_or(e.path())
+                    .display()
+                    .to_string();
+                let text =
+                    Self::read_tail(e.path()).unwrap_or_else(|why| format!("unreadable: {why}"));
+                (format!("rank log {name}"), text)
+            })
+            .collect()
     }
 
     /// Why the stage's declared outputs do not validate in `out`, if they do not: a missing
@@ -146,10 +187,14 @@ impl CampaignController {
                     Err(why) => (String::new(), Some(why)),
                 };
                 let marker = out.join(SUCCESS_MARKER).exists();
+                // The output folder outlives attempts: only logs this attempt wrote count.
+                let since = at.handle.as_ref().map_or(0, |h| h.submitted_at_ms);
+                let rank_logs = Self::rank_logs(&out.join("logs"), since);
                 let completed = st.state == JobState::Completed;
                 let ev = Evidence {
                     log_tail,
                     log_unavailable,
+                    rank_logs,
                     resumable: stage.resumable,
                     cancel_requested: at.cancel_requested,
                     own_uid: self.own_uid,
