@@ -227,6 +227,12 @@ pub fn progress_step(log_lower: &str) -> Option<u64> {
     best
 }
 
+/// Whether per-rank logs can decide the class of an attempt that ended in `state` (rule 6b:
+/// failed or killed). Callers read them only then.
+pub fn uses_rank_logs(state: &JobState) -> bool {
+    matches!(state, JobState::Failed | JobState::Killed { .. })
+}
+
 /// N05: an application error in any rank's log (NaN, assertion) outranks everything; a
 /// collective or rendezvous failure alone is transient, before or after the first progress
 /// mark (the detail says which: before it, the nodes are suspect; after it, the stage resumes).
@@ -485,7 +491,7 @@ fn classify_inner(status: &JobStatus, ev: &Evidence) -> Classification {
         return Classification::failed(FailureClass::Cancelled, format!("cancelled {who}"));
     }
     // 6b. every rank's log (N05).
-    if matches!(state, JobState::Failed | JobState::Killed { .. })
+    if uses_rank_logs(state)
         && let Some(c) = rank_verdict(ev)
     {
         return c;

@@ -5,7 +5,7 @@
 use std::path::Path;
 use std::time::Duration;
 
-use super::classify::{Evidence, FailureClass, classify};
+use super::classify::{Evidence, FailureClass, classify, uses_rank_logs};
 use super::driver::{CampaignController, describe};
 use super::error::ControllerError;
 use super::event::ControllerEvent;
@@ -187,9 +187,14 @@ impl CampaignController {
                     Err(why) => (String::new(), Some(why)),
                 };
                 let marker = out.join(SUCCESS_MARKER).exists();
-                // The output folder outlives attempts: only logs this attempt wrote count.
-                let since = at.handle.as_ref().map_or(0, |h| h.submitted_at_ms);
-                let rank_logs = Self::rank_logs(&out.join("logs"), since);
+                // Rank logs only decide failures (rule 6b): a success reads none. The output
+                // folder outlives attempts: only logs this attempt wrote count.
+                let rank_logs = if uses_rank_logs(&st.state) {
+                    let since = at.handle.as_ref().map_or(0, |h| h.submitted_at_ms);
+                    Self::rank_logs(&out.join("logs"), since)
+                } else {
+                    Vec::new()
+                };
                 let completed = st.state == JobState::Completed;
                 let ev = Evidence {
                     log_tail,

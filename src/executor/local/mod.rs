@@ -154,6 +154,7 @@ impl LocalExecutorBuilder {
                 kill_grace: self.kill_grace,
                 cancel_timeout: self.cancel_timeout,
                 inherit_env: self.inherit_env,
+                oom_counters: oom::own_counter_file(),
                 runtime: Mutex::new(None),
                 state: Mutex::new(State {
                     queue: VecDeque::new(),
@@ -204,6 +205,9 @@ struct Inner {
     kill_grace: Duration,
     cancel_timeout: Duration,
     inherit_env: bool,
+    /// The OOM counter file of this process's memory cgroup, which its jobs inherit (N09),
+    /// resolved once when the executor is built.
+    oom_counters: Option<PathBuf>,
     /// The runtime of the latest async call: queued jobs start on it (a controller may use
     /// a new runtime per drain).
     runtime: Mutex<Option<tokio::runtime::Handle>>,
@@ -422,11 +426,11 @@ impl Inner {
         )?;
         // N09: the job inherits this process's memory cgroup; its OOM counters now are the
         // baseline that tells an OOM kill from any other SIGKILL.
-        let oom_before = match oom::own_counter_file() {
+        let oom_before = match &self.oom_counters {
             Some(p) => format!(
                 "file={}\n{}",
                 p.display(),
-                std::fs::read_to_string(&p).unwrap_or_default()
+                std::fs::read_to_string(p).unwrap_or_default()
             ),
             None => "unknown\n".to_string(),
         };

@@ -218,8 +218,9 @@ impl Runner {
         loop {
             tries += 1;
             let out = self.run_once(name, args).await?;
-            // An unreachable slurmdbd is retried like a busy controller, except by sacct,
-            // whose caller goes on from squeue alone (N02) instead of waiting here.
+            // An unreachable slurmdbd is retried like a busy controller, except for sacct, the
+            // accounting client itself: its callers go on from squeue alone (N02) rather than
+            // wait here.
             let retry = match out.class() {
                 ErrorClass::Transient => true,
                 ErrorClass::AccountingUnavailable => name != "sacct",

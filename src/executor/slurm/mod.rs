@@ -156,11 +156,8 @@ impl SlurmExecutorBuilder {
                 },
                 state: tokio::sync::Mutex::new(PollState::new(self.poll.min_interval)),
                 warnings: std::sync::Mutex::new(Vec::new()),
-                slurm_user: std::sync::OnceLock::new(),
-                max_array_size: match self.max_array_size {
-                    Some(n) => std::sync::OnceLock::from(n),
-                    None => std::sync::OnceLock::new(),
-                },
+                config: tokio::sync::OnceCell::new(),
+                max_array_size: self.max_array_size,
             }),
         })
     }
@@ -190,10 +187,10 @@ pub(crate) struct Inner {
     runner: Runner,
     state: tokio::sync::Mutex<PollState>,
     warnings: std::sync::Mutex<Vec<String>>,
-    /// `SlurmUser`'s uid, once asked.
-    slurm_user: std::sync::OnceLock<Option<u32>>,
-    /// `MaxArraySize`, once asked (or set by the builder).
-    max_array_size: std::sync::OnceLock<u32>,
+    /// `scontrol show config` output, asked once (SlurmUser, MaxArraySize).
+    config: tokio::sync::OnceCell<String>,
+    /// `MaxArraySize` set by the builder (else from the config).
+    max_array_size: Option<u32>,
 }
 
 impl SlurmExecutor {
@@ -232,24 +229,35 @@ impl SlurmExecutor {
 }
 
 impl Inner {
-    /// `MaxArraySize` from `scontrol show config`, asked once (N01); Slurm's default 1001
+    /// `scontrol show config` output, asked once per executor.
+    async fn config(&self) -> Result<&str, ExecutorError> {
+        self.config
+            .get_or_try_init(|| async {
+                let args = vec!["show".to_string(), "config".into()];
+                let out = self.runner.run_retrying("scontrol", &args).await?;
+                if out.ok() {
+                    Ok(out.stdout)
+                } else {
+                    Err(ExecutorError::CommandFailed {
+                        command: "scontrol show config".into(),
+                        exit_code: out.code,
+                        stderr: out.message(),
+                    })
+                }
+            })
+            .await
+            .map(String::as_str)
+    }
+
+    /// `MaxArraySize` (N01): the builder's, else from the config, else Slurm's default 1001
     /// when the line is absent. A failed `scontrol` is an error, never a guess: submit and
     /// `find` must split an array the same way.
     async fn max_array_size(&self) -> Result<u32, ExecutorError> {
-        if let Some(n) = self.max_array_size.get() {
-            return Ok(*n);
+        if let Some(n) = self.max_array_size {
+            return Ok(n);
         }
-        let args = vec!["show".to_string(), "config".into()];
-        let out = self.runner.run_retrying("scontrol", &args).await?;
-        if !out.ok() {
-            return Err(ExecutorError::SchedulerUnavailable {
-                command: "scontrol show config".into(),
-                tries: 1,
-                message: out.message(),
-            });
-        }
-        let n = parse::parse_max_array_size(&out.stdout)?.unwrap_or(parse::DEFAULT_MAX_ARRAY_SIZE);
-        Ok(*self.max_array_size.get_or_init(|| n))
+        Ok(parse::parse_max_array_size(self.config().await?)?
+            .unwrap_or(parse::DEFAULT_MAX_ARRAY_SIZE))
     }
 
     fn warn(&self, w: String) {
@@ -460,21 +468,7 @@ impl Executor for SlurmExecutor {
 
     /// From `scontrol show config` (`SlurmUser = slurm(64030)`), asked once per executor.
     async fn scheduler_uid(&self) -> Result<Option<u32>, ExecutorError> {
-        if let Some(u) = self.inner.slurm_user.get() {
-            return Ok(*u);
-        }
-        let args = vec!["show".to_string(), "config".into()];
-        let out = self.inner.runner.run_retrying("scontrol", &args).await?;
-        if !out.ok() {
-            return Err(ExecutorError::CommandFailed {
-                command: "scontrol show config".into(),
-                exit_code: out.code,
-                stderr: out.message(),
-            });
-        }
-        let uid = parse::parse_slurm_user(&out.stdout)?;
-        let _ = self.inner.slurm_user.set(uid);
-        Ok(uid)
+        parse::parse_slurm_user(self.inner.config().await?)
     }
 
     async fn submit(&self, spec: &AttemptSpec) -> Result<JobHandle, ExecutorError> {

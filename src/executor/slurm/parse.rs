@@ -763,28 +763,30 @@ pub fn parse_sacct_for(
 /// # Errors
 /// [`ExecutorError::Parse`] naming the line when it is present but not `NAME(UID)`.
 pub fn parse_slurm_user(stdout: &str) -> Result<Option<u32>, ExecutorError> {
-    for (n, line) in stdout.lines().enumerate() {
-        let Some((key, value)) = line.split_once('=') else {
-            continue;
-        };
-        if key.trim() != "SlurmUser" {
-            continue;
-        }
-        let value = value.trim();
-        let uid = value
-            .rsplit_once('(')
-            .and_then(|(_, rest)| rest.strip_suffix(')'))
-            .and_then(|u| u.parse::<u32>().ok());
-        return match uid {
-            Some(u) => Ok(Some(u)),
-            None => Err(parse_error(
+    let Some((n, line, value)) = config_value(stdout, "SlurmUser") else {
+        return Ok(None);
+    };
+    value
+        .rsplit_once('(')
+        .and_then(|(_, rest)| rest.strip_suffix(')'))
+        .and_then(|u| u.parse::<u32>().ok())
+        .map(Some)
+        .ok_or_else(|| {
+            parse_error(
                 "scontrol show config",
-                format!("line {}: expected `SlurmUser = NAME(UID)`", n + 1),
+                format!("line {n}: expected `SlurmUser = NAME(UID)`"),
                 line,
-            )),
-        };
-    }
-    Ok(None)
+            )
+        })
+}
+
+/// The first `key = value` line of `scontrol show config` output whose key is `key`: its
+/// 1-based line number, the whole line and the trimmed value.
+fn config_value<'a>(stdout: &'a str, key: &str) -> Option<(usize, &'a str, &'a str)> {
+    stdout.lines().enumerate().find_map(|(n, line)| {
+        let (k, v) = line.split_once('=')?;
+        (k.trim() == key).then(|| (n + 1, line, v.trim()))
+    })
 }
 
 /// Slurm's default `MaxArraySize` (slurm.conf(5)): array indices run `0..=1000`.
@@ -796,23 +798,17 @@ pub const DEFAULT_MAX_ARRAY_SIZE: u32 = 1001;
 /// # Errors
 /// [`ExecutorError::Parse`] naming the line when it is present but not a positive integer.
 pub fn parse_max_array_size(stdout: &str) -> Result<Option<u32>, ExecutorError> {
-    for (n, line) in stdout.lines().enumerate() {
-        let Some((key, value)) = line.split_once('=') else {
-            continue;
-        };
-        if key.trim() != "MaxArraySize" {
-            continue;
-        }
-        return match value.trim().parse::<u32>() {
-            Ok(v) if v >= 1 => Ok(Some(v)),
-            _ => Err(parse_error(
-                "scontrol show config",
-                format!("line {}: expected `MaxArraySize = N` with N >= 1", n + 1),
-                line,
-            )),
-        };
+    let Some((n, line, value)) = config_value(stdout, "MaxArraySize") else {
+        return Ok(None);
+    };
+    match value.parse::<u32>() {
+        Ok(v) if v >= 1 => Ok(Some(v)),
+        _ => Err(parse_error(
+            "scontrol show config",
+            format!("line {n}: expected `MaxArraySize = N` with N >= 1"),
+            line,
+        )),
     }
-    Ok(None)
 }
 
 /// How an array of `size` tasks is submitted when indices must stay below `max_array_size`
