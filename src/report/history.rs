@@ -24,16 +24,22 @@
 //!   `hung`; the time before it follows the rules above (useful if it succeeded);
 //! - successful attempts of the current revision and attempts still running: nothing.
 
+use std::borrow::Cow;
 use std::collections::{BTreeMap, HashMap};
 use std::fs::File;
-use std::io::Read;
+use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
+use serde_json::value::RawValue;
+
+/// Maps keyed by attempt ids and unit names, 100k+ entries on a large campaign: foldhash
+/// instead of SipHash (no HashDoS concern: the keys come from our own journal).
+type FastMap<K, V> = HashMap<K, V, foldhash::fast::RandomState>;
 
 use super::ReportError;
 use super::lease::LeaseStatus;
-use crate::campaign::CampaignPlan;
+use crate::campaign::RunnerKind;
 use crate::campaign::controller::FailureClass;
 use crate::campaign::execution::{Resource, Strategy};
 
@@ -201,6 +207,22 @@ impl AttemptHistory {
         f64::from(self.gpus) * self.run_ms(as_of_ms) as f64 / 3_600_000.0
     }
 
+    /// Total wasted GPU-hours: the sum of [`AttemptHistory::waste`], without its allocations.
+    pub fn wasted_gpu_hours(&self, as_of_ms: u64) -> f64 {
+        let total = self.gpu_hours(as_of_ms);
+        match self.outcome {
+            // All of it, whatever part of it was hung.
+            Outcome::Superseded | Outcome::Cancelled | Outcome::Failed => total,
+            _ => match (self.last_heartbeat_ms, self.ended_ms) {
+                (Some(hb), Some(end)) => {
+                    let hung_ms = end.saturating_sub(hb.max(self.run_start_ms()));
+                    (f64::from(self.gpus) * hung_ms as f64 / 3_600_000.0).min(total)
+                }
+                _ => 0.0,
+            },
+        }
+    }
+
     /// Wasted GPU-hours by key (see the [module docs](self)).
     pub fn waste(&self, as_of_ms: u64) -> Vec<(String, f64)> {
         let total = self.gpu_hours(as_of_ms);
@@ -273,17 +295,18 @@ pub struct CampaignHistory {
 }
 
 #[derive(Deserialize)]
-struct RawRecord {
+struct RawRecord<'a> {
     at_ms: u64,
-    entry: RawEntry,
+    #[serde(borrow)]
+    entry: RawEntry<'a>,
 }
 
 #[derive(Deserialize)]
-struct RawHandle {
-    #[serde(default)]
-    executor: Option<String>,
-    #[serde(default)]
-    job_id: Option<String>,
+struct RawHandle<'a> {
+    #[serde(default, borrow)]
+    executor: Option<Cow<'a, str>>,
+    #[serde(default, borrow)]
+    job_id: Option<Cow<'a, str>>,
     #[serde(default)]
     array_task: Option<u32>,
     #[serde(default)]
@@ -291,50 +314,54 @@ struct RawHandle {
 }
 
 /// A journal entry as a bag of optional fields (unknown fields ignored, unknown kinds skipped).
+/// Strings borrow from the line where they can: a 100k-attempt journal is ~400k lines, and
+/// `status` must read it in well under a second.
 #[derive(Deserialize)]
-struct RawEntry {
-    t: String,
-    #[serde(default)]
-    nonce: Option<String>,
-    #[serde(default)]
-    contract_hash: Option<String>,
+struct RawEntry<'a> {
+    #[serde(borrow)]
+    t: Cow<'a, str>,
+    #[serde(default, borrow)]
+    nonce: Option<Cow<'a, str>>,
+    #[serde(default, borrow)]
+    contract_hash: Option<Cow<'a, str>>,
     #[serde(default)]
     revision: Option<u32>,
-    #[serde(default)]
-    unit: Option<String>,
+    #[serde(default, borrow)]
+    unit: Option<Cow<'a, str>>,
     #[serde(default)]
     attempt: Option<u32>,
-    #[serde(default)]
-    attempt_id: Option<String>,
+    #[serde(default, borrow)]
+    attempt_id: Option<Cow<'a, str>>,
     #[serde(default)]
     resume: Option<bool>,
     #[serde(default)]
     more_resources: Option<bool>,
-    #[serde(default)]
-    handle: Option<RawHandle>,
-    #[serde(default)]
-    error: Option<String>,
-    #[serde(default)]
-    reason: Option<String>,
-    #[serde(default)]
-    state: Option<serde_json::Value>,
+    #[serde(default, borrow)]
+    handle: Option<RawHandle<'a>>,
+    #[serde(default, borrow)]
+    error: Option<Cow<'a, str>>,
+    #[serde(default, borrow)]
+    reason: Option<Cow<'a, str>>,
+    /// `"completed"` or `{"state": "out_of_memory", ...}`; parsed only for `finished`.
+    #[serde(default, borrow)]
+    state: Option<&'a RawValue>,
     #[serde(default)]
     exit_code: Option<i32>,
     #[serde(default)]
     class: Option<FailureClass>,
-    #[serde(default)]
-    detail: Option<String>,
-    #[serde(default)]
-    log_path: Option<PathBuf>,
-    #[serde(default)]
-    stage: Option<String>,
-    #[serde(default)]
-    kind: Option<String>,
-    #[serde(default)]
-    message: Option<String>,
+    #[serde(default, borrow)]
+    detail: Option<Cow<'a, str>>,
+    #[serde(default, borrow)]
+    log_path: Option<Cow<'a, str>>,
+    #[serde(default, borrow)]
+    stage: Option<Cow<'a, str>>,
+    #[serde(default, borrow)]
+    kind: Option<Cow<'a, str>>,
+    #[serde(default, borrow)]
+    message: Option<Cow<'a, str>>,
     // Fields a richer journal may carry (typed controller events); used when present.
-    #[serde(default)]
-    nodes: Option<String>,
+    #[serde(default, borrow)]
+    nodes: Option<Cow<'a, str>>,
     #[serde(default)]
     started_at_ms: Option<u64>,
     #[serde(default)]
@@ -343,15 +370,79 @@ struct RawEntry {
     last_heartbeat_ms: Option<u64>,
 }
 
-fn state_name(v: &serde_json::Value) -> Option<String> {
-    match v {
-        serde_json::Value::String(s) => Some(s.to_ascii_uppercase()),
-        serde_json::Value::Object(m) => m
-            .get("state")
-            .and_then(|s| s.as_str())
-            .map(|s| s.to_ascii_uppercase()),
-        _ => None,
+/// The two forms a journaled state takes.
+#[derive(Deserialize)]
+#[serde(untagged)]
+enum StateForm<'a> {
+    Name(#[serde(borrow)] Cow<'a, str>),
+    Tagged {
+        #[serde(default, borrow)]
+        state: Option<Cow<'a, str>>,
+    },
+}
+
+fn state_name(v: &RawValue) -> Option<String> {
+    match serde_json::from_str::<StateForm>(v.get()).ok()? {
+        StateForm::Name(s) => Some(s.to_ascii_uppercase()),
+        StateForm::Tagged { state } => state.map(|s| s.to_ascii_uppercase()),
     }
+}
+
+/// The parts of `plan.json` the history uses. The rest is skipped without being built: a
+/// 100k-item plan is ~30 MB of JSON, and building the whole [`CampaignPlan`] for `status` cost
+/// more than the journal. Field names are the plan's own (a test checks the two agree).
+#[derive(Deserialize)]
+struct PlanView {
+    experiment_config_path: String,
+    runner: RunnerView,
+    stages: Vec<StageView>,
+}
+
+#[derive(Deserialize)]
+struct RunnerView {
+    kind: RunnerKind,
+}
+
+#[derive(Deserialize)]
+struct StageView {
+    stage_id: String,
+    parents: Vec<String>,
+    spec: SpecView,
+    work: WorkView,
+}
+
+#[derive(Deserialize)]
+struct SpecView {
+    resource: Resource,
+}
+
+#[derive(Deserialize)]
+struct WorkView {
+    strategy: Strategy,
+    items: Vec<ItemView>,
+    aggregate_required: bool,
+    topology: TopologyView,
+}
+
+#[derive(Deserialize)]
+struct ItemView {
+    instance: u32,
+}
+
+#[derive(Deserialize)]
+struct TopologyView {
+    groups: Vec<GroupView>,
+}
+
+#[derive(Deserialize)]
+struct GroupView {
+    placement: PlacementView,
+}
+
+#[derive(Deserialize)]
+struct PlacementView {
+    node_count: u32,
+    gpus_on_node: u32,
 }
 
 /// Per-unit GPUs and per-stage layout from the plan.
@@ -359,11 +450,30 @@ struct PlanInfo {
     runner: String,
     experiment: String,
     stages: Vec<(String, Vec<String>, usize)>,
-    /// Unit key -> GPUs.
-    gpus: HashMap<String, u32>,
+    /// Stage id -> (GPUs of each work item, GPUs of the aggregate step if it has one).
+    gpus: HashMap<String, (Vec<u32>, Option<u32>)>,
 }
 
-fn plan_info(plan: &CampaignPlan) -> PlanInfo {
+impl PlanInfo {
+    /// GPUs of a unit (`score/3`, `score/agg`); 0 when the plan does not know it.
+    fn unit_gpus(&self, unit: &str) -> u32 {
+        let Some((stage, idx)) = unit.rsplit_once('/') else {
+            return 0;
+        };
+        let Some((items, agg)) = self.gpus.get(stage) else {
+            return 0;
+        };
+        if idx == "agg" {
+            return agg.unwrap_or(0);
+        }
+        idx.parse::<usize>()
+            .ok()
+            .and_then(|i| items.get(i).copied())
+            .unwrap_or(0)
+    }
+}
+
+fn plan_info(plan: &PlanView) -> PlanInfo {
     let mut gpus = HashMap::new();
     let mut stages = Vec::new();
     for st in &plan.stages {
@@ -379,20 +489,21 @@ fn plan_info(plan: &CampaignPlan) -> PlanInfo {
                 .map(|g| g.placement.node_count.max(1) * g.placement.gpus_on_node)
                 .unwrap_or(0)
         };
-        for (i, item) in st.work.items.iter().enumerate() {
-            gpus.insert(format!("{}/{i}", st.stage_id), unit_gpus(item.instance));
-        }
+        let items: Vec<u32> = st
+            .work
+            .items
+            .iter()
+            .map(|i| unit_gpus(i.instance))
+            .collect();
         let agg = st.work.strategy == Strategy::Sharded && st.work.aggregate_required;
-        if agg {
-            // The aggregate step runs with the topology of item 0 (controller::spec).
-            let g = st.work.items.first().map(|i| unit_gpus(i.instance));
-            gpus.insert(format!("{}/agg", st.stage_id), g.unwrap_or(0));
-        }
+        // The aggregate step runs with the topology of item 0 (controller::spec).
+        let agg_gpus = agg.then(|| items.first().copied().unwrap_or(0));
         stages.push((
             st.stage_id.clone(),
             st.parents.clone(),
             st.work.items.len() + usize::from(agg),
         ));
+        gpus.insert(st.stage_id.clone(), (items, agg_gpus));
     }
     PlanInfo {
         runner: plan.runner.kind.as_str().to_string(),
@@ -402,31 +513,42 @@ fn plan_info(plan: &CampaignPlan) -> PlanInfo {
     }
 }
 
-/// Reads the complete lines of a journal file read-only: `(records, bytes of an unfinished
-/// last line left unread)`.
-fn read_journal(path: &Path) -> Result<(Vec<RawRecord>, usize), ReportError> {
-    let mut bytes = Vec::new();
-    File::open(path)
-        .and_then(|mut f| f.read_to_end(&mut bytes))
-        .map_err(|e| ReportError::io("reading journal", path, e))?;
-    let complete = bytes.iter().rposition(|&b| b == b'\n').map_or(0, |i| i + 1);
-    let mut out = Vec::with_capacity(complete / 200);
-    for (i, line) in bytes[..complete].split(|&b| b == b'\n').enumerate() {
-        if line.is_empty() {
+/// Streams the complete lines of a journal file, read-only, into `f(at_ms, entry)`; returns
+/// the bytes of an unfinished last line left unread (a controller mid-append). One line is in
+/// memory at a time.
+fn read_journal(path: &Path, mut f: impl FnMut(u64, &RawEntry<'_>)) -> Result<usize, ReportError> {
+    let file = File::open(path).map_err(|e| ReportError::io("reading journal", path, e))?;
+    let mut reader = BufReader::with_capacity(1 << 20, file);
+    let mut line = Vec::with_capacity(4096);
+    let mut number = 0usize;
+    loop {
+        line.clear();
+        let n = reader
+            .read_until(b'\n', &mut line)
+            .map_err(|e| ReportError::io("reading journal", path, e))?;
+        if n == 0 {
+            return Ok(0);
+        }
+        if line.last() != Some(&b'\n') {
+            return Ok(line.len());
+        }
+        number += 1;
+        let body = &line[..line.len() - 1];
+        if body.is_empty() {
             continue;
         }
         // An entry kind this reader does not know is skipped (a newer journal); only a line
         // that is not a record at all is an error.
-        match serde_json::from_slice::<RawRecord>(line) {
-            Ok(r) => out.push(r),
+        match serde_json::from_slice::<RawRecord>(body) {
+            Ok(r) => f(r.at_ms, &r.entry),
             Err(e) => {
-                let v: Result<serde_json::Value, _> = serde_json::from_slice(line);
+                let v: Result<serde_json::Value, _> = serde_json::from_slice(body);
                 let known =
                     matches!(&v, Ok(v) if v.get("entry").and_then(|e| e.get("t")).is_some());
                 if !known {
                     return Err(ReportError::Corrupt {
                         path: path.to_path_buf(),
-                        line: Some(i + 1),
+                        line: Some(number),
                         reason: format!(
                             "not a journal record ({e}); expected one JSON object with seq, at_ms and entry"
                         ),
@@ -435,7 +557,6 @@ fn read_journal(path: &Path) -> Result<(Vec<RawRecord>, usize), ReportError> {
             }
         }
     }
-    Ok((out, bytes.len() - complete))
 }
 
 /// The local executor's record of an attempt: start/end from `exit`, or the `started` marker's
@@ -491,18 +612,19 @@ impl CampaignHistory {
         let lease = LeaseStatus::probe(&ctl)?;
         let plan_path = ctl.join("plan.json");
         let plan = match std::fs::read(&plan_path) {
-            Ok(b) => Some(plan_info(
-                &serde_json::from_slice::<CampaignPlan>(&b).map_err(|e| ReportError::Corrupt {
+            Ok(b) => Some(plan_info(&serde_json::from_slice::<PlanView>(&b).map_err(
+                |e| ReportError::Corrupt {
                     path: plan_path.clone(),
                     line: Some(e.line()),
                     reason: format!("not a campaign plan: {e}"),
-                })?,
-            )),
+                },
+            )?)),
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => None,
             Err(e) => return Err(ReportError::io("reading plan", &plan_path, e)),
         };
-        let (records, _torn) = read_journal(&journal)?;
-        let mut h = Self::from_records(dir, &records, plan.as_ref(), lease, now_ms());
+        let mut b = HistoryBuilder::new(dir, plan.as_ref(), lease, now_ms());
+        let _torn = read_journal(&journal, |at, e| b.apply(at, e))?;
+        let mut h = b.finish();
         if attempt_records {
             let adir = dir.join("attempts");
             if adir.is_dir() {
@@ -526,224 +648,6 @@ impl CampaignHistory {
         Ok(h)
     }
 
-    fn from_records(
-        dir: &Path,
-        records: &[RawRecord],
-        plan: Option<&PlanInfo>,
-        lease: LeaseStatus,
-        as_of_ms: u64,
-    ) -> Self {
-        let mut h = CampaignHistory {
-            dir: dir.to_path_buf(),
-            nonce: None,
-            contract_hash: None,
-            revision: 0,
-            runner: plan.map(|p| p.runner.clone()),
-            experiment: plan.map(|p| p.experiment.clone()),
-            records: records.len() as u64,
-            first_ms: records.first().map(|r| r.at_ms),
-            last_ms: records.last().map(|r| r.at_ms),
-            as_of_ms,
-            stages: Vec::new(),
-            attempts: Vec::new(),
-            finished: false,
-            events: Vec::new(),
-            lease,
-        };
-        let mut by_id: HashMap<String, usize> = HashMap::new();
-        let mut last_of_unit: HashMap<String, usize> = HashMap::new();
-        let mut stage_end: HashMap<String, (StageStatus, Option<String>)> = HashMap::new();
-        for r in records {
-            let e = &r.entry;
-            match e.t.as_str() {
-                "header" => {
-                    h.nonce = e.nonce.clone();
-                    h.contract_hash = e.contract_hash.clone();
-                }
-                "revision" => {
-                    h.revision = e.revision.unwrap_or(h.revision + 1);
-                    h.contract_hash = e.contract_hash.clone().or(h.contract_hash.take());
-                    // A new revision starts over: what the old one did is thrown away.
-                    for a in &mut h.attempts {
-                        a.outcome = Outcome::Superseded;
-                    }
-                    last_of_unit.clear();
-                    stage_end.clear();
-                }
-                "intent" => {
-                    let (Some(unit), Some(id)) = (&e.unit, &e.attempt_id) else {
-                        continue;
-                    };
-                    let stage = unit
-                        .rsplit_once('/')
-                        .map_or(unit.as_str(), |(s, _)| s)
-                        .to_string();
-                    let gpus = plan.and_then(|p| p.gpus.get(unit).copied()).unwrap_or(0);
-                    let idx = h.attempts.len();
-                    h.attempts.push(AttemptHistory {
-                        attempt_id: id.clone(),
-                        unit: unit.clone(),
-                        stage,
-                        attempt: e.attempt.unwrap_or(1),
-                        revision: h.revision,
-                        resume: e.resume.unwrap_or(false),
-                        more_resources: e.more_resources.unwrap_or(false),
-                        job_id: None,
-                        submitted_ms: r.at_ms,
-                        started_ms: None,
-                        ended_ms: None,
-                        start_estimated: true,
-                        outcome: Outcome::Intent,
-                        state: None,
-                        exit_code: None,
-                        class: None,
-                        detail: String::new(),
-                        log_path: None,
-                        nodes: None,
-                        gpus,
-                        last_heartbeat_ms: None,
-                        retry_of: last_of_unit.get(unit).copied(),
-                    });
-                    by_id.insert(id.clone(), idx);
-                    last_of_unit.insert(unit.clone(), idx);
-                }
-                "submitted" => {
-                    let Some(&i) = e.attempt_id.as_ref().and_then(|id| by_id.get(id)) else {
-                        continue;
-                    };
-                    let a = &mut h.attempts[i];
-                    if a.outcome == Outcome::Intent {
-                        a.outcome = Outcome::Live;
-                    }
-                    if let Some(hd) = &e.handle {
-                        a.job_id = hd.job_id.as_ref().map(|j| match hd.array_task {
-                            Some(t) => format!("{j}_{t}"),
-                            None => j.clone(),
-                        });
-                        if let Some(t) = hd.submitted_at_ms.filter(|&t| t > 0) {
-                            a.submitted_ms = t;
-                        }
-                        if hd.executor.as_deref() == Some("local") {
-                            a.nodes = Some("localhost".into());
-                        }
-                    }
-                }
-                "submit_failed" => {
-                    if let Some(&i) = e.attempt_id.as_ref().and_then(|id| by_id.get(id)) {
-                        let a = &mut h.attempts[i];
-                        if a.outcome != Outcome::Superseded {
-                            a.outcome = Outcome::SubmitFailed;
-                        }
-                        a.detail = e.error.clone().unwrap_or_default();
-                        a.ended_ms = Some(r.at_ms);
-                    }
-                }
-                "cancel_requested" => {
-                    if let Some(&i) = e.attempt_id.as_ref().and_then(|id| by_id.get(id)) {
-                        let a = &mut h.attempts[i];
-                        if a.detail.is_empty() {
-                            a.detail =
-                                format!("cancel requested: {}", e.reason.as_deref().unwrap_or(""));
-                        }
-                    }
-                }
-                "finished" => {
-                    let Some(&i) = e.attempt_id.as_ref().and_then(|id| by_id.get(id)) else {
-                        continue;
-                    };
-                    let a = &mut h.attempts[i];
-                    a.state = e.state.as_ref().and_then(state_name);
-                    a.exit_code = e.exit_code;
-                    a.class = e.class;
-                    if let Some(d) = &e.detail {
-                        a.detail = d.clone();
-                    }
-                    a.log_path = e.log_path.clone();
-                    a.ended_ms = Some(e.ended_at_ms.unwrap_or(r.at_ms));
-                    if let Some(s) = e.started_at_ms {
-                        a.started_ms = Some(s);
-                        a.start_estimated = false;
-                    }
-                    if e.nodes.is_some() {
-                        a.nodes = e.nodes.clone();
-                    }
-                    if a.outcome != Outcome::Superseded {
-                        let cancelled = a.class == Some(FailureClass::Cancelled)
-                            || a.state.as_deref() == Some("CANCELLED");
-                        a.outcome = match a.class {
-                            None => Outcome::Succeeded,
-                            Some(_) if cancelled => Outcome::Cancelled,
-                            Some(_) => Outcome::Failed,
-                        };
-                    }
-                }
-                "stage_done" => {
-                    if let Some(s) = &e.stage {
-                        stage_end.insert(s.clone(), (StageStatus::Done, None));
-                    }
-                }
-                "stage_failed" => {
-                    if let Some(s) = &e.stage {
-                        stage_end.insert(s.clone(), (StageStatus::Failed, e.reason.clone()));
-                    }
-                }
-                "event" => {
-                    h.events.push((
-                        r.at_ms,
-                        e.kind.clone().unwrap_or_default(),
-                        e.message.clone().unwrap_or_default(),
-                    ));
-                    if h.events.len() > 100 {
-                        h.events.drain(..50);
-                    }
-                }
-                _ => {}
-            }
-            // Any entry naming an attempt may carry its last heartbeat (a hung attempt) or its
-            // start (a richer journal).
-            if (e.last_heartbeat_ms.is_some() || e.started_at_ms.is_some())
-                && e.t != "finished"
-                && let Some(&i) = e.attempt_id.as_ref().and_then(|id| by_id.get(id))
-            {
-                let a = &mut h.attempts[i];
-                if e.last_heartbeat_ms.is_some() {
-                    a.last_heartbeat_ms = e.last_heartbeat_ms;
-                }
-                if let Some(s) = e.started_at_ms {
-                    a.started_ms = Some(s);
-                    a.start_estimated = false;
-                }
-            }
-        }
-        if h.events.len() > 50 {
-            let cut = h.events.len() - 50;
-            h.events.drain(..cut);
-        }
-        // Stages: the plan's, else those the attempts name, in first-seen order.
-        let mut stages: Vec<StageHistory> = match plan {
-            Some(p) => p
-                .stages
-                .iter()
-                .map(|(id, parents, units)| StageHistory::new(id, parents.clone(), *units))
-                .collect(),
-            None => Vec::new(),
-        };
-        for a in &h.attempts {
-            if !stages.iter().any(|s| s.id == a.stage) {
-                stages.push(StageHistory::new(&a.stage, Vec::new(), 0));
-            }
-        }
-        for s in &mut stages {
-            if let Some((st, reason)) = stage_end.get(&s.id) {
-                s.status = *st;
-                s.reason = reason.clone();
-            }
-        }
-        h.stages = stages;
-        h.recompute_stages();
-        h
-    }
-
     /// Recomputes the stages' unit counts, GPU-hours and the `finished` flag from the attempts.
     fn recompute_stages(&mut self) {
         let idx: HashMap<String, usize> = self
@@ -760,12 +664,12 @@ impl CampaignHistory {
             s.wasted_gpu_hours = 0.0;
         }
         // Last attempt per unit decides the unit's state.
-        let mut last: HashMap<&str, usize> = HashMap::new();
+        let mut last: FastMap<&str, usize> = FastMap::default();
         for (i, a) in self.attempts.iter().enumerate() {
             if let Some(&si) = idx.get(&a.stage) {
                 let s = &mut self.stages[si];
                 s.gpu_hours += a.gpu_hours(self.as_of_ms);
-                s.wasted_gpu_hours += a.waste(self.as_of_ms).iter().map(|w| w.1).sum::<f64>();
+                s.wasted_gpu_hours += a.wasted_gpu_hours(self.as_of_ms);
             }
             if a.outcome != Outcome::Superseded {
                 last.insert(a.unit.as_str(), i);
@@ -867,6 +771,261 @@ impl CampaignHistory {
     }
 }
 
+/// Builds a [`CampaignHistory`] one journal record at a time (the journal is streamed, never
+/// held whole).
+struct HistoryBuilder<'p> {
+    h: CampaignHistory,
+    plan: Option<&'p PlanInfo>,
+    by_id: FastMap<String, usize>,
+    last_of_unit: FastMap<String, usize>,
+    stage_end: HashMap<String, (StageStatus, Option<String>)>,
+}
+
+impl<'p> HistoryBuilder<'p> {
+    fn new(dir: &Path, plan: Option<&'p PlanInfo>, lease: LeaseStatus, as_of_ms: u64) -> Self {
+        HistoryBuilder {
+            h: CampaignHistory {
+                dir: dir.to_path_buf(),
+                nonce: None,
+                contract_hash: None,
+                revision: 0,
+                runner: plan.map(|p| p.runner.clone()),
+                experiment: plan.map(|p| p.experiment.clone()),
+                records: 0,
+                first_ms: None,
+                last_ms: None,
+                as_of_ms,
+                stages: Vec::new(),
+                attempts: Vec::new(),
+                finished: false,
+                events: Vec::new(),
+                lease,
+            },
+            plan,
+            by_id: FastMap::default(),
+            last_of_unit: FastMap::default(),
+            stage_end: HashMap::new(),
+        }
+    }
+
+    fn attempt_index(&self, e: &RawEntry<'_>) -> Option<usize> {
+        e.attempt_id
+            .as_deref()
+            .and_then(|id| self.by_id.get(id))
+            .copied()
+    }
+
+    fn apply(&mut self, at_ms: u64, e: &RawEntry<'_>) {
+        let h = &mut self.h;
+        h.records += 1;
+        h.first_ms.get_or_insert(at_ms);
+        h.last_ms = Some(at_ms);
+        match e.t.as_ref() {
+            "header" => {
+                h.nonce = e.nonce.as_deref().map(str::to_string);
+                h.contract_hash = e.contract_hash.as_deref().map(str::to_string);
+            }
+            "revision" => {
+                h.revision = e.revision.unwrap_or(h.revision + 1);
+                h.contract_hash = e
+                    .contract_hash
+                    .as_deref()
+                    .map(str::to_string)
+                    .or(h.contract_hash.take());
+                // A new revision starts over: what the old one did is thrown away.
+                for a in &mut h.attempts {
+                    a.outcome = Outcome::Superseded;
+                }
+                self.last_of_unit.clear();
+                self.stage_end.clear();
+            }
+            "intent" => {
+                let (Some(unit), Some(id)) = (e.unit.as_deref(), e.attempt_id.as_deref()) else {
+                    return;
+                };
+                let stage = unit.rsplit_once('/').map_or(unit, |(s, _)| s).to_string();
+                let gpus = self.plan.map_or(0, |p| p.unit_gpus(unit));
+                let idx = h.attempts.len();
+                h.attempts.push(AttemptHistory {
+                    attempt_id: id.to_string(),
+                    unit: unit.to_string(),
+                    stage,
+                    attempt: e.attempt.unwrap_or(1),
+                    revision: h.revision,
+                    resume: e.resume.unwrap_or(false),
+                    more_resources: e.more_resources.unwrap_or(false),
+                    job_id: None,
+                    submitted_ms: at_ms,
+                    started_ms: None,
+                    ended_ms: None,
+                    start_estimated: true,
+                    outcome: Outcome::Intent,
+                    state: None,
+                    exit_code: None,
+                    class: None,
+                    detail: String::new(),
+                    log_path: None,
+                    nodes: None,
+                    gpus,
+                    last_heartbeat_ms: None,
+                    retry_of: self.last_of_unit.get(unit).copied(),
+                });
+                self.by_id.insert(id.to_string(), idx);
+                self.last_of_unit.insert(unit.to_string(), idx);
+            }
+            "submitted" => {
+                let Some(i) = self.attempt_index(e) else {
+                    return;
+                };
+                let a = &mut self.h.attempts[i];
+                if a.outcome == Outcome::Intent {
+                    a.outcome = Outcome::Live;
+                }
+                if let Some(hd) = &e.handle {
+                    a.job_id = hd.job_id.as_deref().map(|j| match hd.array_task {
+                        Some(t) => format!("{j}_{t}"),
+                        None => j.to_string(),
+                    });
+                    if let Some(t) = hd.submitted_at_ms.filter(|&t| t > 0) {
+                        a.submitted_ms = t;
+                    }
+                    if hd.executor.as_deref() == Some("local") {
+                        a.nodes = Some("localhost".into());
+                    }
+                }
+            }
+            "submit_failed" => {
+                if let Some(i) = self.attempt_index(e) {
+                    let a = &mut self.h.attempts[i];
+                    if a.outcome != Outcome::Superseded {
+                        a.outcome = Outcome::SubmitFailed;
+                    }
+                    a.detail = e.error.as_deref().unwrap_or_default().to_string();
+                    a.ended_ms = Some(at_ms);
+                }
+            }
+            "cancel_requested" => {
+                if let Some(i) = self.attempt_index(e) {
+                    let a = &mut self.h.attempts[i];
+                    if a.detail.is_empty() {
+                        a.detail =
+                            format!("cancel requested: {}", e.reason.as_deref().unwrap_or(""));
+                    }
+                }
+            }
+            "finished" => {
+                let Some(i) = self.attempt_index(e) else {
+                    return;
+                };
+                let a = &mut self.h.attempts[i];
+                a.state = e.state.and_then(state_name);
+                a.exit_code = e.exit_code;
+                a.class = e.class;
+                if let Some(d) = &e.detail {
+                    a.detail = d.to_string();
+                }
+                a.log_path = e.log_path.as_deref().map(PathBuf::from);
+                a.ended_ms = Some(e.ended_at_ms.unwrap_or(at_ms));
+                if let Some(s) = e.started_at_ms {
+                    a.started_ms = Some(s);
+                    a.start_estimated = false;
+                }
+                if let Some(n) = &e.nodes {
+                    a.nodes = Some(n.to_string());
+                }
+                if a.outcome != Outcome::Superseded {
+                    let cancelled = a.class == Some(FailureClass::Cancelled)
+                        || a.state.as_deref() == Some("CANCELLED");
+                    a.outcome = match a.class {
+                        None => Outcome::Succeeded,
+                        Some(_) if cancelled => Outcome::Cancelled,
+                        Some(_) => Outcome::Failed,
+                    };
+                }
+            }
+            "stage_done" => {
+                if let Some(s) = &e.stage {
+                    self.stage_end
+                        .insert(s.to_string(), (StageStatus::Done, None));
+                }
+            }
+            "stage_failed" => {
+                if let Some(s) = &e.stage {
+                    self.stage_end.insert(
+                        s.to_string(),
+                        (StageStatus::Failed, e.reason.as_deref().map(str::to_string)),
+                    );
+                }
+            }
+            "event" => {
+                h.events.push((
+                    at_ms,
+                    e.kind.as_deref().unwrap_or_default().to_string(),
+                    e.message.as_deref().unwrap_or_default().to_string(),
+                ));
+                if h.events.len() > 100 {
+                    h.events.drain(..50);
+                }
+            }
+            _ => {}
+        }
+        // Any entry naming an attempt may carry its last heartbeat (a hung attempt) or its
+        // start (a richer journal).
+        if (e.last_heartbeat_ms.is_some() || e.started_at_ms.is_some())
+            && e.t != "finished"
+            && let Some(i) = self.attempt_index(e)
+        {
+            let a = &mut self.h.attempts[i];
+            if e.last_heartbeat_ms.is_some() {
+                a.last_heartbeat_ms = e.last_heartbeat_ms;
+            }
+            if let Some(s) = e.started_at_ms {
+                a.started_ms = Some(s);
+                a.start_estimated = false;
+            }
+        }
+    }
+
+    fn finish(self) -> CampaignHistory {
+        let HistoryBuilder {
+            mut h,
+            plan,
+            stage_end,
+            ..
+        } = self;
+        if h.events.len() > 50 {
+            let cut = h.events.len() - 50;
+            h.events.drain(..cut);
+        }
+        // Stages: the plan's, else those the attempts name, in first-seen order.
+        let mut stages: Vec<StageHistory> = match plan {
+            Some(p) => p
+                .stages
+                .iter()
+                .map(|(id, parents, units)| StageHistory::new(id, parents.clone(), *units))
+                .collect(),
+            None => Vec::new(),
+        };
+        let mut known: std::collections::HashSet<String> =
+            stages.iter().map(|s| s.id.clone()).collect();
+        for a in &h.attempts {
+            if !known.contains(&a.stage) {
+                known.insert(a.stage.clone());
+                stages.push(StageHistory::new(&a.stage, Vec::new(), 0));
+            }
+        }
+        for s in &mut stages {
+            if let Some((st, reason)) = stage_end.get(&s.id) {
+                s.status = *st;
+                s.reason = reason.clone();
+            }
+        }
+        h.stages = stages;
+        h.recompute_stages();
+        h
+    }
+}
+
 impl StageHistory {
     fn new(id: &str, parents: Vec<String>, units: usize) -> Self {
         StageHistory {
@@ -888,8 +1047,18 @@ impl StageHistory {
 mod tests {
     use super::*;
 
-    fn rec(at: u64, entry: serde_json::Value) -> RawRecord {
-        serde_json::from_value(serde_json::json!({"seq": 1, "at_ms": at, "entry": entry})).unwrap()
+    fn rec(at: u64, entry: serde_json::Value) -> String {
+        serde_json::json!({"seq": 1, "at_ms": at, "entry": entry}).to_string()
+    }
+
+    /// What `load` builds from these journal lines, without a plan.
+    fn from_lines(lines: &[String], as_of_ms: u64) -> CampaignHistory {
+        let mut b = HistoryBuilder::new(Path::new("/c"), None, LeaseStatus::default(), as_of_ms);
+        for l in lines {
+            let r: RawRecord = serde_json::from_str(l).unwrap();
+            b.apply(r.at_ms, &r.entry);
+        }
+        b.finish()
     }
 
     #[test]
@@ -925,13 +1094,7 @@ mod tests {
                 serde_json::json!({"t":"finished","attempt_id":"n.a.0.a2","state":{"state":"completed"},"exit_code":0,"class":null,"detail":"","log_path":null,"started_at_ms":3_600_000}),
             ),
         ];
-        let mut h = CampaignHistory::from_records(
-            Path::new("/c"),
-            &recs,
-            None,
-            LeaseStatus::default(),
-            10_000_000,
-        );
+        let mut h = from_lines(&recs, 10_000_000);
         for a in &mut h.attempts {
             a.gpus = 2;
         }
@@ -944,6 +1107,112 @@ mod tests {
         let w = h.waste_by_class();
         assert_eq!(w.len(), 1);
         assert!((w["oom"] - 2.0).abs() < 1e-9, "{w:?}");
+        for a in &h.attempts {
+            let by_key: f64 = a.waste(h.as_of_ms).iter().map(|w| w.1).sum();
+            assert!((a.wasted_gpu_hours(h.as_of_ms) - by_key).abs() < 1e-12);
+        }
+        // A hung attempt (heartbeat 1400 s before its end): only the hung part is waste if it
+        // succeeded; all of it otherwise.
+        let mut a = h.attempts[1].clone();
+        a.last_heartbeat_ms = Some(4_000_000);
+        let hung = 2.0 * 1_400_000.0 / 3_600_000.0;
+        for (outcome, want) in [
+            (Outcome::Succeeded, hung),
+            (Outcome::Failed, 1.0),
+            (Outcome::Cancelled, 1.0),
+            (Outcome::Superseded, 1.0),
+        ] {
+            a.outcome = outcome;
+            let by_key: f64 = a.waste(h.as_of_ms).iter().map(|w| w.1).sum();
+            assert!((by_key - want).abs() < 1e-12, "{outcome:?}: {by_key}");
+            assert!(
+                (a.wasted_gpu_hours(h.as_of_ms) - want).abs() < 1e-12,
+                "{outcome:?}"
+            );
+        }
         assert_eq!(h.stages[0].done_units, 1);
+    }
+
+    /// `PlanView` reads the fields of a real compiled plan's JSON (a MoE plan with GPU and CPU
+    /// stages and a sharded aggregate): what `status` and the report charge per unit equals
+    /// what the full [`crate::campaign::CampaignPlan`] says.
+    #[test]
+    fn plan_view_agrees_with_the_full_plan() {
+        use crate::campaign::config::{ConfigLoader, Env};
+        use crate::campaign::{ExecutionConfig, RunnerEnvironment, compile_campaign_plan_with};
+        let fx =
+            Path::new(env!("CARGO_MANIFEST_DIR")).join("../shared/fixtures/puzzletron-configs");
+        let runner =
+            RunnerEnvironment::load(fx.join("orchestration/qwen_moe/runner.slurm.yaml")).unwrap();
+        let execution =
+            ExecutionConfig::load(fx.join("orchestration/qwen_moe/execution.production.yaml"))
+                .unwrap();
+        let loader = ConfigLoader::new().env(
+            Env::new()
+                .with("PUZZLETRON_RUN_ROOT", "runs/test")
+                .with("PUZZLETRON_DATASET_PATH", "data/ds"),
+        );
+        let plan = compile_campaign_plan_with(
+            &loader,
+            fx.join("families/qwen3_5/qwen3p6_35b_a3b/runs/production.yaml"),
+            &runner,
+            &execution,
+            &[],
+            None,
+        )
+        .unwrap();
+        let json = serde_json::to_vec(&plan).unwrap();
+        let info = plan_info(&serde_json::from_slice::<PlanView>(&json).unwrap());
+        assert_eq!(info.runner, "slurm");
+        assert_eq!(info.experiment, plan.experiment_config_path);
+        assert_eq!(info.stages.len(), plan.stages.len());
+        let mut gpu_units = 0;
+        for (st, (id, parents, units)) in plan.stages.iter().zip(&info.stages) {
+            assert_eq!(id, &st.stage_id);
+            assert_eq!(parents, &st.parents);
+            let agg = st.work.strategy == Strategy::Sharded && st.work.aggregate_required;
+            assert_eq!(*units, st.work.items.len() + usize::from(agg), "{id}");
+            for (i, item) in st.work.items.iter().enumerate() {
+                let want = if st.spec.resource == Resource::Gpu {
+                    let g = &st.work.topology.groups[item.instance as usize].placement;
+                    g.node_count.max(1) * g.gpus_on_node
+                } else {
+                    0
+                };
+                gpu_units += usize::from(want > 0);
+                assert_eq!(info.unit_gpus(&format!("{id}/{i}")), want, "{id}/{i}");
+            }
+            let agg_want = if agg {
+                info.unit_gpus(&format!("{id}/0"))
+            } else {
+                0
+            };
+            assert_eq!(info.unit_gpus(&format!("{id}/agg")), agg_want, "{id}/agg");
+        }
+        assert!(gpu_units > 0, "the fixture has GPU work items");
+        assert_eq!(info.unit_gpus("no-such-stage/0"), 0);
+        assert_eq!(info.unit_gpus("malformed"), 0);
+    }
+
+    /// The journal is streamed: a torn last line is left unread, and a complete line that is
+    /// not a record is an error naming its line number.
+    #[test]
+    fn journal_stream_leaves_a_torn_tail_and_names_a_bad_line() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("journal.jsonl");
+        let good = rec(5, serde_json::json!({"t":"header","format":1,"nonce":"n"}));
+        std::fs::write(&p, format!("{good}\n\n{good}\n{{\"seq\":3,\"at")).unwrap();
+        let mut seen = Vec::new();
+        let torn = read_journal(&p, |at, e| seen.push((at, e.t.to_string()))).unwrap();
+        assert_eq!(torn, "{\"seq\":3,\"at".len());
+        assert_eq!(
+            seen,
+            vec![(5, "header".to_string()), (5, "header".to_string())]
+        );
+        std::fs::write(&p, format!("{good}\nnot json\n")).unwrap();
+        match read_journal(&p, |_, _| {}) {
+            Err(ReportError::Corrupt { line, .. }) => assert_eq!(line, Some(2)),
+            other => panic!("expected Corrupt at line 2, got {other:?}"),
+        }
     }
 }
