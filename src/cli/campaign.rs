@@ -344,6 +344,16 @@ fn run_cmd(a: RunArgs) -> Result<i32, CliError> {
 
 /// Starts this same command without `--detach` in a new session, output to
 /// `<dir>/controller/run.log`, and returns once it holds the lease (or has exited).
+/// Whether `path` holds a complete first line (reads at most 4 KiB; a journal may be large).
+fn first_line_written(path: &Path) -> bool {
+    use std::io::Read;
+    let mut head = [0u8; 4096];
+    std::fs::File::open(path)
+        .and_then(|mut f| f.read(&mut head))
+        .map(|n| head[..n].contains(&b'\n'))
+        .unwrap_or(false)
+}
+
 fn detach(a: &RunArgs) -> Result<i32, CliError> {
     use std::os::unix::process::CommandExt;
     let dir = open_campaign_dir(&a.dir)?;
@@ -391,7 +401,11 @@ fn detach(a: &RunArgs) -> Result<i32, CliError> {
             )));
         }
         let l = LeaseStatus::probe(&ctl)?;
-        if l.held && l.lock_pid == Some(pid as i32) && ctl.join("journal.jsonl").is_file() {
+        // The journal is created empty and its header (the campaign nonce, the tag of
+        // `cancel --tag`) appended just after: wait for a complete first line, so that a
+        // `status` right after the detach already names the campaign.
+        let journal_started = first_line_written(&ctl.join("journal.jsonl"));
+        if l.held && l.lock_pid == Some(pid as i32) && journal_started {
             break;
         }
         if Instant::now() > deadline {
