@@ -275,6 +275,21 @@ impl CampaignController {
     /// Runs the campaign until every stage is done or failed (or until `options` say stop, a
     /// control request arrives, or the halt policy stops it), and reports.
     ///
+    /// # Overrides
+    /// `run` takes no config overrides, unlike the Python reference's `run(seed)`, on purpose:
+    /// overrides are applied when the plan is compiled ([`compile_campaign_plan`]'s
+    /// `&[Override]`, the CLI's `--override`), so the plan this controller holds, and its
+    /// [`contract_hash`], already include them. Running again with other overrides means
+    /// compiling another plan and building a controller on the same folder: its contract hash
+    /// is compared with the journal's, and a difference is refused
+    /// ([`ControllerError::ContractChanged`]) unless the builder set `new_revision(true)`, which
+    /// cancels the old revision's live jobs and starts over. That is the reference's
+    /// "re-compile with the seed's overrides and check the contract", done once at build time
+    /// instead of inside `run`, so a plan can never change under a running controller.
+    ///
+    /// [`compile_campaign_plan`]: crate::campaign::compile_campaign_plan
+    /// [`contract_hash`]: crate::campaign::contract_hash
+    ///
     /// # Errors
     /// [`ControllerError::LeaseLost`], journal and queue I/O errors, executor errors that are
     /// not retryable. Job failures are in the report, not errors.
