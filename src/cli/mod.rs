@@ -205,7 +205,7 @@ pub enum CampaignCmd {
     Report {
         /// The campaign folder.
         dir: PathBuf,
-        /// Output file (default: <dir>/report.html).
+        /// Output file (default: DIR/report.html).
         #[arg(long, value_name = "FILE")]
         out: Option<PathBuf>,
         /// Do not ask `sacct` for the start times and nodes of Slurm attempts.
@@ -227,7 +227,7 @@ pub struct RunArgs {
     #[arg(long)]
     pub once: bool,
     /// Run the controller in the background and return at once (its output goes to
-    /// <dir>/controller/run.log); `status` follows it, `run` again re-attaches after it stops.
+    /// DIR/controller/run.log); `status` follows it, `run` again re-attaches after it stops.
     #[arg(long, conflicts_with = "once")]
     pub detach: bool,
     /// Accept a changed plan: cancel the old attempts and start over.
@@ -314,7 +314,7 @@ pub enum SweepCmd {
         /// The metric.
         #[arg(long)]
         metric: String,
-        /// Output file (default: <metric>.svg).
+        /// Output file (default: METRIC.svg).
         #[arg(long, value_name = "FILE")]
         out: Option<PathBuf>,
     },
@@ -323,7 +323,7 @@ pub enum SweepCmd {
     Report {
         /// The store folder.
         store: PathBuf,
-        /// Output file (default: <store>/report.html).
+        /// Output file (default: STORE/report.html).
         #[arg(long, value_name = "FILE")]
         out: Option<PathBuf>,
     },
