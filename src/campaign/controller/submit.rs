@@ -64,6 +64,8 @@ impl CampaignController {
             max_attempts: st.spec.max_attempts.max(1),
             counted_attempts: u.counted,
             transient_failures: u.transient,
+            infra_failures: u.infra,
+            fail_fast: false,
             oom_failures: u.oom,
         }
     }
@@ -170,7 +172,7 @@ impl CampaignController {
             let n = unit.attempts.len() as u32 + 1;
             let id = self.attempt_id_for(u, n);
             let st = &self.plan.stages[unit.stage];
-            let spec = spec::build(&UnitSpec {
+            let mut spec = spec::build(&UnitSpec {
                 campaign: &self.dir,
                 plan: &self.plan,
                 stage: st,
@@ -181,6 +183,10 @@ impl CampaignController {
                 resume: unit.next_resume,
                 more_resources: unit.next_more_resources,
             })?;
+            super::nodes::add_exclude(
+                &mut spec.scheduler.extra_directives,
+                &self.nodes_to_avoid(u),
+            );
             let out = output_dir(&self.dir, &st.stage_id, unit.item);
             std::fs::create_dir_all(&out).map_err(|e| ControllerError::io("creating", &out, e))?;
             // A marker left by an earlier revision's attempt must not vouch for this one.
