@@ -1270,4 +1270,13 @@ fn heartbeat_timeout_cancels_a_silent_attempt_as_hung_and_journals_its_last_hear
     assert_eq!(first.last_heartbeat_ms, Some(hb));
     assert_eq!(first.class, Some(FailureClass::Hung));
     assert!(first.ended_ms.unwrap() >= hb + 30_000, "{first:?}");
+    assert_eq!(first.gpus, 1, "{first:?}");
+    // The mock's handles carry wall-clock submit times, the journal the virtual clock's: put
+    // the start on the virtual clock (it ran from 0) to compute the waste.
+    let mut first = first.clone();
+    first.started_ms = Some(0);
+    let hung_ms = first.ended_ms.unwrap() - hb;
+    let waste = first.waste(h.as_of_ms);
+    let hung = waste.iter().find(|(k, _)| k == "hung").map(|(_, v)| *v);
+    assert_eq!(hung, Some(hung_ms as f64 / 3_600_000.0), "{waste:?}");
 }

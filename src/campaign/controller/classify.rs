@@ -36,6 +36,10 @@
 //! 8. `FAILED` with another exit code: [`FailureClass::Application`].
 //! 9. Everything else (`LOST`, SIGKILL without oom evidence — C21b "probable OOM" — unknown
 //!    states): [`FailureClass::Unknown`], with the reason in [`Classification::detail`].
+//!
+//! A running attempt the controller cancels because its progress mark did not move for the
+//! stage's heartbeat timeout is classified by [`classify_hung`] instead: `Application` when a
+//! log shows an application error, else [`FailureClass::Hung`].
 
 use serde::{Deserialize, Serialize};
 

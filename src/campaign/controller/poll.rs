@@ -63,6 +63,17 @@ impl CampaignController {
         }
         let u = &self.state.units[at.unit];
         let timeout = self.heartbeat_timeout(u.stage)?;
+        // The logs are read at most every 1/20 of the timeout (at least 1 s): many running
+        // attempts with many rank logs must not turn each poll into a scan.
+        let every = (timeout / 20).max(Duration::from_secs(1)).as_millis() as u64;
+        if let Some(b) = at.beat
+            && now.saturating_sub(b.checked_ms) < every
+        {
+            let silent = Duration::from_millis(now.saturating_sub(b.moved_ms));
+            if silent < timeout {
+                return None;
+            }
+        }
         let stage_id = &self.plan.stages[u.stage].stage_id;
         let hb = output_dir(&self.dir, stage_id, u.item).join(HEARTBEAT_FILE);
         let since = at.handle.as_ref().map_or(0, |h| h.submitted_at_ms);
@@ -84,13 +95,18 @@ impl CampaignController {
                 step,
                 file_ms,
                 moved_ms: now,
+                checked_ms: now,
             },
             Some(b) if step > b.step || file_ms > b.file_ms => Beat {
                 step: step.max(b.step),
                 file_ms: file_ms.max(b.file_ms),
                 moved_ms: now,
+                checked_ms: now,
             },
-            Some(b) => b,
+            Some(b) => Beat {
+                checked_ms: now,
+                ..b
+            },
         };
         at.beat = Some(beat);
         let silent = Duration::from_millis(now.saturating_sub(beat.moved_ms));

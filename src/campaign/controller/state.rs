@@ -81,6 +81,8 @@ pub(crate) struct Beat {
     pub file_ms: Option<u64>,
     /// When the controller saw the mark move last (controller clock, ms).
     pub moved_ms: u64,
+    /// When the controller last read the logs for it (controller clock, ms).
+    pub checked_ms: u64,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -86,6 +86,8 @@ impl CampaignController {
         if self.halted {
             return Ok(false);
         }
+        // Counts replayed from the journal may have crossed the threshold before a crash.
+        self.exclude_broken_nodes()?;
         let now = self.io.clock.now_ms();
         let mut budget = self
             .settings
