@@ -241,6 +241,11 @@ impl CampaignController {
             let mut hung = Vec::new();
             let now = self.io.clock.now_ms();
             for (&a, st) in chunk.iter().zip(statuses.iter()) {
+                if st.state != JobState::Running {
+                    // Suspended, requeued or pending again: the heartbeat counts from the
+                    // next time it runs.
+                    self.state.attempts[a].beat = None;
+                }
                 if st.state.is_terminal() {
                     entries.extend(self.finish_entries(a, st, None));
                 } else if st.state == JobState::Running {

@@ -291,6 +291,7 @@ impl State {
                 self.attempts[a].phase = Phase::Finished;
                 // A finished attempt is never polled again: drop what only live ones need.
                 self.attempts[a].handle = None;
+                self.attempts[a].beat = None;
                 self.attempts[a].log_path = if class.is_some() {
                     log_path.clone()
                 } else {
