@@ -50,13 +50,13 @@ impl CampaignController {
     }
 
     /// Heartbeat check of a running attempt: updates its progress mark and says whether it
-    /// has not moved for the stage's timeout (`Some((silent for, last step, evidence))`).
+    /// has not moved for the stage's timeout (`Some((silent for, last step))`).
     fn check_heartbeat(
         &mut self,
         a: usize,
         st: &JobStatus,
         now: u64,
-    ) -> Option<(Duration, Option<u64>, Evidence)> {
+    ) -> Option<(Duration, Option<u64>)> {
         let at = &self.state.attempts[a];
         if at.cancel_requested {
             return None;
@@ -110,17 +110,18 @@ impl CampaignController {
         };
         at.beat = Some(beat);
         let silent = Duration::from_millis(now.saturating_sub(beat.moved_ms));
-        (silent >= timeout).then_some((silent, beat.step, ev))
+        (silent >= timeout).then_some((silent, beat.step))
     }
 
     /// Cancels a hung attempt (its last heartbeat journaled with the cancel request) and
-    /// returns its Finished + Decided entries, classified from its logs.
+    /// returns its Finished + Decided entries, classified from its logs as they are once it
+    /// ended (what it printed on SIGTERM, e.g. a stack dump, included).
     async fn cancel_hung(
         &mut self,
         a: usize,
         silent: Duration,
         last_step: Option<u64>,
-        ev: Evidence,
+        st: &JobStatus,
     ) -> Result<Vec<Entry>, ControllerError> {
         let id = self.state.attempts[a].id.clone();
         let last_heartbeat_ms = self.state.attempts[a].beat.map(|b| b.moved_ms);
@@ -150,11 +151,12 @@ impl CampaignController {
                 return Ok(Vec::new());
             }
         }
-        let c = classify_hung(&ev, silent, last_step);
-        let st = JobStatus::new(id, JobState::Cancelled { by_uid: None }).with_reason(reason);
+        let c = classify_hung(&self.running_evidence(a, st), silent, last_step);
+        let mut done = JobStatus::new(id, JobState::Cancelled { by_uid: None }).with_reason(reason);
+        done.nodes = st.nodes.clone();
         Ok(self.finish_entries(
             a,
-            &st,
+            &done,
             Some((c.class.unwrap_or(FailureClass::Hung), c.detail)),
         ))
     }
@@ -249,8 +251,8 @@ impl CampaignController {
                 if st.state.is_terminal() {
                     entries.extend(self.finish_entries(a, st, None));
                 } else if st.state == JobState::Running {
-                    if let Some((silent, step, ev)) = self.check_heartbeat(a, st, now) {
-                        hung.push((a, silent, step, ev));
+                    if let Some((silent, step)) = self.check_heartbeat(a, st, now) {
+                        hung.push((a, silent, step, st.clone()));
                     }
                 } else if matches!(st.state, JobState::Pending) {
                     let at = &mut self.state.attempts[a];
@@ -286,8 +288,8 @@ impl CampaignController {
                     .with_reason(msg.clone());
                 entries.extend(self.finish_entries(a, &st, Some((class, msg))));
             }
-            for (a, silent, step, ev) in hung {
-                entries.extend(self.cancel_hung(a, silent, step, ev).await?);
+            for (a, silent, step, st) in hung {
+                entries.extend(self.cancel_hung(a, silent, step, &st).await?);
             }
             progressed |= !entries.is_empty();
             self.record(entries)?;
