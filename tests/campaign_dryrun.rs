@@ -504,3 +504,40 @@ fn summary_without_time_limits_names_the_stages_left_out() {
     assert!(row.contains(" sharded "), "{row}");
     assert!(row.contains(" 1 x 4 "), "{row}");
 }
+
+/// Issue 9 item 5: nodes the campaign excluded appear in every rendered sbatch script as one
+/// sorted, quoted `--exclude` directive; without exclusions there is none.
+#[test]
+fn excluded_nodes_are_one_quoted_exclude_directive() {
+    let plan = moe();
+    let plain = dry_run(&plan, &DryRunOptions::default()).unwrap();
+    assert!(
+        plain.submissions.iter().all(|s| !s
+            .sbatch_script
+            .as_deref()
+            .unwrap()
+            .contains("--exclude")),
+    );
+    let opts = DryRunOptions {
+        exclude_nodes: vec!["n3".into(), "n2".into(), "n2".into()],
+        ..DryRunOptions::default()
+    };
+    let d = dry_run(&plan, &opts).unwrap();
+    assert!(!d.submissions.is_empty());
+    for s in &d.submissions {
+        let script = s.sbatch_script.as_deref().unwrap();
+        assert_eq!(
+            script
+                .lines()
+                .filter(|l| l.starts_with("#SBATCH --exclude"))
+                .collect::<Vec<_>>(),
+            ["#SBATCH --exclude='n2,n3'"],
+            "{script}"
+        );
+    }
+    let bad = DryRunOptions {
+        exclude_nodes: vec!["n2\nrm -rf ~".into()],
+        ..DryRunOptions::default()
+    };
+    assert!(dry_run(&plan, &bad).is_err());
+}

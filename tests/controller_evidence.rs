@@ -353,3 +353,62 @@ fn cancel_campaign_by_tag_without_the_folder() {
         rt.block_on(exec.cancel(h)).unwrap();
     }
 }
+
+/// Item 5 on real processes (local executor): with a 3 s heartbeat timeout, a worker whose
+/// progress mark keeps moving (a `step N` line a second, then a touch of its heartbeat file)
+/// runs to the end, while one that logs one mark and then sleeps is cancelled as hung within
+/// a few seconds, its last heartbeat journaled.
+#[test]
+fn heartbeat_timeout_spares_a_moving_worker_and_cancels_a_silent_one() {
+    let run = |script: &str| {
+        let dir = tempfile::tempdir().unwrap();
+        let events: Events = Arc::default();
+        let ev = events.clone();
+        let mut ctl = CampaignController::builder()
+            .plan(plan(json!([{"id": "s", "command": ["sh", "-c", script]}])))
+            .local(["0"])
+            .campaign_dir(dir.path())
+            .poll_interval(Duration::from_millis(100), Duration::from_millis(200))
+            .retry_policy(puzzletron::campaign::controller::RetryPolicy {
+                transient_retries: 0,
+                ..Default::default()
+            })
+            .heartbeat_timeout("s", Duration::from_secs(3))
+            .on_event(move |e| ev.lock().unwrap().push((Instant::now(), e.clone())))
+            .build()
+            .unwrap();
+        let t0 = Instant::now();
+        let report = rt().block_on(ctl.run(RunOptions::default())).unwrap();
+        let took = t0.elapsed();
+        let evs: Vec<ControllerEvent> = events
+            .lock()
+            .unwrap()
+            .iter()
+            .map(|(_, e)| e.clone())
+            .collect();
+        let journal = std::fs::read_to_string(dir.path().join("controller/journal.jsonl")).unwrap();
+        (report.is_complete(), evs, journal, took)
+    };
+    // Moving: 9 s of work, a mark every second; the last six only by the heartbeat file (6 s
+    // without a log mark: cancelled if the file were not read).
+    let (done, evs, _, took) = run(&format!(
+        "for i in 1 2 3; do echo \"step $i\"; sleep 1; done; \
+         for i in 4 5 6 7 8 9; do touch \"$PUZZLETRON_HEARTBEAT_FILE\"; sleep 1; done; {MARK}"
+    ));
+    assert!(done, "{evs:?}");
+    assert!(took >= Duration::from_secs(9), "{took:?}");
+    assert!(
+        !evs.iter()
+            .any(|e| matches!(e, ControllerEvent::AttemptStuck { .. })),
+        "{evs:?}"
+    );
+    // Silent after its first mark: cancelled as hung, not retried (transient budget 0).
+    let (done, evs, journal, took) = run(&format!("echo 'step 1'; sleep 60; {MARK}"));
+    assert!(!done);
+    let (class, detail) = finished(&evs);
+    assert_eq!(class, Some(FailureClass::Hung), "{detail}");
+    assert!(detail.contains("last progress mark step 1"), "{detail}");
+    assert!(took < Duration::from_secs(20), "{took:?}");
+    assert!(journal.contains("\"last_heartbeat_ms\":"), "{journal}");
+    assert!(journal.contains("\"kind\":\"attempt_stuck\""), "{journal}");
+}

@@ -10,8 +10,8 @@ use std::time::Duration;
 
 use puzzletron::campaign::Node;
 use puzzletron::campaign::controller::{
-    CampaignController, CampaignReport, ControllerError, FailureClass, PoolItem, PoolWorker,
-    RetryPolicy, RunOptions, VirtualClock,
+    CampaignController, CampaignReport, ControllerError, ControllerEvent, FailureClass, PoolItem,
+    PoolWorker, RetryPolicy, RunOptions, VirtualClock,
 };
 use puzzletron::campaign::{
     CampaignPlan, ExecutionConfig, RunnerEnvironment, StageCatalog, compile_resolved,
@@ -60,6 +60,8 @@ struct Sim {
     mock: MockExecutor,
     clock: MockClock,
     seen: Arc<Mutex<Vec<Seen>>>,
+    /// Every spec submitted, in order.
+    specs: Arc<Mutex<Vec<AttemptSpec>>>,
 }
 
 type Script = dyn Fn(&str, u32) -> MockScript + Send + Sync;
@@ -68,6 +70,8 @@ fn sim(script: impl Fn(&str, u32) -> MockScript + Send + Sync + 'static) -> Sim 
     let clock = MockClock::new();
     let seen = Arc::new(Mutex::new(Vec::new()));
     let s2 = seen.clone();
+    let specs = Arc::new(Mutex::new(Vec::new()));
+    let sp = specs.clone();
     let script: Arc<Script> = Arc::new(script);
     let mock = MockExecutor::with_clock(clock.clone()).with_default_script(move |spec| {
         let unit = env(spec, "PUZZLETRON_UNIT").to_string();
@@ -79,9 +83,15 @@ fn sim(script: impl Fn(&str, u32) -> MockScript + Send + Sync + 'static) -> Sim 
             env(spec, "PUZZLETRON_MORE_RESOURCES").to_string(),
             spec.exclusive,
         ));
+        sp.lock().unwrap().push(spec.clone());
         script(&unit, n)
     });
-    Sim { mock, clock, seen }
+    Sim {
+        mock,
+        clock,
+        seen,
+        specs,
+    }
 }
 
 fn controller(
@@ -988,4 +998,285 @@ fn non_empty_unrelated_campaign_dir_is_refused_but_own_layout_is_accepted() {
     assert_eq!(canon, dir.path().canonicalize().unwrap());
     std::fs::create_dir(canon.join("slurm-logs")).unwrap();
     controller(p, &s, dir.path()).build().unwrap();
+}
+
+/// The `--exclude=` directive of the spec submitted for `unit#n`, if any.
+fn exclude_of(s: &Sim, unit: &str, n: u32) -> Option<String> {
+    let specs = s.specs.lock().unwrap();
+    let spec = specs
+        .iter()
+        .find(|sp| {
+            env(sp, "PUZZLETRON_UNIT") == unit && env(sp, "PUZZLETRON_ATTEMPT") == n.to_string()
+        })
+        .unwrap_or_else(|| panic!("{unit}#{n} was not submitted"));
+    spec.scheduler
+        .extra_directives
+        .iter()
+        .find_map(|d| d.strip_prefix("--exclude=").map(String::from))
+}
+
+fn journal(dir: &Path) -> Vec<Value> {
+    std::fs::read_to_string(dir.join("controller/journal.jsonl"))
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str::<Value>(l).unwrap()["entry"].clone())
+        .collect()
+}
+
+#[test]
+fn fail_fast_attempts_are_charged_to_infra_and_the_node_is_excluded_later() {
+    // a/0#1 dies at rendezvous on n2 before any step; b/0#1 loses its node n2; a later
+    // stage c (after a) must avoid n2, and so must both retries. The transient budget is 0:
+    // only the infrastructure budget can retry these.
+    let s = sim(|unit, n| match (unit, n) {
+        ("a/0", 1) => MockScript::fails_after(Duration::from_secs(10), 1)
+            .with_log("torch.distributed.elastic.rendezvous.api.RendezvousTimeoutError\n")
+            .with_nodes("n2"),
+        ("b/0", 1) => MockScript::ends_after(Duration::from_secs(10), JobState::NodeFail)
+            .with_exit_code(1)
+            .with_nodes("n[2-3]"),
+        _ => MockScript::completes_after(Duration::from_secs(10)).with_nodes("n1"),
+    });
+    let dir = tempfile::tempdir().unwrap();
+    let p = plan(
+        json!([
+            {"id": "a", "command": ["w"]},
+            {"id": "b", "command": ["w"]},
+            {"id": "c", "needs": ["a"], "command": ["w"]},
+        ]),
+        json!({"defaults": {"failure_policy": "strict"}}),
+    );
+    let events = Arc::new(Mutex::new(Vec::new()));
+    let ev = events.clone();
+    let mut ctl = controller(p, &s, dir.path())
+        .retry_policy(RetryPolicy {
+            jitter: 0.0,
+            transient_retries: 0,
+            ..RetryPolicy::default()
+        })
+        .on_event(move |e| ev.lock().unwrap().push(e.clone()))
+        .build()
+        .unwrap();
+    let report = rt().block_on(ctl.run(RunOptions::default())).unwrap();
+    assert!(report.is_complete(), "{report}");
+    assert_eq!(
+        submits(&s.mock),
+        ["a/0#1", "b/0#1", "a/0#2", "b/0#2", "c/0#1"]
+    );
+    // First attempts: nothing to avoid yet. Retries avoid their failed attempt's nodes; after
+    // the second fail-fast attempt on n2, every later submission avoids n2.
+    assert_eq!(exclude_of(&s, "a/0", 1), None);
+    assert_eq!(exclude_of(&s, "b/0", 1), None);
+    assert_eq!(exclude_of(&s, "a/0", 2).as_deref(), Some("n2"));
+    assert_eq!(exclude_of(&s, "b/0", 2).as_deref(), Some("n2,n3"));
+    assert_eq!(exclude_of(&s, "c/0", 1).as_deref(), Some("n2"));
+    // Charged to the infrastructure budget: journaled fail-fast with their nodes.
+    let j = journal(dir.path());
+    let fast: Vec<(String, String)> = j
+        .iter()
+        .filter(|e| e["t"] == "finished" && e["fail_fast"] == true)
+        .map(|e| {
+            (
+                short(e["attempt_id"].as_str().unwrap()),
+                e["nodes"].as_str().unwrap().to_string(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        fast,
+        [
+            ("a/0#1".to_string(), "n2".to_string()),
+            ("b/0#1".to_string(), "n[2-3]".to_string())
+        ]
+    );
+    let excluded: Vec<&Value> = j.iter().filter(|e| e["t"] == "node_excluded").collect();
+    assert_eq!(excluded.len(), 1, "{excluded:?}");
+    assert_eq!(excluded[0]["node"], "n2");
+    let evs = events.lock().unwrap();
+    let node_events: Vec<String> = evs
+        .iter()
+        .filter_map(|e| match e {
+            ControllerEvent::NodeExcluded { node, .. } => Some(node.clone()),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(node_events, ["n2"], "n3 failed only once: not excluded");
+    // The report names the excluded node.
+    let h = puzzletron::report::CampaignHistory::load(dir.path(), false).unwrap();
+    assert_eq!(h.excluded_nodes.len(), 1);
+    assert_eq!(h.excluded_nodes[0].1, "n2");
+    assert!(
+        h.excluded_nodes[0].2.contains("2 attempts failed fast"),
+        "{:?}",
+        h.excluded_nodes
+    );
+    let html = puzzletron::report::render_campaign_report(&h);
+    assert!(html.contains("<h2>Excluded nodes</h2>") && html.contains("data-node=\"n2\""));
+    // The batch script the Slurm executor would submit for c carries it, quoted as needed.
+    #[cfg(feature = "slurm")]
+    {
+        let specs = s.specs.lock().unwrap();
+        let c = specs
+            .iter()
+            .find(|sp| env(sp, "PUZZLETRON_UNIT") == "c/0")
+            .unwrap();
+        let script = puzzletron::executor::slurm::script::render(c, "/l/%j.out", None).unwrap();
+        assert!(
+            script.lines().any(|l| l == "#SBATCH --exclude=n2"),
+            "{script}"
+        );
+    }
+}
+
+#[test]
+fn fail_fast_beyond_the_infra_budget_counts_as_transient_and_a_failure_after_progress_is_not_charged()
+ {
+    // a/0 dies at rendezvous four times, each on a new node: 2 retries on the infrastructure
+    // budget, then the transient budget (1), then failed. b/0 dies the same way after step 7:
+    // transient, not charged to its node.
+    let s = sim(|unit, n| match unit {
+        "a/0" => MockScript::fails_after(Duration::from_secs(10), 1)
+            .with_log("RendezvousTimeoutError\n")
+            .with_nodes(format!("n{n}")),
+        "b/0" if n == 1 => MockScript::fails_after(Duration::from_secs(10), 1)
+            .with_log("step 7\nWatchdog caught collective operation timeout\n")
+            .with_nodes("n9"),
+        _ => MockScript::completes_after(Duration::from_secs(10)),
+    });
+    let dir = tempfile::tempdir().unwrap();
+    let p = plan(
+        json!([{"id": "a", "command": ["w"]}, {"id": "b", "command": ["w"]}]),
+        json!({"defaults": {"failure_policy": "strict", "halt_policy": "drain"}}),
+    );
+    let mut ctl = controller(p, &s, dir.path())
+        .retry_policy(RetryPolicy {
+            jitter: 0.0,
+            transient_retries: 1,
+            infra_retries: 2,
+            ..RetryPolicy::default()
+        })
+        .build()
+        .unwrap();
+    let report = rt().block_on(ctl.run(RunOptions::default())).unwrap();
+    let a: Vec<String> = submits(&s.mock)
+        .into_iter()
+        .filter(|x| x.starts_with("a/0"))
+        .collect();
+    assert_eq!(a, ["a/0#1", "a/0#2", "a/0#3", "a/0#4"]);
+    assert_eq!(report.failed.len(), 1, "{report}");
+    assert!(
+        report.failed[0]
+            .reason
+            .contains("2 transient failures, budget 1"),
+        "{report}"
+    );
+    // Each retry avoids the node of the attempt before it.
+    assert_eq!(exclude_of(&s, "a/0", 2).as_deref(), Some("n1"));
+    assert_eq!(exclude_of(&s, "a/0", 4).as_deref(), Some("n3"));
+    // b's failure after progress: transient, retried, not charged to n9.
+    assert_eq!(exclude_of(&s, "b/0", 2), None);
+    let j = journal(dir.path());
+    let b1 = j
+        .iter()
+        .find(|e| e["t"] == "finished" && short(e["attempt_id"].as_str().unwrap()) == "b/0#1")
+        .unwrap();
+    assert_eq!(b1["class"], "transient");
+    assert!(b1.get("fail_fast").is_none(), "{b1}");
+    assert!(
+        b1["detail"]
+            .as_str()
+            .unwrap()
+            .contains("after progress (step 7)")
+    );
+    assert!(
+        !j.iter().any(|e| e["t"] == "node_excluded"),
+        "one fail-fast attempt per node: no node reaches the threshold"
+    );
+}
+
+#[test]
+fn heartbeat_timeout_cancels_a_silent_attempt_as_hung_and_journals_its_last_heartbeat() {
+    // a/0#1 logs one progress mark, then nothing moves: cancelled 30 s after it was first seen
+    // running, classified hung from its logs, retried (with resume: the stage can resume).
+    let s = sim(|unit, n| match (unit, n) {
+        ("a/0", 1) => MockScript::runs_forever().with_log("loading\nstep 3 loss 2.1\n"),
+        _ => MockScript::completes_after(Duration::from_secs(5)),
+    });
+    let dir = tempfile::tempdir().unwrap();
+    let p = plan(
+        json!([{"id": "a", "command": ["w"], "resumable": true}]),
+        json!({"defaults": {"failure_policy": "strict"},
+               "stages": {"a": {"heartbeat_timeout_s": 30}}}),
+    );
+    let events = Arc::new(Mutex::new(Vec::new()));
+    let ev = events.clone();
+    let mut ctl = controller(p, &s, dir.path())
+        .on_event(move |e| ev.lock().unwrap().push(e.clone()))
+        .build()
+        .unwrap();
+    let report = rt().block_on(ctl.run(RunOptions::default())).unwrap();
+    assert!(report.is_complete(), "{report}");
+    assert_eq!(submits(&s.mock), ["a/0#1", "a/0#2"]);
+    assert_eq!(cancels(&s.mock), ["a/0#1"]);
+    let cancel_at = s
+        .mock
+        .calls()
+        .iter()
+        .find_map(|c| match c {
+            MockCall::Cancel { at, .. } => Some(*at),
+            _ => None,
+        })
+        .unwrap();
+    assert!(
+        (Duration::from_secs(30)..=Duration::from_secs(32)).contains(&cancel_at),
+        "{cancel_at:?}"
+    );
+    let j = journal(dir.path());
+    let req = j.iter().find(|e| e["t"] == "cancel_requested").unwrap();
+    let hb = req["last_heartbeat_ms"]
+        .as_u64()
+        .expect("last heartbeat journaled");
+    assert!(
+        req["reason"].as_str().unwrap().contains("last mark step 3"),
+        "{req}"
+    );
+    let fin = j
+        .iter()
+        .find(|e| e["t"] == "finished" && short(e["attempt_id"].as_str().unwrap()) == "a/0#1")
+        .unwrap();
+    assert_eq!(fin["class"], "hung");
+    assert!(
+        fin["detail"]
+            .as_str()
+            .unwrap()
+            .contains("last progress mark step 3"),
+        "{fin}"
+    );
+    let seen = s.seen.lock().unwrap();
+    assert_eq!(seen[1].2, "1", "the retry resumes");
+    let evs = events.lock().unwrap();
+    assert!(evs.iter().any(|e| matches!(e,
+        ControllerEvent::AttemptStuck { reason, .. } if reason.contains("no progress mark for 30 s"))));
+    assert!(evs.iter().any(|e| matches!(
+        e,
+        ControllerEvent::AttemptFinished {
+            class: Some(FailureClass::Hung),
+            ..
+        }
+    )));
+    // The report counts the time after the last heartbeat as wasted (`hung`).
+    let h = puzzletron::report::CampaignHistory::load(dir.path(), false).unwrap();
+    let first = &h.attempts[0];
+    assert_eq!(first.last_heartbeat_ms, Some(hb));
+    assert_eq!(first.class, Some(FailureClass::Hung));
+    assert!(first.ended_ms.unwrap() >= hb + 30_000, "{first:?}");
+    assert_eq!(first.gpus, 1, "{first:?}");
+    // The mock's handles carry wall-clock submit times, the journal the virtual clock's: put
+    // the start on the virtual clock (it ran from 0) to compute the waste.
+    let mut first = first.clone();
+    first.started_ms = Some(0);
+    let hung_ms = first.ended_ms.unwrap() - hb;
+    let waste = first.waste(h.as_of_ms);
+    let hung = waste.iter().find(|(k, _)| k == "hung").map(|(_, v)| *v);
+    assert_eq!(hung, Some(hung_ms as f64 / 3_600_000.0), "{waste:?}");
 }

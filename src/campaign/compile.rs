@@ -469,6 +469,7 @@ fn stage_spec(
         resource,
         distributed: stage.distributed,
         time_limit: ov.time_limit.clone(),
+        heartbeat_timeout_s: ov.heartbeat_timeout_s,
     })
 }
 
@@ -622,7 +623,8 @@ fn apply_filter(
 ///    different mesh or sharding can change numerics).
 ///
 /// Not included, because they do not change results: partitions, node packing, failure and
-/// halt policies, attempt limits, time limits, account, log folders, the stage filter.
+/// halt policies, attempt limits, time limits, heartbeat timeouts, account, log folders, the
+/// stage filter.
 pub fn contract_hash(
     config: &Node,
     runner: &RunnerEnvironment,

@@ -30,6 +30,11 @@ pub struct DryRunOptions {
     /// PASSWORD (in `export NAME=...` prerun lines and in process environments) by
     /// `<redacted>`. On for anything shown or logged; the executor renders with it off.
     pub redact_secrets: bool,
+    /// Nodes the campaign excluded (its controller's `node_excluded` records, see
+    /// [`CampaignHistory::excluded_nodes`](crate::report::CampaignHistory::excluded_nodes)):
+    /// rendered as one `#SBATCH --exclude=` line, as the controller submits them.
+    #[serde(default)]
+    pub exclude_nodes: Vec<String>,
 }
 
 impl Default for DryRunOptions {
@@ -37,6 +42,7 @@ impl Default for DryRunOptions {
         DryRunOptions {
             attempt: 1,
             redact_secrets: true,
+            exclude_nodes: Vec::new(),
         }
     }
 }
@@ -346,6 +352,16 @@ fn sbatch_script(
     }
     if t.exclusive {
         let _ = writeln!(s, "#SBATCH --exclusive");
+    }
+    if !options.exclude_nodes.is_empty() {
+        let mut nodes = options.exclude_nodes.clone();
+        nodes.sort();
+        nodes.dedup();
+        let _ = writeln!(
+            s,
+            "#SBATCH --exclude={}",
+            directive_value(sid, "exclude", &nodes.join(","))?
+        );
     }
     if let Some(tl) = stage.spec.time_limit.as_ref().or(slurm.time_limit.as_ref()) {
         let _ = writeln!(

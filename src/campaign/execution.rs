@@ -143,6 +143,9 @@ pub struct StageExecutionConfig {
     pub max_attempts: Option<u32>,
     /// Slurm `--time` for this stage, parsed.
     pub time_limit: Option<SlurmTime>,
+    /// Heartbeat timeout in seconds (key `heartbeat_timeout_s`, at least 1): a running attempt
+    /// whose progress mark does not move for this long is cancelled as hung.
+    pub heartbeat_timeout_s: Option<u64>,
 }
 
 /// A parsed execution config.
@@ -169,7 +172,7 @@ const DEFAULT_KEYS: [&str; 4] = [
     "gpus_per_node",
     "max_attempts",
 ];
-const STAGE_KEYS: [&str; 9] = [
+const STAGE_KEYS: [&str; 10] = [
     "strategy",
     "instances",
     "failure_policy",
@@ -179,6 +182,7 @@ const STAGE_KEYS: [&str; 9] = [
     "parallel",
     "max_attempts",
     "time_limit",
+    "heartbeat_timeout_s",
 ];
 
 fn field<'a>(map: &'a [(String, Node)], key: &str) -> &'a Node {
@@ -297,6 +301,9 @@ fn parse_stage(file: &str, path: &str, node: &Node) -> Result<StageExecutionConf
                 Node::Str(t) if t.parse::<SlurmTime>().is_ok() => s.time_limit = t.parse().ok(),
                 other => return Err(invalid(file, &p, other, "a Slurm time such as \"4:00:00\"")),
             },
+            "heartbeat_timeout_s" => {
+                s.heartbeat_timeout_s = Some(u64::from(expect_u32(file, &p, value, 1)?))
+            }
             // Every other key was refused by `check_keys` above.
             _ => {}
         }
@@ -327,6 +334,11 @@ pub struct StageExecutionSpec {
     pub distributed: bool,
     /// Slurm `--time` for this stage, if set.
     pub time_limit: Option<SlurmTime>,
+    /// Heartbeat timeout in seconds, if set: a running attempt whose progress mark (a `step N`
+    /// line in its logs, or the mtime of `$PUZZLETRON_HEARTBEAT_FILE`) does not move for this
+    /// long is cancelled and classified as hung. Not part of the contract hash.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub heartbeat_timeout_s: Option<u64>,
 }
 
 #[cfg(test)]
@@ -353,6 +365,29 @@ mod tests {
             (Some(Strategy::Sharded), Some(8), Some("interactive"))
         );
         assert_eq!(c.stage("build_library").unwrap().parallel.pp, Some(1));
+    }
+
+    #[test]
+    fn heartbeat_timeout_is_seconds_of_at_least_one() {
+        let c = parse(json!({"execution": {"stages": {"train": {"heartbeat_timeout_s": 900}}}}))
+            .unwrap();
+        assert_eq!(c.stage("train").unwrap().heartbeat_timeout_s, Some(900));
+        for bad in [json!(0), json!("10m"), json!(-1)] {
+            let e =
+                parse(json!({"execution": {"stages": {"train": {"heartbeat_timeout_s": bad}}}}))
+                    .unwrap_err();
+            assert!(
+                e.to_string()
+                    .contains("execution.stages.train.heartbeat_timeout_s"),
+                "{e}"
+            );
+        }
+        let e = parse(json!({"execution": {"stages": {"train": {"heartbeat_timeout": 9}}}}))
+            .unwrap_err();
+        assert!(
+            e.to_string().contains("did you mean `heartbeat_timeout_s`"),
+            "{e}"
+        );
     }
 
     #[test]

@@ -521,6 +521,9 @@ pub(crate) fn status_text(h: &CampaignHistory) -> String {
             "not finished"
         }
     );
+    for (_, node, why) in &h.excluded_nodes {
+        let _ = writeln!(o, "excluded node {node}: {why}");
+    }
     o
 }
 

@@ -98,6 +98,8 @@ pub struct MockScript {
     pub log_text: String,
     /// Failures of the first submit calls of this attempt, in order.
     pub submit_errors: Vec<MockSubmitError>,
+    /// Nodes reported once it runs (Slurm notation, e.g. `n2`), if any.
+    pub nodes: Option<String>,
 }
 
 impl MockScript {
@@ -173,6 +175,12 @@ impl MockScript {
     /// Sets the log text.
     pub fn with_log(mut self, text: impl Into<String>) -> Self {
         self.log_text = text.into();
+        self
+    }
+
+    /// Sets the nodes reported once the job runs.
+    pub fn with_nodes(mut self, nodes: impl Into<String>) -> Self {
+        self.nodes = Some(nodes.into());
         self
     }
 
@@ -396,6 +404,9 @@ impl MockExecutor {
             .with_restarts(job.script.restarts);
         st.reason = job.script.reason.clone();
         st.log_path = job.log_path.clone();
+        if state != JobState::Pending {
+            st.nodes = job.script.nodes.clone();
+        }
         if state.is_terminal() {
             st.exit_code = job
                 .script

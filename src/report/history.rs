@@ -290,6 +290,9 @@ pub struct CampaignHistory {
     pub finished: bool,
     /// The last events (`Event` entries: recovery, halt, detach...), at most 50.
     pub events: Vec<(u64, String, String)>,
+    /// Nodes the controller excluded from later submissions (attempts failed fast on them):
+    /// `(when, node, why)`, in journal order.
+    pub excluded_nodes: Vec<(u64, String, String)>,
     /// The lease, as probed when read.
     pub lease: LeaseStatus,
 }
@@ -368,6 +371,8 @@ struct RawEntry<'a> {
     ended_at_ms: Option<u64>,
     #[serde(default)]
     last_heartbeat_ms: Option<u64>,
+    #[serde(default, borrow)]
+    node: Option<Cow<'a, str>>,
 }
 
 /// The two forms a journaled state takes.
@@ -799,6 +804,7 @@ impl<'p> HistoryBuilder<'p> {
                 attempts: Vec::new(),
                 finished: false,
                 events: Vec::new(),
+                excluded_nodes: Vec::new(),
                 lease,
             },
             plan,
@@ -941,6 +947,15 @@ impl<'p> HistoryBuilder<'p> {
                         Some(_) if cancelled => Outcome::Cancelled,
                         Some(_) => Outcome::Failed,
                     };
+                }
+            }
+            "node_excluded" => {
+                if let Some(n) = &e.node {
+                    h.excluded_nodes.push((
+                        at_ms,
+                        n.to_string(),
+                        e.reason.as_deref().unwrap_or_default().to_string(),
+                    ));
                 }
             }
             "stage_done" => {

@@ -76,6 +76,22 @@ pub fn render_campaign_report(h: &CampaignHistory) -> String {
     waste_table(&mut o, h);
     o.push_str("<h2>Failures</h2>");
     failures(&mut o, h);
+    if !h.excluded_nodes.is_empty() {
+        o.push_str(
+            "<h2>Excluded nodes</h2><table><tr><th>node</th><th>since</th><th>why</th></tr>",
+        );
+        for (at, node, why) in &h.excluded_nodes {
+            let _ = write!(
+                o,
+                "<tr data-node=\"{}\"><td class=\"mono\">{}</td><td>{}</td><td>{}</td></tr>",
+                esc(node),
+                esc(node),
+                utc(*at),
+                esc(why)
+            );
+        }
+        o.push_str("</table>");
+    }
     o.push_str("<h2>Attempts</h2>");
     attempts_table(&mut o, h);
     o.push_str("</body></html>\n");

@@ -50,6 +50,8 @@ pub struct CampaignControllerBuilder {
     view: super::view::ViewMode,
     abort_after_submits: Option<u64>,
     require_success_marker: bool,
+    heartbeat: HashMap<String, Duration>,
+    exclude_node_after: Option<u32>,
 }
 
 impl Default for CampaignControllerBuilder {
@@ -79,6 +81,8 @@ impl Default for CampaignControllerBuilder {
             view: super::view::ViewMode::Off,
             abort_after_submits: None,
             require_success_marker: true,
+            heartbeat: HashMap::new(),
+            exclude_node_after: Some(2),
         }
     }
 }
@@ -143,6 +147,27 @@ impl CampaignControllerBuilder {
     /// Default 10 min.
     pub fn stuck_after(mut self, d: Duration) -> Self {
         self.stuck_after = d;
+        self
+    }
+    /// The heartbeat timeout of `stage` (over the execution config's `heartbeat_timeout_s`):
+    /// a running attempt whose progress mark (the highest `step N` / `iteration N` in its job
+    /// log and rank logs, or the mtime of the file `$PUZZLETRON_HEARTBEAT_FILE` it may touch)
+    /// has not moved for `timeout` is cancelled through the executor (SIGTERM, then SIGKILL
+    /// after the executor's grace: Slurm's `KillWait`, the local executor's `kill_grace`) and
+    /// classified from its logs as [`FailureClass::Hung`](super::FailureClass::Hung) (an
+    /// application error in its logs stays `Application`). The time is counted from the first
+    /// poll that saw it running. Timeouts shorter than the poll interval act at the next poll.
+    pub fn heartbeat_timeout(mut self, stage: impl Into<String>, timeout: Duration) -> Self {
+        self.heartbeat.insert(stage.into(), timeout);
+        self
+    }
+    /// After how many fail-fast attempts (see [`nodes`](super::nodes)) on one node it is
+    /// excluded from every later submission (`--exclude`), with a
+    /// [`ControllerEvent::NodeExcluded`](super::ControllerEvent::NodeExcluded); `None`
+    /// never excludes. Default 2. (A unit's own retry avoids the nodes of its failed attempt
+    /// whatever this says.)
+    pub fn exclude_node_after(mut self, attempts: Option<u32>) -> Self {
+        self.exclude_node_after = attempts.map(|n| n.max(1));
         self
     }
     /// Most attempts live at once (default: no limit).
@@ -314,6 +339,8 @@ impl CampaignControllerBuilder {
                 abort_after_submits: self.abort_after_submits,
                 require_success_marker: self.require_success_marker,
                 pools: self.pools,
+                heartbeat: self.heartbeat,
+                exclude_node_after: self.exclude_node_after,
             },
             io: Collaborators {
                 executor,

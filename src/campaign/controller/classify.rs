@@ -36,6 +36,10 @@
 //! 8. `FAILED` with another exit code: [`FailureClass::Application`].
 //! 9. Everything else (`LOST`, SIGKILL without oom evidence — C21b "probable OOM" — unknown
 //!    states): [`FailureClass::Unknown`], with the reason in [`Classification::detail`].
+//!
+//! A running attempt the controller cancels because its progress mark did not move for the
+//! stage's heartbeat timeout is classified by [`classify_hung`] instead: `Application` when a
+//! log shows an application error, else [`FailureClass::Hung`].
 
 use serde::{Deserialize, Serialize};
 
@@ -64,6 +68,9 @@ pub enum FailureClass {
     Application,
     /// Not enough evidence (lost job, SIGKILL without an oom trace, unknown state).
     Unknown,
+    /// Running, but its progress mark did not move for the stage's heartbeat timeout: the
+    /// controller cancelled it ([`classify_hung`]). Retried like [`FailureClass::Transient`].
+    Hung,
 }
 
 impl FailureClass {
@@ -78,6 +85,7 @@ impl FailureClass {
         FailureClass::Expired,
         FailureClass::Application,
         FailureClass::Unknown,
+        FailureClass::Hung,
     ];
 
     /// The snake_case name (`oom`, `timeout_resumable`, ...).
@@ -92,6 +100,7 @@ impl FailureClass {
             FailureClass::Expired => "expired",
             FailureClass::Application => "application",
             FailureClass::Unknown => "unknown",
+            FailureClass::Hung => "hung",
         }
     }
 }
@@ -271,6 +280,37 @@ fn rank_verdict(ev: &Evidence) -> Option<Classification> {
         FailureClass::Transient,
         format!("{name} shows `{m}` {phase}"),
     ))
+}
+
+/// The verdict on a running attempt the controller cancelled because its progress mark did
+/// not move for `silent` (the stage's heartbeat timeout; `last_step` is the last mark seen),
+/// from its logs: an application error in any log (rule 6b) is
+/// [`FailureClass::Application`] (never retried); anything else is [`FailureClass::Hung`],
+/// the detail naming the silence, the last mark and a collective failure if one shows.
+pub fn classify_hung(
+    ev: &Evidence,
+    silent: std::time::Duration,
+    last_step: Option<u64>,
+) -> Classification {
+    let mark = last_step.map_or_else(
+        || "no progress mark yet".to_string(),
+        |s| format!("last progress mark step {s}"),
+    );
+    let base = format!(
+        "hung: no progress for {} s ({mark}), cancelled by the controller",
+        silent.as_secs()
+    );
+    let mut c = match rank_verdict(ev) {
+        Some(v) if v.class == Some(FailureClass::Application) => {
+            Classification::failed(FailureClass::Application, format!("{}; {base}", v.detail))
+        }
+        Some(v) => Classification::failed(FailureClass::Hung, format!("{base}; {}", v.detail)),
+        None => Classification::failed(FailureClass::Hung, base),
+    };
+    if let Some(why) = &ev.log_unavailable {
+        c.detail = format!("{}; log unavailable ({why})", c.detail);
+    }
+    c
 }
 
 const GPU_OOM: &[&str] = &[
@@ -603,6 +643,49 @@ mod tests {
 
     fn step(name: &str, state: JobState, exit: i32, sig: i32) -> StepStatus {
         StepStatus::new(name, state, Some(exit), (sig != 0).then_some(sig))
+    }
+
+    #[test]
+    fn a_hung_attempt_is_classified_from_its_logs() {
+        let silent = std::time::Duration::from_secs(600);
+        let c = classify_hung(&ev("step 40 loss 1.2\n"), silent, Some(40));
+        assert_eq!(c.class, Some(FailureClass::Hung));
+        assert_eq!(
+            c.detail,
+            "hung: no progress for 600 s (last progress mark step 40), cancelled by the controller"
+        );
+        // A collective timeout in a rank log is named; an application error in any log
+        // outranks the hang (never retried).
+        let mut e = ev("step 40\n");
+        e.rank_logs = vec![(
+            "rank log 3/stdout.log".into(),
+            "Watchdog caught collective operation timeout".into(),
+        )];
+        let c = classify_hung(&e, silent, Some(40));
+        assert_eq!(c.class, Some(FailureClass::Hung));
+        assert!(
+            c.detail.contains(
+                "rank log 3/stdout.log shows `watchdog caught collective operation timeout`"
+            ),
+            "{c:?}"
+        );
+        e.rank_logs.push((
+            "rank log 5/stdout.log".into(),
+            "AssertionError: bad shape".into(),
+        ));
+        assert_eq!(
+            classify_hung(&e, silent, Some(40)).class,
+            Some(FailureClass::Application)
+        );
+        let mut gone = ev("");
+        gone.log_unavailable = Some("logs/x.log: No such file".into());
+        let c = classify_hung(&gone, silent, None);
+        assert!(
+            c.detail.contains("no progress mark yet")
+                && c.detail
+                    .ends_with("log unavailable (logs/x.log: No such file)"),
+            "{c:?}"
+        );
     }
 
     #[test]

@@ -102,6 +102,10 @@ pub(super) struct Settings {
     pub abort_after_submits: Option<u64>,
     pub require_success_marker: bool,
     pub pools: HashMap<String, Arc<PoolSource>>,
+    /// Heartbeat timeouts set through the builder, by stage id (over the plan's).
+    pub heartbeat: HashMap<String, Duration>,
+    /// Fail-fast attempts on a node before it is excluded; `None`: never.
+    pub exclude_node_after: Option<u32>,
 }
 
 /// What the controller talks to: the executor, the clock, the journal and lease, observers.

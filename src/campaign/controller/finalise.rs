@@ -179,8 +179,12 @@ impl CampaignController {
             .clone()
             .unwrap_or_else(|| self.dir.join("logs").join(format!("{}.log", at.id)));
         let out = output_dir(&self.dir, &stage.stage_id, u.item);
-        let (class, detail) = match forced {
-            Some((c, d)) => (Some(c), d),
+        let nodes = st
+            .nodes
+            .clone()
+            .filter(|n| !super::nodes::expand_hostlist(n).is_empty());
+        let (class, mut detail, fail_fast) = match forced {
+            Some((c, d)) => (Some(c), d, false),
             None => {
                 let (log_tail, log_unavailable) = match Self::read_tail(&log_path) {
                     Ok(t) => (t, None),
@@ -216,14 +220,25 @@ impl CampaignController {
                     },
                 };
                 let c = classify(st, &ev);
-                (c.class, c.detail)
+                let fast = nodes.is_some() && super::nodes::fails_fast(&st.state, c.class, &ev);
+                (c.class, c.detail, fast)
             }
         };
+        if fail_fast {
+            detail = format!(
+                "{detail}; failed fast on {}: charged to the infrastructure budget and the node, the retry avoids it",
+                nodes.as_deref().unwrap_or_default()
+            );
+        }
         let id = at.id.clone();
         let by_us = at.cancel_requested && class == Some(FailureClass::Cancelled);
         let mut h = self.history(unit);
+        h.fail_fast = fail_fast;
         match class {
-            Some(FailureClass::Transient) => h.transient_failures += 1,
+            Some(FailureClass::Transient | FailureClass::Hung) if fail_fast => {
+                h.infra_failures += 1
+            }
+            Some(FailureClass::Transient | FailureClass::Hung) => h.transient_failures += 1,
             Some(FailureClass::Oom) => {
                 h.oom_failures += 1;
                 h.counted_attempts += 1
@@ -238,6 +253,8 @@ impl CampaignController {
             class,
             detail,
             log_path: Some(log_path.clone()),
+            nodes: nodes.clone(),
+            fail_fast,
         };
         if by_us {
             // Cancelled by this controller (shutdown, new revision): not a failure and not a

@@ -86,6 +86,11 @@ pub enum Entry {
         attempt_id: AttemptId,
         /// Why.
         reason: String,
+        /// For a hung attempt (heartbeat timeout): when its progress mark last moved, as the
+        /// controller saw it (ms since the Unix epoch, controller clock; within one poll
+        /// interval). The report counts the time after it as wasted (`hung`).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        last_heartbeat_ms: Option<u64>,
     },
     /// The attempt reached a terminal state.
     Finished {
@@ -101,6 +106,21 @@ pub enum Entry {
         detail: String,
         /// Its log.
         log_path: Option<PathBuf>,
+        /// Nodes it ran on, in the scheduler's notation (`n[1-2]`), when known.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        nodes: Option<String>,
+        /// It failed fast on `nodes` (a transient failure before its first progress mark, or
+        /// `NODE_FAIL`/`BOOT_FAIL`): charged to the infrastructure budget and to those nodes.
+        #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+        fail_fast: bool,
+    },
+    /// A node is excluded from every later submission of the campaign (`--exclude`): attempts
+    /// failed fast on it as often as the controller's threshold.
+    NodeExcluded {
+        /// The node.
+        node: String,
+        /// Why, e.g. `2 attempts failed fast on it (...)`.
+        reason: String,
     },
     /// What follows for a unit.
     Decided {

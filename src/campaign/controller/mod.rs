@@ -10,6 +10,7 @@
 //! - [`lease`]: one controller per campaign.
 //! - `state` (private): the in-memory state rebuilt from the journal.
 //! - [`classify`](mod@classify): [`FailureClass`] from scheduler state, exit code/signal and the log tail.
+//! - [`nodes`]: broken nodes (fail-fast attempts charged to nodes, `--exclude`).
 //! - [`policy`]: retry budgets, backoff with jitter, [`Decision`]s.
 //! - [`spec`]: from a work unit to an [`AttemptSpec`](crate::executor::AttemptSpec)
 //!   (environment contract of payloads).
@@ -38,6 +39,7 @@ pub mod event;
 mod finalise;
 pub mod journal;
 pub mod lease;
+pub mod nodes;
 pub mod policy;
 mod poll;
 pub mod pool;
@@ -50,7 +52,8 @@ pub mod view;
 
 pub use builder::{CampaignControllerBuilder, open_campaign_dir};
 pub use classify::{
-    Classification, Evidence, FailureClass, OomKind, PendingVerdict, classify, pending_verdict,
+    Classification, Evidence, FailureClass, OomKind, PendingVerdict, classify, classify_hung,
+    pending_verdict,
 };
 pub use clock::{Clock, SystemClock, VirtualClock};
 pub use controls::{TerminalControls, choose_revisions};

@@ -4,7 +4,8 @@
 //! | class | `strict` | `resume` |
 //! | --- | --- | --- |
 //! | success | done | done |
-//! | `transient` | retried, own budget ([`RetryPolicy::transient_retries`]) | same |
+//! | `transient`, `hung` | retried, own budget ([`RetryPolicy::transient_retries`]) | same |
+//! | `transient`, failed fast on a node | retried on other nodes, infrastructure budget ([`RetryPolicy::infra_retries`]), then as `transient` | same |
 //! | `oom` | retried once with more resources when the stage allows it ([`RetryPolicy::oom_retries`]), else fatal | same |
 //! | `timeout_resumable` | fatal | re-submitted with the resume flag, up to `max_attempts` |
 //! | `application`, `unknown` | fatal | re-submitted (resume flag when the stage can resume), up to `max_attempts` |
@@ -28,6 +29,12 @@ pub struct RetryPolicy {
     /// Most retries of one work unit for [`FailureClass::Transient`] failures (C23: their own
     /// cap, separate from `max_attempts`). Default 3.
     pub transient_retries: u32,
+    /// Most retries of one work unit for transient failures that failed fast on a node
+    /// (before the first progress mark, or `NODE_FAIL`/`BOOT_FAIL`; [`UnitHistory::fail_fast`]):
+    /// they are charged to this infrastructure budget, not to `transient_retries`, and the
+    /// retry excludes the failed attempt's nodes. Beyond it they count as transient. Default 2.
+    #[serde(default = "default_infra_retries")]
+    pub infra_retries: u32,
     /// Most retries after an out-of-memory, where the stage allows them. Default 1.
     pub oom_retries: u32,
     /// Delay before the first retry. Default 5 s.
@@ -40,10 +47,15 @@ pub struct RetryPolicy {
     pub jitter: f64,
 }
 
+fn default_infra_retries() -> u32 {
+    2
+}
+
 impl Default for RetryPolicy {
     fn default() -> Self {
         Self {
             transient_retries: 3,
+            infra_retries: default_infra_retries(),
             oom_retries: 1,
             base_delay: Duration::from_secs(5),
             factor: 2.0,
@@ -82,8 +94,15 @@ pub struct UnitHistory {
     pub max_attempts: u32,
     /// Attempts so far, this one included, excluding transient failures.
     pub counted_attempts: u32,
-    /// Transient failures so far, this one included.
+    /// Transient (and hung) failures so far that did not fail fast on a node, this one
+    /// included.
     pub transient_failures: u32,
+    /// Transient failures so far that failed fast on a node (see [`UnitHistory::fail_fast`]),
+    /// this one included.
+    pub infra_failures: u32,
+    /// This attempt failed fast on a node: a transient failure before its first progress mark
+    /// (or `NODE_FAIL`/`BOOT_FAIL`), on known nodes.
+    pub fail_fast: bool,
     /// Out-of-memory failures so far, this one included.
     pub oom_failures: u32,
 }
@@ -127,17 +146,26 @@ pub fn decide(
         reason: format!("{class}: {why}"),
     };
     match class {
-        FailureClass::Transient => {
-            if h.transient_failures <= policy.transient_retries {
+        FailureClass::Transient | FailureClass::Hung => {
+            if h.fail_fast && h.infra_failures <= policy.infra_retries {
+                return Decision::Retry {
+                    delay: policy.delay(h.infra_failures, seed),
+                    resume: h.resumable,
+                    more_resources: false,
+                };
+            }
+            // Fail-fast failures beyond the infrastructure budget count as transient.
+            let n = h.transient_failures + h.infra_failures.saturating_sub(policy.infra_retries);
+            if n <= policy.transient_retries {
                 Decision::Retry {
-                    delay: policy.delay(h.transient_failures, seed),
+                    delay: policy.delay(n, seed),
                     resume: h.resumable,
                     more_resources: false,
                 }
             } else {
                 fail(&format!(
-                    "{} transient failures, budget {}",
-                    h.transient_failures, policy.transient_retries
+                    "{n} transient failures, budget {}",
+                    policy.transient_retries
                 ))
             }
         }
@@ -192,6 +220,8 @@ mod tests {
             max_attempts: 3,
             counted_attempts: 1,
             transient_failures: 0,
+            infra_failures: 0,
+            fail_fast: false,
             oom_failures: 0,
         }
     }
@@ -245,6 +275,47 @@ mod tests {
                 Decision::Fail { .. }
             ));
         }
+    }
+
+    #[test]
+    fn fail_fast_is_charged_to_the_infra_budget_then_to_the_transient_one() {
+        let p = no_jitter();
+        let mut h = hist(FailurePolicy::Strict);
+        h.fail_fast = true;
+        // Within the infrastructure budget (2): retried, the transient budget untouched.
+        h.transient_failures = 3;
+        for n in 1..=2 {
+            h.infra_failures = n;
+            assert!(
+                matches!(
+                    decide(&p, Some(FailureClass::Transient), &h, "a"),
+                    Decision::Retry { .. }
+                ),
+                "infra failure {n}"
+            );
+        }
+        // Beyond it, the third counts as transient failure number 4: budget spent.
+        h.infra_failures = 3;
+        let Decision::Fail { reason } = decide(&p, Some(FailureClass::Transient), &h, "a") else {
+            panic!("expected a failure")
+        };
+        assert_eq!(reason, "transient: 4 transient failures, budget 3");
+        // A hang is retried like a transient failure, on its budget.
+        let mut h = hist(FailurePolicy::Strict);
+        h.transient_failures = 1;
+        assert_eq!(
+            decide(&p, Some(FailureClass::Hung), &h, "a"),
+            Decision::Retry {
+                delay: Duration::from_secs(5),
+                resume: true,
+                more_resources: false
+            }
+        );
+        h.transient_failures = 4;
+        assert!(matches!(
+            decide(&p, Some(FailureClass::Hung), &h, "a"),
+            Decision::Fail { .. }
+        ));
     }
 
     #[test]

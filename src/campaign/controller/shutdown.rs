@@ -74,6 +74,7 @@ impl CampaignController {
             .map(|a| Entry::CancelRequested {
                 attempt_id: self.state.attempts[a].id.clone(),
                 reason: reason.into(),
+                last_heartbeat_ms: None,
             })
             .collect();
         let n = entries.len();

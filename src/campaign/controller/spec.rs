@@ -16,6 +16,7 @@
 //! | `PUZZLETRON_ATTEMPT` | attempt number of the unit, from 1 |
 //! | `PUZZLETRON_MORE_RESOURCES` | `1` on the retry after an out-of-memory |
 //! | `PUZZLETRON_QUEUE_DIR` | pool workers: the stage's queue |
+//! | `PUZZLETRON_HEARTBEAT_FILE` | `<output dir>/_HEARTBEAT`: a worker may touch it to show progress (heartbeat timeout) |
 //!
 //! The retry after an out-of-memory asks for the node exclusively (`--exclusive`: no other
 //! instance shares its memory or GPUs, i.e. fewer instances per node); the payload sees
@@ -35,6 +36,11 @@ use crate::executor::{
 /// Success marker a payload may write into its output folder when it finished (see
 /// [`classify`](mod@super::classify) rule 1).
 pub const SUCCESS_MARKER: &str = "_SUCCESS";
+
+/// Heartbeat file a worker may touch in its output folder (`PUZZLETRON_HEARTBEAT_FILE`): its
+/// modification time is a progress mark for the stage's heartbeat timeout, besides `step N`
+/// lines in the logs.
+pub const HEARTBEAT_FILE: &str = "_HEARTBEAT";
 
 /// The output folder of a unit.
 pub fn output_dir(campaign: &Path, stage: &str, item: Option<usize>) -> PathBuf {
@@ -88,6 +94,10 @@ pub(crate) fn build(u: &UnitSpec<'_>) -> Result<AttemptSpec, ControllerError> {
         .env("PUZZLETRON_SHARD_COUNT", item.shard_count.to_string())
         .env("PUZZLETRON_PHASE", phase)
         .env("PUZZLETRON_OUTPUT_DIR", out.display().to_string())
+        .env(
+            "PUZZLETRON_HEARTBEAT_FILE",
+            out.join(HEARTBEAT_FILE).display().to_string(),
+        )
         .env("PUZZLETRON_RESUME", if u.resume { "1" } else { "0" })
         .env("PUZZLETRON_ATTEMPT", u.attempt.to_string())
         .env(

@@ -2,7 +2,7 @@
 //! through [`State::apply`] with a journal [`Entry`], both live and at replay, so what the
 //! controller believes is exactly what the journal says.
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::path::PathBuf;
 
 use super::classify::FailureClass;
@@ -33,6 +33,10 @@ pub(crate) struct Unit {
     pub status: UnitStatus,
     pub not_before_ms: u64,
     pub transient: u32,
+    /// Transient failures that failed fast on a node (the infrastructure budget).
+    pub infra: u32,
+    /// Nodes of the unit's last attempt that failed fast: its later attempts avoid them.
+    pub exclude: Vec<String>,
     pub oom: u32,
     pub counted: u32,
     pub next_resume: bool,
@@ -61,8 +65,24 @@ pub(crate) struct Attempt {
     pub phase: Phase,
     pub cancel_requested: bool,
     pub pending_since_ms: Option<u64>,
+    /// The progress mark last seen while it ran (heartbeat timeout; in memory only: after a
+    /// restart the timeout counts again from the first poll).
+    pub beat: Option<Beat>,
     /// The log of a failed attempt (kept for the report; `None` for successes, to save memory).
     pub log_path: Option<PathBuf>,
+}
+
+/// A running attempt's progress mark, as last seen.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct Beat {
+    /// Highest `step N` in its logs.
+    pub step: Option<u64>,
+    /// Modification time of its heartbeat file (ms since the Unix epoch).
+    pub file_ms: Option<u64>,
+    /// When the controller saw the mark move last (controller clock, ms).
+    pub moved_ms: u64,
+    /// When the controller last read the logs for it (controller clock, ms).
+    pub checked_ms: u64,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -96,6 +116,10 @@ pub(crate) struct State {
     pub attempt_index: HashMap<AttemptId, usize>,
     pub stages: Vec<StageRt>,
     pub live: usize,
+    /// Attempts that failed fast, per node.
+    pub node_failures: BTreeMap<String, u32>,
+    /// Nodes excluded from later submissions, with why.
+    pub excluded_nodes: BTreeMap<String, String>,
 }
 
 impl State {
@@ -110,6 +134,8 @@ impl State {
             attempt_index: HashMap::new(),
             stages: Vec::new(),
             live: 0,
+            node_failures: BTreeMap::new(),
+            excluded_nodes: BTreeMap::new(),
         };
         s.reset_units(plan);
         s
@@ -168,6 +194,8 @@ impl State {
             status: UnitStatus::Ready,
             not_before_ms: 0,
             transient: 0,
+            infra: 0,
+            exclude: Vec::new(),
             oom: 0,
             counted: 0,
             next_resume: false,
@@ -217,6 +245,7 @@ impl State {
                     phase: Phase::Intent { at_ms },
                     cancel_requested: false,
                     pending_since_ms: None,
+                    beat: None,
                     log_path: None,
                 });
                 self.attempt_index.insert(attempt_id.clone(), a);
@@ -251,6 +280,8 @@ impl State {
                 attempt_id,
                 class,
                 log_path,
+                nodes,
+                fail_fast,
                 ..
             } => {
                 let a = self.attempt(attempt_id)?;
@@ -260,6 +291,7 @@ impl State {
                 self.attempts[a].phase = Phase::Finished;
                 // A finished attempt is never polled again: drop what only live ones need.
                 self.attempts[a].handle = None;
+                self.attempts[a].beat = None;
                 self.attempts[a].log_path = if class.is_some() {
                     log_path.clone()
                 } else {
@@ -282,7 +314,15 @@ impl State {
                 }
                 unit.last_class = *class;
                 match class {
-                    Some(FailureClass::Transient) => unit.transient += 1,
+                    Some(FailureClass::Transient | FailureClass::Hung) if *fail_fast => {
+                        unit.infra += 1;
+                        let list = super::nodes::expand_hostlist(nodes.as_deref().unwrap_or(""));
+                        for n in &list {
+                            *self.node_failures.entry(n.clone()).or_default() += 1;
+                        }
+                        unit.exclude = list;
+                    }
+                    Some(FailureClass::Transient | FailureClass::Hung) => unit.transient += 1,
                     Some(FailureClass::Oom) => {
                         unit.oom += 1;
                         unit.counted += 1
@@ -338,6 +378,9 @@ impl State {
                 self.stages[s].status = StageStatus::Failed;
                 self.stages[s].reason = Some(reason.clone());
                 self.stages[s].ended_ms = Some(at_ms);
+            }
+            Entry::NodeExcluded { node, reason } => {
+                self.excluded_nodes.insert(node.clone(), reason.clone());
             }
             Entry::Event { .. } => {}
         }

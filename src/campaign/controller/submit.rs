@@ -64,6 +64,8 @@ impl CampaignController {
             max_attempts: st.spec.max_attempts.max(1),
             counted_attempts: u.counted,
             transient_failures: u.transient,
+            infra_failures: u.infra,
+            fail_fast: false,
             oom_failures: u.oom,
         }
     }
@@ -84,6 +86,8 @@ impl CampaignController {
         if self.halted {
             return Ok(false);
         }
+        // Counts replayed from the journal may have crossed the threshold before a crash.
+        self.exclude_broken_nodes()?;
         let now = self.io.clock.now_ms();
         let mut budget = self
             .settings
@@ -170,7 +174,7 @@ impl CampaignController {
             let n = unit.attempts.len() as u32 + 1;
             let id = self.attempt_id_for(u, n);
             let st = &self.plan.stages[unit.stage];
-            let spec = spec::build(&UnitSpec {
+            let mut spec = spec::build(&UnitSpec {
                 campaign: &self.dir,
                 plan: &self.plan,
                 stage: st,
@@ -181,6 +185,10 @@ impl CampaignController {
                 resume: unit.next_resume,
                 more_resources: unit.next_more_resources,
             })?;
+            super::nodes::add_exclude(
+                &mut spec.scheduler.extra_directives,
+                &self.nodes_to_avoid(u),
+            );
             let out = output_dir(&self.dir, &st.stage_id, unit.item);
             std::fs::create_dir_all(&out).map_err(|e| ControllerError::io("creating", &out, e))?;
             // A marker left by an earlier revision's attempt must not vouch for this one.
