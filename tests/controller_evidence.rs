@@ -321,18 +321,9 @@ fn cancel_campaign_by_tag_without_the_folder() {
     let mut cancelled = rt.block_on(cancel_campaign(fresh, "abc123")).unwrap();
     cancelled.sort();
     assert_eq!(cancelled, ["abc123.score.0.a1", "abc123r1.score.agg.a2"]);
+    // A poll right after the cancel returns already says Cancelled (the executor records the
+    // end it confirmed; it does not wait for its waiter thread).
     let st = rt.block_on(exec.poll(&handles)).unwrap();
-    for h in &handles {
-        let d = root.path().join("attempts").join(h.attempt_id.as_str());
-        eprintln!(
-            "{}: {:?}",
-            h.attempt_id,
-            std::fs::read_dir(&d)
-                .unwrap()
-                .map(|e| e.unwrap().file_name())
-                .collect::<Vec<_>>()
-        );
-    }
     assert!(matches!(st[0].state, JobState::Cancelled { .. }), "{st:?}");
     assert!(matches!(st[1].state, JobState::Cancelled { .. }), "{st:?}");
     assert!(

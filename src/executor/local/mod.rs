@@ -970,7 +970,18 @@ impl Executor for LocalExecutor {
             inner.lock().jobs.insert(id.clone(), Entry::Done(status));
             return Ok(());
         }
-        inner.cancel_running(id).await
+        inner.cancel_running(id).await?;
+        // The exit record is written; the thread that waits on the wrapper may not have seen it
+        // yet. Record the end now, so that a poll right after the cancel says Cancelled (that
+        // thread later stores the same record and frees the slot).
+        let status = inner.status_from_folder(id)?;
+        if status.state.is_terminal() {
+            let mut st = inner.lock();
+            if matches!(st.jobs.get(id), Some(Entry::Running { .. })) {
+                st.jobs.insert(id.clone(), Entry::Done(status));
+            }
+        }
+        Ok(())
     }
 
     async fn find(&self, attempt_id: &AttemptId) -> Result<Option<JobHandle>, ExecutorError> {
