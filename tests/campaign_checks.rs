@@ -198,7 +198,7 @@ fn overrides_the_compiler_does_not_read_pass_through_and_are_listed() {
     // Passed to the workers unchanged, in the resolved config.
     assert_eq!(
         plan.resolved_config
-            .get_path("pruning.seed")
+            .get("pruning.seed")
             .and_then(|n| n.as_str()),
         Some("notanumber")
     );

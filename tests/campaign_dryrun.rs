@@ -5,7 +5,7 @@
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-use puzzletron::campaign::Node;
+use puzzletron::campaign::config::Value;
 use puzzletron::campaign::config::{ConfigLoader, Env};
 use puzzletron::campaign::{
     CampaignPlan, ExecutionConfig, RunnerEnvironment, StageCatalog, compile_campaign_plan_with,
@@ -57,7 +57,7 @@ const HOSTILE: [&str; 6] = [
 ];
 
 fn user_plan(runner_yaml: &str, workdir: &Path) -> CampaignPlan {
-    let runner = RunnerEnvironment::from_node("runner.yaml", &node_yaml(runner_yaml)).unwrap();
+    let runner = RunnerEnvironment::from_value("runner.yaml", &node_yaml(runner_yaml)).unwrap();
     let mut argv = vec!["printf".to_string(), "%s\\n".to_string()];
     argv.extend(HOSTILE.iter().map(|s| s.to_string()));
     let argv_yaml: Vec<String> = argv
@@ -83,11 +83,11 @@ fn user_plan(runner_yaml: &str, workdir: &Path) -> CampaignPlan {
     .unwrap()
 }
 
-fn node_yaml(text: &str) -> Node {
+fn node_yaml(text: &str) -> Value {
     let v = puzzletron::campaign::config::load_yaml_str(text, Path::new("mem.yaml"))
         .unwrap()
         .value;
-    Node::from_json(&serde_json::to_value(&v).unwrap())
+    Value::from_json(&serde_json::to_value(&v).unwrap())
 }
 
 fn stub(dir: &Path, name: &str, body: &str) {

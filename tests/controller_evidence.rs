@@ -7,7 +7,7 @@ use std::path::Path;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use puzzletron::campaign::Node;
+use puzzletron::campaign::config::Value as ConfigValue;
 use puzzletron::campaign::controller::{
     CampaignController, Control, ControllerEvent, FailureClass, RunOptions, cancel_campaign,
 };
@@ -21,11 +21,11 @@ use puzzletron::executor::{
 use serde_json::{Value, json};
 
 fn plan(stages: Value) -> CampaignPlan {
-    let node = Node::from_json(&json!({ "stages": stages }));
+    let node = ConfigValue::from_json(&json!({ "stages": stages }));
     let catalog = StageCatalog::from_config("exp", &node).unwrap();
-    let execution = ExecutionConfig::from_node(
+    let execution = ExecutionConfig::from_value(
         "execution.yaml",
-        &Node::from_json(&json!({ "execution": {
+        &ConfigValue::from_json(&json!({ "execution": {
             "defaults": {"failure_policy": "strict", "max_attempts": 1}
         }})),
     )
@@ -185,7 +185,7 @@ fn a_failing_validation_command_is_a_failure_with_its_stderr() {
 
 #[test]
 fn outputs_outside_the_output_folder_are_refused_at_compile_time() {
-    let node = Node::from_json(&json!({ "stages": [
+    let node = ConfigValue::from_json(&json!({ "stages": [
         {"id": "s", "command": ["true"], "outputs": ["../../etc/passwd"]}
     ]}));
     let err = StageCatalog::from_config("exp.yaml", &node).unwrap_err();

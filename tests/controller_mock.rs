@@ -8,7 +8,7 @@ use std::path::Path;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use puzzletron::campaign::Node;
+use puzzletron::campaign::config::Value as ConfigValue;
 use puzzletron::campaign::controller::{
     CampaignController, CampaignReport, ControllerError, ControllerEvent, FailureClass, PoolItem,
     PoolWorker, RetryPolicy, RunOptions, VirtualClock,
@@ -22,11 +22,11 @@ use puzzletron::executor::{
 use serde_json::{Value, json};
 
 fn plan(stages: Value, exec: Value) -> CampaignPlan {
-    let node = Node::from_json(&json!({ "stages": stages }));
+    let node = ConfigValue::from_json(&json!({ "stages": stages }));
     let catalog = StageCatalog::from_config("exp", &node).unwrap();
-    let execution = ExecutionConfig::from_node(
+    let execution = ExecutionConfig::from_value(
         "execution.yaml",
-        &Node::from_json(&json!({ "execution": exec })),
+        &ConfigValue::from_json(&json!({ "execution": exec })),
     )
     .unwrap();
     compile_resolved(

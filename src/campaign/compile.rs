@@ -5,13 +5,13 @@
 //! config files.
 //!
 //! ```
-//! use puzzletron::campaign::Node;
+//! use puzzletron::campaign::config::Value;
 //! use puzzletron::campaign::{
 //!     ExecutionConfig, RunnerEnvironment, StageCatalog, StageFilter, compile_resolved,
 //! };
 //!
 //! // A user catalog in the config itself (a Puzzletron experiment uses the built-in one).
-//! let config = Node::from_json(&serde_json::json!({"stages": [
+//! let config = Value::from_json(&serde_json::json!({"stages": [
 //!     {"id": "prep", "command": ["python", "prep.py"]},
 //!     {"id": "train", "needs": ["prep"], "strategy": "sharded", "instances": 4,
 //!      "parallel": {"tp": 2}, "distributed": true,
@@ -51,7 +51,7 @@ use super::mesh::{GpuAllocation, InstancePlacement, pack_gpu_allocation};
 use super::plan::{CampaignPlan, StagePlan};
 use super::plan_error::PlanError;
 use super::runner::{RunnerEnvironment, RunnerKind};
-use super::tree::{Node, did_you_mean};
+use super::schema::{did_you_mean, get, get_path, write_canonical};
 use super::work::{MasterAddr, Rendezvous, RendezvousAllocator, WorkPlanInput, build_work_plan};
 use crate::identity::{Hash, Hasher};
 
@@ -132,10 +132,9 @@ pub fn compile_campaign_plan_with(
     stage_filter: Option<&StageFilter>,
 ) -> Result<CampaignPlan, PlanError> {
     let path = experiment_config_path.as_ref();
-    let cfg = loader.load_experiment(path, overrides)?;
+    let (config, origins) = loader.load_experiment(path, overrides)?.into_parts();
     let label = path.display().to_string();
-    let config = Node::from(cfg.value());
-    let locate = |e: PlanError| e.locate(&label, cfg.origins());
+    let locate = |e: PlanError| e.locate(&label, &origins);
     let catalog = StageCatalog::from_config(&label, &config).map_err(locate)?;
     let mut plan = compile_resolved(
         &label,
@@ -195,7 +194,7 @@ fn reads(catalog: &StageCatalog, key: &str) -> bool {
 /// Keys the compiler reads besides the catalog's.
 const COMPILER_KEYS: [&str; 3] = ["puzzle_dir", "stages", "execution.gpus_per_node"];
 
-fn check_recognised(label: &str, config: &Node, catalog: &StageCatalog) -> Result<(), PlanError> {
+fn check_recognised(label: &str, config: &Value, catalog: &StageCatalog) -> Result<(), PlanError> {
     let read = catalog.read_keys();
     if read.is_empty() {
         // A catalog built in code that reads no config key needs none.
@@ -210,7 +209,7 @@ fn check_recognised(label: &str, config: &Node, catalog: &StageCatalog) -> Resul
     let mut seen = HashSet::new();
     roots.retain(|r| seen.insert(*r));
     let present: Vec<String> = config
-        .as_map()
+        .as_mapping()
         .map(|m| m.iter().map(|(k, _)| k.clone()).collect())
         .unwrap_or_default();
     if present.iter().any(|k| roots.contains(&k.as_str())) {
@@ -242,7 +241,7 @@ fn check_recognised(label: &str, config: &Node, catalog: &StageCatalog) -> Resul
 /// and [`PlanError::StageFilterIncomplete`].
 pub fn compile_resolved(
     label: &str,
-    config: Node,
+    config: Value,
     overrides: &[Override],
     catalog: &StageCatalog,
     runner: &RunnerEnvironment,
@@ -312,8 +311,8 @@ pub fn compile_resolved(
     for stage in &stages {
         check_limits(runner, stage)?;
     }
-    let puzzle_dir = match config.get("puzzle_dir") {
-        Some(Node::Str(s)) => Some(s.clone()),
+    let puzzle_dir = match get(&config, "puzzle_dir") {
+        Some(Value::String(s)) => Some(s.clone()),
         _ => None,
     };
     Ok(CampaignPlan {
@@ -343,7 +342,7 @@ pub const PUZZLE_KNOWN_EXTERNAL_STAGES: [&str; 1] = ["final_report"];
 
 fn check_execution_stage_ids(
     label: &str,
-    config: &Node,
+    config: &Value,
     catalog: &StageCatalog,
     execution: &ExecutionConfig,
     resolved: &[ResolvedStage],
@@ -357,9 +356,9 @@ fn check_execution_stage_ids(
         known.extend(PUZZLE_KNOWN_EXTERNAL_STAGES.iter().map(|s| s.to_string()));
         // Post nodes of flows that exist but whose stages are not in the plan (none today) are
         // still valid names: collect every `post.<flow>.<node>` of the config.
-        if let Some(Node::Map(flows)) = config.get_path("post_mip.flows") {
+        if let Some(Value::Mapping(flows)) = get_path(config, "post_mip.flows") {
             for (flow, f) in flows {
-                if let Some(Node::Map(nodes)) = f.get("nodes") {
+                if let Some(Value::Mapping(nodes)) = get(f, "nodes") {
                     known.extend(nodes.iter().map(|(n, _)| format!("post.{flow}.{n}")));
                 }
             }
@@ -390,14 +389,11 @@ fn check_execution_stage_ids(
 /// the runner's (bare metal: the smallest host; local: `runner.local.gpus`), else 8.
 fn default_gpus_per_node(
     label: &str,
-    config: &Node,
+    config: &Value,
     runner: &RunnerEnvironment,
 ) -> Result<u32, PlanError> {
-    if let Some(n) = config
-        .get_path("execution.gpus_per_node")
-        .filter(|n| !n.is_null())
-    {
-        return super::tree::expect_u32(label, "execution.gpus_per_node", n, 1);
+    if let Some(n) = get_path(config, "execution.gpus_per_node").filter(|n| !n.is_null()) {
+        return super::schema::expect_u32(label, "execution.gpus_per_node", n, 1);
     }
     let from_runner = match runner.kind {
         RunnerKind::Baremetal => runner
@@ -626,13 +622,13 @@ fn apply_filter(
 /// halt policies, attempt limits, time limits, heartbeat timeouts, account, log folders, the
 /// stage filter.
 pub fn contract_hash(
-    config: &Node,
+    config: &Value,
     runner: &RunnerEnvironment,
     stages: &[ResolvedStage],
     specs: &[StageExecutionSpec],
 ) -> Hash {
     let mut canonical = String::new();
-    config.write_canonical(&mut canonical);
+    write_canonical(config, &mut canonical);
     let mut h = Hasher::new("puzzletron/campaign-contract/v1");
     h.field(canonical.as_bytes());
     h.field(runner.execution_contract.hash().to_hex().as_bytes());

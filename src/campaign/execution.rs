@@ -14,13 +14,13 @@ use std::fmt;
 
 use serde::{Deserialize, Serialize};
 
-use super::config::PathSegment;
+use super::config::{PathSegment, Value};
 use super::mesh::{GpuAllocation, ParallelMesh, ParallelMeshOverride};
 use super::plan_error::PlanError;
-use super::slurm_time::SlurmTime;
-use super::tree::{
-    Node, check_keys, did_you_mean, expect_map, expect_opt_str, expect_u32, invalid, join,
+use super::schema::{
+    check_keys, did_you_mean, expect_map, expect_opt_str, expect_u32, field, invalid, join,
 };
+use super::slurm_time::SlurmTime;
 
 macro_rules! str_enum {
     ($(#[$m:meta])* $name:ident { $($(#[$vm:meta])* $var:ident = $s:literal),+ $(,)? }) => {
@@ -35,10 +35,10 @@ macro_rules! str_enum {
             pub fn as_str(&self) -> &'static str { match self { $($name::$var => $s),+ } }
             /// Parses the config spelling.
             pub fn parse(s: &str) -> Option<Self> { match s { $($s => Some($name::$var),)+ _ => None } }
-            pub(crate) fn from_node(file: &str, path: &str, node: &Node) -> Result<Self, PlanError> {
+            pub(crate) fn from_value(file: &str, path: &str, node: &Value) -> Result<Self, PlanError> {
                 let names: Vec<&str> = Self::ALL.iter().map(|v| v.as_str()).collect();
                 match node {
-                    Node::Str(s) => Self::parse(s).ok_or_else(|| PlanError::InvalidValue {
+                    Value::String(s) => Self::parse(s).ok_or_else(|| PlanError::InvalidValue {
                         file: file.into(),
                         path: path.into(),
                         value: format!("{s:?}"),
@@ -185,14 +185,6 @@ const STAGE_KEYS: [&str; 10] = [
     "heartbeat_timeout_s",
 ];
 
-fn field<'a>(map: &'a [(String, Node)], key: &str) -> &'a Node {
-    static NULL: Node = Node::Null;
-    map.iter()
-        .find(|(k, _)| k == key)
-        .map(|(_, v)| v)
-        .unwrap_or(&NULL)
-}
-
 impl ExecutionConfig {
     /// The settings given for `stage`, if any.
     pub fn stage(&self, stage: &str) -> Option<&StageExecutionConfig> {
@@ -211,8 +203,8 @@ impl ExecutionConfig {
         let path = path.as_ref();
         let cfg = super::config::load_yaml_file(path)?;
         let label = path.display().to_string();
-        let mut config = Self::from_node(&label, &Node::from(cfg.value()))
-            .map_err(|e| e.locate(&label, cfg.origins()))?;
+        let mut config =
+            Self::from_value(&label, cfg.value()).map_err(|e| e.locate(&label, cfg.origins()))?;
         for (id, _) in &config.stages {
             let key = super::config::KeyPath(vec![
                 PathSegment::Key("execution".into()),
@@ -236,7 +228,7 @@ impl ExecutionConfig {
     /// # Errors
     /// [`PlanError::UnknownField`] with the key path and a suggestion, [`PlanError::InvalidValue`]
     /// for bad values (unknown strategy, `instances: 0`, a mesh typo, ...).
-    pub fn from_node(file: &str, root: &Node) -> Result<Self, PlanError> {
+    pub fn from_value(file: &str, root: &Value) -> Result<Self, PlanError> {
         let top = expect_map(file, "", root)?;
         check_keys(file, "", top, &TOP_KEYS)?;
         let exec = expect_map(file, "execution", field(top, "execution"))?;
@@ -252,9 +244,9 @@ impl ExecutionConfig {
             }
             match key.as_str() {
                 "failure_policy" => {
-                    defaults.failure_policy = FailurePolicy::from_node(file, &path, value)?
+                    defaults.failure_policy = FailurePolicy::from_value(file, &path, value)?
                 }
-                "halt_policy" => defaults.halt_policy = HaltPolicy::from_node(file, &path, value)?,
+                "halt_policy" => defaults.halt_policy = HaltPolicy::from_value(file, &path, value)?,
                 "gpus_per_node" => {
                     defaults.gpus_per_node = expect_u32(file, &path, value, 1)?;
                     gpus_per_node_given = true;
@@ -279,7 +271,7 @@ impl ExecutionConfig {
     }
 }
 
-fn parse_stage(file: &str, path: &str, node: &Node) -> Result<StageExecutionConfig, PlanError> {
+fn parse_stage(file: &str, path: &str, node: &Value) -> Result<StageExecutionConfig, PlanError> {
     let m = expect_map(file, path, node)?;
     check_keys(file, path, m, &STAGE_KEYS)?;
     let mut s = StageExecutionConfig::default();
@@ -289,16 +281,18 @@ fn parse_stage(file: &str, path: &str, node: &Node) -> Result<StageExecutionConf
             continue;
         }
         match key.as_str() {
-            "strategy" => s.strategy = Some(Strategy::from_node(file, &p, value)?),
+            "strategy" => s.strategy = Some(Strategy::from_value(file, &p, value)?),
             "instances" => s.instances = Some(expect_u32(file, &p, value, 1)?),
-            "failure_policy" => s.failure_policy = Some(FailurePolicy::from_node(file, &p, value)?),
+            "failure_policy" => {
+                s.failure_policy = Some(FailurePolicy::from_value(file, &p, value)?)
+            }
             "partition" => s.partition = expect_opt_str(file, &p, value)?,
-            "resource" => s.resource = Some(Resource::from_node(file, &p, value)?),
+            "resource" => s.resource = Some(Resource::from_value(file, &p, value)?),
             "gpus_per_node" => s.gpus_per_node = Some(expect_u32(file, &p, value, 1)?),
             "parallel" => s.parallel = ParallelMeshOverride::from_mapping(file, &p, value)?,
             "max_attempts" => s.max_attempts = Some(expect_u32(file, &p, value, 1)?),
             "time_limit" => match value {
-                Node::Str(t) if t.parse::<SlurmTime>().is_ok() => s.time_limit = t.parse().ok(),
+                Value::String(t) if t.parse::<SlurmTime>().is_ok() => s.time_limit = t.parse().ok(),
                 other => return Err(invalid(file, &p, other, "a Slurm time such as \"4:00:00\"")),
             },
             "heartbeat_timeout_s" => {
@@ -347,7 +341,7 @@ mod tests {
     use serde_json::json;
 
     fn parse(v: serde_json::Value) -> Result<ExecutionConfig, PlanError> {
-        ExecutionConfig::from_node("exec.yaml", &Node::from_json(&v))
+        ExecutionConfig::from_value("exec.yaml", &Value::from_json(&v))
     }
 
     #[test]

@@ -32,9 +32,9 @@ mod mesh;
 mod plan;
 mod plan_error;
 pub(crate) mod runner;
+mod schema;
 mod slurm_time;
 mod summary;
-mod tree;
 mod work;
 
 pub use catalog::{
@@ -69,7 +69,6 @@ pub use runner::{
 };
 pub use slurm_time::{SlurmTime, SlurmTimeError};
 pub use summary::{PlanSummary, StageSummary};
-pub use tree::Node;
 pub use work::{
     MasterAddr, Rendezvous, RendezvousAllocator, TaskGroup, TaskLauncher, TaskTopology, WorkItem,
     WorkItemKind, WorkPlan, WorkPlanInput, build_work_plan,
