@@ -37,7 +37,6 @@ mod tests {
     use super::*;
     use crate::campaign::config::Value;
     use crate::campaign::execution::Strategy;
-    use crate::campaign::mesh::ParallelMesh;
     use crate::campaign::plan_error::PlanError;
     use serde_json::json;
 
