@@ -3,6 +3,8 @@
 //! A campaign starts from three inputs: an experiment YAML (Hydra-style composition of
 //! `defaults`, overrides and `${...}` interpolation, see [`config`]), a runner config and an
 //! execution config. This module area turns them into a pure, deterministic plan.
+//! The planner reads the loaded [`config::Value`] tree itself (there is no second tree), so
+//! an error about a value names the `file:line:column` (or the override) that wrote it.
 //!
 //! Two sub-areas are modules of their own; everything else is re-exported here, one path each:
 //!

@@ -30,6 +30,7 @@ use crate::identity::Hash;
 
 /// What a user (terminal menu, signal) asks the controller to do.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum Control {
     /// Cancel every live job and stop.
     Cancel,
