@@ -543,19 +543,20 @@ fn run_campaign_on_slurm(
     puzzletron::campaign::controller::CampaignReport,
     Vec<puzzletron::campaign::controller::ControllerEvent>,
 ) {
+    use puzzletron::campaign::config::Value;
     use puzzletron::campaign::controller::{
         CampaignController, RetryPolicy as CtlRetry, RunOptions,
     };
     use puzzletron::campaign::{
-        ExecutionConfig, Node, RunnerEnvironment, StageCatalog, compile_resolved,
+        ExecutionConfig, RunnerEnvironment, StageCatalog, compile_resolved,
     };
     use serde_json::json;
     let node =
-        Node::from_json(&json!({ "stages": [{"id": "s", "command": ["sh", "-c", script]}] }));
+        Value::from_json(&json!({ "stages": [{"id": "s", "command": ["sh", "-c", script]}] }));
     let catalog = StageCatalog::from_config("exp", &node).unwrap();
-    let execution = ExecutionConfig::from_node(
+    let execution = ExecutionConfig::from_value(
         "execution.yaml",
-        &Node::from_json(&json!({"execution": {
+        &Value::from_json(&json!({"execution": {
             "defaults": {"failure_policy": "strict", "max_attempts": 1},
             "stages": {"s": {"resource": "cpu"}}
         }})),

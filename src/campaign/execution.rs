@@ -195,10 +195,10 @@ impl ExecutionConfig {
     }
 
     /// Loads the YAML file at `path` (anchors, aliases and `<<` merge keys allowed; no
-    /// composition or interpolation) and reads it with [`Self::from_node`].
+    /// composition or interpolation) and reads it with [`Self::from_value`].
     ///
     /// # Errors
-    /// [`PlanError::Config`] for I/O and YAML errors, then those of [`Self::from_node`].
+    /// [`PlanError::Config`] for I/O and YAML errors, then those of [`Self::from_value`].
     pub fn load(path: impl AsRef<std::path::Path>) -> Result<Self, PlanError> {
         let path = path.as_ref();
         let cfg = super::config::load_yaml_file(path)?;
