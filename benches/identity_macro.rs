@@ -2,7 +2,10 @@
 //! `job!` (compile-time closure analysis) and with `Job::new` (no analysis), each after touching
 //! its `main.rs`, in the same run; reports the medians and their difference (target < 2 s),
 //! twice: with the default dev profile, where proc macros are compiled unoptimised, and with
-//! `[profile.dev.build-override] opt-level = 3`, the setting the README recommends.
+//! `[profile.dev.build-override] opt-level = 3`, the setting the README recommends. A rebuild
+//! finds every file's index in the macro's per-file cache (`target/debug/puzzletron-macros-cache`,
+//! keyed by the file's bytes); the build with that cache emptied first (a first build, or one
+//! after `cargo clean` or a Cargo.lock change) is reported too.
 //!
 //! Not criterion (one sample is a whole rustc run of several seconds): `cargo bench --bench
 //! identity_macro` prints the figures. `PUZZLETRON_MACRO_BENCH_SAMPLES` (default 3) sets the
@@ -152,11 +155,17 @@ fn main() {
         build(&with, &target);
         let mut a = Vec::new();
         let mut b = Vec::new();
+        let mut cold = Vec::new();
+        let cache = target.join("debug/puzzletron-macros-cache");
         for _ in 0..samples {
             a.push(build(&without, &target));
             b.push(build(&with, &target));
+            // Every entry of the index cache gone: each file parsed again.
+            assert!(cache.is_dir(), "no index cache at {}", cache.display());
+            std::fs::remove_dir_all(&cache).unwrap();
+            cold.push(build(&with, &target));
         }
-        let (a, b) = (median(a), median(b));
+        let (a, b, cold) = (median(a), median(b), median(cold));
         let how = if optimized {
             "proc macros built with opt-level 3 (build-override)"
         } else {
@@ -165,10 +174,12 @@ fn main() {
         println!(
             "identity_macro [{how}]: generated crate {lines} lines, {JOBS} jobs; build with \
              Job::new {:.2} s, with job! {:.2} s, added by job! {:.2} s (median of {samples}; \
-             target < 2 s)",
+             target < 2 s); with job! and an empty index cache {:.2} s, added {:.2} s",
             a.as_secs_f64(),
             b.as_secs_f64(),
-            b.as_secs_f64() - a.as_secs_f64()
+            b.as_secs_f64() - a.as_secs_f64(),
+            cold.as_secs_f64(),
+            cold.as_secs_f64() - a.as_secs_f64()
         );
     }
 }

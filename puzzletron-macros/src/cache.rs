@@ -4,8 +4,9 @@
 //! An entry is found by a key that is the SHA-256 of everything the events are a function of:
 //! the file's exact bytes (their SHA-256), its [`FileCtx`] (path, module path, module folder,
 //! enclosing `cfg`s, whether it is puzzletron's own), and the macro's identity (this format's
-//! version, the crate's version, the digest of its own sources, the file and modification time of
-//! the loaded macro library where the platform shows it, and the calling workspace's Cargo.lock,
+//! version, the crate's version, the digest of its own sources, the path, size and modification
+//! time of the loaded macro library (from `/proc/self/maps`; where that cannot be read, nothing
+//! is cached), and the calling workspace's Cargo.lock,
 //! which pins the `syn`/`proc-macro2` the macro was built with). So an entry can only be found by
 //! a lookup whose inputs are the ones it was computed from: an edited file, a moved module or a
 //! rebuilt macro looks up another key and misses.
@@ -50,19 +51,31 @@ pub struct Cache {
 
 impl Cache {
     /// The cache of this rustc run (see the module doc for the folder), or `None` when rustc's
-    /// arguments name no `--out-dir`. `lock_digest`: SHA-256 of the calling workspace's
+    /// arguments name no `--out-dir` or the loaded macro library cannot be identified. `lock_digest`: SHA-256 of the calling workspace's
     /// Cargo.lock, if there is one.
     pub fn for_rustc(args: &[String], lock_digest: Option<&str>) -> Option<Cache> {
+        Cache::for_rustc_with(args, lock_digest, macro_library())
+    }
+
+    fn for_rustc_with(
+        args: &[String],
+        lock_digest: Option<&str>,
+        library: Option<String>,
+    ) -> Option<Cache> {
         let out_dir = arg_value(args, "--out-dir")?;
         let profile_dir = Path::new(&out_dir).parent()?;
+        // Without the library's identity a rebuilt macro (e.g. against a patched `syn`) could
+        // not be told from the old one: no cache.
         Some(Cache::at(
             profile_dir.join("puzzletron-macros-cache"),
             lock_digest,
+            &library?,
         ))
     }
 
-    /// A cache in `dir` (created when the first entry is written).
-    pub fn at(dir: PathBuf, lock_digest: Option<&str>) -> Cache {
+    /// A cache in `dir` (created when the first entry is written); `library` identifies the
+    /// macro's build (see `macro_library`).
+    pub fn at(dir: PathBuf, lock_digest: Option<&str>, library: &str) -> Cache {
         let mut own = String::new();
         for s in OWN_SOURCES {
             own.push_str(&sha256_hex(s.as_bytes()));
@@ -72,7 +85,7 @@ impl Cache {
                 "{FORMAT}\n{}\n{}\n{}\n{}\n",
                 env!("CARGO_PKG_VERSION"),
                 sha256_hex(own.as_bytes()),
-                macro_library().unwrap_or_else(|| "unknown".into()),
+                library,
                 lock_digest.unwrap_or("no Cargo.lock"),
             )
             .as_bytes(),
@@ -447,7 +460,7 @@ mod tests {
 
     #[test]
     fn the_key_covers_bytes_and_context_and_the_macro() {
-        let c = Cache::at(PathBuf::from("/nowhere"), Some("lock1"));
+        let c = Cache::at(PathBuf::from("/nowhere"), Some("lock1"), "lib 1 1");
         let fc = FileCtx {
             file: PathBuf::from("/x/src/m.rs"),
             module: "app::m".into(),
@@ -484,8 +497,11 @@ mod tests {
             assert_ne!(c.key(o, "d1").unwrap(), k, "{o:?}");
         }
         // Another Cargo.lock (another syn, ...) is another macro.
-        let c2 = Cache::at(PathBuf::from("/nowhere"), Some("lock2"));
+        let c2 = Cache::at(PathBuf::from("/nowhere"), Some("lock2"), "lib 1 1");
         assert_ne!(c2.key(&fc, "d1").unwrap(), k);
+        // A rebuilt macro library is another macro.
+        let c3 = Cache::at(PathBuf::from("/nowhere"), Some("lock1"), "lib 1 2");
+        assert_ne!(c3.key(&fc, "d1").unwrap(), k);
     }
 
     #[test]
@@ -494,13 +510,19 @@ mod tests {
             .iter()
             .map(|s| s.to_string())
             .collect();
-        let c = Cache::for_rustc(&args, None).unwrap();
+        let lib = || Some("lib 1 1".to_string());
+        let c = Cache::for_rustc_with(&args, None, lib()).unwrap();
         assert_eq!(c.dir(), Path::new("/t/debug/puzzletron-macros-cache"));
         let eq = vec!["rustc".to_string(), "--out-dir=/u/release/deps".to_string()];
         assert_eq!(
-            Cache::for_rustc(&eq, None).unwrap().dir(),
+            Cache::for_rustc_with(&eq, None, lib()).unwrap().dir(),
             Path::new("/u/release/puzzletron-macros-cache")
         );
-        assert!(Cache::for_rustc(&["rustc".to_string()], None).is_none());
+        assert!(Cache::for_rustc_with(&["rustc".to_string()], None, lib()).is_none());
+        // A macro library that cannot be identified: no cache.
+        assert!(Cache::for_rustc_with(&args, None, None).is_none());
+        // On Linux this test binary is found in /proc/self/maps.
+        #[cfg(target_os = "linux")]
+        assert!(macro_library().is_some_and(|l| l.contains("puzzletron_macros")));
     }
 }

@@ -932,7 +932,7 @@ mod tests {
             let mut notes = Vec::new();
             Index::build(crate::manifest::packages(&d.join("app"), &mut notes), cache)
         };
-        let cache = || Some(Cache::at(d.join("cache"), Some("lock")));
+        let cache = || Some(Cache::at(d.join("cache"), Some("lock"), "lib 1 1"));
         let hits = |ix: &Index| {
             (
                 ix.stats.hits.load(Ordering::Relaxed),
