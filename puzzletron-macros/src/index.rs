@@ -480,7 +480,7 @@ pub struct CacheStats {
 }
 
 /// Files of the module trees from `roots`, read and walked ahead of the replay, a wave (one
-/// module depth) at a time on up to [`THREADS`] threads.
+/// module depth) at a time on two threads (see `run_parallel`).
 fn prefetch(
     roots: Vec<FileCtx>,
     cache: Option<&Cache>,
@@ -517,30 +517,35 @@ fn prefetch(
     done
 }
 
-/// Threads that read and parse files (the proc macro's own; rustc's jobserver does not count
-/// them, so few).
-const THREADS: usize = 2;
+/// The helper thread's stack: syn recurses once per nesting level, and deeply in unoptimised
+/// builds (rustc's own thread, which parses the other files, has 8 MiB by default). Reserved,
+/// not committed, until used.
+const HELPER_STACK: usize = 64 << 20;
 
+/// Loads `jobs` on this thread and one helper thread (the proc macro's own: rustc's jobserver
+/// does not count it, so one), each taking every other file.
 fn run_parallel(jobs: &[FileCtx], cache: Option<&Cache>, stats: &CacheStats) -> Vec<Loaded> {
-    let threads = THREADS.min(jobs.len());
-    if threads <= 1 {
+    if jobs.len() <= 1 {
         return jobs.iter().map(|fc| load(fc, cache, stats)).collect();
     }
-    // Interleaved so that each thread gets files from all over the list.
     let mut out: Vec<Option<Loaded>> = (0..jobs.len()).map(|_| None).collect();
     std::thread::scope(|s| {
-        let handles: Vec<_> = (0..threads)
-            .map(|t| {
-                s.spawn(move || {
-                    (t..jobs.len())
-                        .step_by(threads)
-                        .map(|i| (i, load(&jobs[i], cache, stats)))
-                        .collect::<Vec<_>>()
-                })
+        let helper = std::thread::Builder::new()
+            .stack_size(HELPER_STACK)
+            .spawn_scoped(s, move || {
+                (1..jobs.len())
+                    .step_by(2)
+                    .map(|i| (i, load(&jobs[i], cache, stats)))
+                    .collect::<Vec<_>>()
             })
-            .collect();
-        for h in handles {
-            // A panic in a worker (a bug) is the macro's panic, as it was on one thread.
+            .ok();
+        // Without a helper (it could not start), this thread loads every file.
+        let step = if helper.is_some() { 2 } else { 1 };
+        for i in (0..jobs.len()).step_by(step) {
+            out[i] = Some(load(&jobs[i], cache, stats));
+        }
+        if let Some(h) = helper {
+            // A panic in the helper (a bug) is the macro's panic, as it was on one thread.
             let done = h.join().unwrap_or_else(|p| std::panic::resume_unwind(p));
             for (i, r) in done {
                 out[i] = Some(r);
@@ -918,9 +923,11 @@ mod tests {
         write(
             &d,
             "app/src/main.rs",
-            "mod m;\n#[cfg(feature = \"x\")]\nmod n { pub fn f() {} }\nuse m::go as run;\n\
+            "mod m;\nmod k;\n#[cfg(feature = \"x\")]\nmod n { pub fn f() {} }\nuse m::go as run;\n\
              fn job() { run(); }\nfn main() {}\nthread_local! { static X: u8 = 0; }\n",
         );
+        // A second file at m's depth: the files of a wave are read on two threads.
+        write(&d, "app/src/k.rs", "pub fn go() {}\n");
         write(
             &d,
             "app/src/m.rs",
@@ -940,13 +947,16 @@ mod tests {
             )
         };
         let cold = build(None);
-        assert_eq!(cold.files.len(), 3);
+        assert_eq!(cold.files.len(), 4);
+        // Items in declaration order, whichever thread read their file.
+        let at = |p: &str| cold.items.iter().position(|i| i.path == p).unwrap();
+        assert!(at("app::m::go") < at("app::k::go"));
         assert!(cold.items.iter().any(|i| i.path == "app::m::S::a"));
         let first = build(cache());
-        assert_eq!(hits(&first), (0, 3));
+        assert_eq!(hits(&first), (0, 4));
         assert_eq!(dump(&first), dump(&cold));
         let warm = build(cache());
-        assert_eq!(hits(&warm), (3, 0));
+        assert_eq!(hits(&warm), (4, 0));
         assert_eq!(dump(&warm), dump(&cold));
 
         // Truncated, corrupted or emptied entries are misses (and are written again).
@@ -954,7 +964,7 @@ mod tests {
             .unwrap()
             .map(|e| e.unwrap().path())
             .collect();
-        assert_eq!(entries.len(), 3, "{entries:?}");
+        assert_eq!(entries.len(), 4, "{entries:?}");
         let e0 = std::fs::read(&entries[0]).unwrap();
         std::fs::write(&entries[0], &e0[..e0.len() / 2]).unwrap();
         let mut e1 = std::fs::read(&entries[1]).unwrap();
@@ -963,9 +973,9 @@ mod tests {
         std::fs::write(&entries[1], &e1).unwrap();
         std::fs::write(&entries[2], b"").unwrap();
         let repaired = build(cache());
-        assert_eq!(hits(&repaired), (0, 3));
+        assert_eq!(hits(&repaired), (1, 3));
         assert_eq!(dump(&repaired), dump(&cold));
-        assert_eq!(hits(&build(cache())), (3, 0));
+        assert_eq!(hits(&build(cache())), (4, 0));
 
         // An edited file misses, and only it; the result is the edited tree's cold index.
         write(
@@ -975,7 +985,7 @@ mod tests {
              impl T for S {}\npub struct S;\nmod broken;\n",
         );
         let edited = build(cache());
-        assert_eq!(hits(&edited), (2, 1));
+        assert_eq!(hits(&edited), (3, 1));
         let edited_cold = build(None);
         assert_eq!(dump(&edited), dump(&edited_cold));
         let go = |ix: &Index| {
