@@ -5,7 +5,9 @@
 //!
 //! At expansion, [`job_code!`] reads the sources of the calling package and of its path and
 //! workspace dependencies (found from the manifests, starting at `CARGO_MANIFEST_DIR`), parses
-//! them with `syn`, computes the job's conservative reachability closure (see `index.rs`), hashes
+//! them with `syn` (a file whose bytes, place and macro build are unchanged since an earlier
+//! build is not parsed again: its part of the index comes from the per-file cache, see
+//! `cache.rs`), computes the job's conservative reachability closure (see `index.rs`), hashes
 //! each item token-wise (comments, formatting and `///` docs do not count) and expands to a
 //! `&'static puzzletron::identity::CompiledCode` holding the per-item digests, the `cfg`
 //! predicates of the closure (evaluated with `cfg!` in the calling crate), the build ids of
