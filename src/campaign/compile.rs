@@ -466,6 +466,7 @@ fn stage_spec(
         distributed: stage.distributed,
         time_limit: ov.time_limit.clone(),
         heartbeat_timeout_s: ov.heartbeat_timeout_s,
+        warning_signal: ov.warning_signal.clone(),
     })
 }
 

@@ -18,8 +18,10 @@
 //!    A log that could not be read ([`Evidence::log_unavailable`]) is named in the detail:
 //!    "unavailable", never "clean".
 //! 2. The log says the job was cancelled `DUE TO TIME LIMIT`, or the state is `TIMEOUT` (C22):
-//!    [`FailureClass::TimeoutResumable`] when the stage can resume, else
-//!    [`FailureClass::TimeoutFatal`]; decided from state/log, never from the exit code.
+//!    [`FailureClass::TimeoutResumable`] when the stage can resume and a checkpoint proves it
+//!    (N03: [`Evidence::checkpoint`] found, or not checked), else
+//!    [`FailureClass::TimeoutFatal`] (the detail says whether the stage cannot resume or left
+//!    no checkpoint); decided from state/log, never from the exit code.
 //! 3. `OUT_OF_MEMORY` (C20), "CUDA out of memory"/`OutOfMemoryError` in the log (C21a), Slurm's
 //!    "Exceeded job/step memory limit", or an exit 137 / SIGKILL together with an oom-kill line
 //!    in the log: [`FailureClass::Oom`].
@@ -148,6 +150,21 @@ pub struct Evidence {
     /// torchrun's `--log-dir` files under the unit's `logs/` folder), in name order. Every
     /// rank is read, not only the last: the rank that failed first is rarely the last.
     pub rank_logs: Vec<(String, String)>,
+    /// What the attempt left to resume from (N03), for a resumable stage that hit its limit.
+    pub checkpoint: CheckpointEvidence,
+}
+
+/// Whether a timed-out attempt left something to resume from (N03).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub enum CheckpointEvidence {
+    /// Not looked at: a resumable stage's timeout counts as resumable (callers that do not
+    /// track checkpoints).
+    #[default]
+    NotChecked,
+    /// Looked at, nothing complete: a restart would start from zero, so the timeout is fatal.
+    Missing,
+    /// A complete checkpoint, described (`_CHECKPOINT: step 1200`, `ckpt/step_1200`).
+    Found(String),
 }
 
 /// The verdict on one finished attempt.
@@ -445,10 +462,22 @@ fn classify_inner(status: &JobStatus, ev: &Evidence) -> Classification {
             format!("state {state}, log says DUE TO TIME LIMIT")
         };
         return if ev.resumable {
-            Classification::failed(
-                FailureClass::TimeoutResumable,
-                format!("{how}; the stage can resume"),
-            )
+            match &ev.checkpoint {
+                CheckpointEvidence::NotChecked => Classification::failed(
+                    FailureClass::TimeoutResumable,
+                    format!("{how}; the stage can resume"),
+                ),
+                CheckpointEvidence::Found(c) => Classification::failed(
+                    FailureClass::TimeoutResumable,
+                    format!("{how}; resumes from checkpoint {c}"),
+                ),
+                CheckpointEvidence::Missing => Classification::failed(
+                    FailureClass::TimeoutFatal,
+                    format!(
+                        "{how}; the stage can resume but left no checkpoint (no _CHECKPOINT marker, no complete ckpt/step_N)"
+                    ),
+                ),
+            }
         } else {
             Classification::failed(
                 FailureClass::TimeoutFatal,
