@@ -56,8 +56,8 @@ pub use dryrun::{
     item_argv, render_dry_run, shell_quote,
 };
 pub use execution::{
-    ExecutionConfig, ExecutionDefaults, FailurePolicy, HaltPolicy, Resource, StageExecutionConfig,
-    StageExecutionSpec, Strategy,
+    ExecutionConfig, ExecutionDefaults, FailurePolicy, HaltPolicy, MIN_WARNING_LEAD, Resource,
+    StageExecutionConfig, StageExecutionSpec, Strategy, warning_signal_problems,
 };
 pub use mesh::{
     GpuAllocation, InstancePlacement, MAX_GPUS_PER_INSTANCE, MESH_EXTRA_KEYS, MESH_KEYS,
