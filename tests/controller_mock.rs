@@ -215,6 +215,12 @@ fn every_failure_class_by_policy_and_halt() {
                     _ => MockScript::completes_after(Duration::from_secs(10)),
                 });
                 let dir = tempfile::tempdir().unwrap();
+                if class == "timeout_resumable" {
+                    // N03: a timeout resumes only from checkpoint evidence the worker left.
+                    let out = dir.path().join("work/a/0");
+                    std::fs::create_dir_all(&out).unwrap();
+                    std::fs::write(out.join("_CHECKPOINT"), "step 10\n").unwrap();
+                }
                 let mut b = controller(matrix_plan(policy, halt, resumable), &s, dir.path());
                 if oom_ok {
                     b = b.allow_oom_retry("a");

@@ -857,6 +857,99 @@ mod tests {
         assert_eq!(class(&s, &ev("")), Some(FailureClass::Application));
     }
 
+    /// N03: a resumable stage's timeout is resumable only with checkpoint evidence; the exit
+    /// code and the signal (SIGTERM at the limit, then SIGKILL after KillWait) never decide.
+    #[test]
+    fn n03_timeout_needs_checkpoint_evidence_to_resume() {
+        use CheckpointEvidence::*;
+        let limit =
+            "*** JOB 4711 ON node01 CANCELLED AT 2024-01-01T10:02:00 DUE TO TIME LIMIT ***\n";
+        // (state, signal, log, resumable, checkpoint, class, detail part)
+        let cases: Vec<(
+            JobState,
+            Option<i32>,
+            &str,
+            bool,
+            CheckpointEvidence,
+            FailureClass,
+            &str,
+        )> = vec![
+            (
+                JobState::Timeout,
+                Some(15),
+                "",
+                true,
+                Found("ckpt/step_1200".into()),
+                FailureClass::TimeoutResumable,
+                "resumes from checkpoint ckpt/step_1200",
+            ),
+            (
+                JobState::Timeout,
+                Some(9),
+                "",
+                true,
+                Found("_CHECKPOINT: step 1200".into()),
+                FailureClass::TimeoutResumable,
+                "_CHECKPOINT: step 1200",
+            ),
+            (
+                JobState::Cancelled { by_uid: Some(0) },
+                None,
+                limit,
+                true,
+                Found("ckpt/step_1200".into()),
+                FailureClass::TimeoutResumable,
+                "DUE TO TIME LIMIT",
+            ),
+            (
+                JobState::Timeout,
+                Some(15),
+                "",
+                true,
+                Missing,
+                FailureClass::TimeoutFatal,
+                "left no checkpoint",
+            ),
+            (
+                JobState::Timeout,
+                Some(9),
+                limit,
+                true,
+                Missing,
+                FailureClass::TimeoutFatal,
+                "left no checkpoint",
+            ),
+            (
+                JobState::Timeout,
+                Some(15),
+                "",
+                false,
+                Found("ckpt/step_1200".into()),
+                FailureClass::TimeoutFatal,
+                "cannot resume",
+            ),
+            (
+                JobState::Timeout,
+                None,
+                "",
+                true,
+                NotChecked,
+                FailureClass::TimeoutResumable,
+                "the stage can resume",
+            ),
+        ];
+        for (i, (state, sig, log, resumable, ckpt, want, part)) in cases.into_iter().enumerate() {
+            let mut s = st(state);
+            s.signal = sig;
+            let mut e = ev(log);
+            e.resumable = resumable;
+            e.checkpoint = ckpt;
+            let c = classify(&s, &e);
+            assert_eq!(c.class, Some(want), "case {i}: {}", c.detail);
+            assert!(c.detail.contains(part), "case {i}: {}", c.detail);
+        }
+    }
+
     #[test]
     fn c23_node_and_boot_fail_are_transient() {
         let s = st(JobState::NodeFail)
