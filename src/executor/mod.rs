@@ -78,6 +78,7 @@
 
 pub mod baremetal;
 mod error;
+pub mod gpu;
 mod handle;
 mod inprocess;
 pub mod local;

@@ -350,6 +350,8 @@ const CONFIG_ERR: &[&str] = &[
     "error: unexpected argument",
     "error: invalid value",
     "invalid choice:",
+    // N04: the worker's GPU preflight (`executor::gpu`): visible GPUs do not fit the mesh.
+    "gpu preflight:",
 ];
 
 fn contains_any(hay: &str, needles: &[&'static str]) -> Option<&'static str> {

@@ -18,6 +18,7 @@
 //! | `PUZZLETRON_MORE_RESOURCES` | `1` on the retry after an out-of-memory |
 //! | `PUZZLETRON_QUEUE_DIR` | pool workers: the stage's queue |
 //! | `PUZZLETRON_HEARTBEAT_FILE` | `<output dir>/_HEARTBEAT`: a worker may touch it to show progress (heartbeat timeout) |
+//! | `PUZZLETRON_GPUS_PER_NODE` | GPU stages: the GPUs the mesh needs on each node, for the worker's preflight ([`gpu::preflight`](crate::executor::gpu::preflight), N04) |
 //!
 //! The retry after an out-of-memory asks for the node exclusively (`--exclusive`: no other
 //! instance shares its memory or GPUs, i.e. fewer instances per node); the payload sees
@@ -31,6 +32,7 @@ use super::error::ControllerError;
 use super::pool::QUEUE_DIR_ENV;
 use crate::campaign::item_argv;
 use crate::campaign::{CampaignPlan, Resource, StagePlan, Strategy};
+use crate::executor::gpu::GPUS_PER_NODE_ENV;
 use crate::executor::{
     AttemptId, AttemptSpec, CommandSpec, GpuRequest, SchedulerOptions, TaskTopology,
 };
@@ -186,6 +188,8 @@ pub(crate) fn build(u: &UnitSpec<'_>) -> Result<AttemptSpec, ControllerError> {
         topology.nodes = g.placement.node_count.max(1);
         if st.spec.resource == Resource::Gpu && g.placement.gpus_on_node > 0 {
             topology.gpus = GpuRequest::PerNode(g.placement.gpus_on_node);
+            // N04: what the worker's GPU preflight compares the visible GPUs with.
+            cmd = cmd.env(GPUS_PER_NODE_ENV, g.placement.gpus_on_node.to_string());
         }
     }
     let mut spec = AttemptSpec::new(u.attempt_id.clone(), cmd)
