@@ -32,7 +32,8 @@
 //!    runs the controller: [`FailureClass::Transient`] (C23).
 //! 5. `DEADLINE`: [`FailureClass::Expired`] (C25: expired, not failed).
 //! 6. Any other cancel: [`FailureClass::Cancelled`].
-//! 7. Exit code 2, or argparse/clap style argument errors in the log (`unrecognized arguments`,
+//! 7. The worker's GPU preflight line (`gpu preflight: 1 GPU(s) visible … needs 2 per node`,
+//!    N04), exit code 2, or argparse/clap style argument errors in the log (`unrecognized arguments`,
 //!    `error: the following arguments are required`, `invalid value ... for`, `Usage:` followed
 //!    by `error:`): [`FailureClass::Config`].
 //! 8. `FAILED` with another exit code: [`FailureClass::Application`].
@@ -350,8 +351,6 @@ const CONFIG_ERR: &[&str] = &[
     "error: unexpected argument",
     "error: invalid value",
     "invalid choice:",
-    // N04: the worker's GPU preflight (`executor::gpu`): visible GPUs do not fit the mesh.
-    "gpu preflight:",
 ];
 
 fn contains_any(hay: &str, needles: &[&'static str]) -> Option<&'static str> {
@@ -567,7 +566,17 @@ fn classify_inner(status: &JobStatus, ev: &Evidence) -> Classification {
     {
         return c;
     }
-    // 7. configuration errors.
+    // 7. configuration errors; the worker's GPU preflight line (N04, `executor::gpu`) names
+    // the visible and the needed GPU counts, whatever the exit code.
+    if let Some(line) = ev
+        .log_tail
+        .lines()
+        .rev()
+        .find(|l| l.contains("gpu preflight:"))
+    {
+        let line: String = line.trim().chars().take(300).collect();
+        return Classification::failed(FailureClass::Config, format!("state {state}, {line}"));
+    }
     if status.exit_code == Some(2) && *state == JobState::Failed {
         return Classification::failed(
             FailureClass::Config,
@@ -949,6 +958,23 @@ mod tests {
             let c = classify(&s, &e);
             assert_eq!(c.class, Some(want), "case {i}: {}", c.detail);
             assert!(c.detail.contains(part), "case {i}: {}", c.detail);
+        }
+    }
+
+    /// N04: the worker's GPU preflight line is a configuration failure naming both counts,
+    /// whatever the exit code (a wrapper may turn 2 into 1).
+    #[test]
+    fn n04_gpu_preflight_line_is_config() {
+        let line = "error: gpu preflight: 0 GPU(s) visible (SLURM_JOB_GPUS=\"NoDevFiles\") but the stage mesh needs 4 per node";
+        for code in [2, 1] {
+            let s = st(JobState::Failed).with_exit_code(code);
+            let c = classify(&s, &ev(&format!("loading\n{line}\n")));
+            assert_eq!(c.class, Some(FailureClass::Config), "{}", c.detail);
+            assert!(
+                c.detail.contains("0 GPU(s) visible") && c.detail.contains("needs 4 per node"),
+                "{}",
+                c.detail
+            );
         }
     }
 
