@@ -45,7 +45,8 @@ pub use catalog::{
 };
 pub use compile::{
     MAX_INSTANCES_PER_STAGE, MAX_WORK_ITEMS_PER_PLAN, PUZZLE_KNOWN_EXTERNAL_STAGES, StageFilter,
-    compile_campaign_plan, compile_campaign_plan_with, compile_resolved, contract_hash,
+    compile_campaign_plan, compile_campaign_plan_with, compile_resolved, contract_changes,
+    contract_hash,
 };
 pub use document::{
     DefaultsDocument, PlanDocument, StageDocument, SubmissionDocument, load_plan_document,
