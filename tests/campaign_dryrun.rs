@@ -546,7 +546,8 @@ fn excluded_nodes_are_one_quoted_exclude_directive() {
 #[test]
 fn n03_dry_run_shows_the_signal_line_and_warns() {
     // (time limit, warning signal, resumable, signal line, warnings expected)
-    let cases: [(Option<&str>, &str, bool, &str, &[&str]); 5] = [
+    type Case<'a> = (Option<&'a str>, &'a str, bool, &'a str, &'a [&'a str]);
+    let cases: [Case; 5] = [
         (
             Some("4:00:00"),
             "USR2@300",

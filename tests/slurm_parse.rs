@@ -553,7 +553,8 @@ fn n04_rank_device_and_preflight_cases() {
         move |k: &str| m.get(k).cloned()
     };
     // (label, env, device or error parts)
-    let cases: Vec<(&str, Vec<(&str, &str)>, Result<u32, Vec<&str>>)> = vec![
+    type Case<'a> = (&'a str, Vec<(&'a str, &'a str)>, Result<u32, Vec<&'a str>>);
+    let cases: Vec<Case> = vec![
         (
             "(a) rank 0: CUDA_VISIBLE_DEVICES=0 under SLURM_JOB_GPUS=4,5, one GPU per rank",
             vec![

@@ -196,14 +196,15 @@ fn n03_warning_signal_forms_render_directive_and_forwarding() {
         ..TaskTopology::single()
     };
     // (label, topology, signal, directive, step line, traps)
-    let cases: Vec<(
-        &str,
+    type Case<'a> = (
+        &'a str,
         TaskTopology,
-        Option<&str>,
-        Option<&str>,
-        &str,
-        Vec<&str>,
-    )> = vec![
+        Option<&'a str>,
+        Option<&'a str>,
+        &'a str,
+        Vec<&'a str>,
+    );
+    let cases: Vec<Case> = vec![
         (
             "default USR2, direct",
             direct.clone(),

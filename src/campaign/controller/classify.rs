@@ -876,15 +876,16 @@ mod tests {
         let limit =
             "*** JOB 4711 ON node01 CANCELLED AT 2024-01-01T10:02:00 DUE TO TIME LIMIT ***\n";
         // (state, signal, log, resumable, checkpoint, class, detail part)
-        let cases: Vec<(
+        type Case<'a> = (
             JobState,
             Option<i32>,
-            &str,
+            &'a str,
             bool,
             CheckpointEvidence,
             FailureClass,
-            &str,
-        )> = vec![
+            &'a str,
+        );
+        let cases: Vec<Case> = vec![
             (
                 JobState::Timeout,
                 Some(15),
