@@ -746,3 +746,89 @@ fn heartbeat_timeout_cancels_a_silent_job_as_hung() {
         took.as_secs_f64()
     );
 }
+
+/// N04 on the real cluster: what Slurm exports to the two tasks of a `--gres=gpu:2` job
+/// (and to a job without GPUs) parses, and the preflight gives each rank a device inside its
+/// own visible list (2 needed: passes; 3 needed: a `gpu preflight:` error naming 2 and 3).
+#[cfg_attr(
+    not(puzzletron_slurm_tests),
+    ignore = "needs the local Slurm cluster: start it and set PUZZLETRON_SLURM_TESTS=1 (CONTRIBUTING.md)"
+)]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn n04_slurm_gpu_variables_parse_and_preflight() {
+    use puzzletron::executor::gpu::{GPUS_PER_NODE_ENV, GpuVisibility, preflight};
+    if !cluster_available("n04_slurm_gpu_variables_parse_and_preflight") {
+        return;
+    }
+    let dir = tmp();
+    let e = exec(dir.path());
+    let line = "echo \"T|${SLURM_LOCALID-}|${CUDA_VISIBLE_DEVICES-unset}|${SLURM_STEP_GPUS-unset}|${SLURM_JOB_GPUS-unset}\"";
+    let gpu = e
+        .submit(
+            &AttemptSpec::new(id("n04gpu"), sh(line))
+                .with_topology(TaskTopology {
+                    ntasks_per_node: 2,
+                    gpus: GpuRequest::PerNode(2),
+                    launcher: TaskLauncher::Srun { extra_args: vec![] },
+                    ..TaskTopology::single()
+                })
+                .with_scheduler(SchedulerOptions {
+                    partition: Some("gpu".into()),
+                    ..Default::default()
+                }),
+        )
+        .await
+        .unwrap();
+    let cpu = e
+        .submit(&AttemptSpec::new(id("n04cpu"), sh(line)))
+        .await
+        .unwrap();
+    let st = wait(&e, &[gpu, cpu], 90).await;
+    let tasks = |s: &JobStatus| -> Vec<std::collections::HashMap<String, String>> {
+        log_of(s)
+            .lines()
+            .filter_map(|l| l.strip_prefix("T|"))
+            .map(|l| {
+                let f: Vec<&str> = l.split('|').collect();
+                let mut m = std::collections::HashMap::new();
+                for (k, v) in [
+                    ("SLURM_LOCALID", f[0]),
+                    ("CUDA_VISIBLE_DEVICES", f[1]),
+                    ("SLURM_STEP_GPUS", f[2]),
+                    ("SLURM_JOB_GPUS", f[3]),
+                ] {
+                    if v != "unset" {
+                        m.insert(k.to_string(), v.to_string());
+                    }
+                }
+                m
+            })
+            .collect()
+    };
+    assert_eq!(st[0].state, JobState::Completed, "{:?}", st[0]);
+    let gpu_tasks = tasks(&st[0]);
+    assert_eq!(gpu_tasks.len(), 2, "{}", log_of(&st[0]));
+    for t in &gpu_tasks {
+        eprintln!("n04 gpu task env: {t:?}");
+        let vis = GpuVisibility::from_env(|k| t.get(k).cloned()).unwrap();
+        assert_eq!(vis.count(), Some(2), "{t:?}");
+        let mut env = t.clone();
+        env.insert(GPUS_PER_NODE_ENV.into(), "2".into());
+        let dev = preflight(|k| env.get(k).cloned()).unwrap();
+        assert_eq!(dev.to_string(), t["SLURM_LOCALID"], "{t:?}");
+        env.insert(GPUS_PER_NODE_ENV.into(), "3".into());
+        let err = preflight(|k| env.get(k).cloned()).unwrap_err().to_string();
+        assert!(
+            err.contains("2 GPU(s) visible") && err.contains("needs 3 per node"),
+            "{err}"
+        );
+    }
+    assert_eq!(st[1].state, JobState::Completed, "{:?}", st[1]);
+    let cpu_tasks = tasks(&st[1]);
+    assert_eq!(cpu_tasks.len(), 1, "{}", log_of(&st[1]));
+    eprintln!("n04 cpu job env: {:?}", cpu_tasks[0]);
+    let mut env = cpu_tasks[0].clone();
+    env.insert(GPUS_PER_NODE_ENV.into(), "1".into());
+    let err = preflight(|k| env.get(k).cloned()).unwrap_err().to_string();
+    assert!(err.starts_with("gpu preflight: "), "{err}");
+}
