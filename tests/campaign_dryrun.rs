@@ -540,6 +540,8 @@ fn excluded_nodes_are_one_quoted_exclude_directive() {
         ..DryRunOptions::default()
     };
     assert!(dry_run(&plan, &bad).is_err());
+}
+
 /// N03 in the dry run: the `--signal=B:SIG@lead` line, the forwarding traps, and a warning for
 /// each problem (lead not shorter than the limit, lead short of checkpoint + KillWait +
 /// margin, a stage that cannot resume, USR1 on an NCCL job, no time limit at all).

@@ -1285,6 +1285,8 @@ fn heartbeat_timeout_cancels_a_silent_attempt_as_hung_and_journals_its_last_hear
     let waste = first.waste(h.as_of_ms);
     let hung = waste.iter().find(|(k, _)| k == "hung").map(|(_, v)| *v);
     assert_eq!(hung, Some(hung_ms as f64 / 3_600_000.0), "{waste:?}");
+}
+
 /// N10: what goes in the key. Resources (time limit, warning signal, partition, packing,
 /// attempt limits, the retry's exclusive node after an OOM) are attempt metadata: the contract
 /// hash and the unit keep their identity, and a campaign reopened with them changed carries
