@@ -591,7 +591,7 @@ fn n03_dry_run_shows_the_signal_line_and_warns() {
         ),
     ];
     for (limit, sig, resumable, line, warnings) in cases {
-        let runner = RunnerEnvironment::from_node(
+        let runner = RunnerEnvironment::from_value(
             "runner.yaml",
             &node_yaml("runner:\n  kind: slurm\n  slurm: {partition: batch}\n"),
         )
@@ -604,7 +604,7 @@ fn n03_dry_run_shows_the_signal_line_and_warns() {
             stage.push_str(&format!(", time_limit: \"{l}\""));
         }
         stage.push('}');
-        let execution = ExecutionConfig::from_node(
+        let execution = ExecutionConfig::from_value(
             "execution.yaml",
             &node_yaml(&format!("execution:\n  stages:\n    train: {stage}\n")),
         )
@@ -643,7 +643,7 @@ fn n03_dry_run_shows_the_signal_line_and_warns() {
         assert!(text.contains(line), "{label}");
     }
     // A bad signal is refused when the execution config is read, naming the key.
-    let e = ExecutionConfig::from_node(
+    let e = ExecutionConfig::from_value(
         "execution.yaml",
         &node_yaml("execution:\n  stages:\n    train: {warning_signal: \"KILL@10\"}\n"),
     )

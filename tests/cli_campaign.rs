@@ -641,7 +641,7 @@ fn n04_gpu_preflight_mismatch_is_a_config_failure_never_retried() {
         CampaignController, ControllerEvent, FailureClass, RunOptions,
     };
     use puzzletron::campaign::{
-        ExecutionConfig, Node, RunnerEnvironment, StageCatalog, compile_resolved,
+        ExecutionConfig, RunnerEnvironment, StageCatalog, compile_resolved,
     };
     use serde_json::json;
     use std::sync::{Arc, Mutex};
@@ -675,13 +675,13 @@ fn n04_gpu_preflight_mismatch_is_a_config_failure_never_retried() {
         } else {
             format!("export {env}; {ok_then_mark}")
         };
-        let node = Node::from_json(&json!({"stages": [
+        let node = puzzletron::campaign::config::Value::from_json(&json!({"stages": [
             {"id": "train", "parallel": {"tp": 2}, "command": ["sh", "-c", script]}
         ]}));
         let catalog = StageCatalog::from_config("exp", &node).unwrap();
-        let execution = ExecutionConfig::from_node(
+        let execution = ExecutionConfig::from_value(
             "execution.yaml",
-            &Node::from_json(&json!({"execution": {
+            &puzzletron::campaign::config::Value::from_json(&json!({"execution": {
                 "defaults": {"failure_policy": "resume", "max_attempts": 3}
             }})),
         )

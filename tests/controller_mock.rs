@@ -1298,11 +1298,11 @@ fn n10_resources_are_metadata_args_and_env_are_the_key() {
         |prefix: &str| json!([{"id": "a", "command": ["w", "--lr", "0.1", "--prefix", prefix]}]);
     let exec = |a: Value| json!({"defaults": {"failure_policy": "resume", "max_attempts": 3}, "stages": {"a": a}});
     let build = |st: Value, ex: Value, module: &str, venv: &str| {
-        let node = Node::from_json(&json!({ "stages": st }));
+        let node = ConfigValue::from_json(&json!({ "stages": st }));
         let catalog = StageCatalog::from_config("exp", &node).unwrap();
-        let execution = ExecutionConfig::from_node(
+        let execution = ExecutionConfig::from_value(
             "execution.yaml",
-            &Node::from_json(&json!({ "execution": ex })),
+            &ConfigValue::from_json(&json!({ "execution": ex })),
         )
         .unwrap();
         let mut runner = RunnerEnvironment::local();

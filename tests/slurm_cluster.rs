@@ -832,3 +832,175 @@ async fn n04_slurm_gpu_variables_parse_and_preflight() {
     let err = preflight(|k| env.get(k).cloned()).unwrap_err().to_string();
     assert!(err.starts_with("gpu preflight: "), "{err}");
 }
+
+/// The worker of the N03 cluster tests: on the warning signal it writes a complete checkpoint
+/// `ckpt/step_1200/` (and notes the second it came, from the job's start); on SIGTERM it
+/// starts `ckpt/step_1300.tmp/` and is killed there (KillWait later); resumed
+/// (`PUZZLETRON_RESUME=1`), it records where from and finishes. Short sleeps: `sh` runs a trap
+/// only between commands.
+const N03_WORKER: &str = r#"o="${PUZZLETRON_OUTPUT_DIR:-$1}"; mkdir -p "$o"
+if [ "$PUZZLETRON_RESUME" = 1 ]; then printf '%s' "$PUZZLETRON_RESUME_FROM" > "$o/resumed_from"; touch "$o/_SUCCESS"; exit 0; fi
+start=$(date +%s)
+trap 'mkdir -p "$o/ckpt/step_1200"; echo $(( $(date +%s) - start )) > "$o/usr2_after_s"' USR2
+trap 'mkdir -p "$o/ckpt/step_1300.tmp"; touch "$o/got_term"; while :; do sleep 1; done' TERM
+while :; do sleep 1; done"#;
+
+/// N03 on the real cluster, executor level, with the `srun` launcher: `--time=1` (the Slurm
+/// minimum; this cluster has OverTimeLimit 0, KillWait 2 s) and `--signal=B:USR2@30`. The
+/// batch shell forwards USR2 to the backgrounded `srun`, which forwards it to the task: the
+/// task's checkpoint exists, written before the limit's SIGTERM, and the job ends TIMEOUT.
+#[cfg_attr(
+    not(puzzletron_slurm_tests),
+    ignore = "needs the local Slurm cluster: start it and set PUZZLETRON_SLURM_TESTS=1 (CONTRIBUTING.md)"
+)]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn n03_warning_signal_reaches_the_srun_task_before_the_time_limit() {
+    if !cluster_available("n03_warning_signal_reaches_the_srun_task_before_the_time_limit") {
+        return;
+    }
+    let dir = tmp();
+    let out = dir.path().join("out");
+    let e = exec(dir.path());
+    let t = Instant::now();
+    let h = e
+        .submit(
+            &AttemptSpec::new(
+                id("n03srun"),
+                CommandSpec::new("sh")
+                    .args(["-c", N03_WORKER, "sh"])
+                    .arg(out.to_string_lossy()),
+            )
+            .with_topology(TaskTopology {
+                launcher: TaskLauncher::Srun { extra_args: vec![] },
+                ..TaskTopology::single()
+            })
+            .with_walltime(Duration::from_secs(60))
+            .with_warning_signal(WarningSignal::usr2(Duration::from_secs(30))),
+        )
+        .await
+        .unwrap();
+    let st = wait(&e, &[h], 170).await;
+    eprintln!("n03 srun: ended {:?} after {:?}", st[0].state, t.elapsed());
+    assert_eq!(
+        st[0].state,
+        JobState::Timeout,
+        "{:?}\n{}",
+        st[0],
+        log_of(&st[0])
+    );
+    assert!(
+        out.join("ckpt/step_1200").is_dir(),
+        "the warning signal never reached the srun task: {}",
+        log_of(&st[0])
+    );
+    let after: u64 = std::fs::read_to_string(out.join("usr2_after_s"))
+        .unwrap()
+        .trim()
+        .parse()
+        .unwrap();
+    eprintln!("n03 srun: USR2 {after} s after the task started");
+    assert!(
+        after < 60,
+        "USR2 after {after} s: not before the 60 s limit"
+    );
+}
+
+/// N03 end to end on the real cluster: a resumable stage with `time_limit: "1"` and
+/// `warning_signal: "USR2@30"` runs as a campaign on the SlurmExecutor. The worker
+/// checkpoints on USR2 and is killed at the limit (TIMEOUT, a partial `step_1300.tmp`); the
+/// controller classifies TimeoutResumable from the checkpoint, moves the partial one aside and
+/// resubmits with `PUZZLETRON_RESUME=1 PUZZLETRON_RESUME_FROM=ckpt/step_1200`; the campaign
+/// completes.
+#[cfg_attr(
+    not(puzzletron_slurm_tests),
+    ignore = "needs the local Slurm cluster: start it and set PUZZLETRON_SLURM_TESTS=1 (CONTRIBUTING.md)"
+)]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn n03_campaign_checkpoints_on_the_warning_signal_and_resumes_to_success() {
+    use puzzletron::campaign::controller::{
+        CampaignController, ControllerEvent, FailureClass, RunOptions,
+    };
+    use puzzletron::campaign::{
+        ExecutionConfig, RunnerEnvironment, StageCatalog, compile_resolved,
+    };
+    use serde_json::json;
+    use std::sync::{Arc, Mutex};
+    if !cluster_available("n03_campaign_checkpoints_on_the_warning_signal_and_resumes_to_success") {
+        return;
+    }
+    let dir = tmp();
+    let node = puzzletron::campaign::config::Value::from_json(&json!({"stages": [
+        {"id": "train", "resumable": true, "command": ["sh", "-c", N03_WORKER, "sh"]}
+    ]}));
+    let catalog = StageCatalog::from_config("exp", &node).unwrap();
+    let execution = ExecutionConfig::from_value(
+        "execution.yaml",
+        &puzzletron::campaign::config::Value::from_json(&json!({"execution": {
+            "defaults": {"failure_policy": "resume", "max_attempts": 2},
+            "stages": {"train": {"time_limit": "1", "warning_signal": "USR2@30", "resource": "cpu"}}
+        }})),
+    )
+    .unwrap();
+    let plan = compile_resolved(
+        "exp",
+        node,
+        &[],
+        &catalog,
+        &RunnerEnvironment::local(),
+        &execution,
+        None,
+    )
+    .unwrap();
+    let events: Arc<Mutex<Vec<ControllerEvent>>> = Arc::default();
+    let ev = events.clone();
+    let mut ctl = CampaignController::builder()
+        .plan(plan)
+        .executor(Arc::new(exec(dir.path())))
+        .campaign_dir(dir.path().join("campaign"))
+        .poll_interval(Duration::from_millis(500), Duration::from_secs(2))
+        .on_event(move |e| ev.lock().unwrap().push(e.clone()))
+        .build()
+        .unwrap();
+    let t = Instant::now();
+    let report = ctl.run(RunOptions::default()).await.unwrap();
+    eprintln!("n03 campaign: {report} after {:?}", t.elapsed());
+    let evs = events.lock().unwrap().clone();
+    let finished: Vec<(Option<FailureClass>, String, String)> = evs
+        .iter()
+        .filter_map(|e| match e {
+            ControllerEvent::AttemptFinished {
+                class,
+                detail,
+                state,
+                ..
+            } => Some((*class, state.clone(), detail.clone())),
+            _ => None,
+        })
+        .collect();
+    assert!(report.is_complete(), "{report}\n{finished:?}");
+    assert_eq!(finished.len(), 2, "{finished:?}");
+    assert_eq!(
+        finished[0].0,
+        Some(FailureClass::TimeoutResumable),
+        "{finished:?}"
+    );
+    assert!(
+        finished[0]
+            .2
+            .contains("resumes from checkpoint ckpt/step_1200"),
+        "{finished:?}"
+    );
+    assert_eq!(finished[1].0, None, "{finished:?}");
+    let out = dir.path().join("campaign/work/train/0");
+    assert_eq!(
+        std::fs::read_to_string(out.join("resumed_from")).unwrap(),
+        "ckpt/step_1200"
+    );
+    assert!(!out.join("ckpt/step_1300.tmp").exists());
+    let after = std::fs::read_to_string(out.join("usr2_after_s")).unwrap_or_default();
+    eprintln!(
+        "n03 campaign: USR2 {} s after start; TERM seen: {}",
+        after.trim(),
+        out.join("got_term").exists()
+    );
+}

@@ -771,12 +771,12 @@ fn show_text(s: &str) -> String {
     }
 }
 
-fn show_node(n: &Node) -> String {
+fn show_node(n: &Value) -> String {
     match n {
-        Node::Str(s) => show_text(s),
+        Value::String(s) => show_text(s),
         other => {
             let mut c = String::new();
-            other.write_canonical(&mut c);
+            write_canonical(other, &mut c);
             if c.chars().count() > 80 {
                 format!("{}…", c.chars().take(80).collect::<String>())
             } else {
@@ -787,7 +787,7 @@ fn show_node(n: &Node) -> String {
 }
 
 /// The config paths whose canonical values differ (maps by key, sequences by index).
-fn diff_nodes(path: &str, a: &Node, b: &Node, out: &mut Vec<String>) {
+fn diff_nodes(path: &str, a: &Value, b: &Value, out: &mut Vec<String>) {
     if out.len() > MAX_CONTRACT_REASONS {
         return;
     }
@@ -799,16 +799,16 @@ fn diff_nodes(path: &str, a: &Node, b: &Node, out: &mut Vec<String>) {
         }
     };
     match (a, b) {
-        (Node::Map(x), Node::Map(y)) => {
+        (Value::Mapping(x), Value::Mapping(y)) => {
             let keys: std::collections::BTreeSet<&str> =
-                x.iter().chain(y).map(|(k, _)| k.as_str()).collect();
+                x.keys().chain(y.keys()).map(String::as_str).collect();
             for k in keys {
                 let p = if path.is_empty() {
                     k.to_string()
                 } else {
                     format!("{path}.{k}")
                 };
-                match (a.get(k), b.get(k)) {
+                match (x.get(k), y.get(k)) {
                     (Some(v), Some(w)) => diff_nodes(&p, v, w, out),
                     (Some(v), None) => out.push(format!(
                         "config changed: {p} removed (was {})",
@@ -821,7 +821,7 @@ fn diff_nodes(path: &str, a: &Node, b: &Node, out: &mut Vec<String>) {
                 }
             }
         }
-        (Node::Seq(x), Node::Seq(y)) => {
+        (Value::List(x), Value::List(y)) => {
             for i in 0..x.len().max(y.len()) {
                 let p = format!("{path}[{i}]");
                 match (x.get(i), y.get(i)) {
@@ -839,8 +839,8 @@ fn diff_nodes(path: &str, a: &Node, b: &Node, out: &mut Vec<String>) {
         }
         _ => {
             let (mut x, mut y) = (String::new(), String::new());
-            a.write_canonical(&mut x);
-            b.write_canonical(&mut y);
+            write_canonical(a, &mut x);
+            write_canonical(b, &mut y);
             if x != y {
                 out.push(format!(
                     "config changed: {} ({} -> {})",
