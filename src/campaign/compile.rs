@@ -466,6 +466,7 @@ fn stage_spec(
         distributed: stage.distributed,
         time_limit: ov.time_limit.clone(),
         heartbeat_timeout_s: ov.heartbeat_timeout_s,
+        warning_signal: ov.warning_signal.clone(),
     })
 }
 
@@ -649,6 +650,207 @@ pub fn contract_hash(
         h.field(spec.resource.as_str().as_bytes());
     }
     h.finish()
+}
+
+/// Most reasons [`contract_changes`] lists (then `… and N more`).
+const MAX_CONTRACT_REASONS: usize = 20;
+
+/// Why `new`'s contract hash differs from `old`'s, one reason per changed input of
+/// [`contract_hash`], naming it (N10): `config changed: stages[0].command[2] ("hello" ->
+/// "hola")`, `environment changed: runner.execution_contract.prerun_commands[0] ("module load
+/// cuda/12.4" -> "module load cuda/12.6")`, `stage mip: instances changed (4 -> 8)`, `stage x
+/// added`. Empty when the hashes agree. What the hash leaves out (time limits, warning
+/// signals, partitions, packing, attempt limits) is never a reason.
+pub fn contract_changes(old: &CampaignPlan, new: &CampaignPlan) -> Vec<String> {
+    let mut out = Vec::new();
+    diff_nodes("", &old.resolved_config, &new.resolved_config, &mut out);
+    let (a, b) = (
+        &old.runner.execution_contract,
+        &new.runner.execution_contract,
+    );
+    let env = "environment changed: runner.execution_contract";
+    for (field, x, y) in [
+        ("repository", &a.repository, &b.repository),
+        ("venv", &a.venv, &b.venv),
+        ("container", &a.container, &b.container),
+        ("container_mounts", &a.container_mounts, &b.container_mounts),
+        ("setup_env", &a.setup_env, &b.setup_env),
+    ] {
+        if x != y {
+            out.push(format!(
+                "{env}.{field} ({} -> {})",
+                show_opt(x),
+                show_opt(y)
+            ));
+        }
+    }
+    for (field, x, y) in [
+        ("prerun_commands", &a.prerun_commands, &b.prerun_commands),
+        ("postrun_commands", &a.postrun_commands, &b.postrun_commands),
+    ] {
+        for i in 0..x.len().max(y.len()) {
+            let (p, q) = (x.get(i), y.get(i));
+            if p != q {
+                out.push(format!(
+                    "{env}.{field}[{i}] ({} -> {})",
+                    show_opt(&p.cloned()),
+                    show_opt(&q.cloned())
+                ));
+            }
+        }
+    }
+    let ids = |p: &CampaignPlan| -> std::collections::BTreeMap<String, usize> {
+        p.stages
+            .iter()
+            .enumerate()
+            .map(|(i, s)| (s.stage_id.clone(), i))
+            .collect()
+    };
+    let (oi, ni) = (ids(old), ids(new));
+    for (id, &i) in &oi {
+        let Some(&j) = ni.get(id) else {
+            out.push(format!("stage {id} removed"));
+            continue;
+        };
+        let (s, t) = (&old.stages[i], &new.stages[j]);
+        let mut pa = s.parents.clone();
+        let mut pb = t.parents.clone();
+        pa.sort_unstable();
+        pb.sort_unstable();
+        for (what, x, y) in [
+            ("parents", pa.join(","), pb.join(",")),
+            (
+                "strategy",
+                s.spec.strategy.as_str().to_string(),
+                t.spec.strategy.as_str().to_string(),
+            ),
+            (
+                "instances",
+                s.spec.instances.to_string(),
+                t.spec.instances.to_string(),
+            ),
+            ("mesh", s.spec.mesh.to_string(), t.spec.mesh.to_string()),
+            (
+                "resource",
+                s.spec.resource.as_str().to_string(),
+                t.spec.resource.as_str().to_string(),
+            ),
+        ] {
+            if x != y {
+                out.push(format!("stage {id}: {what} changed ({x} -> {y})"));
+            }
+        }
+    }
+    out.extend(
+        ni.keys()
+            .filter(|id| !oi.contains_key(*id))
+            .map(|id| format!("stage {id} added")),
+    );
+    if out.len() > MAX_CONTRACT_REASONS {
+        let more = out.len() - MAX_CONTRACT_REASONS;
+        out.truncate(MAX_CONTRACT_REASONS);
+        out.push(format!("… and {more} more"));
+    }
+    out
+}
+
+fn show_opt(v: &Option<String>) -> String {
+    v.as_ref()
+        .map_or_else(|| "none".to_string(), |s| show_text(s))
+}
+
+/// A value for a reason: quoted, cut to 80 characters.
+fn show_text(s: &str) -> String {
+    if s.chars().count() > 80 {
+        format!(
+            "{:?}",
+            format!("{}…", s.chars().take(80).collect::<String>())
+        )
+    } else {
+        format!("{s:?}")
+    }
+}
+
+fn show_node(n: &Value) -> String {
+    match n {
+        Value::String(s) => show_text(s),
+        other => {
+            let mut c = String::new();
+            write_canonical(other, &mut c);
+            if c.chars().count() > 80 {
+                format!("{}…", c.chars().take(80).collect::<String>())
+            } else {
+                c
+            }
+        }
+    }
+}
+
+/// The config paths whose canonical values differ (maps by key, sequences by index).
+fn diff_nodes(path: &str, a: &Value, b: &Value, out: &mut Vec<String>) {
+    if out.len() > MAX_CONTRACT_REASONS {
+        return;
+    }
+    let at = |p: &str| {
+        if p.is_empty() {
+            "(root)".to_string()
+        } else {
+            p.to_string()
+        }
+    };
+    match (a, b) {
+        (Value::Mapping(x), Value::Mapping(y)) => {
+            let keys: std::collections::BTreeSet<&str> =
+                x.keys().chain(y.keys()).map(String::as_str).collect();
+            for k in keys {
+                let p = if path.is_empty() {
+                    k.to_string()
+                } else {
+                    format!("{path}.{k}")
+                };
+                match (x.get(k), y.get(k)) {
+                    (Some(v), Some(w)) => diff_nodes(&p, v, w, out),
+                    (Some(v), None) => out.push(format!(
+                        "config changed: {p} removed (was {})",
+                        show_node(v)
+                    )),
+                    (None, Some(w)) => {
+                        out.push(format!("config changed: {p} added ({})", show_node(w)))
+                    }
+                    (None, None) => {}
+                }
+            }
+        }
+        (Value::List(x), Value::List(y)) => {
+            for i in 0..x.len().max(y.len()) {
+                let p = format!("{path}[{i}]");
+                match (x.get(i), y.get(i)) {
+                    (Some(v), Some(w)) => diff_nodes(&p, v, w, out),
+                    (Some(v), None) => out.push(format!(
+                        "config changed: {p} removed (was {})",
+                        show_node(v)
+                    )),
+                    (None, Some(w)) => {
+                        out.push(format!("config changed: {p} added ({})", show_node(w)))
+                    }
+                    (None, None) => {}
+                }
+            }
+        }
+        _ => {
+            let (mut x, mut y) = (String::new(), String::new());
+            write_canonical(a, &mut x);
+            write_canonical(b, &mut y);
+            if x != y {
+                out.push(format!(
+                    "config changed: {} ({} -> {})",
+                    at(path),
+                    show_node(a),
+                    show_node(b)
+                ));
+            }
+        }
+    }
 }
 
 /// Hands out MASTER_PORTs (`base + k`, unique within the plan) and MASTER_ADDRs per runner kind.

@@ -21,6 +21,7 @@ use super::schema::{
     check_keys, did_you_mean, expect_map, expect_opt_str, expect_u32, field, invalid, join,
 };
 use super::slurm_time::SlurmTime;
+use crate::executor::WarningSignal;
 
 macro_rules! str_enum {
     ($(#[$m:meta])* $name:ident { $($(#[$vm:meta])* $var:ident = $s:literal),+ $(,)? }) => {
@@ -146,6 +147,9 @@ pub struct StageExecutionConfig {
     /// Heartbeat timeout in seconds (key `heartbeat_timeout_s`, at least 1): a running attempt
     /// whose progress mark does not move for this long is cancelled as hung.
     pub heartbeat_timeout_s: Option<u64>,
+    /// `warning_signal: "USR2@180"` (or `180`): a signal sent that long before `time_limit`
+    /// so the worker can checkpoint (N03).
+    pub warning_signal: Option<WarningSignal>,
 }
 
 /// A parsed execution config.
@@ -172,7 +176,7 @@ const DEFAULT_KEYS: [&str; 4] = [
     "gpus_per_node",
     "max_attempts",
 ];
-const STAGE_KEYS: [&str; 10] = [
+const STAGE_KEYS: [&str; 11] = [
     "strategy",
     "instances",
     "failure_policy",
@@ -183,6 +187,7 @@ const STAGE_KEYS: [&str; 10] = [
     "max_attempts",
     "time_limit",
     "heartbeat_timeout_s",
+    "warning_signal",
 ];
 
 impl ExecutionConfig {
@@ -298,12 +303,83 @@ fn parse_stage(file: &str, path: &str, node: &Value) -> Result<StageExecutionCon
             "heartbeat_timeout_s" => {
                 s.heartbeat_timeout_s = Some(u64::from(expect_u32(file, &p, value, 1)?))
             }
+            "warning_signal" => {
+                let text = match value {
+                    Value::String(t) => t.clone(),
+                    Value::Int(i) => i.to_string(),
+                    other => {
+                        return Err(invalid(
+                            file,
+                            &p,
+                            other,
+                            "`SIGNAL@SECONDS` such as \"USR2@180\"",
+                        ));
+                    }
+                };
+                match WarningSignal::parse(&text) {
+                    Ok(w) => s.warning_signal = Some(w),
+                    Err(_) => {
+                        return Err(invalid(
+                            file,
+                            &p,
+                            value,
+                            "`SIGNAL@SECONDS` such as \"USR2@180\" (USR2, USR1, TERM, INT, HUP, URG or ALRM; seconds >= 1)",
+                        ));
+                    }
+                }
+            }
             // Every other key was refused by `check_keys` above.
             _ => {}
         }
     }
     Ok(s)
 }
+
+/// What is wrong with a stage's warning signal (N03), one line each, for the dry run: no time
+/// limit (never sent), a lead not shorter than the limit (sent at the start), a lead under
+/// [`MIN_WARNING_LEAD`] (too short for a checkpoint plus Slurm's `KillWait` plus a margin), a
+/// stage that cannot resume (the checkpoint is never used), `USR1` on a distributed stage
+/// (NCCL uses `SIGUSR1` itself).
+pub fn warning_signal_problems(
+    w: &WarningSignal,
+    time_limit: Option<std::time::Duration>,
+    resumable: bool,
+    distributed: bool,
+) -> Vec<String> {
+    let lead = w.lead_secs();
+    let mut out = Vec::new();
+    match time_limit {
+        None => out.push(format!(
+            "warning signal {w} without a time_limit: it is never sent"
+        )),
+        Some(t) if w.lead >= t => out.push(format!(
+            "warning signal lead {lead} s >= time limit {} s: it is sent right at the start",
+            t.as_secs()
+        )),
+        Some(_) => {}
+    }
+    if w.lead < MIN_WARNING_LEAD {
+        out.push(format!(
+            "warning signal lead {lead} s is short: it must cover the checkpoint plus KillWait plus a margin (>= {} s advised; Slurm may send it up to 60 s early)",
+            MIN_WARNING_LEAD.as_secs()
+        ));
+    }
+    if !resumable {
+        out.push(format!(
+            "warning signal {w} on a stage that is not resumable: its checkpoint is never resumed"
+        ));
+    }
+    if distributed && w.signal == "USR1" {
+        out.push(
+            "warning signal USR1 on a distributed stage: NCCL uses SIGUSR1 itself, use USR2".into(),
+        );
+    }
+    out
+}
+
+/// The shortest warning lead the dry run accepts without a warning (N03: a 75 s checkpoint,
+/// KillWait 30 s and a margin).
+pub const MIN_WARNING_LEAD: std::time::Duration = std::time::Duration::from_secs(180);
 
 /// The compiled execution of one stage: everything the controller needs to run it.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -333,6 +409,10 @@ pub struct StageExecutionSpec {
     /// long is cancelled and classified as hung. Not part of the contract hash.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub heartbeat_timeout_s: Option<u64>,
+    /// A signal before the time limit, if set (N03). Attempt metadata like `time_limit`: not
+    /// in the contract hash.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub warning_signal: Option<WarningSignal>,
 }
 
 #[cfg(test)]

@@ -45,7 +45,8 @@ pub use catalog::{
 };
 pub use compile::{
     MAX_INSTANCES_PER_STAGE, MAX_WORK_ITEMS_PER_PLAN, PUZZLE_KNOWN_EXTERNAL_STAGES, StageFilter,
-    compile_campaign_plan, compile_campaign_plan_with, compile_resolved, contract_hash,
+    compile_campaign_plan, compile_campaign_plan_with, compile_resolved, contract_changes,
+    contract_hash,
 };
 pub use document::{
     DefaultsDocument, PlanDocument, StageDocument, SubmissionDocument, load_plan_document,
@@ -56,8 +57,8 @@ pub use dryrun::{
     item_argv, render_dry_run, shell_quote,
 };
 pub use execution::{
-    ExecutionConfig, ExecutionDefaults, FailurePolicy, HaltPolicy, Resource, StageExecutionConfig,
-    StageExecutionSpec, Strategy,
+    ExecutionConfig, ExecutionDefaults, FailurePolicy, HaltPolicy, MIN_WARNING_LEAD, Resource,
+    StageExecutionConfig, StageExecutionSpec, Strategy, warning_signal_problems,
 };
 pub use mesh::{
     GpuAllocation, InstancePlacement, MAX_GPUS_PER_INSTANCE, MESH_EXTRA_KEYS, MESH_KEYS,
