@@ -82,6 +82,11 @@ pub struct DoneHead {
 }
 
 impl DoneHead {
+    /// The head of a done record with this attempt and [`witnesses_digest`](Self::witnesses_digest).
+    pub fn new(attempt: u32, witnesses: Hash) -> Self {
+        Self { attempt, witnesses }
+    }
+
     /// A digest of `witnesses` (SHA-256 of their JSON): equal digests mean equal witnesses, so
     /// a run whose record has the current witnesses' digest has no environment difference.
     pub fn witnesses_digest(witnesses: &crate::identity::Witnesses) -> Hash {

@@ -95,6 +95,9 @@ impl fmt::Display for Plan {
     }
 }
 
+/// Runs a plan reads records for at once.
+const PLAN_CHUNK: usize = 8192;
+
 /// Decides runs against a store: what the rules of DESIGN.md §4 say a drain does with each.
 pub(super) struct Decider<'a, S: Store + ?Sized> {
     pub(super) store: &'a S,
@@ -162,22 +165,28 @@ impl<'a, S: Store + ?Sized> Decider<'a, S> {
 
     /// The decision for every run of `queue`, in order, reading records in bulk.
     pub(super) fn plan(&self, queue: &[PendingRun]) -> Result<Plan, StoreError> {
-        let mut fast: Vec<Option<JobDecision>> = Vec::with_capacity(queue.len());
-        for p in queue {
-            fast.push(self.fast_skip(p)?);
+        let mut decisions = Vec::with_capacity(queue.len());
+        // In slices, so what is read for a slice (records, lineages) is dropped before the
+        // next: a plan's peak memory is its decisions plus one slice's records.
+        for chunk in queue.chunks(PLAN_CHUNK) {
+            let mut fast: Vec<Option<JobDecision>> = Vec::with_capacity(chunk.len());
+            for p in chunk {
+                fast.push(self.fast_skip(p)?);
+            }
+            let rest: Vec<&PendingRun> = chunk
+                .iter()
+                .zip(&fast)
+                .filter(|(_, f)| f.is_none())
+                .map(|(p, _)| p)
+                .collect();
+            let mut slow = self.plan_slow(&rest)?.into_iter();
+            for f in fast {
+                // `plan_slow` returns one decision per run of `rest`, in order.
+                if let Some(d) = f.or_else(|| slow.next()) {
+                    decisions.push(d);
+                }
+            }
         }
-        let rest: Vec<&PendingRun> = queue
-            .iter()
-            .zip(&fast)
-            .filter(|(_, f)| f.is_none())
-            .map(|(p, _)| p)
-            .collect();
-        let mut slow = self.plan_slow(&rest)?.into_iter();
-        let decisions = fast
-            .into_iter()
-            .map(|f| f.or_else(|| slow.next()))
-            .collect::<Option<Vec<_>>>()
-            .unwrap_or_default();
         Ok(Plan { decisions })
     }
 

@@ -269,6 +269,12 @@ impl<S: Store, E: Executor> Orchestrator<S, E> {
     /// Executes every queued run that is not done, in enqueue order, in this process; waits for
     /// runs other processes hold. Stops at the first failure.
     ///
+    /// A run that finished well is committed (its metrics and done record made durable, see
+    /// [`FsStore`]'s fsync budget) by a committer thread while the next runs execute, so its
+    /// [`Event::Finished`](super::Event::Finished) may come after the next run's `Started`;
+    /// the drain returns once every commit is durable. A crash of the process before a run's
+    /// commit leaves it interrupted: the next drain runs it again.
+    ///
     /// With [`isolate(true)`](OrchestratorBuilder::isolate) the runs go to worker processes
     /// through the executor, all at once (the executor bounds how many run together); a failed,
     /// panicking, aborted or killed run fails only itself, and the drain reports the first
