@@ -235,7 +235,13 @@ fn one(p: &One, run: &mut Run) -> JobResult {
 fn cache_hits(c: &mut Criterion) {
     let dir = tempfile::tempdir().unwrap();
     let root = dir.path().join("done");
-    let job: Job<One> = job!(one);
+    // A small user crate (see benches/hot_paths.rs): `job!` here would cover all of
+    // puzzletron, a 375 KB record per run.
+    let krate = dir.path().join("crate");
+    std::fs::create_dir_all(krate.join("src")).unwrap();
+    std::fs::write(krate.join("Cargo.lock"), "version = 4\n").unwrap();
+    std::fs::write(krate.join("src/lib.rs"), "pub fn one() {}\n").unwrap();
+    let job: Job<One> = Job::new("bench::one", "bench", &krate, "src/lib.rs", one);
     let n = 10_000;
     let sweep = || {
         let mut o = Orchestrator::builder().store_root(&root).build().unwrap();

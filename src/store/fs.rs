@@ -52,8 +52,9 @@ const TAKEOVER_GRACE: Duration = Duration::from_secs(5);
 /// copy of what the record holds and is not synced). Claims, the running record, the lineage
 /// pointer and the done index (`done.idx`) are never synced: they matter only while their
 /// writer lives, or are a cache. A sweep's in-process drain commits finished runs on several
-/// threads while the next runs execute, so the `fsync`s of several runs are in flight at once and
-/// the filesystem's journal flushes them together; the drain returns once all are durable.
+/// threads while the next runs execute, so the `fsync`s of several runs are in flight at once (a
+/// journaling filesystem merges them into one commit, and the disk serves them together); the
+/// drain returns once all are durable.
 ///
 /// # Cache hits
 ///

@@ -20,8 +20,8 @@ use crate::store::{
 
 /// Threads that commit finished runs while the drain goes on. A done record costs a few
 /// `fsync`s (the metrics file, the record, its folder: milliseconds on some disks); commits
-/// of several runs in flight at once overlap on the device, and the filesystem journal groups
-/// them into one flush.
+/// of several runs in flight at once overlap on the device (and a journaling filesystem merges
+/// them into one commit).
 const COMMITTERS: usize = 8;
 
 /// A run that finished well and whose record is not committed yet: its claim is still held,
