@@ -493,6 +493,84 @@ mod tests {
     }
 
     #[test]
+    fn typed_stage_values() {
+        let c = parse(json!({"execution": {"stages": {"train": {
+            "time_limit": 90, "warning_signal": 300, "partition": "gpu-a,gpu-b"},
+            "mip": {"time_limit": "2-00:00:00", "warning_signal": "SIGUSR1@200", "partition": "cpu"},
+            "noop": null}}}))
+        .unwrap();
+        let t = c.stage("train").unwrap();
+        assert_eq!(t.time_limit.as_ref().unwrap().as_duration().as_secs(), 5400);
+        assert_eq!(t.warning_signal.as_ref().unwrap().to_string(), "USR2@300");
+        assert_eq!(t.partition.as_deref(), Some("gpu-a,gpu-b"));
+        let m = c.stage("mip").unwrap();
+        assert_eq!(
+            m.time_limit.as_ref().unwrap().as_duration().as_secs(),
+            172_800
+        );
+        assert_eq!(m.warning_signal.as_ref().unwrap().to_string(), "USR1@200");
+        assert_eq!(c.stage("noop"), Some(&StageExecutionConfig::default()));
+        assert_eq!(
+            c.stages
+                .iter()
+                .map(|(id, _)| id.as_str())
+                .collect::<Vec<_>>(),
+            ["train", "mip", "noop"]
+        );
+
+        let e = parse(json!({"execution": {"stages": {"mip": {"partition": "a;rm -rf /"}}}}))
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.starts_with("exec.yaml: `execution.stages.mip.partition` = \"a;rm -rf /\": expected a partition role"),
+            "{e}"
+        );
+        let e = parse(json!({"execution": {"stages": {"mip": {"time_limit": "4h"}}}}))
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains(
+                "`execution.stages.mip.time_limit` = \"4h\": expected a Slurm time M, M:S, H:M:S"
+            ),
+            "{e}"
+        );
+        let e = parse(json!({"execution": {"stages": {"mip": {"warning_signal": "USR9@10"}}}}))
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("= \"USR9@10\": expected `SIGNAL@SECONDS`"),
+            "{e}"
+        );
+        let e = parse(json!({"execution": {"defaults": {"halt_policy": "drian"}}}))
+            .unwrap_err()
+            .to_string();
+        assert_eq!(
+            e,
+            "exec.yaml: `execution.defaults.halt_policy` = \"drian\": expected one of fail_fast, drain (did you mean `drain`?)"
+        );
+        let e = parse(json!({"execution": {"stages": ["mip"]}}))
+            .unwrap_err()
+            .to_string();
+        assert_eq!(
+            e,
+            "exec.yaml: `execution.stages` = a list of 1 item(s): expected a mapping"
+        );
+        let e = parse(json!({"execution": {"stages": {"mip": {"parallel": {"tp": 2, "sequence_parallel": true, "pp": 0}}}}}))
+            .unwrap_err()
+            .to_string();
+        assert_eq!(
+            e,
+            "exec.yaml: `execution.stages.mip.parallel.pp` = 0: expected an integer >= 1"
+        );
+        let c = parse(json!({"execution": {"defaults": {"gpus_per_node": null}}})).unwrap();
+        assert!(!c.gpus_per_node_given);
+        assert_eq!(
+            ExecutionConfig::from_value("exec.yaml", &Value::Null).unwrap(),
+            ExecutionConfig::default()
+        );
+    }
+
+    #[test]
     fn errors_name_paths() {
         let e = parse(json!({"execution": {"stages": {"mip": {"instance": 2}}}})).unwrap_err();
         let m = e.to_string();

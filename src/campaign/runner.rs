@@ -671,6 +671,109 @@ mod tests {
         assert!(e.to_string().contains("did you mean `slurm`"), "{e}");
     }
 
+    fn err(v: serde_json::Value) -> String {
+        parse(v).unwrap_err().to_string()
+    }
+
+    #[test]
+    fn typed_values_are_checked_where_they_are_read() {
+        // Partition names are checked one by one: the error names the list index and value.
+        let m = err(json!({"runner": {"kind": "slurm", "slurm": {"partition": ["a", "b;rm"]}}}));
+        assert_eq!(
+            m,
+            "runner.yaml: `runner.slurm.partition[1]` = \"b;rm\": expected a partition name made of letters, digits, '-', '_' or '.'"
+        );
+        // The Slurm time is parsed once, at reading; the error gives the grammar.
+        let m = err(json!({"runner": {"kind": "slurm", "slurm": {"time_limit": "4h"}}}));
+        assert!(
+            m.starts_with("runner.yaml: `runner.slurm.time_limit` = \"4h\": expected a Slurm time M, M:S, H:M:S, D-H, D-H:M or D-H:M:S"),
+            "{m}"
+        );
+        let r = parse(json!({"runner": {"kind": "slurm", "slurm": {"time_limit": "1-02:00:00", "max_nodes": 4}}}))
+            .unwrap();
+        let s = r.slurm.unwrap();
+        assert_eq!(s.time_limit.unwrap().as_duration().as_secs(), 93_600);
+        assert_eq!(s.max_nodes, Some(4));
+        let m = err(json!({"runner": {"kind": "slurm", "slurm": {"max_nodes": 0}}}));
+        assert_eq!(
+            m,
+            "runner.yaml: `runner.slurm.max_nodes` = 0: expected an integer >= 1"
+        );
+        let m = err(
+            json!({"runner": {"kind": "slurm", "execution_contract": {"prerun_commands": "echo"}}}),
+        );
+        assert_eq!(
+            m,
+            "runner.yaml: `runner.execution_contract.prerun_commands` = \"echo\": expected a list of strings"
+        );
+        let m = err(json!({"runner": {"kind": 3}}));
+        assert!(
+            m.contains("`runner.kind` = 3: expected one of local, slurm, baremetal"),
+            "{m}"
+        );
+    }
+
+    #[test]
+    fn inventory_hosts_are_typed_and_required_keys_named() {
+        let inv = |hosts: serde_json::Value| json!({"runner": {"kind": "baremetal", "inventory": {"rendezvous_host": "h1", "hosts": hosts}}});
+        let m = err(inv(json!([{"hostname": "h1"}])));
+        assert!(
+            m.contains("missing required key `runner.inventory.hosts[0].gpus`"),
+            "{m}"
+        );
+        let m = err(inv(
+            json!([{"hostname": "h1", "gpus": 8}, {"hostname": "-oProxy", "gpus": 8}]),
+        ));
+        assert!(
+            m.contains("`runner.inventory.hosts[1].hostname` = \"-oProxy\": expected a host name"),
+            "{m}"
+        );
+        let m = err(inv(
+            json!([{"hostname": "h1", "gpus": 8}, {"hostname": "h1", "gpus": 8}]),
+        ));
+        assert!(m.contains("not already in the inventory"), "{m}");
+        let m = err(inv(json!([{"hostname": "h1", "gpus": 8, "gpu": 2}])));
+        assert!(
+            m.contains("unknown key `runner.inventory.hosts[0].gpu` (did you mean `gpus`?)"),
+            "{m}"
+        );
+        let m = err(
+            json!({"runner": {"kind": "baremetal", "inventory": {"rendezvous_host": "h1", "rendezvous_port_base": 80, "hosts": [{"hostname": "h1", "gpus": 8}]}}}),
+        );
+        assert!(
+            m.contains("= 80: expected a TCP port in 1024..=65535"),
+            "{m}"
+        );
+        let m = err(json!({"runner": {"kind": "local", "slurm": {"account": "a"}}}));
+        assert!(m.contains("no `slurm` section in a `local` runner"), "{m}");
+        let m =
+            err(json!({"runner": {"kind": "local", "execution_contract": {"container": "img"}}}));
+        assert!(m.contains("only the slurm runner starts containers"), "{m}");
+        assert!(err(json!({"runner": {}})).contains("missing required key `runner`"));
+        assert!(
+            err(json!({"runner": {"slurm": {}}})).contains("missing required key `runner.kind`")
+        );
+    }
+
+    #[test]
+    fn load_errors_point_at_the_line_and_column_of_the_value() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("runner.yaml");
+        std::fs::write(
+            &p,
+            "runner:\n  kind: baremetal\n  inventory:\n    rendezvous_host: h1\n    hosts:\n      - {hostname: h1, gpus: 8}\n      - {hostname: h2, gpus: many}\n",
+        )
+        .unwrap();
+        let m = RunnerEnvironment::load(&p).unwrap_err().to_string();
+        assert_eq!(
+            m,
+            format!(
+                "{}:7:30: `runner.inventory.hosts[1].gpus` = \"many\": expected an integer >= 0",
+                p.display()
+            )
+        );
+    }
+
     #[test]
     fn role_partitions_resolve() {
         let s = SlurmSettings {
