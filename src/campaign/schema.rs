@@ -1,6 +1,8 @@
-//! Reading the planner's schemas (runner, execution, user stages, meshes, the catalog's keys)
-//! straight from the loaded [`Value`] tree: key checks with "did you mean", typed reads, and the
-//! canonical JSON the contract hash covers.
+//! Reading the planner's schemas straight from the loaded [`Value`] tree: [`read`] converts a
+//! node to a serde type (the runner, execution and user-stage files' `deny_unknown_fields`
+//! shapes) and maps serde's errors to [`PlanError`]; small typed values shared by those shapes
+//! ([`AtLeast`], [`StrList`], [`Argv`], [`Ordered`]); key checks with "did you mean" and typed
+//! reads for the experiment's keys; and the canonical JSON the contract hash covers.
 //!
 //! Errors name the file label and the dotted key path; [`PlanError::locate`] then replaces the
 //! label by the `file:line:column` (or override) that wrote the value, from the config's
