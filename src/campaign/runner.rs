@@ -93,7 +93,7 @@ impl<'de> Deserialize<'de> for PartitionName {
 }
 
 /// Reads a partition name, `"a,b"` (spaces around names allowed) or a list of names; every
-/// name is checked ([`is_partition_name`]), so nothing else reaches `--partition`.
+/// name is checked (letters, digits, `-`, `_` or `.`), so nothing else reaches `--partition`.
 impl<'de> Deserialize<'de> for Partitions {
     fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
         struct V;
