@@ -249,7 +249,8 @@ impl ExecutionContract {
 /// Settings of a `local` runner.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct LocalSettings {
-    /// GPUs of this machine to use (`CUDA_VISIBLE_DEVICES` ids); `None` = all, as the executor
+    /// How many GPUs of this machine the plan may use (the node size GPU packing assumes, an
+    /// integer >= 1; a count, not `CUDA_VISIBLE_DEVICES` ids); `None` = all, as the executor
     /// detects them.
     pub gpus: Option<u32>,
     /// Folder for logs.
