@@ -8,7 +8,9 @@ use crate::campaign::config::Value;
 use crate::campaign::execution::{FailurePolicy, Strategy};
 use crate::campaign::mesh::{ParallelMesh, normalize_vllm_topology};
 use crate::campaign::plan_error::PlanError;
-use crate::campaign::schema::{check_keys, did_you_mean, expect_map, get, get_path, invalid, join};
+use crate::campaign::schema::{
+    check_keys, did_you_mean, expect_map, get, get_path, invalid, join, key_path, read,
+};
 
 /// Post-MIP flow expansion settings of the Puzzle catalog.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -358,9 +360,9 @@ pub(super) fn expand_post_mip(
             }
             let failure_policy = match get(node, "failure_policy") {
                 None | Some(Value::Null) => None,
-                Some(v) => Some(FailurePolicy::from_value(
+                Some(v) => Some(read::<FailurePolicy>(
                     file,
-                    &join(&npath, "failure_policy"),
+                    key_path(&join(&npath, "failure_policy")),
                     v,
                 )?),
             };
