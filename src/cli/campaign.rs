@@ -101,6 +101,29 @@ pub(crate) fn plan_table(plan: &CampaignPlan) -> String {
     );
     for s in &plan.stages {
         let a = &s.spec.allocation;
+        if let Some(d) = &s.decision {
+            // No job: a person chooses among the input's work items.
+            let _ = writeln!(
+                o,
+                "{:<w$}  {:<15}  {:>9}  {:>11}  {:>5}  {:<8}  {:<10}  {}",
+                s.stage_id,
+                "manual decision",
+                "-",
+                "-",
+                0,
+                "-",
+                "-",
+                s.parents.join(",")
+            );
+            let _ = writeln!(
+                o,
+                "  chooses among {} work item(s) of {}; off a terminal, write <dir>/{}",
+                d.candidates.len(),
+                d.input,
+                crate::campaign::dryrun::decision_file_name(&s.stage_id)
+            );
+            continue;
+        }
         let _ = writeln!(
             o,
             "{:<w$}  {:<15}  {:>9}  {:>11}  {:>5}  {:<8}  {:<10}  {}",
