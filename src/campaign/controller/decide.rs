@@ -68,6 +68,11 @@ impl CampaignController {
                     progressed = true;
                 }
                 None if !self.state.stages[si].decision_announced => {
+                    // The folder exists, so `echo all > FILE` is all a person has to do.
+                    if let Some(parent) = file.parent() {
+                        std::fs::create_dir_all(parent)
+                            .map_err(|e| ControllerError::io("creating", parent, e))?;
+                    }
                     let candidates = d.candidates.clone();
                     self.notify(&ControllerEvent::DecisionNeeded {
                         stage: stage.clone(),
