@@ -11,9 +11,10 @@
 //! otherwise ignored: notifications never stop a campaign.
 //!
 //! The JSON object ([`NotifyEvent`]): `{"event": "stage_done" | "stage_failed" |
-//! "campaign_end" | "attempt_hung" | "decision_needed", "campaign": "<dir>", "stage": "<id>" | null, "message":
-//! "...", "at_ms": <ms since epoch>, "detail": {...}}` (`detail` of `campaign_end`: `complete`,
-//! `detached`, stage counts).
+//! "campaign_end" | "attempt_hung" | "decision_needed", "campaign": "<dir>", "stage": "<id>" |
+//! null, "message": "...", "at_ms": <ms since epoch>, "detail": {...}}` (`detail` of
+//! `campaign_end`: `complete`, `detached`, stage counts; of `decision_needed`: `file`, the
+//! decision file to write, and `candidates`).
 
 use std::io::Write;
 use std::path::{Path, PathBuf};
