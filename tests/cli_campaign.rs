@@ -994,3 +994,105 @@ fn a_manual_filter_waits_for_its_decision_file_off_a_terminal() {
         "{out}"
     );
 }
+
+/// On a terminal (a PTY through `script(1)`) the manual filter is a numbered prompt: a bad
+/// answer shows the error and asks again, a good one lets the campaign finish, nothing waits
+/// for a decision file, and the terminal is back in line mode at the end. Skipped with a
+/// message when `script` is not installed.
+#[test]
+fn a_manual_filter_asks_on_a_terminal() {
+    if !Command::new("script")
+        .arg("--version")
+        .output()
+        .is_ok_and(|o| o.status.success())
+    {
+        eprintln!("skipped: script(1) (util-linux) is not installed");
+        return;
+    }
+    let _w = Watchdog::start(
+        "a_manual_filter_asks_on_a_terminal",
+        Duration::from_secs(240),
+    );
+    use std::io::Write;
+    let tmp = tempfile::tempdir().unwrap();
+    let (exp, exec) = manual_filter_experiment(tmp.path());
+    let d = tmp.path().join("c");
+    let stub = prefix("--sleep-ms 10");
+    let q = |s: &str| format!("'{}'", s.replace('\'', "'\\''"));
+    let args: Vec<String> = manual_run_args(&exp, &exec, d.to_str().unwrap(), &stub)
+        .into_iter()
+        .map(q)
+        .collect();
+    let cmd = format!(
+        "cd {} && {} {}; rc=$?; stty -a; exit $rc",
+        q(fixtures().to_str().unwrap()),
+        q(env!("CARGO_BIN_EXE_puzzletron")),
+        args.join(" ")
+    );
+    let mut child = Command::new("script")
+        .args(["-qfec", &cmd, "/dev/null"])
+        .env("PUZZLETRON_RUN_ROOT", "runs/test")
+        .env_remove("PUZZLETRON_COMMAND_PREFIX")
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    // The prompt comes right after the input stage's end is journaled.
+    let t0 = Instant::now();
+    loop {
+        let j = std::fs::read_to_string(d.join("controller/journal.jsonl")).unwrap_or_default();
+        if j.contains("\"t\":\"stage_done\",\"stage\":\"post.f.eval\"") {
+            break;
+        }
+        assert!(
+            t0.elapsed() < Duration::from_secs(90),
+            "eval never finished:\n{j}"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    std::thread::sleep(Duration::from_millis(800));
+    let stdin = child.stdin.as_mut().unwrap();
+    for line in [&b"7\n"[..], b"3,1\n"] {
+        stdin.write_all(line).unwrap();
+        stdin.flush().unwrap();
+        std::thread::sleep(Duration::from_millis(500));
+    }
+    let t1 = Instant::now();
+    while child.try_wait().unwrap().is_none() {
+        assert!(t1.elapsed() < Duration::from_secs(120), "did not finish");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let out = child.wait_with_output().unwrap();
+    let text = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert_eq!(out.status.code(), Some(0), "{text}");
+    assert!(
+        text.contains("stage post.f.pick needs a decision")
+            && text.contains("1. post.f.eval:0")
+            && text.contains("3. post.f.eval:2"),
+        "{text}"
+    );
+    assert!(
+        text.contains("7: no revision number 7; choose 1 to 3"),
+        "{text}"
+    );
+    let sel: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(d.join("work/post.f.pick/0/selected.json")).unwrap())
+            .unwrap();
+    assert_eq!(
+        sel["chosen"],
+        serde_json::json!(["post.f.eval:0", "post.f.eval:2"])
+    );
+    assert!(
+        journal(&d)
+            .iter()
+            .all(|r| r["entry"]["t"] != "decision_needed"),
+        "answered at the prompt: no decision file awaited"
+    );
+    // The terminal's line mode is restored after the run (echo and canonical input on).
+    let stty = text.rsplit("speed").next().unwrap_or("");
+    assert!(
+        stty.contains(" icanon") && stty.contains(" echo") && !stty.contains("-icanon"),
+        "{stty}"
+    );
+}
