@@ -791,8 +791,33 @@ fn manual_run_args<'a>(exp: &'a str, exec: &'a str, dir: &'a str, stub: &'a str)
     ]
 }
 
+/// A child process killed (and reaped) when the test ends, even by a failed assertion.
+struct Reap(std::process::Child);
+
+impl std::ops::Deref for Reap {
+    type Target = std::process::Child;
+    fn deref(&self) -> &Self::Target {
+        &self.0
+    }
+}
+
+impl std::ops::DerefMut for Reap {
+    fn deref_mut(&mut self) -> &mut Self::Target {
+        &mut self.0
+    }
+}
+
+impl Drop for Reap {
+    fn drop(&mut self) {
+        if let Ok(None) = self.0.try_wait() {
+            let _ = self.0.kill();
+            let _ = self.0.wait();
+        }
+    }
+}
+
 /// Waits until the journal of `dir` holds `needle` (a controller in another process).
-fn wait_for_journal(dir: &Path, needle: &str, child: &mut std::process::Child) {
+fn wait_for_journal(dir: &Path, needle: &str, child: &mut Reap) {
     let end = Instant::now() + Duration::from_secs(90);
     loop {
         let j = std::fs::read_to_string(dir.join("controller/journal.jsonl")).unwrap_or_default();
@@ -863,12 +888,14 @@ fn a_manual_filter_waits_for_its_decision_file_off_a_terminal() {
     let mut args = manual_run_args(&exp, &exec, &d, &stub);
     args.extend(["--notify", &notify]);
     let stderr_path = tmp.path().join("run1.err");
-    let mut child = puzzletron()
-        .args(&args)
-        .stderr(std::fs::File::create(&stderr_path).unwrap())
-        .stdout(std::process::Stdio::null())
-        .spawn()
-        .unwrap();
+    let mut child = Reap(
+        puzzletron()
+            .args(&args)
+            .stderr(std::fs::File::create(&stderr_path).unwrap())
+            .stdout(std::process::Stdio::null())
+            .spawn()
+            .unwrap(),
+    );
     let dir = Path::new(&d);
     wait_for_journal(dir, "\"decision_needed\"", &mut child);
     let file = dir
@@ -952,12 +979,14 @@ fn a_manual_filter_waits_for_its_decision_file_off_a_terminal() {
     let d2 = tmp.path().join("c2").to_str().unwrap().to_string();
     let dir2 = Path::new(&d2);
     let stderr2 = tmp.path().join("run2.err");
-    let mut child = puzzletron()
-        .args(manual_run_args(&exp, &exec, &d2, &stub))
-        .stderr(std::fs::File::create(&stderr2).unwrap())
-        .stdout(std::process::Stdio::null())
-        .spawn()
-        .unwrap();
+    let mut child = Reap(
+        puzzletron()
+            .args(manual_run_args(&exp, &exec, &d2, &stub))
+            .stderr(std::fs::File::create(&stderr2).unwrap())
+            .stdout(std::process::Stdio::null())
+            .spawn()
+            .unwrap(),
+    );
     wait_for_journal(dir2, "\"decision_needed\"", &mut child);
     let file2 = dir2
         .canonicalize()
@@ -1019,8 +1048,10 @@ fn a_manual_filter_asks_on_a_terminal() {
     let d = tmp.path().join("c");
     let stub = prefix("--sleep-ms 10");
     let q = |s: &str| format!("'{}'", s.replace('\'', "'\\''"));
+    // With the live view (no --quiet): the bars are hidden while the prompt asks.
     let args: Vec<String> = manual_run_args(&exp, &exec, d.to_str().unwrap(), &stub)
         .into_iter()
+        .filter(|a| *a != "--quiet")
         .map(q)
         .collect();
     let cmd = format!(
@@ -1029,15 +1060,25 @@ fn a_manual_filter_asks_on_a_terminal() {
         q(env!("CARGO_BIN_EXE_puzzletron")),
         args.join(" ")
     );
-    let mut child = Command::new("script")
-        .args(["-qfec", &cmd, "/dev/null"])
-        .env("PUZZLETRON_RUN_ROOT", "runs/test")
-        .env_remove("PUZZLETRON_COMMAND_PREFIX")
-        .stdin(std::process::Stdio::piped())
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::null())
-        .spawn()
-        .unwrap();
+    let mut child = Reap(
+        Command::new("script")
+            .args(["-qfec", &cmd, "/dev/null"])
+            .env("PUZZLETRON_RUN_ROOT", "runs/test")
+            .env_remove("PUZZLETRON_COMMAND_PREFIX")
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .unwrap(),
+    );
+    // Drain the terminal's output as it comes (the live view writes a lot; a full pipe would
+    // block the program).
+    let mut stdout = child.stdout.take().unwrap();
+    let reader = std::thread::spawn(move || {
+        let mut buf = Vec::new();
+        let _ = std::io::Read::read_to_end(&mut stdout, &mut buf);
+        buf
+    });
     // The prompt comes right after the input stage's end is journaled.
     let t0 = Instant::now();
     loop {
@@ -1060,12 +1101,15 @@ fn a_manual_filter_asks_on_a_terminal() {
     }
     let t1 = Instant::now();
     while child.try_wait().unwrap().is_none() {
-        assert!(t1.elapsed() < Duration::from_secs(120), "did not finish");
+        if t1.elapsed() > Duration::from_secs(120) {
+            let _ = child.kill();
+            panic!("did not finish");
+        }
         std::thread::sleep(Duration::from_millis(100));
     }
-    let out = child.wait_with_output().unwrap();
-    let text = String::from_utf8_lossy(&out.stdout).into_owned();
-    assert_eq!(out.status.code(), Some(0), "{text}");
+    let status = child.wait().unwrap();
+    let text = String::from_utf8_lossy(&reader.join().unwrap()).into_owned();
+    assert_eq!(status.code(), Some(0), "{text}");
     assert!(
         text.contains("stage post.f.pick needs a decision")
             && text.contains("1. post.f.eval:0")

@@ -57,7 +57,7 @@ impl CampaignController {
                 && let Some(p) = self.settings.prompt.clone()
                 && !self.counters.prompt_declined.contains(&stage)
             {
-                chosen = p.ask(&stage, &d.candidates, &file);
+                chosen = self.io.view.suspend(|| p.ask(&stage, &d.candidates, &file));
                 if chosen.is_none() {
                     self.counters.prompt_declined.insert(stage.clone());
                 }
