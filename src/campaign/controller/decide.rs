@@ -16,6 +16,9 @@
 //! restart never asks again. The stage has no attempt and no GPU-hours. Choosing none ends the
 //! flow: every descendant of the stage is journaled `stage_skipped` and never runs (the
 //! campaign still completes; the report lists them as skipped).
+//!
+//! A new revision (`new_revision`, the contract changed) starts over: its decisions are asked
+//! again, and a decision file left from before is read again (delete it to be asked).
 
 use std::collections::HashSet;
 

@@ -473,11 +473,57 @@ mod tests {
                 retry_in: Duration::from_secs(2),
             },
             ControllerEvent::Detached { live: 3 },
+            ControllerEvent::DecisionNeeded {
+                stage: "post.f.pick".into(),
+                file: PathBuf::from("/c/decisions/post.f.pick.txt"),
+                candidates: vec!["post.f.eval:0".into()],
+            },
+            ControllerEvent::DecisionInvalid {
+                stage: "post.f.pick".into(),
+                file: PathBuf::from("/c/decisions/post.f.pick.txt"),
+                error: "e".into(),
+            },
+            ControllerEvent::DecisionMade {
+                stage: "post.f.pick".into(),
+                chosen: vec![],
+                skipped: vec!["post.f.mat".into()],
+            },
         ];
         for e in evs {
             let v = serde_json::to_value(&e).unwrap();
             assert_eq!(v["kind"], e.kind(), "{e:?}");
         }
+    }
+
+    #[test]
+    fn decision_events_name_the_file_and_the_choices() {
+        let e = ControllerEvent::DecisionNeeded {
+            stage: "post.f.pick".into(),
+            file: PathBuf::from("/c/decisions/post.f.pick.txt"),
+            candidates: vec!["post.f.eval:0".into(), "post.f.eval:1".into()],
+        };
+        assert_eq!(
+            e.to_string(),
+            "stage post.f.pick needs a decision: write /c/decisions/post.f.pick.txt with `all`, \
+             `none`, or numbers/ids of: 1. post.f.eval:0, 2. post.f.eval:1"
+        );
+        assert!(!e.is_problem());
+        let made = ControllerEvent::DecisionMade {
+            stage: "post.f.pick".into(),
+            chosen: vec![],
+            skipped: vec!["post.f.mat".into()],
+        };
+        assert_eq!(
+            made.to_string(),
+            "stage post.f.pick decided: none chosen; skipped: post.f.mat"
+        );
+        let n = crate::report::NotifyEvent::from_event(std::path::Path::new("/c"), &e).unwrap();
+        assert_eq!(n.event, "decision_needed");
+        assert_eq!(n.stage.as_deref(), Some("post.f.pick"));
+        assert_eq!(n.detail["file"], "/c/decisions/post.f.pick.txt");
+        assert!(
+            crate::report::NotifyEvent::from_event(std::path::Path::new("/c"), &made).is_none()
+        );
     }
 
     #[test]
