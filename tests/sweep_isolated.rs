@@ -368,6 +368,37 @@ fn isolated_equals_in_process(base: &Path) {
         assert_eq!(runs.lines().count(), 1, "{runs}");
         assert_ne!(runs.trim(), me, "ran in the parent");
     }
+    // The batch's runs of one job share one file with the owned digest and the witnesses;
+    // the task files hold only what differs per run.
+    let batches: Vec<PathBuf> = std::fs::read_dir(base.join("iso/isolated"))
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .collect();
+    assert_eq!(batches.len(), 1, "{batches:?}");
+    let mut shared = 0;
+    let mut tasks = 0;
+    for e in std::fs::read_dir(&batches[0]).unwrap() {
+        let e = e.unwrap();
+        let name = e.file_name().to_string_lossy().into_owned();
+        let len = e.metadata().unwrap().len();
+        if name.starts_with("shared-") {
+            shared += 1;
+            let text = std::fs::read_to_string(e.path()).unwrap();
+            assert!(
+                text.contains("\"owned\"") && text.contains("\"witnesses\""),
+                "{text}"
+            );
+        } else if name != "manifest.json" {
+            tasks += 1;
+            let text = std::fs::read_to_string(e.path()).unwrap();
+            assert!(
+                !text.contains("\"owned\""),
+                "{name} carries the owned digest"
+            );
+            assert!(len < 2048, "{name} is {len} bytes");
+        }
+    }
+    assert_eq!((shared, tasks), (1, 6));
     // Again: nothing runs.
     for x in xs {
         iso.run(&j, params(x, "ok", 0)).unwrap();
