@@ -361,6 +361,11 @@ fn isolated_equals_in_process(base: &Path) {
     let b = table(&mut iso);
     assert_eq!(a.len(), 18);
     assert_eq!(a, b, "isolated results differ from in-process ones");
+    // In process too, the job got its artifact folder when it asked for it.
+    for p in inproc.enqueued() {
+        let runs = inproc.artifact_dir(&p.key).unwrap().join("runs");
+        assert!(runs.is_file(), "{} missing", runs.display());
+    }
     // Each run in its own worker process, none in the parent.
     let me = format!("pid {}", std::process::id());
     for p in iso.enqueued() {

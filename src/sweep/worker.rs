@@ -891,6 +891,8 @@ mod tests {
         assert_eq!(rec.owned, owned);
         assert_eq!(rec.witnesses, witnesses);
         assert_eq!(rec.metrics.map(|m| m.rows), Some(1));
+        // The job never asked for its artifact folder: none was made.
+        assert!(!store.job_dir(&Hash::of(b"key")).join("artifacts").exists());
         assert_eq!(
             store.metrics(&Hash::of(b"key"), Some("y")).unwrap().value,
             vec![4.0]
