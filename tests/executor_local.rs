@@ -656,3 +656,34 @@ async fn n09_oom_kill_is_told_from_kill_9_by_the_cgroup_counter() {
         "{line}"
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn wait_change_wakes_when_a_job_ends_not_at_the_deadline() {
+    let root = tempfile::tempdir().unwrap();
+    let e = exec(root.path()).max_concurrent(1).build().unwrap();
+    let seen = e.changes();
+    let h = e
+        .submit(&AttemptSpec::new(id("short"), sh("sleep 0.3")))
+        .await
+        .unwrap();
+    let t = std::time::Instant::now();
+    // Nothing ended yet: waits, and returns once the job ends, long before the 30 s cap.
+    e.wait_change(seen, Duration::from_secs(30)).await;
+    let waited = t.elapsed();
+    assert!(waited < Duration::from_secs(10), "woke after {waited:?}");
+    assert!(
+        waited >= Duration::from_millis(200),
+        "woke early: {waited:?}"
+    );
+    assert_eq!(e.changes(), seen + 1);
+    // The end is in the state a poll right after the wake-up reads.
+    let st = e.poll(std::slice::from_ref(&h)).await.unwrap();
+    assert_eq!(st[0].state, JobState::Completed);
+    // A count already passed returns at once; with no job running it waits out the cap.
+    let t = std::time::Instant::now();
+    e.wait_change(seen, Duration::from_secs(30)).await;
+    assert!(t.elapsed() < Duration::from_secs(1));
+    let t = std::time::Instant::now();
+    e.wait_change(e.changes(), Duration::from_millis(100)).await;
+    assert!(t.elapsed() >= Duration::from_millis(100));
+}

@@ -361,6 +361,11 @@ fn isolated_equals_in_process(base: &Path) {
     let b = table(&mut iso);
     assert_eq!(a.len(), 18);
     assert_eq!(a, b, "isolated results differ from in-process ones");
+    // In process too, the job got its artifact folder when it asked for it.
+    for p in inproc.enqueued() {
+        let runs = inproc.artifact_dir(&p.key).unwrap().join("runs");
+        assert!(runs.is_file(), "{} missing", runs.display());
+    }
     // Each run in its own worker process, none in the parent.
     let me = format!("pid {}", std::process::id());
     for p in iso.enqueued() {
@@ -368,6 +373,37 @@ fn isolated_equals_in_process(base: &Path) {
         assert_eq!(runs.lines().count(), 1, "{runs}");
         assert_ne!(runs.trim(), me, "ran in the parent");
     }
+    // The batch's runs of one job share one file with the owned digest and the witnesses;
+    // the task files hold only what differs per run.
+    let batches: Vec<PathBuf> = std::fs::read_dir(base.join("iso/isolated"))
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .collect();
+    assert_eq!(batches.len(), 1, "{batches:?}");
+    let mut shared = 0;
+    let mut tasks = 0;
+    for e in std::fs::read_dir(&batches[0]).unwrap() {
+        let e = e.unwrap();
+        let name = e.file_name().to_string_lossy().into_owned();
+        let len = e.metadata().unwrap().len();
+        if name.starts_with("shared-") {
+            shared += 1;
+            let text = std::fs::read_to_string(e.path()).unwrap();
+            assert!(
+                text.contains("\"owned\"") && text.contains("\"witnesses\""),
+                "{text}"
+            );
+        } else if name != "manifest.json" {
+            tasks += 1;
+            let text = std::fs::read_to_string(e.path()).unwrap();
+            assert!(
+                !text.contains("\"owned\""),
+                "{name} carries the owned digest"
+            );
+            assert!(len < 2048, "{name} is {len} bytes");
+        }
+    }
+    assert_eq!((shared, tasks), (1, 6));
     // Again: nothing runs.
     for x in xs {
         iso.run(&j, params(x, "ok", 0)).unwrap();

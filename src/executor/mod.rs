@@ -189,6 +189,22 @@ pub trait Executor: Send + Sync {
         Ok(None)
     }
 
+    /// A counter of the job ends this executor has seen by itself, for
+    /// [`wait_change`](Executor::wait_change): read it before a [`poll`](Executor::poll), then
+    /// wait with it. The default (an executor that learns of ends only when polled) is always 0.
+    fn changes(&self) -> u64 {
+        0
+    }
+
+    /// Waits until [`changes`](Executor::changes) differs from `seen` (a job ended since it was
+    /// read), or `max` passed. Drivers that follow many jobs call it between polls instead of
+    /// sleeping, so that they wake when a job ends, not at the next tick. The default sleeps
+    /// `max`; [`LocalExecutor`] wakes as soon as one of the jobs it started ends.
+    async fn wait_change(&self, seen: u64, max: Duration) {
+        let _ = seen;
+        tokio::time::sleep(max).await;
+    }
+
     /// Cancels every live job of this user whose attempt id `matches`, without any handle
     /// (the campaign folder, with its journal, may be gone), and returns the attempt ids
     /// cancelled. Used by
@@ -239,6 +255,12 @@ macro_rules! forward_executor {
             }
             async fn scheduler_uid(&self) -> Result<Option<u32>, ExecutorError> {
                 (**self).scheduler_uid().await
+            }
+            fn changes(&self) -> u64 {
+                (**self).changes()
+            }
+            async fn wait_change(&self, seen: u64, max: Duration) {
+                (**self).wait_change(seen, max).await
             }
             async fn cancel_matching(
                 &self,

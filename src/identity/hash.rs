@@ -122,8 +122,19 @@ impl Serialize for Hash {
 
 impl<'de> Deserialize<'de> for Hash {
     fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        let s = <std::borrow::Cow<'de, str>>::deserialize(d)?;
-        s.parse().map_err(serde::de::Error::custom)
+        // A visitor, not `Cow<str>` (which always allocates): records hold thousands of
+        // digests, and a string borrowed from the input is parsed in place.
+        struct HexVisitor;
+        impl serde::de::Visitor<'_> for HexVisitor {
+            type Value = Hash;
+            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str("a SHA-256 digest as 64 lowercase hex digits")
+            }
+            fn visit_str<E: serde::de::Error>(self, s: &str) -> Result<Hash, E> {
+                s.parse().map_err(E::custom)
+            }
+        }
+        d.deserialize_str(HexVisitor)
     }
 }
 

@@ -712,6 +712,10 @@ impl Store for FsStore {
         fs::create_dir_all(&d).ok()?;
         Some(d)
     }
+
+    fn artifact_path(&self, key: &Hash) -> Option<PathBuf> {
+        Some(self.job_dir(key).join("artifacts"))
+    }
 }
 
 #[cfg(test)]

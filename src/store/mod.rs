@@ -303,6 +303,14 @@ pub trait Store: Send + Sync {
         None
     }
 
+    /// Where [`artifact_dir`](Store::artifact_dir) keeps the job's artifacts, without creating
+    /// the folder: a run makes it only when its job asks for it
+    /// ([`Run::artifact_dir`](crate::sweep::Run::artifact_dir)), so a job without artifacts
+    /// costs no folder. The default is `artifact_dir(key)` (created at once).
+    fn artifact_path(&self, key: &Hash) -> Option<PathBuf> {
+        self.artifact_dir(key)
+    }
+
     /// How another process reopens this very store (isolated sweep runs: a worker process
     /// opens the parent's store from this), or `None` when it cannot (an in-memory store).
     /// [`FsStore`] says `fs` + its root; a user store returns its own kind and registers an
@@ -392,6 +400,9 @@ macro_rules! forward_store {
             }
             fn artifact_dir(&self, key: &Hash) -> Option<PathBuf> {
                 (**self).artifact_dir(key)
+            }
+            fn artifact_path(&self, key: &Hash) -> Option<PathBuf> {
+                (**self).artifact_path(key)
             }
             fn spec(&self) -> Option<StoreSpec> {
                 (**self).spec()

@@ -157,7 +157,9 @@ impl<S: Store + 'static, E: Executor> OrchestratorBuilder<S, E> {
         self
     }
 
-    /// How often a drain re-checks runs held by other processes (default 100 ms).
+    /// How often a drain re-checks runs held by other processes (default 100 ms), and, with
+    /// [`isolate(true)`](Self::isolate), how often it polls its workers at least (a
+    /// `LocalExecutor` wakes it as soon as a worker ends).
     pub fn wait_poll(mut self, every: Duration) -> Self {
         self.wait_poll = every;
         self

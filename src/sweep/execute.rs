@@ -293,7 +293,7 @@ impl<S: Store + ?Sized> Engine<'_, S> {
             p.key,
             claim.attempt,
             sink,
-            self.store().artifact_dir(&p.key),
+            self.store().artifact_path(&p.key),
         );
         let t0 = Instant::now();
         let result = self.with_heartbeat(&claim, || panics::catch(|| (p.call)(&mut run)));

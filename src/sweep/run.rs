@@ -1,6 +1,7 @@
 //! [`Run`]: the context a job logs its metrics into.
 
 use std::path::{Path, PathBuf};
+use std::sync::OnceLock;
 
 use crate::identity::Hash;
 use crate::store::{MetricSink, StoreError};
@@ -10,7 +11,9 @@ pub struct Run {
     key: Hash,
     attempt: u32,
     sink: Box<dyn MetricSink>,
+    /// The store's artifact folder, made on the first [`Run::artifact_dir`] call (`made`).
     artifact_dir: Option<PathBuf>,
+    made: OnceLock<bool>,
 }
 
 impl std::fmt::Debug for Run {
@@ -34,6 +37,7 @@ impl Run {
             attempt,
             sink,
             artifact_dir,
+            made: OnceLock::new(),
         }
     }
 
@@ -75,9 +79,13 @@ impl Run {
     }
 
     /// A folder for this job's files (checkpoints, plots), where the store has one
-    /// ([`FsStore`](crate::store::FsStore): `ROOT/jobs/KEY/artifacts`).
+    /// ([`FsStore`](crate::store::FsStore): `ROOT/jobs/KEY/artifacts`). The folder is created
+    /// by the first call (`None` if it cannot be), so runs that never ask cost no folder.
     pub fn artifact_dir(&self) -> Option<&Path> {
-        self.artifact_dir.as_deref()
+        let d = self.artifact_dir.as_deref()?;
+        self.made
+            .get_or_init(|| std::fs::create_dir_all(d).is_ok())
+            .then_some(d)
     }
 
     pub(crate) fn into_sink(self) -> Box<dyn MetricSink> {

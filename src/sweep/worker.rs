@@ -18,8 +18,10 @@
 //! 1. `drain()` decides as usual, then writes one *task* file per run to execute
 //!    (`<store>/isolated/<batch>/<n>.json`, or under
 //!    [`worker_dir`](crate::sweep::OrchestratorBuilder::worker_dir): how to reopen the store
-//!    ([`StoreSpec`]), the record fields, the parent's
-//!    witnesses, where the job function is, which binary) and a manifest listing them, and
+//!    ([`StoreSpec`]), the record fields, where the job function is, which binary), one
+//!    *shared* file per job of the batch (its owned digest and the parent's witnesses, which
+//!    are the same for all its runs and can be hundreds of KiB) and a manifest listing the
+//!    tasks, and
 //!    submits **one array** through the executor: the command is this binary
 //!    ([`std::env::current_exe`]) with `PUZZLETRON_WORKER_MANIFEST` set; task `i` runs
 //!    manifest entry `i` (`PUZZLETRON_ARRAY_INDEX`). With `LocalExecutor` that is N processes
@@ -32,7 +34,10 @@
 //!    (claim, record, metrics, heartbeat, panics caught and recorded), then exits: 0 done,
 //!    1 failed, 3 held or done by another process, 2 worker error. The rest of `main` never
 //!    runs in a worker.
-//! 3. The parent polls the executor; when a worker ends it reads the run's record. A worker
+//! 3. The parent polls the executor, and between polls waits for a worker to end
+//!    ([`Executor::wait_change`]: `LocalExecutor` wakes it as soon as one of its workers exits,
+//!    other executors are polled every [`wait_poll`](crate::sweep::OrchestratorBuilder::wait_poll));
+//!    when a worker ends it reads the run's record. A worker
 //!    that died without recording (abort, SIGKILL, OOM, node failure) fails that run only: the
 //!    parent takes over its stale claim and records the failure with the executor's state,
 //!    exit code, signal and the end of the worker's log.
@@ -74,8 +79,10 @@ const EXIT_FAILED: i32 = 1;
 const EXIT_WORKER_ERROR: i32 = 2;
 const EXIT_ELSEWHERE: i32 = 3;
 
-/// Version 2: the store is a [`StoreSpec`] (version 1 had an `FsStore` root).
-const TASK_VERSION: u32 = 2;
+/// Version 3: the owned digest and the witnesses are in a file shared by the batch's runs of
+/// one job ([`Shared`]; version 2 copied them into every task). Version 2: the store is a
+/// [`StoreSpec`] (version 1 had an `FsStore` root).
+const TASK_VERSION: u32 = 3;
 
 /// Opens a user store in a worker process from its [`StoreSpec::location`]; registered for a
 /// [`StoreSpec::kind`] with [`main_guard_with`].
@@ -273,10 +280,24 @@ struct Task {
     param_order: Vec<String>,
     #[serde(default)]
     param_types: std::collections::BTreeMap<String, crate::identity::ParamType>,
-    owned: OwnedDigest,
-    witnesses: Witnesses,
+    /// The name of the [`Shared`] file, in the task's own folder.
+    shared: String,
     reasons: Vec<String>,
     replaces: Option<u32>,
+}
+
+/// What the runs of one job in one batch share: written once per batch, not per task (an
+/// owned digest in the item scheme lists every item of the closure, hundreds of KiB of JSON
+/// for a large crate, which each task would otherwise carry and the parent serialize).
+#[derive(Debug, Serialize, Deserialize)]
+struct Shared {
+    owned: OwnedDigest,
+    witnesses: Witnesses,
+}
+
+/// The name of the `n`-th [`Shared`] file of a batch.
+fn shared_name(n: usize) -> String {
+    format!("shared-{n}.json")
 }
 
 /// Worker side: executes the task's run under the store's claim.
@@ -298,12 +319,31 @@ fn run_task(path: &Path) -> std::result::Result<Option<Outcome>, String> {
             task.exe
         ));
     }
+    // A bare file name in the task's folder, never a path elsewhere.
+    if task.shared.is_empty() || task.shared.contains(['/', '\\']) || task.shared.starts_with('.') {
+        return Err(format!(
+            "task names shared file {:?}, not a file name",
+            task.shared
+        ));
+    }
+    let shared_path = path
+        .parent()
+        .unwrap_or_else(|| Path::new("."))
+        .join(&task.shared);
+    let bytes = std::fs::read(&shared_path)
+        .map_err(|e| format!("cannot read {}: {e}", shared_path.display()))?;
+    let shared: Shared = serde_json::from_slice(&bytes).map_err(|e| {
+        format!(
+            "{} is not a worker's shared file: {e}",
+            shared_path.display()
+        )
+    })?;
     let store = open_store(&task.store)?;
     let owner = Owner::current();
     // The parent decided with its own identities; a worker re-checks nothing (trace off).
     let identities = super::identity::JobIdentities::new(false, false);
     let engine = Engine {
-        decider: Decider::new(&*store, &task.witnesses, false, &identities),
+        decider: Decider::new(&*store, &shared.witnesses, false, &identities),
         owner: &owner,
         on_event: None,
         wait_poll: std::time::Duration::from_millis(100),
@@ -318,7 +358,7 @@ fn run_task(path: &Path) -> std::result::Result<Option<Outcome>, String> {
         params: params.clone(),
         param_order: task.param_order.into(),
         param_types: Arc::new(task.param_types),
-        owned: Arc::new(task.owned),
+        owned: Arc::new(shared.owned),
         // SAFETY: the entry was made by Entry::of in the same binary (checked above).
         call: Arc::new(move |run: &mut Run| unsafe { entry.call(&call_params, run) }),
         entry,
@@ -503,6 +543,13 @@ pub(super) async fn drain_isolated_async<S: Store + ?Sized, E: Executor + ?Sized
     }
 }
 
+/// [`Shared`] by reference, for writing.
+#[derive(Serialize)]
+struct SharedRef<'a> {
+    owned: &'a OwnedDigest,
+    witnesses: &'a Witnesses,
+}
+
 /// Task files only matter while this parent and its workers live (results go to the store,
 /// which is durable): written atomically, without fsync.
 fn write_replace(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
@@ -545,9 +592,27 @@ async fn run_batch<S: Store + ?Sized, E: Executor + ?Sized>(
     );
     let dir = tasks_dir.join(&stamp);
     std::fs::create_dir_all(&dir).map_err(|e| io(&dir, e))?;
+    // One shared file per distinct owned digest (runs of one job share its `Arc`).
+    let mut shared_files: Vec<(*const OwnedDigest, String)> = Vec::new();
     let mut manifest = Vec::with_capacity(runs.len());
     for (n, (i, d)) in runs.iter().enumerate() {
         let p = &queue[*i];
+        let ptr = Arc::as_ptr(&p.owned);
+        let shared = match shared_files.iter().find(|(q, _)| *q == ptr) {
+            Some((_, name)) => name.clone(),
+            None => {
+                let name = shared_name(shared_files.len());
+                let path = dir.join(&name);
+                let bytes = serde_json::to_vec(&SharedRef {
+                    owned: &p.owned,
+                    witnesses: o.witnesses(),
+                })
+                .expect("shared data serializes");
+                write_replace(&path, &bytes).map_err(|e| io(&path, e))?;
+                shared_files.push((ptr, name.clone()));
+                name
+            }
+        };
         let task = Task {
             version: TASK_VERSION,
             store: store.clone(),
@@ -559,8 +624,7 @@ async fn run_batch<S: Store + ?Sized, E: Executor + ?Sized>(
             params: p.params.to_string(),
             param_order: p.param_order.to_vec(),
             param_types: (*p.param_types).clone(),
-            owned: (*p.owned).clone(),
-            witnesses: o.witnesses().clone(),
+            shared,
             reasons: d.reasons.clone(),
             replaces: d.replaces,
         };
@@ -602,6 +666,8 @@ async fn run_batch<S: Store + ?Sized, E: Executor + ?Sized>(
             break;
         }
         let hs: Vec<JobHandle> = live.iter().map(|&n| handles[n].clone()).collect();
+        // Read before the poll: an end after it makes `wait_change` return at once.
+        let seen = executor.changes();
         let st = match executor.poll(&hs).await {
             Ok(st) => st,
             Err(e) if e.is_retryable() => {
@@ -613,16 +679,9 @@ async fn run_batch<S: Store + ?Sized, E: Executor + ?Sized>(
         for (&n, s) in live.iter().zip(&st) {
             if s.state.is_terminal() {
                 let (i, _) = &runs[n];
-                let out = conclude(o, &queue[*i], s).map_err(FailureCause::Store)?;
+                let (out, rows) = conclude(o, &queue[*i], s).map_err(FailureCause::Store)?;
                 match &out {
                     Some(Outcome::Ran { seconds }) => {
-                        let rows = o
-                            .store()
-                            .record(&queue[*i].key)
-                            .ok()
-                            .flatten()
-                            .and_then(|r| r.metrics.map(|m| m.rows))
-                            .unwrap_or(0);
                         o.emit(Event::Finished {
                             index: i + 1,
                             total,
@@ -643,7 +702,8 @@ async fn run_batch<S: Store + ?Sized, E: Executor + ?Sized>(
             }
         }
         if done.iter().any(Option::is_none) {
-            tokio::time::sleep(o.wait_poll).await;
+            // Wakes when a worker ends (LocalExecutor), at the latest after `wait_poll`.
+            executor.wait_change(seen, o.wait_poll).await;
         }
     }
     Ok(runs
@@ -653,36 +713,44 @@ async fn run_batch<S: Store + ?Sized, E: Executor + ?Sized>(
         .collect())
 }
 
-/// What a finished worker left in the store. A worker that died without a record fails its
-/// run: the stale claim is taken over and the failure recorded with the executor's evidence.
+/// What a finished worker left in the store, and the metric rows of a run that ran (read with
+/// the record, once). A worker that died without a record fails its run: the stale claim is
+/// taken over and the failure recorded with the executor's evidence.
 fn conclude<S: Store + ?Sized>(
     o: &Engine<'_, S>,
     p: &PendingRun,
     status: &JobStatus,
-) -> std::result::Result<Option<Outcome>, StoreError> {
+) -> std::result::Result<(Option<Outcome>, u64), StoreError> {
     let rec = o.store().record(&p.key)?;
     match rec {
         Some(r) if r.status == Status::Done => {
             if status.exit_code == Some(EXIT_ELSEWHERE) {
                 let by = r.owner.map(|o| o.to_string()).unwrap_or_default();
-                return Ok(Some(Outcome::Skipped {
-                    reasons: vec![format!("done by {by}")],
-                }));
+                return Ok((
+                    Some(Outcome::Skipped {
+                        reasons: vec![format!("done by {by}")],
+                    }),
+                    0,
+                ));
             }
             let seconds = r.finished_at.map(|f| f - r.started_at).unwrap_or(0.0);
-            return Ok(Some(Outcome::Ran { seconds }));
+            let rows = r.metrics.map(|m| m.rows).unwrap_or(0);
+            return Ok((Some(Outcome::Ran { seconds }), rows));
         }
         Some(r) if r.status == Status::Failed && status.exit_code == Some(EXIT_FAILED) => {
-            return Ok(Some(Outcome::Failed {
-                failure: r
-                    .error
-                    .unwrap_or_else(|| failure("error", "failed in a worker".into(), None)),
-            }));
+            return Ok((
+                Some(Outcome::Failed {
+                    failure: r
+                        .error
+                        .unwrap_or_else(|| failure("error", "failed in a worker".into(), None)),
+                }),
+                0,
+            ));
         }
         _ => {}
     }
     if status.exit_code == Some(EXIT_ELSEWHERE) {
-        return Ok(None); // another process holds it: the next round decides again
+        return Ok((None, 0)); // another process holds it: the next round decides again
     }
     // The worker ended without recording a result.
     let message = match &status.state {
@@ -715,11 +783,14 @@ fn conclude<S: Store + ?Sized>(
     f.chain = Vec::new();
     let claim = match o.store().claim(&p.key, o.owner, None)? {
         ClaimOutcome::Claimed(c) => c,
-        ClaimOutcome::Busy(_) => return Ok(None),
+        ClaimOutcome::Busy(_) => return Ok((None, 0)),
         ClaimOutcome::Done(_) => {
-            return Ok(Some(Outcome::Skipped {
-                reasons: vec!["done by another process".into()],
-            }));
+            return Ok((
+                Some(Outcome::Skipped {
+                    reasons: vec!["done by another process".into()],
+                }),
+                0,
+            ));
         }
     };
     let params: serde_json::Value =
@@ -748,12 +819,85 @@ fn conclude<S: Store + ?Sized>(
     record.finished_at = Some(unix_now());
     record.error = Some(f.clone());
     o.store().finish(&claim, &record)?;
-    Ok(Some(Outcome::Failed { failure: f }))
+    Ok((Some(Outcome::Failed { failure: f }), 0))
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn doubles(x: &u32, run: &mut Run) -> crate::sweep::JobResult {
+        run.log("y", 0, f64::from(*x) * 2.0)?;
+        Ok(())
+    }
+
+    fn task(dir: &Path, shared: &str) -> PathBuf {
+        let t = Task {
+            version: TASK_VERSION,
+            store: StoreSpec::new("fs", dir.join("store").display().to_string()),
+            exe: exe_id().unwrap(),
+            entry: Entry::of(doubles),
+            key: Hash::of(b"key"),
+            lineage: Hash::of(b"lineage"),
+            job: "doubles".into(),
+            params: "2".into(),
+            param_order: Vec::new(),
+            param_types: Default::default(),
+            shared: shared.into(),
+            reasons: vec!["new".into()],
+            replaces: None,
+        };
+        let path = dir.join("0.json");
+        std::fs::write(&path, serde_json::to_vec(&t).unwrap()).unwrap();
+        path
+    }
+
+    #[test]
+    fn a_task_reads_its_shared_file_only_from_its_own_folder() {
+        let dir = tempfile::tempdir().unwrap();
+        for bad in ["../shared-0.json", "/etc/passwd", "", ".hidden", "a\\b"] {
+            let err = run_task(&task(dir.path(), bad)).unwrap_err();
+            assert!(err.contains("not a file name"), "{bad:?}: {err}");
+        }
+        // A well-formed name that is missing is reported with its path.
+        let err = run_task(&task(dir.path(), "shared-0.json")).unwrap_err();
+        assert!(
+            err.contains(&dir.path().join("shared-0.json").display().to_string()),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn a_task_runs_with_the_owned_digest_and_witnesses_of_its_shared_file() {
+        let dir = tempfile::tempdir().unwrap();
+        let witnesses = crate::identity::Witnesses {
+            cargo_lock: None,
+            toolchain: crate::identity::Toolchain::current(),
+            source: None,
+        };
+        let mut owned = OwnedDigest::default();
+        owned.files.insert("src/lib.rs".into(), Hash::of(b"lib"));
+        let bytes = serde_json::to_vec(&SharedRef {
+            owned: &owned,
+            witnesses: &witnesses,
+        })
+        .unwrap();
+        std::fs::write(dir.path().join(shared_name(0)), bytes).unwrap();
+        let out = run_task(&task(dir.path(), &shared_name(0))).unwrap();
+        assert!(matches!(out, Some(Outcome::Ran { .. })), "{out:?}");
+        let store = FsStore::open(dir.path().join("store")).unwrap();
+        let rec = store.record(&Hash::of(b"key")).unwrap().unwrap();
+        assert_eq!(rec.status, Status::Done);
+        assert_eq!(rec.owned, owned);
+        assert_eq!(rec.witnesses, witnesses);
+        assert_eq!(rec.metrics.map(|m| m.rows), Some(1));
+        // The job never asked for its artifact folder: none was made.
+        assert!(!store.job_dir(&Hash::of(b"key")).join("artifacts").exists());
+        assert_eq!(
+            store.metrics(&Hash::of(b"key"), Some("y")).unwrap().value,
+            vec![4.0]
+        );
+    }
 
     #[test]
     fn exe_id_is_stable_within_a_process() {

@@ -37,6 +37,7 @@ mod wrapper;
 use std::collections::{HashMap, VecDeque};
 use std::ffi::OsString;
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
@@ -156,6 +157,8 @@ impl LocalExecutorBuilder {
                 inherit_env: self.inherit_env,
                 oom_counters: oom::own_counter_file(),
                 runtime: Mutex::new(None),
+                ends: AtomicU64::new(0),
+                ended: tokio::sync::Notify::new(),
                 state: Mutex::new(State {
                     queue: VecDeque::new(),
                     running: 0,
@@ -212,6 +215,10 @@ struct Inner {
     /// a new runtime per drain).
     runtime: Mutex<Option<tokio::runtime::Handle>>,
     state: Mutex<State>,
+    /// Job ends seen by this instance ([`Executor::changes`]), and the wake-up of
+    /// [`Executor::wait_change`].
+    ends: AtomicU64,
+    ended: tokio::sync::Notify,
 }
 
 struct State {
@@ -372,6 +379,10 @@ impl Inner {
             st.gpu_free[g] = true;
         }
         self.dispatch(&mut st);
+        drop(st);
+        // After the state holds the end: a waiter woken now polls it as ended.
+        self.ends.fetch_add(1, Ordering::SeqCst);
+        self.ended.notify_waiters();
     }
 
     /// Takes a queued job's launch so that it never starts: the launch claim (fresh, or
@@ -982,6 +993,23 @@ impl Executor for LocalExecutor {
             }
         }
         Ok(())
+    }
+
+    fn changes(&self) -> u64 {
+        self.inner.ends.load(Ordering::SeqCst)
+    }
+
+    /// Wakes when a job this instance started ends (jobs it only follows through their folder,
+    /// started by another controller, are seen at the end of `max`).
+    async fn wait_change(&self, seen: u64, max: Duration) {
+        let notified = self.inner.ended.notified();
+        tokio::pin!(notified);
+        // Registered before the check: an end between the check and the wait still wakes us.
+        notified.as_mut().enable();
+        if self.changes() != seen {
+            return;
+        }
+        let _ = tokio::time::timeout(max, notified).await;
     }
 
     async fn find(&self, attempt_id: &AttemptId) -> Result<Option<JobHandle>, ExecutorError> {
