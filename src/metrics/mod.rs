@@ -2,6 +2,8 @@
 //! an Arrow-backed [`MetricTable`] that writes Parquet, CSV and SVG line plots.
 
 mod plot;
+#[cfg(feature = "parquet")]
+pub(crate) mod stream;
 mod table;
 
 pub(crate) use table::{JobRows, build_table};
@@ -103,22 +105,40 @@ pub fn collect<S: Store + ?Sized>(store: &S) -> Result<MetricTable, MetricsError
     build_table(&jobs, true)
 }
 
+/// The done records of `store` that logged metric `metric`, in finish order (then key).
+///
+/// # Errors
+/// [`MetricsError::UnknownMetric`] when none did; store errors.
+fn done_with_metric<S: Store + ?Sized>(
+    store: &S,
+    metric: &str,
+) -> Result<Vec<crate::store::JobRecord>, MetricsError> {
+    use crate::store::StoreExt;
+    let mut recs = store.done_records()?;
+    let mut available = std::collections::BTreeSet::new();
+    recs.retain(|r| {
+        let Some(m) = &r.metrics else { return false };
+        available.extend(m.names.iter().cloned());
+        m.names.iter().any(|n| n == metric)
+    });
+    if recs.is_empty() {
+        return Err(MetricsError::UnknownMetric {
+            metric: metric.to_string(),
+            available: available.into_iter().collect(),
+        });
+    }
+    Ok(recs)
+}
+
 /// Metric `metric` of every done job in `store` as `[step, value, *params, job_key]`, jobs in
 /// finish order (then key); see [`StoreExt::metric_table`](crate::store::StoreExt::metric_table).
 pub(crate) fn table_of<S: Store + ?Sized>(
     store: &S,
     metric: &str,
 ) -> Result<MetricTable, MetricsError> {
-    use crate::store::StoreExt;
-    let recs = store.done_records()?;
-    let mut available = std::collections::BTreeSet::new();
+    let recs = done_with_metric(store, metric)?;
     let mut jobs = Vec::with_capacity(recs.len());
     for r in &recs {
-        let Some(m) = &r.metrics else { continue };
-        available.extend(m.names.iter().cloned());
-        if !m.names.iter().any(|n| n == metric) {
-            continue;
-        }
         jobs.push(JobRows {
             key: r.key,
             params: &r.params,
@@ -127,13 +147,28 @@ pub(crate) fn table_of<S: Store + ?Sized>(
             series: store.metrics(&r.key, Some(metric))?,
         });
     }
-    if jobs.is_empty() {
-        return Err(MetricsError::UnknownMetric {
-            metric: metric.to_string(),
-            available: available.into_iter().collect(),
-        });
-    }
     build_table(&jobs, false)
+}
+
+/// [`table_of`] streamed to Parquet at `path` in bounded memory; see
+/// [`StoreExt::write_metric_parquet`](crate::store::StoreExt::write_metric_parquet).
+#[cfg(feature = "parquet")]
+pub(crate) fn write_parquet_of<S: Store + ?Sized>(
+    store: &S,
+    metric: &str,
+    path: &std::path::Path,
+) -> Result<u64, MetricsError> {
+    let recs = done_with_metric(store, metric)?;
+    let jobs: Vec<stream::JobMeta<'_>> = recs
+        .iter()
+        .map(|r| stream::JobMeta {
+            key: r.key,
+            params: &r.params,
+            param_order: &r.param_order,
+            param_types: &r.param_types,
+        })
+        .collect();
+    stream::write_parquet(&jobs, |j| Ok(store.metrics(&j.key, Some(metric))?), path)
 }
 
 #[cfg(test)]

@@ -378,6 +378,26 @@ pub trait StoreExt: Store {
         crate::metrics::table_of(self, metric)
     }
 
+    /// Writes [`metric_table`](Self::metric_table)`(metric)` to `path` as Parquet, streaming:
+    /// one job's rows and one record batch of at most 65,536 rows are in memory at a time, so
+    /// memory stays bounded (tens of MB) whatever the table's size. Same columns and Parquet
+    /// types as [`MetricTable::write_parquet`](crate::MetricTable::write_parquet) (`job_key` and
+    /// text parameters dictionary-encoded in the file; pyarrow and pandas read them as plain
+    /// strings). Replaces `path` atomically. Returns the number of rows written.
+    ///
+    /// # Errors
+    /// As [`metric_table`](Self::metric_table), and
+    /// [`MetricsError::Io`](crate::metrics::MetricsError::Io) /
+    /// [`MetricsError::Parquet`](crate::metrics::MetricsError::Parquet) naming `path`.
+    #[cfg(feature = "parquet")]
+    fn write_metric_parquet(
+        &self,
+        metric: &str,
+        path: &std::path::Path,
+    ) -> Result<u64, crate::metrics::MetricsError> {
+        crate::metrics::write_parquet_of(self, metric, path)
+    }
+
     /// Every metric of every done job, with a `metric` column (see
     /// [`metrics::collect`](crate::metrics::collect)).
     ///
