@@ -5,7 +5,7 @@ use std::hint::black_box;
 use std::path::PathBuf;
 
 use criterion::{Criterion, criterion_group, criterion_main};
-use puzzletron::campaign::Node;
+use puzzletron::campaign::config::Value;
 use puzzletron::campaign::config::{ConfigLoader, Env};
 use puzzletron::campaign::{
     ExecutionConfig, RunnerEnvironment, StageCatalog, compile_campaign_plan_with, compile_resolved,
@@ -85,47 +85,55 @@ fn fixtures_bench(c: &mut Criterion) {
 
 /// 100 stages (a layered DAG: each stage needs the two previous ones), each sharded 100 ways,
 /// distributed with tp=2: 10,000 work items and 10,000 torchrun groups.
-fn generated_config(stages: usize, shards: u32) -> Node {
+fn generated_config(stages: usize, shards: u32) -> Value {
     let list = (0..stages)
         .map(|i| {
             let mut entries = vec![
-                ("id".to_string(), Node::Str(format!("s{i:03}"))),
-                ("strategy".to_string(), Node::Str("sharded".into())),
-                ("instances".to_string(), Node::Int(i64::from(shards))),
-                ("distributed".to_string(), Node::Bool(true)),
-                ("aggregate".to_string(), Node::Bool(true)),
+                ("id".to_string(), Value::String(format!("s{i:03}"))),
+                ("strategy".to_string(), Value::String("sharded".into())),
+                ("instances".to_string(), Value::Int(i64::from(shards))),
+                ("distributed".to_string(), Value::Bool(true)),
+                ("aggregate".to_string(), Value::Bool(true)),
                 (
                     "parallel".to_string(),
-                    Node::Map(vec![("tp".to_string(), Node::Int(2))]),
+                    Value::Mapping(
+                        vec![("tp".to_string(), Value::Int(2))]
+                            .into_iter()
+                            .collect(),
+                    ),
                 ),
                 (
                     "command".to_string(),
-                    Node::Seq(vec![
-                        Node::Str("python".into()),
-                        Node::Str("work.py".into()),
-                        Node::Str("{work_id}".into()),
+                    Value::List(vec![
+                        Value::String("python".into()),
+                        Value::String("work.py".into()),
+                        Value::String("{work_id}".into()),
                     ]),
                 ),
             ];
-            let needs: Vec<Node> = (i.saturating_sub(2)..i)
-                .map(|p| Node::Str(format!("s{p:03}")))
+            let needs: Vec<Value> = (i.saturating_sub(2)..i)
+                .map(|p| Value::String(format!("s{p:03}")))
                 .collect();
-            entries.push(("needs".to_string(), Node::Seq(needs)));
-            Node::Map(entries)
+            entries.push(("needs".to_string(), Value::List(needs)));
+            Value::Mapping(entries.into_iter().collect())
         })
         .collect();
-    Node::Map(vec![
-        ("puzzle_dir".into(), Node::Str("runs/gen".into())),
-        ("stages".into(), Node::Seq(list)),
-    ])
+    Value::Mapping(
+        vec![
+            ("puzzle_dir".into(), Value::String("runs/gen".into())),
+            ("stages".into(), Value::List(list)),
+        ]
+        .into_iter()
+        .collect(),
+    )
 }
 
 fn generated_bench(c: &mut Criterion) {
     let config = generated_config(100, 100);
     let catalog = StageCatalog::from_config("gen", &config).unwrap();
-    let runner = RunnerEnvironment::from_node(
+    let runner = RunnerEnvironment::from_value(
         "runner",
-        &Node::from_json(
+        &Value::from_json(
             &serde_json::json!({"runner": {"kind": "slurm", "slurm": {"partition": "batch"}}}),
         ),
     )

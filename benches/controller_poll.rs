@@ -7,7 +7,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use criterion::{Criterion, criterion_group, criterion_main};
-use puzzletron::campaign::Node;
+use puzzletron::campaign::config::Value;
 use puzzletron::campaign::controller::{CampaignController, RunOptions, VirtualClock};
 use puzzletron::campaign::{ExecutionConfig, RunnerEnvironment, StageCatalog, compile_resolved};
 use puzzletron::executor::{JobState, MockClock, MockExecutor, MockScript};
@@ -15,13 +15,13 @@ use serde_json::json;
 
 fn poll_cycle(c: &mut Criterion) {
     let n = 10_000u32;
-    let node = Node::from_json(&json!({"stages": [
+    let node = Value::from_json(&json!({"stages": [
         {"id": "big", "strategy": "sharded", "instances": n, "command": ["w"]},
     ]}));
     let catalog = StageCatalog::from_config("bench", &node).unwrap();
-    let exec = ExecutionConfig::from_node(
+    let exec = ExecutionConfig::from_value(
         "bench",
-        &Node::from_json(
+        &Value::from_json(
             &json!({"execution": {"defaults": {}, "stages": {"big": {"resource": "cpu"}}}}),
         ),
     )

@@ -8,7 +8,9 @@
 //!   source tree and coreutils' sha256sum over the same files, in the same run (target ratio >= 0.8);
 //! - `enqueue_plan_100k/{memory,memory_vec_params,fs_empty}`: enqueue 100k runs and plan them
 //!   (target < 1 s); `memory_vec_params` has Vec fields, which `run()`'s determinism check
-//!   inspects.
+//!   inspects;
+//! - `cache_hits_10k/{fs_enqueue_drain,fs_enqueue_plan}`: a sweep of 10k done runs on `FsStore`,
+//!   enqueued and drained (all hits), or planned.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -217,5 +219,57 @@ fn enqueue_plan(c: &mut Criterion) {
     g.finish();
 }
 
-criterion_group!(benches, job_key, owned_digest, enqueue_plan);
+#[derive(Serialize, Deserialize)]
+struct One {
+    i: u32,
+}
+
+fn one(p: &One, run: &mut Run) -> JobResult {
+    run.log("x", 0, f64::from(p.i))?;
+    Ok(())
+}
+
+/// Cache hits on `FsStore`, in process: enqueue + drain, and enqueue + plan, of 10k done runs
+/// (issue 13: < 10 us per hit, a plan < 100 ms). `benches/hot_paths.rs` has the same figures
+/// per process, against joblib and Snakemake.
+fn cache_hits(c: &mut Criterion) {
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path().join("done");
+    // A small user crate (see benches/hot_paths.rs): `job!` here would cover all of
+    // puzzletron, a 375 KB record per run.
+    let krate = dir.path().join("crate");
+    std::fs::create_dir_all(krate.join("src")).unwrap();
+    std::fs::write(krate.join("Cargo.lock"), "version = 4\n").unwrap();
+    std::fs::write(krate.join("src/lib.rs"), "pub fn one() {}\n").unwrap();
+    let job: Job<One> = Job::new("bench::one", "bench", &krate, "src/lib.rs", one);
+    let n = 10_000;
+    let sweep = || {
+        let mut o = Orchestrator::builder().store_root(&root).build().unwrap();
+        for i in 0..n {
+            o.run(&job, One { i }).unwrap();
+        }
+        o
+    };
+    assert_eq!(sweep().drain().unwrap().ran(), n as usize);
+    let mut g = c.benchmark_group("cache_hits_10k");
+    g.sample_size(10);
+    g.throughput(Throughput::Elements(u64::from(n)));
+    g.bench_function("fs_enqueue_drain", |b| {
+        b.iter(|| {
+            let s = sweep().drain().unwrap();
+            assert_eq!(s.skipped(), n as usize);
+            s
+        })
+    });
+    g.bench_function("fs_enqueue_plan", |b| {
+        b.iter(|| {
+            let plan = sweep().plan().unwrap();
+            assert_eq!(plan.count(puzzletron::sweep::Action::Skip), n as usize);
+            plan
+        })
+    });
+    g.finish();
+}
+
+criterion_group!(benches, job_key, owned_digest, enqueue_plan, cache_hits);
 criterion_main!(benches);

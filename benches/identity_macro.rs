@@ -2,7 +2,10 @@
 //! `job!` (compile-time closure analysis) and with `Job::new` (no analysis), each after touching
 //! its `main.rs`, in the same run; reports the medians and their difference (target < 2 s),
 //! twice: with the default dev profile, where proc macros are compiled unoptimised, and with
-//! `[profile.dev.build-override] opt-level = 3`, the setting the README recommends.
+//! `[profile.dev.build-override] opt-level = 3`, the setting the README recommends. A rebuild
+//! finds every file's index in the macro's per-file cache (`target/debug/puzzletron-macros-cache`,
+//! keyed by the file's bytes); the build with that cache emptied first (a first build, or one
+//! after `cargo clean` or a Cargo.lock change) is reported too.
 //!
 //! Not criterion (one sample is a whole rustc run of several seconds): `cargo bench --bench
 //! identity_macro` prints the figures. `PUZZLETRON_MACRO_BENCH_SAMPLES` (default 3) sets the
@@ -88,12 +91,24 @@ fn generate(dir: &Path, with_macro: bool, optimized_macros: bool) {
     std::fs::write(src.join("main.rs"), main).unwrap();
 }
 
-fn build(dir: &Path, target: &Path) -> Duration {
+/// User + system CPU time of this process's waited-for children so far.
+fn children_cpu() -> Duration {
+    // SAFETY: getrusage only writes the zeroed struct it is given.
+    let mut u: libc::rusage = unsafe { std::mem::zeroed() };
+    unsafe { libc::getrusage(libc::RUSAGE_CHILDREN, &mut u) };
+    let tv = |t: libc::timeval| Duration::new(t.tv_sec as u64, t.tv_usec as u32 * 1000);
+    tv(u.ru_utime) + tv(u.ru_stime)
+}
+
+/// One build: (wall time, CPU time of cargo and the rustc it ran). The CPU time is what to
+/// compare on a loaded machine, where wall times mostly measure the other users.
+fn build(dir: &Path, target: &Path) -> (Duration, Duration) {
     // Touch main.rs so only this crate recompiles.
     let main = dir.join("src/main.rs");
     let text = std::fs::read(&main).unwrap();
     std::fs::write(&main, text).unwrap();
     let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+    let cpu = children_cpu();
     let t = Instant::now();
     let out = Command::new(cargo)
         .args(["build", "--offline", "--quiet"])
@@ -107,12 +122,19 @@ fn build(dir: &Path, target: &Path) -> Duration {
         "{}",
         String::from_utf8_lossy(&out.stderr)
     );
-    d
+    (d, children_cpu() - cpu)
 }
 
-fn median(mut v: Vec<Duration>) -> Duration {
-    v.sort();
-    v[v.len() / 2]
+/// Medians of the wall and CPU times, in seconds.
+fn median(v: Vec<(Duration, Duration)>) -> (f64, f64) {
+    let mid = |mut x: Vec<Duration>| {
+        x.sort();
+        x[x.len() / 2].as_secs_f64()
+    };
+    (
+        mid(v.iter().map(|p| p.0).collect()),
+        mid(v.iter().map(|p| p.1).collect()),
+    )
 }
 
 fn main() {
@@ -152,23 +174,43 @@ fn main() {
         build(&with, &target);
         let mut a = Vec::new();
         let mut b = Vec::new();
+        let mut cold = Vec::new();
+        let cache = target.join("debug/puzzletron-macros-cache");
         for _ in 0..samples {
             a.push(build(&without, &target));
             b.push(build(&with, &target));
+            // Every entry of the index cache gone: each file parsed again. (A macro without the
+            // cache, e.g. an older one measured for comparison, has none.)
+            let _ = std::fs::remove_dir_all(&cache);
+            cold.push(build(&with, &target));
         }
-        let (a, b) = (median(a), median(b));
+        let (a, b, cold) = (median(a), median(b), median(cold));
         let how = if optimized {
             "proc macros built with opt-level 3 (build-override)"
         } else {
             "default dev profile (proc macros unoptimised)"
         };
+        let load = std::fs::read_to_string("/proc/loadavg").unwrap_or_default();
         println!(
-            "identity_macro [{how}]: generated crate {lines} lines, {JOBS} jobs; build with \
-             Job::new {:.2} s, with job! {:.2} s, added by job! {:.2} s (median of {samples}; \
-             target < 2 s)",
-            a.as_secs_f64(),
-            b.as_secs_f64(),
-            b.as_secs_f64() - a.as_secs_f64()
+            "identity_macro [{how}]: generated crate {lines} lines, {JOBS} jobs (median of \
+             {samples}; target < 2 s added)\n  wall: Job::new {:.2} s, job! {:.2} s, added {:.2} \
+             s; job! with an empty index cache {:.2} s, added {:.2} s\n  CPU:  Job::new {:.2} s, \
+             job! {:.2} s, added {:.2} s; job! with an empty index cache {:.2} s, added {:.2} s\n  \
+             load average {}",
+            a.0,
+            b.0,
+            b.0 - a.0,
+            cold.0,
+            cold.0 - a.0,
+            a.1,
+            b.1,
+            b.1 - a.1,
+            cold.1,
+            cold.1 - a.1,
+            load.split_whitespace()
+                .take(3)
+                .collect::<Vec<_>>()
+                .join(" ")
         );
     }
 }

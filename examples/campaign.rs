@@ -41,7 +41,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
-use puzzletron::campaign::Node;
+use puzzletron::campaign::config::Value;
 use puzzletron::campaign::controller::{
     CampaignController, ControllerError, ControllerEvent, PoolItem, PoolWorker, RunOptions,
     TerminalControls, ViewMode, open_campaign_dir,
@@ -477,11 +477,11 @@ fn plan(args: &Args) -> Result<CampaignPlan, Error> {
         ],
         "digits": {"budget": BUDGET},
     });
-    let node = Node::from_json(&config);
+    let node = Value::from_json(&config);
     let catalog = StageCatalog::from_config("digits-campaign", &node)?;
-    let execution = ExecutionConfig::from_node(
+    let execution = ExecutionConfig::from_value(
         "digits-execution",
-        &Node::from_json(&json!({"execution": {
+        &Value::from_json(&json!({"execution": {
             // `resume` retries unknown failures (e.g. a job lost in a crash) up to 3 attempts.
             "defaults": {"failure_policy": "resume", "halt_policy": "drain", "max_attempts": 3, "gpus_per_node": 4},
             "stages": {
@@ -492,13 +492,13 @@ fn plan(args: &Args) -> Result<CampaignPlan, Error> {
         }})),
     )?;
     let runner = match args.runner.as_str() {
-        "slurm" => RunnerEnvironment::from_node(
+        "slurm" => RunnerEnvironment::from_value(
             "digits-runner",
-            &Node::from_json(&json!({"runner": {"kind": "slurm", "slurm": {"partition": "gpu"}}})),
+            &Value::from_json(&json!({"runner": {"kind": "slurm", "slurm": {"partition": "gpu"}}})),
         )?,
-        "baremetal" => RunnerEnvironment::from_node(
+        "baremetal" => RunnerEnvironment::from_value(
             "digits-runner",
-            &Node::from_json(&json!({"runner": {
+            &Value::from_json(&json!({"runner": {
                 "kind": "baremetal",
                 "inventory": {
                     "rendezvous_host": args.hosts[0].0,

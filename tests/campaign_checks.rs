@@ -198,7 +198,7 @@ fn overrides_the_compiler_does_not_read_pass_through_and_are_listed() {
     // Passed to the workers unchanged, in the resolved config.
     assert_eq!(
         plan.resolved_config
-            .get_path("pruning.seed")
+            .get("pruning.seed")
             .and_then(|n| n.as_str()),
         Some("notanumber")
     );
@@ -281,6 +281,68 @@ fn runner_and_execution_file_errors_name_their_file_line_and_column() {
             "{}:4:19: `execution.stages.mip.time_limit`",
             exec.display()
         )),
+        "{msg}"
+    );
+}
+
+/// A campaign driver written as `fn main() -> puzzletron::Result<()>`: config, plan and
+/// controller errors all convert with `?`, and keep their own variant and message.
+fn driver(overrides: &[&str], runner_yaml: &str) -> puzzletron::Result<CampaignPlan> {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let runner_path = write(dir.path(), "runner.yaml", runner_yaml);
+    let overrides = overrides
+        .iter()
+        .map(|o| o.parse::<Override>())
+        .collect::<Result<Vec<_>, _>>()?;
+    let runner = RunnerEnvironment::load(&runner_path)?;
+    let plan = compile_campaign_plan_with(
+        &ConfigLoader::new().env(
+            Env::new()
+                .with("PUZZLETRON_RUN_ROOT", "runs/test")
+                .with("PUZZLETRON_DATASET_PATH", "data/ds"),
+        ),
+        fixtures().join("families/qwen3_5/qwen3p6_35b_a3b/runs/production.yaml"),
+        &runner,
+        &ExecutionConfig::default(),
+        &overrides,
+        None,
+    )?;
+    Ok(plan)
+}
+
+#[test]
+fn a_campaign_driver_returns_puzzletron_result() {
+    // Controller errors convert too (checked at compile time).
+    fn _controller(e: puzzletron::campaign::controller::ControllerError) -> puzzletron::Result<()> {
+        Err(e)?
+    }
+    let slurm = "runner:\n  kind: slurm\n  slurm: {partition: batch}\n";
+    let plan = driver(&["tokenize_data.enabled=true"], slurm).unwrap();
+    assert!(
+        plan.stage_ids().contains(&"tokenize_data"),
+        "{:?}",
+        plan.stage_ids()
+    );
+
+    let e = driver(&["tokenize_data.enabled"], slurm).unwrap_err();
+    assert!(matches!(e, puzzletron::Error::Config(_)), "{e:?}");
+
+    let e = driver(&[], "runner:\n  kind: slurm\n  slurm: {partiton: batch}\n").unwrap_err();
+    assert!(
+        matches!(e, puzzletron::Error::Plan(PlanError::UnknownField { .. })),
+        "{e:?}"
+    );
+    assert!(e.to_string().contains("did you mean `partition`"), "{e}");
+    assert!(!e.is_retryable());
+
+    let e = driver(&["tokenize_data.enabled=maybe"], slurm).unwrap_err();
+    let msg = e.to_string();
+    assert!(
+        matches!(e, puzzletron::Error::Plan(PlanError::InvalidValue { .. })),
+        "{e:?}"
+    );
+    assert!(
+        msg.contains("override #1 `tokenize_data.enabled=maybe`"),
         "{msg}"
     );
 }

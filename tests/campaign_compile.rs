@@ -5,7 +5,6 @@
 use std::path::{Path, PathBuf};
 
 use proptest::prelude::*;
-use puzzletron::campaign::Node;
 use puzzletron::campaign::config::{ConfigLoader, Env, Override, OverrideKind, Value};
 use puzzletron::campaign::{
     ExecutionConfig, PlanError, RunnerEnvironment, RunnerKind, StageCatalog, StageFilter, Strategy,
@@ -170,10 +169,10 @@ fn key_order_and_formatting_do_not_change_the_contract_hash() {
     assert_ne!(a.contract_hash, c.contract_hash);
 }
 
-fn shuffle_maps(node: &Node, seed: &mut u64) -> Node {
+fn shuffle_maps(node: &Value, seed: &mut u64) -> Value {
     match node {
-        Node::Map(entries) => {
-            let mut e: Vec<(String, Node)> = entries
+        Value::Mapping(entries) => {
+            let mut e: Vec<(String, Value)> = entries
                 .iter()
                 .map(|(k, v)| (k.clone(), shuffle_maps(v, seed)))
                 .collect();
@@ -185,9 +184,9 @@ fn shuffle_maps(node: &Node, seed: &mut u64) -> Node {
                 let j = (*seed >> 33) as usize % (i + 1);
                 e.swap(i, j);
             }
-            Node::Map(e)
+            Value::Mapping(e.into_iter().collect())
         }
-        Node::Seq(items) => Node::Seq(items.iter().map(|v| shuffle_maps(v, seed)).collect()),
+        Value::List(items) => Value::List(items.iter().map(|v| shuffle_maps(v, seed)).collect()),
         other => other.clone(),
     }
 }
@@ -522,7 +521,7 @@ fn rust_catalogs_compile() {
     );
     let plan = compile_resolved(
         "mem",
-        Node::Map(vec![]),
+        Value::Mapping(vec![].into_iter().collect()),
         &[],
         &catalog,
         &RunnerEnvironment::local(),
@@ -613,36 +612,51 @@ fn cpu_stages_request_no_gpus_and_local_runners_stay_on_one_node() {
     assert_eq!(r.work.topology.gpus_per_node, 0);
 }
 
-fn generated_dag(spec: &[(Vec<usize>, u8, u32, u32)]) -> Node {
+fn generated_dag(spec: &[(Vec<usize>, u8, u32, u32)]) -> Value {
     let stages = spec
         .iter()
         .enumerate()
         .map(|(i, (needs, strategy, instances, tp))| {
             let strategy = ["single", "sharded", "persistent_pool"][usize::from(*strategy % 3)];
             let instances = if strategy == "single" { 1 } else { *instances };
-            let needs: Vec<Node> = needs
+            let needs: Vec<Value> = needs
                 .iter()
                 .filter(|&&p| p < i)
-                .map(|p| Node::Str(format!("s{p}")))
+                .map(|p| Value::String(format!("s{p}")))
                 .collect();
-            Node::Map(vec![
-                ("id".into(), Node::Str(format!("s{i}"))),
-                ("needs".into(), Node::Seq(needs)),
-                ("strategy".into(), Node::Str(strategy.into())),
-                ("instances".into(), Node::Int(i64::from(instances))),
-                ("distributed".into(), Node::Bool(*tp > 1)),
-                (
-                    "parallel".into(),
-                    Node::Map(vec![("tp".into(), Node::Int(i64::from(*tp)))]),
-                ),
-                (
-                    "command".into(),
-                    Node::Seq(vec![Node::Str("run".into()), Node::Str("{work_id}".into())]),
-                ),
-            ])
+            Value::Mapping(
+                vec![
+                    ("id".into(), Value::String(format!("s{i}"))),
+                    ("needs".into(), Value::List(needs)),
+                    ("strategy".into(), Value::String(strategy.into())),
+                    ("instances".into(), Value::Int(i64::from(instances))),
+                    ("distributed".into(), Value::Bool(*tp > 1)),
+                    (
+                        "parallel".into(),
+                        Value::Mapping(
+                            vec![("tp".into(), Value::Int(i64::from(*tp)))]
+                                .into_iter()
+                                .collect(),
+                        ),
+                    ),
+                    (
+                        "command".into(),
+                        Value::List(vec![
+                            Value::String("run".into()),
+                            Value::String("{work_id}".into()),
+                        ]),
+                    ),
+                ]
+                .into_iter()
+                .collect(),
+            )
         })
         .collect();
-    Node::Map(vec![("stages".into(), Node::Seq(stages))])
+    Value::Mapping(
+        vec![("stages".into(), Value::List(stages))]
+            .into_iter()
+            .collect(),
+    )
 }
 
 proptest! {
@@ -659,7 +673,7 @@ proptest! {
     ) {
         let config = generated_dag(&spec);
         let catalog = StageCatalog::from_config("gen", &config).unwrap();
-        let runner = RunnerEnvironment::from_node("r", &Node::from_json(&serde_json::json!({"runner": {"kind": "slurm"}}))).unwrap();
+        let runner = RunnerEnvironment::from_value("r", &Value::from_json(&serde_json::json!({"runner": {"kind": "slurm"}}))).unwrap();
         let a = compile_resolved("gen", config.clone(), &[], &catalog, &runner, &ExecutionConfig::default(), None).unwrap();
         let b = compile_resolved("gen", config, &[], &catalog, &runner, &ExecutionConfig::default(), None).unwrap();
         prop_assert_eq!(&a, &b);

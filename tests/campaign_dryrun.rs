@@ -5,7 +5,7 @@
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-use puzzletron::campaign::Node;
+use puzzletron::campaign::config::Value;
 use puzzletron::campaign::config::{ConfigLoader, Env};
 use puzzletron::campaign::{
     CampaignPlan, ExecutionConfig, RunnerEnvironment, StageCatalog, compile_campaign_plan_with,
@@ -57,7 +57,7 @@ const HOSTILE: [&str; 6] = [
 ];
 
 fn user_plan(runner_yaml: &str, workdir: &Path) -> CampaignPlan {
-    let runner = RunnerEnvironment::from_node("runner.yaml", &node_yaml(runner_yaml)).unwrap();
+    let runner = RunnerEnvironment::from_value("runner.yaml", &node_yaml(runner_yaml)).unwrap();
     let mut argv = vec!["printf".to_string(), "%s\\n".to_string()];
     argv.extend(HOSTILE.iter().map(|s| s.to_string()));
     let argv_yaml: Vec<String> = argv
@@ -83,11 +83,11 @@ fn user_plan(runner_yaml: &str, workdir: &Path) -> CampaignPlan {
     .unwrap()
 }
 
-fn node_yaml(text: &str) -> Node {
+fn node_yaml(text: &str) -> Value {
     let v = puzzletron::campaign::config::load_yaml_str(text, Path::new("mem.yaml"))
         .unwrap()
         .value;
-    Node::from_json(&serde_json::to_value(&v).unwrap())
+    Value::from_json(&serde_json::to_value(&v).unwrap())
 }
 
 fn stub(dir: &Path, name: &str, body: &str) {
@@ -540,4 +540,114 @@ fn excluded_nodes_are_one_quoted_exclude_directive() {
         ..DryRunOptions::default()
     };
     assert!(dry_run(&plan, &bad).is_err());
+}
+
+/// N03 in the dry run: the `--signal=B:SIG@lead` line, the forwarding traps, and a warning for
+/// each problem (lead not shorter than the limit, lead short of checkpoint + KillWait +
+/// margin, a stage that cannot resume, USR1 on an NCCL job, no time limit at all).
+#[test]
+fn n03_dry_run_shows_the_signal_line_and_warns() {
+    // (time limit, warning signal, resumable, signal line, warnings expected)
+    type Case<'a> = (Option<&'a str>, &'a str, bool, &'a str, &'a [&'a str]);
+    let cases: [Case; 5] = [
+        (
+            Some("4:00:00"),
+            "USR2@300",
+            true,
+            "#SBATCH --signal='B:USR2@300'",
+            &[],
+        ),
+        (
+            Some("2:00"),
+            "USR2@180",
+            true,
+            "#SBATCH --signal='B:USR2@180'",
+            &["lead 180 s >= time limit 120 s"],
+        ),
+        (
+            Some("4:00:00"),
+            "USR1@90",
+            false,
+            "#SBATCH --signal='B:USR1@90'",
+            &[
+                "lead 90 s is short",
+                "not resumable",
+                "NCCL uses SIGUSR1 itself",
+            ],
+        ),
+        (
+            None,
+            "600",
+            true,
+            "#SBATCH --signal='B:USR2@600'",
+            &["without a time_limit"],
+        ),
+        (
+            Some("10:00"),
+            "TERM@600",
+            true,
+            "#SBATCH --signal='B:TERM@600'",
+            &["lead 600 s >= time limit 600 s"],
+        ),
+    ];
+    for (limit, sig, resumable, line, warnings) in cases {
+        let runner = RunnerEnvironment::from_value(
+            "runner.yaml",
+            &node_yaml("runner:\n  kind: slurm\n  slurm: {partition: batch}\n"),
+        )
+        .unwrap();
+        let config = node_yaml(&format!(
+            "{{\"stages\": [{{\"id\": \"train\", \"distributed\": true, \"resumable\": {resumable}, \"parallel\": {{\"tp\": 2}}, \"command\": [\"python\", \"train.py\"]}}]}}"
+        ));
+        let mut stage = format!("{{warning_signal: \"{sig}\"");
+        if let Some(l) = limit {
+            stage.push_str(&format!(", time_limit: \"{l}\""));
+        }
+        stage.push('}');
+        let execution = ExecutionConfig::from_value(
+            "execution.yaml",
+            &node_yaml(&format!("execution:\n  stages:\n    train: {stage}\n")),
+        )
+        .unwrap();
+        let catalog = StageCatalog::from_config("exp", &config).unwrap();
+        let plan =
+            compile_resolved("exp", config, &[], &catalog, &runner, &execution, None).unwrap();
+        let script = dry_run(&plan, &DryRunOptions::default())
+            .unwrap()
+            .submissions[0]
+            .sbatch_script
+            .clone()
+            .unwrap();
+        let label = format!("{limit:?} {sig} resumable={resumable}");
+        assert!(script.lines().any(|l| l == line), "{label}: {script}");
+        let sig_name = line.split(':').nth(1).unwrap().split('@').next().unwrap();
+        assert!(
+            script.contains(&format!(
+                "trap 'kill -s {sig_name} \"${{pids[@]}}\" 2>/dev/null' {sig_name}\n"
+            )),
+            "{label}: {script}"
+        );
+        let got: Vec<&str> = script
+            .lines()
+            .filter(|l| l.starts_with("# WARNING: "))
+            .collect();
+        assert_eq!(got.len(), warnings.len(), "{label}: {got:?}");
+        for w in warnings {
+            assert!(
+                got.iter().any(|g| g.contains(w)),
+                "{label}: {w:?} in {got:?}"
+            );
+        }
+        // The rendered text of a dry run shows it too.
+        let text = render_dry_run(&plan, &DryRunOptions::default()).unwrap();
+        assert!(text.contains(line), "{label}");
+    }
+    // A bad signal is refused when the execution config is read, naming the key.
+    let e = ExecutionConfig::from_value(
+        "execution.yaml",
+        &node_yaml("execution:\n  stages:\n    train: {warning_signal: \"KILL@10\"}\n"),
+    )
+    .unwrap_err()
+    .to_string();
+    assert!(e.contains("execution.stages.train.warning_signal"), "{e}");
 }

@@ -628,3 +628,119 @@ fn slurm_run_status_report_and_cancel_by_tag() {
     }
     let _ = fixtures();
 }
+
+/// N04 end to end: a GPU stage (tp=2: 2 GPUs per node) whose worker runs
+/// `puzzletron campaign gpu-preflight` on the local executor (2 GPU ids). With the GPUs the
+/// lease gives, it passes and the stage completes; when the worker's own environment shows
+/// fewer — (a) `CUDA_VISIBLE_DEVICES=0` under `SLURM_JOB_GPUS=4,5`, (b) `NoDevFiles` — the
+/// preflight exits 2 naming both numbers and the controller records a Config failure, never
+/// retried (one attempt under the resume policy with 3 allowed).
+#[test]
+fn n04_gpu_preflight_mismatch_is_a_config_failure_never_retried() {
+    use puzzletron::campaign::controller::{
+        CampaignController, ControllerEvent, FailureClass, RunOptions,
+    };
+    use puzzletron::campaign::{
+        ExecutionConfig, RunnerEnvironment, StageCatalog, compile_resolved,
+    };
+    use serde_json::json;
+    use std::sync::{Arc, Mutex};
+    let bin = env!("CARGO_BIN_EXE_puzzletron");
+    let ok_then_mark = format!(
+        "d=$(\"{bin}\" campaign gpu-preflight) || exit $?; echo \"device $d\"; touch \"$PUZZLETRON_OUTPUT_DIR/_SUCCESS\""
+    );
+    // (label, worker env override, Some(detail parts) = Config failure)
+    let cases: [(&str, &str, Option<&[&str]>); 3] = [
+        ("the lease's 2 GPUs", "", None),
+        (
+            "(a) one GPU per rank",
+            "CUDA_VISIBLE_DEVICES=0 SLURM_JOB_GPUS=4,5",
+            Some(&["1 GPU(s) visible", "needs 2 per node"]),
+        ),
+        (
+            "(b) NoDevFiles",
+            "CUDA_VISIBLE_DEVICES=NoDevFiles",
+            Some(&["0 GPU(s) visible", "needs 2 per node"]),
+        ),
+    ];
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
+    for (label, env, fails) in cases {
+        let dir = tempfile::tempdir().unwrap();
+        let script = if env.is_empty() {
+            ok_then_mark.clone()
+        } else {
+            format!("export {env}; {ok_then_mark}")
+        };
+        let node = puzzletron::campaign::config::Value::from_json(&json!({"stages": [
+            {"id": "train", "parallel": {"tp": 2}, "command": ["sh", "-c", script]}
+        ]}));
+        let catalog = StageCatalog::from_config("exp", &node).unwrap();
+        let execution = ExecutionConfig::from_value(
+            "execution.yaml",
+            &puzzletron::campaign::config::Value::from_json(&json!({"execution": {
+                "defaults": {"failure_policy": "resume", "max_attempts": 3}
+            }})),
+        )
+        .unwrap();
+        let plan = compile_resolved(
+            "exp",
+            node,
+            &[],
+            &catalog,
+            &RunnerEnvironment::local(),
+            &execution,
+            None,
+        )
+        .unwrap();
+        let events: Arc<Mutex<Vec<ControllerEvent>>> = Arc::default();
+        let ev = events.clone();
+        let mut ctl = CampaignController::builder()
+            .plan(plan)
+            .local(["0", "1"])
+            .campaign_dir(dir.path())
+            .poll_interval(Duration::from_millis(50), Duration::from_millis(200))
+            .on_event(move |e| ev.lock().unwrap().push(e.clone()))
+            .build()
+            .unwrap();
+        let report = rt.block_on(ctl.run(RunOptions::default())).unwrap();
+        let finished: Vec<(Option<FailureClass>, String)> = events
+            .lock()
+            .unwrap()
+            .iter()
+            .filter_map(|e| match e {
+                ControllerEvent::AttemptFinished { class, detail, .. } => {
+                    Some((*class, detail.clone()))
+                }
+                _ => None,
+            })
+            .collect();
+        let log = std::fs::read_dir(dir.path().join("logs"))
+            .unwrap()
+            .flatten()
+            .map(|e| std::fs::read_to_string(e.path()).unwrap_or_default())
+            .collect::<String>();
+        assert_eq!(finished.len(), 1, "{label}: never retried: {finished:?}");
+        match fails {
+            None => {
+                assert!(report.is_complete(), "{label}: {finished:?}\n{log}");
+                assert!(log.contains("device 0"), "{label}: {log}");
+            }
+            Some(parts) => {
+                assert!(!report.is_complete(), "{label}");
+                assert_eq!(
+                    finished[0].0,
+                    Some(FailureClass::Config),
+                    "{label}: {finished:?}"
+                );
+                for p in parts {
+                    assert!(log.contains(p), "{label}: {p:?} in the log {log}");
+                    assert!(finished[0].1.contains(p), "{label}: {p:?} in {finished:?}");
+                }
+            }
+        }
+    }
+}

@@ -7,7 +7,7 @@ use std::path::Path;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use puzzletron::campaign::Node;
+use puzzletron::campaign::config::Value as ConfigValue;
 use puzzletron::campaign::controller::{
     CampaignController, Control, ControllerEvent, FailureClass, RunOptions, cancel_campaign,
 };
@@ -21,13 +21,18 @@ use puzzletron::executor::{
 use serde_json::{Value, json};
 
 fn plan(stages: Value) -> CampaignPlan {
-    let node = Node::from_json(&json!({ "stages": stages }));
+    plan_with(
+        stages,
+        json!({"defaults": {"failure_policy": "strict", "max_attempts": 1}}),
+    )
+}
+
+fn plan_with(stages: Value, execution: Value) -> CampaignPlan {
+    let node = ConfigValue::from_json(&json!({ "stages": stages }));
     let catalog = StageCatalog::from_config("exp", &node).unwrap();
-    let execution = ExecutionConfig::from_node(
+    let execution = ExecutionConfig::from_value(
         "execution.yaml",
-        &Node::from_json(&json!({ "execution": {
-            "defaults": {"failure_policy": "strict", "max_attempts": 1}
-        }})),
+        &ConfigValue::from_json(&json!({ "execution": execution })),
     )
     .unwrap();
     compile_resolved(
@@ -55,10 +60,14 @@ type Events = Arc<Mutex<Vec<(Instant, ControllerEvent)>>>;
 /// Runs a one-stage campaign of `stage` on the local executor (one GPU id); returns whether
 /// it completed and its events.
 fn run_local(dir: &Path, stage: Value) -> (bool, Vec<ControllerEvent>) {
+    run_local_plan(dir, plan(json!([stage])))
+}
+
+fn run_local_plan(dir: &Path, plan: CampaignPlan) -> (bool, Vec<ControllerEvent>) {
     let events: Events = Arc::default();
     let ev = events.clone();
     let mut ctl = CampaignController::builder()
-        .plan(plan(json!([stage])))
+        .plan(plan)
         .local(["0"])
         .campaign_dir(dir)
         .poll_interval(Duration::from_millis(50), Duration::from_millis(200))
@@ -185,7 +194,7 @@ fn a_failing_validation_command_is_a_failure_with_its_stderr() {
 
 #[test]
 fn outputs_outside_the_output_folder_are_refused_at_compile_time() {
-    let node = Node::from_json(&json!({ "stages": [
+    let node = ConfigValue::from_json(&json!({ "stages": [
         {"id": "s", "command": ["true"], "outputs": ["../../etc/passwd"]}
     ]}));
     let err = StageCatalog::from_config("exp.yaml", &node).unwrap_err();
@@ -402,4 +411,112 @@ fn heartbeat_timeout_spares_a_moving_worker_and_cancels_a_silent_one() {
     assert!(took < Duration::from_secs(20), "{took:?}");
     assert!(journal.contains("\"last_heartbeat_ms\":"), "{journal}");
     assert!(journal.contains("\"kind\":\"attempt_stuck\""), "{journal}");
+}
+
+/// N03 on real processes (local executor, 2 s limit): a resumable stage that hit its time
+/// limit resumes only from a complete checkpoint. Forms: (a) `ckpt/step_1200/` complete and
+/// `ckpt/step_1300.tmp/` partial → TimeoutResumable, the `.tmp` moved aside, the retry gets
+/// `PUZZLETRON_RESUME=1` and `PUZZLETRON_RESUME_FROM=ckpt/step_1200`; (b) the `_CHECKPOINT`
+/// marker → the same, naming it; (c) only a partial checkpoint, or (d) nothing → the timeout
+/// stays fatal, never retried.
+#[test]
+fn n03_timeout_resumes_only_from_checkpoint_evidence() {
+    let first_attempt = |ckpt: &str| {
+        format!(
+            r#"o="$PUZZLETRON_OUTPUT_DIR"
+if [ "$PUZZLETRON_RESUME" = 1 ]; then printf '%s' "$PUZZLETRON_RESUME_FROM" > "$o/resumed_from"; touch "$o/_SUCCESS"; exit 0; fi
+{ckpt}
+sleep 30"#
+        )
+    };
+    let cases: [(&str, &str, Option<&str>); 4] = [
+        (
+            "complete step and a partial one",
+            r#"mkdir -p "$o/ckpt/step_1200" "$o/ckpt/step_1300.tmp" "$o/ckpt/step_900""#,
+            Some("ckpt/step_1200"),
+        ),
+        (
+            "the _CHECKPOINT marker",
+            r#"echo 'step 1200' > "$o/_CHECKPOINT""#,
+            Some("_CHECKPOINT: step 1200"),
+        ),
+        (
+            "only a partial checkpoint",
+            r#"mkdir -p "$o/ckpt/step_1300.tmp""#,
+            None,
+        ),
+        ("no checkpoint", "true", None),
+    ];
+    for (label, ckpt, resumes_from) in cases {
+        let dir = tempfile::tempdir().unwrap();
+        let plan = plan_with(
+            json!([{"id": "s", "resumable": true, "command": ["sh", "-c", first_attempt(ckpt)]}]),
+            json!({"defaults": {"failure_policy": "resume", "max_attempts": 3},
+                   "stages": {"s": {"time_limit": "0:02", "warning_signal": "USR2@1"}}}),
+        );
+        let t = Instant::now();
+        let (done, evs) = run_local_plan(dir.path(), plan);
+        assert!(
+            t.elapsed() < Duration::from_secs(25),
+            "{label}: {:?}",
+            t.elapsed()
+        );
+        let (class, detail) = finished(&evs);
+        let out = dir.path().join("work/s/0");
+        let attempts = evs
+            .iter()
+            .filter(|e| matches!(e, ControllerEvent::AttemptFinished { .. }))
+            .count();
+        match resumes_from {
+            Some(from) => {
+                assert_eq!(
+                    class,
+                    Some(FailureClass::TimeoutResumable),
+                    "{label}: {detail}"
+                );
+                assert!(
+                    detail.contains(&format!("resumes from checkpoint {from}")),
+                    "{label}: {detail}"
+                );
+                assert!(done, "{label}: {evs:?}");
+                assert_eq!(attempts, 2, "{label}");
+                let resumed = std::fs::read_to_string(out.join("resumed_from"))
+                    .unwrap_or_else(|e| panic!("{label}: {e}: {:?}", walk(dir.path())));
+                assert_eq!(resumed, from, "{label}");
+            }
+            None => {
+                assert_eq!(class, Some(FailureClass::TimeoutFatal), "{label}: {detail}");
+                assert!(detail.contains("left no checkpoint"), "{label}: {detail}");
+                assert!(!done, "{label}");
+                assert_eq!(attempts, 1, "{label}: a fatal timeout is not retried");
+            }
+        }
+        // Partial checkpoints never stay where a resume would load them.
+        assert!(!out.join("ckpt/step_1300.tmp").exists(), "{label}");
+        if ckpt.contains(".tmp") {
+            let aside: Vec<_> = std::fs::read_dir(out.join("ckpt_partial"))
+                .unwrap()
+                .flatten()
+                .collect();
+            assert_eq!(aside.len(), 1, "{label}");
+            assert!(aside[0].path().join("step_1300.tmp").is_dir(), "{label}");
+            if resumes_from.is_some() {
+                assert!(
+                    detail.contains("partial ckpt/step_1300.tmp moved to ckpt_partial/"),
+                    "{label}: {detail}"
+                );
+            }
+        }
+    }
+}
+
+fn walk(p: &Path) -> Vec<String> {
+    let mut out = Vec::new();
+    for e in std::fs::read_dir(p).into_iter().flatten().flatten() {
+        out.push(e.path().display().to_string());
+        if e.path().is_dir() {
+            out.extend(walk(&e.path()));
+        }
+    }
+    out
 }

@@ -8,7 +8,7 @@ use std::path::Path;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use puzzletron::campaign::Node;
+use puzzletron::campaign::config::Value as ConfigValue;
 use puzzletron::campaign::controller::{
     CampaignController, CampaignReport, ControllerError, ControllerEvent, FailureClass, PoolItem,
     PoolWorker, RetryPolicy, RunOptions, VirtualClock,
@@ -22,11 +22,11 @@ use puzzletron::executor::{
 use serde_json::{Value, json};
 
 fn plan(stages: Value, exec: Value) -> CampaignPlan {
-    let node = Node::from_json(&json!({ "stages": stages }));
+    let node = ConfigValue::from_json(&json!({ "stages": stages }));
     let catalog = StageCatalog::from_config("exp", &node).unwrap();
-    let execution = ExecutionConfig::from_node(
+    let execution = ExecutionConfig::from_value(
         "execution.yaml",
-        &Node::from_json(&json!({ "execution": exec })),
+        &ConfigValue::from_json(&json!({ "execution": exec })),
     )
     .unwrap();
     compile_resolved(
@@ -215,6 +215,12 @@ fn every_failure_class_by_policy_and_halt() {
                     _ => MockScript::completes_after(Duration::from_secs(10)),
                 });
                 let dir = tempfile::tempdir().unwrap();
+                if class == "timeout_resumable" {
+                    // N03: a timeout resumes only from checkpoint evidence the worker left.
+                    let out = dir.path().join("work/a/0");
+                    std::fs::create_dir_all(&out).unwrap();
+                    std::fs::write(out.join("_CHECKPOINT"), "step 10\n").unwrap();
+                }
                 let mut b = controller(matrix_plan(policy, halt, resumable), &s, dir.path());
                 if oom_ok {
                     b = b.allow_oom_retry("a");
@@ -1279,4 +1285,154 @@ fn heartbeat_timeout_cancels_a_silent_attempt_as_hung_and_journals_its_last_hear
     let waste = first.waste(h.as_of_ms);
     let hung = waste.iter().find(|(k, _)| k == "hung").map(|(_, v)| *v);
     assert_eq!(hung, Some(hung_ms as f64 / 3_600_000.0), "{waste:?}");
+}
+
+/// N10: what goes in the key. Resources (time limit, warning signal, partition, packing,
+/// attempt limits, the retry's exclusive node after an OOM) are attempt metadata: the contract
+/// hash and the unit keep their identity, and a campaign reopened with them changed carries
+/// on. The worker's arguments and environment (modules, venv) and the mesh are the contract:
+/// the campaign refuses to mix results and the error names what changed.
+#[test]
+fn n10_resources_are_metadata_args_and_env_are_the_key() {
+    let stages =
+        |prefix: &str| json!([{"id": "a", "command": ["w", "--lr", "0.1", "--prefix", prefix]}]);
+    let exec = |a: Value| json!({"defaults": {"failure_policy": "resume", "max_attempts": 3}, "stages": {"a": a}});
+    let build = |st: Value, ex: Value, module: &str, venv: &str| {
+        let node = ConfigValue::from_json(&json!({ "stages": st }));
+        let catalog = StageCatalog::from_config("exp", &node).unwrap();
+        let execution = ExecutionConfig::from_value(
+            "execution.yaml",
+            &ConfigValue::from_json(&json!({ "execution": ex })),
+        )
+        .unwrap();
+        let mut runner = RunnerEnvironment::local();
+        runner.execution_contract.prerun_commands = vec![format!("module load {module}")];
+        runner.execution_contract.venv = Some(venv.into());
+        compile_resolved("exp", node, &[], &catalog, &runner, &execution, None).unwrap()
+    };
+    let base = || {
+        build(
+            stages("hello"),
+            exec(json!({"time_limit": "1:00:00"})),
+            "cuda/12.4",
+            "/venv",
+        )
+    };
+    // (label, plan, reasons expected: empty = same contract)
+    let cases: Vec<(&str, CampaignPlan, Vec<&str>)> = vec![
+        (
+            "resources: time limit 1h -> 2h, warning signal, partition, more attempts, packing",
+            build(
+                stages("hello"),
+                json!({"defaults": {"failure_policy": "strict", "max_attempts": 5, "gpus_per_node": 4},
+                       "stages": {"a": {"time_limit": "2:00:00", "warning_signal": "USR2@300",
+                                        "partition": "batch", "max_attempts": 4}}}),
+                "cuda/12.4",
+                "/venv",
+            ),
+            vec![],
+        ),
+        (
+            "arg --prefix hello -> hola",
+            build(
+                stages("hola"),
+                exec(json!({"time_limit": "1:00:00"})),
+                "cuda/12.4",
+                "/venv",
+            ),
+            vec!["config changed: stages[0].command[4] (\"hello\" -> \"hola\")"],
+        ),
+        (
+            "module cuda/12.4 -> cuda/12.6",
+            build(
+                stages("hello"),
+                exec(json!({"time_limit": "1:00:00"})),
+                "cuda/12.6",
+                "/venv",
+            ),
+            vec![
+                "environment changed: runner.execution_contract.prerun_commands[0] (\"module load cuda/12.4\" -> \"module load cuda/12.6\")",
+            ],
+        ),
+        (
+            "venv",
+            build(
+                stages("hello"),
+                exec(json!({"time_limit": "1:00:00"})),
+                "cuda/12.4",
+                "/venv2",
+            ),
+            vec!["environment changed: runner.execution_contract.venv (\"/venv\" -> \"/venv2\")"],
+        ),
+        (
+            "mesh tp 1 -> 2",
+            build(
+                stages("hello"),
+                exec(json!({"time_limit": "1:00:00", "parallel": {"tp": 2}})),
+                "cuda/12.4",
+                "/venv",
+            ),
+            vec!["stage a: mesh changed"],
+        ),
+    ];
+    let b = base();
+    for (label, p, reasons) in &cases {
+        let got = puzzletron::campaign::contract_changes(&b, p);
+        assert_eq!(
+            b.contract_hash == p.contract_hash,
+            reasons.is_empty(),
+            "{label}: {got:?}"
+        );
+        assert_eq!(got.len(), reasons.len(), "{label}: {got:?}");
+        for r in reasons {
+            assert!(
+                got.iter().any(|g| g.contains(r)),
+                "{label}: {r:?} in {got:?}"
+            );
+        }
+    }
+
+    // The campaign: attempt 1 OOMs, attempt 2 gets more resources (an exclusive node) under
+    // the same unit and contract.
+    let dir = tempfile::tempdir().unwrap();
+    let s = sim(|_, n| match n {
+        1 => failing("oom"),
+        _ => MockScript::completes_after(Duration::from_secs(10)),
+    });
+    let rt = rt();
+    let mut ctl = controller(base(), &s, dir.path())
+        .allow_oom_retry("a")
+        .build()
+        .unwrap();
+    let report = rt.block_on(ctl.run(RunOptions::default())).unwrap();
+    assert!(report.is_complete(), "{report}");
+    assert_eq!(submits(&s.mock), ["a/0#1", "a/0#2"]);
+    let seen = s.seen.lock().unwrap().clone();
+    assert_eq!(
+        (seen[1].0.as_str(), seen[1].3.as_str(), seen[1].4),
+        ("a/0", "1", true)
+    );
+    drop(ctl);
+    // Reopened with every case: resources carry on, the rest is refused naming the change.
+    for (label, p, reasons) in cases {
+        let r = controller(p, &s, dir.path()).build();
+        if reasons.is_empty() {
+            let mut ctl = r.unwrap_or_else(|e| panic!("{label}: {e}"));
+            let report = rt.block_on(ctl.run(RunOptions::default())).unwrap();
+            assert!(report.is_complete(), "{label}: {report}");
+            assert_eq!(submits(&s.mock).len(), 2, "{label}: nothing re-runs");
+        } else {
+            let e = match r {
+                Err(e) => e,
+                Ok(_) => panic!("{label}: contract change not seen"),
+            };
+            assert!(
+                matches!(e, ControllerError::ContractChanged { .. }),
+                "{label}: {e}"
+            );
+            for r in reasons {
+                assert!(e.to_string().contains(r), "{label}: {r:?} in {e}");
+            }
+        }
+    }
 }

@@ -543,19 +543,20 @@ fn run_campaign_on_slurm(
     puzzletron::campaign::controller::CampaignReport,
     Vec<puzzletron::campaign::controller::ControllerEvent>,
 ) {
+    use puzzletron::campaign::config::Value;
     use puzzletron::campaign::controller::{
         CampaignController, RetryPolicy as CtlRetry, RunOptions,
     };
     use puzzletron::campaign::{
-        ExecutionConfig, Node, RunnerEnvironment, StageCatalog, compile_resolved,
+        ExecutionConfig, RunnerEnvironment, StageCatalog, compile_resolved,
     };
     use serde_json::json;
     let node =
-        Node::from_json(&json!({ "stages": [{"id": "s", "command": ["sh", "-c", script]}] }));
+        Value::from_json(&json!({ "stages": [{"id": "s", "command": ["sh", "-c", script]}] }));
     let catalog = StageCatalog::from_config("exp", &node).unwrap();
-    let execution = ExecutionConfig::from_node(
+    let execution = ExecutionConfig::from_value(
         "execution.yaml",
-        &Node::from_json(&json!({"execution": {
+        &Value::from_json(&json!({"execution": {
             "defaults": {"failure_policy": "strict", "max_attempts": 1},
             "stages": {"s": {"resource": "cpu"}}
         }})),
@@ -743,5 +744,263 @@ fn heartbeat_timeout_cancels_a_silent_job_as_hung() {
     eprintln!(
         "HEARTBEAT: hung attempt cancelled and retried, campaign complete in {:.1} s",
         took.as_secs_f64()
+    );
+}
+
+/// N04 on the real cluster: what Slurm exports to the two tasks of a `--gres=gpu:2` job
+/// (and to a job without GPUs) parses, and the preflight gives each rank a device inside its
+/// own visible list (2 needed: passes; 3 needed: a `gpu preflight:` error naming 2 and 3).
+#[cfg_attr(
+    not(puzzletron_slurm_tests),
+    ignore = "needs the local Slurm cluster: start it and set PUZZLETRON_SLURM_TESTS=1 (CONTRIBUTING.md)"
+)]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn n04_slurm_gpu_variables_parse_and_preflight() {
+    use puzzletron::executor::gpu::{GPUS_PER_NODE_ENV, GpuVisibility, preflight};
+    if !cluster_available("n04_slurm_gpu_variables_parse_and_preflight") {
+        return;
+    }
+    let dir = tmp();
+    let e = exec(dir.path());
+    let line = "echo \"T|${SLURM_LOCALID-}|${CUDA_VISIBLE_DEVICES-unset}|${SLURM_STEP_GPUS-unset}|${SLURM_JOB_GPUS-unset}\"";
+    let gpu = e
+        .submit(
+            &AttemptSpec::new(id("n04gpu"), sh(line))
+                .with_topology(TaskTopology {
+                    ntasks_per_node: 2,
+                    gpus: GpuRequest::PerNode(2),
+                    launcher: TaskLauncher::Srun { extra_args: vec![] },
+                    ..TaskTopology::single()
+                })
+                .with_scheduler(SchedulerOptions {
+                    partition: Some("gpu".into()),
+                    ..Default::default()
+                }),
+        )
+        .await
+        .unwrap();
+    let cpu = e
+        .submit(&AttemptSpec::new(id("n04cpu"), sh(line)))
+        .await
+        .unwrap();
+    let st = wait(&e, &[gpu, cpu], 90).await;
+    let tasks = |s: &JobStatus| -> Vec<std::collections::HashMap<String, String>> {
+        log_of(s)
+            .lines()
+            .filter_map(|l| l.strip_prefix("T|"))
+            .map(|l| {
+                let f: Vec<&str> = l.split('|').collect();
+                let mut m = std::collections::HashMap::new();
+                for (k, v) in [
+                    ("SLURM_LOCALID", f[0]),
+                    ("CUDA_VISIBLE_DEVICES", f[1]),
+                    ("SLURM_STEP_GPUS", f[2]),
+                    ("SLURM_JOB_GPUS", f[3]),
+                ] {
+                    if v != "unset" {
+                        m.insert(k.to_string(), v.to_string());
+                    }
+                }
+                m
+            })
+            .collect()
+    };
+    assert_eq!(st[0].state, JobState::Completed, "{:?}", st[0]);
+    let gpu_tasks = tasks(&st[0]);
+    assert_eq!(gpu_tasks.len(), 2, "{}", log_of(&st[0]));
+    for t in &gpu_tasks {
+        eprintln!("n04 gpu task env: {t:?}");
+        let vis = GpuVisibility::from_env(|k| t.get(k).cloned()).unwrap();
+        assert_eq!(vis.count(), Some(2), "{t:?}");
+        let mut env = t.clone();
+        env.insert(GPUS_PER_NODE_ENV.into(), "2".into());
+        let dev = preflight(|k| env.get(k).cloned()).unwrap();
+        assert_eq!(dev.to_string(), t["SLURM_LOCALID"], "{t:?}");
+        env.insert(GPUS_PER_NODE_ENV.into(), "3".into());
+        let err = preflight(|k| env.get(k).cloned()).unwrap_err().to_string();
+        assert!(
+            err.contains("2 GPU(s) visible") && err.contains("needs 3 per node"),
+            "{err}"
+        );
+    }
+    assert_eq!(st[1].state, JobState::Completed, "{:?}", st[1]);
+    let cpu_tasks = tasks(&st[1]);
+    assert_eq!(cpu_tasks.len(), 1, "{}", log_of(&st[1]));
+    eprintln!("n04 cpu job env: {:?}", cpu_tasks[0]);
+    let mut env = cpu_tasks[0].clone();
+    env.insert(GPUS_PER_NODE_ENV.into(), "1".into());
+    let err = preflight(|k| env.get(k).cloned()).unwrap_err().to_string();
+    assert!(err.starts_with("gpu preflight: "), "{err}");
+}
+
+/// The worker of the N03 cluster tests: on the warning signal it writes a complete checkpoint
+/// `ckpt/step_1200/` (and notes the second it came, from the job's start); on SIGTERM it
+/// starts `ckpt/step_1300.tmp/` and is killed there (KillWait later); resumed
+/// (`PUZZLETRON_RESUME=1`), it records where from and finishes. Short sleeps: `sh` runs a trap
+/// only between commands.
+const N03_WORKER: &str = r#"o="${PUZZLETRON_OUTPUT_DIR:-$1}"; mkdir -p "$o"
+if [ "$PUZZLETRON_RESUME" = 1 ]; then printf '%s' "$PUZZLETRON_RESUME_FROM" > "$o/resumed_from"; touch "$o/_SUCCESS"; exit 0; fi
+start=$(date +%s)
+trap 'mkdir -p "$o/ckpt/step_1200"; echo $(( $(date +%s) - start )) > "$o/usr2_after_s"' USR2
+trap 'mkdir -p "$o/ckpt/step_1300.tmp"; touch "$o/got_term"; while :; do sleep 1; done' TERM
+while :; do sleep 1; done"#;
+
+/// N03 on the real cluster, executor level, with the `srun` launcher: `--time=1` (the Slurm
+/// minimum; this cluster has OverTimeLimit 0, KillWait 2 s) and `--signal=B:USR2@30`. The
+/// batch shell forwards USR2 to the backgrounded `srun`, which forwards it to the task: the
+/// task's checkpoint exists, written before the limit's SIGTERM, and the job ends TIMEOUT.
+#[cfg_attr(
+    not(puzzletron_slurm_tests),
+    ignore = "needs the local Slurm cluster: start it and set PUZZLETRON_SLURM_TESTS=1 (CONTRIBUTING.md)"
+)]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn n03_warning_signal_reaches_the_srun_task_before_the_time_limit() {
+    if !cluster_available("n03_warning_signal_reaches_the_srun_task_before_the_time_limit") {
+        return;
+    }
+    let dir = tmp();
+    let out = dir.path().join("out");
+    let e = exec(dir.path());
+    let t = Instant::now();
+    let h = e
+        .submit(
+            &AttemptSpec::new(
+                id("n03srun"),
+                CommandSpec::new("sh")
+                    .args(["-c", N03_WORKER, "sh"])
+                    .arg(out.to_string_lossy()),
+            )
+            .with_topology(TaskTopology {
+                launcher: TaskLauncher::Srun { extra_args: vec![] },
+                ..TaskTopology::single()
+            })
+            .with_walltime(Duration::from_secs(60))
+            .with_warning_signal(WarningSignal::usr2(Duration::from_secs(30))),
+        )
+        .await
+        .unwrap();
+    let st = wait(&e, &[h], 170).await;
+    eprintln!("n03 srun: ended {:?} after {:?}", st[0].state, t.elapsed());
+    assert_eq!(
+        st[0].state,
+        JobState::Timeout,
+        "{:?}\n{}",
+        st[0],
+        log_of(&st[0])
+    );
+    assert!(
+        out.join("ckpt/step_1200").is_dir(),
+        "the warning signal never reached the srun task: {}",
+        log_of(&st[0])
+    );
+    let after: u64 = std::fs::read_to_string(out.join("usr2_after_s"))
+        .unwrap()
+        .trim()
+        .parse()
+        .unwrap();
+    eprintln!("n03 srun: USR2 {after} s after the task started");
+    assert!(
+        after < 60,
+        "USR2 after {after} s: not before the 60 s limit"
+    );
+}
+
+/// N03 end to end on the real cluster: a resumable stage with `time_limit: "1"` and
+/// `warning_signal: "USR2@30"` runs as a campaign on the SlurmExecutor. The worker
+/// checkpoints on USR2 and is killed at the limit (TIMEOUT, a partial `step_1300.tmp`); the
+/// controller classifies TimeoutResumable from the checkpoint, moves the partial one aside and
+/// resubmits with `PUZZLETRON_RESUME=1 PUZZLETRON_RESUME_FROM=ckpt/step_1200`; the campaign
+/// completes.
+#[cfg_attr(
+    not(puzzletron_slurm_tests),
+    ignore = "needs the local Slurm cluster: start it and set PUZZLETRON_SLURM_TESTS=1 (CONTRIBUTING.md)"
+)]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn n03_campaign_checkpoints_on_the_warning_signal_and_resumes_to_success() {
+    use puzzletron::campaign::controller::{
+        CampaignController, ControllerEvent, FailureClass, RunOptions,
+    };
+    use puzzletron::campaign::{
+        ExecutionConfig, RunnerEnvironment, StageCatalog, compile_resolved,
+    };
+    use serde_json::json;
+    use std::sync::{Arc, Mutex};
+    if !cluster_available("n03_campaign_checkpoints_on_the_warning_signal_and_resumes_to_success") {
+        return;
+    }
+    let dir = tmp();
+    let node = puzzletron::campaign::config::Value::from_json(&json!({"stages": [
+        {"id": "train", "resumable": true, "command": ["sh", "-c", N03_WORKER, "sh"]}
+    ]}));
+    let catalog = StageCatalog::from_config("exp", &node).unwrap();
+    let execution = ExecutionConfig::from_value(
+        "execution.yaml",
+        &puzzletron::campaign::config::Value::from_json(&json!({"execution": {
+            "defaults": {"failure_policy": "resume", "max_attempts": 2},
+            "stages": {"train": {"time_limit": "1", "warning_signal": "USR2@30", "resource": "cpu"}}
+        }})),
+    )
+    .unwrap();
+    let plan = compile_resolved(
+        "exp",
+        node,
+        &[],
+        &catalog,
+        &RunnerEnvironment::local(),
+        &execution,
+        None,
+    )
+    .unwrap();
+    let events: Arc<Mutex<Vec<ControllerEvent>>> = Arc::default();
+    let ev = events.clone();
+    let mut ctl = CampaignController::builder()
+        .plan(plan)
+        .executor(Arc::new(exec(dir.path())))
+        .campaign_dir(dir.path().join("campaign"))
+        .poll_interval(Duration::from_millis(500), Duration::from_secs(2))
+        .on_event(move |e| ev.lock().unwrap().push(e.clone()))
+        .build()
+        .unwrap();
+    let t = Instant::now();
+    let report = ctl.run(RunOptions::default()).await.unwrap();
+    eprintln!("n03 campaign: {report} after {:?}", t.elapsed());
+    let evs = events.lock().unwrap().clone();
+    let finished: Vec<(Option<FailureClass>, String, String)> = evs
+        .iter()
+        .filter_map(|e| match e {
+            ControllerEvent::AttemptFinished {
+                class,
+                detail,
+                state,
+                ..
+            } => Some((*class, state.clone(), detail.clone())),
+            _ => None,
+        })
+        .collect();
+    assert!(report.is_complete(), "{report}\n{finished:?}");
+    assert_eq!(finished.len(), 2, "{finished:?}");
+    assert_eq!(
+        finished[0].0,
+        Some(FailureClass::TimeoutResumable),
+        "{finished:?}"
+    );
+    assert!(
+        finished[0]
+            .2
+            .contains("resumes from checkpoint ckpt/step_1200"),
+        "{finished:?}"
+    );
+    assert_eq!(finished[1].0, None, "{finished:?}");
+    let out = dir.path().join("campaign/work/train/0");
+    assert_eq!(
+        std::fs::read_to_string(out.join("resumed_from")).unwrap(),
+        "ckpt/step_1200"
+    );
+    assert!(!out.join("ckpt/step_1300.tmp").exists());
+    let after = std::fs::read_to_string(out.join("usr2_after_s")).unwrap_or_default();
+    eprintln!(
+        "n03 campaign: USR2 {} s after start; TERM seen: {}",
+        after.trim(),
+        out.join("got_term").exists()
     );
 }

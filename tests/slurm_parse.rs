@@ -470,3 +470,230 @@ fn pending_reasons_c25() {
     }
     assert!(map_state("DEADLINE").is_terminal() && !map_state("DEADLINE").is_success());
 }
+
+/// N04: every form of a GPU visibility variable, parsed into typed ids; bad forms are errors
+/// naming the variable, the value and the entry.
+#[test]
+fn n04_gpu_visibility_forms() {
+    use puzzletron::executor::gpu::{GpuId, parse_visible};
+    let i = GpuId::Index;
+    let uuid = "GPU-8f3c0c6e-2b1a-4d1e-9c3b-1a2b3c4d5e6f";
+    let mig = "MIG-GPU-8f3c0c6e-2b1a-4d1e-9c3b-1a2b3c4d5e6f/1/0";
+    let mig_new = "MIG-5c8a6b0e-4a3f-5d2c-8e1f-0a1b2c3d4e5f";
+    let ok: Vec<(&str, String, Vec<GpuId>)> = vec![
+        ("CUDA_VISIBLE_DEVICES", "0".to_string(), vec![i(0)]),
+        ("CUDA_VISIBLE_DEVICES", "2,3".to_string(), vec![i(2), i(3)]),
+        ("SLURM_JOB_GPUS", "4,5".to_string(), vec![i(4), i(5)]),
+        (
+            "SLURM_STEP_GPUS",
+            "0-3".to_string(),
+            vec![i(0), i(1), i(2), i(3)],
+        ),
+        (
+            "SLURM_JOB_GPUS",
+            "0,2-3".to_string(),
+            vec![i(0), i(2), i(3)],
+        ),
+        ("CUDA_VISIBLE_DEVICES", "".to_string(), vec![]),
+        ("CUDA_VISIBLE_DEVICES", "NoDevFiles".to_string(), vec![]),
+        ("SLURM_JOB_GPUS", " 1 , 0 ".to_string(), vec![i(1), i(0)]),
+        (
+            "CUDA_VISIBLE_DEVICES",
+            uuid.to_string(),
+            vec![GpuId::Uuid(uuid.into())],
+        ),
+        (
+            "CUDA_VISIBLE_DEVICES",
+            format!("{uuid},{mig_new}"),
+            vec![GpuId::Uuid(uuid.into()), GpuId::Mig(mig_new.into())],
+        ),
+        (
+            "CUDA_VISIBLE_DEVICES",
+            mig.to_string(),
+            vec![GpuId::Mig(mig.into())],
+        ),
+    ];
+    for (var, value, want) in ok {
+        assert_eq!(parse_visible(var, &value).unwrap(), want, "{var}={value:?}");
+    }
+    for (value, entry) in [
+        ("0,,1", ""),
+        ("0,1,0", "0"),
+        ("gpu0", "gpu0"),
+        ("GPU-", "GPU-"),
+        ("GPU-xyz", "GPU-xyz"),
+        ("3-1", "3-1"),
+        ("0-99999", "0-99999"),
+        ("-1", "-1"),
+        ("99999999999", "99999999999"),
+        ("0;1", "0;1"),
+        ("nodevfiles", "nodevfiles"),
+    ] {
+        let e = parse_visible("CUDA_VISIBLE_DEVICES", value)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.starts_with("gpu preflight: CUDA_VISIBLE_DEVICES=")
+                && e.contains(&format!("entry {entry:?}")),
+            "{value:?}: {e}"
+        );
+    }
+}
+
+/// N04 cases (a)–(e): which variable decides, the rank's device (its position in its own
+/// visible list, never the raw id) and the preflight against the mesh's GPUs per node.
+#[test]
+fn n04_rank_device_and_preflight_cases() {
+    use puzzletron::executor::gpu::{GPUS_PER_NODE_ENV, GpuVisibility, preflight};
+    let env = |pairs: &[(&str, &str)]| {
+        let m: std::collections::HashMap<String, String> = pairs
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect();
+        move |k: &str| m.get(k).cloned()
+    };
+    // (label, env, device or error parts)
+    type Case<'a> = (&'a str, Vec<(&'a str, &'a str)>, Result<u32, Vec<&'a str>>);
+    let cases: Vec<Case> = vec![
+        (
+            "(a) rank 0: CUDA_VISIBLE_DEVICES=0 under SLURM_JOB_GPUS=4,5, one GPU per rank",
+            vec![
+                ("CUDA_VISIBLE_DEVICES", "0"),
+                ("SLURM_JOB_GPUS", "4,5"),
+                ("SLURM_LOCALID", "0"),
+                (GPUS_PER_NODE_ENV, "1"),
+            ],
+            Ok(0),
+        ),
+        (
+            "(a) rank 1: its device is 0 (position), not 1 (local id) nor 5 (raw id)",
+            vec![
+                ("CUDA_VISIBLE_DEVICES", "0"),
+                ("SLURM_JOB_GPUS", "4,5"),
+                ("SLURM_LOCALID", "1"),
+                (GPUS_PER_NODE_ENV, "1"),
+            ],
+            Ok(0),
+        ),
+        (
+            "(a) but the mesh needs 2 per node: 1 visible is too few",
+            vec![
+                ("CUDA_VISIBLE_DEVICES", "0"),
+                ("SLURM_JOB_GPUS", "4,5"),
+                ("SLURM_LOCALID", "1"),
+                (GPUS_PER_NODE_ENV, "2"),
+            ],
+            Err(vec![
+                "1 GPU(s) visible",
+                "CUDA_VISIBLE_DEVICES=\"0\"",
+                "needs 2 per node",
+            ]),
+        ),
+        (
+            "(b) NoDevFiles = 0 GPUs",
+            vec![("SLURM_JOB_GPUS", "NoDevFiles"), (GPUS_PER_NODE_ENV, "1")],
+            Err(vec![
+                "0 GPU(s) visible",
+                "SLURM_JOB_GPUS=\"NoDevFiles\"",
+                "needs 1 per node",
+            ]),
+        ),
+        (
+            "(b) empty CUDA_VISIBLE_DEVICES = 0 GPUs, even under SLURM_JOB_GPUS",
+            vec![
+                ("CUDA_VISIBLE_DEVICES", ""),
+                ("SLURM_JOB_GPUS", "0,1"),
+                (GPUS_PER_NODE_ENV, "2"),
+            ],
+            Err(vec!["0 GPU(s) visible", "needs 2 per node"]),
+        ),
+        (
+            "(c) 2,3 with SLURM_LOCALID=1: device 1 (position), not 3",
+            vec![
+                ("CUDA_VISIBLE_DEVICES", "2,3"),
+                ("SLURM_LOCALID", "1"),
+                (GPUS_PER_NODE_ENV, "2"),
+            ],
+            Ok(1),
+        ),
+        (
+            "(c) step GPUs decide without CUDA_VISIBLE_DEVICES",
+            vec![
+                ("SLURM_STEP_GPUS", "2,3"),
+                ("SLURM_JOB_GPUS", "0-3"),
+                ("LOCAL_RANK", "1"),
+                (GPUS_PER_NODE_ENV, "2"),
+            ],
+            Ok(1),
+        ),
+        (
+            "(c) local rank beyond the list",
+            vec![
+                ("CUDA_VISIBLE_DEVICES", "2,3"),
+                ("SLURM_LOCALID", "2"),
+                (GPUS_PER_NODE_ENV, "2"),
+            ],
+            Err(vec!["local rank 2 has no GPU: 2 visible"]),
+        ),
+        (
+            "(d) a bare-metal task without a lease: nothing fences its GPUs",
+            vec![(GPUS_PER_NODE_ENV, "1")],
+            Err(vec![
+                "none of CUDA_VISIBLE_DEVICES",
+                "needs 1 GPU(s) per node",
+            ]),
+        ),
+        ("(d) a CPU stage needs no GPU at all", vec![], Ok(0)),
+        (
+            "(e) UUID form",
+            vec![
+                (
+                    "CUDA_VISIBLE_DEVICES",
+                    "GPU-8f3c0c6e-2b1a-4d1e-9c3b-1a2b3c4d5e6f",
+                ),
+                ("SLURM_LOCALID", "3"),
+                (GPUS_PER_NODE_ENV, "1"),
+            ],
+            Ok(0),
+        ),
+        (
+            "more visible than needed is fine",
+            vec![
+                ("CUDA_VISIBLE_DEVICES", "0,1,2,3"),
+                ("SLURM_LOCALID", "2"),
+                (GPUS_PER_NODE_ENV, "2"),
+            ],
+            Ok(2),
+        ),
+        (
+            "a malformed value is an error, not a guess",
+            vec![("CUDA_VISIBLE_DEVICES", "0,x"), (GPUS_PER_NODE_ENV, "1")],
+            Err(vec!["entry \"x\""]),
+        ),
+        (
+            "a bad needed count",
+            vec![("CUDA_VISIBLE_DEVICES", "0"), (GPUS_PER_NODE_ENV, "two")],
+            Err(vec!["PUZZLETRON_GPUS_PER_NODE=\"two\""]),
+        ),
+    ];
+    for (label, pairs, want) in cases {
+        let got = preflight(env(&pairs));
+        match (&got, &want) {
+            (Ok(d), Ok(w)) => assert_eq!(d, w, "{label}"),
+            (Err(e), Err(parts)) => {
+                let m = e.to_string();
+                assert!(m.starts_with("gpu preflight: "), "{label}: {m}");
+                for p in parts {
+                    assert!(m.contains(p), "{label}: {p:?} in {m}");
+                }
+            }
+            _ => panic!("{label}: got {got:?}, want {want:?}"),
+        }
+    }
+    // Precedence: CUDA_VISIBLE_DEVICES over SLURM_STEP_GPUS over SLURM_JOB_GPUS.
+    let v = GpuVisibility::from_env(env(&[("SLURM_STEP_GPUS", "1"), ("SLURM_JOB_GPUS", "0,1")]))
+        .unwrap();
+    assert_eq!((v.source, v.count()), (Some("SLURM_STEP_GPUS"), Some(1)));
+    let v = GpuVisibility::from_env(env(&[])).unwrap();
+    assert_eq!((v.source, v.count()), (None, None));
+}

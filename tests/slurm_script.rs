@@ -179,3 +179,201 @@ fn quoting_survives_bash_byte_for_byte() {
     assert_eq!(parts, tricky, "{script}");
     assert!(!std::path::Path::new("/tmp/pwned").exists());
 }
+
+/// N03: every form of a warning signal, rendered: the `--signal=B:SIG@lead` directive, the
+/// step in the background (`&`, never `exec`) with the signal and `TERM` forwarded.
+#[test]
+fn n03_warning_signal_forms_render_directive_and_forwarding() {
+    let direct = TaskTopology::single();
+    let srun = TaskTopology {
+        nodes: 2,
+        launcher: TaskLauncher::Srun { extra_args: vec![] },
+        ..TaskTopology::single()
+    };
+    let torch = TaskTopology {
+        gpus: GpuRequest::PerNode(8),
+        launcher: TaskLauncher::torchrun(8),
+        ..TaskTopology::single()
+    };
+    // (label, topology, signal, directive, step line, traps)
+    type Case<'a> = (
+        &'a str,
+        TaskTopology,
+        Option<&'a str>,
+        Option<&'a str>,
+        &'a str,
+        Vec<&'a str>,
+    );
+    let cases: Vec<Case> = vec![
+        (
+            "default USR2, direct",
+            direct.clone(),
+            Some("180"),
+            Some("#SBATCH --signal=B:USR2@180"),
+            "python train.py &",
+            vec!["USR2", "TERM"],
+        ),
+        (
+            "USR2 with srun",
+            srun,
+            Some("USR2@180"),
+            Some("#SBATCH --signal=B:USR2@180"),
+            "srun python train.py &",
+            vec!["USR2", "TERM"],
+        ),
+        (
+            "SIG prefix, torchrun",
+            torch,
+            Some("SIGUSR2@240"),
+            Some("#SBATCH --signal=B:USR2@240"),
+            "srun --ntasks-per-node=1 torchrun --nnodes=\"$SLURM_NNODES\"",
+            vec!["USR2", "TERM"],
+        ),
+        (
+            "TERM itself: one trap",
+            direct.clone(),
+            Some("TERM@120"),
+            Some("#SBATCH --signal=B:TERM@120"),
+            "python train.py &",
+            vec!["TERM"],
+        ),
+        (
+            "no warning signal: exec, no directive",
+            direct,
+            None,
+            None,
+            "exec python train.py",
+            vec![],
+        ),
+    ];
+    for (label, topo, sig, directive, step, traps) in cases {
+        let mut spec = AttemptSpec::new(id("n03.a1"), CommandSpec::new("python").arg("train.py"))
+            .with_topology(topo)
+            .with_walltime(Duration::from_secs(7200));
+        if let Some(s) = sig {
+            spec = spec.with_warning_signal(WarningSignal::parse(s).unwrap());
+        }
+        spec.validate().unwrap();
+        let s = render(&spec, "/l/x-%j.out", None).unwrap();
+        match directive {
+            Some(d) => assert!(s.lines().any(|l| l == d), "{label}: {d} in\n{s}"),
+            None => assert!(!s.contains("--signal"), "{label}: {s}"),
+        }
+        assert!(
+            s.lines().any(|l| l.starts_with(step)),
+            "{label}: {step:?} in\n{s}"
+        );
+        let trap_lines: Vec<&str> = s.lines().filter(|l| l.starts_with("trap ")).collect();
+        assert_eq!(trap_lines.len(), traps.len(), "{label}: {s}");
+        for (line, t) in trap_lines.iter().zip(&traps) {
+            assert_eq!(
+                *line,
+                format!("trap 'kill -s {t} \"$step\" 2>/dev/null' {t}"),
+                "{label}"
+            );
+        }
+        if sig.is_some() {
+            assert!(!s.contains("exec "), "{label}: never exec: {s}");
+            assert!(s.ends_with("exit \"$rc\"\n"), "{label}: {s}");
+        }
+    }
+}
+
+/// N03: the accepted and refused spellings of a warning signal, and spec validation.
+#[test]
+fn n03_warning_signal_parse_table() {
+    let ok = [
+        ("USR2@180", "USR2", 180),
+        ("SIGUSR2@180", "USR2", 180),
+        ("180", "USR2", 180),
+        (" USR1@90 ", "USR1", 90),
+        ("TERM@1", "TERM", 1),
+    ];
+    for (text, sig, lead) in ok {
+        let w = WarningSignal::parse(text).unwrap();
+        assert_eq!((w.signal.as_str(), w.lead_secs()), (sig, lead), "{text}");
+        assert_eq!(w.to_string(), format!("{sig}@{lead}"));
+    }
+    for bad in [
+        "KILL@10", "USR2@", "USR2@0", "USR2@-1", "abc", "USR2@1m", "@180", "USR2;x@1",
+    ] {
+        let e = WarningSignal::parse(bad).unwrap_err().to_string();
+        assert!(
+            e.contains("warning_signal") && e.contains(bad.trim()),
+            "{bad}: {e}"
+        );
+    }
+    // A hand-built spec with a bad name is refused before anything is rendered unquoted.
+    let mut spec = AttemptSpec::new(id("n03.bad"), CommandSpec::new("true"));
+    spec.warning_signal = Some(WarningSignal {
+        signal: "USR2' $(touch /tmp/x) '".into(),
+        lead: Duration::from_secs(10),
+    });
+    let e = spec.validate().unwrap_err().to_string();
+    assert!(e.contains("warning_signal.signal"), "{e}");
+    let e = render(&spec, "/l/x", None).unwrap_err().to_string();
+    assert!(e.contains("warning_signal.signal"), "{e}");
+}
+
+/// N03, run by bash: the warning signal reaches the worker (which checkpoints), the script
+/// keeps waiting (the interrupted `wait` is resumed), and its exit code is the worker's own
+/// after `TERM`, not the 128+n of the interrupted wait.
+#[test]
+fn n03_forwarded_signal_reaches_the_worker_and_the_exit_code_is_its_own() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path().to_string_lossy().into_owned();
+    let worker = r#"d="$1"; trap 'echo step_1200 > "$d/ckpt"' USR2; trap 'exit 3' TERM; touch "$d/ready"; while :; do sleep 0.05; done"#;
+    let spec = AttemptSpec::new(
+        id("n03.run"),
+        CommandSpec::new("sh")
+            .arg("-c")
+            .arg(worker)
+            .arg("sh")
+            .arg(&d),
+    )
+    .with_walltime(Duration::from_secs(120))
+    .with_warning_signal(WarningSignal::usr2(Duration::from_secs(60)));
+    let script = render(&spec, "/l/x", None).unwrap();
+    let path = dir.path().join("job.sh");
+    std::fs::write(&path, &script).unwrap();
+    let mut child = std::process::Command::new("bash")
+        .arg(&path)
+        .spawn()
+        .unwrap();
+    let pid = child.id().to_string();
+    let wait_for = |p: &std::path::Path| {
+        let t = std::time::Instant::now();
+        while !p.exists() {
+            assert!(
+                t.elapsed() < Duration::from_secs(10),
+                "{} never appeared",
+                p.display()
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    };
+    wait_for(&dir.path().join("ready"));
+    let kill = |sig: &str| {
+        assert!(
+            std::process::Command::new("kill")
+                .args(["-s", sig, &pid])
+                .status()
+                .unwrap()
+                .success()
+        );
+    };
+    kill("USR2");
+    wait_for(&dir.path().join("ckpt"));
+    assert_eq!(
+        std::fs::read_to_string(dir.path().join("ckpt"))
+            .unwrap()
+            .trim(),
+        "step_1200"
+    );
+    // Still running after the warning: the script did not exit with the interrupted wait.
+    std::thread::sleep(Duration::from_millis(200));
+    assert!(child.try_wait().unwrap().is_none(), "{script}");
+    kill("TERM");
+    let st = child.wait().unwrap();
+    assert_eq!(st.code(), Some(3), "{script}");
+}

@@ -478,3 +478,59 @@ fn the_default_executor_is_in_process() {
         "in-process"
     );
 }
+
+/// The store's done index only shortens reading a record: a record edited or deleted behind
+/// it is never reported done, and a lost or torn index is rebuilt from the record folders.
+#[test]
+fn the_done_index_never_outlives_its_record() {
+    let _g = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
+    let c = FakeCrate::new();
+    let lrs = [0.1, 0.2, 0.3];
+    let mut o = sweep(&c);
+    grid(&mut o, &c, &lrs);
+    let (n, _) = executions(|| o.drain().unwrap());
+    assert_eq!(n, 3);
+    let keys: Vec<_> = o.enqueued().iter().map(|p| p.key).collect();
+    let store = FsStore::open(c.path().join("store")).unwrap();
+    let idx = c.path().join("store/done.idx");
+    let lines = std::fs::read_to_string(&idx).unwrap();
+    assert_eq!(lines.lines().count(), 3, "one entry per done run: {lines}");
+
+    // Run 0: the record now says failed, same attempt (an edit behind the index).
+    let r0 = store.job_dir(&keys[0]).join("record.json");
+    let text = std::fs::read_to_string(&r0).unwrap();
+    let edited = text.replace("\"status\": \"done\"", "\"status\": \"failed\"");
+    assert_ne!(edited, text);
+    std::fs::write(&r0, edited).unwrap();
+    // Run 1: its record is gone.
+    std::fs::remove_file(store.job_dir(&keys[1]).join("record.json")).unwrap();
+
+    let mut o = sweep(&c);
+    grid(&mut o, &c, &lrs);
+    let plan = o.plan().unwrap();
+    let actions: Vec<Action> = plan.decisions.iter().map(|d| d.action).collect();
+    assert_eq!(actions, [Action::Run, Action::Run, Action::Skip], "{plan}");
+    assert!(
+        plan.decisions[0].reasons[0].starts_with("last attempt failed"),
+        "{plan}"
+    );
+    let (n, s) = executions(|| o.drain().unwrap());
+    assert_eq!((n, s.ran(), s.skipped()), (2, 2, 1));
+
+    // The index lost, then torn mid-line: every run is still up to date, read from its folder,
+    // and the index is whole again afterwards.
+    std::fs::remove_file(&idx).unwrap();
+    let mut o = sweep(&c);
+    grid(&mut o, &c, &lrs);
+    assert_eq!(o.plan().unwrap().count(Action::Skip), 3);
+    let rebuilt = std::fs::read_to_string(&idx).unwrap();
+    assert_eq!(rebuilt.lines().count(), 3, "{rebuilt}");
+    std::fs::write(&idx, &rebuilt[..rebuilt.len() - 40]).unwrap();
+    let mut o = sweep(&c);
+    grid(&mut o, &c, &lrs);
+    let (n, s) = executions(|| o.drain().unwrap());
+    assert_eq!((n, s.skipped()), (0, 3));
+    let healed = std::fs::read_to_string(&idx).unwrap();
+    assert!(healed.ends_with('\n'), "{healed}");
+    assert_eq!(healed.lines().count(), 3, "{healed}");
+}

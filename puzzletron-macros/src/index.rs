@@ -8,10 +8,12 @@
 
 use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicUsize, Ordering};
 
 use quote::ToTokens;
 use sha2::{Digest, Sha256};
 
+use crate::cache::Cache;
 use crate::manifest::Package;
 use crate::scan::{Scan, scan};
 
@@ -54,6 +56,15 @@ pub struct Index {
     pub files: BTreeSet<PathBuf>,
     /// What the analysis could not see, said once.
     pub notes: Vec<String>,
+    /// SHA-256 (hex) of each file in `files` that could be read, as read for the index.
+    pub file_digests: BTreeMap<PathBuf, String>,
+    /// Paths of `items` (to number a repeated one).
+    paths: HashSet<String>,
+    cache: Option<Cache>,
+    /// Cache hits and misses of this index's files.
+    pub stats: CacheStats,
+    /// Files read ahead of the replay (see `prefetch`).
+    ahead: HashMap<FileCtx, Loaded>,
 }
 
 fn hex(bytes: &[u8]) -> String {
@@ -82,18 +93,479 @@ fn last_ident_of_type(ty: &syn::Type) -> Option<String> {
     }
 }
 
-struct Ctx<'a> {
-    package: usize,
-    file: &'a Path,
-    module: String,
-    cfgs: Vec<String>,
+/// Where a file sits in its crate: with the file's bytes, everything its [`Event`]s depend on
+/// (so, with the bytes' digest and the macro's identity, the per-file cache key).
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct FileCtx {
+    /// The file, absolute.
+    pub file: PathBuf,
+    /// Its module path, e.g. `ccdemo::helpers`.
+    pub module: String,
+    /// The folder its non-inline child modules' files are looked up in.
+    pub mod_dir: PathBuf,
+    /// `cfg` predicates on its enclosing modules.
+    pub cfgs: Vec<String>,
+    /// A file of puzzletron's own crates: its item-level macros are included without a note.
+    pub ours: bool,
+}
+
+/// One owned item as its file shows it, before its path is made unique across the index.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RawItem {
+    pub path: String,
+    /// Names it is found by.
+    pub names: Vec<String>,
+    pub digest: String,
+    pub refs: Vec<String>,
+    pub cfgs: Vec<String>,
+    pub includes: Vec<PathBuf>,
+    pub impl_of: Option<(String, String)>,
+    pub always: bool,
+}
+
+/// A child module declared without a body (`mod m;`): its file is looked up when the index is
+/// put together (whether a file exists is not a fact of the declaring file's bytes).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ModDecl {
+    pub module: String,
+    pub mod_dir: PathBuf,
+    pub cfgs: Vec<String>,
+    /// Files to try, in order.
+    pub candidates: Vec<PathBuf>,
+}
+
+/// What one file contributes to the index, in walk order (the order fixes the `#n` suffixes of
+/// items whose path repeats, so replaying the events rebuilds exactly the same index).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Event {
+    Item(RawItem),
+    Note(String),
+    /// `use a as b`: (`b`, `a`).
+    Alias(String, String),
+    Mod(ModDecl),
+}
+
+/// The events of one file: a pure function of its text and its [`FileCtx`].
+pub fn file_events(fc: &FileCtx, text: &str) -> Vec<Event> {
+    let mut w = Walker {
+        fc,
+        events: Vec::new(),
+    };
+    match syn::parse_file(text) {
+        Ok(f) => w.walk(&fc.module, &fc.mod_dir, &fc.cfgs, &f.items),
+        Err(e) => {
+            // Not parsable by syn (e.g. newer syntax): the whole file counts, byte-wise.
+            w.events.push(Event::Note(format!(
+                "{} could not be parsed ({e}): the whole file is included",
+                fc.file.display()
+            )));
+            w.events.push(Event::Item(RawItem {
+                path: format!("{} ({})", fc.module, fc.file.display()),
+                names: Vec::new(),
+                digest: sha256_hex(text.as_bytes()),
+                refs: Vec::new(),
+                cfgs: fc.cfgs.clone(),
+                includes: Vec::new(),
+                impl_of: None,
+                always: true,
+            }));
+        }
+    }
+    w.events
+}
+
+struct Walker<'a> {
+    fc: &'a FileCtx,
+    events: Vec<Event>,
+}
+
+impl Walker<'_> {
+    fn push(&mut self, cfgs: &[String], path: String, names: Vec<String>, tokens: impl ToTokens) {
+        self.push_full(cfgs, path, names, tokens, None, false, Vec::new())
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn push_full(
+        &mut self,
+        ctx_cfgs: &[String],
+        path: String,
+        names: Vec<String>,
+        tokens: impl ToTokens,
+        impl_of: Option<(String, String)>,
+        always: bool,
+        extra_refs: Vec<String>,
+    ) {
+        let mut s = Scan::default();
+        scan(tokens.to_token_stream(), &mut s);
+        let dir = self.fc.file.parent().unwrap_or(Path::new("."));
+        let includes = s.includes.iter().map(|p| dir.join(p)).collect();
+        let mut cfgs = ctx_cfgs.to_vec();
+        cfgs.extend(s.cfgs);
+        let mut refs = s.idents;
+        refs.extend(extra_refs);
+        refs.sort();
+        refs.dedup();
+        self.events.push(Event::Item(RawItem {
+            path,
+            names,
+            digest: sha256_hex(s.canon.as_bytes()),
+            refs,
+            cfgs,
+            includes,
+            impl_of,
+            always,
+        }));
+    }
+
+    fn note(&mut self, text: String) {
+        self.events.push(Event::Note(text));
+    }
+
+    fn walk(&mut self, module: &str, mod_dir: &Path, cfgs: &[String], items: &[syn::Item]) {
+        let file = self.fc.file.display().to_string();
+        let mut macro_counts: HashMap<String, usize> = HashMap::new();
+        for item in items {
+            let at = |name: &str| format!("{module}::{name}");
+            match item {
+                syn::Item::Fn(f) => {
+                    let n = f.sig.ident.to_string();
+                    self.push(cfgs, at(&n), vec![n], f);
+                }
+                syn::Item::Const(c) => {
+                    let n = c.ident.to_string();
+                    self.push(cfgs, at(&n), vec![n], c);
+                }
+                syn::Item::Static(s) => {
+                    let n = s.ident.to_string();
+                    self.push(cfgs, at(&n), vec![n], s);
+                }
+                syn::Item::Struct(s) => {
+                    let n = s.ident.to_string();
+                    self.push(cfgs, at(&n), vec![n], s);
+                }
+                syn::Item::Enum(e) => {
+                    let n = e.ident.to_string();
+                    self.push(cfgs, at(&n), vec![n], e);
+                }
+                syn::Item::Union(u) => {
+                    let n = u.ident.to_string();
+                    self.push(cfgs, at(&n), vec![n], u);
+                }
+                syn::Item::Type(t) => {
+                    let n = t.ident.to_string();
+                    self.push(cfgs, at(&n), vec![n], t);
+                }
+                syn::Item::TraitAlias(t) => {
+                    let n = t.ident.to_string();
+                    self.push(cfgs, at(&n), vec![n], t);
+                }
+                syn::Item::Trait(t) => {
+                    // Found by its name and by its methods' names (default methods are code).
+                    let n = t.ident.to_string();
+                    let mut names = vec![n.clone()];
+                    for ti in &t.items {
+                        match ti {
+                            syn::TraitItem::Fn(f) => names.push(f.sig.ident.to_string()),
+                            syn::TraitItem::Const(c) => names.push(c.ident.to_string()),
+                            _ => {}
+                        }
+                    }
+                    self.push(cfgs, at(&n), names, t);
+                }
+                syn::Item::Impl(im) => self.walk_impl(module, cfgs, im),
+                syn::Item::Macro(m) => {
+                    let mac = m
+                        .mac
+                        .path
+                        .segments
+                        .last()
+                        .map(|s| s.ident.to_string())
+                        .unwrap_or_default();
+                    if mac == "macro_rules"
+                        && let Some(id) = &m.ident
+                    {
+                        let n = id.to_string();
+                        self.push(cfgs, format!("{}!", at(&n)), vec![n], m);
+                    } else {
+                        // Items a macro makes are invisible here: always included.
+                        let c = macro_counts.entry(mac.clone()).or_default();
+                        *c += 1;
+                        let path = format!("{}!#{c}", at(&mac));
+                        // puzzletron's own internals (when it is a path dependency, as in its
+                        // own examples) are included the same way, but are not the user's to
+                        // act on: no note for them.
+                        if !self.fc.ours {
+                            self.note(format!(
+                                "item-level macro invocation {path} ({file}): the items it makes \
+                                 cannot be seen, so it is included in every job of this crate",
+                            ));
+                        }
+                        self.push_full(cfgs, path, Vec::new(), m, None, true, Vec::new());
+                    }
+                }
+                syn::Item::Mod(m) => {
+                    let name = m.ident.to_string();
+                    let mut sub_cfgs = cfgs.to_vec();
+                    let mut s = Scan::default();
+                    for a in &m.attrs {
+                        scan(a.to_token_stream(), &mut s);
+                    }
+                    sub_cfgs.extend(s.cfgs);
+                    let sub = format!("{module}::{name}");
+                    if let Some((_, inner)) = &m.content {
+                        self.walk(&sub, &mod_dir.join(&name), &sub_cfgs, inner);
+                    } else {
+                        let explicit = m.attrs.iter().find_map(|a| {
+                            if !a.path().is_ident("path") {
+                                return None;
+                            }
+                            match &a.meta {
+                                syn::Meta::NameValue(nv) => match &nv.value {
+                                    syn::Expr::Lit(syn::ExprLit {
+                                        lit: syn::Lit::Str(s),
+                                        ..
+                                    }) => Some(s.value()),
+                                    _ => None,
+                                },
+                                _ => None,
+                            }
+                        });
+                        let candidates = match explicit {
+                            Some(p) => {
+                                vec![self.fc.file.parent().unwrap_or(Path::new(".")).join(p)]
+                            }
+                            None => vec![
+                                mod_dir.join(format!("{name}.rs")),
+                                mod_dir.join(&name).join("mod.rs"),
+                            ],
+                        };
+                        self.events.push(Event::Mod(ModDecl {
+                            module: sub,
+                            mod_dir: mod_dir.join(&name),
+                            cfgs: sub_cfgs,
+                            candidates,
+                        }));
+                    }
+                }
+                syn::Item::Use(u) => self.walk_use(&u.tree),
+                syn::Item::Verbatim(v) => {
+                    self.note(format!(
+                        "unparsed item in {file}: included in every job of this crate"
+                    ));
+                    self.push_full(
+                        cfgs,
+                        at("<verbatim>"),
+                        Vec::new(),
+                        v,
+                        None,
+                        true,
+                        Vec::new(),
+                    );
+                }
+                _ => {}
+            }
+        }
+    }
+
+    fn walk_impl(&mut self, module: &str, cfgs: &[String], im: &syn::ItemImpl) {
+        let ty = last_ident_of_type(&im.self_ty).unwrap_or_else(|| "_".into());
+        match &im.trait_ {
+            Some((_, tr, _)) => {
+                // A trait impl is one item, reached by its self type, its trait, or any of its
+                // members' names (dyn dispatch and generic bounds reach every impl).
+                let trait_name = tr
+                    .segments
+                    .last()
+                    .map(|s| s.ident.to_string())
+                    .unwrap_or_default();
+                let names = im
+                    .items
+                    .iter()
+                    .filter_map(|i| match i {
+                        syn::ImplItem::Fn(f) => Some(f.sig.ident.to_string()),
+                        syn::ImplItem::Const(c) => Some(c.ident.to_string()),
+                        _ => None,
+                    })
+                    .collect();
+                let path = format!("{module}::<{ty} as {trait_name}>");
+                self.push_full(
+                    cfgs,
+                    path,
+                    names,
+                    im,
+                    Some((ty, trait_name)),
+                    false,
+                    Vec::new(),
+                );
+            }
+            None => {
+                // Inherent impl: each member is an item; `Self` in it names the type. The
+                // header (generics, where clause) goes with the type.
+                let mut hs = proc_macro2::TokenStream::new();
+                im.impl_token.to_tokens(&mut hs);
+                im.generics.to_tokens(&mut hs);
+                im.self_ty.to_tokens(&mut hs);
+                im.generics.where_clause.to_tokens(&mut hs);
+                self.push_full(
+                    cfgs,
+                    format!("{module}::{ty}::<impl>"),
+                    vec![ty.clone()],
+                    hs,
+                    None,
+                    false,
+                    Vec::new(),
+                );
+                for ii in &im.items {
+                    let name = match ii {
+                        syn::ImplItem::Fn(f) => f.sig.ident.to_string(),
+                        syn::ImplItem::Const(c) => c.ident.to_string(),
+                        syn::ImplItem::Type(t) => t.ident.to_string(),
+                        _ => {
+                            self.note(format!(
+                                "macro in impl {ty} ({}): included with the type",
+                                self.fc.file.display()
+                            ));
+                            ty.clone()
+                        }
+                    };
+                    let path = format!("{module}::{ty}::{name}");
+                    self.push_full(cfgs, path, vec![name], ii, None, false, vec![ty.clone()]);
+                }
+            }
+        }
+    }
+
+    fn walk_use(&mut self, tree: &syn::UseTree) {
+        match tree {
+            syn::UseTree::Path(p) => self.walk_use(&p.tree),
+            syn::UseTree::Rename(r) => self
+                .events
+                .push(Event::Alias(r.rename.to_string(), r.ident.to_string())),
+            syn::UseTree::Group(g) => g.items.iter().for_each(|t| self.walk_use(t)),
+            _ => {}
+        }
+    }
+}
+
+/// A file read for the index: its bytes' digest and its events, or why it could not be read.
+type Loaded = Result<(String, Vec<Event>), String>;
+
+/// Reads `fc.file` and computes its events, from the cache when it holds them.
+fn load(fc: &FileCtx, cache: Option<&Cache>, stats: &CacheStats) -> Loaded {
+    let bytes = std::fs::read(&fc.file).map_err(|e| e.to_string())?;
+    let digest = sha256_hex(&bytes);
+    let key = cache.and_then(|c| c.key(fc, &digest));
+    if let (Some(c), Some(k)) = (cache, &key)
+        && let Some(events) = c.load(k)
+    {
+        stats.hits.fetch_add(1, Ordering::Relaxed);
+        return Ok((digest, events));
+    }
+    // As `read_to_string` says it.
+    let text = String::from_utf8(bytes)
+        .map_err(|_| std::io::Error::from(std::io::ErrorKind::InvalidData).to_string())?;
+    let events = file_events(fc, &text);
+    if let (Some(c), Some(k)) = (cache, &key) {
+        stats.misses.fetch_add(1, Ordering::Relaxed);
+        c.store(k, &events);
+    }
+    Ok((digest, events))
+}
+
+/// Cache lookups of one index build.
+#[derive(Debug, Default)]
+pub struct CacheStats {
+    pub hits: AtomicUsize,
+    pub misses: AtomicUsize,
+}
+
+/// Files of the module trees from `roots`, read and walked ahead of the replay, a wave (one
+/// module depth) at a time on two threads (see `run_parallel`).
+fn prefetch(
+    roots: Vec<FileCtx>,
+    cache: Option<&Cache>,
+    stats: &CacheStats,
+) -> HashMap<FileCtx, Loaded> {
+    let mut done: HashMap<FileCtx, Loaded> = HashMap::new();
+    let mut wave = roots;
+    while !wave.is_empty() {
+        let results = run_parallel(&wave, cache, stats);
+        let mut next = Vec::new();
+        for (fc, r) in wave.into_iter().zip(results) {
+            if let Ok((_, events)) = &r {
+                for e in events {
+                    if let Event::Mod(m) = e
+                        && let Some(p) = m.candidates.iter().find(|p| p.is_file())
+                    {
+                        let child = FileCtx {
+                            file: p.clone(),
+                            module: m.module.clone(),
+                            mod_dir: m.mod_dir.clone(),
+                            cfgs: m.cfgs.clone(),
+                            ours: fc.ours,
+                        };
+                        if !done.contains_key(&child) && !next.contains(&child) {
+                            next.push(child);
+                        }
+                    }
+                }
+            }
+            done.insert(fc, r);
+        }
+        wave = next;
+    }
+    done
+}
+
+/// The helper thread's stack: syn recurses once per nesting level, and deeply in unoptimised
+/// builds (rustc's own thread, which parses the other files, has 8 MiB by default). Reserved,
+/// not committed, until used.
+const HELPER_STACK: usize = 64 << 20;
+
+/// Loads `jobs` on this thread and one helper thread (the proc macro's own: rustc's jobserver
+/// does not count it, so one), each taking every other file.
+fn run_parallel(jobs: &[FileCtx], cache: Option<&Cache>, stats: &CacheStats) -> Vec<Loaded> {
+    if jobs.len() <= 1 {
+        return jobs.iter().map(|fc| load(fc, cache, stats)).collect();
+    }
+    let mut out: Vec<Option<Loaded>> = (0..jobs.len()).map(|_| None).collect();
+    std::thread::scope(|s| {
+        let helper = std::thread::Builder::new()
+            .stack_size(HELPER_STACK)
+            .spawn_scoped(s, move || {
+                (1..jobs.len())
+                    .step_by(2)
+                    .map(|i| (i, load(&jobs[i], cache, stats)))
+                    .collect::<Vec<_>>()
+            })
+            .ok();
+        // Without a helper (it could not start), this thread loads every file.
+        let step = if helper.is_some() { 2 } else { 1 };
+        for i in (0..jobs.len()).step_by(step) {
+            out[i] = Some(load(&jobs[i], cache, stats));
+        }
+        if let Some(h) = helper {
+            // A panic in the helper (a bug) is the macro's panic, as it was on one thread.
+            let done = h.join().unwrap_or_else(|p| std::panic::resume_unwind(p));
+            for (i, r) in done {
+                out[i] = Some(r);
+            }
+        }
+    });
+    out.into_iter()
+        .map(|r| r.unwrap_or_else(|| Err("not read".into())))
+        .collect()
 }
 
 impl Index {
     /// Parses every package's module tree. The user's binary roots become crates of their own
-    /// (appended after the packages) that depend on the user's library.
-    pub fn build(mut packages: Vec<Package>) -> Self {
-        let mut ix = Index::default();
+    /// (appended after the packages) that depend on the user's library. `cache`: where each
+    /// file's events are kept between builds (see `cache.rs`); `None` reads every file afresh.
+    pub fn build(mut packages: Vec<Package>, cache: Option<Cache>) -> Self {
+        let mut ix = Index {
+            cache,
+            ..Index::default()
+        };
         if let Some(user) = packages.first().cloned() {
             for bin in &user.bins {
                 packages.push(Self::bin_crate(&user, bin));
@@ -101,6 +573,7 @@ impl Index {
         }
         // Known while walking (notes depend on which package an item is in).
         ix.packages = packages.clone();
+        let mut roots = Vec::new();
         for (pi, p) in packages.iter().enumerate() {
             for root in &p.roots {
                 let module = match root.file_stem().and_then(|s| s.to_str()) {
@@ -108,9 +581,19 @@ impl Index {
                     _ => p.lib_name.clone(),
                 };
                 let dir = root.parent().unwrap_or(&p.dir).to_path_buf();
-                ix.load_file(pi, root, module, dir, Vec::new());
+                roots.push((pi, ix.file_ctx(pi, root, module, dir, Vec::new())));
             }
         }
+        ix.ahead = prefetch(
+            roots.iter().map(|(_, fc)| fc.clone()).collect(),
+            ix.cache.as_ref(),
+            &ix.stats,
+        );
+        for (pi, fc) in roots {
+            ix.load_file(pi, fc);
+        }
+        // Files read ahead that the replay did not take (a second declaration of a file).
+        ix.ahead.clear();
         ix.visible = crate::manifest::visibility(&packages);
         ix.packages = packages;
         ix
@@ -131,6 +614,26 @@ impl Index {
         }
     }
 
+    fn file_ctx(
+        &self,
+        package: usize,
+        file: &Path,
+        module: String,
+        mod_dir: PathBuf,
+        cfgs: Vec<String>,
+    ) -> FileCtx {
+        FileCtx {
+            file: file.to_path_buf(),
+            module,
+            mod_dir,
+            cfgs,
+            ours: self
+                .packages
+                .get(package)
+                .is_some_and(|p| matches!(p.lib_name.as_str(), "puzzletron" | "puzzletron_macros")),
+        }
+    }
+
     /// Adds a file that is not under any package root (the job's file, e.g. an example or an
     /// integration test): a crate of its own that depends on the user's library.
     pub fn add_root(&mut self, file: &Path) {
@@ -146,93 +649,57 @@ impl Index {
         self.packages.push(pkg);
         self.visible = crate::manifest::visibility(&self.packages);
         let pi = self.packages.len() - 1;
-        self.load_file(pi, file, module, dir, Vec::new());
+        let fc = self.file_ctx(pi, file, module, dir, Vec::new());
+        self.ahead = prefetch(vec![fc.clone()], self.cache.as_ref(), &self.stats);
+        self.load_file(pi, fc);
+        self.ahead.clear();
     }
 
-    fn load_file(
-        &mut self,
-        package: usize,
-        file: &Path,
-        module: String,
-        mod_dir: PathBuf,
-        cfgs: Vec<String>,
-    ) {
-        if !self.files.insert(file.to_path_buf()) {
+    /// Replays the events of `fc.file` (read ahead, or read now) into the index, loading the
+    /// files of its child modules where they are declared.
+    fn load_file(&mut self, package: usize, fc: FileCtx) {
+        if !self.files.insert(fc.file.clone()) {
             return;
         }
-        let text = match std::fs::read_to_string(file) {
-            Ok(t) => t,
+        let loaded = match self.ahead.remove(&fc) {
+            Some(l) => l,
+            None => load(&fc, self.cache.as_ref(), &self.stats),
+        };
+        let events = match loaded {
+            Ok((digest, events)) => {
+                self.file_digests.insert(fc.file.clone(), digest);
+                events
+            }
             Err(e) => {
                 self.notes
-                    .push(format!("cannot read {}: {e}", file.display()));
+                    .push(format!("cannot read {}: {e}", fc.file.display()));
                 return;
             }
         };
-        match syn::parse_file(&text) {
-            Ok(f) => {
-                let ctx = Ctx {
-                    package,
-                    file,
-                    module,
-                    cfgs,
-                };
-                self.walk(&ctx, &mod_dir, &f.items);
-            }
-            Err(e) => {
-                // Not parsable by syn (e.g. newer syntax): the whole file counts, byte-wise.
-                self.notes.push(format!(
-                    "{} could not be parsed ({e}): the whole file is included",
-                    file.display()
-                ));
-                self.items.push(Item {
-                    path: format!("{module} ({})", file.display()),
-                    package,
-                    file: file.to_path_buf(),
-                    digest: sha256_hex(text.as_bytes()),
-                    refs: Vec::new(),
-                    cfgs,
-                    includes: Vec::new(),
-                    impl_of: None,
-                    always: true,
-                });
+        for e in events {
+            match e {
+                Event::Item(it) => self.push_item(package, &fc.file, it),
+                Event::Note(n) => self.notes.push(n),
+                Event::Alias(b, a) => self.aliases.entry(b).or_default().push(a),
+                Event::Mod(m) => match m.candidates.iter().find(|p| p.is_file()) {
+                    Some(p) => {
+                        let child = self.file_ctx(package, p, m.module, m.mod_dir, m.cfgs);
+                        self.load_file(package, child);
+                    }
+                    None => self.notes.push(format!(
+                        "module {} declared in {} has no file",
+                        m.module,
+                        fc.file.display()
+                    )),
+                },
             }
         }
     }
 
-    fn push(
-        &mut self,
-        ctx: &Ctx,
-        path: String,
-        names: Vec<String>,
-        tokens: impl ToTokens,
-    ) -> usize {
-        self.push_full(ctx, path, names, tokens, None, false, Vec::new())
-    }
-
-    #[allow(clippy::too_many_arguments)]
-    fn push_full(
-        &mut self,
-        ctx: &Ctx,
-        path: String,
-        names: Vec<String>,
-        tokens: impl ToTokens,
-        impl_of: Option<(String, String)>,
-        always: bool,
-        extra_refs: Vec<String>,
-    ) -> usize {
-        let mut s = Scan::default();
-        scan(tokens.to_token_stream(), &mut s);
-        let dir = ctx.file.parent().unwrap_or(Path::new("."));
-        let includes = s.includes.iter().map(|p| dir.join(p)).collect();
-        let mut cfgs = ctx.cfgs.clone();
-        cfgs.extend(s.cfgs);
-        let mut refs = s.idents;
-        refs.extend(extra_refs);
-        refs.sort();
-        refs.dedup();
+    fn push_item(&mut self, package: usize, file: &Path, it: RawItem) {
         // Same path twice (e.g. `#[cfg]` variants of one function): keep both, numbered.
-        let mut path = path;
-        if self.items.iter().any(|i| i.path == path) {
+        let mut path = it.path;
+        if self.paths.contains(&path) {
             let n = self
                 .items
                 .iter()
@@ -242,265 +709,25 @@ impl Index {
             path = format!("{path}#{n}");
         }
         let idx = self.items.len();
-        for n in &names {
-            self.by_name.entry(n.clone()).or_default().push(idx);
+        for n in it.names {
+            self.by_name.entry(n).or_default().push(idx);
         }
-        if let Some((ty, tr)) = &impl_of {
+        if let Some((ty, tr)) = &it.impl_of {
             self.impls_by_type.entry(ty.clone()).or_default().push(idx);
             self.impls_by_trait.entry(tr.clone()).or_default().push(idx);
         }
+        self.paths.insert(path.clone());
         self.items.push(Item {
             path,
-            package: ctx.package,
-            file: ctx.file.to_path_buf(),
-            digest: sha256_hex(s.canon.as_bytes()),
-            refs,
-            cfgs,
-            includes,
-            impl_of,
-            always,
+            package,
+            file: file.to_path_buf(),
+            digest: it.digest,
+            refs: it.refs,
+            cfgs: it.cfgs,
+            includes: it.includes,
+            impl_of: it.impl_of,
+            always: it.always,
         });
-        idx
-    }
-
-    fn walk(&mut self, ctx: &Ctx, mod_dir: &Path, items: &[syn::Item]) {
-        let mut macro_counts: HashMap<String, usize> = HashMap::new();
-        for item in items {
-            let at = |name: &str| format!("{}::{name}", ctx.module);
-            match item {
-                syn::Item::Fn(f) => {
-                    let n = f.sig.ident.to_string();
-                    self.push(ctx, at(&n), vec![n], f);
-                }
-                syn::Item::Const(c) => {
-                    let n = c.ident.to_string();
-                    self.push(ctx, at(&n), vec![n], c);
-                }
-                syn::Item::Static(s) => {
-                    let n = s.ident.to_string();
-                    self.push(ctx, at(&n), vec![n], s);
-                }
-                syn::Item::Struct(s) => {
-                    let n = s.ident.to_string();
-                    self.push(ctx, at(&n), vec![n], s);
-                }
-                syn::Item::Enum(e) => {
-                    let n = e.ident.to_string();
-                    self.push(ctx, at(&n), vec![n], e);
-                }
-                syn::Item::Union(u) => {
-                    let n = u.ident.to_string();
-                    self.push(ctx, at(&n), vec![n], u);
-                }
-                syn::Item::Type(t) => {
-                    let n = t.ident.to_string();
-                    self.push(ctx, at(&n), vec![n], t);
-                }
-                syn::Item::TraitAlias(t) => {
-                    let n = t.ident.to_string();
-                    self.push(ctx, at(&n), vec![n], t);
-                }
-                syn::Item::Trait(t) => {
-                    // Found by its name and by its methods' names (default methods are code).
-                    let n = t.ident.to_string();
-                    let mut names = vec![n.clone()];
-                    for ti in &t.items {
-                        match ti {
-                            syn::TraitItem::Fn(f) => names.push(f.sig.ident.to_string()),
-                            syn::TraitItem::Const(c) => names.push(c.ident.to_string()),
-                            _ => {}
-                        }
-                    }
-                    self.push(ctx, at(&n), names, t);
-                }
-                syn::Item::Impl(im) => self.walk_impl(ctx, im),
-                syn::Item::Macro(m) => {
-                    let mac = m
-                        .mac
-                        .path
-                        .segments
-                        .last()
-                        .map(|s| s.ident.to_string())
-                        .unwrap_or_default();
-                    if mac == "macro_rules"
-                        && let Some(id) = &m.ident
-                    {
-                        let n = id.to_string();
-                        self.push(ctx, format!("{}!", at(&n)), vec![n], m);
-                    } else {
-                        // Items a macro makes are invisible here: always included.
-                        let c = macro_counts.entry(mac.clone()).or_default();
-                        *c += 1;
-                        let path = format!("{}!#{c}", at(&mac));
-                        // puzzletron's own internals (when it is a path dependency, as in its
-                        // own examples) are included the same way, but are not the user's to
-                        // act on: no note for them.
-                        let ours = self.packages.get(ctx.package).is_some_and(|p| {
-                            matches!(p.lib_name.as_str(), "puzzletron" | "puzzletron_macros")
-                        });
-                        if !ours {
-                            self.notes.push(format!(
-                                "item-level macro invocation {path} ({}): the items it makes \
-                                 cannot be seen, so it is included in every job of this crate",
-                                ctx.file.display()
-                            ));
-                        }
-                        self.push_full(ctx, path, Vec::new(), m, None, true, Vec::new());
-                    }
-                }
-                syn::Item::Mod(m) => {
-                    let name = m.ident.to_string();
-                    let mut cfgs = ctx.cfgs.clone();
-                    let mut s = Scan::default();
-                    for a in &m.attrs {
-                        scan(a.to_token_stream(), &mut s);
-                    }
-                    cfgs.extend(s.cfgs);
-                    let module = format!("{}::{name}", ctx.module);
-                    if let Some((_, inner)) = &m.content {
-                        let sub = Ctx {
-                            package: ctx.package,
-                            file: ctx.file,
-                            module,
-                            cfgs,
-                        };
-                        self.walk(&sub, &mod_dir.join(&name), inner);
-                    } else {
-                        let explicit = m.attrs.iter().find_map(|a| {
-                            if !a.path().is_ident("path") {
-                                return None;
-                            }
-                            match &a.meta {
-                                syn::Meta::NameValue(nv) => match &nv.value {
-                                    syn::Expr::Lit(syn::ExprLit {
-                                        lit: syn::Lit::Str(s),
-                                        ..
-                                    }) => Some(s.value()),
-                                    _ => None,
-                                },
-                                _ => None,
-                            }
-                        });
-                        let candidates = match explicit {
-                            Some(p) => {
-                                vec![ctx.file.parent().unwrap_or(Path::new(".")).join(p)]
-                            }
-                            None => vec![
-                                mod_dir.join(format!("{name}.rs")),
-                                mod_dir.join(&name).join("mod.rs"),
-                            ],
-                        };
-                        match candidates.iter().find(|p| p.is_file()) {
-                            Some(p) => {
-                                self.load_file(ctx.package, p, module, mod_dir.join(&name), cfgs)
-                            }
-                            None => self.notes.push(format!(
-                                "module {module} declared in {} has no file",
-                                ctx.file.display()
-                            )),
-                        }
-                    }
-                }
-                syn::Item::Use(u) => self.walk_use(&u.tree),
-                syn::Item::Verbatim(v) => {
-                    self.notes.push(format!(
-                        "unparsed item in {}: included in every job of this crate",
-                        ctx.file.display()
-                    ));
-                    self.push_full(ctx, at("<verbatim>"), Vec::new(), v, None, true, Vec::new());
-                }
-                _ => {}
-            }
-        }
-    }
-
-    fn walk_impl(&mut self, ctx: &Ctx, im: &syn::ItemImpl) {
-        let ty = last_ident_of_type(&im.self_ty).unwrap_or_else(|| "_".into());
-        match &im.trait_ {
-            Some((_, tr, _)) => {
-                // A trait impl is one item, reached by its self type, its trait, or any of its
-                // members' names (dyn dispatch and generic bounds reach every impl).
-                let trait_name = tr
-                    .segments
-                    .last()
-                    .map(|s| s.ident.to_string())
-                    .unwrap_or_default();
-                let names = im
-                    .items
-                    .iter()
-                    .filter_map(|i| match i {
-                        syn::ImplItem::Fn(f) => Some(f.sig.ident.to_string()),
-                        syn::ImplItem::Const(c) => Some(c.ident.to_string()),
-                        _ => None,
-                    })
-                    .collect();
-                let path = format!("{}::<{ty} as {trait_name}>", ctx.module);
-                self.push_full(
-                    ctx,
-                    path,
-                    names,
-                    im,
-                    Some((ty, trait_name)),
-                    false,
-                    Vec::new(),
-                );
-            }
-            None => {
-                // Inherent impl: each member is an item; `Self` in it names the type. The
-                // header (generics, where clause) goes with the type.
-                let header = (
-                    &im.impl_token,
-                    &im.generics,
-                    &im.self_ty,
-                    &im.generics.where_clause,
-                );
-                let (a, b, c, d) = header;
-                let mut hs = proc_macro2::TokenStream::new();
-                a.to_tokens(&mut hs);
-                b.to_tokens(&mut hs);
-                c.to_tokens(&mut hs);
-                d.to_tokens(&mut hs);
-                self.push_full(
-                    ctx,
-                    format!("{}::{ty}::<impl>", ctx.module),
-                    vec![ty.clone()],
-                    hs,
-                    None,
-                    false,
-                    Vec::new(),
-                );
-                for ii in &im.items {
-                    let name = match ii {
-                        syn::ImplItem::Fn(f) => f.sig.ident.to_string(),
-                        syn::ImplItem::Const(c) => c.ident.to_string(),
-                        syn::ImplItem::Type(t) => t.ident.to_string(),
-                        _ => {
-                            self.notes.push(format!(
-                                "macro in impl {ty} ({}): included with the type",
-                                ctx.file.display()
-                            ));
-                            ty.clone()
-                        }
-                    };
-                    let path = format!("{}::{ty}::{name}", ctx.module);
-                    self.push_full(ctx, path, vec![name], ii, None, false, vec![ty.clone()]);
-                }
-            }
-        }
-    }
-
-    fn walk_use(&mut self, tree: &syn::UseTree) {
-        match tree {
-            syn::UseTree::Path(p) => self.walk_use(&p.tree),
-            syn::UseTree::Rename(r) => {
-                self.aliases
-                    .entry(r.rename.to_string())
-                    .or_default()
-                    .push(r.ident.to_string());
-            }
-            syn::UseTree::Group(g) => g.items.iter().for_each(|t| self.walk_use(t)),
-            _ => {}
-        }
     }
 
     /// Items whose name is `name` and that are functions (the job's candidates).
@@ -645,7 +872,7 @@ mod tests {
              thread_local! { static X: u8 = 0; }\n",
         );
         let mut notes = Vec::new();
-        let ix = Index::build(crate::manifest::packages(&d.join("app"), &mut notes));
+        let ix = Index::build(crate::manifest::packages(&d.join("app"), &mut notes), None);
         let start = ix.functions_named("job");
         let c = ix.closure(&start);
         let got = paths(&ix, &c);
@@ -673,6 +900,103 @@ mod tests {
             "{:?}",
             ix.notes
         );
+        let _ = std::fs::remove_dir_all(&d);
+    }
+    /// Everything the index says, as text.
+    fn dump(ix: &Index) -> String {
+        let mut s = String::new();
+        for it in &ix.items {
+            s.push_str(&format!("{it:?}\n"));
+        }
+        s.push_str(&format!(
+            "{:?}\n{:?}\n{:?}\n{:?}\n",
+            ix.notes, ix.files, ix.aliases, ix.file_digests
+        ));
+        s
+    }
+
+    #[test]
+    fn the_file_cache_gives_a_cold_builds_index_and_misses_on_any_change() {
+        let d = std::env::temp_dir().join(format!("ptm-index-cache-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&d);
+        write(&d, "app/Cargo.toml", "[package]\nname = \"app\"\n");
+        write(
+            &d,
+            "app/src/main.rs",
+            "mod m;\nmod k;\n#[cfg(feature = \"x\")]\nmod n { pub fn f() {} }\nuse m::go as run;\n\
+             fn job() { run(); }\nfn main() {}\nthread_local! { static X: u8 = 0; }\n",
+        );
+        // A second file at m's depth: the files of a wave are read on two threads.
+        write(&d, "app/src/k.rs", "pub fn go() {}\n");
+        write(
+            &d,
+            "app/src/m.rs",
+            "pub fn go() { let s = include_str!(\"t.txt\"); }\nimpl S { fn a(&self) {} }\n\
+             impl T for S {}\npub struct S;\nmod broken;\n",
+        );
+        write(&d, "app/src/m/broken.rs", "fn (");
+        let build = |cache: Option<Cache>| {
+            let mut notes = Vec::new();
+            Index::build(crate::manifest::packages(&d.join("app"), &mut notes), cache)
+        };
+        let cache = || Some(Cache::at(d.join("cache"), Some("lock"), "lib 1 1"));
+        let hits = |ix: &Index| {
+            (
+                ix.stats.hits.load(Ordering::Relaxed),
+                ix.stats.misses.load(Ordering::Relaxed),
+            )
+        };
+        let cold = build(None);
+        assert_eq!(cold.files.len(), 4);
+        // Items in declaration order, whichever thread read their file.
+        let at = |p: &str| cold.items.iter().position(|i| i.path == p).unwrap();
+        assert!(at("app::m::go") < at("app::k::go"));
+        assert!(cold.items.iter().any(|i| i.path == "app::m::S::a"));
+        let first = build(cache());
+        assert_eq!(hits(&first), (0, 4));
+        assert_eq!(dump(&first), dump(&cold));
+        let warm = build(cache());
+        assert_eq!(hits(&warm), (4, 0));
+        assert_eq!(dump(&warm), dump(&cold));
+
+        // Truncated, corrupted or emptied entries are misses (and are written again).
+        let entries: Vec<PathBuf> = std::fs::read_dir(d.join("cache"))
+            .unwrap()
+            .map(|e| e.unwrap().path())
+            .collect();
+        assert_eq!(entries.len(), 4, "{entries:?}");
+        let e0 = std::fs::read(&entries[0]).unwrap();
+        std::fs::write(&entries[0], &e0[..e0.len() / 2]).unwrap();
+        let mut e1 = std::fs::read(&entries[1]).unwrap();
+        let mid = e1.len() / 2;
+        e1[mid] = if e1[mid] == b'0' { b'1' } else { b'0' };
+        std::fs::write(&entries[1], &e1).unwrap();
+        std::fs::write(&entries[2], b"").unwrap();
+        let repaired = build(cache());
+        assert_eq!(hits(&repaired), (1, 3));
+        assert_eq!(dump(&repaired), dump(&cold));
+        assert_eq!(hits(&build(cache())), (4, 0));
+
+        // An edited file misses, and only it; the result is the edited tree's cold index.
+        write(
+            &d,
+            "app/src/m.rs",
+            "pub fn go() { let s = include_str!(\"t.txt\"); 1; }\nimpl S { fn a(&self) {} }\n\
+             impl T for S {}\npub struct S;\nmod broken;\n",
+        );
+        let edited = build(cache());
+        assert_eq!(hits(&edited), (3, 1));
+        let edited_cold = build(None);
+        assert_eq!(dump(&edited), dump(&edited_cold));
+        let go = |ix: &Index| {
+            ix.items
+                .iter()
+                .find(|i| i.path == "app::m::go")
+                .unwrap()
+                .digest
+                .clone()
+        };
+        assert_ne!(go(&edited), go(&cold));
         let _ = std::fs::remove_dir_all(&d);
     }
 }

@@ -5,7 +5,9 @@
 //!
 //! At expansion, [`job_code!`] reads the sources of the calling package and of its path and
 //! workspace dependencies (found from the manifests, starting at `CARGO_MANIFEST_DIR`), parses
-//! them with `syn`, computes the job's conservative reachability closure (see `index.rs`), hashes
+//! them with `syn` (a file whose bytes, place and macro build are unchanged since an earlier
+//! build is not parsed again: its part of the index comes from the per-file cache, see
+//! `cache.rs`), computes the job's conservative reachability closure (see `index.rs`), hashes
 //! each item token-wise (comments, formatting and `///` docs do not count) and expands to a
 //! `&'static puzzletron::identity::CompiledCode` holding the per-item digests, the `cfg`
 //! predicates of the closure (evaluated with `cfg!` in the calling crate), the build ids of
@@ -21,10 +23,12 @@ use std::rc::Rc;
 use proc_macro::TokenStream;
 use quote::quote;
 
+mod cache;
 mod index;
 mod manifest;
 mod scan;
 
+use cache::Cache;
 use index::{Index, included_files, sha256_hex};
 
 thread_local! {
@@ -37,6 +41,22 @@ thread_local! {
     static TRACKED: RefCell<BTreeSet<PathBuf>> = const { RefCell::new(BTreeSet::new()) };
 }
 
+/// Runs `f` with proc-macro2's own token types instead of the compiler's: parsing through the
+/// compiler's proc-macro bridge costs a round trip per token, and the fallback types also work on
+/// other threads. Nothing made inside may escape as tokens (the index holds only strings):
+/// mixing the two kinds of token panics.
+fn with_fallback_tokens<T>(f: impl FnOnce() -> T) -> T {
+    struct Restore;
+    impl Drop for Restore {
+        fn drop(&mut self) {
+            proc_macro2::fallback::unforce();
+        }
+    }
+    proc_macro2::fallback::force();
+    let _restore = Restore;
+    f()
+}
+
 /// The sha256 of a file's bytes, computed once per process; `None` if it cannot be read.
 fn file_digest(p: &Path) -> Option<String> {
     FILE_DIGESTS.with(|c| {
@@ -45,6 +65,16 @@ fn file_digest(p: &Path) -> Option<String> {
             .or_insert_with(|| std::fs::read(p).ok().map(|b| sha256_hex(&b)))
             .clone()
     })
+}
+
+/// The index read each file once, as it parsed it: those are the files' digests.
+fn remember_digests(ix: &Index) {
+    FILE_DIGESTS.with(|c| {
+        let mut c = c.borrow_mut();
+        for (p, d) in &ix.file_digests {
+            c.entry(p.clone()).or_insert_with(|| Some(d.clone()));
+        }
+    });
 }
 
 /// `job_code!($crate; path::to::job_fn)`: the compiled code identity of a job function, as a
@@ -100,14 +130,22 @@ fn expand(input: TokenStream) -> Result<proc_macro2::TokenStream, String> {
             .map_err(|_| "job!: CARGO_MANIFEST_DIR is not set (build with cargo)".to_string())?,
     );
     let manifest_dir = std::fs::canonicalize(&manifest_dir).unwrap_or(manifest_dir);
+    let args: Vec<String> = std::env::args().collect();
+    let lock = manifest_dir
+        .ancestors()
+        .map(|d| d.join("Cargo.lock"))
+        .find(|p| p.is_file());
     let ix = CACHE.with(|c| {
         c.borrow_mut()
             .entry(manifest_dir.clone())
             .or_insert_with(|| {
                 let mut notes = Vec::new();
                 let pkgs = manifest::packages(&manifest_dir, &mut notes);
-                let mut ix = Index::build(pkgs);
+                let lock_digest = lock.as_deref().and_then(file_digest);
+                let cache = Cache::for_rustc(&args, lock_digest.as_deref());
+                let mut ix = with_fallback_tokens(|| Index::build(pkgs, cache));
                 ix.notes.extend(notes);
+                remember_digests(&ix);
                 Rc::new(RefCell::new(ix))
             })
             .clone()
@@ -123,7 +161,8 @@ fn expand(input: TokenStream) -> Result<proc_macro2::TokenStream, String> {
                 .unwrap_or(f.clone())
         };
         let abs = std::fs::canonicalize(&abs).unwrap_or(abs);
-        ix.add_root(&abs);
+        with_fallback_tokens(|| ix.add_root(&abs));
+        remember_digests(&ix);
     } else {
         notes.push(
             "the job's file is unknown to the macro: only the package's targets are analysed"
@@ -191,7 +230,6 @@ fn expand(input: TokenStream) -> Result<proc_macro2::TokenStream, String> {
     // A dependency's features are not the calling crate's: its `cfg`s are witnessed by the
     // build id cargo gave it (its `-C extra-filename` hash covers its features, target and
     // profile), read from this rustc's `--extern` arguments.
-    let args: Vec<String> = std::env::args().collect();
     let mut builds: BTreeMap<String, String> = BTreeMap::new();
     for pkg in dep_cfg {
         let name = ix.packages[pkg].lib_name.clone();
@@ -224,10 +262,6 @@ fn expand(input: TokenStream) -> Result<proc_macro2::TokenStream, String> {
     }
     let opt_level = opt_level(&args);
 
-    let lock = manifest_dir
-        .ancestors()
-        .map(|d| d.join("Cargo.lock"))
-        .find(|p| p.is_file());
     let lock_tokens = match &lock {
         Some(p) => {
             let d = file_digest(p).ok_or_else(|| format!("job!: cannot read {}", p.display()))?;

@@ -41,19 +41,21 @@ fn scan_in(ts: TokenStream, out: &mut Scan, in_attr: bool) {
             if let Some(TokenTree::Group(g)) = toks.get(j)
                 && g.delimiter() == Delimiter::Bracket
             {
-                let inner: Vec<TokenTree> = g.stream().into_iter().collect();
-                match inner.first() {
+                // Only the first two tokens matter (`doc`, `cfg(..)`, `cfg_attr(..)`).
+                let mut inner = g.stream().into_iter();
+                let (first, second) = (inner.next(), inner.next());
+                match first {
                     Some(TokenTree::Ident(id)) if id == "doc" => {
                         i = j + 1;
                         continue;
                     }
                     Some(TokenTree::Ident(id)) if id == "cfg" => {
-                        if let Some(TokenTree::Group(pred)) = inner.get(1) {
+                        if let Some(TokenTree::Group(pred)) = second {
                             out.cfgs.push(pred.stream().to_string());
                         }
                     }
                     Some(TokenTree::Ident(id)) if id == "cfg_attr" => {
-                        if let Some(TokenTree::Group(args)) = inner.get(1) {
+                        if let Some(TokenTree::Group(args)) = second {
                             let pred: TokenStream = args
                                 .stream()
                                 .into_iter()
@@ -86,7 +88,10 @@ fn scan_in(ts: TokenStream, out: &mut Scan, in_attr: bool) {
                 out.canon.push_str("i ");
                 out.canon.push_str(&name);
                 out.canon.push('\n');
-                out.idents.push(name.trim_start_matches("r#").to_string());
+                out.idents.push(match name.strip_prefix("r#") {
+                    Some(raw) => raw.to_string(),
+                    None => name,
+                });
             }
             TokenTree::Punct(p) => {
                 out.canon.push_str("p ");

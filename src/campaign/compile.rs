@@ -5,13 +5,13 @@
 //! config files.
 //!
 //! ```
-//! use puzzletron::campaign::Node;
+//! use puzzletron::campaign::config::Value;
 //! use puzzletron::campaign::{
 //!     ExecutionConfig, RunnerEnvironment, StageCatalog, StageFilter, compile_resolved,
 //! };
 //!
 //! // A user catalog in the config itself (a Puzzletron experiment uses the built-in one).
-//! let config = Node::from_json(&serde_json::json!({"stages": [
+//! let config = Value::from_json(&serde_json::json!({"stages": [
 //!     {"id": "prep", "command": ["python", "prep.py"]},
 //!     {"id": "train", "needs": ["prep"], "strategy": "sharded", "instances": 4,
 //!      "parallel": {"tp": 2}, "distributed": true,
@@ -51,7 +51,7 @@ use super::mesh::{GpuAllocation, InstancePlacement, pack_gpu_allocation};
 use super::plan::{CampaignPlan, StagePlan};
 use super::plan_error::PlanError;
 use super::runner::{RunnerEnvironment, RunnerKind};
-use super::tree::{Node, did_you_mean};
+use super::schema::{did_you_mean, get, get_path, write_canonical};
 use super::work::{MasterAddr, Rendezvous, RendezvousAllocator, WorkPlanInput, build_work_plan};
 use crate::identity::{Hash, Hasher};
 
@@ -132,10 +132,9 @@ pub fn compile_campaign_plan_with(
     stage_filter: Option<&StageFilter>,
 ) -> Result<CampaignPlan, PlanError> {
     let path = experiment_config_path.as_ref();
-    let cfg = loader.load_experiment(path, overrides)?;
+    let (config, origins) = loader.load_experiment(path, overrides)?.into_parts();
     let label = path.display().to_string();
-    let config = Node::from(cfg.value());
-    let locate = |e: PlanError| e.locate(&label, cfg.origins());
+    let locate = |e: PlanError| e.locate(&label, &origins);
     let catalog = StageCatalog::from_config(&label, &config).map_err(locate)?;
     let mut plan = compile_resolved(
         &label,
@@ -195,7 +194,7 @@ fn reads(catalog: &StageCatalog, key: &str) -> bool {
 /// Keys the compiler reads besides the catalog's.
 const COMPILER_KEYS: [&str; 3] = ["puzzle_dir", "stages", "execution.gpus_per_node"];
 
-fn check_recognised(label: &str, config: &Node, catalog: &StageCatalog) -> Result<(), PlanError> {
+fn check_recognised(label: &str, config: &Value, catalog: &StageCatalog) -> Result<(), PlanError> {
     let read = catalog.read_keys();
     if read.is_empty() {
         // A catalog built in code that reads no config key needs none.
@@ -210,7 +209,7 @@ fn check_recognised(label: &str, config: &Node, catalog: &StageCatalog) -> Resul
     let mut seen = HashSet::new();
     roots.retain(|r| seen.insert(*r));
     let present: Vec<String> = config
-        .as_map()
+        .as_mapping()
         .map(|m| m.iter().map(|(k, _)| k.clone()).collect())
         .unwrap_or_default();
     if present.iter().any(|k| roots.contains(&k.as_str())) {
@@ -242,7 +241,7 @@ fn check_recognised(label: &str, config: &Node, catalog: &StageCatalog) -> Resul
 /// and [`PlanError::StageFilterIncomplete`].
 pub fn compile_resolved(
     label: &str,
-    config: Node,
+    config: Value,
     overrides: &[Override],
     catalog: &StageCatalog,
     runner: &RunnerEnvironment,
@@ -312,8 +311,8 @@ pub fn compile_resolved(
     for stage in &stages {
         check_limits(runner, stage)?;
     }
-    let puzzle_dir = match config.get("puzzle_dir") {
-        Some(Node::Str(s)) => Some(s.clone()),
+    let puzzle_dir = match get(&config, "puzzle_dir") {
+        Some(Value::String(s)) => Some(s.clone()),
         _ => None,
     };
     Ok(CampaignPlan {
@@ -343,7 +342,7 @@ pub const PUZZLE_KNOWN_EXTERNAL_STAGES: [&str; 1] = ["final_report"];
 
 fn check_execution_stage_ids(
     label: &str,
-    config: &Node,
+    config: &Value,
     catalog: &StageCatalog,
     execution: &ExecutionConfig,
     resolved: &[ResolvedStage],
@@ -357,9 +356,9 @@ fn check_execution_stage_ids(
         known.extend(PUZZLE_KNOWN_EXTERNAL_STAGES.iter().map(|s| s.to_string()));
         // Post nodes of flows that exist but whose stages are not in the plan (none today) are
         // still valid names: collect every `post.<flow>.<node>` of the config.
-        if let Some(Node::Map(flows)) = config.get_path("post_mip.flows") {
+        if let Some(Value::Mapping(flows)) = get_path(config, "post_mip.flows") {
             for (flow, f) in flows {
-                if let Some(Node::Map(nodes)) = f.get("nodes") {
+                if let Some(Value::Mapping(nodes)) = get(f, "nodes") {
                     known.extend(nodes.iter().map(|(n, _)| format!("post.{flow}.{n}")));
                 }
             }
@@ -390,14 +389,11 @@ fn check_execution_stage_ids(
 /// the runner's (bare metal: the smallest host; local: `runner.local.gpus`), else 8.
 fn default_gpus_per_node(
     label: &str,
-    config: &Node,
+    config: &Value,
     runner: &RunnerEnvironment,
 ) -> Result<u32, PlanError> {
-    if let Some(n) = config
-        .get_path("execution.gpus_per_node")
-        .filter(|n| !n.is_null())
-    {
-        return super::tree::expect_u32(label, "execution.gpus_per_node", n, 1);
+    if let Some(n) = get_path(config, "execution.gpus_per_node").filter(|n| !n.is_null()) {
+        return super::schema::expect_u32(label, "execution.gpus_per_node", n, 1);
     }
     let from_runner = match runner.kind {
         RunnerKind::Baremetal => runner
@@ -470,6 +466,7 @@ fn stage_spec(
         distributed: stage.distributed,
         time_limit: ov.time_limit.clone(),
         heartbeat_timeout_s: ov.heartbeat_timeout_s,
+        warning_signal: ov.warning_signal.clone(),
     })
 }
 
@@ -626,13 +623,13 @@ fn apply_filter(
 /// halt policies, attempt limits, time limits, heartbeat timeouts, account, log folders, the
 /// stage filter.
 pub fn contract_hash(
-    config: &Node,
+    config: &Value,
     runner: &RunnerEnvironment,
     stages: &[ResolvedStage],
     specs: &[StageExecutionSpec],
 ) -> Hash {
     let mut canonical = String::new();
-    config.write_canonical(&mut canonical);
+    write_canonical(config, &mut canonical);
     let mut h = Hasher::new("puzzletron/campaign-contract/v1");
     h.field(canonical.as_bytes());
     h.field(runner.execution_contract.hash().to_hex().as_bytes());
@@ -653,6 +650,207 @@ pub fn contract_hash(
         h.field(spec.resource.as_str().as_bytes());
     }
     h.finish()
+}
+
+/// Most reasons [`contract_changes`] lists (then `… and N more`).
+const MAX_CONTRACT_REASONS: usize = 20;
+
+/// Why `new`'s contract hash differs from `old`'s, one reason per changed input of
+/// [`contract_hash`], naming it (N10): `config changed: stages[0].command[2] ("hello" ->
+/// "hola")`, `environment changed: runner.execution_contract.prerun_commands[0] ("module load
+/// cuda/12.4" -> "module load cuda/12.6")`, `stage mip: instances changed (4 -> 8)`, `stage x
+/// added`. Empty when the hashes agree. What the hash leaves out (time limits, warning
+/// signals, partitions, packing, attempt limits) is never a reason.
+pub fn contract_changes(old: &CampaignPlan, new: &CampaignPlan) -> Vec<String> {
+    let mut out = Vec::new();
+    diff_nodes("", &old.resolved_config, &new.resolved_config, &mut out);
+    let (a, b) = (
+        &old.runner.execution_contract,
+        &new.runner.execution_contract,
+    );
+    let env = "environment changed: runner.execution_contract";
+    for (field, x, y) in [
+        ("repository", &a.repository, &b.repository),
+        ("venv", &a.venv, &b.venv),
+        ("container", &a.container, &b.container),
+        ("container_mounts", &a.container_mounts, &b.container_mounts),
+        ("setup_env", &a.setup_env, &b.setup_env),
+    ] {
+        if x != y {
+            out.push(format!(
+                "{env}.{field} ({} -> {})",
+                show_opt(x),
+                show_opt(y)
+            ));
+        }
+    }
+    for (field, x, y) in [
+        ("prerun_commands", &a.prerun_commands, &b.prerun_commands),
+        ("postrun_commands", &a.postrun_commands, &b.postrun_commands),
+    ] {
+        for i in 0..x.len().max(y.len()) {
+            let (p, q) = (x.get(i), y.get(i));
+            if p != q {
+                out.push(format!(
+                    "{env}.{field}[{i}] ({} -> {})",
+                    show_opt(&p.cloned()),
+                    show_opt(&q.cloned())
+                ));
+            }
+        }
+    }
+    let ids = |p: &CampaignPlan| -> std::collections::BTreeMap<String, usize> {
+        p.stages
+            .iter()
+            .enumerate()
+            .map(|(i, s)| (s.stage_id.clone(), i))
+            .collect()
+    };
+    let (oi, ni) = (ids(old), ids(new));
+    for (id, &i) in &oi {
+        let Some(&j) = ni.get(id) else {
+            out.push(format!("stage {id} removed"));
+            continue;
+        };
+        let (s, t) = (&old.stages[i], &new.stages[j]);
+        let mut pa = s.parents.clone();
+        let mut pb = t.parents.clone();
+        pa.sort_unstable();
+        pb.sort_unstable();
+        for (what, x, y) in [
+            ("parents", pa.join(","), pb.join(",")),
+            (
+                "strategy",
+                s.spec.strategy.as_str().to_string(),
+                t.spec.strategy.as_str().to_string(),
+            ),
+            (
+                "instances",
+                s.spec.instances.to_string(),
+                t.spec.instances.to_string(),
+            ),
+            ("mesh", s.spec.mesh.to_string(), t.spec.mesh.to_string()),
+            (
+                "resource",
+                s.spec.resource.as_str().to_string(),
+                t.spec.resource.as_str().to_string(),
+            ),
+        ] {
+            if x != y {
+                out.push(format!("stage {id}: {what} changed ({x} -> {y})"));
+            }
+        }
+    }
+    out.extend(
+        ni.keys()
+            .filter(|id| !oi.contains_key(*id))
+            .map(|id| format!("stage {id} added")),
+    );
+    if out.len() > MAX_CONTRACT_REASONS {
+        let more = out.len() - MAX_CONTRACT_REASONS;
+        out.truncate(MAX_CONTRACT_REASONS);
+        out.push(format!("… and {more} more"));
+    }
+    out
+}
+
+fn show_opt(v: &Option<String>) -> String {
+    v.as_ref()
+        .map_or_else(|| "none".to_string(), |s| show_text(s))
+}
+
+/// A value for a reason: quoted, cut to 80 characters.
+fn show_text(s: &str) -> String {
+    if s.chars().count() > 80 {
+        format!(
+            "{:?}",
+            format!("{}…", s.chars().take(80).collect::<String>())
+        )
+    } else {
+        format!("{s:?}")
+    }
+}
+
+fn show_node(n: &Value) -> String {
+    match n {
+        Value::String(s) => show_text(s),
+        other => {
+            let mut c = String::new();
+            write_canonical(other, &mut c);
+            if c.chars().count() > 80 {
+                format!("{}…", c.chars().take(80).collect::<String>())
+            } else {
+                c
+            }
+        }
+    }
+}
+
+/// The config paths whose canonical values differ (maps by key, sequences by index).
+fn diff_nodes(path: &str, a: &Value, b: &Value, out: &mut Vec<String>) {
+    if out.len() > MAX_CONTRACT_REASONS {
+        return;
+    }
+    let at = |p: &str| {
+        if p.is_empty() {
+            "(root)".to_string()
+        } else {
+            p.to_string()
+        }
+    };
+    match (a, b) {
+        (Value::Mapping(x), Value::Mapping(y)) => {
+            let keys: std::collections::BTreeSet<&str> =
+                x.keys().chain(y.keys()).map(String::as_str).collect();
+            for k in keys {
+                let p = if path.is_empty() {
+                    k.to_string()
+                } else {
+                    format!("{path}.{k}")
+                };
+                match (x.get(k), y.get(k)) {
+                    (Some(v), Some(w)) => diff_nodes(&p, v, w, out),
+                    (Some(v), None) => out.push(format!(
+                        "config changed: {p} removed (was {})",
+                        show_node(v)
+                    )),
+                    (None, Some(w)) => {
+                        out.push(format!("config changed: {p} added ({})", show_node(w)))
+                    }
+                    (None, None) => {}
+                }
+            }
+        }
+        (Value::List(x), Value::List(y)) => {
+            for i in 0..x.len().max(y.len()) {
+                let p = format!("{path}[{i}]");
+                match (x.get(i), y.get(i)) {
+                    (Some(v), Some(w)) => diff_nodes(&p, v, w, out),
+                    (Some(v), None) => out.push(format!(
+                        "config changed: {p} removed (was {})",
+                        show_node(v)
+                    )),
+                    (None, Some(w)) => {
+                        out.push(format!("config changed: {p} added ({})", show_node(w)))
+                    }
+                    (None, None) => {}
+                }
+            }
+        }
+        _ => {
+            let (mut x, mut y) = (String::new(), String::new());
+            write_canonical(a, &mut x);
+            write_canonical(b, &mut y);
+            if x != y {
+                out.push(format!(
+                    "config changed: {} ({} -> {})",
+                    at(path),
+                    show_node(a),
+                    show_node(b)
+                ));
+            }
+        }
+    }
 }
 
 /// Hands out MASTER_PORTs (`base + k`, unique within the plan) and MASTER_ADDRs per runner kind.

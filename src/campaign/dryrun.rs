@@ -363,12 +363,29 @@ fn sbatch_script(
             directive_value(sid, "exclude", &nodes.join(","))?
         );
     }
-    if let Some(tl) = stage.spec.time_limit.as_ref().or(slurm.time_limit.as_ref()) {
+    let time_limit = stage.spec.time_limit.as_ref().or(slurm.time_limit.as_ref());
+    if let Some(tl) = time_limit {
         let _ = writeln!(
             s,
             "#SBATCH --time={}",
             directive_value(sid, "time", tl.as_str())?
         );
+    }
+    let warning = stage.spec.warning_signal.as_ref();
+    if let Some(w) = warning {
+        let _ = writeln!(
+            s,
+            "#SBATCH --signal={}",
+            directive_value(sid, "signal", &format!("B:{w}"))?
+        );
+        for p in super::execution::warning_signal_problems(
+            w,
+            time_limit.map(|t| t.as_duration()),
+            stage.resumable,
+            stage.spec.distributed,
+        ) {
+            let _ = writeln!(s, "# WARNING: {p}");
+        }
     }
     let log_dir = slurm.log_dir.clone().unwrap_or_else(|| "logs".into());
     let _ = writeln!(
@@ -407,6 +424,15 @@ fn sbatch_script(
         "mapfile -t nodes < <(scontrol show hostnames \"$SLURM_JOB_NODELIST\")"
     );
     let _ = writeln!(s, "pids=()");
+    if let Some(w) = warning {
+        // N03: forward the warning signal (and Slurm's TERM at the limit) to every step.
+        for sig in [w.signal.as_str(), "TERM"] {
+            let _ = writeln!(s, "trap 'kill -s {sig} \"${{pids[@]}}\" 2>/dev/null' {sig}");
+            if w.signal == "TERM" {
+                break;
+            }
+        }
+    }
     let repo = contract.repository.clone().unwrap_or_else(|| ".".into());
     let venv = contract.venv.clone().unwrap_or_default();
     for group in &stage.work.topology.groups {
@@ -463,10 +489,18 @@ fn sbatch_script(
         }
     }
     let _ = writeln!(s, "rc=0");
-    let _ = writeln!(
-        s,
-        "for pid in \"${{pids[@]}}\"; do wait \"$pid\" || rc=$?; done"
-    );
+    if warning.is_some() {
+        // A trapped signal interrupts `wait` while the step runs: wait again until it exits.
+        let _ = writeln!(
+            s,
+            "for pid in \"${{pids[@]}}\"; do while :; do r=0; wait \"$pid\" || r=$?; kill -0 \"$pid\" 2>/dev/null || break; done; [ \"$r\" -eq 0 ] || rc=$r; done"
+        );
+    } else {
+        let _ = writeln!(
+            s,
+            "for pid in \"${{pids[@]}}\"; do wait \"$pid\" || rc=$?; done"
+        );
+    }
     if !contract.postrun_commands.is_empty() {
         let _ = writeln!(
             s,

@@ -14,13 +14,14 @@ use std::fmt;
 
 use serde::{Deserialize, Serialize};
 
-use super::config::PathSegment;
+use super::config::{PathSegment, Value};
 use super::mesh::{GpuAllocation, ParallelMesh, ParallelMeshOverride};
 use super::plan_error::PlanError;
-use super::slurm_time::SlurmTime;
-use super::tree::{
-    Node, check_keys, did_you_mean, expect_map, expect_opt_str, expect_u32, invalid, join,
+use super::schema::{
+    check_keys, did_you_mean, expect_map, expect_opt_str, expect_u32, field, invalid, join,
 };
+use super::slurm_time::SlurmTime;
+use crate::executor::WarningSignal;
 
 macro_rules! str_enum {
     ($(#[$m:meta])* $name:ident { $($(#[$vm:meta])* $var:ident = $s:literal),+ $(,)? }) => {
@@ -35,10 +36,10 @@ macro_rules! str_enum {
             pub fn as_str(&self) -> &'static str { match self { $($name::$var => $s),+ } }
             /// Parses the config spelling.
             pub fn parse(s: &str) -> Option<Self> { match s { $($s => Some($name::$var),)+ _ => None } }
-            pub(crate) fn from_node(file: &str, path: &str, node: &Node) -> Result<Self, PlanError> {
+            pub(crate) fn from_value(file: &str, path: &str, node: &Value) -> Result<Self, PlanError> {
                 let names: Vec<&str> = Self::ALL.iter().map(|v| v.as_str()).collect();
                 match node {
-                    Node::Str(s) => Self::parse(s).ok_or_else(|| PlanError::InvalidValue {
+                    Value::String(s) => Self::parse(s).ok_or_else(|| PlanError::InvalidValue {
                         file: file.into(),
                         path: path.into(),
                         value: format!("{s:?}"),
@@ -146,6 +147,9 @@ pub struct StageExecutionConfig {
     /// Heartbeat timeout in seconds (key `heartbeat_timeout_s`, at least 1): a running attempt
     /// whose progress mark does not move for this long is cancelled as hung.
     pub heartbeat_timeout_s: Option<u64>,
+    /// `warning_signal: "USR2@180"` (or `180`): a signal sent that long before `time_limit`
+    /// so the worker can checkpoint (N03).
+    pub warning_signal: Option<WarningSignal>,
 }
 
 /// A parsed execution config.
@@ -172,7 +176,7 @@ const DEFAULT_KEYS: [&str; 4] = [
     "gpus_per_node",
     "max_attempts",
 ];
-const STAGE_KEYS: [&str; 10] = [
+const STAGE_KEYS: [&str; 11] = [
     "strategy",
     "instances",
     "failure_policy",
@@ -183,15 +187,8 @@ const STAGE_KEYS: [&str; 10] = [
     "max_attempts",
     "time_limit",
     "heartbeat_timeout_s",
+    "warning_signal",
 ];
-
-fn field<'a>(map: &'a [(String, Node)], key: &str) -> &'a Node {
-    static NULL: Node = Node::Null;
-    map.iter()
-        .find(|(k, _)| k == key)
-        .map(|(_, v)| v)
-        .unwrap_or(&NULL)
-}
 
 impl ExecutionConfig {
     /// The settings given for `stage`, if any.
@@ -203,16 +200,16 @@ impl ExecutionConfig {
     }
 
     /// Loads the YAML file at `path` (anchors, aliases and `<<` merge keys allowed; no
-    /// composition or interpolation) and reads it with [`Self::from_node`].
+    /// composition or interpolation) and reads it with [`Self::from_value`].
     ///
     /// # Errors
-    /// [`PlanError::Config`] for I/O and YAML errors, then those of [`Self::from_node`].
+    /// [`PlanError::Config`] for I/O and YAML errors, then those of [`Self::from_value`].
     pub fn load(path: impl AsRef<std::path::Path>) -> Result<Self, PlanError> {
         let path = path.as_ref();
         let cfg = super::config::load_yaml_file(path)?;
         let label = path.display().to_string();
-        let mut config = Self::from_node(&label, &Node::from(cfg.value()))
-            .map_err(|e| e.locate(&label, cfg.origins()))?;
+        let mut config =
+            Self::from_value(&label, cfg.value()).map_err(|e| e.locate(&label, cfg.origins()))?;
         for (id, _) in &config.stages {
             let key = super::config::KeyPath(vec![
                 PathSegment::Key("execution".into()),
@@ -236,7 +233,7 @@ impl ExecutionConfig {
     /// # Errors
     /// [`PlanError::UnknownField`] with the key path and a suggestion, [`PlanError::InvalidValue`]
     /// for bad values (unknown strategy, `instances: 0`, a mesh typo, ...).
-    pub fn from_node(file: &str, root: &Node) -> Result<Self, PlanError> {
+    pub fn from_value(file: &str, root: &Value) -> Result<Self, PlanError> {
         let top = expect_map(file, "", root)?;
         check_keys(file, "", top, &TOP_KEYS)?;
         let exec = expect_map(file, "execution", field(top, "execution"))?;
@@ -252,9 +249,9 @@ impl ExecutionConfig {
             }
             match key.as_str() {
                 "failure_policy" => {
-                    defaults.failure_policy = FailurePolicy::from_node(file, &path, value)?
+                    defaults.failure_policy = FailurePolicy::from_value(file, &path, value)?
                 }
-                "halt_policy" => defaults.halt_policy = HaltPolicy::from_node(file, &path, value)?,
+                "halt_policy" => defaults.halt_policy = HaltPolicy::from_value(file, &path, value)?,
                 "gpus_per_node" => {
                     defaults.gpus_per_node = expect_u32(file, &path, value, 1)?;
                     gpus_per_node_given = true;
@@ -279,7 +276,7 @@ impl ExecutionConfig {
     }
 }
 
-fn parse_stage(file: &str, path: &str, node: &Node) -> Result<StageExecutionConfig, PlanError> {
+fn parse_stage(file: &str, path: &str, node: &Value) -> Result<StageExecutionConfig, PlanError> {
     let m = expect_map(file, path, node)?;
     check_keys(file, path, m, &STAGE_KEYS)?;
     let mut s = StageExecutionConfig::default();
@@ -289,20 +286,47 @@ fn parse_stage(file: &str, path: &str, node: &Node) -> Result<StageExecutionConf
             continue;
         }
         match key.as_str() {
-            "strategy" => s.strategy = Some(Strategy::from_node(file, &p, value)?),
+            "strategy" => s.strategy = Some(Strategy::from_value(file, &p, value)?),
             "instances" => s.instances = Some(expect_u32(file, &p, value, 1)?),
-            "failure_policy" => s.failure_policy = Some(FailurePolicy::from_node(file, &p, value)?),
+            "failure_policy" => {
+                s.failure_policy = Some(FailurePolicy::from_value(file, &p, value)?)
+            }
             "partition" => s.partition = expect_opt_str(file, &p, value)?,
-            "resource" => s.resource = Some(Resource::from_node(file, &p, value)?),
+            "resource" => s.resource = Some(Resource::from_value(file, &p, value)?),
             "gpus_per_node" => s.gpus_per_node = Some(expect_u32(file, &p, value, 1)?),
             "parallel" => s.parallel = ParallelMeshOverride::from_mapping(file, &p, value)?,
             "max_attempts" => s.max_attempts = Some(expect_u32(file, &p, value, 1)?),
             "time_limit" => match value {
-                Node::Str(t) if t.parse::<SlurmTime>().is_ok() => s.time_limit = t.parse().ok(),
+                Value::String(t) if t.parse::<SlurmTime>().is_ok() => s.time_limit = t.parse().ok(),
                 other => return Err(invalid(file, &p, other, "a Slurm time such as \"4:00:00\"")),
             },
             "heartbeat_timeout_s" => {
                 s.heartbeat_timeout_s = Some(u64::from(expect_u32(file, &p, value, 1)?))
+            }
+            "warning_signal" => {
+                let text = match value {
+                    Value::String(t) => t.clone(),
+                    Value::Int(i) => i.to_string(),
+                    other => {
+                        return Err(invalid(
+                            file,
+                            &p,
+                            other,
+                            "`SIGNAL@SECONDS` such as \"USR2@180\"",
+                        ));
+                    }
+                };
+                match WarningSignal::parse(&text) {
+                    Ok(w) => s.warning_signal = Some(w),
+                    Err(_) => {
+                        return Err(invalid(
+                            file,
+                            &p,
+                            value,
+                            "`SIGNAL@SECONDS` such as \"USR2@180\" (USR2, USR1, TERM, INT, HUP, URG or ALRM; seconds >= 1)",
+                        ));
+                    }
+                }
             }
             // Every other key was refused by `check_keys` above.
             _ => {}
@@ -310,6 +334,52 @@ fn parse_stage(file: &str, path: &str, node: &Node) -> Result<StageExecutionConf
     }
     Ok(s)
 }
+
+/// What is wrong with a stage's warning signal (N03), one line each, for the dry run: no time
+/// limit (never sent), a lead not shorter than the limit (sent at the start), a lead under
+/// [`MIN_WARNING_LEAD`] (too short for a checkpoint plus Slurm's `KillWait` plus a margin), a
+/// stage that cannot resume (the checkpoint is never used), `USR1` on a distributed stage
+/// (NCCL uses `SIGUSR1` itself).
+pub fn warning_signal_problems(
+    w: &WarningSignal,
+    time_limit: Option<std::time::Duration>,
+    resumable: bool,
+    distributed: bool,
+) -> Vec<String> {
+    let lead = w.lead_secs();
+    let mut out = Vec::new();
+    match time_limit {
+        None => out.push(format!(
+            "warning signal {w} without a time_limit: it is never sent"
+        )),
+        Some(t) if w.lead >= t => out.push(format!(
+            "warning signal lead {lead} s >= time limit {} s: it is sent right at the start",
+            t.as_secs()
+        )),
+        Some(_) => {}
+    }
+    if w.lead < MIN_WARNING_LEAD {
+        out.push(format!(
+            "warning signal lead {lead} s is short: it must cover the checkpoint plus KillWait plus a margin (>= {} s advised; Slurm may send it up to 60 s early)",
+            MIN_WARNING_LEAD.as_secs()
+        ));
+    }
+    if !resumable {
+        out.push(format!(
+            "warning signal {w} on a stage that is not resumable: its checkpoint is never resumed"
+        ));
+    }
+    if distributed && w.signal == "USR1" {
+        out.push(
+            "warning signal USR1 on a distributed stage: NCCL uses SIGUSR1 itself, use USR2".into(),
+        );
+    }
+    out
+}
+
+/// The shortest warning lead the dry run accepts without a warning (N03: a 75 s checkpoint,
+/// KillWait 30 s and a margin).
+pub const MIN_WARNING_LEAD: std::time::Duration = std::time::Duration::from_secs(180);
 
 /// The compiled execution of one stage: everything the controller needs to run it.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -339,6 +409,10 @@ pub struct StageExecutionSpec {
     /// long is cancelled and classified as hung. Not part of the contract hash.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub heartbeat_timeout_s: Option<u64>,
+    /// A signal before the time limit, if set (N03). Attempt metadata like `time_limit`: not
+    /// in the contract hash.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub warning_signal: Option<WarningSignal>,
 }
 
 #[cfg(test)]
@@ -347,7 +421,7 @@ mod tests {
     use serde_json::json;
 
     fn parse(v: serde_json::Value) -> Result<ExecutionConfig, PlanError> {
-        ExecutionConfig::from_node("exec.yaml", &Node::from_json(&v))
+        ExecutionConfig::from_value("exec.yaml", &Value::from_json(&v))
     }
 
     #[test]

@@ -10,14 +10,14 @@
 
 use super::catalog::StageCatalog;
 use super::compile::compile_resolved;
-use super::config::{ConfigLoader, Env, Override, parse_override};
+use super::config::{ConfigLoader, Env, Mapping, Override, Value, parse_override};
 use super::document::{load_plan_document, plan_to_dict};
 use super::dryrun::{DryRunOptions, dry_run};
 use super::execution::ExecutionConfig;
 use super::plan::CampaignPlan;
 use super::plan_error::PlanError;
 use super::runner::RunnerEnvironment;
-use super::tree::Node;
+use super::schema::get;
 
 fn check_error(e: &PlanError) {
     assert!(!e.to_string().is_empty(), "error without a message: {e:?}");
@@ -29,10 +29,10 @@ fn refused(e: &PlanError) -> CompileOutcome {
     CompileOutcome::Refused
 }
 
-fn shuffle(node: &Node, seed: &mut u64) -> Node {
+fn shuffle(node: &Value, seed: &mut u64) -> Value {
     match node {
-        Node::Map(entries) => {
-            let mut e: Vec<(String, Node)> = entries
+        Value::Mapping(entries) => {
+            let mut e: Vec<(String, Value)> = entries
                 .iter()
                 .map(|(k, v)| (k.clone(), shuffle(v, seed)))
                 .collect();
@@ -43,9 +43,9 @@ fn shuffle(node: &Node, seed: &mut u64) -> Node {
                 let j = (*seed >> 33) as usize % (i + 1);
                 e.swap(i, j);
             }
-            Node::Map(e)
+            Value::Mapping(e.into_iter().collect())
         }
-        Node::Seq(items) => Node::Seq(items.iter().map(|v| shuffle(v, seed)).collect()),
+        Value::List(items) => Value::List(items.iter().map(|v| shuffle(v, seed)).collect()),
         other => other.clone(),
     }
 }
@@ -114,29 +114,21 @@ pub fn compile(data: &[u8]) -> CompileOutcome {
     let Ok(cfg) = loader.load_str(yaml, "fuzz.yaml", &overrides) else {
         return CompileOutcome::Skipped;
     };
-    let config = Node::from(cfg.value());
-    let runner = match config.get("runner") {
-        Some(r) => match RunnerEnvironment::from_node(
-            "fuzz.yaml",
-            &Node::Map(vec![("runner".into(), r.clone())]),
-        ) {
+    let config = cfg.into_value();
+    let one = |k: &str, v: Value| Value::Mapping(Mapping::from_iter([(k.to_string(), v)]));
+    let runner = match get(&config, "runner") {
+        Some(r) => match RunnerEnvironment::from_value("fuzz.yaml", &one("runner", r.clone())) {
             Ok(r) => r,
             Err(e) => return refused(&e),
         },
-        None => RunnerEnvironment::from_node(
+        None => RunnerEnvironment::from_value(
             "fuzz.yaml",
-            &Node::Map(vec![(
-                "runner".into(),
-                Node::Map(vec![("kind".into(), Node::Str("slurm".into()))]),
-            )]),
+            &one("runner", one("kind", Value::from("slurm"))),
         )
         .expect("a minimal slurm runner parses"),
     };
-    let execution = match config.get("execution") {
-        Some(x) => match ExecutionConfig::from_node(
-            "fuzz.yaml",
-            &Node::Map(vec![("execution".into(), x.clone())]),
-        ) {
+    let execution = match get(&config, "execution") {
+        Some(x) => match ExecutionConfig::from_value("fuzz.yaml", &one("execution", x.clone())) {
             Ok(x) => x,
             Err(e) => return refused(&e),
         },

@@ -9,8 +9,9 @@ use std::ops::Range;
 
 use serde::{Deserialize, Serialize};
 
+use super::config::Value;
 use super::plan_error::PlanError;
-use super::tree::{Node, check_keys, expect_u32, invalid, join};
+use super::schema::{check_keys, expect_map, expect_u32, invalid, join};
 
 /// The parallel layout of one model instance (one process group).
 ///
@@ -130,7 +131,7 @@ impl ParallelMesh {
     /// - [`PlanError::InvalidValue`] for a size that is not an integer >= 1 (`2.7`, `"2"`, `0`),
     ///   instead of truncating or ignoring it;
     /// - [`PlanError::BadMesh`] if the result does not [`validate`](Self::validate).
-    pub fn from_mapping(file: &str, path: &str, node: &Node) -> Result<Self, PlanError> {
+    pub fn from_mapping(file: &str, path: &str, node: &Value) -> Result<Self, PlanError> {
         let ov = ParallelMeshOverride::from_mapping(file, path, node)?;
         let mesh = ov.apply(ParallelMesh::SINGLE);
         mesh.validate(path)?;
@@ -178,10 +179,10 @@ impl ParallelMeshOverride {
     ///
     /// # Errors
     /// [`PlanError::UnknownField`] / [`PlanError::InvalidValue`] with the key path.
-    pub fn from_mapping(file: &str, path: &str, node: &Node) -> Result<Self, PlanError> {
+    pub fn from_mapping(file: &str, path: &str, node: &Value) -> Result<Self, PlanError> {
         let map = match node {
-            Node::Map(m) => m.as_slice(),
-            Node::Null => &[],
+            Value::Null => return Ok(ParallelMeshOverride::default()),
+            Value::Mapping(m) => m,
             other => {
                 return Err(invalid(
                     file,
@@ -473,17 +474,14 @@ const VLLM_KEYS: [&str; 17] = [
 pub fn normalize_vllm_topology(
     file: &str,
     path: &str,
-    node: &Node,
+    node: &Value,
 ) -> Result<VllmTopology, PlanError> {
-    let map = match node {
-        Node::Map(m) => m.as_slice(),
-        Node::Null => &[],
-        other => return Err(invalid(file, path, other, "a vLLM topology mapping")),
-    };
+    let map = expect_map(file, path, node)
+        .map_err(|_| invalid(file, path, node, "a vLLM topology mapping"))?;
     check_keys(file, path, map, &VLLM_KEYS)?;
     let size = |long: &str, short: &str| -> Result<Option<u32>, PlanError> {
-        let a = map.iter().find(|(k, _)| k == long);
-        let b = map.iter().find(|(k, _)| k == short);
+        let a = map.get_key_value(long);
+        let b = map.get_key_value(short);
         match (a, b) {
             (Some(_), Some(_)) => Err(PlanError::InvalidValue {
                 file: file.to_string(),
@@ -507,10 +505,10 @@ pub fn normalize_vllm_topology(
     let pcp = size("prefill_context_parallel_size", "pcp")?.unwrap_or(1);
     let dcp = size("decode_context_parallel_size", "dcp")?.unwrap_or(1);
     let ep_explicit = size("expert_parallel_size", "ep")?;
-    let enable = match map.iter().find(|(k, _)| k == "enable_expert_parallel") {
+    let enable = match map.get_key_value("enable_expert_parallel") {
         None => None,
-        Some((_, Node::Null)) => None,
-        Some((_, Node::Bool(b))) => Some(*b),
+        Some((_, Value::Null)) => None,
+        Some((_, Value::Bool(b))) => Some(*b),
         Some((k, other)) => return Err(invalid(file, &join(path, k), other, "true or false")),
     };
     let bad = |reason: String| PlanError::BadMesh {
@@ -555,12 +553,9 @@ pub fn normalize_vllm_topology(
             "decode_context_parallel_size={dcp} must divide tensor_parallel_size={tp}"
         )));
     }
-    let backend = match map
-        .iter()
-        .find(|(k, _)| k == "distributed_executor_backend")
-    {
-        None | Some((_, Node::Null)) => None,
-        Some((_, Node::Str(s))) => Some(s.clone()),
+    let backend = match map.get_key_value("distributed_executor_backend") {
+        None | Some((_, Value::Null)) => None,
+        Some((_, Value::String(s))) => Some(s.clone()),
         Some((k, other)) => {
             return Err(invalid(
                 file,
@@ -579,7 +574,7 @@ pub fn normalize_vllm_topology(
         expert_parallel_size: ep,
         distributed_executor_backend: backend,
     };
-    if let Some((k, v)) = map.iter().find(|(k, _)| k == "gpu_group_size")
+    if let Some((k, v)) = map.get_key_value("gpu_group_size")
         && !v.is_null()
     {
         {
@@ -624,8 +619,8 @@ mod tests {
     use super::*;
     use serde_json::json;
 
-    fn node(v: serde_json::Value) -> Node {
-        Node::from_json(&v)
+    fn node(v: serde_json::Value) -> Value {
+        Value::from_json(&v)
     }
 
     #[test]

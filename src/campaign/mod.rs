@@ -3,6 +3,8 @@
 //! A campaign starts from three inputs: an experiment YAML (Hydra-style composition of
 //! `defaults`, overrides and `${...}` interpolation, see [`config`]), a runner config and an
 //! execution config. This module area turns them into a pure, deterministic plan.
+//! The planner reads the loaded [`config::Value`] tree itself (there is no second tree), so
+//! an error about a value names the `file:line:column` (or the override) that wrote it.
 //!
 //! Two sub-areas are modules of their own; everything else is re-exported here, one path each:
 //!
@@ -32,9 +34,9 @@ mod mesh;
 mod plan;
 mod plan_error;
 pub(crate) mod runner;
+mod schema;
 mod slurm_time;
 mod summary;
-mod tree;
 mod work;
 
 pub use catalog::{
@@ -43,7 +45,8 @@ pub use catalog::{
 };
 pub use compile::{
     MAX_INSTANCES_PER_STAGE, MAX_WORK_ITEMS_PER_PLAN, PUZZLE_KNOWN_EXTERNAL_STAGES, StageFilter,
-    compile_campaign_plan, compile_campaign_plan_with, compile_resolved, contract_hash,
+    compile_campaign_plan, compile_campaign_plan_with, compile_resolved, contract_changes,
+    contract_hash,
 };
 pub use document::{
     DefaultsDocument, PlanDocument, StageDocument, SubmissionDocument, load_plan_document,
@@ -54,8 +57,8 @@ pub use dryrun::{
     item_argv, render_dry_run, shell_quote,
 };
 pub use execution::{
-    ExecutionConfig, ExecutionDefaults, FailurePolicy, HaltPolicy, Resource, StageExecutionConfig,
-    StageExecutionSpec, Strategy,
+    ExecutionConfig, ExecutionDefaults, FailurePolicy, HaltPolicy, MIN_WARNING_LEAD, Resource,
+    StageExecutionConfig, StageExecutionSpec, Strategy, warning_signal_problems,
 };
 pub use mesh::{
     GpuAllocation, InstancePlacement, MAX_GPUS_PER_INSTANCE, MESH_EXTRA_KEYS, MESH_KEYS,
@@ -69,7 +72,6 @@ pub use runner::{
 };
 pub use slurm_time::{SlurmTime, SlurmTimeError};
 pub use summary::{PlanSummary, StageSummary};
-pub use tree::Node;
 pub use work::{
     MasterAddr, Rendezvous, RendezvousAllocator, TaskGroup, TaskLauncher, TaskTopology, WorkItem,
     WorkItemKind, WorkPlan, WorkPlanInput, build_work_plan,

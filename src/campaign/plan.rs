@@ -2,10 +2,9 @@
 
 use serde::{Deserialize, Serialize};
 
-use super::config::Override;
+use super::config::{Override, Value};
 use super::execution::{ExecutionDefaults, StageExecutionSpec};
 use super::runner::RunnerEnvironment;
-use super::tree::Node;
 use super::work::WorkPlan;
 use crate::identity::Hash;
 
@@ -65,7 +64,7 @@ pub struct CampaignPlan {
     /// complete.
     pub completed_stages: Vec<String>,
     /// The resolved experiment config (after composition, overrides and interpolation).
-    pub resolved_config: Node,
+    pub resolved_config: Value,
 }
 
 impl CampaignPlan {

@@ -10,12 +10,13 @@
 
 use serde::{Deserialize, Serialize};
 
+use super::config::Value;
 use super::plan_error::PlanError;
-use super::slurm_time::SlurmTime;
-use super::tree::{
-    Node, check_keys, did_you_mean, expect_map, expect_opt_str, expect_str_list, expect_u32,
+use super::schema::{
+    check_keys, did_you_mean, expect_map, expect_opt_str, expect_str_list, expect_u32, field,
     invalid, join,
 };
+use super::slurm_time::SlurmTime;
 use crate::identity::{Hash, Hasher};
 
 /// Which kind of machines run the stages.
@@ -58,11 +59,11 @@ impl Partitions {
         self.0.is_empty()
     }
 
-    fn parse(file: &str, path: &str, node: &Node) -> Result<Self, PlanError> {
+    fn parse(file: &str, path: &str, node: &Value) -> Result<Self, PlanError> {
         let names: Vec<String> = match node {
-            Node::Null => Vec::new(),
-            Node::Str(s) => s.split(',').map(|p| p.trim().to_string()).collect(),
-            Node::Seq(_) => expect_str_list(file, path, node)?,
+            Value::Null => Vec::new(),
+            Value::String(s) => s.split(',').map(|p| p.trim().to_string()).collect(),
+            Value::List(_) => expect_str_list(file, path, node)?,
             other => {
                 return Err(invalid(
                     file,
@@ -261,14 +262,6 @@ const CONTRACT_KEYS: [&str; 7] = [
 ];
 const LOCAL_KEYS: [&str; 2] = ["gpus", "log_dir"];
 
-fn field<'a>(map: &'a [(String, Node)], key: &str) -> &'a Node {
-    static NULL: Node = Node::Null;
-    map.iter()
-        .find(|(k, _)| k == key)
-        .map(|(_, v)| v)
-        .unwrap_or(&NULL)
-}
-
 impl RunnerEnvironment {
     /// A local runner with an empty contract.
     pub fn local() -> Self {
@@ -282,16 +275,15 @@ impl RunnerEnvironment {
     }
 
     /// Loads the YAML file at `path` (anchors, aliases and `<<` merge keys allowed; no
-    /// composition or interpolation) and reads it with [`Self::from_node`].
+    /// composition or interpolation) and reads it with [`Self::from_value`].
     ///
     /// # Errors
-    /// [`PlanError::Config`] for I/O and YAML errors, then those of [`Self::from_node`].
+    /// [`PlanError::Config`] for I/O and YAML errors, then those of [`Self::from_value`].
     pub fn load(path: impl AsRef<std::path::Path>) -> Result<Self, PlanError> {
         let path = path.as_ref();
         let cfg = super::config::load_yaml_file(path)?;
         let label = path.display().to_string();
-        Self::from_node(&label, &Node::from(cfg.value()))
-            .map_err(|e| e.locate(&label, cfg.origins()))
+        Self::from_value(&label, cfg.value()).map_err(|e| e.locate(&label, cfg.origins()))
     }
 
     /// Reads a runner from a loaded config tree (the whole file, with its top-level `runner:`).
@@ -301,7 +293,7 @@ impl RunnerEnvironment {
     /// [`PlanError::UnknownField`] (key path + suggestion), [`PlanError::InvalidValue`],
     /// [`PlanError::MissingField`] for a missing `runner.kind`, or a section that does not
     /// belong to the kind (e.g. `inventory` in a Slurm runner).
-    pub fn from_node(file: &str, root: &Node) -> Result<Self, PlanError> {
+    pub fn from_value(file: &str, root: &Value) -> Result<Self, PlanError> {
         let top = expect_map(file, "", root)?;
         check_keys(file, "", top, &TOP_KEYS)?;
         let runner = expect_map(file, "runner", field(top, "runner"))?;
@@ -314,14 +306,14 @@ impl RunnerEnvironment {
         }
         check_keys(file, "runner", runner, &RUNNER_KEYS)?;
         let kind = match field(runner, "kind") {
-            Node::Null => {
+            Value::Null => {
                 return Err(PlanError::MissingField {
                     file: file.into(),
                     path: "runner.kind".into(),
                     expected: "local, slurm or baremetal".into(),
                 });
             }
-            Node::Str(s) => match s.as_str() {
+            Value::String(s) => match s.as_str() {
                 "local" => RunnerKind::Local,
                 "slurm" => RunnerKind::Slurm,
                 "baremetal" => RunnerKind::Baremetal,
@@ -386,7 +378,7 @@ impl RunnerEnvironment {
             let m = expect_map(file, path, field(runner, "local"))?;
             check_keys(file, path, m, &LOCAL_KEYS)?;
             let gpus = match field(m, "gpus") {
-                Node::Null => None,
+                Value::Null => None,
                 n => Some(expect_u32(file, "runner.local.gpus", n, 1)?),
             };
             Some(LocalSettings {
@@ -425,26 +417,26 @@ impl RunnerEnvironment {
     }
 }
 
-fn parse_slurm(file: &str, node: &Node) -> Result<SlurmSettings, PlanError> {
+fn parse_slurm(file: &str, node: &Value) -> Result<SlurmSettings, PlanError> {
     let path = "runner.slurm";
     let m = expect_map(file, path, node)?;
     check_keys(file, path, m, &SLURM_KEYS)?;
     let opt_part = |key: &str| -> Result<Option<Partitions>, PlanError> {
         match field(m, key) {
-            Node::Null => Ok(None),
+            Value::Null => Ok(None),
             n => Partitions::parse(file, &join(path, key), n).map(Some),
         }
     };
     let opt_u32 = |key: &str| -> Result<Option<u32>, PlanError> {
         match field(m, key) {
-            Node::Null => Ok(None),
+            Value::Null => Ok(None),
             n => expect_u32(file, &join(path, key), n, 1).map(Some),
         }
     };
     let time_limit = match field(m, "time_limit") {
-        Node::Null => None,
-        Node::Str(s) if s.parse::<SlurmTime>().is_ok() => s.parse().ok(),
-        Node::Int(i) if *i > 0 && *i < 1_000_000 => Some(SlurmTime::from_minutes(*i as u32)),
+        Value::Null => None,
+        Value::String(s) if s.parse::<SlurmTime>().is_ok() => s.parse().ok(),
+        Value::Int(i) if *i > 0 && *i < 1_000_000 => Some(SlurmTime::from_minutes(*i as u32)),
         other => {
             return Err(invalid(
                 file,
@@ -469,12 +461,12 @@ fn parse_slurm(file: &str, node: &Node) -> Result<SlurmSettings, PlanError> {
     })
 }
 
-fn parse_inventory(file: &str, node: &Node) -> Result<BaremetalInventory, PlanError> {
+fn parse_inventory(file: &str, node: &Value) -> Result<BaremetalInventory, PlanError> {
     let path = "runner.inventory";
     let m = expect_map(file, path, node)?;
     check_keys(file, path, m, &INVENTORY_KEYS)?;
     let rendezvous_host = match field(m, "rendezvous_host") {
-        Node::Str(s) => s.clone(),
+        Value::String(s) => s.clone(),
         other => {
             return Err(invalid(
                 file,
@@ -485,8 +477,8 @@ fn parse_inventory(file: &str, node: &Node) -> Result<BaremetalInventory, PlanEr
         }
     };
     let rendezvous_port_base = match field(m, "rendezvous_port_base") {
-        Node::Null => 29500,
-        Node::Int(p) if (1024..=65535).contains(p) => *p as u16,
+        Value::Null => 29500,
+        Value::Int(p) if (1024..=65535).contains(p) => *p as u16,
         other => {
             return Err(invalid(
                 file,
@@ -498,7 +490,7 @@ fn parse_inventory(file: &str, node: &Node) -> Result<BaremetalInventory, PlanEr
     };
     let hosts_node = field(m, "hosts");
     let items = match hosts_node {
-        Node::Seq(items) if !items.is_empty() => items,
+        Value::List(items) if !items.is_empty() => items,
         other => {
             return Err(invalid(
                 file,
@@ -514,7 +506,7 @@ fn parse_inventory(file: &str, node: &Node) -> Result<BaremetalInventory, PlanEr
         let hm = expect_map(file, &hp, item)?;
         check_keys(file, &hp, hm, &HOST_KEYS)?;
         let hostname = match field(hm, "hostname") {
-            Node::Str(s)
+            Value::String(s)
                 if !s.is_empty()
                     && !s.starts_with('-')
                     && !s.chars().any(|c| c.is_whitespace()) =>
@@ -566,7 +558,7 @@ fn parse_inventory(file: &str, node: &Node) -> Result<BaremetalInventory, PlanEr
     })
 }
 
-fn parse_contract(file: &str, node: &Node) -> Result<ExecutionContract, PlanError> {
+fn parse_contract(file: &str, node: &Value) -> Result<ExecutionContract, PlanError> {
     let path = "runner.execution_contract";
     let m = expect_map(file, path, node)?;
     check_keys(file, path, m, &CONTRACT_KEYS)?;
@@ -596,7 +588,7 @@ mod tests {
     use serde_json::json;
 
     fn parse(v: serde_json::Value) -> Result<RunnerEnvironment, PlanError> {
-        RunnerEnvironment::from_node("runner.yaml", &Node::from_json(&v))
+        RunnerEnvironment::from_value("runner.yaml", &Value::from_json(&v))
     }
 
     #[test]

@@ -38,6 +38,18 @@ pub(super) fn run(cmd: CampaignCmd) -> Result<i32, CliError> {
             }),
         },
         CampaignCmd::Report { dir, out, no_sacct } => report_cmd(&dir, out, !no_sacct),
+        CampaignCmd::GpuPreflight => {
+            match crate::executor::gpu::preflight(|k| std::env::var(k).ok()) {
+                Ok(device) => {
+                    println!("{device}");
+                    Ok(exit::DONE)
+                }
+                Err(e) => Err(CliError {
+                    code: crate::executor::gpu::PREFLIGHT_EXIT_CODE,
+                    message: e.to_string(),
+                }),
+            }
+        }
     }
 }
 

@@ -212,6 +212,11 @@ pub enum CampaignCmd {
         #[arg(long)]
         no_sacct: bool,
     },
+    /// Worker-side GPU preflight (N04): checks the visible GPUs (CUDA_VISIBLE_DEVICES,
+    /// SLURM_STEP_GPUS, SLURM_JOB_GPUS) against PUZZLETRON_GPUS_PER_NODE and prints this
+    /// rank's device (its position in its visible list). Exit 2 on a mismatch: the controller
+    /// classifies it as a configuration failure, never retried.
+    GpuPreflight,
 }
 
 /// Options of `campaign run`.

@@ -78,6 +78,7 @@
 
 pub mod baremetal;
 mod error;
+pub mod gpu;
 mod handle;
 mod inprocess;
 pub mod local;
@@ -107,7 +108,8 @@ pub use mock::{MockCall, MockClock, MockExecutor, MockScript, MockSubmitError};
 pub use slurm::{PollPolicy, RetryPolicy, SlurmExecutor, SlurmExecutorBuilder, SlurmStats};
 pub use spec::{
     ARRAY_INDEX_ENV, ATTEMPT_ID_ENV, ArraySpec, AttemptId, AttemptSpec, CommandSpec, GpuRequest,
-    MAX_ATTEMPT_ID_LEN, SchedulerOptions, TaskLauncher, TaskTopology,
+    MAX_ATTEMPT_ID_LEN, SchedulerOptions, TaskLauncher, TaskTopology, WARNING_SIGNALS,
+    WarningSignal,
 };
 pub use status::{JobState, JobStatus, StepStatus};
 

@@ -467,6 +467,100 @@ pub struct AttemptSpec {
     /// Where stdout and stderr go (one file, both streams). `None` = the executor's default
     /// (local: `<attempt folder>/output.log`; Slurm: `<log dir>/<attempt id>-%j.out`).
     pub log_path: Option<PathBuf>,
+    /// A signal sent before the wall-clock limit so the worker can checkpoint (N03; Slurm:
+    /// `--signal=B:<signal>@<lead>`, forwarded by the batch shell to the step). `None` = none.
+    /// Executors without a time-limit signal (local, mock) ignore it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub warning_signal: Option<WarningSignal>,
+}
+
+/// A signal delivered `lead` before an attempt's wall-clock limit (N03), so a resumable worker
+/// can write a checkpoint before `SIGTERM`/`SIGKILL`.
+///
+/// The lead must cover the checkpoint's duration plus the scheduler's `KillWait` plus a margin;
+/// Slurm may send the signal up to 60 s earlier than asked (its event resolution).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct WarningSignal {
+    /// The signal's name without `SIG` (`USR2`, the default; NCCL uses `USR1` itself).
+    pub signal: String,
+    /// How long before the limit it is sent.
+    pub lead: Duration,
+}
+
+/// Signals a [`WarningSignal`] may use (names without `SIG`).
+pub const WARNING_SIGNALS: &[&str] = &["USR2", "USR1", "TERM", "INT", "HUP", "URG", "ALRM"];
+
+impl WarningSignal {
+    /// `USR2`, `lead` before the limit.
+    pub fn usr2(lead: Duration) -> Self {
+        Self {
+            signal: "USR2".into(),
+            lead,
+        }
+    }
+
+    /// Parses `SIG@SECONDS` (`USR2@180`, `SIGUSR2@180`) or bare `SECONDS` (= `USR2`).
+    ///
+    /// # Errors
+    /// [`ExecutorError::InvalidSpec`] naming the text when the signal is not one of
+    /// [`WARNING_SIGNALS`] or the lead is not a whole number of seconds from 1.
+    pub fn parse(text: &str) -> Result<Self, ExecutorError> {
+        let (sig, secs) = text.trim().split_once('@').unwrap_or(("USR2", text.trim()));
+        let w = Self {
+            signal: sig.trim_start_matches("SIG").to_string(),
+            lead: Duration::from_secs(secs.parse::<u64>().unwrap_or(0)),
+        };
+        w.validate(None).map_err(|_| ExecutorError::InvalidSpec {
+            attempt_id: None,
+            field: "warning_signal".into(),
+            value: text.into(),
+            expected: format!(
+                "`SIGNAL@SECONDS` (e.g. `USR2@180`) or `SECONDS`, SIGNAL one of {}, SECONDS >= 1",
+                WARNING_SIGNALS.join(", ")
+            ),
+        })?;
+        Ok(w)
+    }
+
+    /// The lead in whole seconds (rounded up; Slurm's `@` takes seconds).
+    pub fn lead_secs(&self) -> u64 {
+        let s = self.lead.as_secs();
+        if self.lead.subsec_nanos() > 0 {
+            s + 1
+        } else {
+            s
+        }
+    }
+
+    /// Checks the signal name and that the lead is at least 1 s.
+    ///
+    /// # Errors
+    /// [`ExecutorError::InvalidSpec`] naming `warning_signal.signal` or `warning_signal.lead`.
+    pub fn validate(&self, attempt_id: Option<&AttemptId>) -> Result<(), ExecutorError> {
+        if !WARNING_SIGNALS.contains(&self.signal.as_str()) {
+            return Err(ExecutorError::InvalidSpec {
+                attempt_id: attempt_id.cloned(),
+                field: "warning_signal.signal".into(),
+                value: self.signal.clone(),
+                expected: format!("one of {}", WARNING_SIGNALS.join(", ")),
+            });
+        }
+        if self.lead < Duration::from_secs(1) {
+            return Err(ExecutorError::InvalidSpec {
+                attempt_id: attempt_id.cloned(),
+                field: "warning_signal.lead".into(),
+                value: format!("{:?}", self.lead),
+                expected: "at least 1 s".into(),
+            });
+        }
+        Ok(())
+    }
+}
+
+impl fmt::Display for WarningSignal {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}@{}", self.signal, self.lead_secs())
+    }
 }
 
 impl AttemptSpec {
@@ -481,6 +575,7 @@ impl AttemptSpec {
             exclusive: false,
             scheduler: SchedulerOptions::default(),
             log_path: None,
+            warning_signal: None,
         }
     }
 
@@ -514,6 +609,12 @@ impl AttemptSpec {
         self
     }
 
+    /// Asks for a warning signal before the wall-clock limit (see [`WarningSignal`]).
+    pub fn with_warning_signal(mut self, signal: WarningSignal) -> Self {
+        self.warning_signal = Some(signal);
+        self
+    }
+
     /// Sets the log file path.
     pub fn with_log_path(mut self, path: impl Into<PathBuf>) -> Self {
         self.log_path = Some(path.into());
@@ -536,6 +637,9 @@ impl AttemptSpec {
                 value: "0s".into(),
                 expected: "a positive duration or none".into(),
             });
+        }
+        if let Some(w) = &self.warning_signal {
+            w.validate(id)?;
         }
         for (i, d) in self.scheduler.extra_directives.iter().enumerate() {
             if !d.starts_with('-') || d.contains('\n') || d.contains('\0') {

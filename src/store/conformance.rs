@@ -83,7 +83,46 @@ pub fn run_all<S: Store + 'static>(make: impl Fn() -> S) {
     release_frees_the_job(&make());
     bad_metric_names_refused(&make());
     records_batch_matches_single(&make());
+    done_head_never_lies(&make());
     concurrent_claims_one_winner(Arc::new(make()));
+}
+
+/// [`Store::done_head`] is `None` for an absent, running or failed job, and for a done job it is
+/// `None` or exactly its record's attempt and witnesses digest.
+pub fn done_head_never_lies(store: &dyn Store) {
+    let k = Hash::of("head");
+    assert_eq!(store.done_head(&k).unwrap(), None, "no record: no head");
+    let c = claimed(store, &k, &Owner::current());
+    store
+        .start(&c, &sample_record(k, Status::Running, c.attempt))
+        .unwrap();
+    assert_eq!(store.done_head(&k).unwrap(), None, "running: no head");
+    store
+        .finish(&c, &sample_record(k, Status::Failed, c.attempt))
+        .unwrap();
+    assert_eq!(store.done_head(&k).unwrap(), None, "failed: no head");
+    let c = claimed(store, &k, &Owner::current());
+    let done = sample_record(k, Status::Done, c.attempt);
+    store
+        .start(&c, &sample_record(k, Status::Running, c.attempt))
+        .unwrap();
+    store.finish(&c, &done).unwrap();
+    if let Some(h) = store.done_head(&k).unwrap() {
+        assert_eq!(h.attempt, 2, "the head of the done attempt");
+        assert_eq!(
+            h.witnesses,
+            super::DoneHead::witnesses_digest(&done.witnesses)
+        );
+    }
+    // Forced re-run in place: while it runs, the old done head must not be reported.
+    let c = match store.claim(&k, &Owner::current(), Some(2)).unwrap() {
+        ClaimOutcome::Claimed(c) => c,
+        other => panic!("a forced re-run claims the done job, got {other:?}"),
+    };
+    store
+        .start(&c, &sample_record(k, Status::Running, c.attempt))
+        .unwrap();
+    assert_eq!(store.done_head(&k).unwrap(), None, "re-running: no head");
 }
 
 /// A new store holds no records, keys, lineage or claims.

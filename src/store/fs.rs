@@ -10,6 +10,7 @@
 //! ROOT/jobs/KEY/error.txt           the last failure's text and backtrace
 //! ROOT/jobs/KEY/artifacts/          files the job writes (Run::artifact_dir)
 //! ROOT/lineage/LINEAGE              the key last started for a job name + parameters
+//! ROOT/done.idx                     a cache of done records for fast cache hits (see `index`)
 //! ```
 //!
 //! Exclusion uses `open(O_CREAT|O_EXCL)` and `link(2)`, which are atomic on local filesystems
@@ -22,10 +23,11 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, SystemTime};
 
 use super::fs_sink::FsSink;
+use super::index::{DoneIndex, Entry, INDEX_FILE};
 use super::rows::{Bound, TornTail, read_rows};
 use super::{
-    Claim, ClaimInfo, ClaimOutcome, DEFAULT_STALE_AFTER, FORMAT_VERSION, JobRecord, MetricSink,
-    Owner, Series, Status, Store, StoreError,
+    Claim, ClaimInfo, ClaimOutcome, DEFAULT_STALE_AFTER, DoneHead, FORMAT_VERSION, JobRecord,
+    MetricSink, Owner, Series, Status, Store, StoreError,
 };
 use crate::fsutil::{Durability, atomic_write, replace_file, write_file};
 use crate::identity::Hash;
@@ -40,12 +42,34 @@ const TAKEOVER_GRACE: Duration = Duration::from_secs(5);
 
 /// A [`Store`] in a folder on a local or shared filesystem. Several processes, on one or many
 /// hosts, may use one folder at once.
+///
+/// # fsync budget per run
+///
+/// A run that ends done costs at most three `fsync`s, all in [`Store::finish`] and the sink's
+/// [`MetricSink::sync`] before it: one `fdatasync` of its metrics file (none when it logged no
+/// rows), one of the record's temp file and one of the job folder after the rename, which also
+/// makes the metrics file's entry durable. A failed run costs the same (its `error.txt` is a
+/// copy of what the record holds and is not synced). Claims, the running record, the lineage
+/// pointer and the done index (`done.idx`) are never synced: they matter only while their
+/// writer lives, or are a cache. A sweep's in-process drain commits finished runs on several
+/// threads while the next runs execute, so the `fsync`s of several runs are in flight at once (a
+/// journaling filesystem merges them into one commit, and the disk serves them together); the
+/// drain returns once all are durable.
+///
+/// # Cache hits
+///
+/// `done.idx` lists, per done record, its attempt, the digest of its witnesses and the SHA-256
+/// of its bytes. A cache hit ([`Store::done_head`]) reads `record.json` and compares its digest
+/// instead of parsing it; an entry that does not match (a record edited, replaced or deleted
+/// behind the index) is ignored and the record is read as usual. The index is append-only, a
+/// torn last line is ignored, and a lost one is rebuilt as records are read.
 #[derive(Debug, Clone)]
 pub struct FsStore {
     root: PathBuf,
     jobs: PathBuf,
     lineage: PathBuf,
     stale_after: Duration,
+    index: DoneIndex,
 }
 
 fn io_err(path: &Path) -> impl FnOnce(io::Error) -> StoreError + '_ {
@@ -107,8 +131,9 @@ impl FsStore {
         // Our own entries are allowed: another process may be creating this store right now.
         if root.is_dir() && !fmt.exists() {
             let ours = |n: &str| {
-                matches!(n, "jobs" | "lineage" | FORMAT_FILE)
+                matches!(n, "jobs" | "lineage" | FORMAT_FILE | INDEX_FILE)
                     || n.starts_with(&format!(".{FORMAT_FILE}.tmp"))
+                    || n.starts_with(&format!(".{INDEX_FILE}.tmp"))
             };
             for e in fs::read_dir(&root).map_err(io_err(&root))? {
                 let name = e.map_err(io_err(&root))?.file_name();
@@ -167,6 +192,7 @@ impl FsStore {
             }
         }
         Ok(Self {
+            index: DoneIndex::new(&root),
             root,
             jobs,
             lineage,
@@ -195,7 +221,10 @@ impl FsStore {
         self.job_dir(key).join("claim")
     }
 
-    fn read_record(&self, path: &Path) -> Result<Option<JobRecord>, StoreError> {
+    /// The record of `key` and, when it is done, its index entry (for the caller to note).
+    fn read_record(&self, key: &Hash) -> Result<Option<(JobRecord, Option<Entry>)>, StoreError> {
+        let path = self.job_dir(key).join("record.json");
+        let path = path.as_path();
         let bytes = match fs::read(path) {
             Ok(b) => b,
             Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(None),
@@ -206,7 +235,9 @@ impl FsStore {
                 });
             }
         };
-        parse_record(path, &bytes).map(Some)
+        let rec = parse_record(path, &bytes)?;
+        let entry = Entry::of(&rec, &bytes);
+        Ok(Some((rec, entry)))
     }
 
     /// Reads the claim file: `None` when absent.
@@ -255,18 +286,20 @@ impl FsStore {
         }
     }
 
+    /// Writes `value` as pretty JSON; returns the bytes written.
     fn write_json(
         &self,
         path: &Path,
         value: &impl serde::Serialize,
         durability: Durability,
-    ) -> Result<(), StoreError> {
+    ) -> Result<Vec<u8>, StoreError> {
         let mut bytes = serde_json::to_vec_pretty(value).map_err(|e| StoreError::Corrupt {
             path: path.to_path_buf(),
             reason: e.to_string(),
         })?;
         bytes.push(b'\n');
-        write_file(path, &bytes, durability).map_err(io_err(path))
+        write_file(path, &bytes, durability).map_err(io_err(path))?;
+        Ok(bytes)
     }
 
     /// Creates the claim file with its content in one atomic step: the owner is written to a
@@ -389,6 +422,17 @@ fn sanitize(s: &str) -> String {
 }
 
 fn parse_record(path: &Path, bytes: &[u8]) -> Result<JobRecord, StoreError> {
+    // The common case in one pass; a newer format that still parses is refused all the same.
+    if let Ok(rec) = serde_json::from_slice::<JobRecord>(bytes) {
+        if rec.format > FORMAT_VERSION {
+            return Err(StoreError::NewerFormat {
+                path: path.to_path_buf(),
+                found: rec.format,
+                supported: FORMAT_VERSION,
+            });
+        }
+        return Ok(rec);
+    }
     // Check the version before the shape, so a newer format is reported as such.
     let v: serde_json::Value = serde_json::from_slice(bytes).map_err(|e| StoreError::Corrupt {
         path: path.to_path_buf(),
@@ -425,24 +469,44 @@ impl Store for FsStore {
     }
 
     fn record(&self, key: &Hash) -> Result<Option<JobRecord>, StoreError> {
-        self.read_record(&self.job_dir(key).join("record.json"))
+        let Some((rec, entry)) = self.read_record(key)? else {
+            return Ok(None);
+        };
+        if let Some(e) = entry {
+            self.index.note(&[(*key, e)]);
+        }
+        Ok(Some(rec))
     }
 
     fn records(&self, keys: &[Hash]) -> Result<Vec<Option<JobRecord>>, StoreError> {
         if keys.len() < 64 {
             return keys.iter().map(|k| self.record(k)).collect();
         }
-        // One directory listing instead of a failed open per missing key.
+        // One directory listing instead of a failed open per missing key; index entries of
+        // the done records read are noted in one append.
         let present = list_names(&self.jobs)?;
-        keys.iter()
+        let mut seen = Vec::new();
+        let out = keys
+            .iter()
             .map(|k| {
-                if present.contains(&k.to_hex()) {
-                    self.record(k)
-                } else {
-                    Ok(None)
+                if !present.contains(&k.to_hex()) {
+                    return Ok(None);
                 }
+                Ok(self.read_record(k)?.map(|(rec, entry)| {
+                    if let Some(e) = entry {
+                        seen.push((*k, e));
+                    }
+                    rec
+                }))
             })
-            .collect()
+            .collect::<Result<Vec<_>, StoreError>>();
+        self.index.note(&seen);
+        out
+    }
+
+    fn done_head(&self, key: &Hash) -> Result<Option<DoneHead>, StoreError> {
+        let path = self.job_dir(key).join("record.json");
+        self.index.verified(key, &path).map_err(io_err(&path))
     }
 
     fn keys(&self) -> Result<Vec<Hash>, StoreError> {
@@ -583,11 +647,15 @@ impl Store for FsStore {
                 text.push_str(bt);
                 text.push('\n');
             }
+            // A readable copy of what the record holds: the record is the durable one.
             let p = dir.join("error.txt");
-            atomic_write(&p, text.as_bytes()).map_err(io_err(&p))?;
+            replace_file(&p, text.as_bytes()).map_err(io_err(&p))?;
         }
         // The record is the commit point; the claim goes after it.
-        self.write_json(&dir.join("record.json"), record, Durability::Power)?;
+        let bytes = self.write_json(&dir.join("record.json"), record, Durability::Power)?;
+        if let Some(e) = Entry::of(record, &bytes) {
+            self.index.note(&[(claim.key, e)]);
+        }
         self.release(claim)?;
         self.clean_tombs(&claim.key);
         Ok(())
@@ -696,6 +764,125 @@ mod tests {
             store.claim_info(&key).unwrap().unwrap().owner.nonce,
             me.nonce
         );
+    }
+
+    /// A done record of `key` in a fresh store, through the whole claim protocol.
+    fn done_store() -> (tempfile::TempDir, FsStore, Hash, JobRecord) {
+        let dir = tempfile::tempdir().unwrap();
+        let store = FsStore::open(dir.path().join("s")).unwrap();
+        let key = Hash::of("job");
+        let ClaimOutcome::Claimed(c) = store.claim(&key, &Owner::current(), None).unwrap() else {
+            panic!("a new job is free");
+        };
+        let mut rec = crate::store::conformance::sample_record(key, Status::Running, c.attempt);
+        store.start(&c, &rec).unwrap();
+        rec.status = Status::Done;
+        rec.finished_at = Some(1.0);
+        store.finish(&c, &rec).unwrap();
+        (dir, store, key, rec)
+    }
+
+    #[test]
+    fn a_done_head_is_proved_by_the_records_bytes() {
+        let (_dir, store, key, rec) = done_store();
+        let head = store
+            .done_head(&key)
+            .unwrap()
+            .expect("finish indexes a done record");
+        assert_eq!(head.attempt, 1);
+        assert_eq!(head.witnesses, DoneHead::witnesses_digest(&rec.witnesses));
+        // A fresh handle loads the index from its file.
+        let again = FsStore::open(store.root()).unwrap();
+        assert_eq!(again.done_head(&key).unwrap(), Some(head));
+
+        // An edit of the same length behind the index (attempt 1 -> 7): not proved any more,
+        // and the record read from the folder tells the truth.
+        let path = store.job_dir(&key).join("record.json");
+        let text = fs::read_to_string(&path).unwrap();
+        let edited = text.replace("\"attempt\": 1,", "\"attempt\": 7,");
+        assert_eq!(edited.len(), text.len());
+        assert_ne!(edited, text);
+        fs::write(&path, &edited).unwrap();
+        assert_eq!(again.done_head(&key).unwrap(), None);
+        assert_eq!(again.record(&key).unwrap().unwrap().attempt, 7);
+        // Reading it re-indexed it: the new head is proved.
+        assert_eq!(again.done_head(&key).unwrap().unwrap().attempt, 7);
+
+        // A record that is no longer done, or gone, has no head.
+        fs::write(
+            &path,
+            text.replace("\"status\": \"done\"", "\"status\": \"failed\""),
+        )
+        .unwrap();
+        assert_eq!(again.done_head(&key).unwrap(), None);
+        assert_eq!(again.record(&key).unwrap().unwrap().status, Status::Failed);
+        fs::remove_file(&path).unwrap();
+        assert_eq!(again.done_head(&key).unwrap(), None);
+        assert_eq!(
+            FsStore::open(store.root())
+                .unwrap()
+                .done_head(&key)
+                .unwrap(),
+            None
+        );
+    }
+
+    #[test]
+    fn a_lost_or_torn_index_is_rebuilt_from_the_records() {
+        let (_dir, store, key, _rec) = done_store();
+        let idx = store.root().join(INDEX_FILE);
+        let line = fs::read_to_string(&idx).unwrap();
+        assert_eq!(line.lines().count(), 1);
+
+        // Torn mid-line by a crash: ignored, and the file is rewritten without the fragment.
+        fs::write(&idx, &line[..line.len() / 2]).unwrap();
+        let s = FsStore::open(store.root()).unwrap();
+        assert_eq!(s.done_head(&key).unwrap(), None);
+        assert_eq!(fs::read_to_string(&idx).unwrap(), "");
+        // Reading the record rebuilds the entry.
+        assert_eq!(s.record(&key).unwrap().unwrap().status, Status::Done);
+        assert_eq!(fs::read_to_string(&idx).unwrap(), line);
+
+        // Lost: the same.
+        fs::remove_file(&idx).unwrap();
+        let s = FsStore::open(store.root()).unwrap();
+        assert_eq!(s.done_head(&key).unwrap(), None);
+        assert_eq!(s.records(&[key]).unwrap()[0].as_ref().unwrap().attempt, 1);
+        assert_eq!(s.done_head(&key).unwrap().unwrap().attempt, 1);
+        assert_eq!(fs::read_to_string(&idx).unwrap(), line);
+
+        // Damaged (one digit changed): ignored.
+        let damaged = line.replacen(&format!("{key} 1 "), &format!("{key} 2 "), 1);
+        assert_ne!(damaged, line);
+        fs::write(&idx, &damaged).unwrap();
+        let s = FsStore::open(store.root()).unwrap();
+        assert_eq!(
+            s.done_head(&key).unwrap(),
+            None,
+            "a damaged line is not trusted"
+        );
+
+        // Stale: an intact entry for another version of the record (same length, other bytes).
+        let len = fs::metadata(store.job_dir(&key).join("record.json"))
+            .unwrap()
+            .len();
+        let e = s.done_head(&key).unwrap();
+        assert_eq!(e, None);
+        let stale = Entry {
+            attempt: 2,
+            witnesses: Hash::of("w"),
+            record: Hash::of("another version"),
+            len,
+        };
+        fs::write(&idx, stale.line(&key)).unwrap();
+        let s = FsStore::open(store.root()).unwrap();
+        assert_eq!(
+            s.done_head(&key).unwrap(),
+            None,
+            "a stale entry is not trusted"
+        );
+        assert_eq!(s.record(&key).unwrap().unwrap().attempt, 1);
+        assert_eq!(s.done_head(&key).unwrap().unwrap().attempt, 1);
     }
 
     #[test]

@@ -50,16 +50,42 @@ impl Shared {
     }
 }
 
-/// Writes the buffered rows; on failure the rows stay buffered (a later flush retries them).
+/// Writes the buffered rows; on failure the rows not written stay buffered (a later flush
+/// retries them).
 fn write_out(st: &mut State) -> io::Result<()> {
     if st.buf.is_empty() {
         return Ok(());
     }
-    st.file.write_all(&st.buf)?;
-    st.buf.clear();
+    write_draining(&mut st.file, &mut st.buf)?;
     st.pending = 0;
     st.oldest = None;
     Ok(())
+}
+
+/// Writes `buf` to `w` and removes what was written, also when a later write fails (N12:
+/// ENOSPC or EFBIG after a partial write). A retry then continues at the first unwritten
+/// byte: the file never holds a row twice, nor a torn row in its middle (which would make
+/// every row after it unreadable), only, at worst, a torn last row the reader drops.
+fn write_draining(w: &mut impl Write, buf: &mut Vec<u8>) -> io::Result<()> {
+    let mut done = 0;
+    let r = loop {
+        if done == buf.len() {
+            break Ok(());
+        }
+        match w.write(&buf[done..]) {
+            Ok(0) => {
+                break Err(io::Error::new(
+                    io::ErrorKind::WriteZero,
+                    "the metric file accepted no more bytes",
+                ));
+            }
+            Ok(n) => done += n,
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Err(e) => break Err(e),
+        }
+    };
+    buf.drain(..done);
+    r
 }
 
 pub(super) struct FsSink {
@@ -191,8 +217,13 @@ impl MetricSink for FsSink {
     fn sync(&mut self) -> Result<(), StoreError> {
         self.stop_flusher();
         self.flush_now()?;
+        // Only the rows need to reach the disk here: the file's folder entry is made durable by
+        // the folder fsync that commits the record, and an empty file has no data to sync.
+        if self.rows == 0 {
+            return Ok(());
+        }
         let st = self.shared.lock();
-        st.file.sync_all().map_err(|e| self.io_err(e))
+        st.file.sync_data().map_err(|e| self.io_err(e))
     }
 
     fn summary(&self) -> MetricsInfo {
@@ -215,5 +246,83 @@ impl Drop for FsSink {
     fn drop(&mut self) {
         self.stop_flusher();
         let _ = write_out(&mut self.shared.lock());
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::store::rows::{Bound, read_rows};
+    use std::path::Path;
+
+    /// A disk that takes `room` more bytes, then fails with ENOSPC (after a partial write).
+    struct Disk {
+        data: Vec<u8>,
+        room: usize,
+    }
+
+    impl Write for Disk {
+        fn write(&mut self, b: &[u8]) -> io::Result<usize> {
+            if self.room == 0 {
+                return Err(io::Error::from_raw_os_error(libc::ENOSPC));
+            }
+            let n = b.len().min(self.room);
+            self.data.extend_from_slice(&b[..n]);
+            self.room -= n;
+            Ok(n)
+        }
+        fn flush(&mut self) -> io::Result<()> {
+            Ok(())
+        }
+    }
+
+    /// N12: a disk that fills up in the middle of a row, then frees space: the retry
+    /// continues at the first unwritten byte, every row is read back once and in order, and
+    /// while the disk is full the file ends in a torn row the reader drops (with its offset).
+    #[test]
+    fn n12_partial_write_then_retry_keeps_every_row_once() {
+        let rows: String = (0..50).map(|i| format!("loss\t{i}\t0.{i}5\n")).collect();
+        // (bytes the disk takes before it is full)
+        for room in [0, 1, 7, 11, 12, 100, rows.len() - 1] {
+            let mut disk = Disk {
+                data: Vec::new(),
+                room,
+            };
+            let mut buf = rows.clone().into_bytes();
+            let e = write_draining(&mut disk, &mut buf).unwrap_err();
+            assert_eq!(e.raw_os_error(), Some(libc::ENOSPC), "room {room}");
+            assert_eq!(disk.data.len() + buf.len(), rows.len(), "room {room}");
+            // Meanwhile a reader sees the complete rows and drops the torn one.
+            let (s, torn) =
+                read_rows(Path::new("m.tsv"), &disk.data[..], Bound::ToEnd, None).unwrap();
+            let complete = disk.data.iter().filter(|&&b| b == b'\n').count();
+            assert_eq!(s.len(), complete, "room {room}");
+            let last_nl = disk
+                .data
+                .iter()
+                .rposition(|&b| b == b'\n')
+                .map_or(0, |p| p + 1);
+            match torn {
+                Some(t) => assert_eq!(
+                    (t.offset, t.bytes),
+                    (last_nl as u64, (disk.data.len() - last_nl) as u64),
+                    "room {room}"
+                ),
+                None => assert_eq!(last_nl, disk.data.len(), "room {room}"),
+            }
+            // Space freed: the retry completes the file exactly.
+            disk.room = usize::MAX;
+            write_draining(&mut disk, &mut buf).unwrap();
+            assert!(buf.is_empty());
+            assert_eq!(
+                String::from_utf8(disk.data.clone()).unwrap(),
+                rows,
+                "room {room}"
+            );
+            let (s, torn) =
+                read_rows(Path::new("m.tsv"), &disk.data[..], Bound::Exactly(50), None).unwrap();
+            assert!(torn.is_none());
+            assert_eq!(s.step, (0..50).collect::<Vec<i64>>(), "room {room}");
+        }
     }
 }

@@ -8,11 +8,15 @@
 //!   one store run each job once; the claim of a dead owner is taken over;
 //! - metric rows are appended durably as they are logged, so a crash keeps what was logged.
 //!
+//! What each write costs in `fsync`s is documented per store ([`FsStore`]: at most three per
+//! done run, none for claims and running records).
+//!
 //! Every implementation must pass the conformance suite in `conformance` (feature
 //! `test-util`), which both built-in stores run.
 
 mod fs;
 mod fs_sink;
+mod index;
 mod memory;
 mod record;
 mod rows;
@@ -64,6 +68,31 @@ pub struct ClaimInfo {
     /// Whether the holder is alive (same host: its pid and start time; other host: a heartbeat
     /// newer than the store's stale-after interval).
     pub live: bool,
+}
+
+/// What a store can prove cheaply about a done record, enough to decide that a run is up to
+/// date without parsing the record (see [`Store::done_head`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct DoneHead {
+    /// The done record's attempt number.
+    pub attempt: u32,
+    /// [`DoneHead::witnesses_digest`] of the record's witnesses.
+    pub witnesses: Hash,
+}
+
+impl DoneHead {
+    /// The head of a done record with this attempt and [`witnesses_digest`](Self::witnesses_digest).
+    pub fn new(attempt: u32, witnesses: Hash) -> Self {
+        Self { attempt, witnesses }
+    }
+
+    /// A digest of `witnesses` (SHA-256 of their JSON): equal digests mean equal witnesses, so
+    /// a run whose record has the current witnesses' digest has no environment difference.
+    pub fn witnesses_digest(witnesses: &crate::identity::Witnesses) -> Hash {
+        // Serializing plain structs cannot fail; an empty text would only miss the shortcut.
+        Hash::of(serde_json::to_vec(witnesses).unwrap_or_default())
+    }
 }
 
 /// Metric rows of one job, as columns (rows in logging order).
@@ -167,6 +196,18 @@ pub trait Store: Send + Sync {
     /// As [`Store::record`].
     fn records(&self, keys: &[Hash]) -> Result<Vec<Option<JobRecord>>, StoreError> {
         keys.iter().map(|k| self.record(k)).collect()
+    }
+
+    /// A shortcut for cache hits: `Some` only when the store *proves*, without parsing it, that
+    /// `key`'s current record is done with this head (an [`FsStore`] reads the record's bytes and
+    /// checks their digest against its index). `None` means "unknown": read the
+    /// [`record`](Store::record). Never `Some` for a record that is absent, not done, or differs
+    /// from what the head says. The default knows nothing.
+    ///
+    /// # Errors
+    /// [`StoreError::Io`] when the record cannot be read.
+    fn done_head(&self, _key: &Hash) -> Result<Option<DoneHead>, StoreError> {
+        Ok(None)
     }
 
     /// Every job key the store holds a record for, sorted.
@@ -307,6 +348,9 @@ macro_rules! forward_store {
             }
             fn keys(&self) -> Result<Vec<Hash>, StoreError> {
                 (**self).keys()
+            }
+            fn done_head(&self, key: &Hash) -> Result<Option<DoneHead>, StoreError> {
+                (**self).done_head(key)
             }
             fn lineage(&self, lineage: &Hash) -> Result<Option<Hash>, StoreError> {
                 (**self).lineage(lineage)

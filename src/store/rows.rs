@@ -38,11 +38,15 @@ pub(super) enum Bound {
     ToEnd,
 }
 
-/// Splits `name TAB step TAB value` (the name may not hold tabs, but split from the right so
-/// that an older file with odd names still reads).
+/// Splits `name TAB step TAB value`. The writer refuses names with tabs, so a third tab means
+/// a torn row glued to the next one (N12: `loss\t2\t0.loss\t3\t1`): `None`, corruption,
+/// never a row with a made-up name.
 fn split_row(row: &[u8]) -> Option<(&[u8], i64, f64)> {
     let t2 = row.iter().rposition(|&b| b == b'\t')?;
     let t1 = row[..t2].iter().rposition(|&b| b == b'\t')?;
+    if row[..t1].contains(&b'\t') {
+        return None;
+    }
     let step = std::str::from_utf8(&row[t1 + 1..t2]).ok()?.parse().ok()?;
     let value = std::str::from_utf8(&row[t2 + 1..]).ok()?.parse().ok()?;
     Some((&row[..t1], step, value))
@@ -158,6 +162,84 @@ mod tests {
         assert_eq!(torn.bytes, 9);
         let msg = torn.to_string();
         assert!(msg.contains("m.tsv") && msg.contains("offset 22"), "{msg}");
+    }
+
+    /// N12: every form a metric file can end in after a crash or a full disk. Every complete
+    /// row is read; a torn last row is dropped and reported with its file and offset; a bad
+    /// row before the end is corruption, never a guess.
+    #[test]
+    fn n12_torn_tail_forms() {
+        // (label, file bytes, steps read, torn (offset, bytes) or error part)
+        type Want = Result<(Vec<i64>, Option<(u64, u64)>), &'static str>;
+        let e_acute = "é".as_bytes();
+        let mut torn_utf8 = b"loss\t1\t0.5\nl".to_vec();
+        torn_utf8.push(e_acute[0]);
+        let cases: Vec<(&str, Vec<u8>, Want)> = vec![
+            (
+                "torn value `4181\t0.`",
+                b"loss\t4180\t0.5\nloss\t4181\t0.".to_vec(),
+                Ok((vec![4180], Some((14, 12)))),
+            ),
+            (
+                "only a torn row",
+                b"loss\t41".to_vec(),
+                Ok((vec![], Some((0, 7)))),
+            ),
+            (
+                "torn in the name",
+                b"loss\t1\t0.5\nlo".to_vec(),
+                Ok((vec![1], Some((11, 2)))),
+            ),
+            (
+                "torn inside a UTF-8 character",
+                torn_utf8,
+                Ok((vec![1], Some((11, 2)))),
+            ),
+            (
+                "a last row that parses but has no newline (digits may be missing)",
+                b"loss\t1\t0.5\nloss\t2\t0.5".to_vec(),
+                Ok((vec![1], Some((11, 10)))),
+            ),
+            (
+                "torn after the step's tab",
+                b"loss\t1\t0.5\nloss\t2\t".to_vec(),
+                Ok((vec![1], Some((11, 7)))),
+            ),
+            (
+                "complete",
+                b"loss\t1\t0.5\nloss\t2\t1e-3\n".to_vec(),
+                Ok((vec![1, 2], None)),
+            ),
+            ("empty", Vec::new(), Ok((vec![], None))),
+            (
+                "a bad row before the end",
+                b"loss\t1\t0.5\nloss\tx\t0.5\nloss\t3\t1\n".to_vec(),
+                Err("row 2 (byte offset 11)"),
+            ),
+            (
+                "a torn row followed by more rows (two writers, a bad retry)",
+                b"loss\t1\t0.5\nloss\t2\t0.loss\t3\t1\n".to_vec(),
+                Err("row 2 (byte offset 11)"),
+            ),
+        ];
+        for (label, bytes, want) in cases {
+            let got = read_rows(Path::new("m.tsv"), &bytes[..], Bound::ToEnd, None);
+            match (got, want) {
+                (Ok((s, torn)), Ok((steps, t))) => {
+                    assert_eq!(s.step, steps, "{label}");
+                    assert_eq!(torn.as_ref().map(|t| (t.offset, t.bytes)), t, "{label}");
+                    if let Some(t) = torn {
+                        let m = t.to_string();
+                        assert!(
+                            m.contains("m.tsv") && m.contains(&format!("offset {}", t.offset)),
+                            "{label}: {m}"
+                        );
+                    }
+                }
+                (Err(e), Err(part)) => assert!(e.to_string().contains(part), "{label}: {e}"),
+                (got, want) => panic!("{label}: got {got:?}, want {want:?}"),
+            }
+        }
     }
 
     #[test]

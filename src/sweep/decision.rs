@@ -4,7 +4,7 @@ use std::fmt;
 
 use super::pending::PendingRun;
 use crate::identity::{self, Hash, Witnesses};
-use crate::store::{JobRecord, Status, Store, StoreError};
+use crate::store::{DoneHead, JobRecord, Status, Store, StoreError};
 
 /// What a drain does with a run.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -95,6 +95,9 @@ impl fmt::Display for Plan {
     }
 }
 
+/// Runs a plan reads records for at once.
+const PLAN_CHUNK: usize = 8192;
+
 /// Decides runs against a store: what the rules of DESIGN.md §4 say a drain does with each.
 pub(super) struct Decider<'a, S: Store + ?Sized> {
     pub(super) store: &'a S,
@@ -104,11 +107,54 @@ pub(super) struct Decider<'a, S: Store + ?Sized> {
     pub(super) force: bool,
     /// Compiled identities: reasons naming changed items, `trace(true)` re-checks.
     pub(super) identity: &'a super::identity::JobIdentities,
+    /// The current witnesses' digest, when a done head may decide a skip alone (not forced,
+    /// no `trace(true)` re-check of the recorded items).
+    shortcut: Option<crate::identity::Hash>,
 }
 
-impl<S: Store + ?Sized> Decider<'_, S> {
+impl<'a, S: Store + ?Sized> Decider<'a, S> {
+    pub(super) fn new(
+        store: &'a S,
+        witnesses: &'a Witnesses,
+        force: bool,
+        identity: &'a super::identity::JobIdentities,
+    ) -> Self {
+        let shortcut =
+            (!force && !identity.traces()).then(|| DoneHead::witnesses_digest(witnesses));
+        Self {
+            store,
+            witnesses,
+            force,
+            identity,
+            shortcut,
+        }
+    }
+
+    /// The skip decision for `run` when the store proves its record done with the current
+    /// witnesses (no record parse); `None`: decide from the record.
+    fn fast_skip(&self, run: &PendingRun) -> Result<Option<JobDecision>, StoreError> {
+        let Some(current) = self.shortcut else {
+            return Ok(None);
+        };
+        Ok(self
+            .store
+            .done_head(&run.key)?
+            .filter(|h| h.witnesses == current)
+            .map(|h| JobDecision {
+                key: run.key,
+                job: run.job.to_string(),
+                params: run.params.to_string(),
+                action: Action::Skip,
+                reasons: vec![format!("up to date, attempt {}", h.attempt)],
+                replaces: None,
+            }))
+    }
+
     /// The decision for `run`, reading its record (and its lineage when it has none).
     pub(super) fn decide(&self, run: &PendingRun) -> Result<JobDecision, StoreError> {
+        if let Some(d) = self.fast_skip(run)? {
+            return Ok(d);
+        }
         let rec = self.store.record(&run.key)?;
         let lineage = match rec {
             None => self.store.lineage(&run.lineage)?,
@@ -119,6 +165,36 @@ impl<S: Store + ?Sized> Decider<'_, S> {
 
     /// The decision for every run of `queue`, in order, reading records in bulk.
     pub(super) fn plan(&self, queue: &[PendingRun]) -> Result<Plan, StoreError> {
+        let mut decisions = Vec::with_capacity(queue.len());
+        // In slices, so what is read for a slice (records, lineages) is dropped before the
+        // next: a plan's peak memory is its decisions plus one slice's records.
+        for chunk in queue.chunks(PLAN_CHUNK) {
+            let mut fast: Vec<Option<JobDecision>> = Vec::with_capacity(chunk.len());
+            for p in chunk {
+                fast.push(self.fast_skip(p)?);
+            }
+            let rest: Vec<&PendingRun> = chunk
+                .iter()
+                .zip(&fast)
+                .filter(|(_, f)| f.is_none())
+                .map(|(p, _)| p)
+                .collect();
+            let mut slow = self.plan_slow(&rest)?.into_iter();
+            for f in fast {
+                // `plan_slow` returns one decision per run of `rest`, in order.
+                if let Some(d) = f.or_else(|| slow.next()) {
+                    decisions.push(d);
+                }
+            }
+        }
+        Ok(Plan { decisions })
+    }
+
+    /// The decisions for `queue` from its records, read in bulk.
+    fn plan_slow(&self, queue: &[&PendingRun]) -> Result<Vec<JobDecision>, StoreError> {
+        if queue.is_empty() {
+            return Ok(Vec::new());
+        }
         let keys: Vec<Hash> = queue.iter().map(|p| p.key).collect();
         let recs = self.store.records(&keys)?;
         // Lineages only matter for runs without a record ("code changed" vs "no record").
@@ -132,13 +208,12 @@ impl<S: Store + ?Sized> Decider<'_, S> {
         for (i, l) in missing.into_iter().zip(self.store.lineages(&lineages)?) {
             prev[i] = l;
         }
-        let decisions = queue
+        queue
             .iter()
             .zip(recs)
             .zip(prev)
             .map(|((p, r), l)| self.decide_with(p, r, l))
-            .collect::<Result<Vec<_>, _>>()?;
-        Ok(Plan { decisions })
+            .collect()
     }
 
     fn decide_with(

@@ -3,7 +3,7 @@
 //! happened ([`Drained`]) and the orchestrator updates its queue from that.
 
 use std::collections::HashMap;
-use std::sync::mpsc;
+use std::sync::{Mutex, mpsc};
 use std::time::{Duration, Instant};
 
 use super::decision::{Action, Decider, JobDecision};
@@ -12,10 +12,32 @@ use super::panics;
 use super::pending::PendingRun;
 use super::run::Run;
 use super::summary::{FailureCause, JobOutcome, Outcome, RunSummary};
-use crate::identity::Witnesses;
+use crate::identity::{Hash, Witnesses};
 use crate::store::{
-    ClaimOutcome, FORMAT_VERSION, Failure, JobRecord, Owner, Status, Store, StoreError, unix_now,
+    Claim, ClaimOutcome, FORMAT_VERSION, Failure, JobRecord, MetricSink, Owner, Status, Store,
+    StoreError, unix_now,
 };
+
+/// Threads that commit finished runs while the drain goes on. A done record costs a few
+/// `fsync`s (the metrics file, the record, its folder: milliseconds on some disks); commits
+/// of several runs in flight at once overlap on the device (and a journaling filesystem merges
+/// them into one commit).
+const COMMITTERS: usize = 8;
+
+/// A run that finished well and whose record is not committed yet: its claim is still held,
+/// so nobody else runs it meanwhile, and a crash before the commit leaves it interrupted.
+pub(super) struct Commit {
+    index: usize,
+    total: usize,
+    key: Hash,
+    claim: Claim,
+    rec: JobRecord,
+    sink: Box<dyn MetricSink>,
+    seconds: f64,
+}
+
+/// Where finished runs go to be committed; `None`: commit in the caller.
+type Committer<'a> = Option<&'a mpsc::SyncSender<Commit>>;
 
 /// A drain's progress callback.
 pub(super) type EventFn = Box<dyn Fn(&Event) + Send + Sync>;
@@ -59,8 +81,46 @@ impl<S: Store + ?Sized> Engine<'_, S> {
     }
 
     /// Executes every run of `queue` that is not done, in order, in this process; waits for
-    /// runs other processes hold. Stops at the first failure.
+    /// runs other processes hold. Stops at the first failure. Runs that finish well are
+    /// committed by [`COMMITTERS`] threads while the next ones run; the drain returns once
+    /// every commit is durable (a commit that fails stops it as a store failure).
     pub(super) fn drain(&self, queue: &[PendingRun]) -> Drained {
+        let (tx, rx) = mpsc::sync_channel::<Commit>(COMMITTERS * 4);
+        let rx = Mutex::new(rx);
+        let (done_tx, done_rx) = mpsc::channel::<(usize, StoreError)>();
+        std::thread::scope(|s| {
+            for _ in 0..COMMITTERS.min(queue.len()) {
+                let done_tx = done_tx.clone();
+                let rx = &rx;
+                s.spawn(move || {
+                    loop {
+                        let next = rx.lock().unwrap_or_else(|e| e.into_inner()).recv();
+                        let Ok(c) = next else { break };
+                        let i = c.index;
+                        if let Err(e) = self.commit(c) {
+                            let _ = done_tx.send((i, e));
+                        }
+                    }
+                });
+            }
+            drop(done_tx);
+            let mut drained = self.drain_loop(queue, Some(&tx));
+            drop(tx);
+            // Every committer ends once the queue is empty: failed commits come back here.
+            let mut failed: Vec<(usize, StoreError)> = done_rx.iter().collect();
+            failed.sort_by_key(|(i, _)| *i);
+            for (i, e) in failed {
+                drained.outcomes[i] = None;
+                if !matches!(drained.stop, Some(Stop::Cause(_))) {
+                    drained.stop = Some(Stop::Cause(FailureCause::Store(e)));
+                }
+            }
+            drained
+        })
+    }
+
+    /// The drain loop of [`drain`](Self::drain).
+    fn drain_loop(&self, queue: &[PendingRun], committer: Committer<'_>) -> Drained {
         let total = queue.len();
         let mut outcomes: Vec<Option<Outcome>> = vec![None; total];
         let mut waiting: Vec<usize> = Vec::new();
@@ -89,7 +149,7 @@ impl<S: Store + ?Sized> Engine<'_, S> {
                     });
                 }
                 Action::Wait => waiting.push(i),
-                Action::Run => match self.try_execute(i, total, p, decision) {
+                Action::Run => match self.try_execute(i, total, p, decision, committer) {
                     Ok(Some(o)) => {
                         let failed = matches!(o, Outcome::Failed { .. });
                         outcomes[i] = Some(o);
@@ -145,7 +205,7 @@ impl<S: Store + ?Sized> Engine<'_, S> {
                             Ok(d) => d,
                             Err(e) => stop!(Stop::Cause(FailureCause::Store(e))),
                         };
-                        match self.try_execute(i, total, p, decision) {
+                        match self.try_execute(i, total, p, decision, committer) {
                             Ok(Some(o)) => {
                                 let failed = matches!(o, Outcome::Failed { .. });
                                 outcomes[i] = Some(o);
@@ -177,9 +237,12 @@ impl<S: Store + ?Sized> Engine<'_, S> {
         total: usize,
         p: &PendingRun,
         decision: JobDecision,
+        committer: Committer<'_>,
     ) -> std::result::Result<Option<Outcome>, StoreError> {
         match self.store().claim(&p.key, self.owner, decision.replaces)? {
-            ClaimOutcome::Claimed(c) => self.execute(index, total, p, decision, c).map(Some),
+            ClaimOutcome::Claimed(c) => self
+                .execute(index, total, p, decision, c, committer)
+                .map(Some),
             ClaimOutcome::Busy(_) => Ok(None),
             ClaimOutcome::Done(r) => {
                 let by = r.owner.map(|o| o.to_string()).unwrap_or_default();
@@ -196,7 +259,8 @@ impl<S: Store + ?Sized> Engine<'_, S> {
         total: usize,
         p: &PendingRun,
         decision: JobDecision,
-        claim: crate::store::Claim,
+        claim: Claim,
+        committer: Committer<'_>,
     ) -> std::result::Result<Outcome, StoreError> {
         let params: serde_json::Value =
             serde_json::from_str(&p.params).unwrap_or(serde_json::Value::Null);
@@ -235,6 +299,22 @@ impl<S: Store + ?Sized> Engine<'_, S> {
         let result = self.with_heartbeat(&claim, || panics::catch(|| (p.call)(&mut run)));
         let seconds = t0.elapsed().as_secs_f64();
         let mut sink = run.into_sink();
+        if let (Some(tx), Ok(Ok(()))) = (committer, &result) {
+            let c = Commit {
+                index,
+                total,
+                key: p.key,
+                claim,
+                rec,
+                sink,
+                seconds,
+            };
+            return match tx.send(c) {
+                Ok(()) => Ok(Outcome::Ran { seconds }),
+                // No committer left (they only stop when the queue closes): commit here.
+                Err(mpsc::SendError(c)) => self.commit(c).map(|()| Outcome::Ran { seconds }),
+            };
+        }
         sink.sync()?;
         rec.metrics = Some(sink.summary());
         rec.finished_at = Some(unix_now());
@@ -286,8 +366,34 @@ impl<S: Store + ?Sized> Engine<'_, S> {
         Ok(outcome)
     }
 
+    /// Makes a finished run's metrics and done record durable and releases its claim.
+    fn commit(&self, c: Commit) -> std::result::Result<(), StoreError> {
+        let Commit {
+            index,
+            total,
+            key,
+            claim,
+            mut rec,
+            mut sink,
+            seconds,
+        } = c;
+        sink.sync()?;
+        rec.metrics = Some(sink.summary());
+        rec.finished_at = Some(unix_now());
+        rec.status = Status::Done;
+        self.store().finish(&claim, &rec)?;
+        self.emit(Event::Finished {
+            index: index + 1,
+            total,
+            key,
+            seconds,
+            rows: rec.metrics.as_ref().map(|m| m.rows).unwrap_or(0),
+        });
+        Ok(())
+    }
+
     /// Runs `f` while a thread renews the claim's heartbeat every 10 s.
-    fn with_heartbeat<T>(&self, claim: &crate::store::Claim, f: impl FnOnce() -> T) -> T {
+    fn with_heartbeat<T>(&self, claim: &Claim, f: impl FnOnce() -> T) -> T {
         let (stop_tx, stop_rx) = mpsc::channel::<()>();
         std::thread::scope(|s| {
             s.spawn(move || {

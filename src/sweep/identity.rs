@@ -15,7 +15,8 @@ use crate::store::{JobRecord, Status, Store, StoreError};
 /// Most records read to explain a `no record` (beyond that the reason stays `no record`).
 const MAX_SCAN: usize = 10_000;
 
-type ParamsIndex = (Instant, HashMap<String, Vec<serde_json::Value>>);
+/// When it was made, how long making it took, and per job name the parameters of its runs.
+type ParamsIndex = (Instant, Duration, HashMap<String, Vec<serde_json::Value>>);
 
 pub(super) struct JobIdentities {
     trace: bool,
@@ -36,6 +37,11 @@ impl JobIdentities {
             stale: HashMap::new(),
             params: Mutex::new(None),
         }
+    }
+
+    /// Whether `trace(true)` re-checks done records' items (then no decision skips the record).
+    pub(super) fn traces(&self) -> bool {
+        self.trace
     }
 
     /// The owned digest of a `job!` job (made once per job), and its build witnesses.
@@ -146,10 +152,13 @@ impl JobIdentities {
         run: &PendingRun,
     ) -> std::result::Result<String, StoreError> {
         let mut guard = self.params.lock().unwrap_or_else(|e| e.into_inner());
+        // Kept for 2 s, or 20 times as long as it took to make, so that a first pass over a
+        // growing store spends at most ~5% of its time rebuilding it.
         let fresh = guard
             .as_ref()
-            .is_some_and(|(at, _)| at.elapsed() < Duration::from_secs(2));
+            .is_some_and(|(at, took, _)| at.elapsed() < Duration::from_secs(2).max(*took * 20));
         if !fresh {
+            let t0 = Instant::now();
             let mut index: HashMap<String, Vec<serde_json::Value>> = HashMap::new();
             let keys = store.keys()?;
             if keys.len() <= MAX_SCAN {
@@ -157,11 +166,11 @@ impl JobIdentities {
                     index.entry(r.job).or_default().push(r.params);
                 }
             }
-            *guard = Some((Instant::now(), index));
+            *guard = Some((Instant::now(), t0.elapsed(), index));
         }
         let others = guard
             .as_ref()
-            .and_then(|(_, ix)| ix.get(&*run.job))
+            .and_then(|(_, _, ix)| ix.get(&*run.job))
             .map(Vec::as_slice)
             .unwrap_or(&[]);
         let new: serde_json::Value =

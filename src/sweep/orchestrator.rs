@@ -2,7 +2,7 @@
 //! its public API. Deciding lives in `decision`, executing in `execute` (in process) and
 //! `worker` (isolated); they return what happened and this file updates the queue.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::{BTreeMap, HashMap};
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
@@ -21,9 +21,14 @@ use super::run::Run;
 use super::summary::{FailureCause, Outcome, RunFailed, RunSummary};
 use crate::error::{Error, Result};
 use crate::executor::{Executor, InProcess};
-use crate::identity::{self, Hash, Modules, OwnedCode, OwnedDigest, ParamError, Witnesses};
+use crate::identity::{
+    self, Hash, Modules, OwnedCode, OwnedDigest, ParamError, ParamType, Witnesses,
+};
 use crate::metrics::{JobRows, MetricTable, MetricsError, RESERVED_COLUMNS, build_table};
 use crate::store::{FsStore, Owner, Store};
+
+/// A run's top-level parameter names (in order) and their column types.
+type Shape = (Arc<[String]>, Arc<BTreeMap<String, ParamType>>);
 
 /// What a built [`Orchestrator`] starts from (see [`OrchestratorBuilder::build`]).
 pub(super) struct Parts<S, E> {
@@ -59,10 +64,13 @@ pub struct Orchestrator<S: Store = FsStore, E: Executor = InProcess> {
     owned_cache: Vec<(PathBuf, PathBuf, Modules, Arc<OwnedDigest>)>,
     params_check: ParamsCheck,
     job_names: HashMap<String, Arc<str>>,
+    /// Parameter names and types shared by the runs that have them (most sweeps: one shape
+    /// per job), so a run holds two pointers instead of its own copies.
+    shapes: Vec<Shape>,
     queue: Vec<PendingRun>,
-    queued_keys: HashSet<Hash>,
     enqueued: Vec<PendingRun>,
-    enqueued_keys: HashSet<Hash>,
+    /// Per enqueued key: its index in `enqueued` and whether it is in `queue`.
+    keys: HashMap<Hash, (u32, bool)>,
     identity: super::identity::JobIdentities,
     on_event: Option<EventFn>,
     owner: Owner,
@@ -88,10 +96,10 @@ impl<S: Store, E: Executor> Orchestrator<S, E> {
             owned_cache: Vec::new(),
             params_check: ParamsCheck::default(),
             job_names: HashMap::new(),
+            shapes: Vec::new(),
             queue: Vec::new(),
-            queued_keys: HashSet::new(),
             enqueued: Vec::new(),
-            enqueued_keys: HashSet::new(),
+            keys: HashMap::new(),
             identity: p.identity,
             on_event: p.on_event,
             owner: Owner::current(),
@@ -128,12 +136,11 @@ impl<S: Store, E: Executor> Orchestrator<S, E> {
         }
         let owned = self.owned_for(job)?;
         let key = identity::job_key(job.name(), &canon.json, &owned.digest);
-        if !self.enqueued_keys.insert(key) {
-            if self.queued_keys.insert(key) {
+        if let Some((i, queued)) = self.keys.get_mut(&key) {
+            if !*queued {
                 // Enqueued before and drained; enqueue again so a new drain re-checks it.
-                if let Some(p) = self.enqueued.iter().find(|p| p.key == key) {
-                    self.queue.push(p.clone());
-                }
+                *queued = true;
+                self.queue.push(self.enqueued[*i as usize].clone());
             }
             return Ok(key);
         }
@@ -146,21 +153,40 @@ impl<S: Store, E: Executor> Orchestrator<S, E> {
                 n
             }
         };
+        let shape = self.shape(canon.fields, canon.types);
         let pending = PendingRun {
             key,
             lineage: identity::lineage_key(job.name(), &canon.json),
             job: name,
             params: canon.json.into(),
-            param_order: canon.fields.into(),
-            param_types: Arc::new(canon.types),
+            param_order: shape.0,
+            param_types: shape.1,
             owned,
             call: Arc::new(move |run: &mut Run| f(&params, run)),
             entry: Entry::of::<P>(f),
         };
-        self.queued_keys.insert(key);
+        let index = u32::try_from(self.enqueued.len()).unwrap_or(u32::MAX);
+        self.keys.insert(key, (index, true));
         self.queue.push(pending.clone());
         self.enqueued.push(pending);
         Ok(key)
+    }
+
+    /// The shared copy of a run's parameter names and types.
+    fn shape(&mut self, fields: Vec<String>, types: BTreeMap<String, ParamType>) -> Shape {
+        if let Some(s) = self
+            .shapes
+            .iter()
+            .find(|s| *s.0 == fields[..] && *s.1 == types)
+        {
+            return s.clone();
+        }
+        let s: Shape = (fields.into(), Arc::new(types));
+        // Parameters whose names vary per run (maps, skipped fields) are not worth a long scan.
+        if self.shapes.len() < 16 {
+            self.shapes.push(s.clone());
+        }
+        s
     }
 
     fn owned_for<P>(&mut self, job: &Job<P>) -> Result<Arc<OwnedDigest>> {
@@ -212,12 +238,7 @@ impl<S: Store, E: Executor> Orchestrator<S, E> {
     }
 
     fn decider(&self) -> Decider<'_, S> {
-        Decider {
-            store: &self.store,
-            witnesses: &self.witnesses,
-            force: self.force,
-            identity: &self.identity,
-        }
+        Decider::new(&self.store, &self.witnesses, self.force, &self.identity)
     }
 
     fn engine(&self) -> Engine<'_, S> {
@@ -247,6 +268,12 @@ impl<S: Store, E: Executor> Orchestrator<S, E> {
 
     /// Executes every queued run that is not done, in enqueue order, in this process; waits for
     /// runs other processes hold. Stops at the first failure.
+    ///
+    /// A run that finished well is committed (its metrics and done record made durable, see
+    /// [`FsStore`]'s fsync budget) by a committer thread while the next runs execute, so its
+    /// [`Event::Finished`](super::Event::Finished) may come after the next run's `Started`;
+    /// the drain returns once every commit is durable. A crash of the process before a run's
+    /// commit leaves it interrupted: the next drain runs it again.
     ///
     /// With [`isolate(true)`](OrchestratorBuilder::isolate) the runs go to worker processes
     /// through the executor, all at once (the executor bounds how many run together); a failed,
@@ -310,7 +337,9 @@ impl<S: Store, E: Executor> Orchestrator<S, E> {
         match stop {
             None => {
                 self.queue.clear();
-                self.queued_keys.clear();
+                for v in self.keys.values_mut() {
+                    v.1 = false;
+                }
                 Ok(summary_of(queue, &outcomes))
             }
             Some(Stop::Cause(cause)) => Err(Box::new(RunFailed {
@@ -327,7 +356,14 @@ impl<S: Store, E: Executor> Orchestrator<S, E> {
                     })
                     .map(|(p, _)| p.clone())
                     .collect();
-                self.queued_keys = self.queue.iter().map(|p| p.key).collect();
+                for v in self.keys.values_mut() {
+                    v.1 = false;
+                }
+                for p in &self.queue {
+                    if let Some(v) = self.keys.get_mut(&p.key) {
+                        v.1 = true;
+                    }
+                }
                 let p = &queue[i];
                 let failure = match &outcomes[i] {
                     Some(Outcome::Failed { failure }) => failure.clone(),

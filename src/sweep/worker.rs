@@ -303,12 +303,7 @@ fn run_task(path: &Path) -> std::result::Result<Option<Outcome>, String> {
     // The parent decided with its own identities; a worker re-checks nothing (trace off).
     let identities = super::identity::JobIdentities::new(false, false);
     let engine = Engine {
-        decider: Decider {
-            store: &*store,
-            witnesses: &task.witnesses,
-            force: false,
-            identity: &identities,
-        },
+        decider: Decider::new(&*store, &task.witnesses, false, &identities),
         owner: &owner,
         on_event: None,
         wait_poll: std::time::Duration::from_millis(100),
@@ -337,7 +332,7 @@ fn run_task(path: &Path) -> std::result::Result<Option<Outcome>, String> {
         replaces: task.replaces,
     };
     engine
-        .try_execute(0, 1, &pending, decision)
+        .try_execute(0, 1, &pending, decision, None)
         .map_err(|e| format!("store error: {e}"))
 }
 

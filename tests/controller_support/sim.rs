@@ -5,7 +5,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use puzzletron::campaign::Node;
+use puzzletron::campaign::config::Value;
 use puzzletron::campaign::controller::{
     CampaignController, CampaignReport, RetryPolicy, RunOptions, VirtualClock,
 };
@@ -16,15 +16,15 @@ use puzzletron::executor::{JobState, MockClock, MockExecutor, MockScript};
 use serde_json::json;
 
 pub fn plan(items: u32) -> CampaignPlan {
-    let node = Node::from_json(&json!({"stages": [
+    let node = Value::from_json(&json!({"stages": [
         {"id": "prep", "command": ["w"]},
         {"id": "big", "needs": ["prep"], "strategy": "sharded", "instances": items, "aggregate": true, "command": ["w", "{shard_index}"]},
         {"id": "post", "needs": ["big"], "command": ["w"]},
     ]}));
     let catalog = StageCatalog::from_config("sim", &node).unwrap();
-    let exec = ExecutionConfig::from_node(
+    let exec = ExecutionConfig::from_value(
         "sim-exec",
-        &Node::from_json(&json!({"execution": {
+        &Value::from_json(&json!({"execution": {
             "defaults": {"failure_policy": "resume", "halt_policy": "drain", "max_attempts": 3},
             "stages": {"big": {"resource": "cpu"}, "prep": {"resource": "cpu"}, "post": {"resource": "cpu"}}
         }})),

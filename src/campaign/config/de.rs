@@ -76,31 +76,53 @@ impl de::Error for DeError {
     }
 }
 
-/// The closest candidate by edit distance, if it is close enough to be a likely typo
-/// (distance at most 1/3 of the word length, minimum 1; or one is a prefix of the other).
+/// The closest candidate by edit distance, if it is close enough to be a likely typo: a
+/// distance of at most a third of the longer word (at least 2), `word` being a candidate plus a
+/// `_suffix` (`tp_size` -> `tp`), or a prefix of one (`instan` -> `instances`). Case is ignored.
 pub fn did_you_mean<'a>(word: &str, candidates: &[&'a str]) -> Option<&'a str> {
+    did_you_mean_in(word, candidates.iter().copied())
+}
+
+/// [`did_you_mean`] over any iterator of candidates: the crate's one implementation.
+pub(crate) fn did_you_mean_in<'a, I>(word: &str, candidates: I) -> Option<&'a str>
+where
+    I: IntoIterator<Item = &'a str>,
+{
+    let word_lower = word.to_ascii_lowercase();
     let mut best: Option<(usize, &'a str)> = None;
-    for c in candidates {
-        let d = levenshtein(word, c);
-        if best.is_none_or(|(bd, _)| d < bd) {
-            best = Some((d, c));
+    for cand in candidates {
+        let cand_lower = cand.to_ascii_lowercase();
+        let d = levenshtein(&word_lower, &cand_lower);
+        let limit = (word.chars().count().max(cand.chars().count()) / 3).max(2);
+        // A suffix or prefix match ranks after every close spelling.
+        let score = if d <= limit {
+            d
+        } else if word_lower.starts_with(&format!("{cand_lower}_"))
+            || word_lower.starts_with(&format!("{cand_lower}-"))
+            || (word.len() >= 2 && cand_lower.starts_with(&word_lower))
+        {
+            limit + 1
+        } else {
+            continue;
+        };
+        if best.is_none_or(|(s, _)| score < s) {
+            best = Some((score, cand));
         }
     }
-    let (d, c) = best?;
-    let limit = (word.chars().count().max(c.chars().count()) / 3).max(1);
-    (d <= limit || (word.len() >= 2 && c.starts_with(word))).then_some(c)
+    best.map(|(_, c)| c)
 }
 
 fn levenshtein(a: &str, b: &str) -> usize {
     let b: Vec<char> = b.chars().collect();
     let mut prev: Vec<usize> = (0..=b.len()).collect();
+    let mut cur = vec![0; b.len() + 1];
     for (i, ca) in a.chars().enumerate() {
-        let mut cur = vec![i + 1; b.len() + 1];
+        cur[0] = i + 1;
         for (j, cb) in b.iter().enumerate() {
             let cost = usize::from(ca != *cb);
             cur[j + 1] = (prev[j] + cost).min(prev[j + 1] + 1).min(cur[j] + 1);
         }
-        prev = cur;
+        std::mem::swap(&mut prev, &mut cur);
     }
     prev[b.len()]
 }

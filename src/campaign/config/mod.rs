@@ -59,6 +59,7 @@ use std::path::{Path, PathBuf};
 use serde::de::DeserializeOwned;
 
 pub use de::did_you_mean;
+pub(crate) use de::did_you_mean_in;
 pub use error::ConfigError;
 pub use interpolate::{Env, ResolverFn, Resolvers, is_secret_name, resolve_string};
 pub use origin::{Origin, Origins};
@@ -95,6 +96,11 @@ impl Config {
     /// The value tree, consuming the config.
     pub fn into_value(self) -> Value {
         self.value
+    }
+
+    /// The value tree and the origins, consuming the config (no copy of either).
+    pub(crate) fn into_parts(self) -> (Value, Origins) {
+        (self.value, self.origins)
     }
 
     /// Origins of every node.

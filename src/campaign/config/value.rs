@@ -155,6 +155,27 @@ impl Value {
         }
     }
 
+    /// Converts a `serde_json::Value`, for configs built in code and tests. Object keys come
+    /// out in `serde_json`'s order (sorted); integers beyond `i64` become floats.
+    pub fn from_json(value: &serde_json::Value) -> Value {
+        use serde_json::Value as J;
+        match value {
+            J::Null => Value::Null,
+            J::Bool(b) => Value::Bool(*b),
+            J::Number(n) => match n.as_i64() {
+                Some(i) => Value::Int(i),
+                None => Value::Float(n.as_f64().unwrap_or(f64::NAN)),
+            },
+            J::String(s) => Value::String(s.clone()),
+            J::Array(items) => Value::List(items.iter().map(Value::from_json).collect()),
+            J::Object(map) => Value::Mapping(
+                map.iter()
+                    .map(|(k, v)| (k.clone(), Value::from_json(v)))
+                    .collect(),
+            ),
+        }
+    }
+
     /// Visits every node depth-first (parents before children, mapping order), with its path.
     pub fn walk<'a>(&'a self, f: &mut dyn FnMut(&KeyPath, &'a Value)) {
         fn go<'a>(v: &'a Value, path: &mut KeyPath, f: &mut dyn FnMut(&KeyPath, &'a Value)) {

@@ -18,8 +18,10 @@
 //!    A log that could not be read ([`Evidence::log_unavailable`]) is named in the detail:
 //!    "unavailable", never "clean".
 //! 2. The log says the job was cancelled `DUE TO TIME LIMIT`, or the state is `TIMEOUT` (C22):
-//!    [`FailureClass::TimeoutResumable`] when the stage can resume, else
-//!    [`FailureClass::TimeoutFatal`]; decided from state/log, never from the exit code.
+//!    [`FailureClass::TimeoutResumable`] when the stage can resume and a checkpoint proves it
+//!    (N03: [`Evidence::checkpoint`] found, or not checked), else
+//!    [`FailureClass::TimeoutFatal`] (the detail says whether the stage cannot resume or left
+//!    no checkpoint); decided from state/log, never from the exit code.
 //! 3. `OUT_OF_MEMORY` (C20), "CUDA out of memory"/`OutOfMemoryError` in the log (C21a), Slurm's
 //!    "Exceeded job/step memory limit", or an exit 137 / SIGKILL together with an oom-kill line
 //!    in the log: [`FailureClass::Oom`].
@@ -30,7 +32,8 @@
 //!    runs the controller: [`FailureClass::Transient`] (C23).
 //! 5. `DEADLINE`: [`FailureClass::Expired`] (C25: expired, not failed).
 //! 6. Any other cancel: [`FailureClass::Cancelled`].
-//! 7. Exit code 2, or argparse/clap style argument errors in the log (`unrecognized arguments`,
+//! 7. The worker's GPU preflight line (`gpu preflight: 1 GPU(s) visible … needs 2 per node`,
+//!    N04), exit code 2, or argparse/clap style argument errors in the log (`unrecognized arguments`,
 //!    `error: the following arguments are required`, `invalid value ... for`, `Usage:` followed
 //!    by `error:`): [`FailureClass::Config`].
 //! 8. `FAILED` with another exit code: [`FailureClass::Application`].
@@ -148,6 +151,21 @@ pub struct Evidence {
     /// torchrun's `--log-dir` files under the unit's `logs/` folder), in name order. Every
     /// rank is read, not only the last: the rank that failed first is rarely the last.
     pub rank_logs: Vec<(String, String)>,
+    /// What the attempt left to resume from (N03), for a resumable stage that hit its limit.
+    pub checkpoint: CheckpointEvidence,
+}
+
+/// Whether a timed-out attempt left something to resume from (N03).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub enum CheckpointEvidence {
+    /// Not looked at: a resumable stage's timeout counts as resumable (callers that do not
+    /// track checkpoints).
+    #[default]
+    NotChecked,
+    /// Looked at, nothing complete: a restart would start from zero, so the timeout is fatal.
+    Missing,
+    /// A complete checkpoint, described (`_CHECKPOINT: step 1200`, `ckpt/step_1200`).
+    Found(String),
 }
 
 /// The verdict on one finished attempt.
@@ -445,10 +463,22 @@ fn classify_inner(status: &JobStatus, ev: &Evidence) -> Classification {
             format!("state {state}, log says DUE TO TIME LIMIT")
         };
         return if ev.resumable {
-            Classification::failed(
-                FailureClass::TimeoutResumable,
-                format!("{how}; the stage can resume"),
-            )
+            match &ev.checkpoint {
+                CheckpointEvidence::NotChecked => Classification::failed(
+                    FailureClass::TimeoutResumable,
+                    format!("{how}; the stage can resume"),
+                ),
+                CheckpointEvidence::Found(c) => Classification::failed(
+                    FailureClass::TimeoutResumable,
+                    format!("{how}; resumes from checkpoint {c}"),
+                ),
+                CheckpointEvidence::Missing => Classification::failed(
+                    FailureClass::TimeoutFatal,
+                    format!(
+                        "{how}; the stage can resume but left no checkpoint (no _CHECKPOINT marker, no complete ckpt/step_N)"
+                    ),
+                ),
+            }
         } else {
             Classification::failed(
                 FailureClass::TimeoutFatal,
@@ -536,7 +566,17 @@ fn classify_inner(status: &JobStatus, ev: &Evidence) -> Classification {
     {
         return c;
     }
-    // 7. configuration errors.
+    // 7. configuration errors; the worker's GPU preflight line (N04, `executor::gpu`) names
+    // the visible and the needed GPU counts, whatever the exit code.
+    if let Some(line) = ev
+        .log_tail
+        .lines()
+        .rev()
+        .find(|l| l.contains("gpu preflight:"))
+    {
+        let line: String = line.trim().chars().take(300).collect();
+        return Classification::failed(FailureClass::Config, format!("state {state}, {line}"));
+    }
     if status.exit_code == Some(2) && *state == JobState::Failed {
         return Classification::failed(
             FailureClass::Config,
@@ -826,6 +866,117 @@ mod tests {
         // Exit 143 alone is not a timeout.
         let s = st(JobState::Failed).with_exit_code(143);
         assert_eq!(class(&s, &ev("")), Some(FailureClass::Application));
+    }
+
+    /// N03: a resumable stage's timeout is resumable only with checkpoint evidence; the exit
+    /// code and the signal (SIGTERM at the limit, then SIGKILL after KillWait) never decide.
+    #[test]
+    fn n03_timeout_needs_checkpoint_evidence_to_resume() {
+        use CheckpointEvidence::*;
+        let limit =
+            "*** JOB 4711 ON node01 CANCELLED AT 2024-01-01T10:02:00 DUE TO TIME LIMIT ***\n";
+        // (state, signal, log, resumable, checkpoint, class, detail part)
+        type Case<'a> = (
+            JobState,
+            Option<i32>,
+            &'a str,
+            bool,
+            CheckpointEvidence,
+            FailureClass,
+            &'a str,
+        );
+        let cases: Vec<Case> = vec![
+            (
+                JobState::Timeout,
+                Some(15),
+                "",
+                true,
+                Found("ckpt/step_1200".into()),
+                FailureClass::TimeoutResumable,
+                "resumes from checkpoint ckpt/step_1200",
+            ),
+            (
+                JobState::Timeout,
+                Some(9),
+                "",
+                true,
+                Found("_CHECKPOINT: step 1200".into()),
+                FailureClass::TimeoutResumable,
+                "_CHECKPOINT: step 1200",
+            ),
+            (
+                JobState::Cancelled { by_uid: Some(0) },
+                None,
+                limit,
+                true,
+                Found("ckpt/step_1200".into()),
+                FailureClass::TimeoutResumable,
+                "DUE TO TIME LIMIT",
+            ),
+            (
+                JobState::Timeout,
+                Some(15),
+                "",
+                true,
+                Missing,
+                FailureClass::TimeoutFatal,
+                "left no checkpoint",
+            ),
+            (
+                JobState::Timeout,
+                Some(9),
+                limit,
+                true,
+                Missing,
+                FailureClass::TimeoutFatal,
+                "left no checkpoint",
+            ),
+            (
+                JobState::Timeout,
+                Some(15),
+                "",
+                false,
+                Found("ckpt/step_1200".into()),
+                FailureClass::TimeoutFatal,
+                "cannot resume",
+            ),
+            (
+                JobState::Timeout,
+                None,
+                "",
+                true,
+                NotChecked,
+                FailureClass::TimeoutResumable,
+                "the stage can resume",
+            ),
+        ];
+        for (i, (state, sig, log, resumable, ckpt, want, part)) in cases.into_iter().enumerate() {
+            let mut s = st(state);
+            s.signal = sig;
+            let mut e = ev(log);
+            e.resumable = resumable;
+            e.checkpoint = ckpt;
+            let c = classify(&s, &e);
+            assert_eq!(c.class, Some(want), "case {i}: {}", c.detail);
+            assert!(c.detail.contains(part), "case {i}: {}", c.detail);
+        }
+    }
+
+    /// N04: the worker's GPU preflight line is a configuration failure naming both counts,
+    /// whatever the exit code (a wrapper may turn 2 into 1).
+    #[test]
+    fn n04_gpu_preflight_line_is_config() {
+        let line = "error: gpu preflight: 0 GPU(s) visible (SLURM_JOB_GPUS=\"NoDevFiles\") but the stage mesh needs 4 per node";
+        for code in [2, 1] {
+            let s = st(JobState::Failed).with_exit_code(code);
+            let c = classify(&s, &ev(&format!("loading\n{line}\n")));
+            assert_eq!(c.class, Some(FailureClass::Config), "{}", c.detail);
+            assert!(
+                c.detail.contains("0 GPU(s) visible") && c.detail.contains("needs 4 per node"),
+                "{}",
+                c.detail
+            );
+        }
     }
 
     #[test]

@@ -30,6 +30,7 @@ use crate::identity::Hash;
 
 /// What a user (terminal menu, signal) asks the controller to do.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum Control {
     /// Cancel every live job and stop.
     Cancel,
@@ -259,6 +260,12 @@ impl CampaignController {
             }
             Some(old) => Err(ControllerError::ContractChanged {
                 campaign: self.dir.clone(),
+                // N10: name what changed, from the plan the campaign was started with.
+                reasons: std::fs::read(self.dir.join("controller").join("plan.json"))
+                    .ok()
+                    .and_then(|b| serde_json::from_slice::<CampaignPlan>(&b).ok())
+                    .map(|p| crate::campaign::contract_changes(&p, &self.plan))
+                    .unwrap_or_default(),
                 old,
                 new,
             }),

@@ -40,12 +40,18 @@ pub enum ControllerError {
         reason: String,
     },
     /// The plan's contract hash differs from the one the campaign was started with.
-    #[error("campaign {} was started with contract {old} but the plan now has contract {new}; \
-             results would be mixed. Ask for a new revision (`new_revision(true)`) to cancel the \
-             old attempts and start over, or restore the old configuration", campaign.display())]
+    #[error("campaign {} was started with contract {old} but the plan now has contract {new} \
+             ({}); results would be mixed. Ask for a new revision (`new_revision(true)`) to \
+             cancel the old attempts and start over, or restore the old configuration",
+             campaign.display(),
+             if reasons.is_empty() { "what changed is unknown: the old plan could not be read".to_string() } else { reasons.join("; ") })]
     ContractChanged {
         /// The campaign folder.
         campaign: PathBuf,
+        /// What changed, one reason per changed input of the contract hash
+        /// ([`contract_changes`](crate::campaign::contract_changes)); empty when the old plan
+        /// (`controller/plan.json`) could not be read.
+        reasons: Vec<String>,
         /// The journal's contract.
         old: Hash,
         /// The plan's contract.

@@ -5,14 +5,16 @@
 use std::path::Path;
 use std::time::Duration;
 
-use super::classify::{Evidence, FailureClass, classify, uses_rank_logs};
+use super::classify::{CheckpointEvidence, Evidence, FailureClass, classify, uses_rank_logs};
 use super::driver::{CampaignController, describe};
 use super::error::ControllerError;
 use super::event::ControllerEvent;
 use super::journal::Entry;
 use super::policy::{Decision, decide};
 use super::pool::WorkQueue;
-use super::spec::{SUCCESS_MARKER, output_dir, queue_dir};
+use super::spec::{
+    SUCCESS_MARKER, find_checkpoint, move_partial_checkpoints_aside, output_dir, queue_dir,
+};
 use super::state::{Phase, StageStatus, UnitStatus};
 use crate::campaign::HaltPolicy;
 use crate::executor::{JobState, JobStatus};
@@ -200,7 +202,23 @@ impl CampaignController {
                     Vec::new()
                 };
                 let completed = st.state == JobState::Completed;
+                // N03: a resumable stage's timeout resumes only from a complete checkpoint;
+                // partial ones are moved aside first so the resume never loads them.
+                let timed_out = st.state == JobState::Timeout
+                    || log_tail.to_ascii_lowercase().contains("due to time limit");
+                let checkpoint = if stage.resumable && timed_out {
+                    let moved = move_partial_checkpoints_aside(&out, &at.id);
+                    match find_checkpoint(&out) {
+                        CheckpointEvidence::Found(c) if !moved.is_empty() => {
+                            CheckpointEvidence::Found(format!("{c} ({})", moved.join("; ")))
+                        }
+                        c => c,
+                    }
+                } else {
+                    CheckpointEvidence::NotChecked
+                };
                 let ev = Evidence {
+                    checkpoint,
                     log_tail,
                     log_unavailable,
                     rank_logs,

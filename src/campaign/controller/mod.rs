@@ -52,8 +52,8 @@ pub mod view;
 
 pub use builder::{CampaignControllerBuilder, open_campaign_dir};
 pub use classify::{
-    Classification, Evidence, FailureClass, OomKind, PendingVerdict, classify, classify_hung,
-    pending_verdict,
+    CheckpointEvidence, Classification, Evidence, FailureClass, OomKind, PendingVerdict, classify,
+    classify_hung, pending_verdict,
 };
 pub use clock::{Clock, SystemClock, VirtualClock};
 pub use controls::{TerminalControls, choose_revisions};

@@ -110,6 +110,7 @@ pub struct UnitHistory {
 /// The controller's next step for a unit.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(tag = "decision", rename_all = "snake_case")]
+#[non_exhaustive]
 pub enum Decision {
     /// The unit is done.
     Done,

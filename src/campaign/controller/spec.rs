@@ -13,10 +13,12 @@
 //! | `PUZZLETRON_PHASE` | `work`, `aggregate` or `pool_worker` |
 //! | `PUZZLETRON_OUTPUT_DIR` | `<campaign>/work/<stage>/<index or agg>`, kept across attempts (checkpoints) |
 //! | `PUZZLETRON_RESUME` | `1` when the attempt should resume from its checkpoint, else `0` |
+//! | `PUZZLETRON_RESUME_FROM` | with `PUZZLETRON_RESUME=1`: the checkpoint found (N03), e.g. `ckpt/step_1200` |
 //! | `PUZZLETRON_ATTEMPT` | attempt number of the unit, from 1 |
 //! | `PUZZLETRON_MORE_RESOURCES` | `1` on the retry after an out-of-memory |
 //! | `PUZZLETRON_QUEUE_DIR` | pool workers: the stage's queue |
 //! | `PUZZLETRON_HEARTBEAT_FILE` | `<output dir>/_HEARTBEAT`: a worker may touch it to show progress (heartbeat timeout) |
+//! | `PUZZLETRON_GPUS_PER_NODE` | GPU stages: the GPUs the mesh needs on each node, for the worker's preflight ([`gpu::preflight`](crate::executor::gpu::preflight), N04) |
 //!
 //! The retry after an out-of-memory asks for the node exclusively (`--exclusive`: no other
 //! instance shares its memory or GPUs, i.e. fewer instances per node); the payload sees
@@ -25,10 +27,12 @@
 
 use std::path::{Path, PathBuf};
 
+use super::classify::CheckpointEvidence;
 use super::error::ControllerError;
 use super::pool::QUEUE_DIR_ENV;
 use crate::campaign::item_argv;
 use crate::campaign::{CampaignPlan, Resource, StagePlan, Strategy};
+use crate::executor::gpu::GPUS_PER_NODE_ENV;
 use crate::executor::{
     AttemptId, AttemptSpec, CommandSpec, GpuRequest, SchedulerOptions, TaskTopology,
 };
@@ -41,6 +45,70 @@ pub const SUCCESS_MARKER: &str = "_SUCCESS";
 /// modification time is a progress mark for the stage's heartbeat timeout, besides `step N`
 /// lines in the logs.
 pub const HEARTBEAT_FILE: &str = "_HEARTBEAT";
+/// Marker a resumable worker writes into its output folder after each complete checkpoint
+/// (N03): a timed-out attempt with it resumes, one without it (and without a complete
+/// [`CHECKPOINT_DIR`] step) is a fatal timeout. Its first line (`step 1200`) names it.
+pub const CHECKPOINT_MARKER: &str = "_CHECKPOINT";
+
+/// Folder of step checkpoints in the output folder, `ckpt/step_<N>/`; a `step_<N>.tmp` is
+/// one still being written (partial).
+pub const CHECKPOINT_DIR: &str = "ckpt";
+
+/// What the output folder `out` holds to resume from (N03): the [`CHECKPOINT_MARKER`] (with
+/// its first line), else the highest complete `ckpt/step_<N>` (names with a `.tmp` or other
+/// suffix are partial and never count).
+pub fn find_checkpoint(out: &Path) -> CheckpointEvidence {
+    if let Ok(text) = std::fs::read_to_string(out.join(CHECKPOINT_MARKER)) {
+        let first = text.lines().next().unwrap_or("").trim();
+        let first: String = first.chars().take(200).collect();
+        return CheckpointEvidence::Found(if first.is_empty() {
+            CHECKPOINT_MARKER.to_string()
+        } else {
+            format!("{CHECKPOINT_MARKER}: {first}")
+        });
+    }
+    let best = std::fs::read_dir(out.join(CHECKPOINT_DIR))
+        .into_iter()
+        .flatten()
+        .flatten()
+        .filter_map(|e| {
+            let name = e.file_name().into_string().ok()?;
+            let n: u64 = name.strip_prefix("step_")?.parse().ok()?;
+            Some((n, name))
+        })
+        .max();
+    match best {
+        Some((_, name)) => CheckpointEvidence::Found(format!("{CHECKPOINT_DIR}/{name}")),
+        None => CheckpointEvidence::Missing,
+    }
+}
+
+/// Moves the partial checkpoints (`ckpt/*.tmp`) of a timed-out attempt aside, into
+/// `ckpt_partial/<attempt id>/`, so the resumed attempt never loads one (N03). Returns what
+/// was moved, and a line per entry that could not be (the caller reports them).
+pub fn move_partial_checkpoints_aside(out: &Path, attempt_id: &AttemptId) -> Vec<String> {
+    let aside = out.join("ckpt_partial").join(attempt_id.as_str());
+    let mut moved = Vec::new();
+    for e in std::fs::read_dir(out.join(CHECKPOINT_DIR))
+        .into_iter()
+        .flatten()
+        .flatten()
+    {
+        let name = e.file_name().to_string_lossy().into_owned();
+        if !name.ends_with(".tmp") {
+            continue;
+        }
+        let r = std::fs::create_dir_all(&aside)
+            .and_then(|()| std::fs::rename(e.path(), aside.join(&name)));
+        moved.push(match r {
+            Ok(()) => {
+                format!("partial {CHECKPOINT_DIR}/{name} moved to ckpt_partial/{attempt_id}/")
+            }
+            Err(why) => format!("partial {CHECKPOINT_DIR}/{name} could not be moved aside: {why}"),
+        });
+    }
+    moved
+}
 
 /// The output folder of a unit.
 pub fn output_dir(campaign: &Path, stage: &str, item: Option<usize>) -> PathBuf {
@@ -104,6 +172,11 @@ pub(crate) fn build(u: &UnitSpec<'_>) -> Result<AttemptSpec, ControllerError> {
             "PUZZLETRON_MORE_RESOURCES",
             if u.more_resources { "1" } else { "0" },
         );
+    if u.resume
+        && let CheckpointEvidence::Found(c) = find_checkpoint(&out)
+    {
+        cmd = cmd.env("PUZZLETRON_RESUME_FROM", c);
+    }
     if st.work.strategy == Strategy::PersistentPool {
         cmd = cmd.env(
             QUEUE_DIR_ENV,
@@ -115,6 +188,8 @@ pub(crate) fn build(u: &UnitSpec<'_>) -> Result<AttemptSpec, ControllerError> {
         topology.nodes = g.placement.node_count.max(1);
         if st.spec.resource == Resource::Gpu && g.placement.gpus_on_node > 0 {
             topology.gpus = GpuRequest::PerNode(g.placement.gpus_on_node);
+            // N04: what the worker's GPU preflight compares the visible GPUs with.
+            cmd = cmd.env(GPUS_PER_NODE_ENV, g.placement.gpus_on_node.to_string());
         }
     }
     let mut spec = AttemptSpec::new(u.attempt_id.clone(), cmd)
@@ -129,6 +204,9 @@ pub(crate) fn build(u: &UnitSpec<'_>) -> Result<AttemptSpec, ControllerError> {
         .with_exclusive(u.more_resources || st.spec.allocation.nodes_per_instance > 1);
     if let Some(t) = &st.spec.time_limit {
         spec = spec.with_walltime(t.as_duration());
+    }
+    if let Some(w) = &st.spec.warning_signal {
+        spec = spec.with_warning_signal(w.clone());
     }
     if let Some(p) = &st.spec.partition {
         spec = spec.with_scheduler(SchedulerOptions {

@@ -7,6 +7,7 @@ use super::report::{CampaignReport, StageProgress};
 
 /// How progress is shown.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum ViewMode {
     /// Nothing.
     Off,

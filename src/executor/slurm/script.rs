@@ -176,6 +176,14 @@ pub fn render(
         let minutes = w.as_secs().div_ceil(60).max(1);
         opt("time", "walltime", &minutes.to_string())?;
     }
+    if let Some(w) = &spec.warning_signal {
+        // `B:` signals the batch shell, which forwards it to the step (`forwarding_launch`):
+        // without `B:` Slurm signals the steps but not the shell, so a `Direct` command
+        // (running in the batch step's shell) would never see it. Validated here because the
+        // name is written unquoted into the trap.
+        w.validate(Some(id))?;
+        opt("signal", "warning_signal", &format!("B:{w}"))?;
+    }
     let s = &spec.scheduler;
     if let Some(p) = &s.partition {
         opt("partition", "scheduler.partition", p)?;
@@ -267,12 +275,12 @@ pub fn render(
         .map(|a| shell_quote(a))
         .collect();
     let argv = argv.join(" ");
-    match &topo.launcher {
-        TaskLauncher::Direct => body.push_str(&format!("exec {argv}\n")),
+    let launch = match &topo.launcher {
+        TaskLauncher::Direct => argv,
         TaskLauncher::Srun { extra_args } => {
             let extra: Vec<String> = extra_args.iter().map(|a| shell_quote(a)).collect();
             let sep = if extra.is_empty() { "" } else { " " };
-            body.push_str(&format!("exec srun{sep}{} {argv}\n", extra.join(" ")));
+            format!("srun{sep}{} {argv}", extra.join(" "))
         }
         TaskLauncher::Torchrun {
             nproc_per_node,
@@ -283,20 +291,42 @@ pub fn render(
             body.push_str(
                 "head_node=$(scontrol show hostnames \"$SLURM_JOB_NODELIST\" | head -n 1)\n",
             );
-            body.push_str(&format!(
-                "exec srun --ntasks-per-node=1 torchrun --nnodes=\"$SLURM_NNODES\" \
+            format!(
+                "srun --ntasks-per-node=1 torchrun --nnodes=\"$SLURM_NNODES\" \
                  --nproc_per_node={nproc_per_node} --rdzv_backend={} \
                  --rdzv_endpoint=\"$head_node:{rdzv_port}\" --rdzv_id={} \
-                 --max-restarts={max_restarts} {argv}\n",
+                 --max-restarts={max_restarts} {argv}",
                 shell_quote(rdzv_backend),
                 shell_quote(id.as_str()),
-            ));
+            )
         }
+    };
+    match &spec.warning_signal {
+        None => body.push_str(&format!("exec {launch}\n")),
+        Some(w) => body.push_str(&forwarding_launch(&launch, &w.signal)),
     }
     Ok(format!(
         "#!/bin/bash\n{}\n# rendered by puzzletron for attempt {id}\n{body}",
         d.join("\n")
     ))
+}
+
+/// The step line of a script with a warning signal (N03): the step runs in the background
+/// (`launch &`), the shell waits for it and forwards `signal` and `TERM` (Slurm's own signal
+/// at the limit) to it, so the worker can checkpoint; the shell's exit code is the step's.
+/// `signal` is one of [`WARNING_SIGNALS`](crate::executor::WARNING_SIGNALS) (no quoting
+/// needed).
+fn forwarding_launch(launch: &str, signal: &str) -> String {
+    let mut traps = format!("trap 'kill -s {signal} \"$step\" 2>/dev/null' {signal}\n");
+    if signal != "TERM" {
+        traps.push_str("trap 'kill -s TERM \"$step\" 2>/dev/null' TERM\n");
+    }
+    // A trapped signal interrupts `wait` (status > 128) while the step still runs: wait again
+    // until it has exited, so the status is the step's own.
+    format!(
+        "{traps}{launch} &\nstep=$!\nwait \"$step\"; rc=$?\n\
+         while kill -0 \"$step\" 2>/dev/null; do wait \"$step\"; rc=$?; done\nexit \"$rc\"\n"
+    )
 }
 
 #[cfg(test)]

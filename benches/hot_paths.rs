@@ -1,0 +1,442 @@
+//! Hot paths of a sweep on `FsStore`, each side by side with its peer in the same run
+//! (issue 13): cache hits against `joblib.Memory` hits, a first pass of trivial misses against
+//! joblib's, the plan of a finished 10k-run sweep against `snakemake -n` on the same finished
+//! workflow, and the peak RSS of enqueue + plan of 100k runs.
+//!
+//! ```text
+//! cargo bench --bench hot_paths        # N=10k, medians of 3; PUZZLETRON_BENCH_RUNS=2000 for a quick look
+//! ```
+//!
+//! Every figure comes from a fresh process (this binary re-run with `--case`), so each peak RSS
+//! (`getrusage`) is that case's alone; times are taken inside the process around the measured
+//! work (no process start-up on either side). The peers (joblib, snakemake; pinned below) are
+//! pip-installed into `target/bench-venv` on first use; `PUZZLETRON_BENCH_NO_PEERS=1` skips them.
+//! The finished Snakemake workflow is a fixture built once, in chunks of real `snakemake` runs,
+//! under `target/bench-fixtures/`. Everything is written under the target folder; results go
+//! to `target/bench-results/hot_paths.json`.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::Instant;
+
+use puzzletron::Orchestrator;
+use puzzletron::sweep::{Job, JobResult, Run};
+
+/// The peers, pinned.
+const PEERS: &[&str] = &["snakemake==8.30.0", "joblib==1.4.2"];
+/// Targets per `snakemake` run while building the finished-workflow fixture.
+const SNAKE_CHUNK: usize = 2000;
+
+#[derive(serde::Serialize, serde::Deserialize)]
+struct Trivial {
+    i: u32,
+}
+
+/// The parameters of the memory case: ten fields, as `benches/hashing.rs`'s `Params10`.
+#[derive(serde::Serialize, serde::Deserialize)]
+struct Params10 {
+    lr: f64,
+    weight_decay: f64,
+    hidden: u32,
+    layers: u32,
+    dropout: f64,
+    batch_size: u32,
+    epochs: u32,
+    optimizer: String,
+    seed: u64,
+    warmup: bool,
+}
+
+fn p10(i: u32) -> Params10 {
+    Params10 {
+        lr: 1e-3 * f64::from(1 + i % 7),
+        weight_decay: 0.01,
+        hidden: 64 << (i % 4),
+        layers: 2 + i % 3,
+        dropout: 0.1,
+        batch_size: 32,
+        epochs: 10,
+        optimizer: "adamw".into(),
+        seed: u64::from(i),
+        warmup: i.is_multiple_of(2),
+    }
+}
+
+fn noop10(_: &Params10, _: &mut Run) -> JobResult {
+    Ok(())
+}
+
+fn trivial(p: &Trivial, run: &mut Run) -> JobResult {
+    run.log("x", 0, f64::from(p.i))?;
+    Ok(())
+}
+
+fn target_dir() -> PathBuf {
+    std::env::var_os("CARGO_TARGET_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("target"))
+}
+
+/// Peak resident set of this process, bytes.
+fn peak_rss() -> u64 {
+    // SAFETY: getrusage fills the zeroed struct it is given.
+    let mut ru: libc::rusage = unsafe { std::mem::zeroed() };
+    unsafe { libc::getrusage(libc::RUSAGE_SELF, &mut ru) };
+    u64::try_from(ru.ru_maxrss).unwrap_or(0) * 1024
+}
+
+fn load() -> String {
+    std::fs::read_to_string("/proc/loadavg")
+        .map(|s| s.split_whitespace().take(3).collect::<Vec<_>>().join(" "))
+        .unwrap_or_default()
+}
+
+/// A small user crate for the jobs, beside the stores: a job's record holds its owned code, and
+/// `job!` in this package would cover all of puzzletron (a 375 KB record), which no user job
+/// does. Its one source file is the jobs' owned code (`Job::new`).
+fn user_crate(dir: &Path) -> PathBuf {
+    let c = dir.join("crate");
+    std::fs::create_dir_all(c.join("src")).unwrap();
+    std::fs::write(
+        c.join("Cargo.toml"),
+        "[package]\nname = \"bench\"\nversion = \"0.1.0\"\nedition = \"2024\"\n",
+    )
+    .unwrap();
+    std::fs::write(c.join("Cargo.lock"), "version = 4\n").unwrap();
+    std::fs::write(
+        c.join("src/lib.rs"),
+        "pub fn trivial(i: u32) -> f64 {\n    f64::from(i)\n}\n",
+    )
+    .unwrap();
+    c
+}
+
+/// One measured case in this process: prints `seconds rss_bytes`.
+fn child(case: &str, n: u32, store: &Path) {
+    let krate = store.parent().unwrap().join("crate");
+    let j = Job::new("bench::trivial", "bench", &krate, "src/lib.rs", trivial);
+    let mut o = Orchestrator::builder().store_root(store).build().unwrap();
+    let t = Instant::now();
+    if case == "plan10" {
+        let j10 = Job::new("bench::noop10", "bench", &krate, "src/lib.rs", noop10);
+        for i in 0..n {
+            o.run(&j10, p10(i)).unwrap();
+        }
+    } else {
+        for i in 0..n {
+            o.run(&j, Trivial { i }).unwrap();
+        }
+    }
+    match case {
+        "plan10" => {
+            let plan = o.plan().unwrap();
+            assert_eq!(plan.decisions.len(), n as usize);
+            std::hint::black_box(&plan);
+        }
+        "plan" => {
+            let plan = o.plan().unwrap();
+            assert_eq!(plan.decisions.len(), n as usize);
+            std::hint::black_box(&plan);
+        }
+        "plan-done" => {
+            let plan = o.plan().unwrap();
+            assert_eq!(
+                plan.count(puzzletron::sweep::Action::Skip),
+                n as usize,
+                "not all done"
+            );
+        }
+        "drain-miss" => {
+            let s = o.drain().unwrap_or_else(|f| panic!("{f}"));
+            assert_eq!(s.ran(), n as usize, "{}", s.report());
+        }
+        "drain-hit" => {
+            let s = o.drain().unwrap_or_else(|f| panic!("{f}"));
+            assert_eq!(s.skipped(), n as usize, "{}", s.report());
+        }
+        other => panic!("unknown case {other}"),
+    }
+    let secs = t.elapsed().as_secs_f64();
+    println!("{secs} {}", peak_rss());
+}
+
+/// Runs `case` in a fresh process of this binary: (seconds, peak RSS bytes).
+fn run_case(case: &str, n: u32, store: &Path) -> (f64, u64) {
+    let out = Command::new(std::env::current_exe().unwrap())
+        .args(["--case", case, &n.to_string()])
+        .arg(store)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "case {case} failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    parse_pair(&String::from_utf8_lossy(&out.stdout))
+}
+
+fn parse_pair(s: &str) -> (f64, u64) {
+    let last = s.lines().last().unwrap_or_default();
+    let mut it = last.split_whitespace();
+    let secs = it.next().and_then(|v| v.parse().ok()).unwrap_or(f64::NAN);
+    let rss = it.next().and_then(|v| v.parse().ok()).unwrap_or(0);
+    (secs, rss)
+}
+
+/// The venv with the pinned peers, installed on first use; `None` when they cannot be had.
+fn venv() -> Option<PathBuf> {
+    if std::env::var_os("PUZZLETRON_BENCH_NO_PEERS").is_some() {
+        return None;
+    }
+    let venv = target_dir().join("bench-venv");
+    let py = venv.join("bin/python");
+    let have = |spec: &str| {
+        let (name, version) = spec.split_once("==").unwrap_or((spec, ""));
+        Command::new(venv.join("bin/pip"))
+            .args(["show", name])
+            .output()
+            .is_ok_and(|o| {
+                String::from_utf8_lossy(&o.stdout)
+                    .lines()
+                    .any(|l| l == format!("Version: {version}"))
+            })
+    };
+    if !py.exists() || !PEERS.iter().all(|p| have(p)) {
+        eprintln!("installing {PEERS:?} into {} (pip) ...", venv.display());
+        let ok = (py.exists()
+            || Command::new("python3")
+                .args(["-m", "venv"])
+                .arg(&venv)
+                .status()
+                .is_ok_and(|s| s.success()))
+            && Command::new(venv.join("bin/pip"))
+                .args(["install", "-q"])
+                .args(PEERS)
+                .status()
+                .is_ok_and(|s| s.success());
+        if !ok {
+            eprintln!("could not install the peers; skipping them");
+            return None;
+        }
+    }
+    Some(venv)
+}
+
+/// joblib.Memory over `n` calls of a trivial function in `dir` (a fresh python process):
+/// (seconds of the calls, peak RSS bytes).
+fn joblib(venv: &Path, dir: &Path, n: u32) -> (f64, u64) {
+    let script = format!(
+        "import time, resource\n\
+         from joblib import Memory\n\
+         mem = Memory({dir:?}, verbose=0)\n\
+         @mem.cache\n\
+         def trivial(i):\n    return float(i)\n\
+         t = time.perf_counter()\n\
+         for i in range({n}):\n    trivial(i)\n\
+         s = time.perf_counter() - t\n\
+         print(s, resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024)\n",
+        dir = dir.display().to_string()
+    );
+    let out = Command::new(venv.join("bin/python"))
+        .args(["-c", &script])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "joblib failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    parse_pair(&String::from_utf8_lossy(&out.stdout))
+}
+
+fn snakefile(n: u32) -> String {
+    format!(
+        "rule all:\n    input: expand(\"out/{{i}}.txt\", i=range({n}))\n\n\
+         rule trivial:\n    output: \"out/{{i}}.txt\"\n    shell: \"touch {{output}}\"\n"
+    )
+}
+
+/// The finished `n`-output Snakemake workflow, built once by real `snakemake` runs of
+/// [`SNAKE_CHUNK`] targets each (each run bounded, the build resumable).
+fn snake_fixture(venv: &Path, n: u32) -> Option<PathBuf> {
+    let dir = target_dir().join(format!("bench-fixtures/snakemake-done-{n}"));
+    let marker = dir.join("COMPLETE");
+    if marker.exists() {
+        return Some(dir);
+    }
+    std::fs::create_dir_all(&dir).unwrap();
+    std::fs::write(dir.join("Snakefile"), snakefile(n)).unwrap();
+    let ids: Vec<u32> = (0..n).collect();
+    for chunk in ids.chunks(SNAKE_CHUNK) {
+        eprintln!(
+            "building the finished snakemake fixture: outputs {}..{} of {n}",
+            chunk[0],
+            chunk[chunk.len() - 1] + 1
+        );
+        let st = Command::new(venv.join("bin/snakemake"))
+            .args(["--cores", "2", "--quiet", "-s", "Snakefile"])
+            .args(chunk.iter().map(|i| format!("out/{i}.txt")))
+            .current_dir(&dir)
+            .output()
+            .unwrap();
+        if !st.status.success() {
+            eprintln!(
+                "snakemake fixture failed: {}",
+                String::from_utf8_lossy(&st.stderr)
+            );
+            return None;
+        }
+    }
+    std::fs::write(&marker, "").unwrap();
+    Some(dir)
+}
+
+/// `snakemake -n` in `dir` (a fresh process, timed from outside: it is the whole command):
+/// (seconds, whether it had nothing to do).
+fn snake_dry(venv: &Path, dir: &Path) -> (f64, bool) {
+    let t = Instant::now();
+    let out = Command::new(venv.join("bin/snakemake"))
+        .args(["-n", "--cores", "2", "-s", "Snakefile"])
+        .current_dir(dir)
+        .output()
+        .unwrap();
+    let secs = t.elapsed().as_secs_f64();
+    assert!(
+        out.status.success(),
+        "snakemake -n failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    (secs, text.contains("Nothing to be done"))
+}
+
+fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(f64::total_cmp);
+    v[v.len() / 2]
+}
+
+fn main() {
+    let args: Vec<String> = std::env::args().collect();
+    if let Some(i) = args.iter().position(|a| a == "--case") {
+        let n = args[i + 2].parse().unwrap();
+        child(&args[i + 1], n, Path::new(&args[i + 3]));
+        return;
+    }
+    // `cargo bench` passes `--bench`; `cargo test --benches` passes nothing: run small then.
+    let quick = !args.iter().any(|a| a == "--bench");
+    let n: u32 = std::env::var("PUZZLETRON_BENCH_RUNS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(if quick { 200 } else { 10_000 });
+    let big: u32 = if quick { 2000 } else { 100_000 };
+    let reps = if quick { 1 } else { 3 };
+    let venv = if quick { None } else { venv() };
+    let scratch = target_dir().join("bench-scratch/hot_paths");
+    let _ = std::fs::remove_dir_all(&scratch);
+    std::fs::create_dir_all(&scratch).unwrap();
+    user_crate(&scratch);
+    let load_before = load();
+
+    let mut first = Vec::new();
+    let mut hit = Vec::new();
+    let mut plan_done = Vec::new();
+    let mut plan_fresh = Vec::new();
+    let mut big_rss = 0u64;
+    let mut big_secs = Vec::new();
+    let mut jl_first = Vec::new();
+    let mut jl_hit = Vec::new();
+    for r in 0..reps {
+        let store = scratch.join(format!("store{r}"));
+        first.push(run_case("drain-miss", n, &store).0 / f64::from(n));
+        hit.push(run_case("drain-hit", n, &store).0 / f64::from(n));
+        plan_done.push(run_case("plan-done", n, &store).0);
+        plan_fresh.push(run_case("plan", n, &scratch.join(format!("empty{r}"))).0);
+        let (s, rss) = run_case("plan10", big, &scratch.join(format!("big{r}")));
+        big_secs.push(s);
+        big_rss = big_rss.max(rss);
+        if let Some(v) = &venv {
+            let jd = scratch.join(format!("joblib{r}"));
+            jl_first.push(joblib(v, &jd, n).0 / f64::from(n));
+            jl_hit.push(joblib(v, &jd, n).0 / f64::from(n));
+        }
+        let _ = std::fs::remove_dir_all(&store);
+    }
+    let mut snake_done = None;
+    if let Some(v) = &venv
+        && let Some(fx) = snake_fixture(v, n)
+    {
+        let runs: Vec<(f64, bool)> = (0..reps).map(|_| snake_dry(v, &fx)).collect();
+        assert!(
+            runs.iter().all(|r| r.1),
+            "the snakemake fixture is not finished"
+        );
+        snake_done = Some(median(runs.iter().map(|r| r.0).collect()));
+    }
+    // The same workflow with nothing done (one run: it is the slow side).
+    let snake_fresh = venv.as_ref().map(|v| {
+        let fresh = scratch.join("snakemake-fresh");
+        std::fs::create_dir_all(&fresh).unwrap();
+        std::fs::write(fresh.join("Snakefile"), snakefile(n)).unwrap();
+        snake_dry(v, &fresh).0
+    });
+    let (first, hit, plan_done, plan_fresh) = (
+        median(first),
+        median(hit),
+        median(plan_done),
+        median(plan_fresh),
+    );
+    let big_secs = median(big_secs);
+    let jl = (!jl_first.is_empty()).then(|| (median(jl_first), median(jl_hit)));
+    let us = |s: f64| s * 1e6;
+    println!(
+        "hot paths, {n} runs (FsStore), medians of {reps}, load before {load_before}, after {}",
+        load()
+    );
+    let ratio = |peer: Option<f64>, ours: f64| {
+        peer.map(|p| format!("{:.1}x", p / ours))
+            .unwrap_or_else(|| "-".into())
+    };
+    println!(
+        "  cache hit (enqueue + drain):   {:8.2} us/run   joblib hit   {:8.1} us/run   ratio {}",
+        us(hit),
+        jl.map(|j| us(j.1)).unwrap_or(f64::NAN),
+        ratio(jl.map(|j| j.1), hit)
+    );
+    println!(
+        "  first pass (trivial misses):   {:8.1} us/run   joblib miss  {:8.1} us/run   ratio {}",
+        us(first),
+        jl.map(|j| us(j.0)).unwrap_or(f64::NAN),
+        ratio(jl.map(|j| j.0), first)
+    );
+    println!(
+        "  plan, {n} done:             {:8.4} s        snakemake -n {:8.2} s        ratio {}",
+        plan_done,
+        snake_done.unwrap_or(f64::NAN),
+        ratio(snake_done, plan_done)
+    );
+    println!(
+        "  enqueue + plan, {n} new:      {plan_fresh:8.4} s        snakemake -n {:8.2} s        ratio {}",
+        snake_fresh.unwrap_or(f64::NAN),
+        ratio(snake_fresh, plan_fresh)
+    );
+    println!(
+        "  enqueue + plan, {big} new (10-field params): {big_secs:8.3} s, peak RSS {:.1} MB, max of the runs ({} bytes/run)",
+        big_rss as f64 / 1e6,
+        big_rss / u64::from(big)
+    );
+    let json = serde_json::json!({
+        "runs": n, "reps": reps, "load_before": load_before, "load_after": load(),
+        "hit_us": us(hit), "first_pass_us": us(first), "plan_done_s": plan_done,
+        "plan_fresh_s": plan_fresh, "big_runs": big, "big_plan_s": big_secs, "big_rss": big_rss,
+        "joblib_hit_us": jl.map(|j| us(j.1)), "joblib_miss_us": jl.map(|j| us(j.0)),
+        "snakemake_dry_done_s": snake_done, "snakemake_dry_fresh_s": snake_fresh,
+    });
+    let out = target_dir().join("bench-results");
+    let _ = std::fs::create_dir_all(&out);
+    let _ = std::fs::write(out.join("hot_paths.json"), json.to_string());
+    let _ = std::fs::remove_dir_all(&scratch);
+}

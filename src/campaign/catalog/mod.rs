@@ -1,0 +1,116 @@
+//! The stage catalog: a campaign's stage graph as data.
+//!
+//! A [`StageCatalog`] lists [`StageDef`]s (id, parents, whether and when it is enabled, default
+//! strategy, where its mesh comes from, its command). [`StageCatalog::resolve`] reads an
+//! experiment config and returns the enabled stages in a deterministic topological order, with
+//! parents *contracted* through disabled stages (a disabled `tokenize_data` makes its children
+//! depend on `convert`).
+//!
+//! Three ways to get a catalog:
+//! - [`StageCatalog::puzzle`]: Puzzletron's pipeline (convert -> ... -> mip -> evaluation),
+//!   including the expansion of `post_mip.flows.<flow>.nodes.<node>` into `post.<flow>.<node>`
+//!   stages;
+//! - [`StageCatalog::new`] with [`StageDef`]s built in Rust;
+//! - a `stages:` list in the experiment YAML ([`StageCatalog::from_config`]):
+//!   ```yaml
+//!   stages:
+//!     - {id: prepare, command: [python, prep.py]}
+//!     - {id: train, needs: [prepare], strategy: sharded, command: [python, train.py]}
+//!   ```
+//!
+//! The module has three parts: the generic stage graph (`graph`: [`StageDef`], resolution,
+//! contraction, topological order), user catalogs (`user`: a `stages:` list in the experiment)
+//! and the built-in Puzzle pipeline (`puzzle`: [`StageCatalog::puzzle`] and the post-MIP flow
+//! expansion).
+
+mod graph;
+mod puzzle;
+mod user;
+
+pub use graph::{
+    Enablement, IfDisabled, MeshSource, Need, ResolvedStage, ShardAxis, StageCatalog, StageDef,
+};
+pub use puzzle::{PUZZLE_WORKER, PostMipExpansion};
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::campaign::config::Value;
+    use crate::campaign::execution::Strategy;
+    use crate::campaign::plan_error::PlanError;
+    use serde_json::json;
+
+    fn cfg(v: serde_json::Value) -> Value {
+        Value::from_json(&v)
+    }
+
+    fn ids(stages: &[ResolvedStage]) -> Vec<&str> {
+        stages.iter().map(|s| s.id.as_str()).collect()
+    }
+
+    #[test]
+    fn contraction_through_disabled_stages() {
+        let c = cfg(json!({"tokenize_data": {"enabled": false}, "vllm_stats": {"enabled": false}}));
+        let r = StageCatalog::puzzle().resolve("x", &c).unwrap();
+        assert_eq!(
+            ids(&r),
+            [
+                "convert",
+                "width_importance",
+                "sort",
+                "build_library",
+                "replacement_scoring",
+                "mip"
+            ]
+        );
+        let mip = r.iter().find(|s| s.id == "mip").unwrap();
+        assert_eq!(mip.parents, ["convert", "replacement_scoring"]);
+        let bl = r.iter().find(|s| s.id == "build_library").unwrap();
+        assert_eq!(bl.parents, ["sort"]);
+    }
+
+    #[test]
+    fn user_catalog_cycle_and_missing_parent() {
+        let c = cfg(json!({"stages": [{"id": "a", "needs": ["b"]}, {"id": "b", "needs": ["a"]}]}));
+        let e = StageCatalog::from_config("x", &c)
+            .unwrap()
+            .resolve("x", &c)
+            .unwrap_err();
+        match e {
+            PlanError::Cycle { cycle } => assert_eq!(cycle.len(), 3),
+            other => panic!("{other}"),
+        }
+        let c = cfg(json!({"stages": [{"id": "prep"}, {"id": "train", "needs": ["prepp"]}]}));
+        let e = StageCatalog::from_config("x", &c)
+            .unwrap()
+            .resolve("x", &c)
+            .unwrap_err();
+        assert!(e.to_string().contains("did you mean `prep`"), "{e}");
+        let c = cfg(json!({"stages": [{"id": "a", "command": "rm -rf /"}]}));
+        assert!(StageCatalog::from_config("x", &c).is_err());
+    }
+
+    #[test]
+    fn post_mip_flow_expansion() {
+        let c = cfg(json!({"post_mip": {"flows": {"f": {"nodes": {
+            "best_mip": {"type": "filter", "metric": "mip.score"},
+            "mat": {"type": "materialize", "input": "best_mip"},
+            "ev": {"type": "evaluation", "input": "mat", "config": {"automodel": {"parallel": {"tp": 2}}}},
+            "best": {"type": "filter", "input": "ev", "metric": "ev.lm_loss"}
+        }}}}}));
+        let r = StageCatalog::puzzle().resolve("x", &c).unwrap();
+        let post: Vec<&ResolvedStage> = r.iter().filter(|s| s.id.starts_with("post.")).collect();
+        assert_eq!(post.len(), 4);
+        assert_eq!(post[0].parents, ["mip"]);
+        assert_eq!(post[2].mesh.tp, 2);
+        assert_eq!(post[2].strategy, Strategy::Sharded);
+        let bad = cfg(json!({"post_mip": {"flows": {"f": {"nodes": {"a": {"type": "filtr"}}}}}}));
+        assert!(
+            StageCatalog::puzzle()
+                .resolve("x", &bad)
+                .unwrap_err()
+                .to_string()
+                .contains("did you mean `filter`")
+        );
+    }
+}

@@ -1,0 +1,269 @@
+//! The done index of an [`FsStore`](super::FsStore): `ROOT/done.idx`, a cache that lets a cache
+//! hit skip parsing the record.
+//!
+//! One line per done record seen (written by `finish`, or by a reader that parsed a done record
+//! the index did not know):
+//!
+//! ```text
+//! d1 KEY ATTEMPT WITNESSES RECORD LEN CHECK
+//! ```
+//!
+//! `WITNESSES` is the digest of the record's witnesses ([`DoneHead::witnesses_digest`]),
+//! `RECORD` the SHA-256 of `record.json`'s bytes and `LEN` their length, `CHECK` the first 16 hex
+//! digits of the SHA-256 of everything before it on the line. Lines are appended with one
+//! `write(2)` each (`O_APPEND`), never fsynced: the index is a cache, the record folders stay
+//! the truth.
+//!
+//! Why it never lies: an entry is used only after `record.json` is read and its bytes hash to
+//! the entry's `RECORD`, so the entry describes exactly the record on disk (the attempt and the
+//! witnesses digest were computed from those very bytes). A record edited, replaced or deleted
+//! behind the index fails that check and the record is parsed as without an index. A torn or
+//! garbled line (a crash mid-append, interleaved appends on a network filesystem) fails `CHECK`
+//! or has no newline and is ignored. A missing index is rebuilt as records are read; one with
+//! many superseded lines is compacted when loaded.
+
+use std::collections::HashMap;
+use std::fs::{self, File, OpenOptions};
+use std::io::{self, Read, Write};
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+
+use super::{DoneHead, JobRecord, Status};
+use crate::identity::Hash;
+
+/// The index file's name in the store root.
+pub(super) const INDEX_FILE: &str = "done.idx";
+const TAG: &str = "d1";
+
+/// What the index knows of one done record.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) struct Entry {
+    pub(super) attempt: u32,
+    pub(super) witnesses: Hash,
+    pub(super) record: Hash,
+    pub(super) len: u64,
+}
+
+impl Entry {
+    /// The entry of a done record with these bytes; `None` for a record that is not done.
+    pub(super) fn of(rec: &JobRecord, bytes: &[u8]) -> Option<Self> {
+        (rec.status == Status::Done).then(|| Entry {
+            attempt: rec.attempt,
+            witnesses: DoneHead::witnesses_digest(&rec.witnesses),
+            record: Hash::of(bytes),
+            len: bytes.len() as u64,
+        })
+    }
+
+    pub(super) fn line(&self, key: &Hash) -> String {
+        let body = format!(
+            "{TAG} {key} {} {} {} {}",
+            self.attempt, self.witnesses, self.record, self.len
+        );
+        let check = &Hash::of(body.as_bytes()).to_hex()[..16];
+        format!("{body} {check}\n")
+    }
+}
+
+/// One line without its newline: `None` when it is not a well-formed, intact entry.
+fn parse_line(line: &str) -> Option<(Hash, Entry)> {
+    let (body, check) = line.rsplit_once(' ')?;
+    if check.len() != 16 || Hash::of(body.as_bytes()).to_hex()[..16] != *check {
+        return None;
+    }
+    let mut it = body.split(' ');
+    if it.next()? != TAG {
+        return None;
+    }
+    let key = it.next()?.parse().ok()?;
+    let entry = Entry {
+        attempt: it.next()?.parse().ok()?,
+        witnesses: it.next()?.parse().ok()?,
+        record: it.next()?.parse().ok()?,
+        len: it.next()?.parse().ok()?,
+    };
+    it.next().is_none().then_some((key, entry))
+}
+
+/// The entries of an index file's bytes, later lines winning, and how many intact lines it has.
+/// A last line without a newline (torn by a crash) and any damaged line are skipped.
+pub(super) fn parse(bytes: &[u8]) -> (HashMap<Hash, Entry>, usize) {
+    let mut map = HashMap::new();
+    let mut lines = 0;
+    let complete = match bytes.iter().rposition(|&b| b == b'\n') {
+        Some(end) => &bytes[..=end],
+        None => &[][..],
+    };
+    for raw in complete.split(|&b| b == b'\n') {
+        let Ok(text) = std::str::from_utf8(raw) else {
+            continue;
+        };
+        if let Some((k, e)) = parse_line(text) {
+            map.insert(k, e);
+            lines += 1;
+        }
+    }
+    (map, lines)
+}
+
+/// The loaded index of one store (shared by the clones of an `FsStore`).
+#[derive(Debug, Clone)]
+pub(super) struct DoneIndex {
+    path: PathBuf,
+    state: Arc<Mutex<Option<HashMap<Hash, Entry>>>>,
+}
+
+impl DoneIndex {
+    pub(super) fn new(root: &Path) -> Self {
+        Self {
+            path: root.join(INDEX_FILE),
+            state: Arc::new(Mutex::new(None)),
+        }
+    }
+
+    fn with<T>(&self, f: impl FnOnce(&mut HashMap<Hash, Entry>) -> T) -> T {
+        let mut guard = self.state.lock().unwrap_or_else(|e| e.into_inner());
+        let map = guard.get_or_insert_with(|| self.load());
+        f(map)
+    }
+
+    /// Reads the file (an unreadable one is an empty index: it is only a cache), compacting it
+    /// when most of its lines are superseded.
+    fn load(&self) -> HashMap<Hash, Entry> {
+        let bytes = fs::read(&self.path).unwrap_or_default();
+        let (map, lines) = parse(&bytes);
+        let torn = !bytes.is_empty() && bytes.last() != Some(&b'\n');
+        if torn || lines > 2 * map.len() + 1024 {
+            // Rewritten whole (temp + rename): a torn tail would glue itself to the next append.
+            // An append racing this rewrite may be lost, which costs a re-parse, never a lie.
+            let mut text = String::with_capacity(map.len() * 200);
+            for (k, e) in &map {
+                text.push_str(&e.line(k));
+            }
+            let _ = crate::fsutil::replace_file(&self.path, text.as_bytes());
+        }
+        map
+    }
+
+    /// The entry for `key`, if the index has one (not yet checked against the record).
+    pub(super) fn get(&self, key: &Hash) -> Option<Entry> {
+        self.with(|m| m.get(key).copied())
+    }
+
+    /// Records entries (appending those the index does not hold yet, in one write).
+    pub(super) fn note(&self, entries: &[(Hash, Entry)]) {
+        let mut text = String::new();
+        self.with(|m| {
+            for (k, e) in entries {
+                if m.get(k) != Some(e) {
+                    m.insert(*k, *e);
+                    text.push_str(&e.line(k));
+                }
+            }
+        });
+        if text.is_empty() {
+            return;
+        }
+        // A failed append only costs later readers a parse.
+        if let Ok(mut f) = OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&self.path)
+        {
+            let _ = f.write_all(text.as_bytes());
+        }
+    }
+
+    /// The head of `key`'s record when the index has an entry and `record.json` (at `path`) is
+    /// exactly the record it describes; `None` otherwise (read the record then).
+    ///
+    /// # Errors
+    /// The I/O error of reading the record, except that it does not exist.
+    pub(super) fn verified(&self, key: &Hash, path: &Path) -> io::Result<Option<DoneHead>> {
+        let Some(e) = self.get(key) else {
+            return Ok(None);
+        };
+        let Some(bytes) = read_expecting(path, e.len)? else {
+            return Ok(None);
+        };
+        Ok((Hash::of(&bytes) == e.record).then_some(DoneHead {
+            attempt: e.attempt,
+            witnesses: e.witnesses,
+        }))
+    }
+}
+
+/// The bytes of `path` if it holds exactly `len` bytes; `None` when it is missing or of another
+/// length. One buffer, no `stat`: reads until end of file.
+fn read_expecting(path: &Path, len: u64) -> io::Result<Option<Vec<u8>>> {
+    let mut f = match File::open(path) {
+        Ok(f) => f,
+        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(None),
+        Err(e) => return Err(e),
+    };
+    let Ok(want) = usize::try_from(len) else {
+        return Ok(None);
+    };
+    let mut buf = vec![0u8; want + 1];
+    let mut got = 0;
+    loop {
+        match f.read(&mut buf[got..]) {
+            Ok(0) => break,
+            Ok(n) => {
+                got += n;
+                if got > want {
+                    return Ok(None);
+                }
+            }
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(e),
+        }
+    }
+    if got != want {
+        return Ok(None);
+    }
+    buf.truncate(want);
+    Ok(Some(buf))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn entry(n: u8) -> Entry {
+        Entry {
+            attempt: u32::from(n),
+            witnesses: Hash::of([n]),
+            record: Hash::of([n, n]),
+            len: 100 + u64::from(n),
+        }
+    }
+
+    #[test]
+    fn lines_round_trip_and_later_lines_win() {
+        let k = Hash::of("k");
+        let text = format!("{}{}", entry(1).line(&k), entry(2).line(&k));
+        let (map, lines) = parse(text.as_bytes());
+        assert_eq!(lines, 2);
+        assert_eq!(map.get(&k), Some(&entry(2)));
+    }
+
+    #[test]
+    fn a_torn_tail_and_damaged_lines_are_ignored() {
+        let (a, b, c) = (Hash::of("a"), Hash::of("b"), Hash::of("c"));
+        let good = entry(1).line(&a);
+        // One digit of the attempt changed: the check fails.
+        let damaged = entry(2).line(&b).replacen(" 2 ", " 3 ", 1);
+        let full_c = entry(3).line(&c);
+        let torn = &full_c[..full_c.len() - 5];
+        let text = format!("{good}{damaged}garbage\n{torn}");
+        let (map, lines) = parse(text.as_bytes());
+        assert_eq!(lines, 1);
+        assert_eq!(map.len(), 1);
+        assert_eq!(map.get(&a), Some(&entry(1)));
+        // The tail without its newline is dropped even though its text would otherwise parse.
+        let whole_but_unterminated = &full_c[..full_c.len() - 1];
+        let (map, _) = parse(format!("{good}{whole_but_unterminated}").as_bytes());
+        assert!(!map.contains_key(&c));
+    }
+}
