@@ -12,7 +12,7 @@ pub use table::{MetricTable, RESERVED_COLUMNS};
 use std::path::PathBuf;
 
 use crate::identity::Hash;
-use crate::store::{Status, Store, StoreError};
+use crate::store::{JobRecord, Series, Status, Store, StoreError};
 
 /// Errors building or writing metric tables.
 #[derive(Debug, thiserror::Error)]
@@ -92,17 +92,76 @@ pub fn collect<S: Store + ?Sized>(store: &S) -> Result<MetricTable, MetricsError
             .total_cmp(&b.finished_at.unwrap_or(0.0))
             .then(a.key.cmp(&b.key))
     });
+    let refs: Vec<&JobRecord> = recs.iter().collect();
     let mut jobs = Vec::with_capacity(recs.len());
-    for r in &recs {
+    for_each_series(store, &refs, None, reader_threads(false), |i, series| {
+        let r = refs[i];
         jobs.push(JobRows {
             key: r.key,
             params: &r.params,
             param_order: &r.param_order,
             param_types: &r.param_types,
-            series: store.metrics(&r.key, None)?,
+            series,
         });
-    }
+        Ok(())
+    })?;
     build_table(&jobs, true)
+}
+
+/// How many jobs' rows a reader thread of [`for_each_series`] may hold ahead of the caller.
+const READ_AHEAD: usize = 4;
+
+/// Calls `each` with the rows of metric `metric` (all metrics when `None`) of each record of
+/// `recs`, in order, read by `threads` reader threads (job `i` by thread `i % threads`), each at
+/// most [`READ_AHEAD`] jobs ahead of `each`: reading overlaps with what `each` does, and memory
+/// stays bounded by a few jobs' rows. Stops at the first error (of a read or of `each`).
+pub(crate) fn for_each_series<S: Store + ?Sized>(
+    store: &S,
+    recs: &[&JobRecord],
+    metric: Option<&str>,
+    threads: usize,
+    mut each: impl FnMut(usize, Series) -> Result<(), MetricsError>,
+) -> Result<(), MetricsError> {
+    let threads = threads.clamp(1, recs.len().max(1));
+    if threads == 1 && recs.len() < 2 {
+        for (i, r) in recs.iter().enumerate() {
+            each(i, store.record_metrics(r, metric)?)?;
+        }
+        return Ok(());
+    }
+    std::thread::scope(|scope| {
+        let mut rxs = Vec::with_capacity(threads);
+        for t in 0..threads {
+            let (tx, rx) = std::sync::mpsc::sync_channel(READ_AHEAD);
+            rxs.push(rx);
+            scope.spawn(move || {
+                for r in recs.iter().skip(t).step_by(threads) {
+                    let rows = store.record_metrics(r, metric);
+                    let failed = rows.is_err();
+                    // A closed channel: the caller stopped (an error); so do we.
+                    if tx.send(rows).is_err() || failed {
+                        return;
+                    }
+                }
+            });
+        }
+        // The receivers are dropped when this closure returns, before the scope joins the
+        // readers, so a reader blocked on a full channel wakes up and ends.
+        for i in 0..recs.len() {
+            let rows = rxs[i % threads].recv().map_err(|_| MetricsError::Arrow {
+                message: "a metric reader thread ended early".into(),
+            })??;
+            each(i, rows)?;
+        }
+        Ok(())
+    })
+}
+
+/// Reader threads for [`for_each_series`]: the machine's cores (at most 4), one left for the
+/// caller when `busy` (it encodes what it receives).
+pub(crate) fn reader_threads(busy: bool) -> usize {
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+    (if busy { cores.saturating_sub(1) } else { cores }).clamp(1, 4)
 }
 
 /// The done records of `store` that logged metric `metric`, in finish order (then key).
@@ -112,7 +171,7 @@ pub fn collect<S: Store + ?Sized>(store: &S) -> Result<MetricTable, MetricsError
 fn done_with_metric<S: Store + ?Sized>(
     store: &S,
     metric: &str,
-) -> Result<Vec<crate::store::JobRecord>, MetricsError> {
+) -> Result<Vec<JobRecord>, MetricsError> {
     use crate::store::StoreExt;
     let mut recs = store.done_records()?;
     let mut available = std::collections::BTreeSet::new();
@@ -137,16 +196,25 @@ pub(crate) fn table_of<S: Store + ?Sized>(
     metric: &str,
 ) -> Result<MetricTable, MetricsError> {
     let recs = done_with_metric(store, metric)?;
+    let refs: Vec<&JobRecord> = recs.iter().collect();
     let mut jobs = Vec::with_capacity(recs.len());
-    for r in &recs {
-        jobs.push(JobRows {
-            key: r.key,
-            params: &r.params,
-            param_order: &r.param_order,
-            param_types: &r.param_types,
-            series: store.metrics(&r.key, Some(metric))?,
-        });
-    }
+    for_each_series(
+        store,
+        &refs,
+        Some(metric),
+        reader_threads(false),
+        |i, series| {
+            let r = refs[i];
+            jobs.push(JobRows {
+                key: r.key,
+                params: &r.params,
+                param_order: &r.param_order,
+                param_types: &r.param_types,
+                series,
+            });
+            Ok(())
+        },
+    )?;
     build_table(&jobs, false)
 }
 
@@ -168,13 +236,17 @@ pub(crate) fn write_parquet_of<S: Store + ?Sized>(
             param_types: &r.param_types,
         })
         .collect();
-    stream::write_parquet(&jobs, |j| Ok(store.metrics(&j.key, Some(metric))?), path)
+    let refs: Vec<&JobRecord> = recs.iter().collect();
+    stream::write_parquet(
+        &jobs,
+        |sink| for_each_series(store, &refs, Some(metric), reader_threads(true), sink),
+        path,
+    )
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::store::Series;
     use serde_json::json;
 
     fn series(rows: &[(i64, f64)]) -> Series {

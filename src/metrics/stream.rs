@@ -15,8 +15,6 @@ use arrow_array::{ArrayRef, DictionaryArray, RecordBatch, StringArray};
 use arrow_schema::{DataType, Field, Schema, SchemaRef};
 use parquet::arrow::ArrowWriter;
 use parquet::arrow::arrow_writer::ArrowWriterOptions;
-use parquet::basic::Compression;
-use parquet::file::properties::WriterProperties;
 use serde_json::Value;
 
 use super::MetricsError;
@@ -240,9 +238,14 @@ impl Drop for TempOut {
     }
 }
 
-/// Writes metric rows of `jobs` to `path` as Parquet (Snappy), streaming: `rows_of` is called
-/// once per job, in order, and its rows go out in batches of [`BATCH_ROWS`]; at most one job's
-/// rows and one batch are in memory. The file is replaced atomically (temp file, `fsync`,
+/// What feeds [`write_parquet`]: called once with a sink, it passes each job's rows to the sink
+/// as `(index in jobs, rows)`, in order (see [`for_each_series`](super::for_each_series)), and
+/// returns the sink's first error.
+pub(crate) type Sink<'s> = dyn FnMut(usize, Series) -> Result<(), MetricsError> + 's;
+
+/// Writes metric rows of `jobs` to `path` as Parquet (Snappy), streaming: `feed` hands each
+/// job's rows over, in order, and they go out in batches of [`BATCH_ROWS`]; at most the jobs'
+/// rows `feed` holds and one batch are in memory. The file is replaced atomically (temp file, `fsync`,
 /// rename, `fsync` of the folder). Returns the number of rows written.
 ///
 /// The Parquet schema is the one [`MetricTable::write_parquet`](super::MetricTable::write_parquet)
@@ -250,7 +253,7 @@ impl Drop for TempOut {
 /// not dictionaries); the text columns are dictionary-encoded in the file.
 pub(crate) fn write_parquet<J: JobParams>(
     jobs: &[J],
-    mut rows_of: impl FnMut(&J) -> Result<Series, MetricsError>,
+    feed: impl FnOnce(&mut Sink<'_>) -> Result<(), MetricsError>,
     path: &Path,
 ) -> Result<u64, MetricsError> {
     static SEQ: AtomicU64 = AtomicU64::new(0);
@@ -287,9 +290,7 @@ pub(crate) fn write_parquet<J: JobParams>(
         .open(&out.tmp)
         .map_err(io)?;
     let mut sink = BufWriter::with_capacity(1 << 20, file);
-    let props = WriterProperties::builder()
-        .set_compression(Compression::SNAPPY)
-        .build();
+    let props = super::table::writer_properties();
     let options = ArrowWriterOptions::new()
         .with_properties(props)
         .with_skip_arrow_metadata(true);
@@ -298,10 +299,18 @@ pub(crate) fn write_parquet<J: JobParams>(
     let mut batch = Batch::new(schema, &cols);
     let mut total = 0u64;
     let mut cells: Vec<Cell> = Vec::with_capacity(cols.len());
-    for j in jobs {
-        let series = rows_of(j)?;
+    let mut next = 0;
+    let mut push = |i: usize, series: Series| -> Result<(), MetricsError> {
+        // The feed's order is the jobs' order; a job index out of turn is a bug.
+        let j = jobs
+            .get(i)
+            .filter(|_| i == next)
+            .ok_or_else(|| MetricsError::Arrow {
+                message: format!("metric rows of job {i} fed out of order (expected {next})"),
+            })?;
+        next += 1;
         if series.is_empty() {
-            continue;
+            return Ok(());
         }
         cells.clear();
         cells.extend(
@@ -325,7 +334,9 @@ pub(crate) fn write_parquet<J: JobParams>(
             }
         }
         total += series.len() as u64;
-    }
+        Ok(())
+    };
+    feed(&mut push)?;
     if batch.rows > 0 || total == 0 {
         w.write(&batch.finish()?).map_err(perr)?;
     }
@@ -440,9 +451,15 @@ mod tests {
         let mut asked = Vec::new();
         let n = write_parquet(
             &metas,
-            |j| {
-                asked.push(j.key);
-                Ok(rows.iter().find(|r| r.key == j.key).unwrap().series.clone())
+            |sink| {
+                for (i, j) in metas.iter().enumerate() {
+                    asked.push(j.key);
+                    sink(
+                        i,
+                        rows.iter().find(|r| r.key == j.key).unwrap().series.clone(),
+                    )?;
+                }
+                Ok(())
             },
             &path,
         )
@@ -512,7 +529,8 @@ mod tests {
         let path = dir.path().join("m.parquet");
         let e = write_parquet(
             &metas,
-            |_| {
+            |sink| {
+                sink(0, series(3, 0.0))?;
                 Err(MetricsError::Arrow {
                     message: "boom".into(),
                 })

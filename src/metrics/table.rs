@@ -138,12 +138,8 @@ impl MetricTable {
     #[cfg(feature = "parquet")]
     pub fn write_parquet(&self, path: impl AsRef<Path>) -> Result<(), MetricsError> {
         use parquet::arrow::ArrowWriter;
-        use parquet::basic::Compression;
-        use parquet::file::properties::WriterProperties;
         let path = path.as_ref();
-        let props = WriterProperties::builder()
-            .set_compression(Compression::SNAPPY)
-            .build();
+        let props = writer_properties();
         let mut buf = Vec::new();
         let perr = |e: parquet::errors::ParquetError| MetricsError::Parquet {
             path: path.to_path_buf(),
@@ -403,6 +399,19 @@ pub(super) fn param_text(v: Value, kind: Kind) -> Option<String> {
         Value::String(s) if kind == Kind::Str => Some(s),
         other => canonical_json(&other).ok(),
     }
+}
+
+/// Parquet writer settings of metric tables: Snappy; no dictionary for `value` (a metric's
+/// values rarely repeat: the writer would hash every value only to fall back to plain encoding).
+#[cfg(feature = "parquet")]
+pub(super) fn writer_properties() -> parquet::file::properties::WriterProperties {
+    use parquet::basic::Compression;
+    use parquet::file::properties::WriterProperties;
+    use parquet::schema::types::ColumnPath;
+    WriterProperties::builder()
+        .set_compression(Compression::SNAPPY)
+        .set_column_dictionary_enabled(ColumnPath::from("value"), false)
+        .build()
 }
 
 /// Builds a table from jobs' rows. `metric_column` adds the `metric` column (rows of several

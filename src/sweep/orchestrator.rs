@@ -442,7 +442,7 @@ impl<S: Store, E: Executor> Orchestrator<S, E> {
                 } else {
                     &rec.param_types
                 },
-                series: self.store.metrics(&p.key, Some(metric))?,
+                series: self.store.record_metrics(rec, Some(metric))?,
             });
         }
         if !any {
@@ -474,6 +474,7 @@ impl<S: Store, E: Executor> Orchestrator<S, E> {
         let keys: Vec<Hash> = self.enqueued.iter().map(|p| p.key).collect();
         let recs = self.store.records(&keys)?;
         let mut jobs = Vec::with_capacity(keys.len());
+        let mut done = Vec::with_capacity(keys.len());
         let mut available = std::collections::BTreeSet::new();
         let mut any = false;
         for (p, rec) in self.enqueued.iter().zip(&recs) {
@@ -485,6 +486,7 @@ impl<S: Store, E: Executor> Orchestrator<S, E> {
                 available.extend(m.names.iter().cloned());
                 any |= m.names.iter().any(|n| n == metric);
             }
+            done.push(rec);
             jobs.push(JobMeta {
                 key: p.key,
                 params: &rec.params,
@@ -506,7 +508,15 @@ impl<S: Store, E: Executor> Orchestrator<S, E> {
         let store = &self.store;
         Ok(write_parquet(
             &jobs,
-            |j| Ok(store.metrics(&j.key, Some(metric))?),
+            |sink| {
+                crate::metrics::for_each_series(
+                    store,
+                    &done,
+                    Some(metric),
+                    crate::metrics::reader_threads(true),
+                    sink,
+                )
+            },
             path.as_ref(),
         )?)
     }
