@@ -79,10 +79,11 @@ t.to_parquet(out, engine="pyarrow", compression="snappy", index=False)
 print(len(t))
 "#;
 
-/// Runs `bin args` with stdout to `stdout`; returns (wall time, peak RSS in MB, exit code).
+/// Runs `bin args` with stdout to `stdout`; returns (wall time, CPU time (user + system, all
+/// threads), peak RSS in MB, exit code).
 // The child is reaped by `wait4` (for its own rusage), not by `Child::wait`.
 #[allow(clippy::zombie_processes)]
-fn measure(bin: &Path, args: &[&str], stdout: &Path) -> (Duration, f64, i32) {
+fn measure(bin: &Path, args: &[&str], stdout: &Path) -> (Duration, Duration, f64, i32) {
     let out = File::create(stdout).expect("stdout file");
     let t = Instant::now();
     let child = Command::new(bin)
@@ -104,16 +105,21 @@ fn measure(bin: &Path, args: &[&str], stdout: &Path) -> (Duration, f64, i32) {
     } else {
         -1
     };
+    let tv = |t: libc::timeval| Duration::new(t.tv_sec as u64, t.tv_usec as u32 * 1000);
+    let cpu = tv(usage.ru_utime) + tv(usage.ru_stime);
     // Linux reports ru_maxrss in kilobytes.
-    (wall, usage.ru_maxrss as f64 / 1024.0, code)
+    (wall, cpu, usage.ru_maxrss as f64 / 1024.0, code)
 }
 
-fn median(mut v: Vec<(Duration, f64)>) -> (Duration, f64) {
-    v.sort_by_key(|x| x.0);
-    let t = v[v.len() / 2].0;
-    let mut m: Vec<f64> = v.iter().map(|x| x.1).collect();
+/// Medians of (wall, CPU, RSS), each on its own.
+fn median(v: &[(Duration, Duration, f64)]) -> (Duration, Duration, f64) {
+    let mut w: Vec<Duration> = v.iter().map(|x| x.0).collect();
+    let mut c: Vec<Duration> = v.iter().map(|x| x.1).collect();
+    let mut m: Vec<f64> = v.iter().map(|x| x.2).collect();
+    w.sort();
+    c.sort();
     m.sort_by(|a, b| a.total_cmp(b));
-    (t, m[m.len() / 2])
+    (w[w.len() / 2], c[c.len() / 2], m[m.len() / 2])
 }
 
 fn load() -> String {
@@ -272,7 +278,7 @@ fn main() {
         "metrics_table: {runs} runs x {STEPS} steps = {rows} rows, load {}",
         load()
     );
-    let mut results: Vec<(&str, Duration, f64)> = Vec::new();
+    let mut results: Vec<(&str, Duration, Duration, f64)> = Vec::new();
     let mut cases: Vec<(&str, PathBuf, Vec<String>)> = ["stream", "table"]
         .iter()
         .map(|m| {
@@ -305,28 +311,30 @@ fn main() {
         let printed = root.join(format!("{name}.stdout"));
         let mut v = Vec::new();
         for _ in 0..samples {
-            let (wall, rss, code) = measure(bin, &a, &printed);
+            let (wall, cpu, rss, code) = measure(bin, &a, &printed);
             assert_eq!(code, 0, "{name} exited {code}");
             let n = std::fs::read_to_string(&printed).unwrap_or_default();
             assert_eq!(n.trim(), rows.to_string(), "{name}: rows written");
-            v.push((wall, rss));
+            v.push((wall, cpu, rss));
         }
-        let (wall, rss) = median(v);
+        let (wall, cpu, rss) = median(&v);
         println!(
-            "  {name:<7} median {:7.3} s  peak RSS {:7.1} MB  ({samples} runs, load {})",
+            "  {name:<7} median {:7.3} s wall, {:7.3} s CPU, peak RSS {:7.1} MB  ({samples} runs, load {})",
             wall.as_secs_f64(),
+            cpu.as_secs_f64(),
             rss,
             load()
         );
-        results.push((name, wall, rss));
+        results.push((name, wall, cpu, rss));
     }
-    let get = |n: &str| results.iter().find(|r| r.0 == n).map(|r| (r.1, r.2));
-    if let Some((pw, prss)) = get("pandas") {
+    let get = |n: &str| results.iter().find(|r| r.0 == n).map(|r| (r.1, r.2, r.3));
+    if let Some((pw, pc, prss)) = get("pandas") {
         for m in ["stream", "table"] {
-            if let Some((w, rss)) = get(m) {
+            if let Some((w, c, rss)) = get(m) {
                 println!(
-                    "  {m} vs pandas+pyarrow: {:.1}x faster, {:.1}x less memory (goal: stream >= 8x, < 500 MB)",
+                    "  {m} vs pandas+pyarrow: {:.1}x faster (wall), {:.1}x less CPU, {:.1}x less memory (goal: stream >= 8x, < 500 MB)",
                     pw.as_secs_f64() / w.as_secs_f64(),
+                    pc.as_secs_f64() / c.as_secs_f64(),
                     prss / rss
                 );
             }

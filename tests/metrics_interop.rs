@@ -164,6 +164,7 @@ fn streamed_parquet_equals_the_in_memory_table_and_ignores_a_torn_tail() {
     let key = t.job_keys()[0];
     let tsv = o.store().job_dir(&key).join("metrics.1.tsv");
     assert!(tsv.is_file(), "{}", tsv.display());
+    let intact = std::fs::metadata(&tsv).unwrap().len();
     std::fs::OpenOptions::new()
         .append(true)
         .open(&tsv)
@@ -174,7 +175,8 @@ fn streamed_parquet_equals_the_in_memory_table_and_ignores_a_torn_tail() {
     assert_eq!(rows.len(), 4, "3 loss + 1 acc rows");
     let torn = torn.expect("torn tail reported");
     assert_eq!(torn.path, tsv);
-    assert_eq!(torn.bytes, 10);
+    assert_eq!(torn.offset, intact);
+    assert_eq!(torn.bytes, 9, "`loss\\t9\\t0.`");
     assert!(torn.to_string().starts_with("warning: "), "{torn}");
 
     let sweep = c.path().join("sweep.parquet");
