@@ -257,6 +257,70 @@ mod tests {
         s
     }
 
+    /// A store of more jobs than one thread reads (records in chunks on several threads, rows
+    /// read ahead on several threads): the table keeps finish order and every row; a failing
+    /// consumer stops the readers without a hang.
+    #[test]
+    fn many_jobs_read_on_threads_keep_finish_order() {
+        use crate::store::conformance::sample_record;
+        use crate::store::{ClaimOutcome, MemoryStore, Owner, StoreExt};
+        let store = MemoryStore::new();
+        let n = 2500;
+        for i in 0..n {
+            let k = Hash::of(format!("job{i}"));
+            let ClaimOutcome::Claimed(c) = store.claim(&k, &Owner::current(), None).unwrap() else {
+                panic!("claim");
+            };
+            let mut rec = sample_record(k, Status::Running, c.attempt);
+            store.start(&c, &rec).unwrap();
+            let mut sink = store.metric_sink(&c).unwrap();
+            for step in 0..3 {
+                sink.append("loss", step, i as f64 + step as f64 / 4.0)
+                    .unwrap();
+            }
+            sink.sync().unwrap();
+            rec.status = Status::Done;
+            // Finished in reverse: finish order is not key or insertion order.
+            rec.finished_at = Some((n - i) as f64);
+            rec.metrics = Some(sink.summary());
+            store.finish(&c, &rec).unwrap();
+        }
+        let t = store.metric_table("loss").unwrap();
+        assert_eq!(t.num_rows(), 3 * n);
+        let keys = t.job_keys();
+        let values = t.values();
+        for (row, job) in (0..n).rev().enumerate() {
+            assert_eq!(keys[3 * row], Hash::of(format!("job{job}")), "row {row}");
+            assert_eq!(values[3 * row + 2], job as f64 + 0.5, "row {row}");
+        }
+        #[cfg(feature = "parquet")]
+        {
+            let dir = tempfile::tempdir().unwrap();
+            let path = dir.path().join("loss.parquet");
+            assert_eq!(
+                store.write_metric_parquet("loss", &path).unwrap(),
+                3 * n as u64
+            );
+        }
+        let recs = store.done_records().unwrap();
+        let refs: Vec<&JobRecord> = recs.iter().collect();
+        let mut seen = 0;
+        let e = for_each_series(&store, &refs, Some("loss"), 3, |i, rows| {
+            assert_eq!(i, seen);
+            assert_eq!(rows.len(), 3);
+            seen += 1;
+            if i == 40 {
+                return Err(MetricsError::Arrow {
+                    message: "stop".into(),
+                });
+            }
+            Ok(())
+        })
+        .unwrap_err();
+        assert!(e.to_string().contains("stop"), "{e}");
+        assert_eq!(seen, 41);
+    }
+
     #[test]
     fn column_types_follow_parameter_types() {
         let p1 = json!({"lr": 0.1, "hidden": 16, "name": "a", "bn": true, "opt": {"b": [1, 2]}, "mixed": 1});
