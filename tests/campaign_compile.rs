@@ -691,3 +691,130 @@ proptest! {
         prop_assert_eq!(a.stages.len(), spec.len());
     }
 }
+
+const QWEN_CAMPAIGN: (&str, &str, &str) = (
+    "families/qwen3_5/qwen3p5_0p8b/runs/campaign.yaml",
+    "orchestration/qwen3p5_0p8b/runner.slurm.yaml",
+    "orchestration/qwen3p5_0p8b/execution.campaign.yaml",
+);
+
+#[test]
+fn a_manual_filter_becomes_a_decision_stage_without_a_job() {
+    let top_k = compile_fixture(QWEN_CAMPAIGN, &[], None).unwrap();
+    let best = "post.runtime-075.best_lm";
+    assert!(top_k.stage(best).unwrap().decision.is_none());
+    let json = serde_json::to_value(&top_k).unwrap();
+    assert!(
+        json["stages"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .all(|s| s.get("decision").is_none()),
+        "no decision field when no stage is manual"
+    );
+
+    let plan = compile_fixture(
+        QWEN_CAMPAIGN,
+        &["post_mip.flows.runtime-075.nodes.best_lm.mode=manual"],
+        None,
+    )
+    .unwrap();
+    let st = plan.stage(best).unwrap();
+    let d = st.decision.as_ref().expect("a manual decision");
+    assert_eq!(d.input, "post.runtime-075.online_eval");
+    let eval = plan.stage("post.runtime-075.online_eval").unwrap();
+    let ids: Vec<String> = eval.work.items.iter().map(|i| i.work_id.clone()).collect();
+    assert!(!ids.is_empty());
+    assert_eq!(d.candidates, ids);
+    assert_eq!(st.parents, ["post.runtime-075.online_eval"]);
+    // No GPU, one item, whatever the execution file says about the node.
+    assert_eq!(st.spec.allocation.total_gpus, 0);
+    assert_eq!(st.spec.instances, 1);
+    assert_eq!(st.work.items.len(), 1);
+    // The downstream node still depends on it.
+    assert_eq!(
+        plan.stage("post.runtime-075.materialized").unwrap().parents,
+        [best]
+    );
+
+    // Plan JSON: the field is there for that stage only, and round-trips.
+    let json = serde_json::to_value(&plan).unwrap();
+    let with: Vec<&str> = json["stages"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|s| s.get("decision").is_some())
+        .map(|s| s["stage_id"].as_str().unwrap())
+        .collect();
+    assert_eq!(with, [best]);
+    let back: puzzletron::campaign::CampaignPlan = serde_json::from_value(json).unwrap();
+    assert_eq!(back.stage(best).unwrap().decision, st.decision);
+
+    // The plan document (`compile --json`): no node, no submission for it.
+    let doc = plan_to_dict(&plan);
+    let sd = doc["stages"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|s| s["stage_id"] == best)
+        .unwrap();
+    assert_eq!(sd["nodes"], 0);
+    assert_eq!(sd["total_gpus"], 0);
+    assert_eq!(sd["decision"]["input"], "post.runtime-075.online_eval");
+    assert!(
+        doc["dry_run_submissions"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .all(|s| s["stage_id"] != best)
+    );
+
+    // The dry run names the decision and its file; it submits nothing for it.
+    let dr = puzzletron::campaign::dry_run(&plan, &Default::default()).unwrap();
+    assert!(dr.submissions.iter().all(|s| s.stage_id != best));
+    assert_eq!(dr.decisions.len(), 1);
+    assert_eq!(
+        dr.decisions[0].decision_file,
+        "decisions/post.runtime-075.best_lm.txt"
+    );
+    let text = puzzletron::campaign::render_dry_run(&plan, &Default::default()).unwrap();
+    assert!(
+        text.contains("=== stage post.runtime-075.best_lm (manual decision, no job) ===")
+            && text.contains("<campaign dir>/decisions/post.runtime-075.best_lm.txt")
+            && text.contains(&format!("1. {}", ids[0])),
+        "{text}"
+    );
+    // The summary row asks for no node.
+    let row = puzzletron::campaign::PlanSummary::of(&plan)
+        .stages
+        .into_iter()
+        .find(|s| s.stage_id == best)
+        .unwrap();
+    assert_eq!((row.strategy.as_str(), row.nodes), ("manual", 0));
+}
+
+#[test]
+fn a_filter_mode_that_is_not_a_string_is_refused_with_file_line_and_path() {
+    let dir = tempfile::tempdir().unwrap();
+    write(dir.path(), "base.yaml", "{}\n");
+    let exp = write(
+        dir.path(),
+        "exp.yaml",
+        "mip:\n  enabled: true\npost_mip:\n  flows:\n    f:\n      nodes:\n        pick:\n          type: filter\n          mode: [manual]\n",
+    );
+    let err = compile_campaign_plan_with(
+        &ConfigLoader::new(),
+        &exp,
+        &RunnerEnvironment::local(),
+        &ExecutionConfig::default(),
+        &[],
+        None,
+    )
+    .unwrap_err();
+    let msg = err.to_string();
+    assert!(
+        msg.contains("exp.yaml:9") && msg.contains("post_mip.flows.f.nodes.pick.mode"),
+        "{msg}"
+    );
+    assert!(msg.contains("a mode name"), "{msg}");
+}

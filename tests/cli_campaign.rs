@@ -744,3 +744,399 @@ fn n04_gpu_preflight_mismatch_is_a_config_failure_never_retried() {
         }
     }
 }
+
+/// A small experiment whose post-MIP flow has a manual filter: eval (3 shards) -> pick
+/// (manual) -> mat. Returns (experiment, execution) paths.
+fn manual_filter_experiment(dir: &Path) -> (String, String) {
+    std::fs::write(dir.join("base.yaml"), "{}\n").unwrap();
+    std::fs::write(
+        dir.join("exp.yaml"),
+        "replacement_scoring: {enabled: false}\n\
+         build_library: {enabled: false}\n\
+         post_mip:\n  flows:\n    f:\n      nodes:\n\
+         \x20       eval: {type: evaluation}\n\
+         \x20       pick: {type: filter, input: eval, mode: manual}\n\
+         \x20       mat: {type: materialize, input: pick}\n",
+    )
+    .unwrap();
+    std::fs::write(
+        dir.join("exec.yaml"),
+        "execution:\n  defaults: {gpus_per_node: 4}\n  stages:\n    post.f.eval: {instances: 3}\n",
+    )
+    .unwrap();
+    (
+        dir.join("exp.yaml").display().to_string(),
+        dir.join("exec.yaml").display().to_string(),
+    )
+}
+
+fn manual_run_args<'a>(exp: &'a str, exec: &'a str, dir: &'a str, stub: &'a str) -> Vec<&'a str> {
+    vec![
+        "campaign",
+        "run",
+        exp,
+        "--runner",
+        "local",
+        "--execution",
+        exec,
+        "--dir",
+        dir,
+        "--command-prefix",
+        stub,
+        "--poll-ms",
+        "50",
+        "--gpus",
+        "0,1,2,3",
+        "--quiet",
+    ]
+}
+
+/// A child process killed (and reaped) when the test ends, even by a failed assertion.
+struct Reap(std::process::Child);
+
+impl std::ops::Deref for Reap {
+    type Target = std::process::Child;
+    fn deref(&self) -> &Self::Target {
+        &self.0
+    }
+}
+
+impl std::ops::DerefMut for Reap {
+    fn deref_mut(&mut self) -> &mut Self::Target {
+        &mut self.0
+    }
+}
+
+impl Drop for Reap {
+    fn drop(&mut self) {
+        if let Ok(None) = self.0.try_wait() {
+            let _ = self.0.kill();
+            let _ = self.0.wait();
+        }
+    }
+}
+
+/// Waits until the journal of `dir` holds `needle` (a controller in another process).
+fn wait_for_journal(dir: &Path, needle: &str, child: &mut Reap) {
+    let end = Instant::now() + Duration::from_secs(90);
+    loop {
+        let j = std::fs::read_to_string(dir.join("controller/journal.jsonl")).unwrap_or_default();
+        if j.contains(needle) {
+            return;
+        }
+        if let Ok(Some(st)) = child.try_wait() {
+            panic!("the controller exited ({st}) before {needle:?} was journaled:\n{j}");
+        }
+        assert!(Instant::now() < end, "{needle:?} never journaled:\n{j}");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// Off a terminal a manual filter waits for its decision file: `status` (another process)
+/// names the file, a bad file is reported and the controller keeps waiting, a good one lets
+/// the running controller go on; the choice lands in `selected.json`, `--notify` hears
+/// `decision_needed`, and a rerun does not ask again. A second campaign: stopped while
+/// waiting, `--once` exits 3 naming the file, and `none` skips the stage below.
+#[test]
+fn a_manual_filter_waits_for_its_decision_file_off_a_terminal() {
+    let _w = Watchdog::start(
+        "a_manual_filter_waits_for_its_decision_file_off_a_terminal",
+        Duration::from_secs(300),
+    );
+    let tmp = tempfile::tempdir().unwrap();
+    let (exp, exec) = manual_filter_experiment(tmp.path());
+    let d = tmp.path().join("c").to_str().unwrap().to_string();
+    let stub = prefix("--sleep-ms 10");
+
+    // The plan table and the dry run show the decision and its file.
+    let (code, out, err) = run(&[
+        "campaign",
+        "compile",
+        &exp,
+        "--runner",
+        "local",
+        "--execution",
+        &exec,
+    ]);
+    assert_eq!(code, 0, "{err}");
+    assert!(
+        out.contains("manual decision")
+            && out.contains("chooses among 3 work item(s) of post.f.eval")
+            && out.contains("decisions/post.f.pick.txt"),
+        "{out}"
+    );
+    let (code, out, err) = run(&[
+        "campaign",
+        "dry-run",
+        &exp,
+        "--runner",
+        "local",
+        "--execution",
+        &exec,
+    ]);
+    assert_eq!(code, 0, "{err}");
+    assert!(
+        out.contains("=== stage post.f.pick (manual decision, no job) ==="),
+        "{out}"
+    );
+
+    let log = tmp.path().join("events.jsonl");
+    let script = tmp.path().join("notify.sh");
+    std::fs::write(&script, format!("#!/bin/sh\ncat >> {}\n", log.display())).unwrap();
+    std::fs::set_permissions(&script, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+    let notify = script.display().to_string();
+    let mut args = manual_run_args(&exp, &exec, &d, &stub);
+    args.extend(["--notify", &notify]);
+    let stderr_path = tmp.path().join("run1.err");
+    let mut child = Reap(
+        puzzletron()
+            .args(&args)
+            .stderr(std::fs::File::create(&stderr_path).unwrap())
+            .stdout(std::process::Stdio::null())
+            .spawn()
+            .unwrap(),
+    );
+    let dir = Path::new(&d);
+    wait_for_journal(dir, "\"decision_needed\"", &mut child);
+    let file = dir
+        .canonicalize()
+        .unwrap()
+        .join("decisions/post.f.pick.txt");
+
+    // status, from another process, names the file; the campaign is not finished.
+    let (code, out, err) = run(&["campaign", "status", &d]);
+    assert_eq!(code, 3, "{err}");
+    assert!(
+        out.contains(&format!("waiting for a decision: write {}", file.display())),
+        "{out}"
+    );
+
+    // A bad file: reported, the controller keeps waiting.
+    std::fs::write(&file, "9\n").unwrap();
+    wait_for_journal(dir, "decision_invalid", &mut child);
+    assert!(child.try_wait().unwrap().is_none(), "still waiting");
+    // A good one: the running controller picks it up and completes.
+    std::fs::write(&file, "3 post.f.eval:0\n").unwrap();
+    let st = child.wait().unwrap();
+    let err = std::fs::read_to_string(&stderr_path).unwrap();
+    assert_eq!(st.code(), Some(0), "{err}");
+    assert!(
+        err.contains("[decision_needed] stage post.f.pick needs a decision")
+            && err.contains(&file.display().to_string()),
+        "{err}"
+    );
+    assert!(
+        err.contains("[decision_invalid]")
+            && err.contains("9: no revision number 9; choose 1 to 3"),
+        "{err}"
+    );
+    let sel: serde_json::Value = serde_json::from_slice(
+        &std::fs::read(dir.join("work/post.f.pick/0/selected.json")).unwrap(),
+    )
+    .unwrap();
+    assert_eq!(
+        sel["chosen"],
+        serde_json::json!(["post.f.eval:0", "post.f.eval:2"])
+    );
+    assert!(
+        dir.join("work/post.f.mat/0/_SUCCESS").exists(),
+        "mat ran after the decision"
+    );
+    assert!(
+        !dir.join("work/post.f.pick/0/_SUCCESS").exists(),
+        "pick ran no job"
+    );
+    let events: Vec<serde_json::Value> = std::fs::read_to_string(&log)
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    let needed: Vec<&serde_json::Value> = events
+        .iter()
+        .filter(|e| e["event"] == "decision_needed")
+        .collect();
+    assert_eq!(needed.len(), 1, "{events:?}");
+    assert_eq!(needed[0]["stage"], "post.f.pick");
+    assert_eq!(needed[0]["detail"]["file"], file.display().to_string());
+    let (code, out, _) = run(&["campaign", "status", &d]);
+    assert_eq!(code, 0, "{out}");
+    assert!(
+        out.contains("decided: post.f.eval:0, post.f.eval:2"),
+        "{out}"
+    );
+    // A rerun: the journal has the decision; nothing is asked again.
+    let (code, _, err) = run(&manual_run_args(&exp, &exec, &d, &stub));
+    assert_eq!(code, 0, "{err}");
+    assert_eq!(
+        journal(dir)
+            .iter()
+            .filter(|r| r["entry"]["t"] == "decision_needed")
+            .count(),
+        1
+    );
+
+    // Second campaign: stop the controller while it waits (SIGTERM), then --once.
+    let d2 = tmp.path().join("c2").to_str().unwrap().to_string();
+    let dir2 = Path::new(&d2);
+    let stderr2 = tmp.path().join("run2.err");
+    let mut child = Reap(
+        puzzletron()
+            .args(manual_run_args(&exp, &exec, &d2, &stub))
+            .stderr(std::fs::File::create(&stderr2).unwrap())
+            .stdout(std::process::Stdio::null())
+            .spawn()
+            .unwrap(),
+    );
+    wait_for_journal(dir2, "\"decision_needed\"", &mut child);
+    let file2 = dir2
+        .canonicalize()
+        .unwrap()
+        .join("decisions/post.f.pick.txt");
+    // SAFETY: signalling the child we started.
+    unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
+    let st = child.wait().unwrap();
+    let err = std::fs::read_to_string(&stderr2).unwrap();
+    assert_eq!(st.code(), Some(3), "{err}");
+    let named = format!(
+        "decision needed: stage post.f.pick waits; write {}",
+        file2.display()
+    );
+    assert!(err.contains(&named), "{err}");
+    let mut once = manual_run_args(&exp, &exec, &d2, &stub);
+    once.push("--once");
+    let (code, _, err) = run(&once);
+    assert_eq!(code, 3, "{err}");
+    assert!(err.contains(&named), "{err}");
+    // `none`: the decision is made, the stage below is skipped, the campaign completes.
+    std::fs::write(&file2, "none").unwrap();
+    let (code, _, err) = run(&manual_run_args(&exp, &exec, &d2, &stub));
+    assert_eq!(code, 0, "{err}");
+    assert!(
+        !dir2.join("work/post.f.mat/0/_SUCCESS").exists(),
+        "mat skipped"
+    );
+    let (code, out, _) = run(&["campaign", "status", &d2]);
+    assert_eq!(code, 0, "{out}");
+    assert!(
+        out.contains("skipped: the manual decision post.f.pick chose none")
+            && out.contains("decided: none"),
+        "{out}"
+    );
+}
+
+/// On a terminal (a PTY through `script(1)`) the manual filter is a numbered prompt: a bad
+/// answer shows the error and asks again, a good one lets the campaign finish, nothing waits
+/// for a decision file, and the terminal is back in line mode at the end. Skipped with a
+/// message when `script` is not installed.
+#[test]
+fn a_manual_filter_asks_on_a_terminal() {
+    if !Command::new("script")
+        .arg("--version")
+        .output()
+        .is_ok_and(|o| o.status.success())
+    {
+        eprintln!("skipped: script(1) (util-linux) is not installed");
+        return;
+    }
+    let _w = Watchdog::start(
+        "a_manual_filter_asks_on_a_terminal",
+        Duration::from_secs(240),
+    );
+    use std::io::Write;
+    let tmp = tempfile::tempdir().unwrap();
+    let (exp, exec) = manual_filter_experiment(tmp.path());
+    let d = tmp.path().join("c");
+    let stub = prefix("--sleep-ms 10");
+    let q = |s: &str| format!("'{}'", s.replace('\'', "'\\''"));
+    // With the live view (no --quiet): the bars are hidden while the prompt asks.
+    let args: Vec<String> = manual_run_args(&exp, &exec, d.to_str().unwrap(), &stub)
+        .into_iter()
+        .filter(|a| *a != "--quiet")
+        .map(q)
+        .collect();
+    let cmd = format!(
+        "cd {} && {} {}; rc=$?; stty -a; exit $rc",
+        q(fixtures().to_str().unwrap()),
+        q(env!("CARGO_BIN_EXE_puzzletron")),
+        args.join(" ")
+    );
+    let mut child = Reap(
+        Command::new("script")
+            .args(["-qfec", &cmd, "/dev/null"])
+            .env("PUZZLETRON_RUN_ROOT", "runs/test")
+            .env_remove("PUZZLETRON_COMMAND_PREFIX")
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .unwrap(),
+    );
+    // Drain the terminal's output as it comes (the live view writes a lot; a full pipe would
+    // block the program).
+    let mut stdout = child.stdout.take().unwrap();
+    let reader = std::thread::spawn(move || {
+        let mut buf = Vec::new();
+        let _ = std::io::Read::read_to_end(&mut stdout, &mut buf);
+        buf
+    });
+    // The prompt comes right after the input stage's end is journaled.
+    let t0 = Instant::now();
+    loop {
+        let j = std::fs::read_to_string(d.join("controller/journal.jsonl")).unwrap_or_default();
+        if j.contains("\"t\":\"stage_done\",\"stage\":\"post.f.eval\"") {
+            break;
+        }
+        assert!(
+            t0.elapsed() < Duration::from_secs(90),
+            "eval never finished:\n{j}"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    std::thread::sleep(Duration::from_millis(800));
+    let stdin = child.stdin.as_mut().unwrap();
+    for line in [&b"7\n"[..], b"3,1\n"] {
+        stdin.write_all(line).unwrap();
+        stdin.flush().unwrap();
+        std::thread::sleep(Duration::from_millis(500));
+    }
+    let t1 = Instant::now();
+    while child.try_wait().unwrap().is_none() {
+        if t1.elapsed() > Duration::from_secs(120) {
+            let _ = child.kill();
+            panic!("did not finish");
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let status = child.wait().unwrap();
+    let text = String::from_utf8_lossy(&reader.join().unwrap()).into_owned();
+    assert_eq!(status.code(), Some(0), "{text}");
+    assert!(
+        text.contains("stage post.f.pick needs a decision")
+            && text.contains("1. post.f.eval:0")
+            && text.contains("3. post.f.eval:2"),
+        "{text}"
+    );
+    assert!(
+        text.contains("7: no revision number 7; choose 1 to 3"),
+        "{text}"
+    );
+    let sel: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(d.join("work/post.f.pick/0/selected.json")).unwrap())
+            .unwrap();
+    assert_eq!(
+        sel["chosen"],
+        serde_json::json!(["post.f.eval:0", "post.f.eval:2"])
+    );
+    assert!(
+        journal(&d)
+            .iter()
+            .all(|r| r["entry"]["t"] != "decision_needed"),
+        "answered at the prompt: no decision file awaited"
+    );
+    // The terminal's line mode is restored after the run (echo and canonical input on).
+    let stty = text.rsplit("speed").next().unwrap_or("");
+    assert!(
+        stty.contains(" icanon") && stty.contains(" echo") && !stty.contains("-icanon"),
+        "{stty}"
+    );
+}

@@ -12,7 +12,7 @@ use std::time::Duration;
 
 use puzzletron::executor::{
     AttemptId, AttemptSpec, BareMetalExecutor, CommandSpec, Executor, ExecutorError, ExecutorExt,
-    GpuRequest, JobState, TaskTopology, conformance,
+    GpuRequest, JobHandle, JobState, TaskTopology, conformance,
 };
 
 fn executor(h: &ssh_hosts::SshHosts, state: &Path) -> BareMetalExecutor {
@@ -372,10 +372,7 @@ async fn unreachable_host_is_retried_then_node_fail() {
         .submit(&spec(&uniq("down-a"), "sleep 6", 1))
         .await
         .unwrap();
-    assert_eq!(
-        exec.poll(std::slice::from_ref(&a)).await.unwrap()[0].state,
-        JobState::Running
-    );
+    until_running(&exec, &a).await;
     ssh_hosts::ctl(&["stop", &host]);
     // Failed probes: still running, the reason says the host is silent.
     for _ in 0..3 {
@@ -449,10 +446,7 @@ async fn unreachable_host_is_retried_then_node_fail() {
         .submit(&spec(&uniq("down-c"), "sleep 60", 1))
         .await
         .unwrap();
-    assert_eq!(
-        exec.poll(std::slice::from_ref(&c)).await.unwrap()[0].state,
-        JobState::Running
-    );
+    until_running(&exec, &c).await;
     ssh_hosts::ctl(&["stop", &host]);
     let st = exec
         .wait_terminal(
@@ -482,4 +476,20 @@ async fn unreachable_host_is_retried_then_node_fail() {
         left.is_empty(),
         "the lost task was not killed when its host came back: {left:?}"
     );
+}
+
+/// Polls until the task runs: a poll right after `submit` may still say `Pending` (the task's
+/// start record is written by the host once `setsid` has started it, later on a loaded machine).
+async fn until_running(exec: &BareMetalExecutor, h: &JobHandle) {
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    loop {
+        let s = exec.poll(std::slice::from_ref(h)).await.unwrap();
+        match s[0].state {
+            JobState::Running => return,
+            JobState::Pending => {}
+            _ => panic!("expected the task to start: {s:?}"),
+        }
+        assert!(std::time::Instant::now() < deadline, "never started: {s:?}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
 }

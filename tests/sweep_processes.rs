@@ -147,8 +147,17 @@ fn sigkill_at_random_moments_never_tears_a_record() {
     let dir = tempfile::tempdir().unwrap();
     let store = dir.path().join("store");
     let keys = enqueue(&mut orchestrator(&store), 20);
-    // A cheap deterministic PRNG for kill delays (0-120 ms covers start-up, claims, logging,
-    // promotion to done).
+    // Kill delays span one uninterrupted drain of this machine, measured now (start-up, claims,
+    // logging, promotion to done): a fixed window misses every commit on a loaded machine.
+    let scratch = dir.path().join("calibrate");
+    enqueue(&mut orchestrator(&scratch), 20);
+    let t0 = Instant::now();
+    let status = spawn_child("drain", &scratch, 20, None, None)
+        .wait()
+        .unwrap();
+    assert!(status.success(), "the calibration drain failed: {status}");
+    let window_us = (t0.elapsed().as_micros() as u64).max(20_000);
+    // A cheap deterministic PRNG for kill delays in [0, window].
     let mut x: u64 = 0x2545_F491_4F6C_DD1D;
     let trials = 100;
     let mut done_seen = Vec::new();
@@ -156,7 +165,7 @@ fn sigkill_at_random_moments_never_tears_a_record() {
         x ^= x << 13;
         x ^= x >> 7;
         x ^= x << 17;
-        let delay = Duration::from_micros(x % 120_000);
+        let delay = Duration::from_micros(x % window_us);
         let mut child = spawn_child("drain", &store, 20, None, None);
         std::thread::sleep(delay);
         // SAFETY: kill(2) on our own child's pid.

@@ -48,7 +48,7 @@ use super::execution::{
     ExecutionConfig, ExecutionDefaults, Resource, StageExecutionSpec, Strategy,
 };
 use super::mesh::{GpuAllocation, InstancePlacement, pack_gpu_allocation};
-use super::plan::{CampaignPlan, StagePlan};
+use super::plan::{CampaignPlan, ManualDecision, StagePlan};
 use super::plan_error::PlanError;
 use super::runner::{RunnerEnvironment, RunnerKind};
 use super::schema::{did_you_mean, get, get_path, write_canonical};
@@ -300,6 +300,14 @@ pub fn compile_resolved(
             resumable: stage.resumable,
             outputs: stage.outputs.clone(),
             validate: stage.validate.clone(),
+            decision: stage.decision.as_ref().map(|input| ManualDecision {
+                input: input.clone(),
+                candidates: stages
+                    .iter()
+                    .find(|s: &&StagePlan| s.stage_id == *input)
+                    .map(|s| s.work.items.iter().map(|i| i.work_id.clone()).collect())
+                    .unwrap_or_default(),
+            }),
         });
     }
     let (stages, completed) = match stage_filter {
@@ -416,7 +424,13 @@ fn stage_spec(
     execution: &ExecutionConfig,
     defaults: &ExecutionDefaults,
 ) -> Result<StageExecutionSpec, PlanError> {
-    let ov = execution.stage(&stage.id).cloned().unwrap_or_default();
+    let mut ov = execution.stage(&stage.id).cloned().unwrap_or_default();
+    if stage.decision.is_some() {
+        // A manual decision runs no job: one item, no GPU, whatever the execution file says.
+        ov.strategy = Some(Strategy::Single);
+        ov.instances = Some(1);
+        ov.resource = Some(Resource::Cpu);
+    }
     let strategy = ov.strategy.unwrap_or(stage.strategy);
     let instances = ov.instances.unwrap_or(if strategy == Strategy::Single {
         1

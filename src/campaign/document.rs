@@ -5,7 +5,7 @@ use serde::{Deserialize, Serialize};
 
 use super::execution::Strategy;
 use super::mesh::{ParallelMesh, pack_gpu_allocation};
-use super::plan::CampaignPlan;
+use super::plan::{CampaignPlan, ManualDecision};
 use super::plan_error::PlanError;
 
 /// `execution_defaults` of a plan document.
@@ -52,6 +52,9 @@ pub struct StageDocument {
     pub partition: Option<String>,
     /// `gpu` / `cpu`.
     pub resource: String,
+    /// Set for a manual decision stage (no job; see [`ManualDecision`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub decision: Option<ManualDecision>,
 }
 
 /// One entry of `dry_run_submissions`: the task layout of one stage submission.
@@ -124,18 +127,23 @@ impl PlanDocument {
                     mesh: s.spec.mesh,
                     gpus_per_instance: a.gpus_per_instance,
                     gpus_per_node: a.gpus_per_node,
-                    nodes: a.nodes,
+                    // A manual decision submits no job: no node.
+                    nodes: if s.decision.is_some() { 0 } else { a.nodes },
                     total_gpus: a.total_gpus,
                     exclusive: a.exclusive,
                     parents: s.parents.clone(),
                     distributed: s.spec.distributed,
                     partition: s.spec.partition.clone(),
                     resource: s.spec.resource.as_str().into(),
+                    decision: s.decision.clone(),
                 }
             })
             .collect();
         let mut dry_run_submissions = Vec::with_capacity(plan.stages.len());
         for s in &plan.stages {
+            if s.decision.is_some() {
+                continue; // no job
+            }
             if s.work.strategy == Strategy::PersistentPool {
                 let mut groups: Vec<(&str, u32)> = Vec::new();
                 for item in &s.work.items {

@@ -82,8 +82,30 @@ pub struct StageSubmission {
 /// The dry run of a plan.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct DryRun {
-    /// One submission per stage, in plan order.
+    /// One submission per stage that runs a job, in plan order.
     pub submissions: Vec<StageSubmission>,
+    /// The manual decision stages (no job), in plan order.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub decisions: Vec<DecisionPreview>,
+}
+
+/// What a manual decision stage will ask (it submits no job).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct DecisionPreview {
+    /// Stage id.
+    pub stage_id: String,
+    /// The stage whose work items are the candidates.
+    pub input: String,
+    /// The candidates (work ids), numbered from 1 in the prompt.
+    pub candidates: Vec<String>,
+    /// The decision file the controller reads off a terminal, relative to the campaign
+    /// folder (`decisions/<stage id>.txt`).
+    pub decision_file: String,
+}
+
+/// The decision file of a manual decision stage, relative to the campaign folder.
+pub fn decision_file_name(stage_id: &str) -> String {
+    format!("decisions/{stage_id}.txt")
 }
 
 /// Quotes `s` as one shell word: `'...'`, with `'` written as `'\''`. Safe for any string
@@ -274,7 +296,17 @@ fn torchrun_prefix(launcher: &TaskLauncher, group: &TaskGroup, endpoint_addr: &s
 /// an argument).
 pub fn dry_run(plan: &CampaignPlan, options: &DryRunOptions) -> Result<DryRun, PlanError> {
     let mut submissions = Vec::with_capacity(plan.stages.len());
+    let mut decisions = Vec::new();
     for stage in &plan.stages {
+        if let Some(d) = &stage.decision {
+            decisions.push(DecisionPreview {
+                stage_id: stage.stage_id.clone(),
+                input: d.input.clone(),
+                candidates: d.candidates.clone(),
+                decision_file: decision_file_name(&stage.stage_id),
+            });
+            continue;
+        }
         let job_name = format!(
             "pz-{}-{}-a{}",
             plan.contract_hash.short(),
@@ -300,7 +332,10 @@ pub fn dry_run(plan: &CampaignPlan, options: &DryRunOptions) -> Result<DryRun, P
             placement,
         });
     }
-    Ok(DryRun { submissions })
+    Ok(DryRun {
+        submissions,
+        decisions,
+    })
 }
 
 fn sbatch_script(
@@ -689,6 +724,29 @@ pub fn render_dry_run(plan: &CampaignPlan, options: &DryRunOptions) -> Result<St
                 argv.join(" ")
             );
         }
+    }
+    for d in &dr.decisions {
+        let _ = writeln!(
+            s,
+            "\n=== stage {} (manual decision, no job) ===\nparents: {}\ncandidates (work items of {}): {}\n\
+             asks on a terminal; otherwise waits for <campaign dir>/{} (`all`, `none`, numbers or ids)",
+            d.stage_id,
+            plan.stage(&d.stage_id)
+                .map(|st| st.parents.join(", "))
+                .unwrap_or_default(),
+            d.input,
+            if d.candidates.is_empty() {
+                "-".to_string()
+            } else {
+                d.candidates
+                    .iter()
+                    .enumerate()
+                    .map(|(i, c)| format!("{}. {c}", i + 1))
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            },
+            d.decision_file
+        );
     }
     let _ = write!(
         s,

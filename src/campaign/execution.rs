@@ -14,12 +14,11 @@ use std::fmt;
 
 use serde::{Deserialize, Serialize};
 
-use super::config::{PathSegment, Value};
-use super::mesh::{GpuAllocation, ParallelMesh, ParallelMeshOverride};
+use super::config::{KeyPath, PathSegment, Value};
+use super::mesh::{GpuAllocation, ParallelMesh, ParallelMeshOverride, RawMesh};
 use super::plan_error::PlanError;
-use super::schema::{
-    check_keys, did_you_mean, expect_map, expect_opt_str, expect_u32, field, invalid, join,
-};
+use super::runner::is_partition_name;
+use super::schema::{AtLeast, Ordered, read};
 use super::slurm_time::SlurmTime;
 use crate::executor::WarningSignal;
 
@@ -36,19 +35,6 @@ macro_rules! str_enum {
             pub fn as_str(&self) -> &'static str { match self { $($name::$var => $s),+ } }
             /// Parses the config spelling.
             pub fn parse(s: &str) -> Option<Self> { match s { $($s => Some($name::$var),)+ _ => None } }
-            pub(crate) fn from_value(file: &str, path: &str, node: &Value) -> Result<Self, PlanError> {
-                let names: Vec<&str> = Self::ALL.iter().map(|v| v.as_str()).collect();
-                match node {
-                    Value::String(s) => Self::parse(s).ok_or_else(|| PlanError::InvalidValue {
-                        file: file.into(),
-                        path: path.into(),
-                        value: format!("{s:?}"),
-                        expected: format!("one of {}{}", names.join(", "),
-                            did_you_mean(s, names.iter().copied()).map(|x| format!(" (did you mean `{x}`?)")).unwrap_or_default()),
-                    }),
-                    other => Err(invalid(file, path, other, &format!("one of {}", names.join(", ")))),
-                }
-            }
         }
         impl fmt::Display for $name {
             fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result { f.write_str(self.as_str()) }
@@ -168,28 +154,6 @@ pub struct ExecutionConfig {
     stage_origins: BTreeMap<String, String>,
 }
 
-const TOP_KEYS: [&str; 1] = ["execution"];
-const EXEC_KEYS: [&str; 2] = ["defaults", "stages"];
-const DEFAULT_KEYS: [&str; 4] = [
-    "failure_policy",
-    "halt_policy",
-    "gpus_per_node",
-    "max_attempts",
-];
-const STAGE_KEYS: [&str; 11] = [
-    "strategy",
-    "instances",
-    "failure_policy",
-    "partition",
-    "resource",
-    "gpus_per_node",
-    "parallel",
-    "max_attempts",
-    "time_limit",
-    "heartbeat_timeout_s",
-    "warning_signal",
-];
-
 impl ExecutionConfig {
     /// The settings given for `stage`, if any.
     pub fn stage(&self, stage: &str) -> Option<&StageExecutionConfig> {
@@ -230,43 +194,42 @@ impl ExecutionConfig {
 
     /// Reads an execution config from a loaded tree (the whole file, with `execution:`).
     ///
+    /// The file's shape is a set of `#[serde(deny_unknown_fields)]` types read with serde;
+    /// enums, counts, meshes, partitions, the Slurm time limit and the warning signal are
+    /// typed there.
+    ///
     /// # Errors
     /// [`PlanError::UnknownField`] with the key path and a suggestion, [`PlanError::InvalidValue`]
     /// for bad values (unknown strategy, `instances: 0`, a mesh typo, ...).
     pub fn from_value(file: &str, root: &Value) -> Result<Self, PlanError> {
-        let top = expect_map(file, "", root)?;
-        check_keys(file, "", top, &TOP_KEYS)?;
-        let exec = expect_map(file, "execution", field(top, "execution"))?;
-        check_keys(file, "execution", exec, &EXEC_KEYS)?;
-        let dm = expect_map(file, "execution.defaults", field(exec, "defaults"))?;
-        check_keys(file, "execution.defaults", dm, &DEFAULT_KEYS)?;
+        let raw: ExecutionFile = if root.is_null() {
+            ExecutionFile::default()
+        } else {
+            read(file, KeyPath::root(), root)?
+        };
+        let exec = raw.execution.unwrap_or_default();
         let mut defaults = ExecutionDefaults::default();
-        let mut gpus_per_node_given = false;
-        for (key, value) in dm {
-            let path = join("execution.defaults", key);
-            if value.is_null() {
-                continue;
-            }
-            match key.as_str() {
-                "failure_policy" => {
-                    defaults.failure_policy = FailurePolicy::from_value(file, &path, value)?
-                }
-                "halt_policy" => defaults.halt_policy = HaltPolicy::from_value(file, &path, value)?,
-                "gpus_per_node" => {
-                    defaults.gpus_per_node = expect_u32(file, &path, value, 1)?;
-                    gpus_per_node_given = true;
-                }
-                "max_attempts" => defaults.max_attempts = expect_u32(file, &path, value, 1)?,
-                // Every other key was refused by `check_keys` above.
-                _ => {}
-            }
+        let d = exec.defaults.unwrap_or_default();
+        if let Some(p) = d.failure_policy {
+            defaults.failure_policy = p;
         }
-        let sm = expect_map(file, "execution.stages", field(exec, "stages"))?;
-        let mut stages = Vec::with_capacity(sm.len());
-        for (id, node) in sm {
-            let path = join("execution.stages", id);
-            stages.push((id.clone(), parse_stage(file, &path, node)?));
+        if let Some(p) = d.halt_policy {
+            defaults.halt_policy = p;
         }
+        let gpus_per_node_given = d.gpus_per_node.is_some();
+        if let Some(AtLeast(g)) = d.gpus_per_node {
+            defaults.gpus_per_node = g;
+        }
+        if let Some(AtLeast(m)) = d.max_attempts {
+            defaults.max_attempts = m;
+        }
+        let stages = exec
+            .stages
+            .unwrap_or_default()
+            .0
+            .into_iter()
+            .map(|(id, s)| (id, s.map(RawStage::into_config).unwrap_or_default()))
+            .collect();
         Ok(ExecutionConfig {
             defaults,
             gpus_per_node_given,
@@ -276,63 +239,128 @@ impl ExecutionConfig {
     }
 }
 
-fn parse_stage(file: &str, path: &str, node: &Value) -> Result<StageExecutionConfig, PlanError> {
-    let m = expect_map(file, path, node)?;
-    check_keys(file, path, m, &STAGE_KEYS)?;
-    let mut s = StageExecutionConfig::default();
-    for (key, value) in m {
-        let p = join(path, key);
-        if value.is_null() {
-            continue;
-        }
-        match key.as_str() {
-            "strategy" => s.strategy = Some(Strategy::from_value(file, &p, value)?),
-            "instances" => s.instances = Some(expect_u32(file, &p, value, 1)?),
-            "failure_policy" => {
-                s.failure_policy = Some(FailurePolicy::from_value(file, &p, value)?)
-            }
-            "partition" => s.partition = expect_opt_str(file, &p, value)?,
-            "resource" => s.resource = Some(Resource::from_value(file, &p, value)?),
-            "gpus_per_node" => s.gpus_per_node = Some(expect_u32(file, &p, value, 1)?),
-            "parallel" => s.parallel = ParallelMeshOverride::from_mapping(file, &p, value)?,
-            "max_attempts" => s.max_attempts = Some(expect_u32(file, &p, value, 1)?),
-            "time_limit" => match value {
-                Value::String(t) if t.parse::<SlurmTime>().is_ok() => s.time_limit = t.parse().ok(),
-                other => return Err(invalid(file, &p, other, "a Slurm time such as \"4:00:00\"")),
-            },
-            "heartbeat_timeout_s" => {
-                s.heartbeat_timeout_s = Some(u64::from(expect_u32(file, &p, value, 1)?))
-            }
-            "warning_signal" => {
-                let text = match value {
-                    Value::String(t) => t.clone(),
-                    Value::Int(i) => i.to_string(),
-                    other => {
-                        return Err(invalid(
-                            file,
-                            &p,
-                            other,
-                            "`SIGNAL@SECONDS` such as \"USR2@180\"",
-                        ));
-                    }
-                };
-                match WarningSignal::parse(&text) {
-                    Ok(w) => s.warning_signal = Some(w),
-                    Err(_) => {
-                        return Err(invalid(
-                            file,
-                            &p,
-                            value,
-                            "`SIGNAL@SECONDS` such as \"USR2@180\" (USR2, USR1, TERM, INT, HUP, URG or ALRM; seconds >= 1)",
-                        ));
-                    }
-                }
-            }
-            // Every other key was refused by `check_keys` above.
-            _ => {}
+// The execution file's shape, as serde reads it. Every key is optional (an explicit `null` is
+// the same as an absent key).
+
+#[derive(Default, Deserialize)]
+#[serde(deny_unknown_fields, expecting = "a mapping with an `execution:` key")]
+struct ExecutionFile {
+    execution: Option<RawExecution>,
+}
+
+#[derive(Default, Deserialize)]
+#[serde(deny_unknown_fields, expecting = "a mapping {defaults, stages}")]
+struct RawExecution {
+    defaults: Option<RawDefaults>,
+    stages: Option<Ordered<Option<RawStage>>>,
+}
+
+#[derive(Default, Deserialize)]
+#[serde(
+    deny_unknown_fields,
+    expecting = "a mapping {failure_policy, halt_policy, gpus_per_node, max_attempts}"
+)]
+struct RawDefaults {
+    failure_policy: Option<FailurePolicy>,
+    halt_policy: Option<HaltPolicy>,
+    gpus_per_node: Option<AtLeast<1>>,
+    max_attempts: Option<AtLeast<1>>,
+}
+
+#[derive(Deserialize)]
+#[serde(
+    deny_unknown_fields,
+    expecting = "a mapping of the stage's execution settings"
+)]
+struct RawStage {
+    strategy: Option<Strategy>,
+    instances: Option<AtLeast<1>>,
+    failure_policy: Option<FailurePolicy>,
+    partition: Option<StagePartition>,
+    resource: Option<Resource>,
+    gpus_per_node: Option<AtLeast<1>>,
+    parallel: Option<RawMesh>,
+    max_attempts: Option<AtLeast<1>>,
+    time_limit: Option<SlurmTime>,
+    heartbeat_timeout_s: Option<AtLeast<1>>,
+    warning_signal: Option<WarningSignalValue>,
+}
+
+impl RawStage {
+    fn into_config(self) -> StageExecutionConfig {
+        StageExecutionConfig {
+            strategy: self.strategy,
+            instances: self.instances.map(|n| n.0),
+            failure_policy: self.failure_policy,
+            partition: self.partition.map(|p| p.0),
+            resource: self.resource,
+            gpus_per_node: self.gpus_per_node.map(|n| n.0),
+            parallel: self.parallel.map(Into::into).unwrap_or_default(),
+            max_attempts: self.max_attempts.map(|n| n.0),
+            time_limit: self.time_limit,
+            heartbeat_timeout_s: self.heartbeat_timeout_s.map(|n| u64::from(n.0)),
+            warning_signal: self.warning_signal.map(|w| w.0),
         }
     }
-    Ok(s)
+}
+
+/// A stage's `partition`: a role (`interactive`, `batch`, `cpu`) or partition names, `"a,b"`;
+/// every name is checked as the runner's are.
+struct StagePartition(String);
+
+impl<'de> Deserialize<'de> for StagePartition {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct V;
+        impl serde::de::Visitor<'_> for V {
+            type Value = StagePartition;
+            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str(
+                    "a partition role (interactive, batch, cpu) or partition names \"a,b\" made of letters, digits, '-', '_' or '.'",
+                )
+            }
+            fn visit_str<E: serde::de::Error>(self, s: &str) -> Result<StagePartition, E> {
+                if s.split(',').all(|p| is_partition_name(p.trim())) {
+                    Ok(StagePartition(s.to_string()))
+                } else {
+                    Err(E::invalid_value(serde::de::Unexpected::Str(s), &self))
+                }
+            }
+        }
+        d.deserialize_any(V)
+    }
+}
+
+/// `warning_signal`: `"USR2@180"`, `"SIGUSR2@180"` or a number of seconds (`180`, USR2).
+struct WarningSignalValue(WarningSignal);
+
+impl<'de> Deserialize<'de> for WarningSignalValue {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct V;
+        impl serde::de::Visitor<'_> for V {
+            type Value = WarningSignalValue;
+            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str(
+                    "`SIGNAL@SECONDS` such as \"USR2@180\" (USR2, USR1, TERM, INT, HUP, URG or ALRM; seconds >= 1)",
+                )
+            }
+            fn visit_str<E: serde::de::Error>(self, s: &str) -> Result<WarningSignalValue, E> {
+                WarningSignal::parse(s)
+                    .map(WarningSignalValue)
+                    .map_err(|_| E::invalid_value(serde::de::Unexpected::Str(s), &self))
+            }
+            fn visit_i64<E: serde::de::Error>(self, n: i64) -> Result<WarningSignalValue, E> {
+                WarningSignal::parse(&n.to_string())
+                    .map(WarningSignalValue)
+                    .map_err(|_| E::invalid_value(serde::de::Unexpected::Signed(n), &self))
+            }
+            fn visit_u64<E: serde::de::Error>(self, n: u64) -> Result<WarningSignalValue, E> {
+                WarningSignal::parse(&n.to_string())
+                    .map(WarningSignalValue)
+                    .map_err(|_| E::invalid_value(serde::de::Unexpected::Unsigned(n), &self))
+            }
+        }
+        d.deserialize_any(V)
+    }
 }
 
 /// What is wrong with a stage's warning signal (N03), one line each, for the dry run: no time
@@ -461,6 +489,84 @@ mod tests {
         assert!(
             e.to_string().contains("did you mean `heartbeat_timeout_s`"),
             "{e}"
+        );
+    }
+
+    #[test]
+    fn typed_stage_values() {
+        let c = parse(json!({"execution": {"stages": {"train": {
+            "time_limit": 90, "warning_signal": 300, "partition": "gpu-a,gpu-b"},
+            "mip": {"time_limit": "2-00:00:00", "warning_signal": "SIGUSR1@200", "partition": "cpu"},
+            "noop": null}}}))
+        .unwrap();
+        let t = c.stage("train").unwrap();
+        assert_eq!(t.time_limit.as_ref().unwrap().as_duration().as_secs(), 5400);
+        assert_eq!(t.warning_signal.as_ref().unwrap().to_string(), "USR2@300");
+        assert_eq!(t.partition.as_deref(), Some("gpu-a,gpu-b"));
+        let m = c.stage("mip").unwrap();
+        assert_eq!(
+            m.time_limit.as_ref().unwrap().as_duration().as_secs(),
+            172_800
+        );
+        assert_eq!(m.warning_signal.as_ref().unwrap().to_string(), "USR1@200");
+        assert_eq!(c.stage("noop"), Some(&StageExecutionConfig::default()));
+        assert_eq!(
+            c.stages
+                .iter()
+                .map(|(id, _)| id.as_str())
+                .collect::<Vec<_>>(),
+            ["train", "mip", "noop"]
+        );
+
+        let e = parse(json!({"execution": {"stages": {"mip": {"partition": "a;rm -rf /"}}}}))
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.starts_with("exec.yaml: `execution.stages.mip.partition` = \"a;rm -rf /\": expected a partition role"),
+            "{e}"
+        );
+        let e = parse(json!({"execution": {"stages": {"mip": {"time_limit": "4h"}}}}))
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains(
+                "`execution.stages.mip.time_limit` = \"4h\": expected a Slurm time M, M:S, H:M:S"
+            ),
+            "{e}"
+        );
+        let e = parse(json!({"execution": {"stages": {"mip": {"warning_signal": "USR9@10"}}}}))
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("= \"USR9@10\": expected `SIGNAL@SECONDS`"),
+            "{e}"
+        );
+        let e = parse(json!({"execution": {"defaults": {"halt_policy": "drian"}}}))
+            .unwrap_err()
+            .to_string();
+        assert_eq!(
+            e,
+            "exec.yaml: `execution.defaults.halt_policy` = \"drian\": expected one of fail_fast, drain (did you mean `drain`?)"
+        );
+        let e = parse(json!({"execution": {"stages": ["mip"]}}))
+            .unwrap_err()
+            .to_string();
+        assert_eq!(
+            e,
+            "exec.yaml: `execution.stages` = a list of 1 item(s): expected a mapping"
+        );
+        let e = parse(json!({"execution": {"stages": {"mip": {"parallel": {"tp": 2, "sequence_parallel": true, "pp": 0}}}}}))
+            .unwrap_err()
+            .to_string();
+        assert_eq!(
+            e,
+            "exec.yaml: `execution.stages.mip.parallel.pp` = 0: expected an integer >= 1"
+        );
+        let c = parse(json!({"execution": {"defaults": {"gpus_per_node": null}}})).unwrap();
+        assert!(!c.gpus_per_node_given);
+        assert_eq!(
+            ExecutionConfig::from_value("exec.yaml", &Value::Null).unwrap(),
+            ExecutionConfig::default()
         );
     }
 

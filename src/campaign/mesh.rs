@@ -11,7 +11,7 @@ use serde::{Deserialize, Serialize};
 
 use super::config::Value;
 use super::plan_error::PlanError;
-use super::schema::{check_keys, expect_map, expect_u32, invalid, join};
+use super::schema::{AtLeast, check_keys, expect_map, expect_u32, invalid, join, key_path, read};
 
 /// The parallel layout of one model instance (one process group).
 ///
@@ -180,41 +180,44 @@ impl ParallelMeshOverride {
     /// # Errors
     /// [`PlanError::UnknownField`] / [`PlanError::InvalidValue`] with the key path.
     pub fn from_mapping(file: &str, path: &str, node: &Value) -> Result<Self, PlanError> {
-        let map = match node {
-            Value::Null => return Ok(ParallelMeshOverride::default()),
-            Value::Mapping(m) => m,
-            other => {
-                return Err(invalid(
-                    file,
-                    path,
-                    other,
-                    "a mapping of mesh sizes (tp, cp, pp, ep, dp_shard, dp_replicate)",
-                ));
-            }
-        };
-        let valid: Vec<&str> = MESH_KEYS
-            .iter()
-            .chain(MESH_EXTRA_KEYS.iter())
-            .copied()
-            .collect();
-        check_keys(file, path, map, &valid)?;
-        let mut ov = ParallelMeshOverride::default();
-        for (key, value) in map {
-            let slot = match key.as_str() {
-                "tp" => &mut ov.tp,
-                "cp" => &mut ov.cp,
-                "pp" => &mut ov.pp,
-                "ep" => &mut ov.ep,
-                "dp_shard" => &mut ov.dp_shard,
-                "dp_replicate" => &mut ov.dp_replicate,
-                _ => continue,
-            };
-            if value.is_null() {
-                continue;
-            }
-            *slot = Some(expect_u32(file, &join(path, key), value, 1)?);
+        if node.is_null() {
+            return Ok(ParallelMeshOverride::default());
         }
-        Ok(ov)
+        read::<RawMesh>(file, key_path(path), node).map(ParallelMeshOverride::from)
+    }
+}
+
+/// A `parallel:` mapping as written: the six sizes (integers >= 1) and the AutoModel keys the
+/// planner ignores; any other key is refused with a suggestion (`tp_size` -> `tp`).
+#[derive(Deserialize)]
+#[serde(
+    deny_unknown_fields,
+    expecting = "a mapping of mesh sizes (tp, cp, pp, ep, dp_shard, dp_replicate)"
+)]
+pub(crate) struct RawMesh {
+    tp: Option<AtLeast<1>>,
+    cp: Option<AtLeast<1>>,
+    pp: Option<AtLeast<1>>,
+    ep: Option<AtLeast<1>>,
+    dp_shard: Option<AtLeast<1>>,
+    dp_replicate: Option<AtLeast<1>>,
+    #[allow(dead_code)]
+    sequence_parallel: Option<serde::de::IgnoredAny>,
+    #[allow(dead_code)]
+    pipeline_schedule: Option<serde::de::IgnoredAny>,
+}
+
+impl From<RawMesh> for ParallelMeshOverride {
+    fn from(m: RawMesh) -> Self {
+        let n = |x: Option<AtLeast<1>>| x.map(|a| a.0);
+        ParallelMeshOverride {
+            tp: n(m.tp),
+            cp: n(m.cp),
+            pp: n(m.pp),
+            ep: n(m.ep),
+            dp_shard: n(m.dp_shard),
+            dp_replicate: n(m.dp_replicate),
+        }
     }
 }
 

@@ -53,8 +53,8 @@ pub use document::{
     plan_to_dict,
 };
 pub use dryrun::{
-    DryRun, DryRunOptions, ProcessLaunch, RESOLVED_CONFIG_FILE, StageSubmission, dry_run,
-    item_argv, render_dry_run, shell_quote,
+    DecisionPreview, DryRun, DryRunOptions, ProcessLaunch, RESOLVED_CONFIG_FILE, StageSubmission,
+    decision_file_name, dry_run, item_argv, render_dry_run, shell_quote,
 };
 pub use execution::{
     ExecutionConfig, ExecutionDefaults, FailurePolicy, HaltPolicy, MIN_WARNING_LEAD, Resource,
@@ -64,7 +64,7 @@ pub use mesh::{
     GpuAllocation, InstancePlacement, MAX_GPUS_PER_INSTANCE, MESH_EXTRA_KEYS, MESH_KEYS,
     ParallelMesh, ParallelMeshOverride, VllmTopology, normalize_vllm_topology, pack_gpu_allocation,
 };
-pub use plan::{CampaignPlan, StagePlan};
+pub use plan::{CampaignPlan, ManualDecision, StagePlan};
 pub use plan_error::PlanError;
 pub use runner::{
     BaremetalInventory, ExecutionContract, Host, LocalSettings, Partitions, RunnerEnvironment,

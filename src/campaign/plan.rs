@@ -31,6 +31,26 @@ pub struct StagePlan {
     /// successful attempt; a non-zero exit makes the attempt a failure. Empty: none.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub validate: Vec<String>,
+    /// Set for a manual decision stage (a post-MIP `type: filter` node with `mode: manual`):
+    /// the controller submits no job for it but asks a person to choose among the candidates
+    /// (see [`ManualDecision`]). Absent from the JSON when unset.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub decision: Option<ManualDecision>,
+}
+
+/// A stage that a person decides instead of a worker: the post-MIP manual filter.
+///
+/// The controller waits until the stage's parents are done, then asks (a numbered prompt on a
+/// terminal, else the decision file `<campaign>/decisions/<stage id>.txt`) which candidates to
+/// keep, journals the choice and writes it to the stage's output folder
+/// (`work/<stage>/0/selected.json`). It uses no GPU and no node.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ManualDecision {
+    /// The stage whose work items are the candidates (the node's `input`, else `mip`).
+    pub input: String,
+    /// The candidates: the work ids of `input`'s work items, in plan order (empty when the
+    /// input stage is not part of the plan).
+    pub candidates: Vec<String>,
 }
 
 /// A compiled campaign: the stage DAG in topological order, each stage's execution spec and

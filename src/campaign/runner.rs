@@ -8,14 +8,13 @@
 //!   execution_contract: {repository: /opt/src, venv: /venv, container: image}
 //! ```
 
+use std::fmt;
+
 use serde::{Deserialize, Serialize};
 
-use super::config::Value;
+use super::config::{KeyPath, Value};
 use super::plan_error::PlanError;
-use super::schema::{
-    check_keys, did_you_mean, expect_map, expect_opt_str, expect_str_list, expect_u32, field,
-    invalid, join,
-};
+use super::schema::{AtLeast, StrList, did_you_mean, get, join, read};
 use super::slurm_time::SlurmTime;
 use crate::identity::{Hash, Hasher};
 
@@ -45,7 +44,7 @@ impl RunnerKind {
 
 /// One or more Slurm partitions; Slurm takes a comma-separated list of eligible partitions.
 /// Read from a string (`"a"` or `"a,b"`) or a list of strings.
-#[derive(Clone, Debug, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[derive(Clone, Debug, Default, PartialEq, Eq, Hash, Serialize)]
 pub struct Partitions(pub Vec<String>);
 
 impl Partitions {
@@ -58,36 +57,74 @@ impl Partitions {
     pub fn is_empty(&self) -> bool {
         self.0.is_empty()
     }
+}
 
-    fn parse(file: &str, path: &str, node: &Value) -> Result<Self, PlanError> {
-        let names: Vec<String> = match node {
-            Value::Null => Vec::new(),
-            Value::String(s) => s.split(',').map(|p| p.trim().to_string()).collect(),
-            Value::List(_) => expect_str_list(file, path, node)?,
-            other => {
-                return Err(invalid(
-                    file,
-                    path,
-                    other,
-                    "a partition name, \"a,b\" or a list of names",
-                ));
+/// Whether `name` can be a Slurm partition name: letters, digits, `-`, `_` or `.`.
+pub(crate) fn is_partition_name(name: &str) -> bool {
+    !name.is_empty()
+        && name
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || "-_.".contains(c))
+}
+
+/// One partition name, checked ([`is_partition_name`]).
+struct PartitionName(String);
+
+const PARTITION_NAME: &str = "a partition name made of letters, digits, '-', '_' or '.'";
+
+impl<'de> Deserialize<'de> for PartitionName {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct V;
+        impl serde::de::Visitor<'_> for V {
+            type Value = PartitionName;
+            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str(PARTITION_NAME)
             }
-        };
-        for name in &names {
-            if name.is_empty()
-                || !name
-                    .chars()
-                    .all(|c| c.is_ascii_alphanumeric() || "-_.".contains(c))
-            {
-                return Err(invalid(
-                    file,
-                    path,
-                    node,
-                    "partition names made of letters, digits, '-', '_' or '.'",
-                ));
+            fn visit_str<E: serde::de::Error>(self, s: &str) -> Result<PartitionName, E> {
+                if is_partition_name(s) {
+                    Ok(PartitionName(s.to_string()))
+                } else {
+                    Err(E::invalid_value(serde::de::Unexpected::Str(s), &self))
+                }
             }
         }
-        Ok(Partitions(names))
+        d.deserialize_any(V)
+    }
+}
+
+/// Reads a partition name, `"a,b"` (spaces around names allowed) or a list of names; every
+/// name is checked (letters, digits, `-`, `_` or `.`), so nothing else reaches `--partition`.
+impl<'de> Deserialize<'de> for Partitions {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct V;
+        impl<'de> serde::de::Visitor<'de> for V {
+            type Value = Partitions;
+            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str("a partition name, \"a,b\" or a list of names")
+            }
+            fn visit_str<E: serde::de::Error>(self, s: &str) -> Result<Partitions, E> {
+                let names: Vec<String> = s.split(',').map(|p| p.trim().to_string()).collect();
+                if names.iter().all(|n| is_partition_name(n)) {
+                    Ok(Partitions(names))
+                } else {
+                    Err(E::invalid_value(
+                        serde::de::Unexpected::Str(s),
+                        &"partition names made of letters, digits, '-', '_' or '.'",
+                    ))
+                }
+            }
+            fn visit_seq<A: serde::de::SeqAccess<'de>>(
+                self,
+                mut seq: A,
+            ) -> Result<Partitions, A::Error> {
+                let mut names = Vec::with_capacity(seq.size_hint().unwrap_or(0));
+                while let Some(PartitionName(n)) = seq.next_element()? {
+                    names.push(n);
+                }
+                Ok(Partitions(names))
+            }
+        }
+        d.deserialize_any(V)
     }
 }
 
@@ -212,7 +249,8 @@ impl ExecutionContract {
 /// Settings of a `local` runner.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct LocalSettings {
-    /// GPUs of this machine to use (`CUDA_VISIBLE_DEVICES` ids); `None` = all, as the executor
+    /// How many GPUs of this machine the plan may use (the node size GPU packing assumes, an
+    /// integer >= 1; a count, not `CUDA_VISIBLE_DEVICES` ids); `None` = all, as the executor
     /// detects them.
     pub gpus: Option<u32>,
     /// Folder for logs.
@@ -233,34 +271,6 @@ pub struct RunnerEnvironment {
     /// What workers run under.
     pub execution_contract: ExecutionContract,
 }
-
-const TOP_KEYS: [&str; 1] = ["runner"];
-const RUNNER_KEYS: [&str; 5] = ["kind", "slurm", "inventory", "local", "execution_contract"];
-const SLURM_KEYS: [&str; 11] = [
-    "account",
-    "partition",
-    "partition_interactive",
-    "partition_batch",
-    "partition_cpu",
-    "interactive_max_nodes",
-    "max_nodes",
-    "time_limit",
-    "qos",
-    "constraint",
-    "log_dir",
-];
-const INVENTORY_KEYS: [&str; 3] = ["rendezvous_host", "rendezvous_port_base", "hosts"];
-const HOST_KEYS: [&str; 2] = ["hostname", "gpus"];
-const CONTRACT_KEYS: [&str; 7] = [
-    "repository",
-    "venv",
-    "container",
-    "container_mounts",
-    "setup_env",
-    "prerun_commands",
-    "postrun_commands",
-];
-const LOCAL_KEYS: [&str; 2] = ["gpus", "log_dir"];
 
 impl RunnerEnvironment {
     /// A local runner with an empty contract.
@@ -289,56 +299,39 @@ impl RunnerEnvironment {
     /// Reads a runner from a loaded config tree (the whole file, with its top-level `runner:`).
     /// `file` names the source in errors.
     ///
+    /// The file's shape is a set of `#[serde(deny_unknown_fields)]` types read with serde;
+    /// values whose grammar is known are typed there (a Slurm time limit, partition names,
+    /// host names, ports, counts), the rest is checked here.
+    ///
     /// # Errors
     /// [`PlanError::UnknownField`] (key path + suggestion), [`PlanError::InvalidValue`],
     /// [`PlanError::MissingField`] for a missing `runner.kind`, or a section that does not
     /// belong to the kind (e.g. `inventory` in a Slurm runner).
     pub fn from_value(file: &str, root: &Value) -> Result<Self, PlanError> {
-        let top = expect_map(file, "", root)?;
-        check_keys(file, "", top, &TOP_KEYS)?;
-        let runner = expect_map(file, "runner", field(top, "runner"))?;
-        if runner.is_empty() {
-            return Err(PlanError::MissingField {
-                file: file.into(),
-                path: "runner".into(),
-                expected: "a runner mapping".into(),
-            });
-        }
-        check_keys(file, "runner", runner, &RUNNER_KEYS)?;
-        let kind = match field(runner, "kind") {
-            Value::Null => {
+        let raw: RunnerFile = if root.is_null() {
+            RunnerFile::default()
+        } else {
+            read(file, KeyPath::root(), root)?
+        };
+        let has_runner = get(root, "runner")
+            .and_then(Value::as_mapping)
+            .is_some_and(|m| !m.is_empty());
+        let runner = match raw.runner {
+            Some(r) if has_runner => r,
+            _ => {
                 return Err(PlanError::MissingField {
                     file: file.into(),
-                    path: "runner.kind".into(),
-                    expected: "local, slurm or baremetal".into(),
+                    path: "runner".into(),
+                    expected: "a runner mapping".into(),
                 });
             }
-            Value::String(s) => match s.as_str() {
-                "local" => RunnerKind::Local,
-                "slurm" => RunnerKind::Slurm,
-                "baremetal" => RunnerKind::Baremetal,
-                other => {
-                    return Err(PlanError::InvalidValue {
-                        file: file.into(),
-                        path: "runner.kind".into(),
-                        value: format!("{other:?}"),
-                        expected: format!(
-                            "local, slurm or baremetal{}",
-                            did_you_mean(other, ["local", "slurm", "baremetal"])
-                                .map(|s| format!(" (did you mean `{s}`?)"))
-                                .unwrap_or_default()
-                        ),
-                    });
-                }
-            },
-            other => {
-                return Err(invalid(
-                    file,
-                    "runner.kind",
-                    other,
-                    "local, slurm or baremetal",
-                ));
-            }
+        };
+        let Some(kind) = runner.kind else {
+            return Err(PlanError::MissingField {
+                file: file.into(),
+                path: "runner.kind".into(),
+                expected: "local, slurm or baremetal".into(),
+            });
         };
         let wrong_section = |section: &str| PlanError::InvalidValue {
             file: file.into(),
@@ -346,59 +339,44 @@ impl RunnerEnvironment {
             value: "present".into(),
             expected: format!("no `{section}` section in a `{}` runner", kind.as_str()),
         };
-        let slurm = if !field(runner, "slurm").is_null() {
-            if kind != RunnerKind::Slurm {
-                return Err(wrong_section("slurm"));
-            }
-            Some(parse_slurm(file, field(runner, "slurm"))?)
-        } else if kind == RunnerKind::Slurm {
-            Some(SlurmSettings::default())
-        } else {
-            None
+        let slurm = match (runner.slurm, kind) {
+            (Some(_), k) if k != RunnerKind::Slurm => return Err(wrong_section("slurm")),
+            (Some(raw), _) => Some(raw.into_settings()),
+            (None, RunnerKind::Slurm) => Some(SlurmSettings::default()),
+            (None, _) => None,
         };
-        let inventory = if !field(runner, "inventory").is_null() {
-            if kind != RunnerKind::Baremetal {
-                return Err(wrong_section("inventory"));
+        let inventory = match (runner.inventory, kind) {
+            (Some(_), k) if k != RunnerKind::Baremetal => return Err(wrong_section("inventory")),
+            (Some(raw), _) => Some(raw.into_inventory(file)?),
+            (None, RunnerKind::Baremetal) => {
+                return Err(PlanError::MissingField {
+                    file: file.into(),
+                    path: "runner.inventory".into(),
+                    expected: "the hosts of a baremetal runner".into(),
+                });
             }
-            Some(parse_inventory(file, field(runner, "inventory"))?)
-        } else if kind == RunnerKind::Baremetal {
-            return Err(PlanError::MissingField {
-                file: file.into(),
-                path: "runner.inventory".into(),
-                expected: "the hosts of a baremetal runner".into(),
-            });
-        } else {
-            None
+            (None, _) => None,
         };
-        let local = if !field(runner, "local").is_null() {
-            if kind != RunnerKind::Local {
-                return Err(wrong_section("local"));
-            }
-            let path = "runner.local";
-            let m = expect_map(file, path, field(runner, "local"))?;
-            check_keys(file, path, m, &LOCAL_KEYS)?;
-            let gpus = match field(m, "gpus") {
-                Value::Null => None,
-                n => Some(expect_u32(file, "runner.local.gpus", n, 1)?),
-            };
-            Some(LocalSettings {
-                gpus,
-                log_dir: expect_opt_str(file, "runner.local.log_dir", field(m, "log_dir"))?,
-            })
-        } else if kind == RunnerKind::Local {
-            Some(LocalSettings::default())
-        } else {
-            None
+        let local = match (runner.local, kind) {
+            (Some(_), k) if k != RunnerKind::Local => return Err(wrong_section("local")),
+            (Some(raw), _) => Some(LocalSettings {
+                gpus: raw.gpus.map(|g| g.0),
+                log_dir: raw.log_dir,
+            }),
+            (None, RunnerKind::Local) => Some(LocalSettings::default()),
+            (None, _) => None,
         };
-        let execution_contract = parse_contract(file, field(runner, "execution_contract"))?;
-        if kind != RunnerKind::Slurm && execution_contract.container.is_some() {
+        let execution_contract = runner
+            .execution_contract
+            .map(RawContract::into_contract)
+            .unwrap_or_default();
+        if kind != RunnerKind::Slurm
+            && let Some(container) = &execution_contract.container
+        {
             return Err(PlanError::InvalidValue {
                 file: file.into(),
                 path: "runner.execution_contract.container".into(),
-                value: format!(
-                    "{:?}",
-                    execution_contract.container.as_deref().unwrap_or_default()
-                ),
+                value: format!("{container:?}"),
                 expected: "no container: only the slurm runner starts containers".into(),
             });
         }
@@ -417,169 +395,236 @@ impl RunnerEnvironment {
     }
 }
 
-fn parse_slurm(file: &str, node: &Value) -> Result<SlurmSettings, PlanError> {
-    let path = "runner.slurm";
-    let m = expect_map(file, path, node)?;
-    check_keys(file, path, m, &SLURM_KEYS)?;
-    let opt_part = |key: &str| -> Result<Option<Partitions>, PlanError> {
-        match field(m, key) {
-            Value::Null => Ok(None),
-            n => Partitions::parse(file, &join(path, key), n).map(Some),
-        }
-    };
-    let opt_u32 = |key: &str| -> Result<Option<u32>, PlanError> {
-        match field(m, key) {
-            Value::Null => Ok(None),
-            n => expect_u32(file, &join(path, key), n, 1).map(Some),
-        }
-    };
-    let time_limit = match field(m, "time_limit") {
-        Value::Null => None,
-        Value::String(s) if s.parse::<SlurmTime>().is_ok() => s.parse().ok(),
-        Value::Int(i) if *i > 0 && *i < 1_000_000 => Some(SlurmTime::from_minutes(*i as u32)),
-        other => {
-            return Err(invalid(
-                file,
-                "runner.slurm.time_limit",
-                other,
-                "a Slurm time such as \"4:00:00\", \"1-00:00:00\" or minutes",
-            ));
-        }
-    };
-    Ok(SlurmSettings {
-        account: expect_opt_str(file, "runner.slurm.account", field(m, "account"))?,
-        partition: opt_part("partition")?.unwrap_or_default(),
-        partition_interactive: opt_part("partition_interactive")?,
-        partition_batch: opt_part("partition_batch")?,
-        partition_cpu: opt_part("partition_cpu")?,
-        interactive_max_nodes: opt_u32("interactive_max_nodes")?,
-        max_nodes: opt_u32("max_nodes")?,
-        time_limit,
-        qos: expect_opt_str(file, "runner.slurm.qos", field(m, "qos"))?,
-        constraint: expect_opt_str(file, "runner.slurm.constraint", field(m, "constraint"))?,
-        log_dir: expect_opt_str(file, "runner.slurm.log_dir", field(m, "log_dir"))?,
-    })
+// The runner file's shape, as serde reads it. Every key is optional here (an explicit `null`
+// is the same as an absent key); what is required, and which sections go with which kind, is
+// checked by `RunnerEnvironment::from_value`.
+
+#[derive(Default, Deserialize)]
+#[serde(deny_unknown_fields, expecting = "a mapping with a `runner:` key")]
+struct RunnerFile {
+    runner: Option<RawRunner>,
 }
 
-fn parse_inventory(file: &str, node: &Value) -> Result<BaremetalInventory, PlanError> {
-    let path = "runner.inventory";
-    let m = expect_map(file, path, node)?;
-    check_keys(file, path, m, &INVENTORY_KEYS)?;
-    let rendezvous_host = match field(m, "rendezvous_host") {
-        Value::String(s) => s.clone(),
-        other => {
-            return Err(invalid(
-                file,
-                "runner.inventory.rendezvous_host",
-                other,
-                "the host name of the rendezvous",
-            ));
+#[derive(Deserialize)]
+#[serde(
+    deny_unknown_fields,
+    expecting = "a runner mapping {kind, slurm, inventory, local, execution_contract}"
+)]
+struct RawRunner {
+    kind: Option<RunnerKind>,
+    slurm: Option<RawSlurm>,
+    inventory: Option<RawInventory>,
+    local: Option<RawLocal>,
+    execution_contract: Option<RawContract>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields, expecting = "a mapping of Slurm settings")]
+struct RawSlurm {
+    account: Option<String>,
+    partition: Option<Partitions>,
+    partition_interactive: Option<Partitions>,
+    partition_batch: Option<Partitions>,
+    partition_cpu: Option<Partitions>,
+    interactive_max_nodes: Option<AtLeast<1>>,
+    max_nodes: Option<AtLeast<1>>,
+    time_limit: Option<SlurmTime>,
+    qos: Option<String>,
+    constraint: Option<String>,
+    log_dir: Option<String>,
+}
+
+impl RawSlurm {
+    fn into_settings(self) -> SlurmSettings {
+        SlurmSettings {
+            account: self.account,
+            partition: self.partition.unwrap_or_default(),
+            partition_interactive: self.partition_interactive,
+            partition_batch: self.partition_batch,
+            partition_cpu: self.partition_cpu,
+            interactive_max_nodes: self.interactive_max_nodes.map(|n| n.0),
+            max_nodes: self.max_nodes.map(|n| n.0),
+            time_limit: self.time_limit,
+            qos: self.qos,
+            constraint: self.constraint,
+            log_dir: self.log_dir,
         }
-    };
-    let rendezvous_port_base = match field(m, "rendezvous_port_base") {
-        Value::Null => 29500,
-        Value::Int(p) if (1024..=65535).contains(p) => *p as u16,
-        other => {
-            return Err(invalid(
-                file,
-                "runner.inventory.rendezvous_port_base",
-                other,
-                "a TCP port in 1024..=65535",
-            ));
-        }
-    };
-    let hosts_node = field(m, "hosts");
-    let items = match hosts_node {
-        Value::List(items) if !items.is_empty() => items,
-        other => {
-            return Err(invalid(
-                file,
-                "runner.inventory.hosts",
-                other,
-                "a non-empty list of {hostname, gpus}",
-            ));
-        }
-    };
-    let mut hosts = Vec::with_capacity(items.len());
-    for (i, item) in items.iter().enumerate() {
-        let hp = format!("runner.inventory.hosts[{i}]");
-        let hm = expect_map(file, &hp, item)?;
-        check_keys(file, &hp, hm, &HOST_KEYS)?;
-        let hostname = match field(hm, "hostname") {
-            Value::String(s)
-                if !s.is_empty()
-                    && !s.starts_with('-')
-                    && !s.chars().any(|c| c.is_whitespace()) =>
-            {
-                s.clone()
-            }
-            other => {
-                return Err(invalid(
-                    file,
-                    &join(&hp, "hostname"),
-                    other,
-                    "a host name (no spaces, not starting with '-')",
-                ));
+    }
+}
+
+#[derive(Deserialize)]
+#[serde(
+    deny_unknown_fields,
+    expecting = "a mapping {rendezvous_host, rendezvous_port_base, hosts}"
+)]
+struct RawInventory {
+    rendezvous_host: Option<HostName>,
+    rendezvous_port_base: Option<Port>,
+    hosts: Option<Vec<RawHost>>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields, expecting = "a host mapping {hostname, gpus}")]
+struct RawHost {
+    hostname: Option<HostName>,
+    gpus: Option<AtLeast<0>>,
+}
+
+impl RawInventory {
+    fn into_inventory(self, file: &str) -> Result<BaremetalInventory, PlanError> {
+        let path = "runner.inventory";
+        let Some(HostName(rendezvous_host)) = self.rendezvous_host else {
+            return Err(PlanError::MissingField {
+                file: file.into(),
+                path: join(path, "rendezvous_host"),
+                expected: "the host name of the rendezvous".into(),
+            });
+        };
+        let raw_hosts = match self.hosts {
+            Some(h) if !h.is_empty() => h,
+            _ => {
+                return Err(PlanError::MissingField {
+                    file: file.into(),
+                    path: join(path, "hosts"),
+                    expected: "a non-empty list of {hostname, gpus}".into(),
+                });
             }
         };
-        let gpus = expect_u32(file, &join(&hp, "gpus"), field(hm, "gpus"), 0)?;
-        if hosts.iter().any(|h: &Host| h.hostname == hostname) {
-            return Err(invalid(
-                file,
-                &join(&hp, "hostname"),
-                field(hm, "hostname"),
-                "a host name not already in the inventory",
-            ));
+        let mut hosts: Vec<Host> = Vec::with_capacity(raw_hosts.len());
+        for (i, h) in raw_hosts.into_iter().enumerate() {
+            let hp = format!("{path}.hosts[{i}]");
+            let Some(HostName(hostname)) = h.hostname else {
+                return Err(PlanError::MissingField {
+                    file: file.into(),
+                    path: join(&hp, "hostname"),
+                    expected: "a host name".into(),
+                });
+            };
+            let Some(AtLeast(gpus)) = h.gpus else {
+                return Err(PlanError::MissingField {
+                    file: file.into(),
+                    path: join(&hp, "gpus"),
+                    expected: "the number of GPUs of the host, an integer >= 0".into(),
+                });
+            };
+            if hosts.iter().any(|h| h.hostname == hostname) {
+                return Err(PlanError::InvalidValue {
+                    file: file.into(),
+                    path: join(&hp, "hostname"),
+                    value: format!("{hostname:?}"),
+                    expected: "a host name not already in the inventory".into(),
+                });
+            }
+            hosts.push(Host { hostname, gpus });
         }
-        hosts.push(Host { hostname, gpus });
+        if !hosts.iter().any(|h| h.hostname == rendezvous_host) {
+            return Err(PlanError::InvalidValue {
+                file: file.into(),
+                path: join(path, "rendezvous_host"),
+                value: format!("{rendezvous_host:?}"),
+                expected: format!(
+                    "one of the inventory hosts ({}){}",
+                    hosts
+                        .iter()
+                        .map(|h| h.hostname.as_str())
+                        .collect::<Vec<_>>()
+                        .join(", "),
+                    did_you_mean(&rendezvous_host, hosts.iter().map(|h| h.hostname.as_str()))
+                        .map(|s| format!("; did you mean `{s}`?"))
+                        .unwrap_or_default()
+                ),
+            });
+        }
+        Ok(BaremetalInventory {
+            rendezvous_host,
+            rendezvous_port_base: self.rendezvous_port_base.map_or(29500, |p| p.0),
+            hosts,
+        })
     }
-    if !hosts.iter().any(|h| h.hostname == rendezvous_host) {
-        return Err(PlanError::InvalidValue {
-            file: file.into(),
-            path: "runner.inventory.rendezvous_host".into(),
-            value: format!("{rendezvous_host:?}"),
-            expected: format!(
-                "one of the inventory hosts ({}){}",
-                hosts
-                    .iter()
-                    .map(|h| h.hostname.as_str())
-                    .collect::<Vec<_>>()
-                    .join(", "),
-                did_you_mean(&rendezvous_host, hosts.iter().map(|h| h.hostname.as_str()))
-                    .map(|s| format!("; did you mean `{s}`?"))
-                    .unwrap_or_default()
-            ),
-        });
-    }
-    Ok(BaremetalInventory {
-        rendezvous_host,
-        rendezvous_port_base,
-        hosts,
-    })
 }
 
-fn parse_contract(file: &str, node: &Value) -> Result<ExecutionContract, PlanError> {
-    let path = "runner.execution_contract";
-    let m = expect_map(file, path, node)?;
-    check_keys(file, path, m, &CONTRACT_KEYS)?;
-    let s = |key: &str| expect_opt_str(file, &join(path, key), field(m, key));
-    Ok(ExecutionContract {
-        repository: s("repository")?,
-        venv: s("venv")?,
-        container: s("container")?,
-        container_mounts: s("container_mounts")?,
-        setup_env: s("setup_env")?,
-        prerun_commands: expect_str_list(
-            file,
-            &join(path, "prerun_commands"),
-            field(m, "prerun_commands"),
-        )?,
-        postrun_commands: expect_str_list(
-            file,
-            &join(path, "postrun_commands"),
-            field(m, "postrun_commands"),
-        )?,
-    })
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields, expecting = "a mapping {gpus, log_dir}")]
+struct RawLocal {
+    gpus: Option<AtLeast<1>>,
+    log_dir: Option<String>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields, expecting = "a mapping of the execution contract")]
+struct RawContract {
+    repository: Option<String>,
+    venv: Option<String>,
+    container: Option<String>,
+    container_mounts: Option<String>,
+    setup_env: Option<String>,
+    prerun_commands: Option<StrList>,
+    postrun_commands: Option<StrList>,
+}
+
+impl RawContract {
+    fn into_contract(self) -> ExecutionContract {
+        ExecutionContract {
+            repository: self.repository,
+            venv: self.venv,
+            container: self.container,
+            container_mounts: self.container_mounts,
+            setup_env: self.setup_env,
+            prerun_commands: self.prerun_commands.unwrap_or_default().0,
+            postrun_commands: self.postrun_commands.unwrap_or_default().0,
+        }
+    }
+}
+
+/// An SSH host name: not empty, no whitespace, not starting with `-` (it is an `ssh` argument).
+struct HostName(String);
+
+impl<'de> Deserialize<'de> for HostName {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct V;
+        impl serde::de::Visitor<'_> for V {
+            type Value = HostName;
+            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str("a host name (no spaces, not starting with '-')")
+            }
+            fn visit_str<E: serde::de::Error>(self, s: &str) -> Result<HostName, E> {
+                if !s.is_empty() && !s.starts_with('-') && !s.chars().any(char::is_whitespace) {
+                    Ok(HostName(s.to_string()))
+                } else {
+                    Err(E::invalid_value(serde::de::Unexpected::Str(s), &self))
+                }
+            }
+        }
+        d.deserialize_any(V)
+    }
+}
+
+/// A rendezvous TCP port, 1024..=65535.
+struct Port(u16);
+
+impl<'de> Deserialize<'de> for Port {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct V;
+        impl serde::de::Visitor<'_> for V {
+            type Value = Port;
+            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str("a TCP port in 1024..=65535")
+            }
+            fn visit_u64<E: serde::de::Error>(self, p: u64) -> Result<Port, E> {
+                match u16::try_from(p) {
+                    Ok(p) if p >= 1024 => Ok(Port(p)),
+                    _ => Err(E::invalid_value(serde::de::Unexpected::Unsigned(p), &self)),
+                }
+            }
+            fn visit_i64<E: serde::de::Error>(self, p: i64) -> Result<Port, E> {
+                match u64::try_from(p) {
+                    Ok(p) => self.visit_u64(p),
+                    Err(_) => Err(E::invalid_value(serde::de::Unexpected::Signed(p), &self)),
+                }
+            }
+        }
+        d.deserialize_any(V)
+    }
 }
 
 #[cfg(test)]
@@ -625,6 +670,109 @@ mod tests {
         );
         let e = parse(json!({"runner": {"kind": "slurmm"}})).unwrap_err();
         assert!(e.to_string().contains("did you mean `slurm`"), "{e}");
+    }
+
+    fn err(v: serde_json::Value) -> String {
+        parse(v).unwrap_err().to_string()
+    }
+
+    #[test]
+    fn typed_values_are_checked_where_they_are_read() {
+        // Partition names are checked one by one: the error names the list index and value.
+        let m = err(json!({"runner": {"kind": "slurm", "slurm": {"partition": ["a", "b;rm"]}}}));
+        assert_eq!(
+            m,
+            "runner.yaml: `runner.slurm.partition[1]` = \"b;rm\": expected a partition name made of letters, digits, '-', '_' or '.'"
+        );
+        // The Slurm time is parsed once, at reading; the error gives the grammar.
+        let m = err(json!({"runner": {"kind": "slurm", "slurm": {"time_limit": "4h"}}}));
+        assert!(
+            m.starts_with("runner.yaml: `runner.slurm.time_limit` = \"4h\": expected a Slurm time M, M:S, H:M:S, D-H, D-H:M or D-H:M:S"),
+            "{m}"
+        );
+        let r = parse(json!({"runner": {"kind": "slurm", "slurm": {"time_limit": "1-02:00:00", "max_nodes": 4}}}))
+            .unwrap();
+        let s = r.slurm.unwrap();
+        assert_eq!(s.time_limit.unwrap().as_duration().as_secs(), 93_600);
+        assert_eq!(s.max_nodes, Some(4));
+        let m = err(json!({"runner": {"kind": "slurm", "slurm": {"max_nodes": 0}}}));
+        assert_eq!(
+            m,
+            "runner.yaml: `runner.slurm.max_nodes` = 0: expected an integer >= 1"
+        );
+        let m = err(
+            json!({"runner": {"kind": "slurm", "execution_contract": {"prerun_commands": "echo"}}}),
+        );
+        assert_eq!(
+            m,
+            "runner.yaml: `runner.execution_contract.prerun_commands` = \"echo\": expected a list of strings"
+        );
+        let m = err(json!({"runner": {"kind": 3}}));
+        assert!(
+            m.contains("`runner.kind` = 3: expected one of local, slurm, baremetal"),
+            "{m}"
+        );
+    }
+
+    #[test]
+    fn inventory_hosts_are_typed_and_required_keys_named() {
+        let inv = |hosts: serde_json::Value| json!({"runner": {"kind": "baremetal", "inventory": {"rendezvous_host": "h1", "hosts": hosts}}});
+        let m = err(inv(json!([{"hostname": "h1"}])));
+        assert!(
+            m.contains("missing required key `runner.inventory.hosts[0].gpus`"),
+            "{m}"
+        );
+        let m = err(inv(
+            json!([{"hostname": "h1", "gpus": 8}, {"hostname": "-oProxy", "gpus": 8}]),
+        ));
+        assert!(
+            m.contains("`runner.inventory.hosts[1].hostname` = \"-oProxy\": expected a host name"),
+            "{m}"
+        );
+        let m = err(inv(
+            json!([{"hostname": "h1", "gpus": 8}, {"hostname": "h1", "gpus": 8}]),
+        ));
+        assert!(m.contains("not already in the inventory"), "{m}");
+        let m = err(inv(json!([{"hostname": "h1", "gpus": 8, "gpu": 2}])));
+        assert!(
+            m.contains("unknown key `runner.inventory.hosts[0].gpu` (did you mean `gpus`?)"),
+            "{m}"
+        );
+        let m = err(
+            json!({"runner": {"kind": "baremetal", "inventory": {"rendezvous_host": "h1", "rendezvous_port_base": 80, "hosts": [{"hostname": "h1", "gpus": 8}]}}}),
+        );
+        assert!(
+            m.contains("= 80: expected a TCP port in 1024..=65535"),
+            "{m}"
+        );
+        let m = err(json!({"runner": {"kind": "local", "slurm": {"account": "a"}}}));
+        assert!(m.contains("no `slurm` section in a `local` runner"), "{m}");
+        let m =
+            err(json!({"runner": {"kind": "local", "execution_contract": {"container": "img"}}}));
+        assert!(m.contains("only the slurm runner starts containers"), "{m}");
+        assert!(err(json!({"runner": {}})).contains("missing required key `runner`"));
+        assert!(
+            err(json!({"runner": {"slurm": {}}})).contains("missing required key `runner.kind`")
+        );
+    }
+
+    #[test]
+    fn load_errors_point_at_the_line_and_column_of_the_value() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("runner.yaml");
+        std::fs::write(
+            &p,
+            "runner:\n  kind: baremetal\n  inventory:\n    rendezvous_host: h1\n    hosts:\n      - {hostname: h1, gpus: 8}\n      - {hostname: h2, gpus: many}\n",
+        )
+        .unwrap();
+        let m = RunnerEnvironment::load(&p).unwrap_err().to_string();
+        assert_eq!(
+            m,
+            format!(
+                "{}:7:30: `runner.inventory.hosts[1].gpus` = \"many\": expected an integer >= 0",
+                p.display()
+            )
+        );
     }
 
     #[test]

@@ -1,16 +1,191 @@
-//! Reading the planner's schemas (runner, execution, user stages, meshes, the catalog's keys)
-//! straight from the loaded [`Value`] tree: key checks with "did you mean", typed reads, and the
-//! canonical JSON the contract hash covers.
+//! Reading the planner's schemas straight from the loaded [`Value`] tree: [`read`] converts a
+//! node to a serde type (the runner, execution and user-stage files' `deny_unknown_fields`
+//! shapes) and maps serde's errors to [`PlanError`]; small typed values shared by those shapes
+//! ([`AtLeast`], [`StrList`], [`Argv`], [`Ordered`]); key checks with "did you mean" and typed
+//! reads for the experiment's keys; and the canonical JSON the contract hash covers.
 //!
 //! Errors name the file label and the dotted key path; [`PlanError::locate`] then replaces the
 //! label by the `file:line:column` (or override) that wrote the value, from the config's
 //! [`Origins`](super::config::Origins). Mapping order is the document's (it decides the order
 //! of `post_mip` nodes).
 
+use std::fmt;
 use std::sync::LazyLock;
 
-use super::config::{Mapping, Value, did_you_mean_in};
+use serde::de::{self, DeserializeOwned, Deserializer, MapAccess, SeqAccess, Visitor};
+
+use super::config::{
+    DeError, DeErrorKind, KeyPath, Mapping, Value, deserialize_at, did_you_mean_in,
+};
 use super::plan_error::PlanError;
+
+/// Reads `value` (found at `path` of the tree loaded from `file`) into the serde type `T` — the
+/// file's shape, usually a `#[serde(deny_unknown_fields)]` struct — and turns a serde error
+/// into the planner's: [`PlanError::UnknownField`] with the valid keys and a suggestion,
+/// [`PlanError::MissingField`], or [`PlanError::InvalidValue`] naming the value and what was
+/// expected; every one with the full key path.
+pub(crate) fn read<T: DeserializeOwned>(
+    file: &str,
+    path: KeyPath,
+    value: &Value,
+) -> Result<T, PlanError> {
+    deserialize_at(value, path).map_err(|e| plan_error(file, e))
+}
+
+/// The [`KeyPath`] of a dotted path as the planner's errors write it (`a.b[0].c`); a text that
+/// does not parse (a key with a dot in it) is one key.
+pub(crate) fn key_path(dotted: &str) -> KeyPath {
+    KeyPath::parse(dotted)
+        .unwrap_or_else(|| KeyPath(vec![super::config::PathSegment::Key(dotted.into())]))
+}
+
+/// A path as the planner's errors write it: dotted, list indices in brackets, the root empty.
+pub(crate) fn path_text(path: &KeyPath) -> String {
+    if path.is_root() {
+        String::new()
+    } else {
+        path.to_string()
+    }
+}
+
+fn plan_error(file: &str, e: DeError) -> PlanError {
+    let path = e.path.as_ref().map(path_text).unwrap_or_default();
+    match e.kind {
+        DeErrorKind::UnknownField { valid, suggestion } => PlanError::UnknownField {
+            file: file.to_string(),
+            path,
+            suggestion: suggestion.map(str::to_string),
+            valid: valid.iter().map(|s| s.to_string()).collect(),
+        },
+        DeErrorKind::MissingField { field } => PlanError::MissingField {
+            file: file.to_string(),
+            path: join(&path, field),
+            expected: "required here".into(),
+        },
+        DeErrorKind::Invalid { expected } => PlanError::InvalidValue {
+            file: file.to_string(),
+            path,
+            value: e.value.unwrap_or_else(|| "?".into()),
+            expected,
+        },
+        DeErrorKind::Custom => PlanError::InvalidValue {
+            file: file.to_string(),
+            path,
+            value: e.value.unwrap_or_else(|| "?".into()),
+            expected: e.message,
+        },
+    }
+}
+
+/// An integer of at least `MIN` that fits `u32`; floats like `2.7` and strings are refused
+/// ("an integer >= MIN").
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct AtLeast<const MIN: u32>(pub u32);
+
+impl<'de, const MIN: u32> serde::Deserialize<'de> for AtLeast<MIN> {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct V<const MIN: u32>;
+        impl<const MIN: u32> Visitor<'_> for V<MIN> {
+            type Value = AtLeast<MIN>;
+            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                write!(f, "an integer >= {MIN}")
+            }
+            fn visit_u64<E: de::Error>(self, n: u64) -> Result<AtLeast<MIN>, E> {
+                match u32::try_from(n) {
+                    Ok(n) if n >= MIN => Ok(AtLeast(n)),
+                    _ => Err(E::invalid_value(de::Unexpected::Unsigned(n), &self)),
+                }
+            }
+            fn visit_i64<E: de::Error>(self, n: i64) -> Result<AtLeast<MIN>, E> {
+                match u64::try_from(n) {
+                    Ok(n) => self.visit_u64(n),
+                    Err(_) => Err(E::invalid_value(de::Unexpected::Signed(n), &self)),
+                }
+            }
+        }
+        d.deserialize_any(V::<MIN>)
+    }
+}
+
+fn seq_of_strings<'de, A: SeqAccess<'de>>(mut seq: A) -> Result<Vec<String>, A::Error> {
+    let mut out = Vec::with_capacity(seq.size_hint().unwrap_or(0));
+    while let Some(s) = seq.next_element::<String>()? {
+        out.push(s);
+    }
+    Ok(out)
+}
+
+/// A list of strings ("a list of strings").
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub(crate) struct StrList(pub Vec<String>);
+
+impl<'de> serde::Deserialize<'de> for StrList {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct V;
+        impl<'de> Visitor<'de> for V {
+            type Value = StrList;
+            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str("a list of strings")
+            }
+            fn visit_seq<A: SeqAccess<'de>>(self, seq: A) -> Result<StrList, A::Error> {
+                seq_of_strings(seq).map(StrList)
+            }
+        }
+        d.deserialize_any(V)
+    }
+}
+
+/// A command line: a list of arguments, never a shell string.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub(crate) struct Argv(pub Vec<String>);
+
+impl<'de> serde::Deserialize<'de> for Argv {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct V;
+        impl<'de> Visitor<'de> for V {
+            type Value = Argv;
+            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str(
+                    "a list of arguments (argv), e.g. [python, train.py]; commands never go through a shell",
+                )
+            }
+            fn visit_seq<A: SeqAccess<'de>>(self, seq: A) -> Result<Argv, A::Error> {
+                seq_of_strings(seq).map(Argv)
+            }
+        }
+        d.deserialize_any(V)
+    }
+}
+
+/// A mapping read in document order (keys are the user's, e.g. stage ids).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) struct Ordered<T>(pub Vec<(String, T)>);
+
+impl<T> Default for Ordered<T> {
+    fn default() -> Self {
+        Ordered(Vec::new())
+    }
+}
+
+impl<'de, T: serde::Deserialize<'de>> serde::Deserialize<'de> for Ordered<T> {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct V<T>(std::marker::PhantomData<T>);
+        impl<'de, T: serde::Deserialize<'de>> Visitor<'de> for V<T> {
+            type Value = Ordered<T>;
+            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str("a mapping")
+            }
+            fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Ordered<T>, A::Error> {
+                let mut out = Vec::with_capacity(map.size_hint().unwrap_or(0));
+                while let Some((k, v)) = map.next_entry::<String, T>()? {
+                    out.push((k, v));
+                }
+                Ok(Ordered(out))
+            }
+        }
+        d.deserialize_any(V(std::marker::PhantomData))
+    }
+}
 
 /// The value under `key` if `v` is a mapping that has it (one key: dots are not split).
 pub(crate) fn get<'a>(v: &'a Value, key: &str) -> Option<&'a Value> {
@@ -21,12 +196,6 @@ pub(crate) fn get<'a>(v: &'a Value, key: &str) -> Option<&'a Value> {
 /// mapping.
 pub(crate) fn get_path<'a>(v: &'a Value, dotted: &str) -> Option<&'a Value> {
     dotted.split('.').try_fold(v, |v, key| get(v, key))
-}
-
-/// The value under `key` in `map`, `Null` when absent.
-pub(crate) fn field<'a>(map: &'a Mapping, key: &str) -> &'a Value {
-    static NULL: Value = Value::Null;
-    map.get(key).unwrap_or(&NULL)
 }
 
 /// A short rendering of a value for error messages (at most ~60 characters): strings quoted,
@@ -187,35 +356,6 @@ pub(crate) fn expect_u32(file: &str, path: &str, v: &Value, min: u32) -> Result<
     match v {
         Value::Int(i) if *i >= i64::from(min) && *i <= i64::from(u32::MAX) => Ok(*i as u32),
         other => Err(invalid(file, path, other, &format!("an integer >= {min}"))),
-    }
-}
-
-/// Reads an optional string: `Null` is `None`.
-pub(crate) fn expect_opt_str(
-    file: &str,
-    path: &str,
-    v: &Value,
-) -> Result<Option<String>, PlanError> {
-    match v {
-        Value::Null => Ok(None),
-        Value::String(s) => Ok(Some(s.clone())),
-        other => Err(invalid(file, path, other, "a string or null")),
-    }
-}
-
-/// Reads a list of strings (`Null` is empty).
-pub(crate) fn expect_str_list(file: &str, path: &str, v: &Value) -> Result<Vec<String>, PlanError> {
-    match v {
-        Value::Null => Ok(Vec::new()),
-        Value::List(items) => items
-            .iter()
-            .enumerate()
-            .map(|(i, item)| match item {
-                Value::String(s) => Ok(s.clone()),
-                other => Err(invalid(file, &format!("{path}[{i}]"), other, "a string")),
-            })
-            .collect(),
-        other => Err(invalid(file, path, other, "a list of strings")),
     }
 }
 

@@ -94,28 +94,35 @@ impl serde::Serialize for SlurmTime {
     }
 }
 
-/// Accepts a string in Slurm's grammar or a positive integer (minutes, as `--time=30`).
+/// What [`SlurmTime`]'s `Deserialize` accepts, as its errors say it.
+const EXPECTED: &str = "a Slurm time M, M:S, H:M:S, D-H, D-H:M or D-H:M:S (e.g. \"4:00:00\" or \"1-00:00:00\"), or a positive number of minutes below 1000000";
+
+/// Accepts a string in Slurm's grammar or a positive integer (minutes, as `--time=30`); parsed
+/// here, once. A refused value is reported with serde's `invalid_value`: the value and the
+/// grammar expected.
 impl<'de> serde::Deserialize<'de> for SlurmTime {
     fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        use serde::de::Unexpected;
         struct V;
         impl serde::de::Visitor<'_> for V {
             type Value = SlurmTime;
             fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-                f.write_str("a Slurm time such as \"4:00:00\", \"1-00:00:00\" or minutes")
+                f.write_str(EXPECTED)
             }
             fn visit_str<E: serde::de::Error>(self, s: &str) -> Result<SlurmTime, E> {
-                s.parse().map_err(E::custom)
+                s.parse()
+                    .map_err(|_| E::invalid_value(Unexpected::Str(s), &self))
             }
             fn visit_u64<E: serde::de::Error>(self, m: u64) -> Result<SlurmTime, E> {
                 match u32::try_from(m) {
                     Ok(m) if m > 0 && m < 1_000_000 => Ok(SlurmTime::from_minutes(m)),
-                    _ => Err(E::custom(format!("{m} minutes is out of range"))),
+                    _ => Err(E::invalid_value(Unexpected::Unsigned(m), &self)),
                 }
             }
             fn visit_i64<E: serde::de::Error>(self, m: i64) -> Result<SlurmTime, E> {
                 match u64::try_from(m) {
                     Ok(m) => self.visit_u64(m),
-                    Err(_) => Err(E::custom(format!("{m} minutes is out of range"))),
+                    Err(_) => Err(E::invalid_value(Unexpected::Signed(m), &self)),
                 }
             }
         }
@@ -174,6 +181,14 @@ mod tests {
         let m: SlurmTime = serde_json::from_str("90").unwrap();
         assert_eq!(m.as_duration().as_secs(), 5400);
         assert!(serde_json::from_str::<SlurmTime>("0").is_err());
-        assert!(serde_json::from_str::<SlurmTime>("\"4h\"").is_err());
+        let e = serde_json::from_str::<SlurmTime>("\"4h\"")
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("\"4h\"") && e.contains("M, M:S, H:M:S, D-H, D-H:M or D-H:M:S"),
+            "{e}"
+        );
+        assert!(serde_json::from_str::<SlurmTime>("-5").is_err());
+        assert!(serde_json::from_str::<SlurmTime>("1000000").is_err());
     }
 }

@@ -13,7 +13,7 @@ use super::runner::RunnerKind;
 pub struct StageSummary {
     /// Stage id.
     pub stage_id: String,
-    /// `single`, `sharded`, `pool`, ...
+    /// `single`, `sharded`, `pool`, ..., or `manual` for a manual decision (no job, no node).
     pub strategy: String,
     /// Instances.
     pub instances: u32,
@@ -74,11 +74,17 @@ impl PlanSummary {
                     RunnerKind::Slurm => slurm.time_limit.as_ref(),
                     RunnerKind::Local | RunnerKind::Baremetal => None,
                 });
+                let manual = st.decision.is_some();
                 StageSummary {
                     stage_id: st.stage_id.clone(),
-                    strategy: st.spec.strategy.to_string(),
+                    strategy: if manual {
+                        "manual".to_string()
+                    } else {
+                        st.spec.strategy.to_string()
+                    },
                     instances: st.spec.instances,
-                    nodes: a.nodes,
+                    // A manual decision submits no job: no node, no GPU.
+                    nodes: if manual { 0 } else { a.nodes },
                     gpus_per_node: a.max_gpus_on_a_node(),
                     partition,
                     resource: st.spec.resource.as_str().to_string(),

@@ -101,6 +101,29 @@ pub(crate) fn plan_table(plan: &CampaignPlan) -> String {
     );
     for s in &plan.stages {
         let a = &s.spec.allocation;
+        if let Some(d) = &s.decision {
+            // No job: a person chooses among the input's work items.
+            let _ = writeln!(
+                o,
+                "{:<w$}  {:<15}  {:>9}  {:>11}  {:>5}  {:<8}  {:<10}  {}",
+                s.stage_id,
+                "manual decision",
+                "-",
+                "-",
+                0,
+                "-",
+                "-",
+                s.parents.join(",")
+            );
+            let _ = writeln!(
+                o,
+                "  chooses among {} work item(s) of {}; off a terminal, write <dir>/{}",
+                d.candidates.len(),
+                d.input,
+                crate::campaign::dryrun::decision_file_name(&s.stage_id)
+            );
+            continue;
+        }
         let _ = writeln!(
             o,
             "{:<w$}  {:<15}  {:>9}  {:>11}  {:>5}  {:<8}  {:<10}  {}",
@@ -286,6 +309,10 @@ fn run_cmd(a: RunArgs) -> Result<i32, CliError> {
             } else {
                 ViewMode::Auto
             });
+        if let Some(p) = controls.prompter() {
+            // On a terminal, manual decisions are asked; otherwise the decision file is read.
+            b = b.decision_prompt(p);
+        }
         for s in &a.allow_oom_retry {
             b = b.allow_oom_retry(s.clone());
         }
@@ -301,6 +328,8 @@ fn run_cmd(a: RunArgs) -> Result<i32, CliError> {
                         | ControllerEvent::Recovered { .. }
                         | ControllerEvent::Revision { .. }
                         | ControllerEvent::ShutDown { .. }
+                        | ControllerEvent::DecisionNeeded { .. }
+                        | ControllerEvent::DecisionMade { .. }
                 )
             {
                 eprintln!("[{}] {ev}", ev.kind());
@@ -328,6 +357,15 @@ fn run_cmd(a: RunArgs) -> Result<i32, CliError> {
         drop(controls);
         if a.quiet {
             eprintln!("{report}");
+        }
+        for d in &report.decisions {
+            eprintln!(
+                "decision needed: stage {} waits; write {} with `all`, `none`, or candidate \
+                 numbers (1-{}) or ids, then run again (or let a running controller pick it up)",
+                d.stage,
+                d.file.display(),
+                d.candidates.len()
+            );
         }
         let code = if report.is_complete() {
             exit::DONE
@@ -503,7 +541,32 @@ pub(crate) fn status_text(h: &CampaignHistory) -> String {
             s.wasted_gpu_hours
         );
         if let Some(r) = &s.reason {
-            let _ = writeln!(o, "  failed: {r}");
+            let what = if s.status == StageStatus::Skipped {
+                "skipped"
+            } else {
+                "failed"
+            };
+            let _ = writeln!(o, "  {what}: {r}");
+        }
+        if let Some(f) = &s.decision_file
+            && s.status == StageStatus::Waiting
+        {
+            let _ = writeln!(
+                o,
+                "  waiting for a decision: write {} (`all`, `none`, candidate numbers or ids)",
+                f.display()
+            );
+        }
+        if let Some(c) = &s.chosen {
+            let _ = writeln!(
+                o,
+                "  decided: {}",
+                if c.is_empty() {
+                    "none".to_string()
+                } else {
+                    c.join(", ")
+                }
+            );
         }
     }
     let live: Vec<_> = h.live().collect();

@@ -31,7 +31,8 @@ pub mod exit {
     /// A usage error: unknown option, missing argument, bad value (clap's convention).
     pub const USAGE: i32 = 2;
     /// Detached or incomplete: the controller stopped with jobs running (`--once`,
-    /// `--detach`, a detach from the menu), or `status` found the campaign not finished.
+    /// `--detach`, a detach from the menu) or a manual decision waiting for its file, or
+    /// `status` found the campaign not finished.
     pub const INCOMPLETE: i32 = 3;
     /// The campaign ended with a failed stage (see its report).
     pub const FAILED: i32 = 4;
@@ -107,17 +108,25 @@ detach and it re-attaches to the jobs still running. The stage commands are the 
 (Puzzletron's worker entry points); --command-prefix (or PUZZLETRON_COMMAND_PREFIX) puts a
 program before each of them, e.g. a stub worker in tests or `srun --container-image=...`.
 
+Manual decisions (a post_mip filter node with `mode: manual`) submit no job: on a terminal
+the controller lists the candidates numbered from 1 and reads a choice; otherwise it notifies
+`decision_needed` and waits for DIR/decisions/<stage>.txt (`all`, `none`, numbers or ids,
+separated by spaces or commas), which a running controller picks up (other stages go on; with
+--once the exit status is 3 until it exists). The choice goes to
+DIR/work/<stage>/0/selected.json; `none` skips the stages below the decision.
+
 Examples:
   $ puzzletron campaign run EXPERIMENT --runner local --execution EXECUTION --dir /tmp/c --gpus 0,1
   $ puzzletron campaign run EXPERIMENT --runner runner.yaml --execution EXECUTION --dir /tmp/c --detach
   $ puzzletron campaign run EXPERIMENT --runner local --dir /tmp/c --notify 'notify-send puzzletron'
 
-Exit status: 0 done, 1 error, 2 usage error, 3 detached with jobs running, 4 a stage failed.";
+Exit status: 0 done, 1 error, 2 usage error, 3 detached with jobs running or waiting for a
+decision, 4 a stage failed.";
 
 const STATUS_HELP: &str = "\
 Reads the journal and attempt records read-only: safe beside a running controller (it never
 takes the lease, never blocks the controller). Says whether a controller holds the lease, who,
-and since when.
+and since when, and which manual decision waits for which decision file.
 
 Examples:
   $ puzzletron campaign status /tmp/c
@@ -248,7 +257,8 @@ pub struct RunArgs {
     #[arg(long, value_name = "CMD", env = "PUZZLETRON_COMMAND_PREFIX")]
     pub command_prefix: Option<String>,
     /// Run CMD (split at spaces; no shell) with an event as JSON on stdin when a stage
-    /// completes or fails, the campaign ends, or an attempt is declared hung.
+    /// completes or fails, the campaign ends, an attempt is declared hung, or a manual
+    /// decision waits for a person (`decision_needed`).
     #[arg(long, value_name = "CMD")]
     pub notify: Option<String>,
     /// Allow retrying STAGE with more resources after an out-of-memory (repeatable).

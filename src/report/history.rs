@@ -96,6 +96,8 @@ pub enum StageStatus {
     Done,
     /// Failed for good.
     Failed,
+    /// Not run: a manual decision upstream chose no candidate.
+    Skipped,
 }
 
 impl StageStatus {
@@ -106,6 +108,7 @@ impl StageStatus {
             StageStatus::Running => "running",
             StageStatus::Done => "done",
             StageStatus::Failed => "failed",
+            StageStatus::Skipped => "skipped",
         }
     }
 }
@@ -133,6 +136,12 @@ pub struct StageHistory {
     pub gpu_hours: f64,
     /// Wasted GPU-hours of its attempts.
     pub wasted_gpu_hours: f64,
+    /// A manual decision stage waiting for a person: the decision file to write.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub decision_file: Option<PathBuf>,
+    /// A manual decision stage that was decided: the chosen candidates (empty: none).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub chosen: Option<Vec<String>>,
 }
 
 /// One attempt.
@@ -373,6 +382,10 @@ struct RawEntry<'a> {
     last_heartbeat_ms: Option<u64>,
     #[serde(default, borrow)]
     node: Option<Cow<'a, str>>,
+    #[serde(default, borrow)]
+    file: Option<Cow<'a, str>>,
+    #[serde(default)]
+    chosen: Option<Vec<String>>,
 }
 
 /// The two forms a journaled state takes.
@@ -414,6 +427,9 @@ struct StageView {
     parents: Vec<String>,
     spec: SpecView,
     work: WorkView,
+    /// Present for a manual decision stage (no units).
+    #[serde(default)]
+    decision: Option<serde::de::IgnoredAny>,
 }
 
 #[derive(Deserialize)]
@@ -506,7 +522,11 @@ fn plan_info(plan: &PlanView) -> PlanInfo {
         stages.push((
             st.stage_id.clone(),
             st.parents.clone(),
-            st.work.items.len() + usize::from(agg),
+            if st.decision.is_some() {
+                0 // a manual decision runs nothing
+            } else {
+                st.work.items.len() + usize::from(agg)
+            },
         ));
         gpus.insert(st.stage_id.clone(), (items, agg_gpus));
     }
@@ -708,10 +728,12 @@ impl CampaignHistory {
         }
         self.finished = !live_any
             && !self.stages.is_empty()
-            && self
-                .stages
-                .iter()
-                .all(|s| matches!(s.status, StageStatus::Done | StageStatus::Failed));
+            && self.stages.iter().all(|s| {
+                matches!(
+                    s.status,
+                    StageStatus::Done | StageStatus::Failed | StageStatus::Skipped
+                )
+            });
     }
 
     /// Total GPU-hours of every attempt.
@@ -784,6 +806,8 @@ struct HistoryBuilder<'p> {
     by_id: FastMap<String, usize>,
     last_of_unit: FastMap<String, usize>,
     stage_end: HashMap<String, (StageStatus, Option<String>)>,
+    /// Manual decisions: stage -> (decision file while it waits, chosen once decided).
+    decisions: HashMap<String, (Option<PathBuf>, Option<Vec<String>>)>,
 }
 
 impl<'p> HistoryBuilder<'p> {
@@ -811,6 +835,7 @@ impl<'p> HistoryBuilder<'p> {
             by_id: FastMap::default(),
             last_of_unit: FastMap::default(),
             stage_end: HashMap::new(),
+            decisions: HashMap::new(),
         }
     }
 
@@ -844,6 +869,7 @@ impl<'p> HistoryBuilder<'p> {
                 }
                 self.last_of_unit.clear();
                 self.stage_end.clear();
+                self.decisions.clear();
             }
             "intent" => {
                 let (Some(unit), Some(id)) = (e.unit.as_deref(), e.attempt_id.as_deref()) else {
@@ -964,6 +990,29 @@ impl<'p> HistoryBuilder<'p> {
                         .insert(s.to_string(), (StageStatus::Done, None));
                 }
             }
+            "stage_skipped" => {
+                if let Some(s) = &e.stage {
+                    self.stage_end.insert(
+                        s.to_string(),
+                        (
+                            StageStatus::Skipped,
+                            e.reason.as_deref().map(str::to_string),
+                        ),
+                    );
+                }
+            }
+            "decision_needed" => {
+                if let Some(s) = &e.stage {
+                    self.decisions.entry(s.to_string()).or_default().0 =
+                        e.file.as_deref().map(PathBuf::from);
+                }
+            }
+            "decision_made" => {
+                if let Some(s) = &e.stage {
+                    *self.decisions.entry(s.to_string()).or_default() =
+                        (None, Some(e.chosen.clone().unwrap_or_default()));
+                }
+            }
             "stage_failed" => {
                 if let Some(s) = &e.stage {
                     self.stage_end.insert(
@@ -1006,6 +1055,7 @@ impl<'p> HistoryBuilder<'p> {
             mut h,
             plan,
             stage_end,
+            mut decisions,
             ..
         } = self;
         if h.events.len() > 50 {
@@ -1034,6 +1084,10 @@ impl<'p> HistoryBuilder<'p> {
                 s.status = *st;
                 s.reason = reason.clone();
             }
+            if let Some((file, chosen)) = decisions.remove(&s.id) {
+                s.decision_file = file;
+                s.chosen = chosen;
+            }
         }
         h.stages = stages;
         h.recompute_stages();
@@ -1054,6 +1108,8 @@ impl StageHistory {
             reason: None,
             gpu_hours: 0.0,
             wasted_gpu_hours: 0.0,
+            decision_file: None,
+            chosen: None,
         }
     }
 }

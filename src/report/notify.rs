@@ -1,5 +1,6 @@
 //! [`Notifier`]: runs a command with an event as JSON on its stdin when a stage completes or
-//! fails, the campaign ends, or an attempt is declared hung.
+//! fails, the campaign ends, an attempt is declared hung, or a manual decision waits for a
+//! person.
 //!
 //! The command is an argv (no shell): `["notify-send", "puzzletron"]`,
 //! `["curl", "-sS", "--data-binary", "@-", "https://chat.example/hook"]`. Each event runs it
@@ -10,9 +11,10 @@
 //! otherwise ignored: notifications never stop a campaign.
 //!
 //! The JSON object ([`NotifyEvent`]): `{"event": "stage_done" | "stage_failed" |
-//! "campaign_end" | "attempt_hung", "campaign": "<dir>", "stage": "<id>" | null, "message":
-//! "...", "at_ms": <ms since epoch>, "detail": {...}}` (`detail` of `campaign_end`: `complete`,
-//! `detached`, stage counts).
+//! "campaign_end" | "attempt_hung" | "decision_needed", "campaign": "<dir>", "stage": "<id>" |
+//! null, "message": "...", "at_ms": <ms since epoch>, "detail": {...}}` (`detail` of
+//! `campaign_end`: `complete`, `detached`, stage counts; of `decision_needed`: `file`, the
+//! decision file to write, and `candidates`).
 
 use std::io::Write;
 use std::path::{Path, PathBuf};
@@ -29,7 +31,7 @@ use serde::{Deserialize, Serialize};
 /// One notification.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct NotifyEvent {
-    /// `stage_done`, `stage_failed`, `campaign_end` or `attempt_hung`.
+    /// `stage_done`, `stage_failed`, `campaign_end`, `attempt_hung` or `decision_needed`.
     pub event: String,
     /// The campaign folder.
     pub campaign: PathBuf,
@@ -46,13 +48,17 @@ pub struct NotifyEvent {
 impl NotifyEvent {
     /// The notification for a controller event: [`StageDone`](ControllerEvent::StageDone) ->
     /// `stage_done`, [`StageFailed`](ControllerEvent::StageFailed) -> `stage_failed`,
-    /// [`AttemptStuck`](ControllerEvent::AttemptStuck) -> `attempt_hung`; `None` for the
-    /// others. `detail` is the event's own JSON form.
+    /// [`AttemptStuck`](ControllerEvent::AttemptStuck) -> `attempt_hung`,
+    /// [`DecisionNeeded`](ControllerEvent::DecisionNeeded) -> `decision_needed` (a person must
+    /// choose; `detail.file` is the decision file); `None` for the others. `detail` is the event's own JSON form.
     pub fn from_event(campaign: &Path, ev: &ControllerEvent) -> Option<Self> {
         let (event, stage) = match ev {
             ControllerEvent::StageDone { stage } => ("stage_done", Some(stage.clone())),
             ControllerEvent::StageFailed { stage, .. } => ("stage_failed", Some(stage.clone())),
             ControllerEvent::AttemptStuck { .. } => ("attempt_hung", None),
+            ControllerEvent::DecisionNeeded { stage, .. } => {
+                ("decision_needed", Some(stage.clone()))
+            }
             _ => return None,
         };
         Some(NotifyEvent {

@@ -135,6 +135,11 @@ pub struct StageDef {
     /// successful attempt; a non-zero exit makes the attempt a failure. Empty: none.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub validate: Vec<String>,
+    /// `Some(input stage)`: a manual decision stage (a post-MIP filter node with
+    /// `mode: manual`): it submits no job; a person chooses among the work items of the input
+    /// stage (see [`ManualDecision`](crate::campaign::ManualDecision)).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub decision: Option<String>,
 }
 
 impl StageDef {
@@ -157,6 +162,7 @@ impl StageDef {
             resumable: false,
             outputs: Vec::new(),
             validate: Vec::new(),
+            decision: None,
         }
     }
     /// Adds contracted parents.
@@ -247,6 +253,9 @@ pub struct ResolvedStage {
     /// successful attempt; a non-zero exit makes the attempt a failure. Empty: none.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub validate: Vec<String>,
+    /// `Some(input stage)`: a manual decision stage (see [`StageDef::decision`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub decision: Option<String>,
 }
 
 /// A stage graph as data. See the module docs.
@@ -402,6 +411,7 @@ impl StageCatalog {
                 resumable: d.resumable,
                 outputs: d.outputs.clone(),
                 validate: d.validate.clone(),
+                decision: d.decision.clone(),
             });
         }
         Ok(resolved)

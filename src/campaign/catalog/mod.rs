@@ -91,6 +91,74 @@ mod tests {
     }
 
     #[test]
+    fn user_stages_are_read_typed_with_paths() {
+        let err = |v: serde_json::Value| {
+            StageCatalog::from_config("exp.yaml", &cfg(v))
+                .unwrap_err()
+                .to_string()
+        };
+        let m =
+            err(json!({"stages": [{"id": "a", "command": ["x"]}, {"id": "b", "comand": ["x"]}]}));
+        assert!(
+            m.starts_with("exp.yaml: unknown key `stages[1].comand` (did you mean `command`?); valid keys here: id, needs, strategy"),
+            "{m}"
+        );
+        assert_eq!(
+            err(json!({"stages": [{"id": "a", "command": "rm -rf /"}]})),
+            "exp.yaml: `stages[0].command` = \"rm -rf /\": expected a list of arguments (argv), e.g. [python, train.py]; commands never go through a shell"
+        );
+        assert_eq!(
+            err(json!({"stages": [{"command": ["x"]}]})),
+            "exp.yaml: missing required key `stages[0].id` (the stage id)"
+        );
+        assert_eq!(
+            err(json!({"stages": [{"id": "bad id"}]})),
+            "exp.yaml: `stages[0].id` = \"bad id\": expected a stage id of letters, digits, '-', '_' and '.'"
+        );
+        assert_eq!(
+            err(json!({"stages": [{"id": "a", "outputs": ["ok", "/abs"]}]})),
+            "exp.yaml: `stages[0].outputs[1]` = \"/abs\": expected a path relative to the unit's output folder, without `..`"
+        );
+        assert_eq!(
+            err(json!({"stages": [{"id": "a", "strategy": "shardd"}]})),
+            "exp.yaml: `stages[0].strategy` = \"shardd\": expected one of single, sharded, persistent_pool (did you mean `sharded`?)"
+        );
+        assert_eq!(
+            err(json!({"stages": [{"id": "a", "resumable": "yes"}]})),
+            "exp.yaml: `stages[0].resumable` = \"yes\": expected a boolean"
+        );
+        assert_eq!(
+            err(json!({"stages": [{"id": "a", "enabled": 1}]})),
+            "exp.yaml: `stages[0].enabled` = 1: expected true, false or the dotted key of a boolean"
+        );
+        assert!(
+            err(json!({"stages": [{"id": "a", "parallel": {"tp_size": 2}}]}))
+                .contains("unknown key `stages[0].parallel.tp_size` (did you mean `tp`?)")
+        );
+
+        let c = cfg(json!({"stages": [
+            {"id": "prep", "command": ["python", "prep.py"], "outputs": ["data/x"]},
+            {"id": "train", "needs": "prep", "strategy": "sharded", "instances": 4,
+             "enabled": "train.enabled", "parallel": {"tp": 2, "pp": 2}, "distributed": true,
+             "resumable": true, "validate": ["python", "check.py"], "aggregate": null}
+        ]}));
+        let cat = StageCatalog::from_config("exp.yaml", &c).unwrap();
+        let r = cat
+            .resolve("exp.yaml", &cfg(json!({"train": {"enabled": true}})))
+            .unwrap();
+        let train = r.iter().find(|s| s.id == "train").unwrap();
+        assert_eq!(train.parents, ["prep"]);
+        assert_eq!(train.strategy, Strategy::Sharded);
+        assert_eq!((train.mesh.tp, train.mesh.pp), (2, 2));
+        assert_eq!(train.instances, 4);
+        assert!(train.distributed && train.resumable && !train.aggregate);
+        assert_eq!(train.validate, ["python", "check.py"]);
+        let prep = r.iter().find(|s| s.id == "prep").unwrap();
+        assert_eq!(prep.command, ["python", "prep.py"]);
+        assert_eq!(prep.outputs, ["data/x"]);
+    }
+
+    #[test]
     fn post_mip_flow_expansion() {
         let c = cfg(json!({"post_mip": {"flows": {"f": {"nodes": {
             "best_mip": {"type": "filter", "metric": "mip.score"},

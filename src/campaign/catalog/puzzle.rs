@@ -8,7 +8,9 @@ use crate::campaign::config::Value;
 use crate::campaign::execution::{FailurePolicy, Strategy};
 use crate::campaign::mesh::{ParallelMesh, normalize_vllm_topology};
 use crate::campaign::plan_error::PlanError;
-use crate::campaign::schema::{check_keys, did_you_mean, expect_map, get, get_path, invalid, join};
+use crate::campaign::schema::{
+    check_keys, did_you_mean, expect_map, get, get_path, invalid, join, key_path, read,
+};
 
 /// Post-MIP flow expansion settings of the Puzzle catalog.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -241,6 +243,8 @@ const NODE_KEYS: [&str; 11] = [
 /// Expands `post_mip.flows` into `post.<flow>.<node>` stages (flows and nodes in document
 /// order). A node's parents: its `input` (or the source stage `mip` when it has none), its
 /// `model_source`, then the nodes its filter metrics read (`final_eval.lm_loss` -> `final_eval`).
+/// A `type: filter` node with `mode: manual` becomes a manual decision stage
+/// ([`StageDef::decision`]: a person chooses among its input's work items; no job).
 pub(super) fn expand_post_mip(
     file: &str,
     config: &Value,
@@ -350,6 +354,20 @@ pub(super) fn expand_post_mip(
                     parents.push(sid(prefix));
                 }
             }
+            // `mode: manual` on a filter: a person chooses (a decision stage, no job).
+            let manual = match get(node, "mode") {
+                None | Some(Value::Null) => false,
+                Some(Value::String(m)) => ty == "filter" && m == "manual",
+                Some(other) => {
+                    return Err(invalid(
+                        file,
+                        &join(&npath, "mode"),
+                        other,
+                        "a mode name (a string such as `top_k` or, for a filter, `manual`)",
+                    ));
+                }
+            };
+            let decision_input = manual.then(|| parents[0].clone());
             let mut dedup: Vec<String> = Vec::new();
             for p in parents {
                 if !dedup.contains(&p) {
@@ -358,9 +376,9 @@ pub(super) fn expand_post_mip(
             }
             let failure_policy = match get(node, "failure_policy") {
                 None | Some(Value::Null) => None,
-                Some(v) => Some(FailurePolicy::from_value(
+                Some(v) => Some(read::<FailurePolicy>(
                     file,
-                    &join(&npath, "failure_policy"),
+                    key_path(&join(&npath, "failure_policy")),
                     v,
                 )?),
             };
@@ -390,6 +408,7 @@ pub(super) fn expand_post_mip(
             def.failure_policy = failure_policy;
             def.aggregate = strategy == Strategy::Sharded;
             def.resumable = ty == "global_kd";
+            def.decision = decision_input;
             out.push((def, mesh));
         }
     }

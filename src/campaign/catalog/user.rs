@@ -1,13 +1,16 @@
 //! User catalogs: a `stages:` list in the experiment config ([`StageCatalog::from_config`]).
 
+use std::fmt;
+
+use serde::Deserialize;
+use serde::de::{self, Deserializer, SeqAccess, Visitor};
+
 use super::graph::{Enablement, MeshSource, Need, StageCatalog, StageDef};
 use crate::campaign::config::Value;
 use crate::campaign::execution::Strategy;
-use crate::campaign::mesh::ParallelMesh;
+use crate::campaign::mesh::{ParallelMesh, ParallelMeshOverride, RawMesh};
 use crate::campaign::plan_error::PlanError;
-use crate::campaign::schema::{
-    check_keys, expect_map, expect_str_list, expect_u32, get, invalid, join,
-};
+use crate::campaign::schema::{Argv, AtLeast, get, invalid, join, key_path, read};
 
 impl StageCatalog {
     /// the module docs), else [`StageCatalog::puzzle`].
@@ -34,158 +37,221 @@ impl StageCatalog {
     }
 }
 
-const USER_STAGE_KEYS: [&str; 12] = [
-    "id",
-    "needs",
-    "strategy",
-    "instances",
-    "command",
-    "enabled",
-    "parallel",
-    "distributed",
-    "aggregate",
-    "resumable",
-    "outputs",
-    "validate",
-];
-
 fn parse_user_stage(file: &str, path: &str, node: &Value) -> Result<StageDef, PlanError> {
-    let m = expect_map(file, path, node)?;
-    check_keys(file, path, m, &USER_STAGE_KEYS)?;
-    let id = match get(node, "id") {
-        Some(Value::String(s)) => {
-            check_stage_id(file, &join(path, "id"), s)?;
-            s.clone()
-        }
-        Some(other) => return Err(invalid(file, &join(path, "id"), other, "a stage id")),
-        None => {
-            return Err(PlanError::MissingField {
-                file: file.into(),
-                path: join(path, "id"),
-                expected: "the stage id".into(),
-            });
-        }
+    let raw: RawUserStage = read(file, key_path(path), node)?;
+    let Some(StageId(id)) = raw.id else {
+        return Err(PlanError::MissingField {
+            file: file.into(),
+            path: join(path, "id"),
+            expected: "the stage id".into(),
+        });
     };
     let mut def = StageDef::new(&id);
-    let needs = match get(node, "needs") {
-        None => Vec::new(),
-        Some(Value::String(s)) => vec![s.clone()],
-        Some(n) => expect_str_list(file, &join(path, "needs"), n)?,
-    };
-    def.needs = needs.iter().map(|p| Need::on(p)).collect();
-    if let Some(v) = get(node, "strategy").filter(|v| !v.is_null()) {
-        def.strategy = Strategy::from_value(file, &join(path, "strategy"), v)?;
+    def.needs = raw
+        .needs
+        .map(|n| n.0)
+        .unwrap_or_default()
+        .iter()
+        .map(|p| Need::on(p))
+        .collect();
+    if let Some(s) = raw.strategy {
+        def.strategy = s;
     }
-    if let Some(v) = get(node, "instances").filter(|v| !v.is_null()) {
-        def.instances = expect_u32(file, &join(path, "instances"), v, 1)?;
+    if let Some(AtLeast(n)) = raw.instances {
+        def.instances = n;
     }
-    match get(node, "command") {
-        None | Some(Value::Null) => {}
-        Some(Value::List(_)) => {
-            def.command = expect_str_list(
-                file,
-                &join(path, "command"),
-                get(node, "command").unwrap_or(&Value::Null),
-            )?
-        }
-        Some(other) => {
-            return Err(invalid(
-                file,
-                &join(path, "command"),
-                other,
-                "a list of arguments (argv), e.g. [python, train.py]; commands never go through a shell",
-            ));
-        }
+    if let Some(Argv(c)) = raw.command {
+        def.command = c;
     }
-    match get(node, "enabled") {
-        None | Some(Value::Null) => {}
-        Some(Value::Bool(true)) => def.enabled = Enablement::Always,
-        Some(Value::Bool(false)) => def.enabled = Enablement::Never,
-        Some(Value::String(key)) => {
+    match raw.enabled {
+        None => {}
+        Some(RawEnabled::Bool(true)) => def.enabled = Enablement::Always,
+        Some(RawEnabled::Bool(false)) => def.enabled = Enablement::Never,
+        Some(RawEnabled::Key(key)) => {
             def.enabled = Enablement::Key {
-                path: key.clone(),
+                path: key,
                 default: false,
             }
         }
-        Some(other) => {
-            return Err(invalid(
-                file,
-                &join(path, "enabled"),
-                other,
-                "true, false or the dotted key of a boolean",
-            ));
-        }
     }
-    if let Some(v) = get(node, "parallel").filter(|v| !v.is_null()) {
-        def.mesh = MeshSource::Fixed(ParallelMesh::from_mapping(
-            file,
-            &join(path, "parallel"),
-            v,
-        )?);
+    if let Some(m) = raw.parallel {
+        let mesh = ParallelMeshOverride::from(m).apply(ParallelMesh::SINGLE);
+        mesh.validate(&join(path, "parallel"))?;
+        def.mesh = MeshSource::Fixed(mesh);
     }
-    if let Some(n) = get(node, "outputs").filter(|v| !v.is_null()) {
-        let p = join(path, "outputs");
-        def.outputs = expect_str_list(file, &p, n)?;
-        for (i, o) in def.outputs.iter().enumerate() {
-            let rel = std::path::Path::new(o);
-            let inside = !o.is_empty()
-                && rel.is_relative()
-                && rel
-                    .components()
-                    .all(|c| matches!(c, std::path::Component::Normal(_)));
-            if !inside {
-                return Err(invalid(
-                    file,
-                    &format!("{p}[{i}]"),
-                    &Value::String(o.clone()),
-                    "a path relative to the unit's output folder, without `..`",
-                ));
-            }
-        }
+    if let Some(Outputs(o)) = raw.outputs {
+        def.outputs = o;
     }
-    if let Some(n) = get(node, "validate").filter(|v| !v.is_null()) {
-        let p = join(path, "validate");
-        match n {
-            Value::List(_) => def.validate = expect_str_list(file, &p, n)?,
-            other => {
-                return Err(invalid(
-                    file,
-                    &p,
-                    other,
-                    "a list of arguments (argv), e.g. [python, check.py]; commands never go through a shell",
-                ));
-            }
-        }
+    if let Some(Argv(v)) = raw.validate {
+        def.validate = v;
     }
-    for (key, slot) in [
-        ("distributed", &mut def.distributed),
-        ("aggregate", &mut def.aggregate),
-        ("resumable", &mut def.resumable),
+    for (value, slot) in [
+        (raw.distributed, &mut def.distributed),
+        (raw.aggregate, &mut def.aggregate),
+        (raw.resumable, &mut def.resumable),
     ] {
-        match get(node, key) {
-            None | Some(Value::Null) => {}
-            Some(Value::Bool(b)) => *slot = *b,
-            Some(other) => return Err(invalid(file, &join(path, key), other, "true or false")),
+        if let Some(b) = value {
+            *slot = b;
         }
     }
     Ok(def)
 }
 
-fn check_stage_id(file: &str, path: &str, id: &str) -> Result<(), PlanError> {
-    if !id.is_empty()
+/// A user stage as written in a `stages:` list. Every key is optional here (an explicit `null`
+/// is the same as an absent key); `id` is required by [`parse_user_stage`].
+#[derive(Deserialize)]
+#[serde(
+    deny_unknown_fields,
+    expecting = "a stage mapping {id, needs, strategy, command, ...}"
+)]
+struct RawUserStage {
+    id: Option<StageId>,
+    needs: Option<Needs>,
+    strategy: Option<Strategy>,
+    instances: Option<AtLeast<1>>,
+    command: Option<Argv>,
+    enabled: Option<RawEnabled>,
+    parallel: Option<RawMesh>,
+    distributed: Option<bool>,
+    aggregate: Option<bool>,
+    resumable: Option<bool>,
+    outputs: Option<Outputs>,
+    validate: Option<Argv>,
+}
+
+/// Whether a stage id is valid: 1 to 200 letters, digits, `-`, `_` and `.`, not starting
+/// with `.`.
+fn is_stage_id(id: &str) -> bool {
+    !id.is_empty()
         && id.len() <= 200
         && id
             .chars()
             .all(|c| c.is_ascii_alphanumeric() || "-_.".contains(c))
         && !id.starts_with('.')
-    {
-        Ok(())
-    } else {
-        Err(PlanError::InvalidValue {
-            file: file.into(),
-            path: path.into(),
-            value: format!("{id:?}"),
-            expected: "a stage id of letters, digits, '-', '_' and '.'".into(),
-        })
+}
+
+/// A checked stage id ([`is_stage_id`]).
+struct StageId(String);
+
+impl<'de> Deserialize<'de> for StageId {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct V;
+        impl Visitor<'_> for V {
+            type Value = StageId;
+            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str("a stage id of letters, digits, '-', '_' and '.'")
+            }
+            fn visit_str<E: de::Error>(self, s: &str) -> Result<StageId, E> {
+                if is_stage_id(s) {
+                    Ok(StageId(s.to_string()))
+                } else {
+                    Err(E::invalid_value(de::Unexpected::Str(s), &self))
+                }
+            }
+        }
+        d.deserialize_any(V)
+    }
+}
+
+/// `needs`: one stage id or a list of them.
+struct Needs(Vec<String>);
+
+impl<'de> Deserialize<'de> for Needs {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct V;
+        impl<'de> Visitor<'de> for V {
+            type Value = Needs;
+            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str("a stage id or a list of stage ids")
+            }
+            fn visit_str<E: de::Error>(self, s: &str) -> Result<Needs, E> {
+                Ok(Needs(vec![s.to_string()]))
+            }
+            fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Needs, A::Error> {
+                let mut out = Vec::with_capacity(seq.size_hint().unwrap_or(0));
+                while let Some(s) = seq.next_element::<String>()? {
+                    out.push(s);
+                }
+                Ok(Needs(out))
+            }
+        }
+        d.deserialize_any(V)
+    }
+}
+
+/// `enabled`: `true`, `false` or the dotted key of a boolean in the experiment.
+enum RawEnabled {
+    Bool(bool),
+    Key(String),
+}
+
+impl<'de> Deserialize<'de> for RawEnabled {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct V;
+        impl Visitor<'_> for V {
+            type Value = RawEnabled;
+            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str("true, false or the dotted key of a boolean")
+            }
+            fn visit_bool<E: de::Error>(self, b: bool) -> Result<RawEnabled, E> {
+                Ok(RawEnabled::Bool(b))
+            }
+            fn visit_str<E: de::Error>(self, s: &str) -> Result<RawEnabled, E> {
+                Ok(RawEnabled::Key(s.to_string()))
+            }
+        }
+        d.deserialize_any(V)
+    }
+}
+
+/// One declared output: a path relative to the unit's output folder, without `..`.
+struct OutputPath(String);
+
+impl<'de> Deserialize<'de> for OutputPath {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct V;
+        impl Visitor<'_> for V {
+            type Value = OutputPath;
+            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str("a path relative to the unit's output folder, without `..`")
+            }
+            fn visit_str<E: de::Error>(self, o: &str) -> Result<OutputPath, E> {
+                let rel = std::path::Path::new(o);
+                let inside = !o.is_empty()
+                    && rel.is_relative()
+                    && rel
+                        .components()
+                        .all(|c| matches!(c, std::path::Component::Normal(_)));
+                if inside {
+                    Ok(OutputPath(o.to_string()))
+                } else {
+                    Err(E::invalid_value(de::Unexpected::Str(o), &self))
+                }
+            }
+        }
+        d.deserialize_any(V)
+    }
+}
+
+/// `outputs`: a list of [`OutputPath`]s.
+struct Outputs(Vec<String>);
+
+impl<'de> Deserialize<'de> for Outputs {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct V;
+        impl<'de> Visitor<'de> for V {
+            type Value = Outputs;
+            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str("a list of paths relative to the unit's output folder")
+            }
+            fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Outputs, A::Error> {
+                let mut out = Vec::with_capacity(seq.size_hint().unwrap_or(0));
+                while let Some(OutputPath(o)) = seq.next_element()? {
+                    out.push(o);
+                }
+                Ok(Outputs(out))
+            }
+        }
+        d.deserialize_any(V)
     }
 }

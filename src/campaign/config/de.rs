@@ -13,7 +13,47 @@ use super::value::Value;
 #[derive(Debug, Clone, PartialEq)]
 pub(crate) struct DeError {
     pub path: Option<KeyPath>,
+    /// serde's full message (`invalid type: string "x", expected u32`).
     pub message: String,
+    /// What went wrong, structured, for the planner's typed errors.
+    pub kind: DeErrorKind,
+    /// A short rendering of the value at `path` (set with the path), for error messages.
+    pub value: Option<String>,
+}
+
+/// The structured reason of a [`DeError`].
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) enum DeErrorKind {
+    /// A key that a `deny_unknown_fields` struct does not have (the error's path ends with it).
+    UnknownField {
+        /// The keys valid there.
+        valid: &'static [&'static str],
+        /// The closest valid key, if close enough.
+        suggestion: Option<&'static str>,
+    },
+    /// A required key is absent under the error's path.
+    MissingField {
+        /// The key.
+        field: &'static str,
+    },
+    /// A value of the wrong type or out of range (also an unknown enum variant).
+    Invalid {
+        /// What would have been accepted.
+        expected: String,
+    },
+    /// Any other message (`message`).
+    Custom,
+}
+
+impl DeError {
+    fn new(message: String, kind: DeErrorKind) -> Self {
+        DeError {
+            path: None,
+            message,
+            kind,
+            value: None,
+        }
+    }
 }
 
 impl fmt::Display for DeError {
@@ -29,10 +69,41 @@ impl std::error::Error for DeError {}
 
 impl de::Error for DeError {
     fn custom<T: fmt::Display>(msg: T) -> Self {
-        DeError {
-            path: None,
-            message: msg.to_string(),
-        }
+        DeError::new(msg.to_string(), DeErrorKind::Custom)
+    }
+
+    fn invalid_type(unexp: de::Unexpected<'_>, exp: &dyn de::Expected) -> Self {
+        DeError::new(
+            format!("invalid type: {unexp}, expected {exp}"),
+            DeErrorKind::Invalid {
+                expected: exp.to_string(),
+            },
+        )
+    }
+
+    fn invalid_value(unexp: de::Unexpected<'_>, exp: &dyn de::Expected) -> Self {
+        DeError::new(
+            format!("invalid value: {unexp}, expected {exp}"),
+            DeErrorKind::Invalid {
+                expected: exp.to_string(),
+            },
+        )
+    }
+
+    fn invalid_length(len: usize, exp: &dyn de::Expected) -> Self {
+        DeError::new(
+            format!("invalid length {len}, expected {exp}"),
+            DeErrorKind::Invalid {
+                expected: exp.to_string(),
+            },
+        )
+    }
+
+    fn missing_field(field: &'static str) -> Self {
+        DeError::new(
+            format!("missing field `{field}`"),
+            DeErrorKind::MissingField { field },
+        )
     }
 
     fn unknown_field(field: &str, expected: &'static [&'static str]) -> Self {
@@ -48,13 +119,17 @@ impl de::Error for DeError {
                     .join(", ")
             )
         };
-        if let Some(s) = did_you_mean(field, expected) {
+        let suggestion = did_you_mean(field, expected);
+        if let Some(s) = suggestion {
             message.push_str(&format!(" (did you mean `{s}`?)"));
         }
-        DeError {
-            path: None,
+        DeError::new(
             message,
-        }
+            DeErrorKind::UnknownField {
+                valid: expected,
+                suggestion,
+            },
+        )
     }
 
     fn unknown_variant(variant: &str, expected: &'static [&'static str]) -> Self {
@@ -66,13 +141,12 @@ impl de::Error for DeError {
                 .collect::<Vec<_>>()
                 .join(", ")
         );
+        let mut wanted = format!("one of {}", expected.join(", "));
         if let Some(s) = did_you_mean(variant, expected) {
             message.push_str(&format!(" (did you mean `{s}`?)"));
+            wanted.push_str(&format!(" (did you mean `{s}`?)"));
         }
-        DeError {
-            path: None,
-            message,
-        }
+        DeError::new(message, DeErrorKind::Invalid { expected: wanted })
     }
 }
 
@@ -127,13 +201,24 @@ fn levenshtein(a: &str, b: &str) -> usize {
     prev[b.len()]
 }
 
-fn at<T>(r: Result<T, DeError>, path: &KeyPath) -> Result<T, DeError> {
+/// Sets the error's path (and the rendering of the value there) if no inner node set it.
+fn at<T>(r: Result<T, DeError>, path: &KeyPath, value: &Value) -> Result<T, DeError> {
     r.map_err(|mut e| {
         if e.path.is_none() {
             e.path = Some(path.clone());
+            e.value = Some(crate::campaign::schema::describe(value));
         }
         e
     })
+}
+
+/// Converts `value`, found at `path` of its tree, to `T` without copying it; error paths are
+/// full paths from the root.
+pub(crate) fn deserialize_at<T: de::DeserializeOwned>(
+    value: &Value,
+    path: KeyPath,
+) -> Result<T, DeError> {
+    T::deserialize(ValueDe { value, path })
 }
 
 /// Deserializer over one node.
@@ -163,14 +248,17 @@ impl<'de> de::Deserializer<'de> for ValueDe<'_> {
                 path: self.path,
             }),
         };
-        at(r, &path)
+        at(r, &path, self.value)
     }
 
     fn deserialize_option<V: Visitor<'de>>(self, visitor: V) -> Result<V::Value, DeError> {
         let path = self.path.clone();
         match self.value {
-            Value::Null => at(visitor.visit_none(), &path),
-            _ => at(visitor.visit_some(self), &path),
+            Value::Null => at(visitor.visit_none(), &path, self.value),
+            _ => {
+                let value = self.value;
+                at(visitor.visit_some(self), &path, value)
+            }
         }
     }
 
@@ -180,13 +268,14 @@ impl<'de> de::Deserializer<'de> for ValueDe<'_> {
         visitor: V,
     ) -> Result<V::Value, DeError> {
         let path = self.path.clone();
-        at(visitor.visit_newtype_struct(self), &path)
+        let value = self.value;
+        at(visitor.visit_newtype_struct(self), &path, value)
     }
 
     fn deserialize_enum<V: Visitor<'de>>(
         self,
         _name: &'static str,
-        _variants: &'static [&'static str],
+        variants: &'static [&'static str],
         visitor: V,
     ) -> Result<V::Value, DeError> {
         let path = self.path.clone();
@@ -202,10 +291,10 @@ impl<'de> de::Deserializer<'de> for ValueDe<'_> {
             }
             other => Err(de::Error::invalid_type(
                 unexpected(other),
-                &"an enum variant",
+                &format!("one of {}", variants.join(", ")).as_str(),
             )),
         };
-        at(r, &path)
+        at(r, &path, self.value)
     }
 
     serde::forward_to_deserialize_any! {
@@ -268,7 +357,7 @@ impl<'de> de::MapAccess<'de> for MapDe<'_> {
                 self.pending = Some((k, v));
                 let path = self.path.child_key(k);
                 let kd: de::value::StrDeserializer<'_, DeError> = k.as_str().into_deserializer();
-                at(seed.deserialize(kd), &path).map(Some)
+                at(seed.deserialize(kd), &path, v).map(Some)
             }
         }
     }

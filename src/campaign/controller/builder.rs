@@ -52,6 +52,7 @@ pub struct CampaignControllerBuilder {
     require_success_marker: bool,
     heartbeat: HashMap<String, Duration>,
     exclude_node_after: Option<u32>,
+    prompt: Option<Arc<dyn super::controls::DecisionPrompt>>,
 }
 
 impl Default for CampaignControllerBuilder {
@@ -83,6 +84,7 @@ impl Default for CampaignControllerBuilder {
             require_success_marker: true,
             heartbeat: HashMap::new(),
             exclude_node_after: Some(2),
+            prompt: None,
         }
     }
 }
@@ -225,6 +227,18 @@ impl CampaignControllerBuilder {
         self.notifier = Some(notifier);
         self
     }
+    /// Who answers manual decisions (post-MIP filters with `mode: manual`): e.g.
+    /// [`TerminalControls::prompter`](super::TerminalControls::prompter) on a terminal, a
+    /// numbered prompt. Without one (the default, and off a terminal) the controller journals
+    /// and notifies [`ControllerEvent::DecisionNeeded`](super::ControllerEvent::DecisionNeeded)
+    /// and waits for the decision file (`<campaign>/decisions/<stage>.txt`), checked every
+    /// iteration, while other stages go on. A decision file already present is used first,
+    /// without asking. The prompt blocks the loop while it waits (jobs keep running; their
+    /// ends are seen after the answer); an end of input falls back to the decision file.
+    pub fn decision_prompt(mut self, prompt: Arc<dyn super::controls::DecisionPrompt>) -> Self {
+        self.prompt = Some(prompt);
+        self
+    }
     /// Control requests (menu, signals). See [`TerminalControls`](super::TerminalControls).
     pub fn controls(mut self, rx: mpsc::UnboundedReceiver<Control>) -> Self {
         self.controls = Some(rx);
@@ -341,6 +355,7 @@ impl CampaignControllerBuilder {
                 pools: self.pools,
                 heartbeat: self.heartbeat,
                 exclude_node_after: self.exclude_node_after,
+                prompt: self.prompt,
             },
             io: Collaborators {
                 executor,
@@ -376,8 +391,9 @@ impl CampaignControllerBuilder {
 /// [module docs](super)); a folder holding only these is accepted as a campaign folder even
 /// before its `controller/` folder exists (e.g. a local executor's `attempts/` root created
 /// just before [`build`](CampaignControllerBuilder::build)).
-const OWN_ENTRIES: [&str; 6] = [
+const OWN_ENTRIES: [&str; 7] = [
     "controller",
+    "decisions",
     "logs",
     "work",
     "queues",
@@ -393,7 +409,7 @@ const OWN_ENTRIES: [&str; 6] = [
 ///
 /// Accepted: a missing or empty folder, a folder with a `controller/` folder (a campaign
 /// this library created), or one holding only folders the controller itself creates
-/// (`logs`, `work`, `queues`, `.puzzletron`, `attempts`). Like a sweep's store, a campaign is
+/// (`logs`, `work`, `queues`, `.puzzletron`, `attempts`, `decisions`). Like a sweep's store, a campaign is
 /// never scattered into an unrelated non-empty folder.
 ///
 /// # Errors

@@ -8,8 +8,15 @@
 //!
 //! Off a terminal (CI, `nohup`, a pipe) the key reader is inert, and SIGINT/SIGTERM request a
 //! clean cancel. On a terminal SIGTERM does the same (Ctrl-C arrives as a key there).
+//!
+//! Manual decisions (post-MIP filters with `mode: manual`): on a terminal,
+//! [`TerminalControls::prompter`] gives a [`DecisionPrompt`] that pauses the key reader,
+//! shows the candidates numbered from 1 and reads a line ([`prompt_choice`], parsed by
+//! [`choose_revisions`]); off a terminal there is no prompter and the controller waits for the
+//! decision file instead.
 
-use std::io::{IsTerminal, Write};
+use std::io::{BufRead, IsTerminal, Write};
+use std::path::Path;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 
@@ -50,6 +57,10 @@ pub fn menu_step(state: MenuState, key: u8) -> (MenuState, Option<Control>) {
 /// terminal.
 pub struct TerminalControls {
     stop: Arc<AtomicBool>,
+    /// Set while a prompt owns the terminal: the key reader stops reading.
+    paused: Arc<AtomicBool>,
+    /// Set by the key reader once it has seen `paused` (it reads nothing until cleared).
+    parked: Arc<AtomicBool>,
     saved: Option<libc::termios>,
     thread: Option<std::thread::JoinHandle<()>>,
     signals: Option<tokio::task::JoinHandle<()>>,
@@ -75,15 +86,19 @@ impl TerminalControls {
         let interactive = std::io::stdin().is_terminal();
         let signals = Some(spawn_signals(tx.clone(), !interactive)?);
         let stop = Arc::new(AtomicBool::new(false));
+        let paused = Arc::new(AtomicBool::new(false));
+        let parked = Arc::new(AtomicBool::new(false));
         let mut me = TerminalControls {
             stop: stop.clone(),
+            paused: paused.clone(),
+            parked: parked.clone(),
             saved: None,
             thread: None,
             signals,
         };
         if interactive {
             me.saved = raw_mode()?;
-            me.thread = Some(spawn_reader(tx, stop));
+            me.thread = Some(spawn_reader(tx, stop, paused, parked));
         }
         Ok((me, rx))
     }
@@ -91,6 +106,114 @@ impl TerminalControls {
     /// Whether keys are read (stdin is a terminal).
     pub fn is_interactive(&self) -> bool {
         self.saved.is_some()
+    }
+
+    /// On a terminal, the [`DecisionPrompt`] to give to
+    /// [`CampaignControllerBuilder::decision_prompt`](super::CampaignControllerBuilder::decision_prompt):
+    /// it pauses the key reader, restores the terminal's line mode, asks with
+    /// [`prompt_choice`] on stderr, and goes back to single keys. `None` off a terminal (the
+    /// controller then waits for the decision file).
+    pub fn prompter(&self) -> Option<Arc<dyn DecisionPrompt>> {
+        let saved = self.saved?;
+        Some(Arc::new(TerminalPrompt {
+            paused: self.paused.clone(),
+            parked: self.parked.clone(),
+            saved,
+        }))
+    }
+}
+
+/// Answers manual decisions (see
+/// [`CampaignControllerBuilder::decision_prompt`](super::CampaignControllerBuilder::decision_prompt)).
+pub trait DecisionPrompt: Send + Sync {
+    /// Asks which of `candidates` the decision stage `stage` keeps. `file` is the decision
+    /// file the controller also accepts (worth naming to the person). Returns the chosen
+    /// candidates in candidate order (empty: none), or `None` when no answer can come (end of
+    /// input): the controller then waits for the decision file and does not ask again.
+    fn ask(&self, stage: &str, candidates: &[String], file: &Path) -> Option<Vec<String>>;
+}
+
+/// The numbered prompt of a manual decision, over any reader and writer (the terminal's are
+/// stdin and stderr): lists `candidates` numbered from 1, then reads lines until one parses
+/// with [`choose_revisions`], showing the error and asking again after a bad one. An empty
+/// line asks again (type `none` to keep none).
+///
+/// # Errors
+/// Read and write errors. `Ok(None)` at the end of input.
+pub fn prompt_choice<R: BufRead, W: Write>(
+    input: &mut R,
+    out: &mut W,
+    stage: &str,
+    candidates: &[String],
+    file: &Path,
+) -> std::io::Result<Option<Vec<String>>> {
+    writeln!(
+        out,
+        "\r\n[campaign] stage {stage} needs a decision: which candidates go on?"
+    )?;
+    for (i, c) in candidates.iter().enumerate() {
+        writeln!(out, "  {}. {c}", i + 1)?;
+    }
+    writeln!(
+        out,
+        "(or press Ctrl-D and write the decision file {} instead)",
+        file.display()
+    )?;
+    loop {
+        write!(
+            out,
+            "choose: numbers or ids (spaces or commas), `all` or `none`: "
+        )?;
+        out.flush()?;
+        let mut line = String::new();
+        if input.read_line(&mut line)? == 0 {
+            writeln!(out)?;
+            return Ok(None);
+        }
+        if line.trim().is_empty() {
+            writeln!(out, "nothing chosen; type `none` to keep none")?;
+            continue;
+        }
+        match choose_revisions(&line, candidates) {
+            Ok(c) => return Ok(Some(c)),
+            Err(e) => writeln!(out, "{e}")?,
+        }
+    }
+}
+
+/// [`TerminalControls::prompter`]'s prompt.
+struct TerminalPrompt {
+    paused: Arc<AtomicBool>,
+    parked: Arc<AtomicBool>,
+    saved: libc::termios,
+}
+
+impl DecisionPrompt for TerminalPrompt {
+    fn ask(&self, stage: &str, candidates: &[String], file: &Path) -> Option<Vec<String>> {
+        self.parked.store(false, Ordering::SeqCst);
+        self.paused.store(true, Ordering::SeqCst);
+        // The key reader checks the flag at least every 100 ms.
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(1);
+        while !self.parked.load(Ordering::SeqCst) && std::time::Instant::now() < deadline {
+            std::thread::sleep(std::time::Duration::from_millis(10));
+        }
+        // SAFETY: reading and setting attributes of fd 0 with termios values read from it.
+        let mut raw: libc::termios = unsafe { std::mem::zeroed() };
+        let have_raw = unsafe { libc::tcgetattr(0, &mut raw) } == 0;
+        unsafe { libc::tcsetattr(0, libc::TCSANOW, &self.saved) };
+        let answer = prompt_choice(
+            &mut std::io::stdin().lock(),
+            &mut std::io::stderr(),
+            stage,
+            candidates,
+            file,
+        );
+        if have_raw {
+            // SAFETY: as above.
+            unsafe { libc::tcsetattr(0, libc::TCSANOW, &raw) };
+        }
+        self.paused.store(false, Ordering::SeqCst);
+        answer.ok().flatten()
     }
 }
 
@@ -128,10 +251,21 @@ fn raw_mode() -> std::io::Result<Option<libc::termios>> {
     Ok(Some(saved))
 }
 
-fn spawn_reader(tx: ControlSender, stop: Arc<AtomicBool>) -> std::thread::JoinHandle<()> {
+fn spawn_reader(
+    tx: ControlSender,
+    stop: Arc<AtomicBool>,
+    paused: Arc<AtomicBool>,
+    parked: Arc<AtomicBool>,
+) -> std::thread::JoinHandle<()> {
     std::thread::spawn(move || {
         let mut state = MenuState::Closed;
         while !stop.load(Ordering::Relaxed) {
+            if paused.load(Ordering::SeqCst) {
+                // A prompt owns the terminal: read nothing until it is done.
+                parked.store(true, Ordering::SeqCst);
+                std::thread::sleep(std::time::Duration::from_millis(20));
+                continue;
+            }
             let mut pfd = libc::pollfd {
                 fd: 0,
                 events: libc::POLLIN,
@@ -139,7 +273,7 @@ fn spawn_reader(tx: ControlSender, stop: Arc<AtomicBool>) -> std::thread::JoinHa
             };
             // SAFETY: one valid pollfd; 100 ms timeout so the stop flag is seen.
             let n = unsafe { libc::poll(&mut pfd, 1, 100) };
-            if n <= 0 {
+            if n <= 0 || paused.load(Ordering::SeqCst) {
                 continue;
             }
             let mut b = [0u8; 1];
@@ -267,6 +401,47 @@ mod tests {
         assert!(e.contains("\"zz\"") && e.contains("r2-ef56"), "{e}");
     }
 
+    #[test]
+    fn the_prompt_asks_again_after_a_bad_answer_and_returns_the_choice() {
+        let cands: Vec<String> = ["post.f.eval:0", "post.f.eval:1", "post.f.eval:2"]
+            .iter()
+            .map(|s| s.to_string())
+            .collect();
+        let file = Path::new("/c/decisions/post.f.pick.txt");
+        let mut input = std::io::Cursor::new(&b"7\n\n3, post.f.eval:0\n"[..]);
+        let mut out = Vec::new();
+        let got = prompt_choice(&mut input, &mut out, "post.f.pick", &cands, file).unwrap();
+        assert_eq!(
+            got,
+            Some(vec![
+                "post.f.eval:0".to_string(),
+                "post.f.eval:2".to_string()
+            ])
+        );
+        let text = String::from_utf8(out).unwrap();
+        assert!(
+            text.contains("stage post.f.pick needs a decision"),
+            "{text}"
+        );
+        assert!(text.contains("  1. post.f.eval:0\n  2. post.f.eval:1\n  3. post.f.eval:2\n"));
+        assert!(text.contains("/c/decisions/post.f.pick.txt"), "{text}");
+        // The bad token's message, then the empty line's, then the prompt a third time.
+        assert!(
+            text.contains("7: no revision number 7; choose 1 to 3"),
+            "{text}"
+        );
+        assert!(text.contains("type `none` to keep none"), "{text}");
+        assert_eq!(text.matches("choose: numbers or ids").count(), 3, "{text}");
+
+        // `none` is an answer; the end of input is not.
+        let mut input = std::io::Cursor::new(&b"none\n"[..]);
+        let got = prompt_choice(&mut input, &mut Vec::new(), "s", &cands, file).unwrap();
+        assert_eq!(got, Some(vec![]));
+        let mut input = std::io::Cursor::new(&b"zz\n"[..]);
+        let got = prompt_choice(&mut input, &mut Vec::new(), "s", &cands, file).unwrap();
+        assert_eq!(got, None);
+    }
+
     #[tokio::test]
     async fn off_a_terminal_the_reader_is_inert_and_sigterm_cancels() {
         // Under `cargo test` stdin is not a terminal.
@@ -275,6 +450,7 @@ mod tests {
         }
         let (c, mut rx) = TerminalControls::start().unwrap();
         assert!(!c.is_interactive());
+        assert!(c.prompter().is_none(), "no prompt off a terminal");
         // SAFETY: sending SIGTERM to ourselves; the handler installed above catches it.
         unsafe { libc::kill(libc::getpid(), libc::SIGTERM) };
         let got = tokio::time::timeout(std::time::Duration::from_secs(5), rx.recv()).await;

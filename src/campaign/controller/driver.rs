@@ -107,6 +107,8 @@ pub(super) struct Settings {
     pub heartbeat: HashMap<String, Duration>,
     /// Fail-fast attempts on a node before it is excluded; `None`: never.
     pub exclude_node_after: Option<u32>,
+    /// Asks a person for manual decisions (a terminal); `None`: the decision file only.
+    pub prompt: Option<Arc<dyn super::controls::DecisionPrompt>>,
 }
 
 /// What the controller talks to: the executor, the clock, the journal and lease, observers.
@@ -132,6 +134,10 @@ pub(super) struct Counters {
     pub accounting_pending: usize,
     pub pool_restarts: HashMap<usize, (u32, usize)>,
     pub submits_this_process: u64,
+    /// Decision stages whose prompt got no answer (end of input): not asked again.
+    pub prompt_declined: HashSet<String>,
+    /// The last invalid-decision-file message reported per stage (reported once).
+    pub decision_errors: HashMap<String, String>,
 }
 
 impl std::fmt::Debug for CampaignController {
@@ -441,6 +447,7 @@ impl CampaignController {
             return Ok(flow);
         }
         progressed |= self.advance_stages().await?;
+        progressed |= self.advance_decisions()?;
         let open = self
             .state
             .stages
@@ -547,6 +554,16 @@ impl CampaignController {
         })
     }
 
+    /// Whether `s` is a manual decision stage whose parents are done and that waits for a
+    /// person.
+    pub(super) fn awaits_decision(&self, s: &super::state::StageRt) -> bool {
+        s.decision
+            && s.status == StageStatus::Open
+            && s.parents
+                .iter()
+                .all(|&p| self.state.stages[p].status == StageStatus::Done)
+    }
+
     /// Per-stage progress (for the live view and reports).
     pub fn progress(&self) -> Vec<StageProgress> {
         self.state
@@ -558,7 +575,9 @@ impl CampaignController {
                     status: match s.status {
                         StageStatus::Done => "done",
                         StageStatus::Failed => "failed",
+                        StageStatus::Skipped => "skipped",
                         StageStatus::Open if self.blocked(s) => "blocked",
+                        StageStatus::Open if self.awaits_decision(s) => "decision",
                         StageStatus::Open if s.started_ms.is_some() => "running",
                         StageStatus::Open => "waiting",
                     }
@@ -631,8 +650,23 @@ impl CampaignController {
                         logs,
                     });
                 }
+                StageStatus::Skipped => r.skipped.push(s.id.clone()),
                 StageStatus::Open if self.blocked(s) => r.blocked.push(s.id.clone()),
-                StageStatus::Open => r.unfinished.push(s.id.clone()),
+                StageStatus::Open => {
+                    if self.awaits_decision(s) {
+                        r.decisions.push(super::report::PendingDecision {
+                            stage: s.id.clone(),
+                            file: super::spec::decision_file(&self.dir, &s.id),
+                            candidates: self
+                                .plan
+                                .stage(&s.id)
+                                .and_then(|p| p.decision.as_ref())
+                                .map(|d| d.candidates.clone())
+                                .unwrap_or_default(),
+                        });
+                    }
+                    r.unfinished.push(s.id.clone())
+                }
             }
         }
         r

@@ -10,6 +10,7 @@
 //! Stability: variants and fields are only ever added (`#[non_exhaustive]`); the kinds of
 //! existing variants do not change.
 
+use std::path::PathBuf;
 use std::time::Duration;
 
 use serde::Serialize;
@@ -187,6 +188,38 @@ pub enum ControllerEvent {
         /// Attempts cancelled.
         cancelled: usize,
     },
+    /// A manual decision stage (a post-MIP filter with `mode: manual`) is ready: a person
+    /// must choose among the candidates, by writing the decision file (off a terminal) or at
+    /// the prompt. The stage waits; other stages go on. Notified (`--notify`).
+    DecisionNeeded {
+        /// The decision stage.
+        stage: String,
+        /// The decision file to write: `all`, `none`, or candidate numbers (from 1) and ids,
+        /// separated by spaces or commas.
+        file: PathBuf,
+        /// The candidates, numbered from 1.
+        candidates: Vec<String>,
+    },
+    /// The decision file does not parse (or cannot be read): the stage keeps waiting.
+    /// Reported once per content.
+    DecisionInvalid {
+        /// The decision stage.
+        stage: String,
+        /// The decision file.
+        file: PathBuf,
+        /// What is wrong: the bad token and the valid choices.
+        error: String,
+    },
+    /// A manual decision was made: the stage is done and its choice written to
+    /// `work/<stage>/0/selected.json`.
+    DecisionMade {
+        /// The decision stage.
+        stage: String,
+        /// The chosen candidates (empty: `none`).
+        chosen: Vec<String>,
+        /// Stages skipped because nothing was chosen (the stage's descendants).
+        skipped: Vec<String>,
+    },
     /// The controller stopped and left its attempts running (`run` again re-attaches).
     Detached {
         /// Attempts still live.
@@ -219,6 +252,9 @@ impl ControllerEvent {
             ControllerEvent::NodeExcluded { .. } => "node_excluded",
             ControllerEvent::RetryFailed { .. } => "retry_failed",
             ControllerEvent::ShutDown { .. } => "shut_down",
+            ControllerEvent::DecisionNeeded { .. } => "decision_needed",
+            ControllerEvent::DecisionInvalid { .. } => "decision_invalid",
+            ControllerEvent::DecisionMade { .. } => "decision_made",
             ControllerEvent::Detached { .. } => "detached",
         }
     }
@@ -237,6 +273,7 @@ impl ControllerEvent {
                 | ControllerEvent::AccountingPending { .. }
                 | ControllerEvent::CancelError { .. }
                 | ControllerEvent::NodeExcluded { .. }
+                | ControllerEvent::DecisionInvalid { .. }
         )
     }
 }
@@ -362,12 +399,55 @@ impl std::fmt::Display for ControllerEvent {
             ControllerEvent::ShutDown { reason, cancelled } => {
                 write!(f, "{reason}: {cancelled} attempts cancelled")
             }
+            ControllerEvent::DecisionNeeded {
+                stage,
+                file,
+                candidates,
+            } => write!(
+                f,
+                "stage {stage} needs a decision: write {} with `all`, `none`, or numbers/ids of: {}",
+                file.display(),
+                numbered(candidates)
+            ),
+            ControllerEvent::DecisionInvalid { stage, file, error } => write!(
+                f,
+                "decision file {} for stage {stage} is not valid: {error}; still waiting",
+                file.display()
+            ),
+            ControllerEvent::DecisionMade {
+                stage,
+                chosen,
+                skipped,
+            } => {
+                if chosen.is_empty() {
+                    write!(f, "stage {stage} decided: none chosen")?;
+                } else {
+                    write!(f, "stage {stage} decided: {}", chosen.join(", "))?;
+                }
+                if !skipped.is_empty() {
+                    write!(f, "; skipped: {}", skipped.join(", "))?;
+                }
+                Ok(())
+            }
             ControllerEvent::Detached { live } => write!(
                 f,
                 "stopped with {live} attempts live; run again to re-attach"
             ),
         }
     }
+}
+
+/// `1. a, 2. b`, or `-` for none.
+fn numbered(candidates: &[String]) -> String {
+    if candidates.is_empty() {
+        return "-".into();
+    }
+    candidates
+        .iter()
+        .enumerate()
+        .map(|(i, c)| format!("{}. {c}", i + 1))
+        .collect::<Vec<_>>()
+        .join(", ")
 }
 
 #[cfg(test)]
@@ -393,11 +473,57 @@ mod tests {
                 retry_in: Duration::from_secs(2),
             },
             ControllerEvent::Detached { live: 3 },
+            ControllerEvent::DecisionNeeded {
+                stage: "post.f.pick".into(),
+                file: PathBuf::from("/c/decisions/post.f.pick.txt"),
+                candidates: vec!["post.f.eval:0".into()],
+            },
+            ControllerEvent::DecisionInvalid {
+                stage: "post.f.pick".into(),
+                file: PathBuf::from("/c/decisions/post.f.pick.txt"),
+                error: "e".into(),
+            },
+            ControllerEvent::DecisionMade {
+                stage: "post.f.pick".into(),
+                chosen: vec![],
+                skipped: vec!["post.f.mat".into()],
+            },
         ];
         for e in evs {
             let v = serde_json::to_value(&e).unwrap();
             assert_eq!(v["kind"], e.kind(), "{e:?}");
         }
+    }
+
+    #[test]
+    fn decision_events_name_the_file_and_the_choices() {
+        let e = ControllerEvent::DecisionNeeded {
+            stage: "post.f.pick".into(),
+            file: PathBuf::from("/c/decisions/post.f.pick.txt"),
+            candidates: vec!["post.f.eval:0".into(), "post.f.eval:1".into()],
+        };
+        assert_eq!(
+            e.to_string(),
+            "stage post.f.pick needs a decision: write /c/decisions/post.f.pick.txt with `all`, \
+             `none`, or numbers/ids of: 1. post.f.eval:0, 2. post.f.eval:1"
+        );
+        assert!(!e.is_problem());
+        let made = ControllerEvent::DecisionMade {
+            stage: "post.f.pick".into(),
+            chosen: vec![],
+            skipped: vec!["post.f.mat".into()],
+        };
+        assert_eq!(
+            made.to_string(),
+            "stage post.f.pick decided: none chosen; skipped: post.f.mat"
+        );
+        let n = crate::report::NotifyEvent::from_event(std::path::Path::new("/c"), &e).unwrap();
+        assert_eq!(n.event, "decision_needed");
+        assert_eq!(n.stage.as_deref(), Some("post.f.pick"));
+        assert_eq!(n.detail["file"], "/c/decisions/post.f.pick.txt");
+        assert!(
+            crate::report::NotifyEvent::from_event(std::path::Path::new("/c"), &made).is_none()
+        );
     }
 
     #[test]

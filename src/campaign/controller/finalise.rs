@@ -324,7 +324,8 @@ impl CampaignController {
         let mut progressed = false;
         for si in 0..self.state.stages.len() {
             let s = self.state.stages[si].clone();
-            if s.status != StageStatus::Open {
+            // A manual decision stage ends by its decision (`advance_decisions`), not by units.
+            if s.status != StageStatus::Open || s.decision {
                 continue;
             }
             let failed_unit = s

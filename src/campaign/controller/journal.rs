@@ -150,6 +150,31 @@ pub enum Entry {
         /// Why.
         reason: String,
     },
+    /// A manual decision stage is ready and waits for a person: off a terminal, for the
+    /// decision file (journaled once per stage, so a restart does not announce it again).
+    DecisionNeeded {
+        /// The decision stage.
+        stage: String,
+        /// The decision file the controller reads.
+        file: PathBuf,
+        /// The candidates (work ids of the input stage), numbered from 1.
+        candidates: Vec<String>,
+    },
+    /// A person decided a manual decision stage (journaled with its `stage_done`, so a restart
+    /// never asks again).
+    DecisionMade {
+        /// The decision stage.
+        stage: String,
+        /// The chosen candidates, in candidate order (empty: `none`).
+        chosen: Vec<String>,
+    },
+    /// A stage will not run: a manual decision upstream chose no candidate.
+    StageSkipped {
+        /// Stage.
+        stage: String,
+        /// Why.
+        reason: String,
+    },
     /// Anything else worth keeping (recovery, halt, detach, lease, view).
     Event {
         /// Short kind, e.g. `recovered`, `halt`, `detach`.

@@ -15,13 +15,18 @@
 //! - [`spec`]: from a work unit to an [`AttemptSpec`](crate::executor::AttemptSpec)
 //!   (environment contract of payloads).
 //! - [`pool`]: the persistent-pool work queue and the worker-side [`PoolWorker`] API.
-//! - [`controls`]: [`TerminalControls`], [`choose_revisions`]; [`view`]: the live view;
-//!   [`report`]: [`CampaignReport`].
+//! - [`controls`]: [`TerminalControls`], [`choose_revisions`], [`DecisionPrompt`]; [`view`]:
+//!   the live view; [`report`]: [`CampaignReport`].
+//! - `decide` (private): manual decision stages (post-MIP filters with `mode: manual`): a
+//!   prompt on a terminal, else `decision_needed` and the decision file
+//!   `decisions/<stage>.txt`; the choice is journaled (`decision_made`) and written to
+//!   `work/<stage>/0/selected.json`; choosing none skips the stage's descendants.
 //!
 //! Campaign folder layout: `controller/{journal.jsonl, lease.json, lease.lock, plan.json}`,
 //! `logs/<attempt id>.log`, `work/<stage>/<index|agg>/` (outputs, checkpoints, `_SUCCESS`),
-//! `queues/<stage>/{pending,claimed,done,failed}/`, `.puzzletron/resolved-config.json`, and
-//! `attempts/` in local mode.
+//! `queues/<stage>/{pending,claimed,done,failed}/`, `.puzzletron/resolved-config.json`,
+//! `decisions/<stage>.txt` (manual decisions written by a person), and `attempts/` in local
+//! mode.
 //!
 //! Attempt ids are `<nonce>[r<revision>].<stage>.<index|agg>.a<n>`: the nonce is random per
 //! campaign folder, so a job is only ever adopted by the campaign that submitted it.
@@ -33,6 +38,7 @@ pub mod builder;
 pub mod classify;
 pub mod clock;
 pub mod controls;
+mod decide;
 pub mod driver;
 pub mod error;
 pub mod event;
@@ -56,7 +62,7 @@ pub use classify::{
     classify_hung, pending_verdict,
 };
 pub use clock::{Clock, SystemClock, VirtualClock};
-pub use controls::{TerminalControls, choose_revisions};
+pub use controls::{DecisionPrompt, TerminalControls, choose_revisions, prompt_choice};
 pub use driver::{CampaignController, Control, ControlSender, RunOptions};
 pub use error::ControllerError;
 pub use event::ControllerEvent;
@@ -64,6 +70,6 @@ pub use journal::{Entry, Journal, Record};
 pub use lease::{Lease, LeaseInfo};
 pub use policy::{Decision, RetryPolicy, UnitHistory, decide};
 pub use pool::{ClaimedItem, ItemOutcome, PoolItem, PoolWorker, QueueCounts, WorkQueue};
-pub use report::{CampaignReport, StageFailure, StageProgress};
+pub use report::{CampaignReport, PendingDecision, StageFailure, StageProgress};
 pub use shutdown::{cancel_campaign, has_campaign_tag};
 pub use view::ViewMode;

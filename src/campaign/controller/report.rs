@@ -12,7 +12,9 @@ use super::classify::FailureClass;
 pub struct StageProgress {
     /// Stage id.
     pub stage: String,
-    /// `waiting`, `running`, `done`, `failed` or `blocked` (a parent failed).
+    /// `waiting`, `running`, `done`, `failed`, `blocked` (a parent failed), `decision` (a
+    /// manual decision waits for a person) or `skipped` (a manual decision upstream chose
+    /// none).
     pub status: String,
     /// Units (work items plus the aggregate step).
     pub total: usize,
@@ -72,6 +74,23 @@ pub struct CampaignReport {
     pub live: usize,
     /// Per-stage progress at the end.
     pub stages: Vec<StageProgress>,
+    /// Stages skipped because a manual decision upstream chose no candidate.
+    #[serde(default)]
+    pub skipped: Vec<String>,
+    /// Manual decisions the campaign waits for (their stages are also in `unfinished`).
+    #[serde(default)]
+    pub decisions: Vec<PendingDecision>,
+}
+
+/// A manual decision stage waiting for a person.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PendingDecision {
+    /// The decision stage.
+    pub stage: String,
+    /// The decision file to write (`all`, `none`, candidate numbers from 1 or ids).
+    pub file: PathBuf,
+    /// The candidates, numbered from 1.
+    pub candidates: Vec<String>,
 }
 
 impl CampaignReport {
@@ -100,6 +119,22 @@ impl fmt::Display for CampaignReport {
                 f,
                 "not started (a parent failed): {}",
                 self.blocked.join(", ")
+            )?;
+        }
+        if !self.skipped.is_empty() {
+            writeln!(
+                f,
+                "skipped (a manual decision chose none): {}",
+                self.skipped.join(", ")
+            )?;
+        }
+        for d in &self.decisions {
+            writeln!(
+                f,
+                "DECISION NEEDED for {}: write {} (`all`, `none`, numbers 1-{} or ids)",
+                d.stage,
+                d.file.display(),
+                d.candidates.len()
             )?;
         }
         write!(

@@ -116,6 +116,22 @@ pub fn output_dir(campaign: &Path, stage: &str, item: Option<usize>) -> PathBuf 
     campaign.join("work").join(stage).join(leaf)
 }
 
+/// The decision file of manual decision stage `stage`: `<campaign>/decisions/<stage>.txt`.
+/// Its content uses [`choose_revisions`](super::choose_revisions)' grammar: `all`, `none`, or
+/// candidate numbers (from 1) and ids separated by spaces or commas.
+pub fn decision_file(campaign: &Path, stage: &str) -> PathBuf {
+    campaign.join(crate::campaign::decision_file_name(stage))
+}
+
+/// The file a manual decision stage writes its choice to:
+/// `<campaign>/work/<stage>/0/selected.json`.
+pub fn selection_file(campaign: &Path, stage: &str) -> PathBuf {
+    output_dir(campaign, stage, Some(0)).join(SELECTION_FILE)
+}
+
+/// File name of a manual decision's choice in its output folder.
+pub const SELECTION_FILE: &str = "selected.json";
+
 /// The queue folder of a pool stage.
 pub fn queue_dir(campaign: &Path, stage: &str) -> PathBuf {
     campaign.join("queues").join(stage)

@@ -90,6 +90,8 @@ pub(crate) enum StageStatus {
     Open,
     Done,
     Failed,
+    /// Not run: a manual decision upstream chose no candidate.
+    Skipped,
 }
 
 #[derive(Clone, Debug)]
@@ -104,6 +106,12 @@ pub(crate) struct StageRt {
     pub reason: Option<String>,
     pub started_ms: Option<u64>,
     pub ended_ms: Option<u64>,
+    /// A manual decision stage (no units; decided by a person).
+    pub decision: bool,
+    /// Its `decision_needed` is journaled (announced once).
+    pub decision_announced: bool,
+    /// What was chosen, once decided.
+    pub chosen: Option<Vec<String>>,
 }
 
 pub(crate) struct State {
@@ -153,12 +161,15 @@ impl State {
             .map(|(i, s)| (s.stage_id.as_str(), i))
             .collect();
         for (si, st) in plan.stages.iter().enumerate() {
+            let decision = st.decision.is_some();
             let mut units = Vec::with_capacity(st.work.items.len());
-            for (ii, _) in st.work.items.iter().enumerate() {
+            // A manual decision runs nothing: no units.
+            for (ii, _) in st.work.items.iter().enumerate().filter(|_| !decision) {
                 units.push(self.add_unit(format!("{}/{ii}", st.stage_id), si, Some(ii)));
             }
-            let agg = (st.work.strategy == Strategy::Sharded && st.work.aggregate_required)
-                .then(|| self.add_unit(format!("{}/agg", st.stage_id), si, None));
+            let agg =
+                (!decision && st.work.strategy == Strategy::Sharded && st.work.aggregate_required)
+                    .then(|| self.add_unit(format!("{}/agg", st.stage_id), si, None));
             let completed_before = plan.completed_stages.contains(&st.stage_id);
             self.stages.push(StageRt {
                 id: st.stage_id.clone(),
@@ -179,6 +190,9 @@ impl State {
                 reason: None,
                 started_ms: None,
                 ended_ms: None,
+                decision,
+                decision_announced: false,
+                chosen: None,
             });
         }
     }
@@ -376,6 +390,27 @@ impl State {
                     .stage_index(stage)
                     .ok_or_else(|| format!("unknown stage {stage}"))?;
                 self.stages[s].status = StageStatus::Failed;
+                self.stages[s].reason = Some(reason.clone());
+                self.stages[s].ended_ms = Some(at_ms);
+            }
+            Entry::DecisionNeeded { stage, .. } => {
+                let s = self
+                    .stage_index(stage)
+                    .ok_or_else(|| format!("decision needed by unknown stage {stage}"))?;
+                self.stages[s].decision_announced = true;
+                self.stages[s].started_ms.get_or_insert(at_ms);
+            }
+            Entry::DecisionMade { stage, chosen } => {
+                let s = self
+                    .stage_index(stage)
+                    .ok_or_else(|| format!("decision for unknown stage {stage}"))?;
+                self.stages[s].chosen = Some(chosen.clone());
+            }
+            Entry::StageSkipped { stage, reason } => {
+                let s = self
+                    .stage_index(stage)
+                    .ok_or_else(|| format!("unknown stage {stage}"))?;
+                self.stages[s].status = StageStatus::Skipped;
                 self.stages[s].reason = Some(reason.clone());
                 self.stages[s].ended_ms = Some(at_ms);
             }

@@ -164,6 +164,15 @@ impl LiveView {
     #[cfg(not(feature = "progress"))]
     fn draw(&mut self, _progress: &[StageProgress], _now_ms: u64) {}
 
+    /// Runs `f` (a prompt) with the progress bars hidden, then draws them again.
+    pub fn suspend<R>(&self, f: impl FnOnce() -> R) -> R {
+        #[cfg(feature = "progress")]
+        if let Some((mp, _)) = &self.bars {
+            return mp.suspend(f);
+        }
+        f()
+    }
+
     pub fn finish(&mut self, report: &CampaignReport) {
         #[cfg(feature = "progress")]
         if let Some((_, bars)) = self.bars.take() {
