@@ -1,4 +1,4 @@
-//! Streaming a metric table to Parquet in bounded memory: one job's rows at a time, cut into
+//! Streaming a metric table to Parquet in bounded memory: jobs' rows as they are read, cut into
 //! record batches of at most [`BATCH_ROWS`] rows, with `job_key` and the text parameter columns
 //! dictionary-encoded (a job's value is stored once per batch, not once per row).
 

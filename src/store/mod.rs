@@ -441,8 +441,9 @@ pub trait StoreExt: Store {
     }
 
     /// Writes [`metric_table`](Self::metric_table)`(metric)` to `path` as Parquet, streaming:
-    /// one job's rows and one record batch of at most 65,536 rows are in memory at a time, so
-    /// memory stays bounded (tens of MB) whatever the table's size. Same columns and Parquet
+    /// the rows of a few jobs (read ahead on reader threads while the writer encodes) and one
+    /// record batch of at most 65,536 rows are in memory at a time, so memory stays bounded
+    /// (tens of MB) whatever the table's size. Same columns and Parquet
     /// types as [`MetricTable::write_parquet`](crate::MetricTable::write_parquet) (`job_key` and
     /// text parameters dictionary-encoded in the file; pyarrow and pandas read them as plain
     /// strings). Replaces `path` atomically. Returns the number of rows written.

@@ -456,7 +456,7 @@ impl<S: Store, E: Executor> Orchestrator<S, E> {
     }
 
     /// [`recorded`](Self::recorded)`(metric)` written to `path` as Parquet in bounded memory
-    /// (one run's rows and one batch of at most 65,536 rows at a time; see
+    /// (a few runs' rows, read ahead, and one batch of at most 65,536 rows at a time; see
     /// [`StoreExt::write_metric_parquet`](crate::StoreExt::write_metric_parquet) for the file).
     /// Runs nothing: [`drain`](Self::drain) first to run what is pending. Returns the number of
     /// rows written.
