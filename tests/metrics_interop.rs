@@ -132,3 +132,105 @@ fn collect_gathers_every_metric_of_every_done_job() {
     assert_eq!(m.iter().filter(|s| *s == "acc").count(), 2);
     assert_eq!(m.iter().filter(|s| *s == "loss").count(), 6);
 }
+
+/// Reads a Parquet file back with the parquet crate into one table (small files: one batch).
+fn read_parquet(path: &std::path::Path) -> puzzletron::MetricTable {
+    let f = std::fs::File::open(path).unwrap();
+    let mut r = parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder::try_new(f)
+        .unwrap()
+        .build()
+        .unwrap();
+    let batch = r.next().expect("a batch").unwrap();
+    assert!(r.next().is_none(), "one batch for a small table");
+    puzzletron::MetricTable::from_batch(batch)
+}
+
+#[test]
+fn streamed_parquet_equals_the_in_memory_table_and_ignores_a_torn_tail() {
+    use puzzletron::StoreExt;
+    let c = FakeCrate::new();
+    let mut o: Orchestrator<FsStore> = Orchestrator::builder()
+        .store_root(c.path().join("store"))
+        .lock(c.lock())
+        .build()
+        .unwrap();
+    let job = c.job(train);
+    for (lr, hidden) in [(0.5, 8), (0.25, 16)] {
+        o.run(&job, P { lr, hidden }).unwrap();
+    }
+    let t = o.get("loss").unwrap();
+    // A torn line after a finished attempt's rows (a crash of a later writer, a copy cut short):
+    // not the record's, so neither path reads it.
+    let key = t.job_keys()[0];
+    let tsv = o.store().job_dir(&key).join("metrics.1.tsv");
+    assert!(tsv.is_file(), "{}", tsv.display());
+    let intact = std::fs::metadata(&tsv).unwrap().len();
+    std::fs::OpenOptions::new()
+        .append(true)
+        .open(&tsv)
+        .and_then(|mut f| std::io::Write::write_all(&mut f, b"loss\t9\t0."))
+        .unwrap();
+    // Read as an attempt's rows it is dropped and reported (file and offset) as a warning.
+    let (rows, torn) = o.store().attempt_metrics(&key, 1).unwrap();
+    assert_eq!(rows.len(), 4, "3 loss + 1 acc rows");
+    let torn = torn.expect("torn tail reported");
+    assert_eq!(torn.path, tsv);
+    assert_eq!(torn.offset, intact);
+    assert_eq!(torn.bytes, 9, "`loss\\t9\\t0.`");
+    assert!(torn.to_string().starts_with("warning: "), "{torn}");
+
+    let sweep = c.path().join("sweep.parquet");
+    assert_eq!(o.write_metric_parquet("loss", &sweep).unwrap(), 6);
+    let back = read_parquet(&sweep);
+    assert_eq!(back.batch().schema(), t.batch().schema());
+    assert_eq!(back.to_csv(), t.to_csv());
+    assert_eq!(back.strings("job_key").unwrap().len(), 6);
+
+    let all = c.path().join("store.parquet");
+    assert_eq!(o.store().write_metric_parquet("loss", &all).unwrap(), 6);
+    let st = o.store().metric_table("loss").unwrap();
+    assert_eq!(read_parquet(&all).to_csv(), st.to_csv());
+
+    let e = o.store().write_metric_parquet("nope", &all).unwrap_err();
+    assert!(e.to_string().contains("loss"), "{e}");
+    let e = o.write_metric_parquet("nope", &all).unwrap_err();
+    assert!(e.to_string().contains("acc, loss"), "{e}");
+
+    if !pyarrow_available() {
+        return;
+    }
+    // pyarrow/pandas read the streamed file as the in-memory one: plain strings (object dtype
+    // in pandas, not categorical), the same values.
+    let script = r#"
+import sys
+import pyarrow.parquet as pq
+a, b = pq.read_table(sys.argv[1]), pq.read_table(sys.argv[2])
+assert a.schema.equals(b.schema), (a.schema, b.schema)
+assert a.equals(b)
+try:
+    import pandas
+    da, db = a.to_pandas(), b.to_pandas()
+    assert str(da["job_key"].dtype) == "object", da.dtypes
+    assert da.equals(db)
+except ImportError:
+    pass
+print(a.num_rows, [str(f.type) for f in a.schema])
+"#;
+    let mem = c.path().join("mem.parquet");
+    t.write_parquet(&mem).unwrap();
+    let out = Command::new("python3")
+        .args(["-c", script])
+        .arg(&sweep)
+        .arg(&mem)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(
+        String::from_utf8_lossy(&out.stdout).trim(),
+        "6 ['int64', 'double', 'double', 'int64', 'string']"
+    );
+}

@@ -2,6 +2,8 @@
 //! an Arrow-backed [`MetricTable`] that writes Parquet, CSV and SVG line plots.
 
 mod plot;
+#[cfg(feature = "parquet")]
+pub(crate) mod stream;
 mod table;
 
 pub(crate) use table::{JobRows, build_table};
@@ -10,7 +12,7 @@ pub use table::{MetricTable, RESERVED_COLUMNS};
 use std::path::PathBuf;
 
 use crate::identity::Hash;
-use crate::store::{Status, Store, StoreError};
+use crate::store::{JobRecord, Series, Status, Store, StoreError};
 
 /// Errors building or writing metric tables.
 #[derive(Debug, thiserror::Error)]
@@ -90,17 +92,101 @@ pub fn collect<S: Store + ?Sized>(store: &S) -> Result<MetricTable, MetricsError
             .total_cmp(&b.finished_at.unwrap_or(0.0))
             .then(a.key.cmp(&b.key))
     });
+    let refs: Vec<&JobRecord> = recs.iter().collect();
     let mut jobs = Vec::with_capacity(recs.len());
-    for r in &recs {
+    for_each_series(store, &refs, None, reader_threads(false), |i, series| {
+        let r = refs[i];
         jobs.push(JobRows {
             key: r.key,
             params: &r.params,
             param_order: &r.param_order,
             param_types: &r.param_types,
-            series: store.metrics(&r.key, None)?,
+            series,
+        });
+        Ok(())
+    })?;
+    build_table(&jobs, true)
+}
+
+/// How many jobs' rows a reader thread of [`for_each_series`] may hold ahead of the caller.
+const READ_AHEAD: usize = 4;
+
+/// Calls `each` with the rows of metric `metric` (all metrics when `None`) of each record of
+/// `recs`, in order, read by `threads` reader threads (job `i` by thread `i % threads`), each at
+/// most [`READ_AHEAD`] jobs ahead of `each`: reading overlaps with what `each` does, and memory
+/// stays bounded by a few jobs' rows. Stops at the first error (of a read or of `each`).
+pub(crate) fn for_each_series<S: Store + ?Sized>(
+    store: &S,
+    recs: &[&JobRecord],
+    metric: Option<&str>,
+    threads: usize,
+    mut each: impl FnMut(usize, Series) -> Result<(), MetricsError>,
+) -> Result<(), MetricsError> {
+    let threads = threads.clamp(1, recs.len().max(1));
+    if threads == 1 && recs.len() < 2 {
+        for (i, r) in recs.iter().enumerate() {
+            each(i, store.record_metrics(r, metric)?)?;
+        }
+        return Ok(());
+    }
+    std::thread::scope(|scope| {
+        let mut rxs = Vec::with_capacity(threads);
+        for t in 0..threads {
+            let (tx, rx) = std::sync::mpsc::sync_channel(READ_AHEAD);
+            rxs.push(rx);
+            scope.spawn(move || {
+                for r in recs.iter().skip(t).step_by(threads) {
+                    let rows = store.record_metrics(r, metric);
+                    let failed = rows.is_err();
+                    // A closed channel: the caller stopped (an error); so do we.
+                    if tx.send(rows).is_err() || failed {
+                        return;
+                    }
+                }
+            });
+        }
+        // The receivers are dropped when this closure returns, before the scope joins the
+        // readers, so a reader blocked on a full channel wakes up and ends.
+        for i in 0..recs.len() {
+            let rows = rxs[i % threads].recv().map_err(|_| MetricsError::Arrow {
+                message: "a metric reader thread ended early".into(),
+            })??;
+            each(i, rows)?;
+        }
+        Ok(())
+    })
+}
+
+/// Reader threads for [`for_each_series`]: the machine's cores (at most 4), one left for the
+/// caller when `busy` (it encodes what it receives).
+pub(crate) fn reader_threads(busy: bool) -> usize {
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+    (if busy { cores.saturating_sub(1) } else { cores }).clamp(1, 4)
+}
+
+/// The done records of `store` that logged metric `metric`, in finish order (then key).
+///
+/// # Errors
+/// [`MetricsError::UnknownMetric`] when none did; store errors.
+fn done_with_metric<S: Store + ?Sized>(
+    store: &S,
+    metric: &str,
+) -> Result<Vec<JobRecord>, MetricsError> {
+    use crate::store::StoreExt;
+    let mut recs = store.done_records()?;
+    let mut available = std::collections::BTreeSet::new();
+    recs.retain(|r| {
+        let Some(m) = &r.metrics else { return false };
+        available.extend(m.names.iter().cloned());
+        m.names.iter().any(|n| n == metric)
+    });
+    if recs.is_empty() {
+        return Err(MetricsError::UnknownMetric {
+            metric: metric.to_string(),
+            available: available.into_iter().collect(),
         });
     }
-    build_table(&jobs, true)
+    Ok(recs)
 }
 
 /// Metric `metric` of every done job in `store` as `[step, value, *params, job_key]`, jobs in
@@ -109,37 +195,58 @@ pub(crate) fn table_of<S: Store + ?Sized>(
     store: &S,
     metric: &str,
 ) -> Result<MetricTable, MetricsError> {
-    use crate::store::StoreExt;
-    let recs = store.done_records()?;
-    let mut available = std::collections::BTreeSet::new();
+    let recs = done_with_metric(store, metric)?;
+    let refs: Vec<&JobRecord> = recs.iter().collect();
     let mut jobs = Vec::with_capacity(recs.len());
-    for r in &recs {
-        let Some(m) = &r.metrics else { continue };
-        available.extend(m.names.iter().cloned());
-        if !m.names.iter().any(|n| n == metric) {
-            continue;
-        }
-        jobs.push(JobRows {
+    for_each_series(
+        store,
+        &refs,
+        Some(metric),
+        reader_threads(false),
+        |i, series| {
+            let r = refs[i];
+            jobs.push(JobRows {
+                key: r.key,
+                params: &r.params,
+                param_order: &r.param_order,
+                param_types: &r.param_types,
+                series,
+            });
+            Ok(())
+        },
+    )?;
+    build_table(&jobs, false)
+}
+
+/// [`table_of`] streamed to Parquet at `path` in bounded memory; see
+/// [`StoreExt::write_metric_parquet`](crate::store::StoreExt::write_metric_parquet).
+#[cfg(feature = "parquet")]
+pub(crate) fn write_parquet_of<S: Store + ?Sized>(
+    store: &S,
+    metric: &str,
+    path: &std::path::Path,
+) -> Result<u64, MetricsError> {
+    let recs = done_with_metric(store, metric)?;
+    let jobs: Vec<stream::JobMeta<'_>> = recs
+        .iter()
+        .map(|r| stream::JobMeta {
             key: r.key,
             params: &r.params,
             param_order: &r.param_order,
             param_types: &r.param_types,
-            series: store.metrics(&r.key, Some(metric))?,
-        });
-    }
-    if jobs.is_empty() {
-        return Err(MetricsError::UnknownMetric {
-            metric: metric.to_string(),
-            available: available.into_iter().collect(),
-        });
-    }
-    build_table(&jobs, false)
+        })
+        .collect();
+    let refs: Vec<&JobRecord> = recs.iter().collect();
+    stream::write_parquet(
+        &jobs,
+        |sink| for_each_series(store, &refs, Some(metric), reader_threads(true), sink),
+        path,
+    )
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::store::Series;
     use serde_json::json;
 
     fn series(rows: &[(i64, f64)]) -> Series {
@@ -148,6 +255,70 @@ mod tests {
             s.push("loss", st, v);
         }
         s
+    }
+
+    /// A store of more jobs than one thread reads (records in chunks on several threads, rows
+    /// read ahead on several threads): the table keeps finish order and every row; a failing
+    /// consumer stops the readers without a hang.
+    #[test]
+    fn many_jobs_read_on_threads_keep_finish_order() {
+        use crate::store::conformance::sample_record;
+        use crate::store::{ClaimOutcome, MemoryStore, Owner, StoreExt};
+        let store = MemoryStore::new();
+        let n = 2500;
+        for i in 0..n {
+            let k = Hash::of(format!("job{i}"));
+            let ClaimOutcome::Claimed(c) = store.claim(&k, &Owner::current(), None).unwrap() else {
+                panic!("claim");
+            };
+            let mut rec = sample_record(k, Status::Running, c.attempt);
+            store.start(&c, &rec).unwrap();
+            let mut sink = store.metric_sink(&c).unwrap();
+            for step in 0..3 {
+                sink.append("loss", step, i as f64 + step as f64 / 4.0)
+                    .unwrap();
+            }
+            sink.sync().unwrap();
+            rec.status = Status::Done;
+            // Finished in reverse: finish order is not key or insertion order.
+            rec.finished_at = Some((n - i) as f64);
+            rec.metrics = Some(sink.summary());
+            store.finish(&c, &rec).unwrap();
+        }
+        let t = store.metric_table("loss").unwrap();
+        assert_eq!(t.num_rows(), 3 * n);
+        let keys = t.job_keys();
+        let values = t.values();
+        for (row, job) in (0..n).rev().enumerate() {
+            assert_eq!(keys[3 * row], Hash::of(format!("job{job}")), "row {row}");
+            assert_eq!(values[3 * row + 2], job as f64 + 0.5, "row {row}");
+        }
+        #[cfg(feature = "parquet")]
+        {
+            let dir = tempfile::tempdir().unwrap();
+            let path = dir.path().join("loss.parquet");
+            assert_eq!(
+                store.write_metric_parquet("loss", &path).unwrap(),
+                3 * n as u64
+            );
+        }
+        let recs = store.done_records().unwrap();
+        let refs: Vec<&JobRecord> = recs.iter().collect();
+        let mut seen = 0;
+        let e = for_each_series(&store, &refs, Some("loss"), 3, |i, rows| {
+            assert_eq!(i, seen);
+            assert_eq!(rows.len(), 3);
+            seen += 1;
+            if i == 40 {
+                return Err(MetricsError::Arrow {
+                    message: "stop".into(),
+                });
+            }
+            Ok(())
+        })
+        .unwrap_err();
+        assert!(e.to_string().contains("stop"), "{e}");
+        assert_eq!(seen, 41);
     }
 
     #[test]

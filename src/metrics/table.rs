@@ -138,12 +138,8 @@ impl MetricTable {
     #[cfg(feature = "parquet")]
     pub fn write_parquet(&self, path: impl AsRef<Path>) -> Result<(), MetricsError> {
         use parquet::arrow::ArrowWriter;
-        use parquet::basic::Compression;
-        use parquet::file::properties::WriterProperties;
         let path = path.as_ref();
-        let props = WriterProperties::builder()
-            .set_compression(Compression::SNAPPY)
-            .build();
+        let props = writer_properties();
         let mut buf = Vec::new();
         let perr = |e: parquet::errors::ParquetError| MetricsError::Parquet {
             path: path.to_path_buf(),
@@ -256,7 +252,7 @@ pub(crate) struct JobRows<'a> {
 }
 
 #[derive(Clone, Copy, PartialEq, Eq)]
-enum Kind {
+pub(super) enum Kind {
     Null,
     Int,
     Float,
@@ -307,27 +303,50 @@ fn top_level(params: &Value) -> Vec<(&str, &Value)> {
     }
 }
 
-/// Builds a table from jobs' rows. `metric_column` adds the `metric` column (rows of several
-/// metrics); otherwise every row is assumed to be of one metric.
-pub(crate) fn build_table(
-    jobs: &[JobRows<'_>],
+/// What the table builders need of a job besides its rows.
+pub(crate) trait JobParams {
+    fn key(&self) -> Hash;
+    fn params(&self) -> &Value;
+    fn param_order(&self) -> &[String];
+    fn param_types(&self) -> &BTreeMap<String, ParamType>;
+}
+
+impl JobParams for JobRows<'_> {
+    fn key(&self) -> Hash {
+        self.key
+    }
+    fn params(&self) -> &Value {
+        self.params
+    }
+    fn param_order(&self) -> &[String] {
+        self.param_order
+    }
+    fn param_types(&self) -> &BTreeMap<String, ParamType> {
+        self.param_types
+    }
+}
+
+/// The parameter columns of a table of `jobs`, with their kinds.
+///
+/// Columns: first-seen order over jobs, each job in its declaration order. A column's type
+/// comes from the parameters' Rust types where the records say them (so an f64 that is whole in
+/// every run is still Float64); from the values only for old records.
+pub(super) fn param_columns<J: JobParams>(
+    jobs: &[J],
     metric_column: bool,
-) -> Result<MetricTable, MetricsError> {
-    // Parameter columns: first-seen order over jobs, each job in its declaration order. A
-    // column's type comes from the parameters' Rust types where the records say them (so an
-    // f64 that is whole in every run is still Float64); from the values only for old records.
+) -> Result<Vec<(String, Kind)>, MetricsError> {
     let mut cols: Vec<(String, Kind)> = Vec::new();
     let mut types: Vec<Option<Kind>> = Vec::new();
     for j in jobs {
-        let tl = top_level(j.params);
+        let tl = top_level(j.params());
         let mut ordered: Vec<(&str, &Value)> = Vec::with_capacity(tl.len());
-        for name in j.param_order {
+        for name in j.param_order() {
             if let Some(p) = tl.iter().find(|(k, _)| k == name) {
                 ordered.push(*p);
             }
         }
         for p in &tl {
-            if !j.param_order.iter().any(|n| n == p.0) {
+            if !j.param_order().iter().any(|n| n == p.0) {
                 ordered.push(*p);
             }
         }
@@ -335,10 +354,10 @@ pub(crate) fn build_table(
             if RESERVED_COLUMNS.contains(&name) || (metric_column && name == "metric") {
                 return Err(MetricsError::ReservedParameter {
                     name: name.to_string(),
-                    job_key: j.key,
+                    job_key: j.key(),
                 });
             }
-            let t = j.param_types.get(name).map(|t| declared(*t));
+            let t = j.param_types().get(name).map(|t| declared(*t));
             match cols.iter().position(|(n, _)| n == name) {
                 Some(c) => {
                     cols[c].1 = unify(cols[c].1, kind_of(v));
@@ -361,6 +380,47 @@ pub(crate) fn build_table(
             None => {}
         }
     }
+    Ok(cols)
+}
+
+/// The value of top-level parameter `name` of `params`.
+pub(super) fn param_value(params: &Value, name: &str) -> Option<Value> {
+    top_level(params)
+        .into_iter()
+        .find(|(k, _)| *k == name)
+        .map(|(_, v)| v.clone())
+}
+
+/// The text of a parameter in a text column of kind `kind` (strings as they are in a `Str`
+/// column, anything else as canonical JSON; null stays null).
+pub(super) fn param_text(v: Value, kind: Kind) -> Option<String> {
+    match v {
+        Value::Null => None,
+        Value::String(s) if kind == Kind::Str => Some(s),
+        other => canonical_json(&other).ok(),
+    }
+}
+
+/// Parquet writer settings of metric tables: Snappy; no dictionary for `value` (a metric's
+/// values rarely repeat: the writer would hash every value only to fall back to plain encoding).
+#[cfg(feature = "parquet")]
+pub(super) fn writer_properties() -> parquet::file::properties::WriterProperties {
+    use parquet::basic::Compression;
+    use parquet::file::properties::WriterProperties;
+    use parquet::schema::types::ColumnPath;
+    WriterProperties::builder()
+        .set_compression(Compression::SNAPPY)
+        .set_column_dictionary_enabled(ColumnPath::from("value"), false)
+        .build()
+}
+
+/// Builds a table from jobs' rows. `metric_column` adds the `metric` column (rows of several
+/// metrics); otherwise every row is assumed to be of one metric.
+pub(crate) fn build_table(
+    jobs: &[JobRows<'_>],
+    metric_column: bool,
+) -> Result<MetricTable, MetricsError> {
+    let cols = param_columns(jobs, metric_column)?;
     let total: usize = jobs.iter().map(|j| j.series.len()).sum();
     let mut fields = Vec::new();
     let mut arrays: Vec<ArrayRef> = Vec::new();
@@ -385,12 +445,7 @@ pub(crate) fn build_table(
     fields.push(Field::new("value", DataType::Float64, false));
     arrays.push(Arc::new(values.finish()));
     for (name, kind) in &cols {
-        let get = |j: &JobRows<'_>| -> Option<Value> {
-            top_level(j.params)
-                .into_iter()
-                .find(|(k, _)| k == name)
-                .map(|(_, v)| v.clone())
-        };
+        let get = |j: &JobRows<'_>| param_value(j.params, name);
         let (dt, array): (DataType, ArrayRef) = match kind {
             Kind::Int => {
                 let mut b = Int64Builder::with_capacity(total);
@@ -421,11 +476,7 @@ pub(crate) fn build_table(
             Kind::Str | Kind::Json | Kind::Null => {
                 let mut b = StringBuilder::with_capacity(total, total * 8);
                 for j in jobs {
-                    let v = get(j).and_then(|v| match v {
-                        Value::Null => None,
-                        Value::String(s) if *kind == Kind::Str => Some(s),
-                        other => canonical_json(&other).ok(),
-                    });
+                    let v = get(j).and_then(|v| param_text(v, *kind));
                     for _ in 0..j.series.len() {
                         b.append_option(v.as_deref());
                     }

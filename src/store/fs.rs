@@ -684,13 +684,21 @@ impl Store for FsStore {
     }
 
     fn metrics(&self, key: &Hash, name: Option<&str>) -> Result<Series, StoreError> {
-        let Some(rec) = self.record(key)? else {
+        match self.record(key)? {
+            Some(rec) => self.record_metrics(&rec, name),
+            None => Ok(Series::default()),
+        }
+    }
+
+    fn record_metrics(&self, rec: &JobRecord, name: Option<&str>) -> Result<Series, StoreError> {
+        let Some(info) = rec
+            .metrics
+            .as_ref()
+            .filter(|_| rec.status != Status::Running)
+        else {
             return Ok(Series::default());
         };
-        let Some(info) = rec.metrics.filter(|_| rec.status != Status::Running) else {
-            return Ok(Series::default());
-        };
-        let path = self.job_dir(key).join(&info.file);
+        let path = self.job_dir(&rec.key).join(&info.file);
         if info.file.contains(['/', '\\']) || info.file.starts_with('.') {
             return Err(StoreError::Corrupt {
                 path,

@@ -292,6 +292,17 @@ pub trait Store: Send + Sync {
     /// [`StoreError::Corrupt`] when the rows are fewer than the record says, [`StoreError::Io`].
     fn metrics(&self, key: &Hash, name: Option<&str>) -> Result<Series, StoreError>;
 
+    /// [`metrics`](Self::metrics)`(&rec.key, name)` for a record `rec` this store just returned
+    /// (from [`record`](Self::record) or [`records`](Self::records)): a store may use `rec`
+    /// instead of reading the record again (`FsStore` reads only the metric file `rec` names).
+    /// The default calls [`metrics`](Self::metrics).
+    ///
+    /// # Errors
+    /// As [`metrics`](Self::metrics).
+    fn record_metrics(&self, rec: &JobRecord, name: Option<&str>) -> Result<Series, StoreError> {
+        self.metrics(&rec.key, name)
+    }
+
     /// The file holding the text and backtrace of the job's last failure, where the store keeps
     /// one and the job has failed (`FsStore`: `ROOT/jobs/KEY/error.txt`).
     fn failure_file(&self, _key: &Hash) -> Option<PathBuf> {
@@ -395,6 +406,13 @@ macro_rules! forward_store {
             fn metrics(&self, key: &Hash, name: Option<&str>) -> Result<Series, StoreError> {
                 (**self).metrics(key, name)
             }
+            fn record_metrics(
+                &self,
+                rec: &JobRecord,
+                name: Option<&str>,
+            ) -> Result<Series, StoreError> {
+                (**self).record_metrics(rec, name)
+            }
             fn failure_file(&self, key: &Hash) -> Option<PathBuf> {
                 (**self).failure_file(key)
             }
@@ -433,6 +451,27 @@ pub trait StoreExt: Store {
         crate::metrics::table_of(self, metric)
     }
 
+    /// Writes [`metric_table`](Self::metric_table)`(metric)` to `path` as Parquet, streaming:
+    /// the rows of a few jobs (read ahead on reader threads while the writer encodes) and one
+    /// record batch of at most 65,536 rows are in memory at a time, so memory stays bounded
+    /// (tens of MB) whatever the table's size. Same columns and Parquet
+    /// types as [`MetricTable::write_parquet`](crate::MetricTable::write_parquet) (`job_key` and
+    /// text parameters dictionary-encoded in the file; pyarrow and pandas read them as plain
+    /// strings). Replaces `path` atomically. Returns the number of rows written.
+    ///
+    /// # Errors
+    /// As [`metric_table`](Self::metric_table), and
+    /// [`MetricsError::Io`](crate::metrics::MetricsError::Io) /
+    /// [`MetricsError::Parquet`](crate::metrics::MetricsError::Parquet) naming `path`.
+    #[cfg(feature = "parquet")]
+    fn write_metric_parquet(
+        &self,
+        metric: &str,
+        path: &std::path::Path,
+    ) -> Result<u64, crate::metrics::MetricsError> {
+        crate::metrics::write_parquet_of(self, metric, path)
+    }
+
     /// Every metric of every done job, with a `metric` column (see
     /// [`metrics::collect`](crate::metrics::collect)).
     ///
@@ -448,8 +487,7 @@ pub trait StoreExt: Store {
     /// [`StoreError`] when a record cannot be read.
     fn done_records(&self) -> Result<Vec<JobRecord>, StoreError> {
         let keys = self.keys()?;
-        let mut recs: Vec<JobRecord> = self
-            .records(&keys)?
+        let mut recs: Vec<JobRecord> = records_in_parallel(self, &keys)?
             .into_iter()
             .flatten()
             .filter(|r| r.status == Status::Done)
@@ -465,6 +503,35 @@ pub trait StoreExt: Store {
 }
 
 impl<S: Store + ?Sized> StoreExt for S {}
+
+/// [`Store::records`] of many keys, in chunks on a few threads (parsing 10k records is most of
+/// the time a table of a large sweep takes before its rows); in order.
+fn records_in_parallel<S: Store + ?Sized>(
+    store: &S,
+    keys: &[Hash],
+) -> Result<Vec<Option<JobRecord>>, StoreError> {
+    let threads = std::thread::available_parallelism()
+        .map_or(1, |n| n.get())
+        .min(4);
+    if threads < 2 || keys.len() < 2048 {
+        return store.records(keys);
+    }
+    let chunk = keys.len().div_ceil(threads);
+    std::thread::scope(|scope| {
+        let parts: Vec<_> = keys
+            .chunks(chunk)
+            .map(|c| scope.spawn(move || store.records(c)))
+            .collect();
+        let mut out = Vec::with_capacity(keys.len());
+        for p in parts {
+            match p.join() {
+                Ok(recs) => out.extend(recs?),
+                Err(panic) => std::panic::resume_unwind(panic),
+            }
+        }
+        Ok(out)
+    })
+}
 
 /// Errors of a [`Store`].
 #[derive(Debug, thiserror::Error)]

@@ -442,7 +442,7 @@ impl<S: Store, E: Executor> Orchestrator<S, E> {
                 } else {
                     &rec.param_types
                 },
-                series: self.store.metrics(&p.key, Some(metric))?,
+                series: self.store.record_metrics(rec, Some(metric))?,
             });
         }
         if !any {
@@ -453,6 +453,72 @@ impl<S: Store, E: Executor> Orchestrator<S, E> {
             .into());
         }
         Ok(build_table(&jobs, false)?)
+    }
+
+    /// [`recorded`](Self::recorded)`(metric)` written to `path` as Parquet in bounded memory
+    /// (a few runs' rows, read ahead, and one batch of at most 65,536 rows at a time; see
+    /// [`StoreExt::write_metric_parquet`](crate::StoreExt::write_metric_parquet) for the file).
+    /// Runs nothing: [`drain`](Self::drain) first to run what is pending. Returns the number of
+    /// rows written.
+    ///
+    /// # Errors
+    /// As [`recorded`](Self::recorded), and [`Error::Metrics`] with
+    /// [`MetricsError::Io`]/[`MetricsError::Parquet`] naming `path`.
+    #[cfg(feature = "parquet")]
+    pub fn write_metric_parquet(
+        &self,
+        metric: &str,
+        path: impl AsRef<std::path::Path>,
+    ) -> Result<u64> {
+        use crate::metrics::stream::{JobMeta, write_parquet};
+        let keys: Vec<Hash> = self.enqueued.iter().map(|p| p.key).collect();
+        let recs = self.store.records(&keys)?;
+        let mut jobs = Vec::with_capacity(keys.len());
+        let mut done = Vec::with_capacity(keys.len());
+        let mut available = std::collections::BTreeSet::new();
+        let mut any = false;
+        for (p, rec) in self.enqueued.iter().zip(&recs) {
+            let Some(rec) = rec else { continue };
+            if rec.status != crate::store::Status::Done {
+                continue;
+            }
+            if let Some(m) = &rec.metrics {
+                available.extend(m.names.iter().cloned());
+                any |= m.names.iter().any(|n| n == metric);
+            }
+            done.push(rec);
+            jobs.push(JobMeta {
+                key: p.key,
+                params: &rec.params,
+                param_order: &p.param_order,
+                param_types: if rec.param_types.is_empty() {
+                    &p.param_types
+                } else {
+                    &rec.param_types
+                },
+            });
+        }
+        if !any {
+            return Err(MetricsError::UnknownMetric {
+                metric: metric.to_string(),
+                available: available.into_iter().collect(),
+            }
+            .into());
+        }
+        let store = &self.store;
+        Ok(write_parquet(
+            &jobs,
+            |sink| {
+                crate::metrics::for_each_series(
+                    store,
+                    &done,
+                    Some(metric),
+                    crate::metrics::reader_threads(true),
+                    sink,
+                )
+            },
+            path.as_ref(),
+        )?)
     }
 
     /// Names of the metrics this sweep's finished runs recorded, sorted.
