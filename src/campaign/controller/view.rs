@@ -91,7 +91,7 @@ impl LiveView {
     }
 
     /// The problem shown now, if any.
-    #[cfg(test)]
+    #[cfg(all(test, feature = "progress"))]
     pub fn alert(&self) -> Option<&str> {
         self.alert.as_deref()
     }
