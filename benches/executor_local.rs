@@ -1,6 +1,7 @@
 //! Local executor overhead: 1000 trivial jobs, as raw `LocalExecutor` jobs and as isolated sweep
 //! runs (each a worker process of this binary), against Snakemake's local executor running the
-//! same 1000 trivial jobs in the same run.
+//! same 1000 trivial jobs in the same run. The sweep's job belongs to a small user crate (see
+//! `support`), so its records are the size a user's are.
 //!
 //! ```text
 //! cargo bench --bench executor_local            # N=1000; PUZZLETRON_BENCH_JOBS=200 for a quick look
@@ -8,18 +9,22 @@
 //!
 //! Snakemake is installed with pip into `target/bench-venv` on first use (needs `python3 -m venv`
 //! and PyPI); set `PUZZLETRON_BENCH_NO_SNAKEMAKE=1` to skip it. Both sides get the same
-//! parallelism (the number of CPUs). Results are printed and written to
-//! `target/bench-results/executor_local.json`.
+//! parallelism (the number of CPUs). The stores and attempt folders are under
+//! `target/bench-scratch/executor_local` (removed at the end); results are printed and written
+//! to `target/bench-results/executor_local.json`.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::{Duration, Instant};
 
+use puzzletron::Orchestrator;
 use puzzletron::executor::{
     AttemptId, AttemptSpec, CommandSpec, Executor, ExecutorExt, JobState, LocalExecutor,
 };
 use puzzletron::sweep::{JobResult, Run};
-use puzzletron::{Orchestrator, job};
+
+mod support;
+use support::{load, target_dir, user_crate, user_job};
 
 #[derive(serde::Serialize, serde::Deserialize)]
 struct Trivial {
@@ -84,7 +89,7 @@ fn isolated_sweep(dir: &Path, n: u32) -> f64 {
         .wait_poll(Duration::from_millis(5))
         .build()
         .unwrap();
-    let j = job!(trivial);
+    let j = user_job(&user_crate(dir), "trivial", trivial);
     for i in 0..n {
         o.run(&j, Trivial { i }).unwrap();
     }
@@ -152,12 +157,6 @@ fn snakemake(dir: &Path, n: u32) -> Option<f64> {
     Some(secs)
 }
 
-fn load() -> String {
-    std::fs::read_to_string("/proc/loadavg")
-        .map(|s| s.split_whitespace().take(3).collect::<Vec<_>>().join(" "))
-        .unwrap_or_default()
-}
-
 fn main() {
     puzzletron::worker::main_guard();
     // `cargo bench` passes `--bench`; `cargo test --benches` passes nothing: run small then.
@@ -166,15 +165,14 @@ fn main() {
         .ok()
         .and_then(|v| v.parse().ok())
         .unwrap_or(if quick { 20 } else { 1000 });
-    let dir = tempfile::tempdir().unwrap();
+    let scratch = target_dir().join("bench-scratch/executor_local");
+    let _ = std::fs::remove_dir_all(&scratch);
+    std::fs::create_dir_all(&scratch).unwrap();
+    let dir = scratch.as_path();
     let load_before = load();
-    let raw = raw_local(dir.path(), n);
-    let iso = isolated_sweep(dir.path(), n);
-    let snake = if quick {
-        None
-    } else {
-        snakemake(dir.path(), n)
-    };
+    let raw = raw_local(dir, n);
+    let iso = isolated_sweep(dir, n);
+    let snake = if quick { None } else { snakemake(dir, n) };
     let rate = |s: f64| n as f64 / s;
     println!(
         "local executor, {n} trivial jobs, {} slots, load {load_before}",
@@ -204,7 +202,8 @@ fn main() {
         "jobs": n, "cpus": cpus(), "load_before": load_before,
         "raw_seconds": raw, "isolated_seconds": iso, "snakemake_seconds": snake,
     });
-    let out = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("target/bench-results");
+    let out = target_dir().join("bench-results");
     let _ = std::fs::create_dir_all(&out);
     let _ = std::fs::write(out.join("executor_local.json"), json.to_string());
+    let _ = std::fs::remove_dir_all(&scratch);
 }

@@ -20,7 +20,10 @@ use std::process::Command;
 use std::time::Instant;
 
 use puzzletron::Orchestrator;
-use puzzletron::sweep::{Job, JobResult, Run};
+use puzzletron::sweep::{JobResult, Run};
+
+mod support;
+use support::{load, target_dir, user_crate, user_job};
 
 /// The peers, pinned.
 const PEERS: &[&str] = &["snakemake==8.30.0", "joblib==1.4.2"];
@@ -71,12 +74,6 @@ fn trivial(p: &Trivial, run: &mut Run) -> JobResult {
     Ok(())
 }
 
-fn target_dir() -> PathBuf {
-    std::env::var_os("CARGO_TARGET_DIR")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("target"))
-}
-
 /// Peak resident set of this process, bytes.
 fn peak_rss() -> u64 {
     // SAFETY: getrusage fills the zeroed struct it is given.
@@ -85,40 +82,14 @@ fn peak_rss() -> u64 {
     u64::try_from(ru.ru_maxrss).unwrap_or(0) * 1024
 }
 
-fn load() -> String {
-    std::fs::read_to_string("/proc/loadavg")
-        .map(|s| s.split_whitespace().take(3).collect::<Vec<_>>().join(" "))
-        .unwrap_or_default()
-}
-
-/// A small user crate for the jobs, beside the stores: a job's record holds its owned code, and
-/// `job!` in this package would cover all of puzzletron (a 375 KB record), which no user job
-/// does. Its one source file is the jobs' owned code (`Job::new`).
-fn user_crate(dir: &Path) -> PathBuf {
-    let c = dir.join("crate");
-    std::fs::create_dir_all(c.join("src")).unwrap();
-    std::fs::write(
-        c.join("Cargo.toml"),
-        "[package]\nname = \"bench\"\nversion = \"0.1.0\"\nedition = \"2024\"\n",
-    )
-    .unwrap();
-    std::fs::write(c.join("Cargo.lock"), "version = 4\n").unwrap();
-    std::fs::write(
-        c.join("src/lib.rs"),
-        "pub fn trivial(i: u32) -> f64 {\n    f64::from(i)\n}\n",
-    )
-    .unwrap();
-    c
-}
-
 /// One measured case in this process: prints `seconds rss_bytes`.
 fn child(case: &str, n: u32, store: &Path) {
     let krate = store.parent().unwrap().join("crate");
-    let j = Job::new("bench::trivial", "bench", &krate, "src/lib.rs", trivial);
+    let j = user_job(&krate, "trivial", trivial);
     let mut o = Orchestrator::builder().store_root(store).build().unwrap();
     let t = Instant::now();
     if case == "plan10" {
-        let j10 = Job::new("bench::noop10", "bench", &krate, "src/lib.rs", noop10);
+        let j10 = user_job(&krate, "noop10", noop10);
         for i in 0..n {
             o.run(&j10, p10(i)).unwrap();
         }

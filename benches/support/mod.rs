@@ -1,0 +1,50 @@
+//! Shared by the benches that run sweep jobs (`hot_paths`, `executor_local`): the target folder,
+//! the machine load, and a small user crate for the jobs.
+//!
+//! A job's record holds its owned code, and `job!` in this package would cover all of
+//! puzzletron (a ~330 KB owned digest per record), which no user job does: users depend on
+//! puzzletron as a registry crate (covered by their `Cargo.lock` witness) and their jobs' code is
+//! small. So the benches name their jobs with [`Job::new`] against [`user_crate`], whose one
+//! source file is the jobs' owned code.
+
+use std::path::{Path, PathBuf};
+
+use puzzletron::sweep::{Job, JobResult, Run};
+
+/// The target folder (`CARGO_TARGET_DIR`, else `target/` of this package): everything a bench
+/// writes goes under it.
+pub fn target_dir() -> PathBuf {
+    std::env::var_os("CARGO_TARGET_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("target"))
+}
+
+/// The load averages (1, 5, 15 min) from `/proc/loadavg`.
+pub fn load() -> String {
+    std::fs::read_to_string("/proc/loadavg")
+        .map(|s| s.split_whitespace().take(3).collect::<Vec<_>>().join(" "))
+        .unwrap_or_default()
+}
+
+/// Writes the small user crate `bench` in `dir/crate` and returns its folder.
+pub fn user_crate(dir: &Path) -> PathBuf {
+    let c = dir.join("crate");
+    std::fs::create_dir_all(c.join("src")).unwrap();
+    std::fs::write(
+        c.join("Cargo.toml"),
+        "[package]\nname = \"bench\"\nversion = \"0.1.0\"\nedition = \"2024\"\n",
+    )
+    .unwrap();
+    std::fs::write(c.join("Cargo.lock"), "version = 4\n").unwrap();
+    std::fs::write(
+        c.join("src/lib.rs"),
+        "pub fn trivial(i: u32) -> f64 {\n    f64::from(i)\n}\n",
+    )
+    .unwrap();
+    c
+}
+
+/// The job `bench::<name>` of the user crate at `krate` (made by [`user_crate`]), running `f`.
+pub fn user_job<P>(krate: &Path, name: &str, f: fn(&P, &mut Run) -> JobResult) -> Job<P> {
+    Job::new(&format!("bench::{name}"), "bench", krate, "src/lib.rs", f)
+}
