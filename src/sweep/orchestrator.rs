@@ -418,39 +418,17 @@ impl<S: Store, E: Executor> Orchestrator<S, E> {
     /// [`Error::Store`] when a record cannot be read; [`Error::Metrics`] with
     /// [`MetricsError::UnknownMetric`] (naming the metrics that exist) when no run recorded it.
     pub fn recorded(&self, metric: &str) -> Result<MetricTable> {
-        let keys: Vec<Hash> = self.enqueued.iter().map(|p| p.key).collect();
-        let recs = self.store.records(&keys)?;
-        let mut jobs = Vec::with_capacity(keys.len());
-        let mut available = std::collections::BTreeSet::new();
-        let mut any = false;
-        for (p, rec) in self.enqueued.iter().zip(&recs) {
-            let Some(rec) = rec else { continue };
-            if rec.status != crate::store::Status::Done {
-                continue;
-            }
-            if let Some(m) = &rec.metrics {
-                available.extend(m.names.iter().cloned());
-                any |= m.names.iter().any(|n| n == metric);
-            }
+        let recs = self.enqueued_records()?;
+        let done = self.done_with_metric(&recs, metric)?;
+        let mut jobs = Vec::with_capacity(done.len());
+        for &(p, rec) in &done {
             jobs.push(JobRows {
                 key: p.key,
                 params: &rec.params,
                 param_order: &p.param_order,
-                // Records written before types were kept: this sweep's own types.
-                param_types: if rec.param_types.is_empty() {
-                    &p.param_types
-                } else {
-                    &rec.param_types
-                },
+                param_types: param_types(p, rec),
                 series: self.store.record_metrics(rec, Some(metric))?,
             });
-        }
-        if !any {
-            return Err(MetricsError::UnknownMetric {
-                metric: metric.to_string(),
-                available: available.into_iter().collect(),
-            }
-            .into());
         }
         Ok(build_table(&jobs, false)?)
     }
@@ -471,40 +449,18 @@ impl<S: Store, E: Executor> Orchestrator<S, E> {
         path: impl AsRef<std::path::Path>,
     ) -> Result<u64> {
         use crate::metrics::stream::{JobMeta, write_parquet};
-        let keys: Vec<Hash> = self.enqueued.iter().map(|p| p.key).collect();
-        let recs = self.store.records(&keys)?;
-        let mut jobs = Vec::with_capacity(keys.len());
-        let mut done = Vec::with_capacity(keys.len());
-        let mut available = std::collections::BTreeSet::new();
-        let mut any = false;
-        for (p, rec) in self.enqueued.iter().zip(&recs) {
-            let Some(rec) = rec else { continue };
-            if rec.status != crate::store::Status::Done {
-                continue;
-            }
-            if let Some(m) = &rec.metrics {
-                available.extend(m.names.iter().cloned());
-                any |= m.names.iter().any(|n| n == metric);
-            }
-            done.push(rec);
-            jobs.push(JobMeta {
+        let recs = self.enqueued_records()?;
+        let pairs = self.done_with_metric(&recs, metric)?;
+        let jobs: Vec<JobMeta> = pairs
+            .iter()
+            .map(|&(p, rec)| JobMeta {
                 key: p.key,
                 params: &rec.params,
                 param_order: &p.param_order,
-                param_types: if rec.param_types.is_empty() {
-                    &p.param_types
-                } else {
-                    &rec.param_types
-                },
-            });
-        }
-        if !any {
-            return Err(MetricsError::UnknownMetric {
-                metric: metric.to_string(),
-                available: available.into_iter().collect(),
-            }
-            .into());
-        }
+                param_types: param_types(p, rec),
+            })
+            .collect();
+        let done: Vec<&crate::store::JobRecord> = pairs.iter().map(|&(_, rec)| rec).collect();
         let store = &self.store;
         Ok(write_parquet(
             &jobs,
@@ -519,6 +475,43 @@ impl<S: Store, E: Executor> Orchestrator<S, E> {
             },
             path.as_ref(),
         )?)
+    }
+
+    /// The stored records of the enqueued runs, in enqueue order.
+    fn enqueued_records(&self) -> Result<Vec<Option<crate::store::JobRecord>>> {
+        let keys: Vec<Hash> = self.enqueued.iter().map(|p| p.key).collect();
+        Ok(self.store.records(&keys)?)
+    }
+
+    /// The finished runs among `recs` (enqueue order) with their pending runs, or
+    /// `UnknownMetric` (naming the metrics that exist) when none of them recorded `metric`.
+    fn done_with_metric<'a>(
+        &'a self,
+        recs: &'a [Option<crate::store::JobRecord>],
+        metric: &str,
+    ) -> Result<Vec<(&'a PendingRun, &'a crate::store::JobRecord)>> {
+        let mut out = Vec::with_capacity(recs.len());
+        let mut available = std::collections::BTreeSet::new();
+        let mut any = false;
+        for (p, rec) in self.enqueued.iter().zip(recs) {
+            let Some(rec) = rec else { continue };
+            if rec.status != crate::store::Status::Done {
+                continue;
+            }
+            if let Some(m) = &rec.metrics {
+                available.extend(m.names.iter().cloned());
+                any |= m.names.iter().any(|n| n == metric);
+            }
+            out.push((p, rec));
+        }
+        if !any {
+            return Err(MetricsError::UnknownMetric {
+                metric: metric.to_string(),
+                available: available.into_iter().collect(),
+            }
+            .into());
+        }
+        Ok(out)
     }
 
     /// Names of the metrics this sweep's finished runs recorded, sorted.
@@ -539,5 +532,17 @@ impl<S: Store, E: Executor> Orchestrator<S, E> {
     /// The folder of a job's artifacts, where the store has one.
     pub fn artifact_dir(&self, key: &Hash) -> Option<PathBuf> {
         self.store.artifact_dir(key)
+    }
+}
+
+/// A record's parameter types, or, for records written before types were kept, this sweep's.
+fn param_types<'a>(
+    p: &'a PendingRun,
+    rec: &'a crate::store::JobRecord,
+) -> &'a std::collections::BTreeMap<String, crate::identity::ParamType> {
+    if rec.param_types.is_empty() {
+        &p.param_types
+    } else {
+        &rec.param_types
     }
 }
