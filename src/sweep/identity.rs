@@ -183,33 +183,51 @@ fn tracing_note(job: &str, note: &str) {
     eprintln!("puzzletron: identity of {job}: {note}");
 }
 
+/// At most this many runs of the job (the latest stored) are compared by [`params_changed`]: a
+/// first pass over a growing store would otherwise compare every new run with every stored one.
+const MAX_COMPARED: usize = 2048;
+
 /// `params changed: a 1 -> 2, b 3 -> 4` against the closest of `others` (fewest differing
-/// top-level fields); `None` when `others` is empty or one of them is equal.
+/// top-level fields; among the last [`MAX_COMPARED`]); `None` when `others` is empty or one of
+/// them is equal.
 pub(super) fn params_changed(
     new: &serde_json::Value,
     others: &[serde_json::Value],
 ) -> Option<String> {
     let empty = serde_json::Map::new();
-    let fields = |v: &serde_json::Value| v.as_object().cloned().unwrap_or_default();
-    let new_f = fields(new);
-    let diff = |old: &serde_json::Value| -> Vec<String> {
+    let new_f = new.as_object().unwrap_or(&empty);
+    // Counted without allocating; only the closest run's differences are written out.
+    let differing = |old: &serde_json::Value| -> usize {
         let old_f = old.as_object().unwrap_or(&empty);
-        let mut names: Vec<&String> = new_f.keys().chain(old_f.keys()).collect();
-        names.sort();
-        names.dedup();
-        names
-            .into_iter()
-            .filter(|n| new_f.get(*n) != old_f.get(*n))
-            .map(|n| {
-                let show = |v: Option<&serde_json::Value>| {
-                    v.map(|v| v.to_string()).unwrap_or_else(|| "(none)".into())
-                };
-                format!("{n} {} -> {}", show(old_f.get(n)), show(new_f.get(n)))
-            })
-            .collect()
+        new_f
+            .iter()
+            .filter(|(n, v)| old_f.get(*n) != Some(*v))
+            .count()
+            + old_f.keys().filter(|n| !new_f.contains_key(*n)).count()
     };
-    let d = others.iter().map(diff).min_by_key(Vec::len)?;
-    (!d.is_empty()).then(|| format!("params changed: {}", d.join(", ")))
+    let mut best: Option<(usize, &serde_json::Value)> = None;
+    // Ties go to the earliest, as before the cap.
+    for old in &others[others.len().saturating_sub(MAX_COMPARED)..] {
+        let d = differing(old);
+        if d == 0 {
+            return None;
+        }
+        if best.is_none_or(|(b, _)| d < b) {
+            best = Some((d, old));
+        }
+    }
+    let (_, old) = best?;
+    let old_f = old.as_object().unwrap_or(&empty);
+    let mut names: Vec<&String> = new_f.keys().chain(old_f.keys()).collect();
+    names.sort();
+    names.dedup();
+    let show = |v: Option<&serde_json::Value>| v.map_or_else(|| "(none)".into(), |v| v.to_string());
+    let d: Vec<String> = names
+        .into_iter()
+        .filter(|n| new_f.get(*n) != old_f.get(*n))
+        .map(|n| format!("{n} {} -> {}", show(old_f.get(n)), show(new_f.get(n))))
+        .collect();
+    Some(format!("params changed: {}", d.join(", ")))
 }
 
 #[cfg(test)]
@@ -234,5 +252,15 @@ mod tests {
             params_changed(&json!({"a": 1}), &[json!({"a": 1, "b": 2})]).unwrap(),
             "params changed: b 2 -> (none)"
         );
+        // The closest wins whatever its position; an equal run means no params reason.
+        let mut many: Vec<_> = (0..100).map(|i| json!({"lr": i, "dropout": 0.5})).collect();
+        many.push(json!({"lr": 0.1, "dropout": 0.5}));
+        many.push(json!({"lr": 7, "dropout": 0.1}));
+        assert_eq!(
+            params_changed(&new, &many).unwrap(),
+            "params changed: dropout 0.5 -> 0.25"
+        );
+        many.insert(50, new.clone());
+        assert_eq!(params_changed(&new, &many), None);
     }
 }
