@@ -927,7 +927,7 @@ fn a_manual_filter_waits_for_its_decision_file_off_a_terminal() {
     );
     assert!(
         err.contains("[decision_invalid]")
-            && err.contains("9: no revision number 9; choose 1 to 3"),
+            && err.contains("9: no candidate number 9; choose 1 to 3"),
         "{err}"
     );
     let sel: serde_json::Value = serde_json::from_slice(
@@ -1117,7 +1117,7 @@ fn a_manual_filter_asks_on_a_terminal() {
         "{text}"
     );
     assert!(
-        text.contains("7: no revision number 7; choose 1 to 3"),
+        text.contains("7: no candidate number 7; choose 1 to 3"),
         "{text}"
     );
     let sel: serde_json::Value =

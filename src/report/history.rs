@@ -98,6 +98,8 @@ pub enum StageStatus {
     Failed,
     /// Not run: a manual decision upstream chose no candidate.
     Skipped,
+    /// Not started and never will be in this run: a stage it depends on failed.
+    Blocked,
 }
 
 impl StageStatus {
@@ -109,6 +111,7 @@ impl StageStatus {
             StageStatus::Done => "done",
             StageStatus::Failed => "failed",
             StageStatus::Skipped => "skipped",
+            StageStatus::Blocked => "blocked",
         }
     }
 }
@@ -726,12 +729,32 @@ impl CampaignHistory {
                 };
             }
         }
+        // A waiting stage below a failed one never starts (the controller starts nothing under
+        // a failed parent): blocked, so a campaign that failed reads as ended, not pending.
+        // Plan order lists parents first.
+        for i in 0..self.stages.len() {
+            if self.stages[i].status == StageStatus::Waiting
+                && self.stages[i].parents.iter().any(|p| {
+                    idx.get(p).is_some_and(|&pi| {
+                        matches!(
+                            self.stages[pi].status,
+                            StageStatus::Failed | StageStatus::Blocked
+                        )
+                    })
+                })
+            {
+                self.stages[i].status = StageStatus::Blocked;
+            }
+        }
         self.finished = !live_any
             && !self.stages.is_empty()
             && self.stages.iter().all(|s| {
                 matches!(
                     s.status,
-                    StageStatus::Done | StageStatus::Failed | StageStatus::Skipped
+                    StageStatus::Done
+                        | StageStatus::Failed
+                        | StageStatus::Skipped
+                        | StageStatus::Blocked
                 )
             });
     }
@@ -741,7 +764,8 @@ impl CampaignHistory {
         self.attempts
             .iter()
             .map(|a| a.gpu_hours(self.as_of_ms))
-            .sum()
+            .sum::<f64>()
+            + 0.0 // no -0.0 for a campaign without attempts
     }
 
     /// Wasted GPU-hours by key (failure class name, `superseded`, `hung`), sorted by key.
@@ -757,7 +781,8 @@ impl CampaignHistory {
 
     /// Total wasted GPU-hours.
     pub fn wasted_gpu_hours(&self) -> f64 {
-        self.waste_by_class().values().sum()
+        // `+ 0.0`: an empty f64 sum is -0.0, printed "-0.000".
+        self.waste_by_class().values().sum::<f64>() + 0.0
     }
 
     /// Attempts that ended badly (failed, cancelled, submit failed), in journal order.
@@ -1130,6 +1155,26 @@ mod tests {
             b.apply(r.at_ms, &r.entry);
         }
         b.finish()
+    }
+
+    #[test]
+    fn stages_below_a_failed_stage_are_blocked_and_the_campaign_ended() {
+        let mut h = from_lines(&[], 0);
+        let st = |id: &str, parents: &[&str]| {
+            StageHistory::new(id, parents.iter().map(|p| p.to_string()).collect(), 1)
+        };
+        h.stages = vec![st("a", &[]), st("b", &["a"]), st("c", &["b"]), st("d", &[])];
+        h.stages[0].status = StageStatus::Failed;
+        h.recompute_stages();
+        let status: Vec<&str> = h.stages.iter().map(|s| s.status.as_str()).collect();
+        assert_eq!(status, ["failed", "blocked", "blocked", "waiting"]);
+        assert!(!h.finished, "d can still run");
+        h.stages[3].status = StageStatus::Done;
+        h.recompute_stages();
+        assert!(h.finished, "nothing left that can run");
+        // No attempts: totals are +0.0 (an empty f64 sum is -0.0, printed "-0.000").
+        assert_eq!(format!("{:.3}", h.wasted_gpu_hours()), "0.000");
+        assert_eq!(format!("{:.3}", h.gpu_hours()), "0.000");
     }
 
     #[test]

@@ -72,7 +72,7 @@ pub(crate) fn colour(name: &str) -> &'static str {
         "cancelled" => "#8e8e8e",
         "superseded" => "#b48ede",
         "live" | "running" => "#3b7dd8",
-        "intent" | "waiting" => "#d8d8d8",
+        "intent" | "waiting" | "blocked" | "skipped" => "#d8d8d8",
         "submit_failed" => "#e08a2c",
         _ => "#e0b02c",
     }

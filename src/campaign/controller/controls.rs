@@ -338,7 +338,7 @@ pub fn choose_revisions(input: &str, available: &[String]) -> Result<Vec<String>
         } else if let Ok(n) = tok.parse::<usize>() {
             if n == 0 || n > available.len() {
                 return Err(format!(
-                    "{tok}: no revision number {n}; choose 1 to {}",
+                    "{tok}: no candidate number {n}; choose 1 to {}",
                     available.len()
                 ));
             }
@@ -427,7 +427,7 @@ mod tests {
         assert!(text.contains("/c/decisions/post.f.pick.txt"), "{text}");
         // The bad token's message, then the empty line's, then the prompt a third time.
         assert!(
-            text.contains("7: no revision number 7; choose 1 to 3"),
+            text.contains("7: no candidate number 7; choose 1 to 3"),
             "{text}"
         );
         assert!(text.contains("type `none` to keep none"), "{text}");
