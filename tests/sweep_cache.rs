@@ -70,7 +70,7 @@ fn cache_story() {
     let mut o = sweep(&c);
     grid(&mut o, &c, &[0.1, 0.2, 0.3, 0.45]);
     let plan = o.plan().unwrap();
-    let runs: Vec<_> = plan.to_run().map(|d| d.params.clone()).collect();
+    let runs: Vec<_> = plan.to_run().map(|d| &*d.params).collect();
     assert_eq!(runs, [r#"{"hidden":16,"lr":0.45}"#], "{plan}");
     let (n, _) = executions(|| o.drain().unwrap());
     assert_eq!(n, 1);

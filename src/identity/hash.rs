@@ -34,7 +34,20 @@ impl Hash {
 
     /// The full 64-character lowercase hex form.
     pub fn to_hex(&self) -> String {
-        hex::encode(self.0)
+        let mut buf = [0u8; Self::HEX_LEN];
+        self.write_hex(&mut buf).to_owned()
+    }
+
+    /// Writes the 64-character hex form into `buf` and returns it as text (no allocation: the
+    /// store builds a path from it per cache hit).
+    pub fn write_hex<'b>(&self, buf: &'b mut [u8; Self::HEX_LEN]) -> &'b str {
+        const DIGITS: &[u8; 16] = b"0123456789abcdef";
+        for (i, b) in self.0.iter().enumerate() {
+            buf[2 * i] = DIGITS[usize::from(b >> 4)];
+            buf[2 * i + 1] = DIGITS[usize::from(b & 0xf)];
+        }
+        // Infallible: every byte written is an ASCII hex digit.
+        std::str::from_utf8(buf).unwrap_or_default()
     }
 
     /// The first 12 hex characters, for display (not for lookups).
@@ -102,11 +115,22 @@ impl FromStr for Hash {
         let err = || ParseHashError {
             text: s.chars().take(80).collect(),
         };
-        if s.len() != Self::HEX_LEN || s.bytes().any(|b| b.is_ascii_uppercase()) {
+        // Hand-rolled (lowercase only, one pass): the done index parses three hashes per line.
+        fn nibble(b: u8) -> Option<u8> {
+            match b {
+                b'0'..=b'9' => Some(b - b'0'),
+                b'a'..=b'f' => Some(b - b'a' + 10),
+                _ => None,
+            }
+        }
+        let bytes = s.as_bytes();
+        if bytes.len() != Self::HEX_LEN {
             return Err(err());
         }
         let mut out = [0u8; 32];
-        hex::decode_to_slice(s, &mut out).map_err(|_| err())?;
+        for (o, pair) in out.iter_mut().zip(bytes.chunks_exact(2)) {
+            *o = (nibble(pair[0]).ok_or_else(err)? << 4) | nibble(pair[1]).ok_or_else(err)?;
+        }
         Ok(Self(out))
     }
 }
@@ -154,6 +178,26 @@ mod tests {
         let json = serde_json::to_string(&h).unwrap();
         assert_eq!(json, format!("\"{}\"", h.to_hex()));
         assert_eq!(serde_json::from_str::<Hash>(&json).unwrap(), h);
+    }
+
+    #[test]
+    fn hex_of_every_byte_value_round_trips_and_matches_the_hex_crate() {
+        for b in 0..=255u8 {
+            let h = Hash::from_bytes([b; 32]);
+            assert_eq!(h.to_hex(), hex::encode([b; 32]));
+            assert_eq!(h.to_hex().parse::<Hash>().unwrap(), h);
+        }
+        // Each character just outside the digit ranges, in the first and the last position.
+        for c in ['/', ':', '`', 'g', 'F', ' '] {
+            for at in [0, 63] {
+                let mut text: Vec<char> = "0".repeat(64).chars().collect();
+                text[at] = c;
+                let text: String = text.into_iter().collect();
+                assert!(text.parse::<Hash>().is_err(), "{text:?} parsed");
+            }
+        }
+        // 64 bytes that are not 64 characters.
+        assert!(format!("é{}", "0".repeat(62)).parse::<Hash>().is_err());
     }
 
     #[test]

@@ -60,15 +60,25 @@ impl Entry {
             "{TAG} {key} {} {} {} {}",
             self.attempt, self.witnesses, self.record, self.len
         );
-        let check = &Hash::of(body.as_bytes()).to_hex()[..16];
-        format!("{body} {check}\n")
+        let mut check = [0u8; 16];
+        format!("{body} {}\n", check_of(body.as_bytes(), &mut check))
     }
+}
+
+/// `CHECK` of a line's body: the first 16 hex digits of its SHA-256 (written into `buf`).
+fn check_of<'b>(body: &[u8], buf: &'b mut [u8; 16]) -> &'b str {
+    let mut hex = [0u8; Hash::HEX_LEN];
+    let full = Hash::of(body).write_hex(&mut hex);
+    buf.copy_from_slice(&full.as_bytes()[..16]);
+    // Infallible: ASCII hex digits.
+    std::str::from_utf8(buf).unwrap_or_default()
 }
 
 /// One line without its newline: `None` when it is not a well-formed, intact entry.
 fn parse_line(line: &str) -> Option<(Hash, Entry)> {
     let (body, check) = line.rsplit_once(' ')?;
-    if check.len() != 16 || Hash::of(body.as_bytes()).to_hex()[..16] != *check {
+    let mut buf = [0u8; 16];
+    if check.len() != 16 || check_of(body.as_bytes(), &mut buf) != check {
         return None;
     }
     let mut it = body.split(' ');
@@ -174,21 +184,18 @@ impl DoneIndex {
         }
     }
 
-    /// The head of `key`'s record when the index has an entry and `record.json` (at `path`) is
-    /// exactly the record it describes; `None` otherwise (read the record then).
+    /// The head of the record at `path` when it is exactly the record `entry` describes;
+    /// `None` otherwise (read the record then).
     ///
     /// # Errors
     /// The I/O error of reading the record, except that it does not exist.
-    pub(super) fn verified(&self, key: &Hash, path: &Path) -> io::Result<Option<DoneHead>> {
-        let Some(e) = self.get(key) else {
+    pub(super) fn verify(entry: Entry, path: &Path) -> io::Result<Option<DoneHead>> {
+        let Some(bytes) = read_expecting(path, entry.len)? else {
             return Ok(None);
         };
-        let Some(bytes) = read_expecting(path, e.len)? else {
-            return Ok(None);
-        };
-        Ok((Hash::of(&bytes) == e.record).then_some(DoneHead {
-            attempt: e.attempt,
-            witnesses: e.witnesses,
+        Ok((Hash::of(&bytes) == entry.record).then_some(DoneHead {
+            attempt: entry.attempt,
+            witnesses: entry.witnesses,
         }))
     }
 }

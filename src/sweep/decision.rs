@@ -1,6 +1,7 @@
 //! [`JobDecision`] and [`Plan`]: what a drain would do with each run, and why.
 
 use std::fmt;
+use std::sync::Arc;
 
 use super::pending::PendingRun;
 use crate::identity::{self, Hash, Witnesses};
@@ -33,10 +34,10 @@ impl fmt::Display for Action {
 pub struct JobDecision {
     /// The job key.
     pub key: Hash,
-    /// The job's name.
-    pub job: String,
-    /// Its parameters, as canonical JSON.
-    pub params: String,
+    /// The job's name (shared with the queued run).
+    pub job: Arc<str>,
+    /// Its parameters, as canonical JSON (shared with the queued run).
+    pub params: Arc<str>,
     /// What the drain does.
     pub action: Action,
     /// Why.
@@ -96,7 +97,10 @@ impl fmt::Display for Plan {
 }
 
 /// Runs a plan reads records for at once.
-const PLAN_CHUNK: usize = 8192;
+const PLAN_CHUNK: usize = 2048;
+
+/// Below this many runs, [`Decider::fast_skips`] stays on the calling thread.
+const PARALLEL_MIN: usize = 256;
 
 /// Decides runs against a store: what the rules of DESIGN.md §4 say a drain does with each.
 pub(super) struct Decider<'a, S: Store + ?Sized> {
@@ -142,12 +146,47 @@ impl<'a, S: Store + ?Sized> Decider<'a, S> {
             .filter(|h| h.witnesses == current)
             .map(|h| JobDecision {
                 key: run.key,
-                job: run.job.to_string(),
-                params: run.params.to_string(),
+                job: run.job.clone(),
+                params: run.params.clone(),
                 action: Action::Skip,
                 reasons: vec![format!("up to date, attempt {}", h.attempt)],
                 replaces: None,
             }))
+    }
+
+    /// [`fast_skip`](Self::fast_skip) of every run of `runs`, in order, on up to four threads
+    /// when there are many (a cache hit is a few syscalls and a digest; they overlap well).
+    /// `Err` entries are the store's errors of those runs.
+    pub(super) fn fast_skips(
+        &self,
+        runs: &[PendingRun],
+    ) -> Vec<Result<Option<JobDecision>, StoreError>> {
+        if self.shortcut.is_none() {
+            return runs.iter().map(|_| Ok(None)).collect();
+        }
+        let threads = std::thread::available_parallelism()
+            .map_or(1, |n| n.get())
+            .min(4);
+        if threads < 2 || runs.len() < PARALLEL_MIN {
+            return runs.iter().map(|p| self.fast_skip(p)).collect();
+        }
+        let chunk = runs.len().div_ceil(threads);
+        let mut parts = runs.chunks(chunk);
+        let mine = parts.next().unwrap_or_default();
+        std::thread::scope(|s| {
+            let others: Vec<_> = parts
+                .map(|c| s.spawn(move || c.iter().map(|p| self.fast_skip(p)).collect::<Vec<_>>()))
+                .collect();
+            // The calling thread takes the first slice itself.
+            let mut out: Vec<_> = mine.iter().map(|p| self.fast_skip(p)).collect();
+            for o in others {
+                match o.join() {
+                    Ok(v) => out.extend(v),
+                    Err(panic) => std::panic::resume_unwind(panic),
+                }
+            }
+            out
+        })
     }
 
     /// The decision for `run`, reading its record (and its lineage when it has none).
@@ -169,10 +208,10 @@ impl<'a, S: Store + ?Sized> Decider<'a, S> {
         // In slices, so what is read for a slice (records, lineages) is dropped before the
         // next: a plan's peak memory is its decisions plus one slice's records.
         for chunk in queue.chunks(PLAN_CHUNK) {
-            let mut fast: Vec<Option<JobDecision>> = Vec::with_capacity(chunk.len());
-            for p in chunk {
-                fast.push(self.fast_skip(p)?);
-            }
+            let fast = self
+                .fast_skips(chunk)
+                .into_iter()
+                .collect::<Result<Vec<_>, _>>()?;
             let rest: Vec<&PendingRun> = chunk
                 .iter()
                 .zip(&fast)
@@ -276,8 +315,8 @@ impl<'a, S: Store + ?Sized> Decider<'a, S> {
         }
         Ok(JobDecision {
             key: run.key,
-            job: run.job.to_string(),
-            params: run.params.to_string(),
+            job: run.job.clone(),
+            params: run.params.clone(),
             action,
             reasons,
             replaces,

@@ -24,6 +24,9 @@ use crate::store::{
 /// them into one commit).
 const COMMITTERS: usize = 8;
 
+/// Runs whose cache hits a drain proves together, ahead of executing them.
+const PREFETCH: usize = 1024;
+
 /// A run that finished well and whose record is not committed yet: its claim is still held,
 /// so nobody else runs it meanwhile, and a crash before the commit leaves it interrupted.
 pub(super) struct Commit {
@@ -132,10 +135,25 @@ impl<S: Store + ?Sized> Engine<'_, S> {
                 }
             };
         }
+        let mut ahead: Vec<Option<JobDecision>> = Vec::new();
         for (i, p) in queue.iter().enumerate() {
-            let decision = match self.decider.decide(p) {
-                Ok(d) => d,
-                Err(e) => stop!(Stop::Cause(FailureCause::Store(e))),
+            if i % PREFETCH == 0 {
+                // The cache hits of the next runs, proved together on a few threads. A done
+                // record stays done, so a skip proved a moment early is the plan's skip; a miss
+                // or an error is decided again at its turn.
+                ahead = self
+                    .decider
+                    .fast_skips(&queue[i..total.min(i + PREFETCH)])
+                    .into_iter()
+                    .map(|r| r.ok().flatten())
+                    .collect();
+            }
+            let decision = match ahead.get_mut(i % PREFETCH).and_then(Option::take) {
+                Some(d) => d,
+                None => match self.decider.decide(p) {
+                    Ok(d) => d,
+                    Err(e) => stop!(Stop::Cause(FailureCause::Store(e))),
+                },
             };
             match decision.action {
                 Action::Skip => {

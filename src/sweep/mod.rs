@@ -22,6 +22,6 @@ pub use decision::{Action, JobDecision, Plan};
 pub use event::Event;
 pub use job::{Job, JobResult};
 pub use orchestrator::Orchestrator;
-pub use pending::PendingRun;
+pub use pending::{PendingRun, RunSpec};
 pub use run::Run;
 pub use summary::{FailureCause, JobOutcome, Outcome, RunFailed, RunSummary};

@@ -16,7 +16,7 @@ use super::entry::Entry;
 use super::execute::{Drained, Engine, EventFn, Stop, failure, summary_of};
 use super::job::Job;
 use super::params_check::ParamsCheck;
-use super::pending::PendingRun;
+use super::pending::{PendingRun, RunSpec};
 use super::run::Run;
 use super::summary::{FailureCause, Outcome, RunFailed, RunSummary};
 use crate::error::{Error, Result};
@@ -154,7 +154,7 @@ impl<S: Store, E: Executor> Orchestrator<S, E> {
             }
         };
         let shape = self.shape(canon.fields, canon.types);
-        let pending = PendingRun {
+        let pending = PendingRun::new(RunSpec {
             key,
             lineage: identity::lineage_key(job.name(), &canon.json),
             job: name,
@@ -164,7 +164,7 @@ impl<S: Store, E: Executor> Orchestrator<S, E> {
             owned,
             call: Arc::new(move |run: &mut Run| f(&params, run)),
             entry: Entry::of::<P>(f),
-        };
+        });
         let index = u32::try_from(self.enqueued.len()).unwrap_or(u32::MAX);
         self.keys.insert(key, (index, true));
         self.queue.push(pending.clone());

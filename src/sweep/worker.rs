@@ -54,7 +54,7 @@ use super::decision::{Action, Decider, JobDecision};
 use super::entry::Entry;
 use super::event::Event;
 use super::execute::{Drained, Engine, Stop, failure};
-use super::pending::PendingRun;
+use super::pending::{PendingRun, RunSpec};
 use super::run::Run;
 use super::summary::{FailureCause, Outcome};
 use crate::error::{Error, Result};
@@ -351,10 +351,10 @@ fn run_task(path: &Path) -> std::result::Result<Option<Outcome>, String> {
     let entry = task.entry;
     let params: Arc<str> = task.params.into();
     let call_params = params.clone();
-    let pending = PendingRun {
+    let pending = PendingRun::new(RunSpec {
         key: task.key,
         lineage: task.lineage,
-        job: task.job.clone().into(),
+        job: task.job.into(),
         params: params.clone(),
         param_order: task.param_order.into(),
         param_types: Arc::new(task.param_types),
@@ -362,11 +362,11 @@ fn run_task(path: &Path) -> std::result::Result<Option<Outcome>, String> {
         // SAFETY: the entry was made by Entry::of in the same binary (checked above).
         call: Arc::new(move |run: &mut Run| unsafe { entry.call(&call_params, run) }),
         entry,
-    };
+    });
     let decision = JobDecision {
         key: task.key,
-        job: task.job,
-        params: params.to_string(),
+        job: pending.job.clone(),
+        params,
         action: Action::Run,
         reasons: task.reasons,
         replaces: task.replaces,
