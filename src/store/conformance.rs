@@ -87,27 +87,40 @@ pub fn run_all<S: Store + 'static>(make: impl Fn() -> S) {
     concurrent_claims_one_winner(Arc::new(make()));
 }
 
-/// [`Store::done_head`] is `None` for an absent, running or failed job, and for a done job it is
-/// `None` or exactly its record's attempt and witnesses digest.
+/// [`Store::done_head`] (and [`Store::done_heads`], which must agree with it) is `None` for an
+/// absent, running or failed job, and for a done job it is `None` or exactly its record's
+/// attempt and witnesses digest.
 pub fn done_head_never_lies(store: &dyn Store) {
     let k = Hash::of("head");
-    assert_eq!(store.done_head(&k).unwrap(), None, "no record: no head");
+    // Every head is asked both ways: alone and in a batch with an absent key around it.
+    let head = |k: &Hash| {
+        let one = store.done_head(k).unwrap();
+        let absent = Hash::of("absent");
+        let batch: Vec<_> = store
+            .done_heads(&[absent, *k, absent])
+            .into_iter()
+            .map(Result::unwrap)
+            .collect();
+        assert_eq!(batch, [None, one, None], "done_heads agrees with done_head");
+        one
+    };
+    assert_eq!(head(&k), None, "no record: no head");
     let c = claimed(store, &k, &Owner::current());
     store
         .start(&c, &sample_record(k, Status::Running, c.attempt))
         .unwrap();
-    assert_eq!(store.done_head(&k).unwrap(), None, "running: no head");
+    assert_eq!(head(&k), None, "running: no head");
     store
         .finish(&c, &sample_record(k, Status::Failed, c.attempt))
         .unwrap();
-    assert_eq!(store.done_head(&k).unwrap(), None, "failed: no head");
+    assert_eq!(head(&k), None, "failed: no head");
     let c = claimed(store, &k, &Owner::current());
     let done = sample_record(k, Status::Done, c.attempt);
     store
         .start(&c, &sample_record(k, Status::Running, c.attempt))
         .unwrap();
     store.finish(&c, &done).unwrap();
-    if let Some(h) = store.done_head(&k).unwrap() {
+    if let Some(h) = head(&k) {
         assert_eq!(h.attempt, 2, "the head of the done attempt");
         assert_eq!(
             h.witnesses,
@@ -122,7 +135,7 @@ pub fn done_head_never_lies(store: &dyn Store) {
     store
         .start(&c, &sample_record(k, Status::Running, c.attempt))
         .unwrap();
-    assert_eq!(store.done_head(&k).unwrap(), None, "re-running: no head");
+    assert_eq!(head(&k), None, "re-running: no head");
 }
 
 /// A new store holds no records, keys, lineage or claims.

@@ -401,6 +401,39 @@ fn link_age(path: &Path) -> Option<Duration> {
     )
 }
 
+/// A handle on a folder, only to open names relative to it (`O_PATH`).
+fn open_dir(dir: &Path) -> io::Result<File> {
+    use std::os::unix::fs::OpenOptionsExt;
+    OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_DIRECTORY | libc::O_PATH)
+        .open(dir)
+}
+
+/// Opens `KEY/record.json` relative to the `jobs/` folder handle `dir`, read-only.
+fn open_record_at(dir: &File, key: &Hash) -> io::Result<File> {
+    use std::os::fd::{AsRawFd, FromRawFd};
+    const TAIL: &[u8] = b"/record.json\0";
+    let mut name = [0u8; Hash::HEX_LEN + TAIL.len()];
+    let mut hex = [0u8; Hash::HEX_LEN];
+    name[..Hash::HEX_LEN].copy_from_slice(key.write_hex(&mut hex).as_bytes());
+    name[Hash::HEX_LEN..].copy_from_slice(TAIL);
+    // SAFETY: `name` is NUL-terminated with no interior NUL (hex digits and a fixed tail), and
+    // `dir` is an open descriptor for the duration of the call.
+    let fd = unsafe {
+        libc::openat(
+            dir.as_raw_fd(),
+            name.as_ptr().cast(),
+            libc::O_RDONLY | libc::O_CLOEXEC,
+        )
+    };
+    if fd < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: `fd` was just returned by openat and is owned by nothing else.
+    Ok(unsafe { File::from_raw_fd(fd) })
+}
+
 /// The entry names of a folder.
 fn list_names(dir: &Path) -> Result<HashSet<String>, StoreError> {
     let mut names = HashSet::new();
@@ -512,6 +545,31 @@ impl Store for FsStore {
         };
         let path = self.job_dir(key).join("record.json");
         DoneIndex::verify(entry, &path).map_err(io_err(&path))
+    }
+
+    fn preload(&self) {
+        self.index.preload();
+    }
+
+    fn done_heads(&self, keys: &[Hash]) -> Vec<Result<Option<DoneHead>, StoreError>> {
+        // One handle on `jobs/` per batch and each record opened relative to it: the kernel
+        // walks two names per record instead of the whole root path (a third of a cache hit's
+        // time). The handle is opened now, so a store folder moved away before this batch is
+        // not read through it.
+        let dir = open_dir(&self.jobs);
+        keys.iter()
+            .map(|key| {
+                let Some(entry) = self.index.get(key) else {
+                    return Ok(None);
+                };
+                let opened = match &dir {
+                    Ok(d) => open_record_at(d, key),
+                    Err(_) => File::open(self.job_dir(key).join("record.json")),
+                };
+                DoneIndex::verify_opened(entry, opened)
+                    .map_err(|e| io_err(&self.job_dir(key).join("record.json"))(e))
+            })
+            .collect()
     }
 
     fn keys(&self) -> Result<Vec<Hash>, StoreError> {

@@ -2,8 +2,8 @@
 //! written with one `write(2)` per batch, not per row.
 //!
 //! A batch reaches the OS when it holds [`FLUSH_ROWS`] rows, when its oldest row is
-//! [`FLUSH_INTERVAL`] old (a background thread, started with the first buffered row, sees to
-//! that even when the job logs nothing more), when the job marks a step boundary
+//! [`FLUSH_INTERVAL`] old (the process's one flusher thread, started with the first buffered
+//! row of any sink, sees to that even when the job logs nothing more), when the job marks a step boundary
 //! ([`Run::flush`](crate::sweep::Run::flush)), and when the attempt ends (then it is also
 //! fsynced before the done record is written). A process killed in between loses at most the
 //! unflushed batch; a batch torn by a power loss leaves a torn last line, which readers drop
@@ -13,8 +13,7 @@ use std::collections::BTreeSet;
 use std::fs::File;
 use std::io::{self, Write};
 use std::path::PathBuf;
-use std::sync::{Arc, Condvar, Mutex, MutexGuard};
-use std::thread::JoinHandle;
+use std::sync::{Arc, Condvar, Mutex, MutexGuard, OnceLock, Weak};
 use std::time::{Duration, Instant};
 
 use super::{MetricSink, MetricsInfo, StoreError, check_metric_name};
@@ -41,7 +40,6 @@ struct State {
 struct Shared {
     path: PathBuf,
     state: Mutex<State>,
-    wake: Condvar,
 }
 
 impl Shared {
@@ -88,9 +86,94 @@ fn write_draining(w: &mut impl Write, buf: &mut Vec<u8>) -> io::Result<()> {
     r
 }
 
+/// The process's one flusher thread and the sinks it watches. One thread for all sinks: a
+/// thread per sink cost a thread start per run in a first pass of trivial runs.
+struct Flusher {
+    sinks: Mutex<Vec<Weak<Shared>>>,
+    wake: Condvar,
+}
+
+impl Flusher {
+    /// The flusher, its thread started on first use; `None` when no thread can be started
+    /// (rows then reach the file by count, step mark and attempt end).
+    fn get() -> Option<&'static Flusher> {
+        static FLUSHER: OnceLock<Option<&'static Flusher>> = OnceLock::new();
+        *FLUSHER.get_or_init(|| {
+            let f: &'static Flusher = Box::leak(Box::new(Flusher {
+                sinks: Mutex::new(Vec::new()),
+                wake: Condvar::new(),
+            }));
+            std::thread::Builder::new()
+                .name("puzzletron-metrics".into())
+                .spawn(move || f.run())
+                .ok()
+                .map(|_| f)
+        })
+    }
+
+    fn lock(&self) -> MutexGuard<'_, Vec<Weak<Shared>>> {
+        self.sinks.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Watches `shared` until it is closed or dropped.
+    fn register(&self, shared: &Arc<Shared>) {
+        self.lock().push(Arc::downgrade(shared));
+        self.wake.notify_all();
+    }
+
+    /// A sink's batch has a new oldest row: its deadline may be the nearest. The caller holds
+    /// no sink lock (the flusher takes its lock, then the sinks').
+    fn poke(&self) {
+        let _g = self.lock();
+        self.wake.notify_all();
+    }
+
+    fn run(&self) {
+        let mut sinks = self.lock();
+        loop {
+            let now = Instant::now();
+            let mut next: Option<Instant> = None;
+            sinks.retain(|w| {
+                let Some(sh) = w.upgrade() else {
+                    return false;
+                };
+                let mut st = sh.lock();
+                if st.closed {
+                    return false;
+                }
+                match st.oldest {
+                    Some(t) if now.duration_since(t) >= FLUSH_INTERVAL => {
+                        if let Err(e) = write_out(&mut st) {
+                            st.failed.get_or_insert(e);
+                            // Keep the rows; the job's next call reports the error.
+                            st.oldest = None;
+                        }
+                    }
+                    Some(t) => {
+                        let due = t + FLUSH_INTERVAL;
+                        next = Some(next.map_or(due, |n| n.min(due)));
+                    }
+                    None => {}
+                }
+                true
+            });
+            sinks = match next {
+                None => self.wake.wait(sinks).unwrap_or_else(|p| p.into_inner()),
+                Some(due) => {
+                    self.wake
+                        .wait_timeout(sinks, due.saturating_duration_since(now))
+                        .unwrap_or_else(|p| p.into_inner())
+                        .0
+                }
+            };
+        }
+    }
+}
+
 pub(super) struct FsSink {
     shared: Arc<Shared>,
-    flusher: Option<JoinHandle<()>>,
+    /// The flusher watching this sink (registered with its first row).
+    flusher: Option<&'static Flusher>,
     rows: u64,
     names: BTreeSet<String>,
 }
@@ -108,7 +191,6 @@ impl FsSink {
                     failed: None,
                     closed: false,
                 }),
-                wake: Condvar::new(),
             }),
             flusher: None,
             rows: 0,
@@ -123,47 +205,10 @@ impl FsSink {
         }
     }
 
-    /// Starts the thread that writes a batch once its oldest row is [`FLUSH_INTERVAL`] old.
-    fn start_flusher(&mut self) {
-        let shared = Arc::clone(&self.shared);
-        let spawned = std::thread::Builder::new()
-            .name("puzzletron-metrics".into())
-            .spawn(move || {
-                let mut st = shared.lock();
-                loop {
-                    if st.closed {
-                        return;
-                    }
-                    match st.oldest {
-                        None => st = shared.wake.wait(st).unwrap_or_else(|p| p.into_inner()),
-                        Some(t) => {
-                            let age = t.elapsed();
-                            if age >= FLUSH_INTERVAL {
-                                if let Err(e) = write_out(&mut st) {
-                                    st.failed.get_or_insert(e);
-                                    // Keep the rows; the job's next call reports the error.
-                                    st.oldest = None;
-                                }
-                            } else {
-                                st = shared
-                                    .wake
-                                    .wait_timeout(st, FLUSH_INTERVAL - age)
-                                    .unwrap_or_else(|p| p.into_inner())
-                                    .0;
-                            }
-                        }
-                    }
-                }
-            });
-        // Without the thread, rows still reach the file by count, step mark and attempt end.
-        self.flusher = spawned.ok();
-    }
-
+    /// Stops the flusher's watch of this sink (it writes nothing of it any more).
     fn stop_flusher(&mut self) {
-        if let Some(h) = self.flusher.take() {
+        if self.flusher.take().is_some() {
             self.shared.lock().closed = true;
-            self.shared.wake.notify_all();
-            let _ = h.join();
         }
     }
 
@@ -196,12 +241,17 @@ impl MetricSink for FsSink {
                 drop(st);
                 return Err(self.io_err(e));
             }
-        } else if first && self.flusher.is_some() {
-            self.shared.wake.notify_one();
-        }
-        drop(st);
-        if self.flusher.is_none() && self.rows == 0 {
-            self.start_flusher();
+        } else if first {
+            drop(st);
+            match self.flusher {
+                Some(f) => f.poke(),
+                None => {
+                    self.flusher = Flusher::get();
+                    if let Some(f) = self.flusher {
+                        f.register(&self.shared);
+                    }
+                }
+            }
         }
         self.rows += 1;
         if !self.names.contains(name) {
@@ -254,6 +304,55 @@ mod tests {
     use super::*;
     use crate::store::rows::{Bound, read_rows};
     use std::path::Path;
+
+    /// Rows reach the file within about [`FLUSH_INTERVAL`] with no further call, for several
+    /// sinks at once (one flusher thread serves them all), and again after a first batch.
+    #[test]
+    fn the_flusher_writes_idle_batches_of_every_sink() {
+        let dir = tempfile::tempdir().unwrap();
+        let open = |name: &str| {
+            let path = dir.path().join(name);
+            let file = File::create(&path).unwrap();
+            (path.clone(), FsSink::new(path, file))
+        };
+        let (pa, mut a) = open("a.tsv");
+        let (pb, mut b) = open("b.tsv");
+        let wait_for = |path: &Path, want: &str| {
+            let t = Instant::now();
+            loop {
+                let got = std::fs::read_to_string(path).unwrap();
+                if got == want {
+                    return t.elapsed();
+                }
+                assert!(
+                    t.elapsed() < FLUSH_INTERVAL * 10,
+                    "{path:?}: {got:?}, want {want:?}"
+                );
+                std::thread::sleep(Duration::from_millis(20));
+            }
+        };
+        let t0 = Instant::now();
+        a.append("loss", 1, 0.5).unwrap();
+        b.append("acc", 1, 0.25).unwrap();
+        // Nothing is written before the interval (the rows wait in the buffers).
+        let early = std::fs::read_to_string(&pa).unwrap();
+        if t0.elapsed() < FLUSH_INTERVAL {
+            assert_eq!(early, "");
+        }
+        wait_for(&pa, "loss\t1\t0.5\n");
+        wait_for(&pb, "acc\t1\t0.25\n");
+        a.append("loss", 2, 0.75).unwrap();
+        wait_for(&pa, "loss\t1\t0.5\nloss\t2\t0.75\n");
+        // Closed sinks leave the flusher's watch; their last rows come with `sync`.
+        a.sync().unwrap();
+        b.append("acc", 2, 1.0).unwrap();
+        b.sync().unwrap();
+        assert_eq!(
+            std::fs::read_to_string(&pb).unwrap(),
+            "acc\t1\t0.25\nacc\t2\t1\n"
+        );
+        assert_eq!((a.summary().rows, b.summary().rows), (2, 2));
+    }
 
     /// A disk that takes `room` more bytes, then fails with ENOSPC (after a partial write).
     struct Disk {

@@ -155,6 +155,16 @@ impl DoneIndex {
         map
     }
 
+    /// Loads the file on a background thread unless it is loaded; a lookup meanwhile waits
+    /// for that load (or, if it comes first, loads it itself and the thread finds it done).
+    pub(super) fn preload(&self) {
+        let me = self.clone();
+        // Without a thread the first lookup loads it, as always.
+        let _ = std::thread::Builder::new()
+            .name("puzzletron-index".into())
+            .spawn(move || me.with(|_| ()));
+    }
+
     /// The entry for `key`, if the index has one (not yet checked against the record).
     pub(super) fn get(&self, key: &Hash) -> Option<Entry> {
         self.with(|m| m.get(key).copied())
@@ -190,7 +200,23 @@ impl DoneIndex {
     /// # Errors
     /// The I/O error of reading the record, except that it does not exist.
     pub(super) fn verify(entry: Entry, path: &Path) -> io::Result<Option<DoneHead>> {
-        let Some(bytes) = read_expecting(path, entry.len)? else {
+        Self::verify_opened(entry, File::open(path))
+    }
+
+    /// [`verify`](Self::verify) of a record the caller opened (or failed to open).
+    ///
+    /// # Errors
+    /// As [`verify`](Self::verify).
+    pub(super) fn verify_opened(
+        entry: Entry,
+        file: io::Result<File>,
+    ) -> io::Result<Option<DoneHead>> {
+        let file = match file {
+            Ok(f) => f,
+            Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(None),
+            Err(e) => return Err(e),
+        };
+        let Some(bytes) = read_expecting(file, entry.len)? else {
             return Ok(None);
         };
         Ok((Hash::of(&bytes) == entry.record).then_some(DoneHead {
@@ -200,14 +226,14 @@ impl DoneIndex {
     }
 }
 
-/// The bytes of `path` if it holds exactly `len` bytes; `None` when it is missing or of another
-/// length. One buffer, no `stat`: reads until end of file.
-fn read_expecting(path: &Path, len: u64) -> io::Result<Option<Vec<u8>>> {
-    let mut f = match File::open(path) {
-        Ok(f) => f,
-        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(None),
-        Err(e) => return Err(e),
-    };
+/// The bytes of `file` if it holds exactly `len` bytes; `None` when it is of another length.
+/// One buffer, no `stat`, usually one `read`: a read of a regular file that returns less than
+/// asked has reached its end (read(2); only pipes, sockets and devices return short reads
+/// otherwise), so asking for one byte more than `len` and getting `len` proves the length.
+/// Were a filesystem ever to return a short read exactly at `len` of a longer file, the bytes
+/// read would still have to hash to the indexed record: the file would be that very record
+/// followed by bytes that make it unreadable JSON, never another record.
+fn read_expecting(mut f: File, len: u64) -> io::Result<Option<Vec<u8>>> {
     let Ok(want) = usize::try_from(len) else {
         return Ok(None);
     };
@@ -217,9 +243,13 @@ fn read_expecting(path: &Path, len: u64) -> io::Result<Option<Vec<u8>>> {
         match f.read(&mut buf[got..]) {
             Ok(0) => break,
             Ok(n) => {
+                let short = n < buf.len() - got;
                 got += n;
                 if got > want {
                     return Ok(None);
+                }
+                if short && got == want {
+                    break;
                 }
             }
             Err(e) if e.kind() == io::ErrorKind::Interrupted => {}

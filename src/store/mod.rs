@@ -210,6 +210,19 @@ pub trait Store: Send + Sync {
         Ok(None)
     }
 
+    /// A hint that many [`done_head`](Store::done_head)s will be asked soon (a plan or a drain
+    /// is being enqueued): a store may start loading what answers them in the background, so
+    /// that the load overlaps the enqueueing. Never needed for correctness; the default does
+    /// nothing.
+    fn preload(&self) {}
+
+    /// [`Store::done_head`] of many keys, in order, each with its own result (one key's I/O
+    /// error does not hide the others' heads). Stores override this when a batch is cheaper (an
+    /// [`FsStore`] opens its jobs folder once and each record relative to it).
+    fn done_heads(&self, keys: &[Hash]) -> Vec<Result<Option<DoneHead>, StoreError>> {
+        keys.iter().map(|k| self.done_head(k)).collect()
+    }
+
     /// Every job key the store holds a record for, sorted.
     ///
     /// # Errors
@@ -370,6 +383,12 @@ macro_rules! forward_store {
             }
             fn done_head(&self, key: &Hash) -> Result<Option<DoneHead>, StoreError> {
                 (**self).done_head(key)
+            }
+            fn done_heads(&self, keys: &[Hash]) -> Vec<Result<Option<DoneHead>, StoreError>> {
+                (**self).done_heads(keys)
+            }
+            fn preload(&self) {
+                (**self).preload()
             }
             fn lineage(&self, lineage: &Hash) -> Result<Option<Hash>, StoreError> {
                 (**self).lineage(lineage)

@@ -137,13 +137,17 @@ impl<'a, S: Store + ?Sized> Decider<'a, S> {
     /// The skip decision for `run` when the store proves its record done with the current
     /// witnesses (no record parse); `None`: decide from the record.
     fn fast_skip(&self, run: &PendingRun) -> Result<Option<JobDecision>, StoreError> {
-        let Some(current) = self.shortcut else {
+        if self.shortcut.is_none() {
             return Ok(None);
-        };
-        Ok(self
-            .store
-            .done_head(&run.key)?
-            .filter(|h| h.witnesses == current)
+        }
+        let head = self.store.done_head(&run.key)?;
+        Ok(self.skip_of(run, head))
+    }
+
+    /// The skip decision a done head proves, if it is current.
+    fn skip_of(&self, run: &PendingRun, head: Option<DoneHead>) -> Option<JobDecision> {
+        let current = self.shortcut?;
+        head.filter(|h| h.witnesses == current)
             .map(|h| JobDecision {
                 key: run.key,
                 job: run.job.clone(),
@@ -151,7 +155,16 @@ impl<'a, S: Store + ?Sized> Decider<'a, S> {
                 action: Action::Skip,
                 reasons: vec![format!("up to date, attempt {}", h.attempt)],
                 replaces: None,
-            }))
+            })
+    }
+
+    /// [`fast_skip`](Self::fast_skip) of a slice of runs, asking the store in one batch.
+    fn fast_skip_batch(&self, runs: &[PendingRun]) -> Vec<Result<Option<JobDecision>, StoreError>> {
+        let keys: Vec<Hash> = runs.iter().map(|p| p.key).collect();
+        runs.iter()
+            .zip(self.store.done_heads(&keys))
+            .map(|(p, h)| h.map(|h| self.skip_of(p, h)))
+            .collect()
     }
 
     /// [`fast_skip`](Self::fast_skip) of every run of `runs`, in order, on up to four threads
@@ -168,17 +181,17 @@ impl<'a, S: Store + ?Sized> Decider<'a, S> {
             .map_or(1, |n| n.get())
             .min(4);
         if threads < 2 || runs.len() < PARALLEL_MIN {
-            return runs.iter().map(|p| self.fast_skip(p)).collect();
+            return self.fast_skip_batch(runs);
         }
         let chunk = runs.len().div_ceil(threads);
         let mut parts = runs.chunks(chunk);
         let mine = parts.next().unwrap_or_default();
         std::thread::scope(|s| {
             let others: Vec<_> = parts
-                .map(|c| s.spawn(move || c.iter().map(|p| self.fast_skip(p)).collect::<Vec<_>>()))
+                .map(|c| s.spawn(move || self.fast_skip_batch(c)))
                 .collect();
             // The calling thread takes the first slice itself.
-            let mut out: Vec<_> = mine.iter().map(|p| self.fast_skip(p)).collect();
+            let mut out = self.fast_skip_batch(mine);
             for o in others {
                 match o.join() {
                     Ok(v) => out.extend(v),

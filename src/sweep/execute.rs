@@ -8,6 +8,7 @@ use std::time::{Duration, Instant};
 
 use super::decision::{Action, Decider, JobDecision};
 use super::event::Event;
+use super::heart::{HEARTBEAT_EVERY, Heart};
 use super::panics;
 use super::pending::PendingRun;
 use super::run::Run;
@@ -39,8 +40,14 @@ pub(super) struct Commit {
     seconds: f64,
 }
 
-/// Where finished runs go to be committed; `None`: commit in the caller.
-type Committer<'a> = Option<&'a mpsc::SyncSender<Commit>>;
+/// The drain's helper threads a run uses: where finished runs go to be committed (`None`:
+/// commit in the caller) and the thread that renews the running claim (`None`: a thread of the
+/// run's own).
+#[derive(Clone, Copy, Default)]
+pub(super) struct Helpers<'a> {
+    commits: Option<&'a mpsc::SyncSender<Commit>>,
+    heart: Option<&'a Heart>,
+}
 
 /// A drain's progress callback.
 pub(super) type EventFn = Box<dyn Fn(&Event) + Send + Sync>;
@@ -91,6 +98,7 @@ impl<S: Store + ?Sized> Engine<'_, S> {
         let (tx, rx) = mpsc::sync_channel::<Commit>(COMMITTERS * 4);
         let rx = Mutex::new(rx);
         let (done_tx, done_rx) = mpsc::channel::<(usize, StoreError)>();
+        let heart = Heart::default();
         std::thread::scope(|s| {
             for _ in 0..COMMITTERS.min(queue.len()) {
                 let done_tx = done_tx.clone();
@@ -107,8 +115,21 @@ impl<S: Store + ?Sized> Engine<'_, S> {
                 });
             }
             drop(done_tx);
-            let mut drained = self.drain_loop(queue, Some(&tx));
+            let heart = &heart;
+            let beating = s.spawn(move || heart.run(self.store()));
+            let helpers = Helpers {
+                commits: Some(&tx),
+                heart: Some(heart),
+            };
+            let mut drained = {
+                // Stopped even if the loop unwinds: the scope joins the heartbeat thread.
+                let _stop = heart.stop_on_drop();
+                self.drain_loop(queue, helpers)
+            };
             drop(tx);
+            if let Err(panic) = beating.join() {
+                std::panic::resume_unwind(panic);
+            }
             // Every committer ends once the queue is empty: failed commits come back here.
             let mut failed: Vec<(usize, StoreError)> = done_rx.iter().collect();
             failed.sort_by_key(|(i, _)| *i);
@@ -123,7 +144,7 @@ impl<S: Store + ?Sized> Engine<'_, S> {
     }
 
     /// The drain loop of [`drain`](Self::drain).
-    fn drain_loop(&self, queue: &[PendingRun], committer: Committer<'_>) -> Drained {
+    fn drain_loop(&self, queue: &[PendingRun], helpers: Helpers<'_>) -> Drained {
         let total = queue.len();
         let mut outcomes: Vec<Option<Outcome>> = vec![None; total];
         let mut waiting: Vec<usize> = Vec::new();
@@ -167,7 +188,7 @@ impl<S: Store + ?Sized> Engine<'_, S> {
                     });
                 }
                 Action::Wait => waiting.push(i),
-                Action::Run => match self.try_execute(i, total, p, decision, committer) {
+                Action::Run => match self.try_execute(i, total, p, decision, helpers) {
                     Ok(Some(o)) => {
                         let failed = matches!(o, Outcome::Failed { .. });
                         outcomes[i] = Some(o);
@@ -223,7 +244,7 @@ impl<S: Store + ?Sized> Engine<'_, S> {
                             Ok(d) => d,
                             Err(e) => stop!(Stop::Cause(FailureCause::Store(e))),
                         };
-                        match self.try_execute(i, total, p, decision, committer) {
+                        match self.try_execute(i, total, p, decision, helpers) {
                             Ok(Some(o)) => {
                                 let failed = matches!(o, Outcome::Failed { .. });
                                 outcomes[i] = Some(o);
@@ -255,11 +276,11 @@ impl<S: Store + ?Sized> Engine<'_, S> {
         total: usize,
         p: &PendingRun,
         decision: JobDecision,
-        committer: Committer<'_>,
+        helpers: Helpers<'_>,
     ) -> std::result::Result<Option<Outcome>, StoreError> {
         match self.store().claim(&p.key, self.owner, decision.replaces)? {
             ClaimOutcome::Claimed(c) => self
-                .execute(index, total, p, decision, c, committer)
+                .execute(index, total, p, decision, c, helpers)
                 .map(Some),
             ClaimOutcome::Busy(_) => Ok(None),
             ClaimOutcome::Done(r) => {
@@ -278,7 +299,7 @@ impl<S: Store + ?Sized> Engine<'_, S> {
         p: &PendingRun,
         decision: JobDecision,
         claim: Claim,
-        committer: Committer<'_>,
+        helpers: Helpers<'_>,
     ) -> std::result::Result<Outcome, StoreError> {
         let params: serde_json::Value =
             serde_json::from_str(&p.params).unwrap_or(serde_json::Value::Null);
@@ -314,10 +335,14 @@ impl<S: Store + ?Sized> Engine<'_, S> {
             self.store().artifact_path(&p.key),
         );
         let t0 = Instant::now();
-        let result = self.with_heartbeat(&claim, || panics::catch(|| (p.call)(&mut run)));
+        let call = || panics::catch(|| (p.call)(&mut run));
+        let result = match helpers.heart {
+            Some(h) => h.beat_while(&claim, call),
+            None => self.with_heartbeat(&claim, call),
+        };
         let seconds = t0.elapsed().as_secs_f64();
         let mut sink = run.into_sink();
-        if let (Some(tx), Ok(Ok(()))) = (committer, &result) {
+        if let (Some(tx), Ok(Ok(()))) = (helpers.commits, &result) {
             let c = Commit {
                 index,
                 total,
@@ -410,13 +435,14 @@ impl<S: Store + ?Sized> Engine<'_, S> {
         Ok(())
     }
 
-    /// Runs `f` while a thread renews the claim's heartbeat every 10 s.
+    /// Runs `f` while a thread of its own renews the claim's heartbeat every
+    /// [`HEARTBEAT_EVERY`] (a worker's single run; a drain shares one [`Heart`]).
     fn with_heartbeat<T>(&self, claim: &Claim, f: impl FnOnce() -> T) -> T {
         let (stop_tx, stop_rx) = mpsc::channel::<()>();
         std::thread::scope(|s| {
             s.spawn(move || {
                 while let Err(mpsc::RecvTimeoutError::Timeout) =
-                    stop_rx.recv_timeout(Duration::from_secs(10))
+                    stop_rx.recv_timeout(HEARTBEAT_EVERY)
                 {
                     let _ = self.store().heartbeat(claim);
                 }

@@ -7,6 +7,7 @@ mod decision;
 mod entry;
 mod event;
 mod execute;
+mod heart;
 mod identity;
 mod job;
 mod orchestrator;

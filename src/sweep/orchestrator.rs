@@ -165,6 +165,10 @@ impl<S: Store, E: Executor> Orchestrator<S, E> {
             call: Arc::new(move |run: &mut Run| f(&params, run)),
             entry: Entry::of::<P>(f),
         });
+        if self.enqueued.is_empty() {
+            // A plan or drain follows: let the store load its done index while we enqueue.
+            self.store.preload();
+        }
         let index = u32::try_from(self.enqueued.len()).unwrap_or(u32::MAX);
         self.keys.insert(key, (index, true));
         self.queue.push(pending.clone());

@@ -53,7 +53,7 @@ use serde::{Deserialize, Serialize};
 use super::decision::{Action, Decider, JobDecision};
 use super::entry::Entry;
 use super::event::Event;
-use super::execute::{Drained, Engine, Stop, failure};
+use super::execute::{Drained, Engine, Helpers, Stop, failure};
 use super::pending::{PendingRun, RunSpec};
 use super::run::Run;
 use super::summary::{FailureCause, Outcome};
@@ -372,7 +372,7 @@ fn run_task(path: &Path) -> std::result::Result<Option<Outcome>, String> {
         replaces: task.replaces,
     };
     engine
-        .try_execute(0, 1, &pending, decision, None)
+        .try_execute(0, 1, &pending, decision, Helpers::default())
         .map_err(|e| format!("store error: {e}"))
 }
 
