@@ -7,13 +7,14 @@
 //! cargo bench --bench executor_local            # N=1000; PUZZLETRON_BENCH_JOBS=200 for a quick look
 //! ```
 //!
-//! Snakemake is installed with pip into `target/bench-venv` on first use (needs `python3 -m venv`
-//! and PyPI); set `PUZZLETRON_BENCH_NO_SNAKEMAKE=1` to skip it. Both sides get the same
+//! Snakemake (pinned: `support::SNAKEMAKE`) is installed with pip into `target/bench-venv` on
+//! first use (needs `python3 -m venv` and PyPI); set `PUZZLETRON_BENCH_NO_SNAKEMAKE=1` (or
+//! `PUZZLETRON_BENCH_NO_PEERS=1`) to skip it. Both sides get the same
 //! parallelism (the number of CPUs). The stores and attempt folders are under
 //! `target/bench-scratch/executor_local` (removed at the end); results are printed and written
 //! to `target/bench-results/executor_local.json`.
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::Command;
 use std::time::{Duration, Instant};
 
@@ -24,7 +25,7 @@ use puzzletron::executor::{
 use puzzletron::sweep::{JobResult, Run};
 
 mod support;
-use support::{load, target_dir, user_crate, user_job};
+use support::{SNAKEMAKE, load, peer_venv, target_dir, user_crate, user_job};
 
 #[derive(serde::Serialize, serde::Deserialize)]
 struct Trivial {
@@ -104,24 +105,7 @@ fn snakemake(dir: &Path, n: u32) -> Option<f64> {
     if std::env::var_os("PUZZLETRON_BENCH_NO_SNAKEMAKE").is_some() {
         return None;
     }
-    let venv = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("target/bench-venv");
-    let bin = venv.join("bin/snakemake");
-    if !bin.exists() {
-        eprintln!("installing snakemake into {} (pip) ...", venv.display());
-        let ok = Command::new("python3")
-            .args(["-m", "venv"])
-            .arg(&venv)
-            .status()
-            .is_ok_and(|s| s.success())
-            && Command::new(venv.join("bin/pip"))
-                .args(["install", "-q", "snakemake"])
-                .status()
-                .is_ok_and(|s| s.success());
-        if !ok {
-            eprintln!("could not install snakemake; skipping the comparison");
-            return None;
-        }
-    }
+    let bin = peer_venv(&[SNAKEMAKE])?.join("bin/snakemake");
     let work = dir.join("snakemake");
     std::fs::create_dir_all(&work).unwrap();
     std::fs::write(

@@ -9,7 +9,7 @@
 //!
 //! Every figure comes from a fresh process (this binary re-run with `--case`), so each peak RSS
 //! (`getrusage`) is that case's alone; times are taken inside the process around the measured
-//! work (no process start-up on either side). The peers (joblib, snakemake; pinned below) are
+//! work (no process start-up on either side). The peers (joblib, snakemake; pinned in `support`) are
 //! pip-installed into `target/bench-venv` on first use; `PUZZLETRON_BENCH_NO_PEERS=1` skips them.
 //! The finished Snakemake workflow is a fixture built once, in chunks of real `snakemake` runs,
 //! under `target/bench-fixtures/`. Everything is written under the target folder; results go
@@ -23,12 +23,12 @@ use puzzletron::Orchestrator;
 use puzzletron::sweep::{JobResult, Run};
 
 mod support;
-use support::{load, target_dir, user_crate, user_job};
+use support::{JOBLIB, SNAKEMAKE, load, peer_venv, target_dir, user_crate, user_job};
 
-/// The peers, pinned.
-const PEERS: &[&str] = &["snakemake==8.30.0", "joblib==1.4.2"];
+/// The peers, pinned (their current releases when pinned).
+const PEERS: &[&str] = &[SNAKEMAKE, JOBLIB];
 /// Targets per `snakemake` run while building the finished-workflow fixture.
-const SNAKE_CHUNK: usize = 2000;
+const SNAKE_CHUNK: usize = 500;
 
 #[derive(serde::Serialize, serde::Deserialize)]
 struct Trivial {
@@ -213,45 +213,6 @@ fn parse_pair(s: &str) -> (f64, u64) {
     (secs, rss)
 }
 
-/// The venv with the pinned peers, installed on first use; `None` when they cannot be had.
-fn venv() -> Option<PathBuf> {
-    if std::env::var_os("PUZZLETRON_BENCH_NO_PEERS").is_some() {
-        return None;
-    }
-    let venv = target_dir().join("bench-venv");
-    let py = venv.join("bin/python");
-    let have = |spec: &str| {
-        let (name, version) = spec.split_once("==").unwrap_or((spec, ""));
-        Command::new(venv.join("bin/pip"))
-            .args(["show", name])
-            .output()
-            .is_ok_and(|o| {
-                String::from_utf8_lossy(&o.stdout)
-                    .lines()
-                    .any(|l| l == format!("Version: {version}"))
-            })
-    };
-    if !py.exists() || !PEERS.iter().all(|p| have(p)) {
-        eprintln!("installing {PEERS:?} into {} (pip) ...", venv.display());
-        let ok = (py.exists()
-            || Command::new("python3")
-                .args(["-m", "venv"])
-                .arg(&venv)
-                .status()
-                .is_ok_and(|s| s.success()))
-            && Command::new(venv.join("bin/pip"))
-                .args(["install", "-q"])
-                .args(PEERS)
-                .status()
-                .is_ok_and(|s| s.success());
-        if !ok {
-            eprintln!("could not install the peers; skipping them");
-            return None;
-        }
-    }
-    Some(venv)
-}
-
 /// joblib.Memory over `n` calls of a trivial function in `dir` (a fresh python process):
 /// (seconds of the calls, peak RSS bytes).
 fn joblib(venv: &Path, dir: &Path, n: u32) -> (f64, u64) {
@@ -289,7 +250,9 @@ fn snakefile(n: u32) -> String {
 /// The finished `n`-output Snakemake workflow, built once by real `snakemake` runs of
 /// [`SNAKE_CHUNK`] targets each (each run bounded, the build resumable).
 fn snake_fixture(venv: &Path, n: u32) -> Option<PathBuf> {
-    let dir = target_dir().join(format!("bench-fixtures/snakemake-done-{n}"));
+    // Per Snakemake version: a workflow finished by another version is not this one's fixture.
+    let version = SNAKEMAKE.split_once("==").map_or("", |v| v.1);
+    let dir = target_dir().join(format!("bench-fixtures/snakemake-{version}-done-{n}"));
     let marker = dir.join("COMPLETE");
     if marker.exists() {
         return Some(dir);
@@ -364,7 +327,7 @@ fn main() {
         .unwrap_or(if quick { 200 } else { 10_000 });
     let big: u32 = if quick { 2000 } else { 100_000 };
     let reps = if quick { 1 } else { 3 };
-    let venv = if quick { None } else { venv() };
+    let venv = if quick { None } else { peer_venv(PEERS) };
     let scratch = target_dir().join("bench-scratch/hot_paths");
     // Nothing is deleted before or between the measurements, only at the end: on a filesystem
     // that avoids reusing recently freed inodes (ext4 without a journal, as on our CI machines)

@@ -8,8 +8,18 @@
 //! source file is the jobs' owned code.
 
 use std::path::{Path, PathBuf};
+use std::process::Command;
 
 use puzzletron::sweep::{Job, JobResult, Run};
+
+/// The Snakemake the benches compare with, pinned (its current release when pinned).
+pub const SNAKEMAKE: &str = "snakemake==9.27.1";
+/// The joblib the benches compare with, pinned (its current release when pinned).
+#[allow(
+    dead_code,
+    reason = "each bench compiles this module; only hot_paths runs joblib"
+)]
+pub const JOBLIB: &str = "joblib==1.6.0";
 
 /// The target folder (`CARGO_TARGET_DIR`, else `target/` of this package): everything a bench
 /// writes goes under it.
@@ -47,4 +57,44 @@ pub fn user_crate(dir: &Path) -> PathBuf {
 /// The job `bench::<name>` of the user crate at `krate` (made by [`user_crate`]), running `f`.
 pub fn user_job<P>(krate: &Path, name: &str, f: fn(&P, &mut Run) -> JobResult) -> Job<P> {
     Job::new(&format!("bench::{name}"), "bench", krate, "src/lib.rs", f)
+}
+
+/// The venv `target/bench-venv` with the pinned `peers` (pip specs `name==version`), installed or
+/// updated on first use; `None` when they cannot be had or `PUZZLETRON_BENCH_NO_peers` is set.
+pub fn peer_venv(peers: &[&str]) -> Option<PathBuf> {
+    if std::env::var_os("PUZZLETRON_BENCH_NO_peers").is_some() {
+        return None;
+    }
+    let venv = target_dir().join("bench-venv");
+    let py = venv.join("bin/python");
+    let have = |spec: &str| {
+        let (name, version) = spec.split_once("==").unwrap_or((spec, ""));
+        Command::new(venv.join("bin/pip"))
+            .args(["show", name])
+            .output()
+            .is_ok_and(|o| {
+                String::from_utf8_lossy(&o.stdout)
+                    .lines()
+                    .any(|l| l == format!("Version: {version}"))
+            })
+    };
+    if !py.exists() || !peers.iter().all(|p| have(p)) {
+        eprintln!("installing {peers:?} into {} (pip) ...", venv.display());
+        let ok = (py.exists()
+            || Command::new("python3")
+                .args(["-m", "venv"])
+                .arg(&venv)
+                .status()
+                .is_ok_and(|s| s.success()))
+            && Command::new(venv.join("bin/pip"))
+                .args(["install", "-q"])
+                .args(peers)
+                .status()
+                .is_ok_and(|s| s.success());
+        if !ok {
+            eprintln!("could not install the peers; skipping them");
+            return None;
+        }
+    }
+    Some(venv)
 }

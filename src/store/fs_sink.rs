@@ -32,7 +32,7 @@ struct State {
     pending: usize,
     /// When the oldest row of `buf` was logged.
     oldest: Option<Instant>,
-    /// A write that failed in the background thread, reported by the next call.
+    /// A write that failed in the flusher thread, reported by the next call.
     failed: Option<io::Error>,
     closed: bool,
 }

@@ -170,21 +170,55 @@ impl DoneIndex {
         self.with(|m| m.get(key).copied())
     }
 
-    /// Records entries (appending those the index does not hold yet, in one write).
+    /// The entry for `key` if the index is loaded and has one; never loads it (a worker that
+    /// asks about one key reads that record rather than the whole index).
+    pub(super) fn get_loaded(&self, key: &Hash) -> Option<Entry> {
+        let guard = self.state.lock().unwrap_or_else(|e| e.into_inner());
+        guard.as_ref()?.get(key).copied()
+    }
+
+    /// Records entries of records just read: appends those a loaded index does not hold yet,
+    /// in one write. Does nothing when the index is not loaded (a reader that never asked for
+    /// a done head does not load it only to note what it read).
     pub(super) fn note(&self, entries: &[(Hash, Entry)]) {
+        let mut guard = self.state.lock().unwrap_or_else(|e| e.into_inner());
+        let Some(map) = guard.as_mut() else {
+            return;
+        };
+        let text = Self::insert_new(map, entries);
+        drop(guard);
+        self.append(&text);
+    }
+
+    /// Records the entry of a record this process just wrote (a new attempt, so not in the
+    /// index): appended whether or not the index is loaded, without loading it.
+    pub(super) fn note_written(&self, key: &Hash, entry: Entry) {
+        let mut guard = self.state.lock().unwrap_or_else(|e| e.into_inner());
+        let text = match guard.as_mut() {
+            Some(map) => Self::insert_new(map, &[(*key, entry)]),
+            None => entry.line(key),
+        };
+        drop(guard);
+        self.append(&text);
+    }
+
+    fn insert_new(map: &mut HashMap<Hash, Entry>, entries: &[(Hash, Entry)]) -> String {
         let mut text = String::new();
-        self.with(|m| {
-            for (k, e) in entries {
-                if m.get(k) != Some(e) {
-                    m.insert(*k, *e);
-                    text.push_str(&e.line(k));
-                }
+        for (k, e) in entries {
+            if map.get(k) != Some(e) {
+                map.insert(*k, *e);
+                text.push_str(&e.line(k));
             }
-        });
+        }
+        text
+    }
+
+    /// Appends lines with one `write(2)` (`O_APPEND`). A failed append only costs later
+    /// readers a parse.
+    fn append(&self, text: &str) {
         if text.is_empty() {
             return;
         }
-        // A failed append only costs later readers a parse.
         if let Ok(mut f) = OpenOptions::new()
             .create(true)
             .append(true)

@@ -23,8 +23,9 @@
 //!    are the same for all its runs and can be hundreds of KiB) and a manifest listing the
 //!    tasks, and
 //!    submits **one array** through the executor: the command is this binary
-//!    ([`std::env::current_exe`]) with `PUZZLETRON_WORKER_MANIFEST` set; task `i` runs
-//!    manifest entry `i` (`PUZZLETRON_ARRAY_INDEX`). With `LocalExecutor` that is N processes
+//!    ([`std::env::current_exe`]) with `PUZZLETRON_WORKER_MANIFEST` and
+//!    `PUZZLETRON_WORKER_TASK_DIR` set; task `i` runs manifest entry `i`, the file `<i>.json`
+//!    of that folder (`PUZZLETRON_ARRAY_INDEX`). With `LocalExecutor` that is N processes
 //!    at a time; with `SlurmExecutor` one `sbatch --array`.
 //! 2. In the worker, [`main_guard`] sees the variable before any user code runs, checks that it
 //!    is the very binary that wrote the task (size, modification time and a digest of its first
@@ -72,6 +73,10 @@ use crate::store::{
 pub const MANIFEST_ENV: &str = "PUZZLETRON_WORKER_MANIFEST";
 /// Environment variable naming one task file directly (an alternative to the manifest).
 pub const TASK_ENV: &str = "PUZZLETRON_WORKER_TASK";
+/// Environment variable naming the folder of a batch's task files `<i>.json`, set by the
+/// parent next to [`MANIFEST_ENV`]: a worker then opens its task without parsing the manifest
+/// (which lists every task: reading it in each of N workers cost O(N²)).
+pub const TASK_DIR_ENV: &str = "PUZZLETRON_WORKER_TASK_DIR";
 
 /// Worker exit codes.
 const EXIT_DONE: i32 = 0;
@@ -200,6 +205,9 @@ fn task_path() -> Option<std::result::Result<PathBuf, String>> {
             .map_err(|_| format!("{MANIFEST_ENV} is set but {ARRAY_INDEX_ENV} is not"))?
             .parse()
             .map_err(|_| format!("{ARRAY_INDEX_ENV} is not a task index"))?;
+        if let Some(dir) = std::env::var_os(TASK_DIR_ENV) {
+            return Ok(PathBuf::from(dir).join(format!("{index}.json")));
+        }
         let text = std::fs::read_to_string(&manifest)
             .map_err(|e| format!("cannot read manifest {}: {e}", manifest.display()))?;
         let list: Vec<PathBuf> = serde_json::from_str(&text).map_err(|e| {
@@ -637,8 +645,9 @@ async fn run_batch<S: Store + ?Sized, E: Executor + ?Sized>(
     let bytes = serde_json::to_vec(&manifest).expect("paths serialize");
     write_replace(&manifest_path, &bytes).map_err(|e| io(&manifest_path, e))?;
     let id = AttemptId::new(format!("sweep-{stamp}")).map_err(FailureCause::Executor)?;
-    let mut cmd =
-        CommandSpec::new(exe.to_string_lossy()).env(MANIFEST_ENV, manifest_path.to_string_lossy());
+    let mut cmd = CommandSpec::new(exe.to_string_lossy())
+        .env(MANIFEST_ENV, manifest_path.to_string_lossy())
+        .env(TASK_DIR_ENV, dir.to_string_lossy());
     if let Ok(cwd) = std::env::current_dir() {
         cmd = cmd.cwd(cwd);
     }
