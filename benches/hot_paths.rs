@@ -167,8 +167,9 @@ fn child(case: &str, n: u32, store: &Path) {
     );
 }
 
-/// Runs `case` in a fresh process of this binary: (seconds, user seconds, system seconds).
-fn run_case_cpu(case: &str, n: u32, store: &Path) -> (f64, f64, f64) {
+/// Runs `case` in a fresh process of this binary: the numbers of its last line (seconds, peak
+/// RSS bytes, user seconds, system seconds).
+fn run_child(case: &str, n: u32, store: &Path) -> Vec<f64> {
     let out = Command::new(std::env::current_exe().unwrap())
         .args(["--case", case, &n.to_string()])
         .arg(store)
@@ -179,38 +180,29 @@ fn run_case_cpu(case: &str, n: u32, store: &Path) -> (f64, f64, f64) {
         "case {case} failed: {}",
         String::from_utf8_lossy(&out.stderr)
     );
-    let text = String::from_utf8_lossy(&out.stdout);
-    let f: Vec<f64> = text
-        .lines()
+    last_numbers(&String::from_utf8_lossy(&out.stdout))
+}
+
+/// Runs `case` in a fresh process: (seconds, user seconds, system seconds).
+fn run_case_cpu(case: &str, n: u32, store: &Path) -> (f64, f64, f64) {
+    let f = run_child(case, n, store);
+    (f[0], f[2], f[3])
+}
+
+/// Runs `case` in a fresh process: (seconds, peak RSS bytes).
+fn run_case(case: &str, n: u32, store: &Path) -> (f64, u64) {
+    let f = run_child(case, n, store);
+    (f[0], f[1] as u64)
+}
+
+/// The whitespace-separated numbers of the last line of `s` (NaN where one does not parse).
+fn last_numbers(s: &str) -> Vec<f64> {
+    s.lines()
         .last()
         .unwrap_or_default()
         .split_whitespace()
         .map(|v| v.parse().unwrap_or(f64::NAN))
-        .collect();
-    (f[0], f[2], f[3])
-}
-
-/// Runs `case` in a fresh process of this binary: (seconds, peak RSS bytes).
-fn run_case(case: &str, n: u32, store: &Path) -> (f64, u64) {
-    let out = Command::new(std::env::current_exe().unwrap())
-        .args(["--case", case, &n.to_string()])
-        .arg(store)
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "case {case} failed: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    parse_pair(&String::from_utf8_lossy(&out.stdout))
-}
-
-fn parse_pair(s: &str) -> (f64, u64) {
-    let last = s.lines().last().unwrap_or_default();
-    let mut it = last.split_whitespace();
-    let secs = it.next().and_then(|v| v.parse().ok()).unwrap_or(f64::NAN);
-    let rss = it.next().and_then(|v| v.parse().ok()).unwrap_or(0);
-    (secs, rss)
+        .collect()
 }
 
 /// joblib.Memory over `n` calls of a trivial function in `dir` (a fresh python process):
@@ -237,7 +229,8 @@ fn joblib(venv: &Path, dir: &Path, n: u32) -> (f64, u64) {
         "joblib failed: {}",
         String::from_utf8_lossy(&out.stderr)
     );
-    parse_pair(&String::from_utf8_lossy(&out.stdout))
+    let f = last_numbers(&String::from_utf8_lossy(&out.stdout));
+    (f[0], f.get(1).map_or(0, |&r| r as u64))
 }
 
 fn snakefile(n: u32) -> String {
