@@ -6,7 +6,7 @@ mod plot;
 pub(crate) mod stream;
 mod table;
 
-pub(crate) use table::{JobRows, build_table};
+pub(crate) use table::{JobMeta, JobRows, build_table};
 pub use table::{MetricTable, RESERVED_COLUMNS};
 
 use std::path::PathBuf;
@@ -97,10 +97,12 @@ pub fn collect<S: Store + ?Sized>(store: &S) -> Result<MetricTable, MetricsError
     for_each_series(store, &refs, None, reader_threads(false), |i, series| {
         let r = refs[i];
         jobs.push(JobRows {
-            key: r.key,
-            params: &r.params,
-            param_order: &r.param_order,
-            param_types: &r.param_types,
+            meta: JobMeta {
+                key: r.key,
+                params: &r.params,
+                param_order: &r.param_order,
+                param_types: &r.param_types,
+            },
             series,
         });
         Ok(())
@@ -206,10 +208,12 @@ pub(crate) fn table_of<S: Store + ?Sized>(
         |i, series| {
             let r = refs[i];
             jobs.push(JobRows {
-                key: r.key,
-                params: &r.params,
-                param_order: &r.param_order,
-                param_types: &r.param_types,
+                meta: JobMeta {
+                    key: r.key,
+                    params: &r.params,
+                    param_order: &r.param_order,
+                    param_types: &r.param_types,
+                },
                 series,
             });
             Ok(())
@@ -227,9 +231,9 @@ pub(crate) fn write_parquet_of<S: Store + ?Sized>(
     path: &std::path::Path,
 ) -> Result<u64, MetricsError> {
     let recs = done_with_metric(store, metric)?;
-    let jobs: Vec<stream::JobMeta<'_>> = recs
+    let jobs: Vec<JobMeta<'_>> = recs
         .iter()
-        .map(|r| stream::JobMeta {
+        .map(|r| JobMeta {
             key: r.key,
             params: &r.params,
             param_order: &r.param_order,
@@ -330,17 +334,21 @@ mod tests {
             .to_vec();
         let jobs = [
             JobRows {
-                key: Hash::of("1"),
-                params: &p1,
-                param_order: &order,
-                param_types: &table::NO_TYPES,
+                meta: JobMeta {
+                    key: Hash::of("1"),
+                    params: &p1,
+                    param_order: &order,
+                    param_types: &table::NO_TYPES,
+                },
                 series: series(&[(0, 1.0), (1, 0.5)]),
             },
             JobRows {
-                key: Hash::of("2"),
-                params: &p2,
-                param_order: &order,
-                param_types: &table::NO_TYPES,
+                meta: JobMeta {
+                    key: Hash::of("2"),
+                    params: &p2,
+                    param_order: &order,
+                    param_types: &table::NO_TYPES,
+                },
                 series: series(&[(0, 2.0)]),
             },
         ];
@@ -393,17 +401,21 @@ mod tests {
         let p2 = json!({"b": "x"});
         let jobs = [
             JobRows {
-                key: Hash::of("1"),
-                params: &p1,
-                param_order: &[],
-                param_types: &table::NO_TYPES,
+                meta: JobMeta {
+                    key: Hash::of("1"),
+                    params: &p1,
+                    param_order: &[],
+                    param_types: &table::NO_TYPES,
+                },
                 series: series(&[(0, 1.0)]),
             },
             JobRows {
-                key: Hash::of("2"),
-                params: &p2,
-                param_order: &[],
-                param_types: &table::NO_TYPES,
+                meta: JobMeta {
+                    key: Hash::of("2"),
+                    params: &p2,
+                    param_order: &[],
+                    param_types: &table::NO_TYPES,
+                },
                 series: series(&[(0, 1.0)]),
             },
         ];
@@ -412,10 +424,12 @@ mod tests {
         assert!(a.is_null(1) && !a.is_null(0));
         let bad = json!({"step": 1});
         let jobs = [JobRows {
-            key: Hash::of("1"),
-            params: &bad,
-            param_order: &[],
-            param_types: &table::NO_TYPES,
+            meta: JobMeta {
+                key: Hash::of("1"),
+                params: &bad,
+                param_order: &[],
+                param_types: &table::NO_TYPES,
+            },
             series: series(&[]),
         }];
         let e = build_table(&jobs, false).unwrap_err();

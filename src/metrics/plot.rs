@@ -180,7 +180,7 @@ fn fmt_num(v: f64) -> String {
 
 #[cfg(test)]
 mod tests {
-    use super::super::{JobRows, build_table};
+    use super::super::{JobMeta, JobRows, build_table};
     use crate::identity::Hash;
     use crate::store::Series;
     use serde_json::json;
@@ -197,17 +197,21 @@ mod tests {
         let (p1, p2) = (json!({"lr": 0.1}), json!({"lr": 0.5}));
         let jobs = [
             JobRows {
-                key: Hash::of("a"),
-                params: &p1,
-                param_order: &[],
-                param_types: &crate::metrics::table::NO_TYPES,
+                meta: JobMeta {
+                    key: Hash::of("a"),
+                    params: &p1,
+                    param_order: &[],
+                    param_types: &crate::metrics::table::NO_TYPES,
+                },
                 series: s1,
             },
             JobRows {
-                key: Hash::of("b"),
-                params: &p2,
-                param_order: &[],
-                param_types: &crate::metrics::table::NO_TYPES,
+                meta: JobMeta {
+                    key: Hash::of("b"),
+                    params: &p2,
+                    param_order: &[],
+                    param_types: &crate::metrics::table::NO_TYPES,
+                },
                 series: s2,
             },
         ];

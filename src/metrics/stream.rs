@@ -2,7 +2,7 @@
 //! record batches of at most [`BATCH_ROWS`] rows, with `job_key` and the text parameter columns
 //! dictionary-encoded (a job's value is stored once per batch, not once per row).
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::HashMap;
 use std::fs::{self, File, OpenOptions};
 use std::io::BufWriter;
 use std::path::{Path, PathBuf};
@@ -19,35 +19,11 @@ use serde_json::Value;
 
 use super::MetricsError;
 use super::table::{JobParams, Kind, param_columns, param_text, param_value};
-use crate::identity::{Hash, ParamType};
 use crate::store::Series;
 
 /// Rows per record batch handed to the Parquet writer. Bounds the Arrow buffers (about 20 bytes
 /// a row: step, value, dictionary keys) independently of the table's size.
 pub(crate) const BATCH_ROWS: usize = 64 * 1024;
-
-/// A job to stream: its key and parameters; its rows are read when its turn comes.
-pub(crate) struct JobMeta<'a> {
-    pub key: Hash,
-    pub params: &'a Value,
-    pub param_order: &'a [String],
-    pub param_types: &'a BTreeMap<String, ParamType>,
-}
-
-impl JobParams for JobMeta<'_> {
-    fn key(&self) -> Hash {
-        self.key
-    }
-    fn params(&self) -> &Value {
-        self.params
-    }
-    fn param_order(&self) -> &[String] {
-        self.param_order
-    }
-    fn param_types(&self) -> &BTreeMap<String, ParamType> {
-        self.param_types
-    }
-}
 
 /// One job's value of a parameter column.
 enum Cell {
@@ -353,8 +329,9 @@ pub(crate) fn write_parquet<J: JobParams>(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::identity::Hash;
     use crate::metrics::table::NO_TYPES;
-    use crate::metrics::{JobRows, MetricTable, build_table};
+    use crate::metrics::{JobMeta, JobRows, MetricTable, build_table};
     use arrow_array::Array;
     use arrow_array::cast::AsArray;
     use parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder;
@@ -429,10 +406,12 @@ mod tests {
             .zip(sizes)
             .enumerate()
             .map(|(i, (p, n))| JobRows {
-                key: Hash::of(i.to_string()),
-                params: p,
-                param_order: &order,
-                param_types: &NO_TYPES,
+                meta: JobMeta {
+                    key: Hash::of(i.to_string()),
+                    params: p,
+                    param_order: &order,
+                    param_types: &NO_TYPES,
+                },
                 series: series(n, i as f64),
             })
             .collect();
@@ -440,10 +419,10 @@ mod tests {
         let metas: Vec<JobMeta<'_>> = rows
             .iter()
             .map(|j| JobMeta {
-                key: j.key,
-                params: j.params,
-                param_order: j.param_order,
-                param_types: j.param_types,
+                key: j.meta.key,
+                params: j.meta.params,
+                param_order: j.meta.param_order,
+                param_types: j.meta.param_types,
             })
             .collect();
         let dir = tempfile::tempdir().unwrap();
@@ -456,7 +435,11 @@ mod tests {
                     asked.push(j.key);
                     sink(
                         i,
-                        rows.iter().find(|r| r.key == j.key).unwrap().series.clone(),
+                        rows.iter()
+                            .find(|r| r.meta.key == j.key)
+                            .unwrap()
+                            .series
+                            .clone(),
                     )?;
                 }
                 Ok(())

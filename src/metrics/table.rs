@@ -241,13 +241,18 @@ impl fmt::Display for MetricTable {
 #[cfg(test)]
 pub(crate) static NO_TYPES: BTreeMap<String, ParamType> = BTreeMap::new();
 
-/// One job's contribution to a table.
-pub(crate) struct JobRows<'a> {
+/// What a table needs of one job besides its rows: its key and parameters.
+pub(crate) struct JobMeta<'a> {
     pub key: Hash,
     pub params: &'a Value,
     pub param_order: &'a [String],
     /// Column types from the parameters' Rust types (empty for old records).
     pub param_types: &'a BTreeMap<String, ParamType>,
+}
+
+/// One job's contribution to a table.
+pub(crate) struct JobRows<'a> {
+    pub meta: JobMeta<'a>,
     pub series: Series,
 }
 
@@ -305,24 +310,30 @@ fn top_level(params: &Value) -> Vec<(&str, &Value)> {
 
 /// What the table builders need of a job besides its rows.
 pub(crate) trait JobParams {
-    fn key(&self) -> Hash;
-    fn params(&self) -> &Value;
-    fn param_order(&self) -> &[String];
-    fn param_types(&self) -> &BTreeMap<String, ParamType>;
+    fn meta(&self) -> &JobMeta<'_>;
+    fn key(&self) -> Hash {
+        self.meta().key
+    }
+    fn params(&self) -> &Value {
+        self.meta().params
+    }
+    fn param_order(&self) -> &[String] {
+        self.meta().param_order
+    }
+    fn param_types(&self) -> &BTreeMap<String, ParamType> {
+        self.meta().param_types
+    }
+}
+
+impl JobParams for JobMeta<'_> {
+    fn meta(&self) -> &JobMeta<'_> {
+        self
+    }
 }
 
 impl JobParams for JobRows<'_> {
-    fn key(&self) -> Hash {
-        self.key
-    }
-    fn params(&self) -> &Value {
-        self.params
-    }
-    fn param_order(&self) -> &[String] {
-        self.param_order
-    }
-    fn param_types(&self) -> &BTreeMap<String, ParamType> {
-        self.param_types
+    fn meta(&self) -> &JobMeta<'_> {
+        &self.meta
     }
 }
 
@@ -445,7 +456,7 @@ pub(crate) fn build_table(
     fields.push(Field::new("value", DataType::Float64, false));
     arrays.push(Arc::new(values.finish()));
     for (name, kind) in &cols {
-        let get = |j: &JobRows<'_>| param_value(j.params, name);
+        let get = |j: &JobRows<'_>| param_value(j.meta.params, name);
         let (dt, array): (DataType, ArrayRef) = match kind {
             Kind::Int => {
                 let mut b = Int64Builder::with_capacity(total);
@@ -489,7 +500,7 @@ pub(crate) fn build_table(
     }
     let mut keys = StringBuilder::with_capacity(total, total * 64);
     for j in jobs {
-        let hex = j.key.to_hex();
+        let hex = j.meta.key.to_hex();
         for _ in 0..j.series.len() {
             keys.append_value(&hex);
         }

@@ -24,7 +24,7 @@ use crate::executor::{Executor, InProcess};
 use crate::identity::{
     self, Hash, Modules, OwnedCode, OwnedDigest, ParamError, ParamType, Witnesses,
 };
-use crate::metrics::{JobRows, MetricTable, MetricsError, RESERVED_COLUMNS, build_table};
+use crate::metrics::{JobMeta, JobRows, MetricTable, MetricsError, RESERVED_COLUMNS, build_table};
 use crate::store::{FsStore, Owner, Store};
 
 /// A run's top-level parameter names (in order) and their column types.
@@ -427,10 +427,12 @@ impl<S: Store, E: Executor> Orchestrator<S, E> {
         let mut jobs = Vec::with_capacity(done.len());
         for &(p, rec) in &done {
             jobs.push(JobRows {
-                key: p.key,
-                params: &rec.params,
-                param_order: &p.param_order,
-                param_types: param_types(p, rec),
+                meta: JobMeta {
+                    key: p.key,
+                    params: &rec.params,
+                    param_order: &p.param_order,
+                    param_types: param_types(p, rec),
+                },
                 series: self.store.record_metrics(rec, Some(metric))?,
             });
         }
@@ -452,7 +454,7 @@ impl<S: Store, E: Executor> Orchestrator<S, E> {
         metric: &str,
         path: impl AsRef<std::path::Path>,
     ) -> Result<u64> {
-        use crate::metrics::stream::{JobMeta, write_parquet};
+        use crate::metrics::stream::write_parquet;
         let recs = self.enqueued_records()?;
         let pairs = self.done_with_metric(&recs, metric)?;
         let jobs: Vec<JobMeta> = pairs
