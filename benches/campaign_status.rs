@@ -10,6 +10,8 @@
 //! `cargo bench --features cli --bench campaign_status` (items: `PUZZLETRON_SIM_ITEMS`, default
 //! 100000). Not criterion: one sample is a whole process.
 
+#[path = "support/process.rs"]
+mod process;
 #[path = "../tests/controller_support/sim.rs"]
 mod sim;
 
@@ -18,31 +20,14 @@ use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 /// Runs `bin args`, returns (wall time, peak RSS in MB, exit code). Stdout is discarded.
-// The child is reaped by `wait4` (for its own rusage), not by `Child::wait`.
-#[allow(clippy::zombie_processes)]
 fn measure(bin: &str, args: &[&str]) -> (Duration, f64, i32) {
-    let t = Instant::now();
-    let child = Command::new(bin)
-        .args(args)
-        .stdout(Stdio::null())
-        .stderr(Stdio::inherit())
-        .spawn()
-        .expect("spawn puzzletron");
-    let pid = child.id() as libc::pid_t;
-    let mut status: libc::c_int = 0;
-    // SAFETY: a zeroed rusage is a valid value for wait4 to fill in.
-    let mut usage: libc::rusage = unsafe { std::mem::zeroed() };
-    // SAFETY: pid is our own unwaited child; status and usage point to live locals.
-    let r = unsafe { libc::wait4(pid, &mut status, 0, &mut usage) };
-    assert_eq!(r, pid, "wait4: {}", std::io::Error::last_os_error());
-    let wall = t.elapsed();
-    let code = if libc::WIFEXITED(status) {
-        libc::WEXITSTATUS(status)
-    } else {
-        -1
-    };
-    // Linux reports ru_maxrss in kilobytes.
-    (wall, usage.ru_maxrss as f64 / 1024.0, code)
+    let m = process::measure(
+        Command::new(bin)
+            .args(args)
+            .stdout(Stdio::null())
+            .stderr(Stdio::inherit()),
+    );
+    (m.wall, m.rss_mb, m.code)
 }
 
 fn median(mut v: Vec<(Duration, f64)>) -> (Duration, f64) {

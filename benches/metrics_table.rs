@@ -20,6 +20,10 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
+#[path = "support/process.rs"]
+mod process;
+use process::load;
+
 use puzzletron::sweep::{JobResult, Run};
 use puzzletron::{FsStore, Orchestrator, StoreExt, job};
 use serde::{Deserialize, Serialize};
@@ -81,34 +85,15 @@ print(len(t))
 
 /// Runs `bin args` with stdout to `stdout`; returns (wall time, CPU time (user + system, all
 /// threads), peak RSS in MB, exit code).
-// The child is reaped by `wait4` (for its own rusage), not by `Child::wait`.
-#[allow(clippy::zombie_processes)]
 fn measure(bin: &Path, args: &[&str], stdout: &Path) -> (Duration, Duration, f64, i32) {
     let out = File::create(stdout).expect("stdout file");
-    let t = Instant::now();
-    let child = Command::new(bin)
-        .args(args)
-        .stdout(Stdio::from(out))
-        .stderr(Stdio::inherit())
-        .spawn()
-        .unwrap_or_else(|e| panic!("spawn {}: {e}", bin.display()));
-    let pid = child.id() as libc::pid_t;
-    let mut status: libc::c_int = 0;
-    // SAFETY: a zeroed rusage is a valid value for wait4 to fill in.
-    let mut usage: libc::rusage = unsafe { std::mem::zeroed() };
-    // SAFETY: pid is our own unwaited child; status and usage point to live locals.
-    let r = unsafe { libc::wait4(pid, &mut status, 0, &mut usage) };
-    assert_eq!(r, pid, "wait4: {}", std::io::Error::last_os_error());
-    let wall = t.elapsed();
-    let code = if libc::WIFEXITED(status) {
-        libc::WEXITSTATUS(status)
-    } else {
-        -1
-    };
-    let tv = |t: libc::timeval| Duration::new(t.tv_sec as u64, t.tv_usec as u32 * 1000);
-    let cpu = tv(usage.ru_utime) + tv(usage.ru_stime);
-    // Linux reports ru_maxrss in kilobytes.
-    (wall, cpu, usage.ru_maxrss as f64 / 1024.0, code)
+    let m = process::measure(
+        Command::new(bin)
+            .args(args)
+            .stdout(Stdio::from(out))
+            .stderr(Stdio::inherit()),
+    );
+    (m.wall, m.cpu, m.rss_mb, m.code)
 }
 
 /// Medians of (wall, CPU, RSS), each on its own.
@@ -120,12 +105,6 @@ fn median(v: &[(Duration, Duration, f64)]) -> (Duration, Duration, f64) {
     c.sort();
     m.sort_by(|a, b| a.total_cmp(b));
     (w[w.len() / 2], c[c.len() / 2], m[m.len() / 2])
-}
-
-fn load() -> String {
-    std::fs::read_to_string("/proc/loadavg")
-        .map(|s| s.split_whitespace().take(3).collect::<Vec<_>>().join(" "))
-        .unwrap_or_default()
 }
 
 /// The child: one way of writing `loss` of the store at `root` to `out`; prints the row count.

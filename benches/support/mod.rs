@@ -12,6 +12,10 @@ use std::process::Command;
 
 use puzzletron::sweep::{Job, JobResult, Run};
 
+#[path = "process.rs"]
+mod process;
+pub use process::load;
+
 /// The Snakemake the benches compare with, pinned (its current release when pinned).
 pub const SNAKEMAKE: &str = "snakemake==9.27.1";
 /// The joblib the benches compare with, pinned (its current release when pinned).
@@ -27,13 +31,6 @@ pub fn target_dir() -> PathBuf {
     std::env::var_os("CARGO_TARGET_DIR")
         .map(PathBuf::from)
         .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("target"))
-}
-
-/// The load averages (1, 5, 15 min) from `/proc/loadavg`.
-pub fn load() -> String {
-    std::fs::read_to_string("/proc/loadavg")
-        .map(|s| s.split_whitespace().take(3).collect::<Vec<_>>().join(" "))
-        .unwrap_or_default()
 }
 
 /// Writes the small user crate `bench` in `dir/crate` and returns its folder.
