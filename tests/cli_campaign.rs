@@ -485,10 +485,17 @@ fn slurm_up(test: &str) -> bool {
 }
 
 fn squeue_names() -> Vec<String> {
-    let o = Command::new("squeue")
-        .args(["-h", "-o", "%j"])
-        .output()
-        .unwrap();
+    squeue_names_in(&[])
+}
+
+/// Names of the jobs in squeue, only those in `states` when it is not empty.
+fn squeue_names_in(states: &[&str]) -> Vec<String> {
+    let mut cmd = Command::new("squeue");
+    cmd.args(["-h", "-o", "%j"]);
+    if !states.is_empty() {
+        cmd.args(["-t", &states.join(",")]);
+    }
+    let o = cmd.output().unwrap();
     String::from_utf8_lossy(&o.stdout)
         .lines()
         .map(str::to_string)
@@ -610,9 +617,15 @@ fn slurm_run_status_report_and_cancel_by_tag() {
         .unwrap();
     let (_, v, _) = status_json(&d2);
     let nonce = v["nonce"].as_str().unwrap().to_string();
+    // RUNNING, not only queued: a job still pending when its campaign folder is removed below
+    // fails at once when it starts (its output file cannot be created) and leaves the queue
+    // before `cancel` looks (a flaky failure seen in CI).
     let deadline = Instant::now() + Duration::from_secs(60);
-    while !squeue_names().iter().any(|n| n.starts_with(&nonce)) {
-        assert!(Instant::now() < deadline, "no job of {nonce} in squeue");
+    while !squeue_names_in(&["RUNNING"])
+        .iter()
+        .any(|n| n.starts_with(&nonce))
+    {
+        assert!(Instant::now() < deadline, "no running job of {nonce} in squeue");
         std::thread::sleep(Duration::from_millis(300));
     }
     // SAFETY: the controller this test started.
