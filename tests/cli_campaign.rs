@@ -625,7 +625,10 @@ fn slurm_run_status_report_and_cancel_by_tag() {
         .iter()
         .any(|n| n.starts_with(&nonce))
     {
-        assert!(Instant::now() < deadline, "no running job of {nonce} in squeue");
+        assert!(
+            Instant::now() < deadline,
+            "no running job of {nonce} in squeue"
+        );
         std::thread::sleep(Duration::from_millis(300));
     }
     // SAFETY: the controller this test started.
