@@ -4,6 +4,8 @@
 //! ROOT/puzzletron-store.json        {"format": 1}
 //! ROOT/jobs/KEY/record.json         the JobRecord (atomic replace)
 //! ROOT/jobs/KEY/claim               the holder (create-exclusive); its mtime is the heartbeat
+//! ROOT/jobs/KEY/claim.released      the last released claim (renamed, not removed: see RELEASED)
+//! ROOT/jobs/KEY/running.N.json      the running record of attempt N, as it started
 //! ROOT/jobs/KEY/claim.stale.NONCE   a stale claim pinned during its takeover (one taker at a
 //!                                   time; cleared after 5 s if that taker died mid-way)
 //! ROOT/jobs/KEY/metrics.N.tsv       rows of attempt N: name TAB step TAB value LF
@@ -33,6 +35,15 @@ use crate::fsutil::{Durability, atomic_write, replace_file, write_file};
 use crate::identity::Hash;
 
 const FORMAT_FILE: &str = "puzzletron-store.json";
+/// The claim file of a job folder.
+const CLAIM: &str = "claim";
+/// Where a released claim goes. A run frees no inode: the claim is renamed here instead of
+/// removed, and the running record keeps its own name (`running.N.json`) when the done record
+/// replaces it as `record.json`. On ext4 without a journal, every inode freed in the last
+/// ~30 s (`dirty_expire_centisecs` + 5 s) is skipped, one by one, by every later file creation
+/// in its block group (`recently_deleted()` in `fs/ext4/ialloc.c`): two frees per run made file
+/// creation, and so every run and every attempt folder, slower the faster runs went.
+const RELEASED: &str = "claim.released";
 /// An empty or unreadable claim (its creator died between create and write) counts as live
 /// for this long, then as stale.
 const UNWRITTEN_CLAIM_GRACE: Duration = Duration::from_secs(5);
@@ -222,7 +233,7 @@ impl FsStore {
     }
 
     fn claim_path(&self, key: &Hash) -> PathBuf {
-        self.job_dir(key).join("claim")
+        self.job_dir(key).join(CLAIM)
     }
 
     /// The record of `key` and, when it is done, its index entry (for the caller to note).
@@ -378,6 +389,67 @@ impl FsStore {
         Ok(true)
     }
 
+    /// Releases the claim in `dir`, which the caller checked it holds, by renaming it to
+    /// [`RELEASED`] rather than removing it: see [`RELEASED`] for why.
+    fn release_held(&self, dir: &Path) -> Result<(), StoreError> {
+        let path = dir.join(CLAIM);
+        match fs::rename(&path, dir.join(RELEASED)) {
+            Ok(()) => Ok(()),
+            Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(()),
+            Err(e) => Err(StoreError::Io { path, source: e }),
+        }
+    }
+
+    /// Writes the running record of attempt `attempt` as `running.N.json` and links it as
+    /// `record.json`: the name `running.N.json` keeps its inode alive when `finish` renames the
+    /// done record over `record.json` (see [`RELEASED`] for why that matters). When
+    /// `record.json` already exists (a rerun) or `running.N.json` does (an attempt that died
+    /// before its link), it is replaced by temp file and rename as any record.
+    fn write_running(
+        &self,
+        dir: &Path,
+        attempt: u32,
+        record: &JobRecord,
+    ) -> Result<(), StoreError> {
+        let path = dir.join("record.json");
+        let running = dir.join(format!("running.{attempt}.json"));
+        let mut bytes = serde_json::to_vec_pretty(record).map_err(|e| StoreError::Corrupt {
+            path: path.clone(),
+            reason: e.to_string(),
+        })?;
+        bytes.push(b'\n');
+        let created = OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .open(&running)
+            .and_then(|mut f| f.write_all(&bytes));
+        match created {
+            Ok(()) => {}
+            Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {
+                return write_file(&path, &bytes, Durability::Process).map_err(io_err(&path));
+            }
+            Err(e) => return Err(io_err(&running)(e)),
+        }
+        match fs::hard_link(&running, &path) {
+            Ok(()) => Ok(()),
+            Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {
+                // A rerun: the previous record is replaced atomically by a second name of the
+                // running record.
+                let tmp = dir.join(format!(
+                    ".record.json.tmp.link.{}",
+                    sanitize(&record_nonce(record))
+                ));
+                let _ = fs::remove_file(&tmp);
+                let swapped = fs::hard_link(&running, &tmp).and_then(|()| fs::rename(&tmp, &path));
+                if swapped.is_err() {
+                    let _ = fs::remove_file(&tmp);
+                }
+                swapped.map_err(io_err(&path))
+            }
+            Err(e) => Err(io_err(&path)(e)),
+        }
+    }
+
     fn clean_tombs(&self, key: &Hash) {
         if let Ok(rd) = fs::read_dir(self.job_dir(key)) {
             for e in rd.flatten() {
@@ -449,6 +521,14 @@ fn list_names(dir: &Path) -> Result<HashSet<String>, StoreError> {
         );
     }
     Ok(names)
+}
+
+/// A name part unique to the process writing `record`: its owner's nonce.
+fn record_nonce(record: &JobRecord) -> String {
+    record
+        .owner
+        .as_ref()
+        .map_or_else(|| std::process::id().to_string(), |o| o.nonce.clone())
 }
 
 fn sanitize(s: &str) -> String {
@@ -683,8 +763,8 @@ impl Store for FsStore {
         // A running record and the lineage pointer only matter while the attempt lives (after a
         // machine crash the attempt is interrupted either way), so they skip fsync; the done or
         // failed record of `finish` is fully durable.
-        let path = self.job_dir(&claim.key).join("record.json");
-        self.write_json(&path, record, Durability::Process)?;
+        let dir = self.job_dir(&claim.key);
+        self.write_running(&dir, claim.attempt, record)?;
         let lpath = self.lineage.join(record.lineage.to_hex());
         replace_file(&lpath, format!("{}\n", claim.key).as_bytes()).map_err(io_err(&lpath))
     }
@@ -724,7 +804,7 @@ impl Store for FsStore {
         if let Some(e) = Entry::of(record, &bytes) {
             self.index.note_written(&claim.key, e);
         }
-        self.release(claim)?;
+        self.release_held(&dir)?;
         self.clean_tombs(&claim.key);
         Ok(())
     }
@@ -733,12 +813,7 @@ impl Store for FsStore {
         if self.holds(claim).is_err() {
             return Ok(());
         }
-        let path = self.claim_path(&claim.key);
-        match fs::remove_file(&path) {
-            Ok(()) => Ok(()),
-            Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(()),
-            Err(e) => Err(StoreError::Io { path, source: e }),
-        }
+        self.release_held(&self.job_dir(&claim.key))
     }
 
     fn heartbeat(&self, claim: &Claim) -> Result<(), StoreError> {
@@ -860,6 +935,76 @@ mod tests {
         rec.finished_at = Some(1.0);
         store.finish(&c, &rec).unwrap();
         (dir, store, key, rec)
+    }
+
+    /// Inode numbers of the files of `dir`, by name.
+    fn inodes(dir: &Path) -> std::collections::BTreeMap<String, u64> {
+        use std::os::unix::fs::MetadataExt;
+        fs::read_dir(dir)
+            .unwrap()
+            .map(|e| {
+                let e = e.unwrap();
+                let name = e.file_name().to_string_lossy().into_owned();
+                (name, e.metadata().unwrap().ino())
+            })
+            .collect()
+    }
+
+    #[test]
+    fn a_first_attempt_frees_no_inode() {
+        // Every inode created for a run is still linked once it is done: the claim as
+        // `claim.released`, the running record as `running.1.json` (see `RELEASED`).
+        let dir = tempfile::tempdir().unwrap();
+        let store = FsStore::open(dir.path().join("s")).unwrap();
+        let key = Hash::of("job");
+        let ClaimOutcome::Claimed(c) = store.claim(&key, &Owner::current(), None).unwrap() else {
+            panic!("a new job is free");
+        };
+        let jd = store.job_dir(&key);
+        let claim_ino = inodes(&jd)["claim"];
+        let mut rec = crate::store::conformance::sample_record(key, Status::Running, c.attempt);
+        store.start(&c, &rec).unwrap();
+        let started = inodes(&jd);
+        assert_eq!(started["record.json"], started["running.1.json"]);
+        assert_eq!(store.record(&key).unwrap().unwrap().status, Status::Running);
+        let running_ino = started["running.1.json"];
+        let mut sink = store.metric_sink(&c).unwrap();
+        sink.append("loss", 0, 1.0).unwrap();
+        sink.sync().unwrap();
+        rec.status = Status::Done;
+        rec.metrics = Some(sink.summary());
+        rec.finished_at = Some(1.0);
+        store.finish(&c, &rec).unwrap();
+        let done = inodes(&jd);
+        let names: Vec<&str> = done.keys().map(String::as_str).collect();
+        assert_eq!(
+            names,
+            [
+                "claim.released",
+                "metrics.1.tsv",
+                "record.json",
+                "running.1.json"
+            ]
+        );
+        assert_eq!(done["claim.released"], claim_ino);
+        assert_eq!(done["running.1.json"], running_ino);
+        assert_ne!(done["record.json"], running_ino);
+        assert_eq!(store.record(&key).unwrap().unwrap().status, Status::Done);
+        assert!(
+            store.claim_info(&key).unwrap().is_none(),
+            "the claim is released"
+        );
+        // The next attempt (a forced rerun) claims again and keeps its own running record.
+        let ClaimOutcome::Claimed(c2) = store.claim(&key, &Owner::current(), Some(1)).unwrap()
+        else {
+            panic!("a done attempt can be replaced");
+        };
+        assert_eq!(c2.attempt, 2);
+        let rec2 = crate::store::conformance::sample_record(key, Status::Running, 2);
+        store.start(&c2, &rec2).unwrap();
+        let again = inodes(&jd);
+        assert_eq!(again["record.json"], again["running.2.json"]);
+        assert_eq!(store.record(&key).unwrap().unwrap().attempt, 2);
     }
 
     #[test]
