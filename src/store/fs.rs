@@ -250,6 +250,12 @@ impl FsStore {
                 });
             }
         };
+        // Only running records are written without fsync (done and failed ones are synced
+        // before their rename), so a record that a machine crash left empty or zero-filled was
+        // a running one: its attempt is interrupted, as if it had never started.
+        if bytes.iter().all(|&b| b == 0) {
+            return Ok(None);
+        }
         let rec = parse_record(path, &bytes)?;
         let entry = Entry::of(&rec, &bytes);
         Ok(Some((rec, entry)))
@@ -948,6 +954,42 @@ mod tests {
                 (name, e.metadata().unwrap().ino())
             })
             .collect()
+    }
+
+    #[test]
+    fn a_running_record_left_empty_by_a_machine_crash_reads_as_never_started() {
+        // The running record is not synced: after a power loss its name may be there with no
+        // bytes, or with zeroed blocks. That is an interrupted attempt, not a corrupt store.
+        for torn in [&b""[..], &[0u8; 700][..]] {
+            let dir = tempfile::tempdir().unwrap();
+            let store = FsStore::open(dir.path().join("s")).unwrap();
+            let key = Hash::of("job");
+            let jd = store.job_dir(&key);
+            fs::create_dir_all(&jd).unwrap();
+            fs::write(jd.join("running.1.json"), torn).unwrap();
+            fs::hard_link(jd.join("running.1.json"), jd.join("record.json")).unwrap();
+            assert!(store.record(&key).unwrap().is_none());
+            assert!(store.done_heads(&[key])[0].as_ref().unwrap().is_none());
+            let ClaimOutcome::Claimed(c) = store.claim(&key, &Owner::current(), None).unwrap()
+            else {
+                panic!("an interrupted attempt can be claimed");
+            };
+            assert_eq!(c.attempt, 1);
+            let mut rec = crate::store::conformance::sample_record(key, Status::Running, 1);
+            store.start(&c, &rec).unwrap();
+            assert_eq!(store.record(&key).unwrap().unwrap().status, Status::Running);
+            rec.status = Status::Done;
+            store.finish(&c, &rec).unwrap();
+            assert_eq!(store.record(&key).unwrap().unwrap().status, Status::Done);
+        }
+        // Bytes that are not all zero are still an error that names the file.
+        let dir = tempfile::tempdir().unwrap();
+        let store = FsStore::open(dir.path().join("s")).unwrap();
+        let key = Hash::of("job");
+        fs::create_dir_all(store.job_dir(&key)).unwrap();
+        fs::write(store.job_dir(&key).join("record.json"), b"{\"format\": 1, ").unwrap();
+        let err = store.record(&key).unwrap_err().to_string();
+        assert!(err.contains("record.json"), "{err}");
     }
 
     #[test]
