@@ -220,6 +220,36 @@ async fn argv_env_cwd_log_and_launch_failures() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_job_starts_in_its_own_group_with_no_signal_ignored_or_blocked() {
+    // The wrapper ignores SIGPIPE for itself; an ignored signal stays ignored across execve, so
+    // the job must get the default back (a `yes | head` pipeline relies on it).
+    let root = tempfile::tempdir().unwrap();
+    let e = exec(root.path()).build().unwrap();
+    let h = e
+        .submit(&AttemptSpec::new(
+            id("signals"),
+            sh(r#"set -- $(cat /proc/$$/stat); echo "pid=$1 pgrp=$5"; grep -E '^Sig(Ign|Blk):' /proc/self/status"#),
+        ))
+        .await
+        .unwrap();
+    let st = wait(&e, &[h]).await;
+    assert_eq!(st[0].state, JobState::Completed, "{:?}", st[0]);
+    let log = std::fs::read_to_string(st[0].log_path.as_ref().unwrap()).unwrap();
+    let lines: Vec<&str> = log.lines().collect();
+    let ids: Vec<&str> = lines[0].split(' ').collect();
+    assert_eq!(
+        ids[0].strip_prefix("pid="),
+        ids[1].strip_prefix("pgrp="),
+        "{log}"
+    );
+    assert_eq!(
+        lines[1..],
+        ["SigBlk:\t0000000000000000", "SigIgn:\t0000000000000000"],
+        "{log}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn cancel_queued_job_never_runs_it() {
     let root = tempfile::tempdir().unwrap();
     let e = exec(root.path()).max_concurrent(1).build().unwrap();

@@ -12,8 +12,8 @@
 //! controller --fork--> wrapper (setsid: own session; stdio -> /dev/null, log, log;
 //!                       |        every other fd closed; creates `started` exclusively or
 //!                       |        exits at once; writes `wrapper`)
-//!                       +--fork--> job (setpgid: own process group; signals reset;
-//!                       |           chdir; execve(argv, envp) -- no shell)
+//!                       +--clone(CLONE_VM|CLONE_VFORK)--> job (setpgid: own process group;
+//!                       |           signals reset; chdir; execve(argv, envp) -- no shell)
 //!                       | writes `job` (pid + start ticks), tells the controller "started"
 //!                       | waitpid(job), enforcing the walltime (SIGTERM, grace, SIGKILL to the group)
 //!                       | SIGKILL to what is left of the job's group
@@ -422,9 +422,111 @@ unsafe fn reset_signals() {
                 libc::signal(sig, libc::SIG_DFL);
             }
         }
+        // The real-time signals too (an ignored one stays ignored across execve). glibc's
+        // `signal` refuses the two it keeps for itself (32, 33), so this is the raw syscall,
+        // with the kernel's `struct sigaction` (handler, flags, restorer, mask).
+        #[repr(C)]
+        struct KernelSigaction {
+            handler: usize,
+            flags: libc::c_ulong,
+            restorer: usize,
+            mask: u64,
+        }
+        let dfl = KernelSigaction {
+            handler: libc::SIG_DFL,
+            flags: 0,
+            restorer: 0,
+            mask: 0,
+        };
+        for sig in 32..=64 {
+            libc::syscall(
+                libc::SYS_rt_sigaction,
+                sig,
+                &raw const dfl,
+                std::ptr::null_mut::<KernelSigaction>(),
+                std::mem::size_of::<u64>(),
+            );
+        }
         let mut set: libc::sigset_t = std::mem::zeroed();
         libc::sigemptyset(&mut set);
         libc::sigprocmask(libc::SIG_SETMASK, &set, std::ptr::null_mut());
+    }
+}
+
+/// Bytes of the stack the job's child runs on between `clone` and `execve`.
+const SPAWN_STACK: usize = 64 * 1024;
+
+/// What the job's child needs: the prepared job and the write end of the exec-error pipe.
+struct SpawnArgs<'a> {
+    p: &'a Prepared,
+    err_r: c_int,
+    err_w: c_int,
+}
+
+/// Starts the job as the wrapper's child with `clone(CLONE_VM | CLONE_VFORK)` (what
+/// `posix_spawn` does in glibc and musl): the child borrows the wrapper's memory until its
+/// `execve`, so the wrapper's page tables, a copy of the controller's, are neither copied nor
+/// torn down once per job; the wrapper sleeps meanwhile, so nothing the child writes (its own
+/// stack, `errno`) races with it. Returns the child's pid, or -1 when `mmap` or `clone` fails.
+///
+/// # Safety
+/// Called in the wrapper only (single-threaded; async-signal-safe calls, no allocation).
+unsafe fn spawn_job(p: &Prepared, err_r: c_int, err_w: c_int) -> i32 {
+    unsafe {
+        let stack = libc::mmap(
+            std::ptr::null_mut(),
+            SPAWN_STACK,
+            libc::PROT_READ | libc::PROT_WRITE,
+            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_STACK,
+            -1,
+            0,
+        );
+        if stack == libc::MAP_FAILED {
+            return -1;
+        }
+        let mut args = SpawnArgs { p, err_r, err_w };
+        // The stack grows down on every architecture Linux runs Rust on but HP PA-RISC.
+        let top = stack.cast::<u8>().add(SPAWN_STACK).cast::<libc::c_void>();
+        let pid = libc::clone(
+            job_child,
+            top,
+            libc::CLONE_VM | libc::CLONE_VFORK | libc::SIGCHLD,
+            (&raw mut args).cast::<libc::c_void>(),
+        );
+        // The child has exec'd or exited: its stack is ours again.
+        libc::munmap(stack, SPAWN_STACK);
+        pid
+    }
+}
+
+/// The job's child, from `clone` to `execve`: own process group, SIGPIPE back to its default
+/// (the wrapper ignores it, and an ignored signal stays ignored across `execve`), the working
+/// folder, then the program. On failure it sends `errno` down the exec-error pipe.
+extern "C" fn job_child(arg: *mut libc::c_void) -> c_int {
+    // SAFETY: `arg` is the `SpawnArgs` of `spawn_job`, alive while the wrapper waits for us
+    // (CLONE_VFORK); only async-signal-safe calls follow.
+    unsafe {
+        let a = &*arg.cast::<SpawnArgs<'_>>();
+        let p = a.p;
+        // Our own descriptor table (no CLONE_FILES): this closes the read end for us only.
+        libc::close(a.err_r);
+        libc::setpgid(0, 0);
+        libc::signal(libc::SIGPIPE, libc::SIG_DFL);
+        if let Some(cwd) = &p.cwd
+            && libc::chdir(cwd.as_ptr()) != 0
+        {
+            let e = errno().to_ne_bytes();
+            write_all(a.err_w, &e);
+            libc::_exit(127);
+        }
+        libc::execve(
+            p.program.as_ptr(),
+            p.argv_ptrs.as_ptr(),
+            p.envp_ptrs.as_ptr(),
+        );
+        let e = errno().to_ne_bytes();
+        write_all(a.err_w, &e);
+        libc::_exit(127)
     }
 }
 
@@ -494,31 +596,14 @@ unsafe fn wrapper_main(p: &Prepared, null_fd: c_int, log_fd: c_int, notify_w: c_
             libc::_exit(122);
         }
         let start_ms = now_ms();
-        let child = libc::fork();
+        let child = spawn_job(p, efd[0], efd[1]);
         if child < 0 {
             libc::_exit(123);
         }
-        if child == 0 {
-            libc::close(efd[0]);
-            libc::setpgid(0, 0);
-            if let Some(cwd) = &p.cwd
-                && libc::chdir(cwd.as_ptr()) != 0
-            {
-                let e = errno().to_ne_bytes();
-                write_all(efd[1], &e);
-                libc::_exit(127);
-            }
-            libc::execve(
-                p.program.as_ptr(),
-                p.argv_ptrs.as_ptr(),
-                p.envp_ptrs.as_ptr(),
-            );
-            let e = errno().to_ne_bytes();
-            write_all(efd[1], &e);
-            libc::_exit(127);
-        }
-        // Also set the group from this side so that a signal sent right after "started"
-        // cannot miss it (setpgid race, see setpgid(2)).
+        // The child set its group before its execve, and CLONE_VFORK held us until then, so a
+        // signal sent right after "started" reaches the group (the setpgid race of
+        // setpgid(2) cannot happen; this call fails with EACCES after the execve and is kept
+        // for the exec-error path, where the child has exited).
         libc::setpgid(child, child);
         libc::close(efd[1]);
         let mut eb = [0u8; 4];
