@@ -180,7 +180,13 @@ fn run_child(case: &str, n: u32, store: &Path) -> Vec<f64> {
         "case {case} failed: {}",
         String::from_utf8_lossy(&out.stderr)
     );
-    last_numbers(&String::from_utf8_lossy(&out.stdout))
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let f = last_numbers(&stdout);
+    assert!(
+        f.len() == 4 && f.iter().all(|v| v.is_finite()),
+        "case {case}: expected `seconds rss user system` as its last line, got {stdout:?}"
+    );
+    f
 }
 
 /// Runs `case` in a fresh process: (seconds, user seconds, system seconds).
