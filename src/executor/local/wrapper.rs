@@ -424,7 +424,9 @@ unsafe fn reset_signals() {
         }
         // The real-time signals too (an ignored one stays ignored across execve). glibc's
         // `signal` refuses the two it keeps for itself (32, 33), so this is the raw syscall,
-        // with the kernel's `struct sigaction` (handler, flags, restorer, mask).
+        // with the kernel's `struct sigaction` (handler, flags, restorer, mask). Every field is
+        // zero (SIG_DFL, no flags, empty mask), so architectures that order or size it
+        // differently read the same thing, or refuse the call, which leaves the signal as is.
         #[repr(C)]
         struct KernelSigaction {
             handler: usize,
@@ -512,20 +514,18 @@ extern "C" fn job_child(arg: *mut libc::c_void) -> c_int {
         libc::close(a.err_r);
         libc::setpgid(0, 0);
         libc::signal(libc::SIGPIPE, libc::SIG_DFL);
-        if let Some(cwd) = &p.cwd
-            && libc::chdir(cwd.as_ptr()) != 0
+        if p.cwd
+            .as_ref()
+            .is_none_or(|cwd| libc::chdir(cwd.as_ptr()) == 0)
         {
-            let e = errno().to_ne_bytes();
-            write_all(a.err_w, &e);
-            libc::_exit(127);
+            libc::execve(
+                p.program.as_ptr(),
+                p.argv_ptrs.as_ptr(),
+                p.envp_ptrs.as_ptr(),
+            );
         }
-        libc::execve(
-            p.program.as_ptr(),
-            p.argv_ptrs.as_ptr(),
-            p.envp_ptrs.as_ptr(),
-        );
-        let e = errno().to_ne_bytes();
-        write_all(a.err_w, &e);
+        // chdir or execve failed: the wrapper records why.
+        write_all(a.err_w, &errno().to_ne_bytes());
         libc::_exit(127)
     }
 }
