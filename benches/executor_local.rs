@@ -11,8 +11,10 @@
 //! first use (needs `python3 -m venv` and PyPI); set `PUZZLETRON_BENCH_NO_SNAKEMAKE=1` (or
 //! `PUZZLETRON_BENCH_NO_PEERS=1`) to skip it. Both sides get the same
 //! parallelism (the number of CPUs). The stores and attempt folders are under
-//! `target/bench-scratch/executor_local` (removed at the end); results are printed and written
-//! to `target/bench-results/executor_local.json`.
+//! `target/bench-scratch/executor_local` (removed at the end; on ext4 without a journal the
+//! next bench waits until those deletions no longer slow file creation, see
+//! `support/scratch.rs`); results are printed and written to
+//! `target/bench-results/executor_local.json`.
 
 use std::path::Path;
 use std::process::Command;
@@ -25,7 +27,7 @@ use puzzletron::executor::{
 use puzzletron::sweep::{JobResult, Run};
 
 mod support;
-use support::{SNAKEMAKE, load, peer_venv, target_dir, user_crate, user_job};
+use support::{SNAKEMAKE, Scratch, load, peer_venv, settle, target_dir, user_crate, user_job};
 
 #[derive(serde::Serialize, serde::Deserialize)]
 struct Trivial {
@@ -149,10 +151,11 @@ fn main() {
         .ok()
         .and_then(|v| v.parse().ok())
         .unwrap_or(if quick { 20 } else { 1000 });
-    let scratch = target_dir().join("bench-scratch/executor_local");
-    let _ = std::fs::remove_dir_all(&scratch);
-    std::fs::create_dir_all(&scratch).unwrap();
-    let dir = scratch.as_path();
+    let scratch = Scratch::fresh("executor_local");
+    let dir = scratch.dir.as_path();
+    if !quick {
+        settle(dir);
+    }
     let load_before = load();
     let raw = raw_local(dir, n);
     let iso = isolated_sweep(dir, n);
@@ -189,5 +192,5 @@ fn main() {
     let out = target_dir().join("bench-results");
     let _ = std::fs::create_dir_all(&out);
     let _ = std::fs::write(out.join("executor_local.json"), json.to_string());
-    let _ = std::fs::remove_dir_all(&scratch);
+    scratch.discard();
 }

@@ -23,7 +23,9 @@ use puzzletron::Orchestrator;
 use puzzletron::sweep::{JobResult, Run};
 
 mod support;
-use support::{JOBLIB, SNAKEMAKE, load, peer_venv, target_dir, user_crate, user_job};
+use support::{
+    JOBLIB, SNAKEMAKE, Scratch, load, peer_venv, settle, target_dir, user_crate, user_job,
+};
 
 /// The peers, pinned (their current releases when pinned).
 const PEERS: &[&str] = &[SNAKEMAKE, JOBLIB];
@@ -327,19 +329,13 @@ fn main() {
     let big: u32 = if quick { 2000 } else { 100_000 };
     let reps = if quick { 1 } else { 3 };
     let venv = if quick { None } else { peer_venv(PEERS) };
-    let scratch = target_dir().join("bench-scratch/hot_paths");
-    // Nothing is deleted before or between the measurements, only at the end: on a filesystem
-    // that avoids reusing recently freed inodes (ext4 without a journal, as on our CI machines)
-    // tens of thousands of deletions make every file created in the next minutes slower, for
-    // puzzletron and for the peers alike, and the figures would measure the cleanup.
-    let trash = target_dir().join(format!(
-        "bench-scratch/hot_paths.old.{}",
-        std::process::id()
-    ));
-    if scratch.exists() {
-        std::fs::rename(&scratch, &trash).unwrap();
+    // Nothing is deleted before or between the measurements, only at the end, and a run waits
+    // for the last bench's deletions to age out first (see `support/scratch.rs`).
+    let scratch_dirs = Scratch::fresh("hot_paths");
+    let scratch = scratch_dirs.dir.clone();
+    if !quick {
+        settle(&scratch);
     }
-    std::fs::create_dir_all(&scratch).unwrap();
     user_crate(&scratch);
     let load_before = load();
 
@@ -454,6 +450,5 @@ fn main() {
     let out = target_dir().join("bench-results");
     let _ = std::fs::create_dir_all(&out);
     let _ = std::fs::write(out.join("hot_paths.json"), json.to_string());
-    let _ = std::fs::remove_dir_all(&scratch);
-    let _ = std::fs::remove_dir_all(&trash);
+    scratch_dirs.discard();
 }

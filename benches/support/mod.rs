@@ -15,6 +15,9 @@ use puzzletron::sweep::{Job, JobResult, Run};
 #[path = "process.rs"]
 mod process;
 pub use process::load;
+#[path = "scratch.rs"]
+mod scratch;
+pub use scratch::{Scratch, settle};
 
 /// The Snakemake the benches compare with, pinned (its current release when pinned).
 pub const SNAKEMAKE: &str = "snakemake==9.27.1";

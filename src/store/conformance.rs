@@ -83,8 +83,39 @@ pub fn run_all<S: Store + 'static>(make: impl Fn() -> S) {
     release_frees_the_job(&make());
     bad_metric_names_refused(&make());
     records_batch_matches_single(&make());
+    sealed_rows_read_back(&make());
     done_head_never_lies(&make());
     concurrent_claims_one_winner(Arc::new(make()));
+}
+
+/// Rows ended with [`MetricSink::seal`](super::MetricSink::seal) read back exactly, for a run
+/// with no rows, a few (kept inline by stores that do) and many (past any inline limit), by
+/// [`Store::metrics`] and by [`Store::record_metrics`].
+pub fn sealed_rows_read_back(store: &dyn Store) {
+    let owner = Owner::current();
+    for (i, rows) in [0i64, 3, 500].into_iter().enumerate() {
+        let k = Hash::of(format!("sealed-{i}"));
+        let c = claimed(store, &k, &owner);
+        let mut rec = sample_record(k, Status::Running, c.attempt);
+        store.start(&c, &rec).unwrap();
+        let mut sink = store.metric_sink(&c).unwrap();
+        for step in 0..rows {
+            sink.append("loss", step, step as f64 / 7.0).unwrap();
+        }
+        let info = sink.seal().unwrap();
+        assert_eq!(info.rows, rows as u64, "{rows} rows");
+        rec.status = Status::Done;
+        rec.finished_at = Some(2.0);
+        rec.metrics = Some(info);
+        store.finish(&c, &rec).unwrap();
+        let want: Vec<(i64, f64)> = (0..rows).map(|s| (s, s as f64 / 7.0)).collect();
+        let got = store.metrics(&k, Some("loss")).unwrap();
+        assert_eq!(got.of("loss"), want, "{rows} rows by metrics()");
+        let back = store.record(&k).unwrap().expect("done record");
+        assert_eq!(back, rec, "{rows} rows: the record reads back as written");
+        let got = store.record_metrics(&back, None).unwrap();
+        assert_eq!(got.of("loss"), want, "{rows} rows by record_metrics()");
+    }
 }
 
 /// [`Store::done_head`] (and [`Store::done_heads`], which must agree with it) is `None` for an

@@ -59,9 +59,11 @@ const TAKEOVER_GRACE: Duration = Duration::from_secs(5);
 /// # fsync budget per run
 ///
 /// A run that ends done costs at most three `fsync`s, all in [`Store::finish`] and the sink's
-/// [`MetricSink::sync`] before it: one `fdatasync` of its metrics file (none when it logged no
-/// rows), one of the record's temp file and one of the job folder after the rename, which also
-/// makes the metrics file's entry durable. A failed run costs the same (its `error.txt` is a
+/// [`MetricSink::seal`] before it: one `fdatasync` of its metrics file, one of the record's
+/// temp file and one of the job folder after the rename, which also makes the metrics file's
+/// entry durable. A run whose rows were never flushed and fit in [`INLINE_BYTES`](super::INLINE_BYTES)
+/// (no rows, or a few final scores) has no metrics file: its rows are in its record, and it
+/// costs two. A failed run costs the same (its `error.txt` is a
 /// copy of what the record holds and is not synced). Claims, the running record, the lineage
 /// pointer and the done index (`done.idx`) are never synced: they matter only while their
 /// writer lives, or are a cache. A sweep's in-process drain commits finished runs on several
@@ -116,7 +118,18 @@ impl FsStore {
         let path = self.job_dir(key).join(format!("metrics.{attempt}.tsv"));
         let file = match File::open(&path) {
             Ok(f) => f,
-            Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok((Series::default(), None)),
+            Err(e) if e.kind() == io::ErrorKind::NotFound => {
+                // A short attempt keeps its rows in its record (MetricsInfo::inline).
+                return match self.record(key)? {
+                    Some(rec) if rec.attempt == attempt && rec.status != Status::Running => {
+                        match rec.metrics.as_ref().and_then(|m| m.inline.as_ref()) {
+                            Some(_) => Ok((self.record_metrics(&rec, None)?, None)),
+                            None => Ok((Series::default(), None)),
+                        }
+                    }
+                    _ => Ok((Series::default(), None)),
+                };
+            }
             Err(e) => return Err(io_err(&path)(e)),
         };
         read_rows(
@@ -774,13 +787,7 @@ impl Store for FsStore {
         let path = self
             .job_dir(&claim.key)
             .join(format!("metrics.{}.tsv", claim.attempt));
-        let file = OpenOptions::new()
-            .write(true)
-            .create(true)
-            .truncate(true)
-            .open(&path)
-            .map_err(io_err(&path))?;
-        Ok(Box::new(FsSink::new(path, file)))
+        Ok(Box::new(FsSink::new(path)))
     }
 
     fn finish(&self, claim: &Claim, record: &JobRecord) -> Result<(), StoreError> {
@@ -842,6 +849,15 @@ impl Store for FsStore {
         else {
             return Ok(Series::default());
         };
+        if let Some(text) = &info.inline {
+            let path = self.job_dir(&rec.key).join("record.json");
+            let (series, _) = read_rows(&path, text.as_bytes(), Bound::Exactly(info.rows), name)?;
+            return Ok(series);
+        }
+        if info.rows == 0 {
+            // No row was ever written, so there may be no file (it is made with the first).
+            return Ok(Series::default());
+        }
         let path = self.job_dir(&rec.key).join(&info.file);
         if info.file.contains(['/', '\\']) || info.file.starts_with('.') {
             return Err(StoreError::Corrupt {
@@ -873,6 +889,7 @@ impl Store for FsStore {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::store::{INLINE_BYTES, MetricsInfo};
 
     /// A claim whose owner is dead (pid 0 never has a `/proc` entry).
     fn dead_owner() -> Owner {
@@ -984,6 +1001,91 @@ mod tests {
         fs::write(store.job_dir(&key).join("record.json"), b"{\"format\": 1, ").unwrap();
         let err = store.record(&key).unwrap_err().to_string();
         assert!(err.contains("record.json"), "{err}");
+    }
+
+    /// Ends attempt 1 of a fresh job `name` after `log` wrote its rows: its folder's file
+    /// names, and what its record says of its metrics.
+    fn sealed(
+        store: &FsStore,
+        name: &str,
+        log: impl FnOnce(&mut dyn MetricSink),
+    ) -> (Vec<String>, MetricsInfo) {
+        let key = Hash::of(name);
+        let ClaimOutcome::Claimed(c) = store.claim(&key, &Owner::current(), None).unwrap() else {
+            panic!("a new job is free");
+        };
+        let mut rec = crate::store::conformance::sample_record(key, Status::Running, c.attempt);
+        store.start(&c, &rec).unwrap();
+        let mut sink = store.metric_sink(&c).unwrap();
+        log(&mut *sink);
+        rec.metrics = Some(sink.seal().unwrap());
+        rec.status = Status::Done;
+        rec.finished_at = Some(1.0);
+        store.finish(&c, &rec).unwrap();
+        let back = store.record(&key).unwrap().unwrap();
+        assert_eq!(back, rec);
+        let names = inodes(&store.job_dir(&key)).into_keys().collect();
+        (names, back.metrics.unwrap())
+    }
+
+    #[test]
+    fn a_short_run_keeps_its_rows_in_its_record_and_a_long_one_in_its_file() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = FsStore::open(dir.path().join("s")).unwrap();
+        let rows = |series: Series| series.of("loss");
+        // A few rows, never flushed: no file, the rows in the record, read back by every path.
+        let (names, info) = sealed(&store, "short", |s| {
+            for step in 0..3 {
+                s.append("loss", step, step as f64 / 3.0).unwrap();
+            }
+        });
+        assert!(!names.iter().any(|n| n.starts_with("metrics")), "{names:?}");
+        assert_eq!(
+            info.inline.as_deref(),
+            Some("loss\t0\t0\nloss\t1\t0.3333333333333333\nloss\t2\t0.6666666666666666\n")
+        );
+        let want = vec![(0, 0.0), (1, 1.0 / 3.0), (2, 2.0 / 3.0)];
+        let key = Hash::of("short");
+        assert_eq!(rows(store.metrics(&key, None).unwrap()), want);
+        let (attempt, torn) = store.attempt_metrics(&key, 1).unwrap();
+        assert_eq!((rows(attempt), torn), (want, None));
+        // A torn inline copy (a record edited by hand) is an error naming the record.
+        let jd = store.job_dir(&key);
+        let text = fs::read_to_string(jd.join("record.json")).unwrap();
+        fs::write(jd.join("record.json"), text.replace("loss\\t2", "loss\\tx")).unwrap();
+        let err = store.metrics(&key, None).unwrap_err().to_string();
+        assert!(err.contains("record.json"), "{err}");
+
+        // No rows: no file either, and none read.
+        let (names, info) = sealed(&store, "empty", |_| {});
+        assert!(!names.iter().any(|n| n.starts_with("metrics")), "{names:?}");
+        assert_eq!((info.rows, info.inline.as_deref()), (0, Some("")));
+        assert!(store.metrics(&Hash::of("empty"), None).unwrap().is_empty());
+
+        // Rows past INLINE_BYTES, or flushed once (a step mark): in the fsynced file.
+        let many = (INLINE_BYTES / 10) as i64;
+        let (names, info) = sealed(&store, "long", |s| {
+            for step in 0..many {
+                s.append("loss", step, 0.5).unwrap();
+            }
+        });
+        assert!(names.contains(&"metrics.1.tsv".to_string()), "{names:?}");
+        assert_eq!((info.rows, info.inline), (many as u64, None));
+        assert_eq!(
+            store.metrics(&Hash::of("long"), None).unwrap().len(),
+            many as usize
+        );
+        let (names, info) = sealed(&store, "marked", |s| {
+            s.append("loss", 0, 1.0).unwrap();
+            s.flush().unwrap();
+            s.append("loss", 1, 2.0).unwrap();
+        });
+        assert!(names.contains(&"metrics.1.tsv".to_string()), "{names:?}");
+        assert_eq!((info.rows, info.inline), (2, None));
+        assert_eq!(
+            rows(store.metrics(&Hash::of("marked"), None).unwrap()),
+            vec![(0, 1.0), (1, 2.0)]
+        );
     }
 
     #[test]

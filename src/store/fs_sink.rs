@@ -8,11 +8,16 @@
 //! fsynced before the done record is written). A process killed in between loses at most the
 //! unflushed batch; a batch torn by a power loss leaves a torn last line, which readers drop
 //! with a warning ([`FsStore::attempt_metrics`](super::FsStore::attempt_metrics)).
+//!
+//! The file is created with the first batch written. An attempt that ends before any batch
+//! was written, with at most [`INLINE_BYTES`] of rows, gets no file: its rows go into its
+//! record ([`MetricsInfo::inline`]), which is fsynced anyway, so a short run costs one file and
+//! one `fdatasync` less.
 
 use std::collections::BTreeSet;
-use std::fs::File;
+use std::fs::{File, OpenOptions};
 use std::io::{self, Write};
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, OnceLock, Weak};
 use std::time::{Duration, Instant};
 
@@ -24,9 +29,13 @@ pub const FLUSH_ROWS: usize = 4096;
 pub const FLUSH_INTERVAL: Duration = Duration::from_millis(500);
 /// A batch this many bytes long is written even below [`FLUSH_ROWS`] (long metric names).
 const FLUSH_BYTES: usize = 1 << 18;
+/// The most bytes of rows an attempt keeps in its record instead of a file: about 40 rows, and
+/// little next to the ~1 KiB a record holds anyway (a cache hit hashes the record's bytes).
+pub const INLINE_BYTES: usize = 1024;
 
 struct State {
-    file: File,
+    /// Created with the first batch written (see the module docs).
+    file: Option<File>,
     buf: Vec<u8>,
     /// Rows in `buf`.
     pending: usize,
@@ -48,13 +57,23 @@ impl Shared {
     }
 }
 
-/// Writes the buffered rows; on failure the rows not written stay buffered (a later flush
-/// retries them).
-fn write_out(st: &mut State) -> io::Result<()> {
+/// Writes the buffered rows to `path`, creating it with the first batch; on failure the rows
+/// not written stay buffered (a later flush retries them).
+fn write_out(path: &Path, st: &mut State) -> io::Result<()> {
     if st.buf.is_empty() {
         return Ok(());
     }
-    write_draining(&mut st.file, &mut st.buf)?;
+    let file = match &mut st.file {
+        Some(f) => f,
+        None => st.file.insert(
+            OpenOptions::new()
+                .write(true)
+                .create(true)
+                .truncate(true)
+                .open(path)?,
+        ),
+    };
+    write_draining(file, &mut st.buf)?;
     st.pending = 0;
     st.oldest = None;
     Ok(())
@@ -143,7 +162,7 @@ impl Flusher {
                 }
                 match st.oldest {
                     Some(t) if now.duration_since(t) >= FLUSH_INTERVAL => {
-                        if let Err(e) = write_out(&mut st) {
+                        if let Err(e) = write_out(&sh.path, &mut st) {
                             st.failed.get_or_insert(e);
                             // Keep the rows; the job's next call reports the error.
                             st.oldest = None;
@@ -179,12 +198,13 @@ pub(super) struct FsSink {
 }
 
 impl FsSink {
-    pub(super) fn new(path: PathBuf, file: File) -> Self {
+    /// A sink writing to `path`, which it creates (truncating) with the first batch written.
+    pub(super) fn new(path: PathBuf) -> Self {
         FsSink {
             shared: Arc::new(Shared {
                 path,
                 state: Mutex::new(State {
-                    file,
+                    file: None,
                     buf: Vec::with_capacity(1 << 16),
                     pending: 0,
                     oldest: None,
@@ -217,7 +237,7 @@ impl FsSink {
         if let Some(e) = st.failed.take() {
             return Err(self.io_err(e));
         }
-        write_out(&mut st).map_err(|e| self.io_err(e))
+        write_out(&self.shared.path, &mut st).map_err(|e| self.io_err(e))
     }
 }
 
@@ -237,7 +257,7 @@ impl MetricSink for FsSink {
             st.oldest = Some(Instant::now());
         }
         if st.pending >= FLUSH_ROWS || st.buf.len() >= FLUSH_BYTES {
-            if let Err(e) = write_out(&mut st) {
+            if let Err(e) = write_out(&self.shared.path, &mut st) {
                 drop(st);
                 return Err(self.io_err(e));
             }
@@ -269,11 +289,40 @@ impl MetricSink for FsSink {
         self.flush_now()?;
         // Only the rows need to reach the disk here: the file's folder entry is made durable by
         // the folder fsync that commits the record, and an empty file has no data to sync.
-        if self.rows == 0 {
-            return Ok(());
-        }
         let st = self.shared.lock();
-        st.file.sync_data().map_err(|e| self.io_err(e))
+        match &st.file {
+            Some(f) if self.rows > 0 => f.sync_data().map_err(|e| self.io_err(e)),
+            _ => Ok(()),
+        }
+    }
+
+    fn seal(&mut self) -> Result<MetricsInfo, StoreError> {
+        self.stop_flusher();
+        let inline = {
+            let mut st = self.shared.lock();
+            if let Some(e) = st.failed.take() {
+                drop(st);
+                return Err(self.io_err(e));
+            }
+            // Rows are formatted from checked names, numbers and ASCII separators: UTF-8.
+            if st.file.is_none()
+                && st.buf.len() <= INLINE_BYTES
+                && std::str::from_utf8(&st.buf).is_ok()
+            {
+                st.pending = 0;
+                st.oldest = None;
+                String::from_utf8(std::mem::take(&mut st.buf)).ok()
+            } else {
+                None
+            }
+        };
+        if inline.is_none() {
+            self.sync()?;
+        }
+        Ok(MetricsInfo {
+            inline,
+            ..self.summary()
+        })
     }
 
     fn summary(&self) -> MetricsInfo {
@@ -286,6 +335,7 @@ impl MetricSink for FsSink {
                 .unwrap_or_default(),
             rows: self.rows,
             names: self.names.iter().cloned().collect(),
+            inline: None,
         }
     }
 }
@@ -295,7 +345,7 @@ impl Drop for FsSink {
     /// hands its rows to the OS.
     fn drop(&mut self) {
         self.stop_flusher();
-        let _ = write_out(&mut self.shared.lock());
+        let _ = write_out(&self.shared.path, &mut self.shared.lock());
     }
 }
 
@@ -312,15 +362,15 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let open = |name: &str| {
             let path = dir.path().join(name);
-            let file = File::create(&path).unwrap();
-            (path.clone(), FsSink::new(path, file))
+            (path.clone(), FsSink::new(path))
         };
         let (pa, mut a) = open("a.tsv");
         let (pb, mut b) = open("b.tsv");
         let wait_for = |path: &Path, want: &str| {
             let t = Instant::now();
             loop {
-                let got = std::fs::read_to_string(path).unwrap();
+                // The file is created with the first batch written.
+                let got = std::fs::read_to_string(path).unwrap_or_default();
                 if got == want {
                     return t.elapsed();
                 }
@@ -335,7 +385,7 @@ mod tests {
         a.append("loss", 1, 0.5).unwrap();
         b.append("acc", 1, 0.25).unwrap();
         // Nothing is written before the interval (the rows wait in the buffers).
-        let early = std::fs::read_to_string(&pa).unwrap();
+        let early = std::fs::read_to_string(&pa).unwrap_or_default();
         if t0.elapsed() < FLUSH_INTERVAL {
             assert_eq!(early, "");
         }

@@ -268,6 +268,7 @@ impl MetricSink for MemSink {
             file: format!("memory:attempt-{}", self.attempt),
             rows,
             names: self.names.iter().cloned().collect(),
+            inline: None,
         }
     }
 }

@@ -28,7 +28,7 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 pub use fs::FsStore;
-pub use fs_sink::{FLUSH_INTERVAL, FLUSH_ROWS};
+pub use fs_sink::{FLUSH_INTERVAL, FLUSH_ROWS, INLINE_BYTES};
 pub use memory::MemoryStore;
 pub use record::{
     FORMAT_VERSION, Failure, JobRecord, MetricsInfo, Owner, Status, hostname, process_start_ticks,
@@ -167,11 +167,24 @@ pub trait MetricSink: Send {
         Ok(())
     }
 
-    /// Flushes to stable storage (called before an attempt is promoted to done).
+    /// Flushes to stable storage.
     ///
     /// # Errors
     /// [`StoreError::Io`].
     fn sync(&mut self) -> Result<(), StoreError>;
+
+    /// Ends the attempt's rows, called once before its finished record is written: makes them
+    /// durable and returns what the record stores. The default [`sync`](Self::sync)s and
+    /// returns [`summary`](Self::summary); a store may instead hand back the rows in
+    /// [`MetricsInfo::inline`], made durable by the record itself (`FsStore` does for short
+    /// runs, see [`INLINE_BYTES`]).
+    ///
+    /// # Errors
+    /// [`StoreError::Io`].
+    fn seal(&mut self) -> Result<MetricsInfo, StoreError> {
+        self.sync()?;
+        Ok(self.summary())
+    }
 
     /// Where the rows are, how many were appended and their distinct names (sorted): what the
     /// finished record stores.

@@ -125,6 +125,13 @@ pub struct MetricsInfo {
     pub rows: u64,
     /// Distinct metric names, sorted.
     pub names: Vec<String>,
+    /// The rows themselves, as the file would hold them (`name TAB step TAB value` lines), when
+    /// the store kept them in the record instead: `FsStore` does for an attempt that ended
+    /// before any batch of rows was written, with at most
+    /// [`INLINE_BYTES`](crate::store::INLINE_BYTES) of rows (no file then, and no `fdatasync`
+    /// of one). Absent from records written before it existed, and when the rows are in `file`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub inline: Option<String>,
 }
 
 /// Everything a store knows about one job. Stored as JSON (`record.json` in `FsStore`), readable

@@ -358,8 +358,7 @@ impl<S: Store + ?Sized> Engine<'_, S> {
                 Err(mpsc::SendError(c)) => self.commit(c).map(|()| Outcome::Ran { seconds }),
             };
         }
-        sink.sync()?;
-        rec.metrics = Some(sink.summary());
+        rec.metrics = Some(sink.seal()?);
         rec.finished_at = Some(unix_now());
         let outcome = match result {
             Ok(Ok(())) => {
@@ -420,8 +419,7 @@ impl<S: Store + ?Sized> Engine<'_, S> {
             mut sink,
             seconds,
         } = c;
-        sink.sync()?;
-        rec.metrics = Some(sink.summary());
+        rec.metrics = Some(sink.seal()?);
         rec.finished_at = Some(unix_now());
         rec.status = Status::Done;
         self.store().finish(&claim, &rec)?;
