@@ -24,9 +24,31 @@
 
 use std::collections::HashMap;
 use std::fs::{self, File, OpenOptions};
+use std::hash::{BuildHasherDefault, Hasher};
 use std::io::{self, Read, Write};
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
+
+/// Hashes a job key for the index's map: a key is a SHA-256 digest, so its first bytes are
+/// uniformly spread already, and SipHash of all 32 cost more than the rest of a lookup.
+#[derive(Default)]
+pub(super) struct KeyHasher(u64);
+
+impl Hasher for KeyHasher {
+    fn write(&mut self, bytes: &[u8]) {
+        let mut first = [0u8; 8];
+        let n = bytes.len().min(8);
+        first[..n].copy_from_slice(&bytes[..n]);
+        self.0 = self.0.rotate_left(17) ^ u64::from_ne_bytes(first);
+    }
+
+    fn finish(&self) -> u64 {
+        self.0
+    }
+}
+
+/// The index in memory: the entry of each key.
+pub(super) type Map = HashMap<Hash, Entry, BuildHasherDefault<KeyHasher>>;
 
 use super::{DoneHead, JobRecord, Status};
 use crate::identity::Hash;
@@ -97,8 +119,8 @@ fn parse_line(line: &str) -> Option<(Hash, Entry)> {
 
 /// The entries of an index file's bytes, later lines winning, and how many intact lines it has.
 /// A last line without a newline (torn by a crash) and any damaged line are skipped.
-pub(super) fn parse(bytes: &[u8]) -> (HashMap<Hash, Entry>, usize) {
-    let mut map = HashMap::new();
+pub(super) fn parse(bytes: &[u8]) -> (Map, usize) {
+    let mut map = Map::default();
     let mut lines = 0;
     let complete = match bytes.iter().rposition(|&b| b == b'\n') {
         Some(end) => &bytes[..=end],
@@ -120,7 +142,7 @@ pub(super) fn parse(bytes: &[u8]) -> (HashMap<Hash, Entry>, usize) {
 #[derive(Debug, Clone)]
 pub(super) struct DoneIndex {
     path: PathBuf,
-    state: Arc<Mutex<Option<HashMap<Hash, Entry>>>>,
+    state: Arc<Mutex<Option<Map>>>,
 }
 
 impl DoneIndex {
@@ -131,7 +153,7 @@ impl DoneIndex {
         }
     }
 
-    fn with<T>(&self, f: impl FnOnce(&mut HashMap<Hash, Entry>) -> T) -> T {
+    fn with<T>(&self, f: impl FnOnce(&mut Map) -> T) -> T {
         let mut guard = self.state.lock().unwrap_or_else(|e| e.into_inner());
         let map = guard.get_or_insert_with(|| self.load());
         f(map)
@@ -139,7 +161,7 @@ impl DoneIndex {
 
     /// Reads the file (an unreadable one is an empty index: it is only a cache), compacting it
     /// when most of its lines are superseded.
-    fn load(&self) -> HashMap<Hash, Entry> {
+    fn load(&self) -> Map {
         let bytes = fs::read(&self.path).unwrap_or_default();
         let (map, lines) = parse(&bytes);
         let torn = !bytes.is_empty() && bytes.last() != Some(&b'\n');
@@ -202,7 +224,7 @@ impl DoneIndex {
         self.append(&text);
     }
 
-    fn insert_new(map: &mut HashMap<Hash, Entry>, entries: &[(Hash, Entry)]) -> String {
+    fn insert_new(map: &mut Map, entries: &[(Hash, Entry)]) -> String {
         let mut text = String::new();
         for (k, e) in entries {
             if map.get(k) != Some(e) {
