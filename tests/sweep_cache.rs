@@ -217,6 +217,13 @@ fn drain_stops_at_first_failure_and_rerun_retries() {
     );
     let rec = o.store().record(key).unwrap().unwrap();
     assert_eq!(rec.status, puzzletron::store::Status::Failed);
+    // A failed run's rows stay in their file (its record is replaced when the job reruns).
+    let m = rec.metrics.as_ref().expect("metrics");
+    assert_eq!(
+        (m.file.as_str(), m.inline.as_deref(), m.rows),
+        ("metrics.1.tsv", None, 1)
+    );
+    assert_eq!(rec.format, 1);
     let report = failed.to_string();
     assert!(
         report.contains("failed") && report.contains("1 ran, 0 skipped, 1 failed, 2 pending"),
@@ -238,7 +245,23 @@ fn drain_stops_at_first_failure_and_rerun_retries() {
     );
     let s = o.drain().unwrap();
     assert_eq!(s.ran(), 3);
-    assert_eq!(o.store().record(key).unwrap().unwrap().attempt, 2);
+    let rec = o.store().record(key).unwrap().unwrap();
+    assert_eq!(rec.attempt, 2);
+    // The done retry's one row is kept in its record (format 2); the failed attempt's row is
+    // still in its file.
+    let m = rec.metrics.as_ref().expect("metrics");
+    assert_eq!(
+        (m.inline.as_deref(), rec.format),
+        (Some("loss\t0\t0.2\n"), 2)
+    );
+    for attempt in [1, 2] {
+        let (rows, torn) = o.store().attempt_metrics(key, attempt).unwrap();
+        assert_eq!(
+            (rows.of("loss"), torn),
+            (vec![(0, 0.2)], None),
+            "attempt {attempt}"
+        );
+    }
 }
 
 fn panics(p: &P, _run: &mut Run) -> JobResult {

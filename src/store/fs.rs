@@ -8,7 +8,9 @@
 //! ROOT/jobs/KEY/running.N.json      the running record of attempt N, as it started
 //! ROOT/jobs/KEY/claim.stale.NONCE   a stale claim pinned during its takeover (one taker at a
 //!                                   time; cleared after 5 s if that taker died mid-way)
-//! ROOT/jobs/KEY/metrics.N.tsv       rows of attempt N: name TAB step TAB value LF
+//! ROOT/jobs/KEY/metrics.N.tsv       rows of attempt N: name TAB step TAB value LF (made with
+//!                                   the first batch; none when a short done attempt keeps
+//!                                   its rows in its record, see `MetricsInfo::inline`)
 //! ROOT/jobs/KEY/error.txt           the last failure's text and backtrace
 //! ROOT/jobs/KEY/artifacts/          files the job writes (Run::artifact_dir)
 //! ROOT/lineage/LINEAGE              the key last started for a job name + parameters
@@ -28,8 +30,8 @@ use super::fs_sink::FsSink;
 use super::index::{DoneIndex, Entry, INDEX_FILE};
 use super::rows::{Bound, TornTail, read_rows};
 use super::{
-    Claim, ClaimInfo, ClaimOutcome, DEFAULT_STALE_AFTER, DoneHead, FORMAT_VERSION, JobRecord,
-    MetricSink, Owner, Series, Status, Store, StoreError,
+    BASE_FORMAT, Claim, ClaimInfo, ClaimOutcome, DEFAULT_STALE_AFTER, DoneHead, FORMAT_VERSION,
+    JobRecord, MetricSink, Owner, Series, Status, Store, StoreError,
 };
 use crate::fsutil::{Durability, atomic_write, replace_file, write_file};
 use crate::identity::Hash;
@@ -106,10 +108,13 @@ impl FsStore {
     /// flushed). A last line cut short by a crash is dropped and returned as a [`TornTail`]
     /// (its file and byte offset), never an error; show it as a warning.
     ///
+    /// An attempt without a file has the rows its finished record holds (a short done attempt
+    /// keeps them there, [`MetricsInfo::inline`](super::MetricsInfo::inline)), else none.
+    ///
     /// # Errors
-    /// [`StoreError::Io`] when the file cannot be read (a missing file reads as no rows),
-    /// [`StoreError::Corrupt`] when a complete row before the end is not `name TAB step TAB
-    /// value`.
+    /// [`StoreError::Io`] when the file or the record cannot be read, [`StoreError::Corrupt`]
+    /// when a complete row before the end is not `name TAB step TAB value` (naming the file,
+    /// or `record.json` for rows kept there).
     pub fn attempt_metrics(
         &self,
         key: &Hash,
@@ -119,13 +124,11 @@ impl FsStore {
         let file = match File::open(&path) {
             Ok(f) => f,
             Err(e) if e.kind() == io::ErrorKind::NotFound => {
-                // A short attempt keeps its rows in its record (MetricsInfo::inline).
+                // A short done attempt keeps its rows in its record (`MetricsInfo::inline`);
+                // and the file may have been made, and the attempt finished, since the `open`.
                 return match self.record(key)? {
                     Some(rec) if rec.attempt == attempt && rec.status != Status::Running => {
-                        match rec.metrics.as_ref().and_then(|m| m.inline.as_ref()) {
-                            Some(_) => Ok((self.record_metrics(&rec, None)?, None)),
-                            None => Ok((Series::default(), None)),
-                        }
+                        Ok((self.record_metrics(&rec, None)?, None))
                     }
                     _ => Ok((Series::default(), None)),
                 };
@@ -210,7 +213,7 @@ impl FsStore {
             }
             Err(e) if e.kind() == io::ErrorKind::NotFound => {
                 let body = format!(
-                    "{{\"format\":{FORMAT_VERSION},\"written_by\":\"puzzletron {}\"}}\n",
+                    "{{\"format\":{BASE_FORMAT},\"written_by\":\"puzzletron {}\"}}\n",
                     env!("CARGO_PKG_VERSION")
                 );
                 atomic_write(&fmt, body.as_bytes()).map_err(io_err(&fmt))?;
@@ -787,6 +790,14 @@ impl Store for FsStore {
         let path = self
             .job_dir(&claim.key)
             .join(format!("metrics.{}.tsv", claim.attempt));
+        // The file is made with the first batch; one left by an earlier holder of this attempt
+        // number (its running record lost to a machine crash, or deleted) is removed now, so
+        // it never passes for this attempt's rows. Usually there is none: one failed `unlink`.
+        match fs::remove_file(&path) {
+            Ok(()) => {}
+            Err(e) if e.kind() == io::ErrorKind::NotFound => {}
+            Err(e) => return Err(io_err(&path)(e)),
+        }
         Ok(Box::new(FsSink::new(path)))
     }
 
@@ -1018,12 +1029,21 @@ mod tests {
         store.start(&c, &rec).unwrap();
         let mut sink = store.metric_sink(&c).unwrap();
         log(&mut *sink);
-        rec.metrics = Some(sink.seal().unwrap());
+        let info = sink.seal().unwrap();
+        assert_eq!(sink.seal().unwrap(), info, "a second seal returns the same");
+        rec.set_metrics(info);
         rec.status = Status::Done;
         rec.finished_at = Some(1.0);
         store.finish(&c, &rec).unwrap();
         let back = store.record(&key).unwrap().unwrap();
         assert_eq!(back, rec);
+        // Rows in the record need format 2; a record without them stays readable by format 1.
+        let format = if rec.metrics.as_ref().unwrap().inline.is_some() {
+            2
+        } else {
+            1
+        };
+        assert_eq!(back.format, format);
         let names = inodes(&store.job_dir(&key)).into_keys().collect();
         (names, back.metrics.unwrap())
     }
@@ -1040,6 +1060,7 @@ mod tests {
             }
         });
         assert!(!names.iter().any(|n| n.starts_with("metrics")), "{names:?}");
+        assert_eq!(info.file, "", "no file is named");
         assert_eq!(
             info.inline.as_deref(),
             Some("loss\t0\t0\nloss\t1\t0.3333333333333333\nloss\t2\t0.6666666666666666\n")
@@ -1086,6 +1107,25 @@ mod tests {
             rows(store.metrics(&Hash::of("marked"), None).unwrap()),
             vec![(0, 1.0), (1, 2.0)]
         );
+    }
+
+    #[test]
+    fn a_metrics_file_left_by_an_earlier_holder_of_the_attempt_number_never_passes_for_its_rows() {
+        // Attempt 1 ran, flushed rows, and its running record was lost (a machine crash, or
+        // deleted by hand): the next claim is attempt 1 again, and its rows are its own.
+        let dir = tempfile::tempdir().unwrap();
+        let store = FsStore::open(dir.path().join("s")).unwrap();
+        let key = Hash::of("again");
+        fs::create_dir_all(store.job_dir(&key)).unwrap();
+        let stale = store.job_dir(&key).join("metrics.1.tsv");
+        fs::write(&stale, "loss\t0\t99\nloss\t1\t98\n").unwrap();
+        let (names, info) = sealed(&store, "again", |s| s.append("loss", 0, 0.5).unwrap());
+        assert!(!names.contains(&"metrics.1.tsv".to_string()), "{names:?}");
+        assert_eq!(info.inline.as_deref(), Some("loss\t0\t0.5\n"));
+        let want = vec![(0, 0.5)];
+        assert_eq!(store.metrics(&key, None).unwrap().of("loss"), want);
+        let (attempt, _) = store.attempt_metrics(&key, 1).unwrap();
+        assert_eq!(attempt.of("loss"), want);
     }
 
     #[test]

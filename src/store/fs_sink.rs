@@ -9,10 +9,11 @@
 //! unflushed batch; a batch torn by a power loss leaves a torn last line, which readers drop
 //! with a warning ([`FsStore::attempt_metrics`](super::FsStore::attempt_metrics)).
 //!
-//! The file is created with the first batch written. An attempt that ends before any batch
-//! was written, with at most [`INLINE_BYTES`] of rows, gets no file: its rows go into its
-//! record ([`MetricsInfo::inline`]), which is fsynced anyway, so a short run costs one file and
-//! one `fdatasync` less.
+//! The file is created with the first batch written. A done attempt that ends before any batch
+//! was written (no step mark, no row left 0.5 s in the buffer), with at most [`INLINE_BYTES`]
+//! of rows, gets no file: [`MetricSink::seal`] hands its rows to its record
+//! ([`MetricsInfo::inline`]), which is fsynced anyway, so such a run costs one file and one
+//! `fdatasync` less. Its rows then reach the disk with the record, at the end.
 
 use std::collections::BTreeSet;
 use std::fs::{File, OpenOptions};
@@ -195,6 +196,8 @@ pub(super) struct FsSink {
     flusher: Option<&'static Flusher>,
     rows: u64,
     names: BTreeSet<String>,
+    /// What [`MetricSink::seal`] returned: a second call returns it again.
+    sealed: Option<MetricsInfo>,
 }
 
 impl FsSink {
@@ -215,6 +218,7 @@ impl FsSink {
             flusher: None,
             rows: 0,
             names: BTreeSet::new(),
+            sealed: None,
         }
     }
 
@@ -297,6 +301,9 @@ impl MetricSink for FsSink {
     }
 
     fn seal(&mut self) -> Result<MetricsInfo, StoreError> {
+        if let Some(info) = &self.sealed {
+            return Ok(info.clone());
+        }
         self.stop_flusher();
         let inline = {
             let mut st = self.shared.lock();
@@ -316,13 +323,19 @@ impl MetricSink for FsSink {
                 None
             }
         };
-        if inline.is_none() {
-            self.sync()?;
-        }
-        Ok(MetricsInfo {
-            inline,
-            ..self.summary()
-        })
+        let info = match inline {
+            Some(text) => MetricsInfo {
+                file: String::new(),
+                inline: Some(text),
+                ..self.summary()
+            },
+            None => {
+                self.sync()?;
+                self.summary()
+            }
+        };
+        self.sealed = Some(info.clone());
+        Ok(info)
     }
 
     fn summary(&self) -> MetricsInfo {

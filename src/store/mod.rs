@@ -31,8 +31,8 @@ pub use fs::FsStore;
 pub use fs_sink::{FLUSH_INTERVAL, FLUSH_ROWS, INLINE_BYTES};
 pub use memory::MemoryStore;
 pub use record::{
-    FORMAT_VERSION, Failure, JobRecord, MetricsInfo, Owner, Status, hostname, process_start_ticks,
-    unix_now,
+    BASE_FORMAT, FORMAT_VERSION, Failure, INLINE_FORMAT, JobRecord, MetricsInfo, Owner, Status,
+    hostname, process_start_ticks, unix_now,
 };
 pub use rows::TornTail;
 
@@ -187,7 +187,8 @@ pub trait MetricSink: Send {
     }
 
     /// Where the rows are, how many were appended and their distinct names (sorted): what the
-    /// finished record stores.
+    /// record of an attempt that ended with [`sync`](Self::sync) stores (one that ended with
+    /// [`seal`](Self::seal) stores what `seal` returned).
     fn summary(&self) -> MetricsInfo;
 }
 

@@ -6,9 +6,16 @@ use serde::{Deserialize, Serialize};
 
 use crate::identity::{Hash, OwnedDigest, Witnesses};
 
-/// Version of the record and folder format this build writes. A store written by a newer
-/// version is refused rather than misread.
-pub const FORMAT_VERSION: u32 = 1;
+/// The newest store and record format this build reads: a store or a record written in a newer
+/// one is refused rather than misread. Version 2 added rows kept in the record
+/// ([`MetricsInfo::inline`]); a record without them, and the store's folder layout, are
+/// written as [`BASE_FORMAT`], which builds before version 2 read.
+pub const FORMAT_VERSION: u32 = 2;
+/// Version 1: the format of a store's folder layout and of a record whose rows (if any) are in
+/// a file.
+pub const BASE_FORMAT: u32 = 1;
+/// The format of a record that keeps its rows ([`MetricsInfo::inline`]).
+pub const INLINE_FORMAT: u32 = 2;
 
 /// Where a job stands.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -119,7 +126,8 @@ pub struct Failure {
 /// file is complete.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct MetricsInfo {
-    /// File name inside the job folder (`FsStore`), e.g. `metrics.1.tsv`.
+    /// File name inside the job folder (`FsStore`), e.g. `metrics.1.tsv`; empty when the rows
+    /// are [`inline`](Self::inline) (there is no file then).
     pub file: String,
     /// Number of rows (`name`, `step`, `value`).
     pub rows: u64,
@@ -172,6 +180,19 @@ pub struct JobRecord {
     pub error: Option<Failure>,
     /// The metrics of the last attempt (set when it finished).
     pub metrics: Option<MetricsInfo>,
+}
+
+impl JobRecord {
+    /// Sets what the finished attempt logged, and the record's format to the oldest that holds
+    /// it: [`INLINE_FORMAT`] for rows kept in the record, else [`BASE_FORMAT`].
+    pub fn set_metrics(&mut self, info: MetricsInfo) {
+        self.format = if info.inline.is_some() {
+            INLINE_FORMAT
+        } else {
+            BASE_FORMAT
+        };
+        self.metrics = Some(info);
+    }
 }
 
 /// Now, as Unix seconds.

@@ -15,7 +15,7 @@ use super::run::Run;
 use super::summary::{FailureCause, JobOutcome, Outcome, RunSummary};
 use crate::identity::{Hash, Witnesses};
 use crate::store::{
-    Claim, ClaimOutcome, FORMAT_VERSION, Failure, JobRecord, MetricSink, Owner, Status, Store,
+    BASE_FORMAT, Claim, ClaimOutcome, Failure, JobRecord, MetricSink, Owner, Status, Store,
     StoreError, unix_now,
 };
 
@@ -304,7 +304,7 @@ impl<S: Store + ?Sized> Engine<'_, S> {
         let params: serde_json::Value =
             serde_json::from_str(&p.params).unwrap_or(serde_json::Value::Null);
         let mut rec = JobRecord {
-            format: FORMAT_VERSION,
+            format: BASE_FORMAT,
             key: p.key,
             job: p.job.to_string(),
             params,
@@ -358,7 +358,14 @@ impl<S: Store + ?Sized> Engine<'_, S> {
                 Err(mpsc::SendError(c)) => self.commit(c).map(|()| Outcome::Ran { seconds }),
             };
         }
-        rec.metrics = Some(sink.seal()?);
+        // Only a done run keeps its rows in its record: a failed one's record is replaced when
+        // the job runs again, and its rows stay in their file for a look at what went wrong.
+        if matches!(result, Ok(Ok(()))) {
+            rec.set_metrics(sink.seal()?);
+        } else {
+            sink.sync()?;
+            rec.set_metrics(sink.summary());
+        }
         rec.finished_at = Some(unix_now());
         let outcome = match result {
             Ok(Ok(())) => {
@@ -419,7 +426,7 @@ impl<S: Store + ?Sized> Engine<'_, S> {
             mut sink,
             seconds,
         } = c;
-        rec.metrics = Some(sink.seal()?);
+        rec.set_metrics(sink.seal()?);
         rec.finished_at = Some(unix_now());
         rec.status = Status::Done;
         self.store().finish(&claim, &rec)?;

@@ -48,9 +48,9 @@ impl Run {
     /// [`FLUSH_INTERVAL`](crate::store::FLUSH_INTERVAL) after it is logged, when
     /// [`FLUSH_ROWS`](crate::store::FLUSH_ROWS) rows are buffered, when the job calls
     /// [`Run::flush`], and when the job returns; when the job returns every row is also fsynced
-    /// before the run is recorded done, or kept in its done record when the job never flushed
-    /// and logged at most [`INLINE_BYTES`](crate::store::INLINE_BYTES) (durable against a
-    /// crash of the machine either way). A process
+    /// before the run is recorded done (a done run that never wrote a batch and logged at most
+    /// [`INLINE_BYTES`](crate::store::INLINE_BYTES) has its rows written inside its done record
+    /// instead), durable against a crash of the machine either way. A process
     /// killed mid-run loses at most the unflushed rows.
     ///
     /// # Errors

@@ -65,7 +65,7 @@ use crate::executor::{
 };
 use crate::identity::{Hash, OwnedDigest, Witnesses};
 use crate::store::{
-    ClaimOutcome, FORMAT_VERSION, FsStore, JobRecord, Owner, Status, Store, StoreError, StoreSpec,
+    BASE_FORMAT, ClaimOutcome, FsStore, JobRecord, Owner, Status, Store, StoreError, StoreSpec,
     unix_now,
 };
 
@@ -806,7 +806,7 @@ fn conclude<S: Store + ?Sized>(
         serde_json::from_str(&p.params).unwrap_or(serde_json::Value::Null);
     let now = unix_now();
     let mut record = JobRecord {
-        format: FORMAT_VERSION,
+        format: BASE_FORMAT,
         key: p.key,
         job: p.job.to_string(),
         params,
