@@ -63,10 +63,11 @@ const TAKEOVER_GRACE: Duration = Duration::from_secs(5);
 /// A run that ends done costs at most three `fsync`s, all in [`Store::finish`] and the sink's
 /// [`MetricSink::seal`] before it: one `fdatasync` of its metrics file, one of the record's
 /// temp file and one of the job folder after the rename, which also makes the metrics file's
-/// entry durable. A run whose rows were never flushed and fit in [`INLINE_BYTES`](super::INLINE_BYTES)
-/// (no rows, or a few final scores) has no metrics file: its rows are in its record, and it
-/// costs two. A failed run costs the same (its `error.txt` is a
-/// copy of what the record holds and is not synced). Claims, the running record, the lineage
+/// entry durable. A done run none of whose rows was written to its file before the end, with at
+/// most [`INLINE_BYTES`](super::INLINE_BYTES) of them (no rows, or a few final scores), has no
+/// metrics file: its rows are in its record, and it costs two. A failed run costs three (it
+/// keeps its rows in a file; its `error.txt` is a copy of what the record holds and is not
+/// synced). Claims, the running record, the lineage
 /// pointer and the done index (`done.idx`) are never synced: they matter only while their
 /// writer lives, or are a cache. A sweep's in-process drain commits finished runs on several
 /// threads while the next runs execute, so the `fsync`s of several runs are in flight at once (a
@@ -1039,9 +1040,9 @@ mod tests {
         assert_eq!(back, rec);
         // Rows in the record need format 2; a record without them stays readable by format 1.
         let format = if rec.metrics.as_ref().unwrap().inline.is_some() {
-            2
+            crate::store::INLINE_FORMAT
         } else {
-            1
+            crate::store::BASE_FORMAT
         };
         assert_eq!(back.format, format);
         let names = inodes(&store.job_dir(&key)).into_keys().collect();

@@ -311,14 +311,20 @@ impl MetricSink for FsSink {
                 drop(st);
                 return Err(self.io_err(e));
             }
-            // Rows are formatted from checked names, numbers and ASCII separators: UTF-8.
-            if st.file.is_none()
-                && st.buf.len() <= INLINE_BYTES
-                && std::str::from_utf8(&st.buf).is_ok()
-            {
-                st.pending = 0;
-                st.oldest = None;
-                String::from_utf8(std::mem::take(&mut st.buf)).ok()
+            if st.file.is_none() && st.buf.len() <= INLINE_BYTES {
+                // Rows are formatted from checked names, numbers and ASCII separators, so this
+                // is UTF-8; were it not, the bytes go back to the buffer and on to the file.
+                match String::from_utf8(std::mem::take(&mut st.buf)) {
+                    Ok(text) => {
+                        st.pending = 0;
+                        st.oldest = None;
+                        Some(text)
+                    }
+                    Err(e) => {
+                        st.buf = e.into_bytes();
+                        None
+                    }
+                }
             } else {
                 None
             }
