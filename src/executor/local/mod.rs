@@ -32,7 +32,10 @@
 //! rename, fsync of the folder), `output.log` (stdout and stderr).
 
 mod folder;
+mod forkserver;
 mod wrapper;
+
+pub use forkserver::FORK_SERVER_ENV;
 
 use std::collections::{HashMap, VecDeque};
 use std::ffi::OsString;
@@ -147,6 +150,8 @@ impl LocalExecutorBuilder {
         let root = std::fs::canonicalize(&self.root)
             .map_err(|e| ExecutorError::io("resolving executor root", &self.root, e))?;
         let ngpu = self.gpu_ids.len();
+        // Now, while the process is usually small: each wrapper is a fork of the server.
+        forkserver::ensure();
         Ok(LocalExecutor {
             inner: Arc::new(Inner {
                 root,
@@ -446,26 +451,22 @@ impl Inner {
             None => "unknown\n".to_string(),
         };
         folder::write_replace(&dir, folder::OOM_BEFORE_FILE, oom_before.as_bytes())?;
-        let launch = wrapper::launch(&prepared, &log)?;
-        let wrapper_pid = match launch {
-            Launch::Started {
-                wrapper_pid,
-                job_pid,
-            } => {
+        let wrapper = forkserver::launch(&prepared, &log)?;
+        match wrapper.launch {
+            Launch::Started { job_pid } => {
                 if let Some(Entry::Running { job_pid: p, .. }) =
                     self.lock().jobs.get_mut(&spec.attempt_id)
                 {
                     *p = Some(job_pid);
                 }
-                wrapper_pid
             }
-            Launch::Failed { wrapper_pid, .. } | Launch::WrapperDied { wrapper_pid } => wrapper_pid,
-            Launch::AlreadyStarted { wrapper_pid } => {
-                wrapper::reap(wrapper_pid);
+            Launch::Failed { .. } | Launch::WrapperDied => {}
+            Launch::AlreadyStarted => {
+                wrapper.wait();
                 return Ok(None);
             }
-        };
-        wrapper::reap(wrapper_pid);
+        }
+        wrapper.wait();
         self.status_from_folder(&spec.attempt_id).map(Some)
     }
 

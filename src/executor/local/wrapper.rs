@@ -23,7 +23,6 @@
 //! The wrapper lives in its own session, so a Ctrl-C or the death of the controller does not
 //! reach it or the job, and the `exit` record is written even when nobody waits for it.
 
-use std::ffi::CString;
 use std::os::unix::ffi::OsStrExt;
 use std::path::Path;
 use std::time::Duration;
@@ -34,46 +33,53 @@ use crate::executor::ExecutorError;
 
 use super::folder::{EXIT_FILE, JOB_FILE, STARTED_FILE, WRAPPER_FILE};
 
-/// Everything the wrapper needs, allocated before the fork.
+/// Bytes of a launch request's fixed header: magic, argv count, env count, flags, walltime
+/// and grace (ms).
+const HEADER: usize = 32;
+const MAGIC: &[u8; 4] = b"PZW1";
+const HAS_CWD: u32 = 1;
+const HAS_WALLTIME: u32 = 2;
+/// The named strings of a request, in order, before the optional cwd, argv and env.
+const NAMED: usize = 9;
+
+/// Everything the wrapper needs, prepared before the fork as one request: a fixed header, then
+/// NUL-terminated strings (the program, the attempt folder and its record paths, the working
+/// folder if any, argv, `KEY=value` env entries). One buffer so that it can cross to the fork
+/// server as one message and be read there, as here, without allocating ([`View::parse`]).
+#[derive(Debug)]
 pub(crate) struct Prepared {
-    program: CString,
-    _argv: Vec<CString>,
-    argv_ptrs: Vec<*const libc::c_char>,
-    _envp: Vec<CString>,
-    envp_ptrs: Vec<*const libc::c_char>,
-    cwd: Option<CString>,
-    dir: CString,
-    started_path: CString,
-    wrapper_tmp: CString,
-    wrapper_path: CString,
-    job_tmp: CString,
-    job_path: CString,
-    exit_tmp: CString,
-    exit_path: CString,
-    proc_self_stat: CString,
-    walltime_ms: Option<u64>,
-    grace_ms: u64,
+    bytes: Vec<u8>,
+    /// argv + env entries: the pointer slots a [`View`] needs, besides the two NULs.
+    entries: usize,
 }
 
-// The raw pointers point into the CStrings owned by the same struct.
-unsafe impl Send for Prepared {}
-
-fn cstr(what: &str, bytes: &[u8]) -> Result<CString, ExecutorError> {
-    CString::new(bytes).map_err(|_| ExecutorError::InvalidSpec {
-        attempt_id: None,
-        field: what.into(),
-        value: String::from_utf8_lossy(bytes).into_owned(),
-        expected: "no NUL byte".into(),
-    })
+fn cstr_check(what: &str, bytes: &[u8]) -> Result<(), ExecutorError> {
+    if bytes.contains(&0) {
+        return Err(ExecutorError::InvalidSpec {
+            attempt_id: None,
+            field: what.into(),
+            value: String::from_utf8_lossy(bytes).into_owned(),
+            expected: "no NUL byte".into(),
+        });
+    }
+    Ok(())
 }
 
-fn path_c(what: &str, p: &Path) -> Result<CString, ExecutorError> {
-    cstr(what, p.as_os_str().as_bytes())
+fn push_c(out: &mut Vec<u8>, what: &str, parts: &[&[u8]]) -> Result<(), ExecutorError> {
+    for p in parts {
+        cstr_check(what, p)?;
+        out.extend_from_slice(p);
+    }
+    out.push(0);
+    Ok(())
 }
 
 impl Prepared {
     /// Prepares a launch of `program` (an absolute or relative path, already resolved) with
     /// `argv` (argv[0] included) and the complete environment `env`.
+    ///
+    /// # Errors
+    /// [`ExecutorError::InvalidSpec`] when a string holds a NUL byte.
     pub(crate) fn new(
         dir: &Path,
         program: &Path,
@@ -83,41 +89,155 @@ impl Prepared {
         walltime: Option<Duration>,
         grace: Duration,
     ) -> Result<Self, ExecutorError> {
-        let argv: Vec<CString> = argv
-            .iter()
-            .map(|a| cstr("command.argv", a.as_bytes()))
-            .collect::<Result<_, _>>()?;
-        let envp: Vec<CString> = env
-            .iter()
-            .map(|(k, v)| {
-                let mut kv = k.as_bytes().to_vec();
-                kv.push(b'=');
-                kv.extend_from_slice(v.as_bytes());
-                cstr("command.env", &kv)
-            })
-            .collect::<Result<_, _>>()?;
-        let mut argv_ptrs: Vec<_> = argv.iter().map(|c| c.as_ptr()).collect();
-        argv_ptrs.push(std::ptr::null());
-        let mut envp_ptrs: Vec<_> = envp.iter().map(|c| c.as_ptr()).collect();
-        envp_ptrs.push(std::ptr::null());
+        let mut b = Vec::with_capacity(
+            HEADER
+                + 512
+                + argv.iter().map(|a| a.len() + 1).sum::<usize>()
+                + env.iter().map(|(k, v)| k.len() + v.len() + 2).sum::<usize>(),
+        );
+        let flags = if cwd.is_some() { HAS_CWD } else { 0 }
+            | if walltime.is_some() { HAS_WALLTIME } else { 0 };
+        b.extend_from_slice(MAGIC);
+        b.extend_from_slice(&(argv.len() as u32).to_ne_bytes());
+        b.extend_from_slice(&(env.len() as u32).to_ne_bytes());
+        b.extend_from_slice(&flags.to_ne_bytes());
+        let wall = walltime.map_or(0, |w| w.as_millis() as u64);
+        b.extend_from_slice(&wall.to_ne_bytes());
+        b.extend_from_slice(&(grace.as_millis() as u64).to_ne_bytes());
+        let d = dir.as_os_str().as_bytes();
+        push_c(&mut b, "command.argv[0]", &[program.as_os_str().as_bytes()])?;
+        push_c(&mut b, "attempt folder", &[d])?;
+        for name in [
+            STARTED_FILE,
+            ".wrapper.tmp",
+            WRAPPER_FILE,
+            ".job.tmp",
+            JOB_FILE,
+            ".exit.tmp",
+            EXIT_FILE,
+        ] {
+            push_c(&mut b, "attempt folder", &[d, b"/", name.as_bytes()])?;
+        }
+        if let Some(c) = cwd {
+            push_c(&mut b, "command.cwd", &[c.as_os_str().as_bytes()])?;
+        }
+        for a in argv {
+            push_c(&mut b, "command.argv", &[a.as_bytes()])?;
+        }
+        for (k, v) in env {
+            push_c(&mut b, "command.env", &[k.as_bytes(), b"=", v.as_bytes()])?;
+        }
         Ok(Self {
-            program: path_c("command.argv[0]", program)?,
-            _argv: argv,
-            argv_ptrs,
-            _envp: envp,
-            envp_ptrs,
-            cwd: cwd.map(|c| path_c("command.cwd", c)).transpose()?,
-            dir: path_c("attempt folder", dir)?,
-            started_path: path_c("attempt folder", &dir.join(STARTED_FILE))?,
-            wrapper_tmp: path_c("attempt folder", &dir.join(".wrapper.tmp"))?,
-            wrapper_path: path_c("attempt folder", &dir.join(WRAPPER_FILE))?,
-            job_tmp: path_c("attempt folder", &dir.join(".job.tmp"))?,
-            job_path: path_c("attempt folder", &dir.join(JOB_FILE))?,
-            exit_tmp: path_c("attempt folder", &dir.join(".exit.tmp"))?,
-            exit_path: path_c("attempt folder", &dir.join(EXIT_FILE))?,
-            proc_self_stat: cstr("proc", b"/proc/self/stat")?,
-            walltime_ms: walltime.map(|w| w.as_millis() as u64),
-            grace_ms: grace.as_millis() as u64,
+            bytes: b,
+            entries: argv.len() + env.len(),
+        })
+    }
+
+    /// The request as sent to the fork server.
+    pub(crate) fn bytes(&self) -> &[u8] {
+        &self.bytes
+    }
+
+    /// Pointer slots a [`View`] of this request needs.
+    pub(crate) fn slots(&self) -> usize {
+        self.entries + 2
+    }
+}
+
+/// A launch request read in place: pointers into the request's bytes and into `slots` (argv
+/// and envp, each NULL-terminated). Built without allocation, so the fork server can build
+/// one between `fork`s.
+pub(crate) struct View<'a> {
+    program: *const libc::c_char,
+    dir: *const libc::c_char,
+    started_path: *const libc::c_char,
+    wrapper_tmp: *const libc::c_char,
+    wrapper_path: *const libc::c_char,
+    job_tmp: *const libc::c_char,
+    job_path: *const libc::c_char,
+    exit_tmp: *const libc::c_char,
+    exit_path: *const libc::c_char,
+    /// NULL when the job runs in the wrapper's working folder.
+    cwd: *const libc::c_char,
+    argv: *const *const libc::c_char,
+    envp: *const *const libc::c_char,
+    walltime_ms: Option<u64>,
+    grace_ms: u64,
+    _bytes: std::marker::PhantomData<&'a [u8]>,
+}
+
+fn u32_at(b: &[u8], at: usize) -> u32 {
+    u32::from_ne_bytes([b[at], b[at + 1], b[at + 2], b[at + 3]])
+}
+
+fn u64_at(b: &[u8], at: usize) -> u64 {
+    let mut x = [0u8; 8];
+    x.copy_from_slice(&b[at..at + 8]);
+    u64::from_ne_bytes(x)
+}
+
+/// The NUL-terminated string at `*pos`, moving `*pos` past its NUL.
+fn next_str(bytes: &[u8], pos: &mut usize) -> Option<*const libc::c_char> {
+    let len = bytes.get(*pos..)?.iter().position(|&c| c == 0)?;
+    let p = bytes[*pos..].as_ptr().cast();
+    *pos += len + 1;
+    Some(p)
+}
+
+impl<'a> View<'a> {
+    /// Reads a request made by [`Prepared::new`]; `None` when `bytes` is not one (bad magic,
+    /// truncated, trailing bytes, no argv) or `slots` is too short (argv + env entries + 2).
+    /// No allocation, no system call.
+    pub(crate) fn parse(bytes: &'a [u8], slots: &'a mut [*const libc::c_char]) -> Option<Self> {
+        if bytes.len() < HEADER || &bytes[..4] != MAGIC {
+            return None;
+        }
+        let nargv = u32_at(bytes, 4) as usize;
+        let nenv = u32_at(bytes, 8) as usize;
+        let flags = u32_at(bytes, 12);
+        if nargv == 0 || nargv.checked_add(nenv)?.checked_add(2)? > slots.len() {
+            return None;
+        }
+        let mut pos = HEADER;
+        let mut next = || next_str(bytes, &mut pos);
+        let mut named = [std::ptr::null(); NAMED];
+        for n in &mut named {
+            *n = next()?;
+        }
+        let cwd = if flags & HAS_CWD != 0 {
+            next()?
+        } else {
+            std::ptr::null()
+        };
+        for s in &mut slots[..nargv] {
+            *s = next()?;
+        }
+        slots[nargv] = std::ptr::null();
+        for s in &mut slots[nargv + 1..nargv + 1 + nenv] {
+            *s = next()?;
+        }
+        slots[nargv + 1 + nenv] = std::ptr::null();
+        if pos != bytes.len() {
+            return None;
+        }
+        let [program, dir, started_path, wrapper_tmp, wrapper_path, job_tmp, job_path, exit_tmp, exit_path] =
+            named;
+        Some(Self {
+            program,
+            dir,
+            started_path,
+            wrapper_tmp,
+            wrapper_path,
+            job_tmp,
+            job_path,
+            exit_tmp,
+            exit_path,
+            cwd,
+            argv: slots.as_ptr(),
+            envp: slots[nargv + 1..].as_ptr(),
+            walltime_ms: (flags & HAS_WALLTIME != 0).then(|| u64_at(bytes, 16)),
+            grace_ms: u64_at(bytes, 24),
+            _bytes: std::marker::PhantomData,
         })
     }
 }
@@ -125,24 +245,106 @@ impl Prepared {
 /// What the controller learns from the wrapper right after the launch.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Launch {
-    /// The job runs as `pid` (also its process group).
-    Started { wrapper_pid: i32, job_pid: i32 },
+    /// The job runs as `job_pid` (also its process group).
+    Started { job_pid: i32 },
     /// The exec (or chdir) failed with `errno`; the wrapper recorded it and exits.
-    Failed { wrapper_pid: i32, errno: i32 },
+    Failed { errno: i32 },
     /// Another wrapper (or a cancel) got to the attempt first: this one exited without
     /// starting anything.
-    AlreadyStarted { wrapper_pid: i32 },
+    AlreadyStarted,
     /// The wrapper died before saying anything (it was killed); nothing is known.
-    WrapperDied { wrapper_pid: i32 },
+    WrapperDied,
 }
 
-/// Forks the wrapper and waits (blocking) until it reports the job started or failed.
-/// The caller must later reap `wrapper_pid` with [`reap`].
-///
-/// # Errors
-/// [`ExecutorError::Io`] when a pipe, the log file or the fork fails.
-pub(crate) fn launch(p: &Prepared, log: &Path) -> Result<Launch, ExecutorError> {
-    use std::os::fd::AsRawFd;
+/// A wrapper that was forked: what it reported, and its end to wait for.
+#[derive(Debug)]
+pub(crate) struct Wrapper {
+    /// What the wrapper reported about the launch.
+    pub(crate) launch: Launch,
+    /// The read end of the notify pipe; the wrapper holds the write end until it exits.
+    notify: std::os::fd::OwnedFd,
+    /// The wrapper's pid when it is our child (forked here, not by the fork server): to reap.
+    child: Option<i32>,
+}
+
+impl Wrapper {
+    pub(crate) fn new(launch: Launch, notify: std::os::fd::OwnedFd, child: Option<i32>) -> Self {
+        Self {
+            launch,
+            notify,
+            child,
+        }
+    }
+
+    /// Blocks until the wrapper has exited (the notify pipe's EOF), reaping it when it is our
+    /// child. Its `exit` record is written by then.
+    pub(crate) fn wait(self) {
+        use std::os::fd::AsRawFd;
+        let mut sink = [0u8; 64];
+        while read_full(self.notify.as_raw_fd(), &mut sink) == sink.len() {}
+        if let Some(pid) = self.child {
+            reap(pid);
+        }
+    }
+}
+
+/// The messages on a notify pipe, five bytes each: a tag and a native-endian i32. The wrapper
+/// sends one of `S` (started, job pid), `D` (already started elsewhere), `E` (exec failed,
+/// errno); the fork server sends `P` (wrapper forked, its pid), `F` (fork failed, errno) or
+/// `X` (request refused, nothing forked), in either order with the wrapper's.
+pub(crate) type Msg = [u8; 5];
+
+/// Makes a message.
+pub(crate) fn msg(tag: u8, val: i32) -> Msg {
+    let v = val.to_ne_bytes();
+    [tag, v[0], v[1], v[2], v[3]]
+}
+
+/// What a notify pipe said up to the wrapper's message (or EOF).
+#[derive(Debug, Default)]
+pub(crate) struct Said {
+    /// The wrapper's message, if it sent one.
+    pub(crate) launch: Option<Launch>,
+    /// The fork server's message: `Ok(wrapper pid)` or `Err(errno of fork)`.
+    pub(crate) server: Option<Result<i32, i32>>,
+    /// The fork server could not read the request (`X`) and forked nothing.
+    pub(crate) refused: bool,
+}
+
+/// Reads messages from `fd` until the wrapper's (leaving the rest, and the EOF, to
+/// [`Wrapper::wait`]) or EOF.
+pub(crate) fn read_said(fd: c_int) -> Said {
+    let mut said = Said::default();
+    loop {
+        let mut m: Msg = [0; 5];
+        if read_full(fd, &mut m) != m.len() {
+            return said;
+        }
+        let val = i32::from_ne_bytes([m[1], m[2], m[3], m[4]]);
+        said.launch = match m[0] {
+            b'S' => Some(Launch::Started { job_pid: val }),
+            b'D' => Some(Launch::AlreadyStarted),
+            b'E' => Some(Launch::Failed { errno: val }),
+            b'P' => {
+                said.server = Some(Ok(val));
+                continue;
+            }
+            b'F' => {
+                said.server = Some(Err(val));
+                return said;
+            }
+            b'X' => {
+                said.refused = true;
+                return said;
+            }
+            _ => return said,
+        };
+        return said;
+    }
+}
+
+/// Opens what the wrapper's stdio will be: `/dev/null` and the log (appending, created).
+pub(crate) fn stdio(log: &Path) -> Result<(std::fs::File, std::fs::File), ExecutorError> {
     let log_file = std::fs::OpenOptions::new()
         .create(true)
         .append(true)
@@ -150,6 +352,12 @@ pub(crate) fn launch(p: &Prepared, log: &Path) -> Result<Launch, ExecutorError> 
         .map_err(|e| ExecutorError::io("opening log file", log, e))?;
     let null = std::fs::File::open("/dev/null")
         .map_err(|e| ExecutorError::io("opening", "/dev/null", e))?;
+    Ok((null, log_file))
+}
+
+/// A pipe with both ends close-on-exec: (read, write).
+pub(crate) fn pipe(log: &Path) -> Result<(std::os::fd::OwnedFd, std::os::fd::OwnedFd), ExecutorError> {
+    use std::os::fd::FromRawFd;
     let mut fds = [0 as c_int; 2];
     // SAFETY: plain syscall on a local array.
     if unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC) } != 0 {
@@ -159,44 +367,64 @@ pub(crate) fn launch(p: &Prepared, log: &Path) -> Result<Launch, ExecutorError> 
             std::io::Error::last_os_error(),
         ));
     }
-    let (notify_r, notify_w) = (fds[0], fds[1]);
+    // SAFETY: both descriptors were just created and are owned by nobody else.
+    Ok(unsafe {
+        (
+            std::os::fd::OwnedFd::from_raw_fd(fds[0]),
+            std::os::fd::OwnedFd::from_raw_fd(fds[1]),
+        )
+    })
+}
+
+/// Forks the wrapper from this process and waits (blocking) until it reports the job
+/// started or failed. [`super::forkserver::launch`] is the usual way in; this is its fallback.
+///
+/// # Errors
+/// [`ExecutorError::Io`] when a pipe, the log file or the fork fails.
+pub(crate) fn launch_direct(p: &Prepared, log: &Path) -> Result<Wrapper, ExecutorError> {
+    use std::os::fd::AsRawFd;
+    let (null, log_file) = stdio(log)?;
+    let (notify_r, notify_w) = pipe(log)?;
+    let mut slots = vec![std::ptr::null(); p.slots()];
+    let view = View::parse(p.bytes(), &mut slots).ok_or_else(|| ExecutorError::InvalidSpec {
+        attempt_id: None,
+        field: "launch request".into(),
+        value: format!("{} bytes", p.bytes().len()),
+        expected: "a request made by Prepared::new".into(),
+    })?;
     // SAFETY: the child only runs `wrapper_main`, which is async-signal-safe (see module docs).
     let pid = unsafe { libc::fork() };
     if pid < 0 {
-        let e = std::io::Error::last_os_error();
-        unsafe {
-            libc::close(notify_r);
-            libc::close(notify_w);
-        }
-        return Err(ExecutorError::io("forking wrapper for", log, e));
+        return Err(ExecutorError::io(
+            "forking wrapper for",
+            log,
+            std::io::Error::last_os_error(),
+        ));
     }
     if pid == 0 {
         // SAFETY: we are the forked child; never returns.
-        unsafe { wrapper_main(p, null.as_raw_fd(), log_file.as_raw_fd(), notify_w) }
+        unsafe {
+            wrapper_main(
+                &view,
+                null.as_raw_fd(),
+                log_file.as_raw_fd(),
+                notify_w.as_raw_fd(),
+            )
+        }
     }
-    unsafe { libc::close(notify_w) };
+    drop(notify_w);
     drop(log_file);
     drop(null);
-    let mut msg = [0u8; 5];
-    let n = read_full(notify_r, &mut msg);
-    unsafe { libc::close(notify_r) };
-    let val = i32::from_ne_bytes([msg[1], msg[2], msg[3], msg[4]]);
-    Ok(match (n, msg[0]) {
-        (5, b'S') => Launch::Started {
-            wrapper_pid: pid,
-            job_pid: val,
-        },
-        (5, b'D') => Launch::AlreadyStarted { wrapper_pid: pid },
-        (5, b'E') => Launch::Failed {
-            wrapper_pid: pid,
-            errno: val,
-        },
-        _ => Launch::WrapperDied { wrapper_pid: pid },
+    let said = read_said(notify_r.as_raw_fd());
+    Ok(Wrapper {
+        launch: said.launch.unwrap_or(Launch::WrapperDied),
+        notify: notify_r,
+        child: Some(pid),
     })
 }
 
 /// Waits (blocking) for the wrapper `pid` to exit and reaps it.
-pub(crate) fn reap(pid: i32) {
+fn reap(pid: i32) {
     let mut status = 0;
     loop {
         // SAFETY: plain syscall.
@@ -231,7 +459,7 @@ fn read_full(fd: c_int, buf: &mut [u8]) -> usize {
     got
 }
 
-fn write_all(fd: c_int, mut buf: &[u8]) -> bool {
+pub(crate) fn write_all(fd: c_int, mut buf: &[u8]) -> bool {
     while !buf.is_empty() {
         // SAFETY: buf is valid for reads of its length.
         let r = unsafe { libc::write(fd, buf.as_ptr().cast(), buf.len()) };
@@ -359,16 +587,16 @@ fn proc_stat_path(pid: i32, out: &mut [u8; 64]) -> *const libc::c_char {
 
 /// Writes `bytes` to `tmp`, optionally fsyncs, renames onto `path`, fsyncs `dir`.
 fn write_file_atomic(
-    dir: &CString,
-    tmp: &CString,
-    path: &CString,
+    dir: *const libc::c_char,
+    tmp: *const libc::c_char,
+    path: *const libc::c_char,
     bytes: &[u8],
     durable: bool,
 ) -> bool {
     // SAFETY: NUL-terminated paths prepared before the fork.
     unsafe {
         let fd = libc::open(
-            tmp.as_ptr(),
+            tmp,
             libc::O_WRONLY | libc::O_CREAT | libc::O_TRUNC | libc::O_CLOEXEC,
             0o644,
         );
@@ -377,12 +605,12 @@ fn write_file_atomic(
         }
         let ok = write_all(fd, bytes) && (!durable || libc::fsync(fd) == 0);
         libc::close(fd);
-        if !ok || libc::rename(tmp.as_ptr(), path.as_ptr()) != 0 {
+        if !ok || libc::rename(tmp, path) != 0 {
             return false;
         }
         if durable {
             let d = libc::open(
-                dir.as_ptr(),
+                dir,
                 libc::O_RDONLY | libc::O_DIRECTORY | libc::O_CLOEXEC,
             );
             if d >= 0 {
@@ -394,7 +622,7 @@ fn write_file_atomic(
     true
 }
 
-fn close_from(first: c_int) {
+pub(crate) fn close_from(first: c_int) {
     // SAFETY: close_range(2) (Linux >= 5.9); fall back to closing one by one.
     let r = unsafe { libc::syscall(libc::SYS_close_range, first as u32, u32::MAX, 0u32) };
     if r != 0 {
@@ -460,7 +688,7 @@ const SPAWN_STACK: usize = 64 * 1024;
 
 /// What the job's child needs: the prepared job and the write end of the exec-error pipe.
 struct SpawnArgs<'a> {
-    p: &'a Prepared,
+    p: &'a View<'a>,
     err_r: c_int,
     err_w: c_int,
 }
@@ -473,7 +701,7 @@ struct SpawnArgs<'a> {
 ///
 /// # Safety
 /// Called in the wrapper only (single-threaded; async-signal-safe calls, no allocation).
-unsafe fn spawn_job(p: &Prepared, err_r: c_int, err_w: c_int) -> i32 {
+unsafe fn spawn_job(p: &View<'_>, err_r: c_int, err_w: c_int) -> i32 {
     unsafe {
         let stack = libc::mmap(
             std::ptr::null_mut(),
@@ -514,15 +742,8 @@ extern "C" fn job_child(arg: *mut libc::c_void) -> c_int {
         libc::close(a.err_r);
         libc::setpgid(0, 0);
         libc::signal(libc::SIGPIPE, libc::SIG_DFL);
-        if p.cwd
-            .as_ref()
-            .is_none_or(|cwd| libc::chdir(cwd.as_ptr()) == 0)
-        {
-            libc::execve(
-                p.program.as_ptr(),
-                p.argv_ptrs.as_ptr(),
-                p.envp_ptrs.as_ptr(),
-            );
+        if p.cwd.is_null() || libc::chdir(p.cwd) == 0 {
+            libc::execve(p.program, p.argv, p.envp);
         }
         // chdir or execve failed: the wrapper records why.
         write_all(a.err_w, &errno().to_ne_bytes());
@@ -531,7 +752,7 @@ extern "C" fn job_child(arg: *mut libc::c_void) -> c_int {
 }
 
 /// The wrapper process. Never returns.
-unsafe fn wrapper_main(p: &Prepared, null_fd: c_int, log_fd: c_int, notify_w: c_int) -> ! {
+pub(crate) unsafe fn wrapper_main(p: &View<'_>, null_fd: c_int, log_fd: c_int, notify_w: c_int) -> ! {
     use core::fmt::Write;
     unsafe {
         libc::setsid();
@@ -561,7 +782,7 @@ unsafe fn wrapper_main(p: &Prepared, null_fd: c_int, log_fd: c_int, notify_w: c_
         // The one decision that keeps a job from starting twice when a launch is retaken from
         // a dead controller: only the wrapper that creates `started` goes on.
         let sfd = libc::open(
-            p.started_path.as_ptr(),
+            p.started_path,
             libc::O_WRONLY | libc::O_CREAT | libc::O_EXCL | libc::O_CLOEXEC,
             0o644,
         );
@@ -577,7 +798,7 @@ unsafe fn wrapper_main(p: &Prepared, null_fd: c_int, log_fd: c_int, notify_w: c_
                 r,
                 "status=launch_failed\nerrno={err}\nstart_ms={t}\nend_ms={t}\n"
             );
-            write_file_atomic(&p.dir, &p.exit_tmp, &p.exit_path, r.bytes(), true);
+            write_file_atomic(p.dir, p.exit_tmp, p.exit_path, r.bytes(), true);
             let mut m = [b'E', 0, 0, 0, 0];
             m[1..].copy_from_slice(&err.to_ne_bytes());
             write_all(notify, &m);
@@ -587,8 +808,8 @@ unsafe fn wrapper_main(p: &Prepared, null_fd: c_int, log_fd: c_int, notify_w: c_
 
         let me = libc::getpid();
         let mut b = StackBuf::new();
-        let _ = writeln!(b, "{me} {}", start_ticks(p.proc_self_stat.as_ptr()));
-        write_file_atomic(&p.dir, &p.wrapper_tmp, &p.wrapper_path, b.bytes(), false);
+        let _ = writeln!(b, "{me} {}", start_ticks(c"/proc/self/stat".as_ptr()));
+        write_file_atomic(p.dir, p.wrapper_tmp, p.wrapper_path, b.bytes(), false);
 
         // exec-error pipe: CLOEXEC, so EOF means the exec succeeded
         let mut efd = [0 as c_int; 2];
@@ -619,7 +840,7 @@ unsafe fn wrapper_main(p: &Prepared, null_fd: c_int, log_fd: c_int, notify_w: c_
                 "status=launch_failed\nerrno={err}\nstart_ms={start_ms}\nend_ms={}\n",
                 now_ms()
             );
-            write_file_atomic(&p.dir, &p.exit_tmp, &p.exit_path, r.bytes(), true);
+            write_file_atomic(p.dir, p.exit_tmp, p.exit_path, r.bytes(), true);
             let mut m = [b'E', 0, 0, 0, 0];
             m[1..].copy_from_slice(&err.to_ne_bytes());
             write_all(notify, &m);
@@ -629,11 +850,12 @@ unsafe fn wrapper_main(p: &Prepared, null_fd: c_int, log_fd: c_int, notify_w: c_
         let ticks = start_ticks(proc_stat_path(child, &mut stat_buf));
         let mut j = StackBuf::new();
         let _ = writeln!(j, "{child} {ticks}");
-        write_file_atomic(&p.dir, &p.job_tmp, &p.job_path, j.bytes(), false);
+        write_file_atomic(p.dir, p.job_tmp, p.job_path, j.bytes(), false);
         let mut m = [b'S', 0, 0, 0, 0];
         m[1..].copy_from_slice(&child.to_ne_bytes());
         write_all(notify, &m);
-        libc::close(notify);
+        // `notify` stays open until we exit: its EOF tells the controller the `exit` record
+        // is written (it is close-on-exec, so the job does not hold it).
 
         let (status, timed_out) = wait_job(child, p.walltime_ms, p.grace_ms);
         // Like Slurm, a job's processes end with the job.
@@ -650,7 +872,7 @@ unsafe fn wrapper_main(p: &Prepared, null_fd: c_int, log_fd: c_int, notify_w: c_
             "timeout={}\nstart_ms={start_ms}\nend_ms={end_ms}\n",
             timed_out as u8
         );
-        write_file_atomic(&p.dir, &p.exit_tmp, &p.exit_path, r.bytes(), true);
+        write_file_atomic(p.dir, p.exit_tmp, p.exit_path, r.bytes(), true);
         libc::_exit(0)
     }
 }
@@ -698,9 +920,8 @@ mod tests {
     #[test]
     fn start_ticks_matches_proc_parser() {
         let me = std::process::id() as i32;
-        let c = CString::new("/proc/self/stat").unwrap();
         assert_eq!(
-            Some(start_ticks(c.as_ptr())),
+            Some(start_ticks(c"/proc/self/stat".as_ptr())),
             super::super::folder::proc_start_ticks(me)
         );
         let mut b = [0u8; 64];
@@ -730,19 +951,106 @@ mod tests {
         )
         .unwrap();
         let log = d.join("log");
-        let first = launch(&p, &log).unwrap();
-        let Launch::Started { wrapper_pid, .. } = first else {
-            panic!("first launch: {first:?}");
-        };
-        reap(wrapper_pid);
+        let first = launch_direct(&p, &log).unwrap();
+        assert!(
+            matches!(first.launch, Launch::Started { .. }),
+            "first launch: {first:?}"
+        );
+        first.wait();
         // A second wrapper for the same folder (a launch retaken from a controller thought
         // dead) must stand down.
-        let second = launch(&p, &log).unwrap();
-        let Launch::AlreadyStarted { wrapper_pid } = second else {
-            panic!("second launch: {second:?}");
-        };
-        reap(wrapper_pid);
+        let second = launch_direct(&p, &log).unwrap();
+        assert_eq!(second.launch, Launch::AlreadyStarted, "second launch");
+        second.wait();
         assert_eq!(std::fs::read_to_string(&marker).unwrap(), "ran\n");
         assert!(d.join(EXIT_FILE).exists());
+    }
+
+    #[test]
+    fn a_request_reads_back_whole_and_nothing_else_parses() {
+        let argv = ["prog".to_string(), "a b".into(), String::new()];
+        let env: Vec<(std::ffi::OsString, std::ffi::OsString)> =
+            vec![("K".into(), "v=1".into()), ("EMPTY".into(), "".into())];
+        let p = Prepared::new(
+            Path::new("/att/x"),
+            Path::new("/bin/prog"),
+            &argv,
+            &env,
+            Some(Path::new("/work")),
+            Some(Duration::from_millis(90_061)),
+            Duration::from_millis(2500),
+        )
+        .unwrap();
+        let s = |c: *const libc::c_char| {
+            // SAFETY: every pointer of a parsed view is a NUL-terminated string in the request.
+            unsafe { std::ffi::CStr::from_ptr(c) }.to_str().unwrap().to_string()
+        };
+        let list = |mut c: *const *const libc::c_char| {
+            let mut out = Vec::new();
+            // SAFETY: argv and envp are NULL-terminated arrays of such strings.
+            unsafe {
+                while !(*c).is_null() {
+                    out.push(s(*c));
+                    c = c.add(1);
+                }
+            }
+            out
+        };
+        let mut slots = vec![std::ptr::null(); p.slots()];
+        let v = View::parse(p.bytes(), &mut slots).unwrap();
+        assert_eq!(s(v.program), "/bin/prog");
+        assert_eq!(s(v.dir), "/att/x");
+        assert_eq!(s(v.started_path), "/att/x/started");
+        assert_eq!(s(v.exit_tmp), "/att/x/.exit.tmp");
+        assert_eq!(s(v.exit_path), format!("/att/x/{EXIT_FILE}"));
+        assert_eq!(s(v.job_path), format!("/att/x/{JOB_FILE}"));
+        assert_eq!(s(v.wrapper_path), format!("/att/x/{WRAPPER_FILE}"));
+        assert_eq!(s(v.cwd), "/work");
+        assert_eq!(list(v.argv), ["prog", "a b", ""]);
+        assert_eq!(list(v.envp), ["K=v=1", "EMPTY="]);
+        assert_eq!((v.walltime_ms, v.grace_ms), (Some(90_061), 2500));
+
+        let q = Prepared::new(
+            Path::new("/d"),
+            Path::new("p"),
+            &["p".to_string()],
+            &[],
+            None,
+            None,
+            Duration::ZERO,
+        )
+        .unwrap();
+        let mut slots = vec![std::ptr::null(); q.slots()];
+        let v = View::parse(q.bytes(), &mut slots).unwrap();
+        assert!(v.cwd.is_null());
+        assert_eq!(v.walltime_ms, None);
+        assert_eq!(list(v.envp), Vec::<String>::new());
+
+        // Cut anywhere, extended, with a wrong magic or too few slots: never a view.
+        let b = p.bytes();
+        let mut slots = vec![std::ptr::null(); p.slots()];
+        for cut in 0..b.len() {
+            assert!(View::parse(&b[..cut], &mut slots).is_none(), "cut at {cut}");
+        }
+        let mut longer = b.to_vec();
+        longer.extend_from_slice(b"x\0");
+        assert!(View::parse(&longer, &mut slots).is_none());
+        let mut bad = b.to_vec();
+        bad[0] = b'Q';
+        assert!(View::parse(&bad, &mut slots).is_none());
+        let mut few = vec![std::ptr::null(); p.slots() - 1];
+        assert!(View::parse(b, &mut few).is_none());
+        // A NUL inside a string is refused when the request is made.
+        let e = Prepared::new(
+            Path::new("/d"),
+            Path::new("p"),
+            &["p\0q".to_string()],
+            &[],
+            None,
+            None,
+            Duration::ZERO,
+        )
+        .unwrap_err();
+        assert!(e.to_string().contains("command.argv"), "{e}");
     }
 }
