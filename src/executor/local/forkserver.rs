@@ -153,13 +153,12 @@ fn spawn() -> std::io::Result<Server> {
 /// # Errors
 /// [`ExecutorError::Io`] when a pipe, the log file or the fork fails.
 pub(crate) fn launch(p: &Prepared, log: &Path) -> Result<Wrapper, ExecutorError> {
-    if p.bytes().len() <= MAX_REQUEST && p.slots() <= MAX_ENTRIES + 2 {
-        if let Some(server) = current() {
-            match via(&server, p, log)? {
-                Via::Forked(w) => return Ok(w),
-                Via::Refused => {}
-                Via::Dead => forget(&server),
-            }
+    let fits = p.bytes().len() <= MAX_REQUEST && p.slots() <= MAX_ENTRIES + 2;
+    if let Some(server) = current().filter(|_| fits) {
+        match via(&server, p, log)? {
+            Via::Forked(w) => return Ok(w),
+            Via::Refused => {}
+            Via::Dead => forget(&server),
         }
     }
     wrapper::launch_direct(p, log)
@@ -266,6 +265,7 @@ fn send(sock: c_int, bytes: &[u8], fds: &[c_int; 3]) -> std::io::Result<()> {
 unsafe fn server_main(sock: c_int) -> ! {
     unsafe {
         libc::setsid();
+        libc::prctl(libc::PR_SET_NAME, c"pzt-forkserver".as_ptr());
         for sig in 1..32 {
             if sig != libc::SIGKILL && sig != libc::SIGSTOP {
                 libc::signal(sig, libc::SIG_DFL);
@@ -307,12 +307,9 @@ unsafe fn server_main(sock: c_int) -> ! {
             libc::_exit(122);
         }
         // The slots first: mmap returns page-aligned memory, so they are aligned.
-        let slots =
-            std::slice::from_raw_parts_mut(mem.cast::<*const libc::c_char>(), slots_len);
-        let buf = std::slice::from_raw_parts_mut(
-            mem.cast::<u8>().add(slots_len * ptr_size),
-            buf_len,
-        );
+        let slots = std::slice::from_raw_parts_mut(mem.cast::<*const libc::c_char>(), slots_len);
+        let buf =
+            std::slice::from_raw_parts_mut(mem.cast::<u8>().add(slots_len * ptr_size), buf_len);
         loop {
             let mut fds = [-1 as c_int; 3];
             let n = recv(sock, buf, &mut fds);
@@ -432,11 +429,7 @@ mod tests {
         .unwrap();
         let log = dir.join("log");
         let w = launch(&p, &log).unwrap();
-        assert!(
-            matches!(w.launch, Launch::Started { .. }),
-            "{:?}",
-            w.launch
-        );
+        assert!(matches!(w.launch, Launch::Started { .. }), "{:?}", w.launch);
         w.wait();
         // The wrapper's EOF comes after its `exit` record.
         assert!(dir.join(super::super::folder::EXIT_FILE).exists());

@@ -10,11 +10,15 @@
 //!   spec names one).
 //! - Walltime: SIGTERM to the job's process group at the limit, SIGKILL after `kill_grace`;
 //!   state [`JobState::Timeout`].
-//! - Detachable: every job runs under a small wrapper in its own session (a forked copy of
-//!   the controller that makes only async-signal-safe system calls and never returns to Rust
-//!   code: unlike `sh -c`, it learns from `waitpid` whether the job exited 137 or was killed by
-//!   signal 9, and it needs no helper binary or guard in the user's `main`),
-//!   which writes the exit code or killing signal and the end time into the attempt folder
+//! - Detachable: every job runs under a small wrapper in its own session (a forked process
+//!   that makes only async-signal-safe system calls and never returns to Rust code: unlike
+//!   `sh -c`, it learns from `waitpid` whether the job exited 137 or was killed by signal 9,
+//!   and it needs no helper binary or guard in the user's `main`). The wrappers are forked by
+//!   a small single-threaded *fork server* the first executor of the process starts, so the
+//!   controller does not fork once per job (which cost page-table copies and copy-on-write
+//!   faults in every controller thread); when the server is gone or cannot take a launch, the
+//!   controller forks the wrapper itself, and [`FORK_SERVER_ENV`]`=0` makes it always do so.
+//!   The wrapper writes the exit code or killing signal and the end time into the attempt folder
 //!   (layout below). A controller that restarts (a new `LocalExecutor` on the
 //!   same root) reads the results of jobs that ended meanwhile, sees running ones (pid checked
 //!   with its start time), and starts jobs that were queued but never started. Nothing is run

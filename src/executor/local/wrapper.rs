@@ -1,23 +1,26 @@
-//! The wrapper: a forked copy of the controller that starts the job and records how it ended.
+//! The wrapper: a forked process that starts the job and records how it ended.
 //!
 //! Why a fork and not `sh -c` or a helper binary: the record must say whether the job *exited
 //! 137* or was *killed by signal 9*, which only the job's parent learns from `waitpid`; a
 //! shell folds both into `$? = 137`. A helper binary would have to be installed next to every
-//! user's program, and re-executing the user's binary needs a guard in their `main`. So the
-//! controller forks a *wrapper* that never returns to Rust code: between `fork` and `_exit` it
-//! makes only async-signal-safe system calls on memory prepared before the fork (no
-//! allocation, no locks), as POSIX requires of a child of a multi-threaded process.
+//! user's program, and re-executing the user's binary needs a guard in their `main`. So a
+//! *wrapper* is forked (by the fork server, `forkserver.rs`, or by the controller itself) that
+//! never returns to Rust code: between `fork` and `_exit` it makes only async-signal-safe
+//! system calls on memory prepared before the fork (no allocation, no locks), as POSIX
+//! requires of a child of a multi-threaded process.
 //!
 //! ```text
-//! controller --fork--> wrapper (setsid: own session; stdio -> /dev/null, log, log;
-//!                       |        every other fd closed; creates `started` exclusively or
-//!                       |        exits at once; writes `wrapper`)
-//!                       +--clone(CLONE_VM|CLONE_VFORK)--> job (setpgid: own process group;
-//!                       |           signals reset; chdir; execve(argv, envp) -- no shell)
-//!                       | writes `job` (pid + start ticks), tells the controller "started"
-//!                       | waitpid(job), enforcing the walltime (SIGTERM, grace, SIGKILL to the group)
-//!                       | SIGKILL to what is left of the job's group
-//!                       | writes `exit` (temp, fsync, rename, fsync folder), _exit(0)
+//! fork server or controller
+//!   --fork--> wrapper (setsid: own session; stdio -> /dev/null, log, log; the notify pipe at
+//!              |        fd 3, every other fd closed; creates `started` exclusively or exits
+//!              |        at once; writes `wrapper`)
+//!              +--clone(CLONE_VM|CLONE_VFORK)--> job (setpgid: own process group;
+//!              |           signals reset; chdir; execve(argv, envp) -- no shell)
+//!              | writes `job` (pid + start ticks), tells the controller "started"
+//!              | waitpid(job), enforcing the walltime (SIGTERM, grace, SIGKILL to the group)
+//!              | SIGKILL to what is left of the job's group
+//!              | writes `exit` (temp, fsync, rename, fsync folder), _exit(0): the notify
+//!              | pipe's EOF tells the controller the record is there
 //! ```
 //!
 //! The wrapper lives in its own session, so a Ctrl-C or the death of the controller does not
@@ -93,7 +96,10 @@ impl Prepared {
             HEADER
                 + 512
                 + argv.iter().map(|a| a.len() + 1).sum::<usize>()
-                + env.iter().map(|(k, v)| k.len() + v.len() + 2).sum::<usize>(),
+                + env
+                    .iter()
+                    .map(|(k, v)| k.len() + v.len() + 2)
+                    .sum::<usize>(),
         );
         let flags = if cwd.is_some() { HAS_CWD } else { 0 }
             | if walltime.is_some() { HAS_WALLTIME } else { 0 };
@@ -220,8 +226,17 @@ impl<'a> View<'a> {
         if pos != bytes.len() {
             return None;
         }
-        let [program, dir, started_path, wrapper_tmp, wrapper_path, job_tmp, job_path, exit_tmp, exit_path] =
-            named;
+        let [
+            program,
+            dir,
+            started_path,
+            wrapper_tmp,
+            wrapper_path,
+            job_tmp,
+            job_path,
+            exit_tmp,
+            exit_path,
+        ] = named;
         Some(Self {
             program,
             dir,
@@ -356,7 +371,9 @@ pub(crate) fn stdio(log: &Path) -> Result<(std::fs::File, std::fs::File), Execut
 }
 
 /// A pipe with both ends close-on-exec: (read, write).
-pub(crate) fn pipe(log: &Path) -> Result<(std::os::fd::OwnedFd, std::os::fd::OwnedFd), ExecutorError> {
+pub(crate) fn pipe(
+    log: &Path,
+) -> Result<(std::os::fd::OwnedFd, std::os::fd::OwnedFd), ExecutorError> {
     use std::os::fd::FromRawFd;
     let mut fds = [0 as c_int; 2];
     // SAFETY: plain syscall on a local array.
@@ -609,10 +626,7 @@ fn write_file_atomic(
             return false;
         }
         if durable {
-            let d = libc::open(
-                dir,
-                libc::O_RDONLY | libc::O_DIRECTORY | libc::O_CLOEXEC,
-            );
+            let d = libc::open(dir, libc::O_RDONLY | libc::O_DIRECTORY | libc::O_CLOEXEC);
             if d >= 0 {
                 libc::fsync(d);
                 libc::close(d);
@@ -752,10 +766,17 @@ extern "C" fn job_child(arg: *mut libc::c_void) -> c_int {
 }
 
 /// The wrapper process. Never returns.
-pub(crate) unsafe fn wrapper_main(p: &View<'_>, null_fd: c_int, log_fd: c_int, notify_w: c_int) -> ! {
+pub(crate) unsafe fn wrapper_main(
+    p: &View<'_>,
+    null_fd: c_int,
+    log_fd: c_int,
+    notify_w: c_int,
+) -> ! {
     use core::fmt::Write;
     unsafe {
         libc::setsid();
+        // Named for `ps` (it would otherwise show the controller's name).
+        libc::prctl(libc::PR_SET_NAME, c"pzt-wrapper".as_ptr());
         reset_signals();
         // A controller that died must not kill us through a write to its closed pipe.
         libc::signal(libc::SIGPIPE, libc::SIG_IGN);
@@ -983,7 +1004,10 @@ mod tests {
         .unwrap();
         let s = |c: *const libc::c_char| {
             // SAFETY: every pointer of a parsed view is a NUL-terminated string in the request.
-            unsafe { std::ffi::CStr::from_ptr(c) }.to_str().unwrap().to_string()
+            unsafe { std::ffi::CStr::from_ptr(c) }
+                .to_str()
+                .unwrap()
+                .to_string()
         };
         let list = |mut c: *const *const libc::c_char| {
             let mut out = Vec::new();
