@@ -28,6 +28,12 @@
 //! request too large for one message, a server that died (restarted for the next launch, up to
 //! [`MAX_STARTS`] times per process), or `PUZZLETRON_LOCAL_FORK_SERVER=0` in the environment.
 //! A wrapper outlives the server either way (it is in its own session; init reaps it).
+//!
+//! Memory: like any forked process, the server shares copy-on-write the memory the process had
+//! when it started, for as long as it lives (the process's lifetime): pages the controller
+//! frees later stay allocated, and pages it writes later are copied. Build the first
+//! [`super::LocalExecutor`] before loading large data (the wrappers that the controller forked
+//! before the server did the same, for the length of each job).
 
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::path::Path;

@@ -112,7 +112,9 @@ impl LocalExecutorBuilder {
         self
     }
 
-    /// Creates the root folder and the executor.
+    /// Creates the root folder and the executor. The first executor of a process also starts
+    /// the fork server that forks the job wrappers (see the [module docs](self)): it shares,
+    /// copy-on-write, the memory the process has now, so build it before loading large data.
     ///
     /// # Errors
     /// [`ExecutorError::InvalidSpec`] when `max_concurrent` is 0, a GPU id is empty, holds a
