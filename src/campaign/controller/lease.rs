@@ -359,8 +359,9 @@ mod tests {
 
     #[test]
     fn a_forked_child_never_keeps_its_parents_lease() {
-        // The local executor forks wrappers from the controller; one that still holds the
-        // inherited descriptors when the controller dies must not block the next controller.
+        // The local executor may fork wrappers from the controller (without its fork
+        // server); one that still holds the inherited descriptors when the controller dies
+        // must not block the next controller.
         let dir = tempfile::tempdir().unwrap();
         let a = Lease::acquire(dir.path(), dir.path(), Duration::from_secs(5)).unwrap();
         let child = fork_sleeper(None, 30);

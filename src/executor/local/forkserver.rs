@@ -17,7 +17,8 @@
 //!   | bytes (Prepared) + 3 fds (/dev/null, log,       +--fork--> wrapper (as before: wrapper.rs)
 //!   | notify pipe's write end)                        | writes `P` + wrapper pid (or `F` +
 //!   | reads the notify pipe: the wrapper's `S`/`D`/`E`|   errno) on the notify pipe, closes
-//!   | and the server's `P`, then EOF when the wrapper |   its copies of the fds
+//!   | and the server's `P`, then EOF when the wrapper |   its copies of the fds (`X`: a
+//!   |                                                 |   request it cannot read)
 //!   | has exited (its `exit` record is written)       | EOF on the socket (the controller is
 //!                                                     |   gone): exits
 //! ```
@@ -25,9 +26,23 @@
 //! The server makes only async-signal-safe system calls (it is a child of a multi-threaded
 //! process) on memory it maps for itself after the fork. Whatever goes wrong with it, a launch
 //! falls back to forking the wrapper from the controller ([`wrapper::launch_direct`]): a
-//! request too large for one message, a server that died (restarted for the next launch, up to
-//! [`MAX_STARTS`] times per process), or `PUZZLETRON_LOCAL_FORK_SERVER=0` in the environment.
-//! A wrapper outlives the server either way (it is in its own session; init reaps it).
+//! request too large for one message, a failed send, a fork that failed in the server (`F`), a
+//! request it could not read (`X`), a process whose user or group ids changed since the server
+//! started (it must not fork jobs with the old ones), a server that died (replaced at the next
+//! launch; at most [`MAX_STARTS`] servers per process), or `PUZZLETRON_LOCAL_FORK_SERVER=0` in
+//! the environment. A wrapper outlives the server either way (it is in its own session; the
+//! nearest subreaper, init by default, reaps it).
+//!
+//! What a job inherits from the process is what the process had when the server started: the
+//! environment, working folder and program travel with each request (the working folder is
+//! made absolute against the controller's at launch), but the umask, resource limits, CPU
+//! affinity, nice value, `oom_score_adj` and cgroup are the server's. A process that changes
+//! those after building its first executor, and wants its jobs to follow, sets
+//! `PUZZLETRON_LOCAL_FORK_SERVER=0`.
+//!
+//! The controller learns a wrapper's end from the EOF of its notify pipe, so a child the
+//! process forks without `exec` while a launch is being sent (a window of a few system calls)
+//! holds that pipe, and delays that job's end, for as long as it lives.
 //!
 //! Memory: like any forked process, the server shares copy-on-write the memory the process had
 //! when it started, for as long as it lives (the process's lifetime): pages the controller
@@ -50,7 +65,8 @@ use crate::executor::ExecutorError;
 const MAX_REQUEST: usize = 128 * 1024;
 /// Most argv + env entries of a request sent to the server.
 const MAX_ENTRIES: usize = 8 * 1024;
-/// Most servers started per process: a server that keeps dying is not restarted forever.
+/// Most servers started per process (the first included): a server that keeps dying is not
+/// replaced forever.
 pub(crate) const MAX_STARTS: u32 = 4;
 /// Environment variable that turns the server off (`0`): every wrapper is forked directly.
 pub const FORK_SERVER_ENV: &str = "PUZZLETRON_LOCAL_FORK_SERVER";
@@ -64,6 +80,8 @@ static SERVED: AtomicU64 = AtomicU64::new(0);
 struct Server {
     sock: OwnedFd,
     pid: i32,
+    /// [`credentials`] when it was forked.
+    creds: [libc::uid_t; 4],
 }
 
 /// Wrappers the fork server has forked for this process so far.
@@ -101,26 +119,45 @@ fn current() -> Option<Arc<Server>> {
     if let Some(s) = g.as_ref() {
         return Some(Arc::clone(s));
     }
-    if STARTS.fetch_add(1, Ordering::Relaxed) >= MAX_STARTS {
+    // Under the lock: a plain load and store count exactly.
+    let starts = STARTS.load(Ordering::Relaxed);
+    if starts >= MAX_STARTS {
         return None;
     }
+    STARTS.store(starts + 1, Ordering::Relaxed);
     let s = Arc::new(spawn().ok()?);
     *g = Some(Arc::clone(&s));
     Some(s)
 }
 
-/// Forgets a server found dead and reaps it (it is our child).
+/// Forgets a server found dead and reaps it (it is our child). Only the caller that takes it
+/// out of the slot kills and reaps it: once reaped, its pid may name another process.
 fn forget(dead: &Arc<Server>) {
     let mut g = lock();
-    if g.as_ref().is_some_and(|s| Arc::ptr_eq(s, dead)) {
-        *g = None;
+    if !g.as_ref().is_some_and(|s| Arc::ptr_eq(s, dead)) {
+        return;
     }
+    *g = None;
     drop(g);
-    // SAFETY: plain syscalls; the pid is our child (or already reaped: harmless).
+    // SAFETY: plain syscalls on our child, not reaped yet (only this call reaps it).
     unsafe {
         libc::kill(dead.pid, libc::SIGKILL);
         let mut st = 0;
-        libc::waitpid(dead.pid, &mut st, 0);
+        while libc::waitpid(dead.pid, &mut st, 0) < 0 && *libc::__errno_location() == libc::EINTR {}
+    }
+}
+
+/// The credentials a process forks with: a server started before the controller changed its
+/// own must not fork jobs with the old ones.
+fn credentials() -> [libc::uid_t; 4] {
+    // SAFETY: plain syscalls without arguments; they cannot fail.
+    unsafe {
+        [
+            libc::getuid(),
+            libc::geteuid(),
+            libc::getgid(),
+            libc::getegid(),
+        ]
     }
 }
 
@@ -150,17 +187,23 @@ fn spawn() -> std::io::Result<Server> {
         unsafe { server_main(theirs.as_raw_fd()) }
     }
     drop(theirs);
-    Ok(Server { sock: ours, pid })
+    Ok(Server {
+        sock: ours,
+        pid,
+        creds: credentials(),
+    })
 }
 
-/// Starts the wrapper of a launch through the fork server, or directly when there is none or
-/// it cannot take this request; blocks until the wrapper reports the job started or failed.
+/// Starts the wrapper of a launch through the fork server, or directly when there is none, it
+/// cannot take this request (too large, a failed send or fork) or it was forked with other
+/// credentials than the process has now; blocks until the wrapper reports the job started or
+/// failed.
 ///
 /// # Errors
 /// [`ExecutorError::Io`] when a pipe, the log file or the fork fails.
 pub(crate) fn launch(p: &Prepared, log: &Path) -> Result<Wrapper, ExecutorError> {
     let fits = p.bytes().len() <= MAX_REQUEST && p.slots() <= MAX_ENTRIES + 2;
-    if let Some(server) = current().filter(|_| fits) {
+    if let Some(server) = current().filter(|s| fits && s.creds == credentials()) {
         match via(&server, p, log)? {
             Via::Forked(w) => return Ok(w),
             Via::Refused => {}
@@ -174,7 +217,8 @@ pub(crate) fn launch(p: &Prepared, log: &Path) -> Result<Wrapper, ExecutorError>
 enum Via {
     /// The server forked the wrapper.
     Forked(Wrapper),
-    /// The server could not read the request and forked nothing.
+    /// The server did not get or could not read the request, or its fork failed: it forked
+    /// nothing.
     Refused,
     /// The server is gone; it forked nothing.
     Dead,
@@ -190,12 +234,9 @@ fn via(server: &Server, p: &Prepared, log: &Path) -> Result<Via, ExecutorError> 
             Some(libc::EPIPE | libc::ECONNRESET | libc::ECONNREFUSED | libc::ENOTCONN) => {
                 Ok(Via::Dead)
             }
-            Some(libc::EMSGSIZE) => Ok(Via::Refused),
-            _ => Err(ExecutorError::io(
-                "sending a launch to the fork server for",
-                log,
-                e,
-            )),
+            // A SEQPACKET send is all or nothing: nothing reached the server (EMSGSIZE,
+            // ENOBUFS, ENOMEM, ETOOMANYREFS...), so forking directly is safe.
+            _ => Ok(Via::Refused),
         };
     }
     // The server and then the wrapper hold the only other copies of the write end.
@@ -207,11 +248,9 @@ fn via(server: &Server, p: &Prepared, log: &Path) -> Result<Via, ExecutorError> 
         return Ok(Via::Refused);
     }
     match said.server {
-        Some(Err(errno)) => Err(ExecutorError::io(
-            "forking wrapper for",
-            log,
-            std::io::Error::from_raw_os_error(errno),
-        )),
+        // The server's fork failed (EAGAIN: a process limit; ENOMEM): nothing was started,
+        // and a fork from here reports its own error if it fails too.
+        Some(Err(_)) => Ok(Via::Refused),
         // EOF before the server's `P` and the wrapper's message: the server died before it
         // forked (had it forked, the wrapper's message or the `P` would be there).
         None if said.launch.is_none() => Ok(Via::Dead),

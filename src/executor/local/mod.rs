@@ -423,26 +423,38 @@ impl Inner {
             .rev()
             .find(|(k, _)| k == "PATH")
             .map(|(_, v)| v.clone());
+        // Absolute, against this process's working folder now: the wrapper may be forked by
+        // the fork server, whose working folder is the one the process had when it started.
+        let here = std::env::current_dir().ok();
+        let cwd = match (&spec.command.cwd, &here) {
+            (Some(c), Some(h)) => Some(h.join(c)),
+            (Some(c), None) => Some(c.clone()),
+            (None, h) => h.clone(),
+        };
         let program =
-            match resolve_program(&argv[0], path_var.as_ref(), spec.command.cwd.as_deref()) {
-                Some(p) => p,
-                None => {
-                    let rec = format!(
-                        "status=launch_failed\nerrno={}\nstart_ms={}\nend_ms={}\n",
-                        libc::ENOENT,
-                        now_ms(),
-                        now_ms()
-                    );
-                    folder::write_atomic(&dir, folder::EXIT_FILE, rec.as_bytes())?;
-                    return self.status_from_folder(&spec.attempt_id).map(Some);
-                }
-            };
+            resolve_program(&argv[0], path_var.as_ref(), cwd.as_deref()).map(|p| match &here {
+                Some(h) if p.is_relative() => h.join(p),
+                _ => p,
+            });
+        let program = match program {
+            Some(p) => p,
+            None => {
+                let rec = format!(
+                    "status=launch_failed\nerrno={}\nstart_ms={}\nend_ms={}\n",
+                    libc::ENOENT,
+                    now_ms(),
+                    now_ms()
+                );
+                folder::write_atomic(&dir, folder::EXIT_FILE, rec.as_bytes())?;
+                return self.status_from_folder(&spec.attempt_id).map(Some);
+            }
+        };
         let prepared = Prepared::new(
             &dir,
             &program,
             &argv,
             &env,
-            spec.command.cwd.as_deref(),
+            cwd.as_deref(),
             spec.walltime,
             self.kill_grace,
         )?;

@@ -292,7 +292,8 @@ impl Wrapper {
     }
 
     /// Blocks until the wrapper has exited (the notify pipe's EOF), reaping it when it is our
-    /// child. Its `exit` record is written by then.
+    /// child. Its `exit` record is written by then, unless it was killed or could not set
+    /// itself up (`_exit(120..=123)`): the folder then says the attempt was lost.
     pub(crate) fn wait(self) {
         use std::os::fd::AsRawFd;
         let mut sink = [0u8; 64];
@@ -645,7 +646,7 @@ pub(crate) fn close_from(first: c_int) {
             rlim_max: 0,
         };
         let max = if unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut rl) } == 0 {
-            rl.rlim_cur.min(65536) as c_int
+            rl.rlim_cur.min(1 << 20) as c_int
         } else {
             4096
         };
