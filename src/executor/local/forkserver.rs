@@ -31,7 +31,8 @@
 //! started (it must not fork jobs with the old ones), a server that died (replaced at the next
 //! launch; at most [`MAX_STARTS`] servers per process), or `PUZZLETRON_LOCAL_FORK_SERVER=0` in
 //! the environment. A wrapper outlives the server either way (it is in its own session; the
-//! nearest subreaper, init by default, reaps it).
+//! nearest subreaper, init by default, reaps it). A server that dies on its own stays a zombie
+//! of the process until the next launch finds it gone and reaps it.
 //!
 //! What a job inherits from the process is what the process had when the server started: the
 //! environment, working folder and program travel with each request (the working folder is
@@ -52,7 +53,7 @@
 
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::path::Path;
-use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Arc, Mutex};
 
 use libc::c_int;
@@ -74,20 +75,12 @@ pub const FORK_SERVER_ENV: &str = "PUZZLETRON_LOCAL_FORK_SERVER";
 /// The process's server, if one runs.
 static SERVER: Mutex<Option<Arc<Server>>> = Mutex::new(None);
 static STARTS: AtomicU32 = AtomicU32::new(0);
-/// Wrappers forked by a server in this process (for tests and diagnostics).
-static SERVED: AtomicU64 = AtomicU64::new(0);
 
 struct Server {
     sock: OwnedFd,
     pid: i32,
     /// [`credentials`] when it was forked.
     creds: [libc::uid_t; 4],
-}
-
-/// Wrappers the fork server has forked for this process so far.
-#[cfg(test)]
-pub(crate) fn served() -> u64 {
-    SERVED.load(Ordering::Relaxed)
 }
 
 /// The pid of the running server, if any (tests kill it).
@@ -254,16 +247,24 @@ fn via(server: &Server, p: &Prepared, log: &Path) -> Result<Via, ExecutorError> 
         // EOF before the server's `P` and the wrapper's message: the server died before it
         // forked (had it forked, the wrapper's message or the `P` would be there).
         None if said.launch.is_none() => Ok(Via::Dead),
-        _ => {
-            SERVED.fetch_add(1, Ordering::Relaxed);
-            Ok(Via::Forked(Wrapper::new(
-                said.launch.unwrap_or(Launch::WrapperDied),
-                notify_r,
-                None,
-            )))
-        }
+        _ => Ok(Via::Forked(Wrapper::new(
+            said.launch.unwrap_or(Launch::WrapperDied),
+            notify_r,
+            None,
+        ))),
     }
 }
+/// A `msghdr` over one buffer (`iov`) and a control buffer of `controllen` bytes of `control`.
+fn msghdr(iov: &mut libc::iovec, control: &mut [u64; 8], controllen: usize) -> libc::msghdr {
+    // SAFETY: msghdr is plain data, valid zeroed.
+    let mut m: libc::msghdr = unsafe { std::mem::zeroed() };
+    m.msg_iov = iov;
+    m.msg_iovlen = 1;
+    m.msg_control = control.as_mut_ptr().cast();
+    m.msg_controllen = controllen.min(std::mem::size_of_val(control)) as _;
+    m
+}
+
 /// Sends one request with three descriptors (`SCM_RIGHTS`).
 fn send(sock: c_int, bytes: &[u8], fds: &[c_int; 3]) -> std::io::Result<()> {
     // u64 words: aligned for a cmsghdr.
@@ -276,11 +277,7 @@ fn send(sock: c_int, bytes: &[u8], fds: &[c_int; 3]) -> std::io::Result<()> {
     // SAFETY: msghdr is plain data; every pointer set below outlives the sendmsg call, and
     // the control buffer (64 bytes) holds CMSG_SPACE(12) = 32 bytes.
     unsafe {
-        let mut m: libc::msghdr = std::mem::zeroed();
-        m.msg_iov = &mut iov;
-        m.msg_iovlen = 1;
-        m.msg_control = control.as_mut_ptr().cast();
-        m.msg_controllen = space as _;
+        let m = msghdr(&mut iov, &mut control, space);
         let c = libc::CMSG_FIRSTHDR(&m);
         (*c).cmsg_level = libc::SOL_SOCKET;
         (*c).cmsg_type = libc::SCM_RIGHTS;
@@ -414,11 +411,7 @@ unsafe fn recv(sock: c_int, buf: &mut [u8], fds: &mut [c_int; 3]) -> isize {
         iov_len: buf.len(),
     };
     unsafe {
-        let mut m: libc::msghdr = std::mem::zeroed();
-        m.msg_iov = &mut iov;
-        m.msg_iovlen = 1;
-        m.msg_control = control.as_mut_ptr().cast();
-        m.msg_controllen = std::mem::size_of_val(&control) as _;
+        let mut m = msghdr(&mut iov, &mut control, usize::MAX);
         let n = libc::recvmsg(sock, &mut m, libc::MSG_CMSG_CLOEXEC);
         if n <= 0 {
             return n;
@@ -454,24 +447,11 @@ unsafe fn recv(sock: c_int, buf: &mut [u8], fds: &mut [c_int; 3]) -> isize {
 mod tests {
     use super::*;
     use std::ffi::OsString;
-    use std::time::Duration;
 
     /// Runs `script` under a wrapper launched by [`launch`] and returns its log: the script
     /// prints the pid of its wrapper's parent (field 4 of the wrapper's `/proc/<pid>/stat`).
     fn run(dir: &Path, script: &str, extra_env: &[(OsString, OsString)]) -> String {
-        let argv = ["sh".to_string(), "-c".into(), script.to_string()];
-        let mut env: Vec<(OsString, OsString)> = vec![("PATH".into(), "/usr/bin:/bin".into())];
-        env.extend_from_slice(extra_env);
-        let p = Prepared::new(
-            dir,
-            Path::new("/bin/sh"),
-            &argv,
-            &env,
-            None,
-            None,
-            Duration::from_secs(1),
-        )
-        .unwrap();
+        let p = Prepared::sh(dir, script, extra_env);
         let log = dir.join("log");
         let w = launch(&p, &log).unwrap();
         assert!(matches!(w.launch, Launch::Started { .. }), "{:?}", w.launch);
@@ -489,12 +469,10 @@ mod tests {
             return;
         }
         let root = tempfile::tempdir().unwrap();
-        let before = served();
         let a = root.path().join("a");
         std::fs::create_dir(&a).unwrap();
         let server = current().expect("a fork server").pid;
         assert_eq!(run(&a, WRAPPER_PARENT, &[]).trim(), server.to_string());
-        assert!(served() > before);
 
         // Killed: the next launch finds it gone, forgets it, and the job still runs, under a
         // new server (or, past MAX_STARTS, forked from here).

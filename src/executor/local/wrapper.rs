@@ -42,8 +42,6 @@ const HEADER: usize = 32;
 const MAGIC: &[u8; 4] = b"PZW1";
 const HAS_CWD: u32 = 1;
 const HAS_WALLTIME: u32 = 2;
-/// The named strings of a request, in order, before the optional cwd, argv and env.
-const NAMED: usize = 9;
 
 /// Everything the wrapper needs, prepared before the fork as one request: a fixed header, then
 /// NUL-terminated strings (the program, the attempt folder and its record paths, the working
@@ -206,10 +204,16 @@ impl<'a> View<'a> {
         }
         let mut pos = HEADER;
         let mut next = || next_str(bytes, &mut pos);
-        let mut named = [std::ptr::null(); NAMED];
-        for n in &mut named {
-            *n = next()?;
-        }
+        // In the order `Prepared::new` writes them.
+        let program = next()?;
+        let dir = next()?;
+        let started_path = next()?;
+        let wrapper_tmp = next()?;
+        let wrapper_path = next()?;
+        let job_tmp = next()?;
+        let job_path = next()?;
+        let exit_tmp = next()?;
+        let exit_path = next()?;
         let cwd = if flags & HAS_CWD != 0 {
             next()?
         } else {
@@ -226,17 +230,6 @@ impl<'a> View<'a> {
         if pos != bytes.len() {
             return None;
         }
-        let [
-            program,
-            dir,
-            started_path,
-            wrapper_tmp,
-            wrapper_path,
-            job_tmp,
-            job_path,
-            exit_tmp,
-            exit_path,
-        ] = named;
         Some(Self {
             program,
             dir,
@@ -936,6 +929,30 @@ unsafe fn wait_job(child: i32, walltime_ms: Option<u64>, grace_ms: u64) -> (c_in
 }
 
 #[cfg(test)]
+impl Prepared {
+    /// A launch of `/bin/sh -c script` for attempt folder `dir`, with `PATH` and `extra_env`.
+    pub(crate) fn sh(
+        dir: &Path,
+        script: &str,
+        extra_env: &[(std::ffi::OsString, std::ffi::OsString)],
+    ) -> Self {
+        let argv = ["sh".to_string(), "-c".into(), script.to_string()];
+        let mut env = vec![("PATH".into(), "/usr/bin:/bin".into())];
+        env.extend_from_slice(extra_env);
+        Self::new(
+            dir,
+            Path::new("/bin/sh"),
+            &argv,
+            &env,
+            None,
+            None,
+            Duration::from_secs(1),
+        )
+        .expect("a valid request")
+    }
+}
+
+#[cfg(test)]
 mod tests {
     use super::*;
 
@@ -958,20 +975,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let d = dir.path();
         let marker = d.join("ran");
-        let script = format!("echo ran >> '{}'", marker.display());
-        let argv = ["sh".to_string(), "-c".into(), script];
-        let env: Vec<(std::ffi::OsString, std::ffi::OsString)> =
-            vec![("PATH".into(), "/usr/bin:/bin".into())];
-        let p = Prepared::new(
-            d,
-            Path::new("/bin/sh"),
-            &argv,
-            &env,
-            None,
-            None,
-            Duration::from_secs(1),
-        )
-        .unwrap();
+        let p = Prepared::sh(d, &format!("echo ran >> '{}'", marker.display()), &[]);
         let log = d.join("log");
         let first = launch_direct(&p, &log).unwrap();
         assert!(
