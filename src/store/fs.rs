@@ -20,11 +20,12 @@
 //! Exclusion uses `open(O_CREAT|O_EXCL)` and `link(2)`, which are atomic on local filesystems
 //! and on NFSv3+; no `flock`, which is unreliable across NFS clients.
 
-use std::collections::{BTreeSet, HashSet};
+use std::collections::{BTreeSet, HashMap, HashSet};
 use std::fs::{self, File, OpenOptions};
-use std::io::{self, BufReader, Write};
+use std::io::{self, BufReader, Read, Write};
 use std::path::{Path, PathBuf};
-use std::time::{Duration, SystemTime};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant, SystemTime};
 
 use super::fs_sink::FsSink;
 use super::index::{DoneIndex, Entry, INDEX_FILE};
@@ -93,7 +94,28 @@ pub struct FsStore {
     lineage: PathBuf,
     stale_after: Duration,
     index: DoneIndex,
+    /// The claims this process took through this handle (and its clones), until their finish
+    /// or release: see [`Held`].
+    held: Arc<Mutex<HashMap<Hash, Held>>>,
 }
+
+/// What a handle remembers of a claim it took, to skip probes whose answer it knows.
+#[derive(Debug, Clone, Copy)]
+struct Held {
+    /// When the claim file was made (at the latest).
+    at: Instant,
+    /// The attempt it runs (a `Claim` of another attempt is not this one).
+    attempt: u32,
+    /// The claim was taken in a job folder this claim's own `mkdir` made, with no record in it
+    /// after the claim: nothing else can be in that folder (another process would need the
+    /// claim first), so `metric_sink` and `finish` skip their probes for an old metrics file
+    /// and for takeover tombs.
+    fresh: bool,
+}
+
+/// How long after its creation a claim is trusted without reading it back in `start`: far
+/// below any heartbeat or stale interval, so no other process can have taken it over yet.
+const TRUST_NEW_CLAIM: Duration = Duration::from_secs(1);
 
 fn io_err(path: &Path) -> impl FnOnce(io::Error) -> StoreError + '_ {
     move |source| StoreError::Io {
@@ -232,6 +254,7 @@ impl FsStore {
             jobs,
             lineage,
             stale_after: DEFAULT_STALE_AFTER,
+            held: Arc::default(),
         })
     }
 
@@ -318,13 +341,31 @@ impl FsStore {
         }
     }
 
+    /// Checks that `claim` is still the job's claim (not taken over as stale). Reads the claim
+    /// file without its metadata: one `openat`, usually one `read`, one `close`.
     fn holds(&self, claim: &Claim) -> Result<(), StoreError> {
-        match self.read_claim(&claim.key)? {
-            Some((Some(o), _)) if o.nonce == claim.owner.nonce => Ok(()),
+        let path = self.claim_path(&claim.key);
+        let owner = match read_owner(&path) {
+            Ok(o) => o,
+            Err(e) if e.kind() == io::ErrorKind::NotFound => None,
+            Err(e) => return Err(StoreError::Io { path, source: e }),
+        };
+        match owner {
+            Some(o) if o.nonce == claim.owner.nonce => Ok(()),
             _ => Err(StoreError::ClaimLost {
                 key: claim.key,
                 owner: claim.owner.to_string(),
             }),
+        }
+    }
+
+    /// What this handle remembers of its claim on `key`; forgets it when `forget`.
+    fn held(&self, key: &Hash, forget: bool) -> Option<Held> {
+        let mut map = self.held.lock().unwrap_or_else(|e| e.into_inner());
+        if forget {
+            map.remove(key)
+        } else {
+            map.get(key).copied()
         }
     }
 
@@ -473,6 +514,28 @@ impl FsStore {
                     let _ = fs::remove_file(e.path());
                 }
             }
+        }
+    }
+}
+
+/// The owner in the claim file at `path` (`None`: empty or not an owner, e.g. a claim whose
+/// creator died before writing it). No `stat`: a claim is a few hundred bytes, usually read
+/// whole by the first `read`, and complete as soon as it parses.
+fn read_owner(path: &Path) -> io::Result<Option<Owner>> {
+    let mut f = File::open(path)?;
+    let mut buf = [0u8; 1024];
+    let mut len = 0;
+    loop {
+        let n = f.read(&mut buf[len..])?;
+        len += n;
+        let parsed = serde_json::from_slice::<Owner>(&buf[..len]).ok();
+        if n == 0 || parsed.is_some() {
+            return Ok(parsed);
+        }
+        if len == buf.len() {
+            let mut v = buf.to_vec();
+            f.read_to_end(&mut v)?;
+            return Ok(serde_json::from_slice(&v).ok());
         }
     }
 }
@@ -729,15 +792,25 @@ impl Store for FsStore {
     ) -> Result<ClaimOutcome, StoreError> {
         let is_done = |r: &JobRecord| r.status == Status::Done && replace_done != Some(r.attempt);
         let dir = self.job_dir(key);
-        fs::create_dir_all(&dir).map_err(io_err(&dir))?;
+        // A folder our `mkdir` made holds no record yet: the first probe is skipped.
+        let mut made = match fs::create_dir(&dir) {
+            Ok(()) => true,
+            Err(e) if e.kind() == io::ErrorKind::AlreadyExists && dir.is_dir() => false,
+            Err(_) => {
+                fs::create_dir_all(&dir).map_err(io_err(&dir))?;
+                false
+            }
+        };
         let path = dir.join(CLAIM);
         // Bounded: each turn either returns or removed a stale claim that someone re-created.
         for _ in 0..16 {
-            if let Some(r) = self.record(key)?
+            if !made
+                && let Some(r) = self.record(key)?
                 && is_done(&r)
             {
                 return Ok(ClaimOutcome::Done(Box::new(r)));
             }
+            let at = Instant::now();
             match self.create_claim(&dir, &path, owner) {
                 Ok(()) => {
                     // The previous holder may have finished between our check and our create.
@@ -747,6 +820,17 @@ impl Store for FsStore {
                         owner: owner.clone(),
                         attempt: prev.as_ref().map(|r| r.attempt).unwrap_or(0) + 1,
                     };
+                    // Replaces what a claim of this process dropped without finish or
+                    // release left.
+                    let held = Held {
+                        at,
+                        attempt: claim.attempt,
+                        fresh: made && prev.is_none(),
+                    };
+                    self.held
+                        .lock()
+                        .unwrap_or_else(|e| e.into_inner())
+                        .insert(*key, held);
                     if let Some(r) = prev
                         && is_done(&r)
                     {
@@ -756,6 +840,7 @@ impl Store for FsStore {
                     return Ok(ClaimOutcome::Claimed(claim));
                 }
                 Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {
+                    made = false;
                     let Some((o, m)) = self.read_claim(key)? else {
                         continue;
                     };
@@ -777,7 +862,14 @@ impl Store for FsStore {
     }
 
     fn start(&self, claim: &Claim, record: &JobRecord) -> Result<(), StoreError> {
-        self.holds(claim)?;
+        // A claim this handle made a moment ago is still ours: nobody takes over a claim
+        // younger than a heartbeat interval, nor one whose holder on this host lives.
+        let trusted = self.held(&claim.key, false).is_some_and(|h| {
+            h.attempt == claim.attempt && h.at.elapsed() < TRUST_NEW_CLAIM.min(self.stale_after / 2)
+        });
+        if !trusted {
+            self.holds(claim)?;
+        }
         // A running record and the lineage pointer only matter while the attempt lives (after a
         // machine crash the attempt is interrupted either way), so they skip fsync; the done or
         // failed record of `finish` is fully durable.
@@ -793,7 +885,14 @@ impl Store for FsStore {
             .join(format!("metrics.{}.tsv", claim.attempt));
         // The file is made with the first batch; one left by an earlier holder of this attempt
         // number (its running record lost to a machine crash, or deleted) is removed now, so
-        // it never passes for this attempt's rows. Usually there is none: one failed `unlink`.
+        // it never passes for this attempt's rows. Usually there is none: one failed `unlink`,
+        // none at all in a folder this claim's `mkdir` made.
+        if self
+            .held(&claim.key, false)
+            .is_some_and(|h| h.fresh && h.attempt == claim.attempt)
+        {
+            return Ok(Box::new(FsSink::new(path)));
+        }
         match fs::remove_file(&path) {
             Ok(()) => {}
             Err(e) if e.kind() == io::ErrorKind::NotFound => {}
@@ -825,11 +924,19 @@ impl Store for FsStore {
             self.index.note_written(&claim.key, e);
         }
         self.release_held(&dir)?;
-        self.clean_tombs(&claim.key);
+        // A takeover leaves a tomb, and nobody takes over a claim in a fresh folder while its
+        // holder lives (`holds` above would have failed).
+        if !self
+            .held(&claim.key, true)
+            .is_some_and(|h| h.fresh && h.attempt == claim.attempt)
+        {
+            self.clean_tombs(&claim.key);
+        }
         Ok(())
     }
 
     fn release(&self, claim: &Claim) -> Result<(), StoreError> {
+        self.held(&claim.key, true);
         if self.holds(claim).is_err() {
             return Ok(());
         }
@@ -1127,6 +1234,102 @@ mod tests {
         assert_eq!(store.metrics(&key, None).unwrap().of("loss"), want);
         let (attempt, _) = store.attempt_metrics(&key, 1).unwrap();
         assert_eq!(attempt.of("loss"), want);
+    }
+
+    /// Replaces `key`'s claim file with one of another (live-looking) owner, as a taker on
+    /// another host would after judging it stale.
+    fn steal(store: &FsStore, key: &Hash) {
+        let thief = Owner {
+            host: "elsewhere".into(),
+            pid: 1,
+            start_ticks: None,
+            nonce: "thief".into(),
+        };
+        let path = store.claim_path(key);
+        fs::remove_file(&path).unwrap();
+        fs::write(&path, serde_json::to_vec(&thief).unwrap()).unwrap();
+    }
+
+    #[test]
+    fn a_lost_claim_fails_start_past_the_trust_window_and_finish_always() {
+        let dir = tempfile::tempdir().unwrap();
+        // Trusted for min(1 s, stale_after / 2) = 10 ms after it was made.
+        let store = FsStore::open(dir.path().join("s"))
+            .unwrap()
+            .with_stale_after(Duration::from_millis(20));
+        let me = Owner::current();
+        let key = Hash::of("old");
+        let ClaimOutcome::Claimed(c) = store.claim(&key, &me, None).unwrap() else {
+            panic!("a new job is free");
+        };
+        std::thread::sleep(Duration::from_millis(40));
+        steal(&store, &key);
+        let rec = crate::store::conformance::sample_record(key, Status::Running, c.attempt);
+        assert!(
+            matches!(store.start(&c, &rec), Err(StoreError::ClaimLost { .. })),
+            "a claim older than the trust window is read back at start"
+        );
+        assert!(store.record(&key).unwrap().is_none(), "nothing was started");
+        // A claim made a moment ago starts without a read, but its finish always checks: a
+        // fresh folder skips probes, never the holder check.
+        let key2 = Hash::of("new");
+        let ClaimOutcome::Claimed(c2) = store.claim(&key2, &me, None).unwrap() else {
+            panic!("a new job is free");
+        };
+        let mut rec2 = crate::store::conformance::sample_record(key2, Status::Running, 1);
+        store.start(&c2, &rec2).unwrap();
+        steal(&store, &key2);
+        rec2.status = Status::Done;
+        assert!(matches!(
+            store.finish(&c2, &rec2),
+            Err(StoreError::ClaimLost { .. })
+        ));
+        assert_eq!(
+            store.record(&key2).unwrap().unwrap().status,
+            Status::Running,
+            "a lost claim never commits a done record"
+        );
+    }
+
+    #[test]
+    fn a_claim_in_a_folder_that_existed_clears_tombs_and_the_handle_forgets_its_claims() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = FsStore::open(dir.path().join("s")).unwrap();
+        let me = Owner::current();
+        // A tomb left by a taker that finished its takeover and died before its finish.
+        let key = Hash::of("tomb");
+        let jd = store.job_dir(&key);
+        fs::create_dir_all(&jd).unwrap();
+        fs::write(jd.join("claim.stale.gone"), b"{}").unwrap();
+        let ClaimOutcome::Claimed(c) = store.claim(&key, &me, None).unwrap() else {
+            panic!("no claim holds the job");
+        };
+        assert!(
+            !store.held(&key, false).unwrap().fresh,
+            "the folder existed"
+        );
+        let mut rec = crate::store::conformance::sample_record(key, Status::Running, c.attempt);
+        store.start(&c, &rec).unwrap();
+        rec.status = Status::Done;
+        store.finish(&c, &rec).unwrap();
+        assert!(!jd.join("claim.stale.gone").exists(), "the tomb is cleared");
+        // Fresh folders, finished and released: nothing stays in the handle's memory.
+        for (i, release) in [(0, false), (1, true)] {
+            let k = Hash::of(format!("k{i}"));
+            let ClaimOutcome::Claimed(c) = store.claim(&k, &me, None).unwrap() else {
+                panic!("a new job is free");
+            };
+            assert!(store.held(&k, false).unwrap().fresh);
+            if release {
+                store.release(&c).unwrap();
+            } else {
+                let mut r = crate::store::conformance::sample_record(k, Status::Running, 1);
+                store.start(&c, &r).unwrap();
+                r.status = Status::Done;
+                store.finish(&c, &r).unwrap();
+            }
+        }
+        assert_eq!(store.held.lock().unwrap().len(), 0);
     }
 
     #[test]
