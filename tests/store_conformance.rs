@@ -37,6 +37,10 @@ impl Store for Counting {
         self.tick();
         self.inner.lineage(l)
     }
+    fn set_lineage(&self, l: &Hash, k: &Hash) -> Result<(), StoreError> {
+        self.tick();
+        self.inner.set_lineage(l, k)
+    }
     fn claim_info(&self, key: &Hash) -> Result<Option<ClaimInfo>, StoreError> {
         self.tick();
         self.inner.claim_info(key)
@@ -92,6 +96,9 @@ fn a_store_without_exclusive_claims_fails_the_suite() {
         }
         fn lineage(&self, l: &Hash) -> Result<Option<Hash>, StoreError> {
             self.0.lineage(l)
+        }
+        fn set_lineage(&self, l: &Hash, k: &Hash) -> Result<(), StoreError> {
+            self.0.set_lineage(l, k)
         }
         fn claim_info(&self, k: &Hash) -> Result<Option<ClaimInfo>, StoreError> {
             self.0.claim_info(k)

@@ -557,3 +557,59 @@ fn the_done_index_never_outlives_its_record() {
     assert!(healed.ends_with('\n'), "{healed}");
     assert_eq!(healed.lines().count(), 3, "{healed}");
 }
+
+/// A revert (`git checkout` back to code whose runs are done) reuses those runs, and from then
+/// on they are the current ones: the runs of the reverted edit are the superseded ones, never
+/// the other way round (`sweep gc` removes what is superseded).
+#[test]
+fn after_a_revert_the_reused_runs_are_current_and_the_edits_superseded() {
+    let _g = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
+    let c = FakeCrate::new();
+    let lrs = [0.1, 0.2, 0.3];
+    let v1 = "pub fn model(x: f64) -> f64 {\n    x * 2.0\n}\n";
+    let drain = |c: &FakeCrate| {
+        let mut o = sweep(c);
+        grid(&mut o, c, &lrs);
+        let keys: Vec<String> = o.enqueued().iter().map(|p| p.key.to_string()).collect();
+        let (n, s) = executions(|| o.drain().unwrap());
+        (keys, n, s.skipped())
+    };
+    c.write("src/lib.rs", v1);
+    let (a, n, _) = drain(&c);
+    assert_eq!(n, 3);
+    c.write(
+        "src/lib.rs",
+        "pub fn model(x: f64) -> f64 {\n    x * 5.0\n}\n",
+    );
+    let (b, n, _) = drain(&c);
+    assert_eq!(n, 3);
+    assert!(
+        a.iter().all(|k| !b.contains(k)),
+        "an edit changes every key"
+    );
+    c.write("src/lib.rs", v1);
+    let (again, n, skipped) = drain(&c);
+    assert_eq!(
+        (again.clone(), n, skipped),
+        (a.clone(), 0, 3),
+        "the revert reuses every run"
+    );
+    let store = FsStore::open(c.path().join("store")).unwrap();
+    let h = puzzletron::report::SweepHistory::load(&store).unwrap();
+    let superseded: Vec<&str> = {
+        let mut v: Vec<&str> = h
+            .runs
+            .iter()
+            .filter(|r| r.superseded)
+            .map(|r| r.key.as_str())
+            .collect();
+        v.sort_unstable();
+        v
+    };
+    let mut want: Vec<&str> = b.iter().map(String::as_str).collect();
+    want.sort_unstable();
+    assert_eq!(
+        superseded, want,
+        "the reverted edit's runs, not the current ones"
+    );
+}

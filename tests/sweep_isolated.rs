@@ -119,6 +119,9 @@ impl Store for Tagged {
     fn lineage(&self, l: &puzzletron::Hash) -> StoreResult<Option<puzzletron::Hash>> {
         self.0.lineage(l)
     }
+    fn set_lineage(&self, l: &puzzletron::Hash, k: &puzzletron::Hash) -> StoreResult<()> {
+        self.0.set_lineage(l, k)
+    }
     fn claim_info(
         &self,
         key: &puzzletron::Hash,

@@ -85,7 +85,55 @@ pub fn run_all<S: Store + 'static>(make: impl Fn() -> S) {
     records_batch_matches_single(&make());
     sealed_rows_read_back(&make());
     done_head_never_lies(&make());
+    reuse_points_lineages(&make());
     concurrent_claims_one_winner(Arc::new(make()));
+}
+
+/// [`Store::reuse`] points each lineage at its reused key, whether it named another key or
+/// none, and leaves the lineages it was not given alone; in batches large enough for a store
+/// to split them.
+pub fn reuse_points_lineages(store: &dyn Store) {
+    let owner = Owner::current();
+    let lineage = Hash::of("lineage-reverted");
+    let mut keys = Vec::new();
+    for name in ["reuse-a", "reuse-b"] {
+        let k = Hash::of(name);
+        let c = claimed(store, &k, &owner);
+        let mut rec = sample_record(k, Status::Running, c.attempt);
+        rec.lineage = lineage;
+        store.start(&c, &rec).unwrap();
+        rec.status = Status::Done;
+        rec.finished_at = Some(2.0);
+        store.finish(&c, &rec).unwrap();
+        keys.push(k);
+    }
+    assert_eq!(
+        store.lineage(&lineage).unwrap(),
+        Some(keys[1]),
+        "the last started"
+    );
+    let other = Hash::of("lineage-untouched");
+    store.set_lineage(&other, &keys[1]).unwrap();
+    store.reuse(&[(lineage, keys[0])]).unwrap();
+    assert_eq!(
+        store.lineage(&lineage).unwrap(),
+        Some(keys[0]),
+        "the reused run"
+    );
+    assert_eq!(store.lineage(&other).unwrap(), Some(keys[1]));
+    // A batch: half the lineages already right, half naming nothing.
+    let pairs: Vec<(Hash, Hash)> = (0..5000u32)
+        .map(|i| (Hash::of(format!("lin-{i}")), Hash::of(format!("key-{i}"))))
+        .collect();
+    for (l, k) in pairs.iter().step_by(2) {
+        store.set_lineage(l, k).unwrap();
+    }
+    store.reuse(&pairs).unwrap();
+    let lineages: Vec<Hash> = pairs.iter().map(|p| p.0).collect();
+    let got = store.lineages(&lineages).unwrap();
+    for ((_, k), g) in pairs.iter().zip(got) {
+        assert_eq!(g, Some(*k));
+    }
 }
 
 /// Rows ended with [`MetricSink::seal`](super::MetricSink::seal) read back exactly, for a run

@@ -5,7 +5,8 @@
 //! ROOT/jobs/KEY/record.json         the JobRecord (atomic replace)
 //! ROOT/jobs/KEY/claim               the holder (create-exclusive); its mtime is the heartbeat
 //! ROOT/jobs/KEY/claim.released      the last released claim (renamed, not removed: see RELEASED)
-//! ROOT/jobs/KEY/running.N.json      the running record of attempt N, as it started
+//! ROOT/jobs/KEY/running.N.json      the running record of attempt N, as it started (emptied
+//!                                   when the attempt ends: the inode stays, see RELEASED)
 //! ROOT/jobs/KEY/claim.stale.NONCE   a stale claim pinned during its takeover (one taker at a
 //!                                   time; cleared after 5 s if that taker died mid-way)
 //! ROOT/jobs/KEY/metrics.N.tsv       rows of attempt N: name TAB step TAB value LF (made with
@@ -13,7 +14,8 @@
 //!                                   its rows in its record, see `MetricsInfo::inline`)
 //! ROOT/jobs/KEY/error.txt           the last failure's text and backtrace
 //! ROOT/jobs/KEY/artifacts/          files the job writes (Run::artifact_dir)
-//! ROOT/lineage/LINEAGE              the key last started for a job name + parameters
+//! ROOT/lineage/LINEAGE              the key last started, or reused by a drain, for a job
+//!                                   name + parameters (`Store::reuse`)
 //! ROOT/done.idx                     a cache of done records for fast cache hits (see `index`)
 //! ```
 //!
@@ -564,6 +566,34 @@ fn open_dir(dir: &Path) -> io::Result<File> {
         .open(dir)
 }
 
+/// Empties the file at `path` in one `truncate(2)`; a missing file, or any error, is ignored.
+fn truncate(path: &Path) {
+    use std::os::unix::ffi::OsStrExt;
+    if let Ok(c) = std::ffi::CString::new(path.as_os_str().as_bytes()) {
+        // SAFETY: `c` is a NUL-terminated path that lives for the call.
+        unsafe { libc::truncate(c.as_ptr(), 0) };
+    }
+}
+
+/// Opens `name` (no `/` and no NUL: a hex key) relative to the folder handle `dir`, read-only.
+fn open_at(dir: &File, name: &str) -> io::Result<File> {
+    use std::os::fd::{AsRawFd, FromRawFd};
+    let c = std::ffi::CString::new(name).map_err(io::Error::other)?;
+    // SAFETY: `c` is NUL-terminated, and `dir` is an open descriptor for the call.
+    let fd = unsafe {
+        libc::openat(
+            dir.as_raw_fd(),
+            c.as_ptr(),
+            libc::O_RDONLY | libc::O_CLOEXEC,
+        )
+    };
+    if fd < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: `fd` was just returned by openat and is owned by nothing else.
+    Ok(unsafe { File::from_raw_fd(fd) })
+}
+
 /// Opens `KEY/record.json` relative to the `jobs/` folder handle `dir`, read-only.
 fn open_record_at(dir: &File, key: &Hash) -> io::Result<File> {
     use std::os::fd::{AsRawFd, FromRawFd};
@@ -763,6 +793,58 @@ impl Store for FsStore {
         }
     }
 
+    fn set_lineage(&self, lineage: &Hash, key: &Hash) -> Result<(), StoreError> {
+        let path = self.lineage.join(lineage.to_hex());
+        replace_file(&path, format!("{key}\n").as_bytes()).map_err(io_err(&path))
+    }
+
+    fn reuse(&self, pairs: &[(Hash, Hash)]) -> Result<(), StoreError> {
+        // As `done_heads`: each pointer read relative to one handle on `lineage/`, in a few
+        // chunks on threads of their own (a drain of cache hits reads one pointer per hit).
+        let dir = open_dir(&self.lineage).map_err(io_err(&self.lineage))?;
+        let check = |chunk: &[(Hash, Hash)]| -> Result<(), StoreError> {
+            for (lineage, key) in chunk {
+                let mut hex = [0u8; Hash::HEX_LEN];
+                let name = lineage.write_hex(&mut hex);
+                let cur = match open_at(&dir, name).and_then(|mut f| {
+                    let mut buf = [0u8; 2 * Hash::HEX_LEN];
+                    let mut len = 0;
+                    loop {
+                        let n = f.read(&mut buf[len..])?;
+                        len += n;
+                        if n == 0 || len == buf.len() {
+                            break;
+                        }
+                    }
+                    Ok(std::str::from_utf8(&buf[..len])
+                        .ok()
+                        .and_then(|t| t.trim().parse::<Hash>().ok()))
+                }) {
+                    Ok(h) => h,
+                    Err(e) if e.kind() == io::ErrorKind::NotFound => None,
+                    Err(e) => return Err(io_err(&self.lineage.join(name))(e)),
+                };
+                if cur != Some(*key) {
+                    self.set_lineage(lineage, key)?;
+                }
+            }
+            Ok(())
+        };
+        const CHUNK: usize = 2048;
+        if pairs.len() <= CHUNK {
+            return check(pairs);
+        }
+        std::thread::scope(|s| {
+            let handles: Vec<_> = pairs
+                .chunks(pairs.len().div_ceil(4).max(CHUNK))
+                .map(|c| s.spawn(move || check(c)))
+                .collect();
+            handles
+                .into_iter()
+                .try_for_each(|h| h.join().unwrap_or_else(|p| std::panic::resume_unwind(p)))
+        })
+    }
+
     fn lineages(&self, lineages: &[Hash]) -> Result<Vec<Option<Hash>>, StoreError> {
         if lineages.len() < 64 {
             return lineages.iter().map(|l| self.lineage(l)).collect();
@@ -875,8 +957,7 @@ impl Store for FsStore {
         // failed record of `finish` is fully durable.
         let dir = self.job_dir(&claim.key);
         self.write_running(&dir, claim.attempt, record)?;
-        let lpath = self.lineage.join(record.lineage.to_hex());
-        replace_file(&lpath, format!("{}\n", claim.key).as_bytes()).map_err(io_err(&lpath))
+        self.set_lineage(&record.lineage, &claim.key)
     }
 
     fn metric_sink(&self, claim: &Claim) -> Result<Box<dyn MetricSink>, StoreError> {
@@ -923,6 +1004,10 @@ impl Store for FsStore {
         if let Some(e) = Entry::of(record, &bytes) {
             self.index.note_written(&claim.key, e);
         }
+        // The running record is a copy of the record as it started (hundreds of KiB with a
+        // large owned digest): emptied, not removed, so its inode stays linked (see
+        // `RELEASED`). A failure here costs only disk space.
+        truncate(&dir.join(format!("running.{}.json", claim.attempt)));
         self.release_held(&dir)?;
         // A takeover leaves a tomb, and nobody takes over a claim in a fresh folder while its
         // holder lives (`holds` above would have failed).
@@ -1371,6 +1456,11 @@ mod tests {
         assert_eq!(done["claim.released"], claim_ino);
         assert_eq!(done["running.1.json"], running_ino);
         assert_ne!(done["record.json"], running_ino);
+        assert_eq!(
+            fs::metadata(jd.join("running.1.json")).unwrap().len(),
+            0,
+            "a done run's running record keeps its inode, not its bytes"
+        );
         assert_eq!(store.record(&key).unwrap().unwrap().status, Status::Done);
         assert!(
             store.claim_info(&key).unwrap().is_none(),

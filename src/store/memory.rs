@@ -121,6 +121,11 @@ impl Store for MemoryStore {
         Ok(self.lock().lineage.get(lineage).copied())
     }
 
+    fn set_lineage(&self, lineage: &Hash, key: &Hash) -> Result<(), StoreError> {
+        self.lock().lineage.insert(*lineage, *key);
+        Ok(())
+    }
+
     fn claim_info(&self, key: &Hash) -> Result<Option<ClaimInfo>, StoreError> {
         let inner = self.lock();
         Ok(inner

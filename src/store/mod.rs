@@ -243,7 +243,8 @@ pub trait Store: Send + Sync {
     /// [`StoreError::Io`].
     fn keys(&self) -> Result<Vec<Hash>, StoreError>;
 
-    /// The key most recently started for a lineage (job name + parameters), if any.
+    /// The key most recently started, or reused by a drain ([`Store::reuse`]), for a lineage
+    /// (job name + parameters), if any.
     ///
     /// # Errors
     /// [`StoreError::Io`], [`StoreError::Corrupt`].
@@ -256,6 +257,32 @@ pub trait Store: Send + Sync {
     /// As [`Store::lineage`].
     fn lineages(&self, lineages: &[Hash]) -> Result<Vec<Option<Hash>>, StoreError> {
         lineages.iter().map(|l| self.lineage(l)).collect()
+    }
+
+    /// Points `lineage` at `key` (see [`Store::lineage`]), as [`Store::start`] does.
+    ///
+    /// # Errors
+    /// [`StoreError::Io`].
+    fn set_lineage(&self, lineage: &Hash, key: &Hash) -> Result<(), StoreError>;
+
+    /// A drain reused these done runs, `(lineage, key)` pairs: points each lineage that names
+    /// another key (or none) at its reused key, so the lineage names the run of the code that
+    /// is current. Without it, after a revert (a `git checkout` back to code whose runs are
+    /// done) the lineage would still name the key of the reverted edit, and the runs the
+    /// current code uses would read as superseded (and `puzzletron sweep gc` would remove
+    /// them). The default reads the pointers with [`Store::lineages`] and writes those that
+    /// differ with [`Store::set_lineage`].
+    ///
+    /// # Errors
+    /// As [`Store::lineages`] and [`Store::set_lineage`].
+    fn reuse(&self, pairs: &[(Hash, Hash)]) -> Result<(), StoreError> {
+        let lineages: Vec<Hash> = pairs.iter().map(|p| p.0).collect();
+        for ((lineage, key), cur) in pairs.iter().zip(self.lineages(&lineages)?) {
+            if cur != Some(*key) {
+                self.set_lineage(lineage, key)?;
+            }
+        }
+        Ok(())
     }
 
     /// The current claim on `key`, if any, and whether its holder is alive.
@@ -409,6 +436,12 @@ macro_rules! forward_store {
             }
             fn lineages(&self, lineages: &[Hash]) -> Result<Vec<Option<Hash>>, StoreError> {
                 (**self).lineages(lineages)
+            }
+            fn set_lineage(&self, lineage: &Hash, key: &Hash) -> Result<(), StoreError> {
+                (**self).set_lineage(lineage, key)
+            }
+            fn reuse(&self, pairs: &[(Hash, Hash)]) -> Result<(), StoreError> {
+                (**self).reuse(pairs)
             }
             fn claim_info(&self, key: &Hash) -> Result<Option<ClaimInfo>, StoreError> {
                 (**self).claim_info(key)

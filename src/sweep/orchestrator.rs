@@ -338,6 +338,23 @@ impl<S: Store, E: Executor> Orchestrator<S, E> {
         drained: Drained,
     ) -> std::result::Result<RunSummary, Box<RunFailed>> {
         let Drained { outcomes, stop } = drained;
+        // The runs reused are the current code's: their lineages name them from now on (else
+        // a revert leaves them reported as superseded, and `sweep gc` removes them).
+        let reused: Vec<(Hash, Hash)> = queue
+            .iter()
+            .zip(&outcomes)
+            .filter(|(_, o)| matches!(o, Some(Outcome::Skipped { .. })))
+            .map(|(p, _)| (p.lineage, p.key))
+            .collect();
+        if !reused.is_empty()
+            && let Err(e) = self.store.reuse(&reused)
+        {
+            // Bookkeeping for reports only: the results stand.
+            eprintln!(
+                "puzzletron: could not point the lineages of {} reused runs at them: {e}",
+                reused.len()
+            );
+        }
         match stop {
             None => {
                 self.queue.clear();
