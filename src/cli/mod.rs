@@ -343,7 +343,9 @@ pub enum SweepCmd {
         out: Option<PathBuf>,
     },
     /// Remove records of runs no longer enqueued: runs superseded by a newer run of the same
-    /// job and parameters (the code changed), or, with --keep, every run not listed.
+    /// job and parameters (the code changed), or, with --keep, every run not listed. A run is
+    /// current when it was the last one started, or reused by a drain, for its job and
+    /// parameters: after switching code (a revert, another branch), drain once before gc.
     #[command(after_help = SWEEP_HELP)]
     Gc {
         /// The store folder.
