@@ -812,7 +812,8 @@ impl Store for FsStore {
                     loop {
                         let n = f.read(&mut buf[len..])?;
                         len += n;
-                        if n == 0 || len == buf.len() {
+                        // A pointer is one line: done at its newline, without a read of EOF.
+                        if n == 0 || len == buf.len() || buf[..len].ends_with(b"\n") {
                             break;
                         }
                     }
