@@ -344,6 +344,69 @@ fn json_output_carries_the_unchecked_override_warning() {
     }
 }
 
+/// A path that does not exist, a file where a folder is expected, and `--out` naming a folder
+/// are each said as such.
+#[test]
+fn paths_errors_say_what_the_path_is() {
+    let tmp = tempfile::tempdir().unwrap();
+    let file = tmp.path().join("a-file");
+    std::fs::write(&file, "x").unwrap();
+    let file = file.to_str().unwrap();
+    let missing = tmp.path().join("missing");
+    let missing = missing.to_str().unwrap();
+    let (code, _, err) = run(&["sweep", "status", file]);
+    assert_eq!(code, 1);
+    assert!(
+        err.contains(&format!(
+            "{file} is not a sweep store: it is a file, not a folder"
+        )),
+        "{err}"
+    );
+    for cmd in ["status", "report", "cancel"] {
+        let (code, _, err) = run(&["campaign", cmd, missing]);
+        assert_eq!(code, 1, "{cmd}: {err}");
+        assert!(
+            err.contains(&format!(
+                "{missing} is not a campaign folder: the path does not exist"
+            )),
+            "{cmd}: {err}"
+        );
+        let (code, _, err) = run(&["campaign", cmd, file]);
+        assert_eq!(code, 1, "{cmd}: {err}");
+        assert!(
+            err.contains(&format!(
+                "{file} is not a campaign folder: it is a file, not a folder"
+            )),
+            "{cmd}: {err}"
+        );
+    }
+    let empty = tmp.path().join("empty");
+    std::fs::create_dir(&empty).unwrap();
+    let (code, _, err) = run(&["campaign", "status", empty.to_str().unwrap()]);
+    assert_eq!(code, 1);
+    assert!(err.contains("it has no controller/journal.jsonl"), "{err}");
+    // --out: an existing folder gets report.html; a missing one ending in `/` is refused.
+    let c = tmp.path().join("c");
+    std::fs::create_dir_all(c.join("controller")).unwrap();
+    std::fs::write(c.join("controller/journal.jsonl"), "").unwrap();
+    let c = c.to_str().unwrap();
+    let outdir = tmp.path().join("out");
+    std::fs::create_dir(&outdir).unwrap();
+    let slash = format!("{}/", outdir.display());
+    let (code, out, err) = run(&["campaign", "report", c, "--no-sacct", "--out", &slash]);
+    assert_eq!(code, 0, "{err}");
+    assert!(outdir.join("report.html").is_file(), "{out}");
+    assert!(out.trim_end().ends_with("report.html"), "{out}");
+    let nodir = format!("{}/nodir/", tmp.path().display());
+    let (code, _, err) = run(&["campaign", "report", c, "--no-sacct", "--out", &nodir]);
+    assert_eq!(code, 2, "{err}");
+    assert!(
+        err.contains(&format!("--out {nodir} names a folder that does not exist"))
+            && err.contains("give a file name"),
+        "{err}"
+    );
+}
+
 fn run_args<'a>(dir: &'a str, stub: &'a str) -> Vec<&'a str> {
     vec![
         "campaign",

@@ -857,7 +857,7 @@ fn write_report(dir: &Path, out: Option<PathBuf>, sacct: bool) -> Result<PathBuf
         h.apply_times(&t);
     }
     let html = render_campaign_report(&h);
-    let out = out.unwrap_or_else(|| dir.join("report.html"));
+    let out = super::report_path(out, dir)?;
     crate::fsutil::atomic_write(&out, html.as_bytes())
         .map_err(|e| CliError::new(format!("writing {}: {e}", out.display())))?;
     Ok(out)
