@@ -48,14 +48,35 @@ fn help_examples_run_on_the_fixtures() {
             assert!(text.contains("Examples"), "{h:?}:\n{text}");
         }
         for line in text.lines() {
-            let Some(cmd) = line.trim().strip_prefix("$ puzzletron ") else {
+            let Some(cmd) = line.trim().strip_prefix("$ ") else {
                 continue;
             };
-            let args: Vec<&str> = cmd.split_whitespace().collect();
+            // `VAR=value ... puzzletron ARGS`: the example runs as written, with only the
+            // variables it sets (none of the fixtures' from `cli::puzzletron`).
+            let words: Vec<&str> = cmd.split_whitespace().collect();
+            let Some(at) = words.iter().position(|w| *w == "puzzletron") else {
+                continue;
+            };
+            let env: Vec<(&str, &str)> = words[..at]
+                .iter()
+                .filter_map(|w| w.split_once('='))
+                .collect();
+            if env.len() != at {
+                continue;
+            }
+            let args: Vec<&str> = words[at + 1..].to_vec();
             if !matches!(args.get(1), Some(&"compile") | Some(&"dry-run")) {
                 continue;
             }
-            let (code, out, err) = run(&args);
+            let mut c = puzzletron();
+            for v in [
+                "PUZZLETRON_RUN_ROOT",
+                "PUZZLETRON_DATASET_PATH",
+                "PUZZLETRON_DATASET_REVISION",
+            ] {
+                c.env_remove(v);
+            }
+            let (code, out, err) = cli::out(c.envs(env).args(&args).output().unwrap());
             assert_eq!(code, 0, "example `{cmd}` failed:\n{err}");
             if !args.contains(&"--json") {
                 assert!(out.contains("stages,"), "example `{cmd}`:\n{out}");

@@ -98,7 +98,9 @@ Exit status: 0 done, 1 error, 2 usage error.";
 const DRY_RUN_HELP: &str = "\
 Examples (from ../shared/fixtures/puzzletron-configs):
   $ puzzletron campaign dry-run families/qwen3_5/qwen3p5_0p8b/runs/mip_smoke.yaml --runner orchestration/qwen3p5_0p8b/runner.slurm.yaml --execution orchestration/qwen3p5_0p8b/execution.smoke.yaml --override pruning.eval_samples=4 --stage convert
-  $ puzzletron campaign dry-run families/llama/llama3p1_8b/runs/pruneffn_memory.yaml --runner local --execution orchestration/execution.single_gpu.yaml
+  $ PUZZLETRON_DATASET_PATH=/data/llama-ds puzzletron campaign dry-run families/llama/llama3p1_8b/runs/pruneffn_memory.yaml --runner local --execution orchestration/execution.single_gpu.yaml
+(pruneffn_memory.yaml reads its dataset path from ${oc.env:PUZZLETRON_DATASET_PATH}, which has no
+default: set it, or the compile stops naming the variable.)
 
 Exit status: 0 done, 1 error, 2 usage error.";
 
