@@ -329,8 +329,7 @@ pub fn compile_resolved(
                         file: label.to_string(),
                         stage: id.clone(),
                         key,
-                        reason,
-                        hint,
+                        detail: format!("{reason}; {hint}"),
                     });
                 }
             }
@@ -578,8 +577,7 @@ fn check_limits(runner: &RunnerEnvironment, stage: &StagePlan) -> Result<(), Pla
             limit_name: limit_name.to_string(),
             limit,
             limit_at: None,
-            why,
-            fix,
+            detail: format!("{why}; {fix}"),
         }
     };
     match runner.kind {

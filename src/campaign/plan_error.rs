@@ -107,7 +107,7 @@ pub enum PlanError {
     },
     /// The stage filter selects a stage of the catalog that the experiment disables.
     #[error(
-        "{file}: stage filter selects `{stage}`, which is disabled in the experiment: {reason}; {hint}"
+        "{file}: stage filter selects `{stage}`, which is disabled in the experiment: {detail}"
     )]
     DisabledStage {
         /// Where the switch is written (`file:line:column` once located), else the experiment.
@@ -116,10 +116,9 @@ pub enum PlanError {
         stage: String,
         /// The dotted key that disables it, if a key does.
         key: Option<String>,
-        /// Why it is disabled, e.g. "`depth_importance.enabled` is false".
-        reason: String,
-        /// How to enable it.
-        hint: String,
+        /// Why it is disabled (e.g. "`depth_importance.enabled` is false"), then how to
+        /// enable it.
+        detail: String,
     },
     /// The stage filter selects a stage whose parent is neither selected nor complete, so the
     /// stage could never start.
@@ -160,7 +159,7 @@ pub enum PlanError {
     },
     /// A stage's allocation exceeds a limit of the runner (max_nodes, interactive_max_nodes,
     /// the bare-metal inventory).
-    #[error("stage `{stage}` needs {nodes} node(s) but {limit_name} is {limit}{}: {why}; {fix}", .limit_at.as_ref().map(|a| format!(" (set at {a})")).unwrap_or_default())]
+    #[error("stage `{stage}` needs {nodes} node(s) but {limit_name} is {limit}{}: {detail}", .limit_at.as_ref().map(|a| format!(" (set at {a})")).unwrap_or_default())]
     TooManyNodes {
         /// The stage.
         stage: String,
@@ -174,10 +173,8 @@ pub enum PlanError {
         /// ([`PlanError::locate_runner`]).
         limit_at: Option<String>,
         /// Why the stage takes that many nodes (instances, GPUs per instance and its mesh,
-        /// GPUs per node).
-        why: String,
-        /// How to fix it.
-        fix: String,
+        /// GPUs per node), then how to fix it.
+        detail: String,
     },
     /// The work planner refuses a stage's shape (e.g. instances not divisible by the number of
     /// embedding widths it shards over).
@@ -266,14 +263,12 @@ impl PlanError {
                 file,
                 stage,
                 key,
-                reason,
-                hint,
+                detail,
             } => PlanError::DisabledStage {
                 file: key.as_deref().and_then(|k| at(&file, k)).unwrap_or(file),
                 stage,
                 key,
-                reason,
-                hint,
+                detail,
             },
             other => other,
         }
@@ -292,8 +287,7 @@ impl PlanError {
                 limit_name,
                 limit,
                 limit_at: None,
-                why,
-                fix,
+                detail,
             } if limit_name.starts_with("runner.") => {
                 let label = runner_file.display().to_string();
                 let at = super::config::load_yaml_file(runner_file)
@@ -309,8 +303,7 @@ impl PlanError {
                     limit_name,
                     limit,
                     limit_at: Some(at),
-                    why,
-                    fix,
+                    detail,
                 }
             }
             other => other,
