@@ -285,6 +285,48 @@ fn runner_and_execution_file_errors_name_their_file_line_and_column() {
     );
 }
 
+#[test]
+fn zero_and_out_of_range_slurm_times_name_file_line_key_and_value() {
+    let dir = tempfile::tempdir().unwrap();
+    for (value, expected) in [
+        ("\"0:0:0\"", "or a positive number of minutes below 1000000"),
+        ("\"00:00\"", "or a positive number of minutes below 1000000"),
+        ("0", "or a positive number of minutes below 1000000"),
+        ("\"25:99\"", "minutes and seconds in 0..59"),
+        ("\"1:61:00\"", "minutes and seconds in 0..59"),
+        ("\"1-24:00:00\"", "hours in 0..23 after days"),
+    ] {
+        let runner = write(
+            dir.path(),
+            "runner.yaml",
+            &format!("runner:\n  kind: slurm\n  slurm:\n    time_limit: {value}\n"),
+        );
+        let msg = RunnerEnvironment::load(&runner).unwrap_err().to_string();
+        assert!(
+            msg.starts_with(&format!(
+                "{}:4:17: `runner.slurm.time_limit` = {value}: expected",
+                runner.display()
+            )),
+            "{msg}"
+        );
+        assert!(msg.contains(expected), "{msg}");
+        let exec = write(
+            dir.path(),
+            "execution.yaml",
+            &format!("execution:\n  stages:\n    mip:\n      time_limit: {value}\n"),
+        );
+        let msg = ExecutionConfig::load(&exec).unwrap_err().to_string();
+        assert!(
+            msg.starts_with(&format!(
+                "{}:4:19: `execution.stages.mip.time_limit` = {value}",
+                exec.display()
+            )),
+            "{msg}"
+        );
+        assert!(msg.contains(expected), "{msg}");
+    }
+}
+
 /// A campaign driver written as `fn main() -> puzzletron::Result<()>`: config, plan and
 /// controller errors all convert with `?`, and keep their own variant and message.
 fn driver(overrides: &[&str], runner_yaml: &str) -> puzzletron::Result<CampaignPlan> {

@@ -48,14 +48,35 @@ fn help_examples_run_on_the_fixtures() {
             assert!(text.contains("Examples"), "{h:?}:\n{text}");
         }
         for line in text.lines() {
-            let Some(cmd) = line.trim().strip_prefix("$ puzzletron ") else {
+            let Some(cmd) = line.trim().strip_prefix("$ ") else {
                 continue;
             };
-            let args: Vec<&str> = cmd.split_whitespace().collect();
+            // `VAR=value ... puzzletron ARGS`: the example runs as written, with only the
+            // variables it sets (none of the fixtures' from `cli::puzzletron`).
+            let words: Vec<&str> = cmd.split_whitespace().collect();
+            let Some(at) = words.iter().position(|w| *w == "puzzletron") else {
+                continue;
+            };
+            let env: Vec<(&str, &str)> = words[..at]
+                .iter()
+                .filter_map(|w| w.split_once('='))
+                .collect();
+            if env.len() != at {
+                continue;
+            }
+            let args: Vec<&str> = words[at + 1..].to_vec();
             if !matches!(args.get(1), Some(&"compile") | Some(&"dry-run")) {
                 continue;
             }
-            let (code, out, err) = run(&args);
+            let mut c = puzzletron();
+            for v in [
+                "PUZZLETRON_RUN_ROOT",
+                "PUZZLETRON_DATASET_PATH",
+                "PUZZLETRON_DATASET_REVISION",
+            ] {
+                c.env_remove(v);
+            }
+            let (code, out, err) = cli::out(c.envs(env).args(&args).output().unwrap());
             assert_eq!(code, 0, "example `{cmd}` failed:\n{err}");
             if !args.contains(&"--json") {
                 assert!(out.contains("stages,"), "example `{cmd}`:\n{out}");
@@ -139,6 +160,271 @@ fn compile_and_dry_run_print_the_plan() {
     assert!(
         !out.contains("tokenize_data"),
         "only the selected stage: {out}"
+    );
+}
+
+/// The table's partition column is the partition each sbatch script gets (the runner's when the
+/// stage sets none), not the stage's override.
+#[test]
+fn the_plan_table_shows_the_resolved_partition() {
+    const SLURM_RUNNER: &str = "orchestration/qwen3p5_0p8b/runner.slurm.yaml";
+    for cmd in ["compile", "dry-run"] {
+        let (code, out, err) = run(&[
+            "campaign",
+            cmd,
+            SMOKE,
+            "--runner",
+            SLURM_RUNNER,
+            "--execution",
+            SMOKE_EXEC,
+        ]);
+        assert_eq!(code, 0, "{cmd}: {err}");
+        let header = out.lines().find(|l| l.starts_with("stage ")).unwrap();
+        let col = header.find("partition").unwrap();
+        for s in ["convert", "tokenize_data", "mip"] {
+            let line = out
+                .lines()
+                .find(|l| l.starts_with(&format!("{s} ")))
+                .unwrap_or_else(|| panic!("{s} missing:\n{out}"));
+            assert!(
+                line[col..].starts_with("REPLACE_WITH_SLURM_PARTITION"),
+                "{cmd}: {s}: {line}\n{out}"
+            );
+        }
+        if cmd == "dry-run" {
+            assert!(
+                out.contains("#SBATCH --partition='REPLACE_WITH_SLURM_PARTITION'"),
+                "{out}"
+            );
+        }
+    }
+    // Not Slurm: no partition.
+    let (code, out, err) = run(&[
+        "campaign",
+        "compile",
+        SMOKE,
+        "--runner",
+        "local",
+        "--execution",
+        SMOKE_EXEC,
+    ]);
+    assert_eq!(code, 0, "{err}");
+    assert!(!out.contains("REPLACE_WITH_SLURM_PARTITION"), "{out}");
+}
+
+/// `--stage` of a catalog stage the experiment disables names the switch (file, line, key)
+/// and the override that enables it, instead of calling the stage unknown.
+#[test]
+fn a_disabled_stage_in_the_filter_names_its_switch() {
+    let (code, _, err) = run(&[
+        "campaign",
+        "compile",
+        SMOKE,
+        "--runner",
+        "local",
+        "--execution",
+        SMOKE_EXEC,
+        "--stage",
+        "depth_importance",
+    ]);
+    assert_eq!(code, 1, "{err}");
+    assert!(!err.contains("unknown stage"), "{err}");
+    assert!(
+        err.contains(&format!("{SMOKE}:131:"))
+            && err.contains("stage filter selects `depth_importance`, which is disabled")
+            && err.contains("`depth_importance.enabled` is false")
+            && err.contains("-o depth_importance.enabled=true"),
+        "{err}"
+    );
+    // With the override the stage is in the plan.
+    let (code, out, err) = run(&[
+        "campaign",
+        "compile",
+        SMOKE,
+        "--runner",
+        "local",
+        "--execution",
+        SMOKE_EXEC,
+        "-o",
+        "depth_importance.enabled=true",
+    ]);
+    assert_eq!(code, 0, "{err}");
+    assert!(
+        out.lines().any(|l| l.starts_with("depth_importance ")),
+        "{out}"
+    );
+    // A real typo still gets the suggestion.
+    let (code, _, err) = run(&[
+        "campaign",
+        "compile",
+        SMOKE,
+        "--runner",
+        "local",
+        "--execution",
+        SMOKE_EXEC,
+        "--stage",
+        "depth_importanc",
+    ]);
+    assert_eq!(code, 1, "{err}");
+    assert!(err.contains("unknown stage `depth_importanc`"), "{err}");
+}
+
+/// A stage over `runner.slurm.max_nodes` names the runner file's line, why the stage takes
+/// that many nodes, and the fixes.
+#[test]
+fn too_many_nodes_names_the_runner_file_the_reason_and_the_fix() {
+    const SLURM_RUNNER: &str = "orchestration/qwen3p5_0p8b/runner.slurm.yaml";
+    let (code, _, err) = run(&[
+        "campaign",
+        "compile",
+        SMOKE,
+        "--runner",
+        SLURM_RUNNER,
+        "--execution",
+        SMOKE_EXEC,
+        "-o",
+        "pruning.automodel.parallel.tp=2",
+    ]);
+    assert_eq!(code, 1, "{err}");
+    assert!(
+        err.contains("needs 2 node(s) but runner.slurm.max_nodes is 1")
+            && err.contains(&format!("(set at {SLURM_RUNNER}:11:"))
+            && err.contains("one instance needs 2 GPU(s) (mesh tp=2) but gpus_per_node is 1")
+            && err.contains("raise `runner.slurm.max_nodes` to 2")
+            && err.contains("raise gpus_per_node")
+            && err.contains("lower tp"),
+        "{err}"
+    );
+    let tmp = tempfile::tempdir().unwrap();
+    let exec = tmp.path().join("execution.yaml");
+    std::fs::write(
+        &exec,
+        "execution:\n  defaults: {gpus_per_node: 1}\n  stages:\n    convert: {strategy: sharded, instances: 4}\n",
+    )
+    .unwrap();
+    let (code, _, err) = run(&[
+        "campaign",
+        "compile",
+        SMOKE,
+        "--runner",
+        SLURM_RUNNER,
+        "--execution",
+        exec.to_str().unwrap(),
+    ]);
+    assert_eq!(code, 1, "{err}");
+    assert!(
+        err.contains("stage `convert` needs 4 node(s) but runner.slurm.max_nodes is 1")
+            && err.contains(&format!("(set at {SLURM_RUNNER}:11:"))
+            && err.contains("4 instance(s) of 1 GPU(s) at gpus_per_node=1")
+            && err.contains("raise `runner.slurm.max_nodes` to 4")
+            && err.contains("execution.stages.convert.instances"),
+        "{err}"
+    );
+}
+
+/// `--json` of compile and dry-run carries the warnings the text output prints.
+#[test]
+fn json_output_carries_the_unchecked_override_warning() {
+    for cmd in ["compile", "dry-run"] {
+        let args = [
+            "campaign",
+            cmd,
+            SMOKE,
+            "--runner",
+            "local",
+            "--execution",
+            SMOKE_EXEC,
+            "-o",
+            "pruning.eval_samples=abc",
+        ];
+        let (code, out, err) = run(&args);
+        assert_eq!(code, 0, "{cmd}: {err}");
+        assert!(
+            out.contains("pruning.eval_samples=abc (was int, now string)"),
+            "{cmd}: {out}"
+        );
+        let mut json = args.to_vec();
+        json.push("--json");
+        let (code, out, err) = run(&json);
+        assert_eq!(code, 0, "{cmd}: {err}");
+        let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+        let w = v["warnings"].as_array().expect("a warnings list");
+        assert_eq!(w.len(), 1, "{cmd}: {v}");
+        let w = w[0].as_str().unwrap();
+        assert!(
+            w.contains("unchecked") && w.contains("pruning.eval_samples=abc (was int, now string)"),
+            "{cmd}: {w}"
+        );
+        // No warning: an empty list.
+        let mut plain = args[..7].to_vec();
+        plain.push("--json");
+        let (code, out, err) = run(&plain);
+        assert_eq!(code, 0, "{cmd}: {err}");
+        let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+        assert_eq!(v["warnings"], serde_json::json!([]), "{cmd}");
+    }
+}
+
+/// A path that does not exist, a file where a folder is expected, and `--out` naming a folder
+/// are each said as such.
+#[test]
+fn paths_errors_say_what_the_path_is() {
+    let tmp = tempfile::tempdir().unwrap();
+    let file = tmp.path().join("a-file");
+    std::fs::write(&file, "x").unwrap();
+    let file = file.to_str().unwrap();
+    let missing = tmp.path().join("missing");
+    let missing = missing.to_str().unwrap();
+    let (code, _, err) = run(&["sweep", "status", file]);
+    assert_eq!(code, 1);
+    assert!(
+        err.contains(&format!(
+            "{file} is not a sweep store: it is a file, not a folder"
+        )),
+        "{err}"
+    );
+    for cmd in ["status", "report", "cancel"] {
+        let (code, _, err) = run(&["campaign", cmd, missing]);
+        assert_eq!(code, 1, "{cmd}: {err}");
+        assert!(
+            err.contains(&format!(
+                "{missing} is not a campaign folder: the path does not exist"
+            )),
+            "{cmd}: {err}"
+        );
+        let (code, _, err) = run(&["campaign", cmd, file]);
+        assert_eq!(code, 1, "{cmd}: {err}");
+        assert!(
+            err.contains(&format!(
+                "{file} is not a campaign folder: it is a file, not a folder"
+            )),
+            "{cmd}: {err}"
+        );
+    }
+    let empty = tmp.path().join("empty");
+    std::fs::create_dir(&empty).unwrap();
+    let (code, _, err) = run(&["campaign", "status", empty.to_str().unwrap()]);
+    assert_eq!(code, 1);
+    assert!(err.contains("it has no controller/journal.jsonl"), "{err}");
+    // --out: an existing folder gets report.html; a missing one ending in `/` is refused.
+    let c = tmp.path().join("c");
+    std::fs::create_dir_all(c.join("controller")).unwrap();
+    std::fs::write(c.join("controller/journal.jsonl"), "").unwrap();
+    let c = c.to_str().unwrap();
+    let outdir = tmp.path().join("out");
+    std::fs::create_dir(&outdir).unwrap();
+    let slash = format!("{}/", outdir.display());
+    let (code, out, err) = run(&["campaign", "report", c, "--no-sacct", "--out", &slash]);
+    assert_eq!(code, 0, "{err}");
+    assert!(outdir.join("report.html").is_file(), "{out}");
+    assert!(out.trim_end().ends_with("report.html"), "{out}");
+    let nodir = format!("{}/nodir/", tmp.path().display());
+    let (code, _, err) = run(&["campaign", "report", c, "--no-sacct", "--out", &nodir]);
+    assert_eq!(code, 2, "{err}");
+    assert!(
+        err.contains(&format!("--out {nodir} names a folder that does not exist"))
+            && err.contains("give a file name"),
+        "{err}"
     );
 }
 

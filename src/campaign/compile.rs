@@ -312,7 +312,29 @@ pub fn compile_resolved(
     }
     let (stages, completed) = match stage_filter {
         None => (stages, Vec::new()),
-        Some(f) => apply_filter(stages, f)?,
+        Some(f) => {
+            // A catalog stage the experiment disables is not a typo: say which switch is off.
+            for id in f.stages.iter().chain(&f.completed) {
+                if stages.iter().any(|s| &s.stage_id == id) {
+                    continue;
+                }
+                if let Some((key, reason)) = catalog.why_disabled(&config, id) {
+                    let hint = match &key {
+                        Some(k) => format!(
+                            "enable it with the override `-o {k}=true` (or set `{k}: true` in the experiment)"
+                        ),
+                        None => "this catalog never runs it".to_string(),
+                    };
+                    return Err(PlanError::DisabledStage {
+                        file: label.to_string(),
+                        stage: id.clone(),
+                        key,
+                        detail: format!("{reason}; {hint}"),
+                    });
+                }
+            }
+            apply_filter(stages, f)?
+        }
     };
     // Capacity is checked after every stage's shape, so shape errors (which say how to fix the
     // config) come first, and only for the stages that will run.
@@ -484,13 +506,79 @@ fn stage_spec(
     })
 }
 
+/// Why `stage` takes the nodes it does, and how to make it fit under `limit_name`.
+fn too_many_nodes_advice(
+    runner: &RunnerEnvironment,
+    stage: &StagePlan,
+    limit_name: &str,
+) -> (String, String) {
+    let a = &stage.spec.allocation;
+    let m = &stage.spec.mesh;
+    let axes: Vec<String> = [
+        ("tp", m.tp),
+        ("cp", m.cp),
+        ("pp", m.pp),
+        ("ep", m.ep),
+        ("dp_shard", m.dp_shard),
+        ("dp_replicate", m.dp_replicate),
+    ]
+    .iter()
+    .filter(|(_, v)| *v > 1)
+    .map(|(k, v)| format!("{k}={v}"))
+    .collect();
+    let mesh = if axes.is_empty() {
+        String::new()
+    } else {
+        format!(" (mesh {})", axes.join(", "))
+    };
+    let why = if a.nodes_per_instance > 1 {
+        format!(
+            "one instance needs {} GPU(s){mesh} but gpus_per_node is {}, so each of its {} instance(s) spans {} node(s)",
+            a.gpus_per_instance, a.gpus_per_node, a.instances, a.nodes_per_instance
+        )
+    } else {
+        format!(
+            "{} instance(s) of {} GPU(s){mesh} at gpus_per_node={} ({} instance(s) per node) take {} node(s)",
+            a.instances, a.gpus_per_instance, a.gpus_per_node, a.instances_per_node, a.nodes
+        )
+    };
+    let id = &stage.stage_id;
+    let gpn = format!(
+        "raise gpus_per_node (`execution.defaults.gpus_per_node` or `execution.stages.{id}.gpus_per_node`) if the nodes have more GPUs"
+    );
+    let shrink = if a.nodes_per_instance > 1 {
+        "or shrink the stage's mesh (e.g. a lower tp)"
+    } else {
+        "or lower the stage's instances (`execution.stages.{id}.instances`) or its mesh"
+    };
+    let shrink = shrink.replace("{id}", id);
+    let fix = match runner.kind {
+        RunnerKind::Slurm => format!(
+            "raise `{limit_name}` to {} in the runner file, {gpn}, {shrink}",
+            a.nodes
+        ),
+        RunnerKind::Baremetal => {
+            format!("add hosts to `runner.inventory.hosts`, {gpn}, {shrink}")
+        }
+        RunnerKind::Local => format!(
+            "a local runner has one machine: {gpn} (`runner.local.gpus`), {shrink}, or use a Slurm runner"
+        ),
+    };
+    (why, fix)
+}
+
 fn check_limits(runner: &RunnerEnvironment, stage: &StagePlan) -> Result<(), PlanError> {
     let nodes = stage.spec.allocation.nodes;
-    let too_many = |limit_name: &str, limit: u64| PlanError::TooManyNodes {
-        stage: stage.stage_id.clone(),
-        nodes: u64::from(nodes),
-        limit_name: limit_name.to_string(),
-        limit,
+    let too_many = |limit_name: &str, limit: u64| {
+        let (why, fix) = too_many_nodes_advice(runner, stage, limit_name);
+        PlanError::TooManyNodes {
+            stage: stage.stage_id.clone(),
+            nodes: u64::from(nodes),
+            limit_name: limit_name.to_string(),
+            limit,
+            limit_at: None,
+            detail: format!("{why}; {fix}"),
+        }
     };
     match runner.kind {
         RunnerKind::Slurm => {

@@ -70,7 +70,7 @@ pub use runner::{
     BaremetalInventory, ExecutionContract, Host, LocalSettings, Partitions, RunnerEnvironment,
     RunnerKind, SlurmSettings,
 };
-pub use slurm_time::{SlurmTime, SlurmTimeError};
+pub use slurm_time::{SlurmTime, SlurmTimeError, SlurmTimeReason};
 pub use summary::{PlanSummary, StageSummary};
 pub use work::{
     MasterAddr, Rendezvous, RendezvousAllocator, TaskGroup, TaskLauncher, TaskTopology, WorkItem,

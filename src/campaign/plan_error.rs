@@ -105,6 +105,21 @@ pub enum PlanError {
         /// The valid ids.
         valid: Vec<String>,
     },
+    /// The stage filter selects a stage of the catalog that the experiment disables.
+    #[error(
+        "{file}: stage filter selects `{stage}`, which is disabled in the experiment: {detail}"
+    )]
+    DisabledStage {
+        /// Where the switch is written (`file:line:column` once located), else the experiment.
+        file: String,
+        /// The selected stage.
+        stage: String,
+        /// The dotted key that disables it, if a key does.
+        key: Option<String>,
+        /// Why it is disabled (e.g. "`depth_importance.enabled` is false"), then how to
+        /// enable it.
+        detail: String,
+    },
     /// The stage filter selects a stage whose parent is neither selected nor complete, so the
     /// stage could never start.
     #[error(
@@ -144,7 +159,7 @@ pub enum PlanError {
     },
     /// A stage's allocation exceeds a limit of the runner (max_nodes, interactive_max_nodes,
     /// the bare-metal inventory).
-    #[error("stage `{stage}` needs {nodes} node(s) but {limit_name} is {limit}")]
+    #[error("stage `{stage}` needs {nodes} node(s) but {limit_name} is {limit}{}: {detail}", .limit_at.as_ref().map(|a| format!(" (set at {a})")).unwrap_or_default())]
     TooManyNodes {
         /// The stage.
         stage: String,
@@ -154,6 +169,12 @@ pub enum PlanError {
         limit_name: String,
         /// The limit.
         limit: u64,
+        /// Where the limit is written (`runner.yaml:11:16`), once known
+        /// ([`PlanError::locate_runner`]).
+        limit_at: Option<String>,
+        /// Why the stage takes that many nodes (instances, GPUs per instance and its mesh,
+        /// GPUs per node), then how to fix it.
+        detail: String,
     },
     /// The work planner refuses a stage's shape (e.g. instances not divisible by the number of
     /// embedding widths it shards over).
@@ -238,6 +259,53 @@ impl PlanError {
                 path,
                 expected,
             },
+            PlanError::DisabledStage {
+                file,
+                stage,
+                key,
+                detail,
+            } => PlanError::DisabledStage {
+                file: key.as_deref().and_then(|k| at(&file, k)).unwrap_or(file),
+                stage,
+                key,
+                detail,
+            },
+            other => other,
+        }
+    }
+}
+
+impl PlanError {
+    /// Names where a runner limit of a [`PlanError::TooManyNodes`] is written: the
+    /// `file:line:column` of its key in the runner file at `runner_file` (the file itself when
+    /// the key is not in it). Other errors are returned unchanged.
+    pub fn locate_runner(self, runner_file: &std::path::Path) -> PlanError {
+        match self {
+            PlanError::TooManyNodes {
+                stage,
+                nodes,
+                limit_name,
+                limit,
+                limit_at: None,
+                detail,
+            } if limit_name.starts_with("runner.") => {
+                let label = runner_file.display().to_string();
+                let at = super::config::load_yaml_file(runner_file)
+                    .ok()
+                    .and_then(|cfg| {
+                        let key = super::config::KeyPath::parse(&limit_name)?;
+                        cfg.origins().nearest(&key).map(ToString::to_string)
+                    })
+                    .unwrap_or(label);
+                PlanError::TooManyNodes {
+                    stage,
+                    nodes,
+                    limit_name,
+                    limit,
+                    limit_at: Some(at),
+                    detail,
+                }
+            }
             other => other,
         }
     }

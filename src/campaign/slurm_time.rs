@@ -18,12 +18,41 @@ pub struct SlurmTime {
 
 /// Why a string is not a Slurm time.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
-#[error(
-    "{text:?} is not a Slurm time (expected M, M:S, H:M:S, D-H, D-H:M or D-H:M:S, e.g. \"4:00:00\" or \"1-00:00:00\")"
-)]
+#[error("{text:?} is not a Slurm time ({})", .reason.expected())]
 pub struct SlurmTimeError {
     /// The text refused.
     pub text: String,
+    /// What is wrong with it.
+    pub reason: SlurmTimeReason,
+}
+
+/// What is wrong with a refused Slurm time.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum SlurmTimeReason {
+    /// Not in Slurm's grammar.
+    Syntax,
+    /// A zero total (`0:0:0`, `00:00`, `0-0`): Slurm reads a zero limit as no limit at all.
+    Zero,
+    /// A field out of its range: minutes or seconds after the first field outside 0..59,
+    /// hours after days outside 0..23.
+    OutOfRange,
+}
+
+impl SlurmTimeReason {
+    /// What was expected instead, as the errors say it.
+    pub fn expected(self) -> &'static str {
+        match self {
+            SlurmTimeReason::Syntax => {
+                "expected M, M:S, H:M:S, D-H, D-H:M or D-H:M:S, e.g. \"4:00:00\" or \"1-00:00:00\""
+            }
+            SlurmTimeReason::Zero => {
+                "expected a positive time limit: Slurm reads a zero limit as no limit at all"
+            }
+            SlurmTimeReason::OutOfRange => {
+                "expected minutes and seconds in 0..59 after the first field, and hours in 0..23 after days"
+            }
+        }
+    }
 }
 
 impl SlurmTime {
@@ -48,10 +77,16 @@ impl SlurmTime {
 
 impl FromStr for SlurmTime {
     type Err = SlurmTimeError;
+    /// Parses Slurm's grammar and checks the fields as Slurm would: the first field is
+    /// unbounded (`90` or `90:00` are 90 minutes, `30:00:00` is 30 hours), minutes and seconds
+    /// after it are 0..59, hours after days 0..23; a zero total is refused (Slurm reads it as
+    /// no limit).
     fn from_str(s: &str) -> Result<Self, Self::Err> {
-        let bad = || SlurmTimeError {
+        let err = |reason| SlurmTimeError {
             text: s.to_string(),
+            reason,
         };
+        let bad = || err(SlurmTimeReason::Syntax);
         let num = |x: &str| -> Option<u64> {
             if x.is_empty() || x.len() > 6 || !x.bytes().all(|b| b.is_ascii_digit()) {
                 return None;
@@ -67,17 +102,27 @@ impl FromStr for SlurmTime {
             .map(num)
             .collect::<Option<_>>()
             .ok_or_else(bad)?;
-        let secs = match (days.is_some(), parts.as_slice()) {
-            (false, [m]) => m * 60,
-            (false, [m, sec]) => m * 60 + sec,
-            (_, [h, m, sec]) => h * 3600 + m * 60 + sec,
-            (true, [h]) => h * 3600,
-            (true, [h, m]) => h * 3600 + m * 60,
+        // (hours, minutes, seconds) and whether each is bounded: a field is unbounded only
+        // when it comes first (no days before it).
+        let (h, m, sec) = match (days.is_some(), parts.as_slice()) {
+            (false, [m]) => (0, *m, 0),
+            (false, [m, sec]) => (0, *m, *sec),
+            (_, [h, m, sec]) => (*h, *m, *sec),
+            (true, [h]) => (*h, 0, 0),
+            (true, [h, m]) => (*h, *m, 0),
             _ => return Err(bad()),
         };
+        let minutes_lead = days.is_none() && parts.len() < 3;
+        if (days.is_some() && h > 23) || (!minutes_lead && m > 59) || sec > 59 {
+            return Err(err(SlurmTimeReason::OutOfRange));
+        }
+        let total = days.unwrap_or(0) * 86_400 + h * 3600 + m * 60 + sec;
+        if total == 0 {
+            return Err(err(SlurmTimeReason::Zero));
+        }
         Ok(SlurmTime {
             text: s.to_string(),
-            duration: Duration::from_secs(days.unwrap_or(0) * 86_400 + secs),
+            duration: Duration::from_secs(total),
         })
     }
 }
@@ -97,6 +142,9 @@ impl serde::Serialize for SlurmTime {
 /// What [`SlurmTime`]'s `Deserialize` accepts, as its errors say it.
 const EXPECTED: &str = "a Slurm time M, M:S, H:M:S, D-H, D-H:M or D-H:M:S (e.g. \"4:00:00\" or \"1-00:00:00\"), or a positive number of minutes below 1000000";
 
+/// What an out-of-range Slurm time was expected to be.
+const OUT_OF_RANGE: &str = "a Slurm time M, M:S, H:M:S, D-H, D-H:M or D-H:M:S with minutes and seconds in 0..59 after the first field and hours in 0..23 after days (e.g. \"1:30:00\", \"1-23:59:59\")";
+
 /// Accepts a string in Slurm's grammar or a positive integer (minutes, as `--time=30`); parsed
 /// here, once. A refused value is reported with serde's `invalid_value`: the value and the
 /// grammar expected.
@@ -110,8 +158,15 @@ impl<'de> serde::Deserialize<'de> for SlurmTime {
                 f.write_str(EXPECTED)
             }
             fn visit_str<E: serde::de::Error>(self, s: &str) -> Result<SlurmTime, E> {
-                s.parse()
-                    .map_err(|_| E::invalid_value(Unexpected::Str(s), &self))
+                s.parse().map_err(|e: SlurmTimeError| match e.reason {
+                    // A zero total gets the message of a plain `0`.
+                    SlurmTimeReason::Syntax | SlurmTimeReason::Zero => {
+                        E::invalid_value(Unexpected::Str(s), &self)
+                    }
+                    SlurmTimeReason::OutOfRange => {
+                        E::invalid_value(Unexpected::Str(s), &OUT_OF_RANGE)
+                    }
+                })
             }
             fn visit_u64<E: serde::de::Error>(self, m: u64) -> Result<SlurmTime, E> {
                 match u32::try_from(m) {
@@ -172,6 +227,59 @@ mod tests {
             assert_eq!(e.text, bad);
             assert!(e.to_string().contains("not a Slurm time"), "{e}");
         }
+    }
+
+    #[test]
+    fn zero_totals_are_refused_in_every_form() {
+        for zero in [
+            "0", "00", "0:0", "00:00", "0:0:0", "00:00:00", "0-0", "0-0:0", "0-0:0:0",
+        ] {
+            let e = zero.parse::<SlurmTime>().unwrap_err();
+            assert_eq!(e.reason, SlurmTimeReason::Zero, "{zero}");
+            assert!(e.to_string().contains("no limit"), "{e}");
+            // Through serde: the message of a plain `0`.
+            let json = serde_json::to_string(zero).unwrap();
+            let m = serde_json::from_str::<SlurmTime>(&json)
+                .unwrap_err()
+                .to_string();
+            assert!(m.contains(EXPECTED), "{m}");
+        }
+        let m = serde_json::from_str::<SlurmTime>("0")
+            .unwrap_err()
+            .to_string();
+        assert!(m.contains(EXPECTED), "{m}");
+        // A few seconds are not zero.
+        assert_eq!(secs("0:01"), Some(1));
+        assert_eq!(secs("0-0:0:1"), Some(1));
+    }
+
+    #[test]
+    fn fields_after_the_first_are_range_checked() {
+        for bad in [
+            "25:99",
+            "1:61:00",
+            "1:00:60",
+            "0:60",
+            "1-24",
+            "1-24:00",
+            "1-0:60",
+            "1-0:0:60",
+            "2-99:00:00",
+        ] {
+            let e = bad.parse::<SlurmTime>().unwrap_err();
+            assert_eq!(e.reason, SlurmTimeReason::OutOfRange, "{bad}");
+            let json = serde_json::to_string(bad).unwrap();
+            let m = serde_json::from_str::<SlurmTime>(&json)
+                .unwrap_err()
+                .to_string();
+            assert!(m.contains(bad) && m.contains("0..59"), "{m}");
+        }
+        // The first field is unbounded: 90 minutes, 90 minutes and 30 seconds, 30 hours.
+        assert_eq!(secs("90"), Some(5400));
+        assert_eq!(secs("90:30"), Some(5430));
+        assert_eq!(secs("30:00:00"), Some(108_000));
+        assert_eq!(secs("1-23:59:59"), Some(172_799));
+        assert_eq!(secs("0:59:59"), Some(3599));
     }
 
     #[test]

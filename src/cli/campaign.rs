@@ -66,13 +66,22 @@ pub(crate) fn compile(args: &PlanArgs) -> Result<CampaignPlan, CliError> {
     };
     let filter = (!args.stages.is_empty()).then(|| StageFilter::only(args.stages.clone()));
     let overrides = crate::campaign::config::parse_overrides(&args.overrides)?;
-    Ok(compile_campaign_plan(
+    compile_campaign_plan(
         &args.experiment,
         &runner,
         &execution,
         &overrides,
         filter.as_ref(),
-    )?)
+    )
+    .map_err(|e| {
+        // A runner limit names the line of the runner file that sets it.
+        let e = if args.runner == "local" {
+            e
+        } else {
+            e.locate_runner(Path::new(&args.runner))
+        };
+        e.into()
+    })
 }
 
 /// The plan as a table: one line per stage.
@@ -94,18 +103,28 @@ pub(crate) fn plan_table(plan: &CampaignPlan) -> String {
         .max()
         .unwrap_or(5)
         .max(5);
+    // The partition each job is submitted to (the runner's, or the stage's role or list), as
+    // the sbatch scripts write it; `-` when not Slurm or the cluster's default.
+    let summary = crate::campaign::PlanSummary::of(plan);
+    let pw = summary
+        .stages
+        .iter()
+        .filter_map(|s| s.partition.as_deref().map(str::len))
+        .max()
+        .unwrap_or(0)
+        .max(10);
     let _ = writeln!(
         o,
-        "{:<w$}  {:<15}  {:>9}  {:>11}  {:>5}  {:<8}  {:<10}  parents",
+        "{:<w$}  {:<15}  {:>9}  {:>11}  {:>5}  {:<8}  {:<pw$}  parents",
         "stage", "strategy", "instances", "nodes x gpu", "gpus", "resource", "partition"
     );
-    for s in &plan.stages {
+    for (s, row) in plan.stages.iter().zip(&summary.stages) {
         let a = &s.spec.allocation;
         if let Some(d) = &s.decision {
             // No job: a person chooses among the input's work items.
             let _ = writeln!(
                 o,
-                "{:<w$}  {:<15}  {:>9}  {:>11}  {:>5}  {:<8}  {:<10}  {}",
+                "{:<w$}  {:<15}  {:>9}  {:>11}  {:>5}  {:<8}  {:<pw$}  {}",
                 s.stage_id,
                 "manual decision",
                 "-",
@@ -126,14 +145,14 @@ pub(crate) fn plan_table(plan: &CampaignPlan) -> String {
         }
         let _ = writeln!(
             o,
-            "{:<w$}  {:<15}  {:>9}  {:>11}  {:>5}  {:<8}  {:<10}  {}",
+            "{:<w$}  {:<15}  {:>9}  {:>11}  {:>5}  {:<8}  {:<pw$}  {}",
             s.stage_id,
             s.spec.strategy.as_str(),
             s.spec.instances,
             format!("{} x {}", a.nodes, a.gpus_per_node),
             a.total_gpus,
             s.spec.resource.as_str(),
-            s.spec.partition.as_deref().unwrap_or("-"),
+            row.partition.as_deref().unwrap_or("-"),
             if s.parents.is_empty() {
                 "-".to_string()
             } else {
@@ -144,12 +163,42 @@ pub(crate) fn plan_table(plan: &CampaignPlan) -> String {
     o
 }
 
+/// The warnings of a compiled plan, one per line, as the text output prints them: each
+/// override the compiler does not read (passed to the workers unchecked, with a type change
+/// noted, e.g. `pruning.eval_samples=abc (was int, now string)`).
+pub(crate) fn plan_warnings(plan: &CampaignPlan) -> Vec<String> {
+    plan.unchecked_overrides
+        .iter()
+        .map(|o| {
+            format!(
+                "override passed to the workers unchecked (a key the compiler does not read): {o}"
+            )
+        })
+        .collect()
+}
+
+/// `value` (a JSON object) with a `warnings` list ([`plan_warnings`]; empty when none), so
+/// `--json` says what the text output warns about.
+fn with_warnings(mut value: serde_json::Value, plan: &CampaignPlan) -> serde_json::Value {
+    if let Some(o) = value.as_object_mut() {
+        o.insert("warnings".into(), plan_warnings(plan).into());
+    }
+    value
+}
+
 fn compile_cmd(args: &PlanArgs, json: bool) -> Result<i32, CliError> {
     let plan = compile(args)?;
     if json {
-        println!("{}", serde_json::to_string_pretty(&plan_to_dict(&plan))?);
+        let v = with_warnings(plan_to_dict(&plan), &plan);
+        println!("{}", serde_json::to_string_pretty(&v)?);
     } else {
         print!("{}", plan_table(&plan));
+        if !plan.unchecked_overrides.is_empty() {
+            println!(
+                "overrides passed to the workers unchecked (keys the compiler does not read): {}",
+                plan.unchecked_overrides.join(" ")
+            );
+        }
     }
     Ok(exit::DONE)
 }
@@ -158,7 +207,8 @@ fn dry_run_cmd(args: &PlanArgs, json: bool) -> Result<i32, CliError> {
     let plan = compile(args)?;
     let opts = DryRunOptions::default();
     if json {
-        println!("{}", serde_json::to_string_pretty(&dry_run(&plan, &opts)?)?);
+        let v = with_warnings(serde_json::to_value(dry_run(&plan, &opts)?)?, &plan);
+        println!("{}", serde_json::to_string_pretty(&v)?);
     } else {
         print!("{}", plan_table(&plan));
         println!();
@@ -807,7 +857,7 @@ fn write_report(dir: &Path, out: Option<PathBuf>, sacct: bool) -> Result<PathBuf
         h.apply_times(&t);
     }
     let html = render_campaign_report(&h);
-    let out = out.unwrap_or_else(|| dir.join("report.html"));
+    let out = super::report_path(out, dir)?;
     crate::fsutil::atomic_write(&out, html.as_bytes())
         .map_err(|e| CliError::new(format!("writing {}: {e}", out.display())))?;
     Ok(out)

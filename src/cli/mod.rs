@@ -18,7 +18,7 @@
 mod campaign;
 mod sweep;
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 use clap::{Args, Parser, Subcommand};
 
@@ -98,7 +98,9 @@ Exit status: 0 done, 1 error, 2 usage error.";
 const DRY_RUN_HELP: &str = "\
 Examples (from ../shared/fixtures/puzzletron-configs):
   $ puzzletron campaign dry-run families/qwen3_5/qwen3p5_0p8b/runs/mip_smoke.yaml --runner orchestration/qwen3p5_0p8b/runner.slurm.yaml --execution orchestration/qwen3p5_0p8b/execution.smoke.yaml --override pruning.eval_samples=4 --stage convert
-  $ puzzletron campaign dry-run families/llama/llama3p1_8b/runs/pruneffn_memory.yaml --runner local --execution orchestration/execution.single_gpu.yaml
+  $ PUZZLETRON_DATASET_PATH=/data/llama-ds puzzletron campaign dry-run families/llama/llama3p1_8b/runs/pruneffn_memory.yaml --runner local --execution orchestration/execution.single_gpu.yaml
+(pruneffn_memory.yaml reads its dataset path from ${oc.env:PUZZLETRON_DATASET_PATH}, which has no
+default: set it, or the compile stops naming the variable.)
 
 Exit status: 0 done, 1 error, 2 usage error.";
 
@@ -214,7 +216,7 @@ pub enum CampaignCmd {
     Report {
         /// The campaign folder.
         dir: PathBuf,
-        /// Output file (default: DIR/report.html).
+        /// Output file (default: DIR/report.html); an existing folder gets its report.html.
         #[arg(long, value_name = "FILE")]
         out: Option<PathBuf>,
         /// Do not ask `sacct` for the start times and nodes of Slurm attempts.
@@ -338,7 +340,7 @@ pub enum SweepCmd {
     Report {
         /// The store folder.
         store: PathBuf,
-        /// Output file (default: STORE/report.html).
+        /// Output file (default: STORE/report.html); an existing folder gets its report.html.
         #[arg(long, value_name = "FILE")]
         out: Option<PathBuf>,
     },
@@ -375,6 +377,30 @@ impl CliError {
             message: message.to_string(),
         }
     }
+}
+
+/// Where a report goes: `--out` as given, `report.html` inside it when it is an existing
+/// folder, `default_dir/report.html` without it. A path ending in `/` that is not a folder is
+/// refused (it names a folder, not a file).
+pub(crate) fn report_path(out: Option<PathBuf>, default_dir: &Path) -> Result<PathBuf, CliError> {
+    let Some(out) = out else {
+        return Ok(default_dir.join("report.html"));
+    };
+    if out.is_dir() {
+        return Ok(out.join("report.html"));
+    }
+    let text = out.as_os_str().as_encoded_bytes();
+    if text.ends_with(b"/") {
+        return Err(CliError {
+            code: exit::USAGE,
+            message: format!(
+                "--out {} names a folder that does not exist; create it (the report is then written to report.html inside it) or give a file name, e.g. {}report.html",
+                out.display(),
+                out.display()
+            ),
+        });
+    }
+    Ok(out)
 }
 
 impl<E: std::error::Error> From<E> for CliError {

@@ -25,8 +25,13 @@ pub(super) fn run(cmd: SweepCmd) -> Result<i32, CliError> {
 /// Opens an existing store (never creates one: a typo must not make an empty store).
 fn open(root: &Path) -> Result<FsStore, CliError> {
     if !root.is_dir() {
+        let why = if root.exists() {
+            "it is a file, not a folder"
+        } else {
+            "no such folder"
+        };
         return Err(CliError::new(format!(
-            "{} is not a sweep store: no such folder (expected the store_root of a sweep, e.g. .puzzletron)",
+            "{} is not a sweep store: {why} (expected the store_root of a sweep, e.g. .puzzletron)",
             root.display()
         )));
     }
@@ -235,7 +240,7 @@ fn report(root: &Path, out: Option<PathBuf>) -> Result<i32, CliError> {
             plots.push((m.clone(), t.to_svg(m)));
         }
     }
-    let out = out.unwrap_or_else(|| root.join("report.html"));
+    let out = super::report_path(out, root)?;
     crate::fsutil::atomic_write(&out, render_sweep_report(&h, &plots).as_bytes())
         .map_err(|e| CliError::new(format!("writing {}: {e}", out.display())))?;
     println!("{}", out.display());

@@ -633,8 +633,16 @@ impl CampaignHistory {
         let ctl = dir.join("controller");
         let journal = ctl.join("journal.jsonl");
         if !journal.is_file() {
+            let reason = match std::fs::metadata(dir) {
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+                    "the path does not exist".to_string()
+                }
+                Ok(m) if !m.is_dir() => "it is a file, not a folder".to_string(),
+                _ => "it has no controller/journal.jsonl".to_string(),
+            };
             return Err(ReportError::NotACampaign {
                 path: dir.to_path_buf(),
+                reason,
             });
         }
         let lease = LeaseStatus::probe(&ctl)?;

@@ -54,15 +54,18 @@ pub enum ReportError {
         /// What is wrong and what was expected.
         reason: String,
     },
-    /// The folder is not a campaign folder (no `controller/journal.jsonl`).
+    /// The path is not a campaign folder: it does not exist, is a file, or has no
+    /// `controller/journal.jsonl`.
     #[error(
-        "{} is not a campaign folder: it has no controller/journal.jsonl (expected the --dir of \
-         a `puzzletron campaign run`)",
+        "{} is not a campaign folder: {reason} (expected the --dir of a `puzzletron campaign run`)",
         path.display()
     )]
     NotACampaign {
-        /// The folder.
+        /// The path.
         path: PathBuf,
+        /// Why: "the path does not exist", "it is a file, not a folder", or "it has no
+        /// controller/journal.jsonl".
+        reason: String,
     },
     /// A sweep store could not be read.
     #[error("reading the store: {0}")]

@@ -311,6 +311,32 @@ impl StageCatalog {
         out
     }
 
+    /// Why the catalog stage `id` is not in the plan of `config`: the first enable switch that
+    /// is off, as `(Some(dotted key), its value or "unset, default false")`, or `(None, why)`
+    /// for a stage the catalog itself switches off. `None`: `id` is not a stage of this
+    /// catalog, or it is enabled (then it was replaced by post-MIP nodes).
+    pub fn why_disabled(&self, config: &Value, id: &str) -> Option<(Option<String>, String)> {
+        fn off(config: &Value, e: &Enablement) -> Option<(Option<String>, String)> {
+            match e {
+                Enablement::Always => None,
+                Enablement::Never => Some((None, "the catalog switches it off".into())),
+                Enablement::Key { path, default } => match get_path(config, path) {
+                    None | Some(Value::Null) if !*default => Some((
+                        Some(path.clone()),
+                        format!("`{path}` is not set and defaults to false"),
+                    )),
+                    Some(Value::Bool(false)) => {
+                        Some((Some(path.clone()), format!("`{path}` is false")))
+                    }
+                    _ => None,
+                },
+                Enablement::All(items) => items.iter().find_map(|i| off(config, i)),
+            }
+        }
+        let d = self.stages.iter().find(|d| d.id == id)?;
+        off(config, &d.enabled)
+    }
+
     /// (catalog order breaks ties), parents contracted through disabled stages, meshes read.
     ///
     /// # Errors
