@@ -1442,3 +1442,35 @@ fn a_manual_filter_asks_on_a_terminal() {
         "{stty}"
     );
 }
+
+/// A reader that stops early (`puzzletron ... | head`) ends the output quietly, as for any Unix
+/// tool: the process dies of SIGPIPE at its next write, with no panic message.
+#[test]
+fn a_closed_stdout_ends_the_output_without_a_panic() {
+    use std::os::unix::process::ExitStatusExt;
+    let mut child = puzzletron()
+        .args([
+            "campaign",
+            "dry-run",
+            SMOKE,
+            "--runner",
+            "local",
+            "--execution",
+            SMOKE_EXEC,
+        ])
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("running puzzletron");
+    // Closed before the first write: that write is the one a stopped `head` gets.
+    drop(child.stdout.take());
+    let o = child.wait_with_output().expect("waiting for puzzletron");
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(!err.contains("panicked"), "{err}");
+    assert_eq!(
+        o.status.signal(),
+        Some(libc::SIGPIPE),
+        "{:?}: {err}",
+        o.status
+    );
+}
