@@ -162,3 +162,49 @@ fn trace_rechecks_recorded_item_digests() {
     );
     assert!(traced.store().record(&key).unwrap().is_some());
 }
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+struct Signed {
+    x: f64,
+}
+
+fn sign_of(p: &Signed, run: &mut Run) -> JobResult {
+    // What a job can see of a zero: its sign (`1/x`, `atan2`, `copysign`).
+    run.log(
+        "negative",
+        0,
+        if p.x.is_sign_negative() { 1.0 } else { 0.0 },
+    )?;
+    Ok(())
+}
+
+#[test]
+fn negative_zero_and_zero_are_different_runs() {
+    let d = tempfile::tempdir().unwrap();
+    let store = d.path().join("s");
+    let j = job!(sign_of);
+    let mut o = sweep(&store, false);
+    let pos = o.run(&j, Signed { x: 0.0 }).unwrap();
+    let neg = o.run(&j, Signed { x: -0.0 }).unwrap();
+    assert_ne!(pos, neg, "-0.0 reused 0.0's key");
+    // Other values keep the keys they always had (existing stores stay valid).
+    let owned = j.code().unwrap().owned().digest;
+    let key =
+        |json: &str| puzzletron::identity::job_key("identity_compiled::sign_of", json, &owned);
+    assert_eq!(pos, key(r#"{"x":0}"#));
+    assert_eq!(neg, key(r#"{"x":-0}"#));
+    assert_eq!(o.run(&j, Signed { x: 0.5 }).unwrap(), key(r#"{"x":0.5}"#));
+    assert_eq!(o.drain().unwrap().ran(), 3);
+    // Each ran with its own value, and both are up to date now.
+    let neg_dir = store.join("jobs").join(neg.to_hex());
+    let pos_dir = store.join("jobs").join(pos.to_hex());
+    assert!(neg_dir.is_dir() && pos_dir.is_dir());
+    let mut o = sweep(&store, false);
+    o.run(&j, Signed { x: -0.0 }).unwrap();
+    o.run(&j, Signed { x: 0.0 }).unwrap();
+    let plan = o.plan().unwrap();
+    assert!(
+        plan.decisions.iter().all(|d| d.action == Action::Skip),
+        "{plan}"
+    );
+}

@@ -51,7 +51,12 @@ fn copy_dir(from: &Path, to: &Path) {
 
 impl Ws {
     fn new() -> Self {
-        let base = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("identity-edits");
+        Self::named("identity-edits")
+    }
+
+    /// A workspace of its own (tests run in parallel), under `name`.
+    fn named(name: &str) -> Self {
+        let base = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join(name);
         let root = base.join("ws");
         let _ = std::fs::remove_dir_all(&root);
         copy_dir(Path::new(FIXTURE), &root);
@@ -71,6 +76,11 @@ impl Ws {
     }
 
     fn build(&self, features: &[&str]) -> PathBuf {
+        self.build_env(features, &[])
+    }
+
+    /// Builds with `env` set (`Some`) or removed (`None`) in cargo's environment.
+    fn build_env(&self, features: &[&str], env: &[(&str, Option<&str>)]) -> PathBuf {
         let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
         let mut cmd = Command::new(cargo);
         cmd.args(["build", "--offline", "--quiet", "-p", "ccdemo"])
@@ -80,6 +90,12 @@ impl Ws {
         if !features.is_empty() {
             cmd.arg("--features").arg(features.join(","));
         }
+        for (k, v) in env {
+            match v {
+                Some(v) => cmd.env(k, v),
+                None => cmd.env_remove(k),
+            };
+        }
         let out = cmd.output().unwrap();
         assert!(
             out.status.success(),
@@ -87,6 +103,10 @@ impl Ws {
             String::from_utf8_lossy(&out.stderr)
         );
         self.target.join("debug/ccdemo")
+    }
+
+    fn write(&self, rel: &str, text: &str) {
+        std::fs::write(self.root.join(rel), text).unwrap();
     }
 
     fn edit(&self, rel: &str, from: &str, to: &str) {
@@ -470,4 +490,102 @@ fn edit_scenarios() {
     o.all_run_because("environment changed: Cargo.lock");
     assert_eq!(o.keys, fresh.keys);
     eprintln!("whole scenario: {:?}", t0.elapsed());
+}
+
+/// What a job compiles in besides its items' tokens (bug: none of these were in the key, so a
+/// rebuilt binary reused results computed from the old values): an `include!`d file (its bytes,
+/// and the items its code names), an `include_str!` whose path is computed with
+/// `concat!(env!("CARGO_MANIFEST_DIR"), ..)`, an `option_env!` value of the job's crate, and an
+/// `env!`/`option_env!` of a path dependency (its compiled artifact stands for it).
+#[test]
+fn compiled_in_inputs_change_the_key() {
+    const VARS: [&str; 2] = ["CC_FACTOR", "CCDEP_FLAG"];
+    let ws = Ws::named("identity-inputs");
+    ws.edit(
+        "ccdemo/src/train.rs",
+        "    for step in 0..3 {",
+        "    x += include!(\"inc_expr.rs\");\n    \
+         x += include_str!(concat!(env!(\"CARGO_MANIFEST_DIR\"), \"/src/data.txt\")).len() as f64;\n    \
+         x += option_env!(\"CC_FACTOR\").unwrap_or(\"1\").parse::<f64>().unwrap();\n    \
+         x += ccdep::tag() as f64;\n    \
+         for step in 0..3 {",
+    );
+    ws.write("ccdemo/src/inc_expr.rs", "helpers::from_include() * 2.0\n");
+    ws.write("ccdemo/src/data.txt", "some data\n");
+    ws.edit(
+        "ccdemo/src/helpers.rs",
+        "/// Not reached by the job.",
+        "pub fn from_include() -> f64 {\n    0.5\n}\n\n/// Not reached by the job.",
+    );
+    ws.edit(
+        "ccdep/src/lib.rs",
+        "/// Not reached by the job.",
+        "pub fn tag() -> usize {\n    option_env!(\"CCDEP_FLAG\").map_or(0, str::len)\n}\n\n\
+         /// Not reached by the job.",
+    );
+    let unset: Vec<(&str, Option<&str>)> = VARS.iter().map(|v| (*v, None)).collect();
+    let build = |set: &[(&str, &str)]| {
+        let mut env = unset.clone();
+        for (k, v) in set {
+            env.retain(|e| e.0 != *k);
+            env.push((k, Some(v)));
+        }
+        ws.build_env(&[], &env)
+    };
+    let first = ws.run(&build(&[]));
+    assert_eq!(first.ran, 4, "{first:#?}");
+    check_keys(&first);
+    let items = item_paths(&first);
+    for want in [
+        "file src/inc_expr.rs",
+        "file src/data.txt",
+        "env CC_FACTOR",
+        "ccdemo::helpers::from_include",
+        "compiled ccdep",
+    ] {
+        assert!(items.iter().any(|i| i == want), "{want} not in {items:#?}");
+    }
+    // Unchanged inputs, rebuilt: every run skips, same keys.
+    ws.edit("ccdemo/src/main.rs", "fn grid()", "// touched\nfn grid()");
+    let o = ws.run(&build(&[]));
+    assert!(o.all_skip(), "{o:#?}");
+    assert_eq!(o.keys, first.keys);
+
+    let mut prev = o;
+    fn step(prev: &mut Out, o: Out, reason: &str) {
+        o.all_run_because(reason);
+        check_keys(&o);
+        assert!(o.keys.iter().zip(&prev.keys).all(|(a, b)| a.1 != b.1));
+        *prev = o;
+    }
+    let p = &mut prev;
+    ws.write("ccdemo/src/inc_expr.rs", "helpers::from_include() * 3.0\n");
+    step(p, ws.run(&build(&[])), "code changed: file src/inc_expr.rs");
+    ws.edit("ccdemo/src/helpers.rs", "    0.5\n", "    0.75\n");
+    step(
+        p,
+        ws.run(&build(&[])),
+        "code changed: ccdemo::helpers::from_include (src/helpers.rs)",
+    );
+    ws.write("ccdemo/src/data.txt", "some other data\n");
+    step(p, ws.run(&build(&[])), "code changed: file src/data.txt");
+    let unset_keys = p.keys.clone();
+    step(
+        p,
+        ws.run(&build(&[("CC_FACTOR", "2")])),
+        "code changed: env CC_FACTOR (src/train.rs)",
+    );
+    // The same value again: up to date.
+    let o = ws.run(&build(&[("CC_FACTOR", "2")]));
+    assert!(o.all_skip(), "{o:#?}");
+    assert_eq!(o.keys, p.keys);
+    step(
+        p,
+        ws.run(&build(&[("CC_FACTOR", "2"), ("CCDEP_FLAG", "on")])),
+        "code changed: compiled ccdep (ccdep: (artifact))",
+    );
+    // Back to the earlier values: their results are current again.
+    let o = ws.run(&build(&[]));
+    assert!(o.all_skip(), "{o:#?}");
+    assert_eq!(o.keys, unset_keys);
 }

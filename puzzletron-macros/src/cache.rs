@@ -29,7 +29,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use crate::index::{Event, FileCtx, ModDecl, RawItem, sha256_hex};
 
 /// Bump when the entry format or the meaning of events changes.
-const FORMAT: &str = "puzzletron-macros file index 1";
+const FORMAT: &str = "puzzletron-macros file index 2";
 
 /// The macro's own sources: a change to the analysis in a checkout (where the crate version does
 /// not move) changes every key.
@@ -248,6 +248,7 @@ fn encode(events: &[Event], key: &str) -> Option<String> {
                 l.list(&it.refs);
                 l.list(&it.cfgs);
                 l.paths(&it.includes)?;
+                l.list(&it.inputs);
             }
             Event::Note(n) => {
                 l.field("N");
@@ -356,6 +357,7 @@ fn decode(text: &str, key: &str) -> Option<Vec<Event>> {
                 let refs = f.list()?;
                 let cfgs = f.list()?;
                 let includes = f.paths()?;
+                let inputs = f.list()?;
                 f.end()?;
                 Event::Item(RawItem {
                     path,
@@ -364,6 +366,7 @@ fn decode(text: &str, key: &str) -> Option<Vec<Event>> {
                     refs,
                     cfgs,
                     includes,
+                    inputs,
                     impl_of,
                     always,
                 })
@@ -413,6 +416,7 @@ mod tests {
                 refs: vec!["g".into(), "h".into()],
                 cfgs: vec!["feature = \"wide\"".into()],
                 includes: vec![PathBuf::from("/x/a b.txt")],
+                inputs: vec!["env\tNU_FACTOR".into(), "path\tconcat ! (\"a\tb\")".into()],
                 impl_of: None,
                 always: false,
             }),
@@ -423,6 +427,7 @@ mod tests {
                 refs: Vec::new(),
                 cfgs: Vec::new(),
                 includes: Vec::new(),
+                inputs: Vec::new(),
                 impl_of: Some(("S".into(), "T".into())),
                 always: true,
             }),

@@ -15,7 +15,7 @@ use sha2::{Digest, Sha256};
 
 use crate::cache::Cache;
 use crate::manifest::Package;
-use crate::scan::{Scan, scan};
+use crate::scan::{Input, Scan, scan};
 
 /// One owned item, reduced to plain data.
 #[derive(Debug, Clone)]
@@ -32,8 +32,11 @@ pub struct Item {
     pub refs: Vec<String>,
     /// `cfg` predicates in it or on its enclosing modules.
     pub cfgs: Vec<String>,
-    /// Files it includes, absolute.
+    /// Files it includes, absolute (with those of the files it `include!`s).
     pub includes: Vec<PathBuf>,
+    /// Its other compile-time inputs (`env!`, non-literal include paths, ...), each with the
+    /// folder a relative path in it is resolved from (the file of the invocation).
+    pub inputs: Vec<(PathBuf, Input)>,
     /// For trait impls: the self type's and the trait's last identifiers.
     pub impl_of: Option<(String, String)>,
     /// Always part of every closure (item-level macro invocations, unparsable files).
@@ -119,6 +122,8 @@ pub struct RawItem {
     pub refs: Vec<String>,
     pub cfgs: Vec<String>,
     pub includes: Vec<PathBuf>,
+    /// [`Scan::inputs`] (encoded [`Input`]s; paths relative to the item's file).
+    pub inputs: Vec<String>,
     pub impl_of: Option<(String, String)>,
     pub always: bool,
 }
@@ -166,6 +171,7 @@ pub fn file_events(fc: &FileCtx, text: &str) -> Vec<Event> {
                 refs: Vec::new(),
                 cfgs: fc.cfgs.clone(),
                 includes: Vec::new(),
+                inputs: Vec::new(),
                 impl_of: None,
                 always: true,
             }));
@@ -212,6 +218,7 @@ impl Walker<'_> {
             refs,
             cfgs,
             includes,
+            inputs: s.inputs,
             impl_of,
             always,
         }));
@@ -717,14 +724,98 @@ impl Index {
             self.impls_by_trait.entry(tr.clone()).or_default().push(idx);
         }
         self.paths.insert(path.clone());
+        let mut refs = it.refs;
+        let mut cfgs = it.cfgs;
+        let mut includes = it.includes;
+        let dir = file.parent().unwrap_or(Path::new(".")).to_path_buf();
+        let mut inputs: Vec<(PathBuf, Input)> = it
+            .inputs
+            .iter()
+            .filter_map(|i| Some((dir.clone(), Input::decode(i)?)))
+            .collect();
+        // `include!("f")`: the file's tokens are the item's code. Its bytes are in `includes`;
+        // what it names, tests and includes is the item's too (read at every build: whether and
+        // what the file is is not a fact of the including file's bytes).
+        // A computed include path (`concat!(env!("CARGO_MANIFEST_DIR"), "/f")`) is evaluated
+        // here when it can be (see `crate::eval_str`): then it is a literal include.
+        let pkg = self.packages.get(package);
+        let user = pkg.is_some_and(|p| p.user);
+        let pkg_dir = pkg.map(|p| p.dir.to_string_lossy().into_owned());
+        let env = |name: &str| -> Option<Option<String>> {
+            if name == "CARGO_MANIFEST_DIR" {
+                return pkg_dir.clone().map(Some);
+            }
+            // A dependency's environment is not this process's.
+            user.then(|| std::env::var(name).ok())
+        };
+        let mut k = 0;
+        let mut seen: HashSet<PathBuf> = HashSet::new();
+        while k < inputs.len() {
+            let (base, input) = inputs[k].clone();
+            k += 1;
+            let (args, code) = match &input {
+                Input::Path(a) => (a, false),
+                Input::CodePath(a) => (a, true),
+                _ => (&String::new(), false),
+            };
+            if !args.is_empty()
+                && let Some(p) = args
+                    .parse::<proc_macro2::TokenStream>()
+                    .ok()
+                    .and_then(|ts| crate::eval_str(ts, &env))
+            {
+                let f = base.join(p);
+                includes.push(f.clone());
+                inputs[k - 1].1 = Input::Evaluated(f.to_string_lossy().into_owned());
+                if code {
+                    inputs.push((base.clone(), Input::Code(f.to_string_lossy().into_owned())));
+                }
+                continue;
+            }
+            let Input::Code(rel) = input else { continue };
+            let f = base.join(&rel);
+            if !seen.insert(f.clone()) {
+                continue;
+            }
+            let toks = std::fs::read_to_string(&f)
+                .map_err(|e| e.to_string())
+                .and_then(|t| {
+                    t.parse::<proc_macro2::TokenStream>()
+                        .map_err(|e| e.to_string())
+                });
+            match toks {
+                Ok(ts) => {
+                    let mut s = Scan::default();
+                    scan(ts, &mut s);
+                    let fdir = f.parent().unwrap_or(Path::new(".")).to_path_buf();
+                    refs.extend(s.idents);
+                    cfgs.extend(s.cfgs);
+                    includes.extend(s.includes.iter().map(|p| fdir.join(p)));
+                    inputs.extend(
+                        s.inputs
+                            .iter()
+                            .filter_map(|i| Some((fdir.clone(), Input::decode(i)?))),
+                    );
+                }
+                // Its bytes still count (or the missing file is said), through `includes`.
+                Err(e) => self.notes.push(format!(
+                    "included file {} could not be read as tokens ({e}): only its bytes count",
+                    f.display()
+                )),
+            }
+        }
+        inputs.retain(|(_, i)| !matches!(i, Input::Evaluated(_)));
+        refs.sort();
+        refs.dedup();
         self.items.push(Item {
             path,
             package,
             file: file.to_path_buf(),
             digest: it.digest,
-            refs: it.refs,
-            cfgs: it.cfgs,
-            includes: it.includes,
+            refs,
+            cfgs,
+            includes,
+            inputs,
             impl_of: it.impl_of,
             always: it.always,
         });
@@ -902,6 +993,74 @@ mod tests {
         );
         let _ = std::fs::remove_dir_all(&d);
     }
+    #[test]
+    fn included_code_is_the_items_code_and_computed_paths_are_evaluated() {
+        let d = std::env::temp_dir().join(format!("ptm-index-inc-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&d);
+        write(
+            &d,
+            "app/Cargo.toml",
+            "[package]\nname = \"app\"\n[dependencies]\ndep = { path = \"../dep\" }\n",
+        );
+        write(
+            &d,
+            "app/src/main.rs",
+            "mod m;\nfn job() -> f64 { include!(\"inc/e.rs\") }\nfn main() {}\n\
+             fn named_by_include() -> f64 { 1.0 }\nfn other() {}\n",
+        );
+        // Relative to the included file, as rustc resolves it.
+        write(
+            &d,
+            "app/src/inc/e.rs",
+            "named_by_include() + m::g(include_str!(\"t.txt\"))",
+        );
+        write(&d, "app/src/inc/t.txt", "x");
+        write(
+            &d,
+            "app/src/m.rs",
+            "pub fn g(_: &str) -> f64 { dep::h() + include!(concat!(env!(\"CARGO_MANIFEST_DIR\"), \"/c.rs\")) }\n",
+        );
+        write(&d, "app/c.rs", "option_env!(\"X\").map_or(0.0, |_| 1.0)");
+        write(&d, "dep/Cargo.toml", "[package]\nname = \"dep\"\n");
+        write(
+            &d,
+            "dep/src/lib.rs",
+            "pub fn h() -> f64 { include_bytes!(concat!(env!(\"CARGO_MANIFEST_DIR\"), \"/d.bin\")).len() as f64 \
+             + include_bytes!(concat!(env!(\"OUT_DIR\"), \"/o.bin\")).len() as f64 }\n",
+        );
+        let mut notes = Vec::new();
+        let ix = Index::build(crate::manifest::packages(&d.join("app"), &mut notes), None);
+        let c = ix.closure(&ix.functions_named("job"));
+        let got = paths(&ix, &c);
+        assert!(got.iter().any(|g| g == "app::named_by_include"), "{got:?}");
+        assert!(!got.iter().any(|g| g == "app::other"), "{got:?}");
+        let item = |p: &str| ix.items.iter().find(|i| i.path == p).unwrap();
+        let job = item("app::job");
+        assert_eq!(
+            job.includes,
+            [d.join("app/src/inc/e.rs"), d.join("app/src/inc/t.txt")]
+        );
+        let g = item("app::m::g");
+        assert_eq!(g.includes, [d.join("app/c.rs")]);
+        // The computed `include!`'s code is scanned too.
+        assert!(
+            g.inputs.iter().any(|(_, i)| *i == Input::Env("X".into())),
+            "{:?}",
+            g.inputs
+        );
+        // A dependency's own OUT_DIR is unknown here: left for the expansion's fallback.
+        let h = item("dep::h");
+        assert_eq!(h.includes, [d.join("dep/d.bin")]);
+        assert!(
+            h.inputs
+                .iter()
+                .any(|(_, i)| matches!(i, Input::Path(a) if a.contains("OUT_DIR"))),
+            "{:?}",
+            h.inputs
+        );
+        let _ = std::fs::remove_dir_all(&d);
+    }
+
     /// Everything the index says, as text.
     fn dump(ix: &Index) -> String {
         let mut s = String::new();

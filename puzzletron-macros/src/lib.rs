@@ -203,6 +203,7 @@ fn expand(input: TokenStream) -> Result<proc_macro2::TokenStream, String> {
     let closure = ix.closure(&start);
     notes.extend(ix.notes.iter().cloned());
     let includes = included_files(&ix, &closure, &mut notes);
+    let inputs = with_fallback_tokens(|| compiled_inputs(&ix, &closure, &args, &mut notes));
 
     // Items, by path.
     let mut items: BTreeMap<String, (String, String)> = BTreeMap::new();
@@ -226,6 +227,7 @@ fn expand(input: TokenStream) -> Result<proc_macro2::TokenStream, String> {
         let rel = ix.rel(*pkg, f);
         items.insert(format!("file {rel}"), (rel, digest.clone()));
     }
+    items.extend(inputs.items.clone());
 
     // A dependency's features are not the calling crate's: its `cfg`s are witnessed by the
     // build id cargo gave it (its `-C extra-filename` hash covers its features, target and
@@ -295,6 +297,13 @@ fn expand(input: TokenStream) -> Result<proc_macro2::TokenStream, String> {
             const _: &[u8] = include_bytes!(#s);
         )
     });
+    // Environment variables whose values are in the key: named here too, so rustc's dep-info
+    // makes cargo rebuild this crate when one changes (the macro reads them at expansion).
+    let track_env = inputs.env.iter().map(|n| {
+        quote!(
+            const _: ::core::option::Option<&str> = option_env!(#n);
+        )
+    });
     let files: Vec<proc_macro2::TokenStream> = ix
         .files
         .iter()
@@ -328,6 +337,7 @@ fn expand(input: TokenStream) -> Result<proc_macro2::TokenStream, String> {
         .unwrap_or_default();
     Ok(quote! {{
         #(#track)*
+        #(#track_env)*
         static CODE: #krate::identity::CompiledCode = #krate::identity::CompiledCode {
             package: #package,
             items: &[#(#item_tokens),*],
@@ -381,4 +391,257 @@ fn opt_level(args: &[String]) -> String {
         }
     }
     "0".into()
+}
+
+/// The compile-time inputs of a closure other than literal include files, made key material.
+#[derive(Default)]
+struct Inputs {
+    /// Items to add: path -> (file, digest).
+    items: BTreeMap<String, (String, String)>,
+    /// Variables read here whose values are in the key (to be named in the expansion).
+    env: BTreeSet<String>,
+}
+
+/// `CARGO_MANIFEST_DIR` is where the package is, not what it computes: a moved checkout or a
+/// copied binary keeps its keys (what is read through it is covered by the file's digest).
+const LOCATION_VARS: &[&str] = &["CARGO_MANIFEST_DIR"];
+
+/// The closure's `env!`/`option_env!` values and the computed include paths the index could
+/// not evaluate (those it could are literal includes by now, see `Index::push_item`):
+///
+/// - in the calling package (its library and targets, which rustc compiles with this
+///   process's environment), a variable's value is read here and is an item `env NAME` (the
+///   digest of the value, or of "unset");
+/// - in a dependency, whose environment (`CARGO_PKG_*`, `OUT_DIR`, `cargo:rustc-env` of its
+///   build script) is not this process's, a variable or a path the index could not evaluate
+///   makes the dependency's compiled artifact (the file `--extern` names, whose
+///   bytes change whenever what it compiled in changes) an item `compiled DEP`;
+/// - an argument that cannot be evaluated (another macro, a `macro_rules!` fragment) in the
+///   calling package gets a note: its value is not in the key.
+fn compiled_inputs(
+    ix: &Index,
+    closure: &BTreeSet<usize>,
+    args: &[String],
+    notes: &mut Vec<String>,
+) -> Inputs {
+    let mut out = Inputs::default();
+    let mut artifacts: BTreeSet<usize> = BTreeSet::new();
+    for &i in closure {
+        let it = &ix.items[i];
+        let pkg = &ix.packages[it.package];
+        let file = ix.rel(it.package, &it.file);
+        for (_, input) in &it.inputs {
+            match input {
+                scan::Input::Code(_) | scan::Input::Evaluated(_) => {}
+                scan::Input::Env(name) => {
+                    if LOCATION_VARS.contains(&name.as_str()) {
+                        continue;
+                    }
+                    if !pkg.user {
+                        artifacts.insert(it.package);
+                        continue;
+                    }
+                    let digest = match std::env::var_os(name) {
+                        Some(v) => {
+                            let mut b = b"set\n".to_vec();
+                            b.extend_from_slice(v.as_encoded_bytes());
+                            sha256_hex(&b)
+                        }
+                        None => sha256_hex(b"unset"),
+                    };
+                    out.items
+                        .insert(format!("env {name}"), (file.clone(), digest));
+                    out.env.insert(name.clone());
+                }
+                // Not evaluable by the index (see `Index::push_item`).
+                scan::Input::Path(argtext) | scan::Input::CodePath(argtext) => {
+                    if pkg.user {
+                        notes.push(format!(
+                            "include path `{argtext}` in {} ({file}) cannot be evaluated by \
+                             the macro: the included file is NOT in the key (write a string \
+                             literal, or concat!/env! of literals)",
+                            it.path
+                        ));
+                    } else {
+                        artifacts.insert(it.package);
+                    }
+                }
+                scan::Input::Unknown(argtext) => {
+                    if pkg.user {
+                        notes.push(format!(
+                            "`env!({argtext})` in {} ({file}): the variable is not known to the \
+                             macro, its value is NOT in the key",
+                            it.path
+                        ));
+                    } else {
+                        artifacts.insert(it.package);
+                    }
+                }
+            }
+        }
+    }
+    for pkg in artifacts {
+        let name = &ix.packages[pkg].lib_name;
+        match artifact_digest(args, name) {
+            Some(d) => {
+                out.items.insert(
+                    format!("compiled {name}"),
+                    (format!("{name}: (artifact)"), d),
+                );
+            }
+            None => notes.push(format!(
+                "`{name}` compiles in environment variables or computed include paths, and its \
+                 compiled artifact was not found among rustc's arguments: they are NOT in the key"
+            )),
+        }
+    }
+    out
+}
+
+/// The compile-time value of a string-producing macro argument: string and char literals,
+/// unsuffixed integers and booleans, `concat!`, `env!` (through `env`, which answers `None` for a
+/// variable it cannot know and `Some(None)` for an unset one: then `env!` fails to compile, and
+/// so does the include). `None`: not evaluable here.
+pub(crate) fn eval_str(
+    ts: proc_macro2::TokenStream,
+    env: &dyn Fn(&str) -> Option<Option<String>>,
+) -> Option<String> {
+    use proc_macro2::TokenTree as T;
+    let mut toks: Vec<T> = ts.into_iter().collect();
+    if matches!(toks.last(), Some(T::Punct(p)) if p.as_char() == ',') {
+        toks.pop();
+    }
+    match toks.as_slice() {
+        [T::Literal(l)] => match syn::parse2::<syn::Lit>(T::Literal(l.clone()).into()).ok()? {
+            syn::Lit::Str(s) => Some(s.value()),
+            syn::Lit::Char(c) => Some(c.value().to_string()),
+            syn::Lit::Int(i) if i.suffix().is_empty() => Some(i.base10_digits().to_string()),
+            _ => None,
+        },
+        [T::Ident(b)] if b == "true" || b == "false" => Some(b.to_string()),
+        [prefix @ .., T::Ident(m), T::Punct(bang), T::Group(g)] if bang.as_char() == '!' => {
+            // `std::concat!`, `::core::env!`: the standard macros only.
+            let std_path = prefix.iter().all(|t| match t {
+                T::Punct(p) => p.as_char() == ':',
+                T::Ident(i) => i == "std" || i == "core",
+                _ => false,
+            });
+            if !std_path {
+                return None;
+            }
+            let parts = split_commas(g.stream());
+            match m.to_string().as_str() {
+                "concat" => {
+                    let mut s = String::new();
+                    for p in parts {
+                        s.push_str(&eval_str(p, env)?);
+                    }
+                    Some(s)
+                }
+                "env" => {
+                    let name = eval_str(parts.into_iter().next()?, env)?;
+                    env(&name)?
+                }
+                _ => None,
+            }
+        }
+        _ => None,
+    }
+}
+
+/// The comma-separated parts of a macro's arguments (a trailing comma makes no part).
+fn split_commas(ts: proc_macro2::TokenStream) -> Vec<proc_macro2::TokenStream> {
+    let mut parts = vec![proc_macro2::TokenStream::new()];
+    for t in ts {
+        match &t {
+            proc_macro2::TokenTree::Punct(p) if p.as_char() == ',' => {
+                parts.push(proc_macro2::TokenStream::new())
+            }
+            _ => parts.last_mut().expect("one part").extend([t]),
+        }
+    }
+    if parts.last().is_some_and(|p| p.is_empty()) {
+        parts.pop();
+    }
+    parts
+}
+
+/// SHA-256 of the compiled artifact of dependency `name`: the file `--extern name=PATH` names,
+/// else every `lib<name>-*` file of rustc's `-L dependency=` folders (names and digests).
+fn artifact_digest(args: &[String], name: &str) -> Option<String> {
+    let prefix = format!("{name}=");
+    let mut dirs = Vec::new();
+    let mut it = args.iter();
+    while let Some(a) = it.next() {
+        let (flag, v) = if a == "--extern" || a == "-L" {
+            (a.as_str(), it.next()?.as_str())
+        } else if let Some(v) = a.strip_prefix("--extern=") {
+            ("--extern", v)
+        } else if let Some(v) = a.strip_prefix("-L") {
+            ("-L", v)
+        } else {
+            continue;
+        };
+        if flag == "--extern" {
+            if let Some(p) = v.strip_prefix(&prefix) {
+                return std::fs::read(p).ok().map(|b| sha256_hex(&b));
+            }
+        } else if let Some(d) = v.strip_prefix("dependency=") {
+            dirs.push(PathBuf::from(d));
+        }
+    }
+    let lib = format!("lib{name}-");
+    let mut all: BTreeMap<String, String> = BTreeMap::new();
+    for d in dirs {
+        for e in std::fs::read_dir(&d).into_iter().flatten().flatten() {
+            let n = e.file_name().to_string_lossy().into_owned();
+            if n.starts_with(&lib)
+                && let Ok(b) = std::fs::read(e.path())
+            {
+                all.insert(n, sha256_hex(&b));
+            }
+        }
+    }
+    (!all.is_empty()).then(|| {
+        let joined: Vec<String> = all.into_iter().map(|(n, d)| format!("{n} {d}")).collect();
+        sha256_hex(joined.join("\n").as_bytes())
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn eval(src: &str, user: bool) -> Option<String> {
+        let env = |n: &str| -> Option<Option<String>> {
+            match n {
+                "CARGO_MANIFEST_DIR" => Some(Some("/pkg".into())),
+                "SET" => user.then(|| Some("v".into())),
+                _ => user.then_some(None),
+            }
+        };
+        eval_str(src.parse().unwrap(), &env)
+    }
+
+    #[test]
+    fn include_paths_are_evaluated_where_the_macro_can() {
+        assert_eq!(eval(r#""a.txt""#, true).as_deref(), Some("a.txt"));
+        assert_eq!(
+            eval(
+                r#"concat!(env!("CARGO_MANIFEST_DIR"), "/d/", 1, '.', "txt")"#,
+                false
+            )
+            .as_deref(),
+            Some("/pkg/d/1.txt")
+        );
+        assert_eq!(
+            eval(r#"std::concat!(::core::env!("SET"), "/x",)"#, true).as_deref(),
+            Some("v/x")
+        );
+        // A dependency's variables, unset variables, other macros and fragments: not known.
+        assert_eq!(eval(r#"concat!(env!("SET"), "/x")"#, false), None);
+        assert_eq!(eval(r#"env!("UNSET")"#, true), None);
+        assert_eq!(eval(r#"my_path!()"#, true), None);
+        assert_eq!(eval(r#"$p"#, true), None);
+    }
 }

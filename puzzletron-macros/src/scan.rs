@@ -14,8 +14,69 @@ pub struct Scan {
     pub idents: Vec<String>,
     /// `cfg` predicates (`#[cfg(..)]`, `#[cfg_attr(pred, ..)]`, `cfg!(..)`), as token text.
     pub cfgs: Vec<String>,
-    /// `include_str!`/`include_bytes!` arguments (as written, relative to the item's file).
+    /// Files included by a plain string literal (`include_str!`, `include_bytes!`, `include!`),
+    /// as written (relative to the item's file).
     pub includes: Vec<String>,
+    /// What else the item compiles in, known only at compile time (see [`Input`]), as text.
+    pub inputs: Vec<String>,
+}
+
+/// One compile-time input of an item other than a literal include, as stored in
+/// [`Scan::inputs`] (`kind\targ`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Input {
+    /// `env!("NAME")` / `option_env!("NAME")`: the variable's value is compiled in.
+    Env(String),
+    /// `include!("path")`: the file is code of the item (its file is also in `includes`).
+    Code(String),
+    /// `include_str!`/`include_bytes!`/`include!` whose argument is not a plain literal (e.g.
+    /// `concat!(env!("CARGO_MANIFEST_DIR"), "/data.txt")`): the argument's tokens, evaluated
+    /// when the job's code is assembled.
+    Path(String),
+    /// `include!` whose argument is not a plain literal: as [`Input::Path`], and the file is code.
+    CodePath(String),
+    /// `env!`/`option_env!` whose name is not a plain literal: the argument's tokens.
+    Unknown(String),
+    /// A computed path the index evaluated (to this file, now in the item's includes); never
+    /// stored.
+    Evaluated(String),
+}
+
+impl Input {
+    pub fn encode(&self) -> String {
+        match self {
+            Input::Env(s) => format!("env\t{s}"),
+            Input::Code(s) => format!("code\t{s}"),
+            Input::Path(s) => format!("path\t{s}"),
+            Input::CodePath(s) => format!("codepath\t{s}"),
+            Input::Unknown(s) | Input::Evaluated(s) => format!("unknown\t{s}"),
+        }
+    }
+
+    pub fn decode(s: &str) -> Option<Input> {
+        let (k, v) = s.split_once('\t')?;
+        let v = v.to_string();
+        Some(match k {
+            "env" => Input::Env(v),
+            "code" => Input::Code(v),
+            "path" => Input::Path(v),
+            "codepath" => Input::CodePath(v),
+            "unknown" => Input::Unknown(v),
+            _ => return None,
+        })
+    }
+}
+
+/// The plain string literal that is the whole of `args` (a trailing comma allowed).
+fn sole_literal(args: &TokenStream) -> Option<String> {
+    let toks: Vec<TokenTree> = args.clone().into_iter().collect();
+    match toks.as_slice() {
+        [TokenTree::Literal(l)] => plain_string(&l.to_string()),
+        [TokenTree::Literal(l), TokenTree::Punct(p)] if p.as_char() == ',' => {
+            plain_string(&l.to_string())
+        }
+        _ => None,
+    }
 }
 
 /// Scans `ts` into `out`.
@@ -76,13 +137,39 @@ fn scan_in(ts: TokenStream, out: &mut Scan, in_attr: bool) {
                 let bang =
                     matches!(toks.get(i + 1), Some(TokenTree::Punct(p)) if p.as_char() == '!');
                 if bang && let Some(TokenTree::Group(g)) = toks.get(i + 2) {
-                    if name == "cfg" {
-                        out.cfgs.push(g.stream().to_string());
-                    } else if (name == "include_str" || name == "include_bytes")
-                        && let Some(TokenTree::Literal(l)) = g.stream().into_iter().next()
-                        && let Some(s) = plain_string(&l.to_string())
-                    {
-                        out.includes.push(s);
+                    let args = g.stream();
+                    match name.as_str() {
+                        "cfg" => out.cfgs.push(args.to_string()),
+                        "include_str" | "include_bytes" | "include" => match sole_literal(&args) {
+                            Some(s) => {
+                                if name == "include" {
+                                    out.inputs.push(Input::Code(s.clone()).encode());
+                                }
+                                out.includes.push(s);
+                            }
+                            None if name == "include" => {
+                                out.inputs.push(Input::CodePath(args.to_string()).encode())
+                            }
+                            None => out.inputs.push(Input::Path(args.to_string()).encode()),
+                        },
+                        "env" | "option_env" => {
+                            // `env!("NAME", "message")`: the name is the first argument.
+                            let first: TokenStream = args
+                                .clone()
+                                .into_iter()
+                                .take_while(
+                                    |t| !matches!(t, TokenTree::Punct(p) if p.as_char() == ','),
+                                )
+                                .collect();
+                            out.inputs.push(
+                                match sole_literal(&first) {
+                                    Some(s) => Input::Env(s),
+                                    None => Input::Unknown(args.to_string()),
+                                }
+                                .encode(),
+                            );
+                        }
+                        _ => {}
                     }
                 }
                 out.canon.push_str("i ");
@@ -195,9 +282,37 @@ mod tests {
         );
         assert_eq!(s.cfgs, ["feature = \"wide\"", "test", "debug_assertions"]);
         assert_eq!(s.includes, ["a.txt"]);
+        assert!(s.inputs.is_empty(), "{:?}", s.inputs);
         assert!(s.idents.contains(&"codec".to_string()) && s.idents.contains(&"hex".to_string()));
         // serde defaults are params, and plain string values are not paths.
         assert!(!s.idents.contains(&"dflt".to_string()));
         assert!(!s.idents.contains(&"main".to_string()));
+    }
+
+    #[test]
+    fn compile_time_inputs_are_collected() {
+        let s = scanned(
+            r#"fn f() {
+                let v: f64 = include!("inc.rs");
+                let s = include_str!(concat!(env!("CARGO_MANIFEST_DIR"), "/d.txt"));
+                let b = std::include_bytes!("b.bin",);
+                let e = option_env!("NU_FACTOR").unwrap_or("1");
+                let m = env!("MODE", "set MODE");
+                let x = env!($name);
+            }"#,
+        );
+        assert_eq!(s.includes, ["inc.rs", "b.bin"]);
+        let inputs: Vec<Input> = s.inputs.iter().map(|i| Input::decode(i).unwrap()).collect();
+        assert_eq!(
+            inputs,
+            [
+                Input::Code("inc.rs".into()),
+                Input::Path("concat ! (env ! (\"CARGO_MANIFEST_DIR\") , \"/d.txt\")".into()),
+                Input::Env("CARGO_MANIFEST_DIR".into()),
+                Input::Env("NU_FACTOR".into()),
+                Input::Env("MODE".into()),
+                Input::Unknown("$ name".into()),
+            ]
+        );
     }
 }

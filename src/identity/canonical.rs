@@ -4,8 +4,11 @@
 //! - object keys sorted by their UTF-16 code units (RFC 8785 §3.2.3), whatever order serde emits
 //!   them in, so a dependency turning on serde_json's `preserve_order` changes nothing;
 //! - floating-point numbers in ECMAScript's shortest round-trip form (RFC 8785 §3.2.2.3, via
-//!   `ryu-js`): `0.1`, `0.10` and `1e-1` are one value, `1.0` is `1`, `-0.0` is `0`;
+//!   `ryu-js`): `0.1`, `0.10` and `1e-1` are one value, `1.0` is `1`;
 //!   `f32` values use their own shortest form first, so `0.1f32` encodes as `0.1`;
+//! - `-0.0` is written `-0` (valid JSON, read back as `-0.0` by serde_json), not `0` as JCS
+//!   would: a job can tell them apart (`1/x`, `atan2`, `copysign`), so they must not share a key.
+//!   Every other value is written as JCS writes it, so no other key changed;
 //! - integers are written with all their digits. For |n| <= 2^53 this is exactly JCS; beyond, JCS
 //!   would round to a double and silently merge distinct seeds, so we keep the exact digits;
 //! - NaN and ±infinity are refused with the parameter's path;
@@ -295,7 +298,8 @@ fn write_canon(v: &Canon, out: &mut String) {
 /// ECMAScript Number::toString (RFC 8785 §3.2.2.3); callers guarantee `f` is finite.
 fn write_f64(f: f64, out: &mut String) {
     if f == 0.0 {
-        out.push('0'); // -0.0 too
+        // Not JCS for -0.0 (JCS writes `0`): see the module docs.
+        out.push_str(if f.is_sign_negative() { "-0" } else { "0" });
         return;
     }
     let mut buf = ryu_js::Buffer::new();
@@ -403,7 +407,8 @@ impl ser::Serializer for CanonSer {
             })
     }
     fn serialize_f32(self, v: f32) -> Result<Canon, ParamError> {
-        if !v.is_finite() {
+        if !v.is_finite() || v == 0.0 {
+            // (Zeros keep their sign: the shortest form of -0.0f32 is `0`.)
             return finite(v.into());
         }
         // The f32's own shortest form, read as f64: 0.1f32 -> 0.1, not 0.10000000149011612.
@@ -891,10 +896,25 @@ mod tests {
     }
 
     #[test]
-    fn negative_zero_is_zero() {
-        assert_eq!(cj(&-0.0f64), "0");
-        assert_eq!(cj(&-0.0f64), cj(&0.0f64));
-        assert_eq!(cj(&-0.0f32), "0");
+    fn negative_zero_has_its_own_encoding() {
+        // A job can tell -0.0 from 0.0 (`1/x`, `atan2`, `copysign`): distinct keys.
+        assert_eq!(cj(&0.0f64), "0");
+        assert_eq!(cj(&-0.0f64), "-0");
+        assert_eq!(cj(&0.0f32), "0");
+        assert_eq!(cj(&-0.0f32), "-0");
+        assert_eq!(cj(&[0.0f64, -0.0]), "[0,-0]");
+        // Zeros of other types are unchanged, and so is every nonzero float near zero.
+        assert_eq!(cj(&0i64), "0");
+        assert_eq!(cj(&-5e-324f64), "-5e-324");
+        assert_eq!(cj(&-1.0f64), "-1");
+        // Read back by serde_json, the sign survives (a worker gets the value it was given).
+        let back: f64 = serde_json::from_str(&cj(&-0.0f64)).unwrap();
+        assert!(back == 0.0 && back.is_sign_negative());
+        let back: f32 = serde_json::from_str(&cj(&-0.0f32)).unwrap();
+        assert!(back == 0.0 && back.is_sign_negative());
+        // And re-encoding what was read back gives the same text (a stable key).
+        let v: serde_json::Value = serde_json::from_str("{\"x\":-0,\"y\":0}").unwrap();
+        assert_eq!(cj(&v), "{\"x\":-0,\"y\":0}");
     }
 
     #[test]

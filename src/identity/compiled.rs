@@ -3,8 +3,8 @@
 //! When a crate that calls `job!(train)` is compiled, the `puzzletron-macros` proc macro reads
 //! the crate's sources and those of its path and workspace dependencies, computes the
 //! conservative reachability closure of `train` (functions, methods, consts, statics, types,
-//! `macro_rules!`, trait impls, `include_str!`/`include_bytes!` files) and bakes one digest per
-//! item into the binary as a [`CompiledCode`]. The job's owned-code digest is made from it with
+//! `macro_rules!`, trait impls, `include_str!`/`include_bytes!`/`include!` files, `env!` values)
+//! and bakes one digest per item into the binary as a [`CompiledCode`]. The job's owned-code digest is made from it with
 //! [`CompiledCode::owned`]; no source file is read when the program runs, so a binary copied to
 //! a cluster node computes the same keys.
 //!
@@ -18,7 +18,9 @@
 //! ```
 //!
 //! where an item's digest is SHA-256 of its canonical token text (one token per line, doc
-//! attributes dropped) and an included file's digest is SHA-256 of its bytes. The job key is then
+//! attributes dropped), an included file's digest is SHA-256 of its bytes, an `env NAME` item's is
+//! SHA-256 of `"set\n" ++ value` (or of `"unset"`) and a `compiled DEP` item's is SHA-256 of that
+//! dependency's compiled artifact. The job key is then
 //! [`job_key`](super::job_key)`(name, params, owned)` as before.
 
 use std::collections::BTreeMap;
@@ -34,7 +36,9 @@ pub const ITEMS_SCHEME: &str = "puzzletron/owned-items/v2";
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct CompiledItem {
     /// Its path, e.g. `ccdemo::helpers::smooth`, `ccdemo::model::<Linear as Model>`,
-    /// `ccdemo::square!` (a `macro_rules!`), or `file src/prompt.txt` (an included file).
+    /// `ccdemo::square!` (a `macro_rules!`), `file src/prompt.txt` (an included file), `env NAME`
+    /// (a compiled-in environment variable) or `compiled DEP` (a dependency's artifact, standing
+    /// for what it compiled in).
     pub path: &'static str,
     /// Its file, relative to its package (`ccdep: src/lib.rs` for a dependency's).
     pub file: &'static str,
