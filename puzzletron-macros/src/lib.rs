@@ -404,7 +404,14 @@ struct Inputs {
 
 /// `CARGO_MANIFEST_DIR` is where the package is, not what it computes: a moved checkout or a
 /// copied binary keeps its keys (what is read through it is covered by the file's digest).
-const LOCATION_VARS: &[&str] = &["CARGO_MANIFEST_DIR"];
+const LOCATION_VARS: &[&str] = &["CARGO_MANIFEST_DIR", "CARGO_MANIFEST_PATH"];
+
+/// The library crate of this macro (see `compiled_inputs`).
+const SELF_CRATE: &str = "puzzletron";
+
+/// Variables cargo sets from a package's `Cargo.toml` besides `CARGO_PKG_*` (see "Environment
+/// variables Cargo sets for crates" in the Cargo book).
+const MANIFEST_VARS: &[&str] = &["CARGO_CRATE_NAME"];
 
 /// The closure's `env!`/`option_env!` values and the computed include paths the index could
 /// not evaluate (those it could are literal includes by now, see `Index::push_item`):
@@ -412,8 +419,12 @@ const LOCATION_VARS: &[&str] = &["CARGO_MANIFEST_DIR"];
 /// - in the calling package (its library and targets, which rustc compiles with this
 ///   process's environment), a variable's value is read here and is an item `env NAME` (the
 ///   digest of the value, or of "unset");
-/// - in a dependency, whose environment (`CARGO_PKG_*`, `OUT_DIR`, `cargo:rustc-env` of its
-///   build script) is not this process's, a variable or a path the index could not evaluate
+/// - in a dependency, a variable cargo sets from its `Cargo.toml` (`CARGO_PKG_*`,
+///   `CARGO_CRATE_NAME`) is an item `manifest DEP`, the digest of that file; nothing from a
+///   proc-macro crate (its code runs in the compiler) nor from puzzletron itself (its
+///   compiled-in rustc version and target are every record's toolchain witness);
+/// - in a dependency, whose other environment (`OUT_DIR`, `cargo:rustc-env` of its build
+///   script) is not this process's, a variable or a path the index could not evaluate
 ///   makes the dependency's compiled artifact (the file `--extern` names, whose
 ///   bytes change whenever what it compiled in changes) an item `compiled DEP`;
 /// - an argument that cannot be evaluated (another macro, a `macro_rules!` fragment) in the
@@ -430,6 +441,13 @@ fn compiled_inputs(
         let it = &ix.items[i];
         let pkg = &ix.packages[it.package];
         let file = ix.rel(it.package, &it.file);
+        // A proc-macro crate's code runs in the compiler, never in the job. puzzletron's own
+        // compiled-in values (the rustc version and target its build script sets) are every
+        // record's toolchain witness, compared at each decision; keying them through its
+        // compiled artifact would tie every key to the build profile and features.
+        if pkg.proc_macro || (!pkg.user && pkg.lib_name == SELF_CRATE) {
+            continue;
+        }
         for (_, input) in &it.inputs {
             match input {
                 scan::Input::Code(_) | scan::Input::Evaluated(_) => {}
@@ -438,6 +456,20 @@ fn compiled_inputs(
                         continue;
                     }
                     if !pkg.user {
+                        if MANIFEST_VARS.contains(&name.as_str()) || name.starts_with("CARGO_PKG_")
+                        {
+                            // Fixed by the dependency's `Cargo.toml`: its bytes stand for the
+                            // value, without tying the key to the build (profile, features,
+                            // compiler) as the compiled artifact would.
+                            let digest = std::fs::read(&pkg.manifest)
+                                .map(|b| sha256_hex(&b))
+                                .unwrap_or_else(|_| sha256_hex(b"unreadable manifest"));
+                            out.items.insert(
+                                format!("manifest {}", pkg.lib_name),
+                                (ix.rel(it.package, &pkg.manifest), digest),
+                            );
+                            continue;
+                        }
                         artifacts.insert(it.package);
                         continue;
                     }
