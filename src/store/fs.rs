@@ -526,18 +526,37 @@ impl FsStore {
 fn read_owner(path: &Path) -> io::Result<Option<Owner>> {
     let mut f = File::open(path)?;
     let mut buf = [0u8; 1024];
+    let mut parsed = None;
+    let len = read_small(&mut f, &mut buf, |b| {
+        parsed = serde_json::from_slice::<Owner>(b).ok();
+        parsed.is_some()
+    })?;
+    if parsed.is_some() {
+        return Ok(parsed);
+    }
+    if len == buf.len() {
+        let mut v = buf.to_vec();
+        f.read_to_end(&mut v)?;
+        return Ok(serde_json::from_slice(&v).ok());
+    }
+    // The end came with bytes `complete` already found not to parse (or none).
+    Ok(None)
+}
+
+/// Reads `f` into `buf` until `complete` says the bytes so far are whole, the end of the file,
+/// or a full `buf`; returns how many bytes were read. A small file is usually whole after its
+/// first `read`, which saves the `read` of its end.
+fn read_small(
+    f: &mut File,
+    buf: &mut [u8],
+    mut complete: impl FnMut(&[u8]) -> bool,
+) -> io::Result<usize> {
     let mut len = 0;
     loop {
         let n = f.read(&mut buf[len..])?;
         len += n;
-        let parsed = serde_json::from_slice::<Owner>(&buf[..len]).ok();
-        if n == 0 || parsed.is_some() {
-            return Ok(parsed);
-        }
-        if len == buf.len() {
-            let mut v = buf.to_vec();
-            f.read_to_end(&mut v)?;
-            return Ok(serde_json::from_slice(&v).ok());
+        if n == 0 || len == buf.len() || complete(&buf[..len]) {
+            return Ok(len);
         }
     }
 }
@@ -575,15 +594,14 @@ fn truncate(path: &Path) {
     }
 }
 
-/// Opens `name` (no `/` and no NUL: a hex key) relative to the folder handle `dir`, read-only.
-fn open_at(dir: &File, name: &str) -> io::Result<File> {
+/// Opens `name` relative to the folder handle `dir`, read-only.
+fn open_at(dir: &File, name: &std::ffi::CStr) -> io::Result<File> {
     use std::os::fd::{AsRawFd, FromRawFd};
-    let c = std::ffi::CString::new(name).map_err(io::Error::other)?;
-    // SAFETY: `c` is NUL-terminated, and `dir` is an open descriptor for the call.
+    // SAFETY: `name` is NUL-terminated, and `dir` is an open descriptor for the call.
     let fd = unsafe {
         libc::openat(
             dir.as_raw_fd(),
-            c.as_ptr(),
+            name.as_ptr(),
             libc::O_RDONLY | libc::O_CLOEXEC,
         )
     };
@@ -594,28 +612,22 @@ fn open_at(dir: &File, name: &str) -> io::Result<File> {
     Ok(unsafe { File::from_raw_fd(fd) })
 }
 
-/// Opens `KEY/record.json` relative to the `jobs/` folder handle `dir`, read-only.
-fn open_record_at(dir: &File, key: &Hash) -> io::Result<File> {
-    use std::os::fd::{AsRawFd, FromRawFd};
-    const TAIL: &[u8] = b"/record.json\0";
-    let mut name = [0u8; Hash::HEX_LEN + TAIL.len()];
+/// Opens `KEY` + `tail` relative to the folder handle `dir`, read-only; `tail` ends with the
+/// NUL and holds no other (`b"\0"`, `b"/record.json\0"`; at most 16 bytes), so nothing is
+/// allocated.
+fn open_key_at<const N: usize>(dir: &File, key: &Hash, tail: &[u8; N]) -> io::Result<File> {
+    let mut name = [0u8; 80];
     let mut hex = [0u8; Hash::HEX_LEN];
     name[..Hash::HEX_LEN].copy_from_slice(key.write_hex(&mut hex).as_bytes());
-    name[Hash::HEX_LEN..].copy_from_slice(TAIL);
-    // SAFETY: `name` is NUL-terminated with no interior NUL (hex digits and a fixed tail), and
-    // `dir` is an open descriptor for the duration of the call.
-    let fd = unsafe {
-        libc::openat(
-            dir.as_raw_fd(),
-            name.as_ptr().cast(),
-            libc::O_RDONLY | libc::O_CLOEXEC,
-        )
-    };
-    if fd < 0 {
-        return Err(io::Error::last_os_error());
-    }
-    // SAFETY: `fd` was just returned by openat and is owned by nothing else.
-    Ok(unsafe { File::from_raw_fd(fd) })
+    name[Hash::HEX_LEN..Hash::HEX_LEN + N].copy_from_slice(tail);
+    let c = std::ffi::CStr::from_bytes_with_nul(&name[..Hash::HEX_LEN + N])
+        .map_err(io::Error::other)?;
+    open_at(dir, c)
+}
+
+/// Opens `KEY/record.json` relative to the `jobs/` folder handle `dir`, read-only.
+fn open_record_at(dir: &File, key: &Hash) -> io::Result<File> {
+    open_key_at(dir, key, b"/record.json\0")
 }
 
 /// The entry names of a folder.
@@ -804,26 +816,17 @@ impl Store for FsStore {
         let dir = open_dir(&self.lineage).map_err(io_err(&self.lineage))?;
         let check = |chunk: &[(Hash, Hash)]| -> Result<(), StoreError> {
             for (lineage, key) in chunk {
-                let mut hex = [0u8; Hash::HEX_LEN];
-                let name = lineage.write_hex(&mut hex);
-                let cur = match open_at(&dir, name).and_then(|mut f| {
+                let cur = match open_key_at(&dir, lineage, b"\0").and_then(|mut f| {
                     let mut buf = [0u8; 2 * Hash::HEX_LEN];
-                    let mut len = 0;
-                    loop {
-                        let n = f.read(&mut buf[len..])?;
-                        len += n;
-                        // A pointer is one line: done at its newline, without a read of EOF.
-                        if n == 0 || len == buf.len() || buf[..len].ends_with(b"\n") {
-                            break;
-                        }
-                    }
+                    // A pointer is one line.
+                    let len = read_small(&mut f, &mut buf, |b| b.ends_with(b"\n"))?;
                     Ok(std::str::from_utf8(&buf[..len])
                         .ok()
                         .and_then(|t| t.trim().parse::<Hash>().ok()))
                 }) {
                     Ok(h) => h,
                     Err(e) if e.kind() == io::ErrorKind::NotFound => None,
-                    Err(e) => return Err(io_err(&self.lineage.join(name))(e)),
+                    Err(e) => return Err(io_err(&self.lineage.join(lineage.to_hex()))(e)),
                 };
                 if cur != Some(*key) {
                     self.set_lineage(lineage, key)?;
