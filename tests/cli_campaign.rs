@@ -17,8 +17,11 @@ use std::path::Path;
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use cli::{SMOKE, SMOKE_EXEC, fixtures, journal, prefix, puzzletron, run};
+use cli::{SMOKE, SMOKE_EXEC, campaign, fixtures, journal, prefix, puzzletron, run};
 use watchdog::Watchdog;
+
+/// The smoke experiment's Slurm runner (max_nodes 1, gpus_per_node 1).
+const SLURM_RUNNER: &str = "orchestration/qwen3p5_0p8b/runner.slurm.yaml";
 
 /// Every `$ puzzletron campaign compile|dry-run ...` example of the help texts runs on the
 /// fixtures and succeeds; every help exits 0 and documents the exit codes.
@@ -103,17 +106,12 @@ fn usage_errors_exit_2_and_config_errors_exit_1_naming_the_problem() {
         err.contains("/nonexistent/campaign is not a campaign folder"),
         "{err}"
     );
-    let (code, _, err) = run(&[
-        "campaign",
+    let (code, _, err) = campaign(
         "compile",
-        SMOKE,
-        "--runner",
         "local",
-        "--execution",
         SMOKE_EXEC,
-        "--override",
-        "pruning.no_such_key.x=1",
-    ]);
+        &["--override", "pruning.no_such_key.x=1"],
+    );
     assert_eq!(code, 1, "{err}");
     assert!(err.contains("pruning"), "the error names the key: {err}");
     let (code, _, err) = run(&["campaign", "compile", "nope.yaml", "--runner", "local"]);
@@ -128,32 +126,18 @@ fn usage_errors_exit_2_and_config_errors_exit_1_naming_the_problem() {
 
 #[test]
 fn compile_and_dry_run_print_the_plan() {
-    let (code, out, err) = run(&[
-        "campaign",
-        "compile",
-        SMOKE,
-        "--runner",
-        "local",
-        "--execution",
-        SMOKE_EXEC,
-    ]);
+    let (code, out, err) = campaign("compile", "local", SMOKE_EXEC, &[]);
     assert_eq!(code, 0, "{err}");
     assert!(out.contains("10 stages, 10 work items"), "{out}");
     for s in ["convert", "tokenize_data", "replacement_scoring", "mip"] {
         assert!(out.lines().any(|l| l.starts_with(s)), "{s} missing:\n{out}");
     }
-    let (code, out, err) = run(&[
-        "campaign",
+    let (code, out, err) = campaign(
         "dry-run",
-        SMOKE,
-        "--runner",
         "local",
-        "--execution",
         SMOKE_EXEC,
-        "--stage",
-        "convert",
-        "--json",
-    ]);
+        &["--stage", "convert", "--json"],
+    );
     assert_eq!(code, 0, "{err}");
     let v: serde_json::Value = serde_json::from_str(&out).unwrap();
     assert!(out.contains("convert"), "{v}");
@@ -167,17 +151,8 @@ fn compile_and_dry_run_print_the_plan() {
 /// stage sets none), not the stage's override.
 #[test]
 fn the_plan_table_shows_the_resolved_partition() {
-    const SLURM_RUNNER: &str = "orchestration/qwen3p5_0p8b/runner.slurm.yaml";
     for cmd in ["compile", "dry-run"] {
-        let (code, out, err) = run(&[
-            "campaign",
-            cmd,
-            SMOKE,
-            "--runner",
-            SLURM_RUNNER,
-            "--execution",
-            SMOKE_EXEC,
-        ]);
+        let (code, out, err) = campaign(cmd, SLURM_RUNNER, SMOKE_EXEC, &[]);
         assert_eq!(code, 0, "{cmd}: {err}");
         let header = out.lines().find(|l| l.starts_with("stage ")).unwrap();
         let col = header.find("partition").unwrap();
@@ -199,15 +174,7 @@ fn the_plan_table_shows_the_resolved_partition() {
         }
     }
     // Not Slurm: no partition.
-    let (code, out, err) = run(&[
-        "campaign",
-        "compile",
-        SMOKE,
-        "--runner",
-        "local",
-        "--execution",
-        SMOKE_EXEC,
-    ]);
+    let (code, out, err) = campaign("compile", "local", SMOKE_EXEC, &[]);
     assert_eq!(code, 0, "{err}");
     assert!(!out.contains("REPLACE_WITH_SLURM_PARTITION"), "{out}");
 }
@@ -216,17 +183,12 @@ fn the_plan_table_shows_the_resolved_partition() {
 /// and the override that enables it, instead of calling the stage unknown.
 #[test]
 fn a_disabled_stage_in_the_filter_names_its_switch() {
-    let (code, _, err) = run(&[
-        "campaign",
+    let (code, _, err) = campaign(
         "compile",
-        SMOKE,
-        "--runner",
         "local",
-        "--execution",
         SMOKE_EXEC,
-        "--stage",
-        "depth_importance",
-    ]);
+        &["--stage", "depth_importance"],
+    );
     assert_eq!(code, 1, "{err}");
     assert!(!err.contains("unknown stage"), "{err}");
     assert!(
@@ -237,34 +199,24 @@ fn a_disabled_stage_in_the_filter_names_its_switch() {
         "{err}"
     );
     // With the override the stage is in the plan.
-    let (code, out, err) = run(&[
-        "campaign",
+    let (code, out, err) = campaign(
         "compile",
-        SMOKE,
-        "--runner",
         "local",
-        "--execution",
         SMOKE_EXEC,
-        "-o",
-        "depth_importance.enabled=true",
-    ]);
+        &["-o", "depth_importance.enabled=true"],
+    );
     assert_eq!(code, 0, "{err}");
     assert!(
         out.lines().any(|l| l.starts_with("depth_importance ")),
         "{out}"
     );
     // A real typo still gets the suggestion.
-    let (code, _, err) = run(&[
-        "campaign",
+    let (code, _, err) = campaign(
         "compile",
-        SMOKE,
-        "--runner",
         "local",
-        "--execution",
         SMOKE_EXEC,
-        "--stage",
-        "depth_importanc",
-    ]);
+        &["--stage", "depth_importanc"],
+    );
     assert_eq!(code, 1, "{err}");
     assert!(err.contains("unknown stage `depth_importanc`"), "{err}");
 }
@@ -273,18 +225,12 @@ fn a_disabled_stage_in_the_filter_names_its_switch() {
 /// that many nodes, and the fixes.
 #[test]
 fn too_many_nodes_names_the_runner_file_the_reason_and_the_fix() {
-    const SLURM_RUNNER: &str = "orchestration/qwen3p5_0p8b/runner.slurm.yaml";
-    let (code, _, err) = run(&[
-        "campaign",
+    let (code, _, err) = campaign(
         "compile",
-        SMOKE,
-        "--runner",
         SLURM_RUNNER,
-        "--execution",
         SMOKE_EXEC,
-        "-o",
-        "pruning.automodel.parallel.tp=2",
-    ]);
+        &["-o", "pruning.automodel.parallel.tp=2"],
+    );
     assert_eq!(code, 1, "{err}");
     assert!(
         err.contains("needs 2 node(s) but runner.slurm.max_nodes is 1")
@@ -302,15 +248,7 @@ fn too_many_nodes_names_the_runner_file_the_reason_and_the_fix() {
         "execution:\n  defaults: {gpus_per_node: 1}\n  stages:\n    convert: {strategy: sharded, instances: 4}\n",
     )
     .unwrap();
-    let (code, _, err) = run(&[
-        "campaign",
-        "compile",
-        SMOKE,
-        "--runner",
-        SLURM_RUNNER,
-        "--execution",
-        exec.to_str().unwrap(),
-    ]);
+    let (code, _, err) = campaign("compile", SLURM_RUNNER, exec.to_str().unwrap(), &[]);
     assert_eq!(code, 1, "{err}");
     assert!(
         err.contains("stage `convert` needs 4 node(s) but runner.slurm.max_nodes is 1")

@@ -37,6 +37,22 @@ pub fn run(args: &[&str]) -> (i32, String, String) {
         .expect("running puzzletron"))
 }
 
+/// `puzzletron campaign CMD SMOKE --runner RUNNER --execution EXEC EXTRA..` run to the end:
+/// (exit code, stdout, stderr).
+pub fn campaign(cmd: &str, runner: &str, exec: &str, extra: &[&str]) -> (i32, String, String) {
+    let mut args = vec![
+        "campaign",
+        cmd,
+        SMOKE,
+        "--runner",
+        runner,
+        "--execution",
+        exec,
+    ];
+    args.extend_from_slice(extra);
+    run(&args)
+}
+
 /// (exit code, stdout, stderr) of an output.
 pub fn out(o: Output) -> (i32, String, String) {
     (
