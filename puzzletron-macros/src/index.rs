@@ -931,19 +931,26 @@ mod tests {
         std::fs::write(p, text).unwrap();
     }
 
-    fn paths(ix: &Index, set: &BTreeSet<usize>) -> Vec<String> {
-        set.iter().map(|&i| ix.items[i].path.clone()).collect()
-    }
-
-    #[test]
-    fn closure_follows_names_impls_and_dependencies_but_not_dependents() {
-        let d = std::env::temp_dir().join(format!("ptm-index-{}", std::process::id()));
+    /// A fresh temp folder (named by `tag` and this process) with `app/Cargo.toml` depending
+    /// on the path package `dep`.
+    fn app_with_dep(tag: &str) -> std::path::PathBuf {
+        let d = std::env::temp_dir().join(format!("ptm-index{tag}-{}", std::process::id()));
         let _ = std::fs::remove_dir_all(&d);
         write(
             &d,
             "app/Cargo.toml",
             "[package]\nname = \"app\"\n[dependencies]\ndep = { path = \"../dep\" }\n",
         );
+        d
+    }
+
+    fn paths(ix: &Index, set: &BTreeSet<usize>) -> Vec<String> {
+        set.iter().map(|&i| ix.items[i].path.clone()).collect()
+    }
+
+    #[test]
+    fn closure_follows_names_impls_and_dependencies_but_not_dependents() {
+        let d = app_with_dep("-closure");
         write(
             &d,
             "app/src/main.rs",
@@ -995,13 +1002,7 @@ mod tests {
     }
     #[test]
     fn included_code_is_the_items_code_and_computed_paths_are_evaluated() {
-        let d = std::env::temp_dir().join(format!("ptm-index-inc-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&d);
-        write(
-            &d,
-            "app/Cargo.toml",
-            "[package]\nname = \"app\"\n[dependencies]\ndep = { path = \"../dep\" }\n",
-        );
+        let d = app_with_dep("-inc");
         write(
             &d,
             "app/src/main.rs",
