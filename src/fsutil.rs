@@ -2,7 +2,7 @@
 
 use std::fs::{self, File, OpenOptions};
 use std::io::{self, Write};
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 
 /// How much a write must survive.
@@ -40,20 +40,8 @@ pub fn replace_file(path: &Path, bytes: &[u8]) -> io::Result<()> {
 /// # Errors
 /// The first I/O error; the temp file is removed on failure.
 pub fn write_file(path: &Path, bytes: &[u8], durability: Durability) -> io::Result<()> {
-    static SEQ: AtomicU64 = AtomicU64::new(0);
-    let dir = match path.parent() {
-        Some(d) if !d.as_os_str().is_empty() => d,
-        _ => Path::new("."),
-    };
-    let name = path
-        .file_name()
-        .map(|n| n.to_string_lossy().into_owned())
-        .unwrap_or_default();
-    let tmp = dir.join(format!(
-        ".{name}.tmp.{}.{}",
-        std::process::id(),
-        SEQ.fetch_add(1, Ordering::Relaxed)
-    ));
+    let dir = parent_of(path);
+    let tmp = temp_path(path);
     let result = (|| {
         let mut f = OpenOptions::new().write(true).create_new(true).open(&tmp)?;
         f.write_all(bytes)?;
@@ -71,6 +59,56 @@ pub fn write_file(path: &Path, bytes: &[u8], durability: Durability) -> io::Resu
         let _ = fs::remove_file(&tmp);
     }
     result
+}
+
+/// The folder `path` is in (`.` for a bare name).
+pub fn parent_of(path: &Path) -> &Path {
+    match path.parent() {
+        Some(d) if !d.as_os_str().is_empty() => d,
+        _ => Path::new("."),
+    }
+}
+
+/// A temp name for `path` in its folder, unique in this process and among processes
+/// (`.NAME.tmp.PID.SEQ`): see [`is_temp_name`].
+pub fn temp_path(path: &Path) -> PathBuf {
+    static SEQ: AtomicU64 = AtomicU64::new(0);
+    let name = path
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    parent_of(path).join(format!(
+        ".{name}.tmp.{}.{}",
+        std::process::id(),
+        SEQ.fetch_add(1, Ordering::Relaxed)
+    ))
+}
+
+/// Makes everything written to the filesystem that holds `dir` durable, in one call
+/// (`syncfs(2)`, Linux): the files written and renamed since, with their folders. A group
+/// commit's flush: one call instead of an `fsync` per file and per folder. It also flushes
+/// other writers' dirty data on that filesystem, so its time grows with theirs.
+///
+/// # Errors
+/// The error of opening `dir` or of `syncfs`; [`io::ErrorKind::Unsupported`] where there is no
+/// `syncfs` (the caller then syncs file by file).
+pub fn sync_filesystem(dir: &Path) -> io::Result<()> {
+    #[cfg(any(target_os = "linux", target_os = "android"))]
+    {
+        use std::os::fd::AsRawFd;
+        let f = File::open(dir)?;
+        // SAFETY: `f` is an open descriptor for the duration of the call.
+        if unsafe { libc::syncfs(f.as_raw_fd()) } == 0 {
+            Ok(())
+        } else {
+            Err(io::Error::last_os_error())
+        }
+    }
+    #[cfg(not(any(target_os = "linux", target_os = "android")))]
+    {
+        let _ = dir;
+        Err(io::Error::from(io::ErrorKind::Unsupported))
+    }
 }
 
 /// `fsync`s a folder so a rename or create inside it is durable.

@@ -60,9 +60,9 @@ pub fn user_job<P>(krate: &Path, name: &str, f: fn(&P, &mut Run) -> JobResult) -
 }
 
 /// The venv `target/bench-venv` with the pinned `peers` (pip specs `name==version`), installed or
-/// updated on first use; `None` when they cannot be had or `PUZZLETRON_BENCH_NO_peers` is set.
+/// updated on first use; `None` when they cannot be had or `PUZZLETRON_BENCH_NO_PEERS` is set.
 pub fn peer_venv(peers: &[&str]) -> Option<PathBuf> {
-    if std::env::var_os("PUZZLETRON_BENCH_NO_peers").is_some() {
+    if std::env::var_os("PUZZLETRON_BENCH_NO_PEERS").is_some() {
         return None;
     }
     let venv = target_dir().join("bench-venv");

@@ -86,6 +86,7 @@ pub fn run_all<S: Store + 'static>(make: impl Fn() -> S) {
     sealed_rows_read_back(&make());
     done_head_never_lies(&make());
     reuse_points_lineages(&make());
+    finish_many_commits_each(&make());
     concurrent_claims_one_winner(Arc::new(make()));
 }
 
@@ -384,6 +385,84 @@ pub fn stale_claim_taken_over(store: &dyn Store) {
         Err(StoreError::ClaimLost { .. })
     ));
     store.heartbeat(&c).unwrap();
+}
+
+/// [`Store::finish_many`] commits each entry as [`Store::finish`] would (done and failed
+/// records read back as written, their claims released, done heads set), in batches of one,
+/// two and many; an entry whose claim was lost fails alone with [`StoreError::ClaimLost`].
+pub fn finish_many_commits_each(store: &dyn Store) {
+    for n in [0usize, 1, 2, 9] {
+        let owner = Owner::current();
+        let mut claims = Vec::new();
+        let mut recs = Vec::new();
+        for i in 0..n {
+            let k = Hash::of(format!("many-{n}-{i}"));
+            // The third entry's claim is lost: its dead holder was taken over.
+            let holder = if i == 2 { dead_owner() } else { owner.clone() };
+            let c = claimed(store, &k, &holder);
+            let status = if i % 4 == 3 {
+                Status::Failed
+            } else {
+                Status::Done
+            };
+            let mut rec = sample_record(k, Status::Running, c.attempt);
+            store.start(&c, &rec).unwrap();
+            let mut sink = store.metric_sink(&c).unwrap();
+            sink.append("loss", 0, i as f64).unwrap();
+            rec.set_metrics(sink.seal().unwrap());
+            rec.status = status;
+            rec.finished_at = Some(2.0);
+            if status == Status::Failed {
+                rec.error = sample_record(k, Status::Failed, 1).error;
+            }
+            claims.push(c);
+            recs.push(rec);
+        }
+        let taker = (n > 2).then(|| claimed(store, &claims[2].key, &owner));
+        let pairs: Vec<_> = claims.iter().zip(&recs).collect();
+        let results = store.finish_many(&pairs);
+        assert_eq!(results.len(), n, "one result per entry");
+        for (i, ((c, rec), r)) in pairs.iter().zip(results).enumerate() {
+            if i == 2 {
+                assert!(
+                    matches!(r, Err(StoreError::ClaimLost { .. })),
+                    "batch of {n}: a lost claim fails alone, got {r:?}"
+                );
+                assert_eq!(
+                    store.record(&c.key).unwrap().map(|r| r.status),
+                    Some(Status::Running),
+                    "batch of {n}: the lost entry's record is untouched"
+                );
+                continue;
+            }
+            r.unwrap_or_else(|e| panic!("batch of {n}, entry {i}: {e}"));
+            let back = store.record(&c.key).unwrap().expect("a finished record");
+            assert_eq!(&&back, rec, "batch of {n}, entry {i} reads back as written");
+            assert!(
+                store.claim_info(&c.key).unwrap().is_none(),
+                "batch of {n}, entry {i}: its claim is released"
+            );
+            let head = store.done_head(&c.key).unwrap();
+            if rec.status == Status::Done {
+                assert!(
+                    head.is_none_or(|h| h.attempt == rec.attempt),
+                    "batch of {n}, entry {i}: head {head:?}"
+                );
+                assert_eq!(
+                    store.metrics(&c.key, Some("loss")).unwrap().of("loss"),
+                    vec![(0, i as f64)]
+                );
+            } else {
+                assert!(
+                    head.is_none(),
+                    "batch of {n}: a failed entry has no done head"
+                );
+            }
+        }
+        if let Some(t) = taker {
+            store.release(&t).unwrap();
+        }
+    }
 }
 
 /// A released claim leaves the job claimable.

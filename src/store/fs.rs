@@ -6,7 +6,8 @@
 //! ROOT/jobs/KEY/claim               the holder (create-exclusive); its mtime is the heartbeat
 //! ROOT/jobs/KEY/claim.released      the last released claim (renamed, not removed: see RELEASED)
 //! ROOT/jobs/KEY/running.N.json      the running record of attempt N, as it started (emptied
-//!                                   when the attempt ends: the inode stays, see RELEASED)
+//!                                   when the attempt ends if over 64 KiB: the inode stays,
+//!                                   see RELEASED)
 //! ROOT/jobs/KEY/claim.stale.NONCE   a stale claim pinned during its takeover (one taker at a
 //!                                   time; cleared after 5 s if that taker died mid-way)
 //! ROOT/jobs/KEY/metrics.N.tsv       rows of attempt N: name TAB step TAB value LF (made with
@@ -51,6 +52,9 @@ const CLAIM: &str = "claim";
 /// the more runs had finished. Measured here: creations cost 30 us before 20k frees and 530 us
 /// right after.
 const RELEASED: &str = "claim.released";
+/// A running record of at most this many bytes stays as it is once its attempt ends; a larger
+/// one is emptied (see `settle`).
+const KEEP_RUNNING_RECORD: usize = 64 * 1024;
 /// An empty or unreadable claim (its creator died between create and write) counts as live
 /// for this long, then as stale.
 const UNWRITTEN_CLAIM_GRACE: Duration = Duration::from_secs(5);
@@ -63,19 +67,24 @@ const TAKEOVER_GRACE: Duration = Duration::from_secs(5);
 ///
 /// # fsync budget per run
 ///
-/// A run that ends done costs at most three `fsync`s, all in [`Store::finish`] and the sink's
-/// [`MetricSink::seal`] before it: one `fdatasync` of its metrics file, one of the record's
-/// temp file and one of the job folder after the rename, which also makes the metrics file's
-/// entry durable. A done run none of whose rows was written to its file before the end, with at
-/// most [`INLINE_BYTES`](super::INLINE_BYTES) of them (no rows, or a few final scores), has no
-/// metrics file: its rows are in its record, and it costs two. A failed run costs three (it
-/// keeps its rows in a file; its `error.txt` is a copy of what the record holds and is not
-/// synced). Claims, the running record, the lineage
-/// pointer and the done index (`done.idx`) are never synced: they matter only while their
-/// writer lives, or are a cache. A sweep's in-process drain commits finished runs on several
-/// threads while the next runs execute, so the `fsync`s of several runs are in flight at once (a
-/// journaling filesystem merges them into one commit, and the disk serves them together); the
-/// drain returns once all are durable. A run frees no inode (the claim is renamed
+/// A run that ends done alone costs at most three `fsync`s, all in [`Store::finish`] and the
+/// sink's [`MetricSink::seal`] before it: one `fdatasync` of its metrics file, one of the
+/// record's temp file and one of the job folder after the rename, which also makes the metrics
+/// file's entry durable. A done run none of whose rows was written to its file before the end,
+/// with at most [`INLINE_BYTES`](super::INLINE_BYTES) of them (no rows, or a few final scores),
+/// has no metrics file: its rows are in its record, and it costs two. A failed run costs three
+/// (it keeps its rows in a file; its `error.txt` is a copy of what the record holds and is not
+/// synced). Claims, the running record, the lineage pointer and the done index (`done.idx`)
+/// are never synced: they matter only while their writer lives, or are a cache.
+///
+/// Runs that finish together share their flushes ([`Store::finish_many`], a group commit): a
+/// sweep's in-process drain commits the runs that finished while the last commit was in
+/// flight as one batch (up to 64), and a batch costs two `syncfs(2)` calls whatever its size,
+/// one after every record is written to its temp file and one after every rename, instead of
+/// two `fsync`s per run (where there is no `syncfs`, each file and folder is `fsync`ed). A run
+/// that finishes alone (the usual case for runs of more than a few milliseconds) is committed
+/// alone, as above, so a sweep never waits on a flush of other writers' data behind a long run.
+/// The drain returns once every commit is durable. A run frees no inode (the claim is renamed
 /// `claim.released`); a record a machine crash left empty or zero-filled can only be an
 /// unsynced running record and reads as an attempt that never started.
 ///
@@ -113,6 +122,28 @@ struct Held {
     /// claim first), so `metric_sink` and `finish` skip their probes for an old metrics file
     /// and for takeover tombs.
     fresh: bool,
+}
+
+/// A finished record written to its temp file, not yet renamed into place.
+struct Staged {
+    /// The job folder.
+    dir: PathBuf,
+    /// The temp file, next to `record.json`.
+    tmp: PathBuf,
+    /// The temp file, open for its `fsync`.
+    file: File,
+    /// The record's line in the done index (done records only).
+    entry: Option<Entry>,
+    /// The record's size in bytes (about that of the running record it replaces).
+    len: usize,
+}
+
+impl Staged {
+    /// Renames the temp file over `record.json` (an atomic replace).
+    fn rename(&self) -> Result<(), StoreError> {
+        let path = self.dir.join("record.json");
+        fs::rename(&self.tmp, &path).map_err(io_err(&path))
+    }
 }
 
 /// How long after its creation a claim is trusted without reading it back in `start`: far
@@ -371,38 +402,21 @@ impl FsStore {
         }
     }
 
-    /// Writes `value` as pretty JSON; returns the bytes written.
-    fn write_json(
-        &self,
-        path: &Path,
-        value: &impl serde::Serialize,
-        durability: Durability,
-    ) -> Result<Vec<u8>, StoreError> {
-        let bytes = json_bytes(path, value)?;
-        write_file(path, &bytes, durability).map_err(io_err(path))?;
-        Ok(bytes)
-    }
-
-    /// Creates the claim file with its content in one atomic step: the owner is written to a
-    /// temp file, which is then hard-linked as `claim` (`link(2)` fails if `claim` exists), so a
-    /// claim is never seen empty after a process crash.
+    /// Creates the claim file (`O_EXCL`: fails if `claim` exists) and writes its owner.
     ///
-    /// No fsync: a claim only matters while its owner lives. After a machine crash a lost or
-    /// empty claim means "owner dead", which is what it is (an unreadable claim is judged by its
-    /// age, see `judge`).
-    fn create_claim(&self, dir: &Path, path: &Path, owner: &Owner) -> io::Result<()> {
-        let tmp = dir.join(format!(".claim.tmp.{}", sanitize(&owner.nonce)));
+    /// No temp file and no fsync: a claim only matters while its owner lives. A claim seen
+    /// empty or torn (its writer between `open` and `write`, or killed there, or a machine
+    /// crash) has no owner to ask and is judged by its age (`UNWRITTEN_CLAIM_GRACE`, see
+    /// `judge`): live while young, stale after.
+    fn create_claim(&self, path: &Path, owner: &Owner) -> io::Result<()> {
         let body = serde_json::to_vec(owner).map_err(io::Error::other)?;
-        let mut f = OpenOptions::new()
-            .write(true)
-            .create(true)
-            .truncate(true)
-            .open(&tmp)?;
-        f.write_all(&body)?;
-        drop(f);
-        let linked = fs::hard_link(&tmp, path);
-        let _ = fs::remove_file(&tmp);
-        linked
+        let mut f = OpenOptions::new().write(true).create_new(true).open(path)?;
+        if let Err(e) = f.write_all(&body) {
+            // Ours and unwritten: nobody can have taken it over yet.
+            let _ = fs::remove_file(path);
+            return Err(e);
+        }
+        Ok(())
     }
 
     /// Takes over a stale claim; `Ok(false)` when another process is taking it over.
@@ -506,6 +520,75 @@ impl FsStore {
                 swapped.map_err(io_err(&path))
             }
             Err(e) => Err(io_err(&path)(e)),
+        }
+    }
+
+    /// The first half of a finish: checks the claim, writes `error.txt` for a failed record and
+    /// the record to a temp file next to `record.json` (not synced).
+    fn stage(&self, claim: &Claim, record: &JobRecord) -> Result<Staged, StoreError> {
+        self.holds(claim)?;
+        let dir = self.job_dir(&claim.key);
+        if let Some(f) = &record.error {
+            let mut text = format!("{}: {}\n", f.kind, f.message);
+            for c in &f.chain {
+                text.push_str(&format!("caused by: {c}\n"));
+            }
+            if let Some(bt) = &f.backtrace {
+                text.push_str("\nbacktrace:\n");
+                text.push_str(bt);
+                text.push('\n');
+            }
+            // A readable copy of what the record holds: the record is the durable one.
+            let p = dir.join("error.txt");
+            replace_file(&p, text.as_bytes()).map_err(io_err(&p))?;
+        }
+        let path = dir.join("record.json");
+        let bytes = json_bytes(&path, record)?;
+        let tmp = crate::fsutil::temp_path(&path);
+        let written = OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .open(&tmp)
+            .and_then(|mut f| f.write_all(&bytes).map(|()| f));
+        match written {
+            Ok(file) => Ok(Staged {
+                entry: Entry::of(record, &bytes),
+                len: bytes.len(),
+                dir,
+                tmp,
+                file,
+            }),
+            Err(e) => {
+                let _ = fs::remove_file(&tmp);
+                Err(io_err(&tmp)(e))
+            }
+        }
+    }
+
+    /// The last half of a finish, once the record is durable in place (the record is the
+    /// commit point; the claim goes after it).
+    fn settle(&self, claim: &Claim, staged: Staged) {
+        if let Some(e) = staged.entry {
+            self.index.note_written(&claim.key, e);
+        }
+        let dir = staged.dir;
+        // The running record is a copy of the record as it started: one of hundreds of KiB
+        // (a large owned digest) is emptied, not removed, so its inode stays linked (see
+        // `RELEASED`). A small one is kept: emptying it costs more (a `truncate` that frees
+        // and discards a block) than the few KiB it holds. A failure here costs only disk.
+        if staged.len > KEEP_RUNNING_RECORD {
+            truncate(&dir.join(format!("running.{}.json", claim.attempt)));
+        }
+        // The record is done whatever happens to the claim now: a claim left behind is stale
+        // once its holder is gone, and a done record is never run again.
+        let _ = self.release_held(&dir);
+        // A takeover leaves a tomb, and nobody takes over a claim in a fresh folder while its
+        // holder lives (`holds` in `stage` would have failed).
+        if !self
+            .held(&claim.key, true)
+            .is_some_and(|h| h.fresh && h.attempt == claim.attempt)
+        {
+            self.clean_tombs(&claim.key);
         }
     }
 
@@ -795,11 +878,15 @@ impl Store for FsStore {
 
     fn lineage(&self, lineage: &Hash) -> Result<Option<Hash>, StoreError> {
         let path = self.lineage.join(lineage.to_hex());
-        match fs::read_to_string(&path) {
-            Ok(s) => s.trim().parse().map(Some).map_err(|e| StoreError::Corrupt {
-                path,
-                reason: format!("{e}"),
-            }),
+        match fs::read(&path) {
+            // A pointer without its line end is one being written, or one a machine crash
+            // cut (pointers are not synced): no pointer yet.
+            Ok(b) if !b.ends_with(b"\n") => Ok(None),
+            Ok(b) => std::str::from_utf8(&b)
+                .map_err(|e| e.to_string())
+                .and_then(|s| s.trim().parse().map_err(|e| format!("{e}")))
+                .map(Some)
+                .map_err(|reason| StoreError::Corrupt { path, reason }),
             Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(None),
             Err(e) => Err(StoreError::Io { path, source: e }),
         }
@@ -807,7 +894,17 @@ impl Store for FsStore {
 
     fn set_lineage(&self, lineage: &Hash, key: &Hash) -> Result<(), StoreError> {
         let path = self.lineage.join(lineage.to_hex());
-        replace_file(&path, format!("{key}\n").as_bytes()).map_err(io_err(&path))
+        let line = format!("{key}\n");
+        // A new lineage's pointer is written in place (no temp file, no rename): a reader
+        // that catches it empty or torn reads no pointer, as it would a moment earlier. An
+        // existing pointer is replaced atomically.
+        match OpenOptions::new().write(true).create_new(true).open(&path) {
+            Ok(mut f) => f.write_all(line.as_bytes()).map_err(io_err(&path)),
+            Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {
+                replace_file(&path, line.as_bytes()).map_err(io_err(&path))
+            }
+            Err(e) => Err(io_err(&path)(e)),
+        }
     }
 
     fn reuse(&self, pairs: &[(Hash, Hash)]) -> Result<(), StoreError> {
@@ -897,7 +994,7 @@ impl Store for FsStore {
                 return Ok(ClaimOutcome::Done(Box::new(r)));
             }
             let at = Instant::now();
-            match self.create_claim(&dir, &path, owner) {
+            match self.create_claim(&path, owner) {
                 Ok(()) => {
                     // The previous holder may have finished between our check and our create.
                     let prev = self.record(key)?;
@@ -987,41 +1084,64 @@ impl Store for FsStore {
     }
 
     fn finish(&self, claim: &Claim, record: &JobRecord) -> Result<(), StoreError> {
-        self.holds(claim)?;
-        let dir = self.job_dir(&claim.key);
-        if let Some(f) = &record.error {
-            let mut text = format!("{}: {}\n", f.kind, f.message);
-            for c in &f.chain {
-                text.push_str(&format!("caused by: {c}\n"));
-            }
-            if let Some(bt) = &f.backtrace {
-                text.push_str("\nbacktrace:\n");
-                text.push_str(bt);
-                text.push('\n');
-            }
-            // A readable copy of what the record holds: the record is the durable one.
-            let p = dir.join("error.txt");
-            replace_file(&p, text.as_bytes()).map_err(io_err(&p))?;
+        let staged = self.stage(claim, record)?;
+        let synced = staged.file.sync_all().map_err(io_err(&staged.tmp));
+        let renamed = synced.and_then(|()| staged.rename());
+        if let Err(e) = renamed {
+            let _ = fs::remove_file(&staged.tmp);
+            return Err(e);
         }
-        // The record is the commit point; the claim goes after it.
-        let bytes = self.write_json(&dir.join("record.json"), record, Durability::Power)?;
-        if let Some(e) = Entry::of(record, &bytes) {
-            self.index.note_written(&claim.key, e);
-        }
-        // The running record is a copy of the record as it started (hundreds of KiB with a
-        // large owned digest): emptied, not removed, so its inode stays linked (see
-        // `RELEASED`). A failure here costs only disk space.
-        truncate(&dir.join(format!("running.{}.json", claim.attempt)));
-        self.release_held(&dir)?;
-        // A takeover leaves a tomb, and nobody takes over a claim in a fresh folder while its
-        // holder lives (`holds` above would have failed).
-        if !self
-            .held(&claim.key, true)
-            .is_some_and(|h| h.fresh && h.attempt == claim.attempt)
-        {
-            self.clean_tombs(&claim.key);
-        }
+        crate::fsutil::sync_dir(&staged.dir).map_err(io_err(&staged.dir))?;
+        self.settle(claim, staged);
         Ok(())
+    }
+
+    /// A group commit: every record is written to its temp file, then one `syncfs` makes them
+    /// durable, then each is renamed into place, then a second `syncfs` makes the renames
+    /// durable: two flushes for the batch where `finish` costs two per run. Where `syncfs` is
+    /// missing, each file and each folder is `fsync`ed in turn.
+    fn finish_many(&self, done: &[(&Claim, &JobRecord)]) -> Vec<Result<(), StoreError>> {
+        if done.len() < 2 {
+            return done.iter().map(|(c, r)| self.finish(c, r)).collect();
+        }
+        let mut staged: Vec<Result<Staged, StoreError>> =
+            done.iter().map(|(c, r)| self.stage(c, r)).collect();
+        let flush = |staged: &mut Vec<Result<Staged, StoreError>>,
+                     one: &dyn Fn(&Staged) -> Result<(), StoreError>| {
+            let all = crate::fsutil::sync_filesystem(&self.jobs);
+            for slot in staged.iter_mut() {
+                let Ok(s) = slot else { continue };
+                let r = match &all {
+                    Ok(()) => Ok(()),
+                    Err(e) if e.kind() == io::ErrorKind::Unsupported => one(s),
+                    Err(e) => Err(StoreError::Io {
+                        path: self.jobs.clone(),
+                        source: io::Error::new(e.kind(), e.to_string()),
+                    }),
+                };
+                if let Err(e) = r {
+                    let _ = fs::remove_file(&s.tmp);
+                    *slot = Err(e);
+                }
+            }
+        };
+        flush(&mut staged, &|s| s.file.sync_all().map_err(io_err(&s.tmp)));
+        for slot in staged.iter_mut() {
+            if let Ok(s) = slot
+                && let Err(e) = s.rename()
+            {
+                let _ = fs::remove_file(&s.tmp);
+                *slot = Err(e);
+            }
+        }
+        flush(&mut staged, &|s| {
+            crate::fsutil::sync_dir(&s.dir).map_err(io_err(&s.dir))
+        });
+        staged
+            .into_iter()
+            .zip(done)
+            .map(|(slot, (claim, _))| slot.map(|s| self.settle(claim, s)))
+            .collect()
     }
 
     fn release(&self, claim: &Claim) -> Result<(), StoreError> {
@@ -1435,6 +1555,7 @@ mod tests {
         let claim_ino = inodes(&jd)["claim"];
         let mut rec = crate::store::conformance::sample_record(key, Status::Running, c.attempt);
         store.start(&c, &rec).unwrap();
+        let as_started = rec.clone();
         let started = inodes(&jd);
         assert_eq!(started["record.json"], started["running.1.json"]);
         assert_eq!(store.record(&key).unwrap().unwrap().status, Status::Running);
@@ -1461,9 +1582,10 @@ mod tests {
         assert_eq!(done["running.1.json"], running_ino);
         assert_ne!(done["record.json"], running_ino);
         assert_eq!(
-            fs::metadata(jd.join("running.1.json")).unwrap().len(),
-            0,
-            "a done run's running record keeps its inode, not its bytes"
+            serde_json::from_slice::<JobRecord>(&fs::read(jd.join("running.1.json")).unwrap())
+                .unwrap(),
+            as_started,
+            "a small running record is kept as it started"
         );
         assert_eq!(store.record(&key).unwrap().unwrap().status, Status::Done);
         assert!(
@@ -1481,6 +1603,70 @@ mod tests {
         let again = inodes(&jd);
         assert_eq!(again["record.json"], again["running.2.json"]);
         assert_eq!(store.record(&key).unwrap().unwrap().attempt, 2);
+    }
+
+    #[test]
+    fn a_group_commit_leaves_each_folder_as_finish_does() {
+        // `finish_many` (two flushes for the batch) leaves what `finish` leaves per run: the
+        // record in place, the claim released, no temp file, the done index noted.
+        let dir = tempfile::tempdir().unwrap();
+        let store = FsStore::open(dir.path().join("s")).unwrap();
+        let mut done = Vec::new();
+        for i in 0..5 {
+            let key = Hash::of(format!("group-{i}"));
+            let ClaimOutcome::Claimed(c) = store.claim(&key, &Owner::current(), None).unwrap()
+            else {
+                panic!("a new job is free");
+            };
+            let mut rec = crate::store::conformance::sample_record(key, Status::Running, 1);
+            store.start(&c, &rec).unwrap();
+            rec.status = Status::Done;
+            rec.finished_at = Some(2.0);
+            done.push((c, rec));
+        }
+        let pairs: Vec<_> = done.iter().map(|(c, r)| (c, r)).collect();
+        for r in store.finish_many(&pairs) {
+            r.unwrap();
+        }
+        for (c, rec) in &done {
+            let jd = store.job_dir(&c.key);
+            let names: Vec<String> = inodes(&jd).into_keys().collect();
+            assert_eq!(names, ["claim.released", "record.json", "running.1.json"]);
+            assert_eq!(&store.record(&c.key).unwrap().unwrap(), rec);
+        }
+        let keys: Vec<Hash> = done.iter().map(|(c, _)| c.key).collect();
+        let again = FsStore::open(store.root()).unwrap();
+        for h in again.done_heads(&keys) {
+            assert_eq!(h.unwrap().map(|h| h.attempt), Some(1), "indexed and proved");
+        }
+    }
+
+    #[test]
+    fn a_large_running_record_is_emptied_when_its_attempt_ends() {
+        // Over `KEEP_RUNNING_RECORD` (a large owned digest): the copy goes, the inode stays.
+        let dir = tempfile::tempdir().unwrap();
+        let store = FsStore::open(dir.path().join("s")).unwrap();
+        let key = Hash::of("big");
+        let ClaimOutcome::Claimed(c) = store.claim(&key, &Owner::current(), None).unwrap() else {
+            panic!("a new job is free");
+        };
+        let mut rec = crate::store::conformance::sample_record(key, Status::Running, 1);
+        for i in 0..2000 {
+            rec.owned
+                .files
+                .insert(format!("src/module_{i:05}.rs"), Hash::of(format!("{i}")));
+        }
+        store.start(&c, &rec).unwrap();
+        let jd = store.job_dir(&key);
+        let ino = inodes(&jd)["running.1.json"];
+        let started = fs::metadata(jd.join("running.1.json")).unwrap().len();
+        assert!(started > KEEP_RUNNING_RECORD as u64, "{started} bytes");
+        rec.status = Status::Done;
+        rec.finished_at = Some(1.0);
+        store.finish(&c, &rec).unwrap();
+        assert_eq!(fs::metadata(jd.join("running.1.json")).unwrap().len(), 0);
+        assert_eq!(inodes(&jd)["running.1.json"], ino, "its inode stays linked");
+        assert_eq!(store.record(&key).unwrap().unwrap(), rec);
     }
 
     #[test]

@@ -327,6 +327,18 @@ pub trait Store: Send + Sync {
     /// [`StoreError::ClaimLost`] when the claim is no longer held, [`StoreError::Io`].
     fn finish(&self, claim: &Claim, record: &JobRecord) -> Result<(), StoreError>;
 
+    /// [`finish`](Self::finish) for several claims at once (a group commit): one result per
+    /// entry, in order, each `Ok` only once that record is as durable as `finish` makes it. A
+    /// store may share the cost of durability among the entries (one flush for the batch); an
+    /// entry that fails (a lost claim) does not fail the others. The default calls `finish`
+    /// for each.
+    ///
+    /// # Errors
+    /// Per entry, those of [`finish`](Self::finish).
+    fn finish_many(&self, done: &[(&Claim, &JobRecord)]) -> Vec<Result<(), StoreError>> {
+        done.iter().map(|(c, r)| self.finish(c, r)).collect()
+    }
+
     /// Releases a claim without recording an outcome (the job stays as it was).
     ///
     /// # Errors
@@ -462,6 +474,9 @@ macro_rules! forward_store {
             }
             fn finish(&self, claim: &Claim, record: &JobRecord) -> Result<(), StoreError> {
                 (**self).finish(claim, record)
+            }
+            fn finish_many(&self, done: &[(&Claim, &JobRecord)]) -> Vec<Result<(), StoreError>> {
+                (**self).finish_many(done)
             }
             fn release(&self, claim: &Claim) -> Result<(), StoreError> {
                 (**self).release(claim)
