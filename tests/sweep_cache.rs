@@ -613,3 +613,77 @@ fn after_a_revert_the_reused_runs_are_current_and_the_edits_superseded() {
         "the reverted edit's runs, not the current ones"
     );
 }
+
+/// Where `watch` finds the store (set by the test that runs it, under `SERIAL`).
+static WATCHED: Mutex<Option<std::path::PathBuf>> = Mutex::new(None);
+
+/// `hidden == 1`: waits (up to 20 s) until its own record reads as running, and fails if it
+/// never does; `hidden == 2`: fails at once; otherwise returns at once.
+fn watch(p: &P, run: &mut Run) -> JobResult {
+    run.log("loss", 0, p.lr)?;
+    if p.hidden == 2 {
+        return Err("fails on purpose".into());
+    }
+    if p.hidden == 1 {
+        let root = WATCHED.lock().unwrap_or_else(|e| e.into_inner()).clone();
+        let store = FsStore::open(root.ok_or("no store root")?)?;
+        let t = std::time::Instant::now();
+        loop {
+            let status = store.record(&run.key())?.map(|r| r.status);
+            if status == Some(puzzletron::store::Status::Running) {
+                break;
+            }
+            if t.elapsed() > std::time::Duration::from_secs(20) {
+                return Err(format!("never read as running: {status:?}").into());
+            }
+            std::thread::sleep(std::time::Duration::from_millis(2));
+        }
+    }
+    Ok(())
+}
+
+/// A drain's committers write each run's start while it runs: a run that lasts reads as
+/// running from the store meanwhile, a trivial one may be over first and have only its done
+/// record; either way, and for a failed run, the run's lineage names its key afterwards.
+#[test]
+fn a_run_reads_as_running_while_it_lasts_and_every_run_points_its_lineage() {
+    let _g = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
+    let c = FakeCrate::new();
+    *WATCHED.lock().unwrap() = Some(c.path().join("store"));
+    let mut o = sweep(&c);
+    let job = c.job(watch);
+    // Trivial runs around two that wait to be seen running, then one that fails.
+    let mut hidden = vec![0; 40];
+    hidden[5] = 1;
+    hidden[30] = 1;
+    hidden.push(2);
+    for (i, &h) in hidden.iter().enumerate() {
+        o.run(
+            &job,
+            P {
+                lr: i as f64,
+                hidden: h,
+            },
+        )
+        .unwrap();
+    }
+    let failed = o.drain().unwrap_err();
+    let s = &failed.summary;
+    assert_eq!((s.ran(), s.failed()), (40, 1), "{}", s.report());
+    let store = FsStore::open(c.path().join("store")).unwrap();
+    for (i, p) in o.enqueued().iter().enumerate() {
+        let rec = store.record(&p.key).unwrap().expect("a record per run");
+        let want = if i == 40 {
+            puzzletron::store::Status::Failed
+        } else {
+            puzzletron::store::Status::Done
+        };
+        assert_eq!(rec.status, want, "run {i}");
+        assert_eq!(
+            store.lineage(&rec.lineage).unwrap(),
+            Some(p.key),
+            "run {i}: its lineage names it"
+        );
+        assert!(store.claim_info(&p.key).unwrap().is_none(), "run {i}");
+    }
+}

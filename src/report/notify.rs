@@ -167,6 +167,7 @@ impl Notifier {
             let timeout = self.timeout;
             let (failures, sent) = (self.failures.clone(), self.sent.clone());
             let t = std::thread::spawn(move || {
+                block_sigpipe();
                 for job in rx {
                     match job {
                         Job::Flush(ack) => {
@@ -232,6 +233,23 @@ impl Drop for Notifier {
             drop(tx);
             let _ = t.join();
         }
+    }
+}
+
+/// Blocks SIGPIPE for the calling thread. The `puzzletron` binary restores SIGPIPE's default
+/// action (so that `puzzletron ... | head` ends quietly), and a notifier that exits without
+/// reading all of its stdin would then kill the whole process, campaign controller included, on
+/// the next write to it. SIGPIPE goes to the thread that wrote (signal(7)): blocked here, it
+/// stays pending on this thread and the write fails with `EPIPE`, which `run_once` ignores. The
+/// children this thread starts get the default mask back (`Command` resets it).
+fn block_sigpipe() {
+    // SAFETY: `set` is a local signal set initialised by `sigemptyset` before use; the calls
+    // change only this thread's mask.
+    unsafe {
+        let mut set: libc::sigset_t = std::mem::zeroed();
+        libc::sigemptyset(&mut set);
+        libc::sigaddset(&mut set, libc::SIGPIPE);
+        libc::pthread_sigmask(libc::SIG_BLOCK, &set, std::ptr::null_mut());
     }
 }
 

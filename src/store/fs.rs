@@ -571,12 +571,16 @@ impl FsStore {
         if let Some(e) = staged.entry {
             self.index.note_written(&claim.key, e);
         }
-        let dir = staged.dir;
+        self.settle_unindexed(claim, staged.dir, staged.len);
+    }
+
+    /// [`settle`](Self::settle) but for the done index, which the caller notes.
+    fn settle_unindexed(&self, claim: &Claim, dir: PathBuf, len: usize) {
         // The running record is a copy of the record as it started: one of hundreds of KiB
         // (a large owned digest) is emptied, not removed, so its inode stays linked (see
         // `RELEASED`). A small one is kept: emptying it costs more (a `truncate` that frees
         // and discards a block) than the few KiB it holds. A failure here costs only disk.
-        if staged.len > KEEP_RUNNING_RECORD {
+        if len > KEEP_RUNNING_RECORD {
             truncate(&dir.join(format!("running.{}.json", claim.attempt)));
         }
         // The record is done whatever happens to the claim now: a claim left behind is stale
@@ -1137,10 +1141,17 @@ impl Store for FsStore {
         flush(&mut staged, &|s| {
             crate::fsutil::sync_dir(&s.dir).map_err(io_err(&s.dir))
         });
+        // The batch's done-index lines go in one append.
+        let entries: Vec<(Hash, Entry)> = staged
+            .iter()
+            .zip(done)
+            .filter_map(|(slot, (claim, _))| Some((claim.key, slot.as_ref().ok()?.entry?)))
+            .collect();
+        self.index.note_written_many(&entries);
         staged
             .into_iter()
             .zip(done)
-            .map(|(slot, (claim, _))| slot.map(|s| self.settle(claim, s)))
+            .map(|(slot, (claim, _))| slot.map(|s| self.settle_unindexed(claim, s.dir, s.len)))
             .collect()
     }
 

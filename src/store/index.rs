@@ -224,6 +224,17 @@ impl DoneIndex {
         self.append(&text);
     }
 
+    /// [`note_written`](Self::note_written) of several records, with one append.
+    pub(super) fn note_written_many(&self, entries: &[(Hash, Entry)]) {
+        let mut guard = self.state.lock().unwrap_or_else(|e| e.into_inner());
+        let text = match guard.as_mut() {
+            Some(map) => Self::insert_new(map, entries),
+            None => entries.iter().map(|(k, e)| e.line(k)).collect(),
+        };
+        drop(guard);
+        self.append(&text);
+    }
+
     fn insert_new(map: &mut Map, entries: &[(Hash, Entry)]) -> String {
         let mut text = String::new();
         for (k, e) in entries {

@@ -6,6 +6,7 @@ use std::collections::HashMap;
 use std::sync::{Mutex, mpsc};
 use std::time::{Duration, Instant};
 
+use super::commit::{COMMIT_BATCH, COMMITTERS, Commit, Started, Work, serve};
 use super::decision::{Action, Decider, JobDecision};
 use super::event::Event;
 use super::heart::{HEARTBEAT_EVERY, Heart};
@@ -13,45 +14,21 @@ use super::panics;
 use super::pending::PendingRun;
 use super::run::Run;
 use super::summary::{FailureCause, JobOutcome, Outcome, RunSummary};
-use crate::identity::{Hash, Witnesses};
+use crate::identity::Witnesses;
 use crate::store::{
-    BASE_FORMAT, Claim, ClaimOutcome, Failure, JobRecord, MetricSink, Owner, Status, Store,
-    StoreError, unix_now,
+    BASE_FORMAT, Claim, ClaimOutcome, Failure, JobRecord, Owner, Status, Store, StoreError,
+    unix_now,
 };
-
-/// Threads that commit finished runs while the drain goes on. A done record costs a few
-/// `fsync`s (the metrics file, the record, its folder: milliseconds on some disks). Two are
-/// enough: while one flushes, the runs that finish meanwhile queue up and the other takes them
-/// as one batch ([`COMMIT_BATCH`]). More threads would each take one run and flush it alone
-/// (measured: 8 committers never formed a batch and cost a third more time per trivial run).
-const COMMITTERS: usize = 2;
-
-/// The most finished runs one committer takes at once: when runs finish faster than their
-/// commits, those that queued up meanwhile are committed together ([`Store::finish_many`]:
-/// one flush for all). A slow run is committed alone as soon as it ends.
-const COMMIT_BATCH: usize = 64;
 
 /// Runs whose cache hits a drain proves together, ahead of executing them.
 const PREFETCH: usize = 1024;
-
-/// A run that finished well and whose record is not committed yet: its claim is still held,
-/// so nobody else runs it meanwhile, and a crash before the commit leaves it interrupted.
-pub(super) struct Commit {
-    index: usize,
-    total: usize,
-    key: Hash,
-    claim: Claim,
-    rec: JobRecord,
-    sink: Box<dyn MetricSink>,
-    seconds: f64,
-}
 
 /// The drain's helper threads a run uses: where finished runs go to be committed (`None`:
 /// commit in the caller) and the thread that renews the running claim (`None`: a thread of the
 /// run's own).
 #[derive(Clone, Copy, Default)]
 pub(super) struct Helpers<'a> {
-    commits: Option<&'a mpsc::SyncSender<Commit>>,
+    commits: Option<&'a mpsc::SyncSender<Work>>,
     heart: Option<&'a Heart>,
 }
 
@@ -97,11 +74,12 @@ impl<S: Store + ?Sized> Engine<'_, S> {
     }
 
     /// Executes every run of `queue` that is not done, in order, in this process; waits for
-    /// runs other processes hold. Stops at the first failure. Runs that finish well are
-    /// committed by [`COMMITTERS`] threads while the next ones run; the drain returns once
-    /// every commit is durable (a commit that fails stops it as a store failure).
+    /// runs other processes hold. Stops at the first failure. Each run's start is written, and
+    /// runs that finish well are committed, by [`COMMITTERS`] threads while the runs go on
+    /// (see `commit`); the drain returns once every commit is durable (a commit that fails
+    /// stops it as a store failure).
     pub(super) fn drain(&self, queue: &[PendingRun]) -> Drained {
-        let (tx, rx) = mpsc::sync_channel::<Commit>(COMMIT_BATCH * 2);
+        let (tx, rx) = mpsc::sync_channel::<Work>(COMMIT_BATCH * 2);
         let rx = Mutex::new(rx);
         let (done_tx, done_rx) = mpsc::channel::<(usize, StoreError)>();
         let heart = Heart::default();
@@ -109,25 +87,7 @@ impl<S: Store + ?Sized> Engine<'_, S> {
             for _ in 0..COMMITTERS.min(queue.len()) {
                 let done_tx = done_tx.clone();
                 let rx = &rx;
-                s.spawn(move || {
-                    loop {
-                        let batch = {
-                            let rx = rx.lock().unwrap_or_else(|e| e.into_inner());
-                            let Ok(first) = rx.recv() else { break };
-                            let mut batch = vec![first];
-                            while batch.len() < COMMIT_BATCH {
-                                match rx.try_recv() {
-                                    Ok(c) => batch.push(c),
-                                    Err(_) => break,
-                                }
-                            }
-                            batch
-                        };
-                        for failed in self.commit(batch) {
-                            let _ = done_tx.send(failed);
-                        }
-                    }
-                });
+                s.spawn(move || serve(self, rx, &done_tx));
             }
             drop(done_tx);
             let heart = &heart;
@@ -318,7 +278,7 @@ impl<S: Store + ?Sized> Engine<'_, S> {
     ) -> std::result::Result<Outcome, StoreError> {
         let params: serde_json::Value =
             serde_json::from_str(&p.params).unwrap_or(serde_json::Value::Null);
-        let mut rec = JobRecord {
+        let rec = JobRecord {
             format: BASE_FORMAT,
             key: p.key,
             job: p.job.to_string(),
@@ -336,7 +296,21 @@ impl<S: Store + ?Sized> Engine<'_, S> {
             error: None,
             metrics: None,
         };
-        self.store().start(&claim, &rec)?;
+        // With committers, one of them writes the start while the run goes on (and a run
+        // over before it got there has nothing of its start written but its lineage pointer).
+        let started = match helpers.commits {
+            Some(tx) => {
+                let started = Started::pending(claim.clone(), rec);
+                if tx.send(started.queued()).is_err() {
+                    started.write_now(self.store());
+                }
+                started
+            }
+            None => {
+                self.store().start(&claim, &rec)?;
+                Started::written(claim.clone(), rec)
+            }
+        };
         self.emit(Event::Started {
             index: index + 1,
             total,
@@ -363,19 +337,27 @@ impl<S: Store + ?Sized> Engine<'_, S> {
                 total,
                 key: p.key,
                 claim,
-                rec,
+                started,
                 sink,
                 seconds,
             };
-            return match tx.send(c) {
+            return match tx.send(Work::Commit(c)) {
                 Ok(()) => Ok(Outcome::Ran { seconds }),
                 // No committer left (they only stop when the queue closes): commit here.
-                Err(mpsc::SendError(c)) => match self.commit(vec![c]).pop() {
-                    None => Ok(Outcome::Ran { seconds }),
-                    Some((_, e)) => Err(e),
-                },
+                Err(mpsc::SendError(w)) => {
+                    let Work::Commit(c) = w else {
+                        return Ok(Outcome::Ran { seconds });
+                    };
+                    let (ready, mut failed) = self.end_starts(vec![c]);
+                    failed.extend(self.commit(ready));
+                    match failed.pop() {
+                        None => Ok(Outcome::Ran { seconds }),
+                        Some((_, e)) => Err(e),
+                    }
+                }
             };
         }
+        let mut rec = started.end(self.store())?;
         // Only a done run keeps its rows in its record: a failed one's record is replaced when
         // the job runs again, and its rows stay in their file for a look at what went wrong.
         if matches!(result, Ok(Ok(()))) {
@@ -431,39 +413,6 @@ impl<S: Store + ?Sized> Engine<'_, S> {
             _ => {}
         }
         Ok(outcome)
-    }
-
-    /// Makes finished runs' metrics and done records durable and releases their claims, in one
-    /// group commit; returns the runs that failed to commit (queue index and error).
-    fn commit(&self, batch: Vec<Commit>) -> Vec<(usize, StoreError)> {
-        let mut failed = Vec::new();
-        let mut ready = Vec::with_capacity(batch.len());
-        for mut c in batch {
-            match c.sink.seal() {
-                Ok(m) => {
-                    c.rec.set_metrics(m);
-                    c.rec.finished_at = Some(unix_now());
-                    c.rec.status = Status::Done;
-                    ready.push(c);
-                }
-                Err(e) => failed.push((c.index, e)),
-            }
-        }
-        let pairs: Vec<(&Claim, &JobRecord)> = ready.iter().map(|c| (&c.claim, &c.rec)).collect();
-        let results = self.store().finish_many(&pairs);
-        for (c, r) in ready.iter().zip(results) {
-            match r {
-                Ok(()) => self.emit(Event::Finished {
-                    index: c.index + 1,
-                    total: c.total,
-                    key: c.key,
-                    seconds: c.seconds,
-                    rows: c.rec.metrics.as_ref().map(|m| m.rows).unwrap_or(0),
-                }),
-                Err(e) => failed.push((c.index, e)),
-            }
-        }
-        failed
     }
 
     /// Runs `f` while a thread of its own renews the claim's heartbeat every

@@ -3,6 +3,7 @@
 //! See [`Orchestrator`] for the whole story and the crate docs for an example.
 
 mod builder;
+mod commit;
 mod decision;
 mod entry;
 mod event;

@@ -276,8 +276,12 @@ impl<S: Store, E: Executor> Orchestrator<S, E> {
     /// A run that finished well is committed (its metrics and done record made durable, see
     /// [`FsStore`]'s fsync budget) by a committer thread while the next runs execute, so its
     /// [`Event::Finished`](super::Event::Finished) may come after the next run's `Started`;
-    /// the drain returns once every commit is durable. A crash of the process before a run's
-    /// commit leaves it interrupted: the next drain runs it again.
+    /// the drain returns once every commit is durable; runs that finish while a commit is in
+    /// flight are committed together (one flush for the batch). A run's start (its running
+    /// record, [`Store::start`]) is written by a committer too, as the run begins: a run that
+    /// ends before a committer gets to it (a trivial one) has no running record, only its
+    /// done record and its lineage pointer. A crash of the process before a run's commit
+    /// leaves it interrupted: the next drain runs it again.
     ///
     /// With [`isolate(true)`](OrchestratorBuilder::isolate) the runs go to worker processes
     /// through the executor, all at once (the executor bounds how many run together); a failed,
