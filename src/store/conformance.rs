@@ -87,6 +87,7 @@ pub fn run_all<S: Store + 'static>(make: impl Fn() -> S) {
     done_head_never_lies(&make());
     reuse_points_lineages(&make());
     finish_many_commits_each(&make());
+    deferred_start_keeps_rows(&make());
     concurrent_claims_one_winner(Arc::new(make()));
 }
 
@@ -462,6 +463,55 @@ pub fn finish_many_commits_each(store: &dyn Store) {
         if let Some(t) = taker {
             store.release(&t).unwrap();
         }
+    }
+}
+
+/// For a store whose [`Store::deferrable_start`] is `true`: a start written after the sink
+/// took rows leaves them alone, and a run finished with no start at all (its lineage pointed
+/// with [`Store::set_lineage`]) reads back as one that started. Nothing to check otherwise.
+pub fn deferred_start_keeps_rows(store: &dyn Store) {
+    if !store.deferrable_start() {
+        return;
+    }
+    for (i, write_start) in [true, false].into_iter().enumerate() {
+        let k = Hash::of(format!("deferred-{i}"));
+        let c = claimed(store, &k, &Owner::current());
+        let mut rec = sample_record(k, Status::Running, c.attempt);
+        let mut sink = store.metric_sink(&c).unwrap();
+        for step in 0..3 {
+            sink.append("loss", step, step as f64).unwrap();
+        }
+        sink.sync().unwrap();
+        if write_start {
+            store.start(&c, &rec).unwrap();
+            assert_eq!(
+                store.record(&k).unwrap().map(|r| r.status),
+                Some(Status::Running),
+                "a start written late reads as running"
+            );
+        } else {
+            store.set_lineage(&rec.lineage, &k).unwrap();
+        }
+        for step in 3..5 {
+            sink.append("loss", step, step as f64).unwrap();
+        }
+        rec.set_metrics(sink.seal().unwrap());
+        rec.status = Status::Done;
+        rec.finished_at = Some(2.0);
+        store.finish(&c, &rec).unwrap();
+        let back = store.record(&k).unwrap().expect("a done record");
+        assert_eq!(back, rec, "start written: {write_start}");
+        let want: Vec<(i64, f64)> = (0..5).map(|s| (s, s as f64)).collect();
+        assert_eq!(
+            store
+                .record_metrics(&back, Some("loss"))
+                .unwrap()
+                .of("loss"),
+            want,
+            "start written: {write_start}: every row, those before the start included"
+        );
+        assert_eq!(store.lineage(&rec.lineage).unwrap(), Some(k));
+        assert!(store.claim_info(&k).unwrap().is_none());
     }
 }
 

@@ -1065,6 +1065,12 @@ impl Store for FsStore {
         self.set_lineage(&record.lineage, &claim.key)
     }
 
+    /// `true`: `start` writes the running record and the lineage pointer and touches no
+    /// metrics file; `finish` checks the claim, not the running record.
+    fn deferrable_start(&self) -> bool {
+        true
+    }
+
     fn metric_sink(&self, claim: &Claim) -> Result<Box<dyn MetricSink>, StoreError> {
         let path = self
             .job_dir(&claim.key)

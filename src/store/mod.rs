@@ -315,6 +315,17 @@ pub trait Store: Send + Sync {
     /// [`StoreError::ClaimLost`] when the claim is no longer held, [`StoreError::Io`].
     fn start(&self, claim: &Claim, record: &JobRecord) -> Result<(), StoreError>;
 
+    /// Whether a drain may write a run's start while the run executes: [`Store::start`] after
+    /// [`Store::metric_sink`] and rows appended to it, or no `start` at all for a run that is
+    /// over before the drain got to it ([`Store::set_lineage`] then, before
+    /// [`Store::finish`]). `true` only for a store whose `start` leaves the attempt's rows
+    /// alone and whose `finish` needs no `start` before it (the conformance suite checks both
+    /// orders for such a store). The default, `false`: `start` before the sink, as the methods'
+    /// order here says.
+    fn deferrable_start(&self) -> bool {
+        false
+    }
+
     /// A sink for the claimed attempt's metric rows (empty at first).
     ///
     /// # Errors
@@ -468,6 +479,9 @@ macro_rules! forward_store {
             }
             fn start(&self, claim: &Claim, record: &JobRecord) -> Result<(), StoreError> {
                 (**self).start(claim, record)
+            }
+            fn deferrable_start(&self) -> bool {
+                (**self).deferrable_start()
             }
             fn metric_sink(&self, claim: &Claim) -> Result<Box<dyn MetricSink>, StoreError> {
                 (**self).metric_sink(claim)

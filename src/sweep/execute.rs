@@ -298,7 +298,7 @@ impl<S: Store + ?Sized> Engine<'_, S> {
         };
         // With committers, one of them writes the start while the run goes on (and a run
         // over before it got there has nothing of its start written but its lineage pointer).
-        let started = match helpers.commits {
+        let started = match helpers.commits.filter(|_| self.store().deferrable_start()) {
             Some(tx) => {
                 let started = Started::pending(claim.clone(), rec);
                 if tx.send(started.queued()).is_err() {
@@ -345,11 +345,15 @@ impl<S: Store + ?Sized> Engine<'_, S> {
                 Ok(()) => Ok(Outcome::Ran { seconds }),
                 // No committer left (they only stop when the queue closes): commit here.
                 Err(mpsc::SendError(w)) => {
-                    let Work::Commit(c) = w else {
-                        return Ok(Outcome::Ran { seconds });
+                    // What comes back is the commit just sent.
+                    let mut failed = match w {
+                        Work::Commit(c) => {
+                            let (ready, mut failed) = self.end_starts(vec![c]);
+                            failed.extend(self.commit(ready));
+                            failed
+                        }
+                        Work::Start(_) => Vec::new(),
                     };
-                    let (ready, mut failed) = self.end_starts(vec![c]);
-                    failed.extend(self.commit(ready));
                     match failed.pop() {
                         None => Ok(Outcome::Ran { seconds }),
                         Some((_, e)) => Err(e),
