@@ -66,7 +66,7 @@ pub fn dead_owner() -> Owner {
     owner
 }
 
-fn claimed(store: &dyn Store, key: &Hash, owner: &Owner) -> super::Claim {
+pub(crate) fn claimed(store: &dyn Store, key: &Hash, owner: &Owner) -> super::Claim {
     match store.claim(key, owner, None).expect("claim") {
         ClaimOutcome::Claimed(c) => c,
         other => panic!("expected Claimed for a free job, got {other:?}"),

@@ -215,13 +215,7 @@ impl DoneIndex {
     /// Records the entry of a record this process just wrote (a new attempt, so not in the
     /// index): appended whether or not the index is loaded, without loading it.
     pub(super) fn note_written(&self, key: &Hash, entry: Entry) {
-        let mut guard = self.state.lock().unwrap_or_else(|e| e.into_inner());
-        let text = match guard.as_mut() {
-            Some(map) => Self::insert_new(map, &[(*key, entry)]),
-            None => entry.line(key),
-        };
-        drop(guard);
-        self.append(&text);
+        self.note_written_many(&[(*key, entry)]);
     }
 
     /// [`note_written`](Self::note_written) of several records, with one append.

@@ -36,14 +36,19 @@ pub(super) enum Work {
 
 /// A run that finished well and whose record is not committed yet: its claim is still held,
 /// so nobody else runs it meanwhile, and a crash before the commit leaves it interrupted.
-pub(super) struct Commit {
+pub(super) struct Finished {
     pub(super) index: usize,
     pub(super) total: usize,
     pub(super) key: Hash,
     pub(super) claim: Claim,
-    pub(super) started: Started,
     pub(super) sink: Box<dyn MetricSink>,
     pub(super) seconds: f64,
+}
+
+/// A [`Finished`] run as queued: its start may still be pending.
+pub(super) struct Commit {
+    pub(super) run: Finished,
+    pub(super) started: Started,
 }
 
 /// A run's start ([`Store::start`]: its running record and lineage pointer), shared by the
@@ -172,15 +177,10 @@ pub(super) fn serve<S: Store + ?Sized>(
     }
 }
 
-/// A finished run whose start is ended: ready for its commit.
+/// A finished run whose start is ended, with its record: ready for its commit.
 pub(super) struct Ready {
-    index: usize,
-    total: usize,
-    key: Hash,
-    claim: Claim,
+    run: Finished,
     rec: JobRecord,
-    sink: Box<dyn MetricSink>,
-    seconds: f64,
 }
 
 impl<S: Store + ?Sized> Engine<'_, S> {
@@ -192,18 +192,10 @@ impl<S: Store + ?Sized> Engine<'_, S> {
     ) -> (Vec<Ready>, Vec<(usize, StoreError)>) {
         let mut ready = Vec::with_capacity(commits.len());
         let mut failed = Vec::new();
-        for c in commits {
-            match c.started.end(self.store()) {
-                Ok(rec) => ready.push(Ready {
-                    index: c.index,
-                    total: c.total,
-                    key: c.key,
-                    claim: c.claim,
-                    rec,
-                    sink: c.sink,
-                    seconds: c.seconds,
-                }),
-                Err(e) => failed.push((c.index, e)),
+        for Commit { run, started } in commits {
+            match started.end(self.store()) {
+                Ok(rec) => ready.push(Ready { run, rec }),
+                Err(e) => failed.push((run.index, e)),
             }
         }
         (ready, failed)
@@ -215,28 +207,29 @@ impl<S: Store + ?Sized> Engine<'_, S> {
         let mut failed = Vec::new();
         let mut ready = Vec::with_capacity(batch.len());
         for mut c in batch {
-            match c.sink.seal() {
+            match c.run.sink.seal() {
                 Ok(m) => {
                     c.rec.set_metrics(m);
                     c.rec.finished_at = Some(unix_now());
                     c.rec.status = Status::Done;
                     ready.push(c);
                 }
-                Err(e) => failed.push((c.index, e)),
+                Err(e) => failed.push((c.run.index, e)),
             }
         }
-        let pairs: Vec<(&Claim, &JobRecord)> = ready.iter().map(|c| (&c.claim, &c.rec)).collect();
+        let pairs: Vec<(&Claim, &JobRecord)> =
+            ready.iter().map(|c| (&c.run.claim, &c.rec)).collect();
         let results = self.store().finish_many(&pairs);
         for (c, r) in ready.iter().zip(results) {
             match r {
                 Ok(()) => self.emit(Event::Finished {
-                    index: c.index + 1,
-                    total: c.total,
-                    key: c.key,
-                    seconds: c.seconds,
+                    index: c.run.index + 1,
+                    total: c.run.total,
+                    key: c.run.key,
+                    seconds: c.run.seconds,
                     rows: c.rec.metrics.as_ref().map(|m| m.rows).unwrap_or(0),
                 }),
-                Err(e) => failed.push((c.index, e)),
+                Err(e) => failed.push((c.run.index, e)),
             }
         }
         failed

@@ -6,7 +6,7 @@ use std::collections::HashMap;
 use std::sync::{Mutex, mpsc};
 use std::time::{Duration, Instant};
 
-use super::commit::{COMMIT_BATCH, COMMITTERS, Commit, Started, Work, serve};
+use super::commit::{COMMIT_BATCH, COMMITTERS, Commit, Finished, Started, Work, serve};
 use super::decision::{Action, Decider, JobDecision};
 use super::event::Event;
 use super::heart::{HEARTBEAT_EVERY, Heart};
@@ -333,13 +333,15 @@ impl<S: Store + ?Sized> Engine<'_, S> {
         let mut sink = run.into_sink();
         if let (Some(tx), Ok(Ok(()))) = (helpers.commits, &result) {
             let c = Commit {
-                index,
-                total,
-                key: p.key,
-                claim,
+                run: Finished {
+                    index,
+                    total,
+                    key: p.key,
+                    claim,
+                    sink,
+                    seconds,
+                },
                 started,
-                sink,
-                seconds,
             };
             return match tx.send(Work::Commit(c)) {
                 Ok(()) => Ok(Outcome::Ran { seconds }),
