@@ -430,6 +430,9 @@ fn a_wait_for_another_holder_is_announced_once_then_taken_over() {
     let ClaimOutcome::Claimed(claim) = store.claim(&key, &other, None).unwrap() else {
         panic!("the run was free");
     };
+    // A new job folder's claim is its `mkdir` until the holder starts the run or beats: the
+    // beat writes the claim file that names it.
+    store.heartbeat(&claim).unwrap();
     let releaser = std::thread::spawn(move || {
         std::thread::sleep(Duration::from_millis(500));
         store.release(&claim).unwrap();

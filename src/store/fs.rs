@@ -3,7 +3,10 @@
 //! ```text
 //! ROOT/puzzletron-store.json        {"format": 1}
 //! ROOT/jobs/KEY/record.json         the JobRecord (atomic replace)
-//! ROOT/jobs/KEY/claim               the holder (create-exclusive); its mtime is the heartbeat
+//! ROOT/jobs/KEY/claim               the holder (create-exclusive); its mtime is the heartbeat.
+//!                                   In a folder the claimer's `mkdir` made, the `mkdir` is the
+//!                                   claim until `start` or the first heartbeat writes this
+//!                                   file (see `UNBORN_GRACE`)
 //! ROOT/jobs/KEY/claim.released      the last released claim (renamed, not removed: see RELEASED)
 //! ROOT/jobs/KEY/running.N.json      the running record of attempt N, as it started (emptied
 //!                                   when the attempt ends if over 64 KiB: the inode stays,
@@ -16,12 +19,13 @@
 //! ROOT/jobs/KEY/error.txt           the last failure's text and backtrace
 //! ROOT/jobs/KEY/artifacts/          files the job writes (Run::artifact_dir)
 //! ROOT/lineage/LINEAGE              the key last started, or reused by a drain, for a job
-//!                                   name + parameters (`Store::reuse`)
+//!                                   name + parameters (`Store::reuse`): a symlink whose
+//!                                   target holds the key (see `pointer`)
 //! ROOT/done.idx                     a cache of done records for fast cache hits (see `index`)
 //! ```
 //!
-//! Exclusion uses `open(O_CREAT|O_EXCL)` and `link(2)`, which are atomic on local filesystems
-//! and on NFSv3+; no `flock`, which is unreliable across NFS clients.
+//! Exclusion uses `mkdir(2)`, `open(O_CREAT|O_EXCL)` and `link(2)`, which are atomic on local
+//! filesystems and on NFSv3+; no `flock`, which is unreliable across NFS clients.
 
 use std::collections::{BTreeSet, HashMap, HashSet};
 use std::fs::{self, File, OpenOptions};
@@ -32,6 +36,7 @@ use std::time::{Duration, Instant, SystemTime};
 
 use super::fs_sink::FsSink;
 use super::index::{DoneIndex, Entry, INDEX_FILE};
+use super::pointer;
 use super::rows::{Bound, TornTail, read_rows};
 use super::{
     BASE_FORMAT, Claim, ClaimInfo, ClaimOutcome, DEFAULT_STALE_AFTER, DoneHead, FORMAT_VERSION,
@@ -58,6 +63,15 @@ const KEEP_RUNNING_RECORD: usize = 64 * 1024;
 /// An empty or unreadable claim (its creator died between create and write) counts as live
 /// for this long, then as stale.
 const UNWRITTEN_CLAIM_GRACE: Duration = Duration::from_secs(5);
+/// A job folder with no claim, no released claim and no record is one a claimer's `mkdir` made:
+/// that `mkdir` is the claim until the claim file is written, by [`Store::start`] (a drain's
+/// committers write it while the run executes) or the first heartbeat (at most 10 s into the
+/// run), or never, for a run that ends first: a first pass of short runs makes no claim file at
+/// all. Such a folder has no owner to ask and counts as held for this long after it was made
+/// (or for the store's stale interval, if shorter), then as left by a holder that died. A live
+/// holder writes its claim or its record well before: a takeover of one whose commit lagged
+/// longer fails its commit (`ClaimLost`), never lets two records race.
+const UNBORN_GRACE: Duration = Duration::from_secs(15);
 /// A takeover is three syscalls; a tomb whose link is older than this was left by a taker that
 /// died between pinning the stale claim and removing it, and is cleared so others can take over.
 const TAKEOVER_GRACE: Duration = Duration::from_secs(5);
@@ -88,6 +102,15 @@ const TAKEOVER_GRACE: Duration = Duration::from_secs(5);
 /// `claim.released`); a record a machine crash left empty or zero-filled can only be an
 /// unsynced running record and reads as an attempt that never started.
 ///
+/// # Files per run
+///
+/// A first pass of short runs makes two files per run: the job folder (whose `mkdir` is the
+/// claim, see the layout above) and `record.json`, plus a lineage pointer, a symlink with the
+/// key in its inode. A run that lasts long enough for a drain's committers to write its start
+/// also gets its claim file and its running record. Each file made costs an inode and, for
+/// all but the pointer, a block to allocate and flush: file creation is most of what a first
+/// pass costs.
+///
 /// # Cache hits
 ///
 /// `done.idx` lists, per done record, its attempt, the digest of its witnesses and the SHA-256
@@ -111,9 +134,9 @@ pub struct FsStore {
 }
 
 /// What a handle remembers of a claim it took, to skip probes whose answer it knows.
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone)]
 struct Held {
-    /// When the claim file was made (at the latest).
+    /// When the claim file (or the job folder of an unwritten claim) was made, at the latest.
     at: Instant,
     /// The attempt it runs (a `Claim` of another attempt is not this one).
     attempt: u32,
@@ -122,6 +145,9 @@ struct Held {
     /// claim first), so `metric_sink` and `finish` skip their probes for an old metrics file
     /// and for takeover tombs.
     fresh: bool,
+    /// The claim is the job folder's `mkdir` and its file is not written yet (see
+    /// [`UNBORN_GRACE`]): the owner it will name.
+    unwritten: Option<Arc<Owner>>,
 }
 
 /// A finished record written to its temp file, not yet renamed into place.
@@ -380,6 +406,10 @@ impl FsStore {
         let path = self.claim_path(&claim.key);
         let owner = match read_owner(&path) {
             Ok(o) => o,
+            // An unwritten claim of this handle is held while nobody wrote a claim file.
+            Err(e) if e.kind() == io::ErrorKind::NotFound && self.unwritten(claim).is_some() => {
+                return Ok(());
+            }
             Err(e) if e.kind() == io::ErrorKind::NotFound => None,
             Err(e) => return Err(StoreError::Io { path, source: e }),
         };
@@ -392,14 +422,91 @@ impl FsStore {
         }
     }
 
+    /// [`holds`](Self::holds), skipped for a claim this handle made a moment ago: it is still
+    /// ours, as nobody takes over a claim younger than a heartbeat interval, nor one whose
+    /// holder on this host lives.
+    fn holds_unless_new(&self, claim: &Claim) -> Result<(), StoreError> {
+        let trusted = self.held(&claim.key, false).is_some_and(|h| {
+            h.attempt == claim.attempt && h.at.elapsed() < TRUST_NEW_CLAIM.min(self.stale_after / 2)
+        });
+        if trusted { Ok(()) } else { self.holds(claim) }
+    }
+
     /// What this handle remembers of its claim on `key`; forgets it when `forget`.
     fn held(&self, key: &Hash, forget: bool) -> Option<Held> {
         let mut map = self.held.lock().unwrap_or_else(|e| e.into_inner());
         if forget {
             map.remove(key)
         } else {
-            map.get(key).copied()
+            map.get(key).cloned()
         }
+    }
+
+    /// The owner of `claim` when this handle holds it and its file is not written yet.
+    fn unwritten(&self, claim: &Claim) -> Option<Arc<Owner>> {
+        self.held(&claim.key, false)
+            .filter(|h| h.attempt == claim.attempt)
+            .and_then(|h| h.unwritten)
+    }
+
+    /// Writes the claim file of an unwritten claim of this handle (see [`UNBORN_GRACE`]);
+    /// nothing for a written one.
+    ///
+    /// # Errors
+    /// [`StoreError::ClaimLost`] when another process wrote a claim first (it judged the
+    /// folder left by a dead holder), [`StoreError::Io`].
+    fn write_unwritten(&self, claim: &Claim) -> Result<(), StoreError> {
+        let Some(owner) = self.unwritten(claim) else {
+            return Ok(());
+        };
+        let path = self.claim_path(&claim.key);
+        match self.create_claim(&path, &owner) {
+            Ok(()) => {}
+            // Another thread of this handle (a start and a heartbeat) may have written it.
+            Err(e) if e.kind() == io::ErrorKind::AlreadyExists => self.holds(claim)?,
+            Err(e) => return Err(io_err(&path)(e)),
+        }
+        let mut map = self.held.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(h) = map
+            .get_mut(&claim.key)
+            .filter(|h| h.attempt == claim.attempt)
+        {
+            h.unwritten = None;
+            h.at = Instant::now();
+        }
+        Ok(())
+    }
+
+    /// The claim of a job folder with no claim file, no released claim, no takeover tomb and
+    /// no record (one a claimer's `mkdir` made, see [`UNBORN_GRACE`]), judged by the folder's
+    /// age; `None` for any other folder, or none.
+    fn unborn(&self, dir: &Path) -> Result<Option<ClaimInfo>, StoreError> {
+        let names = match fs::read_dir(dir) {
+            Ok(rd) => rd,
+            Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(None),
+            Err(e) => return Err(io_err(dir)(e)),
+        };
+        for e in names {
+            let name = e.map_err(io_err(dir))?.file_name();
+            let name = name.to_string_lossy();
+            // A takeover removes the stale claim before the taker writes its own: its tomb
+            // marks the folder as claimed meanwhile.
+            if name == CLAIM || name == RELEASED || name == "record.json" {
+                return Ok(None);
+            }
+            if name.starts_with("claim.stale.") {
+                return Ok(None);
+            }
+        }
+        let mtime = match fs::metadata(dir).and_then(|m| m.modified()) {
+            Ok(t) => t,
+            Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(None),
+            Err(e) => return Err(io_err(dir)(e)),
+        };
+        let age = SystemTime::now().duration_since(mtime).unwrap_or_default();
+        let mut info = self.judge(None, mtime);
+        info.live = age < UNBORN_GRACE.min(self.stale_after);
+        Ok(Some(info))
     }
 
     /// Creates the claim file (`O_EXCL`: fails if `claim` exists) and writes its owner.
@@ -526,7 +633,18 @@ impl FsStore {
     /// The first half of a finish: checks the claim, writes `error.txt` for a failed record and
     /// the record to a temp file next to `record.json` (not synced).
     fn stage(&self, claim: &Claim, record: &JobRecord) -> Result<Staged, StoreError> {
-        self.holds(claim)?;
+        // A written claim is always read back: another host may have judged it stale (a
+        // clock skewed, a heartbeat lost). An unwritten one this handle made a moment ago is
+        // not: nobody judges a folder younger than `UNBORN_GRACE` left, and a short run
+        // spares the probe (a failed `openat`).
+        let young_unwritten = self.held(&claim.key, false).is_some_and(|h| {
+            h.attempt == claim.attempt
+                && h.unwritten.is_some()
+                && h.at.elapsed() < TRUST_NEW_CLAIM.min(self.stale_after / 2)
+        });
+        if !young_unwritten {
+            self.holds(claim)?;
+        }
         let dir = self.job_dir(&claim.key);
         if let Some(f) = &record.error {
             let mut text = format!("{}: {}\n", f.kind, f.message);
@@ -580,18 +698,22 @@ impl FsStore {
         // (a large owned digest) is emptied, not removed, so its inode stays linked (see
         // `RELEASED`). A small one is kept: emptying it costs more (a `truncate` that frees
         // and discards a block) than the few KiB it holds. A failure here costs only disk.
-        if len > KEEP_RUNNING_RECORD {
+        let held = self
+            .held(&claim.key, true)
+            .filter(|h| h.attempt == claim.attempt);
+        // An unwritten claim has no claim file, and no running record (written after it).
+        let unwritten = held.as_ref().is_some_and(|h| h.unwritten.is_some());
+        if len > KEEP_RUNNING_RECORD && !unwritten {
             truncate(&dir.join(format!("running.{}.json", claim.attempt)));
         }
         // The record is done whatever happens to the claim now: a claim left behind is stale
         // once its holder is gone, and a done record is never run again.
-        let _ = self.release_held(&dir);
+        if !unwritten {
+            let _ = self.release_held(&dir);
+        }
         // A takeover leaves a tomb, and nobody takes over a claim in a fresh folder while its
         // holder lives (`holds` in `stage` would have failed).
-        if !self
-            .held(&claim.key, true)
-            .is_some_and(|h| h.fresh && h.attempt == claim.attempt)
-        {
+        if !held.is_some_and(|h| h.fresh) {
             self.clean_tombs(&claim.key);
         }
     }
@@ -882,52 +1004,33 @@ impl Store for FsStore {
 
     fn lineage(&self, lineage: &Hash) -> Result<Option<Hash>, StoreError> {
         let path = self.lineage.join(lineage.to_hex());
-        match fs::read(&path) {
-            // A pointer without its line end is one being written, or one a machine crash
-            // cut (pointers are not synced): no pointer yet.
-            Ok(b) if !b.ends_with(b"\n") => Ok(None),
-            Ok(b) => std::str::from_utf8(&b)
-                .map_err(|e| e.to_string())
-                .and_then(|s| s.trim().parse().map_err(|e| format!("{e}")))
-                .map(Some)
-                .map_err(|reason| StoreError::Corrupt { path, reason }),
-            Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(None),
-            Err(e) => Err(StoreError::Io { path, source: e }),
-        }
+        pointer::read(&path).map_err(|e| match e.kind() {
+            io::ErrorKind::InvalidData => StoreError::Corrupt {
+                path: path.clone(),
+                reason: e.to_string(),
+            },
+            _ => StoreError::Io {
+                path: path.clone(),
+                source: e,
+            },
+        })
     }
 
     fn set_lineage(&self, lineage: &Hash, key: &Hash) -> Result<(), StoreError> {
         let path = self.lineage.join(lineage.to_hex());
-        let line = format!("{key}\n");
-        // A new lineage's pointer is written in place (no temp file, no rename): a reader
-        // that catches it empty or torn reads no pointer, as it would a moment earlier. An
-        // existing pointer is replaced atomically.
-        match OpenOptions::new().write(true).create_new(true).open(&path) {
-            Ok(mut f) => f.write_all(line.as_bytes()).map_err(io_err(&path)),
-            Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {
-                replace_file(&path, line.as_bytes()).map_err(io_err(&path))
-            }
-            Err(e) => Err(io_err(&path)(e)),
-        }
+        pointer::write(&path, key).map_err(io_err(&path))
     }
 
     fn reuse(&self, pairs: &[(Hash, Hash)]) -> Result<(), StoreError> {
-        // As `done_heads`: each pointer read relative to one handle on `lineage/`, in a few
-        // chunks on threads of their own (a drain of cache hits reads one pointer per hit).
-        let dir = open_dir(&self.lineage).map_err(io_err(&self.lineage))?;
+        // As `done_heads`: in a few chunks on threads of their own (a drain of cache hits reads
+        // one pointer per hit).
         let check = |chunk: &[(Hash, Hash)]| -> Result<(), StoreError> {
             for (lineage, key) in chunk {
-                let cur = match open_key_at(&dir, lineage, b"\0").and_then(|mut f| {
-                    let mut buf = [0u8; 2 * Hash::HEX_LEN];
-                    // A pointer is one line.
-                    let len = read_small(&mut f, &mut buf, |b| b.ends_with(b"\n"))?;
-                    Ok(std::str::from_utf8(&buf[..len])
-                        .ok()
-                        .and_then(|t| t.trim().parse::<Hash>().ok()))
-                }) {
-                    Ok(h) => h,
-                    Err(e) if e.kind() == io::ErrorKind::NotFound => None,
-                    Err(e) => return Err(io_err(&self.lineage.join(lineage.to_hex()))(e)),
+                let cur = match self.lineage(lineage) {
+                    Ok(cur) => cur,
+                    // A pointer that names no key is replaced.
+                    Err(StoreError::Corrupt { .. }) => None,
+                    Err(e) => return Err(e),
                 };
                 if cur != Some(*key) {
                     self.set_lineage(lineage, key)?;
@@ -968,7 +1071,16 @@ impl Store for FsStore {
     }
 
     fn claim_info(&self, key: &Hash) -> Result<Option<ClaimInfo>, StoreError> {
-        Ok(self.read_claim(key)?.map(|(o, m)| self.judge(o, m)))
+        if let Some((o, m)) = self.read_claim(key)? {
+            return Ok(Some(self.judge(o, m)));
+        }
+        if let Some(o) = self.held(key, false).and_then(|h| h.unwritten) {
+            return Ok(Some(ClaimInfo {
+                owner: (*o).clone(),
+                live: true,
+            }));
+        }
+        self.unborn(&self.job_dir(key))
     }
 
     fn claim(
@@ -979,23 +1091,57 @@ impl Store for FsStore {
     ) -> Result<ClaimOutcome, StoreError> {
         let is_done = |r: &JobRecord| r.status == Status::Done && replace_done != Some(r.attempt);
         let dir = self.job_dir(key);
-        // A folder our `mkdir` made holds no record yet: the first probe is skipped.
-        let mut made = match fs::create_dir(&dir) {
-            Ok(()) => true,
-            Err(e) if e.kind() == io::ErrorKind::AlreadyExists && dir.is_dir() => false,
-            Err(_) => {
-                fs::create_dir_all(&dir).map_err(io_err(&dir))?;
-                false
-            }
+        // A folder our `mkdir` made holds nothing yet: the `mkdir` is the claim.
+        let mkdir = || match fs::create_dir(&dir) {
+            Ok(()) => Ok(true),
+            Err(e) if e.kind() == io::ErrorKind::AlreadyExists && dir.is_dir() => Ok(false),
+            Err(e) => Err(e),
         };
+        let made = match mkdir() {
+            Err(e) if e.kind() == io::ErrorKind::NotFound => {
+                // `jobs/` was removed behind this handle.
+                fs::create_dir_all(&self.jobs).map_err(io_err(&self.jobs))?;
+                mkdir()
+            }
+            r => r,
+        }
+        .map_err(io_err(&dir))?;
+        if made {
+            // The `mkdir` is the claim; its file is written by `start` or the first heartbeat,
+            // if the run lasts that long (see `UNBORN_GRACE`).
+            let claim = Claim {
+                key: *key,
+                owner: owner.clone(),
+                attempt: 1,
+            };
+            let held = Held {
+                at: Instant::now(),
+                attempt: 1,
+                fresh: true,
+                unwritten: Some(Arc::new(owner.clone())),
+            };
+            self.held
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .insert(*key, held);
+            return Ok(ClaimOutcome::Claimed(claim));
+        }
+        if let Some(o) = self.held(key, false).and_then(|h| h.unwritten) {
+            return Ok(ClaimOutcome::Busy((*o).clone()));
+        }
         let path = dir.join(CLAIM);
         // Bounded: each turn either returns or removed a stale claim that someone re-created.
         for _ in 0..16 {
-            if !made
-                && let Some(r) = self.record(key)?
-                && is_done(&r)
-            {
-                return Ok(ClaimOutcome::Done(Box::new(r)));
+            match self.record(key)? {
+                Some(r) if is_done(&r) => return Ok(ClaimOutcome::Done(Box::new(r))),
+                Some(_) => {}
+                None => {
+                    if let Some(info) = self.unborn(&dir)?
+                        && info.live
+                    {
+                        return Ok(ClaimOutcome::Busy(info.owner));
+                    }
+                }
             }
             let at = Instant::now();
             match self.create_claim(&path, owner) {
@@ -1012,7 +1158,8 @@ impl Store for FsStore {
                     let held = Held {
                         at,
                         attempt: claim.attempt,
-                        fresh: made && prev.is_none(),
+                        fresh: false,
+                        unwritten: None,
                     };
                     self.held
                         .lock()
@@ -1027,7 +1174,6 @@ impl Store for FsStore {
                     return Ok(ClaimOutcome::Claimed(claim));
                 }
                 Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {
-                    made = false;
                     let Some((o, m)) = self.read_claim(key)? else {
                         continue;
                     };
@@ -1049,14 +1195,8 @@ impl Store for FsStore {
     }
 
     fn start(&self, claim: &Claim, record: &JobRecord) -> Result<(), StoreError> {
-        // A claim this handle made a moment ago is still ours: nobody takes over a claim
-        // younger than a heartbeat interval, nor one whose holder on this host lives.
-        let trusted = self.held(&claim.key, false).is_some_and(|h| {
-            h.attempt == claim.attempt && h.at.elapsed() < TRUST_NEW_CLAIM.min(self.stale_after / 2)
-        });
-        if !trusted {
-            self.holds(claim)?;
-        }
+        self.write_unwritten(claim)?;
+        self.holds_unless_new(claim)?;
         // A running record and the lineage pointer only matter while the attempt lives (after a
         // machine crash the attempt is interrupted either way), so they skip fsync; the done or
         // failed record of `finish` is fully durable.
@@ -1162,14 +1302,32 @@ impl Store for FsStore {
     }
 
     fn release(&self, claim: &Claim) -> Result<(), StoreError> {
+        let dir = self.job_dir(&claim.key);
+        if let Some(owner) = self.unwritten(claim) {
+            self.held(&claim.key, true);
+            // An unwritten claim is released by writing its released claim: the folder is no
+            // longer one a claimer just made. Unless someone took it over meanwhile.
+            let path = dir.join(RELEASED);
+            return match fs::symlink_metadata(dir.join(CLAIM)) {
+                Err(e) if e.kind() == io::ErrorKind::NotFound => {
+                    let body = serde_json::to_vec(&*owner).map_err(|e| StoreError::Io {
+                        path: path.clone(),
+                        source: io::Error::other(e),
+                    })?;
+                    replace_file(&path, &body).map_err(io_err(&path))
+                }
+                _ => Ok(()),
+            };
+        }
         self.held(&claim.key, true);
         if self.holds(claim).is_err() {
             return Ok(());
         }
-        self.release_held(&self.job_dir(&claim.key))
+        self.release_held(&dir)
     }
 
     fn heartbeat(&self, claim: &Claim) -> Result<(), StoreError> {
+        self.write_unwritten(claim)?;
         self.holds(claim)?;
         let path = self.claim_path(&claim.key);
         let f = File::options()
@@ -1453,6 +1611,11 @@ mod tests {
         fs::create_dir_all(store.job_dir(&key)).unwrap();
         let stale = store.job_dir(&key).join("metrics.1.tsv");
         fs::write(&stale, "loss\t0\t99\nloss\t1\t98\n").unwrap();
+        // Its holder died long ago, before writing its claim file (see `UNBORN_GRACE`).
+        File::open(store.job_dir(&key))
+            .unwrap()
+            .set_modified(SystemTime::now() - 2 * UNBORN_GRACE)
+            .unwrap();
         let (names, info) = sealed(&store, "again", |s| s.append("loss", 0, 0.5).unwrap());
         assert!(!names.contains(&"metrics.1.tsv".to_string()), "{names:?}");
         assert_eq!(info.inline.as_deref(), Some("loss\t0\t0.5\n"));
@@ -1472,7 +1635,8 @@ mod tests {
             nonce: "thief".into(),
         };
         let path = store.claim_path(key);
-        fs::remove_file(&path).unwrap();
+        // An unwritten claim has no file to remove.
+        let _ = fs::remove_file(&path);
         fs::write(&path, serde_json::to_vec(&thief).unwrap()).unwrap();
     }
 
@@ -1569,11 +1733,15 @@ mod tests {
             panic!("a new job is free");
         };
         let jd = store.job_dir(&key);
-        let claim_ino = inodes(&jd)["claim"];
+        assert!(
+            !inodes(&jd).contains_key("claim"),
+            "a new folder's claim is its mkdir"
+        );
         let mut rec = crate::store::conformance::sample_record(key, Status::Running, c.attempt);
         store.start(&c, &rec).unwrap();
         let as_started = rec.clone();
         let started = inodes(&jd);
+        let claim_ino = started["claim"];
         assert_eq!(started["record.json"], started["running.1.json"]);
         assert_eq!(store.record(&key).unwrap().unwrap().status, Status::Running);
         let running_ino = started["running.1.json"];
@@ -1815,5 +1983,123 @@ mod tests {
             "a fresh pin stays"
         );
         assert!(jd.join("claim").exists(), "the claim stays while pinned");
+    }
+
+    /// Two handles on one store, as two processes have.
+    fn two_handles(stale_after: Duration) -> (tempfile::TempDir, FsStore, FsStore) {
+        let dir = tempfile::tempdir().unwrap();
+        let a = FsStore::open(dir.path().join("s"))
+            .unwrap()
+            .with_stale_after(stale_after);
+        let b = FsStore::open(dir.path().join("s"))
+            .unwrap()
+            .with_stale_after(stale_after);
+        (dir, a, b)
+    }
+
+    #[test]
+    fn a_new_folder_is_claimed_by_its_mkdir_until_the_claim_file_names_the_holder() {
+        let (_dir, a, b) = two_handles(DEFAULT_STALE_AFTER);
+        let (me, other) = (Owner::current(), Owner::current());
+        let key = Hash::of("job");
+        let ClaimOutcome::Claimed(c) = a.claim(&key, &me, None).unwrap() else {
+            panic!("a new job is free");
+        };
+        let file = a.claim_path(&key);
+        assert!(!file.exists(), "no claim file yet");
+        // The holder's handle knows its holder; another process sees a folder just made.
+        assert_eq!(a.claim_info(&key).unwrap().unwrap().owner.nonce, me.nonce);
+        match a.claim(&key, &other, None).unwrap() {
+            ClaimOutcome::Busy(o) => assert_eq!(o.nonce, me.nonce),
+            x => panic!("held: {x:?}"),
+        }
+        let info = b.claim_info(&key).unwrap().unwrap();
+        assert!(info.live, "a folder made a moment ago is held");
+        assert_eq!(info.owner.nonce, "unwritten");
+        assert_eq!(
+            info.owner.to_string(),
+            "a holder that has not written its claim yet"
+        );
+        assert!(matches!(
+            b.claim(&key, &other, None).unwrap(),
+            ClaimOutcome::Busy(_)
+        ));
+        // The start writes the claim file: everyone sees the holder.
+        let mut rec = crate::store::conformance::sample_record(key, Status::Running, 1);
+        a.start(&c, &rec).unwrap();
+        assert_eq!(read_owner(&file).unwrap().unwrap().nonce, me.nonce);
+        assert_eq!(b.claim_info(&key).unwrap().unwrap().owner.nonce, me.nonce);
+        rec.status = Status::Done;
+        a.finish(&c, &rec).unwrap();
+        assert!(b.claim_info(&key).unwrap().is_none());
+        assert!(matches!(
+            b.claim(&key, &other, None).unwrap(),
+            ClaimOutcome::Done(_)
+        ));
+        // A run that ends before its start is written never writes a claim file.
+        let k2 = Hash::of("short");
+        let ClaimOutcome::Claimed(c2) = a.claim(&k2, &me, None).unwrap() else {
+            panic!("a new job is free");
+        };
+        let mut r2 = crate::store::conformance::sample_record(k2, Status::Done, 1);
+        r2.finished_at = Some(1.0);
+        a.finish(&c2, &r2).unwrap();
+        let names = list_names(&a.job_dir(&k2)).unwrap();
+        assert_eq!(names, HashSet::from(["record.json".to_string()]));
+        assert!(b.claim_info(&k2).unwrap().is_none());
+    }
+
+    #[test]
+    fn a_folder_whose_claimer_died_before_writing_its_claim_is_taken_over_after_the_grace() {
+        // The grace is min(UNBORN_GRACE, stale_after) = 30 ms here.
+        let (_dir, a, b) = two_handles(Duration::from_millis(30));
+        let (me, other) = (Owner::current(), Owner::current());
+        let key = Hash::of("job");
+        let ClaimOutcome::Claimed(c) = a.claim(&key, &me, None).unwrap() else {
+            panic!("a new job is free");
+        };
+        assert!(matches!(
+            b.claim(&key, &other, None).unwrap(),
+            ClaimOutcome::Busy(_)
+        ));
+        std::thread::sleep(Duration::from_millis(60));
+        assert!(!b.claim_info(&key).unwrap().unwrap().live);
+        let ClaimOutcome::Claimed(t) = b.claim(&key, &other, None).unwrap() else {
+            panic!("a folder past its grace is taken over");
+        };
+        assert_eq!(t.attempt, 1);
+        // The first holder was only slow: its start and its finish find the claim lost.
+        let mut rec = crate::store::conformance::sample_record(key, Status::Running, 1);
+        assert!(matches!(
+            a.start(&c, &rec),
+            Err(StoreError::ClaimLost { .. })
+        ));
+        rec.status = Status::Done;
+        assert!(matches!(
+            a.finish(&c, &rec),
+            Err(StoreError::ClaimLost { .. })
+        ));
+        assert!(
+            a.record(&key).unwrap().is_none(),
+            "a lost claim commits nothing"
+        );
+        b.finish(&t, &rec).unwrap();
+        assert_eq!(a.record(&key).unwrap().unwrap().status, Status::Done);
+    }
+
+    #[test]
+    fn an_unwritten_claim_released_frees_its_folder_at_once() {
+        let (_dir, a, b) = two_handles(DEFAULT_STALE_AFTER);
+        let key = Hash::of("job");
+        let ClaimOutcome::Claimed(c) = a.claim(&key, &Owner::current(), None).unwrap() else {
+            panic!("a new job is free");
+        };
+        a.release(&c).unwrap();
+        assert!(a.held(&key, false).is_none());
+        assert!(b.claim_info(&key).unwrap().is_none());
+        let ClaimOutcome::Claimed(again) = b.claim(&key, &Owner::current(), None).unwrap() else {
+            panic!("a released folder is free");
+        };
+        assert_eq!(again.attempt, 1);
     }
 }

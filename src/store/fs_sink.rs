@@ -109,8 +109,19 @@ fn write_draining(w: &mut impl Write, buf: &mut Vec<u8>) -> io::Result<()> {
 /// The process's one flusher thread and the sinks it watches. One thread for all sinks: a
 /// thread per sink cost a thread start per run in a first pass of trivial runs.
 struct Flusher {
-    sinks: Mutex<Vec<Weak<Shared>>>,
+    sinks: Mutex<Watch>,
     wake: Condvar,
+}
+
+/// What the flusher watches, under its lock.
+struct Watch {
+    sinks: Vec<Weak<Shared>>,
+    /// The flusher waits with no deadline (no sink has rows pending). Otherwise it is awake or
+    /// waits until a deadline at most [`FLUSH_INTERVAL`] after its last scan, and a row newer
+    /// than that scan is due no earlier: nobody needs to wake it (a row that raced the scan is
+    /// flushed at most that race late). A wake per run was a context switch per run on a sweep
+    /// of short runs.
+    idle: bool,
 }
 
 impl Flusher {
@@ -120,7 +131,10 @@ impl Flusher {
         static FLUSHER: OnceLock<Option<&'static Flusher>> = OnceLock::new();
         *FLUSHER.get_or_init(|| {
             let f: &'static Flusher = Box::leak(Box::new(Flusher {
-                sinks: Mutex::new(Vec::new()),
+                sinks: Mutex::new(Watch {
+                    sinks: Vec::new(),
+                    idle: false,
+                }),
                 wake: Condvar::new(),
             }));
             std::thread::Builder::new()
@@ -131,29 +145,34 @@ impl Flusher {
         })
     }
 
-    fn lock(&self) -> MutexGuard<'_, Vec<Weak<Shared>>> {
+    fn lock(&self) -> MutexGuard<'_, Watch> {
         self.sinks.lock().unwrap_or_else(|p| p.into_inner())
     }
 
     /// Watches `shared` until it is closed or dropped.
     fn register(&self, shared: &Arc<Shared>) {
-        self.lock().push(Arc::downgrade(shared));
-        self.wake.notify_all();
+        let mut w = self.lock();
+        w.sinks.push(Arc::downgrade(shared));
+        if w.idle {
+            self.wake.notify_all();
+        }
     }
 
-    /// A sink's batch has a new oldest row: its deadline may be the nearest. The caller holds
-    /// no sink lock (the flusher takes its lock, then the sinks').
+    /// A sink's batch has a new oldest row: the flusher needs a deadline if it has none. The
+    /// caller holds no sink lock (the flusher takes its lock, then the sinks').
     fn poke(&self) {
-        let _g = self.lock();
-        self.wake.notify_all();
+        let w = self.lock();
+        if w.idle {
+            self.wake.notify_all();
+        }
     }
 
     fn run(&self) {
-        let mut sinks = self.lock();
+        let mut watch = self.lock();
         loop {
             let now = Instant::now();
             let mut next: Option<Instant> = None;
-            sinks.retain(|w| {
+            watch.sinks.retain(|w| {
                 let Some(sh) = w.upgrade() else {
                     return false;
                 };
@@ -177,15 +196,17 @@ impl Flusher {
                 }
                 true
             });
-            sinks = match next {
-                None => self.wake.wait(sinks).unwrap_or_else(|p| p.into_inner()),
+            watch.idle = next.is_none();
+            watch = match next {
+                None => self.wake.wait(watch).unwrap_or_else(|p| p.into_inner()),
                 Some(due) => {
                     self.wake
-                        .wait_timeout(sinks, due.saturating_duration_since(now))
+                        .wait_timeout(watch, due.saturating_duration_since(now))
                         .unwrap_or_else(|p| p.into_inner())
                         .0
                 }
             };
+            watch.idle = false;
         }
     }
 }
@@ -208,7 +229,8 @@ impl FsSink {
                 path,
                 state: Mutex::new(State {
                     file: None,
-                    buf: Vec::with_capacity(1 << 16),
+                    // Grown as rows come: most runs of a sweep log a few rows.
+                    buf: Vec::new(),
                     pending: 0,
                     oldest: None,
                     failed: None,

@@ -18,6 +18,7 @@ mod fs;
 mod fs_sink;
 mod index;
 mod memory;
+mod pointer;
 mod record;
 mod rows;
 

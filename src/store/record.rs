@@ -78,6 +78,10 @@ impl Owner {
 
 impl std::fmt::Display for Owner {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        // The owner a store reports for a claim whose file is empty or not written yet.
+        if self.pid == 0 && self.nonce == "unwritten" {
+            return f.write_str("a holder that has not written its claim yet");
+        }
         write!(f, "pid {} on {}", self.pid, self.host)
     }
 }

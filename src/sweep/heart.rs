@@ -124,7 +124,11 @@ mod tests {
             panic!("not claimed");
         };
         let file = store.job_dir(&key).join("claim");
+        // A new folder's claim is its `mkdir`; the first heartbeat writes the claim file.
+        assert!(!file.exists());
+        store.heartbeat(&claim).unwrap();
         let mtime = || std::fs::metadata(&file).unwrap().modified().unwrap();
+        std::thread::sleep(Duration::from_millis(20));
         let heart = Heart::every(Duration::from_millis(50));
         std::thread::scope(|s| {
             let _stop = heart.stop_on_drop();

@@ -1,0 +1,159 @@
+//! Lineage pointers of an [`FsStore`](super::FsStore): `ROOT/lineage/LINEAGE` names the key a
+//! lineage (job name + parameters) last started or reused.
+//!
+//! A pointer is a symbolic link whose target is [`TAG`] then the key in unpadded URL-safe
+//! base64 (RFC 4648 §5): 46 bytes, short enough to live in the inode itself (ext4 keeps a
+//! target under 60 bytes there, a "fast symlink"; other filesystems have the same limit or
+//! larger). Writing one is one `symlink(2)` and reading it one `readlink(2)`, with no data
+//! block: a file holding the key cost `openat`, `write`, `close` and a block to allocate, zero
+//! and flush, for every run of a first pass.
+//!
+//! Pointers written by earlier versions are regular files holding the key in hex and a line
+//! end; they are still read, and replaced by a link when the pointer moves. A version that
+//! only knows files reads a link as no pointer (its target names no file).
+
+use std::fs;
+use std::io::{self, Read};
+use std::path::Path;
+
+use base64::Engine as _;
+use base64::engine::general_purpose::URL_SAFE_NO_PAD;
+
+use crate::identity::Hash;
+
+/// What a link target starts with (the pointer format's version).
+const TAG: &str = "k1.";
+/// The target's length: the tag and 43 base64 digits.
+const TARGET_LEN: usize = 46;
+// Fits in the inode (ext4 keeps targets under 60 bytes there).
+const _: () = assert!(TARGET_LEN < 60);
+
+/// The link target naming `key`.
+fn target(key: &Hash) -> String {
+    let mut t = String::with_capacity(TARGET_LEN);
+    t.push_str(TAG);
+    URL_SAFE_NO_PAD.encode_string(key.as_bytes(), &mut t);
+    t
+}
+
+/// The key a link target names; `None` when it is not one this module wrote.
+fn parse_target(t: &[u8]) -> Option<Hash> {
+    let digits = t.strip_prefix(TAG.as_bytes())?;
+    let mut key = [0u8; 32];
+    match URL_SAFE_NO_PAD.decode_slice(digits, &mut key) {
+        Ok(32) => Some(Hash::from_bytes(key)),
+        _ => None,
+    }
+}
+
+/// Reads the pointer at `path`: `Ok(None)` when there is none, or one being written (a file
+/// without its line end).
+///
+/// # Errors
+/// The I/O error, except that the pointer does not exist; `Err(InvalidData)` with the reason
+/// when a link or file there does not name a key.
+pub(super) fn read(path: &Path) -> io::Result<Option<Hash>> {
+    match fs::read_link(path) {
+        Ok(t) => parse_target(t.as_os_str().as_encoded_bytes())
+            .map(Some)
+            .ok_or_else(|| bad(format!("link target {t:?} is not `{TAG}` and a base64 key"))),
+        Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(None),
+        // EINVAL: not a link, a pointer file of an earlier version.
+        Err(e) if e.raw_os_error() == Some(libc::EINVAL) => read_file(path),
+        Err(e) => Err(e),
+    }
+}
+
+/// A pointer file of an earlier version: the key in hex and a line end.
+fn read_file(path: &Path) -> io::Result<Option<Hash>> {
+    let mut buf = Vec::with_capacity(2 * Hash::HEX_LEN);
+    match fs::File::open(path) {
+        Ok(mut f) => f.read_to_end(&mut buf)?,
+        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(None),
+        Err(e) => return Err(e),
+    };
+    // A file without its line end is one being written, or one a machine crash cut (pointers
+    // are not synced): no pointer yet.
+    if !buf.ends_with(b"\n") {
+        return Ok(None);
+    }
+    std::str::from_utf8(&buf)
+        .ok()
+        .and_then(|s| s.trim().parse().ok())
+        .map(Some)
+        .ok_or_else(|| bad("expected a job key in hex and a line end".into()))
+}
+
+fn bad(reason: String) -> io::Error {
+    io::Error::new(io::ErrorKind::InvalidData, reason)
+}
+
+/// Points `path` at `key`: a new link, or an atomic replace (a link at a temp name renamed
+/// over the old pointer) when one exists. Not synced: a pointer lost to a machine crash reads
+/// as none, or as the one before.
+///
+/// # Errors
+/// The I/O error of the link or the rename.
+pub(super) fn write(path: &Path, key: &Hash) -> io::Result<()> {
+    let t = target(key);
+    match std::os::unix::fs::symlink(&t, path) {
+        Ok(()) => Ok(()),
+        Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {
+            let tmp = crate::fsutil::temp_path(path);
+            std::os::unix::fs::symlink(&t, &tmp)?;
+            fs::rename(&tmp, path).inspect_err(|_| {
+                let _ = fs::remove_file(&tmp);
+            })
+        }
+        Err(e) => Err(e),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_pointer_is_a_fast_symlink_that_round_trips_and_moves() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("l");
+        let (a, b) = (Hash::of("a"), Hash::of("b"));
+        assert_eq!(read(&p).unwrap(), None);
+        write(&p, &a).unwrap();
+        let t = fs::read_link(&p).unwrap();
+        assert_eq!(t.as_os_str().len(), TARGET_LEN);
+        assert_eq!(read(&p).unwrap(), Some(a));
+        write(&p, &b).unwrap();
+        assert_eq!(read(&p).unwrap(), Some(b));
+        let left: Vec<_> = fs::read_dir(dir.path()).unwrap().collect();
+        assert_eq!(left.len(), 1, "no temp link is left");
+    }
+
+    #[test]
+    fn an_earlier_versions_pointer_file_is_read_and_replaced_by_a_link() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("l");
+        let (a, b) = (Hash::of("a"), Hash::of("b"));
+        fs::write(&p, format!("{a}\n")).unwrap();
+        assert_eq!(read(&p).unwrap(), Some(a));
+        // Cut before its line end: being written, or cut by a crash.
+        fs::write(&p, format!("{a}")).unwrap();
+        assert_eq!(read(&p).unwrap(), None);
+        write(&p, &b).unwrap();
+        assert!(fs::symlink_metadata(&p).unwrap().file_type().is_symlink());
+        assert_eq!(read(&p).unwrap(), Some(b));
+    }
+
+    #[test]
+    fn a_pointer_naming_no_key_is_an_error_with_its_reason() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("l");
+        std::os::unix::fs::symlink("k1.short", &p).unwrap();
+        let e = read(&p).unwrap_err();
+        assert_eq!(e.kind(), io::ErrorKind::InvalidData);
+        assert!(e.to_string().contains("k1.short"), "{e}");
+        let q = dir.path().join("f");
+        fs::write(&q, "not a key\n").unwrap();
+        assert!(read(&q).unwrap_err().to_string().contains("hex"));
+    }
+}
