@@ -172,6 +172,7 @@ fn child(case: &str, n: u32, store: &Path) {
 /// Runs `case` in a fresh process of this binary: the numbers of its last line (seconds, peak
 /// RSS bytes, user seconds, system seconds).
 fn run_child(case: &str, n: u32, store: &Path) -> Vec<f64> {
+    flush_earlier_cases();
     let out = Command::new(std::env::current_exe().unwrap())
         .args(["--case", case, &n.to_string()])
         .arg(store)
@@ -189,6 +190,15 @@ fn run_child(case: &str, n: u32, store: &Path) -> Vec<f64> {
         "case {case}: expected `seconds rss user system` as its last line, got {stdout:?}"
     );
     f
+}
+
+/// Writes back what earlier cases left dirty (`sync(2)`), so that no case pays for another's
+/// writeback: a first pass's group commit (`syncfs`) would otherwise flush the files joblib's
+/// case before it wrote and never synced, and joblib's case would run under the writeback of
+/// ours.
+fn flush_earlier_cases() {
+    // SAFETY: sync(2) takes no arguments and cannot fail.
+    unsafe { libc::sync() };
 }
 
 /// Runs `case` in a fresh process: (seconds, user seconds, system seconds).
@@ -228,6 +238,7 @@ fn joblib(venv: &Path, dir: &Path, n: u32) -> (f64, u64) {
          print(s, resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024)\n",
         dir = dir.display().to_string()
     );
+    flush_earlier_cases();
     let out = Command::new(venv.join("bin/python"))
         .args(["-c", &script])
         .output()

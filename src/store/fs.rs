@@ -1,12 +1,13 @@
 //! [`FsStore`]: a store in a folder, one sub-folder per job key.
 //!
 //! ```text
-//! ROOT/puzzletron-store.json        {"format": 1}
+//! ROOT/puzzletron-store.json        {"format": 3} (`CLAIM_FORMAT`)
 //! ROOT/jobs/KEY/record.json         the JobRecord (atomic replace)
 //! ROOT/jobs/KEY/claim               the holder (create-exclusive); its mtime is the heartbeat.
 //!                                   In a folder the claimer's `mkdir` made, the `mkdir` is the
 //!                                   claim until `start` or the first heartbeat writes this
-//!                                   file (see `UNBORN_GRACE`)
+//!                                   file (see `Holder`)
+//! ROOT/holders/NONCE.json           a handle that may hold claims whose file is not written yet
 //! ROOT/jobs/KEY/claim.released      the last released claim (renamed, not removed: see RELEASED)
 //! ROOT/jobs/KEY/running.N.json      the running record of attempt N, as it started (emptied
 //!                                   when the attempt ends if over 64 KiB: the inode stays,
@@ -39,7 +40,7 @@ use super::index::{DoneIndex, Entry, INDEX_FILE};
 use super::pointer;
 use super::rows::{Bound, TornTail, read_rows};
 use super::{
-    BASE_FORMAT, Claim, ClaimInfo, ClaimOutcome, DEFAULT_STALE_AFTER, DoneHead, FORMAT_VERSION,
+    CLAIM_FORMAT, Claim, ClaimInfo, ClaimOutcome, DEFAULT_STALE_AFTER, DoneHead, FORMAT_VERSION,
     JobRecord, MetricSink, Owner, Series, Status, Store, StoreError,
 };
 use crate::fsutil::{Durability, atomic_write, replace_file, write_file};
@@ -63,15 +64,8 @@ const KEEP_RUNNING_RECORD: usize = 64 * 1024;
 /// An empty or unreadable claim (its creator died between create and write) counts as live
 /// for this long, then as stale.
 const UNWRITTEN_CLAIM_GRACE: Duration = Duration::from_secs(5);
-/// A job folder with no claim, no released claim and no record is one a claimer's `mkdir` made:
-/// that `mkdir` is the claim until the claim file is written, by [`Store::start`] (a drain's
-/// committers write it while the run executes) or the first heartbeat (at most 10 s into the
-/// run), or never, for a run that ends first: a first pass of short runs makes no claim file at
-/// all. Such a folder has no owner to ask and counts as held for this long after it was made
-/// (or for the store's stale interval, if shorter), then as left by a holder that died. A live
-/// holder writes its claim or its record well before: a takeover of one whose commit lagged
-/// longer fails its commit (`ClaimLost`), never lets two records race.
-const UNBORN_GRACE: Duration = Duration::from_secs(15);
+/// The folder of the handles that may hold unwritten claims (see [`Holder`]).
+const HOLDERS: &str = "holders";
 /// A takeover is three syscalls; a tomb whose link is older than this was left by a taker that
 /// died between pinning the stale claim and removing it, and is cleared so others can take over.
 const TAKEOVER_GRACE: Duration = Duration::from_secs(5);
@@ -131,6 +125,48 @@ pub struct FsStore {
     /// The claims this process took through this handle (and its clones), until their finish
     /// or release: see [`Held`].
     held: Arc<Mutex<HashMap<Hash, Held>>>,
+    /// This handle's entry in `holders/` (shared by its clones).
+    holder: Arc<Holder>,
+}
+
+/// A handle's entry in `ROOT/holders/`, which makes its unwritten claims judgeable.
+///
+/// A job folder with no claim file, no released claim, no takeover tomb and no record is one a
+/// claimer's `mkdir` made: that `mkdir` is the claim until the claim file is written, by
+/// [`Store::start`] (a drain's committers write it while the run executes), the first
+/// heartbeat, or the finish of a run older than a second; or never, for a run that ends first:
+/// a first pass of short runs makes no claim file at all. Such a folder names no owner, so
+/// every handle writes `holders/NONCE.json` (its owner: host, pid, process start time) before
+/// its first such claim, and removes it when its last clone is dropped. Another claimer judges
+/// the folder held while it is younger than the store's stale interval and some registered
+/// handle other than its own may hold it: one alive on this host (by pid and start time), or
+/// one on another host. A folder whose possible holders on this host are all dead (a drain
+/// killed by Ctrl-C) is taken over at once, as a claim file of a dead owner is. So is one
+/// whose record was deleted by hand, if its run wrote no claim file: it is held for at most
+/// the stale interval while another handle of the store lives.
+///
+/// A live holder that is judged dead (its claim unwritten for a whole stale interval, or a
+/// clock skewed by as much) loses the job: a takeover gets attempt 2 or later, so its files
+/// never mix with the first holder's attempt 1, and the first holder's start, heartbeat or
+/// finish finds the taker's traces (a claim, a released claim, a tomb, a record or a running
+/// record) when it writes its claim, and fails with `ClaimLost`.
+#[derive(Debug)]
+struct Holder {
+    /// `ROOT/holders/NONCE.json`.
+    path: PathBuf,
+    owner: Owner,
+    /// Whether `path` is written.
+    written: Mutex<bool>,
+    /// Serializes the writes of unwritten claims (a start and a heartbeat of one run).
+    writing: Mutex<()>,
+}
+
+impl Drop for Holder {
+    fn drop(&mut self) {
+        if *self.written.get_mut().unwrap_or_else(|e| e.into_inner()) {
+            let _ = fs::remove_file(&self.path);
+        }
+    }
 }
 
 /// What a handle remembers of a claim it took, to skip probes whose answer it knows.
@@ -146,7 +182,7 @@ struct Held {
     /// and for takeover tombs.
     fresh: bool,
     /// The claim is the job folder's `mkdir` and its file is not written yet (see
-    /// [`UNBORN_GRACE`]): the owner it will name.
+    /// [`Holder`]): the owner it will name.
     unwritten: Option<Arc<Owner>>,
 }
 
@@ -292,14 +328,13 @@ impl FsStore {
                         supported: FORMAT_VERSION,
                     });
                 }
+                // Older builds would take a folder whose claim is its `mkdir` for a free job:
+                // from now on they refuse this store (see `CLAIM_FORMAT`).
+                if found < u64::from(CLAIM_FORMAT) {
+                    write_format(&fmt)?;
+                }
             }
-            Err(e) if e.kind() == io::ErrorKind::NotFound => {
-                let body = format!(
-                    "{{\"format\":{BASE_FORMAT},\"written_by\":\"puzzletron {}\"}}\n",
-                    env!("CARGO_PKG_VERSION")
-                );
-                atomic_write(&fmt, body.as_bytes()).map_err(io_err(&fmt))?;
-            }
+            Err(e) if e.kind() == io::ErrorKind::NotFound => write_format(&fmt)?,
             Err(e) => {
                 return Err(StoreError::Io {
                     path: fmt,
@@ -307,7 +342,17 @@ impl FsStore {
                 });
             }
         }
+        let owner = Owner::current();
+        let holder = Arc::new(Holder {
+            path: root
+                .join(HOLDERS)
+                .join(format!("{}.json", sanitize(&owner.nonce))),
+            owner,
+            written: Mutex::new(false),
+            writing: Mutex::new(()),
+        });
         Ok(Self {
+            holder,
             index: DoneIndex::new(&root),
             root,
             jobs,
@@ -406,19 +451,12 @@ impl FsStore {
         let path = self.claim_path(&claim.key);
         let owner = match read_owner(&path) {
             Ok(o) => o,
-            // An unwritten claim of this handle is held while nobody wrote a claim file.
-            Err(e) if e.kind() == io::ErrorKind::NotFound && self.unwritten(claim).is_some() => {
-                return Ok(());
-            }
             Err(e) if e.kind() == io::ErrorKind::NotFound => None,
             Err(e) => return Err(StoreError::Io { path, source: e }),
         };
         match owner {
             Some(o) if o.nonce == claim.owner.nonce => Ok(()),
-            _ => Err(StoreError::ClaimLost {
-                key: claim.key,
-                owner: claim.owner.to_string(),
-            }),
+            _ => Err(self.lost(claim)),
         }
     }
 
@@ -449,21 +487,102 @@ impl FsStore {
             .and_then(|h| h.unwritten)
     }
 
-    /// Writes the claim file of an unwritten claim of this handle (see [`UNBORN_GRACE`]);
-    /// nothing for a written one.
+    /// The error of a claim found lost; the handle forgets it.
+    fn lost(&self, claim: &Claim) -> StoreError {
+        self.held(&claim.key, true);
+        StoreError::ClaimLost {
+            key: claim.key,
+            owner: claim.owner.to_string(),
+        }
+    }
+
+    /// Writes this handle's entry in `holders/` unless it is written (see [`Holder`]).
+    fn register(&self) -> Result<(), StoreError> {
+        let mut written = self
+            .holder
+            .written
+            .lock()
+            .unwrap_or_else(|e| e.into_inner());
+        if !*written {
+            let path = &self.holder.path;
+            let body = json_bytes(path, &self.holder.owner)?;
+            if let Some(dir) = path.parent() {
+                fs::create_dir_all(dir).map_err(io_err(dir))?;
+            }
+            write_file(path, &body, Durability::Process).map_err(io_err(path))?;
+            *written = true;
+        }
+        Ok(())
+    }
+
+    /// Whether a handle other than this one may hold an unwritten claim: one registered in
+    /// `holders/` and alive on this host, or registered from another host (see [`Holder`]).
+    /// Entries of dead handles on this host are removed.
+    fn others_may_hold(&self) -> Result<bool, StoreError> {
+        let dir = self.root.join(HOLDERS);
+        let entries = match fs::read_dir(&dir) {
+            Ok(rd) => rd,
+            Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(false),
+            Err(e) => return Err(io_err(&dir)(e)),
+        };
+        for e in entries {
+            let path = e.map_err(io_err(&dir))?.path();
+            if path == self.holder.path {
+                continue;
+            }
+            match read_owner(&path) {
+                Ok(Some(o)) => match o.alive_here() {
+                    Some(false) => {
+                        let _ = fs::remove_file(&path);
+                    }
+                    _ => return Ok(true),
+                },
+                // Being written (or its writer died there): a holder for a moment.
+                Ok(None) => {
+                    if link_age(&path).is_none_or(|age| age < UNWRITTEN_CLAIM_GRACE) {
+                        return Ok(true);
+                    }
+                }
+                Err(e) if e.kind() == io::ErrorKind::NotFound => {}
+                Err(e) => return Err(io_err(&path)(e)),
+            }
+        }
+        Ok(false)
+    }
+
+    /// Writes the claim file of an unwritten claim of this handle (see [`Holder`]); nothing for
+    /// a written one.
     ///
     /// # Errors
-    /// [`StoreError::ClaimLost`] when another process wrote a claim first (it judged the
-    /// folder left by a dead holder), [`StoreError::Io`].
+    /// [`StoreError::ClaimLost`] when another process took the job over meanwhile (it judged
+    /// this holder dead), [`StoreError::Io`].
     fn write_unwritten(&self, claim: &Claim) -> Result<(), StoreError> {
+        let _one = self
+            .holder
+            .writing
+            .lock()
+            .unwrap_or_else(|e| e.into_inner());
         let Some(owner) = self.unwritten(claim) else {
             return Ok(());
         };
-        let path = self.claim_path(&claim.key);
+        let dir = self.job_dir(&claim.key);
+        let path = dir.join(CLAIM);
         match self.create_claim(&path, &owner) {
-            Ok(()) => {}
-            // Another thread of this handle (a start and a heartbeat) may have written it.
-            Err(e) if e.kind() == io::ErrorKind::AlreadyExists => self.holds(claim)?,
+            Ok(()) => {
+                // In a folder our `mkdir` made, only a taker leaves these.
+                let names = list_names(&dir)?;
+                let taken = names.iter().any(|n| {
+                    n == RELEASED
+                        || n == "record.json"
+                        || n.starts_with("claim.stale.")
+                        || n.starts_with("running.")
+                });
+                if taken {
+                    let _ = self.release_held(&dir);
+                    return Err(self.lost(claim));
+                }
+            }
+            Err(e) if e.kind() == io::ErrorKind::AlreadyExists => return Err(self.lost(claim)),
             Err(e) => return Err(io_err(&path)(e)),
         }
         let mut map = self.held.lock().unwrap_or_else(|e| e.into_inner());
@@ -478,8 +597,8 @@ impl FsStore {
     }
 
     /// The claim of a job folder with no claim file, no released claim, no takeover tomb and
-    /// no record (one a claimer's `mkdir` made, see [`UNBORN_GRACE`]), judged by the folder's
-    /// age; `None` for any other folder, or none.
+    /// no record (one a claimer's `mkdir` made, see [`Holder`]), judged by the folder's age
+    /// and the registered holders; `None` for any other folder, or none.
     fn unborn(&self, dir: &Path) -> Result<Option<ClaimInfo>, StoreError> {
         let names = match fs::read_dir(dir) {
             Ok(rd) => rd,
@@ -505,7 +624,7 @@ impl FsStore {
         };
         let age = SystemTime::now().duration_since(mtime).unwrap_or_default();
         let mut info = self.judge(None, mtime);
-        info.live = age < UNBORN_GRACE.min(self.stale_after);
+        info.live = age < self.stale_after && self.others_may_hold()?;
         Ok(Some(info))
     }
 
@@ -634,15 +753,16 @@ impl FsStore {
     /// the record to a temp file next to `record.json` (not synced).
     fn stage(&self, claim: &Claim, record: &JobRecord) -> Result<Staged, StoreError> {
         // A written claim is always read back: another host may have judged it stale (a
-        // clock skewed, a heartbeat lost). An unwritten one this handle made a moment ago is
-        // not: nobody judges a folder younger than `UNBORN_GRACE` left, and a short run
-        // spares the probe (a failed `openat`).
+        // clock skewed, a heartbeat lost). An unwritten one made a moment ago is trusted, as
+        // `start` trusts a new claim file (a short run spares a failed `openat`); an older one
+        // is written now, which finds a takeover (see `Holder`).
         let young_unwritten = self.held(&claim.key, false).is_some_and(|h| {
             h.attempt == claim.attempt
                 && h.unwritten.is_some()
                 && h.at.elapsed() < TRUST_NEW_CLAIM.min(self.stale_after / 2)
         });
         if !young_unwritten {
+            self.write_unwritten(claim)?;
             self.holds(claim)?;
         }
         let dir = self.job_dir(&claim.key);
@@ -727,6 +847,15 @@ impl FsStore {
             }
         }
     }
+}
+
+/// Writes the store's format file: [`CLAIM_FORMAT`] and who wrote it.
+fn write_format(fmt: &Path) -> Result<(), StoreError> {
+    let body = format!(
+        "{{\"format\":{CLAIM_FORMAT},\"written_by\":\"puzzletron {}\"}}\n",
+        env!("CARGO_PKG_VERSION")
+    );
+    atomic_write(fmt, body.as_bytes()).map_err(io_err(fmt))
 }
 
 /// The owner in the claim file at `path` (`None`: empty or not an owner, e.g. a claim whose
@@ -1097,6 +1226,8 @@ impl Store for FsStore {
             Err(e) if e.kind() == io::ErrorKind::AlreadyExists && dir.is_dir() => Ok(false),
             Err(e) => Err(e),
         };
+        // Registered before the `mkdir` that may be a claim, so that others can judge it.
+        self.register()?;
         let made = match mkdir() {
             Err(e) if e.kind() == io::ErrorKind::NotFound => {
                 // `jobs/` was removed behind this handle.
@@ -1108,7 +1239,7 @@ impl Store for FsStore {
         .map_err(io_err(&dir))?;
         if made {
             // The `mkdir` is the claim; its file is written by `start` or the first heartbeat,
-            // if the run lasts that long (see `UNBORN_GRACE`).
+            // if the run lasts that long (see `Holder`).
             let claim = Claim {
                 key: *key,
                 owner: owner.clone(),
@@ -1130,16 +1261,20 @@ impl Store for FsStore {
             return Ok(ClaimOutcome::Busy((*o).clone()));
         }
         let path = dir.join(CLAIM);
+        // A takeover of a folder whose holder never wrote its claim starts at attempt 2: that
+        // holder, if only slow, still writes attempt 1's files.
+        let mut first = 1;
         // Bounded: each turn either returns or removed a stale claim that someone re-created.
         for _ in 0..16 {
             match self.record(key)? {
                 Some(r) if is_done(&r) => return Ok(ClaimOutcome::Done(Box::new(r))),
                 Some(_) => {}
                 None => {
-                    if let Some(info) = self.unborn(&dir)?
-                        && info.live
-                    {
-                        return Ok(ClaimOutcome::Busy(info.owner));
+                    if let Some(info) = self.unborn(&dir)? {
+                        if info.live {
+                            return Ok(ClaimOutcome::Busy(info.owner));
+                        }
+                        first = 2;
                     }
                 }
             }
@@ -1151,7 +1286,7 @@ impl Store for FsStore {
                     let claim = Claim {
                         key: *key,
                         owner: owner.clone(),
-                        attempt: prev.as_ref().map(|r| r.attempt).unwrap_or(0) + 1,
+                        attempt: (prev.as_ref().map(|r| r.attempt).unwrap_or(0) + 1).max(first),
                     };
                     // Replaces what a claim of this process dropped without finish or
                     // release left.
@@ -1611,11 +1746,9 @@ mod tests {
         fs::create_dir_all(store.job_dir(&key)).unwrap();
         let stale = store.job_dir(&key).join("metrics.1.tsv");
         fs::write(&stale, "loss\t0\t99\nloss\t1\t98\n").unwrap();
-        // Its holder died long ago, before writing its claim file (see `UNBORN_GRACE`).
-        File::open(store.job_dir(&key))
-            .unwrap()
-            .set_modified(SystemTime::now() - 2 * UNBORN_GRACE)
-            .unwrap();
+        // Its claim was released (a folder without any claim is a new claimer's, see `Holder`:
+        // its takeover starts at attempt 2 and never meets attempt 1's files).
+        fs::write(store.job_dir(&key).join(RELEASED), b"{}").unwrap();
         let (names, info) = sealed(&store, "again", |s| s.append("loss", 0, 0.5).unwrap());
         assert!(!names.contains(&"metrics.1.tsv".to_string()), "{names:?}");
         assert_eq!(info.inline.as_deref(), Some("loss\t0\t0.5\n"));
@@ -2051,7 +2184,7 @@ mod tests {
 
     #[test]
     fn a_folder_whose_claimer_died_before_writing_its_claim_is_taken_over_after_the_grace() {
-        // The grace is min(UNBORN_GRACE, stale_after) = 30 ms here.
+        // `a` lives, so its folder is held for the stale interval: 30 ms here.
         let (_dir, a, b) = two_handles(Duration::from_millis(30));
         let (me, other) = (Owner::current(), Owner::current());
         let key = Hash::of("job");
@@ -2067,7 +2200,10 @@ mod tests {
         let ClaimOutcome::Claimed(t) = b.claim(&key, &other, None).unwrap() else {
             panic!("a folder past its grace is taken over");
         };
-        assert_eq!(t.attempt, 1);
+        assert_eq!(
+            t.attempt, 2,
+            "the first holder may still write attempt 1's files"
+        );
         // The first holder was only slow: its start and its finish find the claim lost.
         let mut rec = crate::store::conformance::sample_record(key, Status::Running, 1);
         assert!(matches!(
@@ -2083,8 +2219,71 @@ mod tests {
             a.record(&key).unwrap().is_none(),
             "a lost claim commits nothing"
         );
+        let mut rec = crate::store::conformance::sample_record(key, Status::Done, 2);
+        rec.finished_at = Some(1.0);
         b.finish(&t, &rec).unwrap();
-        assert_eq!(a.record(&key).unwrap().unwrap().status, Status::Done);
+        assert_eq!(a.record(&key).unwrap().unwrap(), rec);
+    }
+
+    #[test]
+    fn a_slow_holder_finds_a_takeover_that_already_finished_and_leaves_its_record_alone() {
+        let (_dir, a, b) = two_handles(Duration::from_millis(30));
+        let key = Hash::of("job");
+        let ClaimOutcome::Claimed(c) = a.claim(&key, &Owner::current(), None).unwrap() else {
+            panic!("a new job is free");
+        };
+        std::thread::sleep(Duration::from_millis(60));
+        let ClaimOutcome::Claimed(t) = b.claim(&key, &Owner::current(), None).unwrap() else {
+            panic!("taken over");
+        };
+        let mut done = crate::store::conformance::sample_record(key, Status::Done, t.attempt);
+        done.finished_at = Some(1.0);
+        b.finish(&t, &done).unwrap();
+        // The taker released its claim: no claim file is left, and the slow holder's start,
+        // or its finish, would find none. Both find the taker's traces instead.
+        let rec = crate::store::conformance::sample_record(key, Status::Running, 1);
+        assert!(matches!(
+            a.start(&c, &rec),
+            Err(StoreError::ClaimLost { .. })
+        ));
+        assert_eq!(
+            a.record(&key).unwrap().unwrap(),
+            done,
+            "the taker's record stays"
+        );
+        assert!(
+            a.claim_info(&key).unwrap().is_none(),
+            "no claim is left behind"
+        );
+        assert!(a.held(&key, false).is_none(), "the lost claim is forgotten");
+        let mut late = rec.clone();
+        late.status = Status::Done;
+        assert!(matches!(
+            a.finish(&c, &late),
+            Err(StoreError::ClaimLost { .. })
+        ));
+        assert_eq!(a.record(&key).unwrap().unwrap(), done);
+    }
+
+    #[test]
+    fn a_folder_left_by_a_killed_drain_on_this_host_is_taken_over_at_once() {
+        let (_dir, a, b) = two_handles(DEFAULT_STALE_AFTER);
+        let key = Hash::of("job");
+        let ClaimOutcome::Claimed(_) = a.claim(&key, &Owner::current(), None).unwrap() else {
+            panic!("a new job is free");
+        };
+        // `a` lives: its folder is held.
+        assert!(matches!(
+            b.claim(&key, &Owner::current(), None).unwrap(),
+            ClaimOutcome::Busy(_)
+        ));
+        // As if `a`'s process had been killed: its entry names a dead process.
+        fs::write(&a.holder.path, serde_json::to_vec(&dead_owner()).unwrap()).unwrap();
+        let ClaimOutcome::Claimed(t) = b.claim(&key, &Owner::current(), None).unwrap() else {
+            panic!("the folder of a dead holder is free at once");
+        };
+        assert_eq!(t.attempt, 2);
+        assert!(!a.holder.path.exists(), "a dead holder's entry is removed");
     }
 
     #[test]

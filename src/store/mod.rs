@@ -32,8 +32,8 @@ pub use fs::FsStore;
 pub use fs_sink::{FLUSH_INTERVAL, FLUSH_ROWS, INLINE_BYTES};
 pub use memory::MemoryStore;
 pub use record::{
-    BASE_FORMAT, FORMAT_VERSION, Failure, INLINE_FORMAT, JobRecord, MetricsInfo, Owner, Status,
-    hostname, process_start_ticks, unix_now,
+    BASE_FORMAT, CLAIM_FORMAT, FORMAT_VERSION, Failure, INLINE_FORMAT, JobRecord, MetricsInfo,
+    Owner, Status, hostname, process_start_ticks, unix_now,
 };
 pub use rows::TornTail;
 

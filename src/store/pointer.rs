@@ -8,8 +8,9 @@
 //! block: a file holding the key cost `openat`, `write`, `close` and a block to allocate, zero
 //! and flush, for every run of a first pass.
 //!
-//! Pointers written by earlier versions are regular files holding the key in hex and a line
-//! end; they are still read, and replaced by a link when the pointer moves. A version that
+//! Pointers written by earlier versions, or on a filesystem without symlinks, are regular files
+//! holding the key in hex and a line end; they are read as well, and replaced by a link when
+//! the pointer moves where links can be made. A version that
 //! only knows files reads a link as no pointer (its target names no file).
 
 use std::fs;
@@ -100,10 +101,48 @@ pub(super) fn write(path: &Path, key: &Hash) -> io::Result<()> {
         Ok(()) => Ok(()),
         Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {
             let tmp = crate::fsutil::temp_path(path);
-            std::os::unix::fs::symlink(&t, &tmp)?;
-            fs::rename(&tmp, path).inspect_err(|_| {
+            let linked = std::os::unix::fs::symlink(&t, &tmp).or_else(|e| {
+                if e.kind() != io::ErrorKind::AlreadyExists {
+                    return Err(e);
+                }
+                // Left by a writer that died, or a writer of the same pid on another host.
                 let _ = fs::remove_file(&tmp);
-            })
+                std::os::unix::fs::symlink(&t, &tmp)
+            });
+            match linked {
+                Ok(()) => fs::rename(&tmp, path).inspect_err(|_| {
+                    let _ = fs::remove_file(&tmp);
+                }),
+                Err(e) if no_links(&e) => write_file(path, key),
+                Err(e) => Err(e),
+            }
+        }
+        Err(e) if no_links(&e) => write_file(path, key),
+        Err(e) => Err(e),
+    }
+}
+
+/// The filesystem makes no symlinks (vfat, SMB without `mfsymlinks`, some FUSE mounts).
+fn no_links(e: &io::Error) -> bool {
+    matches!(
+        e.raw_os_error(),
+        Some(libc::EPERM | libc::EOPNOTSUPP | libc::ENOSYS)
+    )
+}
+
+/// A pointer as earlier versions wrote it, where there are no symlinks: the key in hex and a
+/// line end, created in place or replaced atomically.
+fn write_file(path: &Path, key: &Hash) -> io::Result<()> {
+    use std::io::Write as _;
+    let line = format!("{key}\n");
+    match fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .open(path)
+    {
+        Ok(mut f) => f.write_all(line.as_bytes()),
+        Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {
+            crate::fsutil::replace_file(path, line.as_bytes())
         }
         Err(e) => Err(e),
     }

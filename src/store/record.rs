@@ -8,9 +8,15 @@ use crate::identity::{Hash, OwnedDigest, Witnesses};
 
 /// The newest store and record format this build reads: a store or a record written in a newer
 /// one is refused rather than misread. Version 2 added rows kept in the record
-/// ([`MetricsInfo::inline`]); a record without them, and the store's folder layout, are
-/// written as [`BASE_FORMAT`], which builds before version 2 read.
-pub const FORMAT_VERSION: u32 = 2;
+/// ([`MetricsInfo::inline`]); a record without them is written as [`BASE_FORMAT`], which builds
+/// before version 2 read. Version 3 ([`CLAIM_FORMAT`]) is the store's folder layout.
+pub const FORMAT_VERSION: u32 = 3;
+/// Version 3, the format an [`FsStore`](super::FsStore) writes in its `puzzletron-store.json`
+/// (and upgrades an older store to when it opens one): a new job folder's `mkdir` is its claim
+/// until the claim file is written, and lineage pointers are symlinks. A build before it would
+/// take such a folder for a free job and run it a second time, so it refuses the store
+/// instead.
+pub const CLAIM_FORMAT: u32 = 3;
 /// Version 1: the format of a store's folder layout and of a record whose rows (if any) are in
 /// a file.
 pub const BASE_FORMAT: u32 = 1;
