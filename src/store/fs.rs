@@ -121,6 +121,9 @@ pub struct FsStore {
     jobs: PathBuf,
     lineage: PathBuf,
     stale_after: Duration,
+    /// A new job folder's `mkdir` is its claim until its start (see [`Holder`]); `false`: the
+    /// claim file is written at once ([`FsStore::with_claim_files_at_once`]).
+    defer_claims: bool,
     index: DoneIndex,
     /// The claims this process took through this handle (and its clones), until their finish
     /// or release: see [`Held`].
@@ -152,19 +155,25 @@ pub struct FsStore {
 /// record) when it writes its claim, and fails with `ClaimLost`.
 #[derive(Debug)]
 struct Holder {
-    /// `ROOT/holders/NONCE.json`.
-    path: PathBuf,
-    owner: Owner,
-    /// Whether `path` is written.
-    written: Mutex<bool>,
+    /// `ROOT/holders`.
+    dir: PathBuf,
+    /// `ROOT/holders/NONCE.json` once written (with the first unwritten claim: a handle that
+    /// never takes one, a reader or an isolated worker, pays nothing).
+    entry: Mutex<Option<PathBuf>>,
     /// Serializes the writes of unwritten claims (a start and a heartbeat of one run).
     writing: Mutex<()>,
 }
 
+impl Holder {
+    fn entry(&self) -> std::sync::MutexGuard<'_, Option<PathBuf>> {
+        self.entry.lock().unwrap_or_else(|e| e.into_inner())
+    }
+}
+
 impl Drop for Holder {
     fn drop(&mut self) {
-        if *self.written.get_mut().unwrap_or_else(|e| e.into_inner()) {
-            let _ = fs::remove_file(&self.path);
+        if let Some(path) = self.entry.get_mut().unwrap_or_else(|e| e.into_inner()) {
+            let _ = fs::remove_file(path);
         }
     }
 }
@@ -342,13 +351,9 @@ impl FsStore {
                 });
             }
         }
-        let owner = Owner::current();
         let holder = Arc::new(Holder {
-            path: root
-                .join(HOLDERS)
-                .join(format!("{}.json", sanitize(&owner.nonce))),
-            owner,
-            written: Mutex::new(false),
+            dir: root.join(HOLDERS),
+            entry: Mutex::new(None),
             writing: Mutex::new(()),
         });
         Ok(Self {
@@ -358,6 +363,7 @@ impl FsStore {
             jobs,
             lineage,
             stale_after: DEFAULT_STALE_AFTER,
+            defer_claims: true,
             held: Arc::default(),
         })
     }
@@ -366,6 +372,15 @@ impl FsStore {
     /// taken over (default 60 s). Owners on this host are judged by pid and start time instead.
     pub fn with_stale_after(mut self, stale_after: Duration) -> Self {
         self.stale_after = stale_after;
+        self
+    }
+
+    /// Writes each claim's file when the claim is taken, as stores of format 2 did, instead of
+    /// letting a new job folder's `mkdir` be the claim until the run starts. For a process that
+    /// claims one job and starts it at once (an isolated sweep worker): a deferred claim buys
+    /// it nothing, and costs it an entry in `holders/`, made and removed once per process.
+    pub fn with_claim_files_at_once(mut self) -> Self {
+        self.defer_claims = false;
         self
     }
 
@@ -498,19 +513,15 @@ impl FsStore {
 
     /// Writes this handle's entry in `holders/` unless it is written (see [`Holder`]).
     fn register(&self) -> Result<(), StoreError> {
-        let mut written = self
-            .holder
-            .written
-            .lock()
-            .unwrap_or_else(|e| e.into_inner());
-        if !*written {
-            let path = &self.holder.path;
-            let body = json_bytes(path, &self.holder.owner)?;
-            if let Some(dir) = path.parent() {
-                fs::create_dir_all(dir).map_err(io_err(dir))?;
-            }
-            write_file(path, &body, Durability::Process).map_err(io_err(path))?;
-            *written = true;
+        let mut entry = self.holder.entry();
+        if entry.is_none() {
+            let owner = Owner::current();
+            let dir = &self.holder.dir;
+            let path = dir.join(format!("{}.json", sanitize(&owner.nonce)));
+            let body = json_bytes(&path, &owner)?;
+            fs::create_dir_all(dir).map_err(io_err(dir))?;
+            write_file(&path, &body, Durability::Process).map_err(io_err(&path))?;
+            *entry = Some(path);
         }
         Ok(())
     }
@@ -527,7 +538,7 @@ impl FsStore {
         };
         for e in entries {
             let path = e.map_err(io_err(&dir))?.path();
-            if path == self.holder.path {
+            if self.holder.entry().as_ref() == Some(&path) {
                 continue;
             }
             match read_owner(&path) {
@@ -1227,7 +1238,9 @@ impl Store for FsStore {
             Err(e) => Err(e),
         };
         // Registered before the `mkdir` that may be a claim, so that others can judge it.
-        self.register()?;
+        if self.defer_claims {
+            self.register()?;
+        }
         let made = match mkdir() {
             Err(e) if e.kind() == io::ErrorKind::NotFound => {
                 // `jobs/` was removed behind this handle.
@@ -1237,6 +1250,11 @@ impl Store for FsStore {
             r => r,
         }
         .map_err(io_err(&dir))?;
+        let at = Instant::now();
+        let eager = made && !self.defer_claims;
+        // A claimer that judged the folder left by a dead holder (this one registers nowhere)
+        // may have written its claim first: then it holds the job.
+        let made = made && (!eager || self.create_claim(&dir.join(CLAIM), owner).is_ok());
         if made {
             // The `mkdir` is the claim; its file is written by `start` or the first heartbeat,
             // if the run lasts that long (see `Holder`).
@@ -1246,10 +1264,10 @@ impl Store for FsStore {
                 attempt: 1,
             };
             let held = Held {
-                at: Instant::now(),
+                at,
                 attempt: 1,
                 fresh: true,
-                unwritten: Some(Arc::new(owner.clone())),
+                unwritten: (!eager).then(|| Arc::new(owner.clone())),
             };
             self.held
                 .lock()
@@ -2278,12 +2296,13 @@ mod tests {
             ClaimOutcome::Busy(_)
         ));
         // As if `a`'s process had been killed: its entry names a dead process.
-        fs::write(&a.holder.path, serde_json::to_vec(&dead_owner()).unwrap()).unwrap();
+        let entry = a.holder.entry().clone().expect("registered");
+        fs::write(&entry, serde_json::to_vec(&dead_owner()).unwrap()).unwrap();
         let ClaimOutcome::Claimed(t) = b.claim(&key, &Owner::current(), None).unwrap() else {
             panic!("the folder of a dead holder is free at once");
         };
         assert_eq!(t.attempt, 2);
-        assert!(!a.holder.path.exists(), "a dead holder's entry is removed");
+        assert!(!entry.exists(), "a dead holder's entry is removed");
     }
 
     #[test]
@@ -2300,5 +2319,31 @@ mod tests {
             panic!("a released folder is free");
         };
         assert_eq!(again.attempt, 1);
+    }
+
+    #[test]
+    fn a_store_told_to_write_claim_files_at_once_does_and_registers_nowhere() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = FsStore::open(dir.path().join("s"))
+            .unwrap()
+            .with_claim_files_at_once();
+        let me = Owner::current();
+        let key = Hash::of("job");
+        let ClaimOutcome::Claimed(c) = store.claim(&key, &me, None).unwrap() else {
+            panic!("a new job is free");
+        };
+        assert_eq!(
+            read_owner(&store.claim_path(&key)).unwrap().unwrap().nonce,
+            me.nonce
+        );
+        assert!(!dir.path().join("s").join(HOLDERS).exists());
+        let mut rec = crate::store::conformance::sample_record(key, Status::Done, c.attempt);
+        rec.finished_at = Some(1.0);
+        store.finish(&c, &rec).unwrap();
+        let names = list_names(&store.job_dir(&key)).unwrap();
+        assert_eq!(
+            names,
+            HashSet::from(["record.json".to_string(), RELEASED.to_string()])
+        );
     }
 }

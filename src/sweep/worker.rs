@@ -116,8 +116,9 @@ pub fn can_open(kind: &str) -> bool {
 /// opener.
 fn open_store(spec: &StoreSpec) -> std::result::Result<Box<dyn Store>, String> {
     if spec.kind == "fs" {
+        // One job per process, started at once: its claim file is written with the claim.
         return FsStore::open(&spec.location)
-            .map(|s| Box::new(s) as Box<dyn Store>)
+            .map(|s| Box::new(s.with_claim_files_at_once()) as Box<dyn Store>)
             .map_err(|e| e.to_string());
     }
     let Some(open) = opener(&spec.kind) else {
