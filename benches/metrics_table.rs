@@ -184,7 +184,11 @@ fn python() -> Option<PathBuf> {
     if std::env::var_os("PUZZLETRON_BENCH_NO_PANDAS").is_some() {
         return None;
     }
-    let venv = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("target/metrics-bench-venv");
+    // The target folder, as `support::target_dir` finds it: `CARGO_TARGET_DIR` when set.
+    let venv = std::env::var_os("CARGO_TARGET_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("target"))
+        .join("metrics-bench-venv");
     let py = venv.join("bin/python");
     let ready = |py: &Path| {
         Command::new(py)
