@@ -479,10 +479,16 @@ impl FsStore {
     /// ours, as nobody takes over a claim younger than a heartbeat interval, nor one whose
     /// holder on this host lives.
     fn holds_unless_new(&self, claim: &Claim) -> Result<(), StoreError> {
-        let trusted = self.held(&claim.key, false).is_some_and(|h| {
-            h.attempt == claim.attempt && h.at.elapsed() < TRUST_NEW_CLAIM.min(self.stale_after / 2)
-        });
+        let trusted = self
+            .held(&claim.key, false)
+            .is_some_and(|h| h.attempt == claim.attempt && self.is_new(&h));
         if trusted { Ok(()) } else { self.holds(claim) }
+    }
+
+    /// Whether a claim this handle holds is young enough to trust without a read: nobody takes
+    /// over a claim younger than a heartbeat interval or half the stale interval.
+    fn is_new(&self, h: &Held) -> bool {
+        h.at.elapsed() < TRUST_NEW_CLAIM.min(self.stale_after / 2)
     }
 
     /// What this handle remembers of its claim on `key`; forgets it when `forget`.
@@ -768,9 +774,7 @@ impl FsStore {
         // `start` trusts a new claim file (a short run spares a failed `openat`); an older one
         // is written now, which finds a takeover (see `Holder`).
         let young_unwritten = self.held(&claim.key, false).is_some_and(|h| {
-            h.attempt == claim.attempt
-                && h.unwritten.is_some()
-                && h.at.elapsed() < TRUST_NEW_CLAIM.min(self.stale_after / 2)
+            h.attempt == claim.attempt && h.unwritten.is_some() && self.is_new(&h)
         });
         if !young_unwritten {
             self.write_unwritten(claim)?;
@@ -2153,9 +2157,7 @@ mod tests {
         let (_dir, a, b) = two_handles(DEFAULT_STALE_AFTER);
         let (me, other) = (Owner::current(), Owner::current());
         let key = Hash::of("job");
-        let ClaimOutcome::Claimed(c) = a.claim(&key, &me, None).unwrap() else {
-            panic!("a new job is free");
-        };
+        let c = crate::store::conformance::claimed(&a, &key, &me);
         let file = a.claim_path(&key);
         assert!(!file.exists(), "no claim file yet");
         // The holder's handle knows its holder; another process sees a folder just made.
@@ -2189,9 +2191,7 @@ mod tests {
         ));
         // A run that ends before its start is written never writes a claim file.
         let k2 = Hash::of("short");
-        let ClaimOutcome::Claimed(c2) = a.claim(&k2, &me, None).unwrap() else {
-            panic!("a new job is free");
-        };
+        let c2 = crate::store::conformance::claimed(&a, &k2, &me);
         let mut r2 = crate::store::conformance::sample_record(k2, Status::Done, 1);
         r2.finished_at = Some(1.0);
         a.finish(&c2, &r2).unwrap();
@@ -2206,9 +2206,7 @@ mod tests {
         let (_dir, a, b) = two_handles(Duration::from_millis(30));
         let (me, other) = (Owner::current(), Owner::current());
         let key = Hash::of("job");
-        let ClaimOutcome::Claimed(c) = a.claim(&key, &me, None).unwrap() else {
-            panic!("a new job is free");
-        };
+        let c = crate::store::conformance::claimed(&a, &key, &me);
         assert!(matches!(
             b.claim(&key, &other, None).unwrap(),
             ClaimOutcome::Busy(_)
@@ -2247,9 +2245,7 @@ mod tests {
     fn a_slow_holder_finds_a_takeover_that_already_finished_and_leaves_its_record_alone() {
         let (_dir, a, b) = two_handles(Duration::from_millis(30));
         let key = Hash::of("job");
-        let ClaimOutcome::Claimed(c) = a.claim(&key, &Owner::current(), None).unwrap() else {
-            panic!("a new job is free");
-        };
+        let c = crate::store::conformance::claimed(&a, &key, &Owner::current());
         std::thread::sleep(Duration::from_millis(60));
         let ClaimOutcome::Claimed(t) = b.claim(&key, &Owner::current(), None).unwrap() else {
             panic!("taken over");
@@ -2287,9 +2283,7 @@ mod tests {
     fn a_folder_left_by_a_killed_drain_on_this_host_is_taken_over_at_once() {
         let (_dir, a, b) = two_handles(DEFAULT_STALE_AFTER);
         let key = Hash::of("job");
-        let ClaimOutcome::Claimed(_) = a.claim(&key, &Owner::current(), None).unwrap() else {
-            panic!("a new job is free");
-        };
+        let _ = crate::store::conformance::claimed(&a, &key, &Owner::current());
         // `a` lives: its folder is held.
         assert!(matches!(
             b.claim(&key, &Owner::current(), None).unwrap(),
@@ -2309,9 +2303,7 @@ mod tests {
     fn an_unwritten_claim_released_frees_its_folder_at_once() {
         let (_dir, a, b) = two_handles(DEFAULT_STALE_AFTER);
         let key = Hash::of("job");
-        let ClaimOutcome::Claimed(c) = a.claim(&key, &Owner::current(), None).unwrap() else {
-            panic!("a new job is free");
-        };
+        let c = crate::store::conformance::claimed(&a, &key, &Owner::current());
         a.release(&c).unwrap();
         assert!(a.held(&key, false).is_none());
         assert!(b.claim_info(&key).unwrap().is_none());
@@ -2329,9 +2321,7 @@ mod tests {
             .with_claim_files_at_once();
         let me = Owner::current();
         let key = Hash::of("job");
-        let ClaimOutcome::Claimed(c) = store.claim(&key, &me, None).unwrap() else {
-            panic!("a new job is free");
-        };
+        let c = crate::store::conformance::claimed(&store, &key, &me);
         assert_eq!(
             read_owner(&store.claim_path(&key)).unwrap().unwrap().nonce,
             me.nonce
