@@ -384,7 +384,10 @@ mod tests {
 
     #[test]
     fn a_recorded_process_is_judged_by_its_pid_only_in_its_own_boot_and_pid_namespace() {
-        let mut child = std::process::Command::new("sleep").arg("30").spawn().unwrap();
+        let mut child = std::process::Command::new("sleep")
+            .arg("30")
+            .spawn()
+            .unwrap();
         let pid = child.id();
         let here = crate::store::ProcessSpace::here();
         let boot = here.boot_id.clone().unwrap();
@@ -393,18 +396,30 @@ mod tests {
             .map(|m| m.trim().to_string())
             .unwrap_or_else(|_| "-".into());
         // Its own space: the live pid with its start time is the job.
-        assert_eq!(poll_locally(pid, &format!("{boot} {ns} {machine}")), "R a1 1000");
+        assert_eq!(
+            poll_locally(pid, &format!("{boot} {ns} {machine}")),
+            "R a1 1000"
+        );
         // A record of an older build (pid and ticks only): as before.
         assert_eq!(poll_locally(pid, ""), "R a1 1000");
         // Another PID namespace: its pid means nothing here, and nothing proves it dead.
-        assert_eq!(poll_locally(pid, &format!("{boot} pid:[1] {machine}")), "R a1 1000");
+        assert_eq!(
+            poll_locally(pid, &format!("{boot} pid:[1] {machine}")),
+            "R a1 1000"
+        );
         if machine != "-" {
             // Another boot of this machine: the host rebooted, every process of then is gone,
             // whichever process has that pid (and start time) now.
-            assert_eq!(poll_locally(pid, &format!("another-boot {ns} {machine}")), "D a1");
+            assert_eq!(
+                poll_locally(pid, &format!("another-boot {ns} {machine}")),
+                "D a1"
+            );
         }
         // Another boot of a machine that cannot be told the same: not judged dead.
-        assert_eq!(poll_locally(pid, &format!("another-boot {ns} another-machine")), "R a1 1000");
+        assert_eq!(
+            poll_locally(pid, &format!("another-boot {ns} another-machine")),
+            "R a1 1000"
+        );
         child.kill().unwrap();
         child.wait().unwrap();
         // Its own space, pid gone: dead.

@@ -29,7 +29,7 @@ use std::time::{Duration, Instant, SystemTime};
 use super::{FsStore, io_err, list_names};
 use crate::identity::Hash;
 use crate::store::liveness::{
-    Beat, Liveness, move_aside_if_unchanged, unchanged_phrase, unique_token,
+    Beat, Liveness, move_aside_if_unchanged, read_beat, unchanged_phrase, unique_token,
 };
 use crate::store::{Claim, ClaimInfo, ClaimOutcome, JobRecord, Owner, Status, Store, StoreError};
 
@@ -221,31 +221,39 @@ impl FsStore {
         r
     }
 
+    /// Runs `read` (operation `op` on `path`) again while it answers `ESTALE`, at most
+    /// [`STALE_HANDLE_TRIES`] times: on NFS a handle whose file was unlinked or replaced answers
+    /// `ESTALE`, and a new lookup of the name finds the file that is there now, or none.
+    pub(super) fn read_fresh<T>(
+        &self,
+        op: FsOp,
+        path: &Path,
+        read: impl Fn() -> io::Result<T>,
+    ) -> io::Result<T> {
+        let mut tries = 1;
+        loop {
+            match self.inject(op, path, read()) {
+                Err(e) if e.raw_os_error() == Some(libc::ESTALE) && tries < STALE_HANDLE_TRIES => {
+                    tries += 1
+                }
+                r => return r,
+            }
+        }
+    }
+
     pub(super) fn claim_path(&self, key: &Hash) -> PathBuf {
         self.job_dir(key).join(CLAIM)
     }
 
-    /// Reads the claim file at `path` with what its heartbeat looks like: `None` when it is
-    /// gone (`ENOENT`, `ESTALE`). Opened first and then `fstat`ed, so that on NFS the open's
-    /// revalidation (close-to-open) gives fresh attributes.
+    /// Reads the claim file at `path` with what its heartbeat looks like (see [`read_beat`]):
+    /// `None` when it is gone (`ENOENT`, or `ESTALE` that a new lookup does not cure).
     pub(super) fn read_claim_file(&self, path: &Path) -> Result<Option<ClaimFile>, StoreError> {
-        let mut f = match self.inject(FsOp::ReadClaim, path, File::open(path)) {
-            Ok(f) => f,
-            Err(e) if gone(&e) => return Ok(None),
-            Err(e) => return Err(io_err(path)(e)),
-        };
-        let read = (|| {
-            let meta = f.metadata()?;
-            let mut bytes = Vec::with_capacity(512);
-            (&mut f).take(64 * 1024).read_to_end(&mut bytes)?;
-            Ok::<_, io::Error>((meta, bytes))
-        })();
-        let (meta, bytes) = match self.inject(FsOp::ReadClaim, path, read) {
+        let (beat, bytes) = match self.read_fresh(FsOp::ReadClaim, path, || read_beat(path)) {
             Ok(v) => v,
+            // Gone, or a handle that stays stale: no claim to judge now; the caller looks again.
             Err(e) if gone(&e) => return Ok(None),
             Err(e) => return Err(io_err(path)(e)),
         };
-        let beat = Beat::of(&meta, &bytes);
         if bytes.is_empty() {
             return Ok(Some(ClaimFile {
                 owner: None,
@@ -323,15 +331,10 @@ impl FsStore {
     /// file without its metadata: one `openat`, usually one `read`, one `close`.
     pub(super) fn holds(&self, claim: &Claim) -> Result<(), StoreError> {
         let path = self.claim_path(&claim.key);
-        let mut tries = 0;
-        let owner = loop {
-            match self.inject(FsOp::ReadClaim, &path, read_owner(&path)) {
-                Ok(o) => break o,
-                Err(e) if e.kind() == io::ErrorKind::NotFound => break None,
-                // A handle of a file replaced behind it: read the name again.
-                Err(e) if gone(&e) && tries + 1 < STALE_HANDLE_TRIES => tries += 1,
-                Err(e) => return Err(StoreError::Io { path, source: e }),
-            }
+        let owner = match self.read_fresh(FsOp::ReadClaim, &path, || read_owner(&path)) {
+            Ok(o) => o,
+            Err(e) if e.kind() == io::ErrorKind::NotFound => None,
+            Err(e) => return Err(StoreError::Io { path, source: e }),
         };
         match owner {
             Some(o) if o.nonce == claim.owner.nonce => Ok(()),
@@ -401,14 +404,11 @@ impl FsStore {
     /// a note for messages (empty when there is nothing special to say).
     fn others_may_hold(&self) -> Result<Option<String>, StoreError> {
         let dir = self.root.join(HOLDERS);
-        let listed = self.inject(
-            FsOp::ListHolders,
-            &dir,
-            fs::read_dir(&dir).and_then(|rd| {
-                rd.map(|e| e.map(|e| e.path()))
-                    .collect::<io::Result<Vec<PathBuf>>>()
-            }),
-        );
+        let listed = self.read_fresh(FsOp::ListHolders, &dir, || {
+            fs::read_dir(&dir)?
+                .map(|e| e.map(|e| e.path()))
+                .collect::<io::Result<Vec<PathBuf>>>()
+        });
         let paths = match listed {
             Ok(p) => p,
             Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(None),
@@ -422,7 +422,7 @@ impl FsStore {
             if own.as_ref() == Some(&path) {
                 continue;
             }
-            match self.inject(FsOp::ReadHolder, &path, read_owner(&path)) {
+            match self.read_fresh(FsOp::ReadHolder, &path, || read_owner(&path)) {
                 Ok(Some(o)) => match o.liveness() {
                     Liveness::Dead => {
                         // Its name is its dead owner's nonce: nobody makes it again.
@@ -437,7 +437,9 @@ impl FsStore {
                         path.display()
                     ));
                 }
-                Err(e) if gone(&e) => {}
+                Err(e) if e.kind() == io::ErrorKind::NotFound => {}
+                // A handle that stays stale proves nothing: never taken for "nobody".
+                Err(e) if gone(&e) => note = note.or(Some(String::new())),
                 Err(e) => return Err(io_err(&path)(e)),
             }
         }
@@ -495,7 +497,7 @@ impl FsStore {
     /// holders and by how long this handle has seen the folder unchanged; `None` for any other
     /// folder, or none.
     pub(super) fn unborn(&self, dir: &Path) -> Result<Option<ClaimInfo>, StoreError> {
-        let names = match self.inject(FsOp::ListJobFolder, dir, list_dir(dir)) {
+        let names = match self.read_fresh(FsOp::ListJobFolder, dir, || list_dir(dir)) {
             Ok(n) => n,
             Err(e) if gone(&e) => return Ok(None),
             Err(e) => return Err(io_err(dir)(e)),
