@@ -882,3 +882,324 @@ fn read_small(
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    //! The judgement of claims by who may judge whom (`../shared/fixtures/store-cases.md` P01
+    //! (a)-(e), the bad-input rules of issue 26), one process playing every side: owners of
+    //! other PID namespaces, boots and hosts are written into claim files as such a process
+    //! would write them.
+
+    use super::*;
+    use crate::store::conformance::sample_record;
+    use crate::store::{ProcessSpace, StoreError};
+
+    const STALE: Duration = Duration::from_millis(80);
+
+    fn store(stale: Duration) -> (tempfile::TempDir, FsStore) {
+        let dir = tempfile::tempdir().unwrap();
+        let s = FsStore::open(dir.path().join("s"))
+            .unwrap()
+            .with_stale_after(stale);
+        (dir, s)
+    }
+
+    /// An owner this process did not make: this host, boot and PID namespace unless changed.
+    fn stranger(pid: u32, start_ticks: Option<u64>) -> Owner {
+        Owner {
+            pid,
+            start_ticks,
+            nonce: format!("stranger-{}", unique_token()),
+            ..Owner::current()
+        }
+    }
+
+    /// Writes `owner`'s claim of `key`, as its process would (a folder, a claim file).
+    fn plant(store: &FsStore, key: &Hash, owner: &Owner) -> PathBuf {
+        let dir = store.job_dir(key);
+        fs::create_dir_all(&dir).unwrap();
+        let path = dir.join(CLAIM);
+        create_claim(&path, owner).unwrap();
+        path
+    }
+
+    /// A live process of this space: its pid and start time.
+    fn live_child() -> (std::process::Child, u32, u64) {
+        let c = std::process::Command::new("sleep")
+            .arg("60")
+            .spawn()
+            .unwrap();
+        let pid = c.id();
+        let ticks = crate::store::process_start_ticks(pid).unwrap();
+        (c, pid, ticks)
+    }
+
+    fn busy(store: &FsStore, key: &Hash) -> bool {
+        matches!(
+            store.claim(key, &Owner::current(), None).unwrap(),
+            ClaimOutcome::Busy(_)
+        )
+    }
+
+    /// Claims `key` (it must be free now) and returns the attempt.
+    fn taken(store: &FsStore, key: &Hash) -> u32 {
+        match store.claim(key, &Owner::current(), None).unwrap() {
+            ClaimOutcome::Claimed(c) => c.attempt,
+            other => panic!("expected the claim to be taken over, got {other:?}"),
+        }
+    }
+
+    #[test]
+    fn p01_a_a_pid_of_another_namespace_proves_nothing_and_a_silent_holder_goes_stale() {
+        // The checker's own live worker has the holder's pid, in the checker's namespace.
+        let (mut child, pid, ticks) = live_child();
+        let holder = Owner {
+            pidns: Some("pid:[4026532811]".into()),
+            ..stranger(pid, Some(ticks))
+        };
+        assert_eq!(holder.liveness(), Liveness::Unproven);
+        let (_d, s) = store(STALE);
+        let key = Hash::of("a");
+        plant(&s, &key, &holder);
+        let info = s.claim_info(&key).unwrap().unwrap();
+        assert!(info.live, "never dead at first sight");
+        assert!(busy(&s, &key));
+        std::thread::sleep(STALE + Duration::from_millis(20));
+        // Not waited on forever: its heartbeat stood still for the stale interval.
+        let info = s.claim_info(&key).unwrap().unwrap();
+        assert!(!info.live, "{info:?}");
+        assert!(info.note.unwrap().contains("unchanged"));
+        assert_eq!(taken(&s, &key), 2);
+        child.kill().unwrap();
+        child.wait().unwrap();
+    }
+
+    #[test]
+    fn p01_b_a_holder_whose_heartbeat_moves_is_never_taken_over() {
+        // A longer interval: the renewing thread must never look stalled on a loaded machine.
+        const STALE: Duration = Duration::from_millis(400);
+        // Another namespace, its pid absent here; alive, and renewing its heartbeat.
+        let holder = Owner {
+            pidns: Some("pid:[4026532811]".into()),
+            ..stranger(u32::MAX - 7, Some(5512))
+        };
+        let (_d, s) = store(STALE);
+        let key = Hash::of("b");
+        let path = plant(&s, &key, &holder);
+        let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let beat = {
+            let (stop, path) = (stop.clone(), path.clone());
+            std::thread::spawn(move || {
+                while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                    let f = File::options().write(true).open(&path).unwrap();
+                    f.set_modified(SystemTime::now()).unwrap();
+                    std::thread::sleep(STALE / 8);
+                }
+            })
+        };
+        let t = Instant::now();
+        while t.elapsed() < STALE * 4 {
+            assert!(busy(&s, &key), "taken while its heartbeat moved");
+            std::thread::sleep(STALE / 10);
+        }
+        stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        beat.join().unwrap();
+        // Stopped: stale once seen unchanged for the interval.
+        assert!(busy(&s, &key));
+        std::thread::sleep(STALE + Duration::from_millis(20));
+        assert_eq!(taken(&s, &key), 2);
+    }
+
+    #[test]
+    fn p01_c_this_processs_own_pid_with_a_nonce_it_never_made_is_a_dead_predecessor() {
+        // As pid 1 of a restarted container finds pid 1's claim of the container before it.
+        let me = ProcessSpace::here();
+        let previous = stranger(
+            std::process::id(),
+            crate::store::liveness::own_start_ticks(),
+        );
+        assert_eq!(previous.pidns, me.pidns);
+        assert_eq!(previous.liveness(), Liveness::Dead);
+        let (_d, s) = store(Duration::from_secs(3600));
+        let key = Hash::of("c");
+        plant(&s, &key, &previous);
+        assert!(!s.claim_info(&key).unwrap().unwrap().live);
+        assert_eq!(taken(&s, &key), 2, "taken over at once");
+        // This process's own owners are never stale, however long their heartbeat stands.
+        let (_d, s) = store(Duration::from_millis(1));
+        let ours = Owner::current();
+        plant(&s, &key, &ours);
+        std::thread::sleep(Duration::from_millis(20));
+        assert!(s.claim_info(&key).unwrap().unwrap().live);
+        assert_eq!(ours.liveness(), Liveness::Ours);
+    }
+
+    #[test]
+    fn p01_d_another_boot_is_judged_by_its_heartbeat_not_by_the_live_process_with_its_pid() {
+        // The same host name, rebooted: a live process has the recorded pid and even the
+        // recorded start time now. It proves nothing either way.
+        let (mut child, pid, ticks) = live_child();
+        let before = Owner {
+            boot_id: Some("b-222".into()),
+            ..stranger(pid, Some(ticks))
+        };
+        assert_eq!(before.liveness(), Liveness::Unproven);
+        let same_boot = stranger(pid, Some(ticks));
+        assert_eq!(same_boot.liveness(), Liveness::Alive, "the control");
+        let other_start = stranger(pid, Some(ticks + 1));
+        assert_eq!(other_start.liveness(), Liveness::Dead, "the control");
+        let (_d, s) = store(STALE);
+        let key = Hash::of("d");
+        plant(&s, &key, &before);
+        assert!(busy(&s, &key), "not taken at once");
+        std::thread::sleep(STALE + Duration::from_millis(20));
+        assert_eq!(taken(&s, &key), 2, "nor held forever by the live pid");
+        child.kill().unwrap();
+        child.wait().unwrap();
+    }
+
+    #[test]
+    fn p01_e_a_pid_of_another_host_is_never_ours() {
+        let other = Owner {
+            host: "node02".into(),
+            ..stranger(
+                std::process::id(),
+                crate::store::liveness::own_start_ticks(),
+            )
+        };
+        assert_eq!(other.liveness(), Liveness::Unproven);
+        let (_d, s) = store(STALE);
+        let key = Hash::of("e");
+        plant(&s, &key, &other);
+        assert!(busy(&s, &key), "not ours, not dead");
+    }
+
+    #[test]
+    fn an_unreadable_claim_file_is_reported_with_its_path_and_never_free_at_once() {
+        for (bytes, what) in [
+            (
+                &b"{\"host\": \"node01\", \"pid\": 10"[..],
+                "cannot be read as an owner",
+            ),
+            (&b""[..], "is empty"),
+        ] {
+            let (_d, s) = store(STALE);
+            let key = Hash::of("bad");
+            let dir = s.job_dir(&key);
+            fs::create_dir_all(&dir).unwrap();
+            fs::write(dir.join(CLAIM), bytes).unwrap();
+            let info = s.claim_info(&key).unwrap().unwrap();
+            assert!(info.live, "never free at first sight");
+            let note = info.note.clone().unwrap();
+            let path = dir.join(CLAIM).display().to_string();
+            assert!(note.contains(&path), "{note}");
+            assert!(note.contains(what), "{note}");
+            assert!(note.contains("0 s stale interval"), "the interval: {note}");
+            assert!(info.to_string().contains(&path), "shown: {info}");
+            assert!(busy(&s, &key));
+            std::thread::sleep(STALE + Duration::from_millis(20));
+            assert_eq!(taken(&s, &key), 2, "taken over after the interval");
+        }
+    }
+
+    #[test]
+    fn an_unreadable_holder_entry_is_never_taken_for_nobody() {
+        let (_d, s) = store(STALE);
+        let key = Hash::of("unborn");
+        // A folder its claimer's `mkdir` made, and no registered holder: free at once.
+        fs::create_dir_all(s.job_dir(&key)).unwrap();
+        assert!(!s.claim_info(&key).unwrap().unwrap().live);
+        // With an entry that cannot be read: someone may hold it; said, and judged by time.
+        let holders = s.root().join(HOLDERS);
+        fs::create_dir_all(&holders).unwrap();
+        let entry = holders.join("garbage.json");
+        fs::write(&entry, b"not an owner").unwrap();
+        let info = s.claim_info(&key).unwrap().unwrap();
+        assert!(info.live);
+        assert!(
+            info.note.unwrap().contains(&entry.display().to_string()),
+            "the entry is named"
+        );
+        std::thread::sleep(STALE + Duration::from_millis(20));
+        assert!(!s.claim_info(&key).unwrap().unwrap().live);
+        assert!(entry.exists(), "an entry nobody can judge is never removed");
+        assert_eq!(taken(&s, &key), 2);
+    }
+
+    /// A hook answering `ESTALE` instead of `ENOENT`, and once for each path that exists, for
+    /// the reads named, and `EACCES` instead of `EEXIST` for every job folder `mkdir`.
+    fn nfs_and_lustre_faults() -> (FaultHook, Arc<Mutex<usize>>) {
+        let injected = Arc::new(Mutex::new(0usize));
+        let seen = Arc::new(Mutex::new(HashSet::<PathBuf>::new()));
+        let count = injected.clone();
+        let hook: FaultHook = Arc::new(move |op, path, err| {
+            let stale = || io::Error::from_raw_os_error(libc::ESTALE);
+            let out = match (op, err) {
+                (FsOp::MakeJobFolder, Some(e)) if e.kind() == io::ErrorKind::AlreadyExists => {
+                    Some(io::Error::from_raw_os_error(libc::EACCES))
+                }
+                (FsOp::MakeJobFolder, _) => None,
+                (_, Some(e)) if e.kind() == io::ErrorKind::NotFound => Some(stale()),
+                (_, None) => seen.lock().unwrap().insert(path.to_path_buf()).then(stale),
+                _ => None,
+            };
+            if out.is_some() {
+                *count.lock().unwrap() += 1;
+            }
+            out
+        });
+        (hook, injected)
+    }
+
+    #[test]
+    fn estale_and_eacces_races_are_looked_up_again_never_errors() {
+        let dir = tempfile::tempdir().unwrap();
+        let (hook, injected) = nfs_and_lustre_faults();
+        let open = || {
+            FsStore::open(dir.path().join("s"))
+                .unwrap()
+                .with_stale_after(STALE)
+                .with_fault_hook(hook.clone())
+        };
+        let (a, b) = (open(), open());
+        let key = Hash::of("job");
+        let c = crate::store::conformance::claimed(&a, &key, &Owner::current());
+        // EACCES on the contended mkdir: the folder exists, so it is claimed by another.
+        assert!(busy(&b, &key));
+        // A holder's entry gone (its handle dropped) reads as ESTALE: gone, not an error.
+        let gone_holder = open();
+        let k2 = Hash::of("other");
+        let c2 = crate::store::conformance::claimed(&gone_holder, &k2, &Owner::current());
+        gone_holder.release(&c2).unwrap();
+        drop(gone_holder);
+        assert!(b.claim_info(&key).unwrap().unwrap().live);
+        let mut rec = sample_record(key, Status::Running, c.attempt);
+        a.start(&c, &rec).unwrap();
+        assert!(busy(&b, &key));
+        rec.status = Status::Done;
+        a.finish(&c, &rec).unwrap();
+        assert!(matches!(
+            b.claim(&key, &Owner::current(), None).unwrap(),
+            ClaimOutcome::Done(_)
+        ));
+        assert!(*injected.lock().unwrap() >= 3, "faults were injected");
+        // EACCES where the folder does not exist is a real permission error, naming it.
+        // (Tests run as root, which passes permission checks: the hook undoes the `mkdir`.)
+        let ro = tempfile::tempdir().unwrap();
+        let s = FsStore::open(ro.path().join("s"))
+            .unwrap()
+            .with_fault_hook(Arc::new(|op, path, err| {
+                (op == FsOp::MakeJobFolder && err.is_none()).then(|| {
+                    fs::remove_dir(path).unwrap();
+                    io::Error::from_raw_os_error(libc::EACCES)
+                })
+            }));
+        match s.claim(&key, &Owner::current(), None) {
+            Err(StoreError::Io { path, source }) => {
+                assert_eq!(path, s.job_dir(&key));
+                assert_eq!(source.kind(), io::ErrorKind::PermissionDenied);
+            }
+            other => panic!("expected a permission error, got {other:?}"),
+        }
+    }
+}
