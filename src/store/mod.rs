@@ -748,31 +748,48 @@ pub enum StoreError {
     /// not the request's (a record copied or planted into another key's folder, or a key
     /// collision). Never reused as a cache hit; move the record away (or delete its folder) to
     /// run the job. Not retryable.
-    #[error(
-        "key collision in {location} for key {key}: the stored record is {stored_job} {stored_params}, \
-         the request is {requested_job} {requested_params}; the record is not this run's result \
-         (move its folder away to run the job)"
-    )]
-    KeyCollision {
-        /// The store (its folder, or `memory`).
-        location: String,
-        /// The key both were found under.
-        key: Hash,
-        /// The job the stored record names.
-        stored_job: String,
-        /// The parameters the stored record names (canonical JSON).
-        stored_params: String,
-        /// The job asked for.
-        requested_job: String,
-        /// The parameters asked for (canonical JSON).
-        requested_params: String,
-    },
+    #[error("{0}")]
+    KeyCollision(Box<KeyCollision>),
     /// A metric name that cannot be stored.
     #[error("invalid metric name {name:?}: expected a non-empty name without tabs or newlines")]
     BadMetricName {
         /// The name given.
         name: String,
     },
+}
+
+/// What [`StoreError::KeyCollision`] found: the stored record and the request, both named.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct KeyCollision {
+    /// The store (its folder, or `memory`).
+    pub location: String,
+    /// The key both were found under.
+    pub key: Hash,
+    /// The job the stored record names (with the key it was recorded under, when that is
+    /// another).
+    pub stored_job: String,
+    /// The parameters the stored record names (canonical JSON).
+    pub stored_params: String,
+    /// The job asked for.
+    pub requested_job: String,
+    /// The parameters asked for (canonical JSON).
+    pub requested_params: String,
+}
+
+impl std::fmt::Display for KeyCollision {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "key collision in {} for key {}: the stored record is {} {}, the request is {} {}; \
+             the record is not this run's result (move its folder away to run the job)",
+            self.location,
+            self.key,
+            self.stored_job,
+            self.stored_params,
+            self.requested_job,
+            self.requested_params
+        )
+    }
 }
 
 impl StoreError {

@@ -5,7 +5,7 @@ use std::sync::Arc;
 
 use super::pending::PendingRun;
 use crate::identity::{self, Hash, Witnesses};
-use crate::store::{DoneHead, JobRecord, Status, Store, StoreError};
+use crate::store::{DoneHead, JobRecord, KeyCollision, Status, Store, StoreError};
 
 /// What a drain does with a run.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -290,14 +290,14 @@ impl<'a, S: Store + ?Sized> Decider<'a, S> {
         } else {
             format!("{} (recorded under key {})", rec.job, rec.key)
         };
-        Err(StoreError::KeyCollision {
+        Err(StoreError::KeyCollision(Box::new(KeyCollision {
             location: self.store.location(),
             key: run.key,
             stored_job,
             stored_params,
             requested_job: run.job.to_string(),
             requested_params: run.params.to_string(),
-        })
+        })))
     }
 
     fn decide_with(

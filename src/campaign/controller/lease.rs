@@ -155,7 +155,7 @@ pub(crate) struct LeaseFile {
 }
 
 /// Reads `lease.json` at `path`: `None` when there is none (or it vanished while read).
-pub(crate) fn read_lease(path: &Path) -> Result<Option<LeaseFile>, ControllerError> {
+pub(crate) fn read_lease(path: &Path) -> std::io::Result<Option<LeaseFile>> {
     match read_beat_and_mtime(path) {
         Ok(((beat, bytes), mtime_ms)) => {
             let info = serde_json::from_slice::<LeaseInfo>(&bytes)
@@ -174,8 +174,13 @@ pub(crate) fn read_lease(path: &Path) -> Result<Option<LeaseFile>, ControllerErr
             Ok(Some(LeaseFile { info, beat }))
         }
         Err(e) if is_gone(&e) => Ok(None),
-        Err(e) => Err(ControllerError::io("reading lease", path, e)),
+        Err(e) => Err(e),
     }
+}
+
+/// [`read_lease`], its error as the controller's.
+fn read_lease_or(path: &Path) -> Result<Option<LeaseFile>, ControllerError> {
+    read_lease(path).map_err(|e| ControllerError::io("reading lease", path, e))
 }
 
 fn read_beat_and_mtime(path: &Path) -> std::io::Result<((Beat, Vec<u8>), u64)> {
@@ -255,7 +260,7 @@ impl Lease {
             .open(&lock_path)
             .map_err(|e| ControllerError::io("opening", &lock_path, e))?;
         if let LockProbe::Held = try_lock(&lock) {
-            return Err(held(describe(read_lease(&file)?)));
+            return Err(held(describe(read_lease_or(&file)?)));
         }
         let owner = Owner::current();
         let now = now_ms();
@@ -276,7 +281,7 @@ impl Lease {
                 Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {}
                 Err(e) => return Err(ControllerError::io("writing lease", &file, e)),
             }
-            let Some(old) = read_lease(&file)? else {
+            let Some(old) = read_lease_or(&file)? else {
                 continue;
             };
             let judged = old.beat;
@@ -295,7 +300,7 @@ impl Lease {
             }
         }
         // Proved, not assumed: the file names us.
-        match read_lease(&file)?.map(|f| f.info) {
+        match read_lease_or(&file)?.map(|f| f.info) {
             Some(Ok(cur)) if taken && cur.owner.nonce == owner.nonce => {}
             other => {
                 return Err(held(match other {
@@ -390,7 +395,7 @@ impl Lease {
         let poll = (ttl / 16).clamp(Duration::from_millis(10), Duration::from_millis(500));
         loop {
             std::thread::sleep(poll);
-            let Some(now) = read_lease(path)? else {
+            let Some(now) = read_lease_or(path)? else {
                 return Ok(Verdict::Gone);
             };
             let unchanged = watch.unchanged_for(&(), now.beat);

@@ -164,6 +164,7 @@ pub enum FsOp {
 
 /// A test's fault hook: called with the operation, its path and the error it got (`None`: it
 /// succeeded); returns the error to answer instead, if any.
+#[cfg(any(test, feature = "test-util"))]
 pub type FaultHook =
     Arc<dyn Fn(FsOp, &Path, Option<&io::Error>) -> Option<io::Error> + Send + Sync>;
 
