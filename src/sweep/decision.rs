@@ -342,7 +342,9 @@ impl<'a, S: Store + ?Sized> Decider<'a, S> {
                 Status::Running => match self.store.claim_info(&run.key)? {
                     Some(c) if c.live => {
                         action = Action::Wait;
-                        reasons.push(format!("running in {}", c.owner));
+                        // The claim as judged: its holder, and a note (an unreadable claim
+                        // file's path and when it will be taken over).
+                        reasons.push(format!("running in {c}"));
                     }
                     _ => {
                         let by = r.owner.as_ref().map(|o| o.to_string()).unwrap_or_default();

@@ -207,7 +207,7 @@ impl<S: Store + ?Sized> Engine<'_, S> {
                         stop!(Stop::JobFailed(i));
                     }
                     (_, Some(c)) => {
-                        let holder = c.owner.to_string();
+                        let holder = c.to_string();
                         if announced.get(&i) != Some(&holder) {
                             announced.insert(i, holder.clone());
                             self.emit(Event::Waiting { key: p.key, holder });

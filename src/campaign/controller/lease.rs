@@ -55,9 +55,12 @@ pub struct LeaseInfo {
     pub owner: Owner,
     /// When it was taken (ms since the Unix epoch).
     pub acquired_at_ms: u64,
-    /// Last heartbeat (ms since the Unix epoch).
+    /// Last heartbeat (ms since the Unix epoch), by the clock of whoever wrote it: the file's
+    /// mtime, which the holder renews, when newer than what the file says. For people only:
+    /// no judgement compares it with the reader's clock.
     pub renewed_at_ms: u64,
-    /// After how long without a heartbeat a holder on another host is presumed dead (ms).
+    /// After how long without a heartbeat change, as watched by a controller that cannot prove
+    /// the holder dead, the holder is presumed dead (ms).
     pub ttl_ms: u64,
 }
 

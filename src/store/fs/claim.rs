@@ -313,12 +313,12 @@ impl FsStore {
                     )
                 };
                 let live = unchanged < stale;
+                // No running count: a waiting drain announces each distinct holder text once.
                 let note = format!(
                     "claim file {} {what}: it is taken over once seen unchanged for the {:.0} s \
-                     stale interval (unchanged for {:.0} s so far)",
+                     stale interval",
                     path.display(),
                     stale.as_secs_f64(),
-                    unchanged.as_secs_f64().floor()
                 );
                 ClaimInfo {
                     note: Some(note),
