@@ -229,11 +229,12 @@ enum Verdict {
 impl Lease {
     /// Takes the lease of the campaign whose controller folder is `dir`.
     ///
-    /// Returns at once when the lease is free, held by a process this one can see (a record
-    /// lock, or a holder proved alive), or left by a holder proved dead. When the holder can be
-    /// judged only by its heartbeat (another host, boot or PID namespace, or an unreadable
-    /// `lease.json`), it watches that heartbeat for up to `ttl` (the ttl written in the lease
-    /// when it is longer): a change means a live holder; none means a stale lease, taken over.
+    /// Returns at once when the lease is free, held by a process holding its record lock, or
+    /// left by a holder proved dead (see [`Owner::liveness`]). Every other holder (another
+    /// host, boot or PID namespace, a live process of this one's space that does not hold the
+    /// lock, or an unreadable `lease.json`) is judged by its heartbeat, watched for up to `ttl`
+    /// (the ttl written in the lease when it is longer): a change means a live holder; none
+    /// means a stale lease, taken over.
     ///
     /// # Errors
     /// [`ControllerError::LeaseHeld`] naming the holder when a live controller holds it;

@@ -10,7 +10,8 @@
 //!   as the judge, and its pid gone or started at another time) is taken over at once;
 //! - every other claim, and a claim file that cannot be read, is stale only once this handle
 //!   has seen its heartbeat (the file's inode, mtime and bytes) unchanged for the store's stale
-//!   interval, timed on this process's monotonic clock ([`HeartbeatWatch`]).
+//!   interval, timed on this process's monotonic clock
+//!   ([`HeartbeatWatch`](crate::store::liveness::HeartbeatWatch)).
 //!
 //! A takeover renames the stale claim aside to a name of its own (`claim.stale.TOKEN`, atomic),
 //! checks that what it moved is the very file it judged (inode, mtime, bytes) and puts it back
@@ -717,10 +718,14 @@ impl FsStore {
             match create_claim(&path, owner) {
                 Ok(()) => {
                     // Proved, not assumed: our nonce is in the claim file (a taker that judged
-                    // an empty file in the instant of our create would have moved it aside).
+                    // an empty file in the instant of our create would have moved it aside,
+                    // and another claimer may have made the next one). A read that fails for
+                    // another reason proves nothing against the file we just made.
                     match read_owner(&path) {
-                        Ok(Some(o)) if o.nonce == owner.nonce => {}
-                        _ => continue,
+                        Ok(Some(o)) if o.nonce != owner.nonce => continue,
+                        Ok(None) => continue,
+                        Err(e) if gone(&e) => continue,
+                        _ => {}
                     }
                     if floor == 1
                         && list_dir(&dir).is_ok_and(|n| n.iter().any(|n| n.starts_with(TOMB)))
