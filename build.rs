@@ -4,15 +4,18 @@ use std::process::Command;
 
 /// `PUZZLETRON_SLURM_TESTS=1` (the local Slurm cluster), `PUZZLETRON_PYARROW_TESTS=1` (python3
 /// with pyarrow), `PUZZLETRON_SSH_TESTS=1` (the sshd hosts of `scripts/ssh-hosts.sh`) and
-/// `PUZZLETRON_CHROMIUM_TESTS=1` (headless Chromium) set the cfgs `puzzletron_<what>_tests`:
-/// the tests that need the service run (and fail when it is missing); without them those
-/// tests are reported as ignored, with the reason. `.ci/run` exports all four.
+/// `PUZZLETRON_CHROMIUM_TESTS=1` (headless Chromium) and `PUZZLETRON_NS_TESTS=1` (root, for
+/// `unshare --pid`: drains and controllers in other PID namespaces) set the cfgs
+/// `puzzletron_<what>_tests`: the tests that need the service run (and fail when it is
+/// missing); without them those tests are reported as ignored, with the reason. `.ci/run`
+/// exports all five.
 fn test_cfgs() {
     for (var, cfg) in [
         ("PUZZLETRON_SLURM_TESTS", "puzzletron_slurm_tests"),
         ("PUZZLETRON_PYARROW_TESTS", "puzzletron_pyarrow_tests"),
         ("PUZZLETRON_SSH_TESTS", "puzzletron_ssh_tests"),
         ("PUZZLETRON_CHROMIUM_TESTS", "puzzletron_chromium_tests"),
+        ("PUZZLETRON_NS_TESTS", "puzzletron_ns_tests"),
     ] {
         println!("cargo::rustc-check-cfg=cfg({cfg})");
         println!("cargo:rerun-if-env-changed={var}");

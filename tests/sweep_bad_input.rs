@@ -415,3 +415,43 @@ fn metric_columns_take_their_type_from_the_rust_type() {
         serde_json::json!({"act": "string", "layers": "int", "lr": "float", "wide": "bool"})
     );
 }
+
+#[test]
+fn an_unreadable_claim_file_is_reported_with_its_path_and_taken_over_after_the_stale_interval() {
+    use std::sync::{Arc, Mutex};
+    use std::time::Duration;
+    let c = FakeCrate::new();
+    let root = c.path().join("store");
+    let stale = Duration::from_millis(300);
+    let store = FsStore::open(&root).unwrap().with_stale_after(stale);
+    let events: Arc<Mutex<Vec<String>>> = Arc::default();
+    let ev = events.clone();
+    let mut o = Orchestrator::builder()
+        .store(store.clone())
+        .lock(c.lock())
+        .wait_poll(Duration::from_millis(20))
+        .on_event(move |e| ev.lock().unwrap().push(e.to_string()))
+        .build()
+        .unwrap();
+    let key = o.run(&c.job(train), P { lr: 0.5, hidden: 2 }).unwrap();
+    // A claim file a crash (or a hand) left damaged: no owner to ask.
+    let claim = store.job_dir(&key).join("claim");
+    std::fs::create_dir_all(store.job_dir(&key)).unwrap();
+    std::fs::write(&claim, b"{\"host\": \"node01\", \"pid\": 1").unwrap();
+    let t = std::time::Instant::now();
+    let summary = o.drain().expect("never a crash of the drain");
+    assert!(t.elapsed() >= stale, "not free at once");
+    assert_eq!(summary.ran(), 1);
+    let events = events.lock().unwrap();
+    let waiting = events
+        .iter()
+        .find(|e| e.contains(&claim.display().to_string()))
+        .unwrap_or_else(|| panic!("the claim file is named: {events:?}"));
+    assert!(waiting.contains("cannot be read as an owner"), "{waiting}");
+    assert!(waiting.contains("0 s stale interval"), "{waiting}");
+    let rec = store.record(&key).unwrap().unwrap();
+    assert_eq!(
+        (rec.status, rec.attempt),
+        (puzzletron::store::Status::Done, 2)
+    );
+}

@@ -693,13 +693,16 @@ fn cancel_dir(dir: &Path, wait: Duration) -> Result<i32, CliError> {
     let ctl = dir.join("controller");
     let h = CampaignHistory::load(dir, false)?;
     let lease = &h.lease;
-    if lease.held {
-        let Some(pid) = lease.lock_pid else {
-            return Err(CliError::new(format!(
-                "the lease is {}: cancel it on that host",
-                lease.describe()
-            )));
-        };
+    if lease.lock_elsewhere {
+        return Err(CliError::new(format!(
+            "the lease is {}: a process this one cannot signal; cancel it from its own PID \
+             namespace (its container)",
+            lease.describe()
+        )));
+    }
+    if lease.held
+        && let Some(pid) = lease.lock_pid
+    {
         // SIGTERM makes the controller cancel every live job and exit (TerminalControls).
         // SAFETY: kill(2) with a pid the kernel named as the lock holder.
         if unsafe { libc::kill(pid, libc::SIGTERM) } != 0 {
@@ -726,7 +729,16 @@ fn cancel_dir(dir: &Path, wait: Duration) -> Result<i32, CliError> {
         );
         return Ok(exit::DONE);
     }
-    // No controller: take the lease ourselves and cancel what the journal says is live.
+    // No controller here: take the lease ourselves and cancel what the journal says is live.
+    // A holder that cannot be proved dead from here (another host, PID namespace or boot) is
+    // watched first: a live one keeps the lease (the error names it), a dead one is taken over
+    // once its heartbeat has stood still for the lease's ttl.
+    if lease.held {
+        eprintln!(
+            "the lease is {}; watching its heartbeat before taking it",
+            lease.describe()
+        );
+    }
     let plan_path = ctl.join("plan.json");
     let plan: CampaignPlan = serde_json::from_slice(
         &std::fs::read(&plan_path)

@@ -60,8 +60,9 @@ impl SweepHistory {
             let state = match r.status {
                 Status::Done => "done",
                 Status::Failed => "failed",
-                Status::Running => match r.owner.as_ref().and_then(|o| o.alive_here()) {
-                    Some(false) => "interrupted",
+                // Proved dead from here; others (another host or PID namespace) may run.
+                Status::Running => match r.owner.as_ref().map(|o| o.liveness()) {
+                    Some(crate::store::Liveness::Dead) => "interrupted",
                     _ => "running",
                 },
             };

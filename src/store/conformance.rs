@@ -52,9 +52,12 @@ pub fn sample_record(key: Hash, status: Status, attempt: u32) -> JobRecord {
     }
 }
 
-/// An owner whose process is certainly dead: a child that already exited and was reaped.
+/// An owner whose process is certainly dead, as this process can prove: of its own host, boot
+/// and PID namespace, with the pid of a child that already exited and was reaped, and a nonce
+/// this process did not make.
 pub fn dead_owner() -> Owner {
     let mut owner = Owner::current();
+    owner.nonce = format!("dead-{}", owner.nonce);
     let child = std::process::Command::new("true")
         .spawn()
         .and_then(|mut c| {

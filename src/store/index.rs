@@ -5,10 +5,13 @@
 //! the index did not know):
 //!
 //! ```text
-//! d1 KEY ATTEMPT WITNESSES RECORD LEN CHECK
+//! d2 KEY ATTEMPT WITNESSES LINEAGE RECORD LEN CHECK
 //! ```
 //!
 //! `WITNESSES` is the digest of the record's witnesses ([`DoneHead::witnesses_digest`]),
+//! `LINEAGE` the record's lineage (its job and parameters, so that a cache hit is checked to be
+//! the requested run's without parsing the record; lines of format `d1`, without it, are
+//! ignored and rebuilt),
 //! `RECORD` the SHA-256 of `record.json`'s bytes and `LEN` their length, `CHECK` the first 16 hex
 //! digits of the SHA-256 of everything before it on the line. Lines are appended with one
 //! `write(2)` each (`O_APPEND`), never fsynced: the index is a cache, the record folders stay
@@ -55,13 +58,14 @@ use crate::identity::Hash;
 
 /// The index file's name in the store root.
 pub(super) const INDEX_FILE: &str = "done.idx";
-const TAG: &str = "d1";
+const TAG: &str = "d2";
 
 /// What the index knows of one done record.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(super) struct Entry {
     pub(super) attempt: u32,
     pub(super) witnesses: Hash,
+    pub(super) lineage: Hash,
     pub(super) record: Hash,
     pub(super) len: u64,
 }
@@ -72,6 +76,7 @@ impl Entry {
         (rec.status == Status::Done).then(|| Entry {
             attempt: rec.attempt,
             witnesses: DoneHead::witnesses_digest(&rec.witnesses),
+            lineage: rec.lineage,
             record: Hash::of(bytes),
             len: bytes.len() as u64,
         })
@@ -79,8 +84,8 @@ impl Entry {
 
     pub(super) fn line(&self, key: &Hash) -> String {
         let body = format!(
-            "{TAG} {key} {} {} {} {}",
-            self.attempt, self.witnesses, self.record, self.len
+            "{TAG} {key} {} {} {} {} {}",
+            self.attempt, self.witnesses, self.lineage, self.record, self.len
         );
         let mut check = [0u8; 16];
         format!("{body} {}\n", check_of(body.as_bytes(), &mut check))
@@ -111,6 +116,7 @@ fn parse_line(line: &str) -> Option<(Hash, Entry)> {
     let entry = Entry {
         attempt: it.next()?.parse().ok()?,
         witnesses: it.next()?.parse().ok()?,
+        lineage: it.next()?.parse().ok()?,
         record: it.next()?.parse().ok()?,
         len: it.next()?.parse().ok()?,
     };
@@ -283,6 +289,7 @@ impl DoneIndex {
         Ok((Hash::of(&bytes) == entry.record).then_some(DoneHead {
             attempt: entry.attempt,
             witnesses: entry.witnesses,
+            lineage: Some(entry.lineage),
         }))
     }
 }
@@ -332,6 +339,7 @@ mod tests {
         Entry {
             attempt: u32::from(n),
             witnesses: Hash::of([n]),
+            lineage: Hash::of([n, n, n]),
             record: Hash::of([n, n]),
             len: 100 + u64::from(n),
         }

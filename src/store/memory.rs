@@ -5,8 +5,8 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 use super::{
-    Claim, ClaimInfo, ClaimOutcome, DEFAULT_STALE_AFTER, JobRecord, MetricSink, MetricsInfo, Owner,
-    Series, Status, Store, StoreError, check_metric_name,
+    Claim, ClaimInfo, ClaimOutcome, DEFAULT_STALE_AFTER, JobRecord, Liveness, MetricSink,
+    MetricsInfo, Owner, Series, Status, Store, StoreError, check_metric_name,
 };
 use crate::identity::Hash;
 
@@ -67,11 +67,14 @@ impl MemoryStore {
         self.inner.lock().unwrap_or_else(|p| p.into_inner())
     }
 
+    /// This process's owners are live, owners proved dead are not, and the others are live
+    /// while their heartbeat (an `Instant` of this process's own clock) is younger than
+    /// `stale_after` (see [`Owner::liveness`]).
     fn judge(&self, owner: &Owner, beat: Instant) -> bool {
-        let fresh = beat.elapsed() < self.stale_after;
-        match owner.alive_here() {
-            Some(alive) => alive && fresh,
-            None => fresh,
+        match owner.liveness() {
+            Liveness::Ours => true,
+            Liveness::Dead => false,
+            _ => beat.elapsed() < self.stale_after,
         }
     }
 
@@ -132,10 +135,7 @@ impl Store for MemoryStore {
             .jobs
             .get(key)
             .and_then(|e| e.claim.as_ref())
-            .map(|(o, beat)| ClaimInfo {
-                owner: o.clone(),
-                live: self.judge(o, *beat),
-            }))
+            .map(|(o, beat)| ClaimInfo::new(o.clone(), self.judge(o, *beat))))
     }
 
     fn claim(
@@ -201,6 +201,11 @@ impl Store for MemoryStore {
             e.claim = None;
         }
         Ok(())
+    }
+
+    /// A quarter of the stale interval, at most 10 s (see [`super::heartbeat_for`]).
+    fn heartbeat_interval(&self) -> Duration {
+        super::heartbeat_for(self.stale_after)
     }
 
     fn heartbeat(&self, claim: &Claim) -> Result<(), StoreError> {

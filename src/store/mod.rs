@@ -17,6 +17,7 @@
 mod fs;
 mod fs_sink;
 mod index;
+pub(crate) mod liveness;
 mod memory;
 mod pointer;
 mod record;
@@ -29,11 +30,14 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 pub use fs::FsStore;
+#[cfg(any(test, feature = "test-util"))]
+pub use fs::{FaultHook, FaultOp};
 pub use fs_sink::{FLUSH_INTERVAL, FLUSH_ROWS, INLINE_BYTES};
+pub use liveness::{Liveness, ProcessSpace};
 pub use memory::MemoryStore;
 pub use record::{
-    BASE_FORMAT, CLAIM_FORMAT, FORMAT_VERSION, Failure, INLINE_FORMAT, JobRecord, MetricsInfo,
-    Owner, Status, hostname, process_start_ticks, unix_now,
+    BASE_FORMAT, CLAIM_FORMAT, FORMAT_VERSION, Failure, INLINE_FORMAT, JobRecord, LIVENESS_FORMAT,
+    MetricsInfo, Owner, Status, hostname, process_start_ticks, unix_now,
 };
 pub use rows::TornTail;
 
@@ -66,9 +70,35 @@ pub enum ClaimOutcome {
 pub struct ClaimInfo {
     /// The holder.
     pub owner: Owner,
-    /// Whether the holder is alive (same host: its pid and start time; other host: a heartbeat
-    /// newer than the store's stale-after interval).
+    /// Whether the holder counts as alive: this process; or not proved dead from here (see
+    /// [`Owner::liveness`]: only a reader in the holder's own host, boot and PID namespace can
+    /// prove it) and its heartbeat seen changing within the store's stale interval, timed on
+    /// the reader's own clock (so a reader that has just started sees every such claim live).
     pub live: bool,
+    /// What a reader should know about how it was judged, for messages: a claim file that
+    /// cannot be read (its path, and when it will be taken over), or a heartbeat being watched.
+    pub note: Option<String>,
+}
+
+impl ClaimInfo {
+    /// A claim of `owner`, live or not, without a note.
+    pub fn new(owner: Owner, live: bool) -> Self {
+        Self {
+            owner,
+            live,
+            note: None,
+        }
+    }
+}
+
+impl std::fmt::Display for ClaimInfo {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}", self.owner)?;
+        if let Some(n) = &self.note {
+            write!(f, " ({n})")?;
+        }
+        Ok(())
+    }
 }
 
 /// What a store can prove cheaply about a done record, enough to decide that a run is up to
@@ -80,12 +110,29 @@ pub struct DoneHead {
     pub attempt: u32,
     /// [`DoneHead::witnesses_digest`] of the record's witnesses.
     pub witnesses: Hash,
+    /// The record's lineage (its job and parameters, [`crate::identity::lineage_key`]), when
+    /// the store knows it: a sweep skips a run on a head only when this is the run's own
+    /// lineage (a record planted under another run's key is read in full and refused). `None`:
+    /// the sweep reads the record to check it.
+    pub lineage: Option<Hash>,
 }
 
 impl DoneHead {
-    /// The head of a done record with this attempt and [`witnesses_digest`](Self::witnesses_digest).
+    /// The head of a done record with this attempt and [`witnesses_digest`](Self::witnesses_digest),
+    /// without its lineage (a sweep then reads the record before trusting it: see
+    /// [`with_lineage`](Self::with_lineage)).
     pub fn new(attempt: u32, witnesses: Hash) -> Self {
-        Self { attempt, witnesses }
+        Self {
+            attempt,
+            witnesses,
+            lineage: None,
+        }
+    }
+
+    /// The same head with the record's lineage, so that a sweep can skip on it alone.
+    pub fn with_lineage(mut self, lineage: Hash) -> Self {
+        self.lineage = Some(lineage);
+        self
     }
 
     /// A digest of `witnesses` (SHA-256 of their JSON): equal digests mean equal witnesses, so
@@ -357,7 +404,15 @@ pub trait Store: Send + Sync {
     /// [`StoreError::Io`].
     fn release(&self, claim: &Claim) -> Result<(), StoreError>;
 
-    /// Renews the claim's heartbeat (needed for owners on other hosts to be seen as alive).
+    /// How often a holder must [`heartbeat`](Store::heartbeat) its claims so that no other
+    /// process judges them stale: well inside the store's stale interval. The default is
+    /// 10 s (a store whose stale interval is the default 60 s).
+    fn heartbeat_interval(&self) -> std::time::Duration {
+        DEFAULT_HEARTBEAT
+    }
+
+    /// Renews the claim's heartbeat: a claim that other processes cannot prove alive (see
+    /// [`Owner::liveness`]) counts as live only while its heartbeat is seen to change.
     ///
     /// # Errors
     /// [`StoreError::ClaimLost`], [`StoreError::Io`].
@@ -498,6 +553,9 @@ macro_rules! forward_store {
             }
             fn heartbeat(&self, claim: &Claim) -> Result<(), StoreError> {
                 (**self).heartbeat(claim)
+            }
+            fn heartbeat_interval(&self) -> std::time::Duration {
+                (**self).heartbeat_interval()
             }
             fn metrics(&self, key: &Hash, name: Option<&str>) -> Result<Series, StoreError> {
                 (**self).metrics(key, name)
@@ -686,12 +744,52 @@ pub enum StoreError {
         /// Who we were.
         owner: String,
     },
+    /// A record found under a run's key belongs to another run: its job or its parameters are
+    /// not the request's (a record copied or planted into another key's folder, or a key
+    /// collision). Never reused as a cache hit; move the record away (or delete its folder) to
+    /// run the job. Not retryable.
+    #[error("{0}")]
+    KeyCollision(Box<KeyCollision>),
     /// A metric name that cannot be stored.
     #[error("invalid metric name {name:?}: expected a non-empty name without tabs or newlines")]
     BadMetricName {
         /// The name given.
         name: String,
     },
+}
+
+/// What [`StoreError::KeyCollision`] found: the stored record and the request, both named.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct KeyCollision {
+    /// The store (its folder, or `memory`).
+    pub location: String,
+    /// The key both were found under.
+    pub key: Hash,
+    /// The job the stored record names (with the key it was recorded under, when that is
+    /// another).
+    pub stored_job: String,
+    /// The parameters the stored record names (canonical JSON).
+    pub stored_params: String,
+    /// The job asked for.
+    pub requested_job: String,
+    /// The parameters asked for (canonical JSON).
+    pub requested_params: String,
+}
+
+impl std::fmt::Display for KeyCollision {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "key collision in {} for key {}: the stored record is {} {}, the request is {} {}; \
+             the record is not this run's result (move its folder away to run the job)",
+            self.location,
+            self.key,
+            self.stored_job,
+            self.stored_params,
+            self.requested_job,
+            self.requested_params
+        )
+    }
 }
 
 impl StoreError {
@@ -711,5 +809,16 @@ pub(crate) fn check_metric_name(name: &str) -> Result<(), StoreError> {
     Ok(())
 }
 
-/// Default time after which a claim held from another host without a heartbeat is stale.
+/// Default time after which a claim whose holder cannot be proved alive or dead from here (see
+/// [`Owner::liveness`]) is stale when its heartbeat has not changed.
 pub const DEFAULT_STALE_AFTER: Duration = Duration::from_secs(60);
+
+/// How often a holder renews a claim of a store with the default stale interval.
+pub const DEFAULT_HEARTBEAT: Duration = Duration::from_secs(10);
+
+/// The heartbeat interval of a store whose stale interval is `stale_after`: a quarter of it (so
+/// three renewals may be late before a claim goes stale), at most [`DEFAULT_HEARTBEAT`], at
+/// least 10 ms.
+pub fn heartbeat_for(stale_after: Duration) -> Duration {
+    (stale_after / 4).clamp(Duration::from_millis(10), DEFAULT_HEARTBEAT)
+}

@@ -4,19 +4,27 @@ use std::time::{SystemTime, UNIX_EPOCH};
 
 use serde::{Deserialize, Serialize};
 
+use super::liveness::{Liveness, ProcessSpace};
 use crate::identity::{Hash, OwnedDigest, Witnesses};
 
 /// The newest store and record format this build reads: a store or a record written in a newer
 /// one is refused rather than misread. Version 2 added rows kept in the record
 /// ([`MetricsInfo::inline`]); a record without them is written as [`BASE_FORMAT`], which builds
-/// before version 2 read. Version 3 ([`CLAIM_FORMAT`]) is the store's folder layout.
-pub const FORMAT_VERSION: u32 = 3;
-/// Version 3, the format an [`FsStore`](super::FsStore) writes in its `puzzletron-store.json`
-/// (and upgrades an older store to when it opens one): a new job folder's `mkdir` is its claim
-/// until the claim file is written, and lineage pointers are symlinks. A build before it would
-/// take such a folder for a free job and run it a second time, so it refuses the store
-/// instead.
+/// before version 2 read. Versions 3 ([`CLAIM_FORMAT`]) and 4 ([`LIVENESS_FORMAT`]) are the
+/// store's folder layout and claim protocol.
+pub const FORMAT_VERSION: u32 = 4;
+/// Version 3: a new job folder's `mkdir` is its claim until the claim file is written, and
+/// lineage pointers are symlinks. A build before it would take such a folder for a free job
+/// and run it a second time.
 pub const CLAIM_FORMAT: u32 = 3;
+/// Version 4, the format an [`FsStore`](super::FsStore) writes in its `puzzletron-store.json`
+/// (and upgrades an older store to when it opens one): owners carry their process space (boot
+/// id, PID namespace), a claim is judged dead at once only from the owner's own process space
+/// and by its heartbeat, timed on the judge's clock, everywhere else; a takeover moves the stale
+/// claim aside and checks what it moved; the done index keys entries by lineage too. A build
+/// before it judges a claim from another PID namespace or boot by its pid and would run the
+/// job a second time, so it refuses the store instead.
+pub const LIVENESS_FORMAT: u32 = 4;
 /// Version 1: the format of a store's folder layout and of a record whose rows (if any) are in
 /// a file.
 pub const BASE_FORMAT: u32 = 1;
@@ -35,22 +43,34 @@ pub enum Status {
     Failed,
 }
 
-/// Who holds a claim: enough to tell whether the holder is still alive.
+/// Who holds a claim: enough to tell whether the holder is still alive, and who may tell (see
+/// [`Owner::liveness`] and `store/liveness.rs`).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Owner {
     /// Host name of the claiming process.
     pub host: String,
-    /// Its process id.
+    /// Its process id, in its own PID namespace.
     pub pid: u32,
     /// Its start time in clock ticks since boot (`/proc/PID/stat` field 22), so a reused pid is
     /// not mistaken for the owner; `None` where unknown.
     pub start_ticks: Option<u64>,
     /// A random id unique to this owner (several owners may live in one process).
     pub nonce: String,
+    /// The kernel boot id of its host (`/proc/sys/kernel/random/boot_id`): a pid of another
+    /// boot (the same host name after a reboot, or another machine of that name) proves
+    /// nothing. `None` in claims of older builds, or where unreadable.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub boot_id: Option<String>,
+    /// Its PID namespace (`readlink /proc/self/ns/pid`, e.g. `pid:[4026531836]`): a pid of
+    /// another namespace (a container sharing the host's name, `unshare --pid`) proves nothing.
+    /// `None` in claims of older builds, or where unreadable.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pidns: Option<String>,
 }
 
 impl Owner {
-    /// A fresh owner for the current process.
+    /// A fresh owner for the current process, with a nonce this process will recognise as its
+    /// own ([`Liveness::Ours`]).
     pub fn current() -> Self {
         let pid = std::process::id();
         let nanos = SystemTime::now()
@@ -60,25 +80,49 @@ impl Owner {
         static COUNTER: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
         let n = COUNTER.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         let nonce = Hash::of(format!("{nanos}/{pid}/{n}/{:p}", &COUNTER)).short();
+        super::liveness::mint(&nonce);
+        let here = ProcessSpace::here();
         Self {
-            host: hostname(),
+            host: here.host.clone(),
             pid,
-            start_ticks: process_start_ticks(pid),
+            start_ticks: super::liveness::own_start_ticks(),
             nonce,
+            boot_id: here.boot_id.clone(),
+            pidns: here.pidns.clone(),
         }
     }
 
-    /// Whether the owner process still runs, judged on this host: `Some(true/false)` when the
-    /// owner is on this host, `None` when it is on another host (then only a heartbeat tells).
-    pub fn alive_here(&self) -> Option<bool> {
-        if self.host != hostname() {
-            return None;
+    /// What this process may conclude about the owner (see [`Liveness`]):
+    ///
+    /// - [`Liveness::Ours`]: this process made it;
+    /// - only when its host, boot id and PID namespace are all this process's own: [`Dead`]
+    ///   when no process has its pid with its start time (or it claims this process's pid with
+    ///   a nonce this process never made: a previous process of that pid, e.g. pid 1 of a
+    ///   restarted container), [`Alive`] when one does;
+    /// - [`Liveness::Unproven`] otherwise (and for a pid alive here without a recorded start
+    ///   time: it may be a reused pid).
+    ///
+    /// Only `Dead` allows a takeover at once; for the others the heartbeat decides.
+    ///
+    /// [`Dead`]: Liveness::Dead
+    /// [`Alive`]: Liveness::Alive
+    pub fn liveness(&self) -> Liveness {
+        if super::liveness::minted_here(&self.nonce) {
+            return Liveness::Ours;
         }
-        Some(match (process_start_ticks(self.pid), self.start_ticks) {
-            (None, _) => false,
-            (Some(now), Some(then)) => now == then,
-            (Some(_), None) => true,
-        })
+        let here = ProcessSpace::here();
+        if !here.can_look_up(&self.host, self.boot_id.as_deref(), self.pidns.as_deref()) {
+            return Liveness::Unproven;
+        }
+        if self.pid == std::process::id() {
+            return Liveness::Dead;
+        }
+        match (process_start_ticks(self.pid), self.start_ticks) {
+            (None, _) => Liveness::Dead,
+            (Some(now), Some(then)) if now == then => Liveness::Alive,
+            (Some(_), Some(_)) => Liveness::Dead,
+            (Some(_), None) => Liveness::Unproven,
+        }
     }
 }
 
@@ -88,7 +132,22 @@ impl std::fmt::Display for Owner {
         if self.pid == 0 && self.nonce == "unwritten" {
             return f.write_str("a holder that has not written its claim yet");
         }
-        write!(f, "pid {} on {}", self.pid, self.host)
+        if self.pid == 0 && self.nonce == "unreadable" {
+            return f.write_str("an unreadable claim");
+        }
+        write!(f, "pid {} on {}", self.pid, self.host)?;
+        // A pid of another PID namespace or boot is not the pid a reader sees here.
+        let here = ProcessSpace::here();
+        if self.host == here.host {
+            if self.boot_id.is_some() && self.boot_id != here.boot_id {
+                write!(f, " (another boot)")?;
+            } else if let Some(ns) = &self.pidns
+                && here.pidns.as_ref() != Some(ns)
+            {
+                write!(f, " (PID namespace {ns})")?;
+            }
+        }
+        Ok(())
     }
 }
 
@@ -105,18 +164,11 @@ pub fn hostname() -> String {
 }
 
 /// A process's start time in clock ticks since boot, from `/proc/PID/stat` (field 22, see
-/// proc(5)); `None` when the process does not exist (or on systems without procfs).
+/// proc(5)); `None` when the process does not exist (or on systems without procfs). The pid is
+/// looked up in the PID namespace `/proc` was mounted for: see [`ProcessSpace::own_proc`].
 pub fn process_start_ticks(pid: u32) -> Option<u64> {
     let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-    // The command name (field 2) is in parentheses and may hold spaces: split after the last ')'.
-    let rest = &stat[stat.rfind(')')? + 2..];
-    // `rest` starts at field 3 (state); field 22 is index 19 here. A zombie (or a dying
-    // process, `X`) is not alive.
-    let fields: Vec<&str> = rest.split_whitespace().collect();
-    if matches!(fields.first(), Some(&"Z") | Some(&"X")) {
-        return None;
-    }
-    fields.get(19)?.parse().ok()
+    super::liveness::start_ticks_of(&stat)
 }
 
 /// Why the last attempt failed.

@@ -5,7 +5,7 @@ use std::sync::Arc;
 
 use super::pending::PendingRun;
 use crate::identity::{self, Hash, Witnesses};
-use crate::store::{DoneHead, JobRecord, Status, Store, StoreError};
+use crate::store::{DoneHead, JobRecord, KeyCollision, Status, Store, StoreError};
 
 /// What a drain does with a run.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -147,7 +147,9 @@ impl<'a, S: Store + ?Sized> Decider<'a, S> {
     /// The skip decision a done head proves, if it is current.
     fn skip_of(&self, run: &PendingRun, head: Option<DoneHead>) -> Option<JobDecision> {
         let current = self.shortcut?;
-        head.filter(|h| h.witnesses == current)
+        // A head of another run's record (planted under this key) is no hit: the record is
+        // read and refused (`StoreError::KeyCollision`).
+        head.filter(|h| h.witnesses == current && h.lineage == Some(run.lineage))
             .map(|h| JobDecision {
                 key: run.key,
                 job: run.job.clone(),
@@ -268,12 +270,45 @@ impl<'a, S: Store + ?Sized> Decider<'a, S> {
             .collect()
     }
 
+    /// Checks that the record found under `run`'s key is `run`'s: its key, its job and its
+    /// parameters are the request's.
+    ///
+    /// # Errors
+    /// [`StoreError::KeyCollision`] naming both when they are not.
+    fn check_same_run(&self, run: &PendingRun, rec: &JobRecord) -> Result<(), StoreError> {
+        let params = serde_json::from_str::<serde_json::Value>(&run.params);
+        let same = rec.key == run.key
+            && *rec.job == *run.job
+            && params.as_ref().is_ok_and(|p| *p == rec.params);
+        if same {
+            return Ok(());
+        }
+        let stored_params =
+            identity::canonical_json(&rec.params).unwrap_or_else(|_| rec.params.to_string());
+        let stored_job = if rec.key == run.key {
+            rec.job.clone()
+        } else {
+            format!("{} (recorded under key {})", rec.job, rec.key)
+        };
+        Err(StoreError::KeyCollision(Box::new(KeyCollision {
+            location: self.store.location(),
+            key: run.key,
+            stored_job,
+            stored_params,
+            requested_job: run.job.to_string(),
+            requested_params: run.params.to_string(),
+        })))
+    }
+
     fn decide_with(
         &self,
         run: &PendingRun,
         rec: Option<JobRecord>,
         lineage: Option<Hash>,
     ) -> Result<JobDecision, StoreError> {
+        if let Some(r) = &rec {
+            self.check_same_run(run, r)?;
+        }
         let mut reasons = Vec::new();
         let mut action = Action::Run;
         let mut replaces = None;
@@ -307,7 +342,9 @@ impl<'a, S: Store + ?Sized> Decider<'a, S> {
                 Status::Running => match self.store.claim_info(&run.key)? {
                     Some(c) if c.live => {
                         action = Action::Wait;
-                        reasons.push(format!("running in {}", c.owner));
+                        // The claim as judged: its holder, and a note (an unreadable claim
+                        // file's path and when it will be taken over).
+                        reasons.push(format!("running in {c}"));
                     }
                     _ => {
                         let by = r.owner.as_ref().map(|o| o.to_string()).unwrap_or_default();

@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 use super::commit::{COMMIT_BATCH, COMMITTERS, Commit, Finished, Started, Work, serve};
 use super::decision::{Action, Decider, JobDecision};
 use super::event::Event;
-use super::heart::{HEARTBEAT_EVERY, Heart};
+use super::heart::Heart;
 use super::panics;
 use super::pending::PendingRun;
 use super::run::Run;
@@ -82,7 +82,7 @@ impl<S: Store + ?Sized> Engine<'_, S> {
         let (tx, rx) = mpsc::sync_channel::<Work>(COMMIT_BATCH * 2);
         let rx = Mutex::new(rx);
         let (done_tx, done_rx) = mpsc::channel::<(usize, StoreError)>();
-        let heart = Heart::default();
+        let heart = Heart::every(self.store().heartbeat_interval());
         std::thread::scope(|s| {
             for _ in 0..COMMITTERS.min(queue.len()) {
                 let done_tx = done_tx.clone();
@@ -207,7 +207,7 @@ impl<S: Store + ?Sized> Engine<'_, S> {
                         stop!(Stop::JobFailed(i));
                     }
                     (_, Some(c)) => {
-                        let holder = c.owner.to_string();
+                        let holder = c.to_string();
                         if announced.get(&i) != Some(&holder) {
                             announced.insert(i, holder.clone());
                             self.emit(Event::Waiting { key: p.key, holder });
@@ -424,14 +424,13 @@ impl<S: Store + ?Sized> Engine<'_, S> {
     }
 
     /// Runs `f` while a thread of its own renews the claim's heartbeat every
-    /// [`HEARTBEAT_EVERY`] (a worker's single run; a drain shares one [`Heart`]).
+    /// [`Store::heartbeat_interval`] (a worker's single run; a drain shares one [`Heart`]).
     fn with_heartbeat<T>(&self, claim: &Claim, f: impl FnOnce() -> T) -> T {
         let (stop_tx, stop_rx) = mpsc::channel::<()>();
+        let every = self.store().heartbeat_interval();
         std::thread::scope(|s| {
             s.spawn(move || {
-                while let Err(mpsc::RecvTimeoutError::Timeout) =
-                    stop_rx.recv_timeout(HEARTBEAT_EVERY)
-                {
+                while let Err(mpsc::RecvTimeoutError::Timeout) = stop_rx.recv_timeout(every) {
                     let _ = self.store().heartbeat(claim);
                 }
             });

@@ -7,9 +7,6 @@ use std::time::{Duration, Instant};
 
 use crate::store::{Claim, Store};
 
-/// How often a running claim's heartbeat is renewed (well inside the store's stale threshold).
-pub(super) const HEARTBEAT_EVERY: Duration = Duration::from_secs(10);
-
 #[derive(Default)]
 struct State {
     /// The claim of the run executing now.
@@ -26,14 +23,10 @@ pub(super) struct Heart {
     every: Duration,
 }
 
-impl Default for Heart {
-    fn default() -> Self {
-        Self::every(HEARTBEAT_EVERY)
-    }
-}
-
 impl Heart {
-    fn every(every: Duration) -> Self {
+    /// A heart that renews every `every` (the store's
+    /// [`heartbeat_interval`](crate::store::Store::heartbeat_interval)).
+    pub(super) fn every(every: Duration) -> Self {
         Self {
             state: Mutex::default(),
             wake: Condvar::new(),
@@ -45,7 +38,7 @@ impl Heart {
         self.state.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    /// Runs `f` with `claim` renewed at least every [`HEARTBEAT_EVERY`] by the thread in
+    /// Runs `f` with `claim` renewed at least every heartbeat interval by the thread in
     /// [`run`](Self::run). When it returns, no renewal of `claim` is in flight any more, so
     /// the caller may release the claim without a late renewal touching whoever claims next.
     pub(super) fn beat_while<T>(&self, claim: &Claim, f: impl FnOnce() -> T) -> T {
@@ -64,7 +57,7 @@ impl Heart {
         f()
     }
 
-    /// The heartbeat loop: renews the current claim every [`HEARTBEAT_EVERY`] until
+    /// The heartbeat loop: renews the current claim every heartbeat interval until
     /// [`stop`](Self::stop). Renewal errors are ignored (a lost claim shows at the commit).
     pub(super) fn run<S: Store + ?Sized>(&self, store: &S) {
         let mut next = Instant::now() + self.every;

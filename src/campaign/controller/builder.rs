@@ -129,7 +129,10 @@ impl CampaignControllerBuilder {
         self.retry = retry;
         self
     }
-    /// Lease time-to-live (renewed every quarter of it). Default 30 s.
+    /// Lease time-to-live: its heartbeat is renewed every quarter of it, and a controller that
+    /// cannot prove the holder dead (another host, boot or PID namespace) takes the lease over
+    /// only after watching that heartbeat stand still for this long (see
+    /// [`Lease::acquire`](super::Lease::acquire)). Default 30 s.
     pub fn lease_ttl(mut self, ttl: Duration) -> Self {
         self.lease_ttl = ttl;
         self

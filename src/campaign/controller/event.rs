@@ -176,6 +176,16 @@ pub enum ControllerEvent {
         /// Why.
         reason: String,
     },
+    /// Before a unit's next attempt, the declared outputs its previous attempt (failed or
+    /// killed) left in its output folder were moved aside, to `outputs_partial/<attempt id>/`
+    /// (kept for inspection), so a new attempt that does not rewrite one is never promoted
+    /// with the dead attempt's copy.
+    OutputsMovedAside {
+        /// The attempt that left them.
+        attempt_id: AttemptId,
+        /// One line per output: moved, or why it could not be.
+        moved: Vec<String>,
+    },
     /// Units that failed in an earlier run get fresh budgets (`retry_failed`).
     RetryFailed {
         /// The unit keys.
@@ -250,6 +260,7 @@ impl ControllerEvent {
             ControllerEvent::Requeued { .. } => "requeued",
             ControllerEvent::PoolRestarted { .. } => "pool_restarted",
             ControllerEvent::NodeExcluded { .. } => "node_excluded",
+            ControllerEvent::OutputsMovedAside { .. } => "outputs_moved_aside",
             ControllerEvent::RetryFailed { .. } => "retry_failed",
             ControllerEvent::ShutDown { .. } => "shut_down",
             ControllerEvent::DecisionNeeded { .. } => "decision_needed",
@@ -389,6 +400,9 @@ impl std::fmt::Display for ControllerEvent {
             ),
             ControllerEvent::NodeExcluded { node, reason } => {
                 write!(f, "node {node} excluded from later submissions: {reason}")
+            }
+            ControllerEvent::OutputsMovedAside { attempt_id, moved } => {
+                write!(f, "outputs of {attempt_id}: {}", moved.join("; "))
             }
             ControllerEvent::RetryFailed { units } => write!(
                 f,

@@ -1,12 +1,26 @@
 //! One controller per campaign: a lease in `<campaign>/controller/`.
 //!
-//! Two layers: an advisory POSIX record lock (`fcntl(F_SETLK)`, see fcntl(2)) on `lease.lock`,
-//! released by the kernel when the holder dies, even by `kill -9`, so a crashed controller
-//! never blocks its successor on the same host; and `lease.json` naming the holder ([`Owner`]: host, pid, process start time) with a
-//! heartbeat, for holders on other hosts of a shared file system. A background thread renews
-//! the heartbeat every `ttl / 4`, independently of the control loop, so a slow step (a long
-//! `sbatch`, a slow poll) can never let the lease lapse. If the file ever names someone else,
-//! the lease is *lost* and the controller stops ([`Lease::check`]).
+//! `lease.json` names the holder ([`Owner`]: host, boot id, PID namespace, pid, process start
+//! time, nonce). It is created exclusively (written to a temp file of its own name, then
+//! `link(2)`ed into place, which fails when it exists), never replaced while held: the holder's
+//! heartbeat is its mtime, renewed every `ttl / 4` by a background thread independent of the
+//! control loop, so a slow step (a long `sbatch`, a slow poll) can never let the lease lapse.
+//! A lease whose file names someone else is *lost*, and the controller stops
+//! ([`Lease::check`]).
+//!
+//! Who may take a lease over, by the store's rules (`store/liveness.rs`; CONTRIBUTING.md
+//! "Store" has the table): at once when its holder is proved dead (same host, boot and PID
+//! namespace, and its pid gone or started at another time), or was this very process; in every
+//! other case (another host, boot or PID namespace, or a `lease.json` that cannot be read) only
+//! after [`Lease::acquire`] has watched its heartbeat stay unchanged for the lease's ttl on its
+//! own monotonic clock. A heartbeat that moves means a live holder: [`ControllerError::LeaseHeld`].
+//! A takeover renames the stale file aside and checks that it moved the file it judged.
+//!
+//! An advisory POSIX record lock (`fcntl(F_SETLK)`, see fcntl(2)) on `lease.lock` is taken too:
+//! when another process holds it, the lease is held, and `acquire` says so at once without
+//! waiting for a heartbeat. It only ever vetoes: a free lock proves nothing (on NFS mounted
+//! `nolock` a lock is local to each client, and some filesystems grant every lock), and where
+//! locks are not supported (Lustre without `-o flock`: `ENOSYS`) it is skipped.
 //!
 //! Why a record lock and not `flock(2)`: a flock belongs to the open file description, which a
 //! forked child shares. The local executor forks its wrappers from the controller, and a
@@ -17,6 +31,7 @@
 
 use std::collections::HashSet;
 use std::fs::{File, OpenOptions};
+use std::io::Write;
 use std::os::fd::AsRawFd;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -29,6 +44,9 @@ use serde::{Deserialize, Serialize};
 use super::error::ControllerError;
 use crate::executor::now_ms;
 use crate::store::Owner;
+use crate::store::liveness::{
+    Beat, HeartbeatWatch, Liveness, is_gone, move_aside_if_unchanged, read_beat, unique_token,
+};
 
 /// The content of `lease.json`.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -37,9 +55,12 @@ pub struct LeaseInfo {
     pub owner: Owner,
     /// When it was taken (ms since the Unix epoch).
     pub acquired_at_ms: u64,
-    /// Last heartbeat (ms since the Unix epoch).
+    /// Last heartbeat (ms since the Unix epoch), by the clock of whoever wrote it: the file's
+    /// mtime, which the holder renews, when newer than what the file says. For people only:
+    /// no judgement compares it with the reader's clock.
     pub renewed_at_ms: u64,
-    /// After how long without a heartbeat a holder on another host is presumed dead (ms).
+    /// After how long without a heartbeat change, as watched by a controller that cannot prove
+    /// the holder dead, the holder is presumed dead (ms).
     pub ttl_ms: u64,
 }
 
@@ -100,9 +121,18 @@ impl Drop for Registered {
     }
 }
 
-/// Takes a write lock on the whole file without waiting; `false` when another process holds
-/// a lock on it.
-fn try_lock(file: &File) -> bool {
+/// What a non-blocking record lock found.
+enum LockProbe {
+    /// This process holds it now.
+    Taken,
+    /// Another process holds it: the lease is held.
+    Held,
+    /// The filesystem does not lock (`ENOSYS`, `ENOLCK`, `EINVAL`, ...): no evidence either way.
+    Unsupported,
+}
+
+/// Takes a write lock on the whole file without waiting (see [`LockProbe`]).
+fn try_lock(file: &File) -> LockProbe {
     // SAFETY: an all-zero `flock` struct is valid; the fields that matter are set below.
     let mut fl: libc::flock = unsafe { std::mem::zeroed() };
     fl.l_type = libc::F_WRLCK as _;
@@ -110,79 +140,189 @@ fn try_lock(file: &File) -> bool {
     fl.l_start = 0;
     fl.l_len = 0; // to the end of the file, however it grows
     // SAFETY: fcntl on a valid open fd with a pointer to a live, initialized struct.
-    unsafe { libc::fcntl(file.as_raw_fd(), libc::F_SETLK, &fl) == 0 }
-}
-
-fn read_info(path: &Path) -> Result<Option<LeaseInfo>, ControllerError> {
-    match std::fs::read(path) {
-        Ok(b) => serde_json::from_slice(&b)
-            .map(Some)
-            .map_err(|e| ControllerError::Corrupt {
-                path: path.to_path_buf(),
-                line: 0,
-                reason: e.to_string(),
-            }),
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
-        Err(e) => Err(ControllerError::io("reading lease", path, e)),
+    if unsafe { libc::fcntl(file.as_raw_fd(), libc::F_SETLK, &fl) } == 0 {
+        return LockProbe::Taken;
+    }
+    match std::io::Error::last_os_error().raw_os_error() {
+        Some(libc::EAGAIN) | Some(libc::EACCES) => LockProbe::Held,
+        _ => LockProbe::Unsupported,
     }
 }
 
-fn write_info(path: &Path, info: &LeaseInfo) -> std::io::Result<()> {
+/// What `lease.json` holds, with its heartbeat.
+pub(crate) struct LeaseFile {
+    /// The holder, or why the file cannot be read as one.
+    pub(crate) info: Result<LeaseInfo, String>,
+    /// Its inode, mtime and bytes.
+    pub(crate) beat: Beat,
+}
+
+/// Reads `lease.json` at `path`: `None` when there is none (or it vanished while read).
+pub(crate) fn read_lease(path: &Path) -> std::io::Result<Option<LeaseFile>> {
+    match read_beat_and_mtime(path) {
+        Ok(((beat, bytes), mtime_ms)) => {
+            let info = serde_json::from_slice::<LeaseInfo>(&bytes)
+                .map(|mut i| {
+                    // The heartbeat is the mtime; the content keeps the time it was taken.
+                    i.renewed_at_ms = i.renewed_at_ms.max(mtime_ms);
+                    i
+                })
+                .map_err(|e| {
+                    if bytes.is_empty() {
+                        "empty".to_string()
+                    } else {
+                        e.to_string()
+                    }
+                });
+            Ok(Some(LeaseFile { info, beat }))
+        }
+        Err(e) if is_gone(&e) => Ok(None),
+        Err(e) => Err(e),
+    }
+}
+
+/// [`read_lease`], its error as the controller's.
+fn read_lease_or(path: &Path) -> Result<Option<LeaseFile>, ControllerError> {
+    read_lease(path).map_err(|e| ControllerError::io("reading lease", path, e))
+}
+
+fn read_beat_and_mtime(path: &Path) -> std::io::Result<((Beat, Vec<u8>), u64)> {
+    let read = read_beat(path)?;
+    let mtime_ms = std::fs::metadata(path)?
+        .modified()?
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_millis() as u64)
+        .unwrap_or(0);
+    Ok((read, mtime_ms))
+}
+
+/// Creates `lease.json` at `path` with `info`, exclusively: written to a temp file of this
+/// process's own name, synced, and linked into place (fails with `AlreadyExists` when a lease
+/// file exists). The temp name is removed either way (it is ours alone).
+fn create_info(path: &Path, info: &LeaseInfo) -> std::io::Result<()> {
     let bytes = serde_json::to_vec_pretty(info).map_err(std::io::Error::other)?;
-    crate::fsutil::atomic_write(path, &bytes)
+    let tmp = path.with_file_name(format!("lease.json.tmp.{}", unique_token()));
+    let linked = (|| {
+        let mut f = OpenOptions::new().write(true).create_new(true).open(&tmp)?;
+        f.write_all(&bytes)?;
+        f.sync_all()?;
+        std::fs::hard_link(&tmp, path)
+    })();
+    let _ = std::fs::remove_file(&tmp);
+    linked?;
+    if let Some(dir) = path.parent() {
+        let _ = crate::fsutil::sync_dir(dir);
+    }
+    Ok(())
+}
+
+/// What [`Lease::acquire`] concluded about an existing `lease.json`.
+enum Verdict {
+    /// Its holder lives (or may: its heartbeat moved): refuse.
+    Held(String),
+    /// Its holder is dead, or its heartbeat stood still for the ttl: take it over.
+    Stale,
+    /// It was released or replaced while watched: look again.
+    Gone,
 }
 
 impl Lease {
     /// Takes the lease of the campaign whose controller folder is `dir`.
     ///
+    /// Returns at once when the lease is free, held by a process holding its record lock, or
+    /// left by a holder proved dead (see [`Owner::liveness`]). Every other holder (another
+    /// host, boot or PID namespace, a live process of this one's space that does not hold the
+    /// lock, or an unreadable `lease.json`) is judged by its heartbeat, watched for up to `ttl`
+    /// (the ttl written in the lease when it is longer): a change means a live holder; none
+    /// means a stale lease, taken over.
+    ///
     /// # Errors
-    /// [`ControllerError::LeaseHeld`] naming the holder when a live controller holds it (on
-    /// this host: it holds the lock; elsewhere: its heartbeat is younger than its ttl).
+    /// [`ControllerError::LeaseHeld`] naming the holder when a live controller holds it;
+    /// [`ControllerError::Io`] when the lease files cannot be read or written.
     pub fn acquire(campaign: &Path, dir: &Path, ttl: Duration) -> Result<Lease, ControllerError> {
         let lock_path = dir.join("lease.lock");
         let file = dir.join("lease.json");
-        let held = |info: Option<LeaseInfo>| ControllerError::LeaseHeld {
+        let held = |holder: String| ControllerError::LeaseHeld {
             campaign: campaign.to_path_buf(),
-            holder: info.map_or_else(
-                || "a process that has not written lease.json yet".into(),
-                |i| i.to_string(),
-            ),
+            holder,
             lease: file.clone(),
+        };
+        let describe = |f: Option<LeaseFile>| match f.map(|f| f.info) {
+            Some(Ok(i)) => i.to_string(),
+            Some(Err(why)) => format!("an unreadable lease.json ({why})"),
+            None => "a process that has not written lease.json yet".into(),
         };
         // Checked before opening: closing any descriptor of the file would drop the record
         // lock this process already holds on it.
         let key = std::fs::canonicalize(dir).unwrap_or_else(|_| dir.to_path_buf());
-        let registered =
-            Registered::take(key).ok_or_else(|| held(read_info(&file).ok().flatten()))?;
+        let registered = Registered::take(key)
+            .ok_or_else(|| held(describe(read_lease(&file).ok().flatten())))?;
         let lock = OpenOptions::new()
             .create(true)
             .truncate(false)
             .write(true)
             .open(&lock_path)
             .map_err(|e| ControllerError::io("opening", &lock_path, e))?;
-        if !try_lock(&lock) {
-            return Err(held(read_info(&file).ok().flatten()));
+        if let LockProbe::Held = try_lock(&lock) {
+            return Err(held(describe(read_lease_or(&file)?)));
         }
-        if let Some(old) = read_info(&file)? {
-            let fresh = now_ms().saturating_sub(old.renewed_at_ms) < old.ttl_ms;
-            if old.owner.alive_here().is_none() && fresh {
-                return Err(held(Some(old)));
-            }
-        }
+        let owner = Owner::current();
         let now = now_ms();
         let info = LeaseInfo {
-            owner: Owner::current(),
+            owner: owner.clone(),
             acquired_at_ms: now,
             renewed_at_ms: now,
             ttl_ms: ttl.as_millis() as u64,
         };
-        write_info(&file, &info).map_err(|e| ControllerError::io("writing lease", &file, e))?;
+        // Bounded: each turn creates the lease, refuses, or moved a stale one aside.
+        let mut taken = false;
+        for _ in 0..16 {
+            match create_info(&file, &info) {
+                Ok(()) => {
+                    taken = true;
+                    break;
+                }
+                Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {}
+                Err(e) => return Err(ControllerError::io("writing lease", &file, e)),
+            }
+            let Some(old) = read_lease_or(&file)? else {
+                continue;
+            };
+            let judged = old.beat;
+            match Self::judge(&file, old, ttl)? {
+                Verdict::Held(who) => return Err(held(who)),
+                Verdict::Gone => {}
+                Verdict::Stale => {
+                    let tomb = dir.join(format!("lease.stale.{}", unique_token()));
+                    let moved = move_aside_if_unchanged(&file, &tomb, judged)
+                        .map_err(|e| ControllerError::io("taking over", &file, e))?;
+                    if moved {
+                        // The tomb's name is ours alone.
+                        let _ = std::fs::remove_file(&tomb);
+                    }
+                }
+            }
+        }
+        // Proved, not assumed: the file names us.
+        match read_lease_or(&file)?.map(|f| f.info) {
+            Some(Ok(cur)) if taken && cur.owner.nonce == owner.nonce => {}
+            other => {
+                return Err(held(match other {
+                    Some(Ok(i)) => i.to_string(),
+                    _ => "another controller taking it at the same moment".into(),
+                }));
+            }
+        }
         let stop = Arc::new(AtomicBool::new(false));
         let lost = Arc::new(std::sync::Mutex::new(None));
         let file2 = file.clone();
         let thread = {
-            let (stop, lost, file, mut info) =
-                (stop.clone(), lost.clone(), file.clone(), info.clone());
+            let (stop, lost, file, nonce) = (
+                stop.clone(),
+                lost.clone(),
+                file.clone(),
+                owner.nonce.clone(),
+            );
             let period = (ttl / 4).max(Duration::from_millis(50));
             std::thread::Builder::new()
                 .name("puzzletron-lease".into())
@@ -196,17 +336,28 @@ impl Lease {
                             continue;
                         }
                         waited = Duration::ZERO;
-                        match read_info(&file) {
-                            Ok(Some(cur)) if cur.owner != info.owner => {
+                        match read_lease(&file) {
+                            Ok(Some(LeaseFile { info: Ok(cur), .. }))
+                                if cur.owner.nonce != nonce =>
+                            {
                                 *lost.lock().unwrap_or_else(|p| p.into_inner()) =
                                     Some(cur.to_string());
                                 return;
                             }
+                            Ok(None) => {
+                                *lost.lock().unwrap_or_else(|p| p.into_inner()) =
+                                    Some("nobody: lease.json was moved away".into());
+                                return;
+                            }
                             _ => {}
                         }
-                        info.renewed_at_ms = now_ms();
-                        // A failed renewal is retried at the next period; the ttl is 4 periods.
-                        let _ = write_info(&file, &info);
+                        // The heartbeat is the mtime; a renewal that fails is retried at the
+                        // next period (the ttl is 4 periods). Touching a file a taker made
+                        // after our read only makes its holder look alive.
+                        let _ = File::options()
+                            .write(true)
+                            .open(&file)
+                            .and_then(|f| f.set_modified(std::time::SystemTime::now()));
                     }
                 })
                 .map_err(|e| ControllerError::io("starting the lease thread for", &file2, e))?
@@ -221,6 +372,46 @@ impl Lease {
             lost,
             thread: Some(thread),
         })
+    }
+
+    /// Judges the lease file `old` at `path` (see the module docs), watching its heartbeat for
+    /// up to the ttl when nothing can be proved.
+    fn judge(path: &Path, old: LeaseFile, ttl: Duration) -> Result<Verdict, ControllerError> {
+        let (who, ttl) = match &old.info {
+            Ok(i) => match i.owner.liveness() {
+                // This process holds no other lease of this folder (`Registered`): a lease of
+                // ours is one a dropped handle failed to remove.
+                Liveness::Ours | Liveness::Dead => return Ok(Verdict::Stale),
+                _ => (i.to_string(), ttl.max(Duration::from_millis(i.ttl_ms))),
+            },
+            Err(why) => {
+                eprintln!(
+                    "puzzletron: lease file {} cannot be read ({why}): it is taken over once \
+                     its heartbeat is seen unchanged for {:.0} s",
+                    path.display(),
+                    ttl.as_secs_f64()
+                );
+                (format!("an unreadable lease file ({why})"), ttl)
+            }
+        };
+        let watch: HeartbeatWatch<()> = HeartbeatWatch::default();
+        watch.unchanged_for(&(), old.beat);
+        let poll = (ttl / 16).clamp(Duration::from_millis(10), Duration::from_millis(500));
+        loop {
+            std::thread::sleep(poll);
+            let Some(now) = read_lease_or(path)? else {
+                return Ok(Verdict::Gone);
+            };
+            let unchanged = watch.unchanged_for(&(), now.beat);
+            if unchanged.is_zero() {
+                return Ok(Verdict::Held(format!(
+                    "{who}: its heartbeat moved while watched from here"
+                )));
+            }
+            if unchanged >= ttl {
+                return Ok(Verdict::Stale);
+            }
+        }
     }
 
     /// Who holds it (this process).
@@ -250,7 +441,22 @@ impl Drop for Lease {
             let _ = t.join();
         }
         if self.lost.lock().map(|l| l.is_none()).unwrap_or(false) {
-            let _ = std::fs::remove_file(&self.file);
+            // Moved aside and checked, never removed by name: a taker's lease made after our
+            // last check is put back.
+            let tomb = self
+                .file
+                .with_file_name(format!("lease.released.{}", unique_token()));
+            if std::fs::rename(&self.file, &tomb).is_ok() {
+                match read_lease(&tomb) {
+                    Ok(Some(LeaseFile { info: Ok(i), .. }))
+                        if i.owner.nonce != self.info.owner.nonce =>
+                    {
+                        let _ = std::fs::hard_link(&tomb, &self.file);
+                    }
+                    _ => {}
+                }
+                let _ = std::fs::remove_file(&tomb);
+            }
         }
         // The record lock goes with the file descriptor, the registry entry after it.
     }
@@ -277,44 +483,129 @@ mod tests {
         let _b = Lease::acquire(dir.path(), dir.path(), Duration::from_secs(5)).unwrap();
     }
 
+    fn read_info(path: &Path) -> LeaseInfo {
+        read_lease(path).unwrap().unwrap().info.unwrap()
+    }
+
+    fn write_info(path: &Path, info: &LeaseInfo) {
+        std::fs::write(path, serde_json::to_vec_pretty(info).unwrap()).unwrap();
+    }
+
+    /// A lease of a holder this process cannot judge by its pid (another host).
+    fn foreign(ttl_ms: u64) -> LeaseInfo {
+        LeaseInfo {
+            owner: Owner {
+                host: "node99".into(),
+                nonce: "foreign".into(),
+                ..Owner::current()
+            },
+            acquired_at_ms: now_ms(),
+            renewed_at_ms: now_ms(),
+            ttl_ms,
+        }
+    }
+
     #[test]
     fn heartbeat_is_renewed_and_theft_is_noticed() {
         let dir = tempfile::tempdir().unwrap();
         let a = Lease::acquire(dir.path(), dir.path(), Duration::from_millis(400)).unwrap();
-        let first = a.info().renewed_at_ms;
+        let path = dir.path().join("lease.json");
+        let first = read_lease(&path).unwrap().unwrap().beat;
         std::thread::sleep(Duration::from_millis(350));
-        let now = read_info(&dir.path().join("lease.json")).unwrap().unwrap();
-        assert!(now.renewed_at_ms > first);
+        let now = read_lease(&path).unwrap().unwrap();
+        assert_ne!(now.beat, first, "the mtime is the heartbeat");
         a.check().unwrap();
-        let mut thief = now.clone();
+        let mut thief = now.info.unwrap();
         thief.owner.nonce = "someone-else".into();
-        write_info(&dir.path().join("lease.json"), &thief).unwrap();
+        write_info(&path, &thief);
         std::thread::sleep(Duration::from_millis(300));
         let err = a.check().unwrap_err();
         assert!(err.to_string().contains("someone-else"), "{err}");
+        drop(a);
+        assert_eq!(
+            read_info(&path).owner.nonce,
+            "someone-else",
+            "a lost lease's drop leaves the taker's file"
+        );
     }
 
     #[test]
-    fn a_fresh_lease_of_another_host_blocks() {
+    fn a_lease_of_another_host_is_judged_by_its_heartbeat_on_our_clock_never_by_its_timestamps() {
         let dir = tempfile::tempdir().unwrap();
-        let mut owner = Owner::current();
-        owner.host = "node99".into();
+        let path = dir.path().join("lease.json");
+        // Its timestamps say it was renewed a day ago: no matter; its mtime moves.
         let info = LeaseInfo {
-            owner,
-            acquired_at_ms: now_ms(),
-            renewed_at_ms: now_ms(),
-            ttl_ms: 60_000,
+            renewed_at_ms: now_ms() - 86_400_000,
+            ..foreign(400)
         };
-        write_info(&dir.path().join("lease.json"), &info).unwrap();
-        let err = Lease::acquire(dir.path(), dir.path(), Duration::from_secs(5)).unwrap_err();
+        write_info(&path, &info);
+        let stop = Arc::new(AtomicBool::new(false));
+        let beating = {
+            let (stop, path) = (stop.clone(), path.clone());
+            std::thread::spawn(move || {
+                while !stop.load(Ordering::Relaxed) {
+                    let _ = File::options()
+                        .write(true)
+                        .open(&path)
+                        .and_then(|f| f.set_modified(std::time::SystemTime::now()));
+                    std::thread::sleep(Duration::from_millis(50));
+                }
+            })
+        };
+        let err = Lease::acquire(dir.path(), dir.path(), Duration::from_millis(400)).unwrap_err();
+        assert!(matches!(err, ControllerError::LeaseHeld { .. }), "{err}");
         assert!(err.to_string().contains("node99"), "{err}");
-        // A stale one does not.
-        let stale = LeaseInfo {
-            renewed_at_ms: 0,
-            ..info
+        assert!(err.to_string().contains("heartbeat moved"), "{err}");
+        stop.store(true, Ordering::Relaxed);
+        beating.join().unwrap();
+        // Its timestamps say "renewed just now", but nothing moves: taken over once the ttl
+        // has passed on our clock.
+        let still = LeaseInfo {
+            renewed_at_ms: now_ms() + 86_400_000,
+            ..foreign(300)
         };
-        write_info(&dir.path().join("lease.json"), &stale).unwrap();
-        Lease::acquire(dir.path(), dir.path(), Duration::from_secs(5)).unwrap();
+        write_info(&path, &still);
+        let t = std::time::Instant::now();
+        let b = Lease::acquire(dir.path(), dir.path(), Duration::from_millis(300)).unwrap();
+        assert!(
+            t.elapsed() >= Duration::from_millis(300),
+            "watched for the ttl"
+        );
+        assert_eq!(read_info(&path).owner.nonce, b.info().owner.nonce);
+    }
+
+    #[test]
+    fn an_unreadable_lease_file_is_never_free_at_once_and_is_taken_over_after_the_ttl() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("lease.json");
+        std::fs::write(&path, b"{\"owner\": tor").unwrap();
+        let t = std::time::Instant::now();
+        let a = Lease::acquire(dir.path(), dir.path(), Duration::from_millis(300)).unwrap();
+        assert!(
+            t.elapsed() >= Duration::from_millis(300),
+            "watched for the ttl"
+        );
+        assert_eq!(read_info(&path).owner.nonce, a.info().owner.nonce);
+        drop(a);
+        assert!(!path.exists(), "released");
+    }
+
+    #[test]
+    fn a_lease_of_a_dead_process_of_this_space_is_taken_at_once() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("lease.json");
+        let dead = LeaseInfo {
+            owner: crate::store::conformance::dead_owner(),
+            ..foreign(3_600_000)
+        };
+        write_info(&path, &dead);
+        let t = std::time::Instant::now();
+        let a = Lease::acquire(dir.path(), dir.path(), Duration::from_secs(3600)).unwrap();
+        assert!(
+            t.elapsed() < Duration::from_secs(60),
+            "no heartbeat to wait for"
+        );
+        assert_eq!(read_info(&path).owner.nonce, a.info().owner.nonce);
     }
 
     /// Forks a child that sleeps for `secs` (only async-signal-safe calls after the fork),

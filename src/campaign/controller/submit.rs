@@ -1,6 +1,8 @@
 //! Starting attempts: intents journaled and synced before the submits, handles right after;
 //! resolving intents a crash left without a handle (adopt by `find`, or give up after the grace).
 
+use std::path::Path;
+
 use super::driver::CampaignController;
 use super::error::ControllerError;
 use super::event::ControllerEvent;
@@ -168,6 +170,7 @@ impl CampaignController {
         }
         // Intents first, durable, then the submits.
         let mut intents = Vec::with_capacity(picks.len());
+        let mut asides = Vec::new();
         let mut specs = Vec::with_capacity(picks.len());
         for &u in &picks {
             let unit = &self.state.units[u];
@@ -191,6 +194,18 @@ impl CampaignController {
             );
             let out = output_dir(&self.dir, &st.stage_id, unit.item);
             std::fs::create_dir_all(&out).map_err(|e| ControllerError::io("creating", &out, e))?;
+            // A retry never meets the declared outputs its failed or killed predecessor left:
+            // one it does not rewrite would be promoted with the dead attempt's copy.
+            if n > 1 {
+                let prev = self.attempt_id_for(u, n - 1);
+                let moved = move_outputs_aside(&out, &st.outputs, &prev);
+                if !moved.is_empty() {
+                    asides.push(ControllerEvent::OutputsMovedAside {
+                        attempt_id: prev,
+                        moved,
+                    });
+                }
+            }
             // A marker left by an earlier revision's attempt must not vouch for this one.
             let marker = out.join(super::spec::SUCCESS_MARKER);
             match std::fs::remove_file(&marker) {
@@ -206,6 +221,9 @@ impl CampaignController {
                 more_resources: unit.next_more_resources,
             });
             specs.push(spec);
+        }
+        for ev in asides {
+            self.emit(ev)?;
         }
         self.record(intents)?;
         let mut results = Vec::with_capacity(specs.len());
@@ -325,4 +343,34 @@ impl CampaignController {
             },
         })
     }
+}
+
+/// Moves the declared outputs (`outputs`, paths relative to the unit's output folder `out`)
+/// that attempt `prev` left into `out/outputs_partial/<prev>/`, keeping their relative paths.
+/// Returns a line per output found: moved, or why it could not be (an output that cannot be
+/// moved stays, and the line says so). Outputs are plan data: a path that leaves `out` is
+/// never touched.
+fn move_outputs_aside(out: &Path, outputs: &[String], prev: &AttemptId) -> Vec<String> {
+    let aside = out.join("outputs_partial").join(prev.as_str());
+    let mut lines = Vec::new();
+    for o in outputs {
+        let rel = Path::new(o);
+        let inside = rel
+            .components()
+            .all(|c| matches!(c, std::path::Component::Normal(_)));
+        let from = out.join(rel);
+        if !inside || std::fs::symlink_metadata(&from).is_err() {
+            continue;
+        }
+        let to = aside.join(rel);
+        let r = to
+            .parent()
+            .map_or(Ok(()), std::fs::create_dir_all)
+            .and_then(|()| std::fs::rename(&from, &to));
+        lines.push(match r {
+            Ok(()) => format!("`{o}` moved to outputs_partial/{prev}/"),
+            Err(why) => format!("`{o}` could not be moved aside: {why}"),
+        });
+    }
+    lines
 }

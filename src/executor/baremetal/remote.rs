@@ -3,12 +3,21 @@
 //!
 //! Layout of `<remote root>/<attempt id>/` on the host: `submitted` (ms), `started/` (made
 //! exclusively by the one wrapper that runs the job, or by a cancel that came first), `wrapper`
-//! and `job` (`<pid> <start ticks> [<start ms>]`, ticks from field 22 of `/proc/<pid>/stat`, so a
-//! recycled pid is never taken for the job), `cancel` (ms), `timeout` (walltime hit), `exit`
+//! and `job` (`<pid> <start ticks> [<start ms>] <boot id> <PID namespace> <machine id>`, ticks
+//! from field 22 of `/proc/<pid>/stat`, so a recycled pid is never taken for the job; `-` for a
+//! part that cannot be read), `cancel` (ms), `timeout` (walltime hit), `exit`
 //! (`status=exited|cancelled_before_start`, `code`, `timeout`, `cancelled`, `start_ms`, `end_ms`;
 //! written to a temp file, synced, renamed). The job runs under `setsid`: its pid is its
 //! process group, which cancel and walltime signal as a whole.
 
+/// Who may judge a recorded process (`alive PID TICKS BOOT PIDNS MACHINE`), by the store's rules
+/// (`store/liveness.rs`): its pid and start time decide only in the boot and PID namespace it
+/// was recorded in. A record of another boot of the same machine (same `/etc/machine-id`: the
+/// host rebooted) is dead, whatever pid runs now. One of another PID namespace, or of another
+/// boot of a machine that cannot be told the same, cannot be judged from here and counts as
+/// alive (the poll never declares such a task lost; its exit record still ends it). Records of
+/// older builds (pid and ticks only) are judged by pid and ticks, as before.
+///
 /// The remote root when the executor names none: `$PUZZLETRON_BAREMETAL_ROOT`, else
 /// `$HOME/.puzzletron/baremetal`. Every script starts with it (`$1` = the configured root, or
 /// empty).
@@ -16,7 +25,17 @@ const ROOT: &str = r#"root=$1; shift
 if [ -z "$root" ]; then root=${PUZZLETRON_BAREMETAL_ROOT:-$HOME/.puzzletron/baremetal}; fi
 now() { date +%s%3N; }
 ticks() { l=; read -r l < "/proc/$1/stat" 2>/dev/null || return 1; r=${l##*) }; set -- $r; shift 19; echo "$1"; }
-alive() { [ -n "$1" ] && [ -r "/proc/$1/stat" ] && [ "$(ticks "$1")" = "$2" ]; }
+space() { b=; m=; read -r b < /proc/sys/kernel/random/boot_id 2>/dev/null; read -r m < /etc/machine-id 2>/dev/null; n=$(readlink /proc/self/ns/pid 2>/dev/null); echo "${b:--} ${n:--} ${m:--}"; }
+alive() {
+  [ -n "$1" ] || return 1
+  set -- "$1" "$2" "${3:--}" "${4:--}" "${5:--}" $(space)
+  if [ "$3" != - ] && [ "$3" != "$6" ]; then
+    if [ "$5" != - ] && [ "$5" = "$8" ]; then return 1; fi
+    return 0
+  fi
+  if [ "$4" != - ] && [ "$4" != "$7" ]; then return 0; fi
+  [ -r "/proc/$1/stat" ] && [ "$(ticks "$1")" = "$2" ]
+}
 "#;
 
 /// The job itself, run under `setsid` by the wrapper: enters the checkout, sources the setup
@@ -49,7 +68,7 @@ eval "set -- $(cat "$d/args")"
 log=$1; wall=$2; grace=$3
 [ -n "$log" ] || log=$d/output.log
 mkdir "$d/started" 2>/dev/null || exit 0
-echo "$$ $(ticks $$)" > "$d/wrapper.tmp" && mv -f "$d/wrapper.tmp" "$d/wrapper"
+echo "$$ $(ticks $$) $(space)" > "$d/wrapper.tmp" && mv -f "$d/wrapper.tmp" "$d/wrapper"
 record() { printf '%s' "$1" > "$d/exit.tmp" && sync "$d/exit.tmp" 2>/dev/null; mv -f "$d/exit.tmp" "$d/exit"; }
 if [ -e "$d/cancel" ]; then t=$(now); record "status=cancelled_before_start
 start_ms=$t
@@ -60,7 +79,7 @@ mkdir -p "$(dirname -- "$log")" 2>/dev/null
 start=$(now)
 setsid sh "$d/job.sh" "$d" < /dev/null >> "$log" 2>&1 &
 jp=$!
-echo "$jp $(ticks $jp) $start" > "$d/job.tmp" && mv -f "$d/job.tmp" "$d/job"
+echo "$jp $(ticks $jp) $start $(space)" > "$d/job.tmp" && mv -f "$d/job.tmp" "$d/job"
 if [ -e "$d/cancel" ]; then kill -TERM "-$jp" 2>/dev/null || kill -TERM "$jp" 2>/dev/null; fi
 wd=
 if [ "$wall" != 0 ]; then
@@ -112,9 +131,9 @@ const POLL: &str = r#"for id in "$@"; do
   if [ ! -d "$d" ]; then echo "A $id"; continue; fi
   if [ ! -f "$d/exit" ]; then
     p=; t=; s=
-    if [ -f "$d/job" ]; then read -r p t s < "$d/job"; if alive "$p" "$t"; then echo "R $id $s"; continue; fi; fi
+    if [ -f "$d/job" ]; then read -r p t s b n m < "$d/job"; if alive "$p" "$t" "$b" "$n" "$m"; then echo "R $id $s"; continue; fi; fi
     p=; t=
-    if [ -f "$d/wrapper" ]; then read -r p t < "$d/wrapper"; if alive "$p" "$t"; then echo "W $id"; continue; fi; fi
+    if [ -f "$d/wrapper" ]; then read -r p t b n m < "$d/wrapper"; if alive "$p" "$t" "$b" "$n" "$m"; then echo "W $id"; continue; fi; fi
   fi
   if [ -f "$d/exit" ]; then
     line="E $id"; while IFS= read -r l; do line="$line $l"; done < "$d/exit"; echo "$line"; continue
@@ -140,7 +159,7 @@ i=0; while [ ! -f "$d/job" ] && [ ! -f "$d/exit" ] && [ $i -lt 50 ]; do
   sleep 0.1; i=$((i+1))
 done
 p=; t=
-[ -f "$d/job" ] && read -r p t s < "$d/job"
+[ -f "$d/job" ] && read -r p t s jb jn jm < "$d/job"
 [ -n "$p" ] && kill -TERM "-$p" 2>/dev/null
 i=0; n=$((grace*10)); while [ ! -f "$d/exit" ] && [ $i -lt $n ]; do sleep 0.1; i=$((i+1)); done
 [ -f "$d/exit" ] || { [ -n "$p" ] && kill -KILL "-$p" 2>/dev/null; }
@@ -148,8 +167,8 @@ i=0; n=$((confirm*10)); while [ ! -f "$d/exit" ] && [ $i -lt $n ]; do sleep 0.1;
 [ -f "$d/exit" ] && { echo DONE; exit 0; }
 # The wrapper died without a record (killed, host rebooted): the task is gone once neither the
 # wrapper nor any process of the job's group is left.
-w=; wt=; [ -f "$d/wrapper" ] && read -r w wt < "$d/wrapper"
-if ! alive "$w" "$wt" && { [ -z "$p" ] || ! kill -0 "-$p" 2>/dev/null; }; then echo DONE; else echo "PENDING running"; fi
+w=; wt=; wb=; wn=; wm=; [ -f "$d/wrapper" ] && read -r w wt wb wn wm < "$d/wrapper"
+if ! alive "$w" "$wt" "$wb" "$wn" "$wm" && { [ -z "$p" ] || ! kill -0 "-$p" 2>/dev/null; }; then echo DONE; else echo "PENDING running"; fi
 "#;
 
 /// Preflight: the repository and the venv exist, and the GPU probe's output. Prints
@@ -338,5 +357,72 @@ mod tests {
             .unwrap();
         let text = String::from_utf8_lossy(&out.stdout);
         assert!(text.contains("a b it's; rm -rf /"), "{text}");
+    }
+
+    /// Runs the poll script locally on one attempt folder holding `wrapper` and `job` records
+    /// `rec` (the part after pid and ticks, and after the start time for `job`).
+    fn poll_locally(pid: u32, rec: &str) -> String {
+        let root = tempfile::tempdir().unwrap();
+        let d = root.path().join("a1");
+        std::fs::create_dir_all(&d).unwrap();
+        let ticks = crate::store::process_start_ticks(pid).unwrap_or(1);
+        std::fs::write(d.join("wrapper"), format!("{pid} {ticks} {rec}\n")).unwrap();
+        std::fs::write(d.join("job"), format!("{pid} {ticks} 1000 {rec}\n")).unwrap();
+        let line = command_line(
+            "poll",
+            poll_body(),
+            &[],
+            &[root.path().display().to_string(), "a1".into()],
+        );
+        let out = std::process::Command::new("sh")
+            .arg("-c")
+            .arg(&line)
+            .output()
+            .unwrap();
+        String::from_utf8_lossy(&out.stdout).trim().to_string()
+    }
+
+    #[test]
+    fn a_recorded_process_is_judged_by_its_pid_only_in_its_own_boot_and_pid_namespace() {
+        let mut child = std::process::Command::new("sleep")
+            .arg("30")
+            .spawn()
+            .unwrap();
+        let pid = child.id();
+        let here = crate::store::ProcessSpace::here();
+        let boot = here.boot_id.clone().unwrap();
+        let ns = here.pidns.clone().unwrap();
+        let machine = std::fs::read_to_string("/etc/machine-id")
+            .map(|m| m.trim().to_string())
+            .unwrap_or_else(|_| "-".into());
+        // Its own space: the live pid with its start time is the job.
+        assert_eq!(
+            poll_locally(pid, &format!("{boot} {ns} {machine}")),
+            "R a1 1000"
+        );
+        // A record of an older build (pid and ticks only): as before.
+        assert_eq!(poll_locally(pid, ""), "R a1 1000");
+        // Another PID namespace: its pid means nothing here, and nothing proves it dead.
+        assert_eq!(
+            poll_locally(pid, &format!("{boot} pid:[1] {machine}")),
+            "R a1 1000"
+        );
+        if machine != "-" {
+            // Another boot of this machine: the host rebooted, every process of then is gone,
+            // whichever process has that pid (and start time) now.
+            assert_eq!(
+                poll_locally(pid, &format!("another-boot {ns} {machine}")),
+                "D a1"
+            );
+        }
+        // Another boot of a machine that cannot be told the same: not judged dead.
+        assert_eq!(
+            poll_locally(pid, &format!("another-boot {ns} another-machine")),
+            "R a1 1000"
+        );
+        child.kill().unwrap();
+        child.wait().unwrap();
+        // Its own space, pid gone: dead.
+        assert_eq!(poll_locally(pid, &format!("{boot} {ns} {machine}")), "D a1");
     }
 }
