@@ -108,47 +108,8 @@ pub fn decision_file_name(stage_id: &str) -> String {
     format!("decisions/{stage_id}.txt")
 }
 
-/// Quotes `s` as one shell word: `'...'`, with `'` written as `'\''`. Safe for any string
-/// without NUL (bash cannot pass NUL in an argument; such values are refused earlier).
-pub fn shell_quote(s: &str) -> String {
-    let mut out = String::with_capacity(s.len() + 2);
-    out.push('\'');
-    for c in s.chars() {
-        if c == '\'' {
-            out.push_str("'\\''");
-        } else {
-            out.push(c);
-        }
-    }
-    out.push('\'');
-    out
-}
-
-fn is_secret_name(name: &str) -> bool {
-    let up = name.to_ascii_uppercase();
-    ["TOKEN", "KEY", "SECRET", "PASSWORD"]
-        .iter()
-        .any(|w| up.contains(w))
-}
-
-fn redact_line(line: &str) -> String {
-    let trimmed = line.trim_start();
-    let rest = trimmed.strip_prefix("export ").unwrap_or(trimmed);
-    if let Some((name, _)) = rest.split_once('=')
-        && !name.is_empty()
-        && name.chars().all(|c| c.is_ascii_alphanumeric() || c == '_')
-        && is_secret_name(name)
-    {
-        let indent = &line[..line.len() - trimmed.len()];
-        let export = if trimmed.starts_with("export ") {
-            "export "
-        } else {
-            ""
-        };
-        return format!("{indent}{export}{name}=<redacted>");
-    }
-    line.to_string()
-}
+pub use crate::executor::shell::quote as shell_quote;
+use crate::executor::shell::{is_secret_name, redact_line};
 
 fn directive_value(stage: &str, what: &str, v: &str) -> Result<String, PlanError> {
     if v.chars().any(|c| c.is_control()) {
@@ -761,28 +722,8 @@ mod tests {
     use super::*;
 
     #[test]
-    fn quoting_neutralizes_shell_syntax() {
-        assert_eq!(shell_quote("a b"), "'a b'");
-        assert_eq!(shell_quote("it's"), "'it'\\''s'");
-        assert_eq!(shell_quote("$(rm -rf /)"), "'$(rm -rf /)'");
-    }
-
-    #[test]
-    fn redaction_of_secret_exports() {
-        assert_eq!(
-            redact_line("export HF_TOKEN=abc"),
-            "export HF_TOKEN=<redacted>"
-        );
-        assert_eq!(redact_line("export HF_HOME=/data"), "export HF_HOME=/data");
-        assert_eq!(
-            redact_line("  WANDB_API_KEY=1"),
-            "  WANDB_API_KEY=<redacted>"
-        );
-    }
-
-    #[test]
     fn directive_values_refuse_newlines() {
         assert!(directive_value("s", "account", "a\nrm -rf ~").is_err());
-        assert_eq!(directive_value("s", "account", "acct").unwrap(), "'acct'");
+        assert_eq!(directive_value("s", "account", "acct").unwrap(), "acct");
     }
 }

@@ -84,6 +84,7 @@ mod inprocess;
 pub mod local;
 pub mod mock;
 pub mod oom;
+pub mod shell;
 #[cfg(feature = "slurm")]
 pub mod slurm;
 mod spec;

@@ -5,45 +5,11 @@
 //! every word of the command line and every environment value is single-quoted for bash
 //! (`'...'`, with `'` written as `'\''`). Nothing from the spec is ever interpreted by a shell.
 
+use crate::executor::shell::{directive_value, quote as shell_quote};
 use crate::executor::{
     ARRAY_INDEX_ENV, ATTEMPT_ID_ENV, AttemptId, AttemptSpec, ExecutorError, GpuRequest,
     TaskLauncher,
 };
-
-/// Quotes `s` as one bash word.
-pub fn shell_quote(s: &str) -> String {
-    if !s.is_empty()
-        && s.bytes()
-            .all(|b| b.is_ascii_alphanumeric() || b"-_./=:,@%+".contains(&b))
-    {
-        return s.to_string();
-    }
-    format!("'{}'", s.replace('\'', r"'\''"))
-}
-
-/// Renders an `#SBATCH` option value, quoting it when needed.
-///
-/// # Errors
-/// [`ExecutorError::InvalidSpec`] naming `field` when the value holds `"`, `\`, a line break
-/// or a NUL (sbatch's directive parser has no escape for them).
-pub fn directive_value(field: &str, value: &str) -> Result<String, ExecutorError> {
-    if value.is_empty() || value.contains(['"', '\\', '\n', '\r', '\0']) {
-        return Err(ExecutorError::InvalidSpec {
-            attempt_id: None,
-            field: field.into(),
-            value: value.into(),
-            expected: "a non-empty value without '\"', '\\' or line breaks".into(),
-        });
-    }
-    if value
-        .bytes()
-        .all(|b| b.is_ascii_alphanumeric() || b"-_./=:,@%+[]".contains(&b))
-    {
-        Ok(value.to_string())
-    } else {
-        Ok(format!("\"{value}\""))
-    }
-}
 
 /// Escapes `%` for a Slurm filename pattern (`%%` is a literal `%`).
 pub fn escape_filename_pattern(path: &str) -> String {
@@ -334,19 +300,7 @@ mod tests {
     use super::*;
 
     #[test]
-    fn quoting() {
-        assert_eq!(shell_quote("abc"), "abc");
-        assert_eq!(shell_quote(""), "''");
-        assert_eq!(shell_quote("a b"), "'a b'");
-        assert_eq!(shell_quote("it's"), r"'it'\''s'");
-        assert_eq!(shell_quote("$(rm -rf /)"), "'$(rm -rf /)'");
-        assert_eq!(directive_value("f", "gpu").unwrap(), "gpu");
-        assert_eq!(
-            directive_value("f", "/a b/x.out").unwrap(),
-            "\"/a b/x.out\""
-        );
-        assert!(directive_value("f", "a\"b").is_err());
-        assert!(directive_value("f", "a\nb").is_err());
+    fn log_path_patterns() {
         assert_eq!(expand_log_path("/l/x-%j.out", 12, None), "/l/x-12.out");
         assert_eq!(
             expand_log_path("/l/x-%A_%a.out", 12, Some(3)),
