@@ -431,8 +431,9 @@ async fn puzzletron_fixture_with_a_stub_worker_runs_across_hosts() {
     let stages = plan.stages.len();
     let dir =
         puzzletron::campaign::controller::open_campaign_dir(&root.path().join("campaign")).unwrap();
-    let exec = BareMetalExecutor::builder(dir.join("baremetal"))
-        .runner(&plan.runner)
+    let exec = plan
+        .runner
+        .baremetal_executor(dir.join("baremetal"))
         .unwrap()
         .ssh_config(&h.config)
         .kill_grace(Duration::from_secs(1))

@@ -557,11 +557,20 @@ fn torchrun_groups_get_unique_ports_and_rendezvous_ids() {
     }
     assert!(ports.contains(&29500));
     let bypass = plan.stage("bypass").unwrap();
+    // One torchrun per node of the 2-node instance (the job's topology has the nodes),
+    // 8 workers each, on the group's own rendezvous port.
+    assert_eq!(bypass.work.topology.tasks_per_group, 2);
     assert_eq!(
         bypass.work.topology.launcher,
         puzzletron::campaign::TaskLauncher::Torchrun {
-            nnodes: 2,
-            nproc_per_node: 8
+            nproc_per_node: 8,
+            rdzv_backend: "c10d".into(),
+            rdzv_port: bypass.work.topology.groups[0]
+                .rendezvous
+                .as_ref()
+                .unwrap()
+                .master_port,
+            max_restarts: 0,
         }
     );
     let zs = plan.stage("zero_shot_evaluation").unwrap();

@@ -10,6 +10,53 @@ use std::borrow::Cow;
 
 use super::ExecutorError;
 
+/// The job prologue of executors that start the command from their own shell (local): run as
+/// `sh -c CONTRACT_SCRIPT puzzletron-job SETUP VENV NPRE PRE... NPOST POST... ARGV...`, it
+/// sources the setup script (when `SETUP` is not empty; a name without `/` is taken from the
+/// working folder), runs the `NPRE` prerun commands, sources `VENV/bin/activate` (when `VENV`
+/// is not empty), then runs the argv (by `exec` when there is no postrun command) and the
+/// `NPOST` postrun commands, exiting with the argv's status. A failed setup step exits 126
+/// with a line naming it. Every value is a positional argument, never script text; the prerun
+/// and postrun commands are the site's own shell, as the runner file says.
+pub const CONTRACT_SCRIPT: &str = r#"fail() { echo "puzzletron: $*" >&2; exit 126; }
+setup=$1; venv=$2; shift 2
+if [ -n "$setup" ]; then case $setup in */*) ;; *) setup=./$setup ;; esac; . "$setup" || fail "setup_env $setup failed"; fi
+n=$1; shift; while [ "$n" -gt 0 ]; do eval "$1" || fail "prerun command failed: $1"; shift; n=$((n-1)); done
+if [ -n "$venv" ]; then . "$venv/bin/activate" || fail "cannot activate the venv $venv"; fi
+post=$1; shift; i=0; while [ "$i" -lt "$post" ]; do eval "p$i=\$1"; shift; i=$((i+1)); done
+if [ "$post" -eq 0 ]; then exec "$@"; fi
+"$@"; rc=$?
+i=0; while [ "$i" -lt "$post" ]; do eval "eval "\$p$i""; i=$((i+1)); done
+exit $rc
+"#;
+
+/// `argv` run under [`CONTRACT_SCRIPT`] with the contract's setup script, venv and commands;
+/// `argv` itself when the contract asks for none of them.
+pub fn with_contract(argv: Vec<String>, contract: &super::ExecutionContract) -> Vec<String> {
+    let c = contract;
+    if c.setup_env.is_none()
+        && c.venv.is_none()
+        && c.prerun_commands.is_empty()
+        && c.postrun_commands.is_empty()
+    {
+        return argv;
+    }
+    let mut v = vec![
+        "/bin/sh".to_string(),
+        "-c".into(),
+        CONTRACT_SCRIPT.into(),
+        "puzzletron-job".into(),
+        c.setup_env.clone().unwrap_or_default(),
+        c.venv.clone().unwrap_or_default(),
+        c.prerun_commands.len().to_string(),
+    ];
+    v.extend(c.prerun_commands.iter().cloned());
+    v.push(c.postrun_commands.len().to_string());
+    v.extend(c.postrun_commands.iter().cloned());
+    v.extend(argv);
+    v
+}
+
 /// Characters a word may consist of to be written without quotes: they mean nothing to a POSIX
 /// shell (no expansion, globbing, word splitting or redirection).
 const BARE: &[u8] = b"-_./=:,@%+";
@@ -178,6 +225,62 @@ mod tests {
                 .unwrap();
             assert_eq!(String::from_utf8_lossy(&out.stdout), s);
         }
+    }
+
+    #[test]
+    fn the_contract_prologue_runs_setup_prerun_venv_command_postrun_in_order() {
+        let dir = tempfile::tempdir().unwrap();
+        let d = dir.path();
+        std::fs::write(
+            d.join("setup.sh"),
+            "echo setup >> order; export FROM_SETUP=1\n",
+        )
+        .unwrap();
+        std::fs::create_dir_all(d.join("venv/bin")).unwrap();
+        std::fs::write(d.join("venv/bin/activate"), "echo venv >> order\n").unwrap();
+        let c = super::super::ExecutionContract {
+            setup_env: Some("setup.sh".into()),
+            venv: Some(d.join("venv").display().to_string()),
+            prerun_commands: vec!["echo \"pre $FROM_SETUP\" >> order".into()],
+            postrun_commands: vec!["echo post >> order".into()],
+            ..Default::default()
+        };
+        let argv = with_contract(
+            vec![
+                "sh".into(),
+                "-c".into(),
+                "echo 'cmd it'\\''s' >> order; exit 3".into(),
+            ],
+            &c,
+        );
+        let st = std::process::Command::new(&argv[0])
+            .args(&argv[1..])
+            .current_dir(d)
+            .status()
+            .unwrap();
+        assert_eq!(st.code(), Some(3), "the command's status");
+        assert_eq!(
+            std::fs::read_to_string(d.join("order")).unwrap(),
+            "setup\npre 1\nvenv\ncmd it's\npost\n"
+        );
+        // A failing prerun stops before the command, exit 126.
+        let bad = super::super::ExecutionContract {
+            prerun_commands: vec!["false".into()],
+            ..Default::default()
+        };
+        let argv = with_contract(vec!["touch".into(), "ran".into()], &bad);
+        let out = std::process::Command::new(&argv[0])
+            .args(&argv[1..])
+            .current_dir(d)
+            .output()
+            .unwrap();
+        assert_eq!(out.status.code(), Some(126));
+        assert!(String::from_utf8_lossy(&out.stderr).contains("prerun command failed: false"));
+        assert!(!d.join("ran").exists());
+        assert_eq!(
+            with_contract(vec!["x".into()], &Default::default()),
+            vec!["x"]
+        );
     }
 
     #[test]

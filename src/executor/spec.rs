@@ -310,6 +310,15 @@ pub enum TaskLauncher {
 }
 
 impl TaskLauncher {
+    /// `direct`, `srun` or `torchrun`.
+    pub fn name(&self) -> &'static str {
+        match self {
+            TaskLauncher::Direct => "direct",
+            TaskLauncher::Srun { .. } => "srun",
+            TaskLauncher::Torchrun { .. } => "torchrun",
+        }
+    }
+
     /// A torchrun launcher with `nproc_per_node` workers, the `c10d` backend on port 29500 and
     /// no restarts (torchrun's documented defaults, except restarts).
     pub fn torchrun(nproc_per_node: u32) -> Self {
@@ -329,7 +338,8 @@ pub enum GpuRequest {
     /// No GPU.
     #[default]
     None,
-    /// `n` GPUs on every node (Slurm `--gres=gpu:n`; local: `n` ids of the configured list).
+    /// `n` GPUs on every node (Slurm `--gpus-per-node=n`; local: `n` ids of the configured
+    /// list; bare metal: `n` GPUs of each host).
     PerNode(u32),
     /// `n` GPUs per task (Slurm `--gpus-per-task=n`; local: `n * ntasks_per_node` ids).
     PerTask(u32),
@@ -416,15 +426,22 @@ impl TaskTopology {
     }
 }
 
-/// Scheduler placement options. Executors without a queue (local, mock) ignore them.
+/// Scheduler placement options (Slurm's names). Executors without a queue (local, bare metal)
+/// refuse a spec that sets any of them ([`ExecutorError::Unsupported`]) rather than drop it.
 #[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
 pub struct SchedulerOptions {
-    /// Slurm `--partition`.
+    /// Slurm `--partition` (one name, or several separated by commas).
     pub partition: Option<String>,
     /// Slurm `--account`.
     pub account: Option<String>,
     /// Slurm `--qos`.
     pub qos: Option<String>,
+    /// Slurm `--reservation`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reservation: Option<String>,
+    /// Slurm `--constraint` (node features, e.g. `a100&ib`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub constraint: Option<String>,
     /// Extra `#SBATCH` options, one option per element (e.g. `--constraint=a100`), each quoted
     /// when rendered. Must start with `-`.
     pub extra_directives: Vec<String>,
@@ -472,6 +489,11 @@ pub struct AttemptSpec {
     /// Executors without a time-limit signal (local, mock) ignore it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub warning_signal: Option<WarningSignal>,
+    /// The environment the command runs in: checkout, venv, container, setup script, site
+    /// commands (see [`ExecutionContract`](super::ExecutionContract) for how each executor
+    /// renders it). Empty = the command runs as is.
+    #[serde(default, skip_serializing_if = "super::ExecutionContract::is_empty")]
+    pub environment: super::ExecutionContract,
 }
 
 /// A signal delivered `lead` before an attempt's wall-clock limit (N03), so a resumable worker
@@ -576,6 +598,7 @@ impl AttemptSpec {
             scheduler: SchedulerOptions::default(),
             log_path: None,
             warning_signal: None,
+            environment: super::ExecutionContract::default(),
         }
     }
 
@@ -612,6 +635,12 @@ impl AttemptSpec {
     /// Asks for a warning signal before the wall-clock limit (see [`WarningSignal`]).
     pub fn with_warning_signal(mut self, signal: WarningSignal) -> Self {
         self.warning_signal = Some(signal);
+        self
+    }
+
+    /// Sets the execution environment (checkout, venv, container, site commands).
+    pub fn with_environment(mut self, environment: super::ExecutionContract) -> Self {
+        self.environment = environment;
         self
     }
 

@@ -72,14 +72,13 @@ impl CampaignController {
 
     pub(super) fn attempt_id_for(&self, unit: usize, n: u32) -> AttemptId {
         let u = &self.state.units[unit];
-        let stage = &self.state.stages[u.stage].id;
-        let leaf = u.item.map_or_else(|| "agg".to_string(), |i| i.to_string());
-        let rev = if self.state.revision > 0 {
-            format!("r{}", self.state.revision)
-        } else {
-            String::new()
-        };
-        AttemptId::sanitize(&format!("{}{rev}.{stage}.{leaf}.a{n}", self.state.nonce))
+        spec::attempt_id(
+            &self.state.nonce,
+            self.state.revision,
+            &self.state.stages[u.stage].id,
+            u.item,
+            n,
+        )
     }
 
     pub(super) async fn start_ready(&mut self) -> Result<bool, ControllerError> {
@@ -174,7 +173,7 @@ impl CampaignController {
             let n = unit.attempts.len() as u32 + 1;
             let id = self.attempt_id_for(u, n);
             let st = &self.plan.stages[unit.stage];
-            let mut spec = spec::build(&UnitSpec {
+            let mut spec = spec::attempt_spec(&UnitSpec {
                 campaign: &self.dir,
                 plan: &self.plan,
                 stage: st,
