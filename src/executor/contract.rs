@@ -10,14 +10,14 @@ use crate::identity::{Hash, Hasher};
 /// it can change results, so it is part of a campaign's contract hash.
 ///
 /// Each executor renders it into what it submits, in this order: enter the job's working
-/// directory (the spec's `command.cwd`, which a campaign sets to `repository`), run the
-/// `prerun_commands`, source `setup_env`, source `<venv>/bin/activate`, run the command, then
+/// directory (the spec's `command.cwd`, which a campaign sets to `repository`), source
+/// `setup_env`, run the `prerun_commands`, source `<venv>/bin/activate`, run the command, then
 /// the `postrun_commands`; the job's exit status is the command's.
 ///
-/// - Slurm: the prerun and postrun commands run in the batch shell; with a `container` the
-///   step is `srun --container-image=... [--container-mounts=...] --container-workdir=<cwd>`
-///   (pyxis) and the setup script and venv are sourced inside the container, else in the batch
-///   shell before the step.
+/// - Slurm: all of it in the batch shell, the steps inherit it; with a `container` the step is
+///   `srun --container-image=... [--container-mounts=...] --container-workdir=<cwd>` (pyxis),
+///   the setup script and venv are sourced inside the container and the prerun and postrun
+///   commands run in the batch shell.
 /// - Local and bare metal: all of it in the job's own shell (`sh`); a container cannot be
 ///   expressed there and is refused ([`ExecutorError::Unsupported`](super::ExecutorError)).
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -32,7 +32,8 @@ pub struct ExecutionContract {
     pub container_mounts: Option<String>,
     /// Script sourced before activating the venv.
     pub setup_env: Option<String>,
-    /// Shell commands run, in order, before the venv is activated. They are written verbatim
+    /// Shell commands run, in order, after `setup_env` and before the venv is activated (in
+    /// the batch shell on Slurm, so `module load` reaches `srun`). They are written verbatim
     /// into the job script: they are the site's own setup, trusted like the runner file itself.
     pub prerun_commands: Vec<String>,
     /// Shell commands run, in order, after the command exits (its status is kept).
