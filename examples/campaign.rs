@@ -49,7 +49,7 @@ use puzzletron::campaign::controller::{
 use puzzletron::campaign::{
     CampaignPlan, ExecutionConfig, RunnerEnvironment, StageCatalog, compile_resolved,
 };
-use puzzletron::executor::{BareMetalExecutor, Executor, LocalExecutor, SlurmExecutor};
+use puzzletron::executor::{Executor, LocalExecutor, SlurmExecutor};
 use serde::{Deserialize, Serialize};
 use serde_json::json;
 

@@ -109,13 +109,12 @@ fn torchrun_launcher() {
     );
     // One node: a standalone rendezvous on a free port (instances packed on a node never
     // share a port), no head node lookup.
-    let one = AttemptSpec::new(id("tr1.a1"), CommandSpec::new("train.py")).with_topology(
-        TaskTopology {
+    let one =
+        AttemptSpec::new(id("tr1.a1"), CommandSpec::new("train.py")).with_topology(TaskTopology {
             gpus: GpuRequest::PerNode(2),
             launcher: TaskLauncher::torchrun(2),
             ..TaskTopology::single()
-        },
-    );
+        });
     let s = render(&one, "/l/x-%j.out", None).unwrap();
     assert!(!s.contains("head_node"), "{s}");
     assert!(
@@ -155,10 +154,16 @@ fn execution_contract_runs_in_order_and_keeps_the_status() {
     )
     .with_environment(env);
     let script = render(&spec, "/l/x", None).unwrap();
-    assert!(!script.contains("exec "), "postrun needs the shell after the step: {script}");
+    assert!(
+        !script.contains("exec "),
+        "postrun needs the shell after the step: {script}"
+    );
     let path = d.join("job.sh");
     std::fs::write(&path, &script).unwrap();
-    let st = std::process::Command::new("bash").arg(&path).status().unwrap();
+    let st = std::process::Command::new("bash")
+        .arg(&path)
+        .status()
+        .unwrap();
     assert_eq!(st.code(), Some(7), "{script}");
     assert_eq!(
         std::fs::read_to_string(d.join("order")).unwrap(),
@@ -191,7 +196,10 @@ fn a_container_runs_the_step_under_pyxis() {
     })
     .with_environment(env);
     let s = render(&spec, "/l/x", None).unwrap();
-    assert!(!s.contains("cd -- ") && !s.contains("/venv/bin/activate || exit"), "{s}");
+    assert!(
+        !s.contains("cd -- ") && !s.contains("/venv/bin/activate || exit"),
+        "{s}"
+    );
     assert!(s.contains("\nmodule load cuda\n"), "{s}");
     let last = s.lines().last().unwrap();
     assert_eq!(
@@ -200,7 +208,9 @@ fn a_container_runs_the_step_under_pyxis() {
             "exec srun --container-image=nvcr.io/nvidia/pytorch:25.01-py3 \
              --container-mounts=/data:/data,/models:/models --container-workdir=/opt/src \
              bash -c {} puzzletron-job '' /venv python -m x",
-            puzzletron::executor::shell::quote(puzzletron::executor::slurm::script::CONTAINER_PAYLOAD)
+            puzzletron::executor::shell::quote(
+                puzzletron::executor::slurm::script::CONTAINER_PAYLOAD
+            )
         )
     );
 }

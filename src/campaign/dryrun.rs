@@ -247,6 +247,66 @@ pub fn attempt_specs(
     Ok(out)
 }
 
+/// The executor `campaign run` builds by default for the plan's runner on the campaign folder
+/// `dir`: Slurm with its scripts and logs in `<dir>/slurm-logs`, local with its attempt
+/// folders in `<dir>/attempts` and `gpu_ids` (empty: `0..=7`), bare metal from the runner's
+/// inventory and contract with its leases in `<dir>/baremetal`. Building it creates none of
+/// these folders (they are made at the first submit), so a dry run can use it.
+///
+/// # Errors
+/// [`PlanError::WorkPlan`] naming the executor when it cannot be built (a bad GPU id, a
+/// bare-metal runner without an inventory).
+pub fn default_executor(
+    plan: &CampaignPlan,
+    dir: &Path,
+    gpu_ids: &[String],
+    max_concurrent: Option<usize>,
+) -> Result<Box<dyn Executor>, PlanError> {
+    let bad = |e: crate::executor::ExecutorError| PlanError::WorkPlan {
+        stage: "*".into(),
+        reason: format!(
+            "cannot build the {} executor: {e}",
+            plan.runner.kind.as_str()
+        ),
+    };
+    Ok(match plan.runner.kind {
+        RunnerKind::Local => {
+            let ids: Vec<String> = if gpu_ids.is_empty() {
+                (0..8).map(|i| i.to_string()).collect()
+            } else {
+                gpu_ids.to_vec()
+            };
+            let n = max_concurrent.unwrap_or(ids.len().max(1));
+            Box::new(
+                crate::executor::LocalExecutor::builder(dir.join("attempts"))
+                    .gpu_ids(ids)
+                    .max_concurrent(n)
+                    .build()
+                    .map_err(bad)?,
+            )
+        }
+        #[cfg(feature = "slurm")]
+        RunnerKind::Slurm => Box::new(
+            crate::executor::SlurmExecutor::builder(dir.join("slurm-logs"))
+                .build()
+                .map_err(bad)?,
+        ),
+        #[cfg(not(feature = "slurm"))]
+        RunnerKind::Slurm => {
+            return Err(PlanError::WorkPlan {
+                stage: "*".into(),
+                reason: "the slurm runner needs puzzletron's `slurm` feature".into(),
+            });
+        }
+        RunnerKind::Baremetal => Box::new(
+            plan.runner
+                .baremetal_executor(dir.join("baremetal"))?
+                .build()
+                .map_err(bad)?,
+        ),
+    })
+}
+
 /// Renders what each stage's first attempts would submit, through `executor`'s
 /// [`render`](Executor::render) (build it as `campaign run` does, on the same folder).
 ///

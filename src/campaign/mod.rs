@@ -54,7 +54,8 @@ pub use document::{
 };
 pub use dryrun::{
     DecisionPreview, DryRun, DryRunOptions, JobSubmission, RESOLVED_CONFIG_FILE, StageSpecs,
-    StageSubmission, attempt_specs, decision_file_name, dry_run, item_argv, render_dry_run,
+    StageSubmission, attempt_specs, decision_file_name, default_executor, dry_run, item_argv,
+    render_dry_run,
 };
 pub use execution::{
     ExecutionConfig, ExecutionDefaults, FailurePolicy, HaltPolicy, MIN_WARNING_LEAD, Resource,

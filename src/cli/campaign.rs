@@ -18,7 +18,7 @@ use crate::campaign::{
     CampaignPlan, ExecutionConfig, RunnerEnvironment, RunnerKind, StageFilter,
     compile_campaign_plan, plan_to_dict,
 };
-use crate::executor::{Executor, LocalExecutor, SlurmExecutor};
+use crate::executor::Executor;
 use crate::report::{
     CampaignHistory, LeaseStatus, Notifier, NotifyEvent, StageStatus, render_campaign_report,
 };
@@ -357,28 +357,12 @@ fn executor_for(
     gpus: &[String],
     max_concurrent: Option<usize>,
 ) -> Result<Arc<dyn Executor>, CliError> {
-    Ok(match plan.runner.kind {
-        RunnerKind::Local => {
-            let ids: Vec<String> = if gpus.is_empty() {
-                (0..8).map(|i| i.to_string()).collect()
-            } else {
-                gpus.to_vec()
-            };
-            let n = max_concurrent.unwrap_or(ids.len().max(1));
-            Arc::new(
-                LocalExecutor::builder(dir.join("attempts"))
-                    .gpu_ids(ids)
-                    .max_concurrent(n)
-                    .build()?,
-            )
-        }
-        RunnerKind::Slurm => Arc::new(SlurmExecutor::builder(dir.join("slurm-logs")).build()?),
-        RunnerKind::Baremetal => Arc::new(
-            plan.runner
-                .baremetal_executor(dir.join("baremetal"))?
-                .build()?,
-        ),
-    })
+    Ok(Arc::from(crate::campaign::dryrun::default_executor(
+        plan,
+        dir,
+        gpus,
+        max_concurrent,
+    )?))
 }
 
 fn run_cmd(a: RunArgs) -> Result<i32, CliError> {

@@ -234,6 +234,10 @@ impl LeaseFile {
         &self,
         f: impl FnOnce(&mut LeaseTable) -> (bool, R),
     ) -> Result<R, ExecutorError> {
+        if let Some(dir) = self.lock_path.parent() {
+            std::fs::create_dir_all(dir)
+                .map_err(|e| ExecutorError::io("creating the executor state folder", dir, e))?;
+        }
         let lock = OpenOptions::new()
             .create(true)
             .truncate(false)

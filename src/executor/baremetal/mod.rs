@@ -180,7 +180,8 @@ impl BareMetalExecutorBuilder {
         self
     }
 
-    /// Checks the settings, creates the state folder and the SSH control folder.
+    /// Checks the settings and creates the SSH control folder (the state folder is created at
+    /// the first submit).
     ///
     /// # Errors
     /// [`ExecutorError::InvalidSpec`] for no host, a host name that is empty, has whitespace
@@ -235,11 +236,8 @@ impl BareMetalExecutorBuilder {
                 "one of the inventory's hosts",
             ));
         }
-        std::fs::create_dir_all(&self.state_dir).map_err(|e| {
-            ExecutorError::io("creating the executor state folder", &self.state_dir, e)
-        })?;
-        let state_dir = std::fs::canonicalize(&self.state_dir)
-            .map_err(|e| ExecutorError::io("resolving the state folder", &self.state_dir, e))?;
+        // Made at the first lease: building (for a dry run) creates no state folder.
+        let state_dir = super::resolve_dir(&self.state_dir)?;
         // Control sockets: short paths (108-byte limit), one folder per state folder and user.
         let tag = crate::identity::Hash::of(state_dir.display().to_string().as_bytes()).to_hex();
         let control_dir = std::env::temp_dir().join(format!(

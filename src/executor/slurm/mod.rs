@@ -308,8 +308,14 @@ impl Inner {
     ) -> Result<(JobRef, u64), ExecutorError> {
         let id = &spec.attempt_id;
         let path = self.script_path(id);
-        std::fs::create_dir_all(&self.log_dir)
-            .map_err(|e| ExecutorError::io("creating log folder", &self.log_dir, e))?;
+        // Slurm does not create the output's folder: a job whose log cannot be opened fails
+        // without a word.
+        for dir in std::iter::once(self.log_dir.as_path())
+            .chain(spec.log_path.as_deref().and_then(Path::parent))
+        {
+            std::fs::create_dir_all(dir)
+                .map_err(|e| ExecutorError::io("creating log folder", dir, e))?;
+        }
         std::fs::write(&path, script)
             .map_err(|e| ExecutorError::io("writing batch script", &path, e))?;
         let submitted_at = now_ms();
