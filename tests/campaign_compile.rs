@@ -571,6 +571,7 @@ fn torchrun_groups_get_unique_ports_and_rendezvous_ids() {
                 .unwrap()
                 .master_port,
             max_restarts: 0,
+            no_python: true,
         }
     );
     let zs = plan.stage("zero_shot_evaluation").unwrap();

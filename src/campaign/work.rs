@@ -324,6 +324,8 @@ pub fn build_work_plan(
                 rdzv_backend: "c10d".into(),
                 rdzv_port: port,
                 max_restarts: 0,
+                // A stage command is an argv (`python -m ...`), not a script file.
+                no_python: true,
             }
         } else {
             TaskLauncher::Srun {
@@ -444,6 +446,7 @@ mod tests {
                 rdzv_backend: "c10d".into(),
                 rdzv_port: 29501,
                 max_restarts: 0,
+                no_python: true,
             }
         );
         assert_eq!(

@@ -306,6 +306,10 @@ pub enum TaskLauncher {
         rdzv_port: u16,
         /// torchrun's `--max-restarts` (0 = fail fast).
         max_restarts: u32,
+        /// torchrun's `--no-python`: the argv is a program with its arguments (`python -m
+        /// pkg ...`), not a Python script. Campaign stages set it: their commands are argvs.
+        #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+        no_python: bool,
     },
 }
 
@@ -319,6 +323,50 @@ impl TaskLauncher {
         }
     }
 
+    /// torchrun's words before the argv, the one place every executor takes them from:
+    /// `torchrun --standalone --nnodes=1` on one node (or without an `endpoint`), else
+    /// `torchrun --nnodes=<nodes> [--node_rank=<r>] --rdzv_backend=<b>
+    /// --rdzv_endpoint=<endpoint> --rdzv_id=<rdzv_id>`; then `--nproc_per_node=<n>
+    /// --max-restarts=<m> [--no-python]`. `endpoint` is `host:port`. `None` for the other
+    /// launchers.
+    pub fn torchrun_args(
+        &self,
+        nodes: u32,
+        endpoint: Option<&str>,
+        rdzv_id: &str,
+        node_rank: Option<usize>,
+    ) -> Option<Vec<String>> {
+        let TaskLauncher::Torchrun {
+            nproc_per_node,
+            rdzv_backend,
+            max_restarts,
+            no_python,
+            ..
+        } = self
+        else {
+            return None;
+        };
+        let mut t = vec!["torchrun".to_string()];
+        match endpoint {
+            Some(e) if nodes > 1 => {
+                t.push(format!("--nnodes={nodes}"));
+                if let Some(r) = node_rank {
+                    t.push(format!("--node_rank={r}"));
+                }
+                t.push(format!("--rdzv_backend={rdzv_backend}"));
+                t.push(format!("--rdzv_endpoint={e}"));
+                t.push(format!("--rdzv_id={rdzv_id}"));
+            }
+            _ => t.extend(["--standalone".to_string(), "--nnodes=1".to_string()]),
+        }
+        t.push(format!("--nproc_per_node={nproc_per_node}"));
+        t.push(format!("--max-restarts={max_restarts}"));
+        if *no_python {
+            t.push("--no-python".into());
+        }
+        Some(t)
+    }
+
     /// A torchrun launcher with `nproc_per_node` workers, the `c10d` backend on port 29500 and
     /// no restarts (torchrun's documented defaults, except restarts).
     pub fn torchrun(nproc_per_node: u32) -> Self {
@@ -327,6 +375,7 @@ impl TaskLauncher {
             rdzv_backend: "c10d".into(),
             rdzv_port: 29500,
             max_restarts: 0,
+            no_python: false,
         }
     }
 }

@@ -267,12 +267,14 @@ pub fn attempt_spec(u: &UnitSpec<'_>) -> Result<AttemptSpec, ControllerError> {
                 nproc_per_node,
                 rdzv_backend,
                 max_restarts,
+                no_python,
                 ..
             } => TaskLauncher::Torchrun {
                 nproc_per_node: *nproc_per_node,
                 rdzv_backend: rdzv_backend.clone(),
                 rdzv_port: g.rendezvous.as_ref().map_or(29500, |r| r.master_port),
                 max_restarts: *max_restarts,
+                no_python: *no_python,
             },
             other => other.clone(),
         };

@@ -716,28 +716,14 @@ impl Inner {
             env.insert("MASTER_ADDR".into(), self.rendezvous_host.clone());
             env.insert("MASTER_PORT".into(), port.to_string());
         }
-        if let TaskLauncher::Torchrun {
-            nproc_per_node,
-            rdzv_backend,
-            max_restarts,
-            ..
-        } = &spec.topology.launcher
-        {
-            let mut t = vec![
-                "torchrun".to_string(),
-                format!("--nnodes={nodes}"),
-                format!("--nproc_per_node={nproc_per_node}"),
-                format!("--max-restarts={max_restarts}"),
-            ];
-            match rdzv_port {
-                Some(port) if nodes > 1 => t.extend([
-                    format!("--node_rank={rank}"),
-                    format!("--rdzv_backend={rdzv_backend}"),
-                    format!("--rdzv_endpoint={}:{port}", self.rendezvous_host),
-                    format!("--rdzv_id={}", spec.attempt_id),
-                ]),
-                _ => t.push("--standalone".into()),
-            }
+        // A group over several hosts meets at the rendezvous host on its leased port.
+        let endpoint = rdzv_port.map(|port| format!("{}:{port}", self.rendezvous_host));
+        if let Some(mut t) = spec.topology.launcher.torchrun_args(
+            nodes as u32,
+            endpoint.as_deref(),
+            spec.attempt_id.as_str(),
+            Some(rank),
+        ) {
             t.extend(argv);
             argv = t;
         }

@@ -503,18 +503,11 @@ impl Inner {
         let argv = spec.command.effective_argv();
         let argv = match &spec.topology.launcher {
             TaskLauncher::Direct | TaskLauncher::Srun { .. } => argv,
-            TaskLauncher::Torchrun {
-                nproc_per_node,
-                max_restarts,
-                ..
-            } => {
-                let mut v = vec![
-                    "torchrun".to_string(),
-                    "--standalone".to_string(),
-                    "--nnodes=1".to_string(),
-                    format!("--nproc_per_node={nproc_per_node}"),
-                    format!("--max-restarts={max_restarts}"),
-                ];
+            launcher @ TaskLauncher::Torchrun { .. } => {
+                // One node: a standalone rendezvous.
+                let mut v = launcher
+                    .torchrun_args(1, None, spec.attempt_id.as_str(), None)
+                    .unwrap_or_default();
                 v.extend(argv);
                 v
             }

@@ -230,7 +230,10 @@ pub fn render(
         body.push_str(&format!("export {k}={}\n", shell_quote(v)));
     }
     let env = &spec.environment;
-    let container = env.container.as_deref();
+    // An empty value in the runner file means "none".
+    let some = |v: &Option<String>| v.clone().filter(|x| !x.is_empty());
+    let container = some(&env.container);
+    let (setup_env, venv) = (some(&env.setup_env), some(&env.venv));
     let cwd = spec.command.cwd.as_ref().map(|c| c.to_string_lossy());
     // Without a container the batch shell enters the working directory and the environment,
     // and every step inherits them; with one they exist only inside the container, so the
@@ -241,7 +244,7 @@ pub fn render(
         body.push_str(&format!("cd -- {} || exit 1\n", shell_quote(c)));
     }
     if container.is_none()
-        && let Some(setup) = &env.setup_env
+        && let Some(setup) = &setup_env
     {
         body.push_str(&format!(". {} || exit 1\n", shell_quote(setup)));
     }
@@ -253,7 +256,7 @@ pub fn render(
         }
     }
     if container.is_none()
-        && let Some(venv) = &env.venv
+        && let Some(venv) = &venv
     {
         body.push_str(&format!(
             ". {} || exit 1\n",
@@ -266,36 +269,34 @@ pub fn render(
     let mut step: Option<Vec<String>> = match &topo.launcher {
         TaskLauncher::Direct => None,
         TaskLauncher::Srun { extra_args } => Some(extra_args.clone()),
-        TaskLauncher::Torchrun {
-            nproc_per_node,
-            rdzv_backend,
-            rdzv_port,
-            max_restarts,
-        } => {
+        TaskLauncher::Torchrun { rdzv_port, .. } => {
             // One torchrun per node spawns the node's workers. One node: `--standalone` (a
             // free local port, so instances packed on a node never collide); several: a c10d
-            // rendezvous on the job's first node.
-            let mut t = String::from("torchrun");
-            if topo.nodes == 1 {
-                t.push_str(" --standalone --nnodes=1");
-            } else {
+            // rendezvous on the job's first node, known only in the job (the one word with an
+            // expansion; HEAD stands for it among words we made ourselves).
+            const HEAD: &str = "\u{1}head_node\u{1}";
+            if topo.nodes > 1 {
                 body.push_str(
                     "head_node=$(scontrol show hostnames \"$SLURM_JOB_NODELIST\" | head -n 1)\n",
                 );
-                t.push_str(&format!(
-                    " --nnodes={} --rdzv_backend={} --rdzv_endpoint=\"$head_node\":{rdzv_port} --rdzv_id={}",
-                    topo.nodes,
-                    shell_quote(rdzv_backend),
-                    shell_quote(id.as_str())
-                ));
             }
-            command = format!(
-                "{t} --nproc_per_node={nproc_per_node} --max-restarts={max_restarts} {command}"
-            );
+            let endpoint = format!("{HEAD}:{rdzv_port}");
+            let words = topo
+                .launcher
+                .torchrun_args(topo.nodes, Some(&endpoint), id.as_str(), None)
+                .unwrap_or_default();
+            let prefix: Vec<String> = words
+                .iter()
+                .map(|w| match w.split_once(HEAD) {
+                    Some((pre, post)) => format!("{pre}\"$head_node\"{}", shell_quote(post)),
+                    None => shell_quote(w),
+                })
+                .collect();
+            command = format!("{} {command}", prefix.join(" "));
             Some(vec!["--ntasks-per-node=1".to_string()])
         }
     };
-    if let Some(image) = container {
+    if let Some(image) = &container {
         // pyxis (the enroot container plugin) adds the `--container-*` options to srun: the
         // step runs in the image, the setup script and venv are sourced there.
         let mut s = step.take().unwrap_or_else(|| {
@@ -318,8 +319,8 @@ pub fn render(
                 "-c".into(),
                 CONTAINER_PAYLOAD.into(),
                 "puzzletron-job".into(),
-                env.setup_env.clone().unwrap_or_default(),
-                env.venv.clone().unwrap_or_default(),
+                setup_env.clone().unwrap_or_default(),
+                venv.clone().unwrap_or_default(),
             ])
         );
         step = Some(s);
