@@ -373,7 +373,6 @@ fn host_down_and_back_then_host_down_for_good() {
 async fn puzzletron_fixture_with_a_stub_worker_runs_across_hosts() {
     use puzzletron::campaign::controller::{CampaignController, RunOptions, ViewMode};
     use puzzletron::campaign::{ExecutionConfig, RunnerEnvironment, compile_campaign_plan};
-    use puzzletron::executor::BareMetalExecutor;
 
     let Some(h) = ssh_hosts::hosts() else { return };
     let _w = watchdog::Watchdog::start("bm_fixture", Duration::from_secs(300));

@@ -10,7 +10,16 @@ use puzzletron::campaign::config::{ConfigLoader, Env, Override};
 use puzzletron::campaign::{
     CampaignPlan, ExecutionConfig, PlanError, RunnerEnvironment, compile_campaign_plan_with,
 };
-use puzzletron::campaign::{DryRunOptions, render_dry_run};
+use puzzletron::campaign::{DryRunOptions, default_executor};
+
+/// The dry run as text, with the executor `campaign run` would build.
+fn render_dry_run(
+    plan: &CampaignPlan,
+    opts: &DryRunOptions,
+) -> Result<String, puzzletron::campaign::PlanError> {
+    let ex = default_executor(plan, &opts.campaign_dir, &[], None)?;
+    puzzletron::campaign::render_dry_run(plan, opts, ex.as_ref())
+}
 
 fn fixtures() -> PathBuf {
     PathBuf::from(concat!(

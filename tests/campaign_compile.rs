@@ -791,14 +791,16 @@ fn a_manual_filter_becomes_a_decision_stage_without_a_job() {
     );
 
     // The dry run names the decision and its file; it submits nothing for it.
-    let dr = puzzletron::campaign::dry_run(&plan, &Default::default()).unwrap();
+    let opts = puzzletron::campaign::DryRunOptions::default();
+    let ex = puzzletron::campaign::default_executor(&plan, &opts.campaign_dir, &[], None).unwrap();
+    let dr = puzzletron::campaign::dry_run(&plan, &opts, ex.as_ref()).unwrap();
     assert!(dr.submissions.iter().all(|s| s.stage_id != best));
     assert_eq!(dr.decisions.len(), 1);
     assert_eq!(
         dr.decisions[0].decision_file,
         "decisions/post.runtime-075.best_lm.txt"
     );
-    let text = puzzletron::campaign::render_dry_run(&plan, &Default::default()).unwrap();
+    let text = puzzletron::campaign::render_dry_run(&plan, &opts, ex.as_ref()).unwrap();
     assert!(
         text.contains("=== stage post.runtime-075.best_lm (manual decision, no job) ===")
             && text.contains("<campaign dir>/decisions/post.runtime-075.best_lm.txt")
