@@ -68,6 +68,7 @@ pub struct BareMetalExecutorBuilder {
     rendezvous_host: Option<String>,
     rendezvous_port_base: u16,
     contract: ExecutionContract,
+    ssh_program: String,
     ssh_config: Option<PathBuf>,
     ssh_options: Vec<String>,
     gpu_probe: Vec<String>,
@@ -115,6 +116,13 @@ impl BareMetalExecutorBuilder {
     /// The checkout, venv, setup script and pre/postrun commands every task runs under.
     pub fn contract(mut self, contract: &ExecutionContract) -> Self {
         self.contract = contract.clone();
+        self
+    }
+
+    /// The OpenSSH client to run (default `ssh`, looked up in `PATH`): a site's wrapper, or a
+    /// recording stand-in in tests. It is the first word of every rendered command.
+    pub fn ssh_program(mut self, program: impl Into<String>) -> Self {
+        self.ssh_program = program.into();
         self
     }
 
@@ -246,6 +254,7 @@ impl BareMetalExecutorBuilder {
             &tag[..10]
         ));
         let ssh = Ssh::new(
+            self.ssh_program.clone(),
             self.ssh_config.clone(),
             self.ssh_options.clone(),
             control_dir,
@@ -330,6 +339,7 @@ impl BareMetalExecutor {
             rendezvous_host: None,
             rendezvous_port_base: 29500,
             contract: ExecutionContract::default(),
+            ssh_program: "ssh".into(),
             ssh_config: None,
             ssh_options: Vec::new(),
             gpu_probe: vec!["nvidia-smi".into(), "-L".into()],
@@ -642,7 +652,7 @@ impl Inner {
             let line = command_line("ptron-submit", remote::submit_body(), &[], &args);
             r.commands.push(RenderedCommand {
                 host: Some(slice.host.clone()),
-                argv: std::iter::once("ssh".to_string())
+                argv: std::iter::once(self.ssh.program.clone())
                     .chain(self.ssh.argv(&slice.host, &line))
                     .collect(),
                 env: BTreeMap::new(),
