@@ -168,7 +168,7 @@ fn the_plan_table_shows_the_resolved_partition() {
         }
         if cmd == "dry-run" {
             assert!(
-                out.contains("#SBATCH --partition='REPLACE_WITH_SLURM_PARTITION'"),
+                out.contains("#SBATCH --partition=REPLACE_WITH_SLURM_PARTITION\n"),
                 "{out}"
             );
         }
@@ -1303,6 +1303,7 @@ fn a_manual_filter_asks_on_a_terminal() {
     let mut child = Reap(
         Command::new("script")
             .args(["-qfec", &cmd, "/dev/null"])
+            .env("PATH", cli::path_with_torchrun())
             .env("PUZZLETRON_RUN_ROOT", "runs/test")
             .env_remove("PUZZLETRON_COMMAND_PREFIX")
             .stdin(std::process::Stdio::piped())
