@@ -318,10 +318,60 @@ impl CampaignController {
         Ok(Entry::SubmitFailed {
             attempt_id: id,
             error: if fatal {
-                format!("fatal: {e}")
+                format!("fatal: {e}{}", runner_keys_hint(&e.to_string(), spec))
             } else {
                 e.to_string()
             },
         })
+    }
+}
+
+/// For a refused submit (a configuration failure, never retried): the runner keys whose values
+/// the scheduler's message is about, with the values the spec carried, so the failure names
+/// the line to fix (`; check runner.slurm.account = "nope"`). Slurm says `Invalid account or
+/// account/partition combination`, `invalid partition`, `Invalid qos specification`,
+/// `Requested reservation is invalid`, `Invalid feature specification`, `Requested time limit
+/// is invalid`.
+fn runner_keys_hint(error: &str, spec: &crate::executor::AttemptSpec) -> String {
+    let e = error.to_ascii_lowercase();
+    let s = &spec.scheduler;
+    let mut keys = Vec::new();
+    let time = spec
+        .walltime
+        .map(|w| format!("{} min", w.as_secs().div_ceil(60)));
+    for (words, key, value) in [
+        (&["account"][..], "runner.slurm.account", s.account.clone()),
+        (
+            &["partition"][..],
+            "runner.slurm.partition (or the stage's execution partition)",
+            s.partition.clone(),
+        ),
+        (&["qos"][..], "runner.slurm.qos", s.qos.clone()),
+        (
+            &["reservation"][..],
+            "runner.slurm.reservation",
+            s.reservation.clone(),
+        ),
+        (
+            &["feature", "constraint"][..],
+            "runner.slurm.constraint",
+            s.constraint.clone(),
+        ),
+        (
+            &["time limit"][..],
+            "runner.slurm.time_limit (or the stage's execution time_limit)",
+            time,
+        ),
+    ] {
+        if let Some(v) = value
+            && words.iter().any(|w| e.contains(w))
+        {
+            keys.push(format!("{key} = {v:?}"));
+        }
+    }
+    if keys.is_empty() {
+        String::new()
+    } else {
+        format!("; check {}", keys.join(", "))
     }
 }
