@@ -1413,3 +1413,38 @@ fn a_closed_stdout_ends_the_output_without_a_panic() {
         o.status
     );
 }
+
+/// Issue 25: `campaign dry-run` shows a runner's `REPLACE_WITH_...` placeholders (and renders
+/// the jobs with them); `campaign run` refuses them before anything is created or submitted,
+/// naming file:line:column, the key and the fix.
+#[test]
+fn placeholders_are_shown_by_dry_run_and_refused_by_run_before_any_job() {
+    let tmp = tempfile::tempdir().unwrap();
+    let d = tmp.path().join("c");
+    let (code, out, err) = campaign("dry-run", SLURM_RUNNER, SMOKE_EXEC, &[]);
+    assert_eq!(code, 0, "{err}");
+    assert!(
+        out.contains(
+            "WARNING: runner value `runner.slurm.account` = \"REPLACE_WITH_SLURM_ACCOUNT\" is a placeholder: `campaign run` refuses it"
+        ),
+        "{out}"
+    );
+    assert!(
+        out.contains("#SBATCH --account=REPLACE_WITH_SLURM_ACCOUNT\n"),
+        "{out}"
+    );
+    let (code, out, err) = campaign(
+        "run",
+        SLURM_RUNNER,
+        SMOKE_EXEC,
+        &["--dir", d.to_str().unwrap()],
+    );
+    assert_eq!(code, 1, "{out}\n{err}");
+    assert!(
+        err.contains(&format!(
+            "{SLURM_RUNNER}:16:16: `runner.execution_contract.container` = \"REPLACE_WITH_PUZZLETRON_IMAGE\" is still a placeholder: replace it with your site's value"
+        )) && err.contains("`runner.slurm.account`"),
+        "{err}"
+    );
+    assert!(!d.exists(), "nothing created, nothing submitted");
+}

@@ -189,8 +189,9 @@ pub enum PlanError {
     /// shown by the dry run, refused before any job is submitted.
     #[error(
         "{file}: `{path}` = {value:?} is still a placeholder: replace it with your site's value \
-         (the comment above it in the runner file says which) before `campaign run`; \
-         `campaign dry-run` shows what would be submitted with it"
+         (the comment above it in the runner file says which) before `campaign run`{}; \
+         `campaign dry-run` shows what would be submitted with it",
+        if .more.is_empty() { String::new() } else { format!(" (also: {})", .more.join(", ")) }
     )]
     Placeholder {
         /// The runner file (`file:line:column` once located).
@@ -199,6 +200,8 @@ pub enum PlanError {
         path: String,
         /// The value.
         value: String,
+        /// The key paths of the runner's other placeholders.
+        more: Vec<String>,
     },
     /// A serialized plan (from [`plan_to_dict`](super::plan_to_dict)) could not be loaded.
     #[error("invalid plan document at `{path}`: {reason}")]
@@ -274,10 +277,16 @@ impl PlanError {
                 path,
                 expected,
             },
-            PlanError::Placeholder { file, path, value } => PlanError::Placeholder {
+            PlanError::Placeholder {
+                file,
+                path,
+                value,
+                more,
+            } => PlanError::Placeholder {
                 file: at(&file, &path).unwrap_or(file),
                 path,
                 value,
+                more,
             },
             PlanError::DisabledStage {
                 file,
@@ -301,7 +310,9 @@ impl PlanError {
     /// the key is not in it). Other errors are returned unchanged.
     pub fn locate_runner(self, runner_file: &std::path::Path) -> PlanError {
         match self {
-            PlanError::Placeholder { path, value, .. } => {
+            PlanError::Placeholder {
+                path, value, more, ..
+            } => {
                 let label = runner_file.display().to_string();
                 let at = super::config::load_yaml_file(runner_file)
                     .ok()
@@ -314,6 +325,7 @@ impl PlanError {
                     file: at,
                     path,
                     value,
+                    more,
                 }
             }
             PlanError::TooManyNodes {

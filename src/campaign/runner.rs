@@ -277,7 +277,20 @@ impl RunnerEnvironment {
             file: file.into(),
             path: format!("runner.{section}"),
             value: "present".into(),
-            expected: format!("no `{section}` section in a `{}` runner", kind.as_str()),
+            expected: format!(
+                "no `{section}` section in a `{kind}` runner: {}",
+                match (kind, section) {
+                    (RunnerKind::Slurm, _) => "a slurm runner takes `slurm` settings",
+                    (_, "slurm") =>
+                        "its executor has no scheduler, so account, partition, \
+                                     qos, reservation, constraint and time_limit cannot be \
+                                     expressed (the job's environment goes in \
+                                     `execution_contract`)",
+                    (RunnerKind::Local, _) => "a local runner takes `local: {gpus, log_dir}`",
+                    (RunnerKind::Baremetal, _) => "a baremetal runner takes `inventory`",
+                },
+                kind = kind.as_str()
+            ),
         };
         let slurm = match (runner.slurm, kind) {
             (Some(_), k) if k != RunnerKind::Slurm => return Err(wrong_section("slurm")),
@@ -401,20 +414,25 @@ impl RunnerEnvironment {
         if let Ok(v) = serde_json::to_value(self) {
             collect_placeholders("runner", &v, &mut out);
         }
+        // Never serde_json's map order (a dependency's `preserve_order` would change it).
+        out.sort();
         out
     }
 
-    /// Refuses a runner with a placeholder value ([`Self::placeholders`]): the first one, as
-    /// [`PlanError::Placeholder`] (locate it with [`PlanError::locate_runner`]).
+    /// Refuses a runner with a placeholder value ([`Self::placeholders`]): the first one by
+    /// key path, naming the others, as [`PlanError::Placeholder`] (locate it with
+    /// [`PlanError::locate_runner`]).
     ///
     /// # Errors
     /// [`PlanError::Placeholder`] naming the key and value.
     pub fn check_placeholders(&self, file: &str) -> Result<(), PlanError> {
-        match self.placeholders().into_iter().next() {
+        let mut all = self.placeholders().into_iter();
+        match all.next() {
             Some((path, value)) => Err(PlanError::Placeholder {
                 file: file.into(),
                 path,
                 value,
+                more: all.map(|(p, _)| format!("`{p}`")).collect(),
             }),
             None => Ok(()),
         }
