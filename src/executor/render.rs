@@ -41,7 +41,11 @@ pub struct RenderedFile {
     pub content: String,
 }
 
-/// Exactly what an executor submits for one attempt. See the [module docs](self).
+/// Exactly what an executor submits for one attempt, as
+/// [`Executor::render`](super::Executor::render) returns it and `submit` sends it: the files it
+/// writes or sends (Slurm: the batch script; a Ray executor: its job request body) and the
+/// commands it runs (Slurm: `sbatch`; bare metal: one `ssh` per host, the remote command last;
+/// local: the job's own argv, environment and working directory).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Rendering {
     /// The attempt.
