@@ -404,6 +404,13 @@ async fn puzzletron_fixture_with_a_stub_worker_runs_across_hosts() {
     )
     .unwrap();
     std::fs::set_permissions(&stub, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+    // Distributed stages start with torchrun, which a venv with PyTorch has in its bin/: the
+    // repository's stand-in (no torch here).
+    std::fs::copy(
+        concat!(env!("CARGO_MANIFEST_DIR"), "/tests/support/bin/torchrun"),
+        venv.join("bin/torchrun"),
+    )
+    .unwrap();
     let runner_yaml = root.path().join("runner.yaml");
     std::fs::write(
         &runner_yaml,
@@ -455,11 +462,16 @@ async fn puzzletron_fixture_with_a_stub_worker_runs_across_hosts() {
         assert!(["h1", "h2", "h3", "h4"].contains(&r.1.as_str()), "{r:?}");
     }
     assert_disjoint(&runs);
-    // The stub ran from the venv, in the campaign folder (the controller's cwd), with the
-    // stage's own arguments.
+    // The stub ran from the venv, in the execution contract's repository (the job's working
+    // directory), with the stage's own arguments; the resolved config is the campaign's.
     let text = std::fs::read_to_string(dir.join("work/mip/0/args.log")).unwrap();
     assert!(
-        text.starts_with(&format!("{} ", dir.display())) && text.contains("--stage mip"),
+        text.starts_with(&format!("{} ", repo.display()))
+            && text.contains("--stage mip")
+            && text.contains(&format!(
+                "--config {}/.puzzletron/resolved-config.json",
+                dir.display()
+            )),
         "{text}"
     );
 }

@@ -149,12 +149,10 @@ pub const RESOLVED_CONFIG_FILE: &str = ".puzzletron/resolved-config.json";
 /// [`PlanError::WorkPlan`] for a stage without a command; [`PlanError::InvalidValue`] for an
 /// argument with a NUL (no process argument can hold one).
 pub fn item_argv(
-    plan: &CampaignPlan,
     stage: &StagePlan,
     item: &WorkItem,
     campaign_dir: &Path,
 ) -> Result<Vec<String>, PlanError> {
-    let _ = plan;
     if stage.command.is_empty() {
         return Err(PlanError::WorkPlan {
             stage: stage.stage_id.clone(),

@@ -118,8 +118,9 @@ pub struct StageLayout {
     pub group_count: u32,
     /// Whether the nodes are taken whole.
     pub exclusive: bool,
-    /// How each group starts: [`TaskLauncher::Srun`] (one task per node of the instance) or
-    /// [`TaskLauncher::Torchrun`] (one torchrun per node, `nproc_per_node` workers each). A
+    /// How each group starts: [`TaskLauncher::Direct`] (the command as is, once; a worker that
+    /// needs several processes starts them) or [`TaskLauncher::Torchrun`] (one torchrun per
+    /// node, `nproc_per_node` workers each). A
     /// torchrun's `rdzv_port` here is group 0's; every group has its own in its
     /// [`Rendezvous`], which its job uses.
     pub launcher: TaskLauncher,
@@ -328,9 +329,10 @@ pub fn build_work_plan(
                 no_python: true,
             }
         } else {
-            TaskLauncher::Srun {
-                extra_args: Vec::new(),
-            }
+            // The command runs as is (in Slurm: in the batch shell, so a worker that starts
+            // its own processes may call srun itself; a step around it would hold the
+            // allocation's CPUs and its srun would wait forever).
+            TaskLauncher::Direct
         }
     };
     let mut groups = Vec::with_capacity(a.placements().len());

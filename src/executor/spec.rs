@@ -635,6 +635,42 @@ impl fmt::Display for WarningSignal {
 }
 
 impl AttemptSpec {
+    /// Refuses what only a scheduler or a container runtime can honour, for executors that have
+    /// neither (local, bare metal): a container, a partition, account, QOS, reservation or
+    /// constraint.
+    pub(crate) fn refuse_scheduler_options(&self, kind: &str) -> Result<(), ExecutorError> {
+        let spec = self;
+        let s = &spec.scheduler;
+        let set = [
+            (
+                "environment.container",
+                spec.environment.container.as_deref(),
+            ),
+            (
+                "environment.container_mounts",
+                spec.environment.container_mounts.as_deref(),
+            ),
+            ("scheduler.partition", s.partition.as_deref()),
+            ("scheduler.account", s.account.as_deref()),
+            ("scheduler.qos", s.qos.as_deref()),
+            ("scheduler.reservation", s.reservation.as_deref()),
+            ("scheduler.constraint", s.constraint.as_deref()),
+        ];
+        match set.into_iter().find(|(_, v)| v.is_some()) {
+            Some((field, Some(v))) => Err(ExecutorError::InvalidSpec {
+                attempt_id: Some(spec.attempt_id.clone()),
+                field: field.into(),
+                value: v.into(),
+                expected: format!(
+                    "nothing: the {kind} executor has no scheduler or container runtime (it runs \
+                     the command with its environment, working folder, venv, setup script and \
+                     site commands)"
+                ),
+            }),
+            _ => Ok(()),
+        }
+    }
+
     /// A spec for `command` on one node, one task, no GPU, no limits.
     pub fn new(attempt_id: AttemptId, command: CommandSpec) -> Self {
         Self {

@@ -211,7 +211,7 @@ pub fn attempt_spec(u: &UnitSpec<'_>) -> Result<AttemptSpec, ControllerError> {
         .items
         .get(u.item.unwrap_or(0))
         .ok_or_else(|| bad("the stage has no work item".into()))?;
-    let argv = item_argv(u.plan, st, item, u.campaign).map_err(|e| bad(e.to_string()))?;
+    let argv = item_argv(st, item, u.campaign).map_err(|e| bad(e.to_string()))?;
     let phase = match (u.item, st.work.strategy) {
         (None, _) => "aggregate",
         (Some(_), Strategy::PersistentPool) => "pool_worker",

@@ -952,7 +952,7 @@ fn combine(parts: Vec<JobStatus>) -> JobStatus {
 
 fn validate(spec: &AttemptSpec, hosts: &[HostSlots]) -> Result<(), ExecutorError> {
     spec.validate()?;
-    super::local::unsupported_options(spec, KIND)?;
+    spec.refuse_scheduler_options(KIND)?;
     let id = &spec.attempt_id;
     let bad = |field: &str, value: String, expected: &str| ExecutorError::InvalidSpec {
         attempt_id: Some(id.clone()),

@@ -906,42 +906,7 @@ fn check_local(spec: &AttemptSpec, gpu_ids: &[String]) -> Result<(), ExecutorErr
             available: format!("{} GPUs (ids {})", gpu_ids.len(), gpu_ids.join(",")),
         });
     }
-    unsupported_options(spec, "local")
-}
-
-/// Refuses what only a scheduler or a container runtime can honour, for executors that have
-/// neither (local, bare metal): a container, a partition, account, QOS, reservation or
-/// constraint.
-pub(crate) fn unsupported_options(spec: &AttemptSpec, kind: &str) -> Result<(), ExecutorError> {
-    let s = &spec.scheduler;
-    let set = [
-        (
-            "environment.container",
-            spec.environment.container.as_deref(),
-        ),
-        (
-            "environment.container_mounts",
-            spec.environment.container_mounts.as_deref(),
-        ),
-        ("scheduler.partition", s.partition.as_deref()),
-        ("scheduler.account", s.account.as_deref()),
-        ("scheduler.qos", s.qos.as_deref()),
-        ("scheduler.reservation", s.reservation.as_deref()),
-        ("scheduler.constraint", s.constraint.as_deref()),
-    ];
-    match set.into_iter().find(|(_, v)| v.is_some()) {
-        Some((field, Some(v))) => Err(ExecutorError::InvalidSpec {
-            attempt_id: Some(spec.attempt_id.clone()),
-            field: field.into(),
-            value: v.into(),
-            expected: format!(
-                "nothing: the {kind} executor has no scheduler or container runtime (it runs \
-                 the command with its environment, working folder, venv, setup script and \
-                 site commands)"
-            ),
-        }),
-        _ => Ok(()),
-    }
+    spec.refuse_scheduler_options("local")
 }
 
 /// Finds `program` like `execvp` would: as given when it holds a `/` (relative to `cwd`),

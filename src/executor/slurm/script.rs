@@ -299,12 +299,10 @@ pub fn render(
     if let Some(image) = &container {
         // pyxis (the enroot container plugin) adds the `--container-*` options to srun: the
         // step runs in the image, the setup script and venv are sourced there.
-        let mut s = step.take().unwrap_or_else(|| {
-            vec![
-                format!("--nodes={}", topo.nodes),
-                format!("--ntasks={}", topo.nodes),
-            ]
-        });
+        // A direct command becomes one task on the first node (a container needs a step).
+        let mut s = step
+            .take()
+            .unwrap_or_else(|| vec!["--nodes=1".to_string(), "--ntasks=1".to_string()]);
         s.push(format!("--container-image={image}"));
         if let Some(m) = env.container_mounts.as_deref().filter(|m| !m.is_empty()) {
             s.push(format!("--container-mounts={m}"));
