@@ -49,7 +49,7 @@ use puzzletron::campaign::controller::{
 use puzzletron::campaign::{
     CampaignPlan, ExecutionConfig, RunnerEnvironment, StageCatalog, compile_resolved,
 };
-use puzzletron::executor::{BareMetalExecutor, Executor, LocalExecutor, SlurmExecutor};
+use puzzletron::executor::{Executor, LocalExecutor, SlurmExecutor};
 use serde::{Deserialize, Serialize};
 use serde_json::json;
 
@@ -545,8 +545,9 @@ async fn controller_main(args: Args) -> Result<i32, Error> {
         "baremetal" => {
             // `runner.kind: baremetal`: hosts and contract from the plan's runner; the lease
             // file lives in the campaign folder.
-            let mut b = BareMetalExecutor::builder(dir.join("baremetal"))
-                .runner(&plan.runner)?
+            let mut b = plan
+                .runner
+                .baremetal_executor(dir.join("baremetal"))?
                 .kill_grace(Duration::from_secs(2))
                 .lost_after(Duration::from_secs(args.lost_after_s))
                 .backoff_max(Duration::from_secs(2));

@@ -9,7 +9,7 @@
 use std::path::{Path, PathBuf};
 
 use puzzletron::campaign::config::Override;
-use puzzletron::campaign::{DryRunOptions, render_dry_run};
+use puzzletron::campaign::{DryRunOptions, default_executor, render_dry_run};
 use puzzletron::campaign::{ExecutionConfig, RunnerEnvironment, compile_campaign_plan};
 
 const USAGE: &str = "\
@@ -94,7 +94,12 @@ fn run(inputs: &Inputs) -> Result<String, String> {
         None,
     )
     .map_err(|e| at("experiment", &inputs.experiment, e))?;
-    render_dry_run(&plan, &DryRunOptions::default()).map_err(|e| e.to_string())
+    // The executor `campaign run` would use, on a campaign folder named in the output (the
+    // dry run creates nothing there).
+    let opts = DryRunOptions::default();
+    let executor =
+        default_executor(&plan, &opts.campaign_dir, &[], None).map_err(|e| e.to_string())?;
+    render_dry_run(&plan, &opts, executor.as_ref()).map_err(|e| e.to_string())
 }
 
 fn main() {

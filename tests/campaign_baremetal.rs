@@ -373,7 +373,6 @@ fn host_down_and_back_then_host_down_for_good() {
 async fn puzzletron_fixture_with_a_stub_worker_runs_across_hosts() {
     use puzzletron::campaign::controller::{CampaignController, RunOptions, ViewMode};
     use puzzletron::campaign::{ExecutionConfig, RunnerEnvironment, compile_campaign_plan};
-    use puzzletron::executor::BareMetalExecutor;
 
     let Some(h) = ssh_hosts::hosts() else { return };
     let _w = watchdog::Watchdog::start("bm_fixture", Duration::from_secs(300));
@@ -405,6 +404,13 @@ async fn puzzletron_fixture_with_a_stub_worker_runs_across_hosts() {
     )
     .unwrap();
     std::fs::set_permissions(&stub, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+    // Distributed stages start with torchrun, which a venv with PyTorch has in its bin/: the
+    // repository's stand-in (no torch here).
+    std::fs::copy(
+        concat!(env!("CARGO_MANIFEST_DIR"), "/tests/support/bin/torchrun"),
+        venv.join("bin/torchrun"),
+    )
+    .unwrap();
     let runner_yaml = root.path().join("runner.yaml");
     std::fs::write(
         &runner_yaml,
@@ -431,8 +437,9 @@ async fn puzzletron_fixture_with_a_stub_worker_runs_across_hosts() {
     let stages = plan.stages.len();
     let dir =
         puzzletron::campaign::controller::open_campaign_dir(&root.path().join("campaign")).unwrap();
-    let exec = BareMetalExecutor::builder(dir.join("baremetal"))
-        .runner(&plan.runner)
+    let exec = plan
+        .runner
+        .baremetal_executor(dir.join("baremetal"))
         .unwrap()
         .ssh_config(&h.config)
         .kill_grace(Duration::from_secs(1))
@@ -455,11 +462,16 @@ async fn puzzletron_fixture_with_a_stub_worker_runs_across_hosts() {
         assert!(["h1", "h2", "h3", "h4"].contains(&r.1.as_str()), "{r:?}");
     }
     assert_disjoint(&runs);
-    // The stub ran from the venv, in the campaign folder (the controller's cwd), with the
-    // stage's own arguments.
+    // The stub ran from the venv, in the execution contract's repository (the job's working
+    // directory), with the stage's own arguments; the resolved config is the campaign's.
     let text = std::fs::read_to_string(dir.join("work/mip/0/args.log")).unwrap();
     assert!(
-        text.starts_with(&format!("{} ", dir.display())) && text.contains("--stage mip"),
+        text.starts_with(&format!("{} ", repo.display()))
+            && text.contains("--stage mip")
+            && text.contains(&format!(
+                "--config {}/.puzzletron/resolved-config.json",
+                dir.display()
+            )),
         "{text}"
     );
 }

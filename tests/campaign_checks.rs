@@ -10,7 +10,16 @@ use puzzletron::campaign::config::{ConfigLoader, Env, Override};
 use puzzletron::campaign::{
     CampaignPlan, ExecutionConfig, PlanError, RunnerEnvironment, compile_campaign_plan_with,
 };
-use puzzletron::campaign::{DryRunOptions, render_dry_run};
+use puzzletron::campaign::{DryRunOptions, default_executor};
+
+/// The dry run as text, with the executor `campaign run` would build.
+fn render_dry_run(
+    plan: &CampaignPlan,
+    opts: &DryRunOptions,
+) -> Result<String, puzzletron::campaign::PlanError> {
+    let ex = default_executor(plan, &opts.campaign_dir, &[], None)?;
+    puzzletron::campaign::render_dry_run(plan, opts, ex.as_ref())
+}
 
 fn fixtures() -> PathBuf {
     PathBuf::from(concat!(
@@ -387,4 +396,125 @@ fn a_campaign_driver_returns_puzzletron_result() {
         msg.contains("override #1 `tokenize_data.enabled=maybe`"),
         "{msg}"
     );
+}
+
+/// Issue 25, bad input: a runner or execution value the chosen executor cannot express is
+/// refused when it is read or compiled, with file:line:column, the key and what the executor
+/// supports; never dropped in silence.
+#[test]
+fn values_the_executor_cannot_express_are_refused_with_file_line_and_key() {
+    let dir = tempfile::tempdir().unwrap();
+    // A QOS (any Slurm setting) on the local runner.
+    let local = write(
+        dir.path(),
+        "local.yaml",
+        "runner:\n  kind: local\n  slurm:\n    qos: long\n",
+    );
+    let m = RunnerEnvironment::load(&local).unwrap_err().to_string();
+    assert!(
+        // The section's first key: the `qos: long` line.
+        m.starts_with(&format!("{}:4:5:", local.display()))
+            && m.contains("`runner.slurm`")
+            && m.contains("no `slurm` section in a `local` runner")
+            && m.contains("qos"),
+        "{m}"
+    );
+    // A container on bare metal, which has no container runtime.
+    let bm = write(
+        dir.path(),
+        "bm.yaml",
+        "runner:\n  kind: baremetal\n  inventory:\n    rendezvous_host: h1\n    hosts: [{hostname: h1, gpus: 8}]\n  execution_contract:\n    repository: /src\n    container: nvcr.io/x:1\n",
+    );
+    let m = RunnerEnvironment::load(&bm).unwrap_err().to_string();
+    assert!(
+        m.starts_with(&format!("{}:8:16:", bm.display()))
+            && m.contains("`runner.execution_contract.container` = \"nvcr.io/x:1\"")
+            && m.contains("the baremetal executor has no container runtime")
+            && m.contains(
+                "supports repository, venv, setup_env, prerun_commands and postrun_commands"
+            ),
+        "{m}"
+    );
+    // A partition for a stage of a local campaign.
+    let exec = write(
+        dir.path(),
+        "execution.yaml",
+        "execution:\n  stages:\n    convert:\n      partition: interactive\n",
+    );
+    let execution = ExecutionConfig::load(&exec).unwrap();
+    let m = compile_campaign_plan_with(
+        &ConfigLoader::new().env(
+            Env::new()
+                .with("PUZZLETRON_RUN_ROOT", "runs/test")
+                .with("PUZZLETRON_DATASET_PATH", "data/ds"),
+        ),
+        fixtures().join("families/qwen3_5/qwen3p5_0p8b/runs/mip_smoke.yaml"),
+        &RunnerEnvironment::local(),
+        &execution,
+        &[],
+        None,
+    )
+    .unwrap_err()
+    .to_string();
+    assert!(
+        m.starts_with(&format!("{}:4:", exec.display()))
+            && m.contains("`execution.stages.convert.partition` = \"interactive\"")
+            && m.contains("no partition with a local runner"),
+        "{m}"
+    );
+}
+
+/// Issue 25: the placeholders of the shared runner files are listed, sorted by key path, and
+/// refused (the first named with the line of the runner file, the others listed).
+#[test]
+fn placeholders_are_listed_and_refused_with_their_line() {
+    let path = fixtures().join("orchestration/qwen3p5_0p8b/runner.slurm.yaml");
+    let runner = RunnerEnvironment::load(&path).unwrap();
+    assert_eq!(
+        runner.placeholders(),
+        [
+            (
+                "runner.execution_contract.container".to_string(),
+                "REPLACE_WITH_PUZZLETRON_IMAGE".to_string()
+            ),
+            (
+                "runner.execution_contract.container_mounts".into(),
+                "REPLACE_WITH_REQUIRED_CONTAINER_MOUNTS".into()
+            ),
+            (
+                "runner.slurm.account".into(),
+                "REPLACE_WITH_SLURM_ACCOUNT".into()
+            ),
+            (
+                "runner.slurm.partition[0]".into(),
+                "REPLACE_WITH_SLURM_PARTITION".into()
+            ),
+        ]
+    );
+    let label = path.display().to_string();
+    let m = runner
+        .check_placeholders(&label)
+        .unwrap_err()
+        .locate_runner(&path)
+        .to_string();
+    assert!(
+        m.starts_with(&format!(
+            "{label}:16:16: `runner.execution_contract.container` = \"REPLACE_WITH_PUZZLETRON_IMAGE\" is still a placeholder"
+        )) && m.contains(
+            "(also: `runner.execution_contract.container_mounts`, `runner.slurm.account`, `runner.slurm.partition[0]`)"
+        ),
+        "{m}"
+    );
+    // A prerun command holding one is found too; a runner without any passes.
+    let moe = RunnerEnvironment::load(fixtures().join("orchestration/qwen_moe/runner.slurm.yaml"))
+        .unwrap();
+    assert!(
+        moe.placeholders()
+            .iter()
+            .any(|(k, v)| k == "runner.execution_contract.prerun_commands[0]"
+                && v == "source REPLACE_WITH_SITE_SETUP_SCRIPT")
+    );
+    RunnerEnvironment::local()
+        .check_placeholders("local")
+        .unwrap();
 }

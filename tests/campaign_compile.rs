@@ -557,11 +557,21 @@ fn torchrun_groups_get_unique_ports_and_rendezvous_ids() {
     }
     assert!(ports.contains(&29500));
     let bypass = plan.stage("bypass").unwrap();
+    // One torchrun per node of the 2-node instance (the job's topology has the nodes),
+    // 8 workers each, on the group's own rendezvous port.
+    assert_eq!(bypass.work.topology.tasks_per_group, 2);
     assert_eq!(
         bypass.work.topology.launcher,
         puzzletron::campaign::TaskLauncher::Torchrun {
-            nnodes: 2,
-            nproc_per_node: 8
+            nproc_per_node: 8,
+            rdzv_backend: "c10d".into(),
+            rdzv_port: bypass.work.topology.groups[0]
+                .rendezvous
+                .as_ref()
+                .unwrap()
+                .master_port,
+            max_restarts: 0,
+            no_python: true,
         }
     );
     let zs = plan.stage("zero_shot_evaluation").unwrap();
@@ -781,14 +791,16 @@ fn a_manual_filter_becomes_a_decision_stage_without_a_job() {
     );
 
     // The dry run names the decision and its file; it submits nothing for it.
-    let dr = puzzletron::campaign::dry_run(&plan, &Default::default()).unwrap();
+    let opts = puzzletron::campaign::DryRunOptions::default();
+    let ex = puzzletron::campaign::default_executor(&plan, &opts.campaign_dir, &[], None).unwrap();
+    let dr = puzzletron::campaign::dry_run(&plan, &opts, ex.as_ref()).unwrap();
     assert!(dr.submissions.iter().all(|s| s.stage_id != best));
     assert_eq!(dr.decisions.len(), 1);
     assert_eq!(
         dr.decisions[0].decision_file,
         "decisions/post.runtime-075.best_lm.txt"
     );
-    let text = puzzletron::campaign::render_dry_run(&plan, &Default::default()).unwrap();
+    let text = puzzletron::campaign::render_dry_run(&plan, &opts, ex.as_ref()).unwrap();
     assert!(
         text.contains("=== stage post.runtime-075.best_lm (manual decision, no job) ===")
             && text.contains("<campaign dir>/decisions/post.runtime-075.best_lm.txt")

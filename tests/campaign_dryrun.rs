@@ -1,6 +1,7 @@
-//! Dry runs: sbatch scripts (quoting checked by running them against stub `srun`/`scontrol`),
-//! bare-metal ssh commands (run through a real shell), local argv/env, GPU placement, secret
-//! redaction.
+//! Dry runs: the executors' renderings of the controller's own attempt-1 specs. Slurm batch
+//! scripts (quoting checked by running them against stub `srun`/`scontrol`/`torchrun`),
+//! bare-metal ssh remote commands (run through a real shell: the submit script starts the job),
+//! local argv/env, GPU placement, secret redaction.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -11,7 +12,24 @@ use puzzletron::campaign::{
     CampaignPlan, ExecutionConfig, RunnerEnvironment, StageCatalog, compile_campaign_plan_with,
     compile_resolved,
 };
-use puzzletron::campaign::{DryRunOptions, dry_run, render_dry_run};
+use puzzletron::campaign::{DryRun, DryRunOptions, PlanError, StageSubmission, default_executor};
+
+/// The dry run with the executor `campaign run` would build on `opts.campaign_dir`.
+fn dry_run(plan: &CampaignPlan, opts: &DryRunOptions) -> Result<DryRun, PlanError> {
+    let ex = default_executor(plan, &opts.campaign_dir, &[], None)?;
+    puzzletron::campaign::dry_run(plan, opts, ex.as_ref())
+}
+
+/// The dry run as text, with that executor.
+fn render_dry_run(plan: &CampaignPlan, opts: &DryRunOptions) -> Result<String, PlanError> {
+    let ex = default_executor(plan, &opts.campaign_dir, &[], None)?;
+    puzzletron::campaign::render_dry_run(plan, opts, ex.as_ref())
+}
+
+/// The batch script of job `i` of a Slurm stage submission.
+fn script(s: &StageSubmission, i: usize) -> &str {
+    &s.jobs[i].rendering.files[0].content
+}
 
 fn fixtures() -> PathBuf {
     PathBuf::from(concat!(
@@ -112,7 +130,7 @@ fn sbatch_script_passes_hostile_values_literally() {
     stub(
         &bin,
         "srun",
-        "while [[ \"$1\" == --* ]]; do shift; done\necho \"MASTER_ADDR=$MASTER_ADDR MASTER_PORT=$MASTER_PORT\"\nexec \"$@\"",
+        "while [[ \"$1\" == --* ]]; do echo \"srun $1\"; shift; done\nexec \"$@\"",
     );
     stub(&bin, "scontrol", "printf 'node-a\\nnode-b\\n'");
     stub(
@@ -125,16 +143,33 @@ fn sbatch_script_passes_hostile_values_literally() {
         repo.display().to_string()
     );
     let plan = user_plan(&runner, work);
-    let dr = dry_run(&plan, &DryRunOptions::default()).unwrap();
-    let script = dr.submissions[0].sbatch_script.clone().unwrap();
+    let opts = DryRunOptions {
+        campaign_dir: work.join("campaign"),
+        ..DryRunOptions::default()
+    };
+    let dr = dry_run(&plan, &opts).unwrap();
+    // One job per instance: two 2-GPU instances, each its own job.
+    assert_eq!(dr.submissions[0].jobs.len(), 2);
+    let script = script(&dr.submissions[0], 1).to_string();
     assert!(
-        script.contains("#SBATCH --account='acct'\\''; touch pwned4; '\\'''"),
+        script.contains("#SBATCH --account=\"acct'; touch pwned4; '\"\n"),
         "{script}"
     );
-    assert!(script.contains("#SBATCH --partition='batch'"));
-    assert!(script.contains("#SBATCH --nodes=1"));
-    assert!(script.contains("#SBATCH --gpus-per-node=4"));
-    assert!(script.contains("srun --relative=0 --nodes=1 --ntasks=1"));
+    for line in [
+        "#SBATCH --job-name=TAG.train.1.a1",
+        "#SBATCH --partition=batch",
+        "#SBATCH --nodes=1",
+        "#SBATCH --ntasks-per-node=1",
+        "#SBATCH --gpus-per-node=2",
+        "#SBATCH --time=60",
+        "export PUZZLETRON_WORK_ID=train:1",
+    ] {
+        assert!(script.lines().any(|l| l == line), "{line:?} in\n{script}");
+    }
+    assert!(
+        !script.contains("--exclusive"),
+        "2 of 8 GPUs share the node: {script}"
+    );
     let path = work.join("job.sh");
     std::fs::write(&path, &script).unwrap();
     let out = Command::new("bash")
@@ -176,25 +211,24 @@ fn sbatch_script_passes_hostile_values_literally() {
         "; touch pwned3",
         "x",
         "y",
+        // `{work_id}` in an argument is filled in by the compiler's placeholder pass.
+        "train:1",
     ] {
         assert!(
             stdout.lines().any(|l| l == literal),
             "missing {literal:?} in:\n{stdout}"
         );
     }
-    assert!(
-        stdout.lines().any(|l| l == "train:0") && stdout.lines().any(|l| l == "train:1"),
-        "{stdout}"
-    );
-    assert!(
-        stdout.contains("MASTER_ADDR=node-a MASTER_PORT=29500"),
-        "{stdout}"
-    );
-    assert!(
-        stdout.contains("torchrun --rdzv_endpoint=node-a:29501"),
-        "{stdout}"
-    );
-    assert!(stdout.contains("torchrun --nproc_per_node=2"), "{stdout}");
+    // One torchrun on the one node, standalone, the stage command as an argv.
+    for l in [
+        "srun --ntasks-per-node=1",
+        "torchrun --standalone",
+        "torchrun --nnodes=1",
+        "torchrun --nproc_per_node=2",
+        "torchrun --no-python",
+    ] {
+        assert!(stdout.lines().any(|x| x == l), "{l:?} in {stdout}");
+    }
 }
 
 #[test]
@@ -208,6 +242,9 @@ fn sbatch_directives_refuse_newlines() {
     assert!(e.to_string().contains("control characters"), "{e}");
 }
 
+/// The bare-metal rendering is the `ssh` command itself: run its remote command line with a
+/// real shell (as sshd's login shell would), and the submit script starts the job, in the
+/// checkout, with the venv, its GPUs and the hostile arguments intact.
 #[test]
 fn baremetal_remote_commands_are_quoted_words() {
     let dir = tempfile::tempdir().unwrap();
@@ -221,29 +258,35 @@ fn baremetal_remote_commands_are_quoted_words() {
         repo.join("venv").display().to_string()
     );
     let plan = user_plan(&runner, work);
-    let dr = dry_run(&plan, &DryRunOptions::default()).unwrap();
-    let procs = &dr.submissions[0].processes;
-    assert_eq!(procs.len(), 2);
-    let p = &procs[1];
-    assert_eq!(&p.argv[..5], ["ssh", "-o", "BatchMode=yes", "--", "h1"]);
-    let remote = &p.argv[5];
-    assert!(remote.contains("CUDA_VISIBLE_DEVICES='2,3'"), "{remote}");
-    assert!(
-        remote.contains("MASTER_ADDR='h1'") && remote.contains("MASTER_PORT='31001'"),
-        "{remote}"
-    );
-    // What ssh's remote shell would do: run it with bash (torchrun replaced by a stub).
+    let opts = DryRunOptions {
+        campaign_dir: work.join("campaign"),
+        ..DryRunOptions::default()
+    };
+    let dr = dry_run(&plan, &opts).unwrap();
+    let jobs = &dr.submissions[0].jobs;
+    assert_eq!(jobs.len(), 2);
+    let cmd = &jobs[1].rendering.commands[0];
+    assert_eq!(cmd.host.as_deref(), Some("h1"));
+    assert_eq!(cmd.argv[0], "ssh");
+    assert_eq!(&cmd.argv[1..3], ["-o", "BatchMode=yes"]);
+    let n = cmd.argv.len();
+    assert_eq!(&cmd.argv[n - 3..n - 1], ["--", "h1"]);
+    let remote = &cmd.argv[n - 1];
+    // On idle hosts each 2-GPU instance gets the first free GPUs: 0,1.
+    assert!(remote.contains("CUDA_VISIBLE_DEVICES=0,1"), "{remote}");
+    // What ssh's remote shell would do: run it (torchrun replaced by a stub).
     let bin = work.join("bin");
     std::fs::create_dir(&bin).unwrap();
     stub(
         &bin,
         "torchrun",
-        "while [[ \"$1\" == --* ]]; do [[ \"$1\" == --no-python ]] && { shift; break; }; shift; done\necho \"ACTIVATED=$ACTIVATED CVD=$CUDA_VISIBLE_DEVICES\"\nexec \"$@\"",
+        "while [[ \"$1\" == --* ]]; do [[ \"$1\" == --no-python ]] && { shift; break; }; shift; done\necho \"ACTIVATED=$ACTIVATED CVD=$CUDA_VISIBLE_DEVICES PWD=$PWD\"\nexec \"$@\"",
     );
     let out = Command::new("bash")
         .arg("-c")
         .arg(remote)
         .current_dir(work)
+        .env("PUZZLETRON_BAREMETAL_ROOT", work.join("remote"))
         .env(
             "PATH",
             format!(
@@ -254,13 +297,34 @@ fn baremetal_remote_commands_are_quoted_words() {
         )
         .output()
         .unwrap();
-    let stdout = String::from_utf8_lossy(&out.stdout);
     assert!(
-        out.status.success(),
-        "{stdout}{}",
+        out.status.success() && String::from_utf8_lossy(&out.stdout).trim() == "OK",
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
         String::from_utf8_lossy(&out.stderr)
     );
-    assert!(stdout.contains("ACTIVATED=yes CVD=2,3"), "{stdout}");
+    // The job runs detached; its exit record and log appear.
+    let exit = work
+        .join("remote")
+        .join(jobs[1].attempt_id.as_str())
+        .join("exit");
+    let t = std::time::Instant::now();
+    while !exit.exists() {
+        assert!(
+            t.elapsed() < std::time::Duration::from_secs(20),
+            "no exit record"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+    assert!(std::fs::read_to_string(&exit).unwrap().contains("code=0"));
+    let log = work
+        .join("campaign/logs")
+        .join(format!("{}.log", jobs[1].attempt_id));
+    let stdout = std::fs::read_to_string(&log).unwrap();
+    assert!(
+        stdout.contains(&format!("ACTIVATED=yes CVD=0,1 PWD={}", repo.display())),
+        "{stdout}"
+    );
     for literal in [
         "$(touch pwned1)",
         "`touch pwned2`",
@@ -281,29 +345,44 @@ fn baremetal_remote_commands_are_quoted_words() {
 }
 
 #[test]
-fn local_processes_get_argv_env_and_gpus() {
+fn local_processes_get_argv_env_and_cwd() {
     let dir = tempfile::tempdir().unwrap();
     let plan = user_plan(
         "runner:\n  kind: local\n  execution_contract: {repository: /src}\n",
         dir.path(),
     );
-    let dr = dry_run(&plan, &DryRunOptions::default()).unwrap();
-    let procs = &dr.submissions[0].processes;
-    assert_eq!(procs.len(), 2);
-    let env = |i: usize, k: &str| {
-        procs[i]
-            .env
-            .iter()
-            .find(|(n, _)| n == k)
-            .map(|(_, v)| v.clone())
+    let opts = DryRunOptions {
+        campaign_dir: dir.path().join("campaign"),
+        ..DryRunOptions::default()
     };
-    assert_eq!(env(0, "CUDA_VISIBLE_DEVICES").as_deref(), Some("0,1"));
-    assert_eq!(env(1, "CUDA_VISIBLE_DEVICES").as_deref(), Some("2,3"));
-    assert_eq!(env(1, "MASTER_ADDR").as_deref(), Some("127.0.0.1"));
-    assert_eq!(env(1, "PUZZLETRON_WORK_ID").as_deref(), Some("train:1"));
-    assert_eq!(procs[0].argv[0], "torchrun");
-    assert!(procs[0].argv.contains(&"$(touch pwned1)".to_string()));
-    assert_eq!(procs[0].cwd.as_deref(), Some("/src"));
+    let dr = dry_run(&plan, &opts).unwrap();
+    let jobs = &dr.submissions[0].jobs;
+    assert_eq!(jobs.len(), 2);
+    let cmd = &jobs[1].rendering.commands[0];
+    assert_eq!(cmd.host, None);
+    assert_eq!(
+        &cmd.argv[..6],
+        [
+            "torchrun",
+            "--standalone",
+            "--nnodes=1",
+            "--nproc_per_node=2",
+            "--max-restarts=0",
+            "--no-python"
+        ]
+    );
+    assert!(cmd.argv.contains(&"$(touch pwned1)".to_string()));
+    assert_eq!(cmd.cwd.as_deref(), Some(Path::new("/src")));
+    assert_eq!(cmd.env["PUZZLETRON_WORK_ID"], "train:1");
+    assert_eq!(cmd.env["PUZZLETRON_ATTEMPT_ID"], "TAG.train.1.a1");
+    assert_eq!(cmd.env["PUZZLETRON_GPUS_PER_NODE"], "2");
+    // The GPUs are the executor's choice at start, and the rendering says so.
+    assert!(
+        jobs[1].rendering.notes[0]
+            .starts_with("CUDA_VISIBLE_DEVICES: 2 of this executor's GPUs 0,1,2,3,4,5,6,7"),
+        "{:?}",
+        jobs[1].rendering.notes
+    );
     assert_eq!(
         dr.submissions[0].placement,
         ["node 0 (localhost, 4/8 GPUs): instance 0 -> GPUs 0-1; instance 1 -> GPUs 2-3"]
@@ -311,29 +390,46 @@ fn local_processes_get_argv_env_and_gpus() {
 }
 
 #[test]
-fn moe_dry_run_renders_every_stage_with_placement() {
+fn moe_dry_run_renders_every_unit_with_placement() {
     let plan = moe();
+    let dr = dry_run(&plan, &DryRunOptions::default()).unwrap();
+    let jobs: usize = dr.submissions.iter().map(|s| s.jobs.len()).sum();
     let text = render_dry_run(&plan, &DryRunOptions::default()).unwrap();
     assert_eq!(text.matches("=== stage ").count(), plan.stages.len());
-    assert_eq!(text.matches("#!/bin/bash").count(), plan.stages.len());
-    let dr = dry_run(&plan, &DryRunOptions::default()).unwrap();
+    assert_eq!(text.matches("#!/bin/bash").count(), jobs);
+    // Every placeholder of the runner is named once at the top.
+    assert!(text.contains(
+        "WARNING: runner value `runner.slurm.account` = \"REPLACE_WITH_SLURM_ACCOUNT\" is a placeholder"
+    ));
     let vllm = dr
         .submissions
         .iter()
         .find(|s| s.stage_id == "vllm_stats")
         .unwrap();
-    let script = vllm.sbatch_script.as_ref().unwrap();
-    assert!(
-        script.contains("#SBATCH --partition='interactive'"),
-        "{script}"
+    assert_eq!(
+        vllm.jobs.len(),
+        9,
+        "one job per instance, then the aggregate step"
     );
-    assert!(script.contains("#SBATCH --exclusive"));
-    assert!(script.contains("#SBATCH --time='4:00:00'"));
+    assert_eq!(vllm.jobs[8].unit, "vllm_stats/agg");
+    let s = script(vllm, 7);
+    for line in [
+        "#SBATCH --job-name=TAG.vllm_stats.7.a1",
+        "#SBATCH --partition=interactive",
+        "#SBATCH --gpus-per-node=1",
+        "#SBATCH --time=240",
+        "#SBATCH --account=REPLACE_WITH_SLURM_ACCOUNT",
+        // Prerun commands are written verbatim.
+        "source REPLACE_WITH_SITE_SETUP_SCRIPT",
+    ] {
+        assert!(s.lines().any(|l| l == line), "{line:?} in\n{s}");
+    }
+    // A 1-GPU instance shares its node (a whole node per job would waste 7 GPUs).
+    assert!(!s.contains("--exclusive"), "{s}");
     assert!(
-        script.contains("source REPLACE_WITH_SITE_SETUP_SCRIPT"),
-        "prerun commands are written verbatim"
+        s.contains("--container-image=REPLACE_WITH_SLURM_CONTAINER_IMAGE"),
+        "{s}"
     );
-    assert!(script.contains("--container-image='REPLACE_WITH_SLURM_CONTAINER_IMAGE'"));
     assert_eq!(
         vllm.placement,
         [
@@ -347,19 +443,18 @@ fn moe_dry_run_renders_every_stage_with_placement() {
         .unwrap();
     assert_eq!(bypass.placement.len(), 2);
     assert!(bypass.placement[1].ends_with("instance 0 -> GPUs 0-7"));
-    let bs = bypass.sbatch_script.as_ref().unwrap();
-    assert!(
-        bs.contains("#SBATCH --nodes=2")
-            && bs.contains("#SBATCH --exclusive")
-            && bs.contains("'--nnodes=2'"),
-        "{bs}"
-    );
-    // Default partition comes from the runner when the stage has none.
-    assert!(bs.contains("#SBATCH --partition='batch'"));
-    assert_eq!(
-        bypass.job_name,
-        format!("pz-{}-bypass-a1", plan.contract_hash.short())
-    );
+    let bs = script(bypass, 0);
+    for line in [
+        "#SBATCH --nodes=2",
+        "#SBATCH --exclusive",
+        "#SBATCH --gpus-per-node=8",
+        // Default partition comes from the runner when the stage has none.
+        "#SBATCH --partition=batch",
+    ] {
+        assert!(bs.lines().any(|l| l == line), "{line:?} in\n{bs}");
+    }
+    assert!(bs.contains(" --nnodes=2 "), "{bs}");
+    assert_eq!(bypass.jobs[0].attempt_id.as_str(), "TAG.bypass.0.a1");
 }
 
 #[test]
@@ -371,7 +466,7 @@ fn secrets_are_redacted_in_dry_runs() {
     );
     let text = render_dry_run(&plan, &DryRunOptions::default()).unwrap();
     assert!(
-        text.contains("export HF_TOKEN=<redacted>") && !text.contains("hf_abc123"),
+        text.contains("\nexport HF_TOKEN=<redacted>\n") && !text.contains("hf_abc123"),
         "{text}"
     );
     assert!(text.contains("export HF_HOME=/data"));
@@ -508,30 +603,29 @@ fn summary_without_time_limits_names_the_stages_left_out() {
 /// Issue 9 item 5: nodes the campaign excluded appear in every rendered sbatch script as one
 /// sorted, quoted `--exclude` directive; without exclusions there is none.
 #[test]
-fn excluded_nodes_are_one_quoted_exclude_directive() {
+fn excluded_nodes_are_one_exclude_directive() {
     let plan = moe();
     let plain = dry_run(&plan, &DryRunOptions::default()).unwrap();
-    assert!(
-        plain.submissions.iter().all(|s| !s
-            .sbatch_script
-            .as_deref()
-            .unwrap()
-            .contains("--exclude")),
-    );
+    let scripts = |d: &DryRun| -> Vec<String> {
+        d.submissions
+            .iter()
+            .flat_map(|s| (0..s.jobs.len()).map(move |i| script(s, i).to_string()))
+            .collect()
+    };
+    assert!(scripts(&plain).iter().all(|s| !s.contains("--exclude")));
     let opts = DryRunOptions {
         exclude_nodes: vec!["n3".into(), "n2".into(), "n2".into()],
         ..DryRunOptions::default()
     };
     let d = dry_run(&plan, &opts).unwrap();
     assert!(!d.submissions.is_empty());
-    for s in &d.submissions {
-        let script = s.sbatch_script.as_deref().unwrap();
+    for script in scripts(&d) {
         assert_eq!(
             script
                 .lines()
                 .filter(|l| l.starts_with("#SBATCH --exclude"))
                 .collect::<Vec<_>>(),
-            ["#SBATCH --exclude='n2,n3'"],
+            ["#SBATCH --exclude=n2,n3"],
             "{script}"
         );
     }
@@ -554,21 +648,21 @@ fn n03_dry_run_shows_the_signal_line_and_warns() {
             Some("4:00:00"),
             "USR2@300",
             true,
-            "#SBATCH --signal='B:USR2@300'",
+            "#SBATCH --signal=B:USR2@300",
             &[],
         ),
         (
             Some("2:00"),
             "USR2@180",
             true,
-            "#SBATCH --signal='B:USR2@180'",
+            "#SBATCH --signal=B:USR2@180",
             &["lead 180 s >= time limit 120 s"],
         ),
         (
             Some("4:00:00"),
             "USR1@90",
             false,
-            "#SBATCH --signal='B:USR1@90'",
+            "#SBATCH --signal=B:USR1@90",
             &[
                 "lead 90 s is short",
                 "not resumable",
@@ -579,14 +673,14 @@ fn n03_dry_run_shows_the_signal_line_and_warns() {
             None,
             "600",
             true,
-            "#SBATCH --signal='B:USR2@600'",
+            "#SBATCH --signal=B:USR2@600",
             &["without a time_limit"],
         ),
         (
             Some("10:00"),
             "TERM@600",
             true,
-            "#SBATCH --signal='B:TERM@600'",
+            "#SBATCH --signal=B:TERM@600",
             &["lead 600 s >= time limit 600 s"],
         ),
     ];
@@ -612,25 +706,18 @@ fn n03_dry_run_shows_the_signal_line_and_warns() {
         let catalog = StageCatalog::from_config("exp", &config).unwrap();
         let plan =
             compile_resolved("exp", config, &[], &catalog, &runner, &execution, None).unwrap();
-        let script = dry_run(&plan, &DryRunOptions::default())
-            .unwrap()
-            .submissions[0]
-            .sbatch_script
-            .clone()
-            .unwrap();
+        let dr = dry_run(&plan, &DryRunOptions::default()).unwrap();
+        let script = script(&dr.submissions[0], 0).to_string();
         let label = format!("{limit:?} {sig} resumable={resumable}");
         assert!(script.lines().any(|l| l == line), "{label}: {script}");
         let sig_name = line.split(':').nth(1).unwrap().split('@').next().unwrap();
         assert!(
             script.contains(&format!(
-                "trap 'kill -s {sig_name} \"${{pids[@]}}\" 2>/dev/null' {sig_name}\n"
+                "trap 'kill -s {sig_name} \"$step\" 2>/dev/null' {sig_name}\n"
             )),
             "{label}: {script}"
         );
-        let got: Vec<&str> = script
-            .lines()
-            .filter(|l| l.starts_with("# WARNING: "))
-            .collect();
+        let got: Vec<&String> = dr.submissions[0].warnings.iter().collect();
         assert_eq!(got.len(), warnings.len(), "{label}: {got:?}");
         for w in warnings {
             assert!(
@@ -638,9 +725,12 @@ fn n03_dry_run_shows_the_signal_line_and_warns() {
                 "{label}: {w:?} in {got:?}"
             );
         }
-        // The rendered text of a dry run shows it too.
+        // The rendered text of a dry run shows it too, and each warning.
         let text = render_dry_run(&plan, &DryRunOptions::default()).unwrap();
         assert!(text.contains(line), "{label}");
+        for w in &got {
+            assert!(text.contains(&format!("WARNING: {w}")), "{label}");
+        }
     }
     // A bad signal is refused when the execution config is read, naming the key.
     let e = ExecutionConfig::from_value(

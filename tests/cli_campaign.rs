@@ -168,7 +168,7 @@ fn the_plan_table_shows_the_resolved_partition() {
         }
         if cmd == "dry-run" {
             assert!(
-                out.contains("#SBATCH --partition='REPLACE_WITH_SLURM_PARTITION'"),
+                out.contains("#SBATCH --partition=REPLACE_WITH_SLURM_PARTITION\n"),
                 "{out}"
             );
         }
@@ -1303,6 +1303,7 @@ fn a_manual_filter_asks_on_a_terminal() {
     let mut child = Reap(
         Command::new("script")
             .args(["-qfec", &cmd, "/dev/null"])
+            .env("PATH", cli::path_with_torchrun())
             .env("PUZZLETRON_RUN_ROOT", "runs/test")
             .env_remove("PUZZLETRON_COMMAND_PREFIX")
             .stdin(std::process::Stdio::piped())
@@ -1411,4 +1412,39 @@ fn a_closed_stdout_ends_the_output_without_a_panic() {
         "{:?}: {err}",
         o.status
     );
+}
+
+/// Issue 25: `campaign dry-run` shows a runner's `REPLACE_WITH_...` placeholders (and renders
+/// the jobs with them); `campaign run` refuses them before anything is created or submitted,
+/// naming file:line:column, the key and the fix.
+#[test]
+fn placeholders_are_shown_by_dry_run_and_refused_by_run_before_any_job() {
+    let tmp = tempfile::tempdir().unwrap();
+    let d = tmp.path().join("c");
+    let (code, out, err) = campaign("dry-run", SLURM_RUNNER, SMOKE_EXEC, &[]);
+    assert_eq!(code, 0, "{err}");
+    assert!(
+        out.contains(
+            "WARNING: runner value `runner.slurm.account` = \"REPLACE_WITH_SLURM_ACCOUNT\" is a placeholder: `campaign run` refuses it"
+        ),
+        "{out}"
+    );
+    assert!(
+        out.contains("#SBATCH --account=REPLACE_WITH_SLURM_ACCOUNT\n"),
+        "{out}"
+    );
+    let (code, out, err) = campaign(
+        "run",
+        SLURM_RUNNER,
+        SMOKE_EXEC,
+        &["--dir", d.to_str().unwrap()],
+    );
+    assert_eq!(code, 1, "{out}\n{err}");
+    assert!(
+        err.contains(&format!(
+            "{SLURM_RUNNER}:16:16: `runner.execution_contract.container` = \"REPLACE_WITH_PUZZLETRON_IMAGE\" is still a placeholder: replace it with your site's value"
+        )) && err.contains("`runner.slurm.account`"),
+        "{err}"
+    );
+    assert!(!d.exists(), "nothing created, nothing submitted");
 }

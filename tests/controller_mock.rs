@@ -1305,7 +1305,13 @@ fn n10_resources_are_metadata_args_and_env_are_the_key() {
             &ConfigValue::from_json(&json!({ "execution": ex })),
         )
         .unwrap();
-        let mut runner = RunnerEnvironment::local();
+        // A Slurm runner: a partition is one of the resources it can express (a local runner
+        // refuses one at compile time).
+        let mut runner = RunnerEnvironment::from_value(
+            "runner.yaml",
+            &ConfigValue::from_json(&json!({"runner": {"kind": "slurm"}})),
+        )
+        .unwrap();
         runner.execution_contract.prerun_commands = vec![format!("module load {module}")];
         runner.execution_contract.venv = Some(venv.into());
         compile_resolved("exp", node, &[], &catalog, &runner, &execution, None).unwrap()

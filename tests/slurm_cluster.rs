@@ -747,7 +747,7 @@ fn heartbeat_timeout_cancels_a_silent_job_as_hung() {
     );
 }
 
-/// N04 on the real cluster: what Slurm exports to the two tasks of a `--gres=gpu:2` job
+/// N04 on the real cluster: what Slurm exports to the two tasks of a `--gpus-per-node=2` job
 /// (and to a job without GPUs) parses, and the preflight gives each rank a device inside its
 /// own visible list (2 needed: passes; 3 needed: a `gpu preflight:` error naming 2 and 3).
 #[cfg_attr(

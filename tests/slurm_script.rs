@@ -30,7 +30,9 @@ fn directives_for_every_option() {
             partition: Some("gpu".into()),
             account: Some("proj-x".into()),
             qos: Some("high".into()),
-            extra_directives: vec!["--constraint=a100".into(), "--requeue".into()],
+            reservation: Some("maint-win".into()),
+            constraint: Some("a100&ib".into()),
+            extra_directives: vec!["--requeue".into()],
         });
     let s = render(&spec, "/logs/camp.t1.a1-%j.out", None).unwrap();
     for line in [
@@ -47,8 +49,9 @@ fn directives_for_every_option() {
         "#SBATCH --partition=gpu",
         "#SBATCH --account=proj-x",
         "#SBATCH --qos=high",
+        "#SBATCH --reservation=maint-win",
+        "#SBATCH --constraint=\"a100&ib\"",
         "#SBATCH --exclusive",
-        "#SBATCH --constraint=a100",
         "#SBATCH --requeue",
         "export PUZZLETRON_ATTEMPT_ID=camp.t1.a1",
         "exec srun --cpu-bind=cores python train.py",
@@ -71,7 +74,8 @@ fn directives_for_every_option() {
         }),
     )
     .unwrap();
-    assert!(s.contains("#SBATCH --gres=gpu:4\n"), "{s}");
+    // The plan's form of the GPU request: per node.
+    assert!(s.contains("#SBATCH --gpus-per-node=4\n"), "{s}");
     assert!(s.contains("#SBATCH --array=0-7%2\n"), "{s}");
     assert!(
         s.contains("export PUZZLETRON_ARRAY_INDEX=\"$SLURM_ARRAY_TASK_ID\"\n"),
@@ -97,11 +101,117 @@ fn torchrun_launcher() {
     assert!(s.contains("head_node=$(scontrol show hostnames \"$SLURM_JOB_NODELIST\" | head -n 1)"));
     assert!(
         s.contains(
-            "exec srun --ntasks-per-node=1 torchrun --nnodes=\"$SLURM_NNODES\" --nproc_per_node=8 \
-             --rdzv_backend=c10d --rdzv_endpoint=\"$head_node:29500\" --rdzv_id=tr.a1 \
+            "exec srun --ntasks-per-node=1 torchrun --nnodes=4 --rdzv_backend=c10d \
+             --rdzv_endpoint=\"$head_node\":29500 --rdzv_id=tr.a1 --nproc_per_node=8 \
              --max-restarts=0 train.py --lr=0.1\n"
         ),
         "{s}"
+    );
+    // One node: a standalone rendezvous on a free port (instances packed on a node never
+    // share a port), no head node lookup.
+    let one =
+        AttemptSpec::new(id("tr1.a1"), CommandSpec::new("train.py")).with_topology(TaskTopology {
+            gpus: GpuRequest::PerNode(2),
+            launcher: TaskLauncher::torchrun(2),
+            ..TaskTopology::single()
+        });
+    let s = render(&one, "/l/x-%j.out", None).unwrap();
+    assert!(!s.contains("head_node"), "{s}");
+    assert!(
+        s.contains(
+            "exec srun --ntasks-per-node=1 torchrun --standalone --nnodes=1 --nproc_per_node=2 \
+             --max-restarts=0 train.py\n"
+        ),
+        "{s}"
+    );
+}
+
+/// The execution contract in the batch script, run by bash: the working folder, the setup
+/// script, the site's prerun commands (verbatim), the venv, the command, then the postrun
+/// commands, with the command's exit status.
+#[test]
+fn execution_contract_runs_in_order_and_keeps_the_status() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    std::fs::create_dir_all(d.join("repo")).unwrap();
+    std::fs::write(d.join("setup.sh"), "echo setup >> ../order\n").unwrap();
+    std::fs::create_dir_all(d.join("venv/bin")).unwrap();
+    std::fs::write(d.join("venv/bin/activate"), "echo venv >> ../order\n").unwrap();
+    let env = ExecutionContract {
+        repository: Some(d.join("repo").display().to_string()),
+        venv: Some(d.join("venv").display().to_string()),
+        setup_env: Some(d.join("setup.sh").display().to_string()),
+        prerun_commands: vec!["export SITE=1; echo \"pre $SITE\" >> ../order".into()],
+        postrun_commands: vec!["echo post >> ../order".into()],
+        ..Default::default()
+    };
+    let spec = AttemptSpec::new(
+        id("env.a1"),
+        CommandSpec::new("sh")
+            .arg("-c")
+            .arg("echo \"cmd $SITE $(basename \"$PWD\")\" >> ../order; exit 7")
+            .cwd(d.join("repo")),
+    )
+    .with_environment(env);
+    let script = render(&spec, "/l/x", None).unwrap();
+    assert!(
+        !script.contains("exec "),
+        "postrun needs the shell after the step: {script}"
+    );
+    let path = d.join("job.sh");
+    std::fs::write(&path, &script).unwrap();
+    let st = std::process::Command::new("bash")
+        .arg(&path)
+        .status()
+        .unwrap();
+    assert_eq!(st.code(), Some(7), "{script}");
+    assert_eq!(
+        std::fs::read_to_string(d.join("order")).unwrap(),
+        "setup\npre 1\nvenv\ncmd 1 repo\npost\n",
+        "{script}"
+    );
+}
+
+/// A container (pyxis): the step carries `--container-image`, `--container-mounts` and
+/// `--container-workdir`; the setup script and venv are sourced inside it, the batch shell
+/// neither enters the working folder nor the venv (they exist in the image).
+#[test]
+fn a_container_runs_the_step_under_pyxis() {
+    let env = ExecutionContract {
+        repository: Some("/opt/src".into()),
+        venv: Some("/venv".into()),
+        container: Some("nvcr.io/nvidia/pytorch:25.01-py3".into()),
+        container_mounts: Some("/data:/data,/models:/models".into()),
+        prerun_commands: vec!["module load cuda".into()],
+        ..Default::default()
+    };
+    let spec = AttemptSpec::new(
+        id("ctr.a1"),
+        CommandSpec::new("python").args(["-m", "x"]).cwd("/opt/src"),
+    )
+    .with_topology(TaskTopology {
+        gpus: GpuRequest::PerNode(1),
+        launcher: TaskLauncher::Srun { extra_args: vec![] },
+        ..TaskTopology::single()
+    })
+    .with_environment(env);
+    let s = render(&spec, "/l/x", None).unwrap();
+    assert!(
+        !s.contains("cd -- ") && !s.contains("/venv/bin/activate || exit"),
+        "{s}"
+    );
+    assert!(s.contains("\nmodule load cuda\n"), "{s}");
+    let last = s.lines().last().unwrap();
+    assert_eq!(
+        last,
+        format!(
+            "exec srun --container-image=nvcr.io/nvidia/pytorch:25.01-py3 \
+             --container-mounts=/data:/data,/models:/models --container-workdir=/opt/src \
+             bash -c {} puzzletron-job '' /venv python -m x",
+            puzzletron::executor::shell::quote(
+                puzzletron::executor::slurm::script::CONTAINER_PAYLOAD
+            )
+        )
     );
 }
 
@@ -226,7 +336,7 @@ fn n03_warning_signal_forms_render_directive_and_forwarding() {
             torch,
             Some("SIGUSR2@240"),
             Some("#SBATCH --signal=B:USR2@240"),
-            "srun --ntasks-per-node=1 torchrun --nnodes=\"$SLURM_NNODES\"",
+            "srun --ntasks-per-node=1 torchrun --standalone --nnodes=1",
             vec!["USR2", "TERM"],
         ),
         (

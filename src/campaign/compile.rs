@@ -261,6 +261,7 @@ pub fn compile_resolved(
     let mut total_instances: u64 = 0;
     for stage in &resolved {
         let spec = stage_spec(stage, execution, &defaults)?;
+        check_expressible(runner, execution, &stage.id, &spec)?;
         total_instances += u64::from(spec.instances);
         if total_instances > MAX_WORK_ITEMS_PER_PLAN {
             return Err(PlanError::WorkPlan {
@@ -440,6 +441,35 @@ fn default_gpus_per_node(
 pub const MAX_INSTANCES_PER_STAGE: u32 = 1 << 20;
 /// Most work items one plan may have (2^22).
 pub const MAX_WORK_ITEMS_PER_PLAN: u64 = 1 << 22;
+
+/// Refuses an execution value the runner's executor cannot express (never dropped in silence):
+/// a partition on a runner without a scheduler (local, bare metal).
+fn check_expressible(
+    runner: &RunnerEnvironment,
+    execution: &ExecutionConfig,
+    stage: &str,
+    spec: &StageExecutionSpec,
+) -> Result<(), PlanError> {
+    if runner.kind != RunnerKind::Slurm
+        && let Some(p) = &spec.partition
+    {
+        return Err(PlanError::InvalidValue {
+            file: execution
+                .origin_of_stage(stage)
+                .unwrap_or("<execution>")
+                .to_string(),
+            path: format!("execution.stages.{stage}.partition"),
+            value: format!("{p:?}"),
+            expected: format!(
+                "no partition with a {} runner: its executor has no scheduler (a stage there \
+                 takes strategy, instances, parallel, gpus_per_node, resource, time_limit, \
+                 policies); partitions are for a slurm runner",
+                runner.kind.as_str()
+            ),
+        });
+    }
+    Ok(())
+}
 
 fn stage_spec(
     stage: &ResolvedStage,

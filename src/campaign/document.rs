@@ -180,7 +180,7 @@ impl PlanDocument {
                             gpus_per_task,
                             tasks_per_group,
                             group_count: count,
-                            launcher: s.work.topology.launcher.name().into(),
+                            launcher: super::work::launcher_kind(&s.work.topology.launcher).into(),
                             exclusive: g.exclusive,
                         });
                     }
@@ -203,7 +203,7 @@ impl PlanDocument {
                     gpus_per_task: t.gpus_per_task,
                     tasks_per_group: t.tasks_per_group,
                     group_count: t.group_count,
-                    launcher: t.launcher.name().into(),
+                    launcher: super::work::launcher_kind(&t.launcher).into(),
                     exclusive: t.exclusive,
                 }
             });

@@ -1,40 +1,64 @@
-//! Dry run: what a compiled plan would submit, per stage and attempt, as text a user reads
-//! before spending GPU hours.
+//! Dry run: what `campaign run` would submit for the first attempt of every unit, rendered by
+//! the executor that would submit it, before any GPU hour is spent.
 //!
-//! - Slurm: the full sbatch script of each stage attempt. Every value that comes from a config
-//!   is single-quoted for the shell; values of `#SBATCH` directives must not contain control
-//!   characters (a newline there would start a shell command), so they are refused. Commands
-//!   reach the payload as separate, quoted argv words (`bash -c '...' bash ARGS...`), never
-//!   spliced into a script string. `prerun_commands` / `postrun_commands` are the site's own
-//!   shell and are written verbatim, as the runner file says.
-//! - Local: argv, environment and working directory of each process (no shell).
-//! - Bare metal: the `ssh` argv per host, whose remote command is built from quoted words.
+//! There is one submission path. The specs come from
+//! [`attempt_spec`](super::controller::spec::attempt_spec), the function the controller calls
+//! (same attempt ids, job names, environment, log paths, execution contract), and each is
+//! rendered by [`Executor::render`], the method the executor's own `submit` calls (Slurm: the
+//! batch script and the `sbatch` command; local: argv, environment, working directory; bare
+//! metal: one `ssh` per host with its remote command). So what the dry run prints is, byte
+//! for byte, what runs (`tests/submission_equality.rs` checks it against what the executors
+//! actually submit). Secrets are redacted in what is shown ([`Rendering::redacted`]), never in
+//! what is submitted.
 //!
-//! The GPU placement per node is listed for every kind.
+//! One job per instance (see CONTRIBUTING.md, "One submission path"): the placement table
+//! shows the plan's packing of instances onto nodes and GPUs; the executor places each
+//! instance's job (Slurm, the local GPU slots, the bare-metal leases).
 
 use std::fmt::Write as _;
+use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
 
+use super::controller::spec::{UnitSpec, attempt_id, attempt_spec, stage_units};
 use super::plan::{CampaignPlan, StagePlan};
 use super::plan_error::PlanError;
 use super::runner::RunnerKind;
-use super::work::{MasterAddr, TaskGroup, TaskLauncher, WorkItem};
+use super::work::WorkItem;
+use crate::executor::{AttemptId, AttemptSpec, Executor, Rendering};
 
 /// Options of [`dry_run`].
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct DryRunOptions {
     /// Attempt number rendered (1 for the first submission).
     pub attempt: u32,
-    /// Replace values of environment variables whose names contain TOKEN, KEY, SECRET or
-    /// PASSWORD (in `export NAME=...` prerun lines and in process environments) by
-    /// `<redacted>`. On for anything shown or logged; the executor renders with it off.
+    /// Show secrets as `<redacted>` ([`Rendering::redacted`]). On for anything shown or
+    /// logged; what an executor submits is never redacted.
     pub redact_secrets: bool,
     /// Nodes the campaign excluded (its controller's `node_excluded` records, see
     /// [`CampaignHistory::excluded_nodes`](crate::report::CampaignHistory::excluded_nodes)):
     /// rendered as one `#SBATCH --exclude=` line, as the controller submits them.
     #[serde(default)]
     pub exclude_nodes: Vec<String>,
+    /// The campaign folder (absolute): working directory, outputs, logs, as the controller
+    /// puts them.
+    #[serde(default = "default_dir")]
+    pub campaign_dir: PathBuf,
+    /// The campaign's tag (the nonce that starts every attempt id): the journal's for an
+    /// existing campaign folder; a new folder draws a random one, shown here as `TAG`.
+    #[serde(default = "default_tag")]
+    pub tag: String,
+    /// The campaign's revision (0 until `--new-revision`).
+    #[serde(default)]
+    pub revision: u32,
+}
+
+fn default_dir() -> PathBuf {
+    PathBuf::from("/CAMPAIGN_DIR")
+}
+
+fn default_tag() -> String {
+    "TAG".into()
 }
 
 impl Default for DryRunOptions {
@@ -43,45 +67,51 @@ impl Default for DryRunOptions {
             attempt: 1,
             redact_secrets: true,
             exclude_nodes: Vec::new(),
+            campaign_dir: default_dir(),
+            tag: default_tag(),
+            revision: 0,
         }
     }
 }
 
-/// One process to start (local and bare metal).
+/// One unit's job: its spec's identity and the executor's rendering of it.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-pub struct ProcessLaunch {
-    /// Host it runs on (`None`: this machine).
-    pub host: Option<String>,
-    /// The argv (for bare metal: the `ssh` argv).
-    pub argv: Vec<String>,
-    /// Environment added to the process.
-    pub env: Vec<(String, String)>,
-    /// Working directory.
-    pub cwd: Option<String>,
+pub struct JobSubmission {
+    /// The unit (`score/3`, `score/agg`).
+    pub unit: String,
+    /// The work item it runs (the aggregate step: the stage's first item).
+    pub work_id: String,
+    /// The attempt id, which is also the job name.
+    pub attempt_id: AttemptId,
+    /// What the executor submits for it (redacted when the options say so).
+    pub rendering: Rendering,
 }
 
-/// What one stage attempt would submit.
+/// What one stage's attempts would submit.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct StageSubmission {
     /// Stage id.
     pub stage_id: String,
     /// Attempt number.
     pub attempt: u32,
-    /// Job name (carries the campaign hash, stage and attempt).
-    pub job_name: String,
-    /// Work ids covered.
-    pub work_ids: Vec<String>,
-    /// The sbatch script (Slurm).
-    pub sbatch_script: Option<String>,
-    /// The processes (local, bare metal).
-    pub processes: Vec<ProcessLaunch>,
-    /// One line per node: which instances use which GPUs.
+    /// One job per unit (instance, then the aggregate step), in the controller's order.
+    pub jobs: Vec<JobSubmission>,
+    /// One line per node of the plan's packing: which instances use which GPUs.
     pub placement: Vec<String>,
+    /// Problems worth a look before submitting (a warning signal that cannot work).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub warnings: Vec<String>,
 }
 
 /// The dry run of a plan.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct DryRun {
+    /// The executor kind that rendered the jobs.
+    pub executor: String,
+    /// Runner values that are still placeholders (`REPLACE_WITH_...`): shown here, refused
+    /// by `campaign run` before any job.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub placeholders: Vec<String>,
     /// One submission per stage that runs a job, in plan order.
     pub submissions: Vec<StageSubmission>,
     /// The manual decision stages (no job), in plan order.
@@ -108,85 +138,20 @@ pub fn decision_file_name(stage_id: &str) -> String {
     format!("decisions/{stage_id}.txt")
 }
 
-/// Quotes `s` as one shell word: `'...'`, with `'` written as `'\''`. Safe for any string
-/// without NUL (bash cannot pass NUL in an argument; such values are refused earlier).
-pub fn shell_quote(s: &str) -> String {
-    let mut out = String::with_capacity(s.len() + 2);
-    out.push('\'');
-    for c in s.chars() {
-        if c == '\'' {
-            out.push_str("'\\''");
-        } else {
-            out.push(c);
-        }
-    }
-    out.push('\'');
-    out
-}
-
-fn is_secret_name(name: &str) -> bool {
-    let up = name.to_ascii_uppercase();
-    ["TOKEN", "KEY", "SECRET", "PASSWORD"]
-        .iter()
-        .any(|w| up.contains(w))
-}
-
-fn redact_line(line: &str) -> String {
-    let trimmed = line.trim_start();
-    let rest = trimmed.strip_prefix("export ").unwrap_or(trimmed);
-    if let Some((name, _)) = rest.split_once('=')
-        && !name.is_empty()
-        && name.chars().all(|c| c.is_ascii_alphanumeric() || c == '_')
-        && is_secret_name(name)
-    {
-        let indent = &line[..line.len() - trimmed.len()];
-        let export = if trimmed.starts_with("export ") {
-            "export "
-        } else {
-            ""
-        };
-        return format!("{indent}{export}{name}=<redacted>");
-    }
-    line.to_string()
-}
-
-fn directive_value(stage: &str, what: &str, v: &str) -> Result<String, PlanError> {
-    if v.chars().any(|c| c.is_control()) {
-        return Err(PlanError::InvalidValue {
-            file: "<plan>".into(),
-            path: format!("stage `{stage}` sbatch {what}"),
-            value: format!("{v:?}"),
-            expected: "a value without control characters (newlines would end the #SBATCH line)"
-                .into(),
-        });
-    }
-    Ok(shell_quote(v))
-}
-
-fn no_nul(stage: &str, v: &str) -> Result<(), PlanError> {
-    if v.contains('\0') {
-        return Err(PlanError::InvalidValue {
-            file: "<plan>".into(),
-            path: format!("stage `{stage}` command"),
-            value: format!("{v:?}"),
-            expected: "arguments without NUL characters".into(),
-        });
-    }
-    Ok(())
-}
-
 /// Where workers find the resolved config, relative to the campaign folder.
 pub const RESOLVED_CONFIG_FILE: &str = ".puzzletron/resolved-config.json";
 
-fn campaign_dir(plan: &CampaignPlan) -> String {
-    plan.puzzle_dir.clone().unwrap_or_else(|| ".".to_string())
-}
-
-/// The payload argv of a work item: the stage command with its placeholders filled.
+/// The payload argv of a work item: the stage command with its placeholders filled
+/// (`{stage_id}`, `{work_id}`, `{shard_index}`, `{shard_count}`, and `{config}`, the resolved
+/// config the controller writes into the campaign folder `campaign_dir`).
+///
+/// # Errors
+/// [`PlanError::WorkPlan`] for a stage without a command; [`PlanError::InvalidValue`] for an
+/// argument with a NUL (no process argument can hold one).
 pub fn item_argv(
-    plan: &CampaignPlan,
     stage: &StagePlan,
     item: &WorkItem,
+    campaign_dir: &Path,
 ) -> Result<Vec<String>, PlanError> {
     if stage.command.is_empty() {
         return Err(PlanError::WorkPlan {
@@ -194,7 +159,10 @@ pub fn item_argv(
             reason: "the stage has no command (give `command: [...]` in its catalog entry)".into(),
         });
     }
-    let config = format!("{}/{}", campaign_dir(plan), RESOLVED_CONFIG_FILE);
+    let config = campaign_dir
+        .join(RESOLVED_CONFIG_FILE)
+        .display()
+        .to_string();
     stage
         .command
         .iter()
@@ -205,19 +173,225 @@ pub fn item_argv(
                 .replace("{shard_index}", &item.shard_index.to_string())
                 .replace("{shard_count}", &item.shard_count.to_string())
                 .replace("{config}", &config);
-            no_nul(&stage.stage_id, &v)?;
+            if v.contains('\0') {
+                return Err(PlanError::InvalidValue {
+                    file: "<plan>".into(),
+                    path: format!("stage `{}` command", stage.stage_id),
+                    value: format!("{v:?}"),
+                    expected: "arguments without NUL characters".into(),
+                });
+            }
             Ok(v)
         })
         .collect()
 }
 
-fn group_items<'a>(stage: &'a StagePlan, group: &TaskGroup) -> impl Iterator<Item = &'a WorkItem> {
-    let instance = group.instance;
-    stage
-        .work
-        .items
+/// The attempt specs of one stage, as the controller builds them.
+#[derive(Clone, Debug)]
+pub struct StageSpecs {
+    /// Stage id.
+    pub stage_id: String,
+    /// `(unit key, work id, spec)` per unit, in the controller's order.
+    pub units: Vec<(String, String, AttemptSpec)>,
+}
+
+/// The specs of attempt `options.attempt` of every unit of every stage that runs a job, built
+/// by the controller's own [`attempt_spec`] (with the excluded nodes the controller adds).
+///
+/// # Errors
+/// [`PlanError::WorkPlan`] for a stage the controller could not submit (no command, no item).
+pub fn attempt_specs(
+    plan: &CampaignPlan,
+    options: &DryRunOptions,
+) -> Result<Vec<StageSpecs>, PlanError> {
+    let mut out = Vec::with_capacity(plan.stages.len());
+    for stage in plan.stages.iter().filter(|s| s.decision.is_none()) {
+        let mut units = Vec::new();
+        for (key, item) in stage_units(stage) {
+            let id = attempt_id(
+                &options.tag,
+                options.revision,
+                &stage.stage_id,
+                item,
+                options.attempt,
+            );
+            let mut spec = attempt_spec(&UnitSpec {
+                campaign: &options.campaign_dir,
+                plan,
+                stage,
+                unit_key: &key,
+                item,
+                attempt_id: &id,
+                attempt: options.attempt,
+                resume: false,
+                more_resources: false,
+            })
+            .map_err(|e| PlanError::WorkPlan {
+                stage: stage.stage_id.clone(),
+                reason: e.to_string(),
+            })?;
+            super::controller::nodes::add_exclude(
+                &mut spec.scheduler.extra_directives,
+                &options.exclude_nodes.iter().cloned().collect(),
+            );
+            let work_id = stage.work.items[item.unwrap_or(0)].work_id.clone();
+            units.push((key, work_id, spec));
+        }
+        out.push(StageSpecs {
+            stage_id: stage.stage_id.clone(),
+            units,
+        });
+    }
+    Ok(out)
+}
+
+/// The executor `campaign run` builds by default for the plan's runner on the campaign folder
+/// `dir`: Slurm with its scripts and logs in `<dir>/slurm-logs`, local with its attempt
+/// folders in `<dir>/attempts` and `gpu_ids` (empty: `0..=7`), bare metal from the runner's
+/// inventory and contract with its leases in `<dir>/baremetal`. Building it creates none of
+/// these folders (they are made at the first submit), so a dry run can use it.
+///
+/// # Errors
+/// [`PlanError::WorkPlan`] naming the executor when it cannot be built (a bad GPU id, a
+/// bare-metal runner without an inventory).
+pub fn default_executor(
+    plan: &CampaignPlan,
+    dir: &Path,
+    gpu_ids: &[String],
+    max_concurrent: Option<usize>,
+) -> Result<Box<dyn Executor>, PlanError> {
+    let bad = |e: crate::executor::ExecutorError| PlanError::WorkPlan {
+        stage: "*".into(),
+        reason: format!(
+            "cannot build the {} executor: {e}",
+            plan.runner.kind.as_str()
+        ),
+    };
+    Ok(match plan.runner.kind {
+        RunnerKind::Local => {
+            let ids: Vec<String> = if gpu_ids.is_empty() {
+                (0..8).map(|i| i.to_string()).collect()
+            } else {
+                gpu_ids.to_vec()
+            };
+            let n = max_concurrent.unwrap_or(ids.len().max(1));
+            Box::new(
+                crate::executor::LocalExecutor::builder(dir.join("attempts"))
+                    .gpu_ids(ids)
+                    .max_concurrent(n)
+                    .build()
+                    .map_err(bad)?,
+            )
+        }
+        #[cfg(feature = "slurm")]
+        RunnerKind::Slurm => Box::new(
+            crate::executor::SlurmExecutor::builder(dir.join("slurm-logs"))
+                .build()
+                .map_err(bad)?,
+        ),
+        #[cfg(not(feature = "slurm"))]
+        RunnerKind::Slurm => {
+            return Err(PlanError::WorkPlan {
+                stage: "*".into(),
+                reason: "the slurm runner needs puzzletron's `slurm` feature".into(),
+            });
+        }
+        RunnerKind::Baremetal => Box::new(
+            plan.runner
+                .baremetal_executor(dir.join("baremetal"))?
+                .build()
+                .map_err(bad)?,
+        ),
+    })
+}
+
+/// Renders what each stage's first attempts would submit, through `executor`'s
+/// [`render`](Executor::render) (build it as `campaign run` does, on the same folder).
+///
+/// # Errors
+/// As [`attempt_specs`]; [`PlanError::WorkPlan`] naming the attempt when the executor cannot
+/// take its spec (the reason is the executor's: a value it cannot express, a directive value
+/// that cannot be quoted).
+pub fn dry_run(
+    plan: &CampaignPlan,
+    options: &DryRunOptions,
+    executor: &dyn Executor,
+) -> Result<DryRun, PlanError> {
+    let mut submissions = Vec::with_capacity(plan.stages.len());
+    for specs in attempt_specs(plan, options)? {
+        let Some(stage) = plan.stage(&specs.stage_id) else {
+            continue;
+        };
+        let mut jobs = Vec::with_capacity(specs.units.len());
+        for (unit, work_id, spec) in specs.units {
+            let r = executor.render(&spec).map_err(|e| PlanError::WorkPlan {
+                stage: stage.stage_id.clone(),
+                reason: format!(
+                    "attempt {} cannot be submitted to the {} executor: {e}",
+                    spec.attempt_id,
+                    executor.kind()
+                ),
+            })?;
+            jobs.push(JobSubmission {
+                unit,
+                work_id,
+                attempt_id: spec.attempt_id.clone(),
+                rendering: if options.redact_secrets {
+                    r.redacted()
+                } else {
+                    r
+                },
+            });
+        }
+        let warnings = match &stage.spec.warning_signal {
+            Some(w) => super::execution::warning_signal_problems(
+                w,
+                stage
+                    .spec
+                    .time_limit
+                    .as_ref()
+                    .or(plan
+                        .runner
+                        .slurm
+                        .as_ref()
+                        .and_then(|s| s.time_limit.as_ref()))
+                    .map(|t| t.as_duration()),
+                stage.resumable,
+                stage.spec.distributed,
+            ),
+            None => Vec::new(),
+        };
+        submissions.push(StageSubmission {
+            stage_id: stage.stage_id.clone(),
+            attempt: options.attempt,
+            jobs,
+            placement: placement_lines(plan, stage),
+            warnings,
+        });
+    }
+    let decisions = plan
+        .stages
         .iter()
-        .filter(move |i| i.instance == instance)
+        .filter_map(|stage| {
+            stage.decision.as_ref().map(|d| DecisionPreview {
+                stage_id: stage.stage_id.clone(),
+                input: d.input.clone(),
+                candidates: d.candidates.clone(),
+                decision_file: decision_file_name(&stage.stage_id),
+            })
+        })
+        .collect();
+    Ok(DryRun {
+        executor: executor.kind().to_string(),
+        placeholders: plan
+            .runner
+            .placeholders()
+            .into_iter()
+            .map(|(key, value)| format!("`{key}` = {value:?}"))
+            .collect(),
+        submissions,
+        decisions,
+    })
 }
 
 fn placement_lines(plan: &CampaignPlan, stage: &StagePlan) -> Vec<String> {
@@ -267,422 +441,54 @@ fn placement_lines(plan: &CampaignPlan, stage: &StagePlan) -> Vec<String> {
         .collect()
 }
 
-fn torchrun_prefix(launcher: &TaskLauncher, group: &TaskGroup, endpoint_addr: &str) -> Vec<String> {
-    match (launcher, &group.rendezvous) {
-        (
-            TaskLauncher::Torchrun {
-                nnodes,
-                nproc_per_node,
-            },
-            Some(r),
-        ) => vec![
-            "torchrun".into(),
-            format!("--nnodes={nnodes}"),
-            format!("--nproc_per_node={nproc_per_node}"),
-            "--rdzv_backend=c10d".into(),
-            format!("--rdzv_endpoint={endpoint_addr}:{}", r.master_port),
-            format!("--rdzv_id={}", r.rdzv_id),
-            "--no-python".into(),
-        ],
-        _ => Vec::new(),
-    }
-}
-
-/// Renders what each stage attempt would submit.
-///
-/// # Errors
-/// [`PlanError::WorkPlan`] for a stage without a command; [`PlanError::InvalidValue`] for a
-/// value that cannot be written safely (control characters in an `#SBATCH` directive, NUL in
-/// an argument).
-pub fn dry_run(plan: &CampaignPlan, options: &DryRunOptions) -> Result<DryRun, PlanError> {
-    let mut submissions = Vec::with_capacity(plan.stages.len());
-    let mut decisions = Vec::new();
-    for stage in &plan.stages {
-        if let Some(d) = &stage.decision {
-            decisions.push(DecisionPreview {
-                stage_id: stage.stage_id.clone(),
-                input: d.input.clone(),
-                candidates: d.candidates.clone(),
-                decision_file: decision_file_name(&stage.stage_id),
-            });
-            continue;
-        }
-        let job_name = format!(
-            "pz-{}-{}-a{}",
-            plan.contract_hash.short(),
-            stage.stage_id,
-            options.attempt
-        );
-        let work_ids = stage.work.items.iter().map(|i| i.work_id.clone()).collect();
-        let placement = placement_lines(plan, stage);
-        let (sbatch_script, processes) = match plan.runner.kind {
-            RunnerKind::Slurm => (
-                Some(sbatch_script(plan, stage, &job_name, options)?),
-                Vec::new(),
-            ),
-            RunnerKind::Local | RunnerKind::Baremetal => (None, processes(plan, stage, options)?),
-        };
-        submissions.push(StageSubmission {
-            stage_id: stage.stage_id.clone(),
-            attempt: options.attempt,
-            job_name,
-            work_ids,
-            sbatch_script,
-            processes,
-            placement,
-        });
-    }
-    Ok(DryRun {
-        submissions,
-        decisions,
-    })
-}
-
-fn sbatch_script(
-    plan: &CampaignPlan,
-    stage: &StagePlan,
-    job_name: &str,
-    options: &DryRunOptions,
-) -> Result<String, PlanError> {
-    let sid = &stage.stage_id;
-    let slurm = plan.runner.slurm.clone().unwrap_or_default();
-    let contract = &plan.runner.execution_contract;
-    let t = &stage.work.topology;
-    let mut s = String::new();
-    let _ = writeln!(s, "#!/bin/bash");
-    let _ = writeln!(
-        s,
-        "#SBATCH --job-name={}",
-        directive_value(sid, "job-name", job_name)?
-    );
-    if let Some(a) = &slurm.account {
-        let _ = writeln!(
-            s,
-            "#SBATCH --account={}",
-            directive_value(sid, "account", a)?
-        );
-    }
-    let partition = slurm.resolve_partition(stage.spec.partition.as_deref());
-    if !partition.is_empty() {
-        let _ = writeln!(
-            s,
-            "#SBATCH --partition={}",
-            directive_value(sid, "partition", &partition.to_slurm())?
-        );
-    }
-    if let Some(q) = &slurm.qos {
-        let _ = writeln!(s, "#SBATCH --qos={}", directive_value(sid, "qos", q)?);
-    }
-    if let Some(c) = &slurm.constraint {
-        let _ = writeln!(
-            s,
-            "#SBATCH --constraint={}",
-            directive_value(sid, "constraint", c)?
-        );
-    }
-    let _ = writeln!(s, "#SBATCH --nodes={}", t.nodes);
-    let _ = writeln!(s, "#SBATCH --ntasks={}", t.task_count);
-    if t.gpus_per_node > 0 {
-        let _ = writeln!(s, "#SBATCH --gpus-per-node={}", t.gpus_per_node);
-    }
-    if t.exclusive {
-        let _ = writeln!(s, "#SBATCH --exclusive");
-    }
-    if !options.exclude_nodes.is_empty() {
-        let mut nodes = options.exclude_nodes.clone();
-        nodes.sort();
-        nodes.dedup();
-        let _ = writeln!(
-            s,
-            "#SBATCH --exclude={}",
-            directive_value(sid, "exclude", &nodes.join(","))?
-        );
-    }
-    let time_limit = stage.spec.time_limit.as_ref().or(slurm.time_limit.as_ref());
-    if let Some(tl) = time_limit {
-        let _ = writeln!(
-            s,
-            "#SBATCH --time={}",
-            directive_value(sid, "time", tl.as_str())?
-        );
-    }
-    let warning = stage.spec.warning_signal.as_ref();
-    if let Some(w) = warning {
-        let _ = writeln!(
-            s,
-            "#SBATCH --signal={}",
-            directive_value(sid, "signal", &format!("B:{w}"))?
-        );
-        for p in super::execution::warning_signal_problems(
-            w,
-            time_limit.map(|t| t.as_duration()),
-            stage.resumable,
-            stage.spec.distributed,
-        ) {
-            let _ = writeln!(s, "# WARNING: {p}");
-        }
-    }
-    let log_dir = slurm.log_dir.clone().unwrap_or_else(|| "logs".into());
-    let _ = writeln!(
-        s,
-        "#SBATCH --output={}",
-        directive_value(sid, "output", &format!("{log_dir}/%x-%j.out"))?
-    );
-    let _ = writeln!(s, "set -euo pipefail");
-    let _ = writeln!(
-        s,
-        "# stage {sid}: {} x {} ({}), mesh {}",
-        stage.spec.instances,
-        stage.spec.strategy,
-        t.launcher.name(),
-        stage.spec.mesh
-    );
-    for line in placement_lines(plan, stage) {
-        let _ = writeln!(s, "# {line}");
-    }
-    if !contract.prerun_commands.is_empty() {
-        let _ = writeln!(s, "# prerun_commands (runner.execution_contract, verbatim)");
-        for c in &contract.prerun_commands {
-            let _ = writeln!(
-                s,
-                "{}",
-                if options.redact_secrets {
-                    redact_line(c)
-                } else {
-                    c.clone()
-                }
-            );
-        }
-    }
-    let _ = writeln!(
-        s,
-        "mapfile -t nodes < <(scontrol show hostnames \"$SLURM_JOB_NODELIST\")"
-    );
-    let _ = writeln!(s, "pids=()");
-    if let Some(w) = warning {
-        // N03: forward the warning signal (and Slurm's TERM at the limit) to every step.
-        for sig in [w.signal.as_str(), "TERM"] {
-            let _ = writeln!(s, "trap 'kill -s {sig} \"${{pids[@]}}\" 2>/dev/null' {sig}");
-            if w.signal == "TERM" {
-                break;
-            }
-        }
-    }
-    let repo = contract.repository.clone().unwrap_or_else(|| ".".into());
-    let venv = contract.venv.clone().unwrap_or_default();
-    for group in &stage.work.topology.groups {
-        let p = &group.placement;
-        let addr = match group.rendezvous.as_ref().map(|r| &r.master_addr) {
-            Some(MasterAddr::Host(h)) => shell_quote(h),
-            _ => format!("\"${{nodes[{}]}}\"", p.node),
-        };
-        for item in group_items(stage, group) {
-            let mut argv = torchrun_prefix(&t.launcher, group, "__ADDR__");
-            argv.extend(item_argv(plan, stage, item)?);
-            let mut line = String::new();
-            if let Some(r) = &group.rendezvous {
-                let _ = write!(line, "MASTER_ADDR={addr} MASTER_PORT={} ", r.master_port);
-            }
-            let _ = write!(
-                line,
-                "PUZZLETRON_WORK_ID={} PUZZLETRON_ATTEMPT={} ",
-                shell_quote(&item.work_id),
-                options.attempt
-            );
-            let _ = write!(
-                line,
-                "srun --relative={} --nodes={} --ntasks={} --ntasks-per-node=1 --exact",
-                p.node, p.node_count, p.node_count
-            );
-            if p.gpus_on_node > 0 {
-                let _ = write!(line, " --gpus-per-task={}", p.gpus_on_node);
-            }
-            if let Some(img) = &contract.container {
-                let _ = write!(line, " --container-image={}", shell_quote(img));
-                if let Some(m) = contract.container_mounts.as_ref().filter(|m| !m.is_empty()) {
-                    let _ = write!(line, " --container-mounts={}", shell_quote(m));
-                }
-            }
-            // The payload: cd to the repository, activate the venv, exec the argv. Values are
-            // positional parameters, never part of the -c script text.
-            let _ = write!(
-                line,
-                " bash -c 'cd -- \"$1\" && if [ -n \"$2\" ]; then source \"$2/bin/activate\"; fi && shift 2 && exec \"$@\"' bash {} {}",
-                shell_quote(&repo),
-                shell_quote(&venv)
-            );
-            for a in &argv {
-                if a.contains("__ADDR__") {
-                    let (pre, post) = a.split_once("__ADDR__").unwrap_or((a, ""));
-                    let _ = write!(line, " {}{addr}{}", shell_quote(pre), shell_quote(post));
-                } else {
-                    let _ = write!(line, " {}", shell_quote(a));
-                }
-            }
-            let _ = writeln!(s, "{line} &");
-            let _ = writeln!(s, "pids+=($!)");
-        }
-    }
-    let _ = writeln!(s, "rc=0");
-    if warning.is_some() {
-        // A trapped signal interrupts `wait` while the step runs: wait again until it exits.
-        let _ = writeln!(
-            s,
-            "for pid in \"${{pids[@]}}\"; do while :; do r=0; wait \"$pid\" || r=$?; kill -0 \"$pid\" 2>/dev/null || break; done; [ \"$r\" -eq 0 ] || rc=$r; done"
-        );
-    } else {
-        let _ = writeln!(
-            s,
-            "for pid in \"${{pids[@]}}\"; do wait \"$pid\" || rc=$?; done"
-        );
-    }
-    if !contract.postrun_commands.is_empty() {
-        let _ = writeln!(
-            s,
-            "# postrun_commands (runner.execution_contract, verbatim)"
-        );
-        for c in &contract.postrun_commands {
-            let _ = writeln!(
-                s,
-                "{}",
-                if options.redact_secrets {
-                    redact_line(c)
-                } else {
-                    c.clone()
-                }
-            );
-        }
-    }
-    let _ = writeln!(s, "exit \"$rc\"");
-    Ok(s)
-}
-
-fn processes(
-    plan: &CampaignPlan,
-    stage: &StagePlan,
-    options: &DryRunOptions,
-) -> Result<Vec<ProcessLaunch>, PlanError> {
-    let contract = &plan.runner.execution_contract;
-    let t = &stage.work.topology;
-    let hosts: Vec<String> = plan
-        .runner
-        .inventory
-        .as_ref()
-        .map(|i| i.hosts.iter().map(|h| h.hostname.clone()).collect())
-        .unwrap_or_default();
-    let mut out = Vec::new();
-    for group in &t.groups {
-        let p = &group.placement;
-        let addr = match group.rendezvous.as_ref().map(|r| &r.master_addr) {
-            Some(MasterAddr::Host(h)) => h.clone(),
-            _ => "127.0.0.1".into(),
-        };
-        for item in group_items(stage, group) {
-            for node in p.nodes() {
-                let mut argv = torchrun_prefix(&t.launcher, group, &addr);
-                argv.extend(item_argv(plan, stage, item)?);
-                let mut env: Vec<(String, String)> = Vec::new();
-                if p.gpus_on_node > 0 {
-                    let ids: Vec<String> = p.local_gpu_ids().map(|g| g.to_string()).collect();
-                    env.push(("CUDA_VISIBLE_DEVICES".into(), ids.join(",")));
-                }
-                if let Some(r) = &group.rendezvous {
-                    env.push(("MASTER_ADDR".into(), addr.clone()));
-                    env.push(("MASTER_PORT".into(), r.master_port.to_string()));
-                }
-                env.push(("PUZZLETRON_WORK_ID".into(), item.work_id.clone()));
-                env.push(("PUZZLETRON_ATTEMPT".into(), options.attempt.to_string()));
-                if plan.runner.kind == RunnerKind::Baremetal {
-                    let host = hosts.get(node as usize).cloned().unwrap_or_default();
-                    let mut remote: Vec<String> = vec![
-                        "cd".into(),
-                        "--".into(),
-                        shell_quote(contract.repository.as_deref().unwrap_or(".")),
-                    ];
-                    if let Some(setup) = &contract.setup_env {
-                        remote.extend(["&&".into(), ".".into(), shell_quote(setup)]);
-                    }
-                    if let Some(v) = &contract.venv {
-                        remote.extend([
-                            "&&".into(),
-                            ".".into(),
-                            shell_quote(&format!("{v}/bin/activate")),
-                        ]);
-                    }
-                    remote.extend(["&&".into(), "exec".into(), "env".into()]);
-                    for (k, v) in &env {
-                        let v = if options.redact_secrets && is_secret_name(k) {
-                            "<redacted>".to_string()
-                        } else {
-                            v.clone()
-                        };
-                        remote.push(format!("{k}={}", shell_quote(&v)));
-                    }
-                    remote.extend(argv.iter().map(|a| shell_quote(a)));
-                    out.push(ProcessLaunch {
-                        host: Some(host.clone()),
-                        argv: vec![
-                            "ssh".into(),
-                            "-o".into(),
-                            "BatchMode=yes".into(),
-                            "--".into(),
-                            host,
-                            remote.join(" "),
-                        ],
-                        env: Vec::new(),
-                        cwd: None,
-                    });
-                } else {
-                    let env = env
-                        .into_iter()
-                        .map(|(k, v)| {
-                            if options.redact_secrets && is_secret_name(&k) {
-                                (k, "<redacted>".into())
-                            } else {
-                                (k, v)
-                            }
-                        })
-                        .collect();
-                    out.push(ProcessLaunch {
-                        host: None,
-                        argv,
-                        env,
-                        cwd: contract.repository.clone(),
-                    });
-                }
-            }
-        }
-    }
-    Ok(out)
-}
-
-/// The dry run as text: per stage, the job (script or processes) and the GPU placement; then
-/// the [`PlanSummary`](super::PlanSummary) table (per stage, and the total node-hours).
+/// The dry run as text: the placeholders left in the runner, then per stage its shape, the
+/// plan's placement and each job's rendering (files, then commands, every word quoted); then
+/// the manual decisions and the [`PlanSummary`](super::PlanSummary) table.
 ///
 /// # Errors
 /// As [`dry_run`].
-pub fn render_dry_run(plan: &CampaignPlan, options: &DryRunOptions) -> Result<String, PlanError> {
-    let dr = dry_run(plan, options)?;
+pub fn render_dry_run(
+    plan: &CampaignPlan,
+    options: &DryRunOptions,
+    executor: &dyn Executor,
+) -> Result<String, PlanError> {
+    let dr = dry_run(plan, options, executor)?;
     let mut s = String::new();
     let _ = writeln!(
         s,
-        "campaign {} ({} runner), contract {}",
+        "campaign {} ({} runner, {} executor), contract {}\ncampaign folder {}, tag {}{}",
         plan.experiment_config_path,
         plan.runner.kind.as_str(),
-        plan.contract_hash
+        dr.executor,
+        plan.contract_hash,
+        options.campaign_dir.display(),
+        options.tag,
+        if options.revision > 0 {
+            format!(", revision {}", options.revision)
+        } else {
+            String::new()
+        }
     );
-    for sub in &dr.submissions {
-        let stage = plan.stage(&sub.stage_id);
+    for p in &dr.placeholders {
         let _ = writeln!(
             s,
-            "\n=== stage {} (attempt {}) job {} ===",
-            sub.stage_id, sub.attempt, sub.job_name
+            "WARNING: runner value {p} is a placeholder: `campaign run` refuses it; replace it \
+             with the site's value"
         );
-        if let Some(st) = stage {
+    }
+    for sub in &dr.submissions {
+        let _ = writeln!(
+            s,
+            "\n=== stage {} (attempt {}): {} job(s) ===",
+            sub.stage_id,
+            sub.attempt,
+            sub.jobs.len()
+        );
+        if let Some(st) = plan.stage(&sub.stage_id) {
             let a = &st.spec.allocation;
             let _ = writeln!(
                 s,
-                "{} x {} | mesh {} | {} GPU(s)/instance | {} node(s), {} GPU(s){} | parents: {}",
+                "{} x {} | mesh {} | {} GPU(s)/instance | {} node(s), {} GPU(s){} | launcher {} | parents: {}",
                 st.spec.instances,
                 st.spec.strategy,
                 st.spec.mesh,
@@ -690,6 +496,7 @@ pub fn render_dry_run(plan: &CampaignPlan, options: &DryRunOptions) -> Result<St
                 a.nodes,
                 a.total_gpus,
                 if a.exclusive { ", exclusive" } else { "" },
+                st.work.topology.launcher.name(),
                 if st.parents.is_empty() {
                     "-".to_string()
                 } else {
@@ -697,32 +504,23 @@ pub fn render_dry_run(plan: &CampaignPlan, options: &DryRunOptions) -> Result<St
                 }
             );
         }
-        let _ = writeln!(s, "placement:");
+        for w in &sub.warnings {
+            let _ = writeln!(s, "WARNING: {w}");
+        }
+        let _ = writeln!(
+            s,
+            "placement (the plan's packing; the executor places each instance's job):"
+        );
         for line in &sub.placement {
             let _ = writeln!(s, "  {line}");
         }
-        if let Some(script) = &sub.sbatch_script {
-            let _ = writeln!(s, "sbatch script:");
-            s.push_str(script);
-        }
-        for p in &sub.processes {
-            let env: Vec<String> = p
-                .env
-                .iter()
-                .map(|(k, v)| format!("{k}={}", shell_quote(v)))
-                .collect();
-            let argv: Vec<String> = p.argv.iter().map(|a| shell_quote(a)).collect();
+        for job in &sub.jobs {
             let _ = writeln!(
                 s,
-                "{}{}{}{}",
-                p.cwd
-                    .as_ref()
-                    .map(|c| format!("(cd {}) ", shell_quote(c)))
-                    .unwrap_or_default(),
-                env.join(" "),
-                if env.is_empty() { "" } else { " " },
-                argv.join(" ")
+                "--- job {} (unit {}, work item {}) ---",
+                job.attempt_id, job.unit, job.work_id
             );
+            s.push_str(&job.rendering.to_text());
         }
     }
     for d in &dr.decisions {
@@ -754,35 +552,4 @@ pub fn render_dry_run(plan: &CampaignPlan, options: &DryRunOptions) -> Result<St
         super::summary::PlanSummary::of(plan)
     );
     Ok(s)
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn quoting_neutralizes_shell_syntax() {
-        assert_eq!(shell_quote("a b"), "'a b'");
-        assert_eq!(shell_quote("it's"), "'it'\\''s'");
-        assert_eq!(shell_quote("$(rm -rf /)"), "'$(rm -rf /)'");
-    }
-
-    #[test]
-    fn redaction_of_secret_exports() {
-        assert_eq!(
-            redact_line("export HF_TOKEN=abc"),
-            "export HF_TOKEN=<redacted>"
-        );
-        assert_eq!(redact_line("export HF_HOME=/data"), "export HF_HOME=/data");
-        assert_eq!(
-            redact_line("  WANDB_API_KEY=1"),
-            "  WANDB_API_KEY=<redacted>"
-        );
-    }
-
-    #[test]
-    fn directive_values_refuse_newlines() {
-        assert!(directive_value("s", "account", "a\nrm -rf ~").is_err());
-        assert_eq!(directive_value("s", "account", "acct").unwrap(), "'acct'");
-    }
 }

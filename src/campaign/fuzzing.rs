@@ -12,7 +12,7 @@ use super::catalog::StageCatalog;
 use super::compile::compile_resolved;
 use super::config::{ConfigLoader, Env, Mapping, Override, Value, parse_override};
 use super::document::{load_plan_document, plan_to_dict};
-use super::dryrun::{DryRunOptions, dry_run};
+use super::dryrun::{DryRunOptions, attempt_specs};
 use super::execution::ExecutionConfig;
 use super::plan::CampaignPlan;
 use super::plan_error::PlanError;
@@ -182,8 +182,16 @@ pub fn compile(data: &[u8]) -> CompileOutcome {
                 a.contract_hash, c.contract_hash,
                 "contract hash depends on key order"
             );
-            match dry_run(a, &DryRunOptions::default()) {
-                Ok(dr) => assert_eq!(dr.submissions.len(), a.stages.len()),
+            match attempt_specs(a, &DryRunOptions::default()) {
+                Ok(specs) => {
+                    let jobs = a.stages.iter().filter(|s| s.decision.is_none()).count();
+                    assert_eq!(specs.len(), jobs, "one spec list per stage that runs a job");
+                    for (_, _, spec) in specs.iter().flat_map(|s| &s.units) {
+                        if let Err(e) = spec.validate() {
+                            assert!(!e.to_string().is_empty(), "error without a message");
+                        }
+                    }
+                }
                 Err(e) => check_error(&e),
             }
             CompileOutcome::Compiled(a.stages.len())

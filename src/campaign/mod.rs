@@ -53,8 +53,9 @@ pub use document::{
     plan_to_dict,
 };
 pub use dryrun::{
-    DecisionPreview, DryRun, DryRunOptions, ProcessLaunch, RESOLVED_CONFIG_FILE, StageSubmission,
-    decision_file_name, dry_run, item_argv, render_dry_run, shell_quote,
+    DecisionPreview, DryRun, DryRunOptions, JobSubmission, RESOLVED_CONFIG_FILE, StageSpecs,
+    StageSubmission, attempt_specs, decision_file_name, default_executor, dry_run, item_argv,
+    render_dry_run,
 };
 pub use execution::{
     ExecutionConfig, ExecutionDefaults, FailurePolicy, HaltPolicy, MIN_WARNING_LEAD, Resource,
@@ -73,6 +74,6 @@ pub use runner::{
 pub use slurm_time::{SlurmTime, SlurmTimeError, SlurmTimeReason};
 pub use summary::{PlanSummary, StageSummary};
 pub use work::{
-    MasterAddr, Rendezvous, RendezvousAllocator, TaskGroup, TaskLauncher, TaskTopology, WorkItem,
-    WorkItemKind, WorkPlan, WorkPlanInput, build_work_plan,
+    MasterAddr, Rendezvous, RendezvousAllocator, StageLayout, TaskGroup, TaskLauncher, WorkItem,
+    WorkItemKind, WorkPlan, WorkPlanInput, build_work_plan, launcher_kind,
 };

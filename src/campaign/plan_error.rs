@@ -185,6 +185,24 @@ pub enum PlanError {
         /// What is wrong and how to fix it.
         reason: String,
     },
+    /// A runner value is still a placeholder of the shared runner files (`REPLACE_WITH_...`):
+    /// shown by the dry run, refused before any job is submitted.
+    #[error(
+        "{file}: `{path}` = {value:?} is still a placeholder: replace it with your site's value \
+         (the comment above it in the runner file says which) before `campaign run`{}; \
+         `campaign dry-run` shows what would be submitted with it",
+        if .more.is_empty() { String::new() } else { format!(" (also: {})", .more.join(", ")) }
+    )]
+    Placeholder {
+        /// The runner file (`file:line:column` once located).
+        file: String,
+        /// Dotted key path of the value, e.g. `runner.slurm.account`.
+        path: String,
+        /// The value.
+        value: String,
+        /// The key paths of the runner's other placeholders.
+        more: Vec<String>,
+    },
     /// A serialized plan (from [`plan_to_dict`](super::plan_to_dict)) could not be loaded.
     #[error("invalid plan document at `{path}`: {reason}")]
     PlanDocument {
@@ -259,6 +277,17 @@ impl PlanError {
                 path,
                 expected,
             },
+            PlanError::Placeholder {
+                file,
+                path,
+                value,
+                more,
+            } => PlanError::Placeholder {
+                file: at(&file, &path).unwrap_or(file),
+                path,
+                value,
+                more,
+            },
             PlanError::DisabledStage {
                 file,
                 stage,
@@ -281,6 +310,24 @@ impl PlanError {
     /// the key is not in it). Other errors are returned unchanged.
     pub fn locate_runner(self, runner_file: &std::path::Path) -> PlanError {
         match self {
+            PlanError::Placeholder {
+                path, value, more, ..
+            } => {
+                let label = runner_file.display().to_string();
+                let at = super::config::load_yaml_file(runner_file)
+                    .ok()
+                    .and_then(|cfg| {
+                        let key = super::config::KeyPath::parse(&path)?;
+                        cfg.origins().nearest(&key).map(ToString::to_string)
+                    })
+                    .unwrap_or(label);
+                PlanError::Placeholder {
+                    file: at,
+                    path,
+                    value,
+                    more,
+                }
+            }
             PlanError::TooManyNodes {
                 stage,
                 nodes,

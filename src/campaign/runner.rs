@@ -16,7 +16,7 @@ use super::config::{KeyPath, Value};
 use super::plan_error::PlanError;
 use super::schema::{AtLeast, StrList, did_you_mean, get, join, read};
 use super::slurm_time::SlurmTime;
-use crate::identity::{Hash, Hasher};
+use crate::identity::Hash;
 
 /// Which kind of machines run the stages.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
@@ -149,9 +149,13 @@ pub struct SlurmSettings {
     pub time_limit: Option<SlurmTime>,
     /// `--qos`.
     pub qos: Option<String>,
+    /// `--reservation`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reservation: Option<String>,
     /// `--constraint`.
     pub constraint: Option<String>,
-    /// Folder for job logs, relative to the campaign folder unless absolute.
+    /// Folder for job logs, relative to the campaign folder (absolute paths and `..` are
+    /// refused: no config value chooses a path outside the campaign folder).
     pub log_dir: Option<String>,
 }
 
@@ -179,72 +183,8 @@ impl SlurmSettings {
     }
 }
 
-/// One host of a bare-metal inventory.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-pub struct Host {
-    /// SSH host name.
-    pub hostname: String,
-    /// GPUs on the host.
-    pub gpus: u32,
-}
-
-/// The hosts of a `baremetal` runner.
-#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
-pub struct BaremetalInventory {
-    /// Host of the torchrun rendezvous (must be one of `hosts`).
-    pub rendezvous_host: String,
-    /// First TCP port for rendezvous; each process group gets its own port from here.
-    pub rendezvous_port_base: u16,
-    /// The hosts, in placement order.
-    pub hosts: Vec<Host>,
-}
-
-/// What every worker process runs under; changing it can change results, so it is part of the
-/// campaign's contract hash.
-#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
-pub struct ExecutionContract {
-    /// Source checkout visible on every worker.
-    pub repository: Option<String>,
-    /// Virtual environment sourced as `<venv>/bin/activate`.
-    pub venv: Option<String>,
-    /// Container image (Slurm container plugin), if any.
-    pub container: Option<String>,
-    /// Container mounts `/host:/container` entries, comma-separated.
-    pub container_mounts: Option<String>,
-    /// Script sourced before activating the venv (bare metal).
-    pub setup_env: Option<String>,
-    /// Shell commands run, in order, before the venv is activated. They are written verbatim
-    /// into the job script: they are the site's own setup, trusted like the runner file itself.
-    pub prerun_commands: Vec<String>,
-    /// Shell commands run after the stage payload exits.
-    pub postrun_commands: Vec<String>,
-}
-
-impl ExecutionContract {
-    /// SHA-256 over the contract's fields, framed and domain-separated.
-    pub fn hash(&self) -> Hash {
-        let mut h = Hasher::new("puzzletron/execution-contract/v1");
-        for opt in [
-            &self.repository,
-            &self.venv,
-            &self.container,
-            &self.container_mounts,
-            &self.setup_env,
-        ] {
-            match opt {
-                Some(s) => h.field(b"some").field(s.as_bytes()),
-                None => h.field(b"none"),
-            };
-        }
-        for list in [&self.prerun_commands, &self.postrun_commands] {
-            h.field(&(list.len() as u64).to_le_bytes());
-            for cmd in list {
-                h.field(cmd.as_bytes());
-            }
-        }
-        h.finish()
-    }
-}
+pub use crate::executor::ExecutionContract;
+pub use crate::executor::baremetal::{BaremetalInventory, Host};
 
 /// Settings of a `local` runner.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -253,7 +193,7 @@ pub struct LocalSettings {
     /// integer >= 1; a count, not `CUDA_VISIBLE_DEVICES` ids); `None` = all, as the executor
     /// detects them.
     pub gpus: Option<u32>,
-    /// Folder for logs.
+    /// Folder for job logs, relative to the campaign folder (as for Slurm).
     pub log_dir: Option<String>,
 }
 
@@ -337,7 +277,20 @@ impl RunnerEnvironment {
             file: file.into(),
             path: format!("runner.{section}"),
             value: "present".into(),
-            expected: format!("no `{section}` section in a `{}` runner", kind.as_str()),
+            expected: format!(
+                "no `{section}` section in a `{kind}` runner: {}",
+                match (kind, section) {
+                    (RunnerKind::Slurm, _) => "a slurm runner takes `slurm` settings",
+                    (_, "slurm") =>
+                        "its executor has no scheduler, so account, partition, \
+                                     qos, reservation, constraint and time_limit cannot be \
+                                     expressed (the job's environment goes in \
+                                     `execution_contract`)",
+                    (RunnerKind::Local, _) => "a local runner takes `local: {gpus, log_dir}`",
+                    (RunnerKind::Baremetal, _) => "a baremetal runner takes `inventory`",
+                },
+                kind = kind.as_str()
+            ),
         };
         let slurm = match (runner.slurm, kind) {
             (Some(_), k) if k != RunnerKind::Slurm => return Err(wrong_section("slurm")),
@@ -371,27 +324,155 @@ impl RunnerEnvironment {
             .map(RawContract::into_contract)
             .unwrap_or_default();
         if kind != RunnerKind::Slurm
-            && let Some(container) = &execution_contract.container
+            && let Some(container) = execution_contract
+                .container
+                .as_ref()
+                .or(execution_contract.container_mounts.as_ref())
         {
             return Err(PlanError::InvalidValue {
                 file: file.into(),
-                path: "runner.execution_contract.container".into(),
+                path: if execution_contract.container.is_some() {
+                    "runner.execution_contract.container".into()
+                } else {
+                    "runner.execution_contract.container_mounts".into()
+                },
                 value: format!("{container:?}"),
-                expected: "no container: only the slurm runner starts containers".into(),
+                expected: format!(
+                    "no container: the {} executor has no container runtime (only the slurm \
+                     runner starts containers, through pyxis's srun --container-image); \
+                     the {} runner supports repository, venv, setup_env, prerun_commands and \
+                     postrun_commands",
+                    kind.as_str(),
+                    kind.as_str()
+                ),
             });
         }
-        Ok(RunnerEnvironment {
+        let env = RunnerEnvironment {
             kind,
             slurm,
             inventory,
             local,
             execution_contract,
-        })
+        };
+        if let Some(d) = env.log_dir() {
+            let p = std::path::Path::new(d);
+            if d.is_empty()
+                || p.is_absolute()
+                || p.components()
+                    .any(|c| matches!(c, std::path::Component::ParentDir))
+            {
+                return Err(PlanError::InvalidValue {
+                    file: file.into(),
+                    path: format!("runner.{}.log_dir", kind.as_str()),
+                    value: format!("{d:?}"),
+                    expected: "a folder relative to the campaign folder, without `..` (job \
+                               logs stay inside the campaign folder)"
+                        .into(),
+                });
+            }
+        }
+        Ok(env)
+    }
+
+    /// A [`BareMetalExecutorBuilder`](crate::executor::BareMetalExecutorBuilder) keeping its
+    /// GPU leases in `state_dir` (the campaign folder), with this runner's inventory (hosts,
+    /// rendezvous host and first port) and execution contract (checked by the preflight).
+    ///
+    /// # Errors
+    /// [`PlanError::InvalidValue`] naming `runner.kind` when the runner is not `baremetal`, or
+    /// [`PlanError::MissingField`] for `runner.inventory` when it has no inventory.
+    pub fn baremetal_executor(
+        &self,
+        state_dir: impl Into<std::path::PathBuf>,
+    ) -> Result<crate::executor::BareMetalExecutorBuilder, PlanError> {
+        if self.kind != RunnerKind::Baremetal {
+            return Err(PlanError::InvalidValue {
+                file: "<runner>".into(),
+                path: "runner.kind".into(),
+                value: self.kind.as_str().into(),
+                expected: "baremetal for the bare-metal executor".into(),
+            });
+        }
+        let inv = self
+            .inventory
+            .as_ref()
+            .ok_or_else(|| PlanError::MissingField {
+                file: "<runner>".into(),
+                path: "runner.inventory".into(),
+                expected: "the hosts of the baremetal runner".into(),
+            })?;
+        Ok(crate::executor::BareMetalExecutor::builder(state_dir)
+            .inventory(inv)
+            .contract(&self.execution_contract))
+    }
+
+    /// The values still reading `REPLACE_WITH_...` (the placeholders of the shared runner
+    /// files), as `(key path, value)` sorted by key path: `runner.slurm.account`,
+    /// `runner.slurm.partition[0]`, `runner.execution_contract.prerun_commands[1]`, ...
+    pub fn placeholders(&self) -> Vec<(String, String)> {
+        let mut out = Vec::new();
+        if let Ok(v) = serde_json::to_value(self) {
+            collect_placeholders("runner", &v, &mut out);
+        }
+        // Never serde_json's map order (a dependency's `preserve_order` would change it).
+        out.sort();
+        out
+    }
+
+    /// Refuses a runner with a placeholder value ([`Self::placeholders`]): the first one by
+    /// key path, naming the others, as [`PlanError::Placeholder`] (locate it with
+    /// [`PlanError::locate_runner`]).
+    ///
+    /// # Errors
+    /// [`PlanError::Placeholder`] naming the key and value.
+    pub fn check_placeholders(&self, file: &str) -> Result<(), PlanError> {
+        let mut all = self.placeholders().into_iter();
+        match all.next() {
+            Some((path, value)) => Err(PlanError::Placeholder {
+                file: file.into(),
+                path,
+                value,
+                more: all.map(|(p, _)| format!("`{p}`")).collect(),
+            }),
+            None => Ok(()),
+        }
+    }
+
+    /// The job log folder the runner names (`slurm.log_dir` or `local.log_dir`), relative to
+    /// the campaign folder; `None` = the default `logs`.
+    pub fn log_dir(&self) -> Option<&str> {
+        match self.kind {
+            RunnerKind::Slurm => self.slurm.as_ref().and_then(|s| s.log_dir.as_deref()),
+            RunnerKind::Local => self.local.as_ref().and_then(|l| l.log_dir.as_deref()),
+            RunnerKind::Baremetal => None,
+        }
     }
 
     /// Hash of the execution contract (see [`ExecutionContract::hash`]).
     pub fn contract_hash(&self) -> Hash {
         self.execution_contract.hash()
+    }
+}
+
+/// The marker of a placeholder in the shared runner files.
+pub const PLACEHOLDER_MARKER: &str = "REPLACE_WITH_";
+
+fn collect_placeholders(path: &str, v: &serde_json::Value, out: &mut Vec<(String, String)>) {
+    match v {
+        serde_json::Value::String(s) if s.contains(PLACEHOLDER_MARKER) => {
+            out.push((path.to_string(), s.clone()));
+        }
+        serde_json::Value::Array(items) => {
+            for (i, x) in items.iter().enumerate() {
+                collect_placeholders(&format!("{path}[{i}]"), x, out);
+            }
+        }
+        serde_json::Value::Object(m) => {
+            for (k, x) in m {
+                collect_placeholders(&format!("{path}.{k}"), x, out);
+            }
+        }
+        _ => {}
     }
 }
 
@@ -430,6 +511,7 @@ struct RawSlurm {
     max_nodes: Option<AtLeast<1>>,
     time_limit: Option<SlurmTime>,
     qos: Option<String>,
+    reservation: Option<String>,
     constraint: Option<String>,
     log_dir: Option<String>,
 }
@@ -446,6 +528,7 @@ impl RawSlurm {
             max_nodes: self.max_nodes.map(|n| n.0),
             time_limit: self.time_limit,
             qos: self.qos,
+            reservation: self.reservation,
             constraint: self.constraint,
             log_dir: self.log_dir,
         }

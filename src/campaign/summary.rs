@@ -88,7 +88,7 @@ impl PlanSummary {
                     gpus_per_node: a.max_gpus_on_a_node(),
                     partition,
                     resource: st.spec.resource.as_str().to_string(),
-                    launcher: st.work.topology.launcher.name().to_string(),
+                    launcher: super::work::launcher_kind(&st.work.topology.launcher).to_string(),
                     parents: st.parents.clone(),
                     time_limit_s: time_limit.map(|t| t.as_duration().as_secs()),
                 }

@@ -1,5 +1,7 @@
-//! Work plans: how one stage's work is cut into [`WorkItem`]s and laid out as tasks
-//! ([`TaskTopology`]) on nodes and GPUs.
+//! Work plans: how one stage's work is cut into [`WorkItem`]s and laid out as task groups
+//! ([`StageLayout`]) on nodes and GPUs. Each instance's job gets the executor's
+//! [`TaskTopology`](crate::executor::TaskTopology) and [`TaskLauncher`] (the controller's spec
+//! builder converts; there is no second set of launch types).
 //!
 //! - `single`: one item, run by instance 0.
 //! - `sharded`: `instances` items, item *i* is shard `i / instances` (or, with shard groups
@@ -18,6 +20,7 @@ use serde::{Deserialize, Serialize};
 use super::execution::Strategy;
 use super::mesh::{GpuAllocation, InstancePlacement};
 use super::plan_error::PlanError;
+pub use crate::executor::TaskLauncher;
 
 /// What one work item is.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
@@ -51,29 +54,12 @@ pub struct WorkItem {
     pub instance: u32,
 }
 
-/// How a task group's processes are started.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(tag = "kind", rename_all = "snake_case")]
-#[non_exhaustive]
-pub enum TaskLauncher {
-    /// The command runs as is, one process per task.
-    Direct,
-    /// `torchrun --nnodes N --nproc_per_node P --rdzv_backend c10d ...` per task.
-    Torchrun {
-        /// Nodes per group (`--nnodes`).
-        nnodes: u32,
-        /// Processes (GPUs) per node (`--nproc_per_node`).
-        nproc_per_node: u32,
-    },
-}
-
-impl TaskLauncher {
-    /// `direct` or `torchrun`.
-    pub fn name(&self) -> &'static str {
-        match self {
-            TaskLauncher::Direct => "direct",
-            TaskLauncher::Torchrun { .. } => "torchrun",
-        }
+/// The reference's name of a stage's launcher: `torchrun`, or `direct` (the command runs as
+/// is, one process per task: [`TaskLauncher::Direct`] and [`TaskLauncher::Srun`]).
+pub fn launcher_kind(launcher: &TaskLauncher) -> &'static str {
+    match launcher {
+        TaskLauncher::Torchrun { .. } => "torchrun",
+        _ => "direct",
     }
 }
 
@@ -112,9 +98,10 @@ pub struct TaskGroup {
     pub rendezvous: Option<Rendezvous>,
 }
 
-/// The task layout of one stage submission.
+/// The task layout of one stage: its instances as task groups on nodes and GPUs, and how
+/// each instance's processes start.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-pub struct TaskTopology {
+pub struct StageLayout {
     /// Nodes requested.
     pub nodes: u32,
     /// GPUs requested per node (the most any node uses).
@@ -131,7 +118,11 @@ pub struct TaskTopology {
     pub group_count: u32,
     /// Whether the nodes are taken whole.
     pub exclusive: bool,
-    /// How groups start.
+    /// How each group starts: [`TaskLauncher::Direct`] (the command as is, once; a worker that
+    /// needs several processes starts them) or [`TaskLauncher::Torchrun`] (one torchrun per
+    /// node, `nproc_per_node` workers each). A
+    /// torchrun's `rdzv_port` here is group 0's; every group has its own in its
+    /// [`Rendezvous`], which its job uses.
     pub launcher: TaskLauncher,
     /// The groups, in instance order.
     pub groups: Vec<TaskGroup>,
@@ -149,7 +140,7 @@ pub struct WorkPlan {
     /// Whether shard or pool results must be merged before children start.
     pub aggregate_required: bool,
     /// Task layout.
-    pub topology: TaskTopology,
+    pub topology: StageLayout,
 }
 
 /// Inputs of [`build_work_plan`].
@@ -327,13 +318,22 @@ pub fn build_work_plan(
     // stages (the reference's launcher choice).
     let torchrun =
         input.distributed && !input.direct_launch && input.strategy != Strategy::PersistentPool;
-    let launcher = if torchrun {
-        TaskLauncher::Torchrun {
-            nnodes: tasks_per_group,
-            nproc_per_node: gpus_per_task.max(1),
+    let launcher_for = |port: u16| {
+        if torchrun {
+            TaskLauncher::Torchrun {
+                nproc_per_node: gpus_per_task.max(1),
+                rdzv_backend: "c10d".into(),
+                rdzv_port: port,
+                max_restarts: 0,
+                // A stage command is an argv (`python -m ...`), not a script file.
+                no_python: true,
+            }
+        } else {
+            // The command runs as is (in Slurm: in the batch shell, so a worker that starts
+            // its own processes may call srun itself; a step around it would hold the
+            // allocation's CPUs and its srun would wait forever).
+            TaskLauncher::Direct
         }
-    } else {
-        TaskLauncher::Direct
     };
     let mut groups = Vec::with_capacity(a.placements().len());
     for (i, p) in a.placements().iter().enumerate() {
@@ -348,7 +348,13 @@ pub fn build_work_plan(
             rendezvous,
         });
     }
-    let topology = TaskTopology {
+    let launcher = launcher_for(
+        groups
+            .first()
+            .and_then(|g| g.rendezvous.as_ref())
+            .map_or(29500, |r| r.master_port),
+    );
+    let topology = StageLayout {
         nodes: a.nodes,
         gpus_per_node: a.max_gpus_on_a_node(),
         gpus: a.total_gpus,
@@ -438,8 +444,11 @@ mod tests {
         assert_eq!(
             wp.topology.launcher,
             TaskLauncher::Torchrun {
-                nnodes: 1,
-                nproc_per_node: 8
+                nproc_per_node: 8,
+                rdzv_backend: "c10d".into(),
+                rdzv_port: 29501,
+                max_restarts: 0,
+                no_python: true,
             }
         );
         assert_eq!(
@@ -478,13 +487,14 @@ mod tests {
             ),
             (2, 2, 8, 2, 1)
         );
-        assert_eq!(
+        assert_eq!(t.launcher.name(), "torchrun");
+        assert!(matches!(
             t.launcher,
             TaskLauncher::Torchrun {
-                nnodes: 2,
-                nproc_per_node: 8
+                nproc_per_node: 8,
+                ..
             }
-        );
+        ));
         assert!(!wp.aggregate_required);
     }
 }

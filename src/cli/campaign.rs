@@ -18,7 +18,7 @@ use crate::campaign::{
     CampaignPlan, ExecutionConfig, RunnerEnvironment, RunnerKind, StageFilter,
     compile_campaign_plan, plan_to_dict,
 };
-use crate::executor::{Executor, LocalExecutor, SlurmExecutor};
+use crate::executor::Executor;
 use crate::report::{
     CampaignHistory, LeaseStatus, Notifier, NotifyEvent, StageStatus, render_campaign_report,
 };
@@ -26,7 +26,13 @@ use crate::report::{
 pub(super) fn run(cmd: CampaignCmd) -> Result<i32, CliError> {
     match cmd {
         CampaignCmd::Compile { plan, json } => compile_cmd(&plan, json),
-        CampaignCmd::DryRun { plan, json } => dry_run_cmd(&plan, json),
+        CampaignCmd::DryRun {
+            plan,
+            dir,
+            gpus,
+            command_prefix,
+            json,
+        } => dry_run_cmd(&plan, dir, &gpus, command_prefix.as_deref(), json),
         CampaignCmd::Run(args) => run_cmd(*args),
         CampaignCmd::Status { dir, json, watch } => status_cmd(&dir, json, watch),
         CampaignCmd::Cancel { dir, tag, wait } => match (dir, tag) {
@@ -203,18 +209,90 @@ fn compile_cmd(args: &PlanArgs, json: bool) -> Result<i32, CliError> {
     Ok(exit::DONE)
 }
 
-fn dry_run_cmd(args: &PlanArgs, json: bool) -> Result<i32, CliError> {
-    let plan = compile(args)?;
-    let opts = DryRunOptions::default();
+fn dry_run_cmd(
+    args: &PlanArgs,
+    dir: Option<PathBuf>,
+    gpus: &[String],
+    command_prefix: Option<&str>,
+    json: bool,
+) -> Result<i32, CliError> {
+    let mut plan = compile(args)?;
+    if let Some(p) = command_prefix {
+        prefix_commands(&mut plan, p)?;
+    }
+    // Without --dir, a temporary folder stands for the campaign folder (and is removed).
+    let scratch = match &dir {
+        Some(_) => None,
+        None => Some(ScratchDir::new()?),
+    };
+    let dir = match (&dir, &scratch) {
+        (Some(d), _) => {
+            crate::executor::resolve_dir(d).map_err(|e| CliError::new(e.to_string()))?
+        }
+        (None, Some(s)) => s.0.join("campaign"),
+        (None, None) => unreachable!("a scratch folder when no --dir"),
+    };
+    let mut opts = DryRunOptions {
+        campaign_dir: dir.clone(),
+        ..DryRunOptions::default()
+    };
+    // An existing campaign: the next run's attempt ids carry its tag and revision, and its
+    // excluded nodes.
+    if dir.join("controller").join("journal.jsonl").is_file()
+        && let Ok(h) = CampaignHistory::load(&dir, false)
+    {
+        if let Some(n) = h.nonce {
+            opts.tag = n;
+        }
+        opts.revision = h.revision;
+        opts.exclude_nodes = h.excluded_nodes.into_iter().map(|(_, n, _)| n).collect();
+    }
+    let executor = executor_for(&plan, &dir, gpus, None)?;
     if json {
-        let v = with_warnings(serde_json::to_value(dry_run(&plan, &opts)?)?, &plan);
+        let v = with_warnings(
+            serde_json::to_value(dry_run(&plan, &opts, executor.as_ref())?)?,
+            &plan,
+        );
         println!("{}", serde_json::to_string_pretty(&v)?);
     } else {
         print!("{}", plan_table(&plan));
         println!();
-        print!("{}", render_dry_run(&plan, &opts)?);
+        print!("{}", render_dry_run(&plan, &opts, executor.as_ref())?);
     }
     Ok(exit::DONE)
+}
+
+/// A temporary folder removed when dropped.
+struct ScratchDir(PathBuf);
+
+impl ScratchDir {
+    fn new() -> Result<Self, CliError> {
+        let p = std::env::temp_dir().join(format!(
+            "puzzletron-dry-run-{}-{}",
+            std::process::id(),
+            crate::executor::now_ms()
+        ));
+        std::fs::create_dir_all(&p)
+            .map_err(|e| CliError::new(format!("creating {}: {e}", p.display())))?;
+        Ok(Self(p))
+    }
+}
+
+impl Drop for ScratchDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+/// Puts `prefix` (split at spaces) before every stage command.
+fn prefix_commands(plan: &mut CampaignPlan, prefix: &str) -> Result<(), CliError> {
+    let prefix = split_cmd("--command-prefix", prefix)?;
+    for s in &mut plan.stages {
+        let mut c = prefix.clone();
+        c.append(&mut s.command);
+        s.command = c;
+    }
+    Ok(())
 }
 
 /// Splits a command given as one string at whitespace (no quoting: paths with spaces need a
@@ -271,35 +349,20 @@ fn runtime() -> Result<tokio::runtime::Runtime, CliError> {
         .map_err(|e| CliError::new(format!("cannot start the async runtime: {e}")))
 }
 
+/// The executor `campaign run` uses for the plan's runner, on the campaign folder `dir`
+/// (the dry run renders with the same one).
 fn executor_for(
-    kind: RunnerKind,
+    plan: &CampaignPlan,
     dir: &Path,
     gpus: &[String],
     max_concurrent: Option<usize>,
 ) -> Result<Arc<dyn Executor>, CliError> {
-    Ok(match kind {
-        RunnerKind::Local => {
-            let ids: Vec<String> = if gpus.is_empty() {
-                (0..8).map(|i| i.to_string()).collect()
-            } else {
-                gpus.to_vec()
-            };
-            let n = max_concurrent.unwrap_or(ids.len().max(1));
-            Arc::new(
-                LocalExecutor::builder(dir.join("attempts"))
-                    .gpu_ids(ids)
-                    .max_concurrent(n)
-                    .build()?,
-            )
-        }
-        RunnerKind::Slurm => Arc::new(SlurmExecutor::builder(dir.join("slurm-logs")).build()?),
-        other => {
-            return Err(CliError::new(format!(
-                "runner kind {} has no executor in this version (local and slurm do)",
-                other.as_str()
-            )));
-        }
-    })
+    Ok(Arc::from(crate::campaign::dryrun::default_executor(
+        plan,
+        dir,
+        gpus,
+        max_concurrent,
+    )?))
 }
 
 fn run_cmd(a: RunArgs) -> Result<i32, CliError> {
@@ -307,13 +370,14 @@ fn run_cmd(a: RunArgs) -> Result<i32, CliError> {
         return detach(&a);
     }
     let mut plan = compile(&a.plan)?;
+    // A placeholder of the shared runner files never reaches a job (the dry run shows it).
+    if a.plan.runner != "local" {
+        plan.runner
+            .check_placeholders(&a.plan.runner)
+            .map_err(|e| CliError::from(e.locate_runner(Path::new(&a.plan.runner))))?;
+    }
     if let Some(p) = &a.command_prefix {
-        let prefix = split_cmd("--command-prefix", p)?;
-        for s in &mut plan.stages {
-            let mut c = prefix.clone();
-            c.append(&mut s.command);
-            s.command = c;
-        }
+        prefix_commands(&mut plan, p)?;
     }
     let notifier = match &a.notify {
         Some(n) => Some(Arc::new(Notifier::new(split_cmd("--notify", n)?).map_err(
@@ -333,7 +397,7 @@ fn run_cmd(a: RunArgs) -> Result<i32, CliError> {
     let rt = runtime()?;
     let kind = plan.runner.kind;
     let code = rt.block_on(async {
-        let executor = executor_for(kind, &dir, &a.gpus, a.max_concurrent)?;
+        let executor = executor_for(&plan, &dir, &a.gpus, a.max_concurrent)?;
         let (controls, rx) = TerminalControls::start()
             .map_err(|e| CliError::new(format!("installing the signal handlers: {e}")))?;
         let poll = Duration::from_millis(a.poll_ms.max(10));
@@ -745,11 +809,10 @@ fn cancel_dir(dir: &Path, wait: Duration) -> Result<i32, CliError> {
             .map_err(|e| CliError::new(format!("reading {}: {e}", plan_path.display())))?,
     )
     .map_err(|e| CliError::new(format!("{}: {e}", plan_path.display())))?;
-    let kind = plan.runner.kind;
     let dir = dir.to_path_buf();
     let rt = runtime()?;
     rt.block_on(async {
-        let executor = executor_for(kind, &dir, &[], None)?;
+        let executor = executor_for(&plan, &dir, &[], None)?;
         let mut ctl = CampaignController::builder()
             .plan(plan)
             .executor(executor)

@@ -179,6 +179,17 @@ pub enum CampaignCmd {
         /// Config inputs.
         #[command(flatten)]
         plan: PlanArgs,
+        /// The campaign folder `campaign run --dir` would use: its paths, and for an existing
+        /// campaign its tag, revision and excluded nodes (default: a temporary folder, removed
+        /// afterwards; nothing is created in D).
+        #[arg(long, value_name = "D")]
+        dir: Option<PathBuf>,
+        /// Local runner: the GPU ids `campaign run --gpus` would get (default 0..=7).
+        #[arg(long, value_name = "IDS", value_delimiter = ',')]
+        gpus: Vec<String>,
+        /// As `campaign run --command-prefix`: a program put before every stage command.
+        #[arg(long, value_name = "CMD", env = "PUZZLETRON_COMMAND_PREFIX")]
+        command_prefix: Option<String>,
         /// Print the dry run as JSON.
         #[arg(long)]
         json: bool,

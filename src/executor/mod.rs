@@ -77,6 +77,7 @@
 //! fail it: it never runs anything).
 
 pub mod baremetal;
+mod contract;
 mod error;
 pub mod gpu;
 mod handle;
@@ -84,6 +85,8 @@ mod inprocess;
 pub mod local;
 pub mod mock;
 pub mod oom;
+mod render;
+pub mod shell;
 #[cfg(feature = "slurm")]
 pub mod slurm;
 mod spec;
@@ -98,12 +101,14 @@ use std::time::{Duration, Instant};
 use async_trait::async_trait;
 
 pub use baremetal::{BareMetalExecutor, BareMetalExecutorBuilder};
+pub use contract::ExecutionContract;
 pub use error::ExecutorError;
 pub use handle::JobHandle;
 pub(crate) use handle::now_ms;
 pub use inprocess::InProcess;
 pub use local::{LocalExecutor, LocalExecutorBuilder};
 pub use mock::{MockCall, MockClock, MockExecutor, MockScript, MockSubmitError};
+pub use render::{RenderedCommand, RenderedFile, Rendering};
 #[cfg(feature = "slurm")]
 pub use slurm::{PollPolicy, RetryPolicy, SlurmExecutor, SlurmExecutorBuilder, SlurmStats};
 pub use spec::{
@@ -134,6 +139,23 @@ pub trait Executor: Send + Sync {
     /// [`ExecutorError::SubmitUnknown`] or [`ExecutorError::SchedulerUnavailable`] from a
     /// scheduler. After a retryable error call [`find`](Executor::find) before submitting again.
     async fn submit(&self, spec: &AttemptSpec) -> Result<JobHandle, ExecutorError>;
+
+    /// Exactly what [`submit`](Executor::submit) would send for `spec` (files and commands,
+    /// see [`Rendering`]), without submitting anything. The built-in executors' `submit` calls
+    /// it, so a dry run that prints it shows, byte for byte, what runs. Where the executor
+    /// decides something only when the job starts (a local job's GPUs, a bare-metal lease),
+    /// the rendering assumes idle resources and says so in its notes.
+    ///
+    /// # Errors
+    /// As [`submit`](Executor::submit) for specs that cannot run here;
+    /// [`ExecutorError::Unsupported`] (the default) for an executor that cannot show it.
+    fn render(&self, spec: &AttemptSpec) -> Result<Rendering, ExecutorError> {
+        let _ = spec;
+        Err(ExecutorError::Unsupported {
+            executor: self.kind().to_string(),
+            operation: "render (show what a submit sends)".into(),
+        })
+    }
 
     /// Submits `array.size` tasks of one template, returning one handle per task in index order.
     ///
@@ -235,6 +257,9 @@ macro_rules! forward_executor {
             async fn submit(&self, spec: &AttemptSpec) -> Result<JobHandle, ExecutorError> {
                 (**self).submit(spec).await
             }
+            fn render(&self, spec: &AttemptSpec) -> Result<Rendering, ExecutorError> {
+                (**self).render(spec)
+            }
             async fn submit_array(
                 &self,
                 array: &ArraySpec,
@@ -309,6 +334,20 @@ pub trait ExecutorExt: Executor {
 }
 
 impl<E: Executor + ?Sized> ExecutorExt for E {}
+
+/// `dir` as an absolute path without creating it: canonical when it exists (symlinks
+/// resolved, as a restarted process resolves it), else joined to the working folder. Builders
+/// use it so that building an executor (for a dry run's [`Executor::render`]) creates nothing;
+/// the folders are made at the first submit.
+pub(crate) fn resolve_dir(dir: &std::path::Path) -> Result<std::path::PathBuf, ExecutorError> {
+    match std::fs::canonicalize(dir) {
+        Ok(p) => Ok(p),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            std::path::absolute(dir).map_err(|e| ExecutorError::io("resolving folder", dir, e))
+        }
+        Err(e) => Err(ExecutorError::io("resolving folder", dir, e)),
+    }
+}
 
 /// Checks that `handle` belongs to executor kind `kind`.
 pub(crate) fn check_kind(kind: &str, handle: &JobHandle) -> Result<(), ExecutorError> {

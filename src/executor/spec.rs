@@ -306,10 +306,67 @@ pub enum TaskLauncher {
         rdzv_port: u16,
         /// torchrun's `--max-restarts` (0 = fail fast).
         max_restarts: u32,
+        /// torchrun's `--no-python`: the argv is a program with its arguments (`python -m
+        /// pkg ...`), not a Python script. Campaign stages set it: their commands are argvs.
+        #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+        no_python: bool,
     },
 }
 
 impl TaskLauncher {
+    /// `direct`, `srun` or `torchrun`.
+    pub fn name(&self) -> &'static str {
+        match self {
+            TaskLauncher::Direct => "direct",
+            TaskLauncher::Srun { .. } => "srun",
+            TaskLauncher::Torchrun { .. } => "torchrun",
+        }
+    }
+
+    /// torchrun's words before the argv, the one place every executor takes them from:
+    /// `torchrun --standalone --nnodes=1` on one node (or without an `endpoint`), else
+    /// `torchrun --nnodes=<nodes> [--node_rank=<r>] --rdzv_backend=<b>
+    /// --rdzv_endpoint=<endpoint> --rdzv_id=<rdzv_id>`; then `--nproc_per_node=<n>
+    /// --max-restarts=<m> [--no-python]`. `endpoint` is `host:port`. `None` for the other
+    /// launchers.
+    pub fn torchrun_args(
+        &self,
+        nodes: u32,
+        endpoint: Option<&str>,
+        rdzv_id: &str,
+        node_rank: Option<usize>,
+    ) -> Option<Vec<String>> {
+        let TaskLauncher::Torchrun {
+            nproc_per_node,
+            rdzv_backend,
+            max_restarts,
+            no_python,
+            ..
+        } = self
+        else {
+            return None;
+        };
+        let mut t = vec!["torchrun".to_string()];
+        match endpoint {
+            Some(e) if nodes > 1 => {
+                t.push(format!("--nnodes={nodes}"));
+                if let Some(r) = node_rank {
+                    t.push(format!("--node_rank={r}"));
+                }
+                t.push(format!("--rdzv_backend={rdzv_backend}"));
+                t.push(format!("--rdzv_endpoint={e}"));
+                t.push(format!("--rdzv_id={rdzv_id}"));
+            }
+            _ => t.extend(["--standalone".to_string(), "--nnodes=1".to_string()]),
+        }
+        t.push(format!("--nproc_per_node={nproc_per_node}"));
+        t.push(format!("--max-restarts={max_restarts}"));
+        if *no_python {
+            t.push("--no-python".into());
+        }
+        Some(t)
+    }
+
     /// A torchrun launcher with `nproc_per_node` workers, the `c10d` backend on port 29500 and
     /// no restarts (torchrun's documented defaults, except restarts).
     pub fn torchrun(nproc_per_node: u32) -> Self {
@@ -318,6 +375,7 @@ impl TaskLauncher {
             rdzv_backend: "c10d".into(),
             rdzv_port: 29500,
             max_restarts: 0,
+            no_python: false,
         }
     }
 }
@@ -329,7 +387,8 @@ pub enum GpuRequest {
     /// No GPU.
     #[default]
     None,
-    /// `n` GPUs on every node (Slurm `--gres=gpu:n`; local: `n` ids of the configured list).
+    /// `n` GPUs on every node (Slurm `--gpus-per-node=n`; local: `n` ids of the configured
+    /// list; bare metal: `n` GPUs of each host).
     PerNode(u32),
     /// `n` GPUs per task (Slurm `--gpus-per-task=n`; local: `n * ntasks_per_node` ids).
     PerTask(u32),
@@ -416,15 +475,22 @@ impl TaskTopology {
     }
 }
 
-/// Scheduler placement options. Executors without a queue (local, mock) ignore them.
+/// Scheduler placement options (Slurm's names). Executors without a queue (local, bare metal)
+/// refuse a spec that sets any of them ([`ExecutorError::Unsupported`]) rather than drop it.
 #[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
 pub struct SchedulerOptions {
-    /// Slurm `--partition`.
+    /// Slurm `--partition` (one name, or several separated by commas).
     pub partition: Option<String>,
     /// Slurm `--account`.
     pub account: Option<String>,
     /// Slurm `--qos`.
     pub qos: Option<String>,
+    /// Slurm `--reservation`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reservation: Option<String>,
+    /// Slurm `--constraint` (node features, e.g. `a100&ib`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub constraint: Option<String>,
     /// Extra `#SBATCH` options, one option per element (e.g. `--constraint=a100`), each quoted
     /// when rendered. Must start with `-`.
     pub extra_directives: Vec<String>,
@@ -472,6 +538,11 @@ pub struct AttemptSpec {
     /// Executors without a time-limit signal (local, mock) ignore it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub warning_signal: Option<WarningSignal>,
+    /// The environment the command runs in: checkout, venv, container, setup script, site
+    /// commands (see [`ExecutionContract`](super::ExecutionContract) for how each executor
+    /// renders it). Empty = the command runs as is.
+    #[serde(default, skip_serializing_if = "super::ExecutionContract::is_empty")]
+    pub environment: super::ExecutionContract,
 }
 
 /// A signal delivered `lead` before an attempt's wall-clock limit (N03), so a resumable worker
@@ -564,6 +635,42 @@ impl fmt::Display for WarningSignal {
 }
 
 impl AttemptSpec {
+    /// Refuses what only a scheduler or a container runtime can honour, for executors that have
+    /// neither (local, bare metal): a container, a partition, account, QOS, reservation or
+    /// constraint.
+    pub(crate) fn refuse_scheduler_options(&self, kind: &str) -> Result<(), ExecutorError> {
+        let spec = self;
+        let s = &spec.scheduler;
+        let set = [
+            (
+                "environment.container",
+                spec.environment.container.as_deref(),
+            ),
+            (
+                "environment.container_mounts",
+                spec.environment.container_mounts.as_deref(),
+            ),
+            ("scheduler.partition", s.partition.as_deref()),
+            ("scheduler.account", s.account.as_deref()),
+            ("scheduler.qos", s.qos.as_deref()),
+            ("scheduler.reservation", s.reservation.as_deref()),
+            ("scheduler.constraint", s.constraint.as_deref()),
+        ];
+        match set.into_iter().find(|(_, v)| v.is_some()) {
+            Some((field, Some(v))) => Err(ExecutorError::InvalidSpec {
+                attempt_id: Some(spec.attempt_id.clone()),
+                field: field.into(),
+                value: v.into(),
+                expected: format!(
+                    "nothing: the {kind} executor has no scheduler or container runtime (it runs \
+                     the command with its environment, working folder, venv, setup script and \
+                     site commands)"
+                ),
+            }),
+            _ => Ok(()),
+        }
+    }
+
     /// A spec for `command` on one node, one task, no GPU, no limits.
     pub fn new(attempt_id: AttemptId, command: CommandSpec) -> Self {
         Self {
@@ -576,6 +683,7 @@ impl AttemptSpec {
             scheduler: SchedulerOptions::default(),
             log_path: None,
             warning_signal: None,
+            environment: super::ExecutionContract::default(),
         }
     }
 
@@ -612,6 +720,12 @@ impl AttemptSpec {
     /// Asks for a warning signal before the wall-clock limit (see [`WarningSignal`]).
     pub fn with_warning_signal(mut self, signal: WarningSignal) -> Self {
         self.warning_signal = Some(signal);
+        self
+    }
+
+    /// Sets the execution environment (checkout, venv, container, site commands).
+    pub fn with_environment(mut self, environment: super::ExecutionContract) -> Self {
+        self.environment = environment;
         self
     }
 

@@ -17,10 +17,22 @@ pub const SMOKE: &str = "families/qwen3_5/qwen3p5_0p8b/runs/mip_smoke.yaml";
 /// The smoke execution config.
 pub const SMOKE_EXEC: &str = "orchestration/qwen3p5_0p8b/execution.smoke.yaml";
 
-/// `puzzletron` run from the fixtures folder with the environment the fixtures need.
+/// `PATH` with `tests/support/bin` first: its `torchrun` stands in for PyTorch's (distributed
+/// stages are launched with torchrun; the test machines have no torch).
+pub fn path_with_torchrun() -> String {
+    format!(
+        "{}/tests/support/bin:{}",
+        env!("CARGO_MANIFEST_DIR"),
+        std::env::var("PATH").unwrap_or_default()
+    )
+}
+
+/// `puzzletron` run from the fixtures folder with the environment the fixtures need (and the
+/// torchrun stand-in first in `PATH`).
 pub fn puzzletron() -> Command {
     let mut c = Command::new(env!("CARGO_BIN_EXE_puzzletron"));
     c.current_dir(fixtures())
+        .env("PATH", path_with_torchrun())
         .env("PUZZLETRON_RUN_ROOT", "runs/test")
         .env("PUZZLETRON_DATASET_PATH", "data/ds")
         .env("PUZZLETRON_DATASET_REVISION", "rev0")

@@ -69,13 +69,7 @@ impl Env {
     }
 }
 
-/// Whether an environment variable's value must not be shown in logs or dumps.
-pub fn is_secret_name(name: &str) -> bool {
-    let up = name.to_ascii_uppercase();
-    ["TOKEN", "KEY", "SECRET", "PASSWORD"]
-        .iter()
-        .any(|w| up.contains(w))
-}
+pub use crate::executor::shell::is_secret_name;
 
 impl fmt::Debug for Env {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {

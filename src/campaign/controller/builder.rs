@@ -394,7 +394,7 @@ impl CampaignControllerBuilder {
 /// [module docs](super)); a folder holding only these is accepted as a campaign folder even
 /// before its `controller/` folder exists (e.g. a local executor's `attempts/` root created
 /// just before [`build`](CampaignControllerBuilder::build)).
-const OWN_ENTRIES: [&str; 7] = [
+const OWN_ENTRIES: [&str; 9] = [
     "controller",
     "decisions",
     "logs",
@@ -402,6 +402,8 @@ const OWN_ENTRIES: [&str; 7] = [
     "queues",
     ".puzzletron",
     "attempts",
+    "slurm-logs",
+    "baremetal",
 ];
 
 /// Checks and prepares a campaign folder: creates it (and its `controller/` and `logs/`

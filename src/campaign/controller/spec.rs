@@ -5,7 +5,7 @@
 //!
 //! | variable | value |
 //! | --- | --- |
-//! | `PUZZLETRON_CAMPAIGN_DIR` | the campaign folder (also the working directory) |
+//! | `PUZZLETRON_CAMPAIGN_DIR` | the campaign folder (also the working directory when the execution contract names no repository) |
 //! | `PUZZLETRON_STAGE` | stage id |
 //! | `PUZZLETRON_UNIT` | unit key, e.g. `score/3`, `score/agg` |
 //! | `PUZZLETRON_WORK_ID` | work item id (`score:3`) |
@@ -34,7 +34,7 @@ use crate::campaign::item_argv;
 use crate::campaign::{CampaignPlan, Resource, StagePlan, Strategy};
 use crate::executor::gpu::GPUS_PER_NODE_ENV;
 use crate::executor::{
-    AttemptId, AttemptSpec, CommandSpec, GpuRequest, SchedulerOptions, TaskTopology,
+    AttemptId, AttemptSpec, CommandSpec, GpuRequest, SchedulerOptions, TaskLauncher, TaskTopology,
 };
 
 /// Success marker a payload may write into its output folder when it finished (see
@@ -137,19 +137,70 @@ pub fn queue_dir(campaign: &Path, stage: &str) -> PathBuf {
     campaign.join("queues").join(stage)
 }
 
-pub(crate) struct UnitSpec<'a> {
+/// The units of a stage, in the controller's order: one per work item (`<stage>/<index>`),
+/// then the aggregate step (`<stage>/agg`) of a sharded stage whose shards are merged. A
+/// manual decision has none.
+pub fn stage_units(st: &StagePlan) -> Vec<(String, Option<usize>)> {
+    if st.decision.is_some() {
+        return Vec::new();
+    }
+    let mut units: Vec<(String, Option<usize>)> = (0..st.work.items.len())
+        .map(|i| (format!("{}/{i}", st.stage_id), Some(i)))
+        .collect();
+    if st.work.strategy == Strategy::Sharded && st.work.aggregate_required {
+        units.push((format!("{}/agg", st.stage_id), None));
+    }
+    units
+}
+
+/// The attempt id of attempt `n` of a unit: `<tag>[r<revision>].<stage>.<index|agg>.a<n>`
+/// (sanitised to an [`AttemptId`]). The tag is the campaign folder's random nonce, so a job
+/// is only ever adopted by the campaign that submitted it.
+pub fn attempt_id(tag: &str, revision: u32, stage: &str, item: Option<usize>, n: u32) -> AttemptId {
+    let leaf = item.map_or_else(|| "agg".to_string(), |i| i.to_string());
+    let rev = if revision > 0 {
+        format!("r{revision}")
+    } else {
+        String::new()
+    };
+    AttemptId::sanitize(&format!("{tag}{rev}.{stage}.{leaf}.a{n}"))
+}
+
+/// One unit's attempt, as [`attempt_spec`] builds it.
+#[derive(Debug, Clone)]
+pub struct UnitSpec<'a> {
+    /// The campaign folder (absolute): working directory without a repository, outputs, logs.
     pub campaign: &'a Path,
+    /// The plan.
     pub plan: &'a CampaignPlan,
+    /// The unit's stage.
     pub stage: &'a StagePlan,
+    /// The unit key (`score/3`, `score/agg`).
     pub unit_key: &'a str,
+    /// The work item index; `None` for the aggregate step.
     pub item: Option<usize>,
+    /// The attempt id ([`attempt_id`]).
     pub attempt_id: &'a AttemptId,
+    /// The attempt number, from 1.
     pub attempt: u32,
+    /// Whether the attempt resumes from its checkpoint.
     pub resume: bool,
+    /// Whether this is the retry after an out-of-memory (whole nodes).
     pub more_resources: bool,
 }
 
-pub(crate) fn build(u: &UnitSpec<'_>) -> Result<AttemptSpec, ControllerError> {
+/// The [`AttemptSpec`] of one unit's attempt: what the controller submits and what the dry
+/// run renders (one function, so the two never differ). One job per instance: the instance's
+/// nodes and GPUs, the stage's launcher with the instance's own rendezvous port, the runner's
+/// execution contract (working directory = its repository, else the campaign folder), the
+/// Slurm settings (account, partition of the stage's role, QOS, reservation, constraint, time
+/// limit of the stage or the runner), the `PUZZLETRON_*` environment above, and the log under
+/// the runner's `log_dir` (default `<campaign>/logs`).
+///
+/// # Errors
+/// [`ControllerError::BadPlan`] for a stage without work items or command, or a command
+/// argument with a NUL.
+pub fn attempt_spec(u: &UnitSpec<'_>) -> Result<AttemptSpec, ControllerError> {
     let st = u.stage;
     let bad = |reason: String| ControllerError::BadPlan {
         stage: st.stage_id.clone(),
@@ -160,16 +211,22 @@ pub(crate) fn build(u: &UnitSpec<'_>) -> Result<AttemptSpec, ControllerError> {
         .items
         .get(u.item.unwrap_or(0))
         .ok_or_else(|| bad("the stage has no work item".into()))?;
-    let argv = item_argv(u.plan, st, item).map_err(|e| bad(e.to_string()))?;
+    let argv = item_argv(st, item, u.campaign).map_err(|e| bad(e.to_string()))?;
     let phase = match (u.item, st.work.strategy) {
         (None, _) => "aggregate",
         (Some(_), Strategy::PersistentPool) => "pool_worker",
         _ => "work",
     };
+    let runner = &u.plan.runner;
+    let contract = &runner.execution_contract;
     let out = output_dir(u.campaign, &st.stage_id, u.item);
+    let cwd = contract
+        .repository
+        .as_ref()
+        .map_or_else(|| u.campaign.to_path_buf(), PathBuf::from);
     let mut cmd = CommandSpec::new(argv[0].clone())
         .args(argv[1..].iter().cloned())
-        .cwd(u.campaign)
+        .cwd(cwd)
         .env("PUZZLETRON_CAMPAIGN_DIR", u.campaign.display().to_string())
         .env("PUZZLETRON_STAGE", st.stage_id.clone())
         .env("PUZZLETRON_UNIT", u.unit_key)
@@ -199,35 +256,69 @@ pub(crate) fn build(u: &UnitSpec<'_>) -> Result<AttemptSpec, ControllerError> {
             queue_dir(u.campaign, &st.stage_id).display().to_string(),
         );
     }
+    let layout = &st.work.topology;
     let mut topology = TaskTopology::single();
-    if let Some(g) = st.work.topology.groups.get(item.instance as usize) {
+    let mut fills_its_nodes = false;
+    if let Some(g) = layout.groups.get(item.instance as usize) {
         topology.nodes = g.placement.node_count.max(1);
+        topology.launcher = match &layout.launcher {
+            // Each group's own rendezvous port (unique in the campaign).
+            TaskLauncher::Torchrun {
+                nproc_per_node,
+                rdzv_backend,
+                max_restarts,
+                no_python,
+                ..
+            } => TaskLauncher::Torchrun {
+                nproc_per_node: *nproc_per_node,
+                rdzv_backend: rdzv_backend.clone(),
+                rdzv_port: g.rendezvous.as_ref().map_or(29500, |r| r.master_port),
+                max_restarts: *max_restarts,
+                no_python: *no_python,
+            },
+            other => other.clone(),
+        };
         if st.spec.resource == Resource::Gpu && g.placement.gpus_on_node > 0 {
             topology.gpus = GpuRequest::PerNode(g.placement.gpus_on_node);
             // N04: what the worker's GPU preflight compares the visible GPUs with.
             cmd = cmd.env(GPUS_PER_NODE_ENV, g.placement.gpus_on_node.to_string());
+            fills_its_nodes = g.placement.gpus_on_node >= st.spec.allocation.gpus_per_node;
         }
     }
+    let log_dir = match runner.log_dir() {
+        Some(d) => u.campaign.join(d),
+        None => u.campaign.join("logs"),
+    };
     let mut spec = AttemptSpec::new(u.attempt_id.clone(), cmd)
         .with_topology(topology)
-        .with_log_path(
-            u.campaign
-                .join("logs")
-                .join(format!("{}.log", u.attempt_id)),
-        )
-        // One job per instance: only an instance spanning whole nodes needs them exclusively
-        // (the stage's packing may fill a node with several instances, each its own job).
-        .with_exclusive(u.more_resources || st.spec.allocation.nodes_per_instance > 1);
-    if let Some(t) = &st.spec.time_limit {
+        .with_log_path(log_dir.join(format!("{}.log", u.attempt_id)))
+        .with_environment(contract.clone())
+        // One job per instance (CONTRIBUTING, "One submission path"): an instance that fills
+        // its nodes takes them whole, as the reference's packing does; smaller instances
+        // share nodes (a whole node per 1-GPU job would waste the rest), except on the retry
+        // after an out-of-memory, which asks for the node alone.
+        .with_exclusive(u.more_resources || fills_its_nodes);
+    let slurm = runner.slurm.as_ref();
+    if let Some(t) = st
+        .spec
+        .time_limit
+        .as_ref()
+        .or(slurm.and_then(|s| s.time_limit.as_ref()))
+    {
         spec = spec.with_walltime(t.as_duration());
     }
     if let Some(w) = &st.spec.warning_signal {
         spec = spec.with_warning_signal(w.clone());
     }
-    if let Some(p) = &st.spec.partition {
+    if let Some(s) = slurm {
+        let partition = s.resolve_partition(st.spec.partition.as_deref());
         spec = spec.with_scheduler(SchedulerOptions {
-            partition: Some(p.clone()),
-            ..SchedulerOptions::default()
+            partition: (!partition.is_empty()).then(|| partition.to_slurm()),
+            account: s.account.clone(),
+            qos: s.qos.clone(),
+            reservation: s.reservation.clone(),
+            constraint: s.constraint.clone(),
+            extra_directives: Vec::new(),
         });
     }
     Ok(spec)

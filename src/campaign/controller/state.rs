@@ -161,15 +161,16 @@ impl State {
             .map(|(i, s)| (s.stage_id.as_str(), i))
             .collect();
         for (si, st) in plan.stages.iter().enumerate() {
-            let decision = st.decision.is_some();
-            let mut units = Vec::with_capacity(st.work.items.len());
             // A manual decision runs nothing: no units.
-            for (ii, _) in st.work.items.iter().enumerate().filter(|_| !decision) {
-                units.push(self.add_unit(format!("{}/{ii}", st.stage_id), si, Some(ii)));
+            let mut units = Vec::with_capacity(st.work.items.len());
+            let mut agg = None;
+            for (key, item) in super::spec::stage_units(st) {
+                let u = self.add_unit(key, si, item);
+                match item {
+                    Some(_) => units.push(u),
+                    None => agg = Some(u),
+                }
             }
-            let agg =
-                (!decision && st.work.strategy == Strategy::Sharded && st.work.aggregate_required)
-                    .then(|| self.add_unit(format!("{}/agg", st.stage_id), si, None));
             let completed_before = plan.completed_stages.contains(&st.stage_id);
             self.stages.push(StageRt {
                 id: st.stage_id.clone(),
@@ -190,7 +191,7 @@ impl State {
                 reason: None,
                 started_ms: None,
                 ended_ms: None,
-                decision,
+                decision: st.decision.is_some(),
                 decision_announced: false,
                 chosen: None,
             });

@@ -74,14 +74,13 @@ impl CampaignController {
 
     pub(super) fn attempt_id_for(&self, unit: usize, n: u32) -> AttemptId {
         let u = &self.state.units[unit];
-        let stage = &self.state.stages[u.stage].id;
-        let leaf = u.item.map_or_else(|| "agg".to_string(), |i| i.to_string());
-        let rev = if self.state.revision > 0 {
-            format!("r{}", self.state.revision)
-        } else {
-            String::new()
-        };
-        AttemptId::sanitize(&format!("{}{rev}.{stage}.{leaf}.a{n}", self.state.nonce))
+        spec::attempt_id(
+            &self.state.nonce,
+            self.state.revision,
+            &self.state.stages[u.stage].id,
+            u.item,
+            n,
+        )
     }
 
     pub(super) async fn start_ready(&mut self) -> Result<bool, ControllerError> {
@@ -177,7 +176,7 @@ impl CampaignController {
             let n = unit.attempts.len() as u32 + 1;
             let id = self.attempt_id_for(u, n);
             let st = &self.plan.stages[unit.stage];
-            let mut spec = spec::build(&UnitSpec {
+            let mut spec = spec::attempt_spec(&UnitSpec {
                 campaign: &self.dir,
                 plan: &self.plan,
                 stage: st,
@@ -337,7 +336,7 @@ impl CampaignController {
         Ok(Entry::SubmitFailed {
             attempt_id: id,
             error: if fatal {
-                format!("fatal: {e}")
+                format!("fatal: {e}{}", runner_keys_hint(&e.to_string(), spec))
             } else {
                 e.to_string()
             },
@@ -373,4 +372,54 @@ fn move_outputs_aside(out: &Path, outputs: &[String], prev: &AttemptId) -> Vec<S
         });
     }
     lines
+}
+
+/// For a refused submit (a configuration failure, never retried): the runner keys whose values
+/// the scheduler's message is about, with the values the spec carried, so the failure names
+/// the line to fix (`; check runner.slurm.account = "nope"`). Slurm says `Invalid account or
+/// account/partition combination`, `invalid partition`, `Invalid qos specification`,
+/// `Requested reservation is invalid`, `Invalid feature specification`, `Requested time limit
+/// is invalid`.
+fn runner_keys_hint(error: &str, spec: &crate::executor::AttemptSpec) -> String {
+    let e = error.to_ascii_lowercase();
+    let s = &spec.scheduler;
+    let mut keys = Vec::new();
+    let time = spec
+        .walltime
+        .map(|w| format!("{} min", w.as_secs().div_ceil(60)));
+    for (words, key, value) in [
+        (&["account"][..], "runner.slurm.account", s.account.clone()),
+        (
+            &["partition"][..],
+            "runner.slurm.partition (or the stage's execution partition)",
+            s.partition.clone(),
+        ),
+        (&["qos"][..], "runner.slurm.qos", s.qos.clone()),
+        (
+            &["reservation"][..],
+            "runner.slurm.reservation",
+            s.reservation.clone(),
+        ),
+        (
+            &["feature", "constraint"][..],
+            "runner.slurm.constraint",
+            s.constraint.clone(),
+        ),
+        (
+            &["time limit"][..],
+            "runner.slurm.time_limit (or the stage's execution time_limit)",
+            time,
+        ),
+    ] {
+        if let Some(v) = value
+            && words.iter().any(|w| e.contains(w))
+        {
+            keys.push(format!("{key} = {v:?}"));
+        }
+    }
+    if keys.is_empty() {
+        String::new()
+    } else {
+        format!("; check {}", keys.join(", "))
+    }
 }

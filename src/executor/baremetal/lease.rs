@@ -237,6 +237,10 @@ impl LeaseFile {
         // In-process exclusion that does not depend on the filesystem's locks.
         static UPDATING: std::sync::Mutex<()> = std::sync::Mutex::new(());
         let _one = UPDATING.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(dir) = self.lock_path.parent() {
+            std::fs::create_dir_all(dir)
+                .map_err(|e| ExecutorError::io("creating the executor state folder", dir, e))?;
+        }
         let lock = OpenOptions::new()
             .create(true)
             .truncate(false)

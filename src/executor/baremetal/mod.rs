@@ -31,6 +31,7 @@
 //! Exit codes are the shell's: a job killed by signal N reports exit code 128+N (state
 //! `Failed`, with a reason saying so), except cancel (`Cancelled`) and walltime (`Timeout`).
 
+mod inventory;
 mod lease;
 mod remote;
 mod ssh;
@@ -42,12 +43,12 @@ use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
 
+use super::ExecutionContract;
 use super::{
     ATTEMPT_ID_ENV, AttemptId, AttemptSpec, Executor, ExecutorError, JobHandle, JobState,
-    JobStatus, TaskLauncher, check_kind, now_ms,
+    JobStatus, RenderedCommand, Rendering, TaskLauncher, check_kind, now_ms,
 };
-use crate::campaign::runner::BaremetalInventory;
-use crate::campaign::{ExecutionContract, RunnerEnvironment, RunnerKind};
+pub use inventory::{BaremetalInventory, Host};
 pub use lease::{HostSlots, LEASE_FILE, Lease, LeaseTable, Slice};
 use remote::{RemoteState, command_line};
 use ssh::{Ssh, SshFailure};
@@ -67,6 +68,7 @@ pub struct BareMetalExecutorBuilder {
     rendezvous_host: Option<String>,
     rendezvous_port_base: u16,
     contract: ExecutionContract,
+    ssh_program: String,
     ssh_config: Option<PathBuf>,
     ssh_options: Vec<String>,
     gpu_probe: Vec<String>,
@@ -94,33 +96,6 @@ impl BareMetalExecutorBuilder {
         self
     }
 
-    /// Hosts, rendezvous settings and execution contract of a `runner.kind: baremetal`
-    /// runner config.
-    ///
-    /// # Errors
-    /// [`ExecutorError::InvalidSpec`] naming `runner.kind` when the runner is not `baremetal`,
-    /// or `runner.inventory` when it has no inventory.
-    pub fn runner(self, runner: &RunnerEnvironment) -> Result<Self, ExecutorError> {
-        if runner.kind != RunnerKind::Baremetal {
-            return Err(ExecutorError::InvalidSpec {
-                attempt_id: None,
-                field: "runner.kind".into(),
-                value: runner.kind.as_str().into(),
-                expected: "baremetal for the bare-metal executor".into(),
-            });
-        }
-        let inv = runner
-            .inventory
-            .as_ref()
-            .ok_or_else(|| ExecutorError::InvalidSpec {
-                attempt_id: None,
-                field: "runner.inventory".into(),
-                value: "missing".into(),
-                expected: "the hosts of the baremetal runner".into(),
-            })?;
-        Ok(self.inventory(inv).contract(&runner.execution_contract))
-    }
-
     /// Adds one host with `gpus` GPUs (indices `0..gpus`).
     pub fn host(mut self, hostname: impl Into<String>, gpus: u32) -> Self {
         self.hosts.push(HostSlots {
@@ -141,6 +116,13 @@ impl BareMetalExecutorBuilder {
     /// The checkout, venv, setup script and pre/postrun commands every task runs under.
     pub fn contract(mut self, contract: &ExecutionContract) -> Self {
         self.contract = contract.clone();
+        self
+    }
+
+    /// The OpenSSH client to run (default `ssh`, looked up in `PATH`): a site's wrapper, or a
+    /// recording stand-in in tests. It is the first word of every rendered command.
+    pub fn ssh_program(mut self, program: impl Into<String>) -> Self {
+        self.ssh_program = program.into();
         self
     }
 
@@ -206,7 +188,8 @@ impl BareMetalExecutorBuilder {
         self
     }
 
-    /// Checks the settings, creates the state folder and the SSH control folder.
+    /// Checks the settings and creates the SSH control folder (the state folder is created at
+    /// the first submit).
     ///
     /// # Errors
     /// [`ExecutorError::InvalidSpec`] for no host, a host name that is empty, has whitespace
@@ -261,11 +244,8 @@ impl BareMetalExecutorBuilder {
                 "one of the inventory's hosts",
             ));
         }
-        std::fs::create_dir_all(&self.state_dir).map_err(|e| {
-            ExecutorError::io("creating the executor state folder", &self.state_dir, e)
-        })?;
-        let state_dir = std::fs::canonicalize(&self.state_dir)
-            .map_err(|e| ExecutorError::io("resolving the state folder", &self.state_dir, e))?;
+        // Made at the first lease: building (for a dry run) creates no state folder.
+        let state_dir = super::resolve_dir(&self.state_dir)?;
         // Control sockets: short paths (108-byte limit), one folder per state folder and user.
         let tag = crate::identity::Hash::of(state_dir.display().to_string().as_bytes()).to_hex();
         let control_dir = std::env::temp_dir().join(format!(
@@ -274,6 +254,7 @@ impl BareMetalExecutorBuilder {
             &tag[..10]
         ));
         let ssh = Ssh::new(
+            self.ssh_program.clone(),
             self.ssh_config.clone(),
             self.ssh_options.clone(),
             control_dir,
@@ -358,6 +339,7 @@ impl BareMetalExecutor {
             rendezvous_host: None,
             rendezvous_port_base: 29500,
             contract: ExecutionContract::default(),
+            ssh_program: "ssh".into(),
             ssh_config: None,
             ssh_options: Vec::new(),
             gpu_probe: vec!["nvidia-smi".into(), "-L".into()],
@@ -632,13 +614,15 @@ impl Inner {
     async fn launch_inner(&self, l: &Lease) -> Result<(), ExecutorError> {
         let hosts: Vec<String> = l.slices.iter().map(|s| s.host.clone()).collect();
         self.preflight_hosts(&hosts).await?;
-        for (rank, slice) in l.slices.iter().enumerate() {
+        // What is sent is the rendering of the placed lease (the dry run renders the same
+        // function on idle hosts).
+        let rendering = self.render_placed(&l.spec, &l.slices, l.rdzv_port);
+        for (slice, cmd) in l.slices.iter().zip(&rendering.commands) {
             if !self.may_try(&slice.host) {
                 continue;
             }
-            let args = self.submit_args(l, rank, slice);
-            let line = command_line("ptron-submit", remote::submit_body(), &[], &args);
-            match self.exchange(&slice.host, &line).await {
+            let line = cmd.argv.last().map(String::as_str).unwrap_or_default();
+            match self.exchange(&slice.host, line).await {
                 Ok(out) if out.trim() == "OK" || out.trim() == "DUP" => {}
                 Ok(out) => {
                     return Err(ExecutorError::SubmitRejected {
@@ -653,10 +637,76 @@ impl Inner {
         Ok(())
     }
 
-    fn submit_args(&self, l: &Lease, rank: usize, slice: &Slice) -> Vec<String> {
-        let spec = &l.spec;
-        let c = &self.cfg.contract;
-        let nodes = l.slices.len();
+    /// The `ssh` commands that start `spec` on `slices` (node rank = slice order), with the
+    /// rendezvous port of a multi-host group: one per host, the remote command last.
+    fn render_placed(
+        &self,
+        spec: &AttemptSpec,
+        slices: &[Slice],
+        rdzv_port: Option<u16>,
+    ) -> Rendering {
+        let mut r =
+            Rendering::new(spec.attempt_id.clone(), KIND).with_secrets_of(&spec.command.env);
+        for (rank, slice) in slices.iter().enumerate() {
+            let args = self.submit_args(spec, slices.len(), rank, slice, rdzv_port);
+            let line = command_line("ptron-submit", remote::submit_body(), &[], &args);
+            r.commands.push(RenderedCommand {
+                host: Some(slice.host.clone()),
+                argv: std::iter::once(self.ssh.program.clone())
+                    .chain(self.ssh.argv(&slice.host, &line))
+                    .collect(),
+                env: BTreeMap::new(),
+                cwd: None,
+            });
+        }
+        r
+    }
+
+    /// What [`submit`](Executor::submit) sends for `spec` when its hosts are idle: the lease
+    /// first-fit on an empty table (the executor leases the first free GPUs at run time).
+    fn render(&self, spec: &AttemptSpec) -> Result<Rendering, ExecutorError> {
+        validate(spec, &self.cfg.hosts)?;
+        let mut table = LeaseTable::default();
+        table.leases.push(Lease {
+            attempt_id: spec.attempt_id.clone(),
+            spec: spec.clone(),
+            submitted_at_ms: 0,
+            slices: Vec::new(),
+            whole: false,
+            rdzv_port: None,
+            released: false,
+            cancelled: false,
+            lost: false,
+        });
+        table.place_waiting(
+            &self.cfg.hosts,
+            &BTreeSet::new(),
+            self.cfg.rendezvous_port_base,
+        );
+        let l = &table.leases[0];
+        let mut r = self.render_placed(spec, &l.slices, l.rdzv_port);
+        r.notes.push(
+            "hosts and GPUs as leased on idle hosts; at run time the lease takes the first free \
+             ones (gpu-leases.json in the state folder)"
+                .into(),
+        );
+        Ok(r)
+    }
+
+    fn submit_args(
+        &self,
+        spec: &AttemptSpec,
+        nodes: usize,
+        rank: usize,
+        slice: &Slice,
+        rdzv_port: Option<u16>,
+    ) -> Vec<String> {
+        // The spec's contract when it has one (a campaign's), else the executor's.
+        let c = if spec.environment.is_empty() {
+            &self.cfg.contract
+        } else {
+            &spec.environment
+        };
         let mut env: BTreeMap<String, String> = spec.command.env.clone();
         env.insert(ATTEMPT_ID_ENV.into(), spec.attempt_id.to_string());
         env.insert(
@@ -672,32 +722,18 @@ impl Inner {
         env.insert("PUZZLETRON_NNODES".into(), nodes.to_string());
         env.insert("PUZZLETRON_HOST".into(), slice.host.clone());
         let mut argv = spec.command.effective_argv();
-        if let Some(port) = l.rdzv_port {
+        if let Some(port) = rdzv_port {
             env.insert("MASTER_ADDR".into(), self.rendezvous_host.clone());
             env.insert("MASTER_PORT".into(), port.to_string());
         }
-        if let TaskLauncher::Torchrun {
-            nproc_per_node,
-            rdzv_backend,
-            max_restarts,
-            ..
-        } = &spec.topology.launcher
-        {
-            let mut t = vec![
-                "torchrun".to_string(),
-                format!("--nnodes={nodes}"),
-                format!("--nproc_per_node={nproc_per_node}"),
-                format!("--max-restarts={max_restarts}"),
-            ];
-            match l.rdzv_port {
-                Some(port) if nodes > 1 => t.extend([
-                    format!("--node_rank={rank}"),
-                    format!("--rdzv_backend={rdzv_backend}"),
-                    format!("--rdzv_endpoint={}:{port}", self.rendezvous_host),
-                    format!("--rdzv_id={}", spec.attempt_id),
-                ]),
-                _ => t.push("--standalone".into()),
-            }
+        // A group over several hosts meets at the rendezvous host on its leased port.
+        let endpoint = rdzv_port.map(|port| format!("{}:{port}", self.rendezvous_host));
+        if let Some(mut t) = spec.topology.launcher.torchrun_args(
+            nodes as u32,
+            endpoint.as_deref(),
+            spec.attempt_id.as_str(),
+            Some(rank),
+        ) {
             t.extend(argv);
             argv = t;
         }
@@ -916,6 +952,7 @@ fn combine(parts: Vec<JobStatus>) -> JobStatus {
 
 fn validate(spec: &AttemptSpec, hosts: &[HostSlots]) -> Result<(), ExecutorError> {
     spec.validate()?;
+    spec.refuse_scheduler_options(KIND)?;
     let id = &spec.attempt_id;
     let bad = |field: &str, value: String, expected: &str| ExecutorError::InvalidSpec {
         attempt_id: Some(id.clone()),
@@ -976,6 +1013,10 @@ fn validate(spec: &AttemptSpec, hosts: &[HostSlots]) -> Result<(), ExecutorError
 impl Executor for BareMetalExecutor {
     fn kind(&self) -> &str {
         KIND
+    }
+
+    fn render(&self, spec: &AttemptSpec) -> Result<Rendering, ExecutorError> {
+        self.inner.render(spec)
     }
 
     async fn submit(&self, spec: &AttemptSpec) -> Result<JobHandle, ExecutorError> {

@@ -206,10 +206,7 @@ pub fn command_line(name: &str, body: &str, env: &[(&str, &str)], args: &[String
     words.join(" ")
 }
 
-/// Quotes one word for a POSIX shell: `'...'` with `'` written as `'\''`.
-pub fn quote(s: &str) -> String {
-    crate::campaign::dryrun::shell_quote(s)
-}
+pub use crate::executor::shell::quote;
 
 /// Script bodies by operation.
 pub fn submit_body() -> &'static str {
@@ -345,10 +342,7 @@ mod tests {
             // The first argument is the remote root (empty: the default).
             &[String::new(), "a b".into(), "it's; rm -rf /".into()],
         );
-        assert!(
-            line.ends_with("'n' '' 'a b' 'it'\\''s; rm -rf /'"),
-            "{line}"
-        );
+        assert!(line.ends_with("n '' 'a b' 'it'\\''s; rm -rf /'"), "{line}");
         // Run it through a real shell: the values come back verbatim.
         let out = std::process::Command::new("sh")
             .arg("-c")

@@ -48,6 +48,8 @@ impl SshFailure {
 /// Runs remote command lines over SSH and counts the exchanges.
 #[derive(Debug)]
 pub struct Ssh {
+    /// The OpenSSH client run (`ssh` from `PATH` by default).
+    pub program: String,
     /// `-F` file, when given.
     pub config: Option<PathBuf>,
     /// Extra `-o` options (`Key=Value`).
@@ -64,6 +66,7 @@ pub struct Ssh {
 impl Ssh {
     /// A client; creates `control_dir` (mode 0700).
     pub fn new(
+        program: String,
         config: Option<PathBuf>,
         options: Vec<String>,
         control_dir: PathBuf,
@@ -77,6 +80,7 @@ impl Ssh {
             .create(&control_dir)
             .map_err(|e| ExecutorError::io("creating the SSH control folder", &control_dir, e))?;
         Ok(Self {
+            program,
             config,
             options,
             control_dir,
@@ -123,7 +127,7 @@ impl Ssh {
     /// Runs `line` on `host`; stdout on success.
     pub async fn run(&self, host: &str, line: &str) -> Result<String, SshFailure> {
         self.exchanges.fetch_add(1, Ordering::Relaxed);
-        let mut cmd = tokio::process::Command::new("ssh");
+        let mut cmd = tokio::process::Command::new(&self.program);
         cmd.args(self.argv(host, line))
             .stdin(Stdio::null())
             .stdout(Stdio::piped())

@@ -7,6 +7,7 @@
 //! | --- | --- | --- | --- |
 //! | `attempt.json` | controller | submit (atomic) | the [`AttemptSpec`] and submit time |
 //! | `launching` | controller | start, `O_EXCL` (the claim; retaken if its controller died before `started`) | `<ms since epoch> <pid> <start ticks>` of the controller |
+//! | `launch.json` | controller | right before the wrapper starts | the [`Rendering`](crate::executor::Rendering) it runs and its GPU ids (`LocalExecutor::launch_record`) |
 //! | `started` | wrapper, or a cancel before start | first thing after fork, `O_EXCL` (decides who runs the job) | empty, or `cancelled` |
 //! | `wrapper` | wrapper | right after `started` | `<pid> <start ticks>` |
 //! | `job` | wrapper | after a successful exec | `<pid> <start ticks>` (pid = process group) |
@@ -36,6 +37,9 @@ pub(crate) const JOB_FILE: &str = "job";
 pub(crate) const CANCEL_FILE: &str = "cancel";
 pub(crate) const EXIT_FILE: &str = "exit";
 pub(crate) const LOG_FILE: &str = "output.log";
+/// The launch record: the rendering the job was started from and its GPUs (written before the
+/// wrapper is started, replaced by a retaken launch).
+pub(crate) const LAUNCH_FILE: &str = "launch.json";
 /// The job's memory-cgroup counter file and its counters when the job started (N09).
 pub(crate) const OOM_BEFORE_FILE: &str = "oom.before";
 /// The same counters read once after the job ended (kept, so the verdict never changes).

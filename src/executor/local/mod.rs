@@ -50,9 +50,11 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 
+use std::collections::BTreeMap;
+
 use super::{
     ATTEMPT_ID_ENV, AttemptId, AttemptSpec, Executor, ExecutorError, JobHandle, JobState,
-    JobStatus, TaskLauncher, check_kind, now_ms, oom,
+    JobStatus, RenderedCommand, Rendering, TaskLauncher, check_kind, now_ms, oom,
 };
 use folder::{AttemptRecord, ExitKind, ExitRecord};
 use wrapper::{Launch, Prepared};
@@ -151,10 +153,8 @@ impl LocalExecutorBuilder {
                 ));
             }
         }
-        std::fs::create_dir_all(&self.root)
-            .map_err(|e| ExecutorError::io("creating executor root", &self.root, e))?;
-        let root = std::fs::canonicalize(&self.root)
-            .map_err(|e| ExecutorError::io("resolving executor root", &self.root, e))?;
+        // Made at the first submit: building (for a dry run) creates nothing.
+        let root = super::resolve_dir(&self.root)?;
         let ngpu = self.gpu_ids.len();
         // Now, while the process is usually small: each wrapper is a fork of the server.
         forkserver::ensure();
@@ -416,21 +416,31 @@ impl Inner {
             return Ok(None);
         }
         let log = self.log_path(spec);
-        let argv = self.argv(spec)?;
-        let env = self.env(spec, &dir, gpus);
+        // What runs is the rendering (the dry run shows the same), plus the GPUs chosen now;
+        // both are kept in the attempt folder as the launch record.
+        let rendering = self.render(spec)?;
+        let cmd = &rendering.commands[0];
+        let argv = cmd.argv.clone();
+        let env = self.env(&cmd.env, gpus);
+        let record = LaunchRecord {
+            rendering: rendering.clone(),
+            gpus: gpus.iter().map(|&g| self.gpu_ids[g].clone()).collect(),
+        };
+        let json = serde_json::to_vec_pretty(&record).map_err(|e| ExecutorError::Other {
+            message: format!(
+                "cannot serialize the launch record of {}: {e}",
+                spec.attempt_id
+            ),
+            retryable: false,
+        })?;
+        folder::write_replace(&dir, folder::LAUNCH_FILE, &json)?;
         let path_var = env
             .iter()
             .rev()
             .find(|(k, _)| k == "PATH")
             .map(|(_, v)| v.clone());
-        // Absolute, against this process's working folder now: the wrapper may be forked by
-        // the fork server, whose working folder is the one the process had when it started.
         let here = std::env::current_dir().ok();
-        let cwd = match (&spec.command.cwd, &here) {
-            (Some(c), Some(h)) => Some(h.join(c)),
-            (Some(c), None) => Some(c.clone()),
-            (None, h) => h.clone(),
-        };
+        let cwd = cmd.cwd.clone();
         let program =
             resolve_program(&argv[0], path_var.as_ref(), cwd.as_deref()).map(|p| match &here {
                 Some(h) if p.is_relative() => h.join(p),
@@ -488,31 +498,65 @@ impl Inner {
         self.status_from_folder(&spec.attempt_id).map(Some)
     }
 
-    /// The argv to exec, launcher applied.
-    fn argv(&self, spec: &AttemptSpec) -> Result<Vec<String>, ExecutorError> {
+    /// The argv to exec: the launcher applied, then the execution contract's prologue.
+    fn argv(&self, spec: &AttemptSpec) -> Vec<String> {
         let argv = spec.command.effective_argv();
-        Ok(match &spec.topology.launcher {
+        let argv = match &spec.topology.launcher {
             TaskLauncher::Direct | TaskLauncher::Srun { .. } => argv,
-            TaskLauncher::Torchrun {
-                nproc_per_node,
-                max_restarts,
-                ..
-            } => {
-                let mut v = vec![
-                    "torchrun".to_string(),
-                    "--standalone".to_string(),
-                    "--nnodes=1".to_string(),
-                    format!("--nproc_per_node={nproc_per_node}"),
-                    format!("--max-restarts={max_restarts}"),
-                ];
+            launcher @ TaskLauncher::Torchrun { .. } => {
+                // One node: a standalone rendezvous.
+                let mut v = launcher
+                    .torchrun_args(1, None, spec.attempt_id.as_str(), None)
+                    .unwrap_or_default();
                 v.extend(argv);
                 v
             }
-        })
+        };
+        super::shell::with_contract(argv, &spec.environment)
     }
 
-    /// The job's complete environment.
-    fn env(&self, spec: &AttemptSpec, dir: &Path, gpus: &[usize]) -> Vec<(OsString, OsString)> {
+    /// What [`submit`](Executor::submit) runs for `spec` once it starts (see
+    /// [`Executor::render`]).
+    fn render(&self, spec: &AttemptSpec) -> Result<Rendering, ExecutorError> {
+        check_local(spec, &self.gpu_ids)?;
+        let id = &spec.attempt_id;
+        let mut env: BTreeMap<String, String> = spec.command.env.clone();
+        env.insert(ATTEMPT_ID_ENV.into(), id.to_string());
+        env.insert(ATTEMPT_DIR_ENV.into(), self.dir(id).display().to_string());
+        // Absolute, against this process's working folder: the wrapper may be forked by the
+        // fork server, whose working folder is the one the process had when it started.
+        let here = std::env::current_dir().ok();
+        let cwd = match (&spec.command.cwd, &here) {
+            (Some(c), Some(h)) => Some(h.join(c)),
+            (Some(c), None) => Some(c.clone()),
+            (None, h) => h.clone(),
+        };
+        let mut r = Rendering::new(id.clone(), "local").with_secrets_of(&spec.command.env);
+        r.commands.push(RenderedCommand {
+            host: None,
+            argv: self.argv(spec),
+            env,
+            cwd,
+        });
+        if !self.gpu_ids.is_empty() {
+            let n = spec.topology.gpus_per_node();
+            r.notes.push(if n == 0 {
+                "CUDA_VISIBLE_DEVICES= (empty: no GPU visible)".to_string()
+            } else {
+                format!(
+                    "CUDA_VISIBLE_DEVICES: {n} of this executor's GPUs {}, the first free ones when \
+                     the job starts (recorded in its attempt folder's {})",
+                    self.gpu_ids.join(","),
+                    folder::LAUNCH_FILE
+                )
+            });
+        }
+        Ok(r)
+    }
+
+    /// The job's complete environment: inherited (unless turned off), the rendering's, and
+    /// the GPUs chosen at start.
+    fn env(&self, set_env: &BTreeMap<String, String>, gpus: &[usize]) -> Vec<(OsString, OsString)> {
         let mut env: Vec<(OsString, OsString)> = if self.inherit_env {
             std::env::vars_os().collect()
         } else {
@@ -522,11 +566,9 @@ impl Inner {
             env.retain(|(ek, _)| ek != k);
             env.push((k.into(), v));
         };
-        for (k, v) in &spec.command.env {
+        for (k, v) in set_env {
             set(k, v.into());
         }
-        set(ATTEMPT_ID_ENV, spec.attempt_id.as_str().into());
-        set(ATTEMPT_DIR_ENV, dir.as_os_str().to_owned());
         if !self.gpu_ids.is_empty() {
             let ids: Vec<&str> = gpus.iter().map(|&g| self.gpu_ids[g].as_str()).collect();
             set("CUDA_VISIBLE_DEVICES", ids.join(",").into());
@@ -791,6 +833,82 @@ fn with_oom_evidence(dir: &Path, mut s: JobStatus) -> JobStatus {
     s
 }
 
+/// What `launch.json` in an attempt folder holds: the rendering the job was started from and
+/// the GPU ids it got (the local executor's launch record).
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
+pub struct LaunchRecord {
+    /// What ran (as [`Executor::render`] shows it).
+    pub rendering: Rendering,
+    /// The GPU ids exported as `CUDA_VISIBLE_DEVICES`, chosen when the job started.
+    pub gpus: Vec<String>,
+}
+
+impl LocalExecutor {
+    /// The launch record of a started attempt (`<attempt folder>/launch.json`); `None` before
+    /// it started.
+    ///
+    /// # Errors
+    /// [`ExecutorError::Io`] or [`ExecutorError::Parse`] for an unreadable record.
+    pub fn launch_record(&self, id: &AttemptId) -> Result<Option<LaunchRecord>, ExecutorError> {
+        let p = self.inner.dir(id).join(folder::LAUNCH_FILE);
+        match std::fs::read(&p) {
+            Ok(b) => serde_json::from_slice(&b)
+                .map(Some)
+                .map_err(|e| ExecutorError::Parse {
+                    command: "launch record".into(),
+                    detail: format!("{}: {e}", p.display()),
+                    output: String::new(),
+                }),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
+            Err(e) => Err(ExecutorError::io("reading", &p, e)),
+        }
+    }
+}
+
+/// What this machine cannot run: several nodes, several tasks without torchrun, a shell
+/// script under torchrun, more GPUs than configured, a container or scheduler options (refused,
+/// never dropped).
+fn check_local(spec: &AttemptSpec, gpu_ids: &[String]) -> Result<(), ExecutorError> {
+    spec.validate()?;
+    let id = &spec.attempt_id;
+    if spec.topology.nodes != 1 {
+        return Err(ExecutorError::Unsatisfiable {
+            attempt_id: id.clone(),
+            needed: format!("{} nodes", spec.topology.nodes),
+            available: "1 node (this machine)".into(),
+        });
+    }
+    if spec.topology.ntasks_per_node != 1
+        && !matches!(spec.topology.launcher, TaskLauncher::Torchrun { .. })
+    {
+        return Err(ExecutorError::InvalidSpec {
+            attempt_id: Some(id.clone()),
+            field: "topology.ntasks_per_node".into(),
+            value: spec.topology.ntasks_per_node.to_string(),
+            expected: "1 for the local executor (use the Torchrun launcher for several \
+                       processes)"
+                .into(),
+        });
+    }
+    if spec.command.shell && matches!(spec.topology.launcher, TaskLauncher::Torchrun { .. }) {
+        return Err(ExecutorError::InvalidSpec {
+            attempt_id: Some(id.clone()),
+            field: "command.shell".into(),
+            value: "true".into(),
+            expected: "false with the Torchrun launcher (torchrun runs a script file)".into(),
+        });
+    }
+    let need = spec.topology.gpus_per_node() as usize;
+    if need > gpu_ids.len() {
+        return Err(ExecutorError::Unsatisfiable {
+            attempt_id: id.clone(),
+            needed: format!("{need} GPUs"),
+            available: format!("{} GPUs (ids {})", gpu_ids.len(), gpu_ids.join(",")),
+        });
+    }
+    spec.refuse_scheduler_options("local")
+}
+
 /// Finds `program` like `execvp` would: as given when it holds a `/` (relative to `cwd`),
 /// else the first executable regular file in `PATH`.
 fn resolve_program(program: &str, path: Option<&OsString>, cwd: Option<&Path>) -> Option<PathBuf> {
@@ -818,50 +936,17 @@ impl Executor for LocalExecutor {
         "local"
     }
 
+    fn render(&self, spec: &AttemptSpec) -> Result<Rendering, ExecutorError> {
+        self.inner.render(spec)
+    }
+
     async fn submit(&self, spec: &AttemptSpec) -> Result<JobHandle, ExecutorError> {
-        spec.validate()?;
         let inner = &self.inner;
         let id = &spec.attempt_id;
-        if spec.topology.nodes != 1 {
-            return Err(ExecutorError::Unsatisfiable {
-                attempt_id: id.clone(),
-                needed: format!("{} nodes", spec.topology.nodes),
-                available: "1 node (this machine)".into(),
-            });
-        }
-        if spec.topology.ntasks_per_node != 1
-            && !matches!(spec.topology.launcher, TaskLauncher::Torchrun { .. })
-        {
-            return Err(ExecutorError::InvalidSpec {
-                attempt_id: Some(id.clone()),
-                field: "topology.ntasks_per_node".into(),
-                value: spec.topology.ntasks_per_node.to_string(),
-                expected: "1 for the local executor (use the Torchrun launcher for several \
-                           processes)"
-                    .into(),
-            });
-        }
-        if spec.command.shell && matches!(spec.topology.launcher, TaskLauncher::Torchrun { .. }) {
-            return Err(ExecutorError::InvalidSpec {
-                attempt_id: Some(id.clone()),
-                field: "command.shell".into(),
-                value: "true".into(),
-                expected: "false with the Torchrun launcher (torchrun runs a script file)".into(),
-            });
-        }
-        let need = spec.topology.gpus_per_node() as usize;
-        if need > inner.gpu_ids.len() {
-            return Err(ExecutorError::Unsatisfiable {
-                attempt_id: id.clone(),
-                needed: format!("{need} GPUs"),
-                available: format!(
-                    "{} GPUs (ids {})",
-                    inner.gpu_ids.len(),
-                    inner.gpu_ids.join(",")
-                ),
-            });
-        }
+        inner.render(spec)?;
         inner.runtime()?;
+        std::fs::create_dir_all(&inner.root)
+            .map_err(|e| ExecutorError::io("creating executor root", &inner.root, e))?;
         let dir = inner.dir(id);
         match std::fs::create_dir(&dir) {
             Ok(()) => {}

@@ -149,7 +149,8 @@ pub(crate) struct Runner {
 }
 
 impl Runner {
-    fn program(&self, name: &str) -> PathBuf {
+    /// The program run for Slurm command `name`: `<bin dir>/name`, else `name` (from `PATH`).
+    pub fn program(&self, name: &str) -> PathBuf {
         match &self.bin_dir {
             Some(d) => d.join(name),
             None => PathBuf::from(name),

@@ -33,8 +33,8 @@ use std::time::Duration;
 use async_trait::async_trait;
 
 use super::{
-    ArraySpec, AttemptId, AttemptSpec, Executor, ExecutorError, JobHandle, JobStatus, check_kind,
-    now_ms,
+    ArraySpec, AttemptId, AttemptSpec, Executor, ExecutorError, JobHandle, JobStatus,
+    RenderedCommand, RenderedFile, Rendering, check_kind, now_ms,
 };
 use command::{Counters, Runner};
 pub use command::{RetryPolicy, SlurmStats};
@@ -117,10 +117,11 @@ impl SlurmExecutorBuilder {
         self
     }
 
-    /// Creates the log folder and the executor.
+    /// Checks the settings and makes the executor (the log folder is created at the first
+    /// submit).
     ///
     /// # Errors
-    /// [`ExecutorError::Io`] when the log folder cannot be created;
+    /// [`ExecutorError::Io`] when the log folder's path cannot be resolved;
     /// [`ExecutorError::InvalidSpec`] for a zero retry count or `min_interval > max_interval`.
     pub fn build(self) -> Result<SlurmExecutor, ExecutorError> {
         if self.retry.max_tries == 0 {
@@ -139,10 +140,8 @@ impl SlurmExecutorBuilder {
                 expected: format!("at most max_interval ({:?})", self.poll.max_interval),
             });
         }
-        std::fs::create_dir_all(&self.log_dir)
-            .map_err(|e| ExecutorError::io("creating log folder", &self.log_dir, e))?;
-        let log_dir = std::fs::canonicalize(&self.log_dir)
-            .map_err(|e| ExecutorError::io("resolving log folder", &self.log_dir, e))?;
+        // Made at the first submit: building (for a dry run) creates nothing.
+        let log_dir = super::resolve_dir(&self.log_dir)?;
         Ok(SlurmExecutor {
             inner: Arc::new(Inner {
                 log_dir,
@@ -267,6 +266,40 @@ impl Inner {
         }
     }
 
+    /// Where the batch script of job `name` is written.
+    fn script_path(&self, name: &AttemptId) -> PathBuf {
+        self.log_dir.join(format!("{name}.sbatch"))
+    }
+
+    /// `sbatch`'s arguments for the script at `path`.
+    fn sbatch_args(path: &Path) -> Vec<String> {
+        vec!["--parsable".to_string(), path.display().to_string()]
+    }
+
+    /// What [`submit`](Executor::submit) sends for `spec`: the batch script, written to
+    /// `<log dir>/<attempt id>.sbatch`, and `sbatch --parsable <that file>`.
+    fn render(&self, spec: &AttemptSpec) -> Result<Rendering, ExecutorError> {
+        spec.validate()?;
+        let template = self.log_template(spec, false);
+        let script = script::render(spec, &template, None)?;
+        let path = self.script_path(&spec.attempt_id);
+        let mut r =
+            Rendering::new(spec.attempt_id.clone(), "slurm").with_secrets_of(&spec.command.env);
+        let mut argv = vec![self.runner.program("sbatch").display().to_string()];
+        argv.extend(Self::sbatch_args(&path));
+        r.files.push(RenderedFile {
+            path,
+            content: script,
+        });
+        r.commands.push(RenderedCommand {
+            host: None,
+            argv,
+            env: Default::default(),
+            cwd: None,
+        });
+        Ok(r)
+    }
+
     /// Writes the script and submits it, adopting a job that an ambiguous failure left behind.
     async fn sbatch(
         &self,
@@ -274,11 +307,19 @@ impl Inner {
         script: &str,
     ) -> Result<(JobRef, u64), ExecutorError> {
         let id = &spec.attempt_id;
-        let path = self.log_dir.join(format!("{id}.sbatch"));
+        let path = self.script_path(id);
+        // Slurm does not create the output's folder: a job whose log cannot be opened fails
+        // without a word.
+        for dir in std::iter::once(self.log_dir.as_path())
+            .chain(spec.log_path.as_deref().and_then(Path::parent))
+        {
+            std::fs::create_dir_all(dir)
+                .map_err(|e| ExecutorError::io("creating log folder", dir, e))?;
+        }
         std::fs::write(&path, script)
             .map_err(|e| ExecutorError::io("writing batch script", &path, e))?;
         let submitted_at = now_ms();
-        let args = vec!["--parsable".to_string(), path.display().to_string()];
+        let args = Self::sbatch_args(&path);
         let mut last = String::new();
         for tries in 1..=self.runner.retry.max_tries {
             let out = self.runner.run_once("sbatch", &args).await?;
@@ -471,12 +512,15 @@ impl Executor for SlurmExecutor {
         parse::parse_slurm_user(self.inner.config().await?)
     }
 
+    fn render(&self, spec: &AttemptSpec) -> Result<Rendering, ExecutorError> {
+        self.inner.render(spec)
+    }
+
     async fn submit(&self, spec: &AttemptSpec) -> Result<JobHandle, ExecutorError> {
-        spec.validate()?;
         let inner = &self.inner;
+        let rendering = inner.render(spec)?;
         let template = inner.log_template(spec, false);
-        let script = script::render(spec, &template, None)?;
-        let (r, at) = inner.sbatch(spec, &script).await?;
+        let (r, at) = inner.sbatch(spec, &rendering.files[0].content).await?;
         let h = inner.make_handle(&spec.attempt_id, &r, None, at, &template);
         inner
             .state

@@ -5,45 +5,11 @@
 //! every word of the command line and every environment value is single-quoted for bash
 //! (`'...'`, with `'` written as `'\''`). Nothing from the spec is ever interpreted by a shell.
 
+use crate::executor::shell::{self, directive_value, is_var_name, quote as shell_quote};
 use crate::executor::{
     ARRAY_INDEX_ENV, ATTEMPT_ID_ENV, AttemptId, AttemptSpec, ExecutorError, GpuRequest,
     TaskLauncher,
 };
-
-/// Quotes `s` as one bash word.
-pub fn shell_quote(s: &str) -> String {
-    if !s.is_empty()
-        && s.bytes()
-            .all(|b| b.is_ascii_alphanumeric() || b"-_./=:,@%+".contains(&b))
-    {
-        return s.to_string();
-    }
-    format!("'{}'", s.replace('\'', r"'\''"))
-}
-
-/// Renders an `#SBATCH` option value, quoting it when needed.
-///
-/// # Errors
-/// [`ExecutorError::InvalidSpec`] naming `field` when the value holds `"`, `\`, a line break
-/// or a NUL (sbatch's directive parser has no escape for them).
-pub fn directive_value(field: &str, value: &str) -> Result<String, ExecutorError> {
-    if value.is_empty() || value.contains(['"', '\\', '\n', '\r', '\0']) {
-        return Err(ExecutorError::InvalidSpec {
-            attempt_id: None,
-            field: field.into(),
-            value: value.into(),
-            expected: "a non-empty value without '\"', '\\' or line breaks".into(),
-        });
-    }
-    if value
-        .bytes()
-        .all(|b| b.is_ascii_alphanumeric() || b"-_./=:,@%+[]".contains(&b))
-    {
-        Ok(value.to_string())
-    } else {
-        Ok(format!("\"{value}\""))
-    }
-}
 
 /// Escapes `%` for a Slurm filename pattern (`%%` is a literal `%`).
 pub fn escape_filename_pattern(path: &str) -> String {
@@ -165,7 +131,7 @@ pub fn render(
     }
     match topo.gpus {
         GpuRequest::None => {}
-        GpuRequest::PerNode(n) => opt("gres", "topology.gpus", &format!("gpu:{n}"))?,
+        GpuRequest::PerNode(n) => opt("gpus-per-node", "topology.gpus", &n.to_string())?,
         GpuRequest::PerTask(n) => opt("gpus-per-task", "topology.gpus", &n.to_string())?,
     }
     if let Some(m) = spec.mem_mb {
@@ -193,6 +159,12 @@ pub fn render(
     }
     if let Some(q) = &s.qos {
         opt("qos", "scheduler.qos", q)?;
+    }
+    if let Some(r) = &s.reservation {
+        opt("reservation", "scheduler.reservation", r)?;
+    }
+    if let Some(c) = &s.constraint {
+        opt("constraint", "scheduler.constraint", c)?;
     }
     if let Some(a) = array {
         let range = match a.max_concurrent {
@@ -247,12 +219,7 @@ pub fn render(
         None => {}
     }
     for (k, v) in &spec.command.env {
-        let ok = k
-            .bytes()
-            .next()
-            .is_some_and(|b| b.is_ascii_alphabetic() || b == b'_')
-            && k.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_');
-        if !ok {
+        if !is_var_name(k) {
             return Err(ExecutorError::InvalidSpec {
                 attempt_id: Some(id.clone()),
                 field: format!("command.env.{k}"),
@@ -262,48 +229,129 @@ pub fn render(
         }
         body.push_str(&format!("export {k}={}\n", shell_quote(v)));
     }
-    if let Some(cwd) = &spec.command.cwd {
+    let env = &spec.environment;
+    // An empty value in the runner file means "none".
+    let some = |v: &Option<String>| v.clone().filter(|x| !x.is_empty());
+    let container = some(&env.container);
+    let (setup_env, venv) = (some(&env.setup_env), some(&env.venv));
+    let cwd = spec.command.cwd.as_ref().map(|c| c.to_string_lossy());
+    // Without a container the batch shell enters the working directory and the environment,
+    // and every step inherits them; with one they exist only inside the container, so the
+    // step's payload enters them there (the batch shell still runs the site's commands).
+    if container.is_none()
+        && let Some(c) = &cwd
+    {
+        body.push_str(&format!("cd -- {} || exit 1\n", shell_quote(c)));
+    }
+    if container.is_none()
+        && let Some(setup) = &setup_env
+    {
+        body.push_str(&format!(". {} || exit 1\n", shell_quote(setup)));
+    }
+    if !env.prerun_commands.is_empty() {
+        body.push_str("# prerun_commands (execution contract, verbatim)\n");
+        for c in &env.prerun_commands {
+            body.push_str(c);
+            body.push('\n');
+        }
+    }
+    if container.is_none()
+        && let Some(venv) = &venv
+    {
         body.push_str(&format!(
-            "cd -- {} || exit 1\n",
-            shell_quote(&cwd.to_string_lossy())
+            ". {} || exit 1\n",
+            shell_quote(&format!("{venv}/bin/activate"))
         ));
     }
-    let argv: Vec<String> = spec
-        .command
-        .effective_argv()
-        .iter()
-        .map(|a| shell_quote(a))
-        .collect();
-    let argv = argv.join(" ");
-    let launch = match &topo.launcher {
-        TaskLauncher::Direct => argv,
-        TaskLauncher::Srun { extra_args } => {
-            let extra: Vec<String> = extra_args.iter().map(|a| shell_quote(a)).collect();
-            let sep = if extra.is_empty() { "" } else { " " };
-            format!("srun{sep}{} {argv}", extra.join(" "))
-        }
-        TaskLauncher::Torchrun {
-            nproc_per_node,
-            rdzv_backend,
-            rdzv_port,
-            max_restarts,
-        } => {
-            body.push_str(
-                "head_node=$(scontrol show hostnames \"$SLURM_JOB_NODELIST\" | head -n 1)\n",
-            );
-            format!(
-                "srun --ntasks-per-node=1 torchrun --nnodes=\"$SLURM_NNODES\" \
-                 --nproc_per_node={nproc_per_node} --rdzv_backend={} \
-                 --rdzv_endpoint=\"$head_node:{rdzv_port}\" --rdzv_id={} \
-                 --max-restarts={max_restarts} {argv}",
-                shell_quote(rdzv_backend),
-                shell_quote(id.as_str()),
-            )
+    // The command as shell text: the launcher's words (torchrun's endpoint names the first
+    // node, known only in the job, so it is the one word with an expansion) and the argv.
+    let mut command = shell::join(&spec.command.effective_argv());
+    let mut step: Option<Vec<String>> = match &topo.launcher {
+        TaskLauncher::Direct => None,
+        TaskLauncher::Srun { extra_args } => Some(extra_args.clone()),
+        TaskLauncher::Torchrun { rdzv_port, .. } => {
+            // One torchrun per node spawns the node's workers. One node: `--standalone` (a
+            // free local port, so instances packed on a node never collide); several: a c10d
+            // rendezvous on the job's first node, known only in the job (the one word with an
+            // expansion; HEAD stands for it among words we made ourselves).
+            const HEAD: &str = "\u{1}head_node\u{1}";
+            if topo.nodes > 1 {
+                body.push_str(
+                    "head_node=$(scontrol show hostnames \"$SLURM_JOB_NODELIST\" | head -n 1)\n",
+                );
+            }
+            let endpoint = format!("{HEAD}:{rdzv_port}");
+            let words = topo
+                .launcher
+                .torchrun_args(topo.nodes, Some(&endpoint), id.as_str(), None)
+                .unwrap_or_default();
+            let prefix: Vec<String> = words
+                .iter()
+                .map(|w| match w.split_once(HEAD) {
+                    Some((pre, post)) => format!("{pre}\"$head_node\"{}", shell_quote(post)),
+                    None => shell_quote(w),
+                })
+                .collect();
+            command = format!("{} {command}", prefix.join(" "));
+            Some(vec!["--ntasks-per-node=1".to_string()])
         }
     };
-    match &spec.warning_signal {
-        None => body.push_str(&format!("exec {launch}\n")),
-        Some(w) => body.push_str(&forwarding_launch(&launch, &w.signal)),
+    if let Some(image) = &container {
+        // pyxis (the enroot container plugin) adds the `--container-*` options to srun: the
+        // step runs in the image, the setup script and venv are sourced there.
+        // A direct command becomes one task on the first node (a container needs a step).
+        let mut s = step
+            .take()
+            .unwrap_or_else(|| vec!["--nodes=1".to_string(), "--ntasks=1".to_string()]);
+        s.push(format!("--container-image={image}"));
+        if let Some(m) = env.container_mounts.as_deref().filter(|m| !m.is_empty()) {
+            s.push(format!("--container-mounts={m}"));
+        }
+        if let Some(c) = &cwd {
+            s.push(format!("--container-workdir={c}"));
+        }
+        command = format!(
+            "{} {command}",
+            shell::join(&[
+                "bash".to_string(),
+                "-c".into(),
+                CONTAINER_PAYLOAD.into(),
+                "puzzletron-job".into(),
+                setup_env.clone().unwrap_or_default(),
+                venv.clone().unwrap_or_default(),
+            ])
+        );
+        step = Some(s);
+    }
+    let launch = match &step {
+        None => command,
+        Some(s) if s.is_empty() => format!("srun {command}"),
+        Some(s) => format!("srun {} {command}", shell::join(s)),
+    };
+    let post = &env.postrun_commands;
+    let postrun = || {
+        let mut p = String::from("# postrun_commands (execution contract, verbatim)\n");
+        for c in post {
+            p.push_str(c);
+            p.push('\n');
+        }
+        p
+    };
+    match (&spec.warning_signal, post.is_empty()) {
+        (None, true) => body.push_str(&format!("exec {launch}\n")),
+        (None, false) => {
+            body.push_str(&format!("{launch}\nrc=$?\n"));
+            body.push_str(&postrun());
+            body.push_str("exit \"$rc\"\n");
+        }
+        (Some(w), _) => {
+            let post = if post.is_empty() {
+                String::new()
+            } else {
+                postrun()
+            };
+            body.push_str(&forwarding_launch(&launch, &w.signal, &post));
+        }
     }
     Ok(format!(
         "#!/bin/bash\n{}\n# rendered by puzzletron for attempt {id}\n{body}",
@@ -311,12 +359,18 @@ pub fn render(
     ))
 }
 
+/// What a containerised step runs (`bash -c` inside the image): source the setup script
+/// (`$1`, when not empty) and the venv (`$2/bin/activate`), then exec the command. The values
+/// are positional arguments, never part of the script text.
+pub const CONTAINER_PAYLOAD: &str = "if [ -n \"$1\" ]; then . \"$1\" || exit 126; fi; \
+if [ -n \"$2\" ]; then . \"$2/bin/activate\" || exit 126; fi; shift 2; exec \"$@\"";
+
 /// The step line of a script with a warning signal (N03): the step runs in the background
 /// (`launch &`), the shell waits for it and forwards `signal` and `TERM` (Slurm's own signal
 /// at the limit) to it, so the worker can checkpoint; the shell's exit code is the step's.
 /// `signal` is one of [`WARNING_SIGNALS`](crate::executor::WARNING_SIGNALS) (no quoting
 /// needed).
-fn forwarding_launch(launch: &str, signal: &str) -> String {
+fn forwarding_launch(launch: &str, signal: &str, postrun: &str) -> String {
     let mut traps = format!("trap 'kill -s {signal} \"$step\" 2>/dev/null' {signal}\n");
     if signal != "TERM" {
         traps.push_str("trap 'kill -s TERM \"$step\" 2>/dev/null' TERM\n");
@@ -325,7 +379,7 @@ fn forwarding_launch(launch: &str, signal: &str) -> String {
     // until it has exited, so the status is the step's own.
     format!(
         "{traps}{launch} &\nstep=$!\nwait \"$step\"; rc=$?\n\
-         while kill -0 \"$step\" 2>/dev/null; do wait \"$step\"; rc=$?; done\nexit \"$rc\"\n"
+         while kill -0 \"$step\" 2>/dev/null; do wait \"$step\"; rc=$?; done\n{postrun}exit \"$rc\"\n"
     )
 }
 
@@ -334,19 +388,7 @@ mod tests {
     use super::*;
 
     #[test]
-    fn quoting() {
-        assert_eq!(shell_quote("abc"), "abc");
-        assert_eq!(shell_quote(""), "''");
-        assert_eq!(shell_quote("a b"), "'a b'");
-        assert_eq!(shell_quote("it's"), r"'it'\''s'");
-        assert_eq!(shell_quote("$(rm -rf /)"), "'$(rm -rf /)'");
-        assert_eq!(directive_value("f", "gpu").unwrap(), "gpu");
-        assert_eq!(
-            directive_value("f", "/a b/x.out").unwrap(),
-            "\"/a b/x.out\""
-        );
-        assert!(directive_value("f", "a\"b").is_err());
-        assert!(directive_value("f", "a\nb").is_err());
+    fn log_path_patterns() {
         assert_eq!(expand_log_path("/l/x-%j.out", 12, None), "/l/x-12.out");
         assert_eq!(
             expand_log_path("/l/x-%A_%a.out", 12, Some(3)),
