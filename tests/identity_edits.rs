@@ -334,7 +334,11 @@ fn edit_scenarios() {
     // puzzletron is a path dependency here (as the README suggests before the first release):
     // its own items never enter the closure, nor its build id (its version is in Cargo.lock,
     // its compiler in the toolchain witness), so a record stays small.
-    assert_eq!(first.code["builds"].as_array().unwrap().len(), 1, "{first:#?}");
+    assert_eq!(
+        first.code["builds"].as_array().unwrap().len(),
+        1,
+        "{first:#?}"
+    );
     assert!(
         !items.iter().any(|i| {
             let i = i.strip_prefix("file ").unwrap_or(i);
@@ -589,7 +593,11 @@ fn patch_itoa_to_next_version(ws: &Ws) {
     let text = std::fs::read_to_string(&manifest).unwrap();
     let from = format!("version = \"{version}\"");
     assert!(text.contains(&from), "{text}");
-    std::fs::write(&manifest, text.replacen(&from, &format!("version = \"{next}\""), 1)).unwrap();
+    std::fs::write(
+        &manifest,
+        text.replacen(&from, &format!("version = \"{next}\""), 1),
+    )
+    .unwrap();
     let mut root = std::fs::read_to_string(ws.root.join("Cargo.toml")).unwrap();
     root.push_str(&format!(
         "\n[patch.crates-io]\nitoa = {{ path = \"{}\" }}\n",
@@ -806,10 +814,14 @@ fn build_script_output_has_the_same_key_in_any_target_folder() {
 /// Parquet output written as CSV (the fixture builds puzzletron without default features).
 #[test]
 fn readme_example_records_are_small_with_puzzletron_as_a_path_dependency() {
-    let readme = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/README.md")).unwrap();
+    let readme =
+        std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/README.md")).unwrap();
     let start = readme.find("```rust,no_run\n").expect("README's example") + 15;
     let main = &readme[start..start + readme[start..].find("```").unwrap()];
-    assert!(main.contains("fn train(") && main.contains("job!(train)"), "{main}");
+    assert!(
+        main.contains("fn train(") && main.contains("job!(train)"),
+        "{main}"
+    );
     let parquet = "loss.write_parquet(\"loss.parquet\")?;";
     assert_eq!(main.matches(parquet).count(), 1, "{main}");
     let main = main.replace(parquet, "loss.write_csv(\"loss.csv\")?;");

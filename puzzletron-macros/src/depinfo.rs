@@ -254,8 +254,8 @@ fn replace_path(text: &str, root: &str, name: &str) -> String {
     while let Some(i) = rest.find(root) {
         let before = rest[..i].chars().next_back();
         let after = rest[i + root.len()..].chars().next();
-        let alone = before.is_none_or(|c| !path_char(c))
-            && after.is_none_or(|c| c == '/' || !path_char(c));
+        let alone =
+            before.is_none_or(|c| !path_char(c)) && after.is_none_or(|c| c == '/' || !path_char(c));
         out.push_str(&rest[..i]);
         out.push_str(if alone { name } else { root });
         rest = &rest[i + root.len()..];
@@ -349,7 +349,10 @@ mod tests {
     fn places_are_replaced_only_where_they_stand_alone() {
         assert_eq!(replace_path("/a/b/x", "/a/b", "$R"), "$R/x");
         assert_eq!(replace_path("/a/b", "/a/b", "$R"), "$R");
-        assert_eq!(replace_path("/a/b:/a/b/c x=/a/b", "/a/b", "$R"), "$R:$R/c x=$R");
+        assert_eq!(
+            replace_path("/a/b:/a/b/c x=/a/b", "/a/b", "$R"),
+            "$R:$R/c x=$R"
+        );
         assert_eq!(replace_path("/a/bc /x/a/b", "/a/b", "$R"), "/a/bc /x/a/b");
     }
 
@@ -368,7 +371,10 @@ mod tests {
         // A dependency of a dependency: two builds (features), and a binary's dep-info.
         for (h, v) in [("bb", "2"), ("cc", "2")] {
             write(&deps.join(format!("libinner-{h}.rlib")), "");
-            write(&deps.join(format!("inner-{h}.d")), &format!("# env-dep:V={v}\n"));
+            write(
+                &deps.join(format!("inner-{h}.d")),
+                &format!("# env-dep:V={v}\n"),
+            );
         }
         write(&deps.join("inner-dd.d"), "# env-dep:V=3\n");
         let args: Vec<String> = [
@@ -397,7 +403,10 @@ mod tests {
             dep_dirs: Vec::new(),
             proc_macro: false,
         };
-        assert_eq!(env.var(&pkg("direct"), "V"), Lookup::Value(Some("1".into())));
+        assert_eq!(
+            env.var(&pkg("direct"), "V"),
+            Lookup::Value(Some("1".into()))
+        );
         assert_eq!(env.var(&pkg("direct"), "W"), Lookup::NotRead);
         // The two builds agree.
         assert_eq!(env.var(&pkg("inner"), "V"), Lookup::Value(Some("2".into())));

@@ -475,9 +475,11 @@ fn compiled_inputs(ix: &Index, closure: &BTreeSet<usize>, notes: &mut Vec<String
     let user_value = |name: &str| -> String {
         match std::env::var_os(name) {
             Some(v) => match v.to_str() {
-                Some(s) => {
-                    value_digest(Some(&ix.env.normalize(user_pkg, user_out_dir.as_deref(), s)))
-                }
+                Some(s) => value_digest(Some(&ix.env.normalize(
+                    user_pkg,
+                    user_out_dir.as_deref(),
+                    s,
+                ))),
                 None => {
                     let mut b = b"set\n".to_vec();
                     b.extend_from_slice(v.as_encoded_bytes());
@@ -596,7 +598,12 @@ fn dep_inputs_digest(ix: &Index, p: &manifest::Package) -> Option<String> {
     }
     let mut lines: BTreeSet<String> = BTreeSet::new();
     for info in infos.iter() {
-        let od = info.env.get("OUT_DIR").cloned().flatten().map(PathBuf::from);
+        let od = info
+            .env
+            .get("OUT_DIR")
+            .cloned()
+            .flatten()
+            .map(PathBuf::from);
         for (n, v) in &info.env {
             if depinfo::is_location(n) {
                 continue;
