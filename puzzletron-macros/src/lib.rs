@@ -283,7 +283,10 @@ fn expand(input: TokenStream) -> Result<proc_macro2::TokenStream, String> {
         if !outside.is_empty() {
             let list: Vec<String> = outside.iter().map(|d| d.display().to_string()).collect();
             notes.push(format!(
-                "the build id of `{name}` (which stands for the values of its cfg predicates) is                  cargo's hash, which includes the absolute path of {} (outside the workspace                  root {}): this job's keys change if it moves; a path dependency under the                  workspace root is hashed by its relative path",
+                "the build id of `{name}` (which stands for the values of its cfg predicates) is \
+                 cargo's hash, which includes the absolute path of {} (outside the workspace \
+                 root {}): this job's keys change if it moves; a path dependency under the \
+                 workspace root is hashed by its relative path",
                 list.join(", "),
                 ws_root.display()
             ));
