@@ -718,11 +718,13 @@ const GEN_FIXTURE: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/fixtures/c
 /// Issue 26, item 6: a job that compiles in build-script output (`tests/fixtures/ccgen`: the
 /// user crate `include!`s `$OUT_DIR/gen.rs` as a module's items, as prost/tonic code does, and
 /// `$OUT_DIR/factor.rs` as an expression; its path dependency `ccgendep` `include!`s its own
-/// `$OUT_DIR/table.rs` and reads two variables its build script sets, one of them an absolute
-/// path under its `OUT_DIR`) gets the same keys when the same sources are built in another
-/// target folder (another machine, CI, a login node): files under `OUT_DIR` count by their
-/// path relative to it and their bytes, and no absolute build path enters a key. A change of
-/// the generated content still changes the keys, naming the file relative to `OUT_DIR`.
+/// `$OUT_DIR/table.rs`, reads two variables its build script sets, one of them an absolute
+/// path under its `OUT_DIR`, and includes `$OUT_DIR/note.txt` through a `macro_rules!` whose
+/// path the macro cannot evaluate) gets the same keys when the same sources are built in
+/// another target folder (another machine, CI, a login node): files under `OUT_DIR` count by
+/// their path relative to it and their bytes, and no absolute build path enters a key. A change
+/// of the generated content still changes the keys, naming the file relative to `OUT_DIR` (or
+/// `inputs ccgendep`, everything that dependency's build read, where nothing narrower is known).
 ///
 /// The two target folders are those of `edit_scenarios` and `compiled_in_inputs_change_the_key`
 /// (puzzletron's build there is the same, so it is built at most once for all three tests; the
@@ -747,6 +749,10 @@ fn build_script_output_has_the_same_key_in_any_target_folder() {
         "env ccgendep: CCGENDEP_MODE",
         "env ccgendep: CCGENDEP_TABLE",
         "ccgendep::scaled",
+        "ccgendep::generated!",
+        // What `generated!` includes cannot be evaluated (its `$name`): everything the
+        // dependency's build read counts, by label and content.
+        "inputs ccgendep",
     ] {
         assert!(items.iter().any(|i| i == want), "{want} not in {items:#?}");
     }
@@ -785,13 +791,19 @@ fn build_script_output_has_the_same_key_in_any_target_folder() {
             "ccgendep/table.txt",
             "2.0",
             "3.0",
-            "code changed: file ccgendep: $OUT_DIR/table.rs",
+            "code changed: file ccgendep: $OUT_DIR/table.rs, inputs ccgendep",
         ),
         (
             "ccgendep/mode.txt",
             "plain",
             "fancy",
-            "code changed: env ccgendep: CCGENDEP_MODE (ccgendep: src/lib.rs)",
+            "code changed: env ccgendep: CCGENDEP_MODE (ccgendep: src/lib.rs), inputs ccgendep",
+        ),
+        (
+            "ccgendep/note.src",
+            "a note",
+            "another note",
+            "code changed: inputs ccgendep",
         ),
     ] {
         ws.edit(file, from, to);

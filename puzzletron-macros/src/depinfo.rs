@@ -177,6 +177,11 @@ impl BuildEnv {
         }
     }
 
+    /// This rustc's arguments.
+    pub fn args(&self) -> &[String] {
+        &self.args
+    }
+
     /// The value `name` had when `pkg` was compiled.
     pub fn var(&self, pkg: &Package, name: &str) -> Lookup {
         if pkg.user {
@@ -318,6 +323,51 @@ pub fn find_dep_info(args: &[String], lib: &str) -> Vec<PathBuf> {
         }
     }
     found.into_iter().collect()
+}
+
+/// SHA-256 of the compiled artifact of dependency `lib`: the file `--extern lib=PATH` names,
+/// else every `lib<lib>-*` file of rustc's `-L dependency=` folders (names and digests). Only a
+/// last resort where no dep-info is found (a build not run by cargo): the artifact differs
+/// between two incremental builds of the same sources, so it reruns more than needed, never less.
+pub fn artifact_digest(args: &[String], lib: &str) -> Option<String> {
+    use crate::index::sha256_hex;
+    let prefix = format!("{lib}=");
+    let mut dirs = Vec::new();
+    let mut it = args.iter();
+    while let Some(a) = it.next() {
+        let (flag, v) = if a == "--extern" || a == "-L" {
+            (a.as_str(), it.next()?.as_str())
+        } else if let Some(v) = a.strip_prefix("--extern=") {
+            ("--extern", v)
+        } else if let Some(v) = a.strip_prefix("-L") {
+            ("-L", v)
+        } else {
+            continue;
+        };
+        if flag == "--extern" {
+            if let Some(p) = v.strip_prefix(&prefix) {
+                return std::fs::read(p).ok().map(|b| sha256_hex(&b));
+            }
+        } else if let Some(d) = v.strip_prefix("dependency=") {
+            dirs.push(PathBuf::from(d));
+        }
+    }
+    let head = format!("lib{lib}-");
+    let mut all: BTreeMap<String, String> = BTreeMap::new();
+    for d in dirs {
+        for e in std::fs::read_dir(&d).into_iter().flatten().flatten() {
+            let n = e.file_name().to_string_lossy().into_owned();
+            if n.starts_with(&head)
+                && let Ok(b) = std::fs::read(e.path())
+            {
+                all.insert(n, sha256_hex(&b));
+            }
+        }
+    }
+    (!all.is_empty()).then(|| {
+        let joined: Vec<String> = all.into_iter().map(|(n, d)| format!("{n} {d}")).collect();
+        sha256_hex(joined.join("\n").as_bytes())
+    })
 }
 
 #[cfg(test)]

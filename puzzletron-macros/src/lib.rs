@@ -574,17 +574,41 @@ fn compiled_inputs(ix: &Index, closure: &BTreeSet<usize>, notes: &mut Vec<String
         let p = &ix.packages[pkg];
         match dep_inputs_digest(ix, p) {
             Some(d) => {
+                notes.push(format!(
+                    "`{0}` compiles in values the macro cannot evaluate (an include path or \
+                     variable made by another macro, or several builds of it that disagree): \
+                     every variable and non-source file its build read is in the key (item \
+                     `inputs {0}`)",
+                    p.lib_name
+                ));
                 out.items.insert(
                     format!("inputs {}", p.lib_name),
                     (format!("{}: (dep-info)", p.lib_name), d),
                 );
             }
-            None => notes.push(format!(
-                "`{}` compiles in environment variables or computed include paths that the macro \
-                 cannot evaluate, and rustc's dep-info of its build was not found: they are NOT \
-                 in the key",
-                p.lib_name
-            )),
+            // Not built by cargo (no dep-info beside the `--extern` file): rather a rerun
+            // after every rebuild than a skip of changed code.
+            None => match depinfo::artifact_digest(ix.env.args(), &p.lib_name) {
+                Some(d) => {
+                    notes.push(format!(
+                        "`{}` compiles in environment variables or computed include paths that \
+                         the macro cannot evaluate, and rustc's dep-info of its build was not \
+                         found: its compiled artifact stands for them (runs rerun after each \
+                         rebuild of it)",
+                        p.lib_name
+                    ));
+                    out.items.insert(
+                        format!("compiled {}", p.lib_name),
+                        (format!("{}: (artifact)", p.lib_name), d),
+                    );
+                }
+                None => notes.push(format!(
+                    "`{}` compiles in environment variables or computed include paths that the \
+                     macro cannot evaluate, and neither rustc's dep-info of its build nor its \
+                     compiled artifact was found: they are NOT in the key",
+                    p.lib_name
+                )),
+            },
         }
     }
     out
