@@ -27,8 +27,10 @@
 //! dependency's `Cargo.toml`, and an `inputs DEP` item's is SHA-256 of the sorted lines naming
 //! every variable and non-source file of that dependency's dep-info (when the macro cannot
 //! evaluate what it compiles in). Nothing in `owned` depends on where the crate is built or on
-//! the compiled bytes (which differ between two incremental builds of the same sources). The
-//! job key is then [`job_key`](super::job_key)`(name, params, owned)` as before.
+//! the compiled bytes (which differ between two incremental builds of the same sources), except
+//! a `compiled DEP` item (SHA-256 of the dependency's artifact), the last resort where no
+//! dep-info of its build exists. The job key is then
+//! [`job_key`](super::job_key)`(name, params, owned)` as before.
 
 use std::collections::BTreeMap;
 
@@ -46,8 +48,9 @@ pub struct CompiledItem {
     /// `ccdemo::square!` (a `macro_rules!`), `file src/prompt.txt` or `file $OUT_DIR/gen.rs`
     /// (an included file), `env NAME` (a compiled-in environment variable), `env DEP: NAME` (a
     /// dependency's), `manifest DEP` (a dependency's `Cargo.toml`, standing for its
-    /// `CARGO_PKG_*` values) or `inputs DEP` (everything a dependency's build read besides its
-    /// sources, when the macro cannot evaluate what it compiles in).
+    /// `CARGO_PKG_*` values), `inputs DEP` (everything a dependency's build read besides its
+    /// sources, when the macro cannot evaluate what it compiles in) or, where no dep-info of that
+    /// build exists (not built by cargo), `compiled DEP` (its compiled artifact).
     pub path: &'static str,
     /// Its file, relative to its package or to its package's `OUT_DIR` (`$OUT_DIR/gen.rs`);
     /// `ccdep: src/lib.rs` for a dependency's. Never an absolute path of the build.
