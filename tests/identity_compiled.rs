@@ -1,7 +1,7 @@
 //! Compiled identity seen from a test crate: `job!` bakes the closure of the job function, old
 //! (file-scheme) records still read, and `trace(true)` re-checks recorded item digests.
 
-use puzzletron::identity::ITEMS_SCHEME;
+use puzzletron::identity::{CompiledCode, CompiledItem, ITEMS_SCHEME};
 use puzzletron::sweep::{Action, Job, JobResult, Run};
 use puzzletron::{FsStore, Orchestrator, Store, job};
 use serde::{Deserialize, Serialize};
@@ -207,4 +207,71 @@ fn negative_zero_and_zero_are_different_runs() {
         plan.decisions.iter().all(|d| d.action == Action::Skip),
         "{plan}"
     );
+}
+
+/// One closure built twice with two build ids of the path dependency `ccdep` (as after a new
+/// Cargo.lock or compiler, which give every path dependency a new build id).
+static BUILT_A: CompiledCode = CompiledCode {
+    package: "identity_compiled",
+    items: &[CompiledItem {
+        path: "identity_compiled::work",
+        file: "tests/identity_compiled.rs",
+        digest: "0000000000000000000000000000000000000000000000000000000000000001",
+    }],
+    cfgs: &[],
+    builds: &[("ccdep", "aaaaaaaaaaaaaaaa")],
+    files: &[],
+    lock: None,
+    opt_level: "0",
+    debug_assertions: true,
+    notes: &[],
+};
+static BUILT_B: CompiledCode = CompiledCode {
+    builds: &[("ccdep", "bbbbbbbbbbbbbbbb")],
+    ..BUILT_A
+};
+
+/// Issue 26: when a run's lineage was recorded with another Cargo.lock, the reason names the
+/// lock first (the cause), then the build ids it changed; without a lock change, only the build.
+#[test]
+fn a_new_lock_is_named_before_the_build_ids_it_changed() {
+    let d = tempfile::tempdir().unwrap();
+    let store = d.path().join("s");
+    let lock = |name: &str| {
+        let p = d.path().join(name).join("Cargo.lock");
+        std::fs::create_dir_all(p.parent().unwrap()).unwrap();
+        std::fs::write(&p, format!("# lock {name}\n")).unwrap();
+        p
+    };
+    let (lock_a, lock_b) = (lock("a"), lock("b"));
+    let job = |code: &'static CompiledCode| {
+        Job::new(
+            "identity_compiled::work",
+            "puzzletron",
+            env!("CARGO_MANIFEST_DIR"),
+            "tests/identity_compiled.rs",
+            work,
+        )
+        .with_code(code)
+    };
+    let open = |lock: &std::path::Path| {
+        Orchestrator::builder()
+            .store_root(&store)
+            .lock(lock)
+            .build()
+            .unwrap()
+    };
+    let mut o = open(&lock_a);
+    o.run(&job(&BUILT_A), P { x: 4 }).unwrap();
+    assert_eq!(o.drain().unwrap().ran(), 1);
+    let build = "build configuration changed: ccdep build (features, target, profile or dependency versions)";
+    let mut o = open(&lock_b);
+    o.run(&job(&BUILT_B), P { x: 4 }).unwrap();
+    assert_eq!(
+        o.plan().unwrap().decisions[0].reasons,
+        ["environment changed: Cargo.lock", build]
+    );
+    let mut o = open(&lock_a);
+    o.run(&job(&BUILT_B), P { x: 4 }).unwrap();
+    assert_eq!(o.plan().unwrap().decisions[0].reasons, [build]);
 }

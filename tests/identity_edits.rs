@@ -20,6 +20,8 @@ struct Ws {
     root: PathBuf,
     target: PathBuf,
     store: PathBuf,
+    /// The fixture's user package (its binary prints the lines `Out` reads).
+    package: &'static str,
 }
 
 #[derive(Debug)]
@@ -56,10 +58,15 @@ impl Ws {
 
     /// A workspace of its own (tests run in parallel), under `name`.
     fn named(name: &str) -> Self {
+        Self::of_fixture(FIXTURE, "ccdemo", name)
+    }
+
+    /// The fixture workspace `fixture` (user package `package`) copied under `name`.
+    fn of_fixture(fixture: &str, package: &'static str, name: &str) -> Self {
         let base = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join(name);
         let root = base.join("ws");
         let _ = std::fs::remove_dir_all(&root);
-        copy_dir(Path::new(FIXTURE), &root);
+        copy_dir(Path::new(fixture), &root);
         // The repository's lock: the fixture resolves to the versions already built.
         std::fs::copy(
             concat!(env!("CARGO_MANIFEST_DIR"), "/Cargo.lock"),
@@ -72,6 +79,7 @@ impl Ws {
             root,
             target: base.join("target"),
             store,
+            package,
         }
     }
 
@@ -81,11 +89,16 @@ impl Ws {
 
     /// Builds with `env` set (`Some`) or removed (`None`) in cargo's environment.
     fn build_env(&self, features: &[&str], env: &[(&str, Option<&str>)]) -> PathBuf {
+        self.build_in(&self.target, features, env)
+    }
+
+    /// Builds into the target folder `target` (the user package's binary is returned).
+    fn build_in(&self, target: &Path, features: &[&str], env: &[(&str, Option<&str>)]) -> PathBuf {
         let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
         let mut cmd = Command::new(cargo);
-        cmd.args(["build", "--offline", "--quiet", "-p", "ccdemo"])
+        cmd.args(["build", "--offline", "--quiet", "-p", self.package])
             .current_dir(&self.root)
-            .env("CARGO_TARGET_DIR", &self.target)
+            .env("CARGO_TARGET_DIR", target)
             .env_remove("RUSTFLAGS");
         if !features.is_empty() {
             cmd.arg("--features").arg(features.join(","));
@@ -102,7 +115,7 @@ impl Ws {
             "fixture build failed:\n{}",
             String::from_utf8_lossy(&out.stderr)
         );
-        self.target.join("debug/ccdemo")
+        target.join("debug").join(self.package)
     }
 
     fn write(&self, rel: &str, text: &str) {
@@ -192,8 +205,14 @@ fn frame(h: &mut Sha256, bytes: &[u8]) {
     h.update(bytes);
 }
 
-/// The key of each run recomputed from the formula in `identity::compiled` and `job_key`.
+/// The key of each run of `ccdemo`'s job recomputed from the formula in `identity::compiled`
+/// and `job_key`.
 fn check_keys(o: &Out) {
+    check_job_keys(o, "ccdemo::train::train")
+}
+
+/// The key of each run of the job named `job`, recomputed from the formula.
+fn check_job_keys(o: &Out, job: &str) {
     let mut items: Vec<(String, String)> = o.code["items"]
         .as_array()
         .unwrap()
@@ -236,11 +255,24 @@ fn check_keys(o: &Out) {
     for (params, key) in &o.keys {
         let mut h = Sha256::new();
         frame(&mut h, b"puzzletron/job-key/v1");
-        frame(&mut h, b"ccdemo::train::train");
+        frame(&mut h, job.as_bytes());
         frame(&mut h, params.as_bytes());
         frame(&mut h, &owned);
         assert_eq!(&hex::encode(h.finalize()), key, "key of {params}");
     }
+}
+
+/// Every record of `store` is under 8 KB (issue 26: with puzzletron's own 2,218 items in the
+/// closure a record of this fixture's job held ~490 KB).
+fn assert_records_small(store: &Path) {
+    let mut n = 0;
+    for e in std::fs::read_dir(store.join("jobs")).unwrap() {
+        let rec = e.unwrap().path().join("record.json");
+        let len = std::fs::metadata(&rec).unwrap().len();
+        assert!(len < 8 * 1024, "{}: {len} bytes", rec.display());
+        n += 1;
+    }
+    assert!(n > 0, "no record in {}", store.display());
 }
 
 fn item_paths(o: &Out) -> Vec<String> {
@@ -299,6 +331,22 @@ fn edit_scenarios() {
     assert_eq!(first.code["cfgs"][0][0], "feature = \"wide\"");
     assert_eq!(first.code["cfgs"][0][1], false);
     assert_eq!(first.code["builds"][0][0], "ccdep");
+    // puzzletron is a path dependency here (as the README suggests before the first release):
+    // its own items never enter the closure, nor its build id (its version is in Cargo.lock,
+    // its compiler in the toolchain witness), so a record stays small.
+    assert_eq!(
+        first.code["builds"].as_array().unwrap().len(),
+        1,
+        "{first:#?}"
+    );
+    assert!(
+        !items.iter().any(|i| {
+            let i = i.strip_prefix("file ").unwrap_or(i);
+            i.starts_with("puzzletron")
+        }),
+        "{items:#?}"
+    );
+    assert_records_small(&ws.store);
 
     // Comment, reformat and `///` doc edits: nothing runs.
     ws.edit(
@@ -489,14 +537,83 @@ fn edit_scenarios() {
     let o = ws.run(&ws.build(&[]));
     o.all_run_because("environment changed: Cargo.lock");
     assert_eq!(o.keys, fresh.keys);
+
+    // `cargo update -p itoa` (a registry crate puzzletron reaches through serde_json and csv;
+    // offline here: itoa patched to a copy of its source with the next version): Cargo.lock
+    // changes and puzzletron is rebuilt with a new build id. puzzletron is not owned, so the
+    // keys stay and every run reruns in place naming the lock (issue 26: it said `build
+    // configuration changed: puzzletron build (features, target or profile)`).
+    patch_itoa_to_next_version(&ws);
+    let o = ws.run(&ws.build(&[]));
+    o.all_run_because("environment changed: Cargo.lock");
+    assert_eq!(o.keys, fresh.keys);
+    let lock = std::fs::read_to_string(ws.root.join("Cargo.lock")).unwrap();
+    assert!(lock.contains("name = \"itoa\"\nversion = \"1.0."), "{lock}");
     eprintln!("whole scenario: {:?}", t0.elapsed());
+}
+
+/// Copies a folder as it is (bytes).
+fn copy_raw(from: &Path, to: &Path) {
+    std::fs::create_dir_all(to).unwrap();
+    for e in std::fs::read_dir(from).unwrap() {
+        let e = e.unwrap();
+        let dst = to.join(e.file_name());
+        if e.file_type().unwrap().is_dir() {
+            copy_raw(&e.path(), &dst);
+        } else {
+            std::fs::copy(e.path(), dst).unwrap();
+        }
+    }
+}
+
+/// What `cargo update -p itoa` does to `ws`, offline: the locked itoa's source, unpacked by
+/// cargo in its registry folder, is copied beside the workspace with the next patch version and
+/// patched in (`[patch.crates-io]`), so the next build rewrites Cargo.lock and rebuilds what
+/// depends on itoa.
+fn patch_itoa_to_next_version(ws: &Ws) {
+    let lock = std::fs::read_to_string(ws.root.join("Cargo.lock")).unwrap();
+    let head = "name = \"itoa\"\nversion = \"";
+    let at = lock.find(head).expect("itoa in Cargo.lock") + head.len();
+    let version = &lock[at..at + lock[at..].find('"').unwrap()];
+    let home = std::env::var_os("CARGO_HOME")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from(std::env::var_os("HOME").unwrap()).join(".cargo"));
+    let src = std::fs::read_dir(home.join("registry/src"))
+        .unwrap()
+        .map(|e| e.unwrap().path().join(format!("itoa-{version}")))
+        .find(|p| p.join("Cargo.toml").is_file())
+        .unwrap_or_else(|| panic!("itoa {version} is not unpacked under {}", home.display()));
+    let (major_minor, patch) = version.rsplit_once('.').unwrap();
+    let next = format!("{major_minor}.{}", patch.parse::<u32>().unwrap() + 1);
+    // Outside the workspace folder: a path package inside it would become a member.
+    let vendored = ws.root.parent().unwrap().join("vendor/itoa");
+    let _ = std::fs::remove_dir_all(&vendored);
+    copy_raw(&src, &vendored);
+    let manifest = vendored.join("Cargo.toml");
+    let text = std::fs::read_to_string(&manifest).unwrap();
+    let from = format!("version = \"{version}\"");
+    assert!(text.contains(&from), "{text}");
+    std::fs::write(
+        &manifest,
+        text.replacen(&from, &format!("version = \"{next}\""), 1),
+    )
+    .unwrap();
+    let mut root = std::fs::read_to_string(ws.root.join("Cargo.toml")).unwrap();
+    root.push_str(&format!(
+        "\n[patch.crates-io]\nitoa = {{ path = \"{}\" }}\n",
+        vendored.display()
+    ));
+    std::fs::write(ws.root.join("Cargo.toml"), root).unwrap();
 }
 
 /// What a job compiles in besides its items' tokens (bug: none of these were in the key, so a
 /// rebuilt binary reused results computed from the old values): an `include!`d file (its bytes,
 /// and the items its code names), an `include_str!` whose path is computed with
 /// `concat!(env!("CARGO_MANIFEST_DIR"), ..)`, an `option_env!` value of the job's crate, and an
-/// `env!`/`option_env!` of a path dependency (its compiled artifact stands for it).
+/// `env!`/`option_env!` of a path dependency (its value as rustc's dep-info of that dependency
+/// records it). Every build here is an ordinary `cargo build` (incremental, cargo's default):
+/// keying the dependency's compiled artifact instead made the rebuild with the earlier values
+/// rerun everything (issue 26, item 7).
 #[test]
 fn compiled_in_inputs_change_the_key() {
     const VARS: [&str; 2] = ["CC_FACTOR", "CCDEP_FLAG"];
@@ -541,10 +658,16 @@ fn compiled_in_inputs_change_the_key() {
         "file src/data.txt",
         "env CC_FACTOR",
         "ccdemo::helpers::from_include",
-        "compiled ccdep",
+        "env ccdep: CCDEP_FLAG",
     ] {
         assert!(items.iter().any(|i| i == want), "{want} not in {items:#?}");
     }
+    // Nothing stands for a dependency's compiled bytes (they differ between two builds of the
+    // same sources with incremental compilation, cargo's default for dev builds).
+    assert!(
+        !items.iter().any(|i| i.starts_with("compiled ")),
+        "{items:#?}"
+    );
     // Unchanged inputs, rebuilt: every run skips, same keys.
     ws.edit("ccdemo/src/main.rs", "fn grid()", "// touched\nfn grid()");
     let o = ws.run(&build(&[]));
@@ -582,10 +705,191 @@ fn compiled_in_inputs_change_the_key() {
     step(
         p,
         ws.run(&build(&[("CC_FACTOR", "2"), ("CCDEP_FLAG", "on")])),
-        "code changed: compiled ccdep (ccdep: (artifact))",
+        "code changed: env ccdep: CCDEP_FLAG (ccdep: src/lib.rs)",
     );
     // Back to the earlier values: their results are current again.
     let o = ws.run(&build(&[]));
     assert!(o.all_skip(), "{o:#?}");
     assert_eq!(o.keys, unset_keys);
+}
+
+const GEN_FIXTURE: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/fixtures/ccgen");
+
+/// Issue 26, item 6: a job that compiles in build-script output (`tests/fixtures/ccgen`: the
+/// user crate `include!`s `$OUT_DIR/gen.rs` as a module's items, as prost/tonic code does, and
+/// `$OUT_DIR/factor.rs` as an expression; its path dependency `ccgendep` `include!`s its own
+/// `$OUT_DIR/table.rs`, reads two variables its build script sets, one of them an absolute
+/// path under its `OUT_DIR`, and includes `$OUT_DIR/note.txt` through a `macro_rules!` whose
+/// path the macro cannot evaluate) gets the same keys when the same sources are built in
+/// another target folder (another machine, CI, a login node): files under `OUT_DIR` count by
+/// their path relative to it and their bytes, and no absolute build path enters a key. A change
+/// of the generated content still changes the keys, naming the file relative to `OUT_DIR` (or
+/// `inputs ccgendep`, everything that dependency's build read, where nothing narrower is known).
+///
+/// The two target folders are those of `edit_scenarios` and `compiled_in_inputs_change_the_key`
+/// (puzzletron's build there is the same, so it is built at most once for all three tests; the
+/// fixture's packages have names of their own, so nothing overwrites another test's binary).
+#[test]
+fn build_script_output_has_the_same_key_in_any_target_folder() {
+    let ws = Ws::of_fixture(GEN_FIXTURE, "ccgen", "identity-outdir");
+    let tmp = PathBuf::from(env!("CARGO_TARGET_TMPDIR"));
+    let (a, b) = (
+        tmp.join("identity-edits/target"),
+        tmp.join("identity-inputs/target"),
+    );
+    const JOB: &str = "ccgen::train::train";
+    let first = ws.run(&ws.build_in(&a, &[], &[]));
+    assert_eq!(first.ran, 3, "{first:#?}");
+    check_job_keys(&first, JOB);
+    let items = item_paths(&first);
+    for want in [
+        "file $OUT_DIR/gen.rs",
+        "file $OUT_DIR/factor.rs",
+        "file ccgendep: $OUT_DIR/table.rs",
+        "env ccgendep: CCGENDEP_MODE",
+        "env ccgendep: CCGENDEP_TABLE",
+        "ccgendep::scaled",
+        "ccgendep::generated!",
+        // What `generated!` includes cannot be evaluated (its `$name`): everything the
+        // dependency's build read counts, by label and content.
+        "inputs ccgendep",
+    ] {
+        assert!(items.iter().any(|i| i == want), "{want} not in {items:#?}");
+    }
+    // No location: not OUT_DIR's value, not an absolute path, not the target folder.
+    let files: Vec<&str> = first.code["files"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|f| f.as_str().unwrap())
+        .collect();
+    for label in items.iter().map(String::as_str).chain(files) {
+        let located = label.contains("//")
+            || label.contains(&*tmp.to_string_lossy())
+            || label.starts_with('/')
+            || label.contains(": /")
+            || label.matches("OUT_DIR").count() != label.matches("$OUT_DIR/").count();
+        assert!(!located, "{label:?} names a location: {items:#?}");
+    }
+
+    // The same sources in another target folder: every run is up to date, same keys.
+    let other = ws.run(&ws.build_in(&b, &[], &[]));
+    assert!(other.all_skip(), "{other:#?}");
+    assert_eq!(other.keys, first.keys);
+
+    // Each generated input changed: every run reruns, naming it; the other target folder,
+    // rebuilt from the same sources, agrees.
+    let mut prev = other;
+    for (file, from, to, reason) in [
+        (
+            "ccgen/gen.txt",
+            "0.25",
+            "0.5",
+            "code changed: file $OUT_DIR/gen.rs",
+        ),
+        (
+            "ccgendep/table.txt",
+            "2.0",
+            "3.0",
+            "code changed: file ccgendep: $OUT_DIR/table.rs, inputs ccgendep",
+        ),
+        (
+            "ccgendep/mode.txt",
+            "plain",
+            "fancy",
+            "code changed: env ccgendep: CCGENDEP_MODE (ccgendep: src/lib.rs), inputs ccgendep",
+        ),
+        (
+            "ccgendep/note.src",
+            "a note",
+            "another note",
+            "code changed: inputs ccgendep",
+        ),
+    ] {
+        ws.edit(file, from, to);
+        let o = ws.run(&ws.build_in(&b, &[], &[]));
+        o.all_run_because(reason);
+        check_job_keys(&o, JOB);
+        assert!(o.keys.iter().zip(&prev.keys).all(|(x, y)| x.1 != y.1));
+        let again = ws.run(&ws.build_in(&a, &[], &[]));
+        assert!(again.all_skip(), "{again:#?}");
+        assert_eq!(again.keys, o.keys);
+        prev = o;
+    }
+}
+
+/// Issue 26, item 7: the README's example, with puzzletron as a path dependency (as the README
+/// suggests until the first release), writes records under 8 KB: puzzletron's own items (its
+/// `Run::log` and everything it reaches) never enter the job's closure. Before, each record held
+/// ~490 KB (2,218 of puzzletron's items). The program is the README's `src/main.rs` as written
+/// there, built in `edit_scenarios`'s target folder (puzzletron's build is shared), with its
+/// Parquet output written as CSV (the fixture builds puzzletron without default features).
+#[test]
+fn readme_example_records_are_small_with_puzzletron_as_a_path_dependency() {
+    let readme =
+        std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/README.md")).unwrap();
+    let start = readme.find("```rust,no_run\n").expect("README's example") + 15;
+    let main = &readme[start..start + readme[start..].find("```").unwrap()];
+    assert!(
+        main.contains("fn train(") && main.contains("job!(train)"),
+        "{main}"
+    );
+    let parquet = "loss.write_parquet(\"loss.parquet\")?;";
+    assert_eq!(main.matches(parquet).count(), 1, "{main}");
+    let main = main.replace(parquet, "loss.write_csv(\"loss.csv\")?;");
+
+    let base = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("identity-readme");
+    let root = base.join("ws");
+    let _ = std::fs::remove_dir_all(&base);
+    std::fs::create_dir_all(root.join("src")).unwrap();
+    std::fs::write(
+        root.join("Cargo.toml"),
+        format!(
+            "[package]\nname = \"readme_example\"\nversion = \"0.1.0\"\nedition = \"2024\"\n\
+             publish = false\n\n[dependencies]\npuzzletron = {{ path = \"{}\", default-features = false }}\n\
+             serde = {{ version = \"1\", features = [\"derive\"] }}\nserde_json = \"1\"\n\n[workspace]\n",
+            env!("CARGO_MANIFEST_DIR")
+        ),
+    )
+    .unwrap();
+    std::fs::write(root.join("src/main.rs"), main).unwrap();
+    std::fs::copy(
+        concat!(env!("CARGO_MANIFEST_DIR"), "/Cargo.lock"),
+        root.join("Cargo.lock"),
+    )
+    .unwrap();
+    let ws = Ws {
+        root: root.clone(),
+        target: PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("identity-edits/target"),
+        store: root.join(".puzzletron"),
+        package: "readme_example",
+    };
+    let bin = ws.build(&[]);
+    let run = || {
+        let out = Command::new(&bin).current_dir(&root).output().unwrap();
+        let text = String::from_utf8_lossy(&out.stdout).into_owned();
+        assert!(
+            out.status.success(),
+            "{text}\n{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        text
+    };
+    let text = run();
+    assert!(text.contains("4 ran, 0 skipped"), "{text}");
+    assert_records_small(&ws.store);
+    for e in std::fs::read_dir(ws.store.join("jobs")).unwrap() {
+        let rec: serde_json::Value =
+            serde_json::from_slice(&std::fs::read(e.unwrap().path().join("record.json")).unwrap())
+                .unwrap();
+        let items: Vec<&String> = rec["owned"]["items"].as_object().unwrap().keys().collect();
+        assert_eq!(
+            items,
+            ["readme_example::Params", "readme_example::train"],
+            "{rec:#}"
+        );
+        assert!(rec["owned"].get("builds").is_none(), "{rec:#}");
+    }
+    let again = run();
+    assert!(again.contains("0 ran, 4 skipped"), "{again}");
 }

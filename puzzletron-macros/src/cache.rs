@@ -39,6 +39,7 @@ const OWN_SOURCES: &[&str] = &[
     include_str!("scan.rs"),
     include_str!("manifest.rs"),
     include_str!("cache.rs"),
+    include_str!("depinfo.rs"),
     include_str!("../Cargo.toml"),
 ];
 

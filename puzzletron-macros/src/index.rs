@@ -14,6 +14,7 @@ use quote::ToTokens;
 use sha2::{Digest, Sha256};
 
 use crate::cache::Cache;
+use crate::depinfo::{BuildEnv, Lookup};
 use crate::manifest::Package;
 use crate::scan::{Input, Scan, scan};
 
@@ -68,6 +69,8 @@ pub struct Index {
     pub stats: CacheStats,
     /// Files read ahead of the replay (see `prefetch`).
     ahead: HashMap<FileCtx, Loaded>,
+    /// What each package was compiled with (`env!` values, `OUT_DIR`).
+    pub env: BuildEnv,
 }
 
 fn hex(bytes: &[u8]) -> String {
@@ -301,7 +304,14 @@ impl Walker<'_> {
                         // puzzletron's own internals (when it is a path dependency, as in its
                         // own examples) are included the same way, but are not the user's to
                         // act on: no note for them.
-                        if !self.fc.ours {
+                        if mac == "include" && !self.fc.ours {
+                            // Generated code (prost, tonic): the file counts by its content.
+                            self.note(format!(
+                                "item-level include! {path} ({file}): the included file's items \
+                                 are not analysed one by one, so the whole file is in every job \
+                                 of this crate (by its content)",
+                            ));
+                        } else if !self.fc.ours {
                             self.note(format!(
                                 "item-level macro invocation {path} ({file}): the items it makes \
                                  cannot be seen, so it is included in every job of this crate",
@@ -568,9 +578,17 @@ impl Index {
     /// Parses every package's module tree. The user's binary roots become crates of their own
     /// (appended after the packages) that depend on the user's library. `cache`: where each
     /// file's events are kept between builds (see `cache.rs`); `None` reads every file afresh.
-    pub fn build(mut packages: Vec<Package>, cache: Option<Cache>) -> Self {
+    #[cfg(test)]
+    pub fn build(packages: Vec<Package>, cache: Option<Cache>) -> Self {
+        Self::build_in(packages, cache, BuildEnv::default())
+    }
+
+    /// [`Index::build`], evaluating computed include paths with what each package was compiled
+    /// with (`env`).
+    pub fn build_in(mut packages: Vec<Package>, cache: Option<Cache>, env: BuildEnv) -> Self {
         let mut ix = Index {
             cache,
+            env,
             ..Index::default()
         };
         if let Some(user) = packages.first().cloned() {
@@ -739,15 +757,20 @@ impl Index {
         // A computed include path (`concat!(env!("CARGO_MANIFEST_DIR"), "/f")`) is evaluated
         // here when it can be (see `crate::eval_str`): then it is a literal include.
         let pkg = self.packages.get(package);
-        let user = pkg.is_some_and(|p| p.user);
         let pkg_dir = pkg.map(|p| p.dir.to_string_lossy().into_owned());
+        let build_env = &self.env;
+        // The calling package's variables are this process's; a dependency's are those its
+        // dep-info records (see `depinfo.rs`): `OUT_DIR` there is its build script's output.
         let env = |name: &str| -> Option<Option<String>> {
             if name == "CARGO_MANIFEST_DIR" {
                 return pkg_dir.clone().map(Some);
             }
-            // A dependency's environment is not this process's.
-            user.then(|| std::env::var(name).ok())
+            match build_env.var(pkg?, name) {
+                Lookup::Value(v) => Some(v),
+                Lookup::NotRead | Lookup::Unknown => None,
+            }
         };
+        let mut notes = Vec::new();
         let mut k = 0;
         let mut seen: HashSet<PathBuf> = HashSet::new();
         while k < inputs.len() {
@@ -798,12 +821,13 @@ impl Index {
                     );
                 }
                 // Its bytes still count (or the missing file is said), through `includes`.
-                Err(e) => self.notes.push(format!(
+                Err(e) => notes.push(format!(
                     "included file {} could not be read as tokens ({e}): only its bytes count",
                     f.display()
                 )),
             }
         }
+        self.notes.extend(notes);
         inputs.retain(|(_, i)| !matches!(i, Input::Evaluated(_)));
         refs.sort();
         refs.dedup();
@@ -884,21 +908,71 @@ impl Index {
         reached
     }
 
-    /// Per-package relative file name of `file`, `/`-separated.
+    /// Per-package name of `file`, `/`-separated and without the build's location: relative to
+    /// its package's `OUT_DIR` (`$OUT_DIR/gen.rs`), else to its package (`src/prompt.txt`),
+    /// else (a file outside the package) relative to the package through their nearest common
+    /// folder (`../shared/data.txt`), or absolute when that is the root; a dependency's is
+    /// prefixed with its name (`ccdep: src/lib.rs`).
     pub fn rel(&self, package: usize, file: &Path) -> String {
         let p = &self.packages[package];
-        let rel = file.strip_prefix(&p.dir).unwrap_or(file);
-        let s = rel
-            .iter()
-            .map(|c| c.to_string_lossy())
-            .collect::<Vec<_>>()
-            .join("/");
+        let s = file_label(file, &p.dir, self.env.out_dir(p).as_deref());
         if p.user {
             s
         } else {
             format!("{}: {s}", p.lib_name)
         }
     }
+}
+
+/// `/`-joined components of a relative path.
+fn slashed(rel: &Path) -> String {
+    rel.iter()
+        .map(|c| c.to_string_lossy())
+        .collect::<Vec<_>>()
+        .join("/")
+}
+
+/// `file`'s name relative to `out_dir` (`$OUT_DIR/...`) or the package folder `dir` (see
+/// [`Index::rel`]).
+pub fn file_label(file: &Path, dir: &Path, out_dir: Option<&Path>) -> String {
+    // OUT_DIR first: the target folder is often inside the package.
+    if let Some(rel) = out_dir.and_then(|o| file.strip_prefix(o).ok()) {
+        return format!("$OUT_DIR/{}", slashed(rel));
+    }
+    if let Ok(rel) = file.strip_prefix(dir) {
+        return slashed(rel);
+    }
+    // Elsewhere: `..` as far as the nearest common folder, if it is not the root.
+    let file = lexical(file);
+    let common = dir
+        .ancestors()
+        .find(|a| file.starts_with(a))
+        .filter(|a| a.parent().is_some());
+    match common {
+        Some(c) => {
+            let ups = dir.strip_prefix(c).map_or(0, |r| r.iter().count());
+            let down = file.strip_prefix(c).map(slashed).unwrap_or_default();
+            let mut parts = vec![".."; ups];
+            parts.push(&down);
+            parts.join("/")
+        }
+        None => file.to_string_lossy().into_owned(),
+    }
+}
+
+/// `p` with `.` and `..` components resolved by name (no file system access).
+fn lexical(p: &Path) -> PathBuf {
+    let mut out = PathBuf::new();
+    for c in p.components() {
+        match c {
+            std::path::Component::CurDir => {}
+            std::path::Component::ParentDir => {
+                out.pop();
+            }
+            other => out.push(other),
+        }
+    }
+    out
 }
 
 /// Sorted (path, digest) of the included files of `items`, `notes` gets missing files.
@@ -1049,7 +1123,8 @@ mod tests {
             "{:?}",
             g.inputs
         );
-        // A dependency's own OUT_DIR is unknown here: left for the expansion's fallback.
+        // Without its dep-info, a dependency's own OUT_DIR is unknown here: left for the
+        // expansion's fallback.
         let h = item("dep::h");
         assert_eq!(h.includes, [d.join("dep/d.bin")]);
         assert!(
@@ -1059,7 +1134,58 @@ mod tests {
             "{:?}",
             h.inputs
         );
+
+        // With it (rustc's `--extern` names the dependency's build), its OUT_DIR is the one
+        // recorded there: the generated file is an include, named relative to that OUT_DIR.
+        let deps = d.join("target/debug/deps");
+        let out = d.join("target/debug/build/dep-0123/out");
+        write(&out, "o.bin", "generated");
+        write(&deps, "libdep-4567.rmeta", "");
+        write(
+            &deps,
+            "dep-4567.d",
+            &format!("# env-dep:OUT_DIR={}\n", out.display()),
+        );
+        let args: Vec<String> = vec![
+            "rustc".into(),
+            "--extern".into(),
+            format!("dep={}", deps.join("libdep-4567.rmeta").display()),
+        ];
+        let mut notes = Vec::new();
+        let ix = Index::build_in(
+            crate::manifest::packages(&d.join("app"), &mut notes),
+            None,
+            BuildEnv::for_rustc(&args, None),
+        );
+        let h = ix.items.iter().find(|i| i.path == "dep::h").unwrap();
+        assert_eq!(h.includes, [d.join("dep/d.bin"), out.join("o.bin")]);
+        assert!(
+            !h.inputs.iter().any(|(_, i)| matches!(i, Input::Path(_))),
+            "{:?}",
+            h.inputs
+        );
+        assert_eq!(ix.rel(h.package, &out.join("o.bin")), "dep: $OUT_DIR/o.bin");
+        assert_eq!(ix.rel(h.package, &d.join("dep/d.bin")), "dep: d.bin");
         let _ = std::fs::remove_dir_all(&d);
+    }
+
+    #[test]
+    fn file_labels_never_name_the_builds_location() {
+        let pkg = Path::new("/w/app");
+        let out = Path::new("/w/app/target/debug/build/app-1/out");
+        assert_eq!(
+            file_label(&out.join("gen.rs"), pkg, Some(out)),
+            "$OUT_DIR/gen.rs"
+        );
+        assert_eq!(
+            file_label(Path::new("/w/app/src/../p.txt"), pkg, Some(out)),
+            "src/../p.txt"
+        );
+        assert_eq!(
+            file_label(Path::new("/w/shared/x/../d.txt"), pkg, None),
+            "../shared/d.txt"
+        );
+        assert_eq!(file_label(Path::new("/etc/hosts"), pkg, None), "/etc/hosts");
     }
 
     /// Everything the index says, as text.

@@ -24,11 +24,13 @@ use proc_macro::TokenStream;
 use quote::quote;
 
 mod cache;
+mod depinfo;
 mod index;
 mod manifest;
 mod scan;
 
 use cache::Cache;
+use depinfo::{BuildEnv, Lookup};
 use index::{Index, included_files, sha256_hex};
 
 thread_local! {
@@ -135,6 +137,10 @@ fn expand(input: TokenStream) -> Result<proc_macro2::TokenStream, String> {
         .ancestors()
         .map(|d| d.join("Cargo.lock"))
         .find(|p| p.is_file());
+    // The workspace root (cargo hashes path packages under it by their relative path).
+    let ws_root = manifest::workspace_manifest(&manifest_dir)
+        .and_then(|(m, _)| m.parent().map(Path::to_path_buf))
+        .unwrap_or_else(|| manifest_dir.clone());
     let ix = CACHE.with(|c| {
         c.borrow_mut()
             .entry(manifest_dir.clone())
@@ -143,7 +149,8 @@ fn expand(input: TokenStream) -> Result<proc_macro2::TokenStream, String> {
                 let pkgs = manifest::packages(&manifest_dir, &mut notes);
                 let lock_digest = lock.as_deref().and_then(file_digest);
                 let cache = Cache::for_rustc(&args, lock_digest.as_deref());
-                let mut ix = with_fallback_tokens(|| Index::build(pkgs, cache));
+                let env = BuildEnv::for_rustc(&args, Some(&ws_root));
+                let mut ix = with_fallback_tokens(|| Index::build_in(pkgs, cache, env));
                 ix.notes.extend(notes);
                 remember_digests(&ix);
                 Rc::new(RefCell::new(ix))
@@ -203,7 +210,7 @@ fn expand(input: TokenStream) -> Result<proc_macro2::TokenStream, String> {
     let closure = ix.closure(&start);
     notes.extend(ix.notes.iter().cloned());
     let includes = included_files(&ix, &closure, &mut notes);
-    let inputs = with_fallback_tokens(|| compiled_inputs(&ix, &closure, &args, &mut notes));
+    let inputs = with_fallback_tokens(|| compiled_inputs(&ix, &closure, &mut notes));
 
     // Items, by path.
     let mut items: BTreeMap<String, (String, String)> = BTreeMap::new();
@@ -260,6 +267,29 @@ fn expand(input: TokenStream) -> Result<proc_macro2::TokenStream, String> {
                 }
                 builds.insert(name, format!("manifests:{}", sha256_hex(all.as_bytes())));
             }
+        }
+    }
+    // Cargo's build id hashes the absolute path of a path package outside the workspace root:
+    // then the key depends on where that package is, which the user can only fix by moving it.
+    for name in builds.keys() {
+        let Some(pkg) = ix
+            .packages
+            .iter()
+            .position(|p| !p.user && &p.lib_name == name)
+        else {
+            continue;
+        };
+        let outside = manifest::outside_root(&ix.packages, pkg, &ws_root);
+        if !outside.is_empty() {
+            let list: Vec<String> = outside.iter().map(|d| d.display().to_string()).collect();
+            notes.push(format!(
+                "the build id of `{name}` (which stands for the values of its cfg predicates) is \
+                 cargo's hash, which includes the absolute path of {} (outside the workspace \
+                 root {}): this job's keys change if it moves; a path dependency under the \
+                 workspace root is hashed by its relative path",
+                list.join(", "),
+                ws_root.display()
+            ));
         }
     }
     let opt_level = opt_level(&args);
@@ -402,88 +432,116 @@ struct Inputs {
     env: BTreeSet<String>,
 }
 
-/// `CARGO_MANIFEST_DIR` is where the package is, not what it computes: a moved checkout or a
-/// copied binary keeps its keys (what is read through it is covered by the file's digest).
-const LOCATION_VARS: &[&str] = &["CARGO_MANIFEST_DIR", "CARGO_MANIFEST_PATH"];
-
-/// The library crate of this macro (see `compiled_inputs`).
-const SELF_CRATE: &str = "puzzletron";
-
 /// Variables cargo sets from a package's `Cargo.toml` besides `CARGO_PKG_*` (see "Environment
 /// variables Cargo sets for crates" in the Cargo book).
 const MANIFEST_VARS: &[&str] = &["CARGO_CRATE_NAME"];
 
+/// The digest of a variable's value as keyed: SHA-256 of `"set\n" ++ value` (the build's places
+/// in it replaced by placeholders, see `BuildEnv::normalize`), or of `"unset"`.
+fn value_digest(value: Option<&str>) -> String {
+    match value {
+        Some(v) => {
+            let mut b = b"set\n".to_vec();
+            b.extend_from_slice(v.as_bytes());
+            sha256_hex(&b)
+        }
+        None => sha256_hex(b"unset"),
+    }
+}
+
 /// The closure's `env!`/`option_env!` values and the computed include paths the index could
-/// not evaluate (those it could are literal includes by now, see `Index::push_item`):
+/// not evaluate (those it could are literal includes by now, see `Index::push_item`). What is
+/// keyed is what the build reproduces, never where it is nor the compiled bytes:
 ///
+/// - a variable that says where the build is (`OUT_DIR`, `CARGO_MANIFEST_DIR`, ...: see
+///   `depinfo::is_location`) is not keyed (what is read through it is, by content);
 /// - in the calling package (its library and targets, which rustc compiles with this
 ///   process's environment), a variable's value is read here and is an item `env NAME` (the
-///   digest of the value, or of "unset");
+///   digest of the value with the build's places replaced by placeholders, or of "unset");
+///   so is one read by a dependency's `macro_rules!` (it expands in the crate that invokes it);
 /// - in a dependency, a variable cargo sets from its `Cargo.toml` (`CARGO_PKG_*`,
-///   `CARGO_CRATE_NAME`) is an item `manifest DEP`, the digest of that file; nothing from a
-///   proc-macro crate (its code runs in the compiler) nor from puzzletron itself (its
-///   compiled-in rustc version and target are every record's toolchain witness);
-/// - in a dependency, whose other environment (`OUT_DIR`, `cargo:rustc-env` of its build
-///   script) is not this process's, a variable or a path the index could not evaluate
-///   makes the dependency's compiled artifact (the file `--extern` names, whose
-///   bytes change whenever what it compiled in changes) an item `compiled DEP`;
-/// - an argument that cannot be evaluated (another macro, a `macro_rules!` fragment) in the
-///   calling package gets a note: its value is not in the key.
-fn compiled_inputs(
-    ix: &Index,
-    closure: &BTreeSet<usize>,
-    args: &[String],
-    notes: &mut Vec<String>,
-) -> Inputs {
+///   `CARGO_CRATE_NAME`) is an item `manifest DEP`, the digest of that file; any other (its
+///   build script's `cargo:rustc-env`, the environment) is an item `env DEP: NAME`, its value
+///   as rustc's dep-info of that dependency records it (nothing when rustc did not read it:
+///   the code reading it is not compiled); nothing from a proc-macro crate (its code runs in
+///   the compiler);
+/// - in a dependency, a variable or include path that cannot be evaluated (no dep-info,
+///   candidate builds that disagree, another macro's output) makes the item `inputs DEP`: every
+///   variable and every file other than its parsed sources that its dep-info records;
+/// - an argument that cannot be evaluated in the calling package gets a note: its value is not
+///   in the key.
+fn compiled_inputs(ix: &Index, closure: &BTreeSet<usize>, notes: &mut Vec<String>) -> Inputs {
     let mut out = Inputs::default();
-    let mut artifacts: BTreeSet<usize> = BTreeSet::new();
+    let mut fallback: BTreeSet<usize> = BTreeSet::new();
+    let user_pkg = &ix.packages[0];
+    let user_out_dir = ix.env.out_dir(user_pkg);
+    let user_value = |name: &str| -> String {
+        match std::env::var_os(name) {
+            Some(v) => match v.to_str() {
+                Some(s) => value_digest(Some(&ix.env.normalize(
+                    user_pkg,
+                    user_out_dir.as_deref(),
+                    s,
+                ))),
+                None => {
+                    let mut b = b"set\n".to_vec();
+                    b.extend_from_slice(v.as_encoded_bytes());
+                    sha256_hex(&b)
+                }
+            },
+            None => value_digest(None),
+        }
+    };
     for &i in closure {
         let it = &ix.items[i];
         let pkg = &ix.packages[it.package];
         let file = ix.rel(it.package, &it.file);
-        // A proc-macro crate's code runs in the compiler, never in the job. puzzletron's own
-        // compiled-in values (the rustc version and target its build script sets) are every
-        // record's toolchain witness, compared at each decision; keying them through its
-        // compiled artifact would tie every key to the build profile and features.
-        if pkg.proc_macro || (!pkg.user && pkg.lib_name == SELF_CRATE) {
+        // A proc-macro crate's code runs in the compiler, never in the job.
+        if pkg.proc_macro {
             continue;
         }
+        // `name!` (not `name!#n`, an item-level invocation): a `macro_rules!`.
+        let expands_here = !pkg.user && it.path.ends_with('!');
         for (_, input) in &it.inputs {
             match input {
                 scan::Input::Code(_) | scan::Input::Evaluated(_) => {}
                 scan::Input::Env(name) => {
-                    if LOCATION_VARS.contains(&name.as_str()) {
+                    if depinfo::is_location(name) {
                         continue;
                     }
-                    if !pkg.user {
-                        if MANIFEST_VARS.contains(&name.as_str()) || name.starts_with("CARGO_PKG_")
-                        {
-                            // Fixed by the dependency's `Cargo.toml`: its bytes stand for the
-                            // value, without tying the key to the build (profile, features,
-                            // compiler) as the compiled artifact would.
-                            let digest = std::fs::read(&pkg.manifest)
-                                .map(|b| sha256_hex(&b))
-                                .unwrap_or_else(|_| sha256_hex(b"unreadable manifest"));
+                    if pkg.user || expands_here {
+                        out.items
+                            .insert(format!("env {name}"), (file.clone(), user_value(name)));
+                        out.env.insert(name.clone());
+                    }
+                    if pkg.user {
+                        continue;
+                    }
+                    if MANIFEST_VARS.contains(&name.as_str()) || name.starts_with("CARGO_PKG_") {
+                        // Fixed by the dependency's `Cargo.toml`: its bytes stand for the value.
+                        let digest = std::fs::read(&pkg.manifest)
+                            .map(|b| sha256_hex(&b))
+                            .unwrap_or_else(|_| sha256_hex(b"unreadable manifest"));
+                        out.items.insert(
+                            format!("manifest {}", pkg.lib_name),
+                            (ix.rel(it.package, &pkg.manifest), digest),
+                        );
+                        continue;
+                    }
+                    match ix.env.var(pkg, name) {
+                        Lookup::Value(v) => {
+                            let od = ix.env.out_dir(pkg);
+                            let v = v.map(|v| ix.env.normalize(pkg, od.as_deref(), &v));
                             out.items.insert(
-                                format!("manifest {}", pkg.lib_name),
-                                (ix.rel(it.package, &pkg.manifest), digest),
+                                format!("env {}: {name}", pkg.lib_name),
+                                (file.clone(), value_digest(v.as_deref())),
                             );
-                            continue;
                         }
-                        artifacts.insert(it.package);
-                        continue;
+                        Lookup::NotRead => {}
+                        Lookup::Unknown => {
+                            fallback.insert(it.package);
+                        }
                     }
-                    let digest = match std::env::var_os(name) {
-                        Some(v) => {
-                            let mut b = b"set\n".to_vec();
-                            b.extend_from_slice(v.as_encoded_bytes());
-                            sha256_hex(&b)
-                        }
-                        None => sha256_hex(b"unset"),
-                    };
-                    out.items
-                        .insert(format!("env {name}"), (file.clone(), digest));
-                    out.env.insert(name.clone());
                 }
                 // Not evaluable by the index (see `Index::push_item`).
                 scan::Input::Path(argtext) | scan::Input::CodePath(argtext) => {
@@ -495,7 +553,7 @@ fn compiled_inputs(
                             it.path
                         ));
                     } else {
-                        artifacts.insert(it.package);
+                        fallback.insert(it.package);
                     }
                 }
                 scan::Input::Unknown(argtext) => {
@@ -506,28 +564,94 @@ fn compiled_inputs(
                             it.path
                         ));
                     } else {
-                        artifacts.insert(it.package);
+                        fallback.insert(it.package);
                     }
                 }
             }
         }
     }
-    for pkg in artifacts {
-        let name = &ix.packages[pkg].lib_name;
-        match artifact_digest(args, name) {
+    for pkg in fallback {
+        let p = &ix.packages[pkg];
+        match dep_inputs_digest(ix, p) {
             Some(d) => {
+                notes.push(format!(
+                    "`{0}` compiles in values the macro cannot evaluate (an include path or \
+                     variable made by another macro, or several builds of it that disagree): \
+                     every variable and non-source file its build read is in the key (item \
+                     `inputs {0}`)",
+                    p.lib_name
+                ));
                 out.items.insert(
-                    format!("compiled {name}"),
-                    (format!("{name}: (artifact)"), d),
+                    format!("inputs {}", p.lib_name),
+                    (format!("{}: (dep-info)", p.lib_name), d),
                 );
             }
-            None => notes.push(format!(
-                "`{name}` compiles in environment variables or computed include paths, and its \
-                 compiled artifact was not found among rustc's arguments: they are NOT in the key"
-            )),
+            // Not built by cargo (no dep-info beside the `--extern` file): rather a rerun
+            // after every rebuild than a skip of changed code.
+            None => match depinfo::artifact_digest(ix.env.args(), &p.lib_name) {
+                Some(d) => {
+                    notes.push(format!(
+                        "`{}` compiles in environment variables or computed include paths that \
+                         the macro cannot evaluate, and rustc's dep-info of its build was not \
+                         found: its compiled artifact stands for them (runs rerun after each \
+                         rebuild of it)",
+                        p.lib_name
+                    ));
+                    out.items.insert(
+                        format!("compiled {}", p.lib_name),
+                        (format!("{}: (artifact)", p.lib_name), d),
+                    );
+                }
+                None => notes.push(format!(
+                    "`{}` compiles in environment variables or computed include paths that the \
+                     macro cannot evaluate, and neither rustc's dep-info of its build nor its \
+                     compiled artifact was found: they are NOT in the key",
+                    p.lib_name
+                )),
+            },
         }
     }
     out
+}
+
+/// Everything the dep-info of dependency `p`'s builds records besides its parsed sources: each
+/// variable (location variables left out, places in values replaced) and each other file read
+/// (by its label relative to that build's `OUT_DIR` or the package, and its bytes). `None` when
+/// no dep-info was found.
+fn dep_inputs_digest(ix: &Index, p: &manifest::Package) -> Option<String> {
+    let infos = ix.env.dep_infos(&p.lib_name);
+    if infos.is_empty() {
+        return None;
+    }
+    let mut lines: BTreeSet<String> = BTreeSet::new();
+    for info in infos.iter() {
+        let od = info
+            .env
+            .get("OUT_DIR")
+            .cloned()
+            .flatten()
+            .map(PathBuf::from);
+        for (n, v) in &info.env {
+            if depinfo::is_location(n) {
+                continue;
+            }
+            lines.insert(match v {
+                Some(v) => format!("env {n}={}", ix.env.normalize(p, od.as_deref(), v)),
+                None => format!("env {n} unset"),
+            });
+        }
+        for f in info.files.iter().filter(|f| !ix.files.contains(*f)) {
+            let digest = std::fs::read(f)
+                .map(|b| sha256_hex(&b))
+                .unwrap_or_else(|_| "unreadable".into());
+            lines.insert(format!(
+                "file {} {digest}",
+                index::file_label(f, &p.dir, od.as_deref())
+            ));
+        }
+    }
+    let joined: Vec<String> = lines.into_iter().collect();
+    Some(sha256_hex(joined.join("\n").as_bytes()))
 }
 
 /// The compile-time value of a string-producing macro argument: string and char literals,
@@ -596,48 +720,6 @@ fn split_commas(ts: proc_macro2::TokenStream) -> Vec<proc_macro2::TokenStream> {
         parts.pop();
     }
     parts
-}
-
-/// SHA-256 of the compiled artifact of dependency `name`: the file `--extern name=PATH` names,
-/// else every `lib<name>-*` file of rustc's `-L dependency=` folders (names and digests).
-fn artifact_digest(args: &[String], name: &str) -> Option<String> {
-    let prefix = format!("{name}=");
-    let mut dirs = Vec::new();
-    let mut it = args.iter();
-    while let Some(a) = it.next() {
-        let (flag, v) = if a == "--extern" || a == "-L" {
-            (a.as_str(), it.next()?.as_str())
-        } else if let Some(v) = a.strip_prefix("--extern=") {
-            ("--extern", v)
-        } else if let Some(v) = a.strip_prefix("-L") {
-            ("-L", v)
-        } else {
-            continue;
-        };
-        if flag == "--extern" {
-            if let Some(p) = v.strip_prefix(&prefix) {
-                return std::fs::read(p).ok().map(|b| sha256_hex(&b));
-            }
-        } else if let Some(d) = v.strip_prefix("dependency=") {
-            dirs.push(PathBuf::from(d));
-        }
-    }
-    let lib = format!("lib{name}-");
-    let mut all: BTreeMap<String, String> = BTreeMap::new();
-    for d in dirs {
-        for e in std::fs::read_dir(&d).into_iter().flatten().flatten() {
-            let n = e.file_name().to_string_lossy().into_owned();
-            if n.starts_with(&lib)
-                && let Ok(b) = std::fs::read(e.path())
-            {
-                all.insert(n, sha256_hex(&b));
-            }
-        }
-    }
-    (!all.is_empty()).then(|| {
-        let joined: Vec<String> = all.into_iter().map(|(n, d)| format!("{n} {d}")).collect();
-        sha256_hex(joined.join("\n").as_bytes())
-    })
 }
 
 #[cfg(test)]

@@ -1,5 +1,6 @@
 //! Which crates are owned: the user's package and, transitively, its path and workspace
-//! dependencies (registry crates are covered by the Cargo.lock witness).
+//! dependencies (registry crates are covered by the Cargo.lock witness), except puzzletron's
+//! own crates (see [`is_puzzletron`]).
 
 use std::path::{Path, PathBuf};
 
@@ -23,6 +24,18 @@ pub struct Package {
     pub dep_dirs: Vec<PathBuf>,
     /// A proc-macro crate: its code runs in the compiler, for the host, not in the job.
     pub proc_macro: bool,
+}
+
+/// puzzletron's own packages. As a dependency (a path dependency before its first release, as
+/// the README suggests, or a workspace member in its own repository) they are never owned: a
+/// job's results do not depend on how puzzletron records them, its version is in Cargo.lock
+/// whatever the dependency kind, and its compiler is every record's toolchain witness. Owned,
+/// `Run::log` alone reached 2,218 of its items (a ~490 KB record per run), and its build id
+/// changed with any Cargo.lock change of its dependencies (`cargo update -p itoa` re-ran
+/// everything as a "build configuration" change). The calling package itself is always owned
+/// (puzzletron's own tests call `job!`).
+pub fn is_puzzletron(package_name: &str) -> bool {
+    matches!(package_name, "puzzletron" | "puzzletron-macros")
 }
 
 fn read_table(path: &Path) -> Option<toml::Table> {
@@ -74,6 +87,9 @@ pub fn packages(dir: &Path, notes: &mut Vec<String>) -> Vec<Package> {
             ));
             continue;
         };
+        if !user && is_puzzletron(&package_name(&t, &d)) {
+            continue;
+        }
         let lib_name = t
             .get("lib")
             .and_then(|l| l.get("name"))
@@ -159,6 +175,30 @@ pub fn packages(dir: &Path, notes: &mut Vec<String>) -> Vec<Package> {
 
 fn canon(p: &Path) -> PathBuf {
     std::fs::canonicalize(p).unwrap_or_else(|_| p.to_path_buf())
+}
+
+/// The path packages in the dependency graph of `packages[pkg]` (itself included, and
+/// puzzletron's, which are not owned) whose folder is not under `root`, the workspace root:
+/// cargo hashes a path package under the workspace root by its path relative to the root, any
+/// other by its absolute path, into the build id of every crate that depends on it.
+pub fn outside_root(packages: &[Package], pkg: usize, root: &Path) -> Vec<PathBuf> {
+    let mut out = Vec::new();
+    let mut seen: Vec<PathBuf> = Vec::new();
+    let mut stack = vec![packages[pkg].dir.clone()];
+    while let Some(d) = stack.pop() {
+        if seen.contains(&d) {
+            continue;
+        }
+        seen.push(d.clone());
+        if !d.starts_with(root) {
+            out.push(d.clone());
+        }
+        if let Some(p) = packages.iter().find(|p| p.dir == d) {
+            stack.extend(p.dep_dirs.iter().cloned());
+        }
+    }
+    out.sort();
+    out
 }
 
 /// For each package, the packages it can name: itself and its transitive owned dependencies.

@@ -18,9 +18,18 @@
 //! ```
 //!
 //! where an item's digest is SHA-256 of its canonical token text (one token per line, doc
-//! attributes dropped), an included file's digest is SHA-256 of its bytes, an `env NAME` item's is
-//! SHA-256 of `"set\n" ++ value` (or of `"unset"`) and a `compiled DEP` item's is SHA-256 of that
-//! dependency's compiled artifact. The job key is then
+//! attributes dropped), an included file's digest is SHA-256 of its bytes (its path is relative
+//! to its package, or to its package's `OUT_DIR` as `$OUT_DIR/gen.rs`), an `env NAME` item's
+//! (the calling package's variable) or `env DEP: NAME` item's (a dependency's, as rustc's
+//! dep-info of that dependency records it) is SHA-256 of `"set\n" ++ value` (places of the
+//! build in the value written `$OUT_DIR`, `$CARGO_MANIFEST_DIR`, `$CARGO_TARGET_DIR`,
+//! `$CARGO_WORKSPACE_DIR`) or of `"unset"`, a `manifest DEP` item's is SHA-256 of that
+//! dependency's `Cargo.toml`, and an `inputs DEP` item's is SHA-256 of the sorted lines naming
+//! every variable and non-source file of that dependency's dep-info (when the macro cannot
+//! evaluate what it compiles in). Nothing in `owned` depends on where the crate is built or on
+//! the compiled bytes (which differ between two incremental builds of the same sources), except
+//! a `compiled DEP` item (SHA-256 of the dependency's artifact), the last resort where no
+//! dep-info of its build exists. The job key is then
 //! [`job_key`](super::job_key)`(name, params, owned)` as before.
 
 use std::collections::BTreeMap;
@@ -36,11 +45,15 @@ pub const ITEMS_SCHEME: &str = "puzzletron/owned-items/v2";
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct CompiledItem {
     /// Its path, e.g. `ccdemo::helpers::smooth`, `ccdemo::model::<Linear as Model>`,
-    /// `ccdemo::square!` (a `macro_rules!`), `file src/prompt.txt` (an included file), `env NAME`
-    /// (a compiled-in environment variable) or `compiled DEP` (a dependency's artifact, standing
-    /// for what it compiled in).
+    /// `ccdemo::square!` (a `macro_rules!`), `file src/prompt.txt` or `file $OUT_DIR/gen.rs`
+    /// (an included file), `env NAME` (a compiled-in environment variable), `env DEP: NAME` (a
+    /// dependency's), `manifest DEP` (a dependency's `Cargo.toml`, standing for its
+    /// `CARGO_PKG_*` values), `inputs DEP` (everything a dependency's build read besides its
+    /// sources, when the macro cannot evaluate what it compiles in) or, where no dep-info of that
+    /// build exists (not built by cargo), `compiled DEP` (its compiled artifact).
     pub path: &'static str,
-    /// Its file, relative to its package (`ccdep: src/lib.rs` for a dependency's).
+    /// Its file, relative to its package or to its package's `OUT_DIR` (`$OUT_DIR/gen.rs`);
+    /// `ccdep: src/lib.rs` for a dependency's. Never an absolute path of the build.
     pub file: &'static str,
     /// SHA-256 of its canonical tokens (bytes, for a file), 64 hex characters.
     pub digest: &'static str,
@@ -59,7 +72,9 @@ pub struct CompiledCode {
     /// in this build (`("feature = \"wide\"", true)`).
     pub cfgs: &'static [(&'static str, bool)],
     /// For each owned dependency whose part of the closure has `cfg` predicates: the build id
-    /// cargo gave it (its file-name hash, which changes with its features, target and profile).
+    /// cargo gave it (its file-name hash, which changes with its features, target, profile and
+    /// its dependencies' versions; for a path package outside the workspace root, cargo hashes
+    /// its absolute path too, and `job!` says so in a note).
     pub builds: &'static [(&'static str, &'static str)],
     /// Every source file the analysis read, absolute, with the SHA-256 of its bytes at compile
     /// time (for [`stale_files`](Self::stale_files)).
@@ -189,7 +204,9 @@ pub fn code_differences(new: &OwnedDigest, old: &OwnedDigest) -> Vec<String> {
     }
     for (n, b) in &new.builds {
         if old.builds.get(n).is_some_and(|o| o != b) {
-            cfgs.push(format!("{n} build (features, target or profile)"));
+            cfgs.push(format!(
+                "{n} build (features, target, profile or dependency versions)"
+            ));
         }
     }
     if !cfgs.is_empty() {
@@ -226,7 +243,7 @@ pub fn code_differences(new: &OwnedDigest, old: &OwnedDigest) -> Vec<String> {
 }
 
 fn describe_item(path: &str, file: &str) -> String {
-    if path.starts_with("file ") {
+    if path.starts_with("file ") || path.starts_with("inputs ") {
         path.to_string()
     } else {
         format!("{path} ({file})")

@@ -315,7 +315,17 @@ impl<'a, S: Store + ?Sized> Decider<'a, S> {
         match &rec {
             None => match lineage {
                 Some(prev) if prev != run.key => match self.store.record(&prev)? {
-                    Some(old) => reasons.extend(identity::code_differences(&run.owned, &old.owned)),
+                    Some(old) => {
+                        // A new Cargo.lock or compiler also gives path dependencies new build
+                        // ids: name it first, it is the cause.
+                        reasons.extend(
+                            self.witnesses
+                                .differences(&old.witnesses)
+                                .into_iter()
+                                .filter(|d| d.starts_with("environment changed:")),
+                        );
+                        reasons.extend(identity::code_differences(&run.owned, &old.owned))
+                    }
                     None => reasons.push("code changed".to_string()),
                 },
                 _ => reasons.push(self.identity.no_record_reason(self.store, run)?),
