@@ -67,11 +67,23 @@
 //!   composition, overrides, interpolation), GPU packing and dry runs.
 //!
 //! ## Features
-//! - `parquet` (default): [`MetricTable::write_parquet`].
+//! - `parquet` (default): Parquet output, [`MetricTable::write_parquet`] and
+//!   [`StoreExt::write_metric_parquet`] (adds the `parquet` crate; Arrow tables are always in).
+//! - `slurm` (default): `executor::SlurmExecutor`, which runs attempts as Slurm batch jobs and
+//!   arrays (no extra dependency: it calls `sbatch`, `squeue`, `sacct` and `scancel`).
 //! - `test-util`: the conformance suites `store::conformance` and `executor::conformance`, to
 //!   check your own [`Store`] or [`executor::Executor`] against the rules ours keep.
+//! - `progress`: progress bars (`indicatif`) in the campaign controller's live view on a
+//!   terminal.
+//! - `cli`: the `puzzletron` command line (`src/bin/puzzletron.rs`, the `cli` module; adds
+//!   `clap`).
+//! - `fuzzing`: the entry points of the fuzz targets (`campaign::fuzzing`,
+//!   `campaign::config::fuzzing`) for `fuzz/` and the corpus replay tests; not part of the API.
+//!
+//! Items that need a feature say so in these docs (on docs.rs every feature is on).
 
 #![warn(missing_docs)]
+#![cfg_attr(docsrs, feature(doc_cfg))]
 
 pub mod campaign;
 mod error;
@@ -84,6 +96,7 @@ pub mod store;
 pub mod sweep;
 
 #[cfg(feature = "cli")]
+#[cfg_attr(docsrs, doc(cfg(feature = "cli")))]
 pub mod cli;
 
 #[doc(hidden)]

@@ -85,11 +85,13 @@ pub mod local;
 pub mod mock;
 pub mod oom;
 #[cfg(feature = "slurm")]
+#[cfg_attr(docsrs, doc(cfg(feature = "slurm")))]
 pub mod slurm;
 mod spec;
 mod status;
 
 #[cfg(feature = "test-util")]
+#[cfg_attr(docsrs, doc(cfg(feature = "test-util")))]
 pub mod conformance;
 
 use std::sync::Arc;

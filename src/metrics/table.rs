@@ -136,6 +136,7 @@ impl MetricTable {
     /// # Errors
     /// [`MetricsError::Io`], [`MetricsError::Parquet`].
     #[cfg(feature = "parquet")]
+    #[cfg_attr(docsrs, doc(cfg(feature = "parquet")))]
     pub fn write_parquet(&self, path: impl AsRef<Path>) -> Result<(), MetricsError> {
         use parquet::arrow::ArrowWriter;
         let path = path.as_ref();

@@ -23,6 +23,7 @@ mod record;
 mod rows;
 
 #[cfg(any(test, feature = "test-util"))]
+#[cfg_attr(docsrs, doc(cfg(feature = "test-util")))]
 pub mod conformance;
 
 use std::path::PathBuf;
@@ -560,6 +561,7 @@ pub trait StoreExt: Store {
     /// [`MetricsError::Io`](crate::metrics::MetricsError::Io) /
     /// [`MetricsError::Parquet`](crate::metrics::MetricsError::Parquet) naming `path`.
     #[cfg(feature = "parquet")]
+    #[cfg_attr(docsrs, doc(cfg(feature = "parquet")))]
     fn write_metric_parquet(
         &self,
         metric: &str,

@@ -470,6 +470,7 @@ impl<S: Store, E: Executor> Orchestrator<S, E> {
     /// As [`recorded`](Self::recorded), and [`Error::Metrics`] with
     /// [`MetricsError::Io`]/[`MetricsError::Parquet`] naming `path`.
     #[cfg(feature = "parquet")]
+    #[cfg_attr(docsrs, doc(cfg(feature = "parquet")))]
     pub fn write_metric_parquet(
         &self,
         metric: &str,
