@@ -694,12 +694,21 @@ pub enum StoreError {
         /// The name given.
         name: String,
     },
+    /// The drain running the job was cancelled: [`Run::log`](crate::sweep::Run::log) and
+    /// [`Run::flush`](crate::sweep::Run::flush) return it so that a job stops at its next row.
+    /// Not a failure: the run is recorded as interrupted and runs again at the next drain
+    /// (retryable).
+    #[error(
+        "the drain was cancelled (dropped drain_async future, cancellation token, Ctrl-C or SIGTERM): the run is recorded as interrupted and runs again at the next drain"
+    )]
+    Cancelled,
 }
 
 impl StoreError {
-    /// Whether retrying can help: I/O errors may be transient; the others need a change.
+    /// Whether retrying can help: I/O errors may be transient, and a cancelled run runs again
+    /// at the next drain; the others need a change.
     pub fn is_retryable(&self) -> bool {
-        matches!(self, StoreError::Io { .. })
+        matches!(self, StoreError::Io { .. } | StoreError::Cancelled)
     }
 }
 

@@ -3,6 +3,7 @@
 //! See [`Orchestrator`] for the whole story and the crate docs for an example.
 
 mod builder;
+mod cancel;
 mod commit;
 mod decision;
 mod entry;
@@ -10,6 +11,7 @@ mod event;
 mod execute;
 mod heart;
 mod identity;
+mod interrupt;
 mod job;
 mod orchestrator;
 mod panics;
@@ -20,6 +22,7 @@ mod summary;
 pub mod worker;
 
 pub use builder::OrchestratorBuilder;
+pub use cancel::CancellationToken;
 pub use decision::{Action, JobDecision, Plan};
 pub use event::Event;
 pub use job::{Job, JobResult};
