@@ -30,7 +30,9 @@ impl Cancel {
     /// A cancellation of its own, cancelled too when `parent` is (if any).
     pub(crate) fn child_of(parent: Option<&CancellationToken>) -> Self {
         Self {
-            token: parent.map(CancellationToken::child_token).unwrap_or_default(),
+            token: parent
+                .map(CancellationToken::child_token)
+                .unwrap_or_default(),
             flag: Arc::default(),
             parent: parent.is_some(),
         }

@@ -477,7 +477,11 @@ impl<S: Store + ?Sized> Engine<'_, S> {
         started.end(self.store())?;
         sink.flush()?;
         self.store().release(claim)?;
-        self.emit(Event::Interrupted { index: index + 1, total, key });
+        self.emit(Event::Interrupted {
+            index: index + 1,
+            total,
+            key,
+        });
         Ok(Outcome::Interrupted)
     }
 

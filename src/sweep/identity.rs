@@ -36,7 +36,12 @@ impl Clone for JobIdentities {
             lock_from_jobs: self.lock_from_jobs,
             compiled: self.compiled.clone(),
             stale: self.stale.clone(),
-            params: Mutex::new(self.params.lock().unwrap_or_else(|e| e.into_inner()).clone()),
+            params: Mutex::new(
+                self.params
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .clone(),
+            ),
         }
     }
 }

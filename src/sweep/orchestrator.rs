@@ -391,10 +391,12 @@ impl<S: Store, E: Executor> Orchestrator<S, E> {
             },
             Err(e) => Drained {
                 outcomes: vec![None; queue.len()],
-                stop: Some(Stop::Cause(FailureCause::Store(crate::store::StoreError::Io {
-                    path: PathBuf::from("(drain thread)"),
-                    source: e,
-                }))),
+                stop: Some(Stop::Cause(FailureCause::Store(
+                    crate::store::StoreError::Io {
+                        path: PathBuf::from("(drain thread)"),
+                        source: e,
+                    },
+                ))),
             },
         };
         on_drop.disarm();
@@ -671,9 +673,7 @@ impl<S: Store, E: Executor> DrainContext<S, E> {
             cancel: &self.cancel,
         };
         match &self.tasks_dir {
-            Some(dir) => {
-                super::worker::drain_isolated(&engine, &*self.executor, dir, &self.queue)
-            }
+            Some(dir) => super::worker::drain_isolated(&engine, &*self.executor, dir, &self.queue),
             None => engine.drain(&self.queue),
         }
     }
