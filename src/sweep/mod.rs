@@ -15,6 +15,7 @@ mod interrupt;
 mod job;
 mod orchestrator;
 mod panics;
+mod param_shape;
 mod params_check;
 mod pending;
 mod run;

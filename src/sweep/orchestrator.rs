@@ -16,6 +16,7 @@ use super::decision::{Decider, JobDecision, Plan};
 use super::entry::Entry;
 use super::execute::{Drained, Engine, EventFn, Stop, failure, summary_of};
 use super::job::Job;
+use super::param_shape::Traced;
 use super::params_check::ParamsCheck;
 use super::pending::{PendingRun, RunSpec};
 use super::run::Run;
@@ -73,6 +74,8 @@ pub struct Orchestrator<S: Store = FsStore, E: Executor = InProcess> {
     /// Parameter names and types shared by the runs that have them (most sweeps: one shape
     /// per job), so a run holds two pointers instead of its own copies.
     shapes: Vec<Shape>,
+    /// Per parameters type: its traced column types (`None`: it cannot be traced).
+    traced: HashMap<std::any::TypeId, Option<Arc<BTreeMap<String, Traced>>>>,
     queue: Vec<PendingRun>,
     enqueued: Vec<PendingRun>,
     /// Per enqueued key: its index in `enqueued` and whether it is in `queue`.
@@ -105,6 +108,7 @@ impl<S: Store, E: Executor> Orchestrator<S, E> {
             params_check: ParamsCheck::default(),
             job_names: HashMap::new(),
             shapes: Vec::new(),
+            traced: HashMap::new(),
             queue: Vec::new(),
             enqueued: Vec::new(),
             keys: HashMap::new(),
@@ -163,7 +167,8 @@ impl<S: Store, E: Executor> Orchestrator<S, E> {
                 n
             }
         };
-        let shape = self.shape(canon.fields, canon.types);
+        let types = self.column_types::<P>(canon.types);
+        let shape = self.shape(canon.fields, types);
         let pending = PendingRun::new(RunSpec {
             key,
             lineage: identity::lineage_key(job.name(), &canon.json),
@@ -184,6 +189,33 @@ impl<S: Store, E: Executor> Orchestrator<S, E> {
         self.queue.push(pending.clone());
         self.enqueued.push(pending);
         Ok(key)
+    }
+
+    /// The column type of each parameter of a run of `P`: from the type (see `param_shape`)
+    /// where the values cannot say it (a `None`, an enum whose runs use only unit variants),
+    /// else from the serializer's calls (`serialize_u64` is `UInt`), which `from_values` holds.
+    fn column_types<P: DeserializeOwned + 'static>(
+        &mut self,
+        mut from_values: BTreeMap<String, ParamType>,
+    ) -> BTreeMap<String, ParamType> {
+        let traced = self
+            .traced
+            .entry(std::any::TypeId::of::<P>())
+            .or_insert_with(|| super::param_shape::trace::<P>().map(Arc::new));
+        for (name, t) in traced.iter().flat_map(|t| t.iter()) {
+            match (t, from_values.get(name)) {
+                (_, None) => {
+                    from_values.insert(name.clone(), t.column());
+                }
+                // A unit variant serializes as a string, a data variant as JSON: the enum's
+                // type says which every value is written as.
+                (Traced::Enum { .. }, Some(ParamType::String | ParamType::Json)) => {
+                    from_values.insert(name.clone(), t.column());
+                }
+                _ => {}
+            }
+        }
+        from_values
     }
 
     /// The shared copy of a run's parameter names and types.
@@ -679,14 +711,16 @@ impl<S: Store, E: Executor> DrainContext<S, E> {
     }
 }
 
-/// A record's parameter types, or, for records written before types were kept, this sweep's.
+/// A run's parameter types: this sweep's (the run's key covers its parameters' type, so they
+/// describe its record too, and they are this build's, which types what older builds did not,
+/// e.g. `u64` apart from `i64`), or its record's.
 fn param_types<'a>(
     p: &'a PendingRun,
     rec: &'a crate::store::JobRecord,
 ) -> &'a std::collections::BTreeMap<String, crate::identity::ParamType> {
-    if rec.param_types.is_empty() {
-        &p.param_types
-    } else {
+    if p.param_types.is_empty() {
         &rec.param_types
+    } else {
+        &p.param_types
     }
 }
