@@ -87,7 +87,11 @@ fn want(text: &DataType) -> Vec<(String, DataType)> {
 fn check_values(t: &MetricTable) {
     assert_eq!(t.u64s("seed").unwrap(), [Some(1), Some(u64::MAX)]);
     assert_eq!(t.i64s("shift").unwrap(), [Some(-1), Some(2)]);
-    assert_eq!(t.u64s("never").unwrap(), [None, None], "nulls are None, never 0");
+    assert_eq!(
+        t.u64s("never").unwrap(),
+        [None, None],
+        "nulls are None, never 0"
+    );
     assert_eq!(t.f64s("sometimes").unwrap(), [Some(0.5), None]);
     assert_eq!(t.u64s("hidden").unwrap(), [Some(16), Some(32)]);
 }

@@ -399,7 +399,11 @@ fn metric_columns_take_their_type_from_the_rust_type() {
     let ty = |n: &str| schema.field_with_name(n).unwrap().data_type().clone();
     assert_eq!(ty("lr"), DataType::Float64);
     assert_eq!(ty("layers"), DataType::UInt64);
-    assert_eq!(ty("dropout"), DataType::Float64, "Option<f64>, None in every run");
+    assert_eq!(
+        ty("dropout"),
+        DataType::Float64,
+        "Option<f64>, None in every run"
+    );
     assert_eq!(t.f64s("dropout").unwrap(), [None, None]);
     assert_eq!(ty("wide"), DataType::Boolean);
     assert_eq!(ty("act"), DataType::Utf8);

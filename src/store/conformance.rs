@@ -82,7 +82,9 @@ pub(crate) fn claimed(store: &dyn Store, key: &Hash, owner: &Owner) -> super::Cl
 /// At the first check that fails, with `store conformance `CHECK`:` and the rule broken and
 /// what was observed (an error of the store included).
 pub fn run_all<S: Store + 'static>(make: impl Fn() -> S) {
-    check("empty_store_has_nothing", || empty_store_has_nothing(&make()));
+    check("empty_store_has_nothing", || {
+        empty_store_has_nothing(&make())
+    });
     check("claim_is_exclusive", || claim_is_exclusive(&make()));
     check("lifecycle_done", || lifecycle_done(&make()));
     check("failed_then_retried", || failed_then_retried(&make()));

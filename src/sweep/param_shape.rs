@@ -230,7 +230,9 @@ impl<'de> de::Deserializer<'de> for Leaf<'_> {
     type Error = Untraceable;
 
     fn deserialize_any<V: Visitor<'de>>(self, _visitor: V) -> Result<V::Value> {
-        Err(Untraceable("deserialize_any: the type is known only from its data".into()))
+        Err(Untraceable(
+            "deserialize_any: the type is known only from its data".into(),
+        ))
     }
 
     scalar!(
@@ -549,7 +551,11 @@ mod tests {
             assert_eq!(col(name), Some(want), "{name}");
         }
         assert_eq!(col("unit"), None, "() is always null: no column type");
-        assert_eq!(col("original"), None, "the field is named as serde names it");
+        assert_eq!(
+            col("original"),
+            None,
+            "the field is named as serde names it"
+        );
     }
 
     #[test]
