@@ -66,6 +66,27 @@
 //! - [`campaign`]: multi-stage GPU campaigns compiled from experiment YAML (Hydra-style
 //!   composition, overrides, interpolation), GPU packing and dry runs.
 //!
+//! ## Diagnostics, signals and the panic hook
+//! - The library logs through [`tracing`](https://docs.rs/tracing) and prints nothing of its
+//!   own: a span per drain (`drain`, with `runs` and `isolated`) and per run (`run`, with
+//!   `key`, `job`, `attempt`), a span per campaign controller run (`campaign`), and events for
+//!   decisions and claims (`DEBUG`), takeovers of interrupted runs, waits on other processes,
+//!   submissions and every controller event (`INFO`), retries of transient scheduler errors and
+//!   failed runs (`WARN`). Install a subscriber to see them (`tracing-subscriber`'s `fmt()`);
+//!   the `puzzletron` command line installs one on stderr (`--log-level`, `PUZZLETRON_LOG`).
+//!   What a caller asks to see is still shown: [`sweep::Event`]s through
+//!   [`OrchestratorBuilder::on_event`](sweep::OrchestratorBuilder::on_event), the campaign
+//!   controller's live view (`ViewMode`) on stderr.
+//! - The first run a drain executes installs a process-wide panic hook that records where a
+//!   job panicked (message, `file:line`, backtrace) in the run's failure, and leaves every
+//!   other panic to the hook installed before it: [`sweep::install_panic_hook`],
+//!   [`sweep::remove_panic_hook`].
+//! - A blocking [`Orchestrator::drain`] handles Ctrl-C (SIGINT) while it runs, when the
+//!   program does not handle SIGINT itself: the drain is cancelled, runs it started are
+//!   recorded as interrupted; the default action is back when the drain returns
+//!   ([`OrchestratorBuilder::cancel_on_ctrl_c`](sweep::OrchestratorBuilder::cancel_on_ctrl_c)).
+//!   An isolated worker handles SIGTERM and SIGINT the same way.
+//!
 //! ## Features
 //! - `parquet` (default): Parquet output, [`MetricTable::write_parquet`] and
 //!   [`StoreExt::write_metric_parquet`] (adds the `parquet` crate; Arrow tables are always in).

@@ -404,7 +404,9 @@ impl Conformance {
             SeparateProcess::InMemoryOnly => {}
             SeparateProcess::Rerun(Rerun::Unknown(thread)) => {
                 // Test tooling: the test's own output is where this must be seen.
-                eprintln!(
+                use std::io::Write;
+                let _ = writeln!(
+                    std::io::stderr().lock(),
                     "conformance: find_from_separate_process and poll_from_separate_process \
                      did not run: the suite was built on thread {thread:?}, not on its test's \
                      thread, so it cannot re-execute that test; build it in the test's body \

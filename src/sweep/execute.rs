@@ -82,6 +82,7 @@ impl<S: Store + ?Sized> Engine<'_, S> {
     /// (see `commit`); the drain returns once every commit is durable (a commit that fails
     /// stops it as a store failure).
     pub(super) fn drain(&self, queue: &[PendingRun]) -> Drained {
+        let _span = tracing::info_span!("drain", runs = queue.len(), isolated = false).entered();
         let (tx, rx) = mpsc::sync_channel::<Work>(COMMIT_BATCH * 2);
         let rx = Mutex::new(rx);
         let (done_tx, done_rx) = mpsc::channel::<(usize, StoreError)>();
@@ -151,6 +152,7 @@ impl<S: Store + ?Sized> Engine<'_, S> {
         let mut ahead: Vec<Option<JobDecision>> = Vec::new();
         for (i, p) in queue.iter().enumerate() {
             if self.cancel.is_cancelled() {
+                tracing::info!(done = i, total, "drain cancelled: no run starts any more");
                 stop!(Stop::Cause(FailureCause::Cancelled));
             }
             if i % PREFETCH == 0 {
@@ -171,6 +173,13 @@ impl<S: Store + ?Sized> Engine<'_, S> {
                     Err(e) => stop!(Stop::Cause(FailureCause::Store(e))),
                 },
             };
+            tracing::debug!(
+                key = %p.key.short(),
+                job = %p.job,
+                action = %decision.action,
+                reasons = ?decision.reasons,
+                "decided"
+            );
             match decision.action {
                 Action::Skip => {
                     outcomes[i] = Some(Outcome::Skipped {
@@ -236,6 +245,7 @@ impl<S: Store + ?Sized> Engine<'_, S> {
                     (_, Some(c)) => {
                         let holder = c.owner.to_string();
                         if announced.get(&i) != Some(&holder) {
+                            tracing::info!(key = %p.key.short(), %holder, "waiting for the run another process holds");
                             announced.insert(i, holder.clone());
                             self.emit(Event::Waiting { key: p.key, holder });
                         }
@@ -285,12 +295,31 @@ impl<S: Store + ?Sized> Engine<'_, S> {
         helpers: Helpers<'_>,
     ) -> std::result::Result<Option<Outcome>, StoreError> {
         match self.store().claim(&p.key, self.owner, decision.replaces)? {
-            ClaimOutcome::Claimed(c) => self
-                .execute(index, total, p, decision, c, helpers)
-                .map(Some),
-            ClaimOutcome::Busy(_) => Ok(None),
+            ClaimOutcome::Claimed(c) => {
+                if decision
+                    .reasons
+                    .iter()
+                    .any(|r| r.starts_with("interrupted"))
+                {
+                    tracing::info!(
+                        key = %p.key.short(),
+                        attempt = c.attempt,
+                        reasons = ?decision.reasons,
+                        "took over an interrupted run"
+                    );
+                } else {
+                    tracing::debug!(key = %p.key.short(), attempt = c.attempt, "claimed");
+                }
+                self.execute(index, total, p, decision, c, helpers)
+                    .map(Some)
+            }
+            ClaimOutcome::Busy(holder) => {
+                tracing::debug!(key = %p.key.short(), %holder, "held by another process");
+                Ok(None)
+            }
             ClaimOutcome::Done(r) => {
                 let by = r.owner.map(|o| o.to_string()).unwrap_or_default();
+                tracing::debug!(key = %p.key.short(), %by, "done by another process");
                 Ok(Some(Outcome::Skipped {
                     reasons: vec![format!("done by {by}")],
                 }))
@@ -307,6 +336,13 @@ impl<S: Store + ?Sized> Engine<'_, S> {
         claim: Claim,
         helpers: Helpers<'_>,
     ) -> std::result::Result<Outcome, StoreError> {
+        let _span = tracing::info_span!(
+            "run",
+            key = %p.key.short(),
+            job = %p.job,
+            attempt = claim.attempt
+        )
+        .entered();
         let params: serde_json::Value =
             serde_json::from_str(&p.params).unwrap_or(serde_json::Value::Null);
         let rec = JobRecord {
@@ -449,12 +485,20 @@ impl<S: Store + ?Sized> Engine<'_, S> {
                 seconds: *seconds,
                 rows: rec.metrics.as_ref().map(|m| m.rows).unwrap_or(0),
             }),
-            Outcome::Failed { failure } => self.emit(Event::Failed {
-                index: index + 1,
-                total,
-                key: p.key,
-                failure: failure.clone(),
-            }),
+            Outcome::Failed { failure } => {
+                tracing::warn!(
+                    key = %p.key.short(),
+                    kind = %failure.kind,
+                    "run failed: {}",
+                    failure.message
+                );
+                self.emit(Event::Failed {
+                    index: index + 1,
+                    total,
+                    key: p.key,
+                    failure: failure.clone(),
+                })
+            }
             _ => {}
         }
         Ok(outcome)
@@ -477,6 +521,7 @@ impl<S: Store + ?Sized> Engine<'_, S> {
         started.end(self.store())?;
         sink.flush()?;
         self.store().release(claim)?;
+        tracing::info!(key = %key.short(), "interrupted by the cancelled drain: runs again at the next drain");
         self.emit(Event::Interrupted {
             index: index + 1,
             total,

@@ -198,7 +198,7 @@ impl JobIdentities {
 }
 
 fn tracing_note(job: &str, note: &str) {
-    eprintln!("puzzletron: identity of {job}: {note}");
+    tracing::warn!(job, "identity: {note}");
 }
 
 /// At most this many runs of the job (the latest stored) are compared by [`params_changed`]: a

@@ -28,6 +28,7 @@ pub use decision::{Action, JobDecision, Plan};
 pub use event::Event;
 pub use job::{Job, JobResult};
 pub use orchestrator::Orchestrator;
+pub use panics::{install_panic_hook, remove_panic_hook};
 pub use pending::{PendingRun, RunSpec};
 pub use run::Run;
 pub use summary::{FailureCause, JobOutcome, Outcome, RunFailed, RunSummary};

@@ -178,7 +178,7 @@ pub fn main_guard_with(stores: &[(&str, StoreOpener)]) {
         None => return,
         Some(Ok(p)) => p,
         Some(Err(msg)) => {
-            eprintln!("puzzletron worker: {msg}");
+            worker_error(&msg);
             std::process::exit(EXIT_WORKER_ERROR);
         }
     };
@@ -195,11 +195,21 @@ pub fn main_guard_with(stores: &[(&str, StoreOpener)]) {
         Ok(Some(Outcome::Interrupted)) => EXIT_INTERRUPTED,
         Ok(_) => EXIT_ELSEWHERE,
         Err(msg) => {
-            eprintln!("puzzletron worker: task {}: {msg}", task.display());
+            worker_error(&format!("task {}: {msg}", task.display()));
             EXIT_WORKER_ERROR
         }
     };
     std::process::exit(code);
+}
+
+/// Why a worker could not run its task: a `tracing` error, and a line on the worker's stderr
+/// whatever subscriber there is (none, usually: the process is the library's, from
+/// `main_guard` to its exit), because that stream is the attempt's log, whose end the parent
+/// quotes in the run's failure.
+fn worker_error(msg: &str) {
+    use std::io::Write;
+    tracing::error!("puzzletron worker: {msg}");
+    let _ = writeln!(std::io::stderr().lock(), "puzzletron worker: {msg}");
 }
 
 /// The task file of this worker, from the environment; `None` outside worker mode.
@@ -484,7 +494,9 @@ pub(super) fn drain_isolated<S: Store + ?Sized, E: Executor + ?Sized>(
             };
         }
     };
-    rt.block_on(drain_isolated_async(engine, executor, tasks_dir, queue))
+    use tracing::Instrument;
+    let span = tracing::info_span!("drain", runs = queue.len(), isolated = true);
+    rt.block_on(drain_isolated_async(engine, executor, tasks_dir, queue).instrument(span))
 }
 
 /// [`drain_isolated`] as a future.
@@ -515,6 +527,13 @@ pub(super) async fn drain_isolated_async<S: Store + ?Sized, E: Executor + ?Sized
                     };
                 }
             };
+            tracing::debug!(
+                key = %queue[i].key.short(),
+                job = %queue[i].job,
+                action = %d.action,
+                reasons = ?d.reasons,
+                "decided"
+            );
             match d.action {
                 Action::Skip => {
                     outcomes[i] = Some(Outcome::Skipped {
@@ -684,6 +703,7 @@ async fn run_batch<S: Store + ?Sized, E: Executor + ?Sized>(
         .submit_array(&array)
         .await
         .map_err(FailureCause::Executor)?;
+    tracing::info!(runs = runs.len(), batch = %stamp, executor = executor.kind(), "submitted isolated workers");
     for (i, d) in runs {
         o.emit(Event::Started {
             index: i + 1,
@@ -704,6 +724,10 @@ async fn run_batch<S: Store + ?Sized, E: Executor + ?Sized>(
         let hs: Vec<JobHandle> = live.iter().map(|&n| handles[n].clone()).collect();
         if !cancelled && o.cancel.is_cancelled() {
             cancelled = true;
+            tracing::info!(
+                live = hs.len(),
+                "drain cancelled: cancelling the live workers"
+            );
             for h in &hs {
                 // A worker that cannot be cancelled is waited for: its own result stands.
                 if let Err(e) = executor.cancel(h).await {
@@ -716,6 +740,7 @@ async fn run_batch<S: Store + ?Sized, E: Executor + ?Sized>(
         let st = match executor.poll(&hs).await {
             Ok(st) => st,
             Err(e) if e.is_retryable() => {
+                tracing::warn!(error = %e, "polling the isolated workers failed: retrying");
                 tokio::time::sleep(o.wait_poll).await;
                 continue;
             }
@@ -844,6 +869,7 @@ fn conclude<S: Store + ?Sized>(
     } else {
         "crash"
     };
+    tracing::warn!(key = %p.key.short(), state = %status.state, "{message}");
     let mut f = failure(kind, message, log_tail);
     f.chain = Vec::new();
     let claim = match o.store().claim(&p.key, o.owner, None)? {
