@@ -32,7 +32,11 @@ fn collatz(p: &Params, run: &mut Run) -> JobResult {
     let mut step = 0;
     while x != 1 {
         run.log("x", step, x as f64)?;
-        x = if x.is_multiple_of(2) { x / 2 } else { 3 * x + 1 };
+        x = if x.is_multiple_of(2) {
+            x / 2
+        } else {
+            3 * x + 1
+        };
         step += 1;
     }
     run.log("x", step, 1.0)?;

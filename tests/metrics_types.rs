@@ -84,16 +84,36 @@ fn want(text: &DataType) -> Vec<(String, DataType)> {
     .collect()
 }
 
+/// The values of each row (a run's one row), in the order of `shift` (a store's table lists
+/// its runs by key, a sweep's in enqueue order).
 fn check_values(t: &MetricTable) {
-    assert_eq!(t.u64s("seed").unwrap(), [Some(1), Some(u64::MAX)]);
-    assert_eq!(t.i64s("shift").unwrap(), [Some(-1), Some(2)]);
-    assert_eq!(
-        t.u64s("never").unwrap(),
-        [None, None],
-        "nulls are None, never 0"
+    type Row = (
+        Option<i64>,
+        Option<u64>,
+        Option<u64>,
+        Option<f64>,
+        Option<u64>,
     );
-    assert_eq!(t.f64s("sometimes").unwrap(), [Some(0.5), None]);
-    assert_eq!(t.u64s("hidden").unwrap(), [Some(16), Some(32)]);
+    let mut rows: Vec<Row> = (0..t.num_rows())
+        .map(|i| {
+            (
+                t.i64s("shift").unwrap()[i],
+                t.u64s("seed").unwrap()[i],
+                t.u64s("never").unwrap()[i],
+                t.f64s("sometimes").unwrap()[i],
+                t.u64s("hidden").unwrap()[i],
+            )
+        })
+        .collect();
+    rows.sort_by_key(|r| r.0);
+    assert_eq!(
+        rows,
+        [
+            (Some(-1), Some(1), None, Some(0.5), Some(16)),
+            // Nulls are None, never 0.
+            (Some(2), Some(u64::MAX), None, None, Some(32)),
+        ]
+    );
 }
 
 #[test]

@@ -264,6 +264,12 @@ fn child_entry_point() {
         return;
     };
     let root = PathBuf::from(root);
+    // As in a program started from a shell. A test run started in the background of a
+    // non-interactive shell inherits SIGINT ignored, and a drain leaves an ignored SIGINT
+    // alone (the program owns it).
+    unsafe {
+        libc::signal(libc::SIGINT, libc::SIG_DFL);
+    }
     let mut o = sweep(&root, None, &[(1, true), (2, true)]);
     let failed = o.drain().expect_err("Ctrl-C cancels the drain");
     println!(

@@ -62,6 +62,16 @@ fn work(p: &P, run: &mut Run) -> JobResult {
         "kill" => unsafe {
             libc::raise(libc::SIGKILL);
         },
+        // A SIGTERM from outside the drain (a walltime, a preemption): the worker tells the
+        // job, which stops at its next `log`.
+        "term" => {
+            unsafe {
+                libc::raise(libc::SIGTERM);
+            }
+            while !run.is_cancelled() {
+                std::thread::sleep(Duration::from_millis(5));
+            }
+        }
         "error" => return Err(format!("job {} returns an error", p.x).into()),
         _ => {}
     }
@@ -440,7 +450,7 @@ fn crashes_fail_only_their_run(base: &Path) {
         .build()
         .unwrap();
     let j = job!(work);
-    let modes = ["ok", "panic", "ok", "error", "abort", "kill", "ok"];
+    let modes = ["ok", "panic", "ok", "error", "abort", "kill", "ok", "term"];
     for (x, m) in modes.iter().enumerate() {
         iso.run(&j, params(x as i64, m, 0)).unwrap();
     }
@@ -478,6 +488,14 @@ fn crashes_fail_only_their_run(base: &Path) {
             && kinds[5].contains(&JobState::Killed { signal: 9 }.to_string()),
         "{}",
         kinds[5]
+    );
+    // Stopped by a signal from outside the drain: a failure with the evidence, not a
+    // cancelled drain.
+    assert!(
+        kinds[7].starts_with("crash:")
+            && kinds[7].contains("after a SIGTERM or SIGINT from outside this drain"),
+        "{}",
+        kinds[7]
     );
     // The drain names the first failure (enqueue order).
     match &failed.cause {
@@ -580,6 +598,11 @@ const SIGINT_ROLE_ENV: &str = "PT_ISOLATED_SIGINT_ROLE";
 
 /// The parent of `sigint_cancels_an_isolated_drain`: a blocking isolated drain.
 fn sigint_role(base: &Path) {
+    // As in a program started from a shell (a test run in the background of a
+    // non-interactive shell inherits SIGINT ignored, which a drain leaves alone).
+    unsafe {
+        libc::signal(libc::SIGINT, libc::SIG_DFL);
+    }
     let mut o = Orchestrator::builder()
         .store_root(base.join("store"))
         .executor(local(&base.join("exec"), 2))

@@ -144,7 +144,9 @@ fn open_store(spec: &StoreSpec) -> std::result::Result<Box<dyn Store>, String> {
 /// worker could not run it (message on stderr: bad task file, a different binary, store
 /// error), 3 another process holds or finished the run, 4 the run was interrupted (SIGTERM or
 /// SIGINT, as a cancelled drain or `scancel` sends: the job is told through
-/// [`Run::is_cancelled`](crate::Run::is_cancelled) and the run recorded as interrupted).
+/// [`Run::is_cancelled`](crate::Run::is_cancelled) and the run recorded as interrupted). The
+/// drain that cancelled a worker reports its run interrupted; a worker stopped by a signal
+/// from elsewhere (a walltime, a preemption) fails its run, with the executor's evidence.
 pub fn main_guard() {
     main_guard_with(&[]);
 }
@@ -839,11 +841,23 @@ fn conclude<S: Store + ?Sized>(
     if status.exit_code == Some(EXIT_ELSEWHERE) {
         return Ok((None, 0)); // another process holds it: the next round decides again
     }
-    if cancelled || status.exit_code == Some(EXIT_INTERRUPTED) {
+    if cancelled {
+        // This drain stopped it (its worker recorded the run as interrupted, or was killed
+        // before it could): interrupted, never failed.
         return Ok((Some(Outcome::Interrupted), 0));
     }
     // The worker ended without recording a result.
     let message = match &status.state {
+        _ if status.exit_code == Some(EXIT_INTERRUPTED) => format!(
+            "worker process ended {} after a SIGTERM or SIGINT from outside this drain (a \
+             walltime, a preemption, a cancel by hand): the run stopped before its end{}",
+            status.state,
+            status
+                .reason
+                .as_deref()
+                .map(|r| format!(": {r}"))
+                .unwrap_or_default()
+        ),
         JobState::Completed => "worker exited 0 without recording a result (is \
                                 `puzzletron::worker::main_guard()` the first line of main?)"
             .to_string(),
