@@ -99,8 +99,9 @@ const CHILD_POLL_TIMEOUT: Duration = Duration::from_secs(60);
 /// A folder for the executor's backing state (attempt folders, logs) that is the same folder
 /// in the suite's process and in the child process it starts (see the module docs): made
 /// under the system temporary folder on the first call in the suite's process, named by
-/// [`SCRATCH_ENV`] in the child. The suite removes it at the end of a [`run_all`] that
-/// passed.
+/// [`SCRATCH_ENV`] in the child. One folder per process, shared by every suite the process
+/// runs (they may run at once, on the threads of a test harness), and not removed: it holds a
+/// few small files per check.
 ///
 /// # Panics
 /// When the folder cannot be made.
@@ -417,9 +418,6 @@ impl Conformance {
                 self.find_from_separate_process().await;
                 self.poll_from_separate_process().await;
             }
-        }
-        if let Some(dir) = SCRATCH.get() {
-            let _ = std::fs::remove_dir_all(dir);
         }
     }
 
