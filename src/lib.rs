@@ -66,12 +66,45 @@
 //! - [`campaign`]: multi-stage GPU campaigns compiled from experiment YAML (Hydra-style
 //!   composition, overrides, interpolation), GPU packing and dry runs.
 //!
+//! ## Diagnostics, signals and the panic hook
+//! - The library logs through [`tracing`](https://docs.rs/tracing) and prints nothing of its
+//!   own: a span per drain (`drain`, with `runs` and `isolated`) and per run (`run`, with
+//!   `key`, `job`, `attempt`), a span per campaign controller run (`campaign`), and events for
+//!   decisions and claims (`DEBUG`), takeovers of interrupted runs, waits on other processes,
+//!   submissions and every controller event (`INFO`), retries of transient scheduler errors and
+//!   failed runs (`WARN`). Install a subscriber to see them (`tracing-subscriber`'s `fmt()`);
+//!   the `puzzletron` command line installs one on stderr (`--log-level`, `PUZZLETRON_LOG`).
+//!   What a caller asks to see is still shown: [`sweep::Event`]s through
+//!   [`OrchestratorBuilder::on_event`](sweep::OrchestratorBuilder::on_event), the campaign
+//!   controller's live view (`ViewMode`) on stderr.
+//! - The first run a drain executes installs a process-wide panic hook that records where a
+//!   job panicked (message, `file:line`, backtrace) in the run's failure, and leaves every
+//!   other panic to the hook installed before it: [`sweep::install_panic_hook`],
+//!   [`sweep::remove_panic_hook`].
+//! - A blocking [`Orchestrator::drain`] handles Ctrl-C (SIGINT) while it runs, when the
+//!   program does not handle SIGINT itself: the drain is cancelled, runs it started are
+//!   recorded as interrupted; the default action is back when the drain returns
+//!   ([`OrchestratorBuilder::cancel_on_ctrl_c`](sweep::OrchestratorBuilder::cancel_on_ctrl_c)).
+//!   An isolated worker handles SIGTERM and SIGINT the same way.
+//!
 //! ## Features
-//! - `parquet` (default): [`MetricTable::write_parquet`].
+//! - `parquet` (default): Parquet output, [`MetricTable::write_parquet`] and
+//!   [`StoreExt::write_metric_parquet`] (adds the `parquet` crate; Arrow tables are always in).
+//! - `slurm` (default): `executor::SlurmExecutor`, which runs attempts as Slurm batch jobs and
+//!   arrays (no extra dependency: it calls `sbatch`, `squeue`, `sacct` and `scancel`).
 //! - `test-util`: the conformance suites `store::conformance` and `executor::conformance`, to
 //!   check your own [`Store`] or [`executor::Executor`] against the rules ours keep.
+//! - `progress`: progress bars (`indicatif`) in the campaign controller's live view on a
+//!   terminal.
+//! - `cli`: the `puzzletron` command line (`src/bin/puzzletron.rs`, the `cli` module; adds
+//!   `clap`).
+//! - `fuzzing`: the entry points of the fuzz targets (`campaign::fuzzing`,
+//!   `campaign::config::fuzzing`) for `fuzz/` and the corpus replay tests; not part of the API.
+//!
+//! Items that need a feature say so in these docs (on docs.rs every feature is on).
 
 #![warn(missing_docs)]
+#![cfg_attr(docsrs, feature(doc_cfg))]
 
 pub mod campaign;
 mod error;
@@ -84,6 +117,7 @@ pub mod store;
 pub mod sweep;
 
 #[cfg(feature = "cli")]
+#[cfg_attr(docsrs, doc(cfg(feature = "cli")))]
 pub mod cli;
 
 #[doc(hidden)]

@@ -39,7 +39,7 @@ const CHILD_STATE_ENV: &str = "PUZZLETRON_BM_CONFORMANCE_STATE";
 async fn baremetal_child_entry() {
     if let Ok(state) = std::env::var(CHILD_STATE_ENV) {
         let h = ssh_hosts::hosts().expect("hosts");
-        assert!(conformance::child_find_main(&executor(&h, Path::new(&state))).await);
+        assert!(conformance::child_main(&executor(&h, Path::new(&state))).await);
     }
 }
 

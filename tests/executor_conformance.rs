@@ -104,21 +104,34 @@ fn child(test: &'static str, root: PathBuf) -> impl Fn() -> std::process::Comman
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn local_child_entry() {
     if let Ok(root) = std::env::var(CHILD_ROOT_ENV) {
-        assert!(conformance::child_find_main(&local(Path::new(&root))).await);
+        assert!(conformance::child_main(&local(Path::new(&root))).await);
     }
 }
 
+/// The suite as documented: no child entry point, no `--nocapture`. The restarted-process
+/// checks re-execute this test, whose factory reaches the same attempt folder through
+/// `conformance::scratch_dir()`.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn local_executor_conforms() {
-    let root = tempfile::tempdir().expect("tempdir");
-    let path = root.path().to_path_buf();
-    conformance::Conformance::new(move || Box::new(local(&path)))
+    conformance::Conformance::new(|| Box::new(local(&conformance::scratch_dir().join("attempts"))))
         .with_poll_interval(Duration::from_millis(20))
         .with_timeout(Duration::from_secs(30))
-        .with_scratch_dir(root.path())
-        .with_separate_process(child("local_child_entry", root.path().to_path_buf()))
+        .with_scratch_dir(conformance::scratch_dir())
         .run_all()
         .await;
+}
+
+/// The same with a child command of one's own (`with_separate_process` + `child_main`).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn local_executor_conforms_with_its_own_child() {
+    let root = tempfile::tempdir().expect("tempdir");
+    let path = root.path().to_path_buf();
+    let suite = conformance::Conformance::new(move || Box::new(local(&path)))
+        .with_poll_interval(Duration::from_millis(20))
+        .with_timeout(Duration::from_secs(30))
+        .with_separate_process(child("local_child_entry", root.path().to_path_buf()));
+    suite.find_from_separate_process().await;
+    suite.poll_from_separate_process().await;
 }
 
 /// One way an executor breaks a rule of the contract while doing everything else right.
@@ -134,7 +147,13 @@ enum Lie {
     UnknownIsPending,
     /// `find` knows only the jobs submitted by this process (state in memory).
     ForgetsOnRestart,
+    /// `poll` knows the end of a job only in the process that submitted it; elsewhere a
+    /// finished job is `Lost` (status in memory).
+    StatusInMemory,
 }
+
+/// The environment variable naming the lie of a child of the lying suite.
+const CHILD_LIE_ENV: &str = "PUZZLETRON_CONFORMANCE_TEST_LIE";
 
 /// A real `LocalExecutor` with one lie.
 struct Lying {
@@ -165,7 +184,7 @@ impl Executor for Lying {
                     .chain(argv)
                     .collect();
             }
-            Lie::UnknownIsPending | Lie::ForgetsOnRestart => {}
+            Lie::UnknownIsPending | Lie::ForgetsOnRestart | Lie::StatusInMemory => {}
         }
         submitted_here()
             .lock()
@@ -175,6 +194,14 @@ impl Executor for Lying {
     }
     async fn poll(&self, handles: &[JobHandle]) -> Result<Vec<JobStatus>, ExecutorError> {
         let mut st = self.inner.poll(handles).await?;
+        if let Lie::StatusInMemory = self.lie {
+            let here = submitted_here().lock().unwrap();
+            for s in &mut st {
+                if s.state.is_terminal() && !here.contains(&s.attempt_id) {
+                    *s = JobStatus::new(s.attempt_id.clone(), JobState::Lost);
+                }
+            }
+        }
         if let Lie::UnknownIsPending = self.lie {
             for s in &mut st {
                 if s.state == JobState::Lost {
@@ -199,6 +226,7 @@ impl Executor for Lying {
 
 fn lying_suite(root: &Path, lie: Lie) -> conformance::Conformance {
     let path = root.to_path_buf();
+    let root_path = root.to_path_buf();
     conformance::Conformance::new(move || {
         Box::new(Lying {
             inner: local(&path),
@@ -208,18 +236,26 @@ fn lying_suite(root: &Path, lie: Lie) -> conformance::Conformance {
     .with_poll_interval(Duration::from_millis(20))
     .with_timeout(Duration::from_secs(8))
     .with_scratch_dir(root)
-    .with_separate_process(child("lying_child_entry", root.to_path_buf()))
+    .with_separate_process(move || {
+        let mut c = child("lying_child_entry", root_path.clone())();
+        c.env(CHILD_LIE_ENV, format!("{lie:?}"));
+        c
+    })
 }
 
 /// Child entry point of the forgetful executor (does nothing in a normal run).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn lying_child_entry() {
     if let Ok(root) = std::env::var(CHILD_ROOT_ENV) {
+        let lie = match std::env::var(CHILD_LIE_ENV).as_deref() {
+            Ok("StatusInMemory") => Lie::StatusInMemory,
+            _ => Lie::ForgetsOnRestart,
+        };
         let e = Lying {
             inner: local(Path::new(&root)),
-            lie: Lie::ForgetsOnRestart,
+            lie,
         };
-        assert!(conformance::child_find_main(&e).await);
+        assert!(conformance::child_main(&e).await);
     }
 }
 
@@ -273,12 +309,29 @@ async fn suite_catches_an_executor_that_forgets_its_jobs_when_the_process_restar
     suite.find_from_separate_process().await;
 }
 
-#[tokio::test]
-#[should_panic(expected = "conformance `find_from_separate_process`: no child process configured")]
-async fn suite_requires_a_separate_process_unless_in_memory_only() {
+/// A factory over a folder the child cannot find (a new temporary folder in each process):
+/// the restarted process sees no job, and the failure says where to look.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[should_panic(expected = "does the factory reach the same backing state in the child")]
+async fn a_factory_over_a_folder_of_its_own_fails_with_a_hint() {
     let root = tempfile::tempdir().unwrap();
     let path = root.path().to_path_buf();
     conformance::Conformance::new(move || Box::new(local(&path)))
+        .with_poll_interval(Duration::from_millis(20))
         .find_from_separate_process()
         .await;
+}
+
+/// The executor that forgets the status of finished jobs when the process restarts (their
+/// handles still point at real jobs) is caught by the poll from a separate process; `find`
+/// alone did not catch it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[should_panic(
+    expected = "conformance `poll_from_separate_process`: a job that ended Failed (exit 5) polls as Lost"
+)]
+async fn suite_catches_an_executor_whose_job_status_lives_in_memory() {
+    let root = tempfile::tempdir().unwrap();
+    let suite = lying_suite(root.path(), Lie::StatusInMemory);
+    suite.find_from_separate_process().await;
+    suite.poll_from_separate_process().await;
 }

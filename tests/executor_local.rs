@@ -25,14 +25,17 @@ async fn wait(e: &dyn Executor, hs: &[JobHandle]) -> Vec<JobStatus> {
     st
 }
 
+/// Waits for `p` (a deadline far beyond any load, not a measure of speed).
 async fn wait_for_file(p: &Path) {
-    for _ in 0..1000 {
-        if p.exists() {
-            return;
-        }
+    let t = std::time::Instant::now();
+    while !p.exists() {
+        assert!(
+            t.elapsed() < Duration::from_secs(120),
+            "{} never appeared",
+            p.display()
+        );
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
-    panic!("{} never appeared", p.display());
 }
 
 fn sh(script: &str) -> CommandSpec {
@@ -374,12 +377,18 @@ async fn restarted_controller_picks_up_results_without_rerunning() {
 async fn killed_wrapper_is_reported_not_hidden() {
     // The wrapper is killed while its job runs: a fresh controller sees the job Running (pid
     // and start time still match), then Lost once it ends, since nobody recorded the exit.
+    // The job runs until the test opens its gate, not for a fixed time that a loaded machine
+    // can use up before the test looks.
     let root = tempfile::tempdir().unwrap();
+    let gate = root.path().join("orphan.gate");
     let e = exec(root.path()).build().unwrap();
     let h = e
         .submit(&AttemptSpec::new(
             id("orphan"),
-            CommandSpec::new("sleep").arg("1"),
+            sh(&format!(
+                "while [ ! -e '{}' ]; do sleep 0.05; done",
+                gate.display()
+            )),
         ))
         .await
         .unwrap();
@@ -399,11 +408,10 @@ async fn killed_wrapper_is_reported_not_hidden() {
         .await
         .unwrap()
         .remove(0);
-    for _ in 0..50 {
-        if s.reason.is_some() {
-            break;
-        }
-        // The killed wrapper may still look alive for an instant (a zombie until reaped).
+    let t = std::time::Instant::now();
+    // The killed wrapper may still look alive for a while (a zombie until reaped, longer on a
+    // loaded machine): wait for the evidence, with a deadline far beyond any load.
+    while s.reason.is_none() && t.elapsed() < Duration::from_secs(120) {
         tokio::time::sleep(Duration::from_millis(20)).await;
         s = fresh
             .poll(std::slice::from_ref(&h))
@@ -416,6 +424,7 @@ async fn killed_wrapper_is_reported_not_hidden() {
         s.reason.as_deref().unwrap().contains("wrapper gone"),
         "{s:?}"
     );
+    std::fs::write(&gate, b"").unwrap();
     let st = wait(&fresh, &[h]).await;
     assert_eq!(st[0].state, JobState::Lost, "{:?}", st[0]);
     assert!(

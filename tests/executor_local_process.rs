@@ -111,21 +111,28 @@ async fn a_job_outlives_a_killed_fork_server_and_the_next_one_still_runs(root: &
         .expect("executor");
     let servers = fork_servers();
     assert_eq!(servers.len(), 1, "one fork server per process: {servers:?}");
+    // The job runs until the test opens its gate: it is running when the server is killed and
+    // ends after, however slow the machine (it used to `sleep 1` and the test waited at most
+    // 5 s for it to start, then killed the server anyway: at load 9 the launch was not done).
     let marker = root.join("slow.done");
+    let gate = root.join("slow.gate");
     let spec = AttemptSpec::new(
         id("slow"),
-        CommandSpec::shell_script(format!("sleep 1; echo done > '{}'", marker.display())),
+        CommandSpec::shell_script(format!(
+            "while [ ! -e '{}' ]; do sleep 0.05; done; echo done > '{}'",
+            gate.display(),
+            marker.display()
+        )),
     );
     let h = e.submit(&spec).await.expect("submit");
-    // Started (its wrapper forked by the server), then the server is killed.
-    for _ in 0..500 {
-        if e.poll(std::slice::from_ref(&h)).await.unwrap()[0].state == JobState::Running {
-            break;
-        }
+    // Started (its wrapper forked by the server), then the server is killed. No deadline of
+    // its own: the watchdog ends a hang.
+    while e.poll(std::slice::from_ref(&h)).await.unwrap()[0].state != JobState::Running {
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
     // SAFETY: a plain signal to our own child.
     assert_eq!(unsafe { libc::kill(servers[0], libc::SIGKILL) }, 0);
+    std::fs::write(&gate, b"").unwrap();
     let st = e
         .wait_terminal(&[h], Duration::from_millis(10), Duration::from_secs(60))
         .await
@@ -145,7 +152,11 @@ async fn a_job_outlives_a_killed_fork_server_and_the_next_one_still_runs(root: &
     assert_ne!(now[0], servers[0]);
 }
 
+#[path = "support/watchdog.rs"]
+mod watchdog;
+
 fn main() {
+    let _watchdog = watchdog::Watchdog::start("executor_local_process", Duration::from_secs(600));
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()

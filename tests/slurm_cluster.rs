@@ -145,7 +145,7 @@ const CHILD_DIR_ENV: &str = "PUZZLETRON_SLURM_CONFORMANCE_DIR";
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn slurm_child_entry() {
     if let Ok(dir) = std::env::var(CHILD_DIR_ENV) {
-        assert!(conformance::child_find_main(&exec(Path::new(&dir))).await);
+        assert!(conformance::child_main(&exec(Path::new(&dir))).await);
     }
 }
 

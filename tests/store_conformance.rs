@@ -141,3 +141,56 @@ fn a_store_without_exclusive_claims_fails_the_suite() {
         "the suite must catch a store whose claims are not exclusive"
     );
 }
+
+/// A failure of `run_all` names the check and the rule it broke, and shows what the store did
+/// (it was a bare `left: 1 right: 2`).
+#[test]
+#[should_panic(
+    expected = "store conformance `lifecycle_done`: keys must list the one job with a record"
+)]
+fn a_failure_names_the_check_and_the_rule() {
+    /// Forgets its keys: `keys()` is always empty.
+    struct NoKeys(MemoryStore);
+    impl Store for NoKeys {
+        fn location(&self) -> String {
+            "no-keys".into()
+        }
+        fn record(&self, k: &Hash) -> Result<Option<JobRecord>, StoreError> {
+            self.0.record(k)
+        }
+        fn keys(&self) -> Result<Vec<Hash>, StoreError> {
+            Ok(Vec::new())
+        }
+        fn lineage(&self, l: &Hash) -> Result<Option<Hash>, StoreError> {
+            self.0.lineage(l)
+        }
+        fn set_lineage(&self, l: &Hash, k: &Hash) -> Result<(), StoreError> {
+            self.0.set_lineage(l, k)
+        }
+        fn claim_info(&self, k: &Hash) -> Result<Option<ClaimInfo>, StoreError> {
+            self.0.claim_info(k)
+        }
+        fn claim(&self, k: &Hash, o: &Owner, r: Option<u32>) -> Result<ClaimOutcome, StoreError> {
+            self.0.claim(k, o, r)
+        }
+        fn start(&self, c: &Claim, r: &JobRecord) -> Result<(), StoreError> {
+            self.0.start(c, r)
+        }
+        fn metric_sink(&self, c: &Claim) -> Result<Box<dyn MetricSink>, StoreError> {
+            self.0.metric_sink(c)
+        }
+        fn finish(&self, c: &Claim, r: &JobRecord) -> Result<(), StoreError> {
+            self.0.finish(c, r)
+        }
+        fn release(&self, c: &Claim) -> Result<(), StoreError> {
+            self.0.release(c)
+        }
+        fn heartbeat(&self, c: &Claim) -> Result<(), StoreError> {
+            self.0.heartbeat(c)
+        }
+        fn metrics(&self, k: &Hash, n: Option<&str>) -> Result<Series, StoreError> {
+            self.0.metrics(k, n)
+        }
+    }
+    conformance::run_all(|| NoKeys(MemoryStore::new()));
+}

@@ -373,7 +373,8 @@ fn typed(p: &Typed, run: &mut Run) -> JobResult {
 
 /// A column's Arrow type comes from the parameter's Rust type, not from the values: whole f64
 /// values stay Float64, in `get`, `recorded` and `StoreExt::metric_table` alike, and an
-/// `Option` that is `None` in every run is still a column (of nulls).
+/// `Option` that is `None` in every run is still a column of its own type (nulls), a `u32` is
+/// `UInt64`.
 #[test]
 fn metric_columns_take_their_type_from_the_rust_type() {
     use puzzletron::StoreExt;
@@ -397,7 +398,13 @@ fn metric_columns_take_their_type_from_the_rust_type() {
     let schema = t.batch().schema();
     let ty = |n: &str| schema.field_with_name(n).unwrap().data_type().clone();
     assert_eq!(ty("lr"), DataType::Float64);
-    assert_eq!(ty("layers"), DataType::Int64);
+    assert_eq!(ty("layers"), DataType::UInt64);
+    assert_eq!(
+        ty("dropout"),
+        DataType::Float64,
+        "Option<f64>, None in every run"
+    );
+    assert_eq!(t.f64s("dropout").unwrap(), [None, None]);
     assert_eq!(ty("wide"), DataType::Boolean);
     assert_eq!(ty("act"), DataType::Utf8);
     assert_eq!(t.f64s("lr").unwrap(), [Some(1.0), Some(2.0)]);
@@ -412,7 +419,9 @@ fn metric_columns_take_their_type_from_the_rust_type() {
     let rec = o.store().record(&o.enqueued()[0].key).unwrap().unwrap();
     assert_eq!(
         serde_json::to_value(&rec.param_types).unwrap(),
-        serde_json::json!({"act": "string", "layers": "int", "lr": "float", "wide": "bool"})
+        serde_json::json!({
+            "act": "string", "dropout": "float", "layers": "uint", "lr": "float", "wide": "bool"
+        })
     );
 }
 

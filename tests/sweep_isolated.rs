@@ -41,12 +41,37 @@ fn work(p: &P, run: &mut Run) -> JobResult {
         writeln!(f, "pid {}", std::process::id())?;
     }
     std::thread::sleep(Duration::from_millis(p.sleep_ms));
+    if p.mode == "gate" {
+        // Waits, logging, for the gate file in the store's folder (`ROOT/jobs/KEY/artifacts`
+        // is the artifact folder): a run that a cancel interrupts.
+        let gate = run
+            .artifact_dir()
+            .and_then(|d| d.ancestors().nth(3))
+            .map(|r| r.join("gate"))
+            .expect("an FsStore run");
+        let mut step = 100;
+        while !gate.exists() {
+            run.log("wait", step, 0.0)?;
+            step += 1;
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    }
     match p.mode.as_str() {
         "panic" => panic!("job {} panics on purpose", p.x),
         "abort" => std::process::abort(),
         "kill" => unsafe {
             libc::raise(libc::SIGKILL);
         },
+        // A SIGTERM from outside the drain (a walltime, a preemption): the worker tells the
+        // job, which stops at its next `log`.
+        "term" => {
+            unsafe {
+                libc::raise(libc::SIGTERM);
+            }
+            while !run.is_cancelled() {
+                std::thread::sleep(Duration::from_millis(5));
+            }
+        }
         "error" => return Err(format!("job {} returns an error", p.x).into()),
         _ => {}
     }
@@ -425,7 +450,7 @@ fn crashes_fail_only_their_run(base: &Path) {
         .build()
         .unwrap();
     let j = job!(work);
-    let modes = ["ok", "panic", "ok", "error", "abort", "kill", "ok"];
+    let modes = ["ok", "panic", "ok", "error", "abort", "kill", "ok", "term"];
     for (x, m) in modes.iter().enumerate() {
         iso.run(&j, params(x as i64, m, 0)).unwrap();
     }
@@ -464,6 +489,14 @@ fn crashes_fail_only_their_run(base: &Path) {
         "{}",
         kinds[5]
     );
+    // Stopped by a signal from outside the drain: a failure with the evidence, not a
+    // cancelled drain.
+    assert!(
+        kinds[7].starts_with("crash:")
+            && kinds[7].contains("after a SIGTERM or SIGINT from outside this drain"),
+        "{}",
+        kinds[7]
+    );
     // The drain names the first failure (enqueue order).
     match &failed.cause {
         FailureCause::Job { failure, .. } => assert_eq!(failure.kind, "panic"),
@@ -473,6 +506,158 @@ fn crashes_fail_only_their_run(base: &Path) {
     let rec = iso.store().record(&jobs[5].key).unwrap().unwrap();
     assert_eq!(rec.status, puzzletron::store::Status::Failed);
     println!("ok - crashes_fail_only_their_run");
+}
+
+/// How many runs of the store at `root` have started (each appends to its `runs` file).
+fn started(root: &Path) -> usize {
+    std::fs::read_dir(root.join("jobs"))
+        .map(|d| {
+            d.filter_map(|e| e.ok())
+                .filter(|e| e.path().join("artifacts/runs").exists())
+                .count()
+        })
+        .unwrap_or(0)
+}
+
+/// Waits (the watchdog ends a hang) until `f` holds.
+fn wait_for(what: &str, mut f: impl FnMut() -> bool) {
+    let t = Instant::now();
+    while !f() {
+        assert!(t.elapsed() < Duration::from_secs(120), "never: {what}");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// Every run of `o` was interrupted: a running record (no failure), nobody holds it, and the
+/// next drain runs it again because it was interrupted; then, with the gate open, they run.
+fn assert_all_interrupted_then_run(
+    root: &Path,
+    o: &mut Orchestrator<puzzletron::FsStore, LocalExecutor>,
+) {
+    let store = puzzletron::FsStore::open(root).unwrap();
+    for p in o.enqueued() {
+        wait_for("the worker released its claim", || {
+            store.claim_info(&p.key).unwrap().is_none_or(|c| !c.live)
+        });
+        let rec = store.record(&p.key).unwrap().expect("a record");
+        assert_eq!(
+            rec.status,
+            puzzletron::store::Status::Running,
+            "interrupted, never failed: {:?}",
+            rec.error
+        );
+        let d = o.decide(p).unwrap();
+        assert!(
+            d.reasons[0].starts_with("interrupted: attempt 1 by "),
+            "{d}"
+        );
+    }
+    std::fs::write(root.join("gate"), b"").unwrap();
+    let s = o.drain().unwrap_or_else(|f| panic!("{f}"));
+    assert_eq!(s.ran(), o.enqueued().len(), "{}", s.report());
+}
+
+/// `tokio::time::timeout` around an isolated `drain_async`: the workers are cancelled through
+/// the executor (SIGTERM), each job hears of it at its next `log`, and each worker records its
+/// run as interrupted (exit 4), never failed. Before, the workers outlived the dropped future.
+fn cancel_isolated_async(base: &Path) {
+    let root = base.join("store");
+    let mut o = Orchestrator::builder()
+        .store_root(&root)
+        .executor(local(&base.join("exec"), 2))
+        .isolate(true)
+        .build()
+        .unwrap();
+    let j = job!(work);
+    for x in [1, 2] {
+        o.run(&j, params(x, "gate", 0)).unwrap();
+    }
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    rt.block_on(async {
+        let drain = o.drain_async();
+        tokio::pin!(drain);
+        tokio::select! {
+            r = &mut drain => panic!("the drain ended by itself: {r:?}"),
+            _ = async {
+                while started(&root) < 2 {
+                    tokio::time::sleep(Duration::from_millis(20)).await;
+                }
+            } => {}
+        }
+        let r = tokio::time::timeout(Duration::from_millis(100), drain).await;
+        assert!(r.is_err(), "gated workers cannot finish the drain");
+    });
+    assert_all_interrupted_then_run(&root, &mut o);
+    println!("ok - cancel_isolated_async");
+}
+
+const SIGINT_ROLE_ENV: &str = "PT_ISOLATED_SIGINT_ROLE";
+
+/// The parent of `sigint_cancels_an_isolated_drain`: a blocking isolated drain.
+fn sigint_role(base: &Path) {
+    // As in a program started from a shell (a test run in the background of a
+    // non-interactive shell inherits SIGINT ignored, which a drain leaves alone).
+    unsafe {
+        libc::signal(libc::SIGINT, libc::SIG_DFL);
+    }
+    let mut o = Orchestrator::builder()
+        .store_root(base.join("store"))
+        .executor(local(&base.join("exec"), 2))
+        .isolate(true)
+        .build()
+        .unwrap();
+    let j = job!(work);
+    for x in [1, 2] {
+        o.run(&j, params(x, "gate", 0)).unwrap();
+    }
+    match o.drain() {
+        Err(f) => println!(
+            "ROLE cancelled={} interrupted={} failed={}",
+            matches!(f.cause, FailureCause::Cancelled),
+            f.summary.interrupted(),
+            f.summary.failed()
+        ),
+        Ok(s) => println!("ROLE finished: {}", s.report()),
+    }
+    std::process::exit(0);
+}
+
+/// Ctrl-C (a real SIGINT) to a process in a blocking isolated `drain()`: local workers run
+/// in sessions of their own, so the terminal's signal does not reach them; the drain cancels
+/// them through the executor and they record their runs as interrupted.
+fn sigint_cancels_an_isolated_drain(base: &Path) {
+    let root = base.join("store");
+    let child = std::process::Command::new(std::env::current_exe().unwrap())
+        .env(SIGINT_ROLE_ENV, base)
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    wait_for("both workers start", || started(&root) == 2);
+    let pid = i32::try_from(child.id()).unwrap();
+    assert_eq!(unsafe { libc::kill(pid, libc::SIGINT) }, 0);
+    let out = child.wait_with_output().unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        stdout.contains("ROLE cancelled=true interrupted=2 failed=0"),
+        "stdout: {stdout}\nstderr: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let mut o = Orchestrator::builder()
+        .store_root(&root)
+        .executor(local(&base.join("exec"), 2))
+        .isolate(true)
+        .build()
+        .unwrap();
+    let j = job!(work);
+    for x in [1, 2] {
+        o.run(&j, params(x, "gate", 0)).unwrap();
+    }
+    assert_all_interrupted_then_run(&root, &mut o);
+    println!("ok - sigint_cancels_an_isolated_drain");
 }
 
 const ROLE_ENV: &str = "PT_ISOLATED_TEST_ROLE";
@@ -688,6 +873,9 @@ fn main() {
     if let Some(base) = std::env::var_os(ROLE_ENV) {
         parent_role(&PathBuf::from(base));
     }
+    if let Some(base) = std::env::var_os(SIGINT_ROLE_ENV) {
+        sigint_role(&PathBuf::from(base));
+    }
     let _watchdog = watchdog::Watchdog::start("sweep_isolated", Duration::from_secs(900));
     let tmp = tempfile::tempdir().unwrap();
     let t0 = Instant::now();
@@ -696,6 +884,8 @@ fn main() {
     killed_parent_loses_nothing(&tmp.path().join("c"));
     user_store_isolated(&tmp.path().join("f"));
     async_drivers(&tmp.path().join("g"));
+    cancel_isolated_async(&tmp.path().join("h"));
+    sigint_cancels_an_isolated_drain(&tmp.path().join("i"));
     // Slurm: the "compute nodes" are this machine, so a folder under /tmp is shared.
     #[cfg(feature = "slurm")]
     {

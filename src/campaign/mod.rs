@@ -29,6 +29,7 @@ mod document;
 pub(crate) mod dryrun;
 pub(crate) mod execution;
 #[cfg(feature = "fuzzing")]
+#[cfg_attr(docsrs, doc(cfg(feature = "fuzzing")))]
 pub mod fuzzing;
 mod mesh;
 mod plan;

@@ -53,9 +53,35 @@ Exit status: 0 done, 1 error, 2 usage error, 3 detached or incomplete (jobs stil
 #[derive(Debug, Parser)]
 #[command(name = "puzzletron", version, after_help = TOP_HELP)]
 pub struct Cli {
+    /// The least severe library diagnostics printed on stderr: off, error, warn, info
+    /// (decisions, submissions, controller events), debug (every run's decision and claim),
+    /// trace.
+    #[arg(
+        long,
+        global = true,
+        env = "PUZZLETRON_LOG",
+        default_value = "warn",
+        value_name = "LEVEL",
+        value_parser = ["off", "error", "warn", "info", "debug", "trace"]
+    )]
+    pub log_level: String,
     /// What to operate on.
     #[command(subcommand)]
     pub command: Top,
+}
+
+/// Prints the library's `tracing` events of `level` and above on stderr: `LEVEL message
+/// field=value ...`, inside their spans. Once per process (a second call keeps the first).
+fn init_logging(level: &str) {
+    let level: tracing::level_filters::LevelFilter = level
+        .parse()
+        .unwrap_or(tracing::level_filters::LevelFilter::WARN);
+    let _ = tracing_subscriber::fmt()
+        .with_writer(std::io::stderr)
+        .with_max_level(level)
+        .without_time()
+        .with_target(false)
+        .try_init();
 }
 
 /// Top-level commands.
@@ -445,6 +471,7 @@ where
             };
         }
     };
+    init_logging(&cli.log_level);
     let r = match cli.command {
         Top::Campaign(c) => campaign::run(c),
         Top::Sweep(c) => sweep::run(c),

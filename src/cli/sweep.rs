@@ -148,8 +148,8 @@ fn arrow_select_filter(
 fn take(c: &dyn arrow_array::Array, idx: &[u32]) -> Result<arrow_array::ArrayRef, CliError> {
     use arrow_array::Array as _;
     use arrow_array::cast::AsArray;
-    use arrow_array::types::{Float64Type, Int64Type};
-    use arrow_array::{ArrayRef, BooleanArray, Float64Array, Int64Array, StringArray};
+    use arrow_array::types::{Float64Type, Int64Type, UInt64Type};
+    use arrow_array::{ArrayRef, BooleanArray, Float64Array, Int64Array, StringArray, UInt64Array};
     use arrow_schema::DataType;
     use std::sync::Arc;
     let ix = |i: &u32| *i as usize;
@@ -160,6 +160,14 @@ fn take(c: &dyn arrow_array::Array, idx: &[u32]) -> Result<arrow_array::ArrayRef
                 idx.iter()
                     .map(|i| (!a.is_null(ix(i))).then(|| a.value(ix(i))))
                     .collect::<Int64Array>(),
+            ) as ArrayRef
+        }
+        DataType::UInt64 => {
+            let a = c.as_primitive::<UInt64Type>();
+            Arc::new(
+                idx.iter()
+                    .map(|i| (!a.is_null(ix(i))).then(|| a.value(ix(i))))
+                    .collect::<UInt64Array>(),
             ) as ArrayRef
         }
         DataType::Float64 => {

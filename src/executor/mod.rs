@@ -88,11 +88,13 @@ pub mod oom;
 mod render;
 pub mod shell;
 #[cfg(feature = "slurm")]
+#[cfg_attr(docsrs, doc(cfg(feature = "slurm")))]
 pub mod slurm;
 mod spec;
 mod status;
 
 #[cfg(feature = "test-util")]
+#[cfg_attr(docsrs, doc(cfg(feature = "test-util")))]
 pub mod conformance;
 
 use std::sync::Arc;

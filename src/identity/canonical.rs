@@ -133,8 +133,8 @@ enum Seg<'a> {
 enum Canon {
     Null,
     Bool(bool),
-    /// Integer digits, already formatted.
-    Int(i128),
+    /// An integer, with the kind of Rust integer that serialized it (its column type).
+    Int(i128, ParamType),
     Float(f64),
     Str(String),
     Arr(Vec<Canon>),
@@ -156,14 +156,22 @@ pub struct CanonicalParams {
 }
 
 /// The type of a parameter's metric-table column, taken from the Rust type that serialized it
-/// (not from the values: an `f64` that happens to be whole is still [`Float`](Self::Float)), so
-/// a column keeps its Arrow type from sweep to sweep.
+/// (not from the values: an `f64` that happens to be whole is still [`Float`](Self::Float), a
+/// `u64` above `i64::MAX` is still [`UInt`](Self::UInt)), so a column keeps its Arrow type from
+/// sweep to sweep. The whole table of Rust types and Arrow types is in
+/// [`MetricTable`](crate::MetricTable)'s docs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 #[serde(rename_all = "snake_case")]
 #[non_exhaustive]
 pub enum ParamType {
-    /// Integers (`i8`..`i128`, `u8`..`u128`): Arrow `Int64` (text beyond its range).
+    /// Signed integers `i8`..`i64`: Arrow `Int64`.
     Int,
+    /// Unsigned integers `u8`..`u64`: Arrow `UInt64`.
+    #[serde(rename = "uint")]
+    UInt,
+    /// `i128`, `u128`: their decimal digits in a `Utf8` column (Arrow has no 128-bit integer,
+    /// and `Decimal128` holds 38 digits, not the 39 of `i128::MAX`).
+    WideInt,
     /// `f32`, `f64`: Arrow `Float64`.
     Float,
     /// `bool`: Arrow `Boolean`.
@@ -180,7 +188,7 @@ impl ParamType {
         Some(match v {
             Canon::Null => return None,
             Canon::Bool(_) => ParamType::Bool,
-            Canon::Int(_) => ParamType::Int,
+            Canon::Int(_, t) => *t,
             Canon::Float(_) => ParamType::Float,
             Canon::Str(_) => ParamType::String,
             Canon::Arr(_) | Canon::Obj(_) => ParamType::Json,
@@ -265,7 +273,7 @@ fn write_canon(v: &Canon, out: &mut String) {
     match v {
         Canon::Null => out.push_str("null"),
         Canon::Bool(b) => out.push_str(if *b { "true" } else { "false" }),
-        Canon::Int(i) => {
+        Canon::Int(i, _) => {
             let _ = write!(out, "{i}");
         }
         Canon::Float(f) => write_f64(*f, out),
@@ -371,36 +379,36 @@ impl ser::Serializer for CanonSer {
         Ok(Canon::Bool(v))
     }
     fn serialize_i8(self, v: i8) -> Result<Canon, ParamError> {
-        Ok(Canon::Int(v.into()))
+        Ok(Canon::Int(v.into(), ParamType::Int))
     }
     fn serialize_i16(self, v: i16) -> Result<Canon, ParamError> {
-        Ok(Canon::Int(v.into()))
+        Ok(Canon::Int(v.into(), ParamType::Int))
     }
     fn serialize_i32(self, v: i32) -> Result<Canon, ParamError> {
-        Ok(Canon::Int(v.into()))
+        Ok(Canon::Int(v.into(), ParamType::Int))
     }
     fn serialize_i64(self, v: i64) -> Result<Canon, ParamError> {
-        Ok(Canon::Int(v.into()))
+        Ok(Canon::Int(v.into(), ParamType::Int))
     }
     fn serialize_i128(self, v: i128) -> Result<Canon, ParamError> {
-        Ok(Canon::Int(v))
+        Ok(Canon::Int(v, ParamType::WideInt))
     }
     fn serialize_u8(self, v: u8) -> Result<Canon, ParamError> {
-        Ok(Canon::Int(v.into()))
+        Ok(Canon::Int(v.into(), ParamType::UInt))
     }
     fn serialize_u16(self, v: u16) -> Result<Canon, ParamError> {
-        Ok(Canon::Int(v.into()))
+        Ok(Canon::Int(v.into(), ParamType::UInt))
     }
     fn serialize_u32(self, v: u32) -> Result<Canon, ParamError> {
-        Ok(Canon::Int(v.into()))
+        Ok(Canon::Int(v.into(), ParamType::UInt))
     }
     fn serialize_u64(self, v: u64) -> Result<Canon, ParamError> {
-        Ok(Canon::Int(v.into()))
+        Ok(Canon::Int(v.into(), ParamType::UInt))
     }
     fn serialize_u128(self, v: u128) -> Result<Canon, ParamError> {
         // Beyond i128 there is no exact representation here: refuse rather than round.
         i128::try_from(v)
-            .map(Canon::Int)
+            .map(|v| Canon::Int(v, ParamType::WideInt))
             .map_err(|_| ParamError::Custom {
                 path: String::new(),
                 message: format!("integer {v} exceeds i128; expected a smaller integer"),
@@ -427,7 +435,9 @@ impl ser::Serializer for CanonSer {
     }
     fn serialize_bytes(self, v: &[u8]) -> Result<Canon, ParamError> {
         Ok(Canon::Arr(
-            v.iter().map(|&b| Canon::Int(b.into())).collect(),
+            v.iter()
+                .map(|&b| Canon::Int(b.into(), ParamType::UInt))
+                .collect(),
         ))
     }
     fn serialize_none(self) -> Result<Canon, ParamError> {

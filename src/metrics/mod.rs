@@ -376,7 +376,7 @@ mod tests {
         assert_eq!(t.steps(), [0, 1, 0]);
         assert_eq!(t.values(), [1.0, 0.5, 2.0]);
         assert_eq!(t.f64s("lr").unwrap(), [Some(0.1), Some(0.1), Some(1.0)]);
-        assert_eq!(t.i64s("hidden").unwrap(), [16, 16, 32]);
+        assert_eq!(t.i64s("hidden").unwrap(), [Some(16), Some(16), Some(32)]);
         assert_eq!(
             t.strings("opt").unwrap()[0].as_deref(),
             Some(r#"{"b":[1,2]}"#)

@@ -9,7 +9,9 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use arrow_array::builder::{BooleanBuilder, Float64Builder, Int32Builder, Int64Builder};
+use arrow_array::builder::{
+    BooleanBuilder, Float64Builder, Int32Builder, Int64Builder, UInt64Builder,
+};
 use arrow_array::types::Int32Type;
 use arrow_array::{ArrayRef, DictionaryArray, RecordBatch, StringArray};
 use arrow_schema::{DataType, Field, Schema, SchemaRef};
@@ -28,6 +30,7 @@ pub(crate) const BATCH_ROWS: usize = 64 * 1024;
 /// One job's value of a parameter column.
 enum Cell {
     Int(Option<i64>),
+    UInt(Option<u64>),
     Float(Option<f64>),
     Bool(Option<bool>),
     Text(Option<String>),
@@ -74,6 +77,7 @@ impl DictBuilder {
 
 enum ColBuilder {
     Int(Int64Builder),
+    UInt(UInt64Builder),
     Float(Float64Builder),
     Bool(BooleanBuilder),
     Text(DictBuilder),
@@ -83,6 +87,10 @@ impl ColBuilder {
     fn append_n(&mut self, cell: &Cell, n: usize) {
         match (self, cell) {
             (ColBuilder::Int(b), Cell::Int(v)) => match v {
+                Some(v) => b.append_value_n(*v, n),
+                None => b.append_nulls(n),
+            },
+            (ColBuilder::UInt(b), Cell::UInt(v)) => match v {
                 Some(v) => b.append_value_n(*v, n),
                 None => b.append_nulls(n),
             },
@@ -100,6 +108,7 @@ impl ColBuilder {
     fn append_nulls(&mut self, n: usize) {
         match self {
             ColBuilder::Int(b) => b.append_nulls(n),
+            ColBuilder::UInt(b) => b.append_nulls(n),
             ColBuilder::Float(b) => b.append_nulls(n),
             ColBuilder::Bool(b) => (0..n).for_each(|_| b.append_null()),
             ColBuilder::Text(b) => b.keys.append_nulls(n),
@@ -109,6 +118,7 @@ impl ColBuilder {
     fn finish(&mut self) -> ArrayRef {
         match self {
             ColBuilder::Int(b) => Arc::new(b.finish()),
+            ColBuilder::UInt(b) => Arc::new(b.finish()),
             ColBuilder::Float(b) => Arc::new(b.finish()),
             ColBuilder::Bool(b) => Arc::new(b.finish()),
             ColBuilder::Text(b) => b.finish(),
@@ -131,6 +141,7 @@ fn cell_of(params: &Value, name: &str, kind: Kind) -> Cell {
     let v = param_value(params, name);
     match kind {
         Kind::Int => Cell::Int(v.and_then(|v| v.as_i64())),
+        Kind::UInt => Cell::UInt(v.and_then(|v| v.as_u64())),
         Kind::Float => Cell::Float(v.and_then(|v| v.as_f64())),
         Kind::Bool => Cell::Bool(v.and_then(|v| v.as_bool())),
         Kind::Str | Kind::Json | Kind::Null => Cell::Text(v.and_then(|v| param_text(v, kind))),
@@ -147,6 +158,7 @@ fn schema(cols: &[(String, Kind)]) -> SchemaRef {
     for (name, kind) in cols {
         let dt = match kind {
             Kind::Int => DataType::Int64,
+            Kind::UInt => DataType::UInt64,
             Kind::Float => DataType::Float64,
             Kind::Bool => DataType::Boolean,
             Kind::Str | Kind::Json | Kind::Null => dict_type(),
@@ -173,6 +185,7 @@ impl Batch {
             .iter()
             .map(|(_, k)| match k {
                 Kind::Int => ColBuilder::Int(Int64Builder::with_capacity(BATCH_ROWS)),
+                Kind::UInt => ColBuilder::UInt(UInt64Builder::with_capacity(BATCH_ROWS)),
                 Kind::Float => ColBuilder::Float(Float64Builder::with_capacity(BATCH_ROWS)),
                 Kind::Bool => ColBuilder::Bool(BooleanBuilder::with_capacity(BATCH_ROWS)),
                 Kind::Str | Kind::Json | Kind::Null => ColBuilder::Text(DictBuilder::default()),

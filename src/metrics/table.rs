@@ -5,9 +5,11 @@ use std::fmt;
 use std::path::Path;
 use std::sync::Arc;
 
-use arrow_array::builder::{BooleanBuilder, Float64Builder, Int64Builder, StringBuilder};
+use arrow_array::builder::{
+    BooleanBuilder, Float64Builder, Int64Builder, StringBuilder, UInt64Builder,
+};
 use arrow_array::cast::AsArray;
-use arrow_array::types::{Float64Type, Int64Type};
+use arrow_array::types::{Float64Type, Int64Type, UInt64Type};
 use arrow_array::{Array, ArrayRef, RecordBatch};
 use arrow_schema::{DataType, Field, Schema};
 use serde_json::Value;
@@ -23,9 +25,39 @@ pub const RESERVED_COLUMNS: [&str; 3] = ["step", "value", "job_key"];
 ///
 /// Columns, in order: `metric: Utf8` (only in tables of several metrics, e.g. from
 /// [`collect`](super::collect)), `step: Int64`, `value: Float64`, one column per top-level
-/// parameter (`Int64`, `Float64`, `Boolean` or `Utf8`; nested values and mixed types as canonical
-/// JSON text; null where a job lacks the parameter), `job_key: Utf8` (64 hex characters).
-/// Rows are grouped by job in the order the jobs were given, each job's rows in logging order.
+/// parameter (below), `job_key: Utf8` (64 hex characters). Rows are grouped by job in the order
+/// the jobs were given, each job's rows in logging order.
+///
+/// # Parameter columns
+///
+/// A parameter's column type is decided by its Rust type, never by its values, so a column
+/// keeps its type from sweep to sweep and from run to run (the type is read when the run is
+/// enqueued, [`Orchestrator::run`](crate::Orchestrator::run), from the parameters'
+/// `Serialize` and `Deserialize` impls, and kept in the run's record):
+///
+/// | Rust type of the parameter | Arrow type of its column |
+/// | --- | --- |
+/// | `i8`, `i16`, `i32`, `i64`, `isize` | `Int64` |
+/// | `u8`, `u16`, `u32`, `u64`, `usize` | `UInt64` (even above `i64::MAX`) |
+/// | `i128`, `u128` | `Utf8`: decimal digits (no Arrow integer is that wide) |
+/// | `f32`, `f64` | `Float64` (even when every value is whole) |
+/// | `bool` | `Boolean` |
+/// | `String`, `&str`, `char`, an enum of unit variants only | `Utf8` |
+/// | `Vec`, arrays, tuples, maps, sets, structs, an enum with a data variant, bytes | `Utf8`: canonical JSON text |
+/// | `Option<T>` | `T`'s type, null where `None` (also when every run has `None`) |
+/// | a newtype `struct N(T)` | `T`'s type |
+///
+/// Every parameter column is nullable: a run whose parameters lack the field (a
+/// `skip_serializing_if`, another job's parameters in the same table) has a null there. Types
+/// whose `Deserialize` cannot be traced (it calls `deserialize_any`: `serde_json::Value`,
+/// untagged or internally tagged enums, `flatten`) are typed from the serializer's calls of the
+/// values present, the same table for every value that is not `None`; so are records written
+/// before the types were kept (an integer of such a record beyond `i64` is text). Columns
+/// whose runs disagree (two jobs with one parameter name and different types) are text.
+///
+/// The Parquet written by [`StoreExt::write_metric_parquet`](crate::StoreExt::write_metric_parquet)
+/// stores the `Utf8` columns dictionary-encoded (`Dictionary(Int32, Utf8)`); readers see
+/// strings either way.
 #[derive(Debug, Clone)]
 pub struct MetricTable {
     batch: RecordBatch,
@@ -72,9 +104,13 @@ impl MetricTable {
         self.batch.column_by_name(name)
     }
 
-    /// The `step` column.
+    /// The `step` column (never null).
     pub fn steps(&self) -> Vec<i64> {
-        self.i64s("step").unwrap_or_default()
+        self.i64s("step")
+            .unwrap_or_default()
+            .into_iter()
+            .map(|s| s.unwrap_or_default())
+            .collect()
     }
 
     /// The `value` column.
@@ -95,17 +131,38 @@ impl MetricTable {
             .collect()
     }
 
-    /// An `Int64` column as values (`None` when absent or of another type; nulls read as 0).
-    pub fn i64s(&self, name: &str) -> Option<Vec<i64>> {
+    /// An `Int64` column, nulls as `None` (`None` when absent or of another type).
+    pub fn i64s(&self, name: &str) -> Option<Vec<Option<i64>>> {
         let a = self.column(name)?.as_primitive_opt::<Int64Type>()?;
         Some(
             (0..a.len())
-                .map(|i| if a.is_null(i) { 0 } else { a.value(i) })
+                .map(|i| (!a.is_null(i)).then(|| a.value(i)))
                 .collect(),
         )
     }
 
-    /// A `Float64` column (`None` when absent or of another type).
+    /// A `UInt64` column (unsigned parameters), nulls as `None` (`None` when absent or of
+    /// another type).
+    pub fn u64s(&self, name: &str) -> Option<Vec<Option<u64>>> {
+        let a = self.column(name)?.as_primitive_opt::<UInt64Type>()?;
+        Some(
+            (0..a.len())
+                .map(|i| (!a.is_null(i)).then(|| a.value(i)))
+                .collect(),
+        )
+    }
+
+    /// A `Boolean` column, nulls as `None` (`None` when absent or of another type).
+    pub fn bools(&self, name: &str) -> Option<Vec<Option<bool>>> {
+        let a = self.column(name)?.as_boolean_opt()?;
+        Some(
+            (0..a.len())
+                .map(|i| (!a.is_null(i)).then(|| a.value(i)))
+                .collect(),
+        )
+    }
+
+    /// A `Float64` column, nulls as `None` (`None` when absent or of another type).
     pub fn f64s(&self, name: &str) -> Option<Vec<Option<f64>>> {
         let a = self.column(name)?.as_primitive_opt::<Float64Type>()?;
         Some(
@@ -115,7 +172,7 @@ impl MetricTable {
         )
     }
 
-    /// A `Utf8` column (`None` when absent or of another type).
+    /// A `Utf8` column, nulls as `None` (`None` when absent or of another type).
     pub fn strings(&self, name: &str) -> Option<Vec<Option<String>>> {
         let a = self.column(name)?.as_string_opt::<i32>()?;
         Some(
@@ -136,6 +193,7 @@ impl MetricTable {
     /// # Errors
     /// [`MetricsError::Io`], [`MetricsError::Parquet`].
     #[cfg(feature = "parquet")]
+    #[cfg_attr(docsrs, doc(cfg(feature = "parquet")))]
     pub fn write_parquet(&self, path: impl AsRef<Path>) -> Result<(), MetricsError> {
         use parquet::arrow::ArrowWriter;
         let path = path.as_ref();
@@ -186,6 +244,7 @@ fn cell_text(a: &dyn Array, row: usize) -> String {
     }
     match a.data_type() {
         DataType::Int64 => a.as_primitive::<Int64Type>().value(row).to_string(),
+        DataType::UInt64 => a.as_primitive::<UInt64Type>().value(row).to_string(),
         DataType::Float64 => a.as_primitive::<Float64Type>().value(row).to_string(),
         DataType::Boolean => a.as_boolean().value(row).to_string(),
         DataType::Utf8 => a.as_string::<i32>().value(row).to_string(),
@@ -260,6 +319,7 @@ pub(crate) struct JobRows<'a> {
 pub(super) enum Kind {
     Null,
     Int,
+    UInt,
     Float,
     Bool,
     Str,
@@ -281,6 +341,7 @@ fn kind_of(v: &Value) -> Kind {
 fn declared(t: ParamType) -> Kind {
     match t {
         ParamType::Int => Kind::Int,
+        ParamType::UInt => Kind::UInt,
         ParamType::Float => Kind::Float,
         ParamType::Bool => Kind::Bool,
         ParamType::String => Kind::Str,
@@ -466,6 +527,14 @@ pub(crate) fn build_table(
                 }
                 (DataType::Int64, Arc::new(b.finish()))
             }
+            Kind::UInt => {
+                let mut b = UInt64Builder::with_capacity(total);
+                for j in jobs {
+                    let v = get(j).and_then(|v| v.as_u64());
+                    b.append_value_n_opt(v, j.series.len());
+                }
+                (DataType::UInt64, Arc::new(b.finish()))
+            }
             Kind::Float => {
                 let mut b = Float64Builder::with_capacity(total);
                 for j in jobs {
@@ -521,6 +590,15 @@ trait AppendN<T> {
 
 impl AppendN<i64> for Int64Builder {
     fn append_value_n_opt(&mut self, v: Option<i64>, n: usize) {
+        match v {
+            Some(v) => self.append_value_n(v, n),
+            None => self.append_nulls(n),
+        }
+    }
+}
+
+impl AppendN<u64> for UInt64Builder {
+    fn append_value_n_opt(&mut self, v: Option<u64>, n: usize) {
         match v {
             Some(v) => self.append_value_n(v, n),
             None => self.append_nulls(n),

@@ -7,8 +7,9 @@
 //! once, in order, on the notifier's own thread, so a slow notifier never holds up the
 //! controller; each run gets
 //! [`Notifier::timeout`] (default 30 s) before it is killed. A notifier that cannot start,
-//! exits non-zero or times out is reported on stderr (and in [`Notifier::failures`]) and
-//! otherwise ignored: notifications never stop a campaign.
+//! exits non-zero or times out is reported as a `tracing` warning (on stderr in the
+//! `puzzletron` command line) and counted in [`Notifier::failures`], and otherwise ignored:
+//! notifications never stop a campaign.
 //!
 //! The JSON object ([`NotifyEvent`]): `{"event": "stage_done" | "stage_failed" |
 //! "campaign_end" | "attempt_hung" | "decision_needed", "campaign": "<dir>", "stage": "<id>" |
@@ -156,7 +157,7 @@ impl Notifier {
         let json = match serde_json::to_vec(event) {
             Ok(j) => j,
             Err(e) => {
-                eprintln!("warning: notify: encoding the event: {e}");
+                tracing::warn!(error = %e, "notify: the event could not be encoded");
                 return;
             }
         };
@@ -179,9 +180,11 @@ impl Notifier {
                             }
                             Err(e) => {
                                 failures.fetch_add(1, Ordering::Relaxed);
-                                eprintln!(
-                                    "warning: notify command {:?} for {name}: {e} (the campaign goes on)",
-                                    argv[0]
+                                tracing::warn!(
+                                    command = ?argv[0],
+                                    event = %name,
+                                    error = %e,
+                                    "notify command failed (the campaign goes on)"
                                 );
                             }
                         },

@@ -7,7 +7,10 @@
 //! # }
 //! ```
 //!
-//! Each check panics with a message naming the rule that failed; call it from a `#[test]`.
+//! Each check panics with a message naming the rule that failed and what the store did
+//! (`run_all` adds the check's name: `store conformance `lifecycle_done`: ...`); call it from a
+//! `#[test]`. It runs in one process (unlike the executor suite): `make` gives each check a
+//! fresh, empty store.
 
 use std::collections::BTreeMap;
 use std::sync::{Arc, Barrier};
@@ -70,28 +73,62 @@ pub fn dead_owner() -> Owner {
 }
 
 pub(crate) fn claimed(store: &dyn Store, key: &Hash, owner: &Owner) -> super::Claim {
-    match store.claim(key, owner, None).expect("claim") {
-        ClaimOutcome::Claimed(c) => c,
-        other => panic!("expected Claimed for a free job, got {other:?}"),
+    match store.claim(key, owner, None) {
+        Ok(ClaimOutcome::Claimed(c)) => c,
+        other => panic!("a free job must be Claimed by its first claimer, got {other:?}"),
     }
 }
 
 /// Runs every check against fresh stores from `make`.
+///
+/// # Panics
+/// At the first check that fails, with `store conformance `CHECK`:` and the rule broken and
+/// what was observed (an error of the store included).
 pub fn run_all<S: Store + 'static>(make: impl Fn() -> S) {
-    empty_store_has_nothing(&make());
-    claim_is_exclusive(&make());
-    lifecycle_done(&make());
-    failed_then_retried(&make());
-    stale_claim_taken_over(&make());
-    release_frees_the_job(&make());
-    bad_metric_names_refused(&make());
-    records_batch_matches_single(&make());
-    sealed_rows_read_back(&make());
-    done_head_never_lies(&make());
-    reuse_points_lineages(&make());
-    finish_many_commits_each(&make());
-    deferred_start_keeps_rows(&make());
-    concurrent_claims_one_winner(Arc::new(make()));
+    check("empty_store_has_nothing", || {
+        empty_store_has_nothing(&make())
+    });
+    check("claim_is_exclusive", || claim_is_exclusive(&make()));
+    check("lifecycle_done", || lifecycle_done(&make()));
+    check("failed_then_retried", || failed_then_retried(&make()));
+    check("stale_claim_taken_over", || stale_claim_taken_over(&make()));
+    check("release_frees_the_job", || release_frees_the_job(&make()));
+    check("bad_metric_names_refused", || {
+        bad_metric_names_refused(&make())
+    });
+    check("records_batch_matches_single", || {
+        records_batch_matches_single(&make())
+    });
+    check("sealed_rows_read_back", || sealed_rows_read_back(&make()));
+    check("done_head_never_lies", || done_head_never_lies(&make()));
+    check("reuse_points_lineages", || reuse_points_lineages(&make()));
+    check("finish_many_commits_each", || {
+        finish_many_commits_each(&make())
+    });
+    check("deferred_start_keeps_rows", || {
+        deferred_start_keeps_rows(&make())
+    });
+    check("concurrent_claims_one_winner", || {
+        concurrent_claims_one_winner(Arc::new(make()))
+    });
+}
+
+/// Runs one check, naming it in its failure: a panic inside it (an assertion, or an `unwrap`
+/// of the store's own error) is raised again as `store conformance `NAME`: ...`.
+fn check(name: &str, f: impl FnOnce()) {
+    if let Err(panic) = std::panic::catch_unwind(std::panic::AssertUnwindSafe(f)) {
+        let what = panic
+            .downcast_ref::<String>()
+            .map(String::as_str)
+            .or_else(|| panic.downcast_ref::<&str>().copied())
+            .unwrap_or("(a panic without a message)");
+        // `assert_eq!`'s own words add nothing to the rule its message states.
+        let what = what
+            .strip_prefix("assertion `left == right` failed: ")
+            .or_else(|| what.strip_prefix("assertion failed: "))
+            .unwrap_or(what);
+        panic!("store conformance `{name}`: {what}");
+    }
 }
 
 /// [`Store::reuse`] points each lineage at its reused key, whether it named another key or
@@ -125,7 +162,11 @@ pub fn reuse_points_lineages(store: &dyn Store) {
         Some(keys[0]),
         "the reused run"
     );
-    assert_eq!(store.lineage(&other).unwrap(), Some(keys[1]));
+    assert_eq!(
+        store.lineage(&other).unwrap(),
+        Some(keys[1]),
+        "reuse must leave a lineage it was not given alone"
+    );
     // A batch: half the lineages already right, half naming nothing.
     let pairs: Vec<(Hash, Hash)> = (0..5000u32)
         .map(|i| (Hash::of(format!("lin-{i}")), Hash::of(format!("key-{i}"))))
@@ -136,8 +177,12 @@ pub fn reuse_points_lineages(store: &dyn Store) {
     store.reuse(&pairs).unwrap();
     let lineages: Vec<Hash> = pairs.iter().map(|p| p.0).collect();
     let got = store.lineages(&lineages).unwrap();
-    for ((_, k), g) in pairs.iter().zip(got) {
-        assert_eq!(g, Some(*k));
+    for ((l, k), g) in pairs.iter().zip(got) {
+        assert_eq!(
+            g,
+            Some(*k),
+            "after reuse of a batch of 5000, lineage {l} must name its reused key"
+        );
     }
 }
 
@@ -208,7 +253,8 @@ pub fn done_head_never_lies(store: &dyn Store) {
         assert_eq!(h.attempt, 2, "the head of the done attempt");
         assert_eq!(
             h.witnesses,
-            super::DoneHead::witnesses_digest(&done.witnesses)
+            super::DoneHead::witnesses_digest(&done.witnesses),
+            "a done head must carry the digest of its record's witnesses"
         );
     }
     // Forced re-run in place: while it runs, the old done head must not be reported.
@@ -263,7 +309,10 @@ pub fn claim_is_exclusive(store: &dyn Store) {
         .unwrap()
         .expect("claim_info of a held job");
     assert!(info.live, "the holder (this process) is alive");
-    assert_eq!(info.owner.nonce, a.nonce);
+    assert_eq!(
+        info.owner.nonce, a.nonce,
+        "claim_info must name the holder (its owner nonce)"
+    );
 }
 
 /// claim -> start -> metrics -> finish(done); then the job is Done for everyone.
@@ -273,7 +322,11 @@ pub fn lifecycle_done(store: &dyn Store) {
     let c = claimed(store, &k, &owner);
     let mut rec = sample_record(k, Status::Running, c.attempt);
     store.start(&c, &rec).unwrap();
-    assert_eq!(store.record(&k).unwrap().unwrap().status, Status::Running);
+    assert_eq!(
+        store.record(&k).unwrap().map(|r| r.status),
+        Some(Status::Running),
+        "after start the record must read back as running"
+    );
     assert_eq!(
         store.lineage(&rec.lineage).unwrap(),
         Some(k),
@@ -291,8 +344,12 @@ pub fn lifecycle_done(store: &dyn Store) {
     }
     sink.sync().unwrap();
     let info: MetricsInfo = sink.summary();
-    assert_eq!(info.rows, 10);
-    assert_eq!(info.names, ["acc", "loss"]);
+    assert_eq!(info.rows, 10, "summary must count every appended row");
+    assert_eq!(
+        info.names,
+        ["acc", "loss"],
+        "summary must list the distinct metric names, sorted"
+    );
     rec.status = Status::Done;
     rec.finished_at = Some(3.0);
     rec.metrics = Some(info);
@@ -303,19 +360,28 @@ pub fn lifecycle_done(store: &dyn Store) {
         store.claim_info(&k).unwrap().is_none(),
         "finish releases the claim"
     );
-    assert_eq!(store.keys().unwrap(), vec![k]);
+    assert_eq!(
+        store.keys().unwrap(),
+        vec![k],
+        "keys must list the one job with a record"
+    );
     let all = store.metrics(&k, None).unwrap();
-    assert_eq!(all.len(), 10);
+    assert_eq!(all.len(), 10, "metrics(key, None) must return every row");
     let loss = store.metrics(&k, Some("loss")).unwrap();
     assert_eq!(
         loss.of("loss"),
         (0..5)
             .map(|s| (s, 1.0 / (s as f64 + 1.0)))
-            .collect::<Vec<_>>()
+            .collect::<Vec<_>>(),
+        "metrics must return the rows as appended, in order"
     );
     assert_eq!(loss.len(), 5, "a name filter keeps only that metric");
     match store.claim(&k, &Owner::current(), None).unwrap() {
-        ClaimOutcome::Done(r) => assert_eq!(r.status, Status::Done),
+        ClaimOutcome::Done(r) => assert_eq!(
+            r.status,
+            Status::Done,
+            "ClaimOutcome::Done must carry the done record"
+        ),
         other => panic!("a done job must not be claimed again, got {other:?}"),
     }
     match store
@@ -332,16 +398,23 @@ pub fn lifecycle_done(store: &dyn Store) {
         ClaimOutcome::Claimed(c2) => c2,
         other => panic!("replacing the done attempt must claim it, got {other:?}"),
     };
-    assert_eq!(again.attempt, c.attempt + 1);
+    assert_eq!(
+        again.attempt,
+        c.attempt + 1,
+        "a re-run in place of done attempt {} must be attempt {}",
+        c.attempt,
+        c.attempt + 1
+    );
     assert_eq!(
         store.record(&k).unwrap().unwrap().status,
         Status::Done,
         "the old result stays readable during the re-run"
     );
-    assert!(matches!(
-        store.claim(&k, &Owner::current(), Some(c.attempt)).unwrap(),
-        ClaimOutcome::Busy(_)
-    ));
+    let second = store.claim(&k, &Owner::current(), Some(c.attempt)).unwrap();
+    assert!(
+        matches!(second, ClaimOutcome::Busy(_)),
+        "a done attempt is re-run once: a second replacing claim must be Busy, got {second:?}"
+    );
 }
 
 /// A failed job is claimed again with the next attempt number.
@@ -354,8 +427,13 @@ pub fn failed_then_retried(store: &dyn Store) {
         .unwrap();
     store.finish(&c, &rec).unwrap();
     assert_eq!(
-        store.record(&k).unwrap().unwrap().error.unwrap().message,
-        "boom"
+        store
+            .record(&k)
+            .unwrap()
+            .and_then(|r| r.error)
+            .map(|e| e.message),
+        Some("boom".to_string()),
+        "a failed record must keep its error as written"
     );
     let c2 = claimed(store, &k, &Owner::current());
     assert_eq!(c2.attempt, 2, "a retry is attempt 2");
@@ -384,11 +462,14 @@ pub fn stale_claim_taken_over(store: &dyn Store) {
         Err(StoreError::ClaimLost { .. }) => {}
         other => panic!("the dead owner's finish must fail with ClaimLost, got {other:?}"),
     }
-    assert!(matches!(
-        store.heartbeat(&c_dead),
-        Err(StoreError::ClaimLost { .. })
-    ));
-    store.heartbeat(&c).unwrap();
+    let beat = store.heartbeat(&c_dead);
+    assert!(
+        matches!(beat, Err(StoreError::ClaimLost { .. })),
+        "the dead owner's heartbeat must fail with ClaimLost after a takeover, got {beat:?}"
+    );
+    store
+        .heartbeat(&c)
+        .unwrap_or_else(|e| panic!("the taker's heartbeat must succeed, got {e}"));
 }
 
 /// [`Store::finish_many`] commits each entry as [`Store::finish`] would (done and failed
@@ -454,7 +535,8 @@ pub fn finish_many_commits_each(store: &dyn Store) {
                 );
                 assert_eq!(
                     store.metrics(&c.key, Some("loss")).unwrap().of("loss"),
-                    vec![(0, i as f64)]
+                    vec![(0, i as f64)],
+                    "batch of {n}, entry {i}: its rows must read back"
                 );
             } else {
                 assert!(
@@ -513,8 +595,15 @@ pub fn deferred_start_keeps_rows(store: &dyn Store) {
             want,
             "start written: {write_start}: every row, those before the start included"
         );
-        assert_eq!(store.lineage(&rec.lineage).unwrap(), Some(k));
-        assert!(store.claim_info(&k).unwrap().is_none());
+        assert_eq!(
+            store.lineage(&rec.lineage).unwrap(),
+            Some(k),
+            "start written: {write_start}: the lineage must name the key"
+        );
+        assert!(
+            store.claim_info(&k).unwrap().is_none(),
+            "start written: {write_start}: finish must release the claim"
+        );
     }
 }
 
@@ -523,7 +612,11 @@ pub fn release_frees_the_job(store: &dyn Store) {
     let k = Hash::of("release");
     let c = claimed(store, &k, &Owner::current());
     store.release(&c).unwrap();
-    assert!(store.claim_info(&k).unwrap().is_none());
+    let info = store.claim_info(&k).unwrap();
+    assert!(
+        info.is_none(),
+        "after release the job must have no claim, got {info:?}"
+    );
     claimed(store, &k, &Owner::current());
 }
 
@@ -565,7 +658,11 @@ pub fn records_batch_matches_single(store: &dyn Store) {
             "records() must match record() for {k}"
         );
     }
-    assert_eq!(batch.iter().filter(|r| r.is_some()).count(), 34);
+    assert_eq!(
+        batch.iter().filter(|r| r.is_some()).count(),
+        34,
+        "records() must find the 34 of 100 keys that have a record"
+    );
 }
 
 /// Eight threads race to claim one job: exactly one wins.

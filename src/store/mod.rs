@@ -24,6 +24,7 @@ mod record;
 mod rows;
 
 #[cfg(any(test, feature = "test-util"))]
+#[cfg_attr(docsrs, doc(cfg(feature = "test-util")))]
 pub mod conformance;
 
 use std::path::PathBuf;
@@ -618,6 +619,7 @@ pub trait StoreExt: Store {
     /// [`MetricsError::Io`](crate::metrics::MetricsError::Io) /
     /// [`MetricsError::Parquet`](crate::metrics::MetricsError::Parquet) naming `path`.
     #[cfg(feature = "parquet")]
+    #[cfg_attr(docsrs, doc(cfg(feature = "parquet")))]
     fn write_metric_parquet(
         &self,
         metric: &str,
@@ -756,6 +758,14 @@ pub enum StoreError {
         /// The name given.
         name: String,
     },
+    /// The drain running the job was cancelled: [`Run::log`](crate::sweep::Run::log) and
+    /// [`Run::flush`](crate::sweep::Run::flush) return it so that a job stops at its next row.
+    /// Not a failure: the run is recorded as interrupted and runs again at the next drain
+    /// (retryable).
+    #[error(
+        "the drain was cancelled (dropped drain_async future, cancellation token, Ctrl-C or SIGTERM): the run is recorded as interrupted and runs again at the next drain"
+    )]
+    Cancelled,
 }
 
 /// What [`StoreError::KeyCollision`] found: the stored record and the request, both named.
@@ -793,9 +803,10 @@ impl std::fmt::Display for KeyCollision {
 }
 
 impl StoreError {
-    /// Whether retrying can help: I/O errors may be transient; the others need a change.
+    /// Whether retrying can help: I/O errors may be transient, and a cancelled run runs again
+    /// at the next drain; the others need a change.
     pub fn is_retryable(&self) -> bool {
-        matches!(self, StoreError::Io { .. })
+        matches!(self, StoreError::Io { .. } | StoreError::Cancelled)
     }
 }
 

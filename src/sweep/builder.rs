@@ -3,6 +3,7 @@
 use std::path::PathBuf;
 use std::time::Duration;
 
+use super::cancel::CancellationToken;
 use super::event::Event;
 use super::execute::EventFn;
 use super::orchestrator::Orchestrator;
@@ -27,6 +28,8 @@ pub struct OrchestratorBuilder<S: Store = FsStore, E: Executor = InProcess> {
     on_event: Option<EventFn>,
     wait_poll: Duration,
     worker_dir: Option<PathBuf>,
+    cancel: Option<CancellationToken>,
+    ctrl_c: bool,
 }
 
 impl OrchestratorBuilder<FsStore, InProcess> {
@@ -43,6 +46,8 @@ impl OrchestratorBuilder<FsStore, InProcess> {
             on_event: None,
             wait_poll: Duration::from_millis(100),
             worker_dir: None,
+            cancel: None,
+            ctrl_c: true,
         }
     }
 }
@@ -71,6 +76,8 @@ impl<S: Store + 'static, E: Executor> OrchestratorBuilder<S, E> {
             on_event: self.on_event,
             wait_poll: self.wait_poll,
             worker_dir: self.worker_dir,
+            cancel: self.cancel,
+            ctrl_c: self.ctrl_c,
         }
     }
 
@@ -88,6 +95,8 @@ impl<S: Store + 'static, E: Executor> OrchestratorBuilder<S, E> {
             on_event: self.on_event,
             wait_poll: self.wait_poll,
             worker_dir: self.worker_dir,
+            cancel: self.cancel,
+            ctrl_c: self.ctrl_c,
         }
     }
 
@@ -153,7 +162,7 @@ impl<S: Store + 'static, E: Executor> OrchestratorBuilder<S, E> {
 
     /// Calls `f` for every [`Event`] of a drain (e.g. `|e| eprintln!("{e}")`).
     pub fn on_event(mut self, f: impl Fn(&Event) + Send + Sync + 'static) -> Self {
-        self.on_event = Some(Box::new(f));
+        self.on_event = Some(std::sync::Arc::new(f));
         self
     }
 
@@ -162,6 +171,33 @@ impl<S: Store + 'static, E: Executor> OrchestratorBuilder<S, E> {
     /// `LocalExecutor` wakes it as soon as a worker ends).
     pub fn wait_poll(mut self, every: Duration) -> Self {
         self.wait_poll = every;
+        self
+    }
+
+    /// A token that cancels this sweep's drains: once it is cancelled, a running drain stops
+    /// (the job running in process is told through
+    /// [`Run::is_cancelled`](super::Run::is_cancelled) and the errors of
+    /// [`Run::log`](super::Run::log); isolated workers are cancelled through the executor; runs
+    /// so stopped are recorded as interrupted, never as failed) and returns
+    /// [`FailureCause::Cancelled`](super::FailureCause::Cancelled), and later drains start
+    /// nothing. Pass a child of your program's shutdown token
+    /// ([`CancellationToken::child_token`]). Dropping a
+    /// [`drain_async`](super::Orchestrator::drain_async) future cancels its drain without a
+    /// token.
+    pub fn cancellation_token(mut self, token: CancellationToken) -> Self {
+        self.cancel = Some(token);
+        self
+    }
+
+    /// Whether Ctrl-C (SIGINT) during a blocking [`drain`](super::Orchestrator::drain) cancels
+    /// it as a [`cancellation_token`](Self::cancellation_token) would (default `true`): the
+    /// handler is installed for the length of the drain only, and only when SIGINT has its
+    /// default disposition then (a program that handles or ignores SIGINT itself keeps it, and
+    /// cancels through a token); a second Ctrl-C ends the program at once. Not for
+    /// [`drain_async`](super::Orchestrator::drain_async): there, drop the future (e.g. in
+    /// `tokio::select!` with `tokio::signal::ctrl_c()`).
+    pub fn cancel_on_ctrl_c(mut self, on: bool) -> Self {
+        self.ctrl_c = on;
         self
     }
 
@@ -221,6 +257,8 @@ impl<S: Store + 'static, E: Executor> OrchestratorBuilder<S, E> {
             wait_poll: self.wait_poll,
             tasks_dir,
             identity: super::identity::JobIdentities::new(self.trace, self.lock.is_none()),
+            cancel: self.cancel,
+            ctrl_c: self.ctrl_c,
         }))
     }
 }

@@ -44,6 +44,15 @@ pub enum Event {
         /// What failed.
         failure: Failure,
     },
+    /// A run stopped because the drain was cancelled; recorded as interrupted.
+    Interrupted {
+        /// Position in the queue.
+        index: usize,
+        /// Distinct runs in the queue.
+        total: usize,
+        /// The job key.
+        key: Hash,
+    },
     /// A run was skipped.
     Skipped {
         /// Position in the queue.
@@ -104,6 +113,11 @@ impl fmt::Display for Event {
                     failure.message
                 )
             }
+            Event::Interrupted { index, total, key } => write!(
+                f,
+                "[{index}/{total}] intr  {} interrupted (drain cancelled): runs again at the next drain",
+                key.short()
+            ),
             Event::Skipped {
                 index,
                 total,

@@ -6,6 +6,7 @@ use std::collections::HashMap;
 use std::sync::{Mutex, mpsc};
 use std::time::{Duration, Instant};
 
+use super::cancel::Cancel;
 use super::commit::{COMMIT_BATCH, COMMITTERS, Commit, Finished, Started, Work, serve};
 use super::decision::{Action, Decider, JobDecision};
 use super::event::Event;
@@ -33,7 +34,7 @@ pub(super) struct Helpers<'a> {
 }
 
 /// A drain's progress callback.
-pub(super) type EventFn = Box<dyn Fn(&Event) + Send + Sync>;
+pub(super) type EventFn = std::sync::Arc<dyn Fn(&Event) + Send + Sync>;
 
 /// What a drain did: an outcome per queued run (`None`: not reached), and why it stopped early.
 pub(super) struct Drained {
@@ -45,7 +46,7 @@ pub(super) struct Drained {
 pub(super) enum Stop {
     /// Run `i` of the queue failed (its outcome is `Failed`).
     JobFailed(usize),
-    /// The store or the executor failed.
+    /// The store or the executor failed, or the drain was cancelled.
     Cause(FailureCause),
 }
 
@@ -56,6 +57,8 @@ pub(super) struct Engine<'a, S: Store + ?Sized> {
     pub(super) owner: &'a Owner,
     pub(super) on_event: Option<&'a EventFn>,
     pub(super) wait_poll: Duration,
+    /// Cancels the drain (see `cancel`).
+    pub(super) cancel: &'a Cancel,
 }
 
 impl<S: Store + ?Sized> Engine<'_, S> {
@@ -79,10 +82,13 @@ impl<S: Store + ?Sized> Engine<'_, S> {
     /// (see `commit`); the drain returns once every commit is durable (a commit that fails
     /// stops it as a store failure).
     pub(super) fn drain(&self, queue: &[PendingRun]) -> Drained {
+        let _span = tracing::info_span!("drain", runs = queue.len(), isolated = false).entered();
         let (tx, rx) = mpsc::sync_channel::<Work>(COMMIT_BATCH * 2);
         let rx = Mutex::new(rx);
         let (done_tx, done_rx) = mpsc::channel::<(usize, StoreError)>();
         let heart = Heart::every(self.store().heartbeat_interval());
+        // A parent token (the sweep's own) reaches running jobs through the bridge.
+        let bridge_stop = std::sync::atomic::AtomicBool::new(false);
         std::thread::scope(|s| {
             for _ in 0..COMMITTERS.min(queue.len()) {
                 let done_tx = done_tx.clone();
@@ -92,6 +98,11 @@ impl<S: Store + ?Sized> Engine<'_, S> {
             drop(done_tx);
             let heart = &heart;
             let beating = s.spawn(move || heart.run(self.store()));
+            let bridge_stop = &bridge_stop;
+            let bridge = self
+                .cancel
+                .has_parent()
+                .then(|| s.spawn(move || self.cancel.bridge(bridge_stop)));
             let helpers = Helpers {
                 commits: Some(&tx),
                 heart: Some(heart),
@@ -102,6 +113,13 @@ impl<S: Store + ?Sized> Engine<'_, S> {
                 self.drain_loop(queue, helpers)
             };
             drop(tx);
+            if let Some(b) = bridge {
+                bridge_stop.store(true, std::sync::atomic::Ordering::Release);
+                b.thread().unpark();
+                if let Err(panic) = b.join() {
+                    std::panic::resume_unwind(panic);
+                }
+            }
             if let Err(panic) = beating.join() {
                 std::panic::resume_unwind(panic);
             }
@@ -133,6 +151,10 @@ impl<S: Store + ?Sized> Engine<'_, S> {
         }
         let mut ahead: Vec<Option<JobDecision>> = Vec::new();
         for (i, p) in queue.iter().enumerate() {
+            if self.cancel.is_cancelled() {
+                tracing::info!(done = i, total, "drain cancelled: no run starts any more");
+                stop!(Stop::Cause(FailureCause::Cancelled));
+            }
             if i % PREFETCH == 0 {
                 // The cache hits of the next runs, proved together on a few threads. A done
                 // record stays done, so a skip proved a moment early is the plan's skip; a miss
@@ -151,6 +173,13 @@ impl<S: Store + ?Sized> Engine<'_, S> {
                     Err(e) => stop!(Stop::Cause(FailureCause::Store(e))),
                 },
             };
+            tracing::debug!(
+                key = %p.key.short(),
+                job = %p.job,
+                action = %decision.action,
+                reasons = ?decision.reasons,
+                "decided"
+            );
             match decision.action {
                 Action::Skip => {
                     outcomes[i] = Some(Outcome::Skipped {
@@ -166,9 +195,13 @@ impl<S: Store + ?Sized> Engine<'_, S> {
                 Action::Run => match self.try_execute(i, total, p, decision, helpers) {
                     Ok(Some(o)) => {
                         let failed = matches!(o, Outcome::Failed { .. });
+                        let interrupted = matches!(o, Outcome::Interrupted);
                         outcomes[i] = Some(o);
                         if failed {
                             stop!(Stop::JobFailed(i));
+                        }
+                        if interrupted {
+                            stop!(Stop::Cause(FailureCause::Cancelled));
                         }
                     }
                     Ok(None) => waiting.push(i),
@@ -180,6 +213,9 @@ impl<S: Store + ?Sized> Engine<'_, S> {
         // holder dies. Each wait is announced once per holder, not at every poll.
         let mut announced: HashMap<usize, String> = HashMap::new();
         while !waiting.is_empty() {
+            if self.cancel.is_cancelled() {
+                stop!(Stop::Cause(FailureCause::Cancelled));
+            }
             let mut still = Vec::new();
             for &i in &waiting {
                 let p = &queue[i];
@@ -209,6 +245,7 @@ impl<S: Store + ?Sized> Engine<'_, S> {
                     (_, Some(c)) => {
                         let holder = c.to_string();
                         if announced.get(&i) != Some(&holder) {
+                            tracing::info!(key = %p.key.short(), %holder, "waiting for the run another process holds");
                             announced.insert(i, holder.clone());
                             self.emit(Event::Waiting { key: p.key, holder });
                         }
@@ -222,9 +259,13 @@ impl<S: Store + ?Sized> Engine<'_, S> {
                         match self.try_execute(i, total, p, decision, helpers) {
                             Ok(Some(o)) => {
                                 let failed = matches!(o, Outcome::Failed { .. });
+                                let interrupted = matches!(o, Outcome::Interrupted);
                                 outcomes[i] = Some(o);
                                 if failed {
                                     stop!(Stop::JobFailed(i));
+                                }
+                                if interrupted {
+                                    stop!(Stop::Cause(FailureCause::Cancelled));
                                 }
                             }
                             Ok(None) => still.push(i),
@@ -254,12 +295,31 @@ impl<S: Store + ?Sized> Engine<'_, S> {
         helpers: Helpers<'_>,
     ) -> std::result::Result<Option<Outcome>, StoreError> {
         match self.store().claim(&p.key, self.owner, decision.replaces)? {
-            ClaimOutcome::Claimed(c) => self
-                .execute(index, total, p, decision, c, helpers)
-                .map(Some),
-            ClaimOutcome::Busy(_) => Ok(None),
+            ClaimOutcome::Claimed(c) => {
+                if decision
+                    .reasons
+                    .iter()
+                    .any(|r| r.starts_with("interrupted"))
+                {
+                    tracing::info!(
+                        key = %p.key.short(),
+                        attempt = c.attempt,
+                        reasons = ?decision.reasons,
+                        "took over an interrupted run"
+                    );
+                } else {
+                    tracing::debug!(key = %p.key.short(), attempt = c.attempt, "claimed");
+                }
+                self.execute(index, total, p, decision, c, helpers)
+                    .map(Some)
+            }
+            ClaimOutcome::Busy(holder) => {
+                tracing::debug!(key = %p.key.short(), %holder, "held by another process");
+                Ok(None)
+            }
             ClaimOutcome::Done(r) => {
                 let by = r.owner.map(|o| o.to_string()).unwrap_or_default();
+                tracing::debug!(key = %p.key.short(), %by, "done by another process");
                 Ok(Some(Outcome::Skipped {
                     reasons: vec![format!("done by {by}")],
                 }))
@@ -276,6 +336,13 @@ impl<S: Store + ?Sized> Engine<'_, S> {
         claim: Claim,
         helpers: Helpers<'_>,
     ) -> std::result::Result<Outcome, StoreError> {
+        let _span = tracing::info_span!(
+            "run",
+            key = %p.key.short(),
+            job = %p.job,
+            attempt = claim.attempt
+        )
+        .entered();
         let params: serde_json::Value =
             serde_json::from_str(&p.params).unwrap_or(serde_json::Value::Null);
         let rec = JobRecord {
@@ -324,6 +391,7 @@ impl<S: Store + ?Sized> Engine<'_, S> {
             claim.attempt,
             sink,
             self.store().artifact_path(&p.key),
+            self.cancel.clone(),
         );
         let t0 = Instant::now();
         let call = || panics::catch(|| (p.call)(&mut run));
@@ -332,7 +400,12 @@ impl<S: Store + ?Sized> Engine<'_, S> {
             None => self.with_heartbeat(&claim, call),
         };
         let seconds = t0.elapsed().as_secs_f64();
+        let told = run.was_told();
         let mut sink = run.into_sink();
+        if told {
+            // What a job told of a cancellation returns is not a whole result, whatever it is.
+            return self.interrupt(index, total, p.key, &claim, started, sink);
+        }
         if let (Some(tx), Ok(Ok(()))) = (helpers.commits, &result) {
             let c = Commit {
                 run: Finished {
@@ -412,15 +485,49 @@ impl<S: Store + ?Sized> Engine<'_, S> {
                 seconds: *seconds,
                 rows: rec.metrics.as_ref().map(|m| m.rows).unwrap_or(0),
             }),
-            Outcome::Failed { failure } => self.emit(Event::Failed {
-                index: index + 1,
-                total,
-                key: p.key,
-                failure: failure.clone(),
-            }),
+            Outcome::Failed { failure } => {
+                tracing::warn!(
+                    key = %p.key.short(),
+                    kind = %failure.kind,
+                    "run failed: {}",
+                    failure.message
+                );
+                self.emit(Event::Failed {
+                    index: index + 1,
+                    total,
+                    key: p.key,
+                    failure: failure.clone(),
+                })
+            }
             _ => {}
         }
         Ok(outcome)
+    }
+
+    /// Records a run whose job was told of a cancellation as interrupted: its start is
+    /// written (the record says `running`), the rows it logged reach their file, and the
+    /// claim is released, so the next drain decides `interrupted: attempt N ... did not
+    /// finish` and runs it again at once. Never a failure.
+    fn interrupt(
+        &self,
+        index: usize,
+        total: usize,
+        key: crate::identity::Hash,
+        claim: &Claim,
+        started: Started,
+        mut sink: Box<dyn crate::store::MetricSink>,
+    ) -> std::result::Result<Outcome, StoreError> {
+        started.write_now(self.store());
+        started.end(self.store())?;
+        sink.flush()?;
+        self.store().release(claim)?;
+        tracing::info!(key = %key.short(), "interrupted by the cancelled drain: runs again at the next drain");
+        self.emit(Event::Interrupted {
+            index: index + 1,
+            total,
+            key,
+        });
+        Ok(Outcome::Interrupted)
     }
 
     /// Runs `f` while a thread of its own renews the claim's heartbeat every

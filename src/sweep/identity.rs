@@ -28,6 +28,24 @@ pub(super) struct JobIdentities {
     params: Mutex<Option<ParamsIndex>>,
 }
 
+/// A copy for a drain on a thread of its own ([`drain_async`](super::Orchestrator::drain_async)).
+impl Clone for JobIdentities {
+    fn clone(&self) -> Self {
+        Self {
+            trace: self.trace,
+            lock_from_jobs: self.lock_from_jobs,
+            compiled: self.compiled.clone(),
+            stale: self.stale.clone(),
+            params: Mutex::new(
+                self.params
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .clone(),
+            ),
+        }
+    }
+}
+
 impl JobIdentities {
     pub(super) fn new(trace: bool, lock_from_jobs: bool) -> Self {
         Self {
@@ -180,7 +198,7 @@ impl JobIdentities {
 }
 
 fn tracing_note(job: &str, note: &str) {
-    eprintln!("puzzletron: identity of {job}: {note}");
+    tracing::warn!(job, "identity: {note}");
 }
 
 /// At most this many runs of the job (the latest stored) are compared by [`params_changed`]: a

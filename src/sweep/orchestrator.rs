@@ -11,10 +11,12 @@ use serde::Serialize;
 use serde::de::DeserializeOwned;
 
 use super::builder::OrchestratorBuilder;
+use super::cancel::{Cancel, CancelOnDrop, CancellationToken};
 use super::decision::{Decider, JobDecision, Plan};
 use super::entry::Entry;
 use super::execute::{Drained, Engine, EventFn, Stop, failure, summary_of};
 use super::job::Job;
+use super::param_shape::Traced;
 use super::params_check::ParamsCheck;
 use super::pending::{PendingRun, RunSpec};
 use super::run::Run;
@@ -43,6 +45,10 @@ pub(super) struct Parts<S, E> {
     pub(super) tasks_dir: Option<PathBuf>,
     /// Compiled identities, the per-job build witnesses and `trace(true)` re-checks.
     pub(super) identity: super::identity::JobIdentities,
+    /// Cancels every drain of the sweep.
+    pub(super) cancel: Option<CancellationToken>,
+    /// Ctrl-C cancels a blocking drain.
+    pub(super) ctrl_c: bool,
 }
 
 /// Runs a sweep: enqueue runs with [`run`](Self::run), see what would happen with
@@ -56,8 +62,9 @@ pub(super) struct Parts<S, E> {
 /// orchestrator is forced; otherwise it is skipped. Several processes may drain one store: each
 /// run executes once.
 pub struct Orchestrator<S: Store = FsStore, E: Executor = InProcess> {
-    store: S,
-    executor: E,
+    /// Shared with the thread of a [`drain_async`](Self::drain_async).
+    store: Arc<S>,
+    executor: Arc<E>,
     modules: Modules,
     force: bool,
     witnesses: Witnesses,
@@ -67,6 +74,8 @@ pub struct Orchestrator<S: Store = FsStore, E: Executor = InProcess> {
     /// Parameter names and types shared by the runs that have them (most sweeps: one shape
     /// per job), so a run holds two pointers instead of its own copies.
     shapes: Vec<Shape>,
+    /// Per parameters type: its traced column types (`None`: it cannot be traced).
+    traced: HashMap<std::any::TypeId, Option<Arc<BTreeMap<String, Traced>>>>,
     queue: Vec<PendingRun>,
     enqueued: Vec<PendingRun>,
     /// Per enqueued key: its index in `enqueued` and whether it is in `queue`.
@@ -76,6 +85,8 @@ pub struct Orchestrator<S: Store = FsStore, E: Executor = InProcess> {
     owner: Owner,
     wait_poll: Duration,
     tasks_dir: Option<PathBuf>,
+    cancel: Option<CancellationToken>,
+    ctrl_c: bool,
 }
 
 impl Orchestrator<FsStore, InProcess> {
@@ -88,8 +99,8 @@ impl Orchestrator<FsStore, InProcess> {
 impl<S: Store, E: Executor> Orchestrator<S, E> {
     pub(super) fn new(p: Parts<S, E>) -> Self {
         Orchestrator {
-            store: p.store,
-            executor: p.executor,
+            store: Arc::new(p.store),
+            executor: Arc::new(p.executor),
             modules: p.modules,
             force: p.force,
             witnesses: p.witnesses,
@@ -97,6 +108,7 @@ impl<S: Store, E: Executor> Orchestrator<S, E> {
             params_check: ParamsCheck::default(),
             job_names: HashMap::new(),
             shapes: Vec::new(),
+            traced: HashMap::new(),
             queue: Vec::new(),
             enqueued: Vec::new(),
             keys: HashMap::new(),
@@ -105,6 +117,8 @@ impl<S: Store, E: Executor> Orchestrator<S, E> {
             owner: Owner::current(),
             wait_poll: p.wait_poll,
             tasks_dir: p.tasks_dir,
+            cancel: p.cancel,
+            ctrl_c: p.ctrl_c,
         }
     }
 
@@ -153,7 +167,8 @@ impl<S: Store, E: Executor> Orchestrator<S, E> {
                 n
             }
         };
-        let shape = self.shape(canon.fields, canon.types);
+        let types = self.column_types::<P>(canon.types);
+        let shape = self.shape(canon.fields, types);
         let pending = PendingRun::new(RunSpec {
             key,
             lineage: identity::lineage_key(job.name(), &canon.json),
@@ -174,6 +189,33 @@ impl<S: Store, E: Executor> Orchestrator<S, E> {
         self.queue.push(pending.clone());
         self.enqueued.push(pending);
         Ok(key)
+    }
+
+    /// The column type of each parameter of a run of `P`: from the type (see `param_shape`)
+    /// where the values cannot say it (a `None`, an enum whose runs use only unit variants),
+    /// else from the serializer's calls (`serialize_u64` is `UInt`), which `from_values` holds.
+    fn column_types<P: DeserializeOwned + 'static>(
+        &mut self,
+        mut from_values: BTreeMap<String, ParamType>,
+    ) -> BTreeMap<String, ParamType> {
+        let traced = self
+            .traced
+            .entry(std::any::TypeId::of::<P>())
+            .or_insert_with(|| super::param_shape::trace::<P>().map(Arc::new));
+        for (name, t) in traced.iter().flat_map(|t| t.iter()) {
+            match (t, from_values.get(name)) {
+                (_, None) => {
+                    from_values.insert(name.clone(), t.column());
+                }
+                // A unit variant serializes as a string, a data variant as JSON: the enum's
+                // type says which every value is written as.
+                (Traced::Enum { .. }, Some(ParamType::String | ParamType::Json)) => {
+                    from_values.insert(name.clone(), t.column());
+                }
+                _ => {}
+            }
+        }
+        from_values
     }
 
     /// The shared copy of a run's parameter names and types.
@@ -242,15 +284,16 @@ impl<S: Store, E: Executor> Orchestrator<S, E> {
     }
 
     fn decider(&self) -> Decider<'_, S> {
-        Decider::new(&self.store, &self.witnesses, self.force, &self.identity)
+        Decider::new(&*self.store, &self.witnesses, self.force, &self.identity)
     }
 
-    fn engine(&self) -> Engine<'_, S> {
+    fn engine<'a>(&'a self, cancel: &'a Cancel) -> Engine<'a, S> {
         Engine {
             decider: self.decider(),
             owner: &self.owner,
             on_event: self.on_event.as_ref(),
             wait_poll: self.wait_poll,
+            cancel,
         }
     }
 
@@ -294,43 +337,101 @@ impl<S: Store, E: Executor> Orchestrator<S, E> {
     /// store fails.
     pub fn drain(&mut self) -> std::result::Result<RunSummary, Box<RunFailed>> {
         let queue = self.queue.clone();
+        let cancel = Cancel::child_of(self.cancel.as_ref());
+        let _ctrl_c = self
+            .ctrl_c
+            .then(|| super::interrupt::Guard::install(&[libc::SIGINT], &cancel));
+        let engine = self.engine(&cancel);
         let drained = match &self.tasks_dir {
-            Some(dir) => super::worker::drain_isolated(&self.engine(), &self.executor, dir, &queue),
-            None => self.engine().drain(&queue),
+            Some(dir) => super::worker::drain_isolated(&engine, &*self.executor, dir, &queue),
+            None => engine.drain(&queue),
         };
         self.conclude_drain(&queue, drained)
     }
 
-    /// [`drain`](Self::drain) for async drivers (inside a tokio runtime). Isolated runs are
-    /// submitted and polled on the caller's runtime without blocking it. In-process runs are
-    /// plain functions: on a multi-thread runtime they run under
-    /// [`tokio::task::block_in_place`] (other tasks move to other workers meanwhile); on a
-    /// current-thread runtime they run on it, blocking it until they end (use `isolate(true)`,
-    /// or a multi-thread runtime, to keep other tasks going).
+    /// [`drain`](Self::drain) for async drivers. The drain runs on a thread of its own (jobs
+    /// are plain blocking functions; isolated runs are polled there on a runtime of its own),
+    /// so the caller's runtime is never blocked, whatever its flavour, and the future is
+    /// `Send`: spawn it with the sweep moved in,
+    /// `tokio::spawn(async move { let r = sweep.drain_async().await; (sweep, r) })`.
     ///
-    /// (The blocking [`drain`](Self::drain) is safe inside a runtime too: it blocks the calling
-    /// thread, and an isolated drain then polls its workers on a runtime of its own, in a
-    /// thread of its own.)
+    /// **Dropping the future cancels the drain** (`tokio::time::timeout`, `tokio::select!`
+    /// with `tokio::signal::ctrl_c()`, an aborted task): the job running in process is told
+    /// through [`Run::is_cancelled`] and the errors of [`Run::log`]/[`Run::flush`] and is
+    /// recorded as interrupted once it returns; isolated workers are cancelled through the
+    /// executor and recorded as interrupted; nothing is recorded as failed, and no run starts
+    /// after the drop. The drain's thread ends as soon as the running job returns (a job that
+    /// never logs nor asks runs to its end). The sweep's
+    /// [`cancellation_token`](OrchestratorBuilder::cancellation_token) does the same and
+    /// returns [`FailureCause::Cancelled`].
+    ///
+    /// ```
+    /// # use puzzletron::sweep::{JobResult, Run};
+    /// # use puzzletron::{MemoryStore, Orchestrator, job};
+    /// # fn train(p: &u32, run: &mut Run) -> JobResult { run.log("x", 0, f64::from(*p))?; Ok(()) }
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> puzzletron::Result<()> {
+    /// let mut sweep = Orchestrator::builder().store(MemoryStore::new()).build()?;
+    /// sweep.run(&job!(train), 7)?;
+    /// let task = tokio::spawn(async move {
+    ///     let summary = sweep.drain_async().await;
+    ///     (sweep, summary)
+    /// });
+    /// let (sweep, summary) = task.await.expect("the drain task ran");
+    /// assert_eq!(summary?.ran(), 1);
+    /// # let _ = sweep;
+    /// # Ok(())
+    /// # }
+    /// ```
     ///
     /// # Errors
     /// As [`drain`](Self::drain).
-    pub async fn drain_async(&mut self) -> std::result::Result<RunSummary, Box<RunFailed>> {
+    pub async fn drain_async(&mut self) -> std::result::Result<RunSummary, Box<RunFailed>>
+    where
+        S: 'static,
+        E: 'static,
+    {
         let queue = self.queue.clone();
-        let drained = match &self.tasks_dir {
-            Some(dir) => {
-                super::worker::drain_isolated_async(&self.engine(), &self.executor, dir, &queue)
-                    .await
-            }
-            None => {
-                let engine = self.engine();
-                let flavor = tokio::runtime::Handle::try_current().map(|h| h.runtime_flavor());
-                if matches!(flavor, Ok(tokio::runtime::RuntimeFlavor::MultiThread)) {
-                    tokio::task::block_in_place(|| engine.drain(&queue))
-                } else {
-                    engine.drain(&queue)
-                }
-            }
+        let cancel = Cancel::child_of(self.cancel.as_ref());
+        let on_drop = CancelOnDrop::new(cancel.clone());
+        let ctx = DrainContext {
+            store: self.store.clone(),
+            executor: self.executor.clone(),
+            witnesses: self.witnesses.clone(),
+            force: self.force,
+            identity: self.identity.clone(),
+            on_event: self.on_event.clone(),
+            owner: self.owner.clone(),
+            wait_poll: self.wait_poll,
+            tasks_dir: self.tasks_dir.clone(),
+            cancel,
+            queue: queue.clone(),
         };
+        let (tx, rx) = tokio::sync::oneshot::channel();
+        let spawned = std::thread::Builder::new()
+            .name("puzzletron-drain".into())
+            .spawn(move || {
+                let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| ctx.drain()));
+                let _ = tx.send(r);
+            });
+        let drained = match spawned {
+            Ok(_) => match rx.await {
+                Ok(Ok(d)) => d,
+                Ok(Err(panic)) => std::panic::resume_unwind(panic),
+                // The thread sends before it ends, panics included.
+                Err(_) => unreachable!("the drain thread ended without an answer"),
+            },
+            Err(e) => Drained {
+                outcomes: vec![None; queue.len()],
+                stop: Some(Stop::Cause(FailureCause::Store(
+                    crate::store::StoreError::Io {
+                        path: PathBuf::from("(drain thread)"),
+                        source: e,
+                    },
+                ))),
+            },
+        };
+        on_drop.disarm();
         self.conclude_drain(&queue, drained)
     }
 
@@ -354,9 +455,10 @@ impl<S: Store, E: Executor> Orchestrator<S, E> {
             && let Err(e) = self.store.reuse(&reused)
         {
             // Bookkeeping for reports only: the results stand.
-            eprintln!(
-                "puzzletron: could not point the lineages of {} reused runs at them: {e}",
-                reused.len()
+            tracing::warn!(
+                runs = reused.len(),
+                error = %e,
+                "could not point the lineages of reused runs at them"
             );
         }
         match stop {
@@ -367,28 +469,19 @@ impl<S: Store, E: Executor> Orchestrator<S, E> {
                 }
                 Ok(summary_of(queue, &outcomes))
             }
+            Some(Stop::Cause(FailureCause::Cancelled)) => {
+                self.keep_unfinished(queue, &outcomes);
+                Err(Box::new(RunFailed {
+                    summary: summary_of(queue, &outcomes),
+                    cause: FailureCause::Cancelled,
+                }))
+            }
             Some(Stop::Cause(cause)) => Err(Box::new(RunFailed {
                 summary: summary_of(queue, &outcomes),
                 cause,
             })),
             Some(Stop::JobFailed(i)) => {
-                // Keep the failed run and everything not yet done queued, for a later drain.
-                self.queue = queue
-                    .iter()
-                    .zip(&outcomes)
-                    .filter(|(_, o)| {
-                        !matches!(o, Some(Outcome::Ran { .. } | Outcome::Skipped { .. }))
-                    })
-                    .map(|(p, _)| p.clone())
-                    .collect();
-                for v in self.keys.values_mut() {
-                    v.1 = false;
-                }
-                for p in &self.queue {
-                    if let Some(v) = self.keys.get_mut(&p.key) {
-                        v.1 = true;
-                    }
-                }
+                self.keep_unfinished(queue, &outcomes);
                 let p = &queue[i];
                 let failure = match &outcomes[i] {
                     Some(Outcome::Failed { failure }) => failure.clone(),
@@ -404,6 +497,25 @@ impl<S: Store, E: Executor> Orchestrator<S, E> {
                         error_file,
                     },
                 }))
+            }
+        }
+    }
+
+    /// Keeps the runs of `queue` that did not run or skip queued (failed, interrupted, not
+    /// reached), for a later drain.
+    fn keep_unfinished(&mut self, queue: &[PendingRun], outcomes: &[Option<Outcome>]) {
+        self.queue = queue
+            .iter()
+            .zip(outcomes)
+            .filter(|(_, o)| !matches!(o, Some(Outcome::Ran { .. } | Outcome::Skipped { .. })))
+            .map(|(p, _)| p.clone())
+            .collect();
+        for v in self.keys.values_mut() {
+            v.1 = false;
+        }
+        for p in &self.queue {
+            if let Some(v) = self.keys.get_mut(&p.key) {
+                v.1 = true;
             }
         }
     }
@@ -429,7 +541,11 @@ impl<S: Store, E: Executor> Orchestrator<S, E> {
     ///
     /// # Errors
     /// As [`get`](Self::get).
-    pub async fn get_async(&mut self, metric: &str) -> Result<MetricTable> {
+    pub async fn get_async(&mut self, metric: &str) -> Result<MetricTable>
+    where
+        S: 'static,
+        E: 'static,
+    {
         self.drain_async().await?;
         self.recorded(metric)
     }
@@ -470,6 +586,7 @@ impl<S: Store, E: Executor> Orchestrator<S, E> {
     /// As [`recorded`](Self::recorded), and [`Error::Metrics`] with
     /// [`MetricsError::Io`]/[`MetricsError::Parquet`] naming `path`.
     #[cfg(feature = "parquet")]
+    #[cfg_attr(docsrs, doc(cfg(feature = "parquet")))]
     pub fn write_metric_parquet(
         &self,
         metric: &str,
@@ -562,14 +679,48 @@ impl<S: Store, E: Executor> Orchestrator<S, E> {
     }
 }
 
-/// A record's parameter types, or, for records written before types were kept, this sweep's.
+/// What the thread of a [`drain_async`](Orchestrator::drain_async) owns: the sweep's shared
+/// parts and copies of the rest, so the drain outlives a dropped future safely.
+struct DrainContext<S: Store, E: Executor> {
+    store: Arc<S>,
+    executor: Arc<E>,
+    witnesses: Witnesses,
+    force: bool,
+    identity: super::identity::JobIdentities,
+    on_event: Option<EventFn>,
+    owner: Owner,
+    wait_poll: Duration,
+    tasks_dir: Option<PathBuf>,
+    cancel: Cancel,
+    queue: Vec<PendingRun>,
+}
+
+impl<S: Store, E: Executor> DrainContext<S, E> {
+    fn drain(&self) -> Drained {
+        let engine = Engine {
+            decider: Decider::new(&*self.store, &self.witnesses, self.force, &self.identity),
+            owner: &self.owner,
+            on_event: self.on_event.as_ref(),
+            wait_poll: self.wait_poll,
+            cancel: &self.cancel,
+        };
+        match &self.tasks_dir {
+            Some(dir) => super::worker::drain_isolated(&engine, &*self.executor, dir, &self.queue),
+            None => engine.drain(&self.queue),
+        }
+    }
+}
+
+/// A run's parameter types: this sweep's (the run's key covers its parameters' type, so they
+/// describe its record too, and they are this build's, which types what older builds did not,
+/// e.g. `u64` apart from `i64`), or its record's.
 fn param_types<'a>(
     p: &'a PendingRun,
     rec: &'a crate::store::JobRecord,
 ) -> &'a std::collections::BTreeMap<String, crate::identity::ParamType> {
-    if rec.param_types.is_empty() {
-        &p.param_types
-    } else {
+    if p.param_types.is_empty() {
         &rec.param_types
+    } else {
+        &p.param_types
     }
 }

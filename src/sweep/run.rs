@@ -2,11 +2,14 @@
 
 use std::path::{Path, PathBuf};
 use std::sync::OnceLock;
+use std::sync::atomic::{AtomicBool, Ordering};
 
+use super::cancel::Cancel;
 use crate::identity::Hash;
 use crate::store::{MetricSink, StoreError};
 
-/// The context of one running attempt: where metrics and artifacts go.
+/// The context of one running attempt: where metrics and artifacts go, and whether the drain
+/// was cancelled ([`Run::is_cancelled`]).
 pub struct Run {
     key: Hash,
     attempt: u32,
@@ -14,6 +17,9 @@ pub struct Run {
     /// The store's artifact folder, made on the first [`Run::artifact_dir`] call (`made`).
     artifact_dir: Option<PathBuf>,
     made: OnceLock<bool>,
+    cancel: Cancel,
+    /// The job was told of the cancellation (so what it returns is not a whole result).
+    told: AtomicBool,
 }
 
 impl std::fmt::Debug for Run {
@@ -31,6 +37,7 @@ impl Run {
         attempt: u32,
         sink: Box<dyn MetricSink>,
         artifact_dir: Option<PathBuf>,
+        cancel: Cancel,
     ) -> Self {
         Self {
             key,
@@ -38,7 +45,41 @@ impl Run {
             sink,
             artifact_dir,
             made: OnceLock::new(),
+            cancel,
+            told: AtomicBool::new(false),
         }
+    }
+
+    /// Whether the drain running this job was cancelled (a dropped
+    /// [`drain_async`](super::Orchestrator::drain_async) future, the sweep's
+    /// [`CancellationToken`](super::CancellationToken), Ctrl-C in a blocking
+    /// [`drain`](super::Orchestrator::drain), SIGTERM to an isolated worker). A job that
+    /// checks it between steps should return (with `Ok` or an error: either way) soon after
+    /// it turns `true`: once the job has been told, what it returns is not taken as a result,
+    /// and the run is recorded as interrupted, to run again at the next drain. [`Run::log`]
+    /// and [`Run::flush`] tell a job too (they return [`StoreError::Cancelled`]), so a job that
+    /// propagates their errors with `?` stops at its next row without checking.
+    ///
+    /// A job that is never told (it logs nothing and never asks) runs to its end, and its
+    /// result is recorded as usual; the drain stops before the next run.
+    pub fn is_cancelled(&self) -> bool {
+        let c = self.cancel.flagged();
+        if c {
+            self.told.store(true, Ordering::Relaxed);
+        }
+        c
+    }
+
+    /// Whether the job was told of a cancellation (see [`Run::is_cancelled`]).
+    pub(crate) fn was_told(&self) -> bool {
+        self.told.load(Ordering::Relaxed)
+    }
+
+    fn check_cancelled(&self) -> Result<(), StoreError> {
+        if self.is_cancelled() {
+            return Err(StoreError::Cancelled);
+        }
+        Ok(())
     }
 
     /// Logs `value` of metric `name` at `step`.
@@ -55,8 +96,11 @@ impl Run {
     ///
     /// # Errors
     /// [`StoreError::BadMetricName`] for an empty name or one with tabs/newlines;
-    /// [`StoreError::Io`] when a batch of rows (this one or an earlier one) cannot be written.
+    /// [`StoreError::Io`] when a batch of rows (this one or an earlier one) cannot be written;
+    /// [`StoreError::Cancelled`] (the row is not logged) once the drain is cancelled: return
+    /// it (`?`), see [`Run::is_cancelled`].
     pub fn log(&mut self, name: &str, step: i64, value: f64) -> Result<(), StoreError> {
+        self.check_cancelled()?;
         self.sink.append(name, step, value)
     }
 
@@ -65,8 +109,11 @@ impl Run {
     /// call at most; not an fsync.
     ///
     /// # Errors
-    /// [`StoreError::Io`] when the rows cannot be written.
+    /// [`StoreError::Io`] when the rows cannot be written; [`StoreError::Cancelled`] once the
+    /// drain is cancelled (the rows logged so far are written all the same, when the run is
+    /// recorded as interrupted).
     pub fn flush(&mut self) -> Result<(), StoreError> {
+        self.check_cancelled()?;
         self.sink.flush()
     }
 

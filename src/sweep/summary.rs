@@ -24,7 +24,11 @@ pub enum Outcome {
         /// The failure as recorded.
         failure: Failure,
     },
-    /// Not attempted: the drain stopped at an earlier failure.
+    /// Started, then stopped by a cancelled drain (see
+    /// [`Run::is_cancelled`](super::Run::is_cancelled)): recorded as interrupted, never as
+    /// failed; the next drain runs it again.
+    Interrupted,
+    /// Not attempted: the drain stopped at an earlier failure or was cancelled.
     Pending,
 }
 
@@ -73,6 +77,14 @@ impl RunSummary {
             .count()
     }
 
+    /// Runs started and then interrupted by a cancelled drain.
+    pub fn interrupted(&self) -> usize {
+        self.jobs
+            .iter()
+            .filter(|j| matches!(j.outcome, Outcome::Interrupted))
+            .count()
+    }
+
     /// Runs not attempted because the drain stopped.
     pub fn pending(&self) -> usize {
         self.jobs
@@ -91,6 +103,10 @@ impl RunSummary {
                 Outcome::Failed { failure } => {
                     ("FAIL", format!("{}: {}", failure.kind, failure.message))
                 }
+                Outcome::Interrupted => (
+                    "intr",
+                    "interrupted (drain cancelled): runs again at the next drain".to_string(),
+                ),
                 Outcome::Pending => ("pend", "not attempted (drain stopped)".to_string()),
             };
             out.push_str(&format!(
@@ -104,10 +120,15 @@ impl RunSummary {
         out
     }
 
-    /// `N ran, N skipped, N failed, N pending`.
+    /// `N ran, N skipped, N failed, N pending`, with `, N interrupted` when a cancelled drain
+    /// interrupted runs.
     pub fn totals(&self) -> String {
+        let interrupted = match self.interrupted() {
+            0 => String::new(),
+            n => format!(", {n} interrupted"),
+        };
         format!(
-            "{} ran, {} skipped, {} failed, {} pending",
+            "{} ran, {} skipped, {} failed, {} pending{interrupted}",
             self.ran(),
             self.skipped(),
             self.failed(),
@@ -141,6 +162,10 @@ pub enum FailureCause {
     Store(StoreError),
     /// The executor of isolated runs failed (could not submit or poll); no job result was lost.
     Executor(crate::executor::ExecutorError),
+    /// The drain was cancelled (its [`CancellationToken`](super::CancellationToken), Ctrl-C in
+    /// a blocking drain): runs it started are [`Outcome::Interrupted`] and recorded so; the
+    /// runs not done stay queued for the next drain.
+    Cancelled,
 }
 
 /// A drain that stopped: at the first failing job, or on a store error. Carries the summary so
@@ -154,13 +179,15 @@ pub struct RunFailed {
 }
 
 impl RunFailed {
-    /// Whether draining again may succeed without changing anything: store I/O errors.
+    /// Whether draining again may succeed without changing anything: store I/O errors, a
+    /// cancelled drain.
     /// A failed job is retried by the next drain ("last attempt failed"), but it is likely to
     /// fail again until its code or parameters change.
     pub fn is_retryable(&self) -> bool {
         match &self.cause {
             FailureCause::Store(e) => e.is_retryable(),
             FailureCause::Executor(e) => e.is_retryable(),
+            FailureCause::Cancelled => true,
             FailureCause::Job { .. } => false,
         }
     }
@@ -191,6 +218,11 @@ impl fmt::Display for RunFailed {
             }
             FailureCause::Store(e) => write!(f, "drain stopped by a store error: {e}")?,
             FailureCause::Executor(e) => write!(f, "drain stopped by an executor error: {e}")?,
+            FailureCause::Cancelled => write!(
+                f,
+                "drain cancelled: runs it started are recorded as interrupted and run again at \
+                 the next drain"
+            )?,
         }
         write!(f, "\n  {}", self.summary.totals())
     }
@@ -201,7 +233,7 @@ impl std::error::Error for RunFailed {
         match &self.cause {
             FailureCause::Store(e) => Some(e),
             FailureCause::Executor(e) => Some(e),
-            FailureCause::Job { .. } => None,
+            FailureCause::Job { .. } | FailureCause::Cancelled => None,
         }
     }
 }

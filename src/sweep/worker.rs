@@ -51,6 +51,7 @@ use std::sync::{Arc, Mutex, OnceLock};
 
 use serde::{Deserialize, Serialize};
 
+use super::cancel::Cancel;
 use super::decision::{Action, Decider, JobDecision};
 use super::entry::Entry;
 use super::event::Event;
@@ -83,6 +84,9 @@ const EXIT_DONE: i32 = 0;
 const EXIT_FAILED: i32 = 1;
 const EXIT_WORKER_ERROR: i32 = 2;
 const EXIT_ELSEWHERE: i32 = 3;
+/// The run was interrupted (SIGTERM or SIGINT reached the worker: a cancelled drain, `scancel`)
+/// and recorded so; it runs again at the next drain.
+const EXIT_INTERRUPTED: i32 = 4;
 
 /// Version 3: the owned digest and the witnesses are in a file shared by the batch's runs of
 /// one job ([`Shared`]; version 2 copied them into every task). Version 2: the store is a
@@ -138,7 +142,11 @@ fn open_store(spec: &StoreSpec) -> std::result::Result<Box<dyn Store>, String> {
 ///
 /// Exit codes of a worker: 0 the run is done, 1 it failed (recorded in the store), 2 the
 /// worker could not run it (message on stderr: bad task file, a different binary, store
-/// error), 3 another process holds or finished the run.
+/// error), 3 another process holds or finished the run, 4 the run was interrupted (SIGTERM or
+/// SIGINT, as a cancelled drain or `scancel` sends: the job is told through
+/// [`Run::is_cancelled`](crate::Run::is_cancelled) and the run recorded as interrupted). The
+/// drain that cancelled a worker reports its run interrupted; a worker stopped by a signal
+/// from elsewhere (a walltime, a preemption) fails its run, with the executor's evidence.
 pub fn main_guard() {
     main_guard_with(&[]);
 }
@@ -172,7 +180,7 @@ pub fn main_guard_with(stores: &[(&str, StoreOpener)]) {
         None => return,
         Some(Ok(p)) => p,
         Some(Err(msg)) => {
-            eprintln!("puzzletron worker: {msg}");
+            worker_error(&msg);
             std::process::exit(EXIT_WORKER_ERROR);
         }
     };
@@ -186,13 +194,24 @@ pub fn main_guard_with(stores: &[(&str, StoreOpener)]) {
     let code = match run_task(&task) {
         Ok(Some(Outcome::Ran { .. })) => EXIT_DONE,
         Ok(Some(Outcome::Failed { .. })) => EXIT_FAILED,
+        Ok(Some(Outcome::Interrupted)) => EXIT_INTERRUPTED,
         Ok(_) => EXIT_ELSEWHERE,
         Err(msg) => {
-            eprintln!("puzzletron worker: task {}: {msg}", task.display());
+            worker_error(&format!("task {}: {msg}", task.display()));
             EXIT_WORKER_ERROR
         }
     };
     std::process::exit(code);
+}
+
+/// Why a worker could not run its task: a `tracing` error, and a line on the worker's stderr
+/// whatever subscriber there is (none, usually: the process is the library's, from
+/// `main_guard` to its exit), because that stream is the attempt's log, whose end the parent
+/// quotes in the run's failure.
+fn worker_error(msg: &str) {
+    use std::io::Write;
+    tracing::error!("puzzletron worker: {msg}");
+    let _ = writeln!(std::io::stderr().lock(), "puzzletron worker: {msg}");
 }
 
 /// The task file of this worker, from the environment; `None` outside worker mode.
@@ -351,11 +370,16 @@ fn run_task(path: &Path) -> std::result::Result<Option<Outcome>, String> {
     let owner = Owner::current();
     // The parent decided with its own identities; a worker re-checks nothing (trace off).
     let identities = super::identity::JobIdentities::new(false, false);
+    // A cancel (LocalExecutor: SIGTERM to the group; scancel: SIGTERM) tells the job, which
+    // is then recorded as interrupted, not killed mid-write at the end of the grace period.
+    let cancel = Cancel::default();
+    let _signals = super::interrupt::Guard::install(&[libc::SIGTERM, libc::SIGINT], &cancel);
     let engine = Engine {
         decider: Decider::new(&*store, &shared.witnesses, false, &identities),
         owner: &owner,
         on_event: None,
         wait_poll: std::time::Duration::from_millis(100),
+        cancel: &cancel,
     };
     let entry = task.entry;
     let params: Arc<str> = task.params.into();
@@ -472,7 +496,9 @@ pub(super) fn drain_isolated<S: Store + ?Sized, E: Executor + ?Sized>(
             };
         }
     };
-    rt.block_on(drain_isolated_async(engine, executor, tasks_dir, queue))
+    use tracing::Instrument;
+    let span = tracing::info_span!("drain", runs = queue.len(), isolated = true);
+    rt.block_on(drain_isolated_async(engine, executor, tasks_dir, queue).instrument(span))
 }
 
 /// [`drain_isolated`] as a future.
@@ -486,7 +512,11 @@ pub(super) async fn drain_isolated_async<S: Store + ?Sized, E: Executor + ?Sized
     let mut outcomes: Vec<Option<Outcome>> = vec![None; total];
     let mut todo: Vec<usize> = (0..total).collect();
     let mut first_failure: Option<usize> = None;
-    while !todo.is_empty() && first_failure.is_none() {
+    let mut interrupted = false;
+    while !todo.is_empty() && first_failure.is_none() && !interrupted {
+        if engine.cancel.is_cancelled() {
+            break;
+        }
         let mut run_now = Vec::new();
         let mut waiting = Vec::new();
         for &i in &todo {
@@ -499,6 +529,13 @@ pub(super) async fn drain_isolated_async<S: Store + ?Sized, E: Executor + ?Sized
                     };
                 }
             };
+            tracing::debug!(
+                key = %queue[i].key.short(),
+                job = %queue[i].job,
+                action = %d.action,
+                reasons = ?d.reasons,
+                "decided"
+            );
             match d.action {
                 Action::Skip => {
                     outcomes[i] = Some(Outcome::Skipped {
@@ -517,7 +554,10 @@ pub(super) async fn drain_isolated_async<S: Store + ?Sized, E: Executor + ?Sized
         let mut again = waiting;
         if run_now.is_empty() {
             if !again.is_empty() {
-                tokio::time::sleep(engine.wait_poll).await;
+                tokio::select! {
+                    _ = tokio::time::sleep(engine.wait_poll) => {}
+                    _ = engine.cancel.token().cancelled() => {}
+                }
             }
         } else {
             match run_batch(engine, executor, tasks_dir, queue, total, &run_now).await {
@@ -529,6 +569,7 @@ pub(super) async fn drain_isolated_async<S: Store + ?Sized, E: Executor + ?Sized
                                 {
                                     first_failure = Some(i);
                                 }
+                                interrupted |= matches!(out, Outcome::Interrupted);
                                 outcomes[i] = Some(out);
                             }
                             None => again.push(i), // held by another process: decide again
@@ -546,10 +587,14 @@ pub(super) async fn drain_isolated_async<S: Store + ?Sized, E: Executor + ?Sized
         again.sort_unstable();
         todo = again;
     }
-    Drained {
-        outcomes,
-        stop: first_failure.map(Stop::JobFailed),
-    }
+    let stop = match first_failure {
+        Some(i) => Some(Stop::JobFailed(i)),
+        None if interrupted || (!todo.is_empty() && engine.cancel.is_cancelled()) => {
+            Some(Stop::Cause(FailureCause::Cancelled))
+        }
+        None => None,
+    };
+    Drained { outcomes, stop }
 }
 
 /// [`Shared`] by reference, for writing.
@@ -602,12 +647,11 @@ async fn run_batch<S: Store + ?Sized, E: Executor + ?Sized>(
     let dir = tasks_dir.join(&stamp);
     std::fs::create_dir_all(&dir).map_err(|e| io(&dir, e))?;
     // One shared file per distinct owned digest (runs of one job share its `Arc`).
-    let mut shared_files: Vec<(*const OwnedDigest, String)> = Vec::new();
+    let mut shared_files: Vec<(&Arc<OwnedDigest>, String)> = Vec::new();
     let mut manifest = Vec::with_capacity(runs.len());
     for (n, (i, d)) in runs.iter().enumerate() {
         let p = &queue[*i];
-        let ptr = Arc::as_ptr(&p.owned);
-        let shared = match shared_files.iter().find(|(q, _)| *q == ptr) {
+        let shared = match shared_files.iter().find(|(q, _)| Arc::ptr_eq(q, &p.owned)) {
             Some((_, name)) => name.clone(),
             None => {
                 let name = shared_name(shared_files.len());
@@ -618,7 +662,7 @@ async fn run_batch<S: Store + ?Sized, E: Executor + ?Sized>(
                 })
                 .expect("shared data serializes");
                 write_replace(&path, &bytes).map_err(|e| io(&path, e))?;
-                shared_files.push((ptr, name.clone()));
+                shared_files.push((&p.owned, name.clone()));
                 name
             }
         };
@@ -661,6 +705,7 @@ async fn run_batch<S: Store + ?Sized, E: Executor + ?Sized>(
         .submit_array(&array)
         .await
         .map_err(FailureCause::Executor)?;
+    tracing::info!(runs = runs.len(), batch = %stamp, executor = executor.kind(), "submitted isolated workers");
     for (i, d) in runs {
         o.emit(Event::Started {
             index: i + 1,
@@ -668,19 +713,36 @@ async fn run_batch<S: Store + ?Sized, E: Executor + ?Sized>(
             decision: d.clone(),
         });
     }
-    // Poll until every worker ended, concluding each as it ends.
+    // Poll until every worker ended, concluding each as it ends. A cancelled drain cancels
+    // the workers still live (each is told, and records its run as interrupted) and waits
+    // for them to end.
     let mut done: Vec<Option<Option<Outcome>>> = vec![None; runs.len()];
+    let mut cancelled = false;
     loop {
         let live: Vec<usize> = (0..runs.len()).filter(|&n| done[n].is_none()).collect();
         if live.is_empty() {
             break;
         }
         let hs: Vec<JobHandle> = live.iter().map(|&n| handles[n].clone()).collect();
+        if !cancelled && o.cancel.is_cancelled() {
+            cancelled = true;
+            tracing::info!(
+                live = hs.len(),
+                "drain cancelled: cancelling the live workers"
+            );
+            for h in &hs {
+                // A worker that cannot be cancelled is waited for: its own result stands.
+                if let Err(e) = executor.cancel(h).await {
+                    tracing::warn!(attempt = %h.attempt_id, error = %e, "could not cancel an isolated worker");
+                }
+            }
+        }
         // Read before the poll: an end after it makes `wait_change` return at once.
         let seen = executor.changes();
         let st = match executor.poll(&hs).await {
             Ok(st) => st,
             Err(e) if e.is_retryable() => {
+                tracing::warn!(error = %e, "polling the isolated workers failed: retrying");
                 tokio::time::sleep(o.wait_poll).await;
                 continue;
             }
@@ -689,7 +751,8 @@ async fn run_batch<S: Store + ?Sized, E: Executor + ?Sized>(
         for (&n, s) in live.iter().zip(&st) {
             if s.state.is_terminal() {
                 let (i, _) = &runs[n];
-                let (out, rows) = conclude(o, &queue[*i], s).map_err(FailureCause::Store)?;
+                let (out, rows) =
+                    conclude(o, &queue[*i], s, cancelled).map_err(FailureCause::Store)?;
                 match &out {
                     Some(Outcome::Ran { seconds }) => {
                         o.emit(Event::Finished {
@@ -706,14 +769,27 @@ async fn run_batch<S: Store + ?Sized, E: Executor + ?Sized>(
                         key: queue[*i].key,
                         failure: failure.clone(),
                     }),
+                    Some(Outcome::Interrupted) => o.emit(Event::Interrupted {
+                        index: i + 1,
+                        total,
+                        key: queue[*i].key,
+                    }),
                     _ => {}
                 }
                 done[n] = Some(out);
             }
         }
         if done.iter().any(Option::is_none) {
-            // Wakes when a worker ends (LocalExecutor), at the latest after `wait_poll`.
-            executor.wait_change(seen, o.wait_poll).await;
+            // Wakes when a worker ends (LocalExecutor), at the latest after `wait_poll`, and
+            // when the drain is cancelled.
+            if cancelled {
+                executor.wait_change(seen, o.wait_poll).await;
+            } else {
+                tokio::select! {
+                    _ = executor.wait_change(seen, o.wait_poll) => {}
+                    _ = o.cancel.token().cancelled() => {}
+                }
+            }
         }
     }
     Ok(runs
@@ -725,11 +801,14 @@ async fn run_batch<S: Store + ?Sized, E: Executor + ?Sized>(
 
 /// What a finished worker left in the store, and the metric rows of a run that ran (read with
 /// the record, once). A worker that died without a record fails its run: the stale claim is
-/// taken over and the failure recorded with the executor's evidence.
+/// taken over and the failure recorded with the executor's evidence; unless the drain
+/// `cancelled` it, or it says it was interrupted: then the run is interrupted, never failed
+/// (its record stays `running` with a dead holder, which the next drain runs again).
 fn conclude<S: Store + ?Sized>(
     o: &Engine<'_, S>,
     p: &PendingRun,
     status: &JobStatus,
+    cancelled: bool,
 ) -> std::result::Result<(Option<Outcome>, u64), StoreError> {
     let rec = o.store().record(&p.key)?;
     match rec {
@@ -762,8 +841,23 @@ fn conclude<S: Store + ?Sized>(
     if status.exit_code == Some(EXIT_ELSEWHERE) {
         return Ok((None, 0)); // another process holds it: the next round decides again
     }
+    if cancelled {
+        // This drain stopped it (its worker recorded the run as interrupted, or was killed
+        // before it could): interrupted, never failed.
+        return Ok((Some(Outcome::Interrupted), 0));
+    }
     // The worker ended without recording a result.
     let message = match &status.state {
+        _ if status.exit_code == Some(EXIT_INTERRUPTED) => format!(
+            "worker process ended {} after a SIGTERM or SIGINT from outside this drain (a \
+             walltime, a preemption, a cancel by hand): the run stopped before its end{}",
+            status.state,
+            status
+                .reason
+                .as_deref()
+                .map(|r| format!(": {r}"))
+                .unwrap_or_default()
+        ),
         JobState::Completed => "worker exited 0 without recording a result (is \
                                 `puzzletron::worker::main_guard()` the first line of main?)"
             .to_string(),
@@ -789,6 +883,7 @@ fn conclude<S: Store + ?Sized>(
     } else {
         "crash"
     };
+    tracing::warn!(key = %p.key.short(), state = %status.state, "{message}");
     let mut f = failure(kind, message, log_tail);
     f.chain = Vec::new();
     let claim = match o.store().claim(&p.key, o.owner, None)? {

@@ -45,6 +45,7 @@ mod compose;
 mod de;
 mod error;
 #[cfg(feature = "fuzzing")]
+#[cfg_attr(docsrs, doc(cfg(feature = "fuzzing")))]
 pub mod fuzzing;
 mod interpolate;
 mod merge;

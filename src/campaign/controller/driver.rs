@@ -228,6 +228,8 @@ impl CampaignController {
 
     /// Tells the observer only (the caller journals the entry with others).
     pub(super) fn notify(&self, ev: &ControllerEvent) {
+        // Every decision, submit, end and alert of the controller, for a tracing subscriber.
+        tracing::info!(target: "puzzletron::campaign", kind = ev.kind(), "{ev}");
         if let Some(f) = &self.io.on_event {
             f(ev);
         }
@@ -311,6 +313,15 @@ impl CampaignController {
     /// [`ControllerError::LeaseLost`], journal and queue I/O errors, executor errors that are
     /// not retryable. Job failures are in the report, not errors.
     pub async fn run(&mut self, options: RunOptions) -> Result<CampaignReport, ControllerError> {
+        use tracing::Instrument;
+        let span = tracing::info_span!(
+            "campaign",
+            journal = %self.io.journal.path().display()
+        );
+        self.run_inner(options).instrument(span).await
+    }
+
+    async fn run_inner(&mut self, options: RunOptions) -> Result<CampaignReport, ControllerError> {
         if let Some(old) = self.pending_revision.take() {
             // Cancel what the old revision still runs (adopting intents first), then start over.
             let new = self.plan.contract_hash;

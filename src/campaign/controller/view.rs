@@ -33,6 +33,13 @@ pub fn progress_line(p: &StageProgress, now_ms: Option<u64>) -> String {
     )
 }
 
+/// A line of the view on stderr: the view is output its caller asked for (a [`ViewMode`]
+/// other than `Off`), not a diagnostic (those go through `tracing`).
+fn show(line: &str) {
+    use std::io::Write;
+    let _ = writeln!(std::io::stderr().lock(), "{line}");
+}
+
 pub(crate) struct LiveView {
     mode: ViewMode,
     last: Vec<StageProgress>,
@@ -83,8 +90,8 @@ impl LiveView {
         }
         if let ViewMode::Plain { .. } = self.mode {
             match &alert {
-                Some(a) => eprintln!("[campaign] {a}"),
-                None => eprintln!("[campaign] scheduler reachable again"),
+                Some(a) => show(&format!("[campaign] {a}")),
+                None => show("[campaign] scheduler reachable again"),
             }
         }
         self.alert = alert;
@@ -103,7 +110,7 @@ impl LiveView {
                 let changed = progress != self.last.as_slice();
                 if changed && now_ms.saturating_sub(self.last_print_ms) >= every_s * 1000 {
                     for p in progress {
-                        eprintln!("[campaign] {}", progress_line(p, Some(now_ms)));
+                        show(&format!("[campaign] {}", progress_line(p, Some(now_ms))));
                     }
                     self.last_print_ms = now_ms;
                     self.last = progress.to_vec();
@@ -181,7 +188,7 @@ impl LiveView {
             }
         }
         if self.mode != ViewMode::Off {
-            eprintln!("{report}");
+            show(&report.to_string());
         }
     }
 }

@@ -238,7 +238,15 @@ impl Runner {
                 });
             }
             self.counters.retries.fetch_add(1, Ordering::Relaxed);
-            tokio::time::sleep(self.retry.delay(tries)).await;
+            let delay = self.retry.delay(tries);
+            tracing::warn!(
+                command = name,
+                tries,
+                delay_ms = delay.as_millis() as u64,
+                error = %out.message(),
+                "transient scheduler error: retrying"
+            );
+            tokio::time::sleep(delay).await;
         }
     }
 }
