@@ -385,10 +385,10 @@ impl Lease {
                 _ => (i.to_string(), ttl.max(Duration::from_millis(i.ttl_ms))),
             },
             Err(why) => {
-                eprintln!(
-                    "puzzletron: lease file {} cannot be read ({why}): it is taken over once \
-                     its heartbeat is seen unchanged for {:.0} s",
-                    path.display(),
+                tracing::warn!(
+                    path = %path.display(),
+                    "lease file cannot be read ({why}): it is taken over once its heartbeat \
+                     is seen unchanged for {:.0} s",
                     ttl.as_secs_f64()
                 );
                 (format!("an unreadable lease file ({why})"), ttl)
