@@ -5,10 +5,11 @@ use std::process::Command;
 /// `PUZZLETRON_SLURM_TESTS=1` (the local Slurm cluster), `PUZZLETRON_PYARROW_TESTS=1` (python3
 /// with pyarrow), `PUZZLETRON_SSH_TESTS=1` (the sshd hosts of `scripts/ssh-hosts.sh`) and
 /// `PUZZLETRON_CHROMIUM_TESTS=1` (headless Chromium) and `PUZZLETRON_NS_TESTS=1` (root, for
-/// `unshare --pid`: drains and controllers in other PID namespaces) set the cfgs
-/// `puzzletron_<what>_tests`: the tests that need the service run (and fail when it is
-/// missing); without them those tests are reported as ignored, with the reason. `.ci/run`
-/// exports all five.
+/// `unshare --pid`: drains and controllers in other PID namespaces) and
+/// `PUZZLETRON_RAY_TESTS=1` (a Ray cluster, `ray start --head`, dashboard on
+/// `$PUZZLETRON_RAY_ADDRESS` or 127.0.0.1:8265) set the cfgs `puzzletron_<what>_tests`: the
+/// tests that need the service run (and fail when it is missing); without them those tests
+/// are reported as ignored, with the reason. `.ci/run` exports all six.
 fn test_cfgs() {
     for (var, cfg) in [
         ("PUZZLETRON_SLURM_TESTS", "puzzletron_slurm_tests"),
@@ -16,6 +17,7 @@ fn test_cfgs() {
         ("PUZZLETRON_SSH_TESTS", "puzzletron_ssh_tests"),
         ("PUZZLETRON_CHROMIUM_TESTS", "puzzletron_chromium_tests"),
         ("PUZZLETRON_NS_TESTS", "puzzletron_ns_tests"),
+        ("PUZZLETRON_RAY_TESTS", "puzzletron_ray_tests"),
     ] {
         println!("cargo::rustc-check-cfg=cfg({cfg})");
         println!("cargo:rerun-if-env-changed={var}");

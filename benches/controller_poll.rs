@@ -46,7 +46,7 @@ fn poll_cycle(c: &mut Criterion) {
         .plan(plan)
         .executor(Arc::new(mock.clone()))
         .campaign_dir(dir.path())
-        .clock(Arc::new(VirtualClock(clock)))
+        .clock(Arc::new(VirtualClock::new(clock)))
         .submit_batch(n as usize)
         .build()
         .unwrap();
@@ -54,10 +54,7 @@ fn poll_cycle(c: &mut Criterion) {
         .enable_all()
         .build()
         .unwrap();
-    let once = RunOptions {
-        once: true,
-        ..RunOptions::default()
-    };
+    let once = RunOptions::default().with_once(true);
     let r = rt.block_on(ctl.run(once.clone())).unwrap();
     assert_eq!(r.live, n as usize);
     c.bench_function("controller_iteration_10k_live", |b| {

@@ -19,11 +19,11 @@ use puzzletron::executor::{
 
 fn executor(dir: &std::path::Path) -> SlurmExecutor {
     SlurmExecutor::builder(dir)
-        .poll_policy(PollPolicy {
-            min_interval: Duration::from_millis(500),
-            max_interval: Duration::from_secs(5),
-            missing_grace: Duration::from_secs(300),
-        })
+        .poll_policy(
+            PollPolicy::default()
+                .with_intervals(Duration::from_millis(500), Duration::from_secs(5))
+                .with_missing_grace(Duration::from_secs(300)),
+        )
         .build()
         .unwrap()
 }

@@ -130,11 +130,7 @@ fn owned_digest(c: &mut Criterion) {
         "generated tree: {} files, {lines} lines, {bytes} bytes",
         files.len()
     );
-    let code = OwnedCode {
-        crate_dir: dir.path().to_path_buf(),
-        job_file: "src/lib.rs".into(),
-        modules: Modules::all(),
-    };
+    let code = OwnedCode::new(dir.path(), "src/lib.rs", Modules::all());
     let mut g = c.benchmark_group("tree_50k_lines");
     g.throughput(Throughput::Bytes(bytes));
     g.sample_size(20);

@@ -20,7 +20,9 @@
 //! ```
 //! On the Slurm cluster of `../shared/slurm/start-local-cluster.sh`: add `--runner slurm`. On
 //! SSH hosts (e.g. those of `scripts/ssh-hosts.sh start`): `--runner baremetal --hosts
-//! h1:4,h2:4 --ssh-config /tmp/puzzletron-ssh-hosts/ssh_config`.
+//! h1:4,h2:4 --ssh-config /tmp/puzzletron-ssh-hosts/ssh_config`. On a Ray cluster (`ray start
+//! --head --num-gpus=4`; build with `--features ray`): `--runner ray --ray-address
+//! http://127.0.0.1:8265`.
 //! `--help` lists every option (`--epochs N`, `--new-revision`, `--once`, `--quiet`, ...).
 //! Kill it at any moment (even `kill -9`) and run the same command again: it re-attaches to
 //! the jobs that are still running and adopts those submitted just before the kill. On a
@@ -302,6 +304,7 @@ struct Args {
     hosts: Vec<(String, u32)>,
     ssh_config: Option<PathBuf>,
     lost_after_s: u64,
+    ray_address: Option<String>,
 }
 
 const USAGE: &str = "\
@@ -313,7 +316,9 @@ same command again after a crash or a detach to resume.
 
 options:
   --dir D           campaign folder: new, empty, or one this example created (default digits-campaign)
-  --runner R        local, slurm or baremetal (default local)
+  --runner R        local, slurm, baremetal or ray (default local)
+  --ray-address A   ray runner: the dashboard's Jobs API, e.g. http://127.0.0.1:8265 (the
+                    example built with --features ray)
   --hosts H:G,...   baremetal runner: SSH hosts and their GPU counts, e.g. h1:4,h2:4
   --ssh-config F    baremetal runner: an OpenSSH client config (ssh -F), e.g. with Host aliases
   --lost-after S    baremetal runner: seconds a host may stay unreachable before its tasks
@@ -377,6 +382,7 @@ fn parse_args(mut it: impl Iterator<Item = String>) -> Result<Command, Error> {
         hosts: Vec::new(),
         ssh_config: None,
         lost_after_s: 120,
+        ray_address: None,
     };
     let mut seen = std::collections::HashSet::new();
     while let Some(arg) = it.next() {
@@ -391,9 +397,9 @@ fn parse_args(mut it: impl Iterator<Item = String>) -> Result<Command, Error> {
             "--dir" => a.dir = value("--dir")?.into(),
             "--runner" => {
                 a.runner = value("--runner")?;
-                if !["local", "slurm", "baremetal"].contains(&a.runner.as_str()) {
+                if !["local", "slurm", "baremetal", "ray"].contains(&a.runner.as_str()) {
                     return Err(format!(
-                        "--runner {:?}: expected local, slurm or baremetal",
+                        "--runner {:?}: expected local, slurm, baremetal or ray",
                         a.runner
                     )
                     .into());
@@ -414,6 +420,7 @@ fn parse_args(mut it: impl Iterator<Item = String>) -> Result<Command, Error> {
             }
             "--hosts" => a.hosts = parse_hosts(&value("--hosts")?)?,
             "--ssh-config" => a.ssh_config = Some(value("--ssh-config")?.into()),
+            "--ray-address" => a.ray_address = Some(value("--ray-address")?),
             "--lost-after" => {
                 let v = value("--lost-after")?;
                 a.lost_after_s = v.parse().ok().filter(|&n| n > 0).ok_or_else(|| {
@@ -431,6 +438,12 @@ fn parse_args(mut it: impl Iterator<Item = String>) -> Result<Command, Error> {
     }
     if a.runner != "baremetal" && (!a.hosts.is_empty() || a.ssh_config.is_some()) {
         return Err("--hosts and --ssh-config go with --runner baremetal".into());
+    }
+    if (a.runner == "ray") != a.ray_address.is_some() {
+        return Err("--runner ray and --ray-address go together".into());
+    }
+    if a.runner == "ray" && !cfg!(feature = "ray") {
+        return Err("--runner ray needs the example built with --features ray".into());
     }
     Ok(Command::Run(a))
 }
@@ -508,6 +521,20 @@ fn plan(args: &Args) -> Result<CampaignPlan, Error> {
                 "execution_contract": {"repository": env!("CARGO_MANIFEST_DIR")},
             }})),
         )?,
+        "ray" => RunnerEnvironment::from_value(
+            "digits-runner",
+            &Value::from_json(&json!({"runner": {
+                "kind": "ray",
+                "ray": {
+                    "address": args.ray_address.clone().unwrap_or_default(),
+                    "namespace": "digits",
+                    "gpus_per_node": 4,
+                },
+                // The Ray nodes see this checkout and the campaign folder (same machine or a
+                // shared filesystem).
+                "execution_contract": {"repository": env!("CARGO_MANIFEST_DIR")},
+            }})),
+        )?,
         _ => RunnerEnvironment::local(),
     };
     Ok(compile_resolved(
@@ -556,6 +583,15 @@ async fn controller_main(args: Args) -> Result<i32, Error> {
             }
             Arc::new(b.build()?)
         }
+        // `runner.kind: ray`: the cluster, namespace and contract from the plan's runner;
+        // every job's metadata names this campaign folder.
+        #[cfg(feature = "ray")]
+        "ray" => Arc::new(
+            plan.runner
+                .ray_executor(&dir.display().to_string())?
+                .kill_grace(Duration::from_secs(2))
+                .build()?,
+        ),
         _ => Arc::new(
             LocalExecutor::builder(dir.join("attempts"))
                 .gpu_ids(args.gpus.clone())
@@ -599,12 +635,7 @@ async fn controller_main(args: Args) -> Result<i32, Error> {
             }
         })
         .build()?;
-    let report = ctl
-        .run(RunOptions {
-            once: args.once,
-            ..RunOptions::default()
-        })
-        .await?;
+    let report = ctl.run(RunOptions::default().with_once(args.once)).await?;
     drop(controls);
     if !report.is_complete() {
         // The live view prints the report when it finishes; print it only without the view.

@@ -156,7 +156,7 @@ fn sweep_main() -> Result<(), Box<dyn std::error::Error>> {
     // executors keep their attempt folders inside the store, so the store is made first (a
     // new store must start as an empty folder).
     if args.executor != "inprocess" {
-        puzzletron::FsStore::open(&args.store)?;
+        puzzletron::FsStore::create(&args.store)?;
     }
     let executor: Box<dyn Executor> = match args.executor.as_str() {
         "local" => Box::new(LocalExecutor::builder(args.store.join("local")).build()?),

@@ -7,6 +7,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 /// How much a write must survive.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum Durability {
     /// A crash of the process *or of the machine* leaves the old file or the new one: the temp
     /// file and the folder are `fsync`ed (about 2 fsyncs, milliseconds on a disk).

@@ -25,7 +25,9 @@ use std::process::{Command, Stdio};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use controller_support::{Rng, audit, campaign_exe, result};
+use controller_support::{
+    KillPlan, Rng, Trials, audit, campaign_exe, kill_9_trials, result, spawn,
+};
 
 const CLUSTER: &str = "h1:4,h2:4,h3:4,h4:4";
 const SPARE: &str = "h5:4,h6:4";
@@ -192,57 +194,25 @@ fn kill_9_of_the_controller_at_random_moments() {
     let want = reference(root.path());
     let args = bm_args(&h, CLUSTER);
     let started = Instant::now();
-    let (mut kills, mut campaigns, mut adopted) = (0usize, 0usize, 0usize);
-    while kills < trials {
-        campaigns += 1;
-        let dir = root.path().join(format!("c{campaigns}"));
-        loop {
-            let mut child = Command::new(campaign_exe())
-                .arg("--dir")
-                .arg(&dir)
-                .args(["--quiet", "--poll-ms", "100"])
-                .args(&args)
-                .stdin(Stdio::null())
-                .stdout(Stdio::null())
-                .stderr(Stdio::null())
-                .spawn()
-                .unwrap();
-            let deadline = Instant::now() + Duration::from_millis(50 + rng.below(2950));
-            let mut finished = None;
-            while Instant::now() < deadline {
-                if let Some(st) = child.try_wait().unwrap() {
-                    finished = Some(st);
-                    break;
-                }
-                std::thread::sleep(Duration::from_millis(10));
-            }
-            match finished {
-                Some(st) => {
-                    assert!(st.success(), "campaign {campaigns} exited with {st}");
-                    break;
-                }
-                None => {
-                    child.kill().unwrap();
-                    child.wait().unwrap();
-                    kills += 1;
-                }
-            }
-        }
-        assert_eq!(result(&dir), want, "campaign {campaigns}: results differ");
-        let a = audit(&dir);
-        assert!(
-            a.duplicates.is_empty(),
-            "campaign {campaigns}: duplicates {:?}",
-            a.duplicates
-        );
-        assert!(
-            a.missing.is_empty(),
-            "campaign {campaigns}: lost results {:?}",
-            a.missing
-        );
-        assert_disjoint(&seen(&dir));
-        adopted += a.adopted;
-    }
+    let arg_refs: Vec<&str> = args.iter().map(String::as_str).collect();
+    let t = kill_9_trials(
+        root.path(),
+        KillPlan {
+            trials,
+            window_ms: 2950,
+            limit: Duration::from_secs(300 + 30 * trials as u64),
+        },
+        &mut rng,
+        &want,
+        |dir| spawn(dir, &arg_refs),
+        |_, dir| assert_disjoint(&seen(dir)),
+    );
+    let Trials {
+        kills,
+        campaigns,
+        adopted,
+        ..
+    } = t;
     eprintln!(
         "bare-metal crash trials: {kills} kill -9 over {campaigns} campaigns (seed {seed}), {adopted} adopted, 0 duplicates, 0 lost results, {:.1} s",
         started.elapsed().as_secs_f64()

@@ -34,9 +34,10 @@ fn campaign(args: &[&str]) -> (i32, String, String) {
     run(&controller_support::campaign_exe(), args)
 }
 
-const OPTIONS: [&str; 9] = [
+const OPTIONS: [&str; 10] = [
     "--dir",
     "--runner",
+    "--ray-address",
     "--gpus",
     "--epochs",
     "--poll-ms",
@@ -63,7 +64,7 @@ fn campaign_help_lists_every_option_and_exits_0() {
 
 #[test]
 fn campaign_rejects_bad_values_naming_the_flag_value_and_expectation() {
-    let cases: [(&[&str], &[&str]); 8] = [
+    let cases: [(&[&str], &[&str]); 9] = [
         (&["--epochs", "0"], &["--epochs \"0\"", "positive integer"]),
         (&["--epochs", "x"], &["--epochs \"x\"", "positive integer"]),
         (
@@ -92,7 +93,14 @@ fn campaign_rejects_bad_values_naming_the_flag_value_and_expectation() {
         ),
         (
             &["--runner", "k8s"],
-            &["--runner \"k8s\"", "expected local, slurm or baremetal"],
+            &[
+                "--runner \"k8s\"",
+                "expected local, slurm, baremetal or ray",
+            ],
+        ),
+        (
+            &["--runner", "ray"],
+            &["--runner ray and --ray-address go together"],
         ),
         (&["--bogus"], &["unknown argument \"--bogus\""]),
     ];

@@ -839,5 +839,8 @@ fn a_filter_mode_that_is_not_a_string_is_refused_with_file_line_and_path() {
         msg.contains("exp.yaml:9") && msg.contains("post_mip.flows.f.nodes.pick.mode"),
         "{msg}"
     );
-    assert!(msg.contains("a mode name"), "{msg}");
+    assert!(
+        msg.contains("one of top_k, aggregate_rank, manual"),
+        "{msg}"
+    );
 }

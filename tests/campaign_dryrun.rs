@@ -143,10 +143,7 @@ fn sbatch_script_passes_hostile_values_literally() {
         repo.display().to_string()
     );
     let plan = user_plan(&runner, work);
-    let opts = DryRunOptions {
-        campaign_dir: work.join("campaign"),
-        ..DryRunOptions::default()
-    };
+    let opts = DryRunOptions::default().with_campaign_dir(work.join("campaign"));
     let dr = dry_run(&plan, &opts).unwrap();
     // One job per instance: two 2-GPU instances, each its own job.
     assert_eq!(dr.submissions[0].jobs.len(), 2);
@@ -234,10 +231,23 @@ fn sbatch_script_passes_hostile_values_literally() {
 #[test]
 fn sbatch_directives_refuse_newlines() {
     let dir = tempfile::tempdir().unwrap();
-    let plan = user_plan(
-        "runner:\n  kind: slurm\n  slurm: {account: \"a\\nrm -rf ~\"}\n",
+    // The runner file is refused at load, naming the key (compile then names its line).
+    let e = RunnerEnvironment::from_value(
+        "runner.yaml",
+        &node_yaml("runner:\n  kind: slurm\n  slurm: {account: \"a\\nrm -rf ~\"}\n"),
+    )
+    .unwrap_err()
+    .to_string();
+    assert!(
+        e.contains("`runner.slurm.account`") && e.contains("control characters"),
+        "{e}"
+    );
+    // A runner built in code with such a value: the script renderer refuses it too.
+    let mut plan = user_plan(
+        "runner:\n  kind: slurm\n  slurm: {account: a}\n",
         dir.path(),
     );
+    plan.runner.slurm.as_mut().unwrap().account = Some("a\nrm -rf ~".into());
     let e = dry_run(&plan, &DryRunOptions::default()).unwrap_err();
     assert!(e.to_string().contains("control characters"), "{e}");
 }
@@ -258,10 +268,7 @@ fn baremetal_remote_commands_are_quoted_words() {
         repo.join("venv").display().to_string()
     );
     let plan = user_plan(&runner, work);
-    let opts = DryRunOptions {
-        campaign_dir: work.join("campaign"),
-        ..DryRunOptions::default()
-    };
+    let opts = DryRunOptions::default().with_campaign_dir(work.join("campaign"));
     let dr = dry_run(&plan, &opts).unwrap();
     let jobs = &dr.submissions[0].jobs;
     assert_eq!(jobs.len(), 2);
@@ -351,10 +358,7 @@ fn local_processes_get_argv_env_and_cwd() {
         "runner:\n  kind: local\n  execution_contract: {repository: /src}\n",
         dir.path(),
     );
-    let opts = DryRunOptions {
-        campaign_dir: dir.path().join("campaign"),
-        ..DryRunOptions::default()
-    };
+    let opts = DryRunOptions::default().with_campaign_dir(dir.path().join("campaign"));
     let dr = dry_run(&plan, &opts).unwrap();
     let jobs = &dr.submissions[0].jobs;
     assert_eq!(jobs.len(), 2);
@@ -470,14 +474,7 @@ fn secrets_are_redacted_in_dry_runs() {
         "{text}"
     );
     assert!(text.contains("export HF_HOME=/data"));
-    let raw = render_dry_run(
-        &plan,
-        &DryRunOptions {
-            redact_secrets: false,
-            ..DryRunOptions::default()
-        },
-    )
-    .unwrap();
+    let raw = render_dry_run(&plan, &DryRunOptions::default().with_redact_secrets(false)).unwrap();
     assert!(raw.contains("hf_abc123"));
 }
 
@@ -613,10 +610,8 @@ fn excluded_nodes_are_one_exclude_directive() {
             .collect()
     };
     assert!(scripts(&plain).iter().all(|s| !s.contains("--exclude")));
-    let opts = DryRunOptions {
-        exclude_nodes: vec!["n3".into(), "n2".into(), "n2".into()],
-        ..DryRunOptions::default()
-    };
+    let opts =
+        DryRunOptions::default().with_exclude_nodes(vec!["n3".into(), "n2".into(), "n2".into()]);
     let d = dry_run(&plan, &opts).unwrap();
     assert!(!d.submissions.is_empty());
     for script in scripts(&d) {
@@ -629,10 +624,7 @@ fn excluded_nodes_are_one_exclude_directive() {
             "{script}"
         );
     }
-    let bad = DryRunOptions {
-        exclude_nodes: vec!["n2\nrm -rf ~".into()],
-        ..DryRunOptions::default()
-    };
+    let bad = DryRunOptions::default().with_exclude_nodes(vec!["n2\nrm -rf ~".into()]);
     assert!(dry_run(&plan, &bad).is_err());
 }
 

@@ -253,3 +253,115 @@ async fn a_two_node_instance_runs_one_torchrun_per_node() {
     let row = sacct_row(&ids[0], "NNodes,State");
     assert_eq!(row, ["2", "COMPLETED"]);
 }
+
+/// Issue 27, item 1 on the real cluster: the node the first job reaches becomes a broken node
+/// (the runner's prerun command, run by the batch script before the payload, fails there, as
+/// a missing mount or module would): its jobs end `FAILED 1:0` within a second, before their
+/// start mark. Once two distinct units failed that way it is excluded (journaled, named in the
+/// report, `--exclude` in every later batch script), the units are retried on the other nodes
+/// and the stage completes.
+#[cfg_attr(
+    not(puzzletron_slurm_tests),
+    ignore = "needs the local Slurm cluster: start it and set PUZZLETRON_SLURM_TESTS=1 (CONTRIBUTING.md)"
+)]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_failing_jobs_fast_is_excluded_after_two_units_and_the_stage_completes() {
+    if !slurm::cluster_available("a_node_failing_jobs_fast") {
+        return;
+    }
+    let _w = watchdog::Watchdog::start("node_failing_fast", Duration::from_secs(300));
+    let tmp = scratch("contract-badnode-");
+    let dir = tmp.path().join("c");
+    let bad_file = tmp.path().join("bad-node");
+    // The first job to get here names its node the bad one (created exclusively: one name).
+    let prerun = format!(
+        "(set -C; printf '%s\\n' \"$SLURMD_NODENAME\" > {bad}) 2>/dev/null; if [ \"$(cat {bad})\" = \"$SLURMD_NODENAME\" ]; then echo \"prerun: scratch mount missing on $SLURMD_NODENAME\" >&2; exit 1; fi",
+        bad = bad_file.display()
+    );
+    let p = plan(
+        &format!(
+            "runner:\n  kind: slurm\n  slurm: {{partition: debug, time_limit: \"0:05:00\"}}\n  execution_contract:\n    prerun_commands: [{prerun:?}]\n"
+        ),
+        &format!(
+            "{{\"id\": \"s\", \"strategy\": \"sharded\", \"instances\": 6, \"command\": [\"sh\", \"-c\", {:?}]}}",
+            format!("sleep 2; {MARK}")
+        ),
+        "execution:\n  defaults: {gpus_per_node: 4, max_attempts: 3, failure_policy: resume}\n",
+    );
+    let (report, ids) = run(p, &dir).await;
+    let bad = std::fs::read_to_string(&bad_file)
+        .unwrap()
+        .trim()
+        .to_string();
+    assert!(!bad.is_empty());
+    assert!(report.is_complete(), "{report}");
+    let journal: Vec<serde_json::Value> =
+        std::fs::read_to_string(dir.join("controller/journal.jsonl"))
+            .unwrap()
+            .lines()
+            .map(|l| serde_json::from_str::<serde_json::Value>(l).unwrap()["entry"].clone())
+            .collect();
+    let fast: Vec<&serde_json::Value> = journal
+        .iter()
+        .filter(|e| e["t"] == "finished" && e["fail_fast"] == true)
+        .collect();
+    assert!(fast.len() >= 2, "{journal:?}");
+    for f in &fast {
+        assert_eq!(f["nodes"], bad.as_str(), "{f}");
+        assert_eq!(f["class"], "transient", "{f}");
+        assert!(
+            f["detail"]
+                .as_str()
+                .unwrap()
+                .contains("before its start mark"),
+            "{f}"
+        );
+    }
+    let excluded: Vec<&serde_json::Value> = journal
+        .iter()
+        .filter(|e| e["t"] == "node_excluded")
+        .collect();
+    assert_eq!(excluded.len(), 1, "{excluded:?}");
+    assert_eq!(excluded[0]["node"], bad.as_str());
+    let h = puzzletron::report::CampaignHistory::load(&dir, false).unwrap();
+    assert_eq!(h.excluded_nodes.len(), 1);
+    assert_eq!(h.excluded_nodes[0].1, bad);
+    // Every job that succeeded ran elsewhere; every attempt after the exclusion carried it.
+    let excluded_at = journal
+        .iter()
+        .position(|e| e["t"] == "node_excluded")
+        .unwrap();
+    let later: Vec<String> = journal[excluded_at..]
+        .iter()
+        .filter(|e| e["t"] == "intent")
+        .map(|e| e["attempt_id"].as_str().unwrap().to_string())
+        .collect();
+    assert!(
+        !later.is_empty(),
+        "retries after the exclusion: {journal:?}"
+    );
+    for id in &ids {
+        let row = sacct_row(id, "State,NodeList");
+        if row[0] == "COMPLETED" {
+            assert_ne!(row[1], bad, "{id} completed on the bad node");
+        }
+    }
+    for id in later {
+        let script = std::process::Command::new("sacct")
+            .args([
+                "-n",
+                "-X",
+                "-P",
+                "-S",
+                "now-2hours",
+                "--name",
+                &id,
+                "-o",
+                "NodeList",
+            ])
+            .output()
+            .unwrap();
+        let nodes = String::from_utf8_lossy(&script.stdout).trim().to_string();
+        assert_ne!(nodes, bad, "{id} ran on the excluded node");
+    }
+}

@@ -35,9 +35,11 @@ fn help_examples_run_on_the_fixtures() {
         &["campaign", "run", "--help"],
         &["campaign", "status", "--help"],
         &["campaign", "cancel", "--help"],
+        &["campaign", "retry", "--help"],
         &["campaign", "report", "--help"],
         &["sweep", "status", "--help"],
         &["sweep", "gc", "--help"],
+        &["sweep", "repair", "--help"],
     ];
     let mut ran = 0;
     for h in helps {
@@ -517,6 +519,44 @@ fn local_run_detach_status_cancel_reattach_report() {
     assert_eq!(code, 3, "cancelled, not finished: {v}");
     assert_eq!(v["lease"]["held"], false, "{v}");
     assert_eq!(v["live"].as_array().unwrap().len(), 0, "{v}");
+    // Shown as cancelled, by whom and which jobs; never `running` with nothing live.
+    let by = v["cancelled"]["by"]
+        .as_str()
+        .unwrap_or_else(|| panic!("{v}"));
+    assert!(
+        by.starts_with("`puzzletron campaign cancel` (user ") && by.contains(", pid "),
+        "{by}"
+    );
+    let cancelled: Vec<&str> = v["cancelled"]["attempts"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|a| a.as_str().unwrap())
+        .collect();
+    assert!(
+        cancelled.iter().any(|a| a.contains(".sort_sanity.")),
+        "{cancelled:?}"
+    );
+    for s in v["stages"].as_array().unwrap() {
+        assert_ne!(s["status"], "running", "{s}");
+        if s["status"] != "done" {
+            assert_eq!(s["state"], "cancelled", "{s}");
+        }
+    }
+    let (_, text, _) = run(&["campaign", "status", &d]);
+    assert!(
+        text.contains("cancelled by `puzzletron campaign cancel` (user ")
+            && text.contains("attempt(s) cancelled:"),
+        "{text}"
+    );
+    let early = tmp.path().join("cancelled.html");
+    let (code, _, err) = run(&["campaign", "report", &d, "--out", early.to_str().unwrap()]);
+    assert_eq!(code, 0, "{err}");
+    let html = std::fs::read_to_string(&early).unwrap();
+    assert!(
+        html.contains("id=\"cancelled\"") && html.contains("data-state=\"cancelled\""),
+        "the report says cancelled"
+    );
     // SAFETY: signal 0 only checks the pid exists.
     assert!(
         unsafe { libc::kill(pid, 0) } != 0 || {
@@ -542,6 +582,10 @@ fn local_run_detach_status_cancel_reattach_report() {
     let (code, v, _) = status_json(&d);
     assert_eq!(code, 0, "{v}");
     assert_eq!(v["finished"], true);
+    assert!(
+        v.get("cancelled").is_none(),
+        "run again: no longer cancelled: {v}"
+    );
 
     // The report, written at the end, and on demand.
     assert!(dir.join("report.html").is_file());
@@ -592,6 +636,303 @@ fn local_run_detach_status_cancel_reattach_report() {
         html.matches("<line class=\"retry\"").count() >= 3,
         "oom, transient and cancel retries"
     );
+}
+
+/// A unit waiting for its retry is `backing off until HH:MM:SS UTC (attempt n, class)`, not
+/// `running` with nothing live; after a cancel and a rerun in which `sort` fails for good, the
+/// stages below it are `blocked by sort`: in `status`, `status --json` and the report.
+#[test]
+fn backing_off_and_blocked_stages_are_shown_as_themselves() {
+    let _w = Watchdog::start(
+        "backing_off_and_blocked_stages_are_shown_as_themselves",
+        Duration::from_secs(240),
+    );
+    let tmp = tempfile::tempdir().unwrap();
+    let d = tmp.path().join("c").to_str().unwrap().to_string();
+    let stub = prefix("--sleep-ms 100 --fail width_importance=transient --fail sort=config!");
+    let mut args = run_args(&d, &stub);
+    // A back-off of 15-20 s: the retry waits while we look (and the rerun waits out the rest).
+    let delay = args.iter().position(|a| *a == "--retry-delay-ms").unwrap() + 1;
+    args[delay] = "20000";
+    args.push("--detach");
+    let (code, out, err) = run(&args);
+    assert_eq!(code, 3, "{out}\n{err}");
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let stage = |v: &serde_json::Value, id: &str| -> serde_json::Value {
+        v["stages"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|s| s["id"] == id)
+            .cloned()
+            .unwrap_or_else(|| panic!("no stage {id}: {v}"))
+    };
+    let wi = loop {
+        let (_, v, _) = status_json(&d);
+        let wi = stage(&v, "width_importance");
+        if wi["status"] == "backing_off" {
+            break wi;
+        }
+        assert_ne!(wi["status"], "done", "never backed off: {v}");
+        assert!(Instant::now() < deadline, "no back-off seen: {v}");
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    assert_eq!(wi["live_units"], 0, "{wi}");
+    let state = wi["state"].as_str().unwrap();
+    assert!(
+        state.starts_with("backing off until ")
+            && state.contains(" UTC (attempt 2, ")
+            && state.ends_with(')'),
+        "{state}"
+    );
+    let (_, text, _) = run(&["campaign", "status", &d]);
+    assert!(
+        text.lines()
+            .any(|l| l.starts_with("width_importance") && l.contains(state)),
+        "{text}"
+    );
+    let html = tmp.path().join("r.html");
+    let (code, _, err) = run(&["campaign", "report", &d, "--out", html.to_str().unwrap()]);
+    assert_eq!(code, 0, "{err}");
+    assert!(std::fs::read_to_string(&html).unwrap().contains(state));
+    let (code, out, err) = run(&["campaign", "cancel", &d, "--wait", "60"]);
+    assert_eq!(code, 0, "{out}\n{err}");
+
+    // Run again with short delays: width_importance's retry passes, sort fails for good.
+    let (code, _, err) = run(&run_args(&d, &stub));
+    assert_eq!(code, 4, "sort failed (exit 4): {err}");
+    let (_, v, _) = status_json(&d);
+    assert!(v.get("cancelled").is_none(), "{v}");
+    assert_eq!(stage(&v, "sort")["status"], "failed", "{v}");
+    for id in ["sort_sanity", "width_sanity", "build_library", "mip"] {
+        let s = stage(&v, id);
+        assert_eq!(
+            (s["status"].as_str(), s["state"].as_str()),
+            (Some("blocked"), Some("blocked by sort")),
+            "{id}: {s}"
+        );
+    }
+    let (_, text, _) = run(&["campaign", "status", &d]);
+    assert!(
+        text.lines()
+            .any(|l| l.starts_with("width_sanity") && l.contains("blocked by sort")),
+        "{text}"
+    );
+    let (code, _, err) = run(&["campaign", "report", &d, "--out", html.to_str().unwrap()]);
+    assert_eq!(code, 0, "{err}");
+    assert!(
+        std::fs::read_to_string(&html)
+            .unwrap()
+            .contains("data-state=\"blocked by sort\"")
+    );
+}
+
+/// The stub's invocation log: (stage, attempt) of every `stub.<attempt>.json` it wrote under
+/// `dir/work`, sorted.
+fn stub_runs(dir: &Path) -> Vec<(String, u64)> {
+    fn walk(d: &Path, out: &mut Vec<(String, u64)>) {
+        let Ok(entries) = std::fs::read_dir(d) else {
+            return;
+        };
+        for e in entries.flatten() {
+            let p = e.path();
+            let name = e.file_name().to_string_lossy().into_owned();
+            if p.is_dir() {
+                walk(&p, out);
+            } else if name.starts_with("stub.") && name.ends_with(".json") {
+                let v: serde_json::Value =
+                    serde_json::from_slice(&std::fs::read(&p).unwrap()).unwrap();
+                out.push((
+                    v["stage"].as_str().unwrap().to_string(),
+                    v["attempt"].as_u64().unwrap(),
+                ));
+            }
+        }
+    }
+    let mut out = Vec::new();
+    walk(&dir.join("work"), &mut out);
+    out.sort();
+    out
+}
+
+/// `campaign retry D`: a stage failed out of memory (no OOM retry allowed), the stages below
+/// it blocked; the failure names the command; retried in place with more resources, the
+/// campaign completes, and the finished stages ran once (the stub's invocation log).
+#[test]
+fn campaign_retry_reopens_a_failed_stage_in_place() {
+    let _w = Watchdog::start(
+        "campaign_retry_reopens_a_failed_stage_in_place",
+        Duration::from_secs(240),
+    );
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().join("c");
+    let d = dir.to_str().unwrap().to_string();
+    let stub = prefix("--sleep-ms 50 --fail sort=oom");
+    let mut args: Vec<&str> = run_args(&d, &stub);
+    // No OOM retry for sort in the first run.
+    let at = args.iter().position(|a| *a == "--allow-oom-retry").unwrap();
+    args.drain(at..at + 2);
+    let (code, _, err) = run(&args);
+    assert_eq!(code, 4, "sort failed: {err}");
+    assert!(
+        err.contains("puzzletron campaign retry DIR --allow-oom-retry STAGE"),
+        "the OOM failure names the command: {err}"
+    );
+    let (_, v, _) = status_json(&d);
+    let status = |v: &serde_json::Value, id: &str| {
+        v["stages"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|s| s["id"] == id)
+            .map(|s| s["status"].as_str().unwrap().to_string())
+            .unwrap()
+    };
+    assert_eq!(status(&v, "sort"), "failed", "{v}");
+    assert_eq!(status(&v, "mip"), "blocked", "{v}");
+    let before = stub_runs(&dir);
+    let finished: Vec<String> = v["stages"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|s| s["status"] == "done")
+        .map(|s| s["id"].as_str().unwrap().to_string())
+        .collect();
+    assert!(finished.len() >= 3, "{v}");
+
+    // An unknown stage is a usage error, nothing runs.
+    let (code, _, err) = run(&["campaign", "retry", &d, "--allow-oom-retry", "srot"]);
+    assert_eq!(code, 2, "{err}");
+    assert!(err.contains("not a stage of the campaign"), "{err}");
+
+    let (code, _, err) = run(&[
+        "campaign",
+        "retry",
+        &d,
+        "--allow-oom-retry",
+        "sort",
+        "--gpus",
+        "0,1",
+        "--poll-ms",
+        "50",
+        "--quiet",
+    ]);
+    assert_eq!(code, 0, "the retried campaign completes: {err}");
+    assert!(err.contains("retrying in place: sort"), "{err}");
+    let (code, v, _) = status_json(&d);
+    assert_eq!(code, 0, "{v}");
+    assert!(
+        v["stages"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .all(|s| s["status"] == "done"),
+        "{v}"
+    );
+
+    // One run per stage finished before the retry; sort twice; the rest once.
+    let after = stub_runs(&dir);
+    for s in &finished {
+        let runs: Vec<_> = after.iter().filter(|(st, _)| st == s).collect();
+        assert_eq!(runs.len(), 1, "{s} ran again: {after:?}");
+        assert!(before.contains(runs[0]), "{s}");
+    }
+    let sort: Vec<u64> = after
+        .iter()
+        .filter(|(s, _)| s == "sort")
+        .map(|r| r.1)
+        .collect();
+    assert_eq!(sort, [1, 2], "{after:?}");
+    // The journal: who retried, then sort's second attempt with more resources.
+    let j = journal(&dir);
+    let retried = j
+        .iter()
+        .find(|r| r["entry"]["kind"] == "retry_failed")
+        .unwrap_or_else(|| panic!("no retry_failed event"));
+    let msg = retried["entry"]["message"].as_str().unwrap();
+    assert!(
+        msg.contains("asked by `puzzletron campaign retry` (user ")
+            && msg.contains("sort/0")
+            && msg.contains("with more resources: sort/0"),
+        "{msg}"
+    );
+    let intent = j
+        .iter()
+        .find(|r| {
+            r["entry"]["t"] == "intent"
+                && r["entry"]["unit"] == "sort/0"
+                && r["entry"]["attempt"] == 2
+        })
+        .unwrap_or_else(|| panic!("no second sort attempt"));
+    assert_eq!(intent["entry"]["more_resources"], true, "{intent}");
+}
+
+/// A journal line or a `plan.json` that cannot be read: `status` and the report show what was
+/// read, naming the file, the line and the last good record, and what is missing.
+#[test]
+fn an_unreadable_journal_line_or_plan_is_named_and_the_rest_shown() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().join("c");
+    let ctl = dir.join("controller");
+    std::fs::create_dir_all(&ctl).unwrap();
+    let rec = |seq: u64, at: u64, e: serde_json::Value| {
+        serde_json::json!({"seq": seq, "at_ms": at, "entry": e}).to_string()
+    };
+    let lines = [
+        rec(
+            1,
+            1000,
+            serde_json::json!({"t":"header","format":1,"nonce":"n1","contract_hash":"h"}),
+        ),
+        rec(
+            2,
+            2000,
+            serde_json::json!({"t":"intent","unit":"a/0","attempt":1,"attempt_id":"n1.a.0.a1","resume":false,"more_resources":false}),
+        ),
+        "{\"seq\": 3, garbage".to_string(),
+        rec(
+            4,
+            4000,
+            serde_json::json!({"t":"intent","unit":"b/0","attempt":1,"attempt_id":"n1.b.0.a1","resume":false,"more_resources":false}),
+        ),
+    ];
+    std::fs::write(ctl.join("journal.jsonl"), lines.join("\n") + "\n").unwrap();
+    std::fs::write(ctl.join("plan.json"), "{\"stages\": [}").unwrap();
+    let d = dir.to_str().unwrap();
+    let (code, v, _) = status_json(d);
+    assert_eq!(code, 3, "{v}");
+    let problems: Vec<&str> = v["problems"]
+        .as_array()
+        .unwrap_or_else(|| panic!("{v}"))
+        .iter()
+        .map(|p| p.as_str().unwrap())
+        .collect();
+    assert_eq!(problems.len(), 2, "{problems:?}");
+    assert!(
+        problems[0].contains("plan.json: line 1: not a campaign plan"),
+        "{problems:?}"
+    );
+    assert!(
+        problems[1].contains("journal.jsonl: line 3: not a journal record")
+            && problems[1].contains("the 2 records before it")
+            && problems[1].contains("missing: everything after it"),
+        "{problems:?}"
+    );
+    assert_eq!(v["attempts"], 1, "what was read is shown: {v}");
+    let (_, text, _) = run(&["campaign", "status", d]);
+    assert!(
+        text.contains("warning: ") && text.contains("journal.jsonl: line 3"),
+        "{text}"
+    );
+    let out = tmp.path().join("r.html");
+    let (code, _, err) = run(&["campaign", "report", d, "--out", out.to_str().unwrap()]);
+    assert_eq!(code, 0, "the report renders what it has: {err}");
+    let html = std::fs::read_to_string(&out).unwrap();
+    assert!(
+        html.contains("not read fully") && html.contains("journal.jsonl: line 3"),
+        "the report says what is missing"
+    );
+    assert!(html.contains("n1.a.0.a1"), "and shows what was read");
 }
 
 /// Items of the stub's record: the catalog's own command comes after the prefix.
@@ -1155,6 +1496,21 @@ fn a_manual_filter_waits_for_its_decision_file_off_a_terminal() {
         out.contains(&format!("waiting for a decision: write {}", file.display())),
         "{out}"
     );
+    // The same words in --json: the stage is not `waiting`, it waits for a person.
+    let (_, v, _) = status_json(&d);
+    let pick = v["stages"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|s| s["id"] == "post.f.pick")
+        .unwrap_or_else(|| panic!("{v}"));
+    assert_eq!(pick["status"], "awaiting_decision", "{v}");
+    assert_eq!(pick["state"], "waiting for a decision", "{v}");
+    assert!(
+        out.lines()
+            .any(|l| l.starts_with("post.f.pick") && l.contains("waiting for a decision")),
+        "{out}"
+    );
 
     // A bad file: reported, the controller keeps waiting.
     std::fs::write(&file, "9\n").unwrap();
@@ -1452,4 +1808,31 @@ fn placeholders_are_shown_by_dry_run_and_refused_by_run_before_any_job() {
         "{err}"
     );
     assert!(!d.exists(), "nothing created, nothing submitted");
+}
+
+/// `campaign dry-run` with a ray runner prints the exact body of each job request (sending
+/// nothing: no cluster, no token needed), the token variable's value never.
+#[test]
+fn dry_run_with_a_ray_runner_prints_the_job_request_bodies() {
+    let root = tempfile::tempdir().unwrap();
+    let runner = root.path().join("runner.ray.yaml");
+    std::fs::write(
+        &runner,
+        "runner:\n  kind: ray\n  ray:\n    address: http://127.0.0.1:1\n    token_env: \
+         PUZZLETRON_TEST_RAY_TOKEN_UNSET\n    namespace: team\n    resources_per_gpu: {CPU: 4}\n    \
+         gpus_per_node: 8\n",
+    )
+    .unwrap();
+    let (code, out, err) = campaign("dry-run", runner.to_str().unwrap(), SMOKE_EXEC, &[]);
+    assert_eq!(code, 0, "{err}");
+    for want in [
+        "file http://127.0.0.1:1/api/jobs/:",
+        "\"submission_id\":",
+        "\"entrypoint\": \"cd -- ",
+        "\"entrypoint_num_gpus\": ",
+        "\"RAY_NAMESPACE\": \"team\"",
+        "\"puzzletron_namespace\": \"team\"",
+    ] {
+        assert!(out.contains(want), "{want} missing:\n{out}");
+    }
 }

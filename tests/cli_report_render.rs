@@ -238,3 +238,215 @@ fn report_renders_in_headless_chromium() {
         std::fs::copy(&png_path, &dst).unwrap();
     }
 }
+
+/// The report's stage graph measured by Chromium: a copy of the report with a measuring script
+/// appended (the report itself has none) writes each stage label's and box's bounding box and
+/// the smallest rendered font size into the DOM that `--dump-dom` prints.
+fn measure_dag(chrome: &std::path::Path, report: &std::path::Path) -> serde_json::Value {
+    const SCRIPT: &str = r#"<script>
+const labels = [];
+document.querySelectorAll('#dag g.stage').forEach(g => {
+  const t = g.querySelector('text.lbl').getBoundingClientRect();
+  const b = g.querySelector('rect').getBoundingClientRect();
+  labels.push({id: g.dataset.stage, text: g.querySelector('text.lbl').textContent,
+    l: t.left, t: t.top, r: t.right, b: t.bottom, bl: b.left, bt: b.top, br: b.right, bb: b.bottom});
+});
+let minFont = 1e9;
+document.querySelectorAll('#dag text').forEach(t => {
+  const scale = t.getScreenCTM() ? t.getScreenCTM().a : 1;
+  minFont = Math.min(minFont, parseFloat(getComputedStyle(t).fontSize) * scale);
+});
+// Edges: points along each edge that fall inside a box (2 px in from its border).
+const boxes = [...document.querySelectorAll('#dag g.stage rect')].map(r =>
+  [r.x.baseVal.value, r.y.baseVal.value, r.x.baseVal.value + r.width.baseVal.value,
+   r.y.baseVal.value + r.height.baseVal.value]);
+const edgeHits = [];
+document.querySelectorAll('#dag path.edge').forEach(p => {
+  const n = p.getTotalLength();
+  for (let k = 0; k <= 200; k++) {
+    const q = p.getPointAtLength(n * k / 200);
+    if (boxes.some(b => q.x > b[0] + 2 && q.x < b[2] - 2 && q.y > b[1] + 2 && q.y < b[3] - 2)) {
+      edgeHits.push([p.getAttribute('d'), q.x, q.y]);
+      break;
+    }
+  }
+});
+const tl = document.querySelector('#timeline');
+const tlRight = tl ? tl.getBoundingClientRect().right : 0;
+let axisRight = 0;
+const barLabels = [];
+if (tl) {
+  tl.querySelectorAll('text').forEach(t => { axisRight = Math.max(axisRight, t.getBoundingClientRect().right); });
+  tl.querySelectorAll('text.barlbl').forEach(t => barLabels.push(t.textContent));
+}
+const pre = document.createElement('pre');
+pre.id = 'measure';
+pre.textContent = JSON.stringify({labels, minFont, tlRight, axisRight, barLabels, edgeHits});
+document.body.appendChild(pre);
+</script>"#;
+    let html = std::fs::read_to_string(report).unwrap();
+    let copy = report.with_file_name("measure.html");
+    std::fs::write(&copy, html.replace("</body>", &format!("{SCRIPT}</body>"))).unwrap();
+    let profile = tempfile::tempdir().unwrap();
+    let o = chromium_cmd(chrome, profile.path())
+        .args([
+            "--dump-dom",
+            "--virtual-time-budget=2000",
+            "--window-size=1300,1500",
+        ])
+        .arg(format!("file://{}", copy.display()))
+        .output()
+        .unwrap();
+    let dom = String::from_utf8_lossy(&o.stdout).into_owned();
+    let start = dom
+        .find("<pre id=\"measure\">")
+        .unwrap_or_else(|| panic!("no measurement: {}", String::from_utf8_lossy(&o.stderr)))
+        + "<pre id=\"measure\">".len();
+    let end = start + dom[start..].find("</pre>").unwrap();
+    let text = dom[start..end]
+        .replace("&quot;", "\"")
+        .replace("&lt;", "<")
+        .replace("&gt;", ">")
+        .replace("&amp;", "&");
+    serde_json::from_str(&text).unwrap()
+}
+
+/// Every stage label is whole (the stage id), inside its box, apart from every other label, and
+/// no text of the graph is smaller than 10 px.
+fn check_dag(m: &serde_json::Value, stages: usize) {
+    let labels = m["labels"].as_array().unwrap();
+    assert_eq!(labels.len(), stages, "{m}");
+    let f = |l: &serde_json::Value, k: &str| l[k].as_f64().unwrap();
+    for l in labels {
+        assert_eq!(l["text"], l["id"], "a full label: {l}");
+        assert!(
+            f(l, "l") >= f(l, "bl") && f(l, "r") <= f(l, "br") && f(l, "b") <= f(l, "bb"),
+            "label inside its box: {l}"
+        );
+    }
+    for (i, a) in labels.iter().enumerate() {
+        for b in &labels[i + 1..] {
+            let apart = f(a, "r") <= f(b, "l")
+                || f(b, "r") <= f(a, "l")
+                || f(a, "b") <= f(b, "t")
+                || f(b, "b") <= f(a, "t");
+            assert!(apart, "labels overlap: {a} {b}");
+        }
+    }
+    let min = m["minFont"].as_f64().unwrap();
+    assert!(min >= 10.0, "text of {min} px");
+    assert_eq!(
+        m["edgeHits"],
+        serde_json::json!([]),
+        "edges run through boxes"
+    );
+    // The timeline: no text past its right edge (the last axis label), bars labelled.
+    assert!(
+        m["axisRight"].as_f64().unwrap() <= m["tlRight"].as_f64().unwrap(),
+        "a timeline label is clipped: {m}"
+    );
+    assert!(
+        !m["barLabels"].as_array().unwrap().is_empty(),
+        "no bar carries its stage: {m}"
+    );
+}
+
+/// `campaign run --once` (the first jobs submitted, then detached) writes the plan; the report
+/// of that campaign draws every stage; then the campaign is cancelled.
+fn report_of_started_campaign(
+    root: &std::path::Path,
+    exp: &str,
+    exec: Option<&str>,
+    dir: &std::path::Path,
+) -> std::path::PathBuf {
+    let d = dir.to_str().unwrap();
+    let stub = prefix("--sleep-ms 20000");
+    let mut args = vec![
+        "campaign",
+        "run",
+        exp,
+        "--runner",
+        "local",
+        "--dir",
+        d,
+        "--command-prefix",
+        &stub,
+        "--gpus",
+        "0,1,2,3,4,5,6,7",
+        "--once",
+        "--quiet",
+    ];
+    if let Some(e) = exec {
+        args.extend(["--execution", e]);
+    }
+    let (code, _, err) = cli::out(
+        cli::puzzletron()
+            .current_dir(root)
+            .args(&args)
+            .output()
+            .unwrap(),
+    );
+    assert_eq!(code, 3, "--once detaches: {err}");
+    let report = dir.join("r.html");
+    let (code, _, err) = run(&["campaign", "report", d, "--out", report.to_str().unwrap()]);
+    assert_eq!(code, 0, "{err}");
+    let (code, _, err) = run(&["campaign", "cancel", d]);
+    assert_eq!(code, 0, "{err}");
+    report
+}
+
+/// The 23-stage reference campaign and a generated 60-stage plan: stage labels whole, inside
+/// their boxes, never overlapping, no text under 10 px.
+#[cfg_attr(
+    not(puzzletron_chromium_tests),
+    ignore = "needs headless Chromium (apt-get install -y chromium): set PUZZLETRON_CHROMIUM_TESTS=1 (CONTRIBUTING.md)"
+)]
+#[test]
+fn stage_graph_labels_are_readable_at_23_and_60_stages() {
+    let chrome = chromium().expect("PUZZLETRON_CHROMIUM_TESTS=1 but no chromium on PATH");
+    let _w = watchdog::Watchdog::start(
+        "stage_graph_labels_are_readable_at_23_and_60_stages",
+        Duration::from_secs(240),
+    );
+    let tmp = tempfile::tempdir().unwrap();
+    let report = report_of_started_campaign(
+        &cli::fixtures(),
+        "families/qwen3_5/qwen3p5_0p8b/runs/campaign.yaml",
+        Some("orchestration/qwen3p5_0p8b/execution.campaign.yaml"),
+        &tmp.path().join("c23"),
+    );
+    check_dag(&measure_dag(&chrome, &report), 23);
+
+    // 60 stages: 6 chains of 10 with long ids, each stage also needing the first of the chain
+    // before (edges across levels and chains).
+    let generated = tmp.path().join("gen");
+    std::fs::create_dir_all(&generated).unwrap();
+    std::fs::write(generated.join("base.yaml"), "{}\n").unwrap();
+    let mut y = String::from("stages:\n");
+    for c in 0..6 {
+        for i in 0..10 {
+            let mut needs: Vec<String> = Vec::new();
+            if i > 0 {
+                needs.push(format!(
+                    "chain{c}.step{:02}_evaluation_of_candidates",
+                    i - 1
+                ));
+            }
+            if c > 0 && i > 1 {
+                needs.push(format!("chain{}.step00_evaluation_of_candidates", c - 1));
+            }
+            y.push_str(&format!(
+                "  - {{id: chain{c}.step{i:02}_evaluation_of_candidates, needs: [{}], command: [\"true\"]}}\n",
+                needs.join(", ")
+            ));
+        }
+    }
+    std::fs::write(generated.join("exp.yaml"), y).unwrap();
+    let report = report_of_started_campaign(
+        &generated,
+        generated.join("exp.yaml").to_str().unwrap(),
+        None,
+        &tmp.path().join("c60"),
+    );
+    check_dag(&measure_dag(&chrome, &report), 60);
+}

@@ -13,7 +13,7 @@ mod watchdog;
 
 use std::time::{Duration, Instant};
 
-use controller_support::{Rng, audit, result, spawn, spawn_env};
+use controller_support::{KillPlan, Rng, Trials, audit, kill_9_trials, result, spawn, spawn_env};
 
 fn run_to_completion(dir: &std::path::Path) {
     // Output is kept (in the campaign folder) so a failure says why the campaign exited.
@@ -77,58 +77,24 @@ fn kill_9_at_random_moments_and_restart() {
     assert!(a.duplicates.is_empty() && a.missing.is_empty(), "{a:?}");
 
     let started = Instant::now();
-    let (mut kills, mut campaigns, mut adopted, mut attempts) = (0usize, 0usize, 0usize, 0usize);
-    while kills < trials {
-        campaigns += 1;
-        let dir = root.path().join(format!("c{campaigns}"));
-        // Kill until a run survives to the end.
-        loop {
-            let mut child = spawn(&dir, &[]);
-            let wait = Duration::from_millis(50 + rng.below(1950));
-            let deadline = Instant::now() + wait;
-            let mut finished = None;
-            while Instant::now() < deadline {
-                if let Some(st) = child.try_wait().unwrap() {
-                    finished = Some(st);
-                    break;
-                }
-                std::thread::sleep(Duration::from_millis(10));
-            }
-            match finished {
-                Some(st) => {
-                    assert!(st.success(), "campaign {campaigns} exited with {st}");
-                    break;
-                }
-                None => {
-                    child.kill().unwrap(); // SIGKILL
-                    child.wait().unwrap();
-                    kills += 1;
-                }
-            }
-            assert!(
-                started.elapsed() < Duration::from_secs(900),
-                "crash trials take too long"
-            );
-        }
-        let r = result(&dir);
-        assert_eq!(
-            r, reference,
-            "campaign {campaigns}: results differ from the uninterrupted run"
-        );
-        let a = audit(&dir);
-        assert!(
-            a.duplicates.is_empty(),
-            "campaign {campaigns}: duplicates {:?}",
-            a.duplicates
-        );
-        assert!(
-            a.missing.is_empty(),
-            "campaign {campaigns}: lost results {:?}",
-            a.missing
-        );
-        adopted += a.adopted;
-        attempts += a.attempts;
-    }
+    let t = kill_9_trials(
+        root.path(),
+        KillPlan {
+            trials,
+            window_ms: 1950,
+            limit: Duration::from_secs(900),
+        },
+        &mut rng,
+        &reference,
+        |dir| spawn(dir, &[]),
+        |_, _| {},
+    );
+    let Trials {
+        kills,
+        campaigns,
+        adopted,
+        attempts,
+    } = t;
     eprintln!(
         "crash trials: {kills} kill -9 over {campaigns} campaigns (seed {seed}), {attempts} attempts, {adopted} adopted, 0 duplicates, 0 lost results, {:.1} s",
         started.elapsed().as_secs_f64()

@@ -53,10 +53,7 @@ fn decision_plan() -> CampaignPlan {
         .iter()
         .position(|s| s.stage_id == "pick")
         .unwrap();
-    plan.stages[i].decision = Some(ManualDecision {
-        input: "a".into(),
-        candidates,
-    });
+    plan.stages[i].decision = Some(ManualDecision::new("a", candidates));
     plan
 }
 
@@ -81,12 +78,9 @@ fn controller(s: &Sim, dir: &Path, events: &Events) -> CampaignControllerBuilder
         .plan(decision_plan())
         .executor(Arc::new(s.mock.clone()))
         .campaign_dir(dir)
-        .clock(Arc::new(VirtualClock(s.clock.clone())))
+        .clock(Arc::new(VirtualClock::new(s.clock.clone())))
         .poll_interval(Duration::from_secs(1), Duration::from_secs(1))
-        .retry_policy(RetryPolicy {
-            jitter: 0.0,
-            ..RetryPolicy::default()
-        })
+        .retry_policy(RetryPolicy::default().with_jitter(0.0))
         .on_event(move |e| ev.lock().unwrap().push(e.clone()))
 }
 
@@ -98,10 +92,7 @@ fn rt() -> tokio::runtime::Runtime {
 }
 
 fn iterations(n: u64) -> RunOptions {
-    RunOptions {
-        max_iterations: Some(n),
-        ..RunOptions::default()
-    }
+    RunOptions::default().with_max_iterations(Some(n))
 }
 
 /// Stages submitted, in order, one entry per attempt (`a`, `a`, `a`, `b`, `c`).

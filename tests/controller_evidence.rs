@@ -71,6 +71,8 @@ fn run_local_plan(dir: &Path, plan: CampaignPlan) -> (bool, Vec<ControllerEvent>
         .local(["0"])
         .campaign_dir(dir)
         .poll_interval(Duration::from_millis(50), Duration::from_millis(200))
+        // A missing output is looked for again for this long (issue 27) before it fails.
+        .output_visibility_wait(Duration::from_millis(500))
         .on_event(move |e| ev.lock().unwrap().push((Instant::now(), e.clone())))
         .build()
         .unwrap();
@@ -106,8 +108,11 @@ fn exit_0_without_the_success_marker_is_not_done() {
     );
     assert!(!done);
     let (class, detail) = finished(&evs);
-    assert_eq!(class, Some(FailureClass::Unknown), "{detail}");
-    assert!(detail.contains("no success marker"), "{detail}");
+    assert_eq!(class, Some(FailureClass::OutputNotVisible), "{detail}");
+    assert!(
+        detail.contains("not visible after") && detail.contains("/_SUCCESS"),
+        "{detail}"
+    );
 }
 
 #[test]
@@ -170,9 +175,9 @@ fn a_missing_declared_output_is_a_failure_naming_it() {
     );
     assert!(!done);
     let (class, detail) = finished(&evs);
-    assert_eq!(class, Some(FailureClass::Unknown));
+    assert_eq!(class, Some(FailureClass::OutputNotVisible));
     assert!(
-        detail.contains("declared output `model.safetensors` is missing"),
+        detail.contains("not visible after") && detail.contains("/model.safetensors"),
         "{detail}"
     );
 }
@@ -369,10 +374,9 @@ fn heartbeat_timeout_spares_a_moving_worker_and_cancels_a_silent_one() {
             .local(["0"])
             .campaign_dir(dir.path())
             .poll_interval(Duration::from_millis(100), Duration::from_millis(200))
-            .retry_policy(puzzletron::campaign::controller::RetryPolicy {
-                transient_retries: 0,
-                ..Default::default()
-            })
+            .retry_policy(
+                puzzletron::campaign::controller::RetryPolicy::default().with_transient_retries(0),
+            )
             .heartbeat_timeout("s", Duration::from_secs(3))
             .on_event(move |e| ev.lock().unwrap().push((Instant::now(), e.clone())))
             .build()
@@ -519,4 +523,169 @@ fn walk(p: &Path) -> Vec<String> {
         }
     }
     out
+}
+
+/// Issue 27, item 3: not visible is not missing. A test hook hides the success marker the
+/// job wrote, as a network filesystem's attribute and negative caches would: from `stat` only
+/// (a `readdir` of its folder and an `open` find it: done at once); from every probe for a
+/// while shorter than the bound (looked for again on later polls: done, the detail says
+/// when it became visible); past the bound (`OutputNotVisible` naming the path, not retried).
+#[test]
+fn a_marker_not_yet_visible_is_looked_for_again_until_the_bound() {
+    use puzzletron::campaign::controller::finalise::VisibilityProbe;
+    // (case, hidden from every probe, hidden for, bound, done, class, detail part)
+    type Case = (
+        &'static str,
+        bool,
+        Duration,
+        Duration,
+        bool,
+        Option<FailureClass>,
+        &'static str,
+    );
+    let cases: Vec<Case> = vec![
+        (
+            "hidden from stat only",
+            false,
+            Duration::from_secs(3600),
+            Duration::from_secs(5),
+            true,
+            None,
+            "not visible to stat at first, then found by readdir/open",
+        ),
+        (
+            "hidden from every probe for 1.5 s, bound 10 s",
+            true,
+            Duration::from_millis(1500),
+            Duration::from_secs(10),
+            true,
+            None,
+            "visible after",
+        ),
+        (
+            "hidden from every probe past the bound of 1 s",
+            true,
+            Duration::from_secs(3600),
+            Duration::from_secs(1),
+            false,
+            Some(FailureClass::OutputNotVisible),
+            "state COMPLETED (exit 0) but not visible after 1 s (stat, readdir of its folder, open; retried with backoff): ",
+        ),
+    ];
+    for (case, all, hide_for, bound, want_done, want_class, part) in cases {
+        let dir = tempfile::tempdir().unwrap();
+        let start = Instant::now();
+        let hook = move |p: &Path, probe: VisibilityProbe| {
+            p.ends_with("_SUCCESS")
+                && (all || probe == VisibilityProbe::Stat)
+                && start.elapsed() < hide_for
+        };
+        let events: Events = Arc::default();
+        let ev = events.clone();
+        let mut ctl = CampaignController::builder()
+            .plan(plan(json!([{"id": "s", "command": ["sh", "-c", MARK]}])))
+            .local(["0"])
+            .campaign_dir(dir.path())
+            .poll_interval(Duration::from_millis(50), Duration::from_millis(200))
+            .output_visibility_wait(bound)
+            .visibility_hook(Arc::new(hook))
+            .on_event(move |e| ev.lock().unwrap().push((Instant::now(), e.clone())))
+            .build()
+            .unwrap();
+        let report = rt().block_on(ctl.run(RunOptions::default())).unwrap();
+        let evs: Vec<ControllerEvent> = events
+            .lock()
+            .unwrap()
+            .iter()
+            .map(|(_, e)| e.clone())
+            .collect();
+        let (class, detail) = finished(&evs);
+        assert_eq!(report.is_complete(), want_done, "{case}: {detail}");
+        assert_eq!(class, want_class, "{case}: {detail}");
+        assert!(detail.contains(part), "{case}: {detail}");
+        if want_class.is_some() {
+            let marker = dir.path().join("work/s/0/_SUCCESS");
+            assert!(
+                detail.contains(&marker.display().to_string()),
+                "{case}: {detail}"
+            );
+            let journal =
+                std::fs::read_to_string(dir.path().join("controller/journal.jsonl")).unwrap();
+            assert_eq!(
+                journal.matches("\"t\":\"intent\"").count(),
+                1,
+                "{case}: never rerun"
+            );
+            assert!(
+                journal.contains("\"class\":\"output_not_visible\""),
+                "{case}"
+            );
+        }
+    }
+}
+
+/// Issue 27, item 4 on real processes: a stage whose program does not exist (the local
+/// launch fails with ENOENT; `sh -c` of a missing command exits 127 with "not found") is a
+/// configuration error naming the program and where it was looked up, never retried even
+/// under `resume` with attempts left.
+#[test]
+fn a_missing_program_is_a_configuration_error_never_retried() {
+    for (command, program, part) in [
+        (
+            json!(["puzzletron-no-such-program-27", "--x"]),
+            "puzzletron-no-such-program-27",
+            "the launch failed: ",
+        ),
+        (
+            json!(["sh", "-c", "puzzletron-no-such-program-27 --x"]),
+            "sh",
+            "not found",
+        ),
+    ] {
+        let dir = tempfile::tempdir().unwrap();
+        let p = plan_with(
+            json!([{"id": "s", "command": command}]),
+            json!({"defaults": {"failure_policy": "resume", "max_attempts": 3}}),
+        );
+        let (done, evs) = run_local_plan(dir.path(), p);
+        assert!(!done);
+        let (class, detail) = finished(&evs);
+        assert_eq!(class, Some(FailureClass::Config), "{detail}");
+        assert!(
+            detail.contains(&format!("program `{program}` not found"))
+                && detail.contains(part)
+                && detail.contains("looked up in PATH=")
+                && detail.contains("working directory"),
+            "{detail}"
+        );
+        let journal = std::fs::read_to_string(dir.path().join("controller/journal.jsonl")).unwrap();
+        assert_eq!(
+            journal.matches("\"t\":\"intent\"").count(),
+            1,
+            "never retried"
+        );
+    }
+}
+
+/// Issue 27, bad input: a log that cannot be decoded is "unavailable" evidence, named with
+/// the file and the offset of the first bad byte, in a success's detail as in a failure's,
+/// never clean.
+#[test]
+fn an_undecodable_log_is_named_unavailable_never_clean() {
+    for (code, class) in [(0, None), (1, Some(FailureClass::Application))] {
+        let dir = tempfile::tempdir().unwrap();
+        let script = format!("printf 'ok\\n\\377\\376 binary\\n'; {MARK}; exit {code}");
+        let (done, evs) = run_local(
+            dir.path(),
+            json!({"id": "s", "command": ["sh", "-c", script]}),
+        );
+        assert_eq!(done, code == 0);
+        let (c, detail) = finished(&evs);
+        assert_eq!(c, class, "{detail}");
+        assert!(
+            detail.contains("log unavailable (")
+                && detail.contains("not UTF-8 text (invalid byte at offset 3)"),
+            "{detail}"
+        );
+    }
 }

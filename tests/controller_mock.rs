@@ -105,13 +105,10 @@ fn controller(
         .plan(p)
         .executor(Arc::new(s.mock.clone()))
         .campaign_dir(dir)
-        .clock(Arc::new(VirtualClock(s.clock.clone())))
+        .clock(Arc::new(VirtualClock::new(s.clock.clone())))
         .poll_interval(Duration::from_secs(1), Duration::from_secs(1))
         .adopt_grace(Duration::from_secs(5))
-        .retry_policy(RetryPolicy {
-            jitter: 0.0,
-            ..RetryPolicy::default()
-        })
+        .retry_policy(RetryPolicy::default().with_jitter(0.0))
 }
 
 fn rt() -> tokio::runtime::Runtime {
@@ -367,10 +364,7 @@ fn stuck_pending_reason_is_cancelled_after_the_limit_but_waits_are_not() {
         .build()
         .unwrap();
     let report = rt()
-        .block_on(ctl.run(RunOptions {
-            max_iterations: Some(200),
-            ..RunOptions::default()
-        }))
+        .block_on(ctl.run(RunOptions::default().with_max_iterations(Some(200))))
         .unwrap();
     assert_eq!(cancels(&s.mock), ["b/0#1"]);
     assert_eq!(report.failed.len(), 1);
@@ -439,11 +433,11 @@ fn persistent_pool_serves_every_item_once_and_requeues_a_dead_workers_items() {
                 .map(|i| PoolItem::new(format!("item{i}"), json!(i)))
                 .collect())
         })
-        .retry_policy(RetryPolicy {
-            jitter: 0.0,
-            base_delay: Duration::from_secs(1),
-            ..RetryPolicy::default()
-        })
+        .retry_policy(
+            RetryPolicy::default()
+                .with_jitter(0.0)
+                .with_base_delay(Duration::from_secs(1)),
+        )
         .build()
         .unwrap();
     let queue = ctl.queue("eval");
@@ -452,10 +446,7 @@ fn persistent_pool_serves_every_item_once_and_requeues_a_dead_workers_items() {
     let mut report: Option<CampaignReport> = None;
     for i in 0..500 {
         let r = rt
-            .block_on(ctl.run(RunOptions {
-                once: true,
-                ..RunOptions::default()
-            }))
+            .block_on(ctl.run(RunOptions::default().with_once(true)))
             .unwrap();
         let _ = i;
         s.clock.advance(Duration::from_secs(1)); // `once` does not wait
@@ -524,10 +515,7 @@ fn detach_then_run_again_reattaches_without_resubmitting() {
     {
         let mut ctl = controller(p.clone(), &s, dir.path()).build().unwrap();
         let r = rt
-            .block_on(ctl.run(RunOptions {
-                max_iterations: Some(3),
-                ..RunOptions::default()
-            }))
+            .block_on(ctl.run(RunOptions::default().with_max_iterations(Some(3))))
             .unwrap();
         assert!(r.detached);
         assert_eq!(r.live, 4);
@@ -614,7 +602,7 @@ fn crash_then_recover(after_submit: bool) -> (Sim, CampaignReport) {
             .plan(p2)
             .executor(c2)
             .campaign_dir(d2)
-            .clock(Arc::new(VirtualClock(clock)))
+            .clock(Arc::new(VirtualClock::new(clock)))
             .poll_interval(Duration::from_secs(1), Duration::from_secs(1))
             .build()
             .unwrap();
@@ -679,11 +667,8 @@ fn changed_contract_is_refused_unless_a_new_revision_is_asked_for() {
     let rt = rt();
     {
         let mut ctl = controller(old, &s, dir.path()).build().unwrap();
-        rt.block_on(ctl.run(RunOptions {
-            once: true,
-            ..RunOptions::default()
-        }))
-        .unwrap();
+        rt.block_on(ctl.run(RunOptions::default().with_once(true)))
+            .unwrap();
     }
     let err = controller(new.clone(), &s, dir.path()).build().unwrap_err();
     assert!(
@@ -793,11 +778,8 @@ fn shutdown_cancels_every_live_attempt_and_a_later_run_resumes() {
     let rt = rt();
     {
         let mut ctl = controller(p.clone(), &s, dir.path()).build().unwrap();
-        rt.block_on(ctl.run(RunOptions {
-            once: true,
-            ..RunOptions::default()
-        }))
-        .unwrap();
+        rt.block_on(ctl.run(RunOptions::default().with_once(true)))
+            .unwrap();
         let n = rt.block_on(ctl.shutdown("test")).unwrap();
         assert_eq!(n, 3);
     }
@@ -822,11 +804,8 @@ fn control_cancel_from_the_channel_cancels_and_reports() {
     let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
     let mut ctl = controller(p, &s, dir.path()).controls(rx).build().unwrap();
     let rt = rt();
-    rt.block_on(ctl.run(RunOptions {
-        once: true,
-        ..RunOptions::default()
-    }))
-    .unwrap();
+    rt.block_on(ctl.run(RunOptions::default().with_once(true)))
+        .unwrap();
     tx.send(puzzletron::campaign::controller::Control::Cancel)
         .unwrap();
     let r = rt.block_on(ctl.run(RunOptions::default())).unwrap();
@@ -857,11 +836,8 @@ fn a_cancel_by_shutdown_is_not_a_retry_and_the_unit_runs_again_on_the_next_run()
             })
             .build()
             .unwrap();
-        rt.block_on(ctl.run(RunOptions {
-            once: true,
-            ..RunOptions::default()
-        }))
-        .unwrap();
+        rt.block_on(ctl.run(RunOptions::default().with_once(true)))
+            .unwrap();
         tx.send(puzzletron::campaign::controller::Control::Cancel)
             .unwrap();
         let r = rt.block_on(ctl.run(RunOptions::default())).unwrap();
@@ -1055,11 +1031,11 @@ fn fail_fast_attempts_are_charged_to_infra_and_the_node_is_excluded_later() {
     let events = Arc::new(Mutex::new(Vec::new()));
     let ev = events.clone();
     let mut ctl = controller(p, &s, dir.path())
-        .retry_policy(RetryPolicy {
-            jitter: 0.0,
-            transient_retries: 0,
-            ..RetryPolicy::default()
-        })
+        .retry_policy(
+            RetryPolicy::default()
+                .with_jitter(0.0)
+                .with_transient_retries(0),
+        )
         .on_event(move |e| ev.lock().unwrap().push(e.clone()))
         .build()
         .unwrap();
@@ -1112,7 +1088,9 @@ fn fail_fast_attempts_are_charged_to_infra_and_the_node_is_excluded_later() {
     assert_eq!(h.excluded_nodes.len(), 1);
     assert_eq!(h.excluded_nodes[0].1, "n2");
     assert!(
-        h.excluded_nodes[0].2.contains("2 attempts failed fast"),
+        h.excluded_nodes[0]
+            .2
+            .contains("2 distinct units failed fast"),
         "{:?}",
         h.excluded_nodes
     );
@@ -1132,6 +1110,123 @@ fn fail_fast_attempts_are_charged_to_infra_and_the_node_is_excluded_later() {
             "{script}"
         );
     }
+}
+
+/// Issue 27, item 1: attempts on n2 end `FAILED 1:0` after 2 s with no log and no start mark
+/// (the job's setup fails there). They are infrastructure failures (the transient budget is
+/// 0: only the infrastructure budget can retry them), n2 is excluded once two distinct units
+/// failed that way (journaled, named in the report, `--exclude` in every later submission),
+/// the units are retried elsewhere and every stage completes. A unit whose payload started
+/// (start mark written) and failed as fast on n3 is its own failure: never charged to n3.
+#[test]
+fn fast_failures_before_the_start_mark_exclude_the_node_after_two_units() {
+    let s = sim(|unit, n| match (unit, n) {
+        ("a/0", 1) | ("b/0", 1) => MockScript::fails_after(Duration::from_secs(2), 1)
+            .before_start()
+            .with_nodes("n2"),
+        ("e/0", 1) => MockScript::fails_after(Duration::from_secs(2), 1).with_nodes("n3"),
+        _ => MockScript::completes_after(Duration::from_secs(10)).with_nodes("n1"),
+    });
+    let marked = s.mock.clone().with_start_marks();
+    let dir = tempfile::tempdir().unwrap();
+    let p = plan(
+        json!([
+            {"id": "a", "command": ["w"]},
+            {"id": "b", "command": ["w"]},
+            {"id": "e", "command": ["w"]},
+            {"id": "c", "needs": ["a", "b"], "command": ["w"]},
+        ]),
+        json!({"defaults": {"failure_policy": "resume", "max_attempts": 2}}),
+    );
+    let mut ctl = controller(p, &s, dir.path())
+        .executor(Arc::new(marked))
+        .retry_policy(
+            RetryPolicy::default()
+                .with_jitter(0.0)
+                .with_transient_retries(0),
+        )
+        .build()
+        .unwrap();
+    let report = rt().block_on(ctl.run(RunOptions::default())).unwrap();
+    assert!(report.is_complete(), "{report}");
+    assert_eq!(
+        submits(&s.mock),
+        [
+            "a/0#1", "b/0#1", "e/0#1", "a/0#2", "b/0#2", "e/0#2", "c/0#1"
+        ]
+    );
+    assert_eq!(exclude_of(&s, "a/0", 2).as_deref(), Some("n2"));
+    assert_eq!(exclude_of(&s, "b/0", 2).as_deref(), Some("n2"));
+    assert_eq!(
+        exclude_of(&s, "e/0", 2).as_deref(),
+        Some("n2"),
+        "n3 never charged"
+    );
+    assert_eq!(exclude_of(&s, "c/0", 1).as_deref(), Some("n2"));
+    let j = journal(dir.path());
+    let fin = |id: &str| {
+        j.iter()
+            .find(|e| e["t"] == "finished" && short(e["attempt_id"].as_str().unwrap()) == id)
+            .unwrap_or_else(|| panic!("no finished {id}"))
+            .clone()
+    };
+    for id in ["a/0#1", "b/0#1"] {
+        let f = fin(id);
+        assert_eq!(f["class"], "transient", "{f}");
+        assert_eq!(f["fail_fast"], true, "{f}");
+        let d = f["detail"].as_str().unwrap();
+        assert!(
+            d.contains("before its start mark (the payload never started)")
+                && d.contains("infrastructure failure on n2"),
+            "{d}"
+        );
+    }
+    let e1 = fin("e/0#1");
+    assert_eq!(e1["class"], "application", "{e1}");
+    assert!(e1.get("fail_fast").is_none(), "{e1}");
+    let excluded: Vec<&Value> = j.iter().filter(|e| e["t"] == "node_excluded").collect();
+    assert_eq!(excluded.len(), 1, "{excluded:?}");
+    assert_eq!(excluded[0]["node"], "n2");
+    let why = excluded[0]["reason"].as_str().unwrap();
+    assert!(
+        why.contains("2 distinct units failed fast on it (a/0, b/0"),
+        "{why}"
+    );
+    let h = puzzletron::report::CampaignHistory::load(dir.path(), false).unwrap();
+    assert_eq!(h.excluded_nodes.len(), 1);
+    assert_eq!(h.excluded_nodes[0].1, "n2");
+}
+
+/// Issue 27, item 1: one unit failing fast twice on a node is not two units: the node stays
+/// in use (the unit's own retry avoids it).
+#[test]
+fn one_unit_failing_fast_twice_does_not_exclude_a_node() {
+    let s = sim(|unit, n| match (unit, n) {
+        ("a/0", 1 | 2) => MockScript::fails_after(Duration::from_secs(2), 1)
+            .before_start()
+            .with_nodes("n2"),
+        _ => MockScript::completes_after(Duration::from_secs(10)).with_nodes("n1"),
+    });
+    let marked = s.mock.clone().with_start_marks();
+    let dir = tempfile::tempdir().unwrap();
+    let p = plan(
+        json!([{"id": "a", "command": ["w"]}, {"id": "b", "needs": ["a"], "command": ["w"]}]),
+        json!({"defaults": {"failure_policy": "resume", "max_attempts": 3}}),
+    );
+    let mut ctl = controller(p, &s, dir.path())
+        .executor(Arc::new(marked))
+        .build()
+        .unwrap();
+    let report = rt().block_on(ctl.run(RunOptions::default())).unwrap();
+    assert!(report.is_complete(), "{report}");
+    assert_eq!(submits(&s.mock), ["a/0#1", "a/0#2", "a/0#3", "b/0#1"]);
+    assert_eq!(exclude_of(&s, "a/0", 3).as_deref(), Some("n2"));
+    assert_eq!(exclude_of(&s, "b/0", 1), None, "one unit: n2 not excluded");
+    assert!(
+        !journal(dir.path())
+            .iter()
+            .any(|e| e["t"] == "node_excluded")
+    );
 }
 
 #[test]
@@ -1155,12 +1250,12 @@ fn fail_fast_beyond_the_infra_budget_counts_as_transient_and_a_failure_after_pro
         json!({"defaults": {"failure_policy": "strict", "halt_policy": "drain"}}),
     );
     let mut ctl = controller(p, &s, dir.path())
-        .retry_policy(RetryPolicy {
-            jitter: 0.0,
-            transient_retries: 1,
-            infra_retries: 2,
-            ..RetryPolicy::default()
-        })
+        .retry_policy(
+            RetryPolicy::default()
+                .with_jitter(0.0)
+                .with_transient_retries(1)
+                .with_infra_retries(2),
+        )
         .build()
         .unwrap();
     let report = rt().block_on(ctl.run(RunOptions::default())).unwrap();
@@ -1441,4 +1536,63 @@ fn n10_resources_are_metadata_args_and_env_are_the_key() {
             }
         }
     }
+}
+
+/// Issue 27, item 2: the OOM kind reaches the journal (and the detail, with the cited line).
+#[test]
+fn the_oom_kind_is_journaled() {
+    let s = sim(|unit, n| match (unit, n) {
+        ("a/0", 1) => MockScript::ends_after(Duration::from_secs(5), JobState::OutOfMemory)
+            .with_exit_code(0)
+            .with_signal(125),
+        ("b/0", 1) => MockScript::fails_after(Duration::from_secs(5), 1)
+            .with_log("step 1\ntorch.OutOfMemoryError: CUDA out of memory.\n"),
+        _ => MockScript::completes_after(Duration::from_secs(5)),
+    });
+    let dir = tempfile::tempdir().unwrap();
+    let p = plan(
+        json!([{"id": "a", "command": ["w"]}, {"id": "b", "command": ["w"]}]),
+        json!({"defaults": {"failure_policy": "resume", "max_attempts": 3}}),
+    );
+    let mut ctl = controller(p, &s, dir.path())
+        .allow_oom_retry("a")
+        .allow_oom_retry("b")
+        .build()
+        .unwrap();
+    let report = rt().block_on(ctl.run(RunOptions::default())).unwrap();
+    assert!(report.is_complete(), "{report}");
+    let j = journal(dir.path());
+    let fin = |id: &str| {
+        j.iter()
+            .find(|e| e["t"] == "finished" && short(e["attempt_id"].as_str().unwrap()) == id)
+            .unwrap()
+            .clone()
+    };
+    let a = fin("a/0#1");
+    assert_eq!(
+        (a["class"].as_str(), a["oom"].as_str()),
+        (Some("oom"), Some("host")),
+        "{a}"
+    );
+    assert!(
+        a["detail"]
+            .as_str()
+            .unwrap()
+            .contains("exit 0:125: the main process exited 0"),
+        "{a}"
+    );
+    let b = fin("b/0#1");
+    assert_eq!(
+        (b["class"].as_str(), b["oom"].as_str()),
+        (Some("oom"), Some("gpu")),
+        "{b}"
+    );
+    assert!(
+        b["detail"]
+            .as_str()
+            .unwrap()
+            .contains(":2: torch.OutOfMemoryError"),
+        "{b}"
+    );
+    assert!(fin("a/0#2").get("oom").is_none());
 }

@@ -493,3 +493,58 @@ async fn until_running(exec: &BareMetalExecutor, h: &JobHandle) {
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
 }
+
+/// Issue 27 (P07 c): a host whose key changed (a known_hosts line with another key, ssh's
+/// `REMOTE HOST IDENTIFICATION HAS CHANGED` / `Host key verification failed.`, exit 255) is a
+/// host configuration error naming the host and the fix, never retried as a connection
+/// failure and never auto-accepted (the known_hosts file is left as it was).
+#[cfg_attr(
+    not(puzzletron_ssh_tests),
+    ignore = "needs the sshd hosts of scripts/ssh-hosts.sh: set PUZZLETRON_SSH_TESTS=1 (CONTRIBUTING.md)"
+)]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_changed_host_key_is_a_host_configuration_error_never_accepted() {
+    let Some(h) = ssh_hosts::hosts() else { return };
+    let _w = watchdog::Watchdog::start("changed_host_key", Duration::from_secs(120));
+    let state = tempfile::tempdir().unwrap();
+    let key = state.path().join("other");
+    let st = std::process::Command::new("ssh-keygen")
+        .args(["-q", "-t", "ed25519", "-N", "", "-f"])
+        .arg(&key)
+        .status()
+        .unwrap();
+    assert!(st.success());
+    let other = std::fs::read_to_string(key.with_extension("pub")).unwrap();
+    let kh = state.path().join("known_hosts");
+    let line = format!(
+        "[127.0.10.2]:2222 {}\n",
+        other
+            .split_whitespace()
+            .take(2)
+            .collect::<Vec<_>>()
+            .join(" ")
+    );
+    std::fs::write(&kh, &line).unwrap();
+    let exec = BareMetalExecutor::builder(state.path().join("s"))
+        .ssh_config(&h.config)
+        .ssh_option(format!("UserKnownHostsFile={}", kh.display()))
+        .host(&h.hosts[1], 4)
+        .build()
+        .unwrap();
+    let e = exec.preflight().await.unwrap_err();
+    let m = e.to_string();
+    assert!(
+        matches!(e, ExecutorError::HostPreflight { ref host, .. } if host == &h.hosts[1]),
+        "{m}"
+    );
+    assert!(
+        m.contains("changed or is unknown") && m.contains("never accepted automatically"),
+        "{m}"
+    );
+    assert!(!e.is_retryable(), "{m}");
+    assert_eq!(
+        std::fs::read_to_string(&kh).unwrap(),
+        line,
+        "never auto-accepted"
+    );
+}

@@ -452,7 +452,9 @@ fn edit_scenarios() {
     let new = o.decisions.iter().find(|d| d.0 == "run").unwrap();
     // The closest stored run differs in `lr` only (0.1 or 0.2: equally close).
     assert!(
-        new.2.starts_with("params changed: lr 0.") && new.2.ends_with(" -> 0.4"),
+        new.2
+            .starts_with("no record (nearest: params changed: lr 0.")
+            && new.2.ends_with(" -> 0.4)"),
         "{new:?}"
     );
     assert_eq!(o.skipped, 4);
@@ -474,10 +476,10 @@ fn edit_scenarios() {
         "{o:#?}"
     );
     assert!(
-        o.decisions
-            .iter()
-            .filter(|d| d.0 == "run")
-            .all(|d| d.2.starts_with("params changed: dropout 0.") && d.2.ends_with(" -> 0.25")),
+        o.decisions.iter().filter(|d| d.0 == "run").all(|d| d
+            .2
+            .starts_with("no record (nearest: params changed: dropout 0.")
+            && d.2.ends_with(" -> 0.25)")),
         "{o:#?}"
     );
 

@@ -13,14 +13,13 @@ fn a_notifier_that_never_reads_its_stdin_does_not_kill_the_sender() {
     unsafe { libc::signal(libc::SIGPIPE, libc::SIG_DFL) };
     // 4 MiB: more than any pipe buffer, so the write is still going when `true` exits, and
     // the rest of it meets a pipe with no reader (EPIPE, or SIGPIPE if it is not blocked).
-    let event = NotifyEvent {
-        event: "stage_done".into(),
-        campaign: PathBuf::from("/tmp/campaign"),
-        stage: Some("convert".into()),
-        message: "x".repeat(4 << 20),
-        at_ms: 0,
-        detail: serde_json::Value::Null,
-    };
+    let event = NotifyEvent::new(
+        "stage_done",
+        PathBuf::from("/tmp/campaign"),
+        "x".repeat(4 << 20),
+    )
+    .with_stage("convert")
+    .with_at_ms(0);
     let n = Notifier::new(vec!["true".into()])
         .unwrap()
         .timeout(Duration::from_secs(20));

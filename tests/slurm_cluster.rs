@@ -42,19 +42,16 @@ fn tmp() -> tempfile::TempDir {
 }
 
 fn fast_poll() -> PollPolicy {
-    PollPolicy {
-        min_interval: Duration::from_millis(250),
-        max_interval: Duration::from_secs(2),
-        missing_grace: Duration::from_secs(120),
-    }
+    PollPolicy::default()
+        .with_intervals(Duration::from_millis(250), Duration::from_secs(2))
+        .with_missing_grace(Duration::from_secs(120))
 }
 
 fn fast_retry() -> RetryPolicy {
-    RetryPolicy {
-        max_tries: 8,
-        base_delay: Duration::from_millis(100),
-        max_delay: Duration::from_secs(2),
-    }
+    RetryPolicy::default()
+        .with_max_tries(8)
+        .with_base_delay(Duration::from_millis(100))
+        .with_max_delay(Duration::from_secs(2))
 }
 
 fn exec(dir: &Path) -> SlurmExecutor {
@@ -462,11 +459,12 @@ async fn fault_injection_30_percent_exactly_50_jobs() {
     let e = SlurmExecutor::builder(dir.path().join("logs"))
         .bin_dir(&bin)
         .poll_policy(fast_poll())
-        .retry_policy(RetryPolicy {
-            max_tries: 12,
-            base_delay: Duration::from_millis(50),
-            max_delay: Duration::from_millis(500),
-        })
+        .retry_policy(
+            RetryPolicy::default()
+                .with_max_tries(12)
+                .with_base_delay(Duration::from_millis(50))
+                .with_max_delay(Duration::from_millis(500)),
+        )
         .build()
         .unwrap();
     static N: AtomicU32 = AtomicU32::new(0);
@@ -579,11 +577,11 @@ fn run_campaign_on_slurm(
         .executor(std::sync::Arc::new(exec(dir)))
         .campaign_dir(dir.join("campaign"))
         .poll_interval(Duration::from_millis(500), Duration::from_secs(1))
-        .retry_policy(CtlRetry {
-            base_delay: Duration::from_secs(1),
-            jitter: 0.0,
-            ..CtlRetry::default()
-        })
+        .retry_policy(
+            CtlRetry::default()
+                .with_base_delay(Duration::from_secs(1))
+                .with_jitter(0.0),
+        )
         .on_event(move |e| ev.lock().unwrap().push(e.clone()));
     let mut ctl = builder(b).build().unwrap();
     let rt = tokio::runtime::Builder::new_multi_thread()

@@ -76,16 +76,17 @@ exit $(cat "$d/{cmd}.rc" 2>/dev/null || echo 0)
     fn executor(&self) -> SlurmExecutor {
         SlurmExecutor::builder(self.dir.path().join("logs"))
             .bin_dir(self.dir.path())
-            .poll_policy(PollPolicy {
-                min_interval: Duration::ZERO,
-                max_interval: Duration::ZERO,
-                missing_grace: Duration::from_secs(300),
-            })
-            .retry_policy(RetryPolicy {
-                max_tries: 4,
-                base_delay: Duration::from_millis(1),
-                max_delay: Duration::from_millis(5),
-            })
+            .poll_policy(
+                PollPolicy::default()
+                    .with_intervals(Duration::ZERO, Duration::ZERO)
+                    .with_missing_grace(Duration::from_secs(300)),
+            )
+            .retry_policy(
+                RetryPolicy::default()
+                    .with_max_tries(4)
+                    .with_base_delay(Duration::from_millis(1))
+                    .with_max_delay(Duration::from_millis(5)),
+            )
             .build()
             .unwrap()
     }
@@ -328,16 +329,17 @@ async fn n02_slurmdbd_down_leaves_finished_jobs_accounting_pending() {
     let f = Fake::new();
     let e = SlurmExecutor::builder(f.path().join("logs"))
         .bin_dir(f.path())
-        .poll_policy(PollPolicy {
-            min_interval: Duration::ZERO,
-            max_interval: Duration::ZERO,
-            missing_grace: Duration::ZERO,
-        })
-        .retry_policy(RetryPolicy {
-            max_tries: 4,
-            base_delay: Duration::from_millis(1),
-            max_delay: Duration::from_millis(5),
-        })
+        .poll_policy(
+            PollPolicy::default()
+                .with_intervals(Duration::ZERO, Duration::ZERO)
+                .with_missing_grace(Duration::ZERO),
+        )
+        .retry_policy(
+            RetryPolicy::default()
+                .with_max_tries(4)
+                .with_base_delay(Duration::from_millis(1))
+                .with_max_delay(Duration::from_millis(5)),
+        )
         .build()
         .unwrap();
     f.set("sbatch.out", "4711\n");
@@ -653,11 +655,11 @@ async fn backoff_and_minimum_interval_limit_calls() {
     f.set("squeue.out", "4711|RUNNING|None|n1\n");
     let e = SlurmExecutor::builder(f.path().join("logs"))
         .bin_dir(f.path())
-        .poll_policy(PollPolicy {
-            min_interval: Duration::from_millis(200),
-            max_interval: Duration::from_secs(10),
-            missing_grace: Duration::from_secs(300),
-        })
+        .poll_policy(
+            PollPolicy::default()
+                .with_intervals(Duration::from_millis(200), Duration::from_secs(10))
+                .with_missing_grace(Duration::from_secs(300)),
+        )
         .build()
         .unwrap();
     let h = e.submit(&spec("job.a1")).await.unwrap();

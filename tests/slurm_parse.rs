@@ -10,10 +10,7 @@ fn r(id: u64) -> JobRef {
 }
 
 fn rc(id: u64, c: &str) -> JobRef {
-    JobRef {
-        cluster: Some(c.into()),
-        ..JobRef::new(id)
-    }
+    JobRef::new(id).with_cluster(c)
 }
 
 #[test]
@@ -271,10 +268,7 @@ fn id_fields() {
         one("5000_2.batch"),
         (JobRef::task(5000, 2), Some("batch".into()))
     );
-    let het = JobRef {
-        het_component: Some(1),
-        ..r(21)
-    };
+    let het = r(21).with_het_component(1);
     assert_eq!(one("21+1"), (het, None));
     assert_eq!(
         parse_id_field("5000_[3-10%2]").unwrap(),

@@ -66,12 +66,7 @@ fn directives_for_every_option() {
     let s = render(
         &spec,
         "/l/arr-%A_%a.out",
-        Some(ArrayOpts {
-            size: 8,
-            max_concurrent: Some(2),
-            chunk: 0,
-            offset: 0,
-        }),
+        Some(ArrayOpts::new(8).with_max_concurrent(Some(2))),
     )
     .unwrap();
     // The plan's form of the GPU request: per node.
@@ -415,10 +410,10 @@ fn n03_warning_signal_parse_table() {
     }
     // A hand-built spec with a bad name is refused before anything is rendered unquoted.
     let mut spec = AttemptSpec::new(id("n03.bad"), CommandSpec::new("true"));
-    spec.warning_signal = Some(WarningSignal {
-        signal: "USR2' $(touch /tmp/x) '".into(),
-        lead: Duration::from_secs(10),
-    });
+    spec.warning_signal = Some(WarningSignal::new(
+        "USR2' $(touch /tmp/x) '",
+        Duration::from_secs(10),
+    ));
     let e = spec.validate().unwrap_err().to_string();
     assert!(e.contains("warning_signal.signal"), "{e}");
     let e = render(&spec, "/l/x", None).unwrap_err().to_string();

@@ -106,11 +106,7 @@ fn a_store_without_exclusive_claims_fails_the_suite() {
         fn claim(&self, k: &Hash, o: &Owner, r: Option<u32>) -> Result<ClaimOutcome, StoreError> {
             // Bug: releases any existing claim first.
             if let Some(info) = self.0.claim_info(k)? {
-                let c = Claim {
-                    key: *k,
-                    owner: info.owner,
-                    attempt: 1,
-                };
+                let c = Claim::new(*k, info.owner, 1);
                 self.0.release(&c)?;
             }
             self.0.claim(k, o, r)

@@ -77,7 +77,7 @@ fn estale_scans_and_eacces_mkdirs_never_run_a_job_twice_nor_reach_the_user() {
             let (job, hook, root) = (job.clone(), hook.clone(), dir.path().join("store"));
             let lock = krate.lock();
             std::thread::spawn(move || {
-                let store = FsStore::open(root).unwrap().with_fault_hook(hook);
+                let store = FsStore::create(root).unwrap().with_fault_hook(hook);
                 let mut o = Orchestrator::builder()
                     .store(store)
                     .lock(lock)

@@ -123,7 +123,7 @@ fn child_entry_point() {
     };
     match mode.as_str() {
         "drain" => {
-            let store = FsStore::open(env("LIVE_STORE"))
+            let store = FsStore::create(env("LIVE_STORE"))
                 .unwrap()
                 .with_stale_after(Duration::from_millis(STALE_MS));
             let mut o = Orchestrator::builder()

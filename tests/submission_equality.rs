@@ -10,6 +10,8 @@
 //!   as the dry run renders it.
 //! - Local: the executor's own launch record (`launch.json` in the attempt folder) holds the
 //!   rendering the job was started from.
+//! - Ray (feature `ray`): a recording HTTP server in place of the dashboard keeps the body of
+//!   every `POST /api/jobs/` (and answers the preflight with one 8-GPU node).
 //!
 //! The specs come from `attempt_specs` (the controller's `attempt_spec`), the dry run from
 //! `dry_run` with the same executor. A change to either side alone (a directive added to the
@@ -114,6 +116,9 @@ fn runner_of_kind(own: &RunnerEnvironment, kind: &str) -> RunnerEnvironment {
         "slurm" => "runner:\n  kind: slurm\n  slurm: {account: vision, partition: batch, \
                     partition_interactive: interactive, qos: long, time_limit: \"2:00:00\"}\n"
             .to_string(),
+        "ray" => "runner:\n  kind: ray\n  ray: {address: \"http://127.0.0.1:1\", namespace: ns, \
+                  resources_per_gpu: {CPU: 2}}\n"
+            .to_string(),
         _ => format!(
             "runner:\n  kind: baremetal\n  inventory:\n    rendezvous_host: gpu-a\n    hosts: [{}]\n",
             ["a", "b", "c", "d", "e", "f", "g", "h"]
@@ -137,13 +142,20 @@ struct Tally {
 async fn check_plan(label: &str, plan: &CampaignPlan, root: &Path) -> Tally {
     let (bin, rec) = fakes(root);
     let dir = root.join("campaign");
-    let opts = DryRunOptions {
-        campaign_dir: dir.clone(),
-        tag: "T0".into(),
-        redact_secrets: false,
-        ..DryRunOptions::default()
-    };
+    let opts = DryRunOptions::default()
+        .with_campaign_dir(dir.clone())
+        .with_tag("T0")
+        .with_redact_secrets(false);
+    #[cfg(feature = "ray")]
+    let recorder = ray_recorder::Recorder::start();
     let exec: Box<dyn Executor> = match plan.runner.kind.as_str() {
+        #[cfg(feature = "ray")]
+        "ray" => {
+            // The executor `campaign run` builds (default_executor), on the recorder.
+            let mut at_recorder = plan.clone();
+            at_recorder.runner.ray.as_mut().unwrap().address = recorder.address();
+            puzzletron::campaign::default_executor(&at_recorder, &dir, &[], None).unwrap()
+        }
         "slurm" => Box::new(
             SlurmExecutor::builder(dir.join("slurm-logs"))
                 .bin_dir(&bin)
@@ -205,6 +217,19 @@ async fn check_plan(label: &str, plan: &CampaignPlan, root: &Path) -> Tally {
                     let s = exec.submit(spec).await.expect_err(&what);
                     assert_eq!(s.to_string(), e.to_string(), "{what}");
                     tally.refused += 1;
+                }
+                #[cfg(feature = "ray")]
+                Ok(r) if exec.kind() == "ray" => {
+                    exec.submit(spec)
+                        .await
+                        .unwrap_or_else(|e| panic!("{what}: {e}"));
+                    let bodies = recorder.take_bodies();
+                    assert_eq!(bodies.len(), 1, "{what}: one POST /api/jobs/");
+                    assert_eq!(r.files.len(), 1, "{what}");
+                    assert_eq!(
+                        bodies[0], r.files[0].content,
+                        "{what}: the job request body"
+                    );
                 }
                 Ok(r) => compare_submission(&what, exec.as_ref(), spec, &r, &rec, &dir).await,
             }
@@ -326,7 +351,10 @@ async fn every_reference_triple_submits_what_its_dry_run_shows_for_each_runner_k
             .iter()
             .map(|o| o.as_str().unwrap().parse().unwrap())
             .collect();
-        for kind in ["slurm", "local", "baremetal"] {
+        for kind in ["slurm", "local", "baremetal", "ray"] {
+            if kind == "ray" && !cfg!(feature = "ray") {
+                continue;
+            }
             let runner = runner_of_kind(&own, kind);
             let label = format!("{} with a {kind} runner", c["experiment"].as_str().unwrap());
             let plan = match compile_campaign_plan_with(
@@ -381,6 +409,93 @@ async fn every_reference_triple_submits_what_its_dry_run_shows_for_each_runner_k
             .filter(|l| l.contains(&format!("with a {kind} runner: ")) && l.ends_with(" 0 refused"))
             .count();
         assert!(n >= 5, "{kind}: {n} plans compared\n{seen:#?}");
+    }
+    // Ray: one node per instance, so plans with multi-node instances are refused at compile,
+    // naming the reason; the others are compared.
+    if cfg!(feature = "ray") {
+        let ray: Vec<&String> = seen
+            .iter()
+            .filter(|l| l.contains("with a ray runner: "))
+            .collect();
+        let compared = ray.iter().filter(|l| l.ends_with(" 0 refused")).count();
+        assert!(compared >= 3, "ray: {compared} plans compared\n{ray:#?}");
+        // A multi-node instance is refused by name (others, as under the local and
+        // bare-metal runners: a partition, the reference's own planning error).
+        assert!(
+            ray.iter()
+                .any(|l| l.contains("the nodes of one instance on a ray runner")),
+            "{ray:#?}"
+        );
+    }
+}
+
+/// A stand-in for the Ray dashboard: answers the preflight (`/api/version`, one live node
+/// with 8 GPUs) and keeps the body of every `POST /api/jobs/`.
+#[cfg(feature = "ray")]
+mod ray_recorder {
+    use std::io::{BufRead, BufReader, Read, Write};
+    use std::sync::{Arc, Mutex};
+
+    pub struct Recorder {
+        port: u16,
+        bodies: Arc<Mutex<Vec<String>>>,
+    }
+
+    impl Recorder {
+        pub fn start() -> Self {
+            let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+            let port = l.local_addr().unwrap().port();
+            let bodies = Arc::new(Mutex::new(Vec::new()));
+            let b = bodies.clone();
+            std::thread::spawn(move || {
+                for c in l.incoming() {
+                    let Ok(c) = c else { return };
+                    let mut r = BufReader::new(c);
+                    let mut line = String::new();
+                    if r.read_line(&mut line).is_err() {
+                        continue;
+                    }
+                    let mut len = 0usize;
+                    loop {
+                        let mut h = String::new();
+                        if r.read_line(&mut h).unwrap_or(0) == 0 || h == "\r\n" {
+                            break;
+                        }
+                        let lower = h.to_ascii_lowercase();
+                        if let Some(v) = lower.strip_prefix("content-length:") {
+                            len = v.trim().parse().unwrap_or(0);
+                        }
+                    }
+                    let mut body = vec![0u8; len];
+                    let _ = r.read_exact(&mut body);
+                    let answer = if line.starts_with("POST /api/jobs/ ") {
+                        b.lock()
+                            .unwrap()
+                            .push(String::from_utf8_lossy(&body).into_owned());
+                        r#"{"job_id": "x", "submission_id": "x"}"#.to_string()
+                    } else if line.starts_with("GET /api/version ") {
+                        r#"{"ray_version": "2.60.0"}"#.to_string()
+                    } else {
+                        r#"{"data": {"result": {"result": [{"state": "ALIVE", "resources_total": {"GPU": 8.0, "CPU": 128.0, "memory": 1e13}}]}}}"#.to_string()
+                    };
+                    let mut c = r.into_inner();
+                    let _ = write!(
+                        c,
+                        "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{answer}",
+                        answer.len()
+                    );
+                }
+            });
+            Self { port, bodies }
+        }
+
+        pub fn address(&self) -> String {
+            format!("http://127.0.0.1:{}", self.port)
+        }
+
+        pub fn take_bodies(&self) -> Vec<String> {
+            std::mem::take(&mut *self.bodies.lock().unwrap())
+        }
     }
 }
 

@@ -222,11 +222,9 @@ echo "{\"attempt\":$PUZZLETRON_ATTEMPT}" > "$out/scores.json"; touch "$out/_SUCC
         .plan(plan)
         .local(["0"])
         .campaign_dir(dir.path())
-        .retry_policy(RetryPolicy {
-            base_delay: Duration::from_millis(10),
-            ..RetryPolicy::default()
-        })
+        .retry_policy(RetryPolicy::default().with_base_delay(Duration::from_millis(10)))
         .poll_interval(Duration::from_millis(50), Duration::from_millis(200))
+        .output_visibility_wait(Duration::from_millis(500))
         .on_event(move |e| ev.lock().unwrap().push(e.clone()))
         .build()
         .unwrap();
@@ -247,7 +245,7 @@ echo "{\"attempt\":$PUZZLETRON_ATTEMPT}" > "$out/scores.json"; touch "$out/_SUCC
         .collect();
     assert_eq!(finished.len(), 2, "{finished:?}");
     assert!(
-        finished[1].contains("declared output `model.bin` is missing"),
+        finished[1].contains("but not visible after") && finished[1].contains("/model.bin"),
         "{finished:?}"
     );
     let (first, moved) = evs

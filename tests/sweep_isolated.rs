@@ -117,7 +117,7 @@ const TAGGED: &str = "tagged";
 
 fn open_tagged(location: &str) -> Result<Box<dyn Store>, puzzletron::store::StoreError> {
     let root = PathBuf::from(location);
-    let store = puzzletron::FsStore::open(&root)?;
+    let store = puzzletron::FsStore::create(&root)?;
     use std::io::Write;
     let mut f = std::fs::OpenOptions::new()
         .create(true)
@@ -249,7 +249,7 @@ fn user_store_isolated(base: &Path) {
 
     // A kind no opener was registered for is refused when the sweep is built.
     let other = Tagged(
-        puzzletron::FsStore::open(base.join("other")).unwrap(),
+        puzzletron::FsStore::create(base.join("other")).unwrap(),
         base.join("other"),
         "unknown-kind",
     );
@@ -508,6 +508,61 @@ fn crashes_fail_only_their_run(base: &Path) {
     println!("ok - crashes_fail_only_their_run");
 }
 
+/// Isolated drains degrade per run too: a corrupt record is left alone and named while the
+/// other runs run in workers; `repair(true)` moves it aside and a worker runs it again.
+fn corrupt_record_isolated(base: &Path) {
+    let root = base.join("store");
+    let sweep = |repair: bool| {
+        let mut o = Orchestrator::builder()
+            .store_root(&root)
+            .executor(local(base, 2))
+            .isolate(true)
+            .repair(repair)
+            .build()
+            .unwrap();
+        for x in 0..4 {
+            o.run(&job!(work), params(x, "ok", 0)).unwrap();
+        }
+        o
+    };
+    let mut o = sweep(false);
+    assert_eq!(o.drain().unwrap().ran(), 4);
+    let bad = o.enqueued()[1].key;
+    let file = root.join("jobs").join(bad.to_hex()).join("record.json");
+    std::fs::write(&file, b"{ truncated").unwrap();
+    // A run with no record yet, which must still run in a worker.
+    let other = o.enqueued()[2].key;
+    std::fs::remove_dir_all(root.join("jobs").join(other.to_hex())).unwrap();
+    let mut o = sweep(false);
+    let failed = o.drain().unwrap_err();
+    let s = &failed.summary;
+    assert_eq!(
+        (s.ran(), s.skipped(), s.corrupt()),
+        (1, 2, 1),
+        "{}",
+        s.report()
+    );
+    assert!(
+        matches!(&failed.cause, FailureCause::Corrupt { keys } if keys == &[bad]),
+        "{failed}"
+    );
+    assert!(
+        failed.to_string().contains(&file.display().to_string()),
+        "{failed}"
+    );
+    let mut o = sweep(true);
+    let s = o.drain().unwrap();
+    assert_eq!((s.ran(), s.skipped()), (1, 3), "{}", s.report());
+    let rec = o.store().record(&bad).unwrap().unwrap();
+    assert_eq!(rec.status, puzzletron::store::Status::Done);
+    assert_eq!(
+        std::fs::read_dir(root.join("corrupt")).unwrap().count(),
+        1,
+        "moved aside, kept"
+    );
+    println!("ok - corrupt_record_isolated");
+}
+
 /// How many runs of the store at `root` have started (each appends to its `runs` file).
 fn started(root: &Path) -> usize {
     std::fs::read_dir(root.join("jobs"))
@@ -733,16 +788,17 @@ fn killed_parent_loses_nothing(base: &Path) {
 #[cfg(feature = "slurm")]
 fn slurm(base: &Path, bin: Option<&Path>, retry_tries: u32) -> SlurmExecutor {
     let mut b = SlurmExecutor::builder(base.join("slurm-logs"))
-        .poll_policy(PollPolicy {
-            min_interval: Duration::from_millis(250),
-            max_interval: Duration::from_secs(2),
-            missing_grace: Duration::from_secs(120),
-        })
-        .retry_policy(RetryPolicy {
-            max_tries: retry_tries,
-            base_delay: Duration::from_millis(50),
-            max_delay: Duration::from_millis(500),
-        });
+        .poll_policy(
+            PollPolicy::default()
+                .with_intervals(Duration::from_millis(250), Duration::from_secs(2))
+                .with_missing_grace(Duration::from_secs(120)),
+        )
+        .retry_policy(
+            RetryPolicy::default()
+                .with_max_tries(retry_tries)
+                .with_base_delay(Duration::from_millis(50))
+                .with_max_delay(Duration::from_millis(500)),
+        );
     if let Some(bin) = bin {
         b = b.bin_dir(bin);
     }
@@ -886,6 +942,7 @@ fn main() {
     async_drivers(&tmp.path().join("g"));
     cancel_isolated_async(&tmp.path().join("h"));
     sigint_cancels_an_isolated_drain(&tmp.path().join("i"));
+    corrupt_record_isolated(&tmp.path().join("j"));
     // Slurm: the "compute nodes" are this machine, so a folder under /tmp is shared.
     #[cfg(feature = "slurm")]
     {

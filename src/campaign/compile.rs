@@ -57,6 +57,7 @@ use crate::identity::{Hash, Hasher};
 
 /// Restricts a plan to some stages, e.g. to re-run `mip` after its inputs are done.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[non_exhaustive]
 pub struct StageFilter {
     /// Stages to run.
     pub stages: Vec<String>,
@@ -191,6 +192,21 @@ fn reads(catalog: &StageCatalog, key: &str) -> bool {
         .any(|r| within(r, key) || within(key, r))
 }
 
+/// Whether a path has a `..` after a named folder (`runs/../../x`): it then is not the folder
+/// it reads as. Leading `..`s (`../runs/x`, as the reference MoE experiment's default
+/// `puzzle_dir`) name a root beside the working folder and are kept.
+pub(crate) fn climbs_back(path: &str) -> bool {
+    let mut named = false;
+    for c in Path::new(path).components() {
+        match c {
+            std::path::Component::ParentDir if named => return true,
+            std::path::Component::Normal(_) => named = true,
+            _ => {}
+        }
+    }
+    false
+}
+
 /// Keys the compiler reads besides the catalog's.
 const COMPILER_KEYS: [&str; 3] = ["puzzle_dir", "stages", "execution.gpus_per_node"];
 
@@ -249,6 +265,8 @@ pub fn compile_resolved(
     stage_filter: Option<&StageFilter>,
 ) -> Result<CampaignPlan, PlanError> {
     check_recognised(label, &config, catalog)?;
+    let unchecked_keys =
+        super::keys::check_experiment_keys(label, &config, catalog, &COMPILER_KEYS)?;
     let resolved = catalog.resolve(label, &config)?;
     check_execution_stage_ids(label, &config, catalog, execution, &resolved)?;
 
@@ -343,8 +361,17 @@ pub fn compile_resolved(
         check_limits(runner, stage)?;
     }
     let puzzle_dir = match get(&config, "puzzle_dir") {
-        Some(Value::String(s)) => Some(s.clone()),
-        _ => None,
+        None | Some(Value::Null) => None,
+        Some(Value::String(s)) if !climbs_back(s) && !s.is_empty() => Some(s.clone()),
+        Some(other) => {
+            return Err(super::schema::invalid(
+                label,
+                "puzzle_dir",
+                other,
+                "a folder path without `..` after a folder name (the root of the campaign's \
+                 outputs, written as it is: `../runs/x` is fine, `runs/../../x` is not)",
+            ));
+        }
     };
     Ok(CampaignPlan {
         experiment_config_path: label.to_string(),
@@ -356,6 +383,7 @@ pub fn compile_resolved(
             .filter(|o| !reads(catalog, &o.key.to_string()))
             .map(ToString::to_string)
             .collect(),
+        unchecked_keys,
         runner: runner.clone(),
         execution_defaults: defaults,
         catalog: catalog.name.clone(),
@@ -432,6 +460,7 @@ fn default_gpus_per_node(
             .as_ref()
             .and_then(|i| i.hosts.iter().map(|h| h.gpus).filter(|&g| g > 0).min()),
         RunnerKind::Local => runner.local.as_ref().and_then(|l| l.gpus),
+        RunnerKind::Ray => runner.ray.as_ref().and_then(|r| r.gpus_per_node),
         RunnerKind::Slurm => None,
     };
     Ok(from_runner.unwrap_or(8))
@@ -593,6 +622,11 @@ fn too_many_nodes_advice(
         RunnerKind::Local => format!(
             "a local runner has one machine: {gpn} (`runner.local.gpus`), {shrink}, or use a Slurm runner"
         ),
+        RunnerKind::Ray => format!(
+            "a ray runner runs each instance as one Ray job on one node: {gpn} \
+             (`runner.ray.gpus_per_node`), {shrink}, or use a Slurm or baremetal runner for \
+             multi-node instances"
+        ),
     };
     (why, fix)
 }
@@ -661,6 +695,13 @@ fn check_limits(runner: &RunnerEnvironment, stage: &StagePlan) -> Result<(), Pla
                         ),
                     });
                 }
+            }
+        }
+        RunnerKind::Ray => {
+            // One job per instance, each on one node (single-node torchrun at most).
+            let a = &stage.spec.allocation;
+            if a.nodes_per_instance > 1 {
+                return Err(too_many("the nodes of one instance on a ray runner", 1));
             }
         }
         RunnerKind::Local => {
@@ -1030,7 +1071,8 @@ impl RendezvousAllocator for PlanRendezvous<'_> {
         self.next += 1;
         let master_addr = match self.runner.kind {
             RunnerKind::Slurm => MasterAddr::FirstNodeOfGroup,
-            RunnerKind::Local => MasterAddr::Host("127.0.0.1".into()),
+            // One node per instance there: torchrun's rendezvous is on its own node.
+            RunnerKind::Local | RunnerKind::Ray => MasterAddr::Host("127.0.0.1".into()),
             RunnerKind::Baremetal => {
                 let inv = self.runner.inventory.as_ref();
                 let hosts: Vec<&str> = inv

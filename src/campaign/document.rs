@@ -11,6 +11,7 @@ use super::plan_error::PlanError;
 /// `execution_defaults` of a plan document.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
+#[non_exhaustive]
 pub struct DefaultsDocument {
     /// `strict` / `resume`.
     pub failure_policy: String,
@@ -23,6 +24,7 @@ pub struct DefaultsDocument {
 /// One entry of `stages` in a plan document.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
+#[non_exhaustive]
 pub struct StageDocument {
     /// Stage id.
     pub stage_id: String,
@@ -60,6 +62,7 @@ pub struct StageDocument {
 /// One entry of `dry_run_submissions`: the task layout of one stage submission.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
+#[non_exhaustive]
 pub struct SubmissionDocument {
     /// Stage id.
     pub stage_id: String,
@@ -88,6 +91,7 @@ pub struct SubmissionDocument {
 /// A plan document: what [`plan_to_dict`] writes and [`load_plan_document`] reads.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
+#[non_exhaustive]
 pub struct PlanDocument {
     /// Experiment config path as given.
     pub experiment_config_path: String,

@@ -29,6 +29,7 @@ use crate::executor::{AttemptId, AttemptSpec, Executor, Rendering};
 
 /// Options of [`dry_run`].
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[non_exhaustive]
 pub struct DryRunOptions {
     /// Attempt number rendered (1 for the first submission).
     pub attempt: u32,
@@ -74,8 +75,47 @@ impl Default for DryRunOptions {
     }
 }
 
+impl DryRunOptions {
+    /// Sets [`attempt`](Self::attempt).
+    pub fn with_attempt(mut self, attempt: u32) -> Self {
+        self.attempt = attempt;
+        self
+    }
+
+    /// Sets [`redact_secrets`](Self::redact_secrets).
+    pub fn with_redact_secrets(mut self, redact_secrets: bool) -> Self {
+        self.redact_secrets = redact_secrets;
+        self
+    }
+
+    /// Sets [`exclude_nodes`](Self::exclude_nodes).
+    pub fn with_exclude_nodes(mut self, exclude_nodes: Vec<String>) -> Self {
+        self.exclude_nodes = exclude_nodes;
+        self
+    }
+
+    /// Sets [`campaign_dir`](Self::campaign_dir).
+    pub fn with_campaign_dir(mut self, campaign_dir: impl Into<PathBuf>) -> Self {
+        self.campaign_dir = campaign_dir.into();
+        self
+    }
+
+    /// Sets [`tag`](Self::tag).
+    pub fn with_tag(mut self, tag: impl Into<String>) -> Self {
+        self.tag = tag.into();
+        self
+    }
+
+    /// Sets [`revision`](Self::revision).
+    pub fn with_revision(mut self, revision: u32) -> Self {
+        self.revision = revision;
+        self
+    }
+}
+
 /// One unit's job: its spec's identity and the executor's rendering of it.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[non_exhaustive]
 pub struct JobSubmission {
     /// The unit (`score/3`, `score/agg`).
     pub unit: String,
@@ -89,6 +129,7 @@ pub struct JobSubmission {
 
 /// What one stage's attempts would submit.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[non_exhaustive]
 pub struct StageSubmission {
     /// Stage id.
     pub stage_id: String,
@@ -105,6 +146,7 @@ pub struct StageSubmission {
 
 /// The dry run of a plan.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[non_exhaustive]
 pub struct DryRun {
     /// The executor kind that rendered the jobs.
     pub executor: String,
@@ -121,6 +163,7 @@ pub struct DryRun {
 
 /// What a manual decision stage will ask (it submits no job).
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[non_exhaustive]
 pub struct DecisionPreview {
     /// Stage id.
     pub stage_id: String,
@@ -188,6 +231,7 @@ pub fn item_argv(
 
 /// The attempt specs of one stage, as the controller builds them.
 #[derive(Clone, Debug)]
+#[non_exhaustive]
 pub struct StageSpecs {
     /// Stage id.
     pub stage_id: String,
@@ -302,7 +346,66 @@ pub fn default_executor(
                 .build()
                 .map_err(bad)?,
         ),
+        // Every job's metadata names the campaign folder (the same in a restarted controller).
+        #[cfg(feature = "ray")]
+        RunnerKind::Ray => Box::new(
+            plan.runner
+                .ray_executor(
+                    &crate::executor::resolve_dir(dir)
+                        .map_err(bad)?
+                        .display()
+                        .to_string(),
+                )?
+                .build()
+                .map_err(bad)?,
+        ),
+        #[cfg(not(feature = "ray"))]
+        RunnerKind::Ray => {
+            return Err(PlanError::WorkPlan {
+                stage: "*".into(),
+                reason: "the ray runner needs puzzletron's `ray` feature".into(),
+            });
+        }
     })
+}
+
+/// Why `program` would not start from `cwd` with `path` (the `PATH` value), if it would not:
+/// a word with a `/` must name an executable file (relative to `cwd`), a bare word must be
+/// an executable file in one of `path`'s folders. `None` when it resolves.
+pub fn program_problem(
+    program: &str,
+    cwd: Option<&std::path::Path>,
+    path: Option<&std::ffi::OsStr>,
+) -> Option<String> {
+    use std::os::unix::fs::PermissionsExt;
+    let runnable = |p: &std::path::Path| {
+        std::fs::metadata(p).is_ok_and(|m| m.is_file() && m.permissions().mode() & 0o111 != 0)
+    };
+    let here = cwd.map_or_else(|| ".".to_string(), |c| c.display().to_string());
+    if program.contains('/') {
+        let p = std::path::Path::new(program);
+        let full = match cwd {
+            Some(c) if p.is_relative() => c.join(p),
+            _ => p.to_path_buf(),
+        };
+        return (!runnable(&full)).then(|| {
+            format!(
+                "program `{program}` is not an executable file ({}; working directory {here})",
+                full.display()
+            )
+        });
+    }
+    let dirs: Vec<std::path::PathBuf> = path
+        .map(|p| std::env::split_paths(p).collect())
+        .unwrap_or_default();
+    if dirs.iter().any(|d| runnable(&d.join(program))) {
+        return None;
+    }
+    Some(format!(
+        "program `{program}` not found in PATH={} (working directory {here}): `campaign run` would fail it as a configuration error",
+        path.map(|p| p.to_string_lossy().into_owned())
+            .unwrap_or_default()
+    ))
 }
 
 /// Renders what each stage's first attempts would submit, through `executor`'s
@@ -323,6 +426,19 @@ pub fn dry_run(
             continue;
         };
         let mut jobs = Vec::with_capacity(specs.units.len());
+        // Issue 27: the first word of a local command resolves (a missing program is a
+        // configuration error; better seen here than after a submit).
+        let mut missing_program = None;
+        if plan.runner.kind == super::runner::RunnerKind::Local
+            && let Some((_, _, spec)) = specs.units.first()
+        {
+            missing_program = program_problem(
+                spec.command.argv.first().map_or("", String::as_str),
+                spec.command.cwd.as_deref(),
+                std::env::var_os("PATH").as_deref(),
+            )
+            .map(|p| format!("stage {}: {p}", stage.stage_id));
+        }
         for (unit, work_id, spec) in specs.units {
             let r = executor.render(&spec).map_err(|e| PlanError::WorkPlan {
                 stage: stage.stage_id.clone(),
@@ -361,6 +477,8 @@ pub fn dry_run(
             ),
             None => Vec::new(),
         };
+        let mut warnings = warnings;
+        warnings.extend(missing_program);
         submissions.push(StageSubmission {
             stage_id: stage.stage_id.clone(),
             attempt: options.attempt,
@@ -431,6 +549,7 @@ fn placement_lines(plan: &CampaignPlan, stage: &StagePlan) -> Vec<String> {
                     .unwrap_or_else(|| format!("<no host {n}>")),
                 RunnerKind::Slurm => format!("allocation node {n}"),
                 RunnerKind::Local => "localhost".into(),
+                RunnerKind::Ray => format!("ray node {n} (Ray picks it)"),
             };
             format!(
                 "node {n} ({name}, {}/{} GPUs): {text}",
@@ -552,4 +671,40 @@ pub fn render_dry_run(
         super::summary::PlanSummary::of(plan)
     );
     Ok(s)
+}
+
+#[cfg(test)]
+mod program_tests {
+    use super::program_problem;
+
+    /// Issue 27, item 4: the dry run checks that a local command's first word resolves.
+    #[test]
+    fn the_first_word_of_a_command_must_resolve() {
+        let dir = tempfile::tempdir().unwrap();
+        let bin = dir.path().join("bin");
+        std::fs::create_dir(&bin).unwrap();
+        let tool = bin.join("tool");
+        std::fs::write(&tool, "#!/bin/sh\n").unwrap();
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(&tool, std::fs::Permissions::from_mode(0o755)).unwrap();
+        std::fs::write(bin.join("data"), "x").unwrap();
+        let path = std::ffi::OsString::from(format!("/nonexistent:{}", bin.display()));
+        let check = |p: &str| program_problem(p, Some(dir.path()), Some(&path));
+        assert_eq!(check("tool"), None);
+        assert_eq!(check("bin/tool"), None, "relative to the working directory");
+        assert_eq!(check(&tool.display().to_string()), None);
+        let e = check("pythn").unwrap();
+        assert!(
+            e.starts_with("program `pythn` not found in PATH=/nonexistent:")
+                && e.contains(&format!("working directory {}", dir.path().display())),
+            "{e}"
+        );
+        let e = check("data").unwrap();
+        assert!(
+            e.contains("program `data` not found"),
+            "not executable: {e}"
+        );
+        let e = check("./missing.sh").unwrap();
+        assert!(e.contains("is not an executable file"), "{e}");
+    }
 }

@@ -86,6 +86,7 @@ str_enum! {
 
 /// `execution.defaults`.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[non_exhaustive]
 pub struct ExecutionDefaults {
     /// Default failure policy of every stage.
     pub failure_policy: FailurePolicy,
@@ -111,6 +112,7 @@ impl Default for ExecutionDefaults {
 /// `execution.stages.<id>`: settings of one stage; `None` fields fall back to the catalog and
 /// the defaults.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[non_exhaustive]
 pub struct StageExecutionConfig {
     /// Strategy override.
     pub strategy: Option<Strategy>,
@@ -140,6 +142,7 @@ pub struct StageExecutionConfig {
 
 /// A parsed execution config.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[non_exhaustive]
 pub struct ExecutionConfig {
     /// `execution.defaults`.
     pub defaults: ExecutionDefaults,
@@ -411,6 +414,7 @@ pub const MIN_WARNING_LEAD: std::time::Duration = std::time::Duration::from_secs
 
 /// The compiled execution of one stage: everything the controller needs to run it.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[non_exhaustive]
 pub struct StageExecutionSpec {
     /// How work is split.
     pub strategy: Strategy,

@@ -87,6 +87,7 @@ fn check_plan(plan: &CampaignPlan) {
 
 /// What [`compile`] did with an input.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum CompileOutcome {
     /// Not UTF-8 or not loadable YAML: nothing to compile.
     Skipped,

@@ -19,6 +19,7 @@ use super::schema::{AtLeast, check_keys, expect_map, expect_u32, invalid, join, 
 /// expert, `dp_shard` sharded (FSDP) data, `dp_replicate` replicated data parallelism. Every
 /// size is >= 1.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[non_exhaustive]
 pub struct ParallelMesh {
     /// Tensor parallel size.
     pub tp: u32,
@@ -142,6 +143,7 @@ impl ParallelMesh {
 /// A partial mesh: the sizes it names replace those of a base mesh (an execution config's
 /// per-stage `parallel:`).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[non_exhaustive]
 pub struct ParallelMeshOverride {
     /// Tensor parallel size, if overridden.
     pub tp: Option<u32>,
@@ -224,6 +226,7 @@ impl From<RawMesh> for ParallelMeshOverride {
 /// Where one instance runs: a contiguous range of GPUs on one node, or (for an instance larger
 /// than a node) all GPUs of a contiguous range of nodes.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[non_exhaustive]
 pub struct InstancePlacement {
     /// Index of the first node (0-based within the allocation).
     pub node: u32,
@@ -250,6 +253,7 @@ impl InstancePlacement {
 /// The result of [`pack_gpu_allocation`]: how many nodes a stage needs and where each instance
 /// runs.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[non_exhaustive]
 pub struct GpuAllocation {
     /// Number of instances.
     pub instances: u32,
@@ -399,6 +403,7 @@ pub fn pack_gpu_allocation(
 /// A vLLM serving topology after normalization: explicit sizes, and vLLM's boolean
 /// `enable_expert_parallel` turned into an explicit `expert_parallel_size`.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[non_exhaustive]
 pub struct VllmTopology {
     /// `tensor_parallel_size` (alias `tp`).
     pub tensor_parallel_size: u32,

@@ -14,7 +14,8 @@
 //!   runs a plan (journal, lease, recovery, failure classes, policies, pools).
 //! - The runner ([`RunnerEnvironment`], with [`SlurmTime`] limits) and execution
 //!   ([`ExecutionConfig`]) schemas.
-//! - The stage graph as data ([`StageCatalog::puzzle`], user catalogs).
+//! - The stage graph as data ([`StageCatalog::puzzle`], user catalogs: the `stages:` YAML
+//!   grammar is documented on [`StageCatalog::from_config`]).
 //! - [`ParallelMesh`], [`pack_gpu_allocation`], [`normalize_vllm_topology`].
 //! - [`compile_campaign_plan`] (overrides as [`config::Override`]s) -> [`CampaignPlan`]
 //!   ([`StagePlan`], [`WorkPlan`]).
@@ -31,6 +32,7 @@ pub(crate) mod execution;
 #[cfg(feature = "fuzzing")]
 #[cfg_attr(docsrs, doc(cfg(feature = "fuzzing")))]
 pub mod fuzzing;
+mod keys;
 mod mesh;
 mod plan;
 mod plan_error;

@@ -10,6 +10,7 @@ use crate::identity::Hash;
 
 /// One stage of a compiled plan.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[non_exhaustive]
 pub struct StagePlan {
     /// Stage id.
     pub stage_id: String,
@@ -45,6 +46,7 @@ pub struct StagePlan {
 /// keep, journals the choice and writes it to the stage's output folder
 /// (`work/<stage>/0/selected.json`). It uses no GPU and no node.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[non_exhaustive]
 pub struct ManualDecision {
     /// The stage whose work items are the candidates (the node's `input`, else `mip`).
     pub input: String,
@@ -53,10 +55,21 @@ pub struct ManualDecision {
     pub candidates: Vec<String>,
 }
 
+impl ManualDecision {
+    /// A choice among `candidates` (work ids of stage `input`'s work items, in plan order).
+    pub fn new(input: impl Into<String>, candidates: Vec<String>) -> Self {
+        Self {
+            input: input.into(),
+            candidates,
+        }
+    }
+}
+
 /// A compiled campaign: the stage DAG in topological order, each stage's execution spec and
 /// work plan, and the contract hash. Produced by
 /// [`compile_campaign_plan`](super::compile_campaign_plan); pure data.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[non_exhaustive]
 pub struct CampaignPlan {
     /// The experiment config path as given.
     pub experiment_config_path: String,
@@ -70,6 +83,11 @@ pub struct CampaignPlan {
     /// unchanged in the resolved config, not checked.
     #[serde(default)]
     pub unchecked_overrides: Vec<String>,
+    /// The top-level keys of the experiment that neither the compiler nor the stage catalog
+    /// reads, in document order: passed to the workers in the resolved config, not checked
+    /// (a key close to one the compiler reads is refused instead, as a likely typo).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub unchecked_keys: Vec<String>,
     /// The runner.
     pub runner: RunnerEnvironment,
     /// Execution defaults.

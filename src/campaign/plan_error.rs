@@ -24,6 +24,25 @@ pub enum PlanError {
         /// The keys valid at that position.
         valid: Vec<String>,
     },
+    /// A key the compiler does not read, within a small edit distance of one it reads at the
+    /// same place: most likely a typo that would silently change what runs (a misspelt stage
+    /// switch leaves the stage on).
+    #[error(
+        "{file}: unknown key `{path}` = {value} is one typo away from `{known}`, which the compiler \
+         reads: rename it to `{}` (did you mean `{}`?); a new key meant for the workers needs a \
+         name that is not so close to one the compiler reads",
+        .known.rsplit('.').next().unwrap_or(.known), .known.rsplit('.').next().unwrap_or(.known)
+    )]
+    NearKnownKey {
+        /// The file the key came from (`file:line:column` once located).
+        file: String,
+        /// Dotted key path of the key, e.g. `replacement_scoring.enable`.
+        path: String,
+        /// Its value, rendered short.
+        value: String,
+        /// Dotted key path of the key the compiler reads, e.g. `replacement_scoring.enabled`.
+        known: String,
+    },
     /// A value of the wrong type or out of range.
     #[error("{file}: `{path}` = {value}: expected {expected}")]
     InvalidValue {
@@ -267,6 +286,17 @@ impl PlanError {
                 path,
                 value,
                 expected,
+            },
+            PlanError::NearKnownKey {
+                file,
+                path,
+                value,
+                known,
+            } => PlanError::NearKnownKey {
+                file: at(&file, &path).unwrap_or(file),
+                path,
+                value,
+                known,
             },
             PlanError::MissingField {
                 file,

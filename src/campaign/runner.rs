@@ -1,4 +1,4 @@
-//! The runner config: where stages run (`local`, `slurm`, `baremetal`) and the
+//! The runner config: where stages run (`local`, `slurm`, `baremetal`, `ray`) and the
 //! [`ExecutionContract`] every worker runs under.
 //!
 //! ```yaml
@@ -6,6 +6,22 @@
 //!   kind: slurm
 //!   slurm: {account: acct, partition: [a, b], time_limit: "4:00:00", max_nodes: 20}
 //!   execution_contract: {repository: /opt/src, venv: /venv, container: image}
+//! ```
+//!
+//! A Ray cluster (the Jobs API of its dashboard; the campaign folder on a filesystem its
+//! nodes share):
+//!
+//! ```yaml
+//! runner:
+//!   kind: ray
+//!   ray:
+//!     address: http://127.0.0.1:8265
+//!     token_env: RAY_TOKEN            # optional: the variable holding the cluster's token
+//!     namespace: my-team              # optional: RAY_NAMESPACE of the jobs' drivers
+//!     resources_per_gpu: {CPU: 4}     # optional: reserved per GPU of a job
+//!     gpus_per_node: 8                # the GPU nodes' size, for packing (default 8)
+//!     autoscaler: false               # true: nodes are added on demand (KubeRay)
+//!   execution_contract: {repository: /shared/src, venv: /shared/venv}
 //! ```
 
 use std::fmt;
@@ -29,15 +45,18 @@ pub enum RunnerKind {
     Slurm,
     /// Hosts reached over SSH, from an inventory.
     Baremetal,
+    /// Jobs of a Ray cluster, through its dashboard's Jobs API (feature `ray`).
+    Ray,
 }
 
 impl RunnerKind {
-    /// The config spelling: `local`, `slurm`, `baremetal`.
+    /// The config spelling: `local`, `slurm`, `baremetal`, `ray`.
     pub fn as_str(&self) -> &'static str {
         match self {
             RunnerKind::Local => "local",
             RunnerKind::Slurm => "slurm",
             RunnerKind::Baremetal => "baremetal",
+            RunnerKind::Ray => "ray",
         }
     }
 }
@@ -45,6 +64,7 @@ impl RunnerKind {
 /// One or more Slurm partitions; Slurm takes a comma-separated list of eligible partitions.
 /// Read from a string (`"a"` or `"a,b"`) or a list of strings.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Hash, Serialize)]
+#[non_exhaustive]
 pub struct Partitions(pub Vec<String>);
 
 impl Partitions {
@@ -130,6 +150,7 @@ impl<'de> Deserialize<'de> for Partitions {
 
 /// Slurm settings of a `slurm` runner.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[non_exhaustive]
 pub struct SlurmSettings {
     /// `--account`.
     pub account: Option<String>,
@@ -188,6 +209,7 @@ pub use crate::executor::baremetal::{BaremetalInventory, Host};
 
 /// Settings of a `local` runner.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[non_exhaustive]
 pub struct LocalSettings {
     /// How many GPUs of this machine the plan may use (the node size GPU packing assumes, an
     /// integer >= 1; a count, not `CUDA_VISIBLE_DEVICES` ids); `None` = all, as the executor
@@ -197,8 +219,45 @@ pub struct LocalSettings {
     pub log_dir: Option<String>,
 }
 
+/// An amount of a Ray resource (CPUs, bytes of memory, a custom resource), compared by its
+/// bits so runner configs stay `Eq`.
+#[derive(Clone, Copy, Debug, Serialize, Deserialize)]
+#[serde(transparent)]
+pub struct RayAmount(pub f64);
+
+impl PartialEq for RayAmount {
+    fn eq(&self, other: &Self) -> bool {
+        self.0.to_bits() == other.0.to_bits()
+    }
+}
+
+impl Eq for RayAmount {}
+
+/// Settings of a `ray` runner.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RaySettings {
+    /// The dashboard's Jobs API, `http://host:port` (Ray's default port is 8265).
+    pub address: String,
+    /// The name of the environment variable holding the cluster's auth token (never the
+    /// token: it is read when the executor is built and never written).
+    pub token_env: Option<String>,
+    /// The Ray namespace of the jobs' drivers.
+    pub namespace: Option<String>,
+    /// Ray resources reserved per GPU of a job (`CPU`, `memory` in bytes, custom names).
+    pub resources_per_gpu: std::collections::BTreeMap<String, RayAmount>,
+    /// GPUs of the cluster's GPU nodes, the node size GPU packing assumes (default 8).
+    pub gpus_per_node: Option<u32>,
+    /// The cluster adds nodes on demand: a job larger than today's nodes is submitted (it
+    /// pends) instead of refused.
+    #[serde(default)]
+    pub autoscaler: bool,
+    /// Folder for job logs, relative to the campaign folder (as for Slurm).
+    pub log_dir: Option<String>,
+}
+
 /// A runner config: the kind of machines, their settings and the execution contract.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[non_exhaustive]
 pub struct RunnerEnvironment {
     /// Which machines.
     pub kind: RunnerKind,
@@ -208,6 +267,9 @@ pub struct RunnerEnvironment {
     pub inventory: Option<BaremetalInventory>,
     /// Local settings (`kind: local`).
     pub local: Option<LocalSettings>,
+    /// Ray settings (present iff `kind` is `ray`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ray: Option<RaySettings>,
     /// What workers run under.
     pub execution_contract: ExecutionContract,
 }
@@ -220,6 +282,7 @@ impl RunnerEnvironment {
             slurm: None,
             inventory: None,
             local: Some(LocalSettings::default()),
+            ray: None,
             execution_contract: ExecutionContract::default(),
         }
     }
@@ -270,7 +333,7 @@ impl RunnerEnvironment {
             return Err(PlanError::MissingField {
                 file: file.into(),
                 path: "runner.kind".into(),
-                expected: "local, slurm or baremetal".into(),
+                expected: "local, slurm, baremetal or ray".into(),
             });
         };
         let wrong_section = |section: &str| PlanError::InvalidValue {
@@ -288,6 +351,10 @@ impl RunnerEnvironment {
                                      `execution_contract`)",
                     (RunnerKind::Local, _) => "a local runner takes `local: {gpus, log_dir}`",
                     (RunnerKind::Baremetal, _) => "a baremetal runner takes `inventory`",
+                    (RunnerKind::Ray, _) =>
+                        "a ray runner takes `ray: {address, token_env, \
+                                             namespace, resources_per_gpu, gpus_per_node, \
+                                             autoscaler, log_dir}`",
                 },
                 kind = kind.as_str()
             ),
@@ -317,6 +384,18 @@ impl RunnerEnvironment {
                 log_dir: raw.log_dir,
             }),
             (None, RunnerKind::Local) => Some(LocalSettings::default()),
+            (None, _) => None,
+        };
+        let ray = match (runner.ray, kind) {
+            (Some(_), k) if k != RunnerKind::Ray => return Err(wrong_section("ray")),
+            (Some(raw), _) => Some(raw.into_settings(file)?),
+            (None, RunnerKind::Ray) => {
+                return Err(PlanError::MissingField {
+                    file: file.into(),
+                    path: "runner.ray".into(),
+                    expected: "the Ray settings, at least `address: http://HOST:8265`".into(),
+                });
+            }
             (None, _) => None,
         };
         let execution_contract = runner
@@ -352,6 +431,7 @@ impl RunnerEnvironment {
             slurm,
             inventory,
             local,
+            ray,
             execution_contract,
         };
         if let Some(d) = env.log_dir() {
@@ -406,6 +486,41 @@ impl RunnerEnvironment {
             .contract(&self.execution_contract))
     }
 
+    /// A [`RayExecutorBuilder`](crate::executor::RayExecutorBuilder) for this runner's
+    /// cluster, namespace, token variable, resources per GPU and contract, tagging every job
+    /// with `campaign_tag` (feature `ray`).
+    ///
+    /// # Errors
+    /// [`PlanError::InvalidValue`] naming `runner.kind` when the runner is not `ray`.
+    #[cfg(feature = "ray")]
+    pub fn ray_executor(
+        &self,
+        campaign_tag: &str,
+    ) -> Result<crate::executor::RayExecutorBuilder, PlanError> {
+        let Some(r) = self.ray.as_ref().filter(|_| self.kind == RunnerKind::Ray) else {
+            return Err(PlanError::InvalidValue {
+                file: "<runner>".into(),
+                path: "runner.kind".into(),
+                value: self.kind.as_str().into(),
+                expected: "ray (with a `ray:` section) for the Ray executor".into(),
+            });
+        };
+        let mut b = crate::executor::RayExecutor::builder(r.address.clone())
+            .campaign_tag(campaign_tag)
+            .autoscaler(r.autoscaler)
+            .contract(&self.execution_contract);
+        if let Some(t) = &r.token_env {
+            b = b.token_env(t.clone());
+        }
+        if let Some(ns) = &r.namespace {
+            b = b.namespace(ns.clone());
+        }
+        for (k, v) in &r.resources_per_gpu {
+            b = b.resource_per_gpu(k.clone(), v.0);
+        }
+        Ok(b)
+    }
+
     /// The values still reading `REPLACE_WITH_...` (the placeholders of the shared runner
     /// files), as `(key path, value)` sorted by key path: `runner.slurm.account`,
     /// `runner.slurm.partition[0]`, `runner.execution_contract.prerun_commands[1]`, ...
@@ -444,6 +559,7 @@ impl RunnerEnvironment {
         match self.kind {
             RunnerKind::Slurm => self.slurm.as_ref().and_then(|s| s.log_dir.as_deref()),
             RunnerKind::Local => self.local.as_ref().and_then(|l| l.log_dir.as_deref()),
+            RunnerKind::Ray => self.ray.as_ref().and_then(|r| r.log_dir.as_deref()),
             RunnerKind::Baremetal => None,
         }
     }
@@ -489,20 +605,21 @@ struct RunnerFile {
 #[derive(Deserialize)]
 #[serde(
     deny_unknown_fields,
-    expecting = "a runner mapping {kind, slurm, inventory, local, execution_contract}"
+    expecting = "a runner mapping {kind, slurm, inventory, local, ray, execution_contract}"
 )]
 struct RawRunner {
     kind: Option<RunnerKind>,
     slurm: Option<RawSlurm>,
     inventory: Option<RawInventory>,
     local: Option<RawLocal>,
+    ray: Option<RawRay>,
     execution_contract: Option<RawContract>,
 }
 
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields, expecting = "a mapping of Slurm settings")]
 struct RawSlurm {
-    account: Option<String>,
+    account: Option<OneLine>,
     partition: Option<Partitions>,
     partition_interactive: Option<Partitions>,
     partition_batch: Option<Partitions>,
@@ -510,16 +627,16 @@ struct RawSlurm {
     interactive_max_nodes: Option<AtLeast<1>>,
     max_nodes: Option<AtLeast<1>>,
     time_limit: Option<SlurmTime>,
-    qos: Option<String>,
-    reservation: Option<String>,
-    constraint: Option<String>,
-    log_dir: Option<String>,
+    qos: Option<OneLine>,
+    reservation: Option<OneLine>,
+    constraint: Option<OneLine>,
+    log_dir: Option<OneLine>,
 }
 
 impl RawSlurm {
     fn into_settings(self) -> SlurmSettings {
         SlurmSettings {
-            account: self.account,
+            account: self.account.map(|v| v.0),
             partition: self.partition.unwrap_or_default(),
             partition_interactive: self.partition_interactive,
             partition_batch: self.partition_batch,
@@ -527,10 +644,10 @@ impl RawSlurm {
             interactive_max_nodes: self.interactive_max_nodes.map(|n| n.0),
             max_nodes: self.max_nodes.map(|n| n.0),
             time_limit: self.time_limit,
-            qos: self.qos,
-            reservation: self.reservation,
-            constraint: self.constraint,
-            log_dir: self.log_dir,
+            qos: self.qos.map(|v| v.0),
+            reservation: self.reservation.map(|v| v.0),
+            constraint: self.constraint.map(|v| v.0),
+            log_dir: self.log_dir.map(|v| v.0),
         }
     }
 }
@@ -634,10 +751,93 @@ struct RawLocal {
 }
 
 #[derive(Deserialize)]
+#[serde(
+    deny_unknown_fields,
+    expecting = "a mapping {address, token_env, namespace, resources_per_gpu, gpus_per_node, \
+                 autoscaler, log_dir}"
+)]
+struct RawRay {
+    address: Option<String>,
+    token_env: Option<String>,
+    namespace: Option<String>,
+    resources_per_gpu: Option<std::collections::BTreeMap<String, f64>>,
+    gpus_per_node: Option<AtLeast<1>>,
+    autoscaler: Option<bool>,
+    log_dir: Option<String>,
+}
+
+impl RawRay {
+    fn into_settings(self, file: &str) -> Result<RaySettings, PlanError> {
+        let invalid = |path: String, value: String, expected: &str| PlanError::InvalidValue {
+            file: file.into(),
+            path,
+            value,
+            expected: expected.into(),
+        };
+        let Some(address) = self.address else {
+            return Err(PlanError::MissingField {
+                file: file.into(),
+                path: "runner.ray.address".into(),
+                expected: "the Ray dashboard's http://HOST:PORT (e.g. http://127.0.0.1:8265)"
+                    .into(),
+            });
+        };
+        let hostport = address.trim_end_matches('/').strip_prefix("http://");
+        if hostport.is_none_or(|h| {
+            h.is_empty() || h.contains(['/', '?', '#', ' ', '@']) || h.chars().any(char::is_control)
+        }) {
+            return Err(invalid(
+                "runner.ray.address".into(),
+                format!("{address:?}"),
+                "the dashboard's http://HOST:PORT (plain HTTP, e.g. http://127.0.0.1:8265; \
+                 reach a TLS dashboard through kubectl port-forward or a local proxy)",
+            ));
+        }
+        if let Some(v) = &self.token_env
+            && !super::super::executor::shell::is_var_name(v)
+        {
+            return Err(invalid(
+                "runner.ray.token_env".into(),
+                format!("{v:?}"),
+                "the NAME of an environment variable holding the token (letters, digits, _), \
+                 never the token itself",
+            ));
+        }
+        if self.namespace.as_deref() == Some("") {
+            return Err(invalid(
+                "runner.ray.namespace".into(),
+                "\"\"".into(),
+                "a non-empty namespace, or no key",
+            ));
+        }
+        let mut resources = std::collections::BTreeMap::new();
+        for (k, v) in self.resources_per_gpu.unwrap_or_default() {
+            if k.is_empty() || k == "GPU" || !v.is_finite() || v <= 0.0 {
+                return Err(invalid(
+                    join("runner.ray.resources_per_gpu", &k),
+                    v.to_string(),
+                    "a positive amount of a resource other than GPU (GPUs come from the stage)",
+                ));
+            }
+            resources.insert(k, RayAmount(v));
+        }
+        Ok(RaySettings {
+            address,
+            token_env: self.token_env,
+            namespace: self.namespace,
+            resources_per_gpu: resources,
+            gpus_per_node: self.gpus_per_node.map(|g| g.0),
+            autoscaler: self.autoscaler.unwrap_or(false),
+            log_dir: self.log_dir,
+        })
+    }
+}
+
+#[derive(Deserialize)]
 #[serde(deny_unknown_fields, expecting = "a mapping of the execution contract")]
 struct RawContract {
-    repository: Option<String>,
-    venv: Option<String>,
+    repository: Option<ContractPath>,
+    venv: Option<ContractPath>,
     container: Option<String>,
     container_mounts: Option<String>,
     setup_env: Option<String>,
@@ -648,14 +848,68 @@ struct RawContract {
 impl RawContract {
     fn into_contract(self) -> ExecutionContract {
         ExecutionContract {
-            repository: self.repository,
-            venv: self.venv,
+            repository: self.repository.map(|v| v.0),
+            venv: self.venv.map(|v| v.0),
             container: self.container,
             container_mounts: self.container_mounts,
             setup_env: self.setup_env,
             prerun_commands: self.prerun_commands.unwrap_or_default().0,
             postrun_commands: self.postrun_commands.unwrap_or_default().0,
         }
+    }
+}
+
+/// A value that goes into one line of a job script (`#SBATCH --account=...`): no newline or
+/// other control character, which would end the line and start another directive.
+struct OneLine(String);
+
+impl<'de> Deserialize<'de> for OneLine {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct V;
+        impl serde::de::Visitor<'_> for V {
+            type Value = OneLine;
+            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str(
+                    "a single line without control characters (it goes into one #SBATCH line \
+                     of the job script; remove the newline)",
+                )
+            }
+            fn visit_str<E: serde::de::Error>(self, s: &str) -> Result<OneLine, E> {
+                if s.chars().any(char::is_control) {
+                    Err(E::invalid_value(serde::de::Unexpected::Str(s), &self))
+                } else {
+                    Ok(OneLine(s.to_string()))
+                }
+            }
+        }
+        d.deserialize_any(V)
+    }
+}
+
+/// A path of the execution contract (the repository, the virtual environment; empty = none):
+/// one line, no `..` component (a path that climbs out of where it names is refused, not normalised).
+struct ContractPath(String);
+
+impl<'de> Deserialize<'de> for ContractPath {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct V;
+        impl serde::de::Visitor<'_> for V {
+            type Value = ContractPath;
+            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str("a path without `..` components or control characters (write the folder itself)")
+            }
+            fn visit_str<E: serde::de::Error>(self, s: &str) -> Result<ContractPath, E> {
+                let climbs = std::path::Path::new(s)
+                    .components()
+                    .any(|c| matches!(c, std::path::Component::ParentDir));
+                if climbs || s.chars().any(char::is_control) {
+                    Err(E::invalid_value(serde::de::Unexpected::Str(s), &self))
+                } else {
+                    Ok(ContractPath(s.to_string()))
+                }
+            }
+        }
+        d.deserialize_any(V)
     }
 }
 
@@ -880,5 +1134,68 @@ mod tests {
         assert!(e.to_string().contains("rendezvous_host"), "{e}");
         let r = parse(json!({"runner": {"kind": "baremetal", "inventory": {"rendezvous_host": "h1", "hosts": [{"hostname": "h1", "gpus": 8}]}}})).unwrap();
         assert_eq!(r.inventory.unwrap().rendezvous_port_base, 29500);
+    }
+
+    #[test]
+    fn ray_runner_reads_its_settings_and_refuses_bad_ones_by_key() {
+        let r = parse(json!({"runner": {"kind": "ray", "ray": {
+            "address": "http://127.0.0.1:8265", "token_env": "RAY_TOKEN", "namespace": "team",
+            "resources_per_gpu": {"CPU": 4, "accel": 0.5}, "gpus_per_node": 4, "log_dir": "raylogs"
+        }}}))
+        .unwrap();
+        assert_eq!(r.kind, RunnerKind::Ray);
+        let ray = r.ray.as_ref().unwrap();
+        assert_eq!(ray.address, "http://127.0.0.1:8265");
+        assert_eq!(ray.token_env.as_deref(), Some("RAY_TOKEN"));
+        assert_eq!(ray.resources_per_gpu["CPU"], RayAmount(4.0));
+        assert_eq!(ray.gpus_per_node, Some(4));
+        assert!(!ray.autoscaler);
+        assert_eq!(r.log_dir(), Some("raylogs"));
+        for (v, key) in [
+            (json!({"runner": {"kind": "ray"}}), "runner.ray"),
+            (
+                json!({"runner": {"kind": "ray", "ray": {}}}),
+                "runner.ray.address",
+            ),
+            (
+                json!({"runner": {"kind": "ray", "ray": {"address": "127.0.0.1:8265"}}}),
+                "runner.ray.address",
+            ),
+            (
+                json!({"runner": {"kind": "ray", "ray": {"address": "https://h:8265"}}}),
+                "runner.ray.address",
+            ),
+            (
+                json!({"runner": {"kind": "ray", "ray": {"address": "http://h:8265", "token_env": "abc def-123"}}}),
+                "runner.ray.token_env",
+            ),
+            (
+                json!({"runner": {"kind": "ray", "ray": {"address": "http://h:8265", "resources_per_gpu": {"GPU": 1}}}}),
+                "runner.ray.resources_per_gpu.GPU",
+            ),
+            (
+                json!({"runner": {"kind": "ray", "ray": {"address": "http://h:8265", "resources_per_gpu": {"CPU": 0}}}}),
+                "runner.ray.resources_per_gpu.CPU",
+            ),
+            (
+                json!({"runner": {"kind": "ray", "ray": {"address": "http://h:8265", "adress": "x"}}}),
+                "runner.ray.adress",
+            ),
+            (
+                json!({"runner": {"kind": "slurm", "ray": {"address": "http://h:8265"}}}),
+                "runner.ray",
+            ),
+            (
+                json!({"runner": {"kind": "ray", "ray": {"address": "http://h:8265"}, "execution_contract": {"container": "img"}}}),
+                "runner.execution_contract.container",
+            ),
+            (
+                json!({"runner": {"kind": "ray", "ray": {"address": "http://h:8265", "log_dir": "/abs"}}}),
+                "runner.ray.log_dir",
+            ),
+        ] {
+            let m = err(v.clone());
+            assert!(m.contains(key), "{v}: {m}");
+        }
     }
 }

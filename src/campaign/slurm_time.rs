@@ -19,6 +19,7 @@ pub struct SlurmTime {
 /// Why a string is not a Slurm time.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
 #[error("{text:?} is not a Slurm time ({})", .reason.expected())]
+#[non_exhaustive]
 pub struct SlurmTimeError {
     /// The text refused.
     pub text: String,
@@ -28,6 +29,7 @@ pub struct SlurmTimeError {
 
 /// What is wrong with a refused Slurm time.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum SlurmTimeReason {
     /// Not in Slurm's grammar.
     Syntax,

@@ -10,6 +10,7 @@ use super::runner::RunnerKind;
 
 /// One stage of a [`PlanSummary`].
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[non_exhaustive]
 pub struct StageSummary {
     /// Stage id.
     pub stage_id: String,
@@ -46,6 +47,7 @@ impl StageSummary {
 /// the node-hours the plan asks for at its time limits (an upper bound of what it may use:
 /// each stage's nodes held for its whole `--time`; retries not counted).
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[non_exhaustive]
 pub struct PlanSummary {
     /// One row per stage, in plan order.
     pub stages: Vec<StageSummary>,
@@ -68,11 +70,11 @@ impl PlanSummary {
                         let p = slurm.resolve_partition(st.spec.partition.as_deref());
                         (!p.is_empty()).then(|| p.to_slurm())
                     }
-                    RunnerKind::Local | RunnerKind::Baremetal => None,
+                    RunnerKind::Local | RunnerKind::Baremetal | RunnerKind::Ray => None,
                 };
                 let time_limit = st.spec.time_limit.as_ref().or(match plan.runner.kind {
                     RunnerKind::Slurm => slurm.time_limit.as_ref(),
-                    RunnerKind::Local | RunnerKind::Baremetal => None,
+                    RunnerKind::Local | RunnerKind::Baremetal | RunnerKind::Ray => None,
                 });
                 let manual = st.decision.is_some();
                 StageSummary {

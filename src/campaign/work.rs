@@ -37,6 +37,7 @@ pub enum WorkItemKind {
 
 /// One unit of work of a stage.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[non_exhaustive]
 pub struct WorkItem {
     /// Unique id in the plan: `stage:0`, `stage:3`, `stage:w2048:1`, `stage:worker:2`.
     pub work_id: String,
@@ -78,6 +79,7 @@ pub enum MasterAddr {
 
 /// The torch.distributed rendezvous of one task group.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[non_exhaustive]
 pub struct Rendezvous {
     /// `--rdzv_id`: unique per group and campaign.
     pub rdzv_id: String,
@@ -89,6 +91,7 @@ pub struct Rendezvous {
 
 /// One task group: the processes of one instance.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[non_exhaustive]
 pub struct TaskGroup {
     /// Instance index.
     pub instance: u32,
@@ -101,6 +104,7 @@ pub struct TaskGroup {
 /// The task layout of one stage: its instances as task groups on nodes and GPUs, and how
 /// each instance's processes start.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[non_exhaustive]
 pub struct StageLayout {
     /// Nodes requested.
     pub nodes: u32,
@@ -130,6 +134,7 @@ pub struct StageLayout {
 
 /// The work of one stage.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[non_exhaustive]
 pub struct WorkPlan {
     /// Stage id.
     pub stage_id: String,
@@ -144,6 +149,7 @@ pub struct WorkPlan {
 }
 
 /// Inputs of [`build_work_plan`].
+#[non_exhaustive]
 pub struct WorkPlanInput<'a> {
     /// Stage id.
     pub stage_id: &'a str,

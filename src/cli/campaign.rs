@@ -8,7 +8,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use super::{CampaignCmd, CliError, PlanArgs, RunArgs, exit};
+use super::{CampaignCmd, CliError, ControllerArgs, PlanArgs, RetryArgs, RunArgs, exit};
 use crate::campaign::controller::{
     CampaignController, ControllerError, ControllerEvent, PoolItem, RetryPolicy, RunOptions,
     TerminalControls, ViewMode, open_campaign_dir,
@@ -34,6 +34,7 @@ pub(super) fn run(cmd: CampaignCmd) -> Result<i32, CliError> {
             json,
         } => dry_run_cmd(&plan, dir, &gpus, command_prefix.as_deref(), json),
         CampaignCmd::Run(args) => run_cmd(*args),
+        CampaignCmd::Retry(args) => retry_cmd(*args),
         CampaignCmd::Status { dir, json, watch } => status_cmd(&dir, json, watch),
         CampaignCmd::Cancel { dir, tag, wait } => match (dir, tag) {
             (_, Some(tag)) => cancel_tag(&tag),
@@ -188,8 +189,20 @@ pub(crate) fn plan_warnings(plan: &CampaignPlan) -> Vec<String> {
 fn with_warnings(mut value: serde_json::Value, plan: &CampaignPlan) -> serde_json::Value {
     if let Some(o) = value.as_object_mut() {
         o.insert("warnings".into(), plan_warnings(plan).into());
+        o.insert("unchecked_keys".into(), plan.unchecked_keys.clone().into());
     }
     value
+}
+
+/// The line listing the experiment's top-level keys the compiler does not read (passed to the
+/// workers unchecked), or `None` when there are none.
+pub(crate) fn unchecked_keys_line(plan: &CampaignPlan) -> Option<String> {
+    (!plan.unchecked_keys.is_empty()).then(|| {
+        format!(
+            "keys passed to the workers unchecked (the compiler does not read them): {}",
+            plan.unchecked_keys.join(", ")
+        )
+    })
 }
 
 fn compile_cmd(args: &PlanArgs, json: bool) -> Result<i32, CliError> {
@@ -199,6 +212,9 @@ fn compile_cmd(args: &PlanArgs, json: bool) -> Result<i32, CliError> {
         println!("{}", serde_json::to_string_pretty(&v)?);
     } else {
         print!("{}", plan_table(&plan));
+        if let Some(line) = unchecked_keys_line(&plan) {
+            println!("{line}");
+        }
         if !plan.unchecked_overrides.is_empty() {
             println!(
                 "overrides passed to the workers unchecked (keys the compiler does not read): {}",
@@ -256,6 +272,9 @@ fn dry_run_cmd(
         println!("{}", serde_json::to_string_pretty(&v)?);
     } else {
         print!("{}", plan_table(&plan));
+        if let Some(line) = unchecked_keys_line(&plan) {
+            println!("{line}");
+        }
         println!();
         print!("{}", render_dry_run(&plan, &opts, executor.as_ref())?);
     }
@@ -365,9 +384,20 @@ fn executor_for(
     )?))
 }
 
+/// What a controller run takes besides the plan (`campaign run` and `campaign retry`).
+struct Launch<'a> {
+    dir: &'a Path,
+    /// The options `campaign run` and `campaign retry` share.
+    opts: &'a ControllerArgs,
+    new_revision: bool,
+    once: bool,
+    /// `campaign retry`: who asks (the failed units run again).
+    retry_by: Option<String>,
+}
+
 fn run_cmd(a: RunArgs) -> Result<i32, CliError> {
     if a.detach {
-        return detach(&a);
+        return detach(&a.dir);
     }
     let mut plan = compile(&a.plan)?;
     // A placeholder of the shared runner files never reaches a job (the dry run shows it).
@@ -379,7 +409,69 @@ fn run_cmd(a: RunArgs) -> Result<i32, CliError> {
     if let Some(p) = &a.command_prefix {
         prefix_commands(&mut plan, p)?;
     }
-    let notifier = match &a.notify {
+    launch(
+        plan,
+        &Launch {
+            dir: &a.dir,
+            opts: &a.controller,
+            new_revision: a.new_revision,
+            once: a.once,
+            retry_by: None,
+        },
+    )
+}
+
+/// `campaign retry D`: the campaign's own plan, its failed units run again in place.
+fn retry_cmd(a: RetryArgs) -> Result<i32, CliError> {
+    let h = CampaignHistory::load(&a.dir, false)?;
+    if a.detach {
+        return detach(&a.dir);
+    }
+    let plan_path = a.dir.join("controller").join("plan.json");
+    let plan: CampaignPlan = serde_json::from_slice(
+        &std::fs::read(&plan_path)
+            .map_err(|e| CliError::new(format!("reading {}: {e}", plan_path.display())))?,
+    )
+    .map_err(|e| CliError::new(format!("{}: {e}", plan_path.display())))?;
+    for s in &a.controller.allow_oom_retry {
+        if plan.stage(s).is_none() {
+            return Err(CliError {
+                code: exit::USAGE,
+                message: format!(
+                    "--allow-oom-retry {s}: not a stage of the campaign ({})",
+                    plan.stage_ids().join(", ")
+                ),
+            });
+        }
+    }
+    let failed: Vec<&str> = h
+        .stages
+        .iter()
+        .filter(|s| s.status == StageStatus::Failed)
+        .map(|s| s.id.as_str())
+        .collect();
+    if failed.is_empty() {
+        eprintln!("no failed stage to retry: resuming the campaign");
+    } else {
+        eprintln!("retrying in place: {}", failed.join(", "));
+    }
+    launch(
+        plan,
+        &Launch {
+            dir: &a.dir,
+            opts: &a.controller,
+            new_revision: false,
+            once: false,
+            retry_by: Some(format!(
+                "`puzzletron campaign retry` ({})",
+                crate::campaign::controller::who_am_i()
+            )),
+        },
+    )
+}
+
+fn launch(plan: CampaignPlan, a: &Launch<'_>) -> Result<i32, CliError> {
+    let notifier = match a.opts.notify.as_deref() {
         Some(n) => Some(Arc::new(Notifier::new(split_cmd("--notify", n)?).map_err(
             |m| CliError {
                 code: exit::USAGE,
@@ -389,20 +481,21 @@ fn run_cmd(a: RunArgs) -> Result<i32, CliError> {
         None => None,
     };
     let pools = a
+        .opts
         .pool_items
         .iter()
         .map(|p| load_pool_items(p))
         .collect::<Result<Vec<_>, _>>()?;
-    let dir = open_campaign_dir(&a.dir)?;
+    let dir = open_campaign_dir(a.dir)?;
     let rt = runtime()?;
     let kind = plan.runner.kind;
     let code = rt.block_on(async {
-        let executor = executor_for(&plan, &dir, &a.gpus, a.max_concurrent)?;
+        let executor = executor_for(&plan, &dir, &a.opts.gpus, a.opts.max_concurrent)?;
         let (controls, rx) = TerminalControls::start()
             .map_err(|e| CliError::new(format!("installing the signal handlers: {e}")))?;
-        let poll = Duration::from_millis(a.poll_ms.max(10));
+        let poll = Duration::from_millis(a.opts.poll_ms.max(10));
         let mut retry = RetryPolicy::default();
-        if let Some(ms) = a.retry_delay_ms {
+        if let Some(ms) = a.opts.retry_delay_ms {
             retry.base_delay = Duration::from_millis(ms);
         }
         let mut b = CampaignController::builder()
@@ -418,7 +511,7 @@ fn run_cmd(a: RunArgs) -> Result<i32, CliError> {
             }))
             .new_revision(a.new_revision)
             .controls(rx)
-            .view(if a.quiet {
+            .view(if a.opts.quiet {
                 ViewMode::Off
             } else {
                 ViewMode::Auto
@@ -427,7 +520,7 @@ fn run_cmd(a: RunArgs) -> Result<i32, CliError> {
             // On a terminal, manual decisions are asked; otherwise the decision file is read.
             b = b.decision_prompt(p);
         }
-        for s in &a.allow_oom_retry {
+        for s in &a.opts.allow_oom_retry {
             b = b.allow_oom_retry(s.clone());
         }
         for (stage, items) in pools {
@@ -465,11 +558,13 @@ fn run_cmd(a: RunArgs) -> Result<i32, CliError> {
         let report = ctl
             .run(RunOptions {
                 once: a.once,
+                retry_failed: a.retry_by.is_some(),
+                retry_by: a.retry_by.clone(),
                 ..RunOptions::default()
             })
             .await?;
         drop(controls);
-        if a.quiet {
+        if a.opts.quiet {
             eprintln!("{report}");
         }
         for d in &report.decisions {
@@ -518,9 +613,9 @@ fn first_line_written(path: &Path) -> bool {
         .unwrap_or(false)
 }
 
-fn detach(a: &RunArgs) -> Result<i32, CliError> {
+fn detach(dir: &Path) -> Result<i32, CliError> {
     use std::os::unix::process::CommandExt;
-    let dir = open_campaign_dir(&a.dir)?;
+    let dir = open_campaign_dir(dir)?;
     let ctl = dir.join("controller");
     std::fs::create_dir_all(&ctl)
         .map_err(|e| CliError::new(format!("creating {}: {e}", ctl.display())))?;
@@ -598,6 +693,10 @@ struct StatusJson<'a> {
     lease: &'a LeaseStatus,
     lease_text: String,
     finished: bool,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    cancelled: Option<&'a crate::report::CampaignCancel>,
+    #[serde(skip_serializing_if = "<[String]>::is_empty")]
+    problems: &'a [String],
     records: u64,
     attempts: usize,
     live: Vec<&'a crate::report::AttemptHistory>,
@@ -630,24 +729,48 @@ pub(crate) fn status_text(h: &CampaignHistory) -> String {
         h.runner.as_deref().unwrap_or("?")
     );
     let _ = writeln!(o, "lease: {}", h.lease.describe());
+    for p in &h.problems {
+        let _ = writeln!(o, "warning: {p}");
+    }
+    if let Some(c) = &h.cancelled {
+        let _ = writeln!(
+            o,
+            "cancelled by {} at {}; {} attempt(s) cancelled{}",
+            c.by,
+            crate::report::clock_text(c.at_ms),
+            c.attempts.len(),
+            if c.attempts.is_empty() {
+                String::new()
+            } else {
+                format!(": {}", c.attempts.join(", "))
+            }
+        );
+    }
     let w = h
         .stages
         .iter()
-        .map(|s| s.id.len())
+        .map(|s| s.id.chars().count())
         .max()
         .unwrap_or(5)
         .max(5);
+    let sw = h
+        .stages
+        .iter()
+        .map(|s| s.state.chars().count())
+        .max()
+        .unwrap_or(6)
+        .max(6);
     let _ = writeln!(
         o,
-        "{:<w$}  {:<8}  {:>9}  {:>4}  {:>6}  {:>9}  {:>10}",
+        "{:<w$}  {:<sw$}  {:>9}  {:>4}  {:>6}  {:>9}  {:>12}",
         "stage", "status", "done", "live", "failed", "GPU-h", "wasted GPU-h"
     );
     for s in &h.stages {
         let _ = writeln!(
             o,
-            "{:<w$}  {:<8}  {:>9}  {:>4}  {:>6}  {:>9.3}  {:>10.3}",
+            "{:<w$}  {:<sw$}  {:>9}  {:>4}  {:>6}  {:>9.3}  {:>12.3}",
             s.id,
-            s.status.as_str(),
+            s.state,
             format!("{}/{}", s.done_units, s.units),
             s.live_units,
             s.failed_units,
@@ -663,7 +786,7 @@ pub(crate) fn status_text(h: &CampaignHistory) -> String {
             let _ = writeln!(o, "  {what}: {r}");
         }
         if let Some(f) = &s.decision_file
-            && s.status == StageStatus::Waiting
+            && s.status == StageStatus::AwaitingDecision
         {
             let _ = writeln!(
                 o,
@@ -728,6 +851,8 @@ fn status_cmd(dir: &Path, json: bool, watch: Option<u64>) -> Result<i32, CliErro
                 lease: &h.lease,
                 lease_text: h.lease.describe(),
                 finished: h.finished,
+                cancelled: h.cancelled.as_ref(),
+                problems: &h.problems,
                 records: h.records,
                 attempts: h.attempts.len(),
                 live: h.live().collect(),
@@ -767,6 +892,11 @@ fn cancel_dir(dir: &Path, wait: Duration) -> Result<i32, CliError> {
     if lease.held
         && let Some(pid) = lease.lock_pid
     {
+        // Say who cancels: the controller reads this file when it shuts down on the signal.
+        let _ = crate::fsutil::atomic_write(
+            &ctl.join(crate::campaign::controller::CANCEL_REQUEST_FILE),
+            canceller().as_bytes(),
+        );
         // SIGTERM makes the controller cancel every live job and exit (TerminalControls).
         // SAFETY: kill(2) with a pid the kernel named as the lock holder.
         if unsafe { libc::kill(pid, libc::SIGTERM) } != 0 {
@@ -820,11 +950,19 @@ fn cancel_dir(dir: &Path, wait: Duration) -> Result<i32, CliError> {
             .view(ViewMode::Off)
             .build()?;
         let n = ctl
-            .shutdown("cancelled by `puzzletron campaign cancel`")
+            .shutdown(&format!("cancelled by {}", canceller()))
             .await?;
         println!("cancelled {n} attempts");
         Ok::<i32, CliError>(exit::DONE)
     })
+}
+
+/// Who cancels: `` `puzzletron campaign cancel` (user U on HOST, pid P) ``.
+fn canceller() -> String {
+    format!(
+        "`puzzletron campaign cancel` ({})",
+        crate::campaign::controller::who_am_i()
+    )
 }
 
 /// Cancels the Slurm jobs of this user whose name starts with `tag` followed by `.` or `r`

@@ -1,8 +1,10 @@
-//! The `puzzletron` command line (feature `cli`; `cargo install puzzletron --features cli`).
+//! The `puzzletron` command line (feature `cli`; the crate is not published: from a checkout,
+//! `cargo install --locked --path . --features cli`).
 //!
 //! ```text
 //! puzzletron campaign compile|dry-run EXPERIMENT --runner R [--execution E] [--override K=V]... [--stage S]... [--json]
 //! puzzletron campaign run EXPERIMENT --runner R [--execution E] --dir D [--once|--detach] [--new-revision] ...
+//! puzzletron campaign retry D [--allow-oom-retry S]... [--detach]
 //! puzzletron campaign status D [--json] [--watch]
 //! puzzletron campaign cancel D | --tag T
 //! puzzletron campaign report D [--out report.html]
@@ -52,6 +54,7 @@ Exit status: 0 done, 1 error, 2 usage error, 3 detached or incomplete (jobs stil
 /// Operate puzzletron campaigns and sweeps.
 #[derive(Debug, Parser)]
 #[command(name = "puzzletron", version, after_help = TOP_HELP)]
+#[non_exhaustive]
 pub struct Cli {
     /// The least severe library diagnostics printed on stderr: off, error, warn, info
     /// (decisions, submissions, controller events), debug (every run's decision and claim),
@@ -86,6 +89,7 @@ fn init_logging(level: &str) {
 
 /// Top-level commands.
 #[derive(Debug, Subcommand)]
+#[non_exhaustive]
 pub enum Top {
     /// Multi-stage GPU campaigns: compile, dry-run, run, status, cancel, report.
     #[command(subcommand)]
@@ -97,6 +101,7 @@ pub enum Top {
 
 /// The three config inputs of a campaign, and the overrides.
 #[derive(Debug, Args, Clone)]
+#[non_exhaustive]
 pub struct PlanArgs {
     /// The experiment YAML (Hydra-style `defaults`, `${...}` interpolation).
     pub experiment: PathBuf,
@@ -151,6 +156,21 @@ Examples:
 Exit status: 0 done, 1 error, 2 usage error, 3 detached with jobs running or waiting for a
 decision, 4 a stage failed.";
 
+const RETRY_HELP: &str = "\
+Re-opens the failed stages of the campaign in DIR in place and resumes its controller: the
+failed units get fresh retry budgets and run again, stages they blocked open again, finished
+stages stay finished (nothing of them is submitted again). The plan is DIR's own
+(DIR/controller/plan.json, as `campaign run` wrote it): no experiment or runner to repeat. A
+stage that failed out of memory runs with more resources with --allow-oom-retry STAGE. The
+journal records who retried which units and when (`retry_failed`).
+
+Examples:
+  $ puzzletron campaign retry /tmp/c --allow-oom-retry sort
+  $ puzzletron campaign retry /tmp/c --detach
+
+Exit status: 0 done, 1 error, 2 usage error, 3 detached with jobs running or waiting for a
+decision, 4 a stage failed.";
+
 const STATUS_HELP: &str = "\
 Reads the journal and attempt records read-only: safe beside a running controller (it never
 takes the lease, never blocks the controller). Says whether a controller holds the lease, who,
@@ -188,6 +208,7 @@ Exit status: 0 done, 1 error, 2 usage error.";
 
 /// Campaign commands.
 #[derive(Debug, Subcommand)]
+#[non_exhaustive]
 pub enum CampaignCmd {
     /// Compile a campaign and print its plan table (--json: the plan document).
     #[command(after_help = COMPILE_HELP)]
@@ -223,6 +244,9 @@ pub enum CampaignCmd {
     /// Run (or resume) a campaign with the runner's executor.
     #[command(after_help = RUN_HELP)]
     Run(Box<RunArgs>),
+    /// Re-open the failed stages of a campaign in place and resume it.
+    #[command(after_help = RETRY_HELP)]
+    Retry(Box<RetryArgs>),
     /// Show a campaign's state without taking its lease.
     #[command(after_help = STATUS_HELP)]
     Status {
@@ -269,6 +293,7 @@ pub enum CampaignCmd {
 
 /// Options of `campaign run`.
 #[derive(Debug, Args)]
+#[non_exhaustive]
 pub struct RunArgs {
     /// Config inputs.
     #[command(flatten)]
@@ -286,21 +311,31 @@ pub struct RunArgs {
     /// Accept a changed plan: cancel the old attempts and start over.
     #[arg(long)]
     pub new_revision: bool,
+    /// A program (and arguments, split at spaces) put before every stage command.
+    #[arg(long, value_name = "CMD", env = "PUZZLETRON_COMMAND_PREFIX")]
+    pub command_prefix: Option<String>,
+    /// How the controller runs.
+    #[command(flatten)]
+    pub controller: ControllerArgs,
+}
+
+/// How a campaign controller runs: the options `campaign run` and `campaign retry` share.
+#[derive(Debug, Args)]
+#[non_exhaustive]
+pub struct ControllerArgs {
     /// Local runner: distinct GPU ids handed out through CUDA_VISIBLE_DEVICES (default 0..=7).
     #[arg(long, value_name = "IDS", value_delimiter = ',')]
     pub gpus: Vec<String>,
     /// Local runner: most jobs at a time (default: the number of GPU ids).
     #[arg(long, value_name = "N")]
     pub max_concurrent: Option<usize>,
-    /// A program (and arguments, split at spaces) put before every stage command.
-    #[arg(long, value_name = "CMD", env = "PUZZLETRON_COMMAND_PREFIX")]
-    pub command_prefix: Option<String>,
     /// Run CMD (split at spaces; no shell) with an event as JSON on stdin when a stage
     /// completes or fails, the campaign ends, an attempt is declared hung, or a manual
     /// decision waits for a person (`decision_needed`).
     #[arg(long, value_name = "CMD")]
     pub notify: Option<String>,
-    /// Allow retrying STAGE with more resources after an out-of-memory (repeatable).
+    /// Allow retrying STAGE with more resources after an out-of-memory, now and later
+    /// (repeatable).
     #[arg(long, value_name = "STAGE")]
     pub allow_oom_retry: Vec<String>,
     /// Items of a persistent-pool stage: STAGE=FILE, FILE a JSON array of {"id", "payload"}.
@@ -317,6 +352,20 @@ pub struct RunArgs {
     pub quiet: bool,
 }
 
+/// Options of `campaign retry`.
+#[derive(Debug, Args)]
+pub struct RetryArgs {
+    /// The campaign folder (one `campaign run` created).
+    pub dir: PathBuf,
+    /// Run the controller in the background and return once it holds the lease (its output
+    /// goes to DIR/controller/run.log).
+    #[arg(long)]
+    pub detach: bool,
+    /// How the controller runs (as for `campaign run`).
+    #[command(flatten)]
+    pub controller: ControllerArgs,
+}
+
 const SWEEP_HELP: &str = "\
 Examples:
   $ puzzletron sweep status .puzzletron
@@ -324,13 +373,16 @@ Examples:
   $ puzzletron sweep metrics .puzzletron --metric loss --out loss.parquet
   $ puzzletron sweep plot .puzzletron --metric loss --out loss.svg
   $ puzzletron sweep gc .puzzletron --dry-run
+  $ puzzletron sweep repair .puzzletron
 
 Exit status: 0 done, 1 error, 2 usage error.";
 
 /// Sweep commands.
 #[derive(Debug, Subcommand)]
+#[non_exhaustive]
 pub enum SweepCmd {
-    /// Runs per state (done, failed, running, interrupted).
+    /// Runs per state (done, failed, running, interrupted, corrupt), and each corrupt run
+    /// with its file and the fix.
     #[command(after_help = SWEEP_HELP)]
     Status {
         /// The store folder.
@@ -345,7 +397,7 @@ pub enum SweepCmd {
         /// The store folder.
         store: PathBuf,
         /// Only runs in this state.
-        #[arg(long, value_parser = ["done", "failed", "running", "interrupted"])]
+        #[arg(long, value_parser = ["done", "failed", "running", "interrupted", "corrupt"])]
         state: Option<String>,
     },
     /// The metric table `[metric, step, value, *params, job_key]` as CSV (stdout) or a file.
@@ -396,10 +448,23 @@ pub enum SweepCmd {
         #[arg(long, value_name = "FILE")]
         keep: Option<PathBuf>,
     },
+    /// Move the folders of runs whose record cannot be read (corrupt: truncated, emptied, not
+    /// a record) aside to STORE/corrupt/KEY.UNIXSECS, never deleting them: the next drain of
+    /// the sweep runs them again (as `repair(true)` on the sweep does). Run it while no drain
+    /// repairs the store.
+    #[command(after_help = SWEEP_HELP)]
+    Repair {
+        /// The store folder.
+        store: PathBuf,
+        /// Only say what would be moved.
+        #[arg(long)]
+        dry_run: bool,
+    },
 }
 
 /// An error of a command: its message and exit code.
 #[derive(Debug)]
+#[non_exhaustive]
 pub struct CliError {
     /// Exit code ([`exit`]).
     pub code: i32,

@@ -19,6 +19,7 @@ pub(super) fn run(cmd: SweepCmd) -> Result<i32, CliError> {
             dry_run,
             keep,
         } => gc(&store, dry_run, keep.as_deref()),
+        SweepCmd::Repair { store, dry_run } => repair(&store, dry_run),
     }
 }
 
@@ -80,7 +81,55 @@ fn status(root: &Path, json: bool) -> Result<i32, CliError> {
         if !h.metrics.is_empty() {
             println!("metrics: {}", h.metrics.join(", "));
         }
+        for r in h.runs.iter().filter(|r| r.state == "corrupt") {
+            println!(
+                "corrupt {}: {}",
+                &r.key[..16.min(r.key.len())],
+                r.error.as_deref().unwrap_or("")
+            );
+        }
     }
+    Ok(exit::DONE)
+}
+
+/// Moves the folders of the store's corrupt runs aside (`Store::set_aside`).
+fn repair(root: &Path, dry_run: bool) -> Result<i32, CliError> {
+    use crate::store::Store;
+    let store = open(root)?;
+    let h = SweepHistory::load(&store)?;
+    let mut n = 0;
+    for r in h.runs.iter().filter(|r| r.state == "corrupt") {
+        let key: crate::Hash = r
+            .key
+            .parse()
+            .map_err(|e| CliError::new(format!("run key {:?}: {e}", r.key)))?;
+        n += 1;
+        if dry_run {
+            println!(
+                "would move {} aside: {}",
+                store.job_dir(&key).display(),
+                r.error.as_deref().unwrap_or("")
+            );
+            continue;
+        }
+        match store.set_aside(&key)? {
+            Some(to) => println!("moved {} to {to}", store.job_dir(&key).display()),
+            None => {
+                return Err(CliError::new(format!(
+                    "{}: this store cannot move records aside",
+                    store.location()
+                )));
+            }
+        }
+    }
+    println!(
+        "{n} corrupt run(s) {}",
+        if dry_run {
+            "would be moved aside (nothing changed)"
+        } else {
+            "moved aside: the next drain of their sweep runs them again"
+        }
+    );
     Ok(exit::DONE)
 }
 
@@ -283,8 +332,9 @@ fn gc(root: &Path, dry_run: bool, keep: Option<&Path>) -> Result<i32, CliError> 
     };
     let mut removed = 0;
     for r in &h.runs {
-        // Never a running run: its owner may be alive and writing.
-        if r.state == "running" {
+        // Never a running run: its owner may be alive and writing; never a corrupt one: it
+        // is only ever moved aside (`sweep repair`).
+        if r.state == "running" || r.state == "corrupt" {
             continue;
         }
         let remove = match &keep_keys {

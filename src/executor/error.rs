@@ -185,6 +185,18 @@ pub enum ExecutorError {
         problem: String,
     },
 
+    /// The executor's configuration is wrong in a way no retry fixes (a Ray cluster that
+    /// refuses the token, a token variable that is not set): `key` names the runner key to
+    /// change.
+    #[error("{key}: {problem}")]
+    Misconfigured {
+        /// The configuration key at fault, e.g. `runner.ray.token_env`, with what it held
+        /// (never a secret's value).
+        key: String,
+        /// What went wrong and what was expected.
+        problem: String,
+    },
+
     /// An error scripted into a [`MockExecutor`](super::MockExecutor), or raised by a user's
     /// executor that has no better variant.
     #[error("{message}")]
@@ -228,7 +240,8 @@ impl ExecutorError {
             | ExecutorError::Parse { .. }
             | ExecutorError::ForeignHandle { .. }
             | ExecutorError::Unsupported { .. }
-            | ExecutorError::HostPreflight { .. } => false,
+            | ExecutorError::HostPreflight { .. }
+            | ExecutorError::Misconfigured { .. } => false,
         }
     }
 

@@ -39,6 +39,7 @@ const MAX_RANGE: u32 = 4096;
 
 /// One visible GPU as the variable names it.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
+#[non_exhaustive]
 pub enum GpuId {
     /// A device index (`3`).
     Index(u32),
@@ -188,6 +189,7 @@ pub fn parse_visible(var: &str, value: &str) -> Result<Vec<GpuId>, GpuVisibility
 
 /// What one task can see.
 #[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct GpuVisibility {
     /// The variable that decided (the first set of [`VISIBILITY_VARS`]); `None` when none is
     /// set (every GPU of the node is visible).

@@ -17,6 +17,7 @@ use super::AttemptId;
 /// | `local` | the attempt id (pids live in the attempt folder) | – | – | `attempt_dir` |
 /// | `slurm` | Slurm job id, e.g. `4711` | from `sbatch --parsable` `ID;cluster` | array index | – |
 /// | `mock`  | `mock-<n>` | – | array index | – |
+/// | `ray`   | the Ray `submission_id` (= the attempt id) | – | – | `address`, `log_path` |
 ///
 /// A handle is only meaningful to an executor of the same [`kind`](JobHandle::executor); the
 /// built-in executors refuse others with [`ExecutorError::ForeignHandle`](super::ExecutorError).

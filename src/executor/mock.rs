@@ -64,6 +64,7 @@ impl MockClock {
 
 /// A scripted submit failure (the `i`-th submit call of an attempt fails with the `i`-th entry).
 #[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum MockSubmitError {
     /// The scheduler could not be reached; no job was created. Retryable.
     Unavailable(String),
@@ -82,6 +83,7 @@ pub enum MockSubmitError {
 /// Before the first timeline entry the job is `Pending`. A cancel makes it
 /// `Cancelled { by_uid: None }` at the current virtual time unless it is already terminal.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
+#[non_exhaustive]
 pub struct MockScript {
     /// `(offset from submit, state)`, sorted by offset.
     pub timeline: Vec<(Duration, JobState)>,
@@ -100,6 +102,9 @@ pub struct MockScript {
     pub submit_errors: Vec<MockSubmitError>,
     /// Nodes reported once it runs (Slurm notation, e.g. `n2`), if any.
     pub nodes: Option<String>,
+    /// The job ends before its payload starts: no start mark is written even by a mock
+    /// [`with_start_marks`](MockExecutor::with_start_marks).
+    pub no_start_mark: bool,
 }
 
 impl MockScript {
@@ -184,6 +189,13 @@ impl MockScript {
         self
     }
 
+    /// The job never reaches its payload (a node whose setup fails): a mock
+    /// [`with_start_marks`](MockExecutor::with_start_marks) writes no start mark for it.
+    pub fn before_start(mut self) -> Self {
+        self.no_start_mark = true;
+        self
+    }
+
     /// Appends a submit failure (the n-th call fails with the n-th added error).
     pub fn with_submit_error(mut self, err: MockSubmitError) -> Self {
         self.submit_errors.push(err);
@@ -193,6 +205,7 @@ impl MockScript {
 
 /// One recorded call to a [`MockExecutor`], with the virtual time it happened at.
 #[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum MockCall {
     /// A submit; `job_id` is `Some` when a job was created (also for an ambiguous error).
     Submit {
@@ -266,6 +279,7 @@ pub struct MockExecutor {
     inner: Arc<Mutex<Inner>>,
     clock: MockClock,
     auto_advance: Option<Duration>,
+    start_marks: bool,
 }
 
 impl std::fmt::Debug for MockExecutor {
@@ -291,6 +305,15 @@ impl MockExecutor {
             clock,
             ..Self::default()
         }
+    }
+
+    /// Jobs write their start mark like the Slurm executor's do: at submit, the attempt id goes
+    /// to the file named by the spec's [`START_FILE_ENV`](crate::executor::START_FILE_ENV)
+    /// (if set), unless the script is [`before_start`](MockScript::before_start); and
+    /// [`writes_start_mark`](Executor::writes_start_mark) is `true`.
+    pub fn with_start_marks(mut self) -> Self {
+        self.start_marks = true;
+        self
     }
 
     /// Every poll first advances the clock by `step` (handy when the code under test sleeps in
@@ -427,6 +450,10 @@ impl Executor for MockExecutor {
         "mock"
     }
 
+    fn writes_start_mark(&self) -> bool {
+        self.start_marks
+    }
+
     async fn submit(&self, spec: &AttemptSpec) -> Result<JobHandle, ExecutorError> {
         spec.validate()?;
         let now = self.clock.now();
@@ -468,6 +495,13 @@ impl Executor for MockExecutor {
                 && let Err(e) = std::fs::write(path, &script.log_text)
             {
                 return Err(ExecutorError::io("writing mock log", path, e));
+            }
+            if self.start_marks
+                && !script.no_start_mark
+                && let Some(path) = spec.command.env.get(super::START_FILE_ENV)
+                && let Err(e) = std::fs::write(path, format!("{id}\n"))
+            {
+                return Err(ExecutorError::io("writing mock start mark", path, e));
             }
             let handle = JobHandle::new("mock", id.clone(), jid.clone(), super::now_ms());
             inner.jobs.insert(

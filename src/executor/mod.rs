@@ -3,7 +3,8 @@
 //! An [`Executor`] takes an [`AttemptSpec`] (a [`CommandSpec`] argv, a [`TaskTopology`], limits)
 //! and runs it somewhere: [`MockExecutor`] (scripted, virtual clock, for tests of controller
 //! logic), [`LocalExecutor`] (processes on this machine), `SlurmExecutor` (batch jobs, feature
-//! `slurm`, on by default), or your own. The trait is object-safe, so `Box<dyn Executor>` works and controllers
+//! `slurm`, on by default), `BareMetalExecutor` (SSH hosts), `RayExecutor` (Ray jobs, feature
+//! `ray`), or your own. The trait is object-safe, so `Box<dyn Executor>` works and controllers
 //! can be written once for all of them.
 //!
 //! The contract every executor keeps (checked by the [`conformance`] suite, feature
@@ -85,6 +86,9 @@ mod inprocess;
 pub mod local;
 pub mod mock;
 pub mod oom;
+#[cfg(feature = "ray")]
+#[cfg_attr(docsrs, doc(cfg(feature = "ray")))]
+pub mod ray;
 mod render;
 pub mod shell;
 #[cfg(feature = "slurm")]
@@ -110,13 +114,15 @@ pub(crate) use handle::now_ms;
 pub use inprocess::InProcess;
 pub use local::{LocalExecutor, LocalExecutorBuilder};
 pub use mock::{MockCall, MockClock, MockExecutor, MockScript, MockSubmitError};
+#[cfg(feature = "ray")]
+pub use ray::{RayCluster, RayExecutor, RayExecutorBuilder};
 pub use render::{RenderedCommand, RenderedFile, Rendering};
 #[cfg(feature = "slurm")]
 pub use slurm::{PollPolicy, RetryPolicy, SlurmExecutor, SlurmExecutorBuilder, SlurmStats};
 pub use spec::{
     ARRAY_INDEX_ENV, ATTEMPT_ID_ENV, ArraySpec, AttemptId, AttemptSpec, CommandSpec, GpuRequest,
-    MAX_ATTEMPT_ID_LEN, SchedulerOptions, TaskLauncher, TaskTopology, WARNING_SIGNALS,
-    WarningSignal,
+    MAX_ATTEMPT_ID_LEN, START_FILE_ENV, SchedulerOptions, TaskLauncher, TaskTopology,
+    WARNING_SIGNALS, WarningSignal,
 };
 pub use status::{JobState, JobStatus, StepStatus};
 
@@ -213,6 +219,13 @@ pub trait Executor: Send + Sync {
         Ok(None)
     }
 
+    /// Whether this executor's jobs write the start mark named by [`START_FILE_ENV`] just
+    /// before their payload starts (after the job's own setup). A controller treats a missing
+    /// start mark as evidence only when this is `true`. The default is `false`.
+    fn writes_start_mark(&self) -> bool {
+        false
+    }
+
     /// A counter of the job ends this executor has seen by itself, for
     /// [`wait_change`](Executor::wait_change): read it before a [`poll`](Executor::poll), then
     /// wait with it. The default (an executor that learns of ends only when polled) is always 0.
@@ -282,6 +295,9 @@ macro_rules! forward_executor {
             }
             async fn scheduler_uid(&self) -> Result<Option<u32>, ExecutorError> {
                 (**self).scheduler_uid().await
+            }
+            fn writes_start_mark(&self) -> bool {
+                (**self).writes_start_mark()
             }
             fn changes(&self) -> u64 {
                 (**self).changes()

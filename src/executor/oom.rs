@@ -16,6 +16,7 @@ use std::path::{Path, PathBuf};
 /// The counters of one `memory.events` (v2) or `memory.oom_control` (v1) file. A counter the
 /// file does not have is `None`.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct MemoryEvents {
     /// Times the cgroup hit its limit and the OOM path ran (v2 `oom`).
     pub oom: Option<u64>,
@@ -47,6 +48,7 @@ pub fn parse_memory_events(text: &str) -> MemoryEvents {
 
 /// What the counters say about a task that died.
 #[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum OomEvidence {
     /// The OOM killer killed in the task's cgroup while it ran: `(before, after)` of the
     /// counter that rose (`oom_kill`, else `oom_group_kill`).

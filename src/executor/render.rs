@@ -18,6 +18,7 @@ use super::shell::{self, REDACTED};
 
 /// One command the executor runs for an attempt.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[non_exhaustive]
 pub struct RenderedCommand {
     /// The host it runs on: `None` for this machine.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -34,6 +35,7 @@ pub struct RenderedCommand {
 
 /// One file the executor writes (or sends) for an attempt.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[non_exhaustive]
 pub struct RenderedFile {
     /// Where it is written (or, for a request body, the endpoint it is sent to).
     pub path: PathBuf,
@@ -47,6 +49,7 @@ pub struct RenderedFile {
 /// commands it runs (Slurm: `sbatch`; bare metal: one `ssh` per host, the remote command last;
 /// local: the job's own argv, environment and working directory).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[non_exhaustive]
 pub struct Rendering {
     /// The attempt.
     pub attempt_id: AttemptId,

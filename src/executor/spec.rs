@@ -158,6 +158,7 @@ impl AsRef<str> for AttemptId {
 ///
 /// [`shell`]: CommandSpec::shell
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[non_exhaustive]
 pub struct CommandSpec {
     /// Program and arguments (or, with `shell`, the single script).
     pub argv: Vec<String>,
@@ -281,6 +282,7 @@ impl CommandSpec {
 /// How the command is started inside the allocation.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, Default)]
 #[serde(tag = "kind", rename_all = "snake_case")]
+#[non_exhaustive]
 pub enum TaskLauncher {
     /// Run the command once, directly (in Slurm: in the batch step on the first node).
     #[default]
@@ -383,6 +385,7 @@ impl TaskLauncher {
 /// GPUs the attempt needs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
 #[serde(tag = "per", content = "count", rename_all = "snake_case")]
+#[non_exhaustive]
 pub enum GpuRequest {
     /// No GPU.
     #[default]
@@ -513,6 +516,7 @@ pub struct SchedulerOptions {
 /// # Ok::<(), puzzletron::executor::ExecutorError>(())
 /// ```
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[non_exhaustive]
 pub struct AttemptSpec {
     /// Unique id of this attempt; the job name and the key for [`find`](super::Executor::find).
     pub attempt_id: AttemptId,
@@ -551,6 +555,7 @@ pub struct AttemptSpec {
 /// The lead must cover the checkpoint's duration plus the scheduler's `KillWait` plus a margin;
 /// Slurm may send the signal up to 60 s earlier than asked (its event resolution).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[non_exhaustive]
 pub struct WarningSignal {
     /// The signal's name without `SIG` (`USR2`, the default; NCCL uses `USR1` itself).
     pub signal: String,
@@ -562,6 +567,15 @@ pub struct WarningSignal {
 pub const WARNING_SIGNALS: &[&str] = &["USR2", "USR1", "TERM", "INT", "HUP", "URG", "ALRM"];
 
 impl WarningSignal {
+    /// Signal `signal` (name without `SIG`), `lead` before the limit. Not checked here:
+    /// [`AttemptSpec::validate`] refuses a name that is not one of [`WARNING_SIGNALS`].
+    pub fn new(signal: impl Into<String>, lead: Duration) -> Self {
+        Self {
+            signal: signal.into(),
+            lead,
+        }
+    }
+
     /// `USR2`, `lead` before the limit.
     pub fn usr2(lead: Duration) -> Self {
         Self {
@@ -790,6 +804,14 @@ pub const ARRAY_INDEX_ENV: &str = "PUZZLETRON_ARRAY_INDEX";
 
 /// Environment variable holding the attempt id, set for every attempt by every built-in executor.
 pub const ATTEMPT_ID_ENV: &str = "PUZZLETRON_ATTEMPT_ID";
+
+/// Environment variable naming the attempt's *start mark*: when a spec's environment sets it,
+/// an executor whose [`Executor::writes_start_mark`](super::Executor::writes_start_mark) is
+/// `true` writes the attempt id (one line) to that file once the job's own setup (working
+/// directory, `setup_env`, prerun commands, venv) succeeded, just before the payload starts.
+/// A job that ends without it never reached its payload: the failure is the node's or the
+/// site's until proved otherwise (issue 27, item 1).
+pub const START_FILE_ENV: &str = "PUZZLETRON_START_FILE";
 
 impl ArraySpec {
     /// The stand-alone spec of task `index`: the template with attempt id `<base>_<index>` and

@@ -13,6 +13,7 @@ use super::AttemptId;
 /// Non-terminal states: `Pending`, `Running`, `Completing`, `Suspended`, `Requeued`, `Unknown`.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(tag = "state", rename_all = "snake_case")]
+#[non_exhaustive]
 pub enum JobState {
     /// Accepted, waiting for resources (Slurm `PENDING`, `CONFIGURING`, `REQUEUE_HOLD`,
     /// `RESV_DEL_HOLD`; local: waiting for a concurrency or GPU slot). The reason, when known,

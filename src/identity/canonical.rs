@@ -144,6 +144,7 @@ enum Canon {
 /// Parameters in canonical form: the RFC 8785 JSON text plus the top-level field names in the
 /// order the type declares them (used for metric-table column order) and their types.
 #[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct CanonicalParams {
     /// Canonical JSON text (RFC 8785).
     pub json: String,

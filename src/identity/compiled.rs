@@ -91,6 +91,7 @@ pub struct CompiledCode {
 
 /// One item's digest in a record: its file and its digest.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[non_exhaustive]
 pub struct ItemDigest {
     /// Its file (relative to its package).
     pub file: String,

@@ -103,6 +103,7 @@ impl fmt::Debug for Hash {
 /// Error of [`Hash::from_str`]: the text is not 64 hex characters.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error("invalid hash {text:?}: expected 64 lowercase hex characters")]
+#[non_exhaustive]
 pub struct ParseHashError {
     /// The text that failed to parse (truncated to 80 characters).
     pub text: String,

@@ -107,6 +107,7 @@ fn module_of(rel_to_src: &Path) -> String {
 
 /// What to hash: the crate root, the job's file and the module selection.
 #[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct OwnedCode {
     /// The crate root (the folder holding `Cargo.toml`).
     pub crate_dir: PathBuf,
@@ -116,6 +117,21 @@ pub struct OwnedCode {
     pub modules: Modules,
 }
 
+impl OwnedCode {
+    /// The code of crate `crate_dir` owned by a job defined in `job_file`, counting `modules`.
+    pub fn new(
+        crate_dir: impl Into<PathBuf>,
+        job_file: impl Into<PathBuf>,
+        modules: Modules,
+    ) -> Self {
+        Self {
+            crate_dir: crate_dir.into(),
+            job_file: job_file.into(),
+            modules,
+        }
+    }
+}
+
 /// The owned-code digest and the per-file digests it was made from (paths relative to the
 /// crate root, `/`-separated), so a changed result can name the files that changed.
 ///
@@ -123,6 +139,7 @@ pub struct OwnedCode {
 /// [`CompiledCode`](super::CompiledCode)); records written before item-level identity have only
 /// `digest` and `files`, and still read.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[non_exhaustive]
 pub struct OwnedDigest {
     /// The owned-code digest: over the sorted (path, file digest) pairs (file scheme), or as in
     /// [`CompiledCode::owned`](super::CompiledCode::owned) (item scheme).

@@ -10,6 +10,7 @@ use super::{Hash, IdentityError};
 
 /// The Cargo.lock a result was built with.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[non_exhaustive]
 pub struct LockWitness {
     /// Where it was found (absolute).
     pub path: PathBuf,
@@ -20,6 +21,7 @@ pub struct LockWitness {
 /// The compiler that built the running binary (captured at compile time by puzzletron's build
 /// script, which runs with the same `rustc` as the user's crate).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[non_exhaustive]
 pub struct Toolchain {
     /// `rustc -vV`'s first line, e.g. `rustc 1.95.0 (59807616e 2026-04-14)`.
     pub rustc: String,
@@ -46,6 +48,7 @@ impl Toolchain {
 
 /// The git state of a source checkout named with `Orchestrator`'s `source(path)`.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[non_exhaustive]
 pub struct SourceWitness {
     /// The checkout (as given).
     pub path: PathBuf,
@@ -57,6 +60,7 @@ pub struct SourceWitness {
 
 /// Everything recorded about the environment of a result.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[non_exhaustive]
 pub struct Witnesses {
     /// The lock file, when one was found or given.
     pub cargo_lock: Option<LockWitness>,

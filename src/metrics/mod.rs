@@ -12,7 +12,7 @@ pub use table::{MetricTable, RESERVED_COLUMNS};
 use std::path::PathBuf;
 
 use crate::identity::Hash;
-use crate::store::{JobRecord, Series, Status, Store, StoreError};
+use crate::store::{JobRecord, Series, Store, StoreError};
 
 /// Errors building or writing metric tables.
 #[derive(Debug, thiserror::Error)]
@@ -79,13 +79,7 @@ impl MetricsError {
 /// [`MetricsError::Store`] when a record or metric file cannot be read,
 /// [`MetricsError::ReservedParameter`] when a job has a parameter named like a column.
 pub fn collect<S: Store + ?Sized>(store: &S) -> Result<MetricTable, MetricsError> {
-    let keys = store.keys()?;
-    let mut recs: Vec<_> = store
-        .records(&keys)?
-        .into_iter()
-        .flatten()
-        .filter(|r| r.status == Status::Done)
-        .collect();
+    let mut recs = crate::store::StoreExt::done_records(store)?;
     recs.sort_by(|a, b| {
         a.finished_at
             .unwrap_or(0.0)
@@ -267,7 +261,7 @@ mod tests {
     #[test]
     fn many_jobs_read_on_threads_keep_finish_order() {
         use crate::store::conformance::sample_record;
-        use crate::store::{ClaimOutcome, MemoryStore, Owner, StoreExt};
+        use crate::store::{ClaimOutcome, MemoryStore, Owner, Status, StoreExt};
         let store = MemoryStore::new();
         let n = 2500;
         for i in 0..n {

@@ -98,8 +98,18 @@ pub enum StageStatus {
     Failed,
     /// Not run: a manual decision upstream chose no candidate.
     Skipped,
-    /// Not started and never will be in this run: a stage it depends on failed.
+    /// Not started and never will be in this run: a stage it depends on failed
+    /// ([`StageHistory::blocked_by`] names it).
     Blocked,
+    /// The campaign was cancelled (`campaign cancel`, Ctrl-C, SIGTERM) before this stage
+    /// finished: nothing of it is live and nothing more will be submitted until a new run
+    /// ([`CampaignHistory::cancelled`] says by whom and when).
+    Cancelled,
+    /// No attempt live: a failed unit waits for its retry ([`StageHistory::backoff`] says
+    /// until when, which attempt and why).
+    BackingOff,
+    /// A manual decision stage waits for a person ([`StageHistory::decision_file`]).
+    AwaitingDecision,
 }
 
 impl StageStatus {
@@ -112,12 +122,16 @@ impl StageStatus {
             StageStatus::Failed => "failed",
             StageStatus::Skipped => "skipped",
             StageStatus::Blocked => "blocked",
+            StageStatus::Cancelled => "cancelled",
+            StageStatus::BackingOff => "backing_off",
+            StageStatus::AwaitingDecision => "awaiting_decision",
         }
     }
 }
 
 /// One stage.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[non_exhaustive]
 pub struct StageHistory {
     /// Stage id.
     pub id: String,
@@ -145,10 +159,78 @@ pub struct StageHistory {
     /// A manual decision stage that was decided: the chosen candidates (empty: none).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub chosen: Option<Vec<String>>,
+    /// A blocked stage: the failed stage upstream that blocks it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub blocked_by: Option<String>,
+    /// The earliest pending retry of its units (a unit failed, its next attempt is decided
+    /// and not submitted yet).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub backoff: Option<Backoff>,
+    /// The status in words, the same in `status`, `status --json`, the live view and the
+    /// report: `done`, `running`, `cancelled`, `backing off until 14:03:07 UTC (attempt 2,
+    /// oom)`, `waiting for a decision`, `blocked by score`, ... ([`StageHistory::state_text`]).
+    #[serde(default)]
+    pub state: String,
+}
+
+/// A unit's pending retry.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Backoff {
+    /// The unit, e.g. `score/3`.
+    pub unit: String,
+    /// Not submitted before this time (ms since the Unix epoch, controller clock).
+    pub until_ms: u64,
+    /// The number of the attempt to come (from 1).
+    pub attempt: u32,
+    /// The failure class of the attempt that failed (`oom`, `transient`, ...), when known.
+    pub class: Option<String>,
+}
+
+/// A campaign cancelled as a whole.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct CampaignCancel {
+    /// When (ms since the Unix epoch, controller clock).
+    pub at_ms: u64,
+    /// By whom: the command or signal and the user, host and pid, as the canceller wrote it
+    /// (e.g. `` `puzzletron campaign cancel` (user ana on h1, pid 4242) ``).
+    pub by: String,
+    /// The attempts that were live and were cancelled.
+    pub attempts: Vec<String>,
+}
+
+/// `HH:MM:SS UTC` of a time in ms since the Unix epoch.
+pub fn clock_text(ms: u64) -> String {
+    let s = (ms / 1000) % 86_400;
+    format!("{:02}:{:02}:{:02} UTC", s / 3600, (s / 60) % 60, s % 60)
+}
+
+impl StageHistory {
+    /// The status in words (see [`StageHistory::state`]).
+    pub fn state_text(&self) -> String {
+        match self.status {
+            StageStatus::Cancelled => "cancelled".to_string(),
+            StageStatus::BackingOff => match &self.backoff {
+                Some(b) => format!(
+                    "backing off until {} (attempt {}, {})",
+                    clock_text(b.until_ms),
+                    b.attempt,
+                    b.class.as_deref().unwrap_or("failed")
+                ),
+                None => "backing off".to_string(),
+            },
+            StageStatus::AwaitingDecision => "waiting for a decision".to_string(),
+            StageStatus::Blocked => match &self.blocked_by {
+                Some(b) => format!("blocked by {b}"),
+                None => "blocked".to_string(),
+            },
+            other => other.as_str().to_string(),
+        }
+    }
 }
 
 /// One attempt.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[non_exhaustive]
 pub struct AttemptHistory {
     /// The attempt id (the scheduler job name).
     pub attempt_id: String,
@@ -273,6 +355,7 @@ impl AttemptHistory {
 
 /// Everything known about a campaign's attempts.
 #[derive(Clone, Debug, Serialize, Deserialize)]
+#[non_exhaustive]
 pub struct CampaignHistory {
     /// The campaign folder.
     pub dir: PathBuf,
@@ -300,6 +383,14 @@ pub struct CampaignHistory {
     pub attempts: Vec<AttemptHistory>,
     /// Whether the campaign has ended: every stage done or failed, nothing live.
     pub finished: bool,
+    /// The campaign was cancelled as a whole and not run again since: by whom, when, which
+    /// attempts.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cancelled: Option<CampaignCancel>,
+    /// What could not be read (a journal line or a `plan.json` that does not parse), with its
+    /// path and the last good record: the rest is shown from what was read.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub problems: Vec<String>,
     /// The last events (`Event` entries: recovery, halt, detach...), at most 50.
     pub events: Vec<(u64, String, String)>,
     /// Nodes the controller excluded from later submissions (attempts failed fast on them):
@@ -389,6 +480,17 @@ struct RawEntry<'a> {
     file: Option<Cow<'a, str>>,
     #[serde(default)]
     chosen: Option<Vec<String>>,
+    #[serde(default, borrow)]
+    decision: Option<&'a RawValue>,
+    #[serde(default)]
+    not_before_ms: Option<u64>,
+}
+
+/// The tag of a journaled decision (`{"decision": "retry", ...}`).
+#[derive(Deserialize)]
+struct DecisionTag<'a> {
+    #[serde(borrow)]
+    decision: Cow<'a, str>,
 }
 
 /// The two forms a journaled state takes.
@@ -647,20 +749,40 @@ impl CampaignHistory {
         }
         let lease = LeaseStatus::probe(&ctl)?;
         let plan_path = ctl.join("plan.json");
+        let mut problems = Vec::new();
         let plan = match std::fs::read(&plan_path) {
-            Ok(b) => Some(plan_info(&serde_json::from_slice::<PlanView>(&b).map_err(
-                |e| ReportError::Corrupt {
-                    path: plan_path.clone(),
-                    line: Some(e.line()),
-                    reason: format!("not a campaign plan: {e}"),
-                },
-            )?)),
+            Ok(b) => match serde_json::from_slice::<PlanView>(&b) {
+                Ok(p) => Some(plan_info(&p)),
+                // Shown from the journal alone (stages as its attempts name them).
+                Err(e) => {
+                    problems.push(format!(
+                        "{}: line {}: not a campaign plan ({e}); stages are shown as the \
+                         journal's attempts name them, without their parents and GPU counts",
+                        plan_path.display(),
+                        e.line()
+                    ));
+                    None
+                }
+            },
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => None,
             Err(e) => return Err(ReportError::io("reading plan", &plan_path, e)),
         };
         let mut b = HistoryBuilder::new(dir, plan.as_ref(), lease, now_ms());
-        let _torn = read_journal(&journal, |at, e| b.apply(at, e))?;
+        match read_journal(&journal, |at, e| b.apply(at, e)) {
+            Ok(_torn) => {}
+            // What was read before the bad line is shown; the rest is named missing.
+            Err(ReportError::Corrupt { path, line, reason }) => problems.push(format!(
+                "{}: line {}: {reason}; shown: the {} records before it (the last good record \
+                 at {}), missing: everything after it",
+                path.display(),
+                line.map_or("?".to_string(), |l| l.to_string()),
+                b.h.records,
+                b.h.last_ms.map_or("-".to_string(), clock_text),
+            )),
+            Err(e) => return Err(e),
+        }
         let mut h = b.finish();
+        h.problems = problems;
         if attempt_records {
             let adir = dir.join("attempts");
             if adir.is_dir() {
@@ -728,9 +850,28 @@ impl CampaignHistory {
                 Outcome::Superseded => {}
             }
         }
+        let cancelled = self.cancelled.is_some();
         for s in &mut self.stages {
-            if matches!(s.status, StageStatus::Waiting | StageStatus::Running) {
-                s.status = if s.live_units > 0 || s.done_units > 0 || s.failed_units > 0 {
+            s.blocked_by = None;
+            if matches!(
+                s.status,
+                StageStatus::Waiting
+                    | StageStatus::Running
+                    | StageStatus::Blocked
+                    | StageStatus::Cancelled
+                    | StageStatus::BackingOff
+                    | StageStatus::AwaitingDecision
+            ) {
+                let touched = s.live_units > 0 || s.done_units > 0 || s.failed_units > 0;
+                s.status = if s.live_units > 0 {
+                    StageStatus::Running
+                } else if cancelled {
+                    StageStatus::Cancelled
+                } else if s.decision_file.is_some() && s.chosen.is_none() {
+                    StageStatus::AwaitingDecision
+                } else if s.backoff.is_some() {
+                    StageStatus::BackingOff
+                } else if touched {
                     StageStatus::Running
                 } else {
                     StageStatus::Waiting
@@ -741,18 +882,28 @@ impl CampaignHistory {
         // a failed parent): blocked, so a campaign that failed reads as ended, not pending.
         // Plan order lists parents first.
         for i in 0..self.stages.len() {
-            if self.stages[i].status == StageStatus::Waiting
-                && self.stages[i].parents.iter().any(|p| {
-                    idx.get(p).is_some_and(|&pi| {
-                        matches!(
-                            self.stages[pi].status,
-                            StageStatus::Failed | StageStatus::Blocked
-                        )
-                    })
-                })
-            {
-                self.stages[i].status = StageStatus::Blocked;
+            if !matches!(
+                self.stages[i].status,
+                StageStatus::Waiting | StageStatus::Cancelled
+            ) {
+                continue;
             }
+            let by = self.stages[i].parents.iter().find_map(|p| {
+                let &pi = idx.get(p)?;
+                let ps = &self.stages[pi];
+                match ps.status {
+                    StageStatus::Failed => Some(ps.id.clone()),
+                    StageStatus::Blocked => Some(ps.blocked_by.clone().unwrap_or(ps.id.clone())),
+                    _ => None,
+                }
+            });
+            if let Some(by) = by {
+                self.stages[i].status = StageStatus::Blocked;
+                self.stages[i].blocked_by = Some(by);
+            }
+        }
+        for s in &mut self.stages {
+            s.state = s.state_text();
         }
         self.finished = !live_any
             && !self.stages.is_empty()
@@ -841,6 +992,10 @@ struct HistoryBuilder<'p> {
     stage_end: HashMap<String, (StageStatus, Option<String>)>,
     /// Manual decisions: stage -> (decision file while it waits, chosen once decided).
     decisions: HashMap<String, (Option<PathBuf>, Option<Vec<String>>)>,
+    /// Units whose retry is decided and not submitted yet.
+    backoffs: FastMap<String, Backoff>,
+    /// Attempts asked to cancel and why, since the last whole-campaign cancel.
+    cancel_requests: Vec<(usize, String)>,
 }
 
 impl<'p> HistoryBuilder<'p> {
@@ -860,6 +1015,8 @@ impl<'p> HistoryBuilder<'p> {
                 stages: Vec::new(),
                 attempts: Vec::new(),
                 finished: false,
+                cancelled: None,
+                problems: Vec::new(),
                 events: Vec::new(),
                 excluded_nodes: Vec::new(),
                 lease,
@@ -869,6 +1026,8 @@ impl<'p> HistoryBuilder<'p> {
             last_of_unit: FastMap::default(),
             stage_end: HashMap::new(),
             decisions: HashMap::new(),
+            backoffs: FastMap::default(),
+            cancel_requests: Vec::new(),
         }
     }
 
@@ -903,12 +1062,16 @@ impl<'p> HistoryBuilder<'p> {
                 self.last_of_unit.clear();
                 self.stage_end.clear();
                 self.decisions.clear();
+                self.backoffs.clear();
             }
             "intent" => {
                 let (Some(unit), Some(id)) = (e.unit.as_deref(), e.attempt_id.as_deref()) else {
                     return;
                 };
                 let stage = unit.rsplit_once('/').map_or(unit, |(s, _)| s).to_string();
+                // A new submit: the campaign runs again, the unit's back-off is over.
+                h.cancelled = None;
+                self.backoffs.remove(unit);
                 let gpus = self.plan.map_or(0, |p| p.unit_gpus(unit));
                 let idx = h.attempts.len();
                 h.attempts.push(AttemptHistory {
@@ -971,6 +1134,8 @@ impl<'p> HistoryBuilder<'p> {
             }
             "cancel_requested" => {
                 if let Some(i) = self.attempt_index(e) {
+                    self.cancel_requests
+                        .push((i, e.reason.as_deref().unwrap_or_default().to_string()));
                     let a = &mut self.h.attempts[i];
                     if a.detail.is_empty() {
                         a.detail =
@@ -1054,7 +1219,51 @@ impl<'p> HistoryBuilder<'p> {
                     );
                 }
             }
+            "decided" => {
+                let retry = e
+                    .decision
+                    .and_then(|d| serde_json::from_str::<DecisionTag>(d.get()).ok())
+                    .is_some_and(|d| d.decision == "retry");
+                let Some(unit) = e.unit.as_deref() else {
+                    return;
+                };
+                if retry {
+                    let last = self.last_of_unit.get(unit).map(|&i| &h.attempts[i]);
+                    self.backoffs.insert(
+                        unit.to_string(),
+                        Backoff {
+                            unit: unit.to_string(),
+                            until_ms: e.not_before_ms.unwrap_or(at_ms),
+                            attempt: last.map_or(1, |a| a.attempt + 1),
+                            class: last.and_then(|a| a.class).map(|c| c.as_str().to_string()),
+                        },
+                    );
+                } else {
+                    self.backoffs.remove(unit);
+                }
+            }
             "event" => {
+                // A whole-campaign cancel: `shut_down` with "cancelled by ...: N attempts
+                // cancelled" (a new revision also shuts down, and is not a cancel).
+                if e.kind.as_deref() == Some("shut_down")
+                    && let Some(m) = e.message.as_deref()
+                    && let Some(by) = m.strip_prefix("cancelled by ")
+                {
+                    let reason = m.rsplit_once(": ").map_or(m, |(r, _)| r);
+                    let by = by.rsplit_once(": ").map_or(by, |(b, _)| b);
+                    let attempts = self
+                        .cancel_requests
+                        .iter()
+                        .filter(|(_, r)| r == reason)
+                        .map(|(i, _)| h.attempts[*i].attempt_id.clone())
+                        .collect();
+                    h.cancelled = Some(CampaignCancel {
+                        at_ms,
+                        by: by.to_string(),
+                        attempts,
+                    });
+                    self.cancel_requests.clear();
+                }
                 h.events.push((
                     at_ms,
                     e.kind.as_deref().unwrap_or_default().to_string(),
@@ -1089,6 +1298,7 @@ impl<'p> HistoryBuilder<'p> {
             plan,
             stage_end,
             mut decisions,
+            backoffs,
             ..
         } = self;
         if h.events.len() > 50 {
@@ -1122,6 +1332,14 @@ impl<'p> HistoryBuilder<'p> {
                 s.chosen = chosen;
             }
         }
+        for b in backoffs.into_values() {
+            let stage = b.unit.rsplit_once('/').map_or(b.unit.as_str(), |(s, _)| s);
+            if let Some(s) = stages.iter_mut().find(|s| s.id == stage)
+                && s.backoff.as_ref().is_none_or(|o| b.until_ms < o.until_ms)
+            {
+                s.backoff = Some(b);
+            }
+        }
         h.stages = stages;
         h.recompute_stages();
         h
@@ -1143,6 +1361,9 @@ impl StageHistory {
             wasted_gpu_hours: 0.0,
             decision_file: None,
             chosen: None,
+            blocked_by: None,
+            backoff: None,
+            state: String::new(),
         }
     }
 }
@@ -1176,6 +1397,8 @@ mod tests {
         h.recompute_stages();
         let status: Vec<&str> = h.stages.iter().map(|s| s.status.as_str()).collect();
         assert_eq!(status, ["failed", "blocked", "blocked", "waiting"]);
+        let state: Vec<&str> = h.stages.iter().map(|s| s.state.as_str()).collect();
+        assert_eq!(state, ["failed", "blocked by a", "blocked by a", "waiting"]);
         assert!(!h.finished, "d can still run");
         h.stages[3].status = StageStatus::Done;
         h.recompute_stages();
@@ -1183,6 +1406,97 @@ mod tests {
         // No attempts: totals are +0.0 (an empty f64 sum is -0.0, printed "-0.000").
         assert_eq!(format!("{:.3}", h.wasted_gpu_hours()), "0.000");
         assert_eq!(format!("{:.3}", h.gpu_hours()), "0.000");
+    }
+
+    #[test]
+    fn backoff_decision_and_cancel_are_shown_as_themselves() {
+        let attempt = |at: u64, unit: &str, n: u32| {
+            let id = format!("n.{}.a{n}", unit.replace('/', "."));
+            [
+                rec(
+                    at,
+                    serde_json::json!({"t":"intent","unit":unit,"attempt":n,"attempt_id":id,"resume":false,"more_resources":false}),
+                ),
+                rec(
+                    at,
+                    serde_json::json!({"t":"submitted","attempt_id":id,"handle":{"executor":"mock","attempt_id":id,"job_id":"1","array_task":null,"cluster":null,"submitted_at_ms":at,"data":{}},"adopted":false}),
+                ),
+            ]
+        };
+        let mut recs = vec![rec(
+            0,
+            serde_json::json!({"t":"header","format":1,"nonce":"n","contract_hash":"h"}),
+        )];
+        recs.extend(attempt(0, "a/0", 1));
+        recs.extend(attempt(0, "b/0", 1));
+        recs.push(rec(
+            1000,
+            serde_json::json!({"t":"finished","attempt_id":"n.a.0.a1","state":{"state":"out_of_memory"},"exit_code":null,"class":"oom","detail":"OOM","log_path":null}),
+        ));
+        // 13:00:05 UTC on day 0.
+        recs.push(rec(
+            1000,
+            serde_json::json!({"t":"decided","unit":"a/0","decision":{"decision":"retry","delay":{"secs":5,"nanos":0},"resume":false,"more_resources":true},"not_before_ms":46_805_000}),
+        ));
+        recs.push(rec(
+            1000,
+            serde_json::json!({"t":"decision_needed","stage":"pick","file":"/c/decisions/pick.txt","candidates":["x:0"]}),
+        ));
+        let h = from_lines(&recs, 2000);
+        let st = |h: &CampaignHistory, id: &str| {
+            let s = h.stages.iter().find(|s| s.id == id).unwrap();
+            (s.status.as_str().to_string(), s.state.clone())
+        };
+        assert_eq!(
+            st(&h, "a"),
+            (
+                "backing_off".into(),
+                "backing off until 13:00:05 UTC (attempt 2, oom)".into()
+            )
+        );
+        assert_eq!(st(&h, "b"), ("running".into(), "running".into()));
+        assert!(h.cancelled.is_none());
+
+        // The retry is submitted: running again, no back-off.
+        let mut more = recs.clone();
+        more.extend(attempt(46_805_000, "a/0", 2));
+        let h2 = from_lines(&more, 46_806_000);
+        assert_eq!(st(&h2, "a"), ("running".into(), "running".into()));
+
+        // A whole-campaign cancel: by whom, when, which attempts; nothing `running`.
+        let mut c = recs.clone();
+        c.push(rec(
+            3000,
+            serde_json::json!({"t":"cancel_requested","attempt_id":"n.b.0.a1","reason":"cancelled by `puzzletron campaign cancel` (user u on h, pid 7)"}),
+        ));
+        c.push(rec(
+            3100,
+            serde_json::json!({"t":"finished","attempt_id":"n.b.0.a1","state":{"state":"cancelled","by_uid":null},"exit_code":null,"class":"cancelled","detail":"cancelled","log_path":null}),
+        ));
+        c.push(rec(
+            3200,
+            serde_json::json!({"t":"event","kind":"shut_down","message":"cancelled by `puzzletron campaign cancel` (user u on h, pid 7): 1 attempts cancelled"}),
+        ));
+        let h3 = from_lines(&c, 4000);
+        let cancel = h3.cancelled.clone().expect("cancelled");
+        assert_eq!(
+            cancel.by,
+            "`puzzletron campaign cancel` (user u on h, pid 7)"
+        );
+        assert_eq!(
+            (cancel.at_ms, cancel.attempts),
+            (3200, vec!["n.b.0.a1".to_string()])
+        );
+        assert_eq!(st(&h3, "a"), ("cancelled".into(), "cancelled".into()));
+        assert_eq!(st(&h3, "b"), ("cancelled".into(), "cancelled".into()));
+        assert!(!h3.finished, "a cancelled campaign can run again");
+        // A new revision's shutdown is not a cancel.
+        let mut r = recs.clone();
+        r.push(rec(
+            3200,
+            serde_json::json!({"t":"event","kind":"shut_down","message":"new revision: the contract changed: 1 attempts cancelled"}),
+        ));
+        assert!(from_lines(&r, 4000).cancelled.is_none());
     }
 
     #[test]

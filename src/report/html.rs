@@ -29,7 +29,7 @@ h1{font-size:22px;margin:0 0 4px}h2{font-size:17px;margin:28px 0 8px;border-bott
 td,th{border:1px solid #ddd;padding:3px 8px;text-align:left;vertical-align:top}th{background:#f4f4f4}
 td.n{text-align:right;font-variant-numeric:tabular-nums}.mono{font-family:ui-monospace,Menlo,Consolas,monospace;font-size:12px}
 svg text{font-family:system-ui,sans-serif;font-size:11px;fill:#222}svg text.small{font-size:10px;fill:#555}
-svg text.lbl{font-size:12px;font-weight:600}.legend span{display:inline-block;margin-right:14px;font-size:12px}
+svg text.lbl{font-size:12px;font-weight:600}svg text.barlbl{font-size:10px;fill:#fff;pointer-events:none}.legend span{display:inline-block;margin-right:14px;font-size:12px}
 .legend i{display:inline-block;width:12px;height:12px;margin-right:4px;vertical-align:-2px;border-radius:2px}
 rect.wait{opacity:.45}line.retry{stroke:#444;stroke-width:1;stroke-dasharray:3 2}
 .scroll{overflow-x:auto;max-width:100%}
@@ -66,6 +66,30 @@ pub fn render_campaign_report(h: &CampaignHistory) -> String {
         utc(h.as_of_ms),
         esc(&h.lease.describe()),
     );
+    for p in &h.problems {
+        let _ = write!(
+            o,
+            "<div class=\"meta problem\" style=\"color:#b00\"><b>not read fully:</b> {}</div>",
+            esc(p)
+        );
+    }
+    if let Some(c) = &h.cancelled {
+        let _ = write!(
+            o,
+            "<div class=\"meta\" id=\"cancelled\"><b>cancelled</b> by {} at {}; {} attempt(s) cancelled{}</div>",
+            esc(&c.by),
+            utc(c.at_ms),
+            c.attempts.len(),
+            if c.attempts.is_empty() {
+                String::new()
+            } else {
+                format!(
+                    ": <span class=\"mono\">{}</span>",
+                    esc(&c.attempts.join(", "))
+                )
+            }
+        );
+    }
     summary(&mut o, h);
     o.push_str("<h2>Stages</h2>");
     dag(&mut o, h);
@@ -158,7 +182,18 @@ fn dag(o: &mut String, h: &CampaignHistory) {
         pos.push((l, *r));
         *r += 1;
     }
-    let (bw, bh, gx, gy) = (150.0, 40.0, 26.0, 14.0);
+    // Boxes as wide as the longest full label (12 px bold) or state line (10 px): never
+    // truncated, never shrunk (the graph scrolls sideways instead).
+    let longest = h
+        .stages
+        .iter()
+        .map(|s| {
+            let label = s.id.chars().count() as f64 * 7.6;
+            let state = (s.state.chars().count() + 12) as f64 * 6.0;
+            label.max(state)
+        })
+        .fold(0.0f64, f64::max);
+    let (bw, bh, gx, gy) = ((longest + 16.0).max(150.0).ceil(), 40.0, 40.0, 14.0);
     let cols = level.iter().max().map_or(0, |m| m + 1);
     let rows = row_in_level.values().max().copied().unwrap_or(0);
     let w = 20.0 + cols as f64 * (bw + gx);
@@ -166,24 +201,35 @@ fn dag(o: &mut String, h: &CampaignHistory) {
     let xy = |(l, r): (usize, usize)| (10.0 + l as f64 * (bw + gx), 10.0 + r as f64 * (bh + gy));
     let _ = write!(
         o,
-        r#"<div class="scroll"><svg id="dag" xmlns="http://www.w3.org/2000/svg" width="{w:.0}" height="{ht:.0}" viewBox="0 0 {w:.0} {ht:.0}" style="max-width:100%;height:auto">"#
+        r#"<div class="scroll"><svg id="dag" xmlns="http://www.w3.org/2000/svg" width="{w:.0}" height="{ht:.0}" viewBox="0 0 {w:.0} {ht:.0}">"#
     );
     for (i, s) in h.stages.iter().enumerate() {
         let (x2, y2) = xy(pos[i]);
         for p in &s.parents {
             if let Some(&j) = idx.get(p.as_str()) {
                 let (x1, y1) = xy(pos[j]);
-                let _ = write!(
-                    o,
-                    r##"<path class="edge" d="M{:.1} {:.1} C{:.1} {:.1} {:.1} {:.1} {x2:.1} {:.1}" fill="none" stroke="#999" stroke-width="1.2"/>"##,
-                    x1 + bw,
-                    y1 + bh / 2.0,
-                    x1 + bw + gx / 2.0,
-                    y1 + bh / 2.0,
-                    x2 - gx / 2.0,
-                    y2 + bh / 2.0,
-                    y2 + bh / 2.0
-                );
+                let (ys, yt) = (y1 + bh / 2.0, y2 + bh / 2.0);
+                if pos[i].0 == pos[j].0 + 1 {
+                    // Next column: a curve across the gap between the two columns.
+                    let _ = write!(
+                        o,
+                        r##"<path class="edge" d="M{:.1} {ys:.1} C{:.1} {ys:.1} {:.1} {yt:.1} {x2:.1} {yt:.1}" fill="none" stroke="#999" stroke-width="1.2"/>"##,
+                        x1 + bw,
+                        x1 + bw + gx / 2.0,
+                        x2 - gx / 2.0,
+                    );
+                } else {
+                    // Across columns: down the gap after the source's column, along the gap
+                    // between rows above the target's row (no box sits on either), down the
+                    // gap before the target's column: never through a box.
+                    let (ga, gb) = (x1 + bw + gx / 2.0, x2 - gx / 2.0);
+                    let yc = y2 - gy / 2.0;
+                    let _ = write!(
+                        o,
+                        r##"<path class="edge" d="M{:.1} {ys:.1} H{ga:.1} V{yc:.1} H{gb:.1} V{yt:.1} H{x2:.1}" fill="none" stroke="#999" stroke-width="1.2"/>"##,
+                        x1 + bw,
+                    );
+                }
             }
         }
     }
@@ -192,35 +238,24 @@ fn dag(o: &mut String, h: &CampaignHistory) {
         let st = s.status.as_str();
         let _ = write!(
             o,
-            r##"<g class="stage" data-stage="{}" data-status="{st}"><title>{}: {st}, {}/{} units done, {} GPU-h</title><rect x="{x:.1}" y="{y:.1}" width="{bw}" height="{bh}" rx="5" fill="{}" fill-opacity="0.25" stroke="{}" stroke-width="1.5"/>"##,
+            r##"<g class="stage" data-stage="{}" data-status="{st}" data-state="{}"><title>{}: {}, {}/{} units done, {} GPU-h</title><rect x="{x:.1}" y="{y:.1}" width="{bw}" height="{bh}" rx="5" fill="{}" fill-opacity="0.25" stroke="{}" stroke-width="1.5"/>"##,
             esc(&s.id),
+            esc(&s.state),
             esc(&s.id),
+            esc(&s.state),
             s.done_units,
             s.units,
             gh(s.gpu_hours),
             colour(st),
             colour(st)
         );
-        let name: String = if s.id.chars().count() > 26 {
-            let tail: String =
-                s.id.chars()
-                    .rev()
-                    .take(25)
-                    .collect::<Vec<_>>()
-                    .into_iter()
-                    .rev()
-                    .collect();
-            format!("…{tail}")
-        } else {
-            s.id.clone()
-        };
-        text(o, x + 6.0, y + 16.0, "lbl", &name);
+        text(o, x + 6.0, y + 16.0, "lbl", &s.id);
         text(
             o,
             x + 6.0,
             y + 32.0,
             "small",
-            &format!("{st} · {}/{}", s.done_units, s.units),
+            &format!("{} · {}/{}", s.state, s.done_units, s.units),
         );
         o.push_str("</g>");
     }
@@ -236,12 +271,13 @@ fn stage_table(o: &mut String, h: &CampaignHistory) {
     for s in &h.stages {
         let _ = write!(
             o,
-            "<tr data-stage=\"{}\" data-gpu-hours=\"{}\"><td>{}</td><td style=\"color:{}\">{}</td><td class=\"n\">{}/{}</td><td class=\"n\">{}</td><td class=\"n\">{}</td><td class=\"n\">{}</td><td class=\"n\">{}</td><td class=\"n\">{}</td><td>{}</td></tr>",
+            "<tr data-stage=\"{}\" data-gpu-hours=\"{}\"><td>{}</td><td class=\"state\" data-status=\"{}\" style=\"color:{}\">{}</td><td class=\"n\">{}/{}</td><td class=\"n\">{}</td><td class=\"n\">{}</td><td class=\"n\">{}</td><td class=\"n\">{}</td><td class=\"n\">{}</td><td>{}</td></tr>",
             esc(&s.id),
             s.gpu_hours,
             esc(&s.id),
-            colour(s.status.as_str()),
             s.status.as_str(),
+            colour(s.status.as_str()),
+            esc(&s.state),
             s.done_units,
             s.units,
             s.live_units,
@@ -345,7 +381,8 @@ fn timeline(o: &mut String, h: &CampaignHistory) {
     let (left, plot_w, row_h, top) = (170.0, 900.0, 14.0, 24.0);
     let gap = 6.0;
     let height = top + rows as f64 * row_h + lay.groups.len() as f64 * gap + 10.0;
-    let width = left + plot_w + 20.0;
+    // Room on the right for the last axis label (`+12h 34m`), so it is never clipped.
+    let width = left + plot_w + 80.0;
     let x = |t: u64| left + (t.saturating_sub(t0)) as f64 / (t1 - t0) as f64 * plot_w;
     // Row y, with a gap between node groups.
     let mut group_of_row = Vec::with_capacity(rows);
@@ -435,6 +472,17 @@ fn timeline(o: &mut String, h: &CampaignHistory) {
             q = duration(start.saturating_sub(a.submitted_ms)),
             run = duration(end.saturating_sub(start)),
         );
+        // The stage's name on the bar where it fits (10 px, about 6 px a character).
+        let bw = x(end) - x(start);
+        if hh >= 10.0 && bw >= a.stage.chars().count() as f64 * 6.2 + 6.0 {
+            let _ = write!(
+                o,
+                r##"<text class="barlbl" x="{:.2}" y="{:.2}">{}</text>"##,
+                x(start) + 3.0,
+                yy + hh / 2.0 + 3.5,
+                esc(&a.stage)
+            );
+        }
     }
     // Retry links: from the end of an attempt to the start of the next attempt of its unit.
     for (i, a) in h.attempts.iter().enumerate() {

@@ -22,6 +22,7 @@ use crate::store::Liveness;
 
 /// What the probe found.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[non_exhaustive]
 pub struct LeaseStatus {
     /// A controller holds the lease, or may: the record lock is held, or `lease.json` names a
     /// holder (or cannot be read) that cannot be proved dead from here.

@@ -23,7 +23,8 @@ pub mod sweep;
 use std::path::{Path, PathBuf};
 
 pub use history::{
-    AttemptHistory, AttemptTimes, CampaignHistory, Outcome, StageHistory, StageStatus,
+    AttemptHistory, AttemptTimes, Backoff, CampaignCancel, CampaignHistory, Outcome, StageHistory,
+    StageStatus, clock_text,
 };
 pub use html::render_campaign_report;
 pub use lease::LeaseStatus;

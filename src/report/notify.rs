@@ -31,6 +31,7 @@ use serde::{Deserialize, Serialize};
 
 /// One notification.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[non_exhaustive]
 pub struct NotifyEvent {
     /// `stage_done`, `stage_failed`, `campaign_end`, `attempt_hung` or `decision_needed`.
     pub event: String,
@@ -47,6 +48,41 @@ pub struct NotifyEvent {
 }
 
 impl NotifyEvent {
+    /// Notification `event` about `campaign` saying `message`, sent now: no stage, no detail
+    /// (`null`). Set the others with the `with_*` methods.
+    pub fn new(
+        event: impl Into<String>,
+        campaign: impl Into<PathBuf>,
+        message: impl Into<String>,
+    ) -> Self {
+        Self {
+            event: event.into(),
+            campaign: campaign.into(),
+            stage: None,
+            message: message.into(),
+            at_ms: now_ms(),
+            detail: serde_json::Value::Null,
+        }
+    }
+
+    /// Sets the stage.
+    pub fn with_stage(mut self, stage: impl Into<String>) -> Self {
+        self.stage = Some(stage.into());
+        self
+    }
+
+    /// Sets the time (ms since the Unix epoch).
+    pub fn with_at_ms(mut self, at_ms: u64) -> Self {
+        self.at_ms = at_ms;
+        self
+    }
+
+    /// Sets the event-specific data.
+    pub fn with_detail(mut self, detail: serde_json::Value) -> Self {
+        self.detail = detail;
+        self
+    }
+
     /// The notification for a controller event: [`StageDone`](ControllerEvent::StageDone) ->
     /// `stage_done`, [`StageFailed`](ControllerEvent::StageFailed) -> `stage_failed`,
     /// [`AttemptStuck`](ControllerEvent::AttemptStuck) -> `attempt_hung`,

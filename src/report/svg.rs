@@ -73,6 +73,7 @@ pub(crate) fn colour(name: &str) -> &'static str {
         "superseded" => "#b48ede",
         "live" | "running" => "#3b7dd8",
         "intent" | "waiting" | "blocked" | "skipped" => "#d8d8d8",
+        "backing_off" | "awaiting_decision" => "#e0b02c",
         "submit_failed" => "#e08a2c",
         _ => "#e0b02c",
     }

@@ -12,6 +12,7 @@ use crate::store::{Status, Store};
 
 /// One run of a sweep store.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[non_exhaustive]
 pub struct SweepRun {
     /// The run's key (hex).
     pub key: String,
@@ -19,7 +20,9 @@ pub struct SweepRun {
     pub job: String,
     /// Its parameters (canonical JSON).
     pub params: serde_json::Value,
-    /// `running`, `done`, `failed` or `interrupted` (running, its owner dead).
+    /// `running`, `done`, `failed`, `interrupted` (running, its owner dead) or `corrupt`
+    /// (its record cannot be read: `error` names the file, what is wrong and the fix; `job`
+    /// is empty and `params` null).
     pub state: String,
     /// Attempt number.
     pub attempt: u32,
@@ -27,7 +30,8 @@ pub struct SweepRun {
     pub started_ms: u64,
     /// End (ms), when finished.
     pub finished_ms: Option<u64>,
-    /// The failure message, for a failed run.
+    /// The failure message, for a failed run; for a corrupt one, what cannot be read and the
+    /// fix.
     pub error: Option<String>,
     /// Whether a newer run of the same job and parameters exists (code changed since).
     pub superseded: bool,
@@ -35,6 +39,7 @@ pub struct SweepRun {
 
 /// Every run in a store.
 #[derive(Clone, Debug, Serialize, Deserialize)]
+#[non_exhaustive]
 pub struct SweepHistory {
     /// The store's location.
     pub location: String,
@@ -47,11 +52,40 @@ pub struct SweepHistory {
 impl SweepHistory {
     /// Reads every record of `store` (read-only).
     ///
+    /// A record that cannot be parsed is a run of state `corrupt` (its error names the file and
+    /// the fix); the other runs load as usual.
+    ///
     /// # Errors
-    /// [`ReportError::Store`] when a record cannot be read.
+    /// [`ReportError::Store`] when the store cannot be read (I/O).
     pub fn load(store: &dyn Store) -> Result<Self, ReportError> {
         let keys = store.keys()?;
-        let recs: Vec<_> = store.records(&keys)?.into_iter().flatten().collect();
+        let mut recs = Vec::with_capacity(keys.len());
+        let mut corrupt = Vec::new();
+        for (k, r) in keys
+            .iter()
+            .zip(crate::store::records_per_key(store, &keys)?)
+        {
+            match r {
+                Ok(Some(r)) => recs.push(r),
+                Ok(None) => {}
+                Err(e) => corrupt.push(SweepRun {
+                    key: k.to_string(),
+                    job: String::new(),
+                    params: serde_json::Value::Null,
+                    state: "corrupt".to_string(),
+                    attempt: 0,
+                    started_ms: 0,
+                    finished_ms: None,
+                    error: Some(format!(
+                        "{e}; the run is left alone by drains: `puzzletron sweep repair {}` (or \
+                         repair(true) on the sweep) moves it aside, never deleting it, and the \
+                         next drain runs it again",
+                        store.location()
+                    )),
+                    superseded: false,
+                }),
+            }
+        }
         let lineages: Vec<_> = recs.iter().map(|r| r.lineage).collect();
         let current = store.lineages(&lineages)?;
         let mut runs = Vec::with_capacity(recs.len());
@@ -83,6 +117,7 @@ impl SweepHistory {
                 superseded: cur.is_some_and(|c| c != r.key),
             });
         }
+        runs.extend(corrupt);
         runs.sort_by(|a, b| a.started_ms.cmp(&b.started_ms).then(a.key.cmp(&b.key)));
         Ok(SweepHistory {
             location: store.location(),
@@ -91,9 +126,10 @@ impl SweepHistory {
         })
     }
 
-    /// Runs per state, in a fixed order (`done`, `failed`, `running`, `interrupted`).
+    /// Runs per state, in a fixed order (`done`, `failed`, `running`, `interrupted`,
+    /// `corrupt`).
     pub fn counts(&self) -> Vec<(&'static str, usize)> {
-        ["done", "failed", "running", "interrupted"]
+        ["done", "failed", "running", "interrupted", "corrupt"]
             .into_iter()
             .map(|s| (s, self.runs.iter().filter(|r| r.state == s).count()))
             .collect()

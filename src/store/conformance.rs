@@ -704,7 +704,7 @@ mod tests {
         let dirs = std::sync::Mutex::new(Vec::new());
         run_all(|| {
             let d = tempfile::tempdir().unwrap();
-            let s = FsStore::open(d.path().join("store")).unwrap();
+            let s = FsStore::create(d.path().join("store")).unwrap();
             dirs.lock().unwrap().push(d);
             s
         });

@@ -204,14 +204,44 @@ impl FsStore {
         )
     }
 
-    /// Opens the store at `root`, creating it when missing.
+    /// Opens the existing store at `root`; never creates one, so that a misspelt path is an
+    /// error instead of a new empty store. Use [`FsStore::create`] to make a new store.
+    ///
+    /// ```
+    /// use puzzletron::FsStore;
+    /// use puzzletron::store::StoreError;
+    ///
+    /// let dir = tempfile::tempdir()?;
+    /// let e = FsStore::open(dir.path().join("typo")).unwrap_err();
+    /// assert!(matches!(e, StoreError::NotFound { .. }), "{e}");
+    /// FsStore::create(dir.path().join("store"))?;
+    /// FsStore::open(dir.path().join("store"))?; // now it exists
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
     ///
     /// # Errors
-    /// [`StoreError::NotADirectory`] when `root` is a file, [`StoreError::NewerFormat`] when a
-    /// newer puzzletron wrote it, [`StoreError::Corrupt`] when its format file is not JSON,
-    /// [`StoreError::Io`].
+    /// [`StoreError::NotFound`] when `root` does not exist (naming it, and suggesting
+    /// [`FsStore::create`]), [`StoreError::NotAStore`] when it is a folder that holds no store
+    /// (no `puzzletron-store.json`), [`StoreError::NotADirectory`] when it is a file,
+    /// [`StoreError::NewerFormat`] when a newer puzzletron wrote it, [`StoreError::Corrupt`]
+    /// when its format file is not JSON, [`StoreError::Io`].
     pub fn open(root: impl AsRef<Path>) -> Result<Self, StoreError> {
-        let root = root.as_ref().to_path_buf();
+        Self::open_with(root.as_ref(), false)
+    }
+
+    /// Opens the store at `root`, creating it when missing: a new folder, or an existing empty
+    /// one (an existing store is opened as [`FsStore::open`] does). Several processes may
+    /// create one store at once.
+    ///
+    /// # Errors
+    /// [`StoreError::NotAStore`] when `root` is empty, a folder that holds other files and no
+    /// store, or a folder that cannot be created; otherwise as [`FsStore::open`].
+    pub fn create(root: impl AsRef<Path>) -> Result<Self, StoreError> {
+        Self::open_with(root.as_ref(), true)
+    }
+
+    fn open_with(root: &Path, create: bool) -> Result<Self, StoreError> {
+        let root = root.to_path_buf();
         if root.as_os_str().is_empty() {
             return Err(StoreError::NotAStore {
                 path: root,
@@ -222,6 +252,25 @@ impl FsStore {
             return Err(StoreError::NotADirectory { path: root });
         }
         let fmt = root.join(FORMAT_FILE);
+        if !create {
+            match fs::symlink_metadata(&fmt) {
+                Ok(_) => {}
+                Err(e) if e.kind() == io::ErrorKind::NotFound => {
+                    return Err(if root.exists() {
+                        StoreError::NotAStore {
+                            path: root,
+                            reason: format!(
+                                "the folder has no {FORMAT_FILE}: expected an existing store \
+                                 (FsStore::create makes a new one in a new or empty folder)"
+                            ),
+                        }
+                    } else {
+                        StoreError::NotFound { path: root }
+                    });
+                }
+                Err(e) => return Err(io_err(&fmt)(e)),
+            }
+        }
         // Never scatter store folders into an unrelated folder (or into another store's jobs).
         // Our own entries are allowed: another process may be creating this store right now.
         if root.is_dir() && !fmt.exists() {
@@ -366,7 +415,25 @@ impl FsStore {
         // before their rename), so a record that a machine crash left empty or zero-filled was
         // a running one: its attempt is interrupted, as if it had never started.
         if bytes.iter().all(|&b| b == 0) {
-            return Ok(None);
+            // A running record is a second name of `running.N.json` (`write_running`): a
+            // record emptied by anything else (a done record's own inode: a user's `truncate`,
+            // a tool) is not what a crash leaves, and is corrupt.
+            use std::os::unix::fs::MetadataExt;
+            let linked = fs::metadata(path).is_ok_and(|m| m.nlink() > 1);
+            if linked {
+                return Ok(None);
+            }
+            return Err(StoreError::Corrupt {
+                path: path.to_path_buf(),
+                reason: format!(
+                    "the record is {} and is not a running record a crash left unwritten: \
+                     expected a puzzletron job record",
+                    match bytes.len() {
+                        0 => "empty (0 bytes)".to_string(),
+                        n => format!("{n} zero bytes"),
+                    }
+                ),
+            });
         }
         let rec = parse_record(path, &bytes)?;
         // Only a record that is its folder's own becomes a cache entry: one copied or planted
@@ -610,13 +677,7 @@ fn parse_record(path: &Path, bytes: &[u8]) -> Result<JobRecord, StoreError> {
     // Check the version before the shape, so a newer format is reported as such.
     let v: serde_json::Value = serde_json::from_slice(bytes).map_err(|e| StoreError::Corrupt {
         path: path.to_path_buf(),
-        reason: format!(
-            "not JSON ({e}): expected a puzzletron job record (to re-run this job, delete its \
-             folder {})",
-            path.parent()
-                .map(|p| p.display().to_string())
-                .unwrap_or_default()
-        ),
+        reason: format!("not JSON ({e}): expected a puzzletron job record"),
     })?;
     if let Some(found) = v.get("format").and_then(|f| f.as_u64())
         && found > u64::from(FORMAT_VERSION)
@@ -640,6 +701,43 @@ impl Store for FsStore {
 
     fn spec(&self) -> Option<super::StoreSpec> {
         Some(super::StoreSpec::new("fs", self.root.display().to_string()))
+    }
+
+    /// Moves the job's whole folder (its record, rows, artifacts, failure text) to
+    /// `ROOT/corrupt/KEY.UNIXSECS` (`.N` added when taken), never deleting anything; the job's
+    /// next claim starts a fresh folder at attempt 1.
+    fn set_aside(&self, key: &Hash) -> Result<Option<String>, StoreError> {
+        let dir = self.job_dir(key);
+        let aside = self.root.join("corrupt");
+        fs::create_dir_all(&aside).map_err(io_err(&aside))?;
+        let stamp = super::unix_now() as u64;
+        for n in 0..1000u32 {
+            let name = match n {
+                0 => format!("{}.{stamp}", key.to_hex()),
+                _ => format!("{}.{stamp}.{n}", key.to_hex()),
+            };
+            let to = aside.join(name);
+            if to.exists() {
+                continue;
+            }
+            return match fs::rename(&dir, &to) {
+                Ok(()) => {
+                    tracing::warn!(key = %key.short(), from = %dir.display(), to = %to.display(), "moved a job folder with a corrupt record aside");
+                    Ok(Some(to.display().to_string()))
+                }
+                // Moved by another repairing drain meanwhile: nothing left to move.
+                Err(e) if gone(&e) => Ok(Some(format!(
+                    "{} (moved aside by another process)",
+                    dir.display()
+                ))),
+                Err(e) => Err(io_err(&dir)(e)),
+            };
+        }
+        Err(StoreError::NotAStore {
+            path: aside,
+            reason: "a thousand folders set aside for this key in one second: expected fewer"
+                .into(),
+        })
     }
 
     fn record(&self, key: &Hash) -> Result<Option<JobRecord>, StoreError> {
@@ -1000,7 +1098,7 @@ mod tests {
     /// (`claim.stale.TOKEN`) and no claim. Returns the temp folder, store, key, job folder.
     fn tomb_of_a_dead_taker() -> (tempfile::TempDir, FsStore, Hash, PathBuf) {
         let dir = tempfile::tempdir().unwrap();
-        let store = FsStore::open(dir.path().join("s")).unwrap();
+        let store = FsStore::create(dir.path().join("s")).unwrap();
         let key = Hash::of("job");
         let jd = store.job_dir(&key);
         fs::create_dir_all(&jd).unwrap();
@@ -1039,7 +1137,7 @@ mod tests {
         // claimer's before the taker moves it: the taker moves it, sees another file and puts
         // it back.
         let dir = tempfile::tempdir().unwrap();
-        let store = FsStore::open(dir.path().join("s")).unwrap();
+        let store = FsStore::create(dir.path().join("s")).unwrap();
         let key = Hash::of("job");
         let jd = store.job_dir(&key);
         fs::create_dir_all(&jd).unwrap();
@@ -1083,7 +1181,7 @@ mod tests {
     /// A done record of `key` in a fresh store, through the whole claim protocol.
     fn done_store() -> (tempfile::TempDir, FsStore, Hash, JobRecord) {
         let dir = tempfile::tempdir().unwrap();
-        let store = FsStore::open(dir.path().join("s")).unwrap();
+        let store = FsStore::create(dir.path().join("s")).unwrap();
         let key = Hash::of("job");
         let ClaimOutcome::Claimed(c) = store.claim(&key, &Owner::current(), None).unwrap() else {
             panic!("a new job is free");
@@ -1115,7 +1213,7 @@ mod tests {
         // bytes, or with zeroed blocks. That is an interrupted attempt, not a corrupt store.
         for torn in [&b""[..], &[0u8; 700][..]] {
             let dir = tempfile::tempdir().unwrap();
-            let store = FsStore::open(dir.path().join("s")).unwrap();
+            let store = FsStore::create(dir.path().join("s")).unwrap();
             let key = Hash::of("job");
             let jd = store.job_dir(&key);
             fs::create_dir_all(&jd).unwrap();
@@ -1136,7 +1234,7 @@ mod tests {
         }
         // Bytes that are not all zero are still an error that names the file.
         let dir = tempfile::tempdir().unwrap();
-        let store = FsStore::open(dir.path().join("s")).unwrap();
+        let store = FsStore::create(dir.path().join("s")).unwrap();
         let key = Hash::of("job");
         fs::create_dir_all(store.job_dir(&key)).unwrap();
         fs::write(store.job_dir(&key).join("record.json"), b"{\"format\": 1, ").unwrap();
@@ -1181,7 +1279,7 @@ mod tests {
     #[test]
     fn a_short_run_keeps_its_rows_in_its_record_and_a_long_one_in_its_file() {
         let dir = tempfile::tempdir().unwrap();
-        let store = FsStore::open(dir.path().join("s")).unwrap();
+        let store = FsStore::create(dir.path().join("s")).unwrap();
         let rows = |series: Series| series.of("loss");
         // A few rows, never flushed: no file, the rows in the record, read back by every path.
         let (names, info) = sealed(&store, "short", |s| {
@@ -1244,7 +1342,7 @@ mod tests {
         // Attempt 1 ran, flushed rows, and its running record was lost (a machine crash, or
         // deleted by hand): the next claim is attempt 1 again, and its rows are its own.
         let dir = tempfile::tempdir().unwrap();
-        let store = FsStore::open(dir.path().join("s")).unwrap();
+        let store = FsStore::create(dir.path().join("s")).unwrap();
         let key = Hash::of("again");
         fs::create_dir_all(store.job_dir(&key)).unwrap();
         let stale = store.job_dir(&key).join("metrics.1.tsv");
@@ -1282,7 +1380,7 @@ mod tests {
     fn a_lost_claim_fails_start_past_the_trust_window_and_finish_always() {
         let dir = tempfile::tempdir().unwrap();
         // Trusted for min(1 s, stale_after / 2) = 10 ms after it was made.
-        let store = FsStore::open(dir.path().join("s"))
+        let store = FsStore::create(dir.path().join("s"))
             .unwrap()
             .with_stale_after(Duration::from_millis(20));
         let me = Owner::current();
@@ -1322,7 +1420,7 @@ mod tests {
     #[test]
     fn a_claim_in_a_folder_that_existed_clears_tombs_and_the_handle_forgets_its_claims() {
         let dir = tempfile::tempdir().unwrap();
-        let store = FsStore::open(dir.path().join("s")).unwrap();
+        let store = FsStore::create(dir.path().join("s")).unwrap();
         let me = Owner::current();
         // A tomb left by a taker that finished its takeover and died before its finish.
         let key = Hash::of("tomb");
@@ -1365,7 +1463,7 @@ mod tests {
         // Every inode created for a run is still linked once it is done: the claim as
         // `claim.released`, the running record as `running.1.json` (see `RELEASED`).
         let dir = tempfile::tempdir().unwrap();
-        let store = FsStore::open(dir.path().join("s")).unwrap();
+        let store = FsStore::create(dir.path().join("s")).unwrap();
         let key = Hash::of("job");
         let ClaimOutcome::Claimed(c) = store.claim(&key, &Owner::current(), None).unwrap() else {
             panic!("a new job is free");
@@ -1433,7 +1531,7 @@ mod tests {
         // `finish_many` (two flushes for the batch) leaves what `finish` leaves per run: the
         // record in place, the claim released, no temp file, the done index noted.
         let dir = tempfile::tempdir().unwrap();
-        let store = FsStore::open(dir.path().join("s")).unwrap();
+        let store = FsStore::create(dir.path().join("s")).unwrap();
         let mut done = Vec::new();
         for i in 0..5 {
             let key = Hash::of(format!("group-{i}"));
@@ -1455,7 +1553,7 @@ mod tests {
             assert_eq!(&store.record(&c.key).unwrap().unwrap(), rec);
         }
         let keys: Vec<Hash> = done.iter().map(|(c, _)| c.key).collect();
-        let again = FsStore::open(store.root()).unwrap();
+        let again = FsStore::create(store.root()).unwrap();
         for h in again.done_heads(&keys) {
             assert_eq!(h.unwrap().map(|h| h.attempt), Some(1), "indexed and proved");
         }
@@ -1465,7 +1563,7 @@ mod tests {
     fn a_large_running_record_is_emptied_when_its_attempt_ends() {
         // Over `KEEP_RUNNING_RECORD` (a large owned digest): the copy goes, the inode stays.
         let dir = tempfile::tempdir().unwrap();
-        let store = FsStore::open(dir.path().join("s")).unwrap();
+        let store = FsStore::create(dir.path().join("s")).unwrap();
         let key = Hash::of("big");
         let c = crate::store::conformance::claimed(&store, &key, &Owner::current());
         let mut rec = crate::store::conformance::sample_record(key, Status::Running, 1);
@@ -1499,7 +1597,7 @@ mod tests {
         assert_eq!(head.witnesses, DoneHead::witnesses_digest(&rec.witnesses));
         // A fresh handle loads the index from its file when asked in a batch (or preloaded);
         // one key alone reads the record instead. Loaded, both ways agree.
-        let again = FsStore::open(store.root()).unwrap();
+        let again = FsStore::create(store.root()).unwrap();
         assert_eq!(
             again.done_head(&key).unwrap(),
             None,
@@ -1507,7 +1605,7 @@ mod tests {
         );
         assert_eq!(again.done_heads(&[key]).remove(0).unwrap(), Some(head));
         assert_eq!(again.done_head(&key).unwrap(), Some(head));
-        let preloaded = FsStore::open(store.root()).unwrap();
+        let preloaded = FsStore::create(store.root()).unwrap();
         preloaded.preload();
         let t = std::time::Instant::now();
         while preloaded.done_head(&key).unwrap().is_none() {
@@ -1543,7 +1641,7 @@ mod tests {
         fs::remove_file(&path).unwrap();
         assert_eq!(again.done_heads(&[key]).remove(0).unwrap(), None);
         assert_eq!(
-            FsStore::open(store.root())
+            FsStore::create(store.root())
                 .unwrap()
                 .done_heads(&[key])
                 .remove(0)
@@ -1561,7 +1659,7 @@ mod tests {
 
         // Torn mid-line by a crash: ignored, and the file is rewritten without the fragment.
         fs::write(&idx, &line[..line.len() / 2]).unwrap();
-        let s = FsStore::open(store.root()).unwrap();
+        let s = FsStore::create(store.root()).unwrap();
         assert_eq!(s.done_heads(&[key]).remove(0).unwrap(), None);
         assert_eq!(fs::read_to_string(&idx).unwrap(), "");
         // Reading the record rebuilds the entry.
@@ -1570,7 +1668,7 @@ mod tests {
 
         // Lost: the same.
         fs::remove_file(&idx).unwrap();
-        let s = FsStore::open(store.root()).unwrap();
+        let s = FsStore::create(store.root()).unwrap();
         assert_eq!(s.done_heads(&[key]).remove(0).unwrap(), None);
         assert_eq!(s.records(&[key]).unwrap()[0].as_ref().unwrap().attempt, 1);
         assert_eq!(s.done_heads(&[key]).remove(0).unwrap().unwrap().attempt, 1);
@@ -1580,7 +1678,7 @@ mod tests {
         let damaged = line.replacen(&format!("{key} 1 "), &format!("{key} 2 "), 1);
         assert_ne!(damaged, line);
         fs::write(&idx, &damaged).unwrap();
-        let s = FsStore::open(store.root()).unwrap();
+        let s = FsStore::create(store.root()).unwrap();
         assert_eq!(
             s.done_heads(&[key]).remove(0).unwrap(),
             None,
@@ -1601,7 +1699,7 @@ mod tests {
             len,
         };
         fs::write(&idx, stale.line(&key)).unwrap();
-        let s = FsStore::open(store.root()).unwrap();
+        let s = FsStore::create(store.root()).unwrap();
         assert_eq!(
             s.done_heads(&[key]).remove(0).unwrap(),
             None,
@@ -1614,10 +1712,10 @@ mod tests {
     /// Two handles on one store, as two processes have.
     fn two_handles(stale_after: Duration) -> (tempfile::TempDir, FsStore, FsStore) {
         let dir = tempfile::tempdir().unwrap();
-        let a = FsStore::open(dir.path().join("s"))
+        let a = FsStore::create(dir.path().join("s"))
             .unwrap()
             .with_stale_after(stale_after);
-        let b = FsStore::open(dir.path().join("s"))
+        let b = FsStore::create(dir.path().join("s"))
             .unwrap()
             .with_stale_after(stale_after);
         (dir, a, b)
@@ -1789,7 +1887,7 @@ mod tests {
     #[test]
     fn a_store_told_to_write_claim_files_at_once_does_and_registers_nowhere() {
         let dir = tempfile::tempdir().unwrap();
-        let store = FsStore::open(dir.path().join("s"))
+        let store = FsStore::create(dir.path().join("s"))
             .unwrap()
             .with_claim_files_at_once();
         let me = Owner::current();

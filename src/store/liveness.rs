@@ -37,6 +37,7 @@ pub enum Liveness {
 
 /// Where a pid means something: the host, the kernel's boot and the PID namespace.
 #[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct ProcessSpace {
     /// Host name (`gethostname(2)`).
     pub host: String,
@@ -126,6 +127,7 @@ pub(super) fn start_ticks_of(stat: &str) -> Option<u64> {
 /// A signature of what a heartbeat looks like now (a claim file's inode, mtime and content;
 /// a folder's inode and mtime): any change means the holder is alive.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[non_exhaustive]
 pub struct Beat(pub [u64; 4]);
 
 impl Beat {

@@ -46,6 +46,7 @@ use crate::identity::Hash;
 
 /// An exclusive right to run one attempt of one job, returned by [`Store::claim`].
 #[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct Claim {
     /// The job.
     pub key: Hash,
@@ -55,8 +56,21 @@ pub struct Claim {
     pub attempt: u32,
 }
 
+impl Claim {
+    /// The claim of `owner` on job `key`, running attempt number `attempt`. Only a store makes
+    /// a claim that holds; one built here names a claim to [`Store::release`] or compare.
+    pub fn new(key: Hash, owner: Owner, attempt: u32) -> Self {
+        Self {
+            key,
+            owner,
+            attempt,
+        }
+    }
+}
+
 /// What [`Store::claim`] found.
 #[derive(Debug, Clone, PartialEq)]
+#[non_exhaustive]
 pub enum ClaimOutcome {
     /// The job is ours to run.
     Claimed(Claim),
@@ -68,6 +82,7 @@ pub enum ClaimOutcome {
 
 /// The claim on a job as seen by a reader.
 #[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct ClaimInfo {
     /// The holder.
     pub owner: Owner,
@@ -146,6 +161,7 @@ impl DoneHead {
 
 /// Metric rows of one job, as columns (rows in logging order).
 #[derive(Debug, Clone, Default, PartialEq)]
+#[non_exhaustive]
 pub struct Series {
     /// Distinct metric names; `name_index` points into it.
     pub names: Vec<String>,
@@ -456,6 +472,18 @@ pub trait Store: Send + Sync {
         self.artifact_dir(key)
     }
 
+    /// Moves the record of `key` aside so that the job can run again, for a record that
+    /// cannot be read ([`StoreError::Corrupt`]; a sweep built with
+    /// [`repair(true)`](crate::sweep::OrchestratorBuilder::repair) calls it): never deletes
+    /// it. Returns where it went, for messages; `None` when this store cannot move records
+    /// aside (the default), and the run is then reported as corrupt.
+    ///
+    /// # Errors
+    /// [`StoreError::Io`].
+    fn set_aside(&self, _key: &Hash) -> Result<Option<String>, StoreError> {
+        Ok(None)
+    }
+
     /// How another process reopens this very store (isolated sweep runs: a worker process
     /// opens the parent's store from this), or `None` when it cannot (an in-memory store).
     /// [`FsStore`] says `fs` + its root; a user store returns its own kind and registers an
@@ -469,6 +497,7 @@ pub trait Store: Send + Sync {
 /// own name) and a location the kind's opener understands (a folder, a URL, ...). Serialized
 /// into the task files of isolated sweep runs.
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[non_exhaustive]
 pub struct StoreSpec {
     /// The store's kind: `fs`, or a name registered with
     /// [`worker::main_guard_with`](crate::worker::main_guard_with).
@@ -580,6 +609,9 @@ macro_rules! forward_store {
             fn spec(&self) -> Option<StoreSpec> {
                 (**self).spec()
             }
+            fn set_aside(&self, key: &Hash) -> Result<Option<String>, StoreError> {
+                (**self).set_aside(key)
+            }
         }
     };
 }
@@ -637,15 +669,22 @@ pub trait StoreExt: Store {
         crate::metrics::collect(self)
     }
 
-    /// The records of every done job, in finish order (then key).
+    /// The records of every done job, in finish order (then key). A record that cannot be
+    /// parsed ([`StoreError::Corrupt`]) is not a done job's: it is left out with a warning
+    /// (`tracing`), and `puzzletron sweep status` names it.
     ///
     /// # Errors
-    /// [`StoreError`] when a record cannot be read.
+    /// [`StoreError`] when the store cannot be read (I/O).
     fn done_records(&self) -> Result<Vec<JobRecord>, StoreError> {
         let keys = self.keys()?;
         let mut recs: Vec<JobRecord> = records_in_parallel(self, &keys)?
             .into_iter()
-            .flatten()
+            .filter_map(|r| {
+                r.unwrap_or_else(|e| {
+                    tracing::warn!(error = %e, "a record cannot be read: its run is left out");
+                    None
+                })
+            })
             .filter(|r| r.status == Status::Done)
             .collect();
         recs.sort_by(|a, b| {
@@ -660,23 +699,44 @@ pub trait StoreExt: Store {
 
 impl<S: Store + ?Sized> StoreExt for S {}
 
+/// [`Store::records`] of `keys` with a result per key: a record that cannot be parsed
+/// ([`StoreError::Corrupt`]) is that key's error, not the batch's (the batch is read again key
+/// by key when one of its records is corrupt). Other errors (I/O) are the batch's.
+pub(crate) fn records_per_key<S: Store + ?Sized>(
+    store: &S,
+    keys: &[Hash],
+) -> Result<Vec<Result<Option<JobRecord>, StoreError>>, StoreError> {
+    match store.records(keys) {
+        Ok(v) => Ok(v.into_iter().map(Ok).collect()),
+        Err(StoreError::Corrupt { .. }) => keys
+            .iter()
+            .map(|k| match store.record(k) {
+                Err(e @ StoreError::Corrupt { .. }) => Ok(Err(e)),
+                r => r.map(Ok),
+            })
+            .collect(),
+        Err(e) => Err(e),
+    }
+}
+
 /// [`Store::records`] of many keys, in chunks on a few threads (parsing 10k records is most of
 /// the time a table of a large sweep takes before its rows); in order.
+#[allow(clippy::type_complexity)]
 fn records_in_parallel<S: Store + ?Sized>(
     store: &S,
     keys: &[Hash],
-) -> Result<Vec<Option<JobRecord>>, StoreError> {
+) -> Result<Vec<Result<Option<JobRecord>, StoreError>>, StoreError> {
     let threads = std::thread::available_parallelism()
         .map_or(1, |n| n.get())
         .min(4);
     if threads < 2 || keys.len() < 2048 {
-        return store.records(keys);
+        return records_per_key(store, keys);
     }
     let chunk = keys.len().div_ceil(threads);
     std::thread::scope(|scope| {
         let parts: Vec<_> = keys
             .chunks(chunk)
-            .map(|c| scope.spawn(move || store.records(c)))
+            .map(|c| scope.spawn(move || records_per_key(store, c)))
             .collect();
         let mut out = Vec::with_capacity(keys.len());
         for p in parts {
@@ -700,6 +760,15 @@ pub enum StoreError {
         path: PathBuf,
         /// The OS error.
         source: std::io::Error,
+    },
+    /// [`FsStore::open`] found no store at the path: the folder does not exist (a misspelt
+    /// path?). [`FsStore::create`] makes a new store there. Not retryable.
+    #[error(
+        "no puzzletron store at {path}: the folder does not exist (a misspelt path?); use FsStore::create to make a new store there"
+    )]
+    NotFound {
+        /// The root given.
+        path: PathBuf,
     },
     /// The store root exists and is not a folder.
     #[error(
@@ -752,6 +821,25 @@ pub enum StoreError {
     /// run the job. Not retryable.
     #[error("{0}")]
     KeyCollision(Box<KeyCollision>),
+    /// An error of a user store's own backend (a database, an object store, a service): the
+    /// backend's error as `source`, and whether the same call may succeed later (`retryable`:
+    /// a lost connection, a busy database; not a schema or permission error). Retry decisions
+    /// follow `retryable` ([`StoreError::is_retryable`]).
+    ///
+    /// ```
+    /// use puzzletron::store::StoreError;
+    ///
+    /// let e = StoreError::backend(std::io::Error::other("database is locked"), true);
+    /// assert!(e.is_retryable());
+    /// assert!(e.to_string().contains("database is locked"), "{e}");
+    /// ```
+    #[error("store backend error ({}): {source}", if *retryable { "may succeed if retried" } else { "retrying will not help" })]
+    Backend {
+        /// The backend's own error.
+        source: Box<dyn std::error::Error + Send + Sync + 'static>,
+        /// Whether retrying the same call may succeed.
+        retryable: bool,
+    },
     /// A metric name that cannot be stored.
     #[error("invalid metric name {name:?}: expected a non-empty name without tabs or newlines")]
     BadMetricName {
@@ -770,6 +858,7 @@ pub enum StoreError {
 
 /// What [`StoreError::KeyCollision`] found: the stored record and the request, both named.
 #[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct KeyCollision {
     /// The store (its folder, or `memory`).
     pub location: String,
@@ -803,10 +892,27 @@ impl std::fmt::Display for KeyCollision {
 }
 
 impl StoreError {
-    /// Whether retrying can help: I/O errors may be transient, and a cancelled run runs again
-    /// at the next drain; the others need a change.
+    /// A [`StoreError::Backend`] of a user store: `source` is the backend's own error,
+    /// `retryable` whether the same call may succeed later.
+    pub fn backend(
+        source: impl Into<Box<dyn std::error::Error + Send + Sync + 'static>>,
+        retryable: bool,
+    ) -> Self {
+        StoreError::Backend {
+            source: source.into(),
+            retryable,
+        }
+    }
+
+    /// Whether retrying can help: I/O errors may be transient, a cancelled run runs again at
+    /// the next drain, and a [`Backend`](StoreError::Backend) error is as its `retryable`
+    /// says; the others need a change.
     pub fn is_retryable(&self) -> bool {
-        matches!(self, StoreError::Io { .. } | StoreError::Cancelled)
+        match self {
+            StoreError::Io { .. } | StoreError::Cancelled => true,
+            StoreError::Backend { retryable, .. } => *retryable,
+            _ => false,
+        }
     }
 }
 

@@ -34,6 +34,7 @@ pub const INLINE_FORMAT: u32 = 2;
 /// Where a job stands.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
+#[non_exhaustive]
 pub enum Status {
     /// Claimed and started; the owner may since have died (then it is "interrupted").
     Running,
@@ -46,6 +47,7 @@ pub enum Status {
 /// Who holds a claim: enough to tell whether the holder is still alive, and who may tell (see
 /// [`Owner::liveness`] and `store/liveness.rs`).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[non_exhaustive]
 pub struct Owner {
     /// Host name of the claiming process.
     pub host: String,
@@ -173,6 +175,7 @@ pub fn process_start_ticks(pid: u32) -> Option<u64> {
 
 /// Why the last attempt failed.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[non_exhaustive]
 pub struct Failure {
     /// `error` (the job returned an error) or `panic`.
     pub kind: String,
@@ -187,6 +190,7 @@ pub struct Failure {
 /// What a finished attempt logged: where the rows are and how many, so a reader can check the
 /// file is complete.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[non_exhaustive]
 pub struct MetricsInfo {
     /// File name inside the job folder (`FsStore`), e.g. `metrics.1.tsv`; empty when the rows
     /// are [`inline`](Self::inline) (there is no file then).
@@ -204,9 +208,46 @@ pub struct MetricsInfo {
     pub inline: Option<String>,
 }
 
+impl MetricsInfo {
+    /// What a [`MetricSink`](crate::store::MetricSink) of a user store returns from
+    /// `summary`/`seal`: `rows` rows in `file` (a name the store understands; empty when
+    /// there is no file), with these distinct metric `names` (sorted here).
+    ///
+    /// ```
+    /// use puzzletron::store::MetricsInfo;
+    ///
+    /// let info = MetricsInfo::new("rows.db", 3, ["loss", "acc", "loss"]);
+    /// assert_eq!(info.names, ["acc", "loss"]);
+    /// assert_eq!((info.rows, info.inline), (3, None));
+    /// ```
+    pub fn new(
+        file: impl Into<String>,
+        rows: u64,
+        names: impl IntoIterator<Item = impl Into<String>>,
+    ) -> Self {
+        let mut names: Vec<String> = names.into_iter().map(Into::into).collect();
+        names.sort();
+        names.dedup();
+        Self {
+            file: file.into(),
+            rows,
+            names,
+            inline: None,
+        }
+    }
+
+    /// The same summary with the rows kept inline (see [`inline`](Self::inline)): `text` is
+    /// the rows as `name TAB step TAB value` lines.
+    pub fn with_inline(mut self, text: impl Into<String>) -> Self {
+        self.inline = Some(text.into());
+        self
+    }
+}
+
 /// Everything a store knows about one job. Stored as JSON (`record.json` in `FsStore`), readable
 /// without puzzletron.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[non_exhaustive]
 pub struct JobRecord {
     /// Record format version ([`FORMAT_VERSION`]).
     pub format: u32,

@@ -9,6 +9,7 @@ use super::{Series, StoreError};
 
 /// A last line cut short (a batch torn by a crash), dropped by the reader.
 #[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct TornTail {
     /// The metric file.
     pub path: PathBuf,

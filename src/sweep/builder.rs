@@ -12,12 +12,13 @@ use crate::executor::{Executor, InProcess};
 use crate::identity::{self, Modules, Toolchain, Witnesses};
 use crate::store::{FsStore, Store};
 
-/// Builds an [`Orchestrator`]. Defaults: [`FsStore`] under `.puzzletron` in the current folder,
+/// Builds an [`Orchestrator`]. Defaults: [`FsStore`] under `.puzzletron` in the current folder
+/// (created when the sweep is built, [`FsStore::create`]),
 /// in-process execution, the Cargo.lock of the jobs' build (found from their package upward),
 /// no source checkout witnessed, `job!` jobs' compiled closures (the whole `src/` for
 /// [`Job::new`](super::Job::new) jobs).
 pub struct OrchestratorBuilder<S: Store = FsStore, E: Executor = InProcess> {
-    store: Box<dyn FnOnce() -> Result<S>>,
+    store: StoreSource<S>,
     executor: E,
     modules: Modules,
     lock: Option<PathBuf>,
@@ -30,12 +31,26 @@ pub struct OrchestratorBuilder<S: Store = FsStore, E: Executor = InProcess> {
     worker_dir: Option<PathBuf>,
     cancel: Option<CancellationToken>,
     ctrl_c: bool,
+    repair: bool,
+}
+
+/// Where a builder's store comes from: given, or an [`FsStore`] made at a root when the sweep
+/// is built. A plain function, not a boxed closure, so that a store given by reference
+/// (`&S`, not `'static`) needs no `'static` bound.
+enum StoreSource<S> {
+    Given(S),
+    Root(PathBuf, fn(PathBuf) -> Result<S>),
+}
+
+/// Opens (creating when missing) the [`FsStore`] at `root`.
+fn create_fs(root: PathBuf) -> Result<FsStore> {
+    Ok(FsStore::create(root)?)
 }
 
 impl OrchestratorBuilder<FsStore, InProcess> {
     pub(super) fn new() -> Self {
         Self {
-            store: Box::new(|| Ok(FsStore::open(".puzzletron")?)),
+            store: StoreSource::Root(PathBuf::from(".puzzletron"), create_fs),
             executor: InProcess,
             modules: Modules::all(),
             lock: None,
@@ -48,24 +63,47 @@ impl OrchestratorBuilder<FsStore, InProcess> {
             worker_dir: None,
             cancel: None,
             ctrl_c: true,
+            repair: false,
         }
     }
 }
 
 impl<E: Executor> OrchestratorBuilder<FsStore, E> {
-    /// Uses an [`FsStore`] at `root` (created when missing).
+    /// Uses an [`FsStore`] at `root`, created when missing ([`FsStore::create`]) when the
+    /// sweep is built.
     pub fn store_root(mut self, root: impl Into<PathBuf>) -> Self {
-        let root = root.into();
-        self.store = Box::new(move || Ok(FsStore::open(root)?));
+        self.store = StoreSource::Root(root.into(), create_fs);
         self
     }
 }
 
-impl<S: Store + 'static, E: Executor> OrchestratorBuilder<S, E> {
-    /// Uses `store` (any [`Store`]).
-    pub fn store<S2: Store + 'static>(self, store: S2) -> OrchestratorBuilder<S2, E> {
+impl<S: Store, E: Executor> OrchestratorBuilder<S, E> {
+    /// Uses `store`: any [`Store`], owned, or borrowed as `&store` (the sweep then borrows it:
+    /// [`drain`](super::Orchestrator::drain) works, while
+    /// [`drain_async`](super::Orchestrator::drain_async), which runs on a thread of its own,
+    /// needs a `'static` store: owned, or an `Arc`), or shared as an `Arc`/`Box`.
+    ///
+    /// ```
+    /// use puzzletron::{MemoryStore, Orchestrator, Run, JobResult, job};
+    ///
+    /// fn train(p: &u32, run: &mut Run) -> JobResult {
+    ///     run.log("x", 0, f64::from(*p))?;
+    ///     Ok(())
+    /// }
+    ///
+    /// let store = MemoryStore::new();
+    /// let mut sweep = Orchestrator::builder().store(&store).build()?;
+    /// sweep.run(&job!(train), 7)?;
+    /// assert_eq!(sweep.drain()?.ran(), 1);
+    /// drop(sweep);
+    /// // The store outlives the sweep that borrowed it.
+    /// use puzzletron::StoreExt;
+    /// assert_eq!(store.metric_table("x")?.num_rows(), 1);
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn store<S2: Store>(self, store: S2) -> OrchestratorBuilder<S2, E> {
         OrchestratorBuilder {
-            store: Box::new(move || Ok(store)),
+            store: StoreSource::Given(store),
             executor: self.executor,
             modules: self.modules,
             lock: self.lock,
@@ -78,6 +116,7 @@ impl<S: Store + 'static, E: Executor> OrchestratorBuilder<S, E> {
             worker_dir: self.worker_dir,
             cancel: self.cancel,
             ctrl_c: self.ctrl_c,
+            repair: self.repair,
         }
     }
 
@@ -97,6 +136,7 @@ impl<S: Store + 'static, E: Executor> OrchestratorBuilder<S, E> {
             worker_dir: self.worker_dir,
             cancel: self.cancel,
             ctrl_c: self.ctrl_c,
+            repair: self.repair,
         }
     }
 
@@ -201,6 +241,23 @@ impl<S: Store + 'static, E: Executor> OrchestratorBuilder<S, E> {
         self
     }
 
+    /// Whether a drain repairs runs whose record cannot be read (default `false`).
+    ///
+    /// A record that cannot be parsed (truncated, emptied, not a record) makes its run
+    /// *corrupt*: [`plan`](super::Orchestrator::plan) says `corrupt` with the file, what is
+    /// wrong and the fix, and the other runs plan, drain and report as usual. Without repair a
+    /// drain leaves a corrupt run alone (an [`Event::Corrupt`] and an
+    /// [`Outcome::Corrupt`](super::Outcome::Corrupt) line), drains every other run, and then
+    /// returns an error, [`FailureCause::Corrupt`](super::FailureCause::Corrupt), naming each
+    /// corrupt run (they stay queued). With repair the drain moves each such record aside
+    /// ([`Store::set_aside`]: an [`FsStore`] moves the job's folder to
+    /// `ROOT/corrupt/KEY.UNIXSECS`, never deleting anything) and runs it again. Repair from
+    /// one process at a time. `puzzletron sweep repair STORE` does the moving from a shell.
+    pub fn repair(mut self, repair: bool) -> Self {
+        self.repair = repair;
+        self
+    }
+
     /// Opens the store and reads the witnesses.
     ///
     /// # Errors
@@ -237,7 +294,10 @@ impl<S: Store + 'static, E: Executor> OrchestratorBuilder<S, E> {
             toolchain: Toolchain::current(),
             source: self.source.as_deref().map(identity::source_witness),
         };
-        let store = (self.store)()?;
+        let store = match self.store {
+            StoreSource::Given(s) => s,
+            StoreSource::Root(root, open) => open(root)?,
+        };
         let tasks_dir = if self.isolate {
             Some(super::worker::check_isolatable(
                 &store,
@@ -259,6 +319,7 @@ impl<S: Store + 'static, E: Executor> OrchestratorBuilder<S, E> {
             identity: super::identity::JobIdentities::new(self.trace, self.lock.is_none()),
             cancel: self.cancel,
             ctrl_c: self.ctrl_c,
+            repair: self.repair,
         }))
     }
 }

@@ -9,6 +9,7 @@ use crate::store::{DoneHead, JobRecord, KeyCollision, Status, Store, StoreError}
 
 /// What a drain does with a run.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum Action {
     /// Execute it.
     Run,
@@ -16,6 +17,14 @@ pub enum Action {
     Skip,
     /// Another live process is running it; the drain waits for that result.
     Wait,
+    /// Its record cannot be read ([`StoreError::Corrupt`]: truncated, emptied, not a
+    /// record): the drain leaves it alone, runs the others, and names it in its error at the
+    /// end. A sweep built with [`repair(true)`](super::OrchestratorBuilder::repair) repairs it
+    /// instead ([`Action::Repair`]).
+    Corrupt,
+    /// Its record cannot be read and the sweep repairs: the drain moves the record aside
+    /// ([`Store::set_aside`], never deleting it), then runs it.
+    Repair,
 }
 
 impl fmt::Display for Action {
@@ -24,6 +33,8 @@ impl fmt::Display for Action {
             Action::Run => "run",
             Action::Skip => "skip",
             Action::Wait => "wait",
+            Action::Corrupt => "corrupt",
+            Action::Repair => "repair",
         })
     }
 }
@@ -31,6 +42,7 @@ impl fmt::Display for Action {
 /// The decision for one run, with every reason (e.g. `no record`, `code changed: src/lib.rs`,
 /// `environment changed: Cargo.lock`, `last attempt failed: ...`, `up to date`).
 #[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct JobDecision {
     /// The job key.
     pub key: Hash,
@@ -63,6 +75,7 @@ impl fmt::Display for JobDecision {
 
 /// The decisions for a whole queue, in enqueue order.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct Plan {
     /// One per distinct queued run.
     pub decisions: Vec<JobDecision>,
@@ -92,7 +105,19 @@ impl fmt::Display for Plan {
             self.count(Action::Run),
             self.count(Action::Skip),
             self.count(Action::Wait)
-        )
+        )?;
+        if self.count(Action::Repair) > 0 {
+            write!(f, ", {} to repair and run", self.count(Action::Repair))?;
+        }
+        if self.count(Action::Corrupt) > 0 {
+            write!(
+                f,
+                ", {} corrupt (left alone: repair(true) on the sweep, or `puzzletron sweep \
+                 repair STORE`, moves their records aside so that they run again)",
+                self.count(Action::Corrupt)
+            )?;
+        }
+        Ok(())
     }
 }
 
@@ -111,6 +136,8 @@ pub(super) struct Decider<'a, S: Store + ?Sized> {
     pub(super) force: bool,
     /// Compiled identities: reasons naming changed items, `trace(true)` re-checks.
     pub(super) identity: &'a super::identity::JobIdentities,
+    /// Runs whose record is corrupt are repaired ([`Action::Repair`]), not left alone.
+    pub(super) repair: bool,
     /// The current witnesses' digest, when a done head may decide a skip alone (not forced,
     /// no `trace(true)` re-check of the recorded items).
     shortcut: Option<crate::identity::Hash>,
@@ -130,7 +157,42 @@ impl<'a, S: Store + ?Sized> Decider<'a, S> {
             witnesses,
             force,
             identity,
+            repair: false,
             shortcut,
+        }
+    }
+
+    /// The same decider, repairing corrupt runs when `repair`.
+    pub(super) fn repairing(mut self, repair: bool) -> Self {
+        self.repair = repair;
+        self
+    }
+
+    /// The decision for `run` whose record cannot be read (`e`, a [`StoreError::Corrupt`]):
+    /// [`Action::Corrupt`] naming the file, what is wrong and the fix, or [`Action::Repair`].
+    fn corrupt(&self, run: &PendingRun, e: &StoreError) -> JobDecision {
+        let (action, reason) = if self.repair {
+            (
+                Action::Repair,
+                format!("{e}; the record is moved aside (kept) and the run runs again"),
+            )
+        } else {
+            (
+                Action::Corrupt,
+                format!(
+                    "{e}; left alone: repair(true) on the sweep (or `puzzletron sweep repair \
+                     {}`) moves it aside, never deleting it, and runs it again",
+                    self.store.location()
+                ),
+            )
+        };
+        JobDecision {
+            key: run.key,
+            job: run.job.clone(),
+            params: run.params.clone(),
+            action,
+            reasons: vec![reason],
+            replaces: None,
         }
     }
 
@@ -209,7 +271,11 @@ impl<'a, S: Store + ?Sized> Decider<'a, S> {
         if let Some(d) = self.fast_skip(run)? {
             return Ok(d);
         }
-        let rec = self.store.record(&run.key)?;
+        let rec = match self.store.record(&run.key) {
+            Ok(r) => r,
+            Err(e @ StoreError::Corrupt { .. }) => return Ok(self.corrupt(run, &e)),
+            Err(e) => return Err(e),
+        };
         let lineage = match rec {
             None => self.store.lineage(&run.lineage)?,
             Some(_) => None,
@@ -250,12 +316,13 @@ impl<'a, S: Store + ?Sized> Decider<'a, S> {
             return Ok(Vec::new());
         }
         let keys: Vec<Hash> = queue.iter().map(|p| p.key).collect();
-        let recs = self.store.records(&keys)?;
+        // A corrupt record is its run's decision, not the plan's error.
+        let recs = crate::store::records_per_key(self.store, &keys)?;
         // Lineages only matter for runs without a record ("code changed" vs "no record").
         let (missing, lineages): (Vec<usize>, Vec<Hash>) = recs
             .iter()
             .enumerate()
-            .filter(|(_, r)| r.is_none())
+            .filter(|(_, r)| matches!(r, Ok(None)))
             .map(|(i, _)| (i, queue[i].lineage))
             .unzip();
         let mut prev = vec![None; recs.len()];
@@ -266,7 +333,10 @@ impl<'a, S: Store + ?Sized> Decider<'a, S> {
             .iter()
             .zip(recs)
             .zip(prev)
-            .map(|((p, r), l)| self.decide_with(p, r, l))
+            .map(|((p, r), l)| match r {
+                Ok(r) => self.decide_with(p, r, l),
+                Err(e) => Ok(self.corrupt(p, &e)),
+            })
             .collect()
     }
 
@@ -314,8 +384,10 @@ impl<'a, S: Store + ?Sized> Decider<'a, S> {
         let mut replaces = None;
         match &rec {
             None => match lineage {
-                Some(prev) if prev != run.key => match self.store.record(&prev)? {
-                    Some(old) => {
+                Some(prev) if prev != run.key => match self.store.record(&prev) {
+                    Err(StoreError::Corrupt { .. }) => reasons.push("code changed".to_string()),
+                    Err(e) => return Err(e),
+                    Ok(Some(old)) => {
                         // A new Cargo.lock or compiler also gives path dependencies new build
                         // ids: name it first, it is the cause.
                         reasons.extend(
@@ -326,7 +398,7 @@ impl<'a, S: Store + ?Sized> Decider<'a, S> {
                         );
                         reasons.extend(identity::code_differences(&run.owned, &old.owned))
                     }
-                    None => reasons.push("code changed".to_string()),
+                    Ok(None) => reasons.push("code changed".to_string()),
                 },
                 _ => reasons.push(self.identity.no_record_reason(self.store, run)?),
             },

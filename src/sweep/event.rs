@@ -62,6 +62,16 @@ pub enum Event {
         /// Its decision.
         decision: JobDecision,
     },
+    /// A run was left alone: its record cannot be read (the decision's reasons name the file
+    /// and the fix).
+    Corrupt {
+        /// Position in the queue.
+        index: usize,
+        /// Distinct runs in the queue.
+        total: usize,
+        /// Its decision ([`Action::Corrupt`](super::Action::Corrupt)).
+        decision: JobDecision,
+    },
     /// A run is held by another live process; the drain waits for it.
     Waiting {
         /// The job key.
@@ -126,6 +136,18 @@ impl fmt::Display for Event {
                 f,
                 "[{index}/{total}] skip  {} {} ({})",
                 decision.key.short(),
+                decision.params,
+                decision.reasons.join("; ")
+            ),
+            Event::Corrupt {
+                index,
+                total,
+                decision,
+            } => write!(
+                f,
+                "[{index}/{total}] CORR  {} {} {} ({})",
+                decision.key.short(),
+                decision.job,
                 decision.params,
                 decision.reasons.join("; ")
             ),

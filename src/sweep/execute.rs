@@ -50,6 +50,18 @@ pub(super) enum Stop {
     Cause(FailureCause),
 }
 
+/// Records run `i`'s outcome; a failed run stops the drain, an interrupted one (the drain was
+/// cancelled) too.
+fn settle(outcomes: &mut [Option<Outcome>], i: usize, o: Outcome) -> Option<Stop> {
+    let stop = match o {
+        Outcome::Failed { .. } => Some(Stop::JobFailed(i)),
+        Outcome::Interrupted => Some(Stop::Cause(FailureCause::Cancelled)),
+        _ => None,
+    };
+    outcomes[i] = Some(o);
+    stop
+}
+
 /// Everything executing a run needs: the store, the decision rules, who we are, where events
 /// go. Borrowed from the orchestrator in the parent, built from a task file in a worker.
 pub(super) struct Engine<'a, S: Store + ?Sized> {
@@ -192,21 +204,17 @@ impl<S: Store + ?Sized> Engine<'_, S> {
                     });
                 }
                 Action::Wait => waiting.push(i),
-                Action::Run => match self.try_execute(i, total, p, decision, helpers) {
-                    Ok(Some(o)) => {
-                        let failed = matches!(o, Outcome::Failed { .. });
-                        let interrupted = matches!(o, Outcome::Interrupted);
-                        outcomes[i] = Some(o);
-                        if failed {
-                            stop!(Stop::JobFailed(i));
+                Action::Run | Action::Corrupt | Action::Repair => {
+                    match self.try_execute(i, total, p, decision, helpers) {
+                        Ok(Some(o)) => {
+                            if let Some(s) = settle(&mut outcomes, i, o) {
+                                stop!(s);
+                            }
                         }
-                        if interrupted {
-                            stop!(Stop::Cause(FailureCause::Cancelled));
-                        }
+                        Ok(None) => waiting.push(i),
+                        Err(e) => stop!(Stop::Cause(FailureCause::Store(e))),
                     }
-                    Ok(None) => waiting.push(i),
-                    Err(e) => stop!(Stop::Cause(FailureCause::Store(e))),
-                },
+                }
             }
         }
         // Runs held by other processes: wait for their result, or take them over if their
@@ -221,6 +229,8 @@ impl<S: Store + ?Sized> Engine<'_, S> {
                 let p = &queue[i];
                 let rec = match self.store().record(&p.key) {
                     Ok(r) => r,
+                    // Decided again below: a corrupt run is left alone or repaired.
+                    Err(StoreError::Corrupt { .. }) => None,
                     Err(e) => stop!(Stop::Cause(FailureCause::Store(e))),
                 };
                 let live = match self.store().claim_info(&p.key) {
@@ -258,14 +268,8 @@ impl<S: Store + ?Sized> Engine<'_, S> {
                         };
                         match self.try_execute(i, total, p, decision, helpers) {
                             Ok(Some(o)) => {
-                                let failed = matches!(o, Outcome::Failed { .. });
-                                let interrupted = matches!(o, Outcome::Interrupted);
-                                outcomes[i] = Some(o);
-                                if failed {
-                                    stop!(Stop::JobFailed(i));
-                                }
-                                if interrupted {
-                                    stop!(Stop::Cause(FailureCause::Cancelled));
+                                if let Some(s) = settle(&mut outcomes, i, o) {
+                                    stop!(s);
                                 }
                             }
                             Ok(None) => still.push(i),
@@ -285,7 +289,45 @@ impl<S: Store + ?Sized> Engine<'_, S> {
         }
     }
 
-    /// Claims and executes one run. `Ok(None)`: another process holds it.
+    /// What a drain does with a run whose record cannot be read: `Err` with its
+    /// [`Outcome::Corrupt`] (left alone, reported; also when the store cannot move records
+    /// aside), or, for [`Action::Repair`], the record moved aside and `Ok` with the decision
+    /// to run it.
+    pub(super) fn corrupt_or_repair(
+        &self,
+        index: usize,
+        total: usize,
+        p: &PendingRun,
+        mut decision: JobDecision,
+    ) -> std::result::Result<Result<JobDecision, Outcome>, StoreError> {
+        let reason = decision.reasons.join("; ");
+        if decision.action == Action::Repair {
+            if let Some(to) = self.store().set_aside(&p.key)? {
+                decision.action = Action::Run;
+                decision.reasons = vec![format!("repaired: {reason}; moved to {to}")];
+                return Ok(Ok(decision));
+            }
+            decision.reasons = vec![format!(
+                "{reason}; this store cannot move records aside (Store::set_aside): move it \
+                 yourself"
+            )];
+        }
+        tracing::warn!(key = %p.key.short(), job = %p.job, reason = %decision.reasons.join("; "), "corrupt record: the run is left alone");
+        let outcome = Outcome::Corrupt {
+            reason: decision.reasons.join("; "),
+        };
+        decision.action = Action::Corrupt;
+        self.emit(Event::Corrupt {
+            index: index + 1,
+            total,
+            decision,
+        });
+        Ok(Err(outcome))
+    }
+
+    /// Claims and executes one run. `Ok(None)`: another process holds it. A run whose record
+    /// is corrupt is left alone (its [`Outcome::Corrupt`]) or repaired first
+    /// ([`corrupt_or_repair`](Self::corrupt_or_repair)).
     pub(super) fn try_execute(
         &self,
         index: usize,
@@ -294,6 +336,15 @@ impl<S: Store + ?Sized> Engine<'_, S> {
         decision: JobDecision,
         helpers: Helpers<'_>,
     ) -> std::result::Result<Option<Outcome>, StoreError> {
+        let decision = match decision.action {
+            Action::Corrupt | Action::Repair => {
+                match self.corrupt_or_repair(index, total, p, decision)? {
+                    Ok(d) => d,
+                    Err(o) => return Ok(Some(o)),
+                }
+            }
+            _ => decision,
+        };
         match self.store().claim(&p.key, self.owner, decision.replaces)? {
             ClaimOutcome::Claimed(c) => {
                 if decision

@@ -110,7 +110,7 @@ mod tests {
     #[test]
     fn the_current_claim_is_renewed_while_it_runs_and_not_after() {
         let dir = tempfile::tempdir().unwrap();
-        let store = FsStore::open(dir.path()).unwrap();
+        let store = FsStore::create(dir.path()).unwrap();
         let key = crate::identity::Hash::of("k");
         let ClaimOutcome::Claimed(claim) = store.claim(&key, &Owner::current(), None).unwrap()
         else {

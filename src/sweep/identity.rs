@@ -161,9 +161,10 @@ impl JobIdentities {
         }
     }
 
-    /// The reason for a run with no record and no earlier run of its lineage: `params changed:
-    /// dropout 0.5 -> 0.25` when the store has a run of the same job whose parameters differ
-    /// (the closest one), else `no record`.
+    /// The reason for a run with no record and no earlier run of its lineage: `no record`,
+    /// with its nearest neighbour as a hint (`no record (nearest: params changed: dropout 0.5
+    /// -> 0.25)`) when the store has a run of the same job whose parameters differ (the
+    /// closest one).
     pub(super) fn no_record_reason<S: Store + ?Sized>(
         &self,
         store: &S,
@@ -180,8 +181,11 @@ impl JobIdentities {
             let mut index: HashMap<String, Vec<serde_json::Value>> = HashMap::new();
             let keys = store.keys()?;
             if keys.len() <= MAX_SCAN {
-                for r in store.records(&keys)?.into_iter().flatten() {
-                    index.entry(r.job).or_default().push(r.params);
+                // A corrupt record is no neighbour (it is reported where it is decided).
+                for r in crate::store::records_per_key(store, &keys)? {
+                    if let Ok(Some(r)) = r {
+                        index.entry(r.job).or_default().push(r.params);
+                    }
                 }
             }
             *guard = Some((Instant::now(), t0.elapsed(), index));
@@ -193,7 +197,10 @@ impl JobIdentities {
             .unwrap_or(&[]);
         let new: serde_json::Value =
             serde_json::from_str(&run.params).unwrap_or(serde_json::Value::Null);
-        Ok(params_changed(&new, others).unwrap_or_else(|| "no record".to_string()))
+        Ok(match params_changed(&new, others) {
+            Some(hint) => format!("no record (nearest: {hint})"),
+            None => "no record".to_string(),
+        })
     }
 }
 

@@ -49,6 +49,8 @@ pub(super) struct Parts<S, E> {
     pub(super) cancel: Option<CancellationToken>,
     /// Ctrl-C cancels a blocking drain.
     pub(super) ctrl_c: bool,
+    /// Runs whose record is corrupt are repaired (moved aside and run), not left alone.
+    pub(super) repair: bool,
 }
 
 /// Runs a sweep: enqueue runs with [`run`](Self::run), see what would happen with
@@ -87,6 +89,7 @@ pub struct Orchestrator<S: Store = FsStore, E: Executor = InProcess> {
     tasks_dir: Option<PathBuf>,
     cancel: Option<CancellationToken>,
     ctrl_c: bool,
+    repair: bool,
 }
 
 impl Orchestrator<FsStore, InProcess> {
@@ -119,6 +122,7 @@ impl<S: Store, E: Executor> Orchestrator<S, E> {
             tasks_dir: p.tasks_dir,
             cancel: p.cancel,
             ctrl_c: p.ctrl_c,
+            repair: p.repair,
         }
     }
 
@@ -285,6 +289,7 @@ impl<S: Store, E: Executor> Orchestrator<S, E> {
 
     fn decider(&self) -> Decider<'_, S> {
         Decider::new(&*self.store, &self.witnesses, self.force, &self.identity)
+            .repairing(self.repair)
     }
 
     fn engine<'a>(&'a self, cancel: &'a Cancel) -> Engine<'a, S> {
@@ -399,6 +404,7 @@ impl<S: Store, E: Executor> Orchestrator<S, E> {
             executor: self.executor.clone(),
             witnesses: self.witnesses.clone(),
             force: self.force,
+            repair: self.repair,
             identity: self.identity.clone(),
             on_event: self.on_event.clone(),
             owner: self.owner.clone(),
@@ -461,7 +467,21 @@ impl<S: Store, E: Executor> Orchestrator<S, E> {
                 "could not point the lineages of reused runs at them"
             );
         }
+        let corrupt: Vec<Hash> = queue
+            .iter()
+            .zip(&outcomes)
+            .filter(|(_, o)| matches!(o, Some(Outcome::Corrupt { .. })))
+            .map(|(p, _)| p.key)
+            .collect();
         match stop {
+            // Every other run was drained: the corrupt ones stay queued, named in the error.
+            None if !corrupt.is_empty() => {
+                self.keep_unfinished(queue, &outcomes);
+                Err(Box::new(RunFailed {
+                    summary: summary_of(queue, &outcomes),
+                    cause: FailureCause::Corrupt { keys: corrupt },
+                }))
+            }
             None => {
                 self.queue.clear();
                 for v in self.keys.values_mut() {
@@ -622,9 +642,19 @@ impl<S: Store, E: Executor> Orchestrator<S, E> {
     }
 
     /// The stored records of the enqueued runs, in enqueue order.
+    /// The records of the enqueued runs; a corrupt one reads as none (no rows: the drain and
+    /// the plan name it), with a warning.
     fn enqueued_records(&self) -> Result<Vec<Option<crate::store::JobRecord>>> {
         let keys: Vec<Hash> = self.enqueued.iter().map(|p| p.key).collect();
-        Ok(self.store.records(&keys)?)
+        Ok(crate::store::records_per_key(&*self.store, &keys)?
+            .into_iter()
+            .map(|r| {
+                r.unwrap_or_else(|e| {
+                    tracing::warn!(error = %e, "a run's record cannot be read: it adds no rows");
+                    None
+                })
+            })
+            .collect())
     }
 
     /// The finished runs among `recs` (enqueue order) with their pending runs, or
@@ -686,6 +716,7 @@ struct DrainContext<S: Store, E: Executor> {
     executor: Arc<E>,
     witnesses: Witnesses,
     force: bool,
+    repair: bool,
     identity: super::identity::JobIdentities,
     on_event: Option<EventFn>,
     owner: Owner,
@@ -698,7 +729,8 @@ struct DrainContext<S: Store, E: Executor> {
 impl<S: Store, E: Executor> DrainContext<S, E> {
     fn drain(&self) -> Drained {
         let engine = Engine {
-            decider: Decider::new(&*self.store, &self.witnesses, self.force, &self.identity),
+            decider: Decider::new(&*self.store, &self.witnesses, self.force, &self.identity)
+                .repairing(self.repair),
             owner: &self.owner,
             on_event: self.on_event.as_ref(),
             wait_poll: self.wait_poll,

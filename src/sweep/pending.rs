@@ -34,6 +34,7 @@ impl std::ops::Deref for PendingRun {
 }
 
 /// What a [`PendingRun`] is: its key, what the key covers and how to execute it.
+#[non_exhaustive]
 pub struct RunSpec {
     /// The job key.
     pub key: Hash,

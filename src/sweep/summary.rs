@@ -8,6 +8,7 @@ use crate::store::{Failure, StoreError};
 
 /// What happened to one run in a drain.
 #[derive(Debug, Clone, PartialEq)]
+#[non_exhaustive]
 pub enum Outcome {
     /// Executed successfully, taking `seconds`.
     Ran {
@@ -30,10 +31,19 @@ pub enum Outcome {
     Interrupted,
     /// Not attempted: the drain stopped at an earlier failure or was cancelled.
     Pending,
+    /// Left alone: its record cannot be read (see
+    /// [`Action::Corrupt`](super::Action::Corrupt)); `reason` names the file, what is wrong
+    /// with it and the fix. The drain goes on with the other runs and ends with
+    /// [`FailureCause::Corrupt`].
+    Corrupt {
+        /// The store's error and the fix.
+        reason: String,
+    },
 }
 
 /// One run's line in a [`RunSummary`].
 #[derive(Debug, Clone, PartialEq)]
+#[non_exhaustive]
 pub struct JobOutcome {
     /// The job key.
     pub key: Hash,
@@ -47,6 +57,7 @@ pub struct JobOutcome {
 
 /// What a drain did, one entry per distinct queued run in enqueue order.
 #[derive(Debug, Clone, Default, PartialEq)]
+#[non_exhaustive]
 pub struct RunSummary {
     /// The runs.
     pub jobs: Vec<JobOutcome>,
@@ -85,6 +96,14 @@ impl RunSummary {
             .count()
     }
 
+    /// Runs left alone because their record cannot be read ([`Outcome::Corrupt`]).
+    pub fn corrupt(&self) -> usize {
+        self.jobs
+            .iter()
+            .filter(|j| matches!(j.outcome, Outcome::Corrupt { .. }))
+            .count()
+    }
+
     /// Runs not attempted because the drain stopped.
     pub fn pending(&self) -> usize {
         self.jobs
@@ -108,6 +127,7 @@ impl RunSummary {
                     "interrupted (drain cancelled): runs again at the next drain".to_string(),
                 ),
                 Outcome::Pending => ("pend", "not attempted (drain stopped)".to_string()),
+                Outcome::Corrupt { reason } => ("CORR", reason.clone()),
             };
             out.push_str(&format!(
                 "{tag}  {}  {}  {}  {detail}\n",
@@ -121,12 +141,15 @@ impl RunSummary {
     }
 
     /// `N ran, N skipped, N failed, N pending`, with `, N interrupted` when a cancelled drain
-    /// interrupted runs.
+    /// interrupted runs and `, N corrupt` when runs were left alone for their records.
     pub fn totals(&self) -> String {
-        let interrupted = match self.interrupted() {
+        let mut interrupted = match self.interrupted() {
             0 => String::new(),
             n => format!(", {n} interrupted"),
         };
+        if self.corrupt() > 0 {
+            interrupted.push_str(&format!(", {} corrupt", self.corrupt()));
+        }
         format!(
             "{} ran, {} skipped, {} failed, {} pending{interrupted}",
             self.ran(),
@@ -166,11 +189,21 @@ pub enum FailureCause {
     /// a blocking drain): runs it started are [`Outcome::Interrupted`] and recorded so; the
     /// runs not done stay queued for the next drain.
     Cancelled,
+    /// Every run was drained except these, whose records cannot be read
+    /// ([`Outcome::Corrupt`], each with its file and the fix): they stay queued and were left
+    /// alone. Not retryable as it is: build the sweep with
+    /// [`repair(true)`](super::OrchestratorBuilder::repair) (or run `puzzletron sweep repair
+    /// STORE`) to move their records aside and run them again.
+    Corrupt {
+        /// Their keys, in queue order.
+        keys: Vec<Hash>,
+    },
 }
 
 /// A drain that stopped: at the first failing job, or on a store error. Carries the summary so
 /// far; later runs are [`Outcome::Pending`].
 #[derive(Debug)]
+#[non_exhaustive]
 pub struct RunFailed {
     /// What the drain did up to the failure.
     pub summary: RunSummary,
@@ -188,7 +221,7 @@ impl RunFailed {
             FailureCause::Store(e) => e.is_retryable(),
             FailureCause::Executor(e) => e.is_retryable(),
             FailureCause::Cancelled => true,
-            FailureCause::Job { .. } => false,
+            FailureCause::Job { .. } | FailureCause::Corrupt { .. } => false,
         }
     }
 }
@@ -223,6 +256,19 @@ impl fmt::Display for RunFailed {
                 "drain cancelled: runs it started are recorded as interrupted and run again at \
                  the next drain"
             )?,
+            FailureCause::Corrupt { keys } => {
+                write!(
+                    f,
+                    "{} run(s) left alone because their records cannot be read (every other \
+                     run was drained):",
+                    keys.len()
+                )?;
+                for j in &self.summary.jobs {
+                    if let Outcome::Corrupt { reason } = &j.outcome {
+                        write!(f, "\n  {} {} {}: {reason}", j.key.short(), j.job, j.params)?;
+                    }
+                }
+            }
         }
         write!(f, "\n  {}", self.summary.totals())
     }
@@ -233,7 +279,9 @@ impl std::error::Error for RunFailed {
         match &self.cause {
             FailureCause::Store(e) => Some(e),
             FailureCause::Executor(e) => Some(e),
-            FailureCause::Job { .. } | FailureCause::Cancelled => None,
+            FailureCause::Job { .. } | FailureCause::Cancelled | FailureCause::Corrupt { .. } => {
+                None
+            }
         }
     }
 }

@@ -549,6 +549,18 @@ pub(super) async fn drain_isolated_async<S: Store + ?Sized, E: Executor + ?Sized
                 }
                 Action::Wait => waiting.push(i),
                 Action::Run => run_now.push((i, d)),
+                Action::Corrupt | Action::Repair => {
+                    match engine.corrupt_or_repair(i, total, &queue[i], d) {
+                        Ok(Ok(d)) => run_now.push((i, d)),
+                        Ok(Err(o)) => outcomes[i] = Some(o),
+                        Err(e) => {
+                            return Drained {
+                                outcomes,
+                                stop: Some(Stop::Cause(FailureCause::Store(e))),
+                            };
+                        }
+                    }
+                }
             }
         }
         let mut again = waiting;
@@ -988,6 +1000,8 @@ mod tests {
         })
         .unwrap();
         std::fs::write(dir.path().join(shared_name(0)), bytes).unwrap();
+        // The parent made the store before its workers start (a worker only opens it).
+        FsStore::create(dir.path().join("store")).unwrap();
         let out = run_task(&task(dir.path(), &shared_name(0))).unwrap();
         assert!(matches!(out, Some(Outcome::Ran { .. })), "{out:?}");
         let store = FsStore::open(dir.path().join("store")).unwrap();

@@ -6,6 +6,7 @@
 use std::collections::{HashMap, HashSet};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
 
 use serde_json::Value;
 
@@ -176,4 +177,102 @@ pub fn audit_journal(dir: &Path) -> Audit {
         }
     }
     a
+}
+
+/// What [`kill_9_trials`] counted.
+#[derive(Debug, Default)]
+pub struct Trials {
+    /// `kill -9`s sent.
+    pub kills: usize,
+    /// Campaigns run to their end (each in a folder of its own).
+    pub campaigns: usize,
+    /// Jobs adopted through `find` after a crash, over every campaign.
+    pub adopted: usize,
+    /// Attempts submitted (journal), over every campaign.
+    pub attempts: usize,
+}
+
+/// How many kills [`kill_9_trials`] sends, when, and how long they may take in all.
+pub struct KillPlan {
+    /// `kill -9`s to send.
+    pub trials: usize,
+    /// A kill comes 50 ms to `50 + window_ms` ms after a start.
+    pub window_ms: u64,
+    /// The trials fail once they take longer.
+    pub limit: Duration,
+}
+
+/// Crash trials of a controller: runs `start(dir)` in fresh folders `root/cN`, killing it
+/// (SIGKILL) at a random moment 50 ms to `50 + window_ms` ms after each start, until `trials`
+/// kills were sent. Each campaign is started again until one run ends; it must end with
+/// success, give `want` as its result and have no duplicate job and no lost result (its
+/// [`audit`]); `check(n, dir)` then adds the test's own checks. Fails once the trials take
+/// longer than `limit`.
+pub fn kill_9_trials(
+    root: &Path,
+    KillPlan {
+        trials,
+        window_ms,
+        limit,
+    }: KillPlan,
+    rng: &mut Rng,
+    want: &Value,
+    mut start: impl FnMut(&Path) -> Child,
+    mut check: impl FnMut(usize, &Path),
+) -> Trials {
+    let started = Instant::now();
+    let mut t = Trials::default();
+    while t.kills < trials {
+        t.campaigns += 1;
+        let n = t.campaigns;
+        let dir = root.join(format!("c{n}"));
+        // Kill until a run survives to the end.
+        loop {
+            let mut child = start(&dir);
+            let deadline = Instant::now() + Duration::from_millis(50 + rng.below(window_ms));
+            let mut finished = None;
+            while Instant::now() < deadline {
+                if let Some(st) = child.try_wait().unwrap() {
+                    finished = Some(st);
+                    break;
+                }
+                std::thread::sleep(Duration::from_millis(10));
+            }
+            match finished {
+                Some(st) => {
+                    assert!(st.success(), "campaign {n} exited with {st}");
+                    break;
+                }
+                None => {
+                    child.kill().unwrap(); // SIGKILL
+                    child.wait().unwrap();
+                    t.kills += 1;
+                }
+            }
+            assert!(
+                started.elapsed() < limit,
+                "crash trials take longer than {limit:?}"
+            );
+        }
+        assert_eq!(
+            &result(&dir),
+            want,
+            "campaign {n}: results differ from the uninterrupted run"
+        );
+        let a = audit(&dir);
+        assert!(
+            a.duplicates.is_empty(),
+            "campaign {n}: duplicates {:?}",
+            a.duplicates
+        );
+        assert!(
+            a.missing.is_empty(),
+            "campaign {n}: lost results {:?}",
+            a.missing
+        );
+        t.adopted += a.adopted;
+        t.attempts += a.attempts;
+        check(n, &dir);
+    }
+    t
 }

@@ -108,14 +108,11 @@ pub fn run(items: u32, dir: &std::path::Path) -> SimResult {
         .plan(plan(items))
         .executor(Arc::new(mock.clone()))
         .campaign_dir(dir)
-        .clock(Arc::new(VirtualClock(clock)))
+        .clock(Arc::new(VirtualClock::new(clock)))
         .poll_interval(Duration::from_secs(5), Duration::from_secs(30))
         .max_live(10_000)
         .allow_oom_retry("big")
-        .retry_policy(RetryPolicy {
-            base_delay: Duration::from_secs(10),
-            ..RetryPolicy::default()
-        })
+        .retry_policy(RetryPolicy::default().with_base_delay(Duration::from_secs(10)))
         .build()
         .unwrap();
     let rt = tokio::runtime::Builder::new_current_thread()
@@ -137,10 +134,7 @@ pub fn run(items: u32, dir: &std::path::Path) -> SimResult {
         }
         i += 50;
         let r = rt
-            .block_on(ctl.run(RunOptions {
-                max_iterations: Some(50),
-                ..RunOptions::default()
-            }))
+            .block_on(ctl.run(RunOptions::default().with_max_iterations(Some(50))))
             .unwrap();
         // The mock records every call; count the submits and forget the calls, as a long
         // simulation would (the jobs themselves stay).

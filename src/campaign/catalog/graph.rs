@@ -15,6 +15,7 @@ use crate::campaign::schema::{did_you_mean, get_path, invalid};
 
 /// What happens to a dependency edge when the parent stage is disabled.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[non_exhaustive]
 pub enum IfDisabled {
     /// Depend on the disabled parent's own (contracted) parents instead.
     Contract,
@@ -24,6 +25,7 @@ pub enum IfDisabled {
 
 /// One dependency edge.
 #[derive(Clone, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[non_exhaustive]
 pub struct Need {
     /// The parent stage id.
     pub stage: String,
@@ -83,6 +85,7 @@ pub enum MeshSource {
 
 /// Stages are sharded over the values of a config list (e.g. one group per embedding width).
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[non_exhaustive]
 pub struct ShardAxis {
     /// Dotted key of the list, e.g. `embedding_pruning.widths`.
     pub values_key: String,
@@ -96,6 +99,7 @@ pub struct ShardAxis {
 
 /// One stage of a catalog.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[non_exhaustive]
 pub struct StageDef {
     /// Unique id.
     pub id: String,
@@ -218,6 +222,7 @@ impl StageDef {
 
 /// A stage after resolution against a config: enabled, parents contracted, mesh read.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[non_exhaustive]
 pub struct ResolvedStage {
     /// Stage id.
     pub id: String,
@@ -260,6 +265,7 @@ pub struct ResolvedStage {
 
 /// A stage graph as data. See the module docs.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[non_exhaustive]
 pub struct StageCatalog {
     /// Catalog name (`puzzle`, `config`, or the user's).
     pub name: String,

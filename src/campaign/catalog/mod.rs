@@ -90,6 +90,33 @@ mod tests {
         assert!(StageCatalog::from_config("x", &c).is_err());
     }
 
+    /// The grammar page's example (rustdoc of `StageCatalog::from_config`) parses as it says.
+    #[test]
+    fn the_documented_stages_example_parses_as_documented() {
+        let page = include_str!("stages.md");
+        let yaml = page
+            .split("```yaml\n")
+            .nth(1)
+            .and_then(|rest| rest.split("```").next())
+            .expect("the page has a yaml example");
+        let doc =
+            crate::campaign::config::load_yaml_str(yaml, std::path::Path::new("exp.yaml")).unwrap();
+        let cat = StageCatalog::from_config("exp.yaml", &doc.value).unwrap();
+        // `enabled: train.enabled` with the key absent: only `prepare` runs.
+        let r = cat.resolve("exp.yaml", &doc.value).unwrap();
+        assert_eq!(ids(&r), ["prepare"]);
+        let on = format!("{yaml}train: {{enabled: true}}\n");
+        let on = crate::campaign::config::load_yaml_str(&on, std::path::Path::new("exp.yaml"))
+            .unwrap()
+            .value;
+        let r = cat.resolve("exp.yaml", &on).unwrap();
+        assert_eq!(ids(&r), ["prepare", "train"]);
+        let t = &r[1];
+        assert_eq!(t.parents, ["prepare"]);
+        assert_eq!(t.strategy, Strategy::Sharded);
+        assert_eq!(t.instances, 4);
+    }
+
     #[test]
     fn user_stages_are_read_typed_with_paths() {
         let err = |v: serde_json::Value| {

@@ -14,6 +14,7 @@ use crate::campaign::schema::{
 
 /// Post-MIP flow expansion settings of the Puzzle catalog.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[non_exhaustive]
 pub struct PostMipExpansion {
     /// Config key holding the flows (`post_mip.flows`).
     pub flows_key: String,
@@ -226,6 +227,15 @@ const NODE_TYPES: [(&str, Strategy, bool, bool); 6] = [
     ("downstream_evaluation", Strategy::Sharded, true, true),
 ];
 const FLOW_KEYS: [&str; 2] = ["source", "nodes"];
+/// The keys of a flow's `source` (which MIP run's solutions enter the flow).
+const SOURCE_KEYS: [&str; 3] = ["run", "variants", "objectives"];
+/// The keys of one item of a filter's `metrics` list.
+const METRIC_ITEM_KEYS: [&str; 2] = ["metric", "direction"];
+/// The modes of a `type: filter` node: keep the `top_k` best by one metric, rank by several
+/// (`aggregate_rank`), or let a person choose (`manual`: a decision stage, no job).
+pub(crate) const FILTER_MODES: [&str; 3] = ["top_k", "aggregate_rank", "manual"];
+/// The directions of a filter metric.
+pub(crate) const DIRECTIONS: [&str; 2] = ["minimize", "maximize"];
 const NODE_KEYS: [&str; 11] = [
     "type",
     "input",
@@ -264,6 +274,9 @@ pub(super) fn expand_post_mip(
         check_flow_name(file, &fpath, flow)?;
         let fmap = expect_map(file, &fpath, fnode)?;
         check_keys(file, &fpath, fmap, &FLOW_KEYS)?;
+        if let Some(src) = get(fnode, "source") {
+            check_source(file, &join(&fpath, "source"), src, config, pm)?;
+        }
         let nodes_path = join(&fpath, "nodes");
         let nodes = match get(fnode, "nodes") {
             Some(n) => expect_map(file, &nodes_path, n)?,
@@ -354,6 +367,9 @@ pub(super) fn expand_post_mip(
                     parents.push(sid(prefix));
                 }
             }
+            if ty == "filter" {
+                check_filter(file, &npath, node, &names, &pm.source_stage)?;
+            }
             // `mode: manual` on a filter: a person chooses (a decision stage, no job).
             let manual = match get(node, "mode") {
                 None | Some(Value::Null) => false,
@@ -433,4 +449,193 @@ fn check_flow_name(file: &str, path: &str, name: &str) -> Result<(), PlanError> 
             expected: "a name of letters, digits, '-' and '_' (at most 128)".into(),
         })
     }
+}
+
+/// `one of a, b (did you mean `x`?)` for an enumeration error.
+fn one_of(value: &str, valid: &[&str]) -> String {
+    format!(
+        "one of {}{}",
+        valid.join(", "),
+        did_you_mean(value, valid.iter().copied())
+            .map(|s| format!(" (did you mean `{s}`?)"))
+            .unwrap_or_default()
+    )
+}
+
+/// Checks a string value against an enumeration.
+fn check_enum(file: &str, path: &str, v: &Value, valid: &[&str]) -> Result<(), PlanError> {
+    match v {
+        Value::String(s) if valid.contains(&s.as_str()) => Ok(()),
+        Value::String(s) => Err(PlanError::InvalidValue {
+            file: file.into(),
+            path: path.into(),
+            value: format!("{s:?}"),
+            expected: one_of(s, valid),
+        }),
+        other => Err(invalid(file, path, other, &one_of("", valid))),
+    }
+}
+
+/// A flow's `source`: `{run, variants, objectives}`, `run` naming a MIP run of the plan
+/// (`<source stage>.runs.<run>`, not switched off).
+fn check_source(
+    file: &str,
+    path: &str,
+    src: &Value,
+    config: &Value,
+    pm: &PostMipExpansion,
+) -> Result<(), PlanError> {
+    let map = expect_map(file, path, src)?;
+    check_keys(file, path, map, &SOURCE_KEYS)?;
+    let runs_key = format!("{}.runs", pm.source_stage);
+    let rpath = join(path, "run");
+    let run = match get(src, "run") {
+        None | Some(Value::Null) => return Ok(()),
+        Some(Value::String(r)) => r,
+        Some(other) => return Err(invalid(file, &rpath, other, "the name of a MIP run")),
+    };
+    let runs: Vec<(&str, bool)> = match get_path(config, &runs_key) {
+        Some(Value::Mapping(m)) => m
+            .iter()
+            .map(|(k, v)| (k.as_str(), !matches!(v, Value::Bool(false) | Value::Null)))
+            .collect(),
+        _ => Vec::new(),
+    };
+    let on: Vec<&str> = runs.iter().filter(|r| r.1).map(|r| r.0).collect();
+    if on.contains(&run.as_str()) {
+        return Ok(());
+    }
+    let expected = if runs.iter().any(|r| r.0 == run) {
+        format!(
+            "a MIP run that is on: `{runs_key}.{run}` is switched off, so the flow would get no \
+             solutions; switch it on or name one of: {}",
+            if on.is_empty() {
+                "none".to_string()
+            } else {
+                on.join(", ")
+            }
+        )
+    } else {
+        format!(
+            "the name of a MIP run of the plan (a key of `{runs_key}`): {}{}",
+            if on.is_empty() {
+                "there are none".to_string()
+            } else {
+                on.join(", ")
+            },
+            did_you_mean(run, on.iter().copied())
+                .map(|s| format!(" (did you mean `{s}`?)"))
+                .unwrap_or_default()
+        )
+    };
+    Err(PlanError::InvalidValue {
+        file: file.into(),
+        path: rpath,
+        value: format!("{run:?}"),
+        expected,
+    })
+}
+
+/// A filter metric: `<node>.<metric>` naming a node of the flow, or `<source stage>.<metric>`
+/// (`mip.score`).
+fn check_metric(
+    file: &str,
+    path: &str,
+    v: &Value,
+    names: &[&str],
+    source_stage: &str,
+) -> Result<(), PlanError> {
+    let mut sources: Vec<&str> = vec![source_stage];
+    sources.extend(names.iter().copied());
+    let expected = |fix: String| {
+        format!(
+            "`<node>.<metric>` naming a node of this flow or `{source_stage}`: one of {}{fix}",
+            sources.join(", ")
+        )
+    };
+    match v {
+        Value::String(m) => match m.split_once('.') {
+            Some((prefix, name)) if sources.contains(&prefix) && !name.is_empty() => Ok(()),
+            Some((prefix, name)) => Err(PlanError::InvalidValue {
+                file: file.into(),
+                path: path.into(),
+                value: format!("{m:?}"),
+                expected: expected(
+                    did_you_mean(prefix, sources.iter().copied())
+                        .map(|s| format!(" (did you mean `{s}.{name}`?)"))
+                        .unwrap_or_default(),
+                ),
+            }),
+            None => Err(PlanError::InvalidValue {
+                file: file.into(),
+                path: path.into(),
+                value: format!("{m:?}"),
+                expected: expected(String::new()),
+            }),
+        },
+        other => Err(invalid(file, path, other, &expected(String::new()))),
+    }
+}
+
+/// The fields of a `type: filter` node: `mode`, `direction`, `metric`, `metrics` and `top_k`.
+fn check_filter(
+    file: &str,
+    npath: &str,
+    node: &Value,
+    names: &[&str],
+    source_stage: &str,
+) -> Result<(), PlanError> {
+    let field = |k: &str| get(node, k).filter(|v| !v.is_null());
+    if let Some(v) = field("mode") {
+        check_enum(file, &join(npath, "mode"), v, &FILTER_MODES)?;
+    }
+    if let Some(v) = field("direction") {
+        check_enum(file, &join(npath, "direction"), v, &DIRECTIONS)?;
+    }
+    if let Some(v) = field("top_k") {
+        match v {
+            Value::Int(k) if *k >= 1 => {}
+            other => {
+                return Err(invalid(
+                    file,
+                    &join(npath, "top_k"),
+                    other,
+                    "an integer >= 1 (how many of the input's work items the filter keeps)",
+                ));
+            }
+        }
+    }
+    if let Some(v) = field("metric") {
+        check_metric(file, &join(npath, "metric"), v, names, source_stage)?;
+    }
+    if let Some(v) = field("metrics") {
+        let mpath = join(npath, "metrics");
+        let Value::List(items) = v else {
+            return Err(invalid(
+                file,
+                &mpath,
+                v,
+                "a list of {metric, direction} mappings",
+            ));
+        };
+        for (i, item) in items.iter().enumerate() {
+            let ipath = format!("{mpath}[{i}]");
+            let map = expect_map(file, &ipath, item)?;
+            check_keys(file, &ipath, map, &METRIC_ITEM_KEYS)?;
+            match get(item, "metric") {
+                Some(m) => check_metric(file, &join(&ipath, "metric"), m, names, source_stage)?,
+                None => {
+                    return Err(PlanError::MissingField {
+                        file: file.into(),
+                        path: join(&ipath, "metric"),
+                        expected: "the metric, `<node>.<metric>`".into(),
+                    });
+                }
+            }
+            if let Some(d) = get(item, "direction").filter(|v| !v.is_null()) {
+                check_enum(file, &join(&ipath, "direction"), d, &DIRECTIONS)?;
+            }
+        }
+    }
+    Ok(())
 }

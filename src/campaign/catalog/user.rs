@@ -13,10 +13,7 @@ use crate::campaign::plan_error::PlanError;
 use crate::campaign::schema::{Argv, AtLeast, get, invalid, join, key_path, read};
 
 impl StageCatalog {
-    /// the module docs), else [`StageCatalog::puzzle`].
-    ///
-    /// # Errors
-    /// [`PlanError::UnknownField`] / [`PlanError::InvalidValue`] for a malformed `stages:` list.
+    #[doc = include_str!("stages.md")]
     pub fn from_config(file: &str, config: &Value) -> Result<Self, PlanError> {
         match get(config, "stages") {
             None | Some(Value::Null) => Ok(Self::puzzle()),

@@ -32,6 +32,7 @@ pub enum OverrideKind {
 /// One parsed override, ready to apply with [`Override::apply`] or to pass to
 /// [`load_experiment`](super::load_experiment).
 #[derive(Debug, Clone, PartialEq)]
+#[non_exhaustive]
 pub struct Override {
     /// What to do.
     pub kind: OverrideKind,

@@ -7,6 +7,7 @@ use std::fmt;
 /// Lookups are lenient the way OmegaConf is: a [`PathSegment::Key`] made of digits indexes a
 /// list (`a.0`), and a [`PathSegment::Index`] on a mapping looks up the key `"0"`.
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
+#[non_exhaustive]
 pub enum PathSegment {
     /// A mapping key.
     Key(String),
@@ -40,6 +41,7 @@ impl PathSegment {
 /// Displayed in dotted form with list indices in brackets (`tokenize_data.caches[0].output`);
 /// the empty path (the root) displays as `<root>`.
 #[derive(Debug, Clone, Default, PartialEq, Eq, PartialOrd, Ord, Hash)]
+#[non_exhaustive]
 pub struct KeyPath(pub Vec<PathSegment>);
 
 impl KeyPath {

@@ -17,6 +17,7 @@ pub type Mapping = IndexMap<String, Value>;
 /// Mapping keys are strings: a scalar key such as `1:` or `true:` is kept as written (`"1"`,
 /// `"true"`). Floats may be `inf`/`NaN` (`.inf`, `.nan` in YAML).
 #[derive(Debug, Clone, PartialEq, Default)]
+#[non_exhaustive]
 pub enum Value {
     /// YAML `null`, `~` or an empty value.
     #[default]

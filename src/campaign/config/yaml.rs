@@ -32,6 +32,7 @@ pub(crate) const MAX_DEPTH: usize = 128;
 
 /// A parsed YAML document: its value tree, node origins, and the Hydra `# @package` header.
 #[derive(Debug, Clone)]
+#[non_exhaustive]
 pub struct YamlDocument {
     /// The value tree (an empty file is an empty mapping).
     pub value: Value,

@@ -52,6 +52,9 @@ pub struct CampaignControllerBuilder {
     require_success_marker: bool,
     heartbeat: HashMap<String, Duration>,
     exclude_node_after: Option<u32>,
+    fast_failure_window: Duration,
+    visibility_wait: Duration,
+    visibility_hook: Option<Arc<super::finalise::VisibilityHook>>,
     prompt: Option<Arc<dyn super::controls::DecisionPrompt>>,
 }
 
@@ -84,6 +87,9 @@ impl Default for CampaignControllerBuilder {
             require_success_marker: true,
             heartbeat: HashMap::new(),
             exclude_node_after: Some(2),
+            fast_failure_window: Duration::from_secs(60),
+            visibility_wait: Duration::from_secs(60),
+            visibility_hook: None,
             prompt: None,
         }
     }
@@ -166,13 +172,39 @@ impl CampaignControllerBuilder {
         self.heartbeat.insert(stage.into(), timeout);
         self
     }
-    /// After how many fail-fast attempts (see [`nodes`](super::nodes)) on one node it is
-    /// excluded from every later submission (`--exclude`), with a
+    /// After how many distinct units failed fast (see [`nodes`](super::nodes)) on one node it
+    /// is excluded from every later submission (`--exclude`), with a
     /// [`ControllerEvent::NodeExcluded`](super::ControllerEvent::NodeExcluded); `None`
     /// never excludes. Default 2. (A unit's own retry avoids the nodes of its failed attempt
     /// whatever this says.)
-    pub fn exclude_node_after(mut self, attempts: Option<u32>) -> Self {
-        self.exclude_node_after = attempts.map(|n| n.max(1));
+    pub fn exclude_node_after(mut self, units: Option<u32>) -> Self {
+        self.exclude_node_after = units.map(|n| n.max(1));
+        self
+    }
+    /// How soon after it started an attempt that failed before its start mark (its payload
+    /// never started: the job's setup failed on its node; only for executors whose jobs write
+    /// one, [`Executor::writes_start_mark`]),
+    /// without application evidence in its log, counts as an infrastructure failure (see
+    /// [`classify`](mod@super::classify), rule 6a). Default 60 s.
+    pub fn fast_failure_window(mut self, window: Duration) -> Self {
+        self.fast_failure_window = window;
+        self
+    }
+    /// How long a completed attempt's success marker or declared output that is not visible
+    /// (`stat`, then a `readdir` of its folder and an `open`, which clear a network
+    /// filesystem's negative caches) is looked for again, on the following polls (with the
+    /// poll interval's backoff), before the attempt fails as
+    /// [`FailureClass::OutputNotVisible`](super::FailureClass::OutputNotVisible) naming the
+    /// path. Default 60 s.
+    pub fn output_visibility_wait(mut self, wait: Duration) -> Self {
+        self.visibility_wait = wait;
+        self
+    }
+    /// Test hook: `hook(path, probe)` returning `true` hides `path` from that probe, as a
+    /// network filesystem's attribute or negative cache would (issue 27's tests).
+    #[doc(hidden)]
+    pub fn visibility_hook(mut self, hook: Arc<super::finalise::VisibilityHook>) -> Self {
+        self.visibility_hook = Some(hook);
         self
     }
     /// Most attempts live at once (default: no limit).
@@ -358,6 +390,9 @@ impl CampaignControllerBuilder {
                 pools: self.pools,
                 heartbeat: self.heartbeat,
                 exclude_node_after: self.exclude_node_after,
+                fast_failure_window: self.fast_failure_window,
+                visibility_wait: self.visibility_wait,
+                visibility_hook: self.visibility_hook,
                 prompt: self.prompt,
             },
             io: Collaborators {

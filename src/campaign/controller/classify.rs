@@ -25,6 +25,9 @@
 //! 3. `OUT_OF_MEMORY` (C20), "CUDA out of memory"/`OutOfMemoryError` in the log (C21a), Slurm's
 //!    "Exceeded job/step memory limit", or an exit 137 / SIGKILL together with an oom-kill line
 //!    in the log: [`FailureClass::Oom`].
+//!    Then a missing program: exit 127 with no application evidence in the log, or a launch
+//!    failure with `ENOENT`, after the start mark: [`FailureClass::Config`], naming
+//!    [`Evidence::program`] and [`Evidence::lookup`] (issue 27).
 //! 4. `NODE_FAIL`, `BOOT_FAIL`, `PREEMPTED`, launch failures, a log `DUE TO PREEMPTION` /
 //!    `DUE TO NODE FAILURE`, and a cancel the controller did not ask for by the scheduler
 //!    itself (the uid of Slurm's `SlurmUser`, [`Evidence::scheduler_uid`]) or by root when
@@ -32,6 +35,12 @@
 //!    runs the controller: [`FailureClass::Transient`] (C23).
 //! 5. `DEADLINE`: [`FailureClass::Expired`] (C25: expired, not failed).
 //! 6. Any other cancel: [`FailureClass::Cancelled`].
+//!    Rule 6a: `FAILED` or killed by a signal, before the attempt's start mark
+//!    ([`Evidence::start_mark`] `Some(false)`: the job's setup failed, its payload never
+//!    started) within [`Evidence::fast_window`] of its start (default 60 s), with no
+//!    application evidence in any log (application/configuration errors, OOM lines, a
+//!    traceback, the GPU preflight): [`FailureClass::Transient`], an infrastructure failure
+//!    charged to its node ([`nodes`](super::nodes)).
 //! 7. The worker's GPU preflight line (`gpu preflight: 1 GPU(s) visible … needs 2 per node`,
 //!    N04), exit code 2, or argparse/clap style argument errors in the log (`unrecognized arguments`,
 //!    `error: the following arguments are required`, `invalid value ... for`, `Usage:` followed
@@ -43,6 +52,12 @@
 //! A running attempt the controller cancels because its progress mark did not move for the
 //! stage's heartbeat timeout is classified by [`classify_hung`] instead: `Application` when a
 //! log shows an application error, else [`FailureClass::Hung`].
+//!
+//! What follows each class (retried or not, on which budget) is decided by the stage's
+//! `failure_policy` in one table: [the retry table](super::policy#retry-table) of
+//! [`policy`](super::policy). In short: `Application` (NaN loss, `AssertionError`, any other
+//! exit code) is fatal under `strict` and re-submitted up to `max_attempts` under `resume`; it
+//! is never retried on the transient budget.
 
 use serde::{Deserialize, Serialize};
 
@@ -67,13 +82,22 @@ pub enum FailureClass {
     Cancelled,
     /// Could not start before its deadline (Slurm `DEADLINE`): expired, not failed.
     Expired,
-    /// The program failed on its own (non-zero exit without other evidence).
+    /// The program failed on its own (non-zero exit without other evidence, or an application
+    /// error such as a NaN loss or `AssertionError` in a log). Fatal under `strict`,
+    /// re-submitted up to `max_attempts` under `resume` ([the retry
+    /// table](super::policy#retry-table)).
     Application,
     /// Not enough evidence (lost job, SIGKILL without an oom trace, unknown state).
     Unknown,
     /// Running, but its progress mark did not move for the stage's heartbeat timeout: the
     /// controller cancelled it ([`classify_hung`]). Retried like [`FailureClass::Transient`].
     Hung,
+    /// Completed, but its success marker or a declared output stayed invisible (`stat`, then
+    /// a `readdir` of its folder and an `open`, retried with backoff for the controller's
+    /// visibility bound): a network filesystem that does not show the file is not a missing
+    /// output until then; after it, a missing one. Retried like [`FailureClass::Unknown`]
+    /// (counted attempts, `resume` policy); the detail names the path.
+    OutputNotVisible,
 }
 
 impl FailureClass {
@@ -89,6 +113,7 @@ impl FailureClass {
         FailureClass::Application,
         FailureClass::Unknown,
         FailureClass::Hung,
+        FailureClass::OutputNotVisible,
     ];
 
     /// The snake_case name (`oom`, `timeout_resumable`, ...).
@@ -104,6 +129,7 @@ impl FailureClass {
             FailureClass::Application => "application",
             FailureClass::Unknown => "unknown",
             FailureClass::Hung => "hung",
+            FailureClass::OutputNotVisible => "output_not_visible",
         }
     }
 }
@@ -117,6 +143,7 @@ impl std::fmt::Display for FailureClass {
 /// Where an out-of-memory happened.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
+#[non_exhaustive]
 pub enum OomKind {
     /// Host memory (cgroup / kernel oom-killer).
     Host,
@@ -126,6 +153,7 @@ pub enum OomKind {
 
 /// Everything known about a finished attempt, besides its [`JobStatus`].
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct Evidence {
     /// The last part of the attempt's log (stdout+stderr), if readable.
     pub log_tail: String,
@@ -144,8 +172,9 @@ pub struct Evidence {
     /// Why the stage's declared outputs do not validate (a missing output, a failed
     /// validation command), `None` when they do or the stage declares none.
     pub outputs_problem: Option<String>,
-    /// Why the log could not be read, when it could not (then `log_tail` is empty and means
-    /// nothing).
+    /// Why the log is not evidence, when it is not: it could not be read (then `log_tail` is
+    /// empty and means nothing) or decoded (then `log_tail` is its lossy decoding). Named in
+    /// every verdict's detail, which never calls such a log clean.
     pub log_unavailable: Option<String>,
     /// The last part of every per-rank log the attempt wrote (N05: `(name, tail)`, e.g.
     /// torchrun's `--log-dir` files under the unit's `logs/` folder), in name order. Every
@@ -153,10 +182,82 @@ pub struct Evidence {
     pub rank_logs: Vec<(String, String)>,
     /// What the attempt left to resume from (N03), for a resumable stage that hit its limit.
     pub checkpoint: CheckpointEvidence,
+    /// Whether the attempt's start mark (`_STARTED` holding its id, written by the job just
+    /// before its payload) was found: `None` when the executor writes none
+    /// ([`Executor::writes_start_mark`](crate::executor::Executor::writes_start_mark)).
+    pub start_mark: Option<bool>,
+    /// How long it ran: the scheduler's end minus start, else the controller's time since
+    /// its submit (an upper bound); `None` when unknown.
+    pub ran_for: Option<std::time::Duration>,
+    /// A failure before the start mark within this long of the start is the
+    /// infrastructure's (rule 6a); `None` turns the rule off.
+    pub fast_window: Option<std::time::Duration>,
+    /// The program the payload runs (the first word of its command), to name it when it
+    /// cannot be found (exit 127, launch `ENOENT`).
+    pub program: Option<String>,
+    /// Where the program was looked up: the `PATH` and working directory, as text.
+    pub lookup: Option<String>,
+    /// Where the job log is, to cite its lines as `file:line`; `None`: cited by name.
+    pub log_path: Option<std::path::PathBuf>,
+    /// Line number (from 1) of the first line of [`log_tail`](Self::log_tail) in its file
+    /// (the tail is the end of a longer file); 0 when unknown (lines then cited from the tail).
+    pub log_first_line: usize,
+    /// The folder the [`rank_logs`](Self::rank_logs) names are relative to (after `rank log `),
+    /// to cite their lines as `file:line`.
+    pub rank_dir: Option<std::path::PathBuf>,
+}
+
+/// `file:line: text` of the first line of `text` (a tail whose first line is line `first` of
+/// `file`, 0 when unknown) containing `needle` (lower case), the text cut to 200 characters.
+fn cite_line(file: &str, first: usize, text: &str, needle: &str) -> Option<String> {
+    let (i, line) = text
+        .lines()
+        .enumerate()
+        .find(|(_, l)| l.to_ascii_lowercase().contains(needle))?;
+    let line: String = line.trim().chars().take(200).collect();
+    Some(if first > 0 {
+        format!("{file}:{}: {line}", first + i)
+    } else {
+        format!("{file} (line {} of its tail): {line}", i + 1)
+    })
+}
+
+impl Evidence {
+    /// The first line of any log (the job log, then every rank log in name order) containing
+    /// one of `needles`, cited as `file:line: text`, with the needle.
+    pub fn cite(&self, needles: &[&'static str]) -> Option<(String, &'static str)> {
+        let job = self
+            .log_path
+            .as_ref()
+            .map_or_else(|| "the job log".to_string(), |p| p.display().to_string());
+        let lower = self.log_tail.to_ascii_lowercase();
+        if let Some(m) = contains_any(&lower, needles) {
+            return cite_line(&job, self.log_first_line, &self.log_tail, m).map(|c| (c, m));
+        }
+        for (name, text) in &self.rank_logs {
+            let lower = text.to_ascii_lowercase();
+            if let Some(m) = contains_any(&lower, needles) {
+                let file = match (&self.rank_dir, name.strip_prefix("rank log ")) {
+                    (Some(d), Some(rel)) => d.join(rel).display().to_string(),
+                    _ => name.clone(),
+                };
+                return cite_line(&file, 0, text, m).map(|c| (c, m));
+            }
+        }
+        None
+    }
+
+    /// The out-of-memory evidence in any log: GPU lines first, then host lines.
+    pub fn oom_cite(&self) -> Option<(OomKind, String)> {
+        self.cite(GPU_OOM)
+            .map(|(c, _)| (OomKind::Gpu, c))
+            .or_else(|| self.cite(HOST_OOM).map(|(c, _)| (OomKind::Host, c)))
+    }
 }
 
 /// Whether a timed-out attempt left something to resume from (N03).
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum CheckpointEvidence {
     /// Not looked at: a resumable stage's timeout counts as resumable (callers that do not
     /// track checkpoints).
@@ -170,6 +271,7 @@ pub enum CheckpointEvidence {
 
 /// The verdict on one finished attempt.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[non_exhaustive]
 pub struct Classification {
     /// `None` when the attempt succeeded.
     pub class: Option<FailureClass>,
@@ -204,7 +306,8 @@ impl Classification {
 }
 
 /// Application errors that make every other rank fail too (N05): they outrank the collective
-/// timeouts they cause elsewhere and are never retried.
+/// timeouts they cause elsewhere, so the attempt is `Application` (never `Transient`: retried
+/// only as the retry table in `policy` says, under `resume`, up to `max_attempts`).
 const APP_ERR: &[&str] = &[
     "loss is nan",
     "nan loss",
@@ -303,7 +406,9 @@ fn rank_verdict(ev: &Evidence) -> Option<Classification> {
 /// The verdict on a running attempt the controller cancelled because its progress mark did
 /// not move for `silent` (the stage's heartbeat timeout; `last_step` is the last mark seen),
 /// from its logs: an application error in any log (rule 6b) is
-/// [`FailureClass::Application`] (never retried); anything else is [`FailureClass::Hung`],
+/// [`FailureClass::Application`] (never retried as a hang: fatal under `strict`, re-submitted up
+/// to `max_attempts` under `resume`, see [the retry table](super::policy#retry-table));
+/// anything else is [`FailureClass::Hung`],
 /// the detail naming the silence, the last mark and a collective failure if one shows.
 pub fn classify_hung(
     ev: &Evidence,
@@ -319,6 +424,17 @@ pub fn classify_hung(
         silent.as_secs()
     );
     let mut c = match rank_verdict(ev) {
+        // Log evidence outranks the mechanism that stopped it (issue 27): an OOM in any log.
+        _ if ev.oom_cite().is_some() => {
+            let (kind, cite) = ev.oom_cite().unwrap_or((OomKind::Host, String::new()));
+            Classification::oom(
+                kind,
+                format!(
+                    "out of memory ({}) behind the hang: {cite}; {base}",
+                    kind_name(kind)
+                ),
+            )
+        }
         Some(v) if v.class == Some(FailureClass::Application) => {
             Classification::failed(FailureClass::Application, format!("{}; {base}", v.detail))
         }
@@ -329,6 +445,52 @@ pub fn classify_hung(
         c.detail = format!("{}; log unavailable ({why})", c.detail);
     }
     c
+}
+
+/// Slurm's `exit:signal` form of a status's exit (`0:125`).
+fn exit_text(status: &JobStatus) -> String {
+    format!(
+        "{}:{}",
+        status.exit_code.unwrap_or(0),
+        status.signal.unwrap_or(0)
+    )
+}
+
+/// `gpu` or `host`.
+fn kind_name(kind: OomKind) -> &'static str {
+    match kind {
+        OomKind::Gpu => "gpu",
+        OomKind::Host => "host",
+    }
+}
+
+/// srun's own lines saying a task of a step failed or was terminated (issue 27): under a
+/// `COMPLETED 0:0` accounting they prove a step failure the accounting does not show.
+const SRUN_TASK_FAILED: &[&str] = &[
+    ": exited with exit code",
+    "srun: job step aborted",
+    "srun: error: timed out waiting for job step to complete",
+    "srun: terminating stepid=",
+    "srun: terminating job step",
+    ": killed",
+    ": terminated",
+];
+
+/// The step a log's srun/slurmstepd lines name (`StepId=4711.0`, `STEP 4711.0`), if any.
+fn step_named(log_lower: &str) -> Option<String> {
+    for key in ["stepid=", "step "] {
+        for (i, _) in log_lower.match_indices(key) {
+            let rest = &log_lower[i + key.len()..];
+            let id: String = rest
+                .chars()
+                .take_while(|c| c.is_ascii_digit() || *c == '.' || *c == '_')
+                .collect();
+            if id.contains('.') && id.starts_with(|c: char| c.is_ascii_digit()) {
+                return Some(id);
+            }
+        }
+    }
+    None
 }
 
 const GPU_OOM: &[&str] = &[
@@ -352,6 +514,25 @@ const CONFIG_ERR: &[&str] = &[
     "error: invalid value",
     "invalid choice:",
 ];
+
+/// A line in any log that says the payload itself ran and failed (issue 27, rule 6a): an
+/// application or configuration error, an out-of-memory, a Python traceback, the GPU
+/// preflight; `None` when there is none.
+fn app_evidence(ev: &Evidence) -> Option<&'static str> {
+    const RAN: &[&str] = &[
+        "traceback (most recent call last)",
+        "gpu preflight:",
+        "panicked at",
+    ];
+    std::iter::once(ev.log_tail.as_str())
+        .chain(ev.rank_logs.iter().map(|(_, t)| t.as_str()))
+        .map(str::to_ascii_lowercase)
+        .find_map(|l| {
+            [APP_ERR, CONFIG_ERR, GPU_OOM, HOST_OOM, RAN]
+                .iter()
+                .find_map(|set| contains_any(&l, set))
+        })
+}
 
 fn contains_any(hay: &str, needles: &[&'static str]) -> Option<&'static str> {
     needles.iter().find(|n| hay.contains(**n)).copied()
@@ -393,8 +574,9 @@ fn step_as_status(status: &JobStatus, step: &StepStatus) -> JobStatus {
 fn classify_inner(status: &JobStatus, ev: &Evidence) -> Classification {
     let log = ev.log_tail.to_ascii_lowercase();
     let state = &status.state;
-    let gpu_oom = contains_any(&log, GPU_OOM);
-    let host_oom = contains_any(&log, HOST_OOM);
+    // Every log: the job log and every rank log (an OOM in any rank outranks the rest).
+    let gpu_oom = ev.cite(GPU_OOM).map(|(_, m)| m);
+    let host_oom = ev.cite(HOST_OOM).map(|(_, m)| m);
     // 1. completed: only when every piece of evidence agrees.
     if *state == JobState::Completed {
         // a. every step (a signal-killed step outranks the allocation row).
@@ -410,6 +592,55 @@ fn classify_inner(status: &JobStatus, ev: &Evidence) -> Classification {
                     inner.detail
                 ),
             };
+        }
+        // a'. srun's own task-failure lines under clean accounting (issue 27): a step failed
+        // although every accounting row says COMPLETED 0:0.
+        let srun_lines: Vec<&str> = log
+            .lines()
+            .filter(|l| {
+                (l.starts_with("srun:") || l.contains("slurmstepd:"))
+                    && SRUN_TASK_FAILED.iter().any(|m| l.contains(m))
+                    && !l.contains("exited with exit code 0")
+            })
+            .collect();
+        if !srun_lines.is_empty() && ev.success_marker != Some(true) {
+            let cites: Vec<String> = SRUN_TASK_FAILED
+                .iter()
+                .filter_map(|m| ev.cite(&[m]).map(|(c, _)| c))
+                .fold(Vec::new(), |mut v, c| {
+                    if !v.contains(&c) {
+                        v.push(c);
+                    }
+                    v
+                });
+            let step =
+                step_named(&log).map_or_else(|| "a step".to_string(), |s| format!("step {s}"));
+            let mut missing = Vec::new();
+            if ev.success_marker == Some(false) {
+                missing.push("the success marker (_SUCCESS)".to_string());
+            }
+            if let Some(p) = &ev.outputs_problem {
+                missing.push(p.clone());
+            }
+            let exited = srun_lines
+                .iter()
+                .any(|l| l.contains(": exited with exit code"));
+            return Classification::failed(
+                if exited {
+                    FailureClass::Application
+                } else {
+                    FailureClass::Unknown
+                },
+                format!(
+                    "accounting inconsistent: every accounting row COMPLETED 0:0, but srun says {step} failed ({}){}",
+                    cites.join("; "),
+                    if missing.is_empty() {
+                        String::new()
+                    } else {
+                        format!("; missing: {}", missing.join("; "))
+                    }
+                ),
+            );
         }
         // b. an oom-kill event behind it (C21c).
         let oom = host_oom.or(gpu_oom);
@@ -487,11 +718,35 @@ fn classify_inner(status: &JobStatus, ev: &Evidence) -> Classification {
         };
     }
     // 3. out of memory (C20, C21a).
+    let oom_cite = ev.oom_cite();
     if *state == JobState::OutOfMemory {
-        return Classification::oom(OomKind::Host, "state OUT_OF_MEMORY");
+        let (kind, cite) = match &oom_cite {
+            Some((k, c)) => (*k, format!("; {c}")),
+            None => (OomKind::Host, String::new()),
+        };
+        let exit = match (status.exit_code, status.signal) {
+            (Some(0), _) => format!(
+                " (exit {}: the main process exited 0; a task or step was killed for memory)",
+                exit_text(status)
+            ),
+            (Some(_), _) | (None, Some(_)) => format!(" (exit {})", exit_text(status)),
+            (None, None) => String::new(),
+        };
+        return Classification::oom(
+            kind,
+            format!(
+                "state OUT_OF_MEMORY{exit}, out of {} memory{cite}",
+                kind_name(kind)
+            ),
+        );
     }
-    if let Some(m) = gpu_oom {
-        return Classification::oom(OomKind::Gpu, format!("state {state}, log shows `{m}`"));
+    if gpu_oom.is_some()
+        && let Some((kind, cite)) = &oom_cite
+    {
+        return Classification::oom(
+            *kind,
+            format!("state {state}, out of {} memory: {cite}", kind_name(*kind)),
+        );
     }
     let sigkill = status.signal == Some(9)
         || status.exit_code == Some(137)
@@ -499,7 +754,43 @@ fn classify_inner(status: &JobStatus, ev: &Evidence) -> Classification {
     if let Some(m) = host_oom
         && (sigkill || matches!(state, JobState::Failed | JobState::Killed { .. }))
     {
-        return Classification::oom(OomKind::Host, format!("state {state}, log shows `{m}`"));
+        let cite = ev.cite(HOST_OOM).map(|(c, _)| c).unwrap_or_default();
+        return Classification::oom(
+            OomKind::Host,
+            format!("state {state}, log shows `{m}`: out of host memory: {cite}"),
+        );
+    }
+    // 3b. a missing program (issue 27): exit 127 (the shell's "command not found") with no
+    // application evidence in the log, or a launch that failed with ENOENT, after the start
+    // mark (before it, rule 6a: the site's setup is the suspect): a configuration error,
+    // never retried, naming the program and where it was looked up.
+    let launch_enoent = *state == JobState::LaunchFailed
+        && status.reason.as_deref().is_some_and(|r| {
+            let r = r.to_ascii_lowercase();
+            r.contains("os error 2") || r.contains("no such file") || r.contains("not found")
+        });
+    let exit_127 = *state == JobState::Failed && status.exit_code == Some(127);
+    if (launch_enoent || exit_127) && ev.start_mark != Some(false) && app_evidence(ev).is_none() {
+        let how = if launch_enoent {
+            format!(
+                "the launch failed: {}",
+                status.reason.as_deref().unwrap_or_default()
+            )
+        } else {
+            "exit code 127 (command not found)".to_string()
+        };
+        let said = ev
+            .cite(&["not found", "no such file or directory"])
+            .map(|(c, _)| format!("; {c}"))
+            .unwrap_or_default();
+        return Classification::failed(
+            FailureClass::Config,
+            format!(
+                "program `{}` not found: {how}{said}; looked up in {}",
+                ev.program.as_deref().unwrap_or("(unknown)"),
+                ev.lookup.as_deref().unwrap_or("the job's PATH")
+            ),
+        );
     }
     // 4. infrastructure (C23, C24) and preemption seen as a cancel by root.
     match state {
@@ -560,6 +851,38 @@ fn classify_inner(status: &JobStatus, ev: &Evidence) -> Classification {
         };
         return Classification::failed(FailureClass::Cancelled, format!("cancelled {who}"));
     }
+    // 6a. a fast failure before the start mark, without application evidence in any log:
+    // the payload never started (its node's or site's setup failed), so it is the
+    // infrastructure's until proved otherwise (issue 27).
+    if matches!(state, JobState::Failed | JobState::Killed { .. })
+        && ev.start_mark == Some(false)
+        && let (Some(ran), Some(window)) = (ev.ran_for, ev.fast_window)
+        && ran <= window
+        && app_evidence(ev).is_none()
+    {
+        let signal = match state {
+            JobState::Killed { signal } => Some(*signal),
+            _ => status.signal,
+        };
+        let how = match (status.exit_code, signal) {
+            (_, Some(sig)) => format!("killed by signal {sig}"),
+            (Some(c), None) => format!("exit code {c}"),
+            (None, None) => "no exit code".to_string(),
+        };
+        return Classification::failed(
+            FailureClass::Transient,
+            format!(
+                "state {state} ({how}) after {} s, before its start mark (the payload never started) \
+                 and no application evidence in its log: an infrastructure failure{}",
+                ran.as_secs(),
+                status
+                    .nodes
+                    .as_ref()
+                    .map(|n| format!(" on {n}"))
+                    .unwrap_or_default()
+            ),
+        );
+    }
     // 6b. every rank's log (N05).
     if uses_rank_logs(state)
         && let Some(c) = rank_verdict(ev)
@@ -593,13 +916,12 @@ fn classify_inner(status: &JobStatus, ev: &Evidence) -> Classification {
     match state {
         JobState::Failed => Classification::failed(
             FailureClass::Application,
-            format!(
-                "exit code {}",
-                status
-                    .exit_code
-                    .map(|c| c.to_string())
-                    .unwrap_or_else(|| "unknown".into())
-            ),
+            match (status.exit_code, &status.reason) {
+                (Some(c), _) => format!("exit code {c}"),
+                // The executor says why (e.g. a malformed exit file, named with its path).
+                (None, Some(r)) => format!("exit code unknown ({r})"),
+                (None, None) => "exit code unknown".to_string(),
+            },
         ),
         JobState::Killed { signal } if *signal == 9 => Classification::failed(
             FailureClass::Unknown,
@@ -616,6 +938,7 @@ fn classify_inner(status: &JobStatus, ev: &Evidence) -> Classification {
 /// What a pending reason means for a job that has not started (C25).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
+#[non_exhaustive]
 pub enum PendingVerdict {
     /// A normal wait (priority, resources, limits that free up): keep waiting, never resubmit.
     Wait,
@@ -1046,9 +1369,57 @@ mod tests {
     }
 
     #[test]
-    fn launch_failure_is_transient() {
-        let s = st(JobState::LaunchFailed).with_reason("program not found: pythn");
+    fn launch_failure_is_transient_unless_the_program_is_missing() {
+        let s = st(JobState::LaunchFailed)
+            .with_reason("cannot start the command: Permission denied (os error 13)");
         assert_eq!(class(&s, &ev("")), Some(FailureClass::Transient));
+    }
+
+    /// Issue 27, item 4: a missing program is a configuration error naming the program and
+    /// where it was looked up; before the start mark, or with application evidence, it is not.
+    #[test]
+    fn a_missing_program_is_config_naming_it() {
+        let with = |log: &str, mark: Option<bool>| Evidence {
+            program: Some("pythn".into()),
+            lookup: Some("PATH=/usr/bin:/bin, working directory /repo".into()),
+            start_mark: mark,
+            ..ev(log)
+        };
+        let enoent = st(JobState::LaunchFailed)
+            .with_exit_code(127)
+            .with_reason("cannot start the command: No such file or directory (os error 2)");
+        let c = classify(&enoent, &with("", None));
+        assert_eq!(c.class, Some(FailureClass::Config), "{c:?}");
+        assert_eq!(
+            c.detail,
+            "program `pythn` not found: the launch failed: cannot start the command: No such file or directory (os error 2); looked up in PATH=/usr/bin:/bin, working directory /repo"
+        );
+        let e127 = st(JobState::Failed).with_exit_code(127);
+        for (log, mark, want, part) in [
+            (
+                "",
+                Some(true),
+                FailureClass::Config,
+                "exit code 127 (command not found)",
+            ),
+            (
+                "/bin/sh: 1: pythn: not found\n",
+                None,
+                FailureClass::Config,
+                "the job log (line 1 of its tail): /bin/sh: 1: pythn: not found",
+            ),
+            (
+                "Traceback (most recent call last):\n",
+                None,
+                FailureClass::Application,
+                "exit code 127",
+            ),
+            ("", Some(false), FailureClass::Application, "exit code 127"),
+        ] {
+            let c = classify(&e127, &with(log, mark));
+            assert_eq!(c.class, Some(want), "{log:?} {mark:?}: {c:?}");
+            assert!(c.detail.contains(part), "{}", c.detail);
+        }
     }
 
     #[test]
@@ -1131,6 +1502,257 @@ mod tests {
         assert_eq!(
             class(&st(JobState::Lost), &ev("")),
             Some(FailureClass::Unknown)
+        );
+    }
+
+    /// Issue 27, item 1: a failure before the start mark within the window, with no
+    /// application evidence in any log, is the infrastructure's; each condition is needed.
+    #[test]
+    fn fast_failure_before_the_start_mark_is_infrastructure() {
+        use std::time::Duration;
+        let fast = |mark: Option<bool>, secs: u64, log: &str, rank: Option<&str>| Evidence {
+            start_mark: mark,
+            ran_for: Some(Duration::from_secs(secs)),
+            fast_window: Some(Duration::from_secs(60)),
+            rank_logs: rank
+                .map(|r| vec![("rank log 0/stdout.log".to_string(), r.to_string())])
+                .unwrap_or_default(),
+            ..ev(log)
+        };
+        let failed = st(JobState::Failed).with_exit_code(1).with_nodes("n2");
+        // (case, status, evidence, class, detail part)
+        let table: Vec<(&str, JobStatus, Evidence, Option<FailureClass>, &str)> = vec![
+            (
+                "FAILED 1:0 after 2 s, no log, no start mark",
+                failed.clone(),
+                fast(Some(false), 2, "", None),
+                Some(FailureClass::Transient),
+                "state FAILED (exit code 1) after 2 s, before its start mark (the payload never started) and no application evidence in its log: an infrastructure failure on n2",
+            ),
+            (
+                "the site's setup said why (not application evidence)",
+                failed.clone(),
+                fast(
+                    Some(false),
+                    3,
+                    "bash: line 4: cd: /repo: No such file or directory\n",
+                    None,
+                ),
+                Some(FailureClass::Transient),
+                "before its start mark",
+            ),
+            (
+                "killed by a signal before the start mark",
+                st(JobState::Killed { signal: 9 }).with_nodes("n2"),
+                fast(Some(false), 1, "", None),
+                Some(FailureClass::Transient),
+                "killed by signal 9",
+            ),
+            (
+                "exactly at the window",
+                failed.clone(),
+                fast(Some(false), 60, "", None),
+                Some(FailureClass::Transient),
+                "after 60 s",
+            ),
+            (
+                "after the window",
+                failed.clone(),
+                fast(Some(false), 61, "", None),
+                Some(FailureClass::Application),
+                "exit code 1",
+            ),
+            (
+                "the start mark is there: the payload failed",
+                failed.clone(),
+                fast(Some(true), 2, "", None),
+                Some(FailureClass::Application),
+                "exit code 1",
+            ),
+            (
+                "the executor writes no start mark",
+                failed.clone(),
+                fast(None, 2, "", None),
+                Some(FailureClass::Application),
+                "exit code 1",
+            ),
+            (
+                "a traceback in the job log",
+                failed.clone(),
+                fast(
+                    Some(false),
+                    2,
+                    "Traceback (most recent call last):\n  File \"x.py\"\nImportError: no module\n",
+                    None,
+                ),
+                Some(FailureClass::Application),
+                "exit code 1",
+            ),
+            (
+                "an application error in a rank log",
+                failed.clone(),
+                fast(Some(false), 2, "", Some("AssertionError: loss is NaN")),
+                Some(FailureClass::Application),
+                "rank log 0/stdout.log shows `loss is nan`",
+            ),
+            (
+                "an argument error",
+                failed.clone(),
+                fast(Some(false), 2, "error: unexpected argument '--lrr'", None),
+                Some(FailureClass::Config),
+                "unexpected argument",
+            ),
+            (
+                "a CUDA OOM",
+                failed.clone(),
+                fast(
+                    Some(false),
+                    2,
+                    "torch.OutOfMemoryError: CUDA out of memory.",
+                    None,
+                ),
+                Some(FailureClass::Oom),
+                "out of gpu memory",
+            ),
+            (
+                "a cancel is never a fast failure",
+                st(JobState::Cancelled {
+                    by_uid: Some(12345),
+                }),
+                fast(Some(false), 2, "", None),
+                Some(FailureClass::Cancelled),
+                "cancelled by uid 12345",
+            ),
+        ];
+        for (case, s, e, want, part) in &table {
+            let c = classify(s, e);
+            assert_eq!(c.class, *want, "{case}: {c:?}");
+            assert!(c.detail.contains(part), "{case}: {}", c.detail);
+        }
+        // Charged to the node like any transient failure before the first progress mark.
+        let c = classify(&failed, &fast(Some(false), 2, "", None));
+        assert!(super::super::nodes::fails_fast(
+            &JobState::Failed,
+            c.class,
+            &fast(Some(false), 2, "", None)
+        ));
+    }
+
+    /// Issue 27, item 2: log evidence outranks the mechanism that stopped the job, and the
+    /// verdict names the kind and the lines (file:line).
+    #[test]
+    fn all_evidence_one_verdict_with_the_lines_cited() {
+        use std::path::PathBuf;
+        let cuda = "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB";
+        let with = |log: &str, ranks: &[(&str, &str)]| Evidence {
+            log_path: Some(PathBuf::from("/c/logs/a1.log")),
+            log_first_line: 100,
+            rank_dir: Some(PathBuf::from("/c/work/s/0/logs")),
+            rank_logs: ranks
+                .iter()
+                .map(|(n, t)| (format!("rank log {n}"), t.to_string()))
+                .collect(),
+            ..ev(log)
+        };
+        // Hung, but every rank says CUDA out of memory: an OOM of the GPU, cited.
+        let e = with(
+            "step 3\n",
+            &[
+                ("0/stdout.log", &format!("step 3\n{cuda}\n")),
+                ("1/stdout.log", &format!("step 3\nloading\n{cuda}\n")),
+            ],
+        );
+        let c = classify_hung(&e, std::time::Duration::from_secs(600), Some(3));
+        assert_eq!(
+            (c.class, c.oom),
+            (Some(FailureClass::Oom), Some(OomKind::Gpu)),
+            "{c:?}"
+        );
+        assert!(
+            c.detail.starts_with(&format!(
+                "out of memory (gpu) behind the hang: /c/work/s/0/logs/0/stdout.log (line 2 of its tail): {cuda}; hung: no progress for 600 s"
+            )),
+            "{}",
+            c.detail
+        );
+        // Killed (SIGKILL), a host oom-kill line in the job log: OOM of the host, file:line.
+        let e = with(
+            "step 1\nslurmstepd: error: Detected 1 oom_kill event in StepId=4711.0. Some of the step tasks have been OOM Killed.\n",
+            &[],
+        );
+        let c = classify(&st(JobState::Killed { signal: 9 }), &e);
+        assert_eq!(
+            (c.class, c.oom),
+            (Some(FailureClass::Oom), Some(OomKind::Host)),
+            "{c:?}"
+        );
+        assert!(
+            c.detail
+                .contains("/c/logs/a1.log:101: slurmstepd: error: Detected 1 oom_kill event"),
+            "{}",
+            c.detail
+        );
+        // FAILED with the CUDA line in one rank only (the job log says nothing).
+        let e = with("", &[("3/stdout.log", cuda)]);
+        let c = classify(&st(JobState::Failed).with_exit_code(1), &e);
+        assert_eq!(
+            (c.class, c.oom),
+            (Some(FailureClass::Oom), Some(OomKind::Gpu)),
+            "{c:?}"
+        );
+        assert!(
+            c.detail.contains("/c/work/s/0/logs/3/stdout.log"),
+            "{}",
+            c.detail
+        );
+        // Every accounting row COMPLETED 0:0, srun's own lines say a task failed, an output is
+        // missing: a step failure, naming the step, srun's lines and the missing output.
+        let srun = "epoch 1\nsrun: error: n1: task 1: Exited with exit code 1\nsrun: Terminating StepId=4711.0\nslurmstepd: error: *** STEP 4711.0 ON n1 CANCELLED AT 2024-01-01T10:00:00 ***\nsrun: error: n1: task 0: Terminated\n";
+        let mut e = with(srun, &[]);
+        e.success_marker = Some(false);
+        e.outputs_problem = Some("declared output `model.bin` is missing in /c/work/s/0".into());
+        let mut s = st(JobState::Completed).with_exit_code(0);
+        s.steps = ["4711.batch", "4711.extern", "4711.0"]
+            .iter()
+            .map(|n| step(n, JobState::Completed, 0, 0))
+            .collect();
+        let c = classify(&s, &e);
+        assert_eq!(c.class, Some(FailureClass::Application), "{c:?}");
+        for part in [
+            "accounting inconsistent: every accounting row COMPLETED 0:0, but srun says step 4711.0 failed",
+            "/c/logs/a1.log:101: srun: error: n1: task 1: Exited with exit code 1",
+            "/c/logs/a1.log:102: srun: Terminating StepId=4711.0",
+            "/c/logs/a1.log:104: srun: error: n1: task 0: Terminated",
+            "missing: the success marker (_SUCCESS); declared output `model.bin` is missing",
+        ] {
+            assert!(c.detail.contains(part), "{part}: {}", c.detail);
+        }
+        // Only terminated tasks, no exit code: a step failure of unknown cause.
+        let mut e = with("srun: error: n1: task 0: Terminated\n", &[]);
+        e.success_marker = Some(false);
+        assert_eq!(classify(&s, &e).class, Some(FailureClass::Unknown));
+        // srun lines but the success marker is there: a clean success stands.
+        let mut e = with("srun: error: n1: task 0: Exited with exit code 0\n", &[]);
+        e.success_marker = Some(true);
+        assert_eq!(classify(&s, &e).class, None);
+        // OUT_OF_MEMORY with exit 0:125: the main process exited 0; the kind is named.
+        let oom = st(JobState::OutOfMemory).with_exit_code(0).with_signal(125);
+        let c = classify(&oom, &with("", &[]));
+        assert_eq!(
+            (c.class, c.oom),
+            (Some(FailureClass::Oom), Some(OomKind::Host))
+        );
+        assert_eq!(
+            c.detail,
+            "state OUT_OF_MEMORY (exit 0:125: the main process exited 0; a task or step was killed for memory), out of host memory"
+        );
+        let c = classify(&oom, &with(cuda, &[]));
+        assert_eq!(c.oom, Some(OomKind::Gpu), "{c:?}");
+        assert!(
+            c.detail
+                .contains("out of gpu memory; /c/logs/a1.log:100: torch.OutOfMemoryError"),
+            "{}",
+            c.detail
         );
     }
 

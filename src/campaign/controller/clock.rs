@@ -36,7 +36,15 @@ impl Clock for SystemClock {
 /// A virtual clock shared with a [`MockExecutor`](crate::executor::MockExecutor): sleeping
 /// advances it, so a campaign of hours runs in milliseconds and every time is exact.
 #[derive(Clone, Debug, Default)]
+#[non_exhaustive]
 pub struct VirtualClock(pub MockClock);
+
+impl VirtualClock {
+    /// A virtual clock reading (and advancing) `clock`.
+    pub fn new(clock: MockClock) -> Self {
+        Self(clock)
+    }
+}
 
 #[async_trait]
 impl Clock for VirtualClock {

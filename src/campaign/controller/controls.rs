@@ -26,6 +26,7 @@ use super::driver::{Control, ControlSender};
 
 /// State of the key menu.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum MenuState {
     /// No menu shown.
     #[default]

@@ -51,13 +51,44 @@ pub(super) type EventSink = dyn Fn(&ControllerEvent) + Send + Sync;
 
 /// Options of one [`CampaignController::run`].
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct RunOptions {
     /// One iteration, then return (jobs keep running; `detached` in the report).
     pub once: bool,
     /// Stop after this many iterations (jobs keep running).
     pub max_iterations: Option<u64>,
-    /// Give units that failed in an earlier run fresh budgets and run them again.
+    /// Give units that failed in an earlier run fresh budgets and run them again (in place:
+    /// finished units stay finished; stages blocked by them open again).
     pub retry_failed: bool,
+    /// Who asks for [`retry_failed`](Self::retry_failed), journaled with it (e.g.
+    /// `` `puzzletron campaign retry` (user ana on h1, pid 42) ``).
+    pub retry_by: Option<String>,
+}
+
+impl RunOptions {
+    /// Sets [`once`](Self::once).
+    pub fn with_once(mut self, once: bool) -> Self {
+        self.once = once;
+        self
+    }
+
+    /// Sets [`max_iterations`](Self::max_iterations).
+    pub fn with_max_iterations(mut self, max_iterations: Option<u64>) -> Self {
+        self.max_iterations = max_iterations;
+        self
+    }
+
+    /// Sets [`retry_failed`](Self::retry_failed).
+    pub fn with_retry_failed(mut self, retry_failed: bool) -> Self {
+        self.retry_failed = retry_failed;
+        self
+    }
+
+    /// Sets [`retry_by`](Self::retry_by).
+    pub fn with_retry_by(mut self, retry_by: Option<String>) -> Self {
+        self.retry_by = retry_by;
+        self
+    }
 }
 
 /// The campaign controller (DESIGN.md §6). Build with [`CampaignController::builder`].
@@ -105,8 +136,14 @@ pub(super) struct Settings {
     pub pools: HashMap<String, Arc<PoolSource>>,
     /// Heartbeat timeouts set through the builder, by stage id (over the plan's).
     pub heartbeat: HashMap<String, Duration>,
-    /// Fail-fast attempts on a node before it is excluded; `None`: never.
+    /// Distinct units that failed fast on a node before it is excluded; `None`: never.
     pub exclude_node_after: Option<u32>,
+    /// A failure before the start mark this soon after the start is the infrastructure's.
+    pub fast_failure_window: Duration,
+    /// How long an output `stat` does not see is looked for again.
+    pub visibility_wait: Duration,
+    /// Test hook hiding outputs from the visibility probes.
+    pub visibility_hook: Option<Arc<super::finalise::VisibilityHook>>,
     /// Asks a person for manual decisions (a terminal); `None`: the decision file only.
     pub prompt: Option<Arc<dyn super::controls::DecisionPrompt>>,
 }
@@ -340,7 +377,7 @@ impl CampaignController {
             })?;
         }
         if options.retry_failed {
-            self.reset_failed()?;
+            self.reset_failed(options.retry_by.as_deref().unwrap_or_default())?;
         }
         if !self.scheduler_uid_asked {
             // Asked once per process (a preemption is a cancel by this uid); an error only
@@ -388,7 +425,7 @@ impl CampaignController {
                     if let Some(c) = self.wait(interval).await {
                         match c {
                             Control::Cancel => {
-                                let n = self.shutdown("cancelled by the user").await?;
+                                let n = self.shutdown(&self.user_cancel_reason()).await?;
                                 break Flow::Cancelled(n);
                             }
                             Control::Detach => break Flow::Detached,
@@ -408,7 +445,14 @@ impl CampaignController {
             Flow::Cancelled(n) => (false, n),
             _ => (false, 0),
         };
-        let report = self.report(iterations, detached, cancelled);
+        let mut report = self.report(iterations, detached, cancelled);
+        if matches!(outcome, Flow::Cancelled(_)) {
+            for p in &mut report.stages {
+                if !matches!(p.status.as_str(), "done" | "failed" | "skipped") {
+                    p.state = "cancelled".into();
+                }
+            }
+        }
         self.io.view.finish(&report);
         Ok(report)
     }
@@ -437,7 +481,7 @@ impl CampaignController {
         {
             match c {
                 Control::Cancel => {
-                    let n = self.shutdown("cancelled by the user").await?;
+                    let n = self.shutdown(&self.user_cancel_reason()).await?;
                     return Ok(Flow::Cancelled(n));
                 }
                 Control::Detach => return Ok(Flow::Detached),
@@ -477,7 +521,7 @@ impl CampaignController {
     async fn take_interrupt(&mut self) -> Result<Option<Flow>, ControllerError> {
         match self.interrupt.take() {
             Some(Control::Cancel) => {
-                let n = self.shutdown("cancelled by the user").await?;
+                let n = self.shutdown(&self.user_cancel_reason()).await?;
                 Ok(Some(Flow::Cancelled(n)))
             }
             Some(Control::Detach) => Ok(Some(Flow::Detached)),
@@ -593,6 +637,7 @@ impl CampaignController {
                         StageStatus::Open => "waiting",
                     }
                     .to_string(),
+                    state: String::new(),
                     total: s.units.len() + s.agg.iter().count(),
                     done: 0,
                     running: 0,
@@ -619,9 +664,54 @@ impl CampaignController {
                         UnitStatus::Ready => p.queued += 1,
                     }
                 }
+                p.state = match p.status.as_str() {
+                    "blocked" => match self.blocked_by(s) {
+                        Some(b) => format!("blocked by {b}"),
+                        None => "blocked".into(),
+                    },
+                    "decision" => "waiting for a decision".into(),
+                    "running" if p.running == 0 => {
+                        self.backoff_of(s).unwrap_or_else(|| "running".into())
+                    }
+                    other => other.to_string(),
+                };
                 p
             })
             .collect()
+    }
+
+    /// The failed stage upstream of a blocked stage `s`.
+    fn blocked_by(&self, s: &super::state::StageRt) -> Option<String> {
+        s.parents.iter().find_map(|&p| {
+            let ps = &self.state.stages[p];
+            if ps.status == StageStatus::Failed {
+                Some(ps.id.clone())
+            } else if ps.status == StageStatus::Open && self.blocked(ps) {
+                self.blocked_by(ps)
+            } else {
+                None
+            }
+        })
+    }
+
+    /// `backing off until HH:MM:SS UTC (attempt n, class)` for the stage's unit whose retry
+    /// comes first, when a unit waits for one.
+    fn backoff_of(&self, s: &super::state::StageRt) -> Option<String> {
+        let now = self.io.clock.now_ms();
+        s.units
+            .iter()
+            .chain(s.agg.iter())
+            .map(|&u| &self.state.units[u])
+            .filter(|u| u.status == UnitStatus::Ready && u.not_before_ms > now)
+            .min_by_key(|u| u.not_before_ms)
+            .map(|u| {
+                format!(
+                    "backing off until {} (attempt {}, {})",
+                    crate::report::clock_text(u.not_before_ms),
+                    u.attempts.len() + 1,
+                    u.last_class.map_or("failed", |c| c.as_str())
+                )
+            })
     }
 
     fn report(&self, iterations: u64, detached: bool, cancelled: usize) -> CampaignReport {

@@ -190,6 +190,10 @@ pub enum ControllerEvent {
     RetryFailed {
         /// The unit keys.
         units: Vec<String>,
+        /// Who asked (`campaign retry` names its user, host and pid); empty when unknown.
+        by: String,
+        /// The units retried with more resources (out of memory, `--allow-oom-retry`).
+        more_resources: Vec<String>,
     },
     /// Every live attempt was cancelled (user cancel, fail-fast, new revision).
     ShutDown {
@@ -404,11 +408,25 @@ impl std::fmt::Display for ControllerEvent {
             ControllerEvent::OutputsMovedAside { attempt_id, moved } => {
                 write!(f, "outputs of {attempt_id}: {}", moved.join("; "))
             }
-            ControllerEvent::RetryFailed { units } => write!(
+            ControllerEvent::RetryFailed {
+                units,
+                by,
+                more_resources,
+            } => write!(
                 f,
-                "running {} failed units again: {}",
+                "running {} failed units again{}: {}{}",
                 units.len(),
-                units.join(", ")
+                if by.is_empty() {
+                    String::new()
+                } else {
+                    format!(" (asked by {by})")
+                },
+                units.join(", "),
+                if more_resources.is_empty() {
+                    String::new()
+                } else {
+                    format!("; with more resources: {}", more_resources.join(", "))
+                }
             ),
             ControllerEvent::ShutDown { reason, cancelled } => {
                 write!(f, "{reason}: {cancelled} attempts cancelled")

@@ -5,7 +5,9 @@
 use std::path::Path;
 use std::time::Duration;
 
-use super::classify::{CheckpointEvidence, Evidence, FailureClass, classify, uses_rank_logs};
+use super::classify::{
+    CheckpointEvidence, Evidence, FailureClass, OomKind, classify, uses_rank_logs,
+};
 use super::driver::{CampaignController, describe};
 use super::error::ControllerError;
 use super::event::ControllerEvent;
@@ -13,7 +15,8 @@ use super::journal::Entry;
 use super::policy::{Decision, decide};
 use super::pool::WorkQueue;
 use super::spec::{
-    SUCCESS_MARKER, find_checkpoint, move_partial_checkpoints_aside, output_dir, queue_dir,
+    START_MARKER, SUCCESS_MARKER, find_checkpoint, move_partial_checkpoints_aside, output_dir,
+    queue_dir,
 };
 use super::state::{Phase, StageStatus, UnitStatus};
 use crate::campaign::HaltPolicy;
@@ -24,6 +27,44 @@ pub const VALIDATE_TIMEOUT: Duration = Duration::from_secs(120);
 
 /// Most per-rank logs read for one attempt (16 KiB of each).
 pub const MAX_RANK_LOGS: usize = 256;
+
+/// One way the controller looks for an output file (see [`VisibilityHook`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum VisibilityProbe {
+    /// `stat` of the path.
+    Stat,
+    /// A `readdir` of its folder, looking for its name.
+    Readdir,
+    /// An `open` of the path for reading.
+    Open,
+}
+
+/// A test hook: returns `true` to hide `path` from one [`VisibilityProbe`] (as a network
+/// filesystem's negative cache would), see
+/// [`CampaignControllerBuilder::visibility_hook`](super::CampaignControllerBuilder::visibility_hook).
+pub type VisibilityHook = dyn Fn(&Path, VisibilityProbe) -> bool + Send + Sync;
+
+/// Whether `path` is visible: `stat`, then a `readdir` of its folder (clears a network
+/// filesystem's negative cache of the folder) and an `open` (clears it for the file). The
+/// second element says it took more than `stat`.
+pub(super) fn visible(path: &Path, hook: Option<&VisibilityHook>) -> (bool, bool) {
+    let hidden = |p: VisibilityProbe| hook.is_some_and(|h| h(path, p));
+    if !hidden(VisibilityProbe::Stat) && path.exists() {
+        return (true, false);
+    }
+    let (Some(dir), Some(name)) = (path.parent(), path.file_name()) else {
+        return (false, false);
+    };
+    let listed = !hidden(VisibilityProbe::Readdir)
+        && std::fs::read_dir(dir)
+            .map(|rd| rd.filter_map(Result::ok).any(|e| e.file_name() == name))
+            .unwrap_or(false);
+    let opened = !hidden(VisibilityProbe::Open) && std::fs::File::open(path).is_ok();
+    // A name in the folder is proof only once an open succeeds (or it is a folder).
+    let ok = opened || (listed && path.is_dir());
+    (ok, ok)
+}
 
 impl CampaignController {
     /// The last 16 KiB of a log; `Err` says why it could not be read (then the log is
@@ -41,6 +82,77 @@ impl CampaignController {
         f.read_to_end(&mut buf)
             .map_err(|e| format!("{}: {e}", path.display()))?;
         Ok(String::from_utf8_lossy(&buf).into_owned())
+    }
+
+    /// [`read_tail`](Self::read_tail) and whether the tail decodes: `(text, problem)`, the
+    /// problem naming the file and the first byte that is not UTF-8 (a character cut by the
+    /// tail's start is not one). An undecodable log is "evidence unavailable" (its text is
+    /// kept, decoded lossily, but a verdict never calls it clean); an unreadable one gives
+    /// no text.
+    pub(super) fn read_tail_checked(path: &Path) -> (String, Option<String>) {
+        let raw = match Self::read_tail(path) {
+            Ok(t) => t,
+            Err(why) => return (String::new(), Some(why)),
+        };
+        if !raw.contains(char::REPLACEMENT_CHARACTER) {
+            return (raw, None);
+        }
+        // Find the first bad byte in the raw tail (skipping a cut character at its start).
+        let bytes = std::fs::File::open(path).and_then(|mut f| {
+            use std::io::{Read, Seek, SeekFrom};
+            let len = f.metadata()?.len();
+            f.seek(SeekFrom::Start(len.saturating_sub(16 * 1024)))?;
+            let mut b = Vec::new();
+            f.read_to_end(&mut b)?;
+            Ok((len.saturating_sub(16 * 1024), b))
+        });
+        let Ok((start, b)) = bytes else {
+            return (raw, None);
+        };
+        let skip = b.iter().take(3).take_while(|&&x| x & 0xC0 == 0x80).count();
+        match std::str::from_utf8(&b[skip..]) {
+            Ok(_) => (raw, None),
+            Err(e) if e.error_len().is_none() => (raw, None), // cut at the end: still written
+            Err(e) => {
+                let at = start + (skip + e.valid_up_to()) as u64;
+                (
+                    raw,
+                    Some(format!(
+                        "{}: not UTF-8 text (invalid byte at offset {at}); decoded lossily",
+                        path.display()
+                    )),
+                )
+            }
+        }
+    }
+
+    /// The line number (from 1) of the first line of the 16 KiB tail [`read_tail`] returns,
+    /// counted over the part before it; 0 (unknown) when that part is over 256 MiB or cannot
+    /// be read. Read only when an attempt ends, to cite its lines as `file:line`.
+    ///
+    /// [`read_tail`]: Self::read_tail
+    pub(super) fn tail_first_line(path: &Path) -> usize {
+        use std::io::Read;
+        let Ok(f) = std::fs::File::open(path) else {
+            return 0;
+        };
+        let Ok(len) = f.metadata().map(|m| m.len()) else {
+            return 0;
+        };
+        let prefix = len.saturating_sub(16 * 1024);
+        if prefix > 256 << 20 {
+            return 0;
+        }
+        let mut lines = 1usize;
+        let mut buf = vec![0u8; 64 * 1024];
+        let mut r = f.take(prefix);
+        loop {
+            match r.read(&mut buf) {
+                Ok(0) => return lines,
+                Ok(n) => lines += buf[..n].iter().filter(|&&b| b == b'\n').count(),
+                Err(_) => return 0,
+            }
+        }
     }
 
     /// The tails of the per-rank logs under `dir` (the unit's `logs/` folder, where a worker
@@ -79,6 +191,13 @@ impl CampaignController {
                 (format!("rank log {name}"), text)
             })
             .collect()
+    }
+
+    /// Whether the start mark in `out` names attempt `id` (a mark an earlier attempt left
+    /// names that one; an unreadable mark counts as absent).
+    pub(super) fn start_mark_of(out: &Path, id: &str) -> bool {
+        std::fs::read_to_string(out.join(START_MARKER))
+            .is_ok_and(|t| t.lines().any(|l| l.trim() == id))
     }
 
     /// Why the stage's declared outputs do not validate in `out`, if they do not: a missing
@@ -185,14 +304,73 @@ impl CampaignController {
             .nodes
             .clone()
             .filter(|n| !super::nodes::expand_hostlist(n).is_empty());
-        let (class, mut detail, fail_fast) = match forced {
-            Some((c, d)) => (Some(c), d, false),
+        let (class, mut detail, fail_fast, oom) = match forced {
+            // A forced verdict (hung, stuck) names its OOM kind in its detail.
+            Some((c, d)) => {
+                let oom = (c == FailureClass::Oom).then(|| {
+                    if d.contains("out of memory (gpu)") {
+                        OomKind::Gpu
+                    } else {
+                        OomKind::Host
+                    }
+                });
+                (Some(c), d, false, oom)
+            }
             None => {
-                let (log_tail, log_unavailable) = match Self::read_tail(&log_path) {
-                    Ok(t) => (t, None),
-                    Err(why) => (String::new(), Some(why)),
-                };
-                let marker = out.join(SUCCESS_MARKER).exists();
+                let (log_tail, log_unavailable) = Self::read_tail_checked(&log_path);
+                // Not visible is not missing (issue 27): a completed attempt's marker and
+                // declared outputs are looked for with stat, readdir and open, and looked for
+                // again on later polls (the poll interval's backoff) until the bound.
+                let mut late = Vec::new();
+                if st.state == JobState::Completed {
+                    let mut wanted: Vec<std::path::PathBuf> =
+                        stage.outputs.iter().map(|o| out.join(o)).collect();
+                    if self.settings.require_success_marker {
+                        wanted.insert(0, out.join(SUCCESS_MARKER));
+                    }
+                    let hook = self.settings.visibility_hook.as_deref();
+                    let mut invisible = Vec::new();
+                    for w in &wanted {
+                        match visible(w, hook) {
+                            (true, true) => late.push(w.display().to_string()),
+                            (true, false) => {}
+                            (false, _) => invisible.push(w.display().to_string()),
+                        }
+                    }
+                    let now = self.io.clock.now_ms();
+                    let at = &mut self.state.attempts[a];
+                    if !invisible.is_empty() {
+                        let since = *at.invisible_since_ms.get_or_insert(now);
+                        let waited = Duration::from_millis(now.saturating_sub(since));
+                        if waited < self.settings.visibility_wait {
+                            return Vec::new(); // looked for again on the next poll
+                        }
+                        return self.finish_entries(
+                            a,
+                            st,
+                            Some((
+                                FailureClass::OutputNotVisible,
+                                format!(
+                                    "state COMPLETED (exit 0) but not visible after {} s (stat, readdir of its folder, open; retried with backoff): {}",
+                                    waited.as_secs(),
+                                    invisible.join(", ")
+                                ),
+                            )),
+                        );
+                    }
+                    if let Some(since) = at.invisible_since_ms.take() {
+                        late.push(format!(
+                            "visible after {} s",
+                            now.saturating_sub(since) / 1000
+                        ));
+                    }
+                }
+                let at = &self.state.attempts[a];
+                let marker = visible(
+                    &out.join(SUCCESS_MARKER),
+                    self.settings.visibility_hook.as_deref(),
+                )
+                .0;
                 // Rank logs only decide failures (rule 6b): a success reads none. The output
                 // folder outlives attempts: only logs this attempt wrote count.
                 let rank_logs = if uses_rank_logs(&st.state) {
@@ -236,10 +414,54 @@ impl CampaignController {
                     } else {
                         None
                     },
+                    program: stage
+                        .work
+                        .items
+                        .get(u.item.unwrap_or(0))
+                        .and_then(|item| crate::campaign::item_argv(stage, item, &self.dir).ok())
+                        .and_then(|argv| argv.into_iter().next()),
+                    lookup: Some(format!(
+                        "PATH={} (the controller's; the job inherits it, then its setup and prerun commands change it), working directory {}",
+                        std::env::var("PATH").unwrap_or_default(),
+                        self.plan
+                            .runner
+                            .execution_contract
+                            .repository
+                            .as_ref()
+                            .map_or_else(|| self.dir.display().to_string(), |r| r.to_string())
+                    )),
+                    log_first_line: Self::tail_first_line(&log_path),
+                    log_path: Some(log_path.clone()),
+                    rank_dir: Some(out.join("logs")),
+                    ..Evidence::default()
+                };
+                let ev = Evidence {
+                    start_mark: self
+                        .io
+                        .executor
+                        .writes_start_mark()
+                        .then(|| Self::start_mark_of(&out, at.id.as_str())),
+                    ran_for: Some(match (st.started_at_ms, st.ended_at_ms) {
+                        (Some(s), Some(e)) => Duration::from_millis(e.saturating_sub(s)),
+                        _ => Duration::from_millis(
+                            self.io.clock.now_ms().saturating_sub(at.intent_ms),
+                        ),
+                    }),
+                    fast_window: Some(self.settings.fast_failure_window),
+                    ..ev
                 };
                 let c = classify(st, &ev);
                 let fast = nodes.is_some() && super::nodes::fails_fast(&st.state, c.class, &ev);
-                (c.class, c.detail, fast)
+                let detail = if late.is_empty() {
+                    c.detail
+                } else {
+                    format!(
+                        "{}; not visible to stat at first, then found by readdir/open: {}",
+                        c.detail,
+                        late.join(", ")
+                    )
+                };
+                (c.class, detail, fast, c.oom)
             }
         };
         if fail_fast {
@@ -248,6 +470,7 @@ impl CampaignController {
                 nodes.as_deref().unwrap_or_default()
             );
         }
+        let at = &self.state.attempts[a];
         let id = at.id.clone();
         let by_us = at.cancel_requested && class == Some(FailureClass::Cancelled);
         let mut h = self.history(unit);
@@ -273,6 +496,7 @@ impl CampaignController {
             log_path: Some(log_path.clone()),
             nodes: nodes.clone(),
             fail_fast,
+            oom,
         };
         if by_us {
             // Cancelled by this controller (shutdown, new revision): not a failure and not a

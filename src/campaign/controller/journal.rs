@@ -20,7 +20,7 @@ use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
 
-use super::classify::FailureClass;
+use super::classify::{FailureClass, OomKind};
 use super::error::ControllerError;
 use super::policy::Decision;
 use crate::executor::{AttemptId, JobHandle, JobState};
@@ -113,6 +113,9 @@ pub enum Entry {
         /// `NODE_FAIL`/`BOOT_FAIL`): charged to the infrastructure budget and to those nodes.
         #[serde(default, skip_serializing_if = "std::ops::Not::not")]
         fail_fast: bool,
+        /// For an out-of-memory failure: host or GPU memory.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        oom: Option<OomKind>,
     },
     /// A node is excluded from every later submission of the campaign (`--exclude`): attempts
     /// failed fast on it as often as the controller's threshold.
@@ -186,6 +189,7 @@ pub enum Entry {
 
 /// One line of the journal.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[non_exhaustive]
 pub struct Record {
     /// Sequence number, from 1, without gaps.
     pub seq: u64,
@@ -197,6 +201,7 @@ pub struct Record {
 
 /// What [`Journal::open`] found.
 #[derive(Debug, Default)]
+#[non_exhaustive]
 pub struct Replay {
     /// Every record, in order.
     pub records: Vec<Record>,

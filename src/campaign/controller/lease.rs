@@ -50,6 +50,7 @@ use crate::store::liveness::{
 
 /// The content of `lease.json`.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[non_exhaustive]
 pub struct LeaseInfo {
     /// The holder.
     pub owner: Owner,
@@ -216,6 +217,57 @@ fn create_info(path: &Path, info: &LeaseInfo) -> std::io::Result<()> {
     Ok(())
 }
 
+/// Temp files older than this are left by a process that died writing them (a write takes
+/// milliseconds).
+const STALE_TEMP_AGE: Duration = Duration::from_secs(60);
+
+/// Removes the temp files a killed writer left in `dir` (not recursive): `.NAME.tmp.PID.SEQ`
+/// of [`atomic_write`](crate::fsutil::atomic_write) (e.g. `.report.html.tmp.*`) whose writer
+/// pid is gone or that are older than a minute, and `lease.json.tmp.*` (also
+/// `.lease.json.tmp.*`) older than a minute. Returns the names removed; errors are ignored
+/// (a file another process removed first, a folder that is not there).
+pub(crate) fn remove_stale_temp_files(dir: &Path) -> Vec<String> {
+    let mut removed = Vec::new();
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return removed;
+    };
+    for e in entries.flatten() {
+        let name = e.file_name().to_string_lossy().into_owned();
+        let lease_tmp = name.starts_with("lease.json.tmp.") || name.starts_with(".lease.json.tmp.");
+        let atomic_tmp = crate::fsutil::is_temp_name(&name);
+        if !lease_tmp && !atomic_tmp {
+            continue;
+        }
+        let Ok(meta) = e.metadata() else { continue };
+        if !meta.is_file() {
+            continue;
+        }
+        let old = meta
+            .modified()
+            .ok()
+            .and_then(|t| t.elapsed().ok())
+            .is_some_and(|age| age >= STALE_TEMP_AGE);
+        // `.NAME.tmp.PID.SEQ`: a writer pid that no longer exists on this host.
+        let dead_writer = !lease_tmp
+            && name
+                .rsplit('.')
+                .nth(1)
+                .and_then(|p| p.parse::<i32>().ok())
+                .filter(|&p| p > 0)
+                // SAFETY: signal 0 only checks that the pid exists.
+                .is_some_and(|p| {
+                    (unsafe { libc::kill(p, 0) }) != 0
+                        && std::io::Error::last_os_error().raw_os_error() == Some(libc::ESRCH)
+                });
+        if (old || dead_writer) && std::fs::remove_file(e.path()).is_ok() {
+            tracing::info!(target: "puzzletron::campaign", file = %e.path().display(), "removed a temp file a killed writer left");
+            removed.push(name);
+        }
+    }
+    removed.sort();
+    removed
+}
+
 /// What [`Lease::acquire`] concluded about an existing `lease.json`.
 enum Verdict {
     /// Its holder lives (or may: its heartbeat moved): refuse.
@@ -313,6 +365,9 @@ impl Lease {
                 }));
             }
         }
+        // Ours now: what a killed holder (or a killed `campaign report`) left half written goes.
+        remove_stale_temp_files(dir);
+        remove_stale_temp_files(campaign);
         let stop = Arc::new(AtomicBool::new(false));
         let lost = Arc::new(std::sync::Mutex::new(None));
         let file2 = file.clone();
@@ -465,6 +520,51 @@ impl Drop for Lease {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn temp_files_of_a_killed_controller_are_removed_at_the_next_start() {
+        let campaign = tempfile::tempdir().unwrap();
+        let ctl = campaign.path().join("controller");
+        std::fs::create_dir(&ctl).unwrap();
+        let old = std::time::SystemTime::now() - Duration::from_secs(3600);
+        let touch = |p: PathBuf, aged: bool| {
+            let f = File::create(&p).unwrap();
+            if aged {
+                f.set_modified(old).unwrap();
+            }
+        };
+        // A dead writer's report temp (pid 2^31 - 2 cannot exist), an old lease temp: gone.
+        touch(campaign.path().join(".report.html.tmp.2147483646.0"), false);
+        touch(ctl.join("lease.json.tmp.deadbeef"), true);
+        touch(ctl.join(".lease.json.tmp.123.4"), true);
+        // A live writer's fresh temp (this process) and a fresh lease temp: kept.
+        let ours = format!(".report.html.tmp.{}.9", std::process::id());
+        touch(campaign.path().join(&ours), false);
+        touch(ctl.join("lease.json.tmp.fresh"), false);
+        touch(campaign.path().join("report.html"), true);
+        let lease = Lease::acquire(campaign.path(), &ctl, Duration::from_secs(5)).unwrap();
+        let names = |d: &Path| {
+            let mut v: Vec<String> = std::fs::read_dir(d)
+                .unwrap()
+                .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+                .collect();
+            v.sort();
+            v
+        };
+        assert_eq!(
+            names(campaign.path()),
+            [ours.as_str(), "controller", "report.html"]
+        );
+        assert!(
+            !names(&ctl)
+                .iter()
+                .any(|n| n == "lease.json.tmp.deadbeef" || n == ".lease.json.tmp.123.4"),
+            "{:?}",
+            names(&ctl)
+        );
+        assert!(names(&ctl).iter().any(|n| n == "lease.json.tmp.fresh"));
+        drop(lease);
+    }
 
     #[test]
     fn second_holder_gets_a_clear_error_and_release_frees_it() {

@@ -144,12 +144,16 @@ impl CampaignController {
             .state
             .node_failures
             .iter()
-            .filter(|&(n, &c)| c >= threshold && !self.state.excluded_nodes.contains_key(n))
-            .map(|(n, c)| {
+            .filter(|&(n, units)| {
+                units.len() >= threshold as usize && !self.state.excluded_nodes.contains_key(n)
+            })
+            .map(|(n, units)| {
                 (
                     n.clone(),
                     format!(
-                        "{c} attempts failed fast on it (before their first progress mark, or node/boot failure); threshold {threshold}"
+                        "{} distinct units failed fast on it ({}: before their start mark or first progress mark, or node/boot failure); threshold {threshold}",
+                        units.len(),
+                        units.iter().cloned().collect::<Vec<_>>().join(", ")
                     ),
                 )
             })

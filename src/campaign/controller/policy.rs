@@ -1,6 +1,12 @@
 //! Retry policies: what happens after an attempt of a work unit ends, by [`FailureClass`] and
 //! the stage's [`FailurePolicy`].
 //!
+//! # Retry table
+//!
+//! The one table of what is retried ([`decide`] implements it; `CONTRIBUTING.md` and the
+//! [`classify`](mod@super::classify) docs refer to it). A class is "fatal" where it fails the work
+//! unit at once.
+//!
 //! | class | `strict` | `resume` |
 //! | --- | --- | --- |
 //! | success | done | done |
@@ -8,7 +14,7 @@
 //! | `transient`, failed fast on a node | retried on other nodes, infrastructure budget ([`RetryPolicy::infra_retries`]), then as `transient` | same |
 //! | `oom` | retried once with more resources when the stage allows it ([`RetryPolicy::oom_retries`]), else fatal | same |
 //! | `timeout_resumable` | fatal | re-submitted with the resume flag, up to `max_attempts` |
-//! | `application`, `unknown` | fatal | re-submitted (resume flag when the stage can resume), up to `max_attempts` |
+//! | `application` (any exit code, NaN loss, `AssertionError`), `unknown` | fatal | re-submitted (resume flag when the stage can resume), up to `max_attempts` |
 //! | `timeout_fatal`, `config`, `cancelled`, `expired` | fatal | fatal |
 //!
 //! Delays grow exponentially with jitter ("full jitter" is avoided so a delay never drops to 0):
@@ -25,6 +31,7 @@ use crate::campaign::FailurePolicy;
 
 /// Retry budgets and backoff of a controller.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[non_exhaustive]
 pub struct RetryPolicy {
     /// Most retries of one work unit for [`FailureClass::Transient`] failures (C23: their own
     /// cap, separate from `max_attempts`). Default 3.
@@ -66,6 +73,48 @@ impl Default for RetryPolicy {
 }
 
 impl RetryPolicy {
+    /// Sets [`transient_retries`](Self::transient_retries).
+    pub fn with_transient_retries(mut self, transient_retries: u32) -> Self {
+        self.transient_retries = transient_retries;
+        self
+    }
+
+    /// Sets [`infra_retries`](Self::infra_retries).
+    pub fn with_infra_retries(mut self, infra_retries: u32) -> Self {
+        self.infra_retries = infra_retries;
+        self
+    }
+
+    /// Sets [`oom_retries`](Self::oom_retries).
+    pub fn with_oom_retries(mut self, oom_retries: u32) -> Self {
+        self.oom_retries = oom_retries;
+        self
+    }
+
+    /// Sets [`base_delay`](Self::base_delay).
+    pub fn with_base_delay(mut self, base_delay: Duration) -> Self {
+        self.base_delay = base_delay;
+        self
+    }
+
+    /// Sets [`factor`](Self::factor).
+    pub fn with_factor(mut self, factor: f64) -> Self {
+        self.factor = factor;
+        self
+    }
+
+    /// Sets [`max_delay`](Self::max_delay).
+    pub fn with_max_delay(mut self, max_delay: Duration) -> Self {
+        self.max_delay = max_delay;
+        self
+    }
+
+    /// Sets [`jitter`](Self::jitter).
+    pub fn with_jitter(mut self, jitter: f64) -> Self {
+        self.jitter = jitter;
+        self
+    }
+
     /// The delay before retry number `n` (1-based) of the attempt named `seed`.
     pub fn delay(&self, n: u32, seed: &str) -> Duration {
         let exp = self
@@ -83,6 +132,7 @@ impl RetryPolicy {
 
 /// What the controller knows about a unit when one of its attempts ends.
 #[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct UnitHistory {
     /// The stage's failure policy.
     pub failure_policy: FailurePolicy,
@@ -172,7 +222,11 @@ pub fn decide(
         }
         FailureClass::Oom => {
             if !h.oom_retry_allowed {
-                fail("the stage does not allow a retry with more resources")
+                fail(
+                    "the stage does not allow a retry with more resources; retry it in place \
+                     with `puzzletron campaign retry DIR --allow-oom-retry STAGE` (finished \
+                     stages stay finished)",
+                )
             } else if h.oom_failures > policy.oom_retries {
                 fail(&format!(
                     "{} out-of-memory failures, budget {}",
@@ -186,7 +240,10 @@ pub fn decide(
                 }
             }
         }
-        FailureClass::TimeoutResumable | FailureClass::Application | FailureClass::Unknown => {
+        FailureClass::TimeoutResumable
+        | FailureClass::Application
+        | FailureClass::Unknown
+        | FailureClass::OutputNotVisible => {
             if !resume_policy {
                 fail("failure policy strict")
             } else if !budget_left {
@@ -344,7 +401,9 @@ mod tests {
         };
         assert_eq!(
             reason,
-            "oom: the stage does not allow a retry with more resources"
+            "oom: the stage does not allow a retry with more resources; retry it in place with \
+             `puzzletron campaign retry DIR --allow-oom-retry STAGE` (finished stages stay \
+             finished)"
         );
     }
 

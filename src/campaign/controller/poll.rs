@@ -44,6 +44,8 @@ impl CampaignController {
             log_tail,
             log_unavailable,
             rank_logs: Self::rank_logs(&out.join("logs"), since),
+            rank_dir: Some(out.join("logs")),
+            log_path: Some(log_path),
             resumable: stage.resumable,
             ..Evidence::default()
         }
@@ -151,7 +153,11 @@ impl CampaignController {
                 return Ok(Vec::new());
             }
         }
-        let c = classify_hung(&self.running_evidence(a, st), silent, last_step);
+        let mut ev = self.running_evidence(a, st);
+        if let Some(p) = &ev.log_path {
+            ev.log_first_line = Self::tail_first_line(p);
+        }
+        let c = classify_hung(&ev, silent, last_step);
         let mut done = JobStatus::new(id, JobState::Cancelled { by_uid: None }).with_reason(reason);
         done.nodes = st.nodes.clone();
         Ok(self.finish_entries(

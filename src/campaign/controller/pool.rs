@@ -29,6 +29,7 @@ pub const QUEUE_DIR_ENV: &str = "PUZZLETRON_QUEUE_DIR";
 
 /// One item of a pool queue.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[non_exhaustive]
 pub struct PoolItem {
     /// Unique id in the stage: `[A-Za-z0-9._-]{1,100}`, starting with a letter or digit.
     pub id: String,
@@ -52,6 +53,7 @@ impl PoolItem {
 
 /// The outcome of an item, in `done/` or `failed/`.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[non_exhaustive]
 pub struct ItemOutcome {
     /// The item.
     pub item: PoolItem,
@@ -65,6 +67,7 @@ pub struct ItemOutcome {
 
 /// Item counts of a queue.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[non_exhaustive]
 pub struct QueueCounts {
     /// Waiting.
     pub pending: usize,
@@ -270,6 +273,7 @@ impl WorkQueue {
 
 /// An item a worker holds.
 #[derive(Debug)]
+#[non_exhaustive]
 pub struct ClaimedItem {
     /// The item.
     pub item: PoolItem,

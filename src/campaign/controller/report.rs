@@ -9,6 +9,7 @@ use super::classify::FailureClass;
 
 /// Progress of one stage.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[non_exhaustive]
 pub struct StageProgress {
     /// Stage id.
     pub stage: String,
@@ -16,6 +17,11 @@ pub struct StageProgress {
     /// manual decision waits for a person) or `skipped` (a manual decision upstream chose
     /// none).
     pub status: String,
+    /// The status in words, as `campaign status` and the report write it: `running`,
+    /// `cancelled`, `backing off until 14:03:07 UTC (attempt 2, oom)`, `waiting for a
+    /// decision`, `blocked by score`, ...
+    #[serde(default)]
+    pub state: String,
     /// Units (work items plus the aggregate step).
     pub total: usize,
     /// Units done.
@@ -34,6 +40,7 @@ pub struct StageProgress {
 
 /// A failed stage.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[non_exhaustive]
 pub struct StageFailure {
     /// Stage id.
     pub stage: String,
@@ -47,6 +54,7 @@ pub struct StageFailure {
 
 /// The outcome of one run.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[non_exhaustive]
 pub struct CampaignReport {
     /// Stages done (this run or before).
     pub completed: Vec<String>,
@@ -84,6 +92,7 @@ pub struct CampaignReport {
 
 /// A manual decision stage waiting for a person.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[non_exhaustive]
 pub struct PendingDecision {
     /// The decision stage.
     pub stage: String,
@@ -105,8 +114,8 @@ impl CampaignReport {
 
 impl fmt::Display for CampaignReport {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        for s in &self.stages {
-            writeln!(f, "{}", super::view::progress_line(s, None))?;
+        for line in super::view::progress_lines(&self.stages, None) {
+            writeln!(f, "{line}")?;
         }
         for s in &self.failed {
             writeln!(f, "FAILED {}: {}", s.stage, s.reason)?;

@@ -18,32 +18,45 @@ pub const SHUTDOWN_CANCEL_BUDGET: Duration = Duration::from_secs(30);
 pub const SHUTDOWN_POLL_BUDGET: Duration = Duration::from_millis(500);
 
 impl CampaignController {
-    pub(super) fn reset_failed(&mut self) -> Result<(), ControllerError> {
-        let failed: Vec<String> = self
+    pub(super) fn reset_failed(&mut self, by: &str) -> Result<(), ControllerError> {
+        // A unit that failed out of memory in a stage now allowed more resources gets them.
+        let failed: Vec<(String, bool)> = self
             .state
             .units
             .iter()
             .filter(|u| u.status == UnitStatus::Failed)
-            .map(|u| u.key.clone())
+            .map(|u| {
+                let stage = &self.state.stages[u.stage].id;
+                let more = u.last_class == Some(FailureClass::Oom)
+                    && self.settings.oom_retry.contains(stage);
+                (u.key.clone(), more)
+            })
             .collect();
         if failed.is_empty() {
             return Ok(());
         }
         let mut entries: Vec<Entry> = failed
             .iter()
-            .map(|k| Entry::Decided {
+            .map(|(k, more)| Entry::Decided {
                 unit: k.clone(),
                 decision: Decision::Retry {
                     delay: Duration::ZERO,
                     resume: false,
-                    more_resources: false,
+                    more_resources: *more,
                 },
                 not_before_ms: 0,
             })
             .collect();
         let ev = ControllerEvent::RetryFailed {
-            units: failed.clone(),
+            units: failed.iter().map(|(k, _)| k.clone()).collect(),
+            by: by.to_string(),
+            more_resources: failed
+                .iter()
+                .filter(|(_, m)| *m)
+                .map(|(k, _)| k.clone())
+                .collect(),
         };
+        let failed: Vec<String> = failed.into_iter().map(|(k, _)| k).collect();
         self.notify(&ev);
         entries.push(Self::event_entry(&ev));
         self.record(entries)?;
@@ -162,6 +175,46 @@ impl CampaignController {
             cancelled: n + extra,
         })?;
         Ok(n + extra)
+    }
+}
+
+/// The file (in `<campaign>/controller/`) where `campaign cancel` says who cancels before it
+/// signals the controller; the controller reads and removes it when it shuts down.
+pub const CANCEL_REQUEST_FILE: &str = "cancel_request";
+
+/// `user U on HOST, pid P` for this process (the user from `$USER`/`$LOGNAME`, else the uid).
+pub fn who_am_i() -> String {
+    let user = std::env::var("USER")
+        .or_else(|_| std::env::var("LOGNAME"))
+        .ok()
+        .filter(|u| !u.is_empty() && !u.chars().any(char::is_control))
+        // SAFETY: getuid(2) cannot fail.
+        .unwrap_or_else(|| format!("uid {}", unsafe { libc::getuid() }));
+    format!(
+        "user {user} on {}, pid {}",
+        crate::store::Owner::current().host,
+        std::process::id()
+    )
+}
+
+impl CampaignController {
+    /// The reason of a cancel by a control (Ctrl-C, SIGTERM, `campaign cancel`): who asked,
+    /// from the request file `campaign cancel` wrote (removed here), else this process's user
+    /// (a signal or Ctrl-C to the controller).
+    pub(super) fn user_cancel_reason(&self) -> String {
+        let file = self.dir.join("controller").join(CANCEL_REQUEST_FILE);
+        let by = std::fs::read_to_string(&file)
+            .ok()
+            .map(|t| t.trim().to_string())
+            .filter(|t| !t.is_empty() && t.len() < 1000 && !t.chars().any(char::is_control));
+        let _ = std::fs::remove_file(&file);
+        match by {
+            Some(by) => format!("cancelled by {by}"),
+            None => format!(
+                "cancelled by the user ({}: Ctrl-C or a signal to the controller)",
+                who_am_i()
+            ),
+        }
     }
 }
 

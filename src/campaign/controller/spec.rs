@@ -18,6 +18,7 @@
 //! | `PUZZLETRON_MORE_RESOURCES` | `1` on the retry after an out-of-memory |
 //! | `PUZZLETRON_QUEUE_DIR` | pool workers: the stage's queue |
 //! | `PUZZLETRON_HEARTBEAT_FILE` | `<output dir>/_HEARTBEAT`: a worker may touch it to show progress (heartbeat timeout) |
+//! | `PUZZLETRON_START_FILE` | `<output dir>/_STARTED`: the start mark, written by the job (Slurm: its batch script, after its setup) with the attempt id just before the payload starts |
 //! | `PUZZLETRON_GPUS_PER_NODE` | GPU stages: the GPUs the mesh needs on each node, for the worker's preflight ([`gpu::preflight`](crate::executor::gpu::preflight), N04) |
 //!
 //! The retry after an out-of-memory asks for the node exclusively (`--exclusive`: no other
@@ -45,6 +46,10 @@ pub const SUCCESS_MARKER: &str = "_SUCCESS";
 /// modification time is a progress mark for the stage's heartbeat timeout, besides `step N`
 /// lines in the logs.
 pub const HEARTBEAT_FILE: &str = "_HEARTBEAT";
+/// The start mark in the output folder ([`START_FILE_ENV`](crate::executor::START_FILE_ENV)):
+/// holds the id of the attempt whose payload started last.
+pub const START_MARKER: &str = "_STARTED";
+
 /// Marker a resumable worker writes into its output folder after each complete checkpoint
 /// (N03): a timed-out attempt with it resumes, one without it (and without a complete
 /// [`CHECKPOINT_DIR`] step) is a fatal timeout. Its first line (`step 1200`) names it.
@@ -168,6 +173,7 @@ pub fn attempt_id(tag: &str, revision: u32, stage: &str, item: Option<usize>, n:
 
 /// One unit's attempt, as [`attempt_spec`] builds it.
 #[derive(Debug, Clone)]
+#[non_exhaustive]
 pub struct UnitSpec<'a> {
     /// The campaign folder (absolute): working directory without a repository, outputs, logs.
     pub campaign: &'a Path,
@@ -238,6 +244,10 @@ pub fn attempt_spec(u: &UnitSpec<'_>) -> Result<AttemptSpec, ControllerError> {
         .env(
             "PUZZLETRON_HEARTBEAT_FILE",
             out.join(HEARTBEAT_FILE).display().to_string(),
+        )
+        .env(
+            crate::executor::START_FILE_ENV,
+            out.join(START_MARKER).display().to_string(),
         )
         .env("PUZZLETRON_RESUME", if u.resume { "1" } else { "0" })
         .env("PUZZLETRON_ATTEMPT", u.attempt.to_string())

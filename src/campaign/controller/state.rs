@@ -2,7 +2,7 @@
 //! through [`State::apply`] with a journal [`Entry`], both live and at replay, so what the
 //! controller believes is exactly what the journal says.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::path::PathBuf;
 
 use super::classify::FailureClass;
@@ -65,6 +65,12 @@ pub(crate) struct Attempt {
     pub phase: Phase,
     pub cancel_requested: bool,
     pub pending_since_ms: Option<u64>,
+    /// When its intent was journaled (controller clock, ms): an upper bound of its run time
+    /// where the executor reports no start and end.
+    pub intent_ms: u64,
+    /// Since when (controller clock, ms) the completed attempt's outputs are looked for
+    /// again because `stat`/`readdir`/`open` did not show them (in memory only).
+    pub invisible_since_ms: Option<u64>,
     /// The progress mark last seen while it ran (heartbeat timeout; in memory only: after a
     /// restart the timeout counts again from the first poll).
     pub beat: Option<Beat>,
@@ -124,8 +130,8 @@ pub(crate) struct State {
     pub attempt_index: HashMap<AttemptId, usize>,
     pub stages: Vec<StageRt>,
     pub live: usize,
-    /// Attempts that failed fast, per node.
-    pub node_failures: BTreeMap<String, u32>,
+    /// The units (keys) with an attempt that failed fast, per node.
+    pub node_failures: BTreeMap<String, BTreeSet<String>>,
     /// Nodes excluded from later submissions, with why.
     pub excluded_nodes: BTreeMap<String, String>,
 }
@@ -260,6 +266,8 @@ impl State {
                     phase: Phase::Intent { at_ms },
                     cancel_requested: false,
                     pending_since_ms: None,
+                    intent_ms: at_ms,
+                    invisible_since_ms: None,
                     beat: None,
                     log_path: None,
                 });
@@ -333,7 +341,10 @@ impl State {
                         unit.infra += 1;
                         let list = super::nodes::expand_hostlist(nodes.as_deref().unwrap_or(""));
                         for n in &list {
-                            *self.node_failures.entry(n.clone()).or_default() += 1;
+                            self.node_failures
+                                .entry(n.clone())
+                                .or_default()
+                                .insert(unit.key.clone());
                         }
                         unit.exclude = list;
                     }

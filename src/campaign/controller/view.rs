@@ -23,13 +23,52 @@ pub enum ViewMode {
 
 /// One stage as text: `score      running   3/4 done  1 running  0 queued  0 failed  12.3 s`.
 pub fn progress_line(p: &StageProgress, now_ms: Option<u64>) -> String {
+    progress_line_in(p, now_ms, 16, 8)
+}
+
+/// [`progress_line`] of every stage, the columns as wide as the longest stage id and state,
+/// so long names (`post.runtime-075.quality_benchmarks`) keep the table aligned.
+pub fn progress_lines(ps: &[StageProgress], now_ms: Option<u64>) -> Vec<String> {
+    let w = ps
+        .iter()
+        .map(|p| p.stage.chars().count())
+        .max()
+        .unwrap_or(0)
+        .max(16);
+    let sw = ps
+        .iter()
+        .map(|p| state_of(p).chars().count())
+        .max()
+        .unwrap_or(0)
+        .max(8);
+    ps.iter()
+        .map(|p| progress_line_in(p, now_ms, w, sw))
+        .collect()
+}
+
+fn state_of(p: &StageProgress) -> &str {
+    if p.state.is_empty() {
+        &p.status
+    } else {
+        &p.state
+    }
+}
+
+fn progress_line_in(p: &StageProgress, now_ms: Option<u64>, w: usize, sw: usize) -> String {
     let elapsed = match (p.started_ms, p.ended_ms.or(now_ms)) {
         (Some(s), Some(e)) => format!("  {:.1} s", e.saturating_sub(s) as f64 / 1000.0),
         _ => String::new(),
     };
     format!(
-        "{:<16} {:<8} {}/{} done  {} running  {} queued  {} failed{}",
-        p.stage, p.status, p.done, p.total, p.running, p.queued, p.failed, elapsed
+        "{:<w$} {:<sw$} {}/{} done  {} running  {} queued  {} failed{}",
+        p.stage,
+        state_of(p),
+        p.done,
+        p.total,
+        p.running,
+        p.queued,
+        p.failed,
+        elapsed
     )
 }
 
@@ -109,8 +148,8 @@ impl LiveView {
             ViewMode::Plain { every_s } => {
                 let changed = progress != self.last.as_slice();
                 if changed && now_ms.saturating_sub(self.last_print_ms) >= every_s * 1000 {
-                    for p in progress {
-                        show(&format!("[campaign] {}", progress_line(p, Some(now_ms))));
+                    for line in progress_lines(progress, Some(now_ms)) {
+                        show(&format!("[campaign] {line}"));
                     }
                     self.last_print_ms = now_ms;
                     self.last = progress.to_vec();
@@ -197,10 +236,28 @@ impl LiveView {
 mod tests {
     use super::*;
 
+    #[test]
+    fn progress_lines_stay_aligned_with_long_stage_names_and_states() {
+        let mut long = stage("post.runtime-075.quality_benchmarks", 4, 1, 0);
+        long.state = "backing off until 13:00:05 UTC (attempt 2, oom)".into();
+        let lines = progress_lines(
+            &[stage("convert", 1, 1, 0), long, stage("mip", 2, 0, 1)],
+            None,
+        );
+        // The counts column starts at the same offset on every line.
+        let starts: Vec<usize> = lines
+            .iter()
+            .map(|l| l.match_indices('/').next().unwrap().0 - 1)
+            .collect();
+        assert!(starts.windows(2).all(|w| w[0] == w[1]), "{lines:#?}");
+        assert!(lines[1].contains("backing off until 13:00:05 UTC (attempt 2, oom)"));
+    }
+
     fn stage(id: &str, total: usize, done: usize, running: usize) -> StageProgress {
         StageProgress {
             stage: id.into(),
             status: if done == total { "done" } else { "running" }.into(),
+            state: String::new(),
             total,
             done,
             running,

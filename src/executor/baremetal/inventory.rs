@@ -4,6 +4,7 @@ use serde::{Deserialize, Serialize};
 
 /// One host of a bare-metal inventory.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[non_exhaustive]
 pub struct Host {
     /// SSH host name.
     pub hostname: String,
@@ -11,8 +12,19 @@ pub struct Host {
     pub gpus: u32,
 }
 
+impl Host {
+    /// Host `hostname` (SSH host name) with `gpus` GPUs.
+    pub fn new(hostname: impl Into<String>, gpus: u32) -> Self {
+        Self {
+            hostname: hostname.into(),
+            gpus,
+        }
+    }
+}
+
 /// The hosts of a `baremetal` runner.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[non_exhaustive]
 pub struct BaremetalInventory {
     /// Host of the torchrun rendezvous (must be one of `hosts`).
     pub rendezvous_host: String,

@@ -23,6 +23,7 @@ pub const LEASE_FILE: &str = "gpu-leases.json";
 
 /// One host of the inventory, as the lease table sees it.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[non_exhaustive]
 pub struct HostSlots {
     /// SSH host name.
     pub host: String,
@@ -32,6 +33,7 @@ pub struct HostSlots {
 
 /// Where one attempt runs on one host.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[non_exhaustive]
 pub struct Slice {
     /// The host.
     pub host: String,
@@ -41,6 +43,7 @@ pub struct Slice {
 
 /// An attempt in the table.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[non_exhaustive]
 pub struct Lease {
     /// The attempt.
     pub attempt_id: AttemptId,
@@ -75,6 +78,7 @@ impl Lease {
 
 /// The whole table.
 #[derive(Debug, Clone, Default, Serialize, Deserialize)]
+#[non_exhaustive]
 pub struct LeaseTable {
     /// Format version (1).
     pub version: u32,

@@ -475,7 +475,9 @@ impl Inner {
     async fn exchange(&self, host: &str, line: &str) -> Result<String, SshFailure> {
         let r = self.ssh.run(host, line).await;
         match &r {
-            Err(SshFailure::Unreachable(m)) => self.mark_down(host, m),
+            // A refused host key or public key keeps the host down, with the operator's
+            // message, until someone fixes it (issue 27, P07).
+            Err(SshFailure::Unreachable(m) | SshFailure::HostConfig(m)) => self.mark_down(host, m),
             _ => self.mark_up(host),
         }
         r
@@ -793,6 +795,7 @@ impl Inner {
                 Err(format!("poll script on {host} failed ({code:?}): {stderr}"))
             }
             Err(SshFailure::Spawn(e)) => Err(format!("cannot run ssh: {e}")),
+            Err(SshFailure::HostConfig(m)) => Err(format!("{host}: {m}")),
         }
     }
 
@@ -887,7 +890,14 @@ fn check_preflight(
 }
 
 /// The status of one host's part of an attempt.
-fn host_status(id: &AttemptId, st: &RemoteState, now: u64, submitted: u64) -> JobStatus {
+fn host_status(
+    id: &AttemptId,
+    st: &RemoteState,
+    now: u64,
+    submitted: u64,
+    host: &str,
+    root: &str,
+) -> JobStatus {
     let s = |state| JobStatus::new(id.clone(), state);
     match st {
         RemoteState::Absent => {
@@ -914,6 +924,34 @@ fn host_status(id: &AttemptId, st: &RemoteState, now: u64, submitted: u64) -> Jo
                 let mut b = base;
                 b.state = JobState::Cancelled { by_uid: None };
                 return b.with_reason("cancelled before it started");
+            }
+            if !r.malformed.is_empty() || (r.status == "exited" && r.code.is_none()) {
+                // Bad input (issue 27): named with its path; no exit code is made up, the
+                // attempt is judged by the rest of the evidence (its log, its outputs).
+                let root = if root.is_empty() {
+                    "$HOME/.puzzletron/baremetal"
+                } else {
+                    root
+                };
+                let mut b = base.with_reason(format!(
+                    "malformed exit file {root}/{id}/exit on {host}: {}; the exit code is unknown",
+                    if r.malformed.is_empty() {
+                        "no `code=` entry".to_string()
+                    } else {
+                        r.malformed
+                            .iter()
+                            .map(|m| format!("`{m}`"))
+                            .collect::<Vec<_>>()
+                            .join(", ")
+                    }
+                ));
+                b.state = if r.timeout {
+                    JobState::Timeout
+                } else {
+                    JobState::Failed
+                };
+                b.exit_code = r.code;
+                return b;
             }
             let code = r.code.unwrap_or(-1);
             let mut b = base.with_exit_code(code);
@@ -1143,7 +1181,9 @@ impl Executor for BareMetalExecutor {
                                     JobStatus::new(id.clone(), JobState::Pending)
                                         .with_reason(format!("launching on {host}"))
                                 }
-                                Some(st) => host_status(id, st, now, submitted),
+                                Some(st) => {
+                                    host_status(id, st, now, submitted, host, &inner.root_arg())
+                                }
                                 None => JobStatus::new(id.clone(), JobState::Running)
                                     .with_reason(format!("no answer about it from {host}")),
                             },
@@ -1274,5 +1314,56 @@ impl Executor for BareMetalExecutor {
     async fn find(&self, attempt_id: &AttemptId) -> Result<Option<JobHandle>, ExecutorError> {
         let t = self.inner.leases.read()?;
         Ok(t.get(attempt_id).map(|l| self.inner.handle(l)))
+    }
+}
+
+#[cfg(test)]
+mod malformed_exit_tests {
+    use super::remote::{ExitRecord, RemoteState};
+    use super::*;
+
+    /// Issue 27, bad input: a malformed exit file on a host is reported with its path and
+    /// host; no exit code is made up (the attempt is judged by the rest of the evidence).
+    #[test]
+    fn a_malformed_exit_file_is_named_with_its_path() {
+        let id = AttemptId::new("c.s.0.a1").unwrap();
+        let rec = |code: Option<i32>, malformed: &[&str]| {
+            RemoteState::Exited(ExitRecord {
+                status: "exited".into(),
+                code,
+                malformed: malformed.iter().map(|m| m.to_string()).collect(),
+                ..ExitRecord::default()
+            })
+        };
+        let st = host_status(&id, &rec(None, &["code=12x"]), 0, 0, "node03", "/srv/pt");
+        assert_eq!(st.state, JobState::Failed);
+        assert_eq!(st.exit_code, None);
+        assert_eq!(
+            st.reason.as_deref(),
+            Some(
+                "malformed exit file /srv/pt/c.s.0.a1/exit on node03: `code=12x`; the exit code is unknown"
+            )
+        );
+        let st = host_status(&id, &rec(None, &[]), 0, 0, "node03", "");
+        assert!(
+            st.reason.as_deref().is_some_and(|r| r.starts_with(
+                "malformed exit file $HOME/.puzzletron/baremetal/c.s.0.a1/exit on node03: no `code=` entry"
+            )),
+            "{st:?}"
+        );
+        // A well-formed record is untouched.
+        let st = host_status(&id, &rec(Some(3), &[]), 0, 0, "node03", "");
+        assert_eq!((st.state, st.exit_code), (JobState::Failed, Some(3)));
+        // The controller's verdict names it.
+        let c = crate::campaign::controller::classify::classify(
+            &host_status(&id, &rec(None, &["code=12x"]), 0, 0, "node03", "/srv/pt"),
+            &crate::campaign::controller::classify::Evidence::default(),
+        );
+        assert!(
+            c.detail.starts_with(
+                "exit code unknown (malformed exit file /srv/pt/c.s.0.a1/exit on node03"
+            ),
+            "{c:?}"
+        );
     }
 }

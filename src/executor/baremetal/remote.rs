@@ -232,6 +232,7 @@ pub fn wrapper_script() -> String {
 
 /// One line of the poll script's answer.
 #[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum RemoteState {
     /// No attempt folder.
     Absent,
@@ -249,6 +250,7 @@ pub enum RemoteState {
 
 /// The wrapper's exit record.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
+#[non_exhaustive]
 pub struct ExitRecord {
     /// `exited` or `cancelled_before_start`.
     pub status: String,
@@ -262,6 +264,9 @@ pub struct ExitRecord {
     pub start_ms: Option<u64>,
     /// End, ms.
     pub end_ms: Option<u64>,
+    /// Entries of the exit file that could not be read (`code=abc`, a line without `=`), as
+    /// written: the record is malformed and reported with its path.
+    pub malformed: Vec<String>,
 }
 
 /// Parses the poll answer into `(attempt id, state)` pairs (unknown lines are skipped; the
@@ -288,16 +293,32 @@ pub fn parse_poll(out: &str) -> Vec<(String, RemoteState)> {
                 let mut r = ExitRecord::default();
                 for kv in w {
                     let Some((k, val)) = kv.split_once('=') else {
+                        if !kv.is_empty() {
+                            r.malformed.push(kv.to_string());
+                        }
                         continue;
                     };
+                    let mut bad = false;
                     match k {
                         "status" => r.status = val.to_string(),
-                        "code" => r.code = val.parse().ok(),
+                        "code" => {
+                            r.code = val.parse().ok();
+                            bad = r.code.is_none();
+                        }
                         "timeout" => r.timeout = val == "1",
                         "cancelled" => r.cancelled = val == "1",
-                        "start_ms" => r.start_ms = val.parse().ok(),
-                        "end_ms" => r.end_ms = val.parse().ok(),
+                        "start_ms" => {
+                            r.start_ms = val.parse().ok();
+                            bad = r.start_ms.is_none();
+                        }
+                        "end_ms" => {
+                            r.end_ms = val.parse().ok();
+                            bad = r.end_ms.is_none();
+                        }
                         _ => {}
+                    }
+                    if bad {
+                        r.malformed.push(kv.to_string());
                     }
                 }
                 RemoteState::Exited(r)
@@ -329,8 +350,16 @@ mod tests {
                 cancelled: true,
                 start_ms: Some(5),
                 end_ms: Some(9),
+                malformed: Vec::new(),
             })
         );
+        // Issue 27, bad input: a malformed exit file's entries are kept, never a made-up code.
+        let v = parse_poll("E e status=exited code=12x start_ms=5 junk\n");
+        let RemoteState::Exited(r) = &v[0].1 else {
+            panic!("{v:?}")
+        };
+        assert_eq!(r.code, None);
+        assert_eq!(r.malformed, ["code=12x", "junk"]);
     }
 
     #[test]

@@ -13,6 +13,7 @@ use super::super::ExecutorError;
 
 /// Why an exchange failed.
 #[derive(Debug)]
+#[non_exhaustive]
 pub enum SshFailure {
     /// The host could not be reached or the connection broke (ssh exit 255, a timeout): no
     /// answer; the remote command may or may not have run.
@@ -21,6 +22,48 @@ pub enum SshFailure {
     Remote { code: Option<i32>, stderr: String },
     /// `ssh` itself could not be started.
     Spawn(std::io::Error),
+    /// ssh refused the host for a reason retrying cannot fix (issue 27, P07): a changed or
+    /// unknown host key (never accepted automatically) or `Permission denied (publickey)`.
+    /// The text says what an operator must do.
+    HostConfig(String),
+}
+
+/// What an ssh exit 255 means, from its stderr (issue 27, P07): a changed or unknown host key
+/// and a refused public key are [`SshFailure::HostConfig`]; anything else (connect timeout,
+/// connection reset, `Exceeded MaxStartups`, kex failures) is [`SshFailure::Unreachable`],
+/// transient. A task's own exit 255 never comes through here: task exit codes are read from
+/// the remote exit file only.
+pub fn classify_255(host: &str, stderr: &str) -> SshFailure {
+    let lower = stderr.to_ascii_lowercase();
+    if lower.contains("remote host identification has changed")
+        || lower.contains("host key verification failed")
+    {
+        return SshFailure::HostConfig(format!(
+            "the host key of {host} changed or is unknown (`{}`): it is never accepted \
+             automatically; check the host, then update known_hosts (ssh-keygen -R {host})",
+            first_line(stderr, "host key")
+        ));
+    }
+    if lower.contains("permission denied (publickey") {
+        return SshFailure::HostConfig(format!(
+            "{host} refused our key (`{}`): configure the key or the user for this host",
+            first_line(stderr, "permission denied")
+        ));
+    }
+    SshFailure::Unreachable(if stderr.trim().is_empty() {
+        "ssh ended with exit 255".to_string()
+    } else {
+        stderr.trim().to_string()
+    })
+}
+
+/// The first line of `text` containing `needle` (case-insensitive), else its first line.
+fn first_line<'a>(text: &'a str, needle: &str) -> &'a str {
+    text.lines()
+        .find(|l| l.to_ascii_lowercase().contains(needle))
+        .or_else(|| text.lines().next())
+        .unwrap_or("")
+        .trim()
 }
 
 impl SshFailure {
@@ -41,12 +84,17 @@ impl SshFailure {
                 program: "ssh".into(),
                 source: e,
             },
+            SshFailure::HostConfig(problem) => ExecutorError::HostPreflight {
+                host: host.to_string(),
+                problem,
+            },
         }
     }
 }
 
 /// Runs remote command lines over SSH and counts the exchanges.
 #[derive(Debug)]
+#[non_exhaustive]
 pub struct Ssh {
     /// The OpenSSH client run (`ssh` from `PATH` by default).
     pub program: String,
@@ -156,7 +204,8 @@ impl Ssh {
                 let stderr = String::from_utf8_lossy(&e).trim().to_string();
                 match status.code() {
                     Some(0) => Ok(String::from_utf8_lossy(&o).into_owned()),
-                    Some(255) | None => Err(SshFailure::Unreachable(if stderr.is_empty() {
+                    Some(255) => Err(classify_255(host, &stderr)),
+                    None => Err(SshFailure::Unreachable(if stderr.is_empty() {
                         format!("ssh ended with {status}")
                     } else {
                         stderr
@@ -166,6 +215,67 @@ impl Ssh {
                         stderr,
                     }),
                 }
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Issue 27 (P07): ssh's exit 255 is classified from its stderr.
+    #[test]
+    fn exit_255_is_classified_from_stderr() {
+        let changed = "@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@\n@    WARNING: REMOTE HOST IDENTIFICATION HAS CHANGED!     @\n@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@\nHost key verification failed.\n";
+        let table: &[(&str, bool, &str)] = &[
+            (
+                changed,
+                true,
+                "the host key of node07 changed or is unknown (`Host key verification failed.`): it is never accepted automatically",
+            ),
+            (
+                "Host key verification failed.\n",
+                true,
+                "ssh-keygen -R node07",
+            ),
+            (
+                "user@node07: Permission denied (publickey).\n",
+                true,
+                "node07 refused our key (`user@node07: Permission denied (publickey).`)",
+            ),
+            (
+                "ssh: connect to host node07 port 22: Connection timed out\n",
+                false,
+                "Connection timed out",
+            ),
+            (
+                "kex_exchange_identification: banner line 0: Exceeded MaxStartups\n",
+                false,
+                "Exceeded MaxStartups",
+            ),
+            (
+                "kex_exchange_identification: read: Connection reset by peer\n",
+                false,
+                "Connection reset by peer",
+            ),
+            ("", false, "ssh ended with exit 255"),
+        ];
+        for (stderr, config, part) in table {
+            match classify_255("node07", stderr) {
+                SshFailure::HostConfig(m) => {
+                    assert!(*config, "{stderr}: {m}");
+                    assert!(m.contains(part), "{m}");
+                    assert!(matches!(
+                        SshFailure::HostConfig(m).into_error("node07", "poll"),
+                        ExecutorError::HostPreflight { .. }
+                    ));
+                }
+                SshFailure::Unreachable(m) => {
+                    assert!(!*config, "{stderr}: {m}");
+                    assert!(m.contains(part), "{m}");
+                }
+                other => panic!("{other:?}"),
             }
         }
     }

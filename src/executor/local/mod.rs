@@ -836,6 +836,7 @@ fn with_oom_evidence(dir: &Path, mut s: JobStatus) -> JobStatus {
 /// What `launch.json` in an attempt folder holds: the rendering the job was started from and
 /// the GPU ids it got (the local executor's launch record).
 #[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
+#[non_exhaustive]
 pub struct LaunchRecord {
     /// What ran (as [`Executor::render`] shows it).
     pub rendering: Rendering,

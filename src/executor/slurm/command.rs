@@ -19,6 +19,7 @@ use super::parse::{ErrorClass, classify_error};
 /// `[0.5, 1.5)` between tries ("full jitter" variant after AWS's "Exponential Backoff And
 /// Jitter", so that many controllers do not retry in lockstep).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct RetryPolicy {
     /// Tries in all, at least 1.
     pub max_tries: u32,
@@ -40,6 +41,24 @@ impl Default for RetryPolicy {
 }
 
 impl RetryPolicy {
+    /// Sets [`max_tries`](Self::max_tries).
+    pub fn with_max_tries(mut self, max_tries: u32) -> Self {
+        self.max_tries = max_tries;
+        self
+    }
+
+    /// Sets [`base_delay`](Self::base_delay).
+    pub fn with_base_delay(mut self, base_delay: Duration) -> Self {
+        self.base_delay = base_delay;
+        self
+    }
+
+    /// Sets [`max_delay`](Self::max_delay).
+    pub fn with_max_delay(mut self, max_delay: Duration) -> Self {
+        self.max_delay = max_delay;
+        self
+    }
+
     /// The delay before try `n + 1` after `n` failures (n >= 1), jitter included.
     pub fn delay(&self, n: u32) -> Duration {
         let exp = self
@@ -71,6 +90,7 @@ pub(crate) struct Counters {
 
 /// A snapshot of an executor's scheduler calls, for budgets and benchmarks.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[non_exhaustive]
 pub struct SlurmStats {
     /// `sbatch` processes started.
     pub sbatch_calls: u64,

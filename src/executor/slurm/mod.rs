@@ -44,6 +44,7 @@ use poll::PollState;
 /// How often the scheduler is asked: at least `min_interval` apart, doubling while nothing
 /// changes up to `max_interval`, back to `min_interval` after a change or a submit.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct PollPolicy {
     /// Shortest time between two scheduler queries (a site asking for >= 120 s sets it here).
     pub min_interval: Duration,
@@ -62,6 +63,21 @@ impl Default for PollPolicy {
             max_interval: Duration::from_secs(60),
             missing_grace: Duration::from_secs(300),
         }
+    }
+}
+
+impl PollPolicy {
+    /// Sets the shortest and the longest time between two scheduler queries.
+    pub fn with_intervals(mut self, min_interval: Duration, max_interval: Duration) -> Self {
+        self.min_interval = min_interval;
+        self.max_interval = max_interval;
+        self
+    }
+
+    /// Sets how long a job may be missing before it is reported lost.
+    pub fn with_missing_grace(mut self, missing_grace: Duration) -> Self {
+        self.missing_grace = missing_grace;
+        self
     }
 }
 
@@ -510,6 +526,11 @@ impl Executor for SlurmExecutor {
     /// From `scontrol show config` (`SlurmUser = slurm(64030)`), asked once per executor.
     async fn scheduler_uid(&self) -> Result<Option<u32>, ExecutorError> {
         parse::parse_slurm_user(self.inner.config().await?)
+    }
+
+    /// The batch script writes the start mark after its setup, before the payload.
+    fn writes_start_mark(&self) -> bool {
+        true
     }
 
     fn render(&self, spec: &AttemptSpec) -> Result<Rendering, ExecutorError> {

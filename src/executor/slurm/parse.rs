@@ -19,6 +19,7 @@ use crate::executor::{ExecutorError, JobState};
 /// A job as Slurm names it: `4711`, `4711_3` (array task), `21+1` (heterogeneous component),
 /// optionally on a named cluster.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
+#[non_exhaustive]
 pub struct JobRef {
     /// The job id (for an array task: the array's job id, `%A`).
     pub id: u64,
@@ -47,6 +48,18 @@ impl JobRef {
             array_task: Some(task),
             ..Self::new(id)
         }
+    }
+
+    /// Sets the heterogeneous-job component (`+N`).
+    pub fn with_het_component(mut self, component: u32) -> Self {
+        self.het_component = Some(component);
+        self
+    }
+
+    /// Sets the cluster (used as `-M`).
+    pub fn with_cluster(mut self, cluster: impl Into<String>) -> Self {
+        self.cluster = Some(cluster.into());
+        self
     }
 }
 
@@ -130,6 +143,7 @@ pub fn parse_sbatch(stdout: &str, stderr: &str) -> Result<JobRef, ExecutorError>
 
 /// What a failed Slurm command's stderr means for the caller (C05, C15, C16, C18).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum ErrorClass {
     /// The controller is busy or unreachable: retry with backoff and jitter. For `sbatch`,
     /// the job may or may not exist: look it up by name before retrying.
@@ -299,6 +313,7 @@ pub fn map_state(raw: &str) -> JobState {
 /// A parsed `ExitCode` field `N:S` (C10): the exit code (8-bit) and the terminating signal
 /// (`None` when 0).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct ExitCode {
     /// The exit status, 0–255.
     pub code: i32,
@@ -347,6 +362,7 @@ pub fn parse_exit_code(field: &str) -> Result<Option<ExitCode>, ExecutorError> {
 
 /// One id field as `squeue`/`sacct` print it.
 #[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum IdField {
     /// One job, array task or het component, with the step suffix (`batch`, `extern`, `0`)
     /// when the row is a step.
@@ -450,6 +466,7 @@ pub fn parse_id_field(field: &str) -> Result<IdField, ExecutorError> {
 
 /// One job (or pending array task) as `squeue` shows it.
 #[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct SqueueRow {
     /// The job.
     pub job: JobRef,
@@ -530,6 +547,7 @@ pub fn parse_squeue(stdout: &str) -> Result<Vec<SqueueRow>, ExecutorError> {
 
 /// A step of a job as `sacct` shows it (`4711.batch`, `4711.extern`, `4711.0`).
 #[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct StepRecord {
     /// Its state.
     pub state: JobState,
@@ -539,6 +557,7 @@ pub struct StepRecord {
 
 /// A job's accounting record, steps folded in (C09), requeues counted (C24).
 #[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct SacctRecord {
     /// The job.
     pub job: JobRef,
@@ -568,6 +587,7 @@ pub struct SacctRecord {
 /// The fields of one `sacct` allocation row that tell whose job it is, for
 /// [`parse_sacct_for`]'s filter.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct RowIdentity<'a> {
     /// The job.
     pub job: &'a JobRef,
@@ -856,6 +876,7 @@ pub fn combine_het(states: &[JobState]) -> JobState {
 
 /// Whether a pending reason means "wait" or "stuck" (C25).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum PendingKind {
     /// Normal waiting (`Priority`, `Resources`, `Dependency`, limits that will free up).
     Wait,

@@ -8,7 +8,7 @@
 use crate::executor::shell::{self, directive_value, is_var_name, quote as shell_quote};
 use crate::executor::{
     ARRAY_INDEX_ENV, ATTEMPT_ID_ENV, AttemptId, AttemptSpec, ExecutorError, GpuRequest,
-    TaskLauncher,
+    START_FILE_ENV, TaskLauncher,
 };
 
 /// Escapes `%` for a Slurm filename pattern (`%%` is a literal `%`).
@@ -50,6 +50,7 @@ pub fn expand_log_path(template: &str, job_id: u64, array_task: Option<u32>) -> 
 
 /// Array settings for [`render`].
 #[derive(Debug, Clone, Copy)]
+#[non_exhaustive]
 pub struct ArrayOpts {
     /// Tasks `0..size`.
     pub size: u32,
@@ -61,6 +62,32 @@ pub struct ArrayOpts {
     pub chunk: u32,
     /// Index of this chunk's first task in the whole array.
     pub offset: u32,
+}
+
+impl ArrayOpts {
+    /// An array of tasks `0..size`, no `%N` limit, chunk 0 at offset 0.
+    pub fn new(size: u32) -> Self {
+        Self {
+            size,
+            max_concurrent: None,
+            chunk: 0,
+            offset: 0,
+        }
+    }
+
+    /// Sets the `%N` limit (`None`: none).
+    pub fn with_max_concurrent(mut self, max_concurrent: Option<u32>) -> Self {
+        self.max_concurrent = max_concurrent;
+        self
+    }
+
+    /// Makes this submission chunk `chunk` of a larger array, its first task being the array's
+    /// task `offset` (see [`ArrayOpts::chunk`]).
+    pub fn with_chunk(mut self, chunk: u32, offset: u32) -> Self {
+        self.chunk = chunk;
+        self.offset = offset;
+        self
+    }
 }
 
 /// The job name of chunk `chunk` of the array `base` (see [`ArrayOpts::chunk`]).
@@ -322,6 +349,13 @@ pub fn render(
             ])
         );
         step = Some(s);
+    }
+    if spec.command.env.contains_key(START_FILE_ENV) {
+        // The start mark (issue 27): the job's own setup succeeded, the payload starts now.
+        // A job that ends without it failed on its node or site, not in its payload.
+        body.push_str(&format!(
+            "printf '%s\\n' \"${ATTEMPT_ID_ENV}\" > \"${START_FILE_ENV}\" || :\n"
+        ));
     }
     let launch = match &step {
         None => command,

@@ -671,27 +671,43 @@ impl FsStore {
         if self.defer_claims {
             self.register()?;
         }
-        let made = self.make_job_folder(&dir)?;
-        let at = Instant::now();
-        let eager = made && !self.defer_claims;
-        // A claimer that judged the folder left by a dead holder (this one registers nowhere)
-        // may have written its claim first: then it holds the job.
-        let made = made && (!eager || create_claim(&dir.join(CLAIM), owner).is_ok());
-        if made {
+        let claimed = || Claim {
+            key: *key,
+            owner: owner.clone(),
+            attempt: 1,
+        };
+        if self.defer_claims {
             // The `mkdir` is the claim; its file is written by `start` or the first heartbeat,
-            // if the run lasts that long (see `Holder`).
-            let held = Held {
-                at,
-                attempt: 1,
-                fresh: true,
-                unwritten: (!eager).then(|| Arc::new(owner.clone())),
-            };
-            self.note_held(key, held);
-            return Ok(ClaimOutcome::Claimed(Claim {
-                key: *key,
-                owner: owner.clone(),
-                attempt: 1,
-            }));
+            // if the run lasts that long (see `Holder`). The folder is made and the claim noted
+            // under the lock of the claims this handle holds: another thread of this handle
+            // that finds the folder made finds the claim noted too (between the two, it saw
+            // no claim file, judged the folder by `holders/`, where only this very handle is
+            // registered, and claimed the job as well: two winners).
+            let mut map = self.held.lock().unwrap_or_else(|e| e.into_inner());
+            if self.make_job_folder(&dir)? {
+                let held = Held {
+                    at: Instant::now(),
+                    attempt: 1,
+                    fresh: true,
+                    unwritten: Some(Arc::new(owner.clone())),
+                };
+                map.insert(*key, held);
+                return Ok(ClaimOutcome::Claimed(claimed()));
+            }
+        } else if self.make_job_folder(&dir)? {
+            let at = Instant::now();
+            // A claimer that judged the folder left by a dead holder (this one registers
+            // nowhere) may have written its claim first: then it holds the job.
+            if create_claim(&dir.join(CLAIM), owner).is_ok() {
+                let held = Held {
+                    at,
+                    attempt: 1,
+                    fresh: true,
+                    unwritten: None,
+                };
+                self.note_held(key, held);
+                return Ok(ClaimOutcome::Claimed(claimed()));
+            }
         }
         if let Some(o) = self.held(key, false).and_then(|h| h.unwritten) {
             return Ok(ClaimOutcome::Busy((*o).clone()));
@@ -904,7 +920,7 @@ mod tests {
 
     fn store(stale: Duration) -> (tempfile::TempDir, FsStore) {
         let dir = tempfile::tempdir().unwrap();
-        let s = FsStore::open(dir.path().join("s"))
+        let s = FsStore::create(dir.path().join("s"))
             .unwrap()
             .with_stale_after(stale);
         (dir, s)
@@ -1134,6 +1150,49 @@ mod tests {
 
     /// A hook answering `ESTALE` instead of `ENOENT`, and once for each path that exists, for
     /// the reads named, and `EACCES` instead of `EEXIST` for every job folder `mkdir`.
+    /// Two threads of one handle claim one new job; the one whose `mkdir` made the folder is
+    /// held up right after it (the hook sleeps), so the other finds the folder made before the
+    /// claim is noted: it must answer `Busy`, never claim the job too (it saw no claim file,
+    /// and `holders/` lists only this very handle). Without the lock around the `mkdir` and
+    /// its note, both won, about one run in ten of the conformance suite under load.
+    #[test]
+    fn a_thread_that_finds_a_folder_just_made_by_another_thread_of_its_handle_is_busy() {
+        for trial in 0..5 {
+            let dir = tempfile::tempdir().unwrap();
+            let made = Arc::new(std::sync::Barrier::new(2));
+            let gate = made.clone();
+            let hook: FaultHook = Arc::new(move |op, _, err| {
+                if op == FsOp::MakeJobFolder && err.is_none() {
+                    // The maker: let the other thread run its whole claim meanwhile.
+                    gate.wait();
+                    std::thread::sleep(Duration::from_millis(150));
+                }
+                None
+            });
+            let s = Arc::new(
+                FsStore::create(dir.path().join("s"))
+                    .unwrap()
+                    .with_fault_hook(hook),
+            );
+            let key = Hash::of(format!("race-{trial}"));
+            let first = {
+                let s = s.clone();
+                std::thread::spawn(move || s.claim(&key, &Owner::current(), None).unwrap())
+            };
+            // Starts once the first thread's `mkdir` made the folder.
+            made.wait();
+            let second = s.claim(&key, &Owner::current(), None).unwrap();
+            let first = first.join().unwrap();
+            let wins = [&first, &second]
+                .iter()
+                .filter(|o| matches!(o, ClaimOutcome::Claimed(_)))
+                .count();
+            assert_eq!(wins, 1, "trial {trial}: {first:?} / {second:?}");
+            assert!(matches!(first, ClaimOutcome::Claimed(_)), "{first:?}");
+            assert!(matches!(second, ClaimOutcome::Busy(_)), "{second:?}");
+        }
+    }
+
     fn nfs_and_lustre_faults() -> (FaultHook, Arc<Mutex<usize>>) {
         let injected = Arc::new(Mutex::new(0usize));
         let seen = Arc::new(Mutex::new(HashSet::<PathBuf>::new()));
@@ -1162,7 +1221,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let (hook, injected) = nfs_and_lustre_faults();
         let open = || {
-            FsStore::open(dir.path().join("s"))
+            FsStore::create(dir.path().join("s"))
                 .unwrap()
                 .with_stale_after(STALE)
                 .with_fault_hook(hook.clone())
@@ -1192,7 +1251,7 @@ mod tests {
         // EACCES where the folder does not exist is a real permission error, naming it.
         // (Tests run as root, which passes permission checks: the hook undoes the `mkdir`.)
         let ro = tempfile::tempdir().unwrap();
-        let s = FsStore::open(ro.path().join("s"))
+        let s = FsStore::create(ro.path().join("s"))
             .unwrap()
             .with_fault_hook(Arc::new(|op, path, err| {
                 (op == FsOp::MakeJobFolder && err.is_none()).then(|| {
