@@ -91,10 +91,11 @@ fn init_logging(level: &str) {
 #[derive(Debug, Subcommand)]
 #[non_exhaustive]
 pub enum Top {
-    /// Multi-stage GPU campaigns: compile, dry-run, run, status, cancel, report.
+    /// Multi-stage GPU campaigns: compile, dry-run, run, retry, status, cancel, report,
+    /// gpu-preflight.
     #[command(subcommand)]
     Campaign(CampaignCmd),
-    /// Sweep stores: status, ls, metrics, plot, report, gc.
+    /// Sweep stores: status, ls, metrics, plot, report, gc, repair.
     #[command(subcommand)]
     Sweep(SweepCmd),
 }

@@ -165,6 +165,11 @@ impl<S: Store, E: Executor> OrchestratorBuilder<S, E> {
     }
 
     /// Re-run every run even when its result is current.
+    ///
+    /// A forced run replaces its result in place, as Snakemake's `--forcerun` deletes a rule's
+    /// outputs first: when the new attempt starts, its `running` record takes the done one's
+    /// place, so a forced drain that is killed leaves the run `interrupted` (it runs again at
+    /// the next drain) rather than done with the old result.
     pub fn force(mut self, force: bool) -> Self {
         self.force = force;
         self
