@@ -235,6 +235,16 @@ impl Eq for RayAmount {}
 
 /// Settings of a `ray` runner (usually read from a runner file; in code, [`RaySettings::new`]
 /// and the `with_*` methods).
+///
+/// ```
+/// use puzzletron::campaign::RaySettings;
+/// let r = RaySettings::new("http://head:8265")
+///     .with_namespace("sweeps")
+///     .with_resource_per_gpu("CPU", 4.0)
+///     .with_gpus_per_node(8);
+/// assert_eq!((r.address.as_str(), r.gpus_per_node), ("http://head:8265", Some(8)));
+/// assert_eq!(r.resources_per_gpu["CPU"].0, 4.0);
+/// ```
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[non_exhaustive]
 pub struct RaySettings {

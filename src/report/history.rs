@@ -174,6 +174,12 @@ pub struct StageHistory {
 }
 
 /// A unit's pending retry.
+///
+/// ```
+/// use puzzletron::report::Backoff;
+/// let b = Backoff::new("score/3", 1_700_000_000_000, 2).with_class("oom");
+/// assert_eq!((b.attempt, b.class.as_deref()), (2, Some("oom")));
+/// ```
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[non_exhaustive]
 pub struct Backoff {
@@ -188,6 +194,12 @@ pub struct Backoff {
 }
 
 /// A campaign cancelled as a whole.
+///
+/// ```
+/// use puzzletron::report::CampaignCancel;
+/// let c = CampaignCancel::new(1_700_000_000_000, "SIGINT").with_attempts(["train.a1"]);
+/// assert_eq!(c.attempts, ["train.a1"]);
+/// ```
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[non_exhaustive]
 pub struct CampaignCancel {
