@@ -52,14 +52,13 @@ async fn run(mode: Mode, n: u32, tag: &str) -> (f64, f64, SlurmStats) {
         let mut hs = Vec::new();
         for a in 0..4 {
             hs.extend(
-                e.submit_array(&ArraySpec {
-                    template: AttemptSpec::new(
+                e.submit_array(&ArraySpec::new(
+                    AttemptSpec::new(
                         AttemptId::new(format!("{tag}.arr{a}")).unwrap(),
                         CommandSpec::new("true"),
                     ),
-                    size: n / 5,
-                    max_concurrent: None,
-                })
+                    n / 5,
+                ))
                 .await
                 .unwrap(),
             );
@@ -73,14 +72,13 @@ async fn run(mode: Mode, n: u32, tag: &str) -> (f64, f64, SlurmStats) {
         }
         hs
     } else if array {
-        e.submit_array(&ArraySpec {
-            template: AttemptSpec::new(
+        e.submit_array(&ArraySpec::new(
+            AttemptSpec::new(
                 AttemptId::new(format!("{tag}.arr")).unwrap(),
                 CommandSpec::new("true"),
             ),
-            size: n,
-            max_concurrent: None,
-        })
+            n,
+        ))
         .await
         .unwrap()
     } else {

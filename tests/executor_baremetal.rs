@@ -112,10 +112,8 @@ async fn preflight_names_the_host_and_what_is_missing() {
     let _w = watchdog::Watchdog::start("preflight", Duration::from_secs(120));
     let state = tempfile::tempdir().unwrap();
     let repo = state.path().join("no-such-checkout");
-    let contract = puzzletron::campaign::ExecutionContract {
-        repository: Some(repo.display().to_string()),
-        ..Default::default()
-    };
+    let contract = puzzletron::campaign::ExecutionContract::default()
+        .with_repository(repo.display().to_string());
     let exec = BareMetalExecutor::builder(state.path())
         .ssh_config(&h.config)
         .host(&h.hosts[1], 4)
@@ -136,11 +134,9 @@ async fn preflight_names_the_host_and_what_is_missing() {
     // The venv must have bin/activate.
     let venv = state.path().join("venv");
     std::fs::create_dir_all(venv.join("bin")).unwrap();
-    let contract = puzzletron::campaign::ExecutionContract {
-        repository: Some(state.path().display().to_string()),
-        venv: Some(venv.display().to_string()),
-        ..Default::default()
-    };
+    let contract = puzzletron::campaign::ExecutionContract::default()
+        .with_repository(state.path().display().to_string())
+        .with_venv(venv.display().to_string());
     let exec = BareMetalExecutor::builder(state.path())
         .ssh_config(&h.config)
         .host(&h.hosts[0], 4)
@@ -172,10 +168,10 @@ async fn preflight_names_the_host_and_what_is_missing() {
     let exec = BareMetalExecutor::builder(state.path().join("s2"))
         .ssh_config(&h.config)
         .host(&h.hosts[1], 4)
-        .contract(&puzzletron::campaign::ExecutionContract {
-            repository: Some(repo.display().to_string()),
-            ..Default::default()
-        })
+        .contract(
+            &puzzletron::campaign::ExecutionContract::default()
+                .with_repository(repo.display().to_string()),
+        )
         .build()
         .unwrap();
     let e = exec

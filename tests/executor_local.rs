@@ -59,10 +59,7 @@ async fn eight_jobs_on_four_gpus_never_share_a_gpu() {
             id(&format!("gpu{i}")),
             sh(r#"s=$(date +%s%N); sleep 0.4; echo "$CUDA_VISIBLE_DEVICES $s $(date +%s%N)" > "$PUZZLETRON_ATTEMPT_DIR/seen""#),
         )
-        .with_topology(TaskTopology {
-            gpus: GpuRequest::PerNode(*n),
-            ..TaskTopology::single()
-        });
+        .with_topology(TaskTopology::single().with_gpus(GpuRequest::PerNode(*n)));
         hs.push(e.submit(&spec).await.unwrap());
     }
     let st = wait(&e, &hs).await;
@@ -195,21 +192,16 @@ async fn argv_env_cwd_log_and_launch_failures() {
         );
     }
     // Asking for more GPUs or nodes than exist is an immediate, permanent error.
-    let big = AttemptSpec::new(id("big"), CommandSpec::new("true")).with_topology(TaskTopology {
-        gpus: GpuRequest::PerNode(2),
-        ..TaskTopology::single()
-    });
+    let big = AttemptSpec::new(id("big"), CommandSpec::new("true"))
+        .with_topology(TaskTopology::single().with_gpus(GpuRequest::PerNode(2)));
     let err = e.submit(&big).await.unwrap_err();
     assert!(matches!(err, ExecutorError::Unsatisfiable { .. }) && !err.is_retryable());
     assert!(
         err.to_string().contains("2 GPUs") && err.to_string().contains("ids 7"),
         "{err}"
     );
-    let multi =
-        AttemptSpec::new(id("multi"), CommandSpec::new("true")).with_topology(TaskTopology {
-            nodes: 2,
-            ..TaskTopology::single()
-        });
+    let multi = AttemptSpec::new(id("multi"), CommandSpec::new("true"))
+        .with_topology(TaskTopology::new(2, 1));
     assert!(matches!(
         e.submit(&multi).await.unwrap_err(),
         ExecutorError::Unsatisfiable { .. }

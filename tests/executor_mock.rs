@@ -192,11 +192,7 @@ fn boxed_and_arc_executors_work() {
             .unwrap();
         assert_eq!(st[0].state, JobState::Completed);
         let handles = boxed
-            .submit_array(&ArraySpec {
-                template: spec("arr"),
-                size: 3,
-                max_concurrent: None,
-            })
+            .submit_array(&ArraySpec::new(spec("arr"), 3))
             .await
             .unwrap();
         let ids: Vec<_> = handles

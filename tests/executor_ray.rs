@@ -82,10 +82,7 @@ async fn concurrent_jobs_see_disjoint_gpus() {
                 .arg(script)
                 .env("OUT", out.to_string_lossy()),
         )
-        .with_topology(TaskTopology {
-            gpus: GpuRequest::PerNode(1),
-            ..TaskTopology::single()
-        });
+        .with_topology(TaskTopology::single().with_gpus(GpuRequest::PerNode(1)));
         handles.push(e.submit(&spec).await.expect("submit"));
     }
     let st = e
@@ -298,10 +295,7 @@ async fn more_gpus_than_any_node_is_refused_at_submit() {
         AttemptId::new(uniq("big")).unwrap(),
         CommandSpec::new("true"),
     )
-    .with_topology(TaskTopology {
-        gpus: GpuRequest::PerNode(8),
-        ..TaskTopology::single()
-    });
+    .with_topology(TaskTopology::single().with_gpus(GpuRequest::PerNode(8)));
     let t = Instant::now();
     let err = e.submit(&spec).await.unwrap_err();
     let text = err.to_string();

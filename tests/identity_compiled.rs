@@ -211,25 +211,96 @@ fn negative_zero_and_zero_are_different_runs() {
 
 /// One closure built twice with two build ids of the path dependency `ccdep` (as after a new
 /// Cargo.lock or compiler, which give every path dependency a new build id).
-static BUILT_A: CompiledCode = CompiledCode {
-    package: "identity_compiled",
-    items: &[CompiledItem {
-        path: "identity_compiled::work",
-        file: "tests/identity_compiled.rs",
-        digest: "0000000000000000000000000000000000000000000000000000000000000001",
-    }],
-    cfgs: &[],
-    builds: &[("ccdep", "aaaaaaaaaaaaaaaa")],
-    files: &[],
-    lock: None,
-    opt_level: "0",
-    debug_assertions: true,
-    notes: &[],
-};
-static BUILT_B: CompiledCode = CompiledCode {
-    builds: &[("ccdep", "bbbbbbbbbbbbbbbb")],
-    ..BUILT_A
-};
+static BUILT_A: CompiledCode = CompiledCode::__new(
+    "identity_compiled",
+    &[CompiledItem::__new(
+        "identity_compiled::work",
+        "tests/identity_compiled.rs",
+        "0000000000000000000000000000000000000000000000000000000000000001",
+    )],
+    &[],
+    &[("ccdep", "aaaaaaaaaaaaaaaa")],
+    &[],
+    None,
+    "0",
+    true,
+    &[],
+);
+static BUILT_B: CompiledCode = CompiledCode::__new(
+    "identity_compiled",
+    BUILT_A.items,
+    &[],
+    &[("ccdep", "bbbbbbbbbbbbbbbb")],
+    &[],
+    None,
+    "0",
+    true,
+    &[],
+);
+
+/// A fixed closure, built as `job!`'s expansion builds one (`CompiledCode::__new`).
+static GOLDEN: CompiledCode = CompiledCode::__new(
+    "golden",
+    &[
+        CompiledItem::__new(
+            "golden::train",
+            "src/lib.rs",
+            "1111111111111111111111111111111111111111111111111111111111111111",
+        ),
+        CompiledItem::__new(
+            "golden::helper",
+            "src/lib.rs",
+            "2222222222222222222222222222222222222222222222222222222222222222",
+        ),
+    ],
+    &[("feature = \"wide\"", true)],
+    &[("ccdep", "0123456789abcdef")],
+    // Neither the files read, the lock, the profile nor the notes are part of the digest.
+    &[("/somewhere/src/lib.rs", "ab")],
+    Some(("/somewhere/Cargo.lock", "cd")),
+    "3",
+    false,
+    &["a note"],
+);
+
+/// Golden: the owned-code digest and the job key of a fixed item set never change (a change
+/// to `job!`'s expansion or to `CompiledCode` would change every key of every store).
+///
+/// The expected values were computed outside this crate, with Python's `hashlib` on the bytes
+/// the formulas in `identity::compiled` and `identity::job_key` document
+/// (`frame(x) = u64_le(len(x)) ++ x`):
+///
+/// ```text
+/// owned = sha256(frame(b"puzzletron/owned-items/v2")
+///   ++ frame(b"golden::helper") ++ frame(bytes.fromhex("22" * 32))
+///   ++ frame(b"golden::train") ++ frame(bytes.fromhex("11" * 32))
+///   ++ frame(b"cfg") ++ frame(b'feature = "wide"') ++ frame(b"\x01")
+///   ++ frame(b"builds") ++ frame(b"ccdep") ++ frame(b"0123456789abcdef"))
+/// key = sha256(frame(b"puzzletron/job-key/v1") ++ frame(b"golden::train")
+///   ++ frame(b'{"x":1}') ++ frame(owned))
+/// ```
+#[test]
+fn the_job_key_of_a_fixed_item_set_is_unchanged() {
+    const OWNED: &str = "fa24bb28f468cc9191fae620769bc65c2d6702b2032367d56869710a07e83f09";
+    const KEY: &str = "995ecb2fe5fee709badab2e460a0a5bef40304b9eda3195286792b21f1383a9c";
+    let owned = GOLDEN.owned();
+    assert_eq!(owned.digest.to_hex(), OWNED);
+    assert_eq!(owned.scheme.as_deref(), Some(ITEMS_SCHEME));
+    let key = puzzletron::identity::job_key("golden::train", r#"{"x":1}"#, &owned.digest);
+    assert_eq!(key.to_hex(), KEY);
+    // And through a sweep, as a job `job!` made would be keyed.
+    let d = tempfile::tempdir().unwrap();
+    let mut o = sweep(&d.path().join("s"), false);
+    let j = Job::new(
+        "golden::train",
+        "puzzletron",
+        env!("CARGO_MANIFEST_DIR"),
+        "tests/identity_compiled.rs",
+        work,
+    )
+    .with_code(&GOLDEN);
+    assert_eq!(o.run(&j, P { x: 1 }).unwrap().to_hex(), KEY);
+}
 
 /// Issue 26: when a run's lineage was recorded with another Cargo.lock, the reason names the
 /// lock first (the cause), then the build ids it changed; without a lock change, only the build.

@@ -171,14 +171,8 @@ async fn submit_poll_cancel_exit3_and_gpus() {
     let gpu = e
         .submit(
             &AttemptSpec::new(id("gpu2"), sh("echo \"CVD=$CUDA_VISIBLE_DEVICES\""))
-                .with_topology(TaskTopology {
-                    gpus: GpuRequest::PerNode(2),
-                    ..TaskTopology::single()
-                })
-                .with_scheduler(SchedulerOptions {
-                    partition: Some("gpu".into()),
-                    ..Default::default()
-                }),
+                .with_topology(TaskTopology::single().with_gpus(GpuRequest::PerNode(2)))
+                .with_scheduler(SchedulerOptions::default().with_partition("gpu")),
         )
         .await
         .unwrap();
@@ -243,21 +237,19 @@ async fn four_node_job_and_array_of_8() {
     let multi = e
         .submit(
             &AttemptSpec::new(id("nodes4"), sh("echo \"$SLURMD_NODENAME\"")).with_topology(
-                TaskTopology {
-                    nodes: 4,
-                    launcher: TaskLauncher::Srun { extra_args: vec![] },
-                    ..TaskTopology::single()
-                },
+                TaskTopology::new(4, 1).with_launcher(TaskLauncher::Srun { extra_args: vec![] }),
             ),
         )
         .await
         .unwrap();
     let arr = e
-        .submit_array(&ArraySpec {
-            template: AttemptSpec::new(id("arr"), sh("echo \"index=$PUZZLETRON_ARRAY_INDEX\"")),
-            size: 8,
-            max_concurrent: Some(4),
-        })
+        .submit_array(
+            &ArraySpec::new(
+                AttemptSpec::new(id("arr"), sh("echo \"index=$PUZZLETRON_ARRAY_INDEX\"")),
+                8,
+            )
+            .with_max_concurrent(Some(4)),
+        )
         .await
         .unwrap();
     assert_eq!(arr.len(), 8);
@@ -309,14 +301,16 @@ async fn array_above_max_array_size_runs_as_chunks() {
     };
     let e = capped(dir.path());
     let arr = e
-        .submit_array(&ArraySpec {
-            template: AttemptSpec::new(
-                id("chunked"),
-                sh("echo \"index=$PUZZLETRON_ARRAY_INDEX task=$SLURM_ARRAY_TASK_ID\""),
-            ),
-            size: 12,
-            max_concurrent: Some(4),
-        })
+        .submit_array(
+            &ArraySpec::new(
+                AttemptSpec::new(
+                    id("chunked"),
+                    sh("echo \"index=$PUZZLETRON_ARRAY_INDEX task=$SLURM_ARRAY_TASK_ID\""),
+                ),
+                12,
+            )
+            .with_max_concurrent(Some(4)),
+        )
         .await
         .unwrap();
     let jobs: BTreeSet<&str> = arr.iter().map(|h| h.job_id.as_str()).collect();
@@ -361,10 +355,7 @@ async fn requeued_job_is_followed_to_completion() {
                 id("requeue"),
                 sh("echo \"run restart=${SLURM_RESTART_COUNT:-0}\"; sleep 4"),
             )
-            .with_scheduler(SchedulerOptions {
-                extra_directives: vec!["--requeue".into()],
-                ..Default::default()
-            }),
+            .with_scheduler(SchedulerOptions::default().with_extra_directives(["--requeue"])),
         )
         .await
         .unwrap();
@@ -764,16 +755,12 @@ async fn n04_slurm_gpu_variables_parse_and_preflight() {
     let gpu = e
         .submit(
             &AttemptSpec::new(id("n04gpu"), sh(line))
-                .with_topology(TaskTopology {
-                    ntasks_per_node: 2,
-                    gpus: GpuRequest::PerNode(2),
-                    launcher: TaskLauncher::Srun { extra_args: vec![] },
-                    ..TaskTopology::single()
-                })
-                .with_scheduler(SchedulerOptions {
-                    partition: Some("gpu".into()),
-                    ..Default::default()
-                }),
+                .with_topology(
+                    TaskTopology::new(1, 2)
+                        .with_gpus(GpuRequest::PerNode(2))
+                        .with_launcher(TaskLauncher::Srun { extra_args: vec![] }),
+                )
+                .with_scheduler(SchedulerOptions::default().with_partition("gpu")),
         )
         .await
         .unwrap();
@@ -868,10 +855,9 @@ async fn n03_warning_signal_reaches_the_srun_task_before_the_time_limit() {
                     .args(["-c", N03_WORKER, "sh"])
                     .arg(out.to_string_lossy()),
             )
-            .with_topology(TaskTopology {
-                launcher: TaskLauncher::Srun { extra_args: vec![] },
-                ..TaskTopology::single()
-            })
+            .with_topology(
+                TaskTopology::single().with_launcher(TaskLauncher::Srun { extra_args: vec![] }),
+            )
             .with_walltime(Duration::from_secs(60))
             .with_warning_signal(WarningSignal::usr2(Duration::from_secs(30))),
         )

@@ -438,11 +438,7 @@ async fn n01_array_above_max_array_size_is_split_into_chunks() {
     );
     f.set("sbatch.next", "4801");
     let e = f.executor();
-    let arr = ArraySpec {
-        template: spec("sweep.a1"),
-        size: 2500,
-        max_concurrent: Some(40),
-    };
+    let arr = ArraySpec::new(spec("sweep.a1"), 2500).with_max_concurrent(Some(40));
     let hs = e.submit_array(&arr).await.unwrap();
     assert_eq!(hs.len(), 2500);
     let logs = f.path().join("logs");
@@ -529,11 +525,7 @@ async fn n01_array_above_max_array_size_is_split_into_chunks() {
     assert!(e.warnings().iter().any(|w| w.contains("MaxArraySize=1001")));
     // An array within the cap is one submission, unchanged.
     let one = e
-        .submit_array(&ArraySpec {
-            template: spec("small.a1"),
-            size: 1001,
-            max_concurrent: Some(40),
-        })
+        .submit_array(&ArraySpec::new(spec("small.a1"), 1001).with_max_concurrent(Some(40)))
         .await
         .unwrap();
     assert_eq!(one.len(), 1001);
@@ -556,11 +548,7 @@ async fn n01_refused_chunk_cancels_the_submitted_ones() {
     );
     let e = f.executor();
     let err = e
-        .submit_array(&ArraySpec {
-            template: spec("big.a1"),
-            size: 6,
-            max_concurrent: None,
-        })
+        .submit_array(&ArraySpec::new(spec("big.a1"), 6))
         .await
         .unwrap_err();
     let msg = err.to_string();
@@ -584,11 +572,7 @@ async fn c19_500_array_tasks_one_squeue_one_sacct_per_tick() {
     f.set("sbatch.out", "5000\n");
     let e = f.executor();
     let hs = e
-        .submit_array(&ArraySpec {
-            template: spec("big"),
-            size: 500,
-            max_concurrent: Some(50),
-        })
+        .submit_array(&ArraySpec::new(spec("big"), 500).with_max_concurrent(Some(50)))
         .await
         .unwrap();
     assert_eq!(hs.len(), 500);

@@ -14,26 +14,26 @@ fn id(s: &str) -> AttemptId {
 #[test]
 fn directives_for_every_option() {
     let spec = AttemptSpec::new(id("camp.t1.a1"), CommandSpec::new("python").arg("train.py"))
-        .with_topology(TaskTopology {
-            nodes: 2,
-            ntasks_per_node: 4,
-            cpus_per_task: Some(8),
-            gpus: GpuRequest::PerTask(1),
-            launcher: TaskLauncher::Srun {
-                extra_args: vec!["--cpu-bind=cores".into()],
-            },
-        })
+        .with_topology(
+            TaskTopology::new(2, 4)
+                .with_cpus_per_task(8)
+                .with_gpus(GpuRequest::PerTask(1))
+                .with_launcher(TaskLauncher::Srun {
+                    extra_args: vec!["--cpu-bind=cores".into()],
+                }),
+        )
         .with_mem_mb(64_000)
         .with_walltime(Duration::from_secs(3601))
         .with_exclusive(true)
-        .with_scheduler(SchedulerOptions {
-            partition: Some("gpu".into()),
-            account: Some("proj-x".into()),
-            qos: Some("high".into()),
-            reservation: Some("maint-win".into()),
-            constraint: Some("a100&ib".into()),
-            extra_directives: vec!["--requeue".into()],
-        });
+        .with_scheduler(
+            SchedulerOptions::default()
+                .with_partition("gpu")
+                .with_account("proj-x")
+                .with_qos("high")
+                .with_reservation("maint-win")
+                .with_constraint("a100&ib")
+                .with_extra_directives(["--requeue"]),
+        );
     let s = render(&spec, "/logs/camp.t1.a1-%j.out", None).unwrap();
     for line in [
         "#!/bin/bash",
@@ -59,10 +59,8 @@ fn directives_for_every_option() {
         assert!(s.lines().any(|l| l == line), "missing {line:?} in\n{s}");
     }
     // GPUs per node and arrays.
-    let spec = AttemptSpec::new(id("arr"), CommandSpec::new("true")).with_topology(TaskTopology {
-        gpus: GpuRequest::PerNode(4),
-        ..TaskTopology::single()
-    });
+    let spec = AttemptSpec::new(id("arr"), CommandSpec::new("true"))
+        .with_topology(TaskTopology::single().with_gpus(GpuRequest::PerNode(4)));
     let s = render(
         &spec,
         "/l/arr-%A_%a.out",
@@ -81,13 +79,11 @@ fn directives_for_every_option() {
 #[test]
 fn torchrun_launcher() {
     let spec = AttemptSpec::new(id("tr.a1"), CommandSpec::new("train.py").arg("--lr=0.1"))
-        .with_topology(TaskTopology {
-            nodes: 4,
-            ntasks_per_node: 8,
-            gpus: GpuRequest::PerNode(8),
-            launcher: TaskLauncher::torchrun(8),
-            ..TaskTopology::single()
-        });
+        .with_topology(
+            TaskTopology::new(4, 8)
+                .with_gpus(GpuRequest::PerNode(8))
+                .with_launcher(TaskLauncher::torchrun(8)),
+        );
     let s = render(&spec, "/l/x-%j.out", None).unwrap();
     assert!(
         s.contains("#SBATCH --ntasks-per-node=1\n"),
@@ -104,12 +100,11 @@ fn torchrun_launcher() {
     );
     // One node: a standalone rendezvous on a free port (instances packed on a node never
     // share a port), no head node lookup.
-    let one =
-        AttemptSpec::new(id("tr1.a1"), CommandSpec::new("train.py")).with_topology(TaskTopology {
-            gpus: GpuRequest::PerNode(2),
-            launcher: TaskLauncher::torchrun(2),
-            ..TaskTopology::single()
-        });
+    let one = AttemptSpec::new(id("tr1.a1"), CommandSpec::new("train.py")).with_topology(
+        TaskTopology::single()
+            .with_gpus(GpuRequest::PerNode(2))
+            .with_launcher(TaskLauncher::torchrun(2)),
+    );
     let s = render(&one, "/l/x-%j.out", None).unwrap();
     assert!(!s.contains("head_node"), "{s}");
     assert!(
@@ -132,14 +127,12 @@ fn execution_contract_runs_in_order_and_keeps_the_status() {
     std::fs::write(d.join("setup.sh"), "echo setup >> ../order\n").unwrap();
     std::fs::create_dir_all(d.join("venv/bin")).unwrap();
     std::fs::write(d.join("venv/bin/activate"), "echo venv >> ../order\n").unwrap();
-    let env = ExecutionContract {
-        repository: Some(d.join("repo").display().to_string()),
-        venv: Some(d.join("venv").display().to_string()),
-        setup_env: Some(d.join("setup.sh").display().to_string()),
-        prerun_commands: vec!["export SITE=1; echo \"pre $SITE\" >> ../order".into()],
-        postrun_commands: vec!["echo post >> ../order".into()],
-        ..Default::default()
-    };
+    let env = ExecutionContract::default()
+        .with_repository(d.join("repo").display().to_string())
+        .with_venv(d.join("venv").display().to_string())
+        .with_setup_env(d.join("setup.sh").display().to_string())
+        .with_prerun_commands(["export SITE=1; echo \"pre $SITE\" >> ../order"])
+        .with_postrun_commands(["echo post >> ../order"]);
     let spec = AttemptSpec::new(
         id("env.a1"),
         CommandSpec::new("sh")
@@ -172,23 +165,21 @@ fn execution_contract_runs_in_order_and_keeps_the_status() {
 /// neither enters the working folder nor the venv (they exist in the image).
 #[test]
 fn a_container_runs_the_step_under_pyxis() {
-    let env = ExecutionContract {
-        repository: Some("/opt/src".into()),
-        venv: Some("/venv".into()),
-        container: Some("nvcr.io/nvidia/pytorch:25.01-py3".into()),
-        container_mounts: Some("/data:/data,/models:/models".into()),
-        prerun_commands: vec!["module load cuda".into()],
-        ..Default::default()
-    };
+    let env = ExecutionContract::default()
+        .with_repository("/opt/src")
+        .with_venv("/venv")
+        .with_container("nvcr.io/nvidia/pytorch:25.01-py3")
+        .with_container_mounts("/data:/data,/models:/models")
+        .with_prerun_commands(["module load cuda"]);
     let spec = AttemptSpec::new(
         id("ctr.a1"),
         CommandSpec::new("python").args(["-m", "x"]).cwd("/opt/src"),
     )
-    .with_topology(TaskTopology {
-        gpus: GpuRequest::PerNode(1),
-        launcher: TaskLauncher::Srun { extra_args: vec![] },
-        ..TaskTopology::single()
-    })
+    .with_topology(
+        TaskTopology::single()
+            .with_gpus(GpuRequest::PerNode(1))
+            .with_launcher(TaskLauncher::Srun { extra_args: vec![] }),
+    )
     .with_environment(env);
     let s = render(&spec, "/l/x", None).unwrap();
     assert!(
@@ -290,16 +281,10 @@ fn quoting_survives_bash_byte_for_byte() {
 #[test]
 fn n03_warning_signal_forms_render_directive_and_forwarding() {
     let direct = TaskTopology::single();
-    let srun = TaskTopology {
-        nodes: 2,
-        launcher: TaskLauncher::Srun { extra_args: vec![] },
-        ..TaskTopology::single()
-    };
-    let torch = TaskTopology {
-        gpus: GpuRequest::PerNode(8),
-        launcher: TaskLauncher::torchrun(8),
-        ..TaskTopology::single()
-    };
+    let srun = TaskTopology::new(2, 1).with_launcher(TaskLauncher::Srun { extra_args: vec![] });
+    let torch = TaskTopology::single()
+        .with_gpus(GpuRequest::PerNode(8))
+        .with_launcher(TaskLauncher::torchrun(8));
     // (label, topology, signal, directive, step line, traps)
     type Case<'a> = (
         &'a str,

@@ -286,3 +286,209 @@ fn a_run_without_a_record_says_no_record_with_its_nearest_neighbour_as_a_hint() 
             .all(|d| d.reasons == ["no record"])
     );
 }
+
+/// A drained 9-run sweep whose 5th record is truncated: (crate, key, good bytes, record path).
+fn broken_sweep() -> (FakeCrate, Hash, Vec<u8>, PathBuf) {
+    let c = FakeCrate::new();
+    let mut o = sweep(&c, false, None);
+    assert_eq!(o.drain().unwrap().ran(), 9);
+    let bad = o.enqueued()[4].key;
+    let file = record_file(&c, &bad);
+    let good = std::fs::read(&file).unwrap();
+    break_record(&file, "truncated");
+    (c, bad, good, file)
+}
+
+/// What `ROOT/corrupt/` holds, by name (no lock or tomb may be left there).
+fn set_aside_names(c: &FakeCrate) -> Vec<String> {
+    match std::fs::read_dir(c.path().join("store/corrupt")) {
+        Ok(rd) => rd
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .collect(),
+        Err(_) => Vec::new(),
+    }
+}
+
+/// The 9-run sweep on `store`, repairing.
+fn repairing_sweep(c: &FakeCrate, store: FsStore) -> Orchestrator<FsStore> {
+    let mut o = Orchestrator::builder()
+        .store(store)
+        .lock(c.lock())
+        .repair(true)
+        .build()
+        .unwrap();
+    for p in grid() {
+        o.run(&c.job(train), p).unwrap();
+    }
+    o
+}
+
+/// A drain that planned the repair, while another drain repaired the run and wrote a good
+/// record before this one took the repair lock: nothing is moved aside, the good record stays,
+/// and the run is not run again.
+#[cfg(feature = "test-util")]
+#[test]
+fn a_record_repaired_between_the_check_and_the_repair_lock_is_not_set_aside() {
+    use puzzletron::store::{FaultHook, FaultOp};
+    let (c, bad, good, file) = broken_sweep();
+    let (hook_file, hook_good) = (file.clone(), good.clone());
+    let tries = Arc::new(Mutex::new(0usize));
+    let t = tries.clone();
+    // Called right before each try to take the lock: "another drain" repairs the record there.
+    let hook: FaultHook = Arc::new(move |op, path, _| {
+        if op == FaultOp::RepairLock {
+            assert!(path.ends_with("corrupt/repair.lock"), "{}", path.display());
+            *t.lock().unwrap() += 1;
+            std::fs::write(&hook_file, &hook_good).unwrap();
+        }
+        None
+    });
+    let store = FsStore::open(c.path().join("store"))
+        .unwrap()
+        .with_fault_hook(hook);
+    let mut o = repairing_sweep(&c, store);
+    assert_eq!(
+        o.plan().unwrap().count(Action::Repair),
+        1,
+        "checked: corrupt"
+    );
+    let s = o.drain().unwrap();
+    assert_eq!(
+        *tries.lock().unwrap(),
+        1,
+        "the drain took the repair lock once"
+    );
+    assert_eq!((s.ran(), s.skipped()), (0, 9), "{}", s.report());
+    let j = s.jobs.iter().find(|j| j.key == bad).unwrap();
+    assert!(
+        matches!(&j.outcome, Outcome::Skipped { .. }),
+        "{:?}",
+        j.outcome
+    );
+    assert_eq!(std::fs::read(&file).unwrap(), good, "the good record stays");
+    assert_eq!(
+        set_aside_names(&c),
+        Vec::<String>::new(),
+        "nothing moved, no lock left"
+    );
+
+    // Store level: a readable record is never moved, and the answer says why.
+    let store = FsStore::open(c.path().join("store")).unwrap();
+    let to = store.set_aside(&bad).unwrap().unwrap();
+    assert!(
+        to.starts_with("nowhere: ") && to.contains("repaired by another"),
+        "{to}"
+    );
+    assert_eq!(std::fs::read(&file).unwrap(), good);
+}
+
+/// Eight drains (threads, each with its own store handle) repairing the same corrupt run at
+/// once: exactly one moves it aside, it runs once, and the final record is good.
+#[test]
+fn concurrent_repairs_of_one_corrupt_run_set_it_aside_once_and_run_it_once() {
+    const N: usize = 8;
+    for round in 0..3 {
+        let (c, bad, _, file) = broken_sweep();
+        let broken = std::fs::read(&file).unwrap();
+        let go = Arc::new(std::sync::Barrier::new(N));
+        let summaries: Vec<_> = std::thread::scope(|s| {
+            let handles: Vec<_> = (0..N)
+                .map(|_| {
+                    let (c, go) = (&c, go.clone());
+                    s.spawn(move || {
+                        let store = FsStore::open(c.path().join("store")).unwrap();
+                        let mut o = repairing_sweep(c, store);
+                        go.wait();
+                        o.drain().unwrap()
+                    })
+                })
+                .collect();
+            handles.into_iter().map(|h| h.join().unwrap()).collect()
+        });
+        let ran: usize = summaries
+            .iter()
+            .map(|s| {
+                s.jobs
+                    .iter()
+                    .filter(|j| j.key == bad && matches!(j.outcome, Outcome::Ran { .. }))
+                    .count()
+            })
+            .sum();
+        assert_eq!(ran, 1, "round {round}: the repaired run ran once");
+        for s in &summaries {
+            assert_eq!(s.ran() + s.skipped(), 9, "round {round}: {}", s.report());
+        }
+        let names = set_aside_names(&c);
+        assert_eq!(names.len(), 1, "round {round}: set aside once: {names:?}");
+        assert!(names[0].starts_with(&bad.to_hex()), "{names:?}");
+        let aside = c.path().join("store/corrupt").join(&names[0]);
+        assert_eq!(std::fs::read(aside.join("record.json")).unwrap(), broken);
+        let store = FsStore::open(c.path().join("store")).unwrap();
+        let rec = store.record(&bad).unwrap().unwrap();
+        assert_eq!(rec.status, puzzletron::store::Status::Done, "round {round}");
+        assert_eq!(
+            rec.attempt, 1,
+            "round {round}: one fresh folder, one attempt"
+        );
+        assert_eq!(store.metric_table("loss").unwrap().num_rows(), 9 * 3);
+    }
+}
+
+/// The JSON of an owner as `Owner::current` writes it, with `edit` applied.
+fn owner_json(edit: impl FnOnce(&mut serde_json::Value)) -> Vec<u8> {
+    let mut v = serde_json::to_value(puzzletron::store::Owner::current()).unwrap();
+    edit(&mut v);
+    serde_json::to_vec(&v).unwrap()
+}
+
+/// A repair lock left by a killed process of this host is taken over at once (its holder is
+/// proved dead); one whose holder cannot be judged from here (another host) only once it has
+/// been seen unchanged for the store's stale interval; neither blocks forever, and neither is
+/// left behind.
+#[test]
+fn a_stale_repair_lock_is_taken_over_by_the_claim_rules() {
+    // A pid that no longer runs: a child that exited and was reaped.
+    let mut child = std::process::Command::new("true").spawn().unwrap();
+    let dead_pid = child.id();
+    child.wait().unwrap();
+    let dead = owner_json(|v| {
+        v["pid"] = dead_pid.into();
+        v["nonce"] = "killed-drain".into();
+    });
+    let elsewhere = owner_json(|v| {
+        v["host"] = "another-host.example".into();
+        v["nonce"] = "elsewhere".into();
+    });
+    for (what, lock, stale, at_least, at_most) in [
+        ("dead", dead, 60_000, 0, 5_000),
+        ("unproven", elsewhere.clone(), 300, 300, 30_000),
+        ("empty", Vec::new(), 300, 300, 30_000),
+    ] {
+        let (c, bad, _, file) = broken_sweep();
+        let aside = c.path().join("store/corrupt");
+        std::fs::create_dir_all(&aside).unwrap();
+        std::fs::write(aside.join("repair.lock"), &lock).unwrap();
+        let store = FsStore::open(c.path().join("store"))
+            .unwrap()
+            .with_stale_after(std::time::Duration::from_millis(stale));
+        let t0 = std::time::Instant::now();
+        let to = store.set_aside(&bad).unwrap().unwrap();
+        let took = t0.elapsed().as_millis() as u64;
+        assert!(
+            (at_least..at_most).contains(&took),
+            "{what}: took {took} ms, expected {at_least}..{at_most}"
+        );
+        assert!(
+            to.contains("corrupt/") && !to.starts_with("nowhere"),
+            "{what}: {to}"
+        );
+        assert!(!file.exists(), "{what}: moved");
+        let names = set_aside_names(&c);
+        assert_eq!(
+            names.len(),
+            1,
+            "{what}: the folder only, no lock or tomb: {names:?}"
+        );
+        assert!(names[0].starts_with(&bad.to_hex()), "{what}: {names:?}");
+    }
+}

@@ -346,7 +346,7 @@ fn expand(input: TokenStream) -> Result<proc_macro2::TokenStream, String> {
         .collect();
 
     let item_tokens = items.iter().map(|(path, (file, digest))| {
-        quote!(#krate::identity::CompiledItem { path: #path, file: #file, digest: #digest })
+        quote!(#krate::identity::CompiledItem::__new(#path, #file, #digest))
     });
     let cfg_tokens = user_cfgs
         .iter()
@@ -368,17 +368,19 @@ fn expand(input: TokenStream) -> Result<proc_macro2::TokenStream, String> {
     Ok(quote! {{
         #(#track)*
         #(#track_env)*
-        static CODE: #krate::identity::CompiledCode = #krate::identity::CompiledCode {
-            package: #package,
-            items: &[#(#item_tokens),*],
-            cfgs: &[#(#cfg_tokens),*],
-            builds: &[#(#build_tokens),*],
-            files: &[#(#files),*],
-            lock: #lock_tokens,
-            opt_level: #opt_level,
-            debug_assertions: cfg!(debug_assertions),
-            notes: &[#(#notes),*],
-        };
+        // A `const fn` call, not a struct literal: `CompiledCode` is `#[non_exhaustive]` and
+        // this expands in the user's crate.
+        static CODE: #krate::identity::CompiledCode = #krate::identity::CompiledCode::__new(
+            #package,
+            &[#(#item_tokens),*],
+            &[#(#cfg_tokens),*],
+            &[#(#build_tokens),*],
+            &[#(#files),*],
+            #lock_tokens,
+            #opt_level,
+            cfg!(debug_assertions),
+            &[#(#notes),*],
+        );
         &CODE
     }})
 }

@@ -71,8 +71,8 @@ pub use mesh::{
 pub use plan::{CampaignPlan, ManualDecision, StagePlan};
 pub use plan_error::PlanError;
 pub use runner::{
-    BaremetalInventory, ExecutionContract, Host, LocalSettings, Partitions, RunnerEnvironment,
-    RunnerKind, SlurmSettings,
+    BaremetalInventory, ExecutionContract, Host, LocalSettings, Partitions, RayAmount, RaySettings,
+    RunnerEnvironment, RunnerKind, SlurmSettings,
 };
 pub use slurm_time::{SlurmTime, SlurmTimeError, SlurmTimeReason};
 pub use summary::{PlanSummary, StageSummary};

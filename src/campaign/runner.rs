@@ -233,8 +233,20 @@ impl PartialEq for RayAmount {
 
 impl Eq for RayAmount {}
 
-/// Settings of a `ray` runner.
+/// Settings of a `ray` runner (usually read from a runner file; in code, [`RaySettings::new`]
+/// and the `with_*` methods).
+///
+/// ```
+/// use puzzletron::campaign::RaySettings;
+/// let r = RaySettings::new("http://head:8265")
+///     .with_namespace("sweeps")
+///     .with_resource_per_gpu("CPU", 4.0)
+///     .with_gpus_per_node(8);
+/// assert_eq!((r.address.as_str(), r.gpus_per_node), ("http://head:8265", Some(8)));
+/// assert_eq!(r.resources_per_gpu["CPU"].0, 4.0);
+/// ```
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[non_exhaustive]
 pub struct RaySettings {
     /// The dashboard's Jobs API, `http://host:port` (Ray's default port is 8265).
     pub address: String,
@@ -253,6 +265,53 @@ pub struct RaySettings {
     pub autoscaler: bool,
     /// Folder for job logs, relative to the campaign folder (as for Slurm).
     pub log_dir: Option<String>,
+}
+
+impl RaySettings {
+    /// Settings for the dashboard at `address` (`http://host:port`), everything else unset.
+    pub fn new(address: impl Into<String>) -> Self {
+        Self {
+            address: address.into(),
+            ..Self::default()
+        }
+    }
+
+    /// Sets the name of the environment variable holding the cluster's auth token.
+    pub fn with_token_env(mut self, name: impl Into<String>) -> Self {
+        self.token_env = Some(name.into());
+        self
+    }
+
+    /// Sets the Ray namespace of the jobs' drivers.
+    pub fn with_namespace(mut self, namespace: impl Into<String>) -> Self {
+        self.namespace = Some(namespace.into());
+        self
+    }
+
+    /// Adds a Ray resource reserved per GPU of a job (`CPU`, `memory` in bytes, a custom name).
+    pub fn with_resource_per_gpu(mut self, name: impl Into<String>, amount: f64) -> Self {
+        self.resources_per_gpu
+            .insert(name.into(), RayAmount(amount));
+        self
+    }
+
+    /// Sets the GPUs of the cluster's GPU nodes (the node size GPU packing assumes).
+    pub fn with_gpus_per_node(mut self, gpus: u32) -> Self {
+        self.gpus_per_node = Some(gpus);
+        self
+    }
+
+    /// Sets whether the cluster adds nodes on demand.
+    pub fn with_autoscaler(mut self, autoscaler: bool) -> Self {
+        self.autoscaler = autoscaler;
+        self
+    }
+
+    /// Sets the folder for job logs, relative to the campaign folder.
+    pub fn with_log_dir(mut self, dir: impl Into<String>) -> Self {
+        self.log_dir = Some(dir.into());
+        self
+    }
 }
 
 /// A runner config: the kind of machines, their settings and the execution contract.

@@ -353,8 +353,9 @@ pub struct ControllerArgs {
     pub quiet: bool,
 }
 
-/// Options of `campaign retry`.
+/// Options of `campaign retry` (built by clap from the command line, as the other `*Args`).
 #[derive(Debug, Args)]
+#[non_exhaustive]
 pub struct RetryArgs {
     /// The campaign folder (one `campaign run` created).
     pub dir: PathBuf,

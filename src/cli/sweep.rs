@@ -113,7 +113,10 @@ fn repair(root: &Path, dry_run: bool) -> Result<i32, CliError> {
             continue;
         }
         match store.set_aside(&key)? {
-            Some(to) => println!("moved {} to {to}", store.job_dir(&key).display()),
+            Some(to) => match to.strip_prefix("nowhere: ") {
+                Some(why) => println!("left {} in place: {why}", store.job_dir(&key).display()),
+                None => println!("moved {} to {to}", store.job_dir(&key).display()),
+            },
             None => {
                 return Err(CliError::new(format!(
                     "{}: this store cannot move records aside",

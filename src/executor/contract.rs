@@ -20,7 +20,19 @@ use crate::identity::{Hash, Hasher};
 ///   commands run in the batch shell.
 /// - Local and bare metal: all of it in the job's own shell (`sh`); a container cannot be
 ///   expressed there and is refused ([`ExecutorError::Unsupported`](super::ExecutorError)).
+///
+/// Build from [`ExecutionContract::default`] with the `with_*` methods:
+///
+/// ```
+/// use puzzletron::campaign::ExecutionContract;
+/// let c = ExecutionContract::default()
+///     .with_repository("/opt/src")
+///     .with_venv("/opt/venv")
+///     .with_prerun_commands(["module load cuda"]);
+/// assert!(!c.is_empty());
+/// ```
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[non_exhaustive]
 pub struct ExecutionContract {
     /// Source checkout visible on every worker (and inside the container).
     pub repository: Option<String>,
@@ -41,6 +53,56 @@ pub struct ExecutionContract {
 }
 
 impl ExecutionContract {
+    /// Sets the source checkout visible on every worker.
+    pub fn with_repository(mut self, repository: impl Into<String>) -> Self {
+        self.repository = Some(repository.into());
+        self
+    }
+
+    /// Sets the virtual environment (sourced as `<venv>/bin/activate`).
+    pub fn with_venv(mut self, venv: impl Into<String>) -> Self {
+        self.venv = Some(venv.into());
+        self
+    }
+
+    /// Sets the container image (Slurm container plugin `--container-image`).
+    pub fn with_container(mut self, image: impl Into<String>) -> Self {
+        self.container = Some(image.into());
+        self
+    }
+
+    /// Sets the container mounts, comma-separated `/host:/container` entries.
+    pub fn with_container_mounts(mut self, mounts: impl Into<String>) -> Self {
+        self.container_mounts = Some(mounts.into());
+        self
+    }
+
+    /// Sets the script sourced before the venv is activated.
+    pub fn with_setup_env(mut self, script: impl Into<String>) -> Self {
+        self.setup_env = Some(script.into());
+        self
+    }
+
+    /// Sets the shell commands run, in order, before the venv is activated.
+    pub fn with_prerun_commands<I, T>(mut self, commands: I) -> Self
+    where
+        I: IntoIterator<Item = T>,
+        T: Into<String>,
+    {
+        self.prerun_commands = commands.into_iter().map(Into::into).collect();
+        self
+    }
+
+    /// Sets the shell commands run, in order, after the command exits.
+    pub fn with_postrun_commands<I, T>(mut self, commands: I) -> Self
+    where
+        I: IntoIterator<Item = T>,
+        T: Into<String>,
+    {
+        self.postrun_commands = commands.into_iter().map(Into::into).collect();
+        self
+    }
+
     /// Whether the contract asks for nothing (no checkout, venv, container, setup or commands).
     pub fn is_empty(&self) -> bool {
         *self == Self::default()

@@ -398,7 +398,19 @@ pub enum GpuRequest {
 }
 
 /// The shape of the allocation: nodes, tasks, CPUs, GPUs and how tasks are launched.
+///
+/// Build with [`TaskTopology::new`] (or [`single`](Self::single)) and the `with_*` methods:
+///
+/// ```
+/// use puzzletron::executor::{GpuRequest, TaskLauncher, TaskTopology};
+/// let t = TaskTopology::new(2, 4)
+///     .with_gpus(GpuRequest::PerTask(1))
+///     .with_cpus_per_task(8)
+///     .with_launcher(TaskLauncher::torchrun(4));
+/// assert_eq!((t.nodes, t.gpus_per_node()), (2, 4));
+/// ```
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[non_exhaustive]
 pub struct TaskTopology {
     /// Number of nodes (Slurm `--nodes`), at least 1. The local executor accepts only 1.
     pub nodes: u32,
@@ -421,13 +433,37 @@ impl Default for TaskTopology {
 impl TaskTopology {
     /// One node, one task, no GPU, direct launch.
     pub fn single() -> Self {
+        Self::new(1, 1)
+    }
+
+    /// `nodes` nodes of `ntasks_per_node` tasks each, the scheduler's default CPUs, no GPU,
+    /// direct launch ([`validate`](Self::validate) refuses zeros).
+    pub fn new(nodes: u32, ntasks_per_node: u32) -> Self {
         Self {
-            nodes: 1,
-            ntasks_per_node: 1,
+            nodes,
+            ntasks_per_node,
             cpus_per_task: None,
             gpus: GpuRequest::None,
             launcher: TaskLauncher::Direct,
         }
+    }
+
+    /// Sets the CPUs per task (Slurm `--cpus-per-task`).
+    pub fn with_cpus_per_task(mut self, cpus: u32) -> Self {
+        self.cpus_per_task = Some(cpus);
+        self
+    }
+
+    /// Sets the GPUs requested.
+    pub fn with_gpus(mut self, gpus: GpuRequest) -> Self {
+        self.gpus = gpus;
+        self
+    }
+
+    /// Sets how the command is started.
+    pub fn with_launcher(mut self, launcher: TaskLauncher) -> Self {
+        self.launcher = launcher;
+        self
     }
 
     /// Total GPUs per node this topology asks for.
@@ -480,7 +516,19 @@ impl TaskTopology {
 
 /// Scheduler placement options (Slurm's names). Executors without a queue (local, bare metal)
 /// refuse a spec that sets any of them ([`ExecutorError::Unsupported`]) rather than drop it.
+///
+/// Build from [`SchedulerOptions::default`] with the `with_*` methods:
+///
+/// ```
+/// use puzzletron::executor::SchedulerOptions;
+/// let s = SchedulerOptions::default()
+///     .with_partition("gpu")
+///     .with_account("proj-x")
+///     .with_extra_directives(["--requeue"]);
+/// assert_eq!(s.partition.as_deref(), Some("gpu"));
+/// ```
 #[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[non_exhaustive]
 pub struct SchedulerOptions {
     /// Slurm `--partition` (one name, or several separated by commas).
     pub partition: Option<String>,
@@ -499,6 +547,48 @@ pub struct SchedulerOptions {
     pub extra_directives: Vec<String>,
 }
 
+impl SchedulerOptions {
+    /// Sets the partition (Slurm `--partition`; several separated by commas).
+    pub fn with_partition(mut self, partition: impl Into<String>) -> Self {
+        self.partition = Some(partition.into());
+        self
+    }
+
+    /// Sets the account (Slurm `--account`).
+    pub fn with_account(mut self, account: impl Into<String>) -> Self {
+        self.account = Some(account.into());
+        self
+    }
+
+    /// Sets the quality of service (Slurm `--qos`).
+    pub fn with_qos(mut self, qos: impl Into<String>) -> Self {
+        self.qos = Some(qos.into());
+        self
+    }
+
+    /// Sets the reservation (Slurm `--reservation`).
+    pub fn with_reservation(mut self, reservation: impl Into<String>) -> Self {
+        self.reservation = Some(reservation.into());
+        self
+    }
+
+    /// Sets the node features required (Slurm `--constraint`, e.g. `a100&ib`).
+    pub fn with_constraint(mut self, constraint: impl Into<String>) -> Self {
+        self.constraint = Some(constraint.into());
+        self
+    }
+
+    /// Sets the extra `#SBATCH` options, one option per element, each starting with `-`.
+    pub fn with_extra_directives<I, T>(mut self, directives: I) -> Self
+    where
+        I: IntoIterator<Item = T>,
+        T: Into<String>,
+    {
+        self.extra_directives = directives.into_iter().map(Into::into).collect();
+        self
+    }
+}
+
 /// Everything an executor needs to run one attempt.
 ///
 /// Build with [`AttemptSpec::new`] and the `with_*` methods:
@@ -510,7 +600,7 @@ pub struct SchedulerOptions {
 ///     AttemptId::new("sweep-1a2b.j3.a1")?,
 ///     CommandSpec::new("python").args(["train.py", "--lr", "0.1"]),
 /// )
-/// .with_topology(TaskTopology { gpus: GpuRequest::PerNode(2), ..TaskTopology::single() })
+/// .with_topology(TaskTopology::single().with_gpus(GpuRequest::PerNode(2)))
 /// .with_walltime(Duration::from_secs(3600));
 /// assert_eq!(spec.topology.gpus_per_node(), 2);
 /// # Ok::<(), puzzletron::executor::ExecutorError>(())
@@ -789,7 +879,10 @@ impl AttemptSpec {
 /// `i` (Slurm also sets `SLURM_ARRAY_TASK_ID`), under attempt id
 /// `template.attempt_id.array_task(i)`; the task decides from its index what to do (e.g. the
 /// `i`-th line of a manifest).
+///
+/// Build with [`ArraySpec::new`] and [`with_max_concurrent`](Self::with_max_concurrent).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[non_exhaustive]
 pub struct ArraySpec {
     /// The spec every task runs; its `attempt_id` is the array's base id.
     pub template: AttemptSpec,
@@ -814,6 +907,22 @@ pub const ATTEMPT_ID_ENV: &str = "PUZZLETRON_ATTEMPT_ID";
 pub const START_FILE_ENV: &str = "PUZZLETRON_START_FILE";
 
 impl ArraySpec {
+    /// `size` tasks (indices `0..size`) running `template`, with no limit on how many run at
+    /// once.
+    pub fn new(template: AttemptSpec, size: u32) -> Self {
+        Self {
+            template,
+            size,
+            max_concurrent: None,
+        }
+    }
+
+    /// Sets how many tasks may run at once (Slurm `--array=0-N%max`); `None`: no limit.
+    pub fn with_max_concurrent(mut self, max: Option<u32>) -> Self {
+        self.max_concurrent = max;
+        self
+    }
+
     /// The stand-alone spec of task `index`: the template with attempt id `<base>_<index>` and
     /// [`ARRAY_INDEX_ENV`] set. Used by executors without native arrays.
     ///

@@ -42,7 +42,11 @@ use super::{Hash, Hasher, OwnedDigest};
 pub const ITEMS_SCHEME: &str = "puzzletron/owned-items/v2";
 
 /// One item of a job's closure, as baked in by `job!`.
+///
+/// `#[non_exhaustive]`: an item may gain fields; `job!` builds it through
+/// [`__new`](Self::__new), which its expansion in the user's crate calls.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct CompiledItem {
     /// Its path, e.g. `ccdemo::helpers::smooth`, `ccdemo::model::<Linear as Model>`,
     /// `ccdemo::square!` (a `macro_rules!`), `file src/prompt.txt` or `file $OUT_DIR/gen.rs`
@@ -61,8 +65,11 @@ pub struct CompiledItem {
 
 /// A job's code identity, computed at compile time by `job!` (see the module docs).
 ///
-/// All fields are `'static` data baked into the binary; build one only through `job!`.
+/// All fields are `'static` data baked into the binary; build one only through `job!`
+/// (`#[non_exhaustive]`: it may gain fields; `job!`'s expansion calls
+/// [`__new`](Self::__new)).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct CompiledCode {
     /// The library name of the package that called `job!`.
     pub package: &'static str,
@@ -99,7 +106,42 @@ pub struct ItemDigest {
     pub digest: Hash,
 }
 
+impl CompiledItem {
+    /// What `job!` expands to: not for direct use (the fields may change with the macro).
+    #[doc(hidden)]
+    pub const fn __new(path: &'static str, file: &'static str, digest: &'static str) -> Self {
+        Self { path, file, digest }
+    }
+}
+
 impl CompiledCode {
+    /// What `job!` expands to: not for direct use (the fields may change with the macro).
+    #[doc(hidden)]
+    #[allow(clippy::too_many_arguments)]
+    pub const fn __new(
+        package: &'static str,
+        items: &'static [CompiledItem],
+        cfgs: &'static [(&'static str, bool)],
+        builds: &'static [(&'static str, &'static str)],
+        files: &'static [(&'static str, &'static str)],
+        lock: Option<(&'static str, &'static str)>,
+        opt_level: &'static str,
+        debug_assertions: bool,
+        notes: &'static [&'static str],
+    ) -> Self {
+        Self {
+            package,
+            items,
+            cfgs,
+            builds,
+            files,
+            lock,
+            opt_level,
+            debug_assertions,
+            notes,
+        }
+    }
+
     /// The owned-code digest (formula in the module docs) with its per-item digests, `cfg`
     /// values and dependency build ids, as recorded beside each result.
     pub fn owned(&self) -> OwnedDigest {

@@ -174,7 +174,14 @@ pub struct StageHistory {
 }
 
 /// A unit's pending retry.
+///
+/// ```
+/// use puzzletron::report::Backoff;
+/// let b = Backoff::new("score/3", 1_700_000_000_000, 2).with_class("oom");
+/// assert_eq!((b.attempt, b.class.as_deref()), (2, Some("oom")));
+/// ```
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[non_exhaustive]
 pub struct Backoff {
     /// The unit, e.g. `score/3`.
     pub unit: String,
@@ -187,7 +194,14 @@ pub struct Backoff {
 }
 
 /// A campaign cancelled as a whole.
+///
+/// ```
+/// use puzzletron::report::CampaignCancel;
+/// let c = CampaignCancel::new(1_700_000_000_000, "SIGINT").with_attempts(["train.a1"]);
+/// assert_eq!(c.attempts, ["train.a1"]);
+/// ```
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[non_exhaustive]
 pub struct CampaignCancel {
     /// When (ms since the Unix epoch, controller clock).
     pub at_ms: u64,
@@ -196,6 +210,46 @@ pub struct CampaignCancel {
     pub by: String,
     /// The attempts that were live and were cancelled.
     pub attempts: Vec<String>,
+}
+
+impl Backoff {
+    /// Unit `unit`'s attempt `attempt`, not submitted before `until_ms` (ms since the Unix
+    /// epoch), failure class unknown.
+    pub fn new(unit: impl Into<String>, until_ms: u64, attempt: u32) -> Self {
+        Self {
+            unit: unit.into(),
+            until_ms,
+            attempt,
+            class: None,
+        }
+    }
+
+    /// Sets the failure class of the attempt that failed (`oom`, `transient`, ...).
+    pub fn with_class(mut self, class: impl Into<String>) -> Self {
+        self.class = Some(class.into());
+        self
+    }
+}
+
+impl CampaignCancel {
+    /// A cancellation at `at_ms` (ms since the Unix epoch) by `by`, with no attempt cancelled.
+    pub fn new(at_ms: u64, by: impl Into<String>) -> Self {
+        Self {
+            at_ms,
+            by: by.into(),
+            attempts: Vec::new(),
+        }
+    }
+
+    /// Sets the attempts that were live and were cancelled.
+    pub fn with_attempts<I, T>(mut self, attempts: I) -> Self
+    where
+        I: IntoIterator<Item = T>,
+        T: Into<String>,
+    {
+        self.attempts = attempts.into_iter().map(Into::into).collect();
+        self
+    }
 }
 
 /// `HH:MM:SS UTC` of a time in ms since the Unix epoch.

@@ -27,6 +27,10 @@
 //!                                   name + parameters (`Store::reuse`): a symlink whose
 //!                                   target holds the key (see `pointer`)
 //! ROOT/done.idx                     a cache of done records for fast cache hits (see `index`)
+//! ROOT/corrupt/KEY.UNIXSECS         a job folder whose record was corrupt, moved aside
+//!                                   (`Store::set_aside`), kept
+//! ROOT/corrupt/repair.lock          held while a folder is moved aside (create-exclusive; an
+//!                                   `Owner`, judged as a claim is: see `repair`)
 //! ```
 //!
 //! Exclusion uses `mkdir(2)`, `open(O_CREAT|O_EXCL)`, `rename(2)` and `link(2)`, which are
@@ -53,6 +57,7 @@ use crate::fsutil::{Durability, atomic_write, replace_file, write_file};
 use crate::identity::Hash;
 
 mod claim;
+mod repair;
 
 #[cfg(any(test, feature = "test-util"))]
 pub use claim::FaultHook;
@@ -706,10 +711,28 @@ impl Store for FsStore {
     /// Moves the job's whole folder (its record, rows, artifacts, failure text) to
     /// `ROOT/corrupt/KEY.UNIXSECS` (`.N` added when taken), never deleting anything; the job's
     /// next claim starts a fresh folder at attempt 1.
+    ///
+    /// Under the store's repair lock (`ROOT/corrupt/repair.lock`, see `fs/repair.rs`) the record
+    /// is read again and moved only while it is still corrupt: a drain that planned the repair
+    /// before another drain repaired the run (and maybe ran it again) moves nothing, and says so
+    /// (`nowhere: ...`); its claim then finds that run done or held.
     fn set_aside(&self, key: &Hash) -> Result<Option<String>, StoreError> {
         let dir = self.job_dir(key);
         let aside = self.root.join("corrupt");
         fs::create_dir_all(&aside).map_err(io_err(&aside))?;
+        let _lock = self.repair_lock(&aside)?;
+        match self.read_record(key) {
+            Err(StoreError::Corrupt { .. }) => {}
+            // Readable again, or gone: another process repaired it first.
+            Ok(_) => {
+                tracing::info!(key = %key.short(), dir = %dir.display(), "not moved aside: repaired by another process meanwhile");
+                return Ok(Some(format!(
+                    "nowhere: {} was repaired by another process meanwhile",
+                    dir.display()
+                )));
+            }
+            Err(e) => return Err(e),
+        }
         let stamp = super::unix_now() as u64;
         for n in 0..1000u32 {
             let name = match n {
@@ -725,9 +748,9 @@ impl Store for FsStore {
                     tracing::warn!(key = %key.short(), from = %dir.display(), to = %to.display(), "moved a job folder with a corrupt record aside");
                     Ok(Some(to.display().to_string()))
                 }
-                // Moved by another repairing drain meanwhile: nothing left to move.
+                // Moved by a process that does not take the lock (an older build) meanwhile.
                 Err(e) if gone(&e) => Ok(Some(format!(
-                    "{} (moved aside by another process)",
+                    "nowhere: {} was moved aside by another process",
                     dir.display()
                 ))),
                 Err(e) => Err(io_err(&dir)(e)),

@@ -478,6 +478,12 @@ pub trait Store: Send + Sync {
     /// it. Returns where it went, for messages; `None` when this store cannot move records
     /// aside (the default), and the run is then reported as corrupt.
     ///
+    /// Several drains may repair the same run at once: a store that moves records aside must
+    /// move a record only while it is still corrupt (another drain may have repaired the run
+    /// and written a good record meanwhile), and answer a phrase starting with `nowhere: `
+    /// when it moved nothing for that reason ([`FsStore`] reads the record again under a lock
+    /// of its own).
+    ///
     /// # Errors
     /// [`StoreError::Io`].
     fn set_aside(&self, _key: &Hash) -> Result<Option<String>, StoreError> {

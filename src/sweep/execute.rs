@@ -304,7 +304,12 @@ impl<S: Store + ?Sized> Engine<'_, S> {
         if decision.action == Action::Repair {
             if let Some(to) = self.store().set_aside(&p.key)? {
                 decision.action = Action::Run;
-                decision.reasons = vec![format!("repaired: {reason}; moved to {to}")];
+                // `nowhere: ...`: another drain repaired it first; the claim finds it done or
+                // held (see `Store::set_aside`).
+                decision.reasons = vec![match to.strip_prefix("nowhere: ") {
+                    Some(why) => format!("{reason}; not moved: {why}"),
+                    None => format!("repaired: {reason}; moved to {to}"),
+                }];
                 return Ok(Ok(decision));
             }
             decision.reasons = vec![format!(

@@ -249,7 +249,7 @@ impl RayExecutorBuilder {
 ///     .build()?;
 /// exec.preflight().await?;
 /// let spec = AttemptSpec::new(AttemptId::new("hello.a1")?, CommandSpec::new("nvidia-smi"))
-///     .with_topology(TaskTopology { gpus: GpuRequest::PerNode(1), ..TaskTopology::single() });
+///     .with_topology(TaskTopology::single().with_gpus(GpuRequest::PerNode(1)));
 /// let h = exec.submit(&spec).await?;
 /// # Ok(()) }
 /// ```

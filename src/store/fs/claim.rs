@@ -161,6 +161,9 @@ pub enum FsOp {
     ReadHolder,
     /// Listing a job folder to judge a claim its `mkdir` made.
     ListJobFolder,
+    /// Each try to take `ROOT/corrupt/repair.lock` in `Store::set_aside` (called before the
+    /// `O_EXCL` create, with the lock's path): a test repairs or breaks a record there.
+    RepairLock,
 }
 
 /// A test's fault hook: called with the operation, its path and the error it got (`None`: it
