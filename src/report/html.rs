@@ -1015,3 +1015,220 @@ fn timeline_aggregated(o: &mut String, h: &CampaignHistory, report_file_name: &s
     }
     o.push_str("</svg></div>");
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::report::{LeaseStatus, StageHistory};
+    use std::path::PathBuf;
+
+    fn attempt(i: usize, stage: &str, outcome: Outcome, start: u64, end: u64) -> AttemptHistory {
+        AttemptHistory {
+            attempt_id: format!("n.{stage}.{i}.a1"),
+            unit: format!("{stage}/{i}"),
+            stage: stage.into(),
+            attempt: 1,
+            revision: 1,
+            resume: false,
+            more_resources: false,
+            job_id: Some(i.to_string()),
+            submitted_ms: start,
+            started_ms: Some(start),
+            ended_ms: Some(end),
+            start_estimated: false,
+            outcome,
+            state: None,
+            exit_code: None,
+            class: None,
+            detail: String::new(),
+            log_path: None,
+            nodes: Some("n1".into()),
+            gpus: 1,
+            last_heartbeat_ms: None,
+            retry_of: None,
+        }
+    }
+
+    fn history(attempts: Vec<AttemptHistory>) -> CampaignHistory {
+        let as_of_ms = attempts
+            .iter()
+            .filter_map(|a| a.ended_ms)
+            .max()
+            .unwrap_or(0);
+        CampaignHistory {
+            dir: PathBuf::from("/c"),
+            nonce: Some("n".into()),
+            contract_hash: None,
+            revision: 1,
+            runner: Some("local".into()),
+            experiment: None,
+            records: 0,
+            first_ms: Some(0),
+            last_ms: Some(as_of_ms),
+            as_of_ms,
+            stages: vec![
+                StageHistory::new("a", vec![], 1),
+                StageHistory::new("b", vec!["a".into()], 1),
+            ],
+            attempts,
+            finished: true,
+            cancelled: None,
+            problems: vec![],
+            events: vec![],
+            excluded_nodes: vec![],
+            lease: LeaseStatus::default(),
+        }
+    }
+
+    /// `n` attempts of 2 s each, 1 s apart, alternating stages; every 7th failed.
+    fn many(n: usize) -> CampaignHistory {
+        history(
+            (0..n)
+                .map(|i| {
+                    let oc = if i % 7 == 3 {
+                        Outcome::Failed
+                    } else {
+                        Outcome::Succeeded
+                    };
+                    let s = i as u64 * 1000;
+                    attempt(i, ["a", "b"][i % 2], oc, s, s + 2000)
+                })
+                .collect(),
+        )
+    }
+
+    #[test]
+    fn the_timeline_aggregates_from_the_threshold_on() {
+        let below = render_campaign_report(&many(AGGREGATE_ATTEMPTS - 1));
+        assert_eq!(
+            below.matches("<rect class=\"bar\"").count(),
+            AGGREGATE_ATTEMPTS - 1,
+            "one bar per attempt below the threshold"
+        );
+        assert!(!below.contains("data-aggregated") && !below.contains("timeline-aggregated"));
+
+        let at = render_campaign_report(&many(AGGREGATE_ATTEMPTS));
+        assert_eq!(at.matches("<rect class=\"bar\"").count(), 0);
+        assert!(at.contains("<svg id=\"timeline\" data-aggregated=\"true\" data-slices=\"300\""));
+        assert!(
+            at.contains("id=\"timeline-aggregated\">This timeline is aggregated: 10000 attempts")
+        );
+        assert_eq!(
+            at.matches("<g class=\"lane\"").count(),
+            2,
+            "one lane per stage"
+        );
+        // Every slice has attempts of both stages: at most 300 slice groups per lane.
+        let slices = at.matches("<g data-slice=").count();
+        assert!(slices > 500 && slices <= 2 * AGGREGATE_SLICES, "{slices}");
+        assert!(
+            at.contains("data-outcome=\"failed\"") && at.contains("data-outcome=\"succeeded\"")
+        );
+        assert!(
+            at.len() < 1_000_000,
+            "aggregated page is small: {}",
+            at.len()
+        );
+        assert!(at.contains("<footer class=\"meta\" id=\"report-end\""));
+    }
+
+    #[test]
+    fn aggregate_counts_attempts_running_per_slice_by_outcome() {
+        let mut h = history(vec![
+            attempt(0, "a", Outcome::Succeeded, 0, 50),
+            attempt(1, "a", Outcome::Failed, 50, 100),
+            attempt(2, "b", Outcome::Live, 20, 20),
+            // Not drawn: never ran.
+            attempt(3, "b", Outcome::SubmitFailed, 0, 100),
+            // A stage the plan does not list gets a lane of its own.
+            attempt(4, "x", Outcome::Cancelled, 90, 100),
+        ]);
+        h.attempts[2].ended_ms = None;
+        h.as_of_ms = 20;
+        let g = aggregate(&h, 10);
+        assert_eq!(g.stages, ["a", "b", "x"]);
+        assert_eq!((g.t0, g.t1), (0, 100));
+        let (s, f, live, c) = (0, 3, 4, 2);
+        let col =
+            |lane: usize, k: usize| -> Vec<u32> { g.counts[lane].iter().map(|c| c[k]).collect() };
+        assert_eq!(col(0, s), [1, 1, 1, 1, 1, 1, 0, 0, 0, 0]);
+        assert_eq!(col(0, f), [0, 0, 0, 0, 0, 1, 1, 1, 1, 1]);
+        assert_eq!(col(1, live), [0, 0, 1, 0, 0, 0, 0, 0, 0, 0]);
+        assert_eq!(
+            col(1, s).iter().sum::<u32>(),
+            0,
+            "the submit failure is not drawn"
+        );
+        assert_eq!(col(2, c), [0, 0, 0, 0, 0, 0, 0, 0, 0, 1]);
+    }
+
+    #[test]
+    fn the_table_is_whole_up_to_the_inline_limit_then_a_selection_with_a_csv() {
+        let h = many(INLINE_ATTEMPTS);
+        let f = render_campaign_report_files(&h, "report.html");
+        assert!(f.attempts_csv.is_none());
+        let table = &f.html[f.html.find("<table id=\"attempts\"").unwrap()..];
+        assert_eq!(table.matches("<tr data-attempt=").count(), INLINE_ATTEMPTS);
+        assert!(!f.html.contains("attempts-notice"));
+
+        // 2001 attempts, 286 failed (i % 7 == 3), 7 of them in the first or last 50.
+        let h = many(INLINE_ATTEMPTS + 1);
+        let failed_between = (TABLE_ENDS..INLINE_ATTEMPTS + 1 - TABLE_ENDS)
+            .filter(|i| i % 7 == 3)
+            .count();
+        assert!(failed_between > TABLE_FAILED);
+        let sel = table_selection(&h);
+        assert_eq!(sel.len(), 2 * TABLE_ENDS + TABLE_FAILED);
+        assert_eq!(&sel[..3], &[0, 1, 2]);
+        assert_eq!(*sel.last().unwrap(), INLINE_ATTEMPTS);
+        assert!(
+            sel[TABLE_ENDS..TABLE_ENDS + TABLE_FAILED]
+                .iter()
+                .all(|&i| h.attempts[i].outcome == Outcome::Failed)
+        );
+        let f = render_campaign_report_files(&h, "my report.html");
+        let table = &f.html[f.html.find("<table id=\"attempts\"").unwrap()..];
+        assert_eq!(table.matches("<tr data-attempt=").count(), 300);
+        assert!(table.matches("<tr class=\"gap\">").count() >= 2);
+        assert!(f.html.contains("data-total=\"2001\" data-shown=\"300\""));
+        assert!(
+            f.html.contains(
+                "<a href=\"my%20report.html.attempts.csv\">my report.html.attempts.csv</a>"
+            )
+        );
+        let csv = f.attempts_csv.expect("a CSV above the inline limit");
+        let mut r = csv::Reader::from_reader(csv.as_bytes());
+        assert_eq!(
+            r.records().count(),
+            INLINE_ATTEMPTS + 1,
+            "one row per attempt"
+        );
+        // The plain render links to the default name.
+        assert!(render_campaign_report(&h).contains("href=\"report.html.attempts.csv\""));
+    }
+
+    #[test]
+    fn csv_fields_are_quoted_by_rfc_4180() {
+        let mut a = attempt(0, "a", Outcome::Failed, 0, 3_600_000);
+        a.detail = "OOM, \"killed\"\nat step 3".into();
+        a.log_path = Some(PathBuf::from("/logs/a b.log"));
+        let h = history(vec![a]);
+        let csv = attempts_csv(&h);
+        let mut lines = csv.split("\r\n");
+        assert_eq!(
+            lines.next().unwrap(),
+            "attempt_id,stage,unit,attempt,revision,outcome,class,state,exit_code,job_id,nodes,gpus,submitted_ms,started_ms,ended_ms,ran_s,gpu_hours,detail,log_path"
+        );
+        assert_eq!(
+            lines.next().unwrap(),
+            "n.a.0.a1,a,a/0,1,1,failed,,,,0,n1,1,0,0,3600000,3600.000,1.000000,\"OOM, \"\"killed\"\"\nat step 3\",/logs/a b.log"
+        );
+        assert_eq!(lines.next(), Some(""), "CRLF after the last record");
+        let mut r = csv::Reader::from_reader(csv.as_bytes());
+        let rec = r.records().next().unwrap().unwrap();
+        assert_eq!(
+            &rec[17], "OOM, \"killed\"\nat step 3",
+            "reads back unchanged"
+        );
+    }
+}
