@@ -8,6 +8,9 @@
 #[path = "support/cli.rs"]
 #[allow(dead_code)]
 mod cli;
+#[path = "support/examples.rs"]
+#[allow(dead_code)]
+mod examples;
 #[path = "controller_support/sim.rs"]
 mod sim;
 #[path = "support/watchdog.rs"]
@@ -90,6 +93,12 @@ fn a_ten_thousand_attempt_report_is_small_with_its_attempts_beside_it() {
     }
     assert_eq!(ids.len(), r.jobs, "one row per attempt");
     assert!(failed > 300, "the simulation's injected failures: {failed}");
+    eprintln!(
+        "{} attempts: HTML {} bytes, CSV {} bytes",
+        r.jobs,
+        html.len(),
+        std::fs::metadata(&csv_path).unwrap().len()
+    );
     assert!(
         !std::fs::read_dir(tmp.path()).unwrap().any(|e| e
             .unwrap()
