@@ -6,7 +6,6 @@
 //! The 100k-item figures are `cargo bench --features cli --bench campaign_status`.
 
 #[path = "support/cli.rs"]
-#[allow(dead_code)]
 mod cli;
 #[path = "support/examples.rs"]
 #[allow(dead_code)]
