@@ -912,7 +912,7 @@ fn timeline_aggregated(o: &mut String, h: &CampaignHistory, report_file_name: &s
     let slice_ms = (t1 - t0) / AGGREGATE_SLICES as u64;
     let _ = write!(
         o,
-        "<p class=\"meta\" id=\"timeline-aggregated\">This timeline is aggregated: {} attempts (at least {}) are too many to draw one bar each. Each stage is one lane cut into {} time slices of about {}; a slice's bar is the number of attempts running in it, stacked by how they ended, scaled to the lane's peak. Each attempt is in the attempts table{}.</p>",
+        "<p class=\"meta\" id=\"timeline-aggregated\">This timeline is aggregated: {} attempts, {} or more, are too many to draw one bar each. Each stage is one lane cut into {} time slices of about {}; a slice's bar is the number of attempts running in it, stacked by how they ended, scaled to the lane's peak. Each attempt is in the attempts table{}.</p>",
         h.attempts.len(),
         AGGREGATE_ATTEMPTS,
         AGGREGATE_SLICES,
