@@ -7,6 +7,10 @@
 //! `campaign report DIR --out FILE` as child processes, each timed (wall) with its peak RSS
 //! taken from `wait4`'s rusage. Medians of `PUZZLETRON_STATUS_BENCH_SAMPLES` (default 3) runs.
 //!
+//! Then the report's sizes (the HTML, and the attempts CSV written beside it) and, when a
+//! `chromium` is on PATH, the time headless Chromium takes to load and lay out the report
+//! (`--dump-dom`, wall, median of the same samples; the target: < 5 s, HTML < 5 MB).
+//!
 //! `cargo bench --features cli --bench campaign_status` (items: `PUZZLETRON_SIM_ITEMS`, default
 //! 100000). Not criterion: one sample is a whole process.
 
@@ -113,6 +117,65 @@ fn main() {
             rss
         );
     }
-    let html = std::fs::metadata(&out).map(|m| m.len()).unwrap_or(0);
-    println!("  report size {:.1} MB", html as f64 / 1e6);
+    let size = |p: &Path| std::fs::metadata(p).map(|m| m.len()).unwrap_or(0) as f64 / 1e6;
+    let csv = root.join("report.html.attempts.csv");
+    println!(
+        "  report size {:.2} MB, attempts CSV {:.1} MB{}",
+        size(&out),
+        size(&csv),
+        if csv.is_file() { "" } else { " (not written)" }
+    );
+    chromium_render(&out, samples);
+}
+
+/// Times headless Chromium loading the report (`--dump-dom`), or says why it is skipped.
+fn chromium_render(report: &Path, samples: usize) {
+    let Some(exe) = ["chromium", "chromium-browser", "google-chrome"]
+        .into_iter()
+        .find(|c| {
+            Command::new("which")
+                .arg(c)
+                .stdout(Stdio::null())
+                .status()
+                .is_ok_and(|s| s.success())
+        })
+    else {
+        println!("  chromium render: skipped (no chromium on PATH)");
+        return;
+    };
+    let profile = report.with_file_name("chromium-profile");
+    let url = format!("file://{}", report.display());
+    let mut runs = Vec::new();
+    for _ in 0..samples {
+        let t = Instant::now();
+        let o = Command::new(exe)
+            .args([
+                "--headless",
+                "--no-sandbox",
+                "--disable-gpu",
+                "--no-first-run",
+                "--disable-background-networking",
+                "--disable-component-update",
+                "--disable-sync",
+                "--dump-dom",
+            ])
+            .arg(format!("--user-data-dir={}", profile.display()))
+            .arg(&url)
+            .stderr(Stdio::null())
+            .output()
+            .expect("spawn chromium");
+        let wall = t.elapsed();
+        let dom = String::from_utf8_lossy(&o.stdout);
+        assert!(
+            o.status.success() && dom.contains("id=\"report-end\""),
+            "chromium did not render the report to its end: {}",
+            o.status
+        );
+        runs.push((wall, 0.0));
+    }
+    let (wall, _) = median(runs);
+    println!(
+        "  chromium render median {:7.3} s  ({exe} --headless --dump-dom, {samples} runs)",
+        wall.as_secs_f64()
+    );
 }

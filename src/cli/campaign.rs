@@ -20,7 +20,8 @@ use crate::campaign::{
 };
 use crate::executor::Executor;
 use crate::report::{
-    CampaignHistory, LeaseStatus, Notifier, NotifyEvent, StageStatus, render_campaign_report,
+    CampaignHistory, LeaseStatus, Notifier, NotifyEvent, StageStatus, attempts_csv_name,
+    render_campaign_report_files,
 };
 
 pub(super) fn run(cmd: CampaignCmd) -> Result<i32, CliError> {
@@ -586,7 +587,12 @@ fn launch(plan: CampaignPlan, a: &Launch<'_>) -> Result<i32, CliError> {
         if code != exit::INCOMPLETE {
             // The campaign ended: its report, and the notification.
             match write_report(&dir, None, kind == RunnerKind::Slurm) {
-                Ok(p) => eprintln!("report: {}", p.display()),
+                Ok((p, csv)) => {
+                    eprintln!("report: {}", p.display());
+                    if let Some(c) = csv {
+                        eprintln!("attempts table: {}", c.display());
+                    }
+                }
                 Err(e) => eprintln!("warning: writing the report: {}", e.message),
             }
             if let Some(n) = &notifier {
@@ -1062,22 +1068,51 @@ fn sacct_times(h: &CampaignHistory) -> HashMap<String, AttemptTimes> {
     out
 }
 
-/// Writes the report of `dir` to `out` (default `<dir>/report.html`); returns the path.
-fn write_report(dir: &Path, out: Option<PathBuf>, sacct: bool) -> Result<PathBuf, CliError> {
+/// Writes the report of `dir` to `out` (default `<dir>/report.html`) and, for a campaign of
+/// more than [`crate::report::INLINE_ATTEMPTS`] attempts, the full attempts table beside it
+/// (`<out>.attempts.csv`, written first so the page never links to a missing file); returns
+/// both paths.
+fn write_report(
+    dir: &Path,
+    out: Option<PathBuf>,
+    sacct: bool,
+) -> Result<(PathBuf, Option<PathBuf>), CliError> {
     let mut h = CampaignHistory::load(dir, true)?;
     if sacct && h.runner.as_deref() == Some("slurm") {
         let t = sacct_times(&h);
         h.apply_times(&t);
     }
-    let html = render_campaign_report(&h);
     let out = super::report_path(out, dir)?;
-    crate::fsutil::atomic_write(&out, html.as_bytes())
+    let name = out
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_else(|| "report.html".into());
+    let files = render_campaign_report_files(&h, &name);
+    drop(h);
+    let csv = match &files.attempts_csv {
+        Some(text) => {
+            let p = out.with_file_name(attempts_csv_name(&name));
+            crate::fsutil::atomic_write(&p, text.as_bytes())
+                .map_err(|e| CliError::new(format!("writing {}: {e}", p.display())))?;
+            Some(p)
+        }
+        None => None,
+    };
+    crate::fsutil::atomic_write(&out, files.html.as_bytes())
         .map_err(|e| CliError::new(format!("writing {}: {e}", out.display())))?;
-    Ok(out)
+    Ok((out, csv))
 }
 
 fn report_cmd(dir: &Path, out: Option<PathBuf>, sacct: bool) -> Result<i32, CliError> {
-    let p = write_report(dir, out, sacct)?;
+    let (p, csv) = write_report(dir, out, sacct)?;
     println!("{}", p.display());
+    if let Some(c) = csv {
+        // Second line: the attempts table, too large for the page.
+        println!("{}", c.display());
+        eprintln!(
+            "the full attempts table is {} (linked from the report)",
+            c.display()
+        );
+    }
     Ok(exit::DONE)
 }

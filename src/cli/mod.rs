@@ -200,6 +200,9 @@ const REPORT_HELP: &str = "\
 Writes one self-contained HTML file (no script, no network): stage DAG, timeline of every
 attempt on its node/GPU rows with queue waits and retries, GPU-hours per stage and attempt,
 wasted GPU-hours by failure class, failures with evidence and log paths. Read-only.
+From 10,000 attempts on, the timeline is aggregated (one lane per stage, stacked bars by
+outcome); above 2,000 attempts the page shows part of the attempts table and the full table
+is written beside it as FILE.attempts.csv (its path printed on a second line).
 
 Examples:
   $ puzzletron campaign report /tmp/c

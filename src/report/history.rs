@@ -1401,7 +1401,7 @@ impl<'p> HistoryBuilder<'p> {
 }
 
 impl StageHistory {
-    fn new(id: &str, parents: Vec<String>, units: usize) -> Self {
+    pub(crate) fn new(id: &str, parents: Vec<String>, units: usize) -> Self {
         StageHistory {
             id: id.to_string(),
             parents,

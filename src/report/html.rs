@@ -12,6 +12,13 @@
 //! class="wait">` per queue wait and `<line class="retry" data-from=… data-to=…>` per retry;
 //! the DAG is `<svg id="dag">` with `<g class="stage" data-stage=… data-status=…>`; the waste
 //! table is `<table id="waste">` with `data-class`/`data-gpu-hours` on each row.
+//!
+//! Scale: from [`AGGREGATE_ATTEMPTS`] attempts on, the timeline is aggregated (`<svg
+//! id="timeline" data-aggregated="true">`: one lane per stage, [`AGGREGATE_SLICES`] time
+//! slices, a stacked `<rect class="agg" data-outcome=…>` per outcome and slice); above
+//! [`INLINE_ATTEMPTS`] attempts the attempts table shows a selection and the full table is the
+//! CSV of [`ReportFiles::attempts_csv`], written beside the report. The page ends with
+//! `<footer id="report-end">`.
 
 use std::collections::{BTreeMap, HashMap};
 use std::fmt::Write;
@@ -45,9 +52,65 @@ const OUTCOMES: [Outcome; 7] = [
     Outcome::Intent,
 ];
 
-/// Renders the report. Pure: the same history gives the same bytes.
+/// From this many attempts on, the timeline is aggregated: one lane per stage cut into
+/// [`AGGREGATE_SLICES`] time slices, instead of one bar per attempt (a 100k-bar SVG is tens of
+/// MB and takes a browser many seconds to lay out).
+pub const AGGREGATE_ATTEMPTS: usize = 10_000;
+
+/// Time slices of an aggregated timeline (3 px each on the 900 px plot).
+pub const AGGREGATE_SLICES: usize = 300;
+
+/// Up to this many attempts the attempts table is in the report in full. Above, the report
+/// shows the first and last [`TABLE_ENDS`], up to [`TABLE_FAILED`] failed attempts between
+/// them, and links to the full table, [`ReportFiles::attempts_csv`].
+pub const INLINE_ATTEMPTS: usize = 2_000;
+
+/// Attempts shown from each end of a table of more than [`INLINE_ATTEMPTS`] attempts.
+pub const TABLE_ENDS: usize = 50;
+
+/// Failed attempts shown, at most, between the two ends of a table of more than
+/// [`INLINE_ATTEMPTS`] attempts.
+pub const TABLE_FAILED: usize = 200;
+
+/// A rendered campaign report: the HTML and, when the campaign has more than
+/// [`INLINE_ATTEMPTS`] attempts, its full attempts table as CSV.
+#[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct ReportFiles {
+    /// The report page.
+    pub html: String,
+    /// The full attempts table (RFC 4180 CSV with a header row, one row per attempt), to be
+    /// written beside the report as [`attempts_csv_name`] of its file name: the page links to
+    /// that name. `None` when the page holds every attempt.
+    pub attempts_csv: Option<String>,
+}
+
+/// The file name of the attempts CSV beside a report named `report_file_name`:
+/// `report.html` gives `report.html.attempts.csv`.
+pub fn attempts_csv_name(report_file_name: &str) -> String {
+    format!("{report_file_name}.attempts.csv")
+}
+
+/// Renders the report page alone, as if written to `report.html`. Pure: the same history gives
+/// the same bytes. Above [`INLINE_ATTEMPTS`] attempts the page links to
+/// `report.html.attempts.csv`: use [`render_campaign_report_files`] to get that file too.
 pub fn render_campaign_report(h: &CampaignHistory) -> String {
-    let mut o = String::with_capacity(4096 + h.attempts.len() * 400);
+    render_html(h, "report.html")
+}
+
+/// Renders the report to be written as a file named `report_file_name` (e.g. `report.html`),
+/// and, above [`INLINE_ATTEMPTS`] attempts, the full attempts table the page links to, to be
+/// written beside it as [`attempts_csv_name`]`(report_file_name)`. Pure.
+pub fn render_campaign_report_files(h: &CampaignHistory, report_file_name: &str) -> ReportFiles {
+    ReportFiles {
+        html: render_html(h, report_file_name),
+        attempts_csv: (h.attempts.len() > INLINE_ATTEMPTS).then(|| attempts_csv(h)),
+    }
+}
+
+fn render_html(h: &CampaignHistory, report_file_name: &str) -> String {
+    // Bytes per drawn attempt (bar, table row) below the thresholds; bounded above them.
+    let mut o = String::with_capacity(16_384 + h.attempts.len().min(AGGREGATE_ATTEMPTS) * 400);
     let title = format!("Campaign report: {}", h.dir.display());
     let _ = write!(
         o,
@@ -95,7 +158,11 @@ pub fn render_campaign_report(h: &CampaignHistory) -> String {
     dag(&mut o, h);
     stage_table(&mut o, h);
     o.push_str("<h2>Timeline</h2>");
-    timeline(&mut o, h);
+    if h.attempts.len() >= AGGREGATE_ATTEMPTS {
+        timeline_aggregated(&mut o, h, report_file_name);
+    } else {
+        timeline(&mut o, h);
+    }
     o.push_str("<h2>Wasted GPU-hours by failure class</h2>");
     waste_table(&mut o, h);
     o.push_str("<h2>Failures</h2>");
@@ -117,7 +184,13 @@ pub fn render_campaign_report(h: &CampaignHistory) -> String {
         o.push_str("</table>");
     }
     o.push_str("<h2>Attempts</h2>");
-    attempts_table(&mut o, h);
+    attempts_table(&mut o, h, report_file_name);
+    let _ = write!(
+        o,
+        "<footer class=\"meta\" id=\"report-end\" style=\"margin-top:24px\">end of the report · {} attempts · {} journal records</footer>",
+        h.attempts.len(),
+        h.records
+    );
     o.push_str("</body></html>\n");
     o
 }
@@ -588,16 +661,81 @@ fn failures(o: &mut String, h: &CampaignHistory) {
     }
 }
 
-fn attempts_table(o: &mut String, h: &CampaignHistory) {
-    // Per-attempt GPU-hours; capped so a 100k-attempt report stays a readable size (the
-    // timeline still has every attempt).
-    const MAX: usize = 2000;
+/// Indices (ascending) of the attempts the page's table shows: all up to [`INLINE_ATTEMPTS`];
+/// above, the first and last [`TABLE_ENDS`] and the first [`TABLE_FAILED`] failed attempts
+/// between them.
+fn table_selection(h: &CampaignHistory) -> Vec<usize> {
+    let n = h.attempts.len();
+    if n <= INLINE_ATTEMPTS {
+        return (0..n).collect();
+    }
+    let (head, tail) = (TABLE_ENDS, n - TABLE_ENDS);
+    let mut v: Vec<usize> = (0..head).collect();
+    v.extend(
+        (head..tail)
+            .filter(|&i| {
+                matches!(
+                    h.attempts[i].outcome,
+                    Outcome::Failed | Outcome::SubmitFailed
+                )
+            })
+            .take(TABLE_FAILED),
+    );
+    v.extend(tail..n);
+    v
+}
+
+/// Percent-encodes a file name for a relative `href` (all but unreserved URI characters).
+fn href(name: &str) -> String {
+    let mut out = String::with_capacity(name.len());
+    for b in name.bytes() {
+        if b.is_ascii_alphanumeric() || b"-._~".contains(&b) {
+            out.push(b as char);
+        } else {
+            let _ = write!(out, "%{b:02X}");
+        }
+    }
+    out
+}
+
+fn attempts_table(o: &mut String, h: &CampaignHistory, report_file_name: &str) {
+    let rows = table_selection(h);
+    if rows.len() < h.attempts.len() {
+        let failed = h
+            .attempts
+            .iter()
+            .filter(|a| matches!(a.outcome, Outcome::Failed | Outcome::SubmitFailed))
+            .count();
+        let csv = attempts_csv_name(report_file_name);
+        let _ = write!(
+            o,
+            "<p class=\"meta\" id=\"attempts-notice\" data-total=\"{total}\" data-shown=\"{shown}\">{total} attempts ({failed} failed) are too many for this page: it shows {shown}, the first {ends}, the last {ends} and up to {cap} failed attempts between them. The full table is <a href=\"{}\">{}</a>, a CSV file beside this report.</p>",
+            href(&csv),
+            esc(&csv),
+            total = h.attempts.len(),
+            shown = rows.len(),
+            ends = TABLE_ENDS,
+            cap = TABLE_FAILED,
+        );
+    }
     o.push_str("<table id=\"attempts\"><tr><th>attempt</th><th>unit</th><th>outcome</th><th>job</th><th>nodes</th><th>GPUs</th><th>queued</th><th>ran</th><th>GPU-hours</th></tr>");
-    for a in h.attempts.iter().take(MAX) {
+    let mut next = 0;
+    for i in rows {
+        if i > next {
+            // A gap in the selection: say how many rows are left out there.
+            let _ = write!(
+                o,
+                "<tr class=\"gap\"><td colspan=\"9\" class=\"meta\">… {} attempts not shown …</td></tr>",
+                i - next
+            );
+        }
+        next = i + 1;
+        let a = &h.attempts[i];
         let start = a.run_start_ms();
         let _ = write!(
             o,
-            "<tr><td class=\"mono\">{}</td><td>{}</td><td style=\"color:{}\">{}</td><td class=\"mono\">{}</td><td>{}</td><td class=\"n\">{}</td><td class=\"n\">{}</td><td class=\"n\">{}</td><td class=\"n\">{}</td></tr>",
+            "<tr data-attempt=\"{}\"><td class=\"mono\">{}</td><td>{}</td><td style=\"color:{}\">{}</td><td class=\"mono\">{}</td><td>{}</td><td class=\"n\">{}</td><td class=\"n\">{}</td><td class=\"n\">{}</td><td class=\"n\">{}</td></tr>",
+            esc(&a.attempt_id),
             esc(&a.attempt_id),
             esc(&a.unit),
             colour(a.outcome.as_str()),
@@ -615,11 +753,482 @@ fn attempts_table(o: &mut String, h: &CampaignHistory) {
         );
     }
     o.push_str("</table>");
-    if h.attempts.len() > MAX {
+}
+
+/// The full attempts table as RFC 4180 CSV (header row, CRLF line ends, fields quoted where
+/// needed). Times are ms since the Unix epoch; empty where unknown.
+fn attempts_csv(h: &CampaignHistory) -> String {
+    let mut w = csv::WriterBuilder::new()
+        .terminator(csv::Terminator::CRLF)
+        .from_writer(Vec::with_capacity(h.attempts.len() * 160));
+    let opt = |v: Option<u64>| v.map(|v| v.to_string()).unwrap_or_default();
+    let header = [
+        "attempt_id",
+        "stage",
+        "unit",
+        "attempt",
+        "revision",
+        "outcome",
+        "class",
+        "state",
+        "exit_code",
+        "job_id",
+        "nodes",
+        "gpus",
+        "submitted_ms",
+        "started_ms",
+        "ended_ms",
+        "ran_s",
+        "gpu_hours",
+        "detail",
+        "log_path",
+    ];
+    // Writing to memory cannot fail and every record has the header's length.
+    w.write_record(header).expect("CSV into memory");
+    for a in &h.attempts {
+        let rec: [String; 19] = [
+            a.attempt_id.clone(),
+            a.stage.clone(),
+            a.unit.clone(),
+            a.attempt.to_string(),
+            a.revision.to_string(),
+            a.outcome.as_str().to_string(),
+            a.class.map(|c| c.as_str().to_string()).unwrap_or_default(),
+            a.state.clone().unwrap_or_default(),
+            a.exit_code.map(|c| c.to_string()).unwrap_or_default(),
+            a.job_id.clone().unwrap_or_default(),
+            a.nodes.clone().unwrap_or_default(),
+            a.gpus.to_string(),
+            a.submitted_ms.to_string(),
+            opt(a.started_ms),
+            opt(a.ended_ms),
+            format!("{:.3}", a.run_ms(h.as_of_ms) as f64 / 1000.0),
+            format!("{:.6}", a.gpu_hours(h.as_of_ms)),
+            a.detail.clone(),
+            a.log_path
+                .as_ref()
+                .map(|p| p.display().to_string())
+                .unwrap_or_default(),
+        ];
+        w.write_record(&rec).expect("CSV into memory");
+    }
+    let bytes = w.into_inner().expect("CSV into memory");
+    // Every field is a Rust string, so the bytes are UTF-8; lossy only as a formality.
+    String::from_utf8(bytes).unwrap_or_else(|e| String::from_utf8_lossy(e.as_bytes()).into_owned())
+}
+
+/// Outcomes drawn in the aggregated timeline, bottom to top of a stacked bar.
+const AGG_OUTCOMES: [Outcome; 5] = [
+    Outcome::Succeeded,
+    Outcome::Superseded,
+    Outcome::Cancelled,
+    Outcome::Failed,
+    Outcome::Live,
+];
+
+/// Per stage lane and slice, the attempts running in the slice by outcome
+/// (`[lane][slice][AGG_OUTCOMES index]`), with the lanes' stage names and the time span.
+struct Aggregate {
+    stages: Vec<String>,
+    counts: Vec<Vec<[u32; AGG_OUTCOMES.len()]>>,
+    t0: u64,
+    t1: u64,
+}
+
+fn aggregate(h: &CampaignHistory, slices: usize) -> Aggregate {
+    let mut stages: Vec<String> = h.stages.iter().map(|s| s.id.clone()).collect();
+    let mut lane: HashMap<String, usize> = stages
+        .iter()
+        .enumerate()
+        .map(|(i, s)| (s.clone(), i))
+        .collect();
+    let drawn = |a: &&AttemptHistory| AGG_OUTCOMES.contains(&a.outcome);
+    let t0 = h
+        .attempts
+        .iter()
+        .filter(drawn)
+        .map(|a| a.run_start_ms())
+        .min()
+        .unwrap_or(0);
+    let t1 = h
+        .attempts
+        .iter()
+        .filter(drawn)
+        .map(|a| end_of(a, h.as_of_ms))
+        .max()
+        .unwrap_or(t0)
+        .max(t0 + 1);
+    let span = (t1 - t0) as f64;
+    let slice_of =
+        |t: u64| (((t.saturating_sub(t0)) as f64 / span * slices as f64) as usize).min(slices - 1);
+    // Difference arrays: +1 at an attempt's first slice, -1 after its last; one pass over
+    // the attempts, one over the slices.
+    let mut diff: Vec<Vec<[i64; AGG_OUTCOMES.len()]>> =
+        vec![vec![[0; 5]; slices + 1]; stages.len()];
+    for a in h.attempts.iter().filter(drawn) {
+        let l = *lane.entry(a.stage.clone()).or_insert_with(|| {
+            // A stage the plan does not list (no plan): a lane of its own after the others.
+            stages.push(a.stage.clone());
+            diff.push(vec![[0; 5]; slices + 1]);
+            stages.len() - 1
+        });
+        let k = AGG_OUTCOMES
+            .iter()
+            .position(|o| *o == a.outcome)
+            .unwrap_or(0);
+        diff[l][slice_of(a.run_start_ms())][k] += 1;
+        diff[l][slice_of(end_of(a, h.as_of_ms)) + 1][k] -= 1;
+    }
+    let counts = diff
+        .into_iter()
+        .map(|d| {
+            let mut run = [0i64; AGG_OUTCOMES.len()];
+            d[..slices]
+                .iter()
+                .map(|step| {
+                    let mut c = [0u32; AGG_OUTCOMES.len()];
+                    for k in 0..run.len() {
+                        run[k] += step[k];
+                        c[k] = run[k].max(0) as u32;
+                    }
+                    c
+                })
+                .collect()
+        })
+        .collect();
+    Aggregate {
+        stages,
+        counts,
+        t0,
+        t1,
+    }
+}
+
+fn timeline_aggregated(o: &mut String, h: &CampaignHistory, report_file_name: &str) {
+    let agg = aggregate(h, AGGREGATE_SLICES);
+    let (t0, t1) = (agg.t0, agg.t1);
+    let (left, plot_w, lane_h, gap, top) = (170.0, 900.0, 48.0, 10.0, 24.0);
+    let slice_w = plot_w / AGGREGATE_SLICES as f64;
+    let slice_ms = (t1 - t0) / AGGREGATE_SLICES as u64;
+    let _ = write!(
+        o,
+        "<p class=\"meta\" id=\"timeline-aggregated\">This timeline is aggregated: {} attempts, {} or more, are too many to draw one bar each. Each stage is one lane cut into {} time slices of about {}; a slice's bar is the number of attempts running in it, stacked by how they ended, scaled to the lane's peak. Each attempt is in the attempts table{}.</p>",
+        h.attempts.len(),
+        AGGREGATE_ATTEMPTS,
+        AGGREGATE_SLICES,
+        duration(slice_ms.max(1)),
+        if h.attempts.len() > INLINE_ATTEMPTS {
+            format!(" and in {}", esc(&attempts_csv_name(report_file_name)))
+        } else {
+            String::new()
+        }
+    );
+    let _ = write!(o, r#"<div class="legend">"#);
+    for oc in AGG_OUTCOMES {
         let _ = write!(
             o,
-            "<p class=\"meta\">{} more attempts are in the timeline and in `puzzletron campaign status --json`.</p>",
-            h.attempts.len() - MAX
+            r#"<span><i style="background:{}"></i>{}</span>"#,
+            colour(oc.as_str()),
+            oc.as_str()
+        );
+    }
+    o.push_str("</div>");
+    let lanes = agg.stages.len();
+    let height = top + lanes as f64 * (lane_h + gap) + 10.0;
+    let width = left + plot_w + 80.0;
+    let _ = write!(
+        o,
+        r#"<div class="scroll"><svg id="timeline" data-aggregated="true" data-slices="{AGGREGATE_SLICES}" xmlns="http://www.w3.org/2000/svg" width="{width:.0}" height="{height:.0}" viewBox="0 0 {width:.0} {height:.0}" data-t0="{t0}" data-t1="{t1}" data-left="{left}" data-plot-width="{plot_w}">"#
+    );
+    let x = |t: u64| left + (t.saturating_sub(t0)) as f64 / (t1 - t0) as f64 * plot_w;
+    for k in 0..=5u64 {
+        let t = t0 + (t1 - t0) * k / 5;
+        let xx = x(t);
+        let _ = write!(
+            o,
+            r##"<line x1="{xx:.1}" y1="{:.1}" x2="{xx:.1}" y2="{:.1}" stroke="#eee"/>"##,
+            top - 4.0,
+            height - 6.0
+        );
+        text(
+            o,
+            xx - 12.0,
+            12.0,
+            "small",
+            &format!("+{}", duration(t - t0)),
+        );
+    }
+    for (l, stage) in agg.stages.iter().enumerate() {
+        let y0 = top + l as f64 * (lane_h + gap);
+        let peak = agg.counts[l]
+            .iter()
+            .map(|c| c.iter().sum::<u32>())
+            .max()
+            .unwrap_or(0);
+        let _ = write!(
+            o,
+            r##"<g class="lane" data-stage="{}" data-peak="{peak}"><rect x="{left}" y="{y0:.1}" width="{plot_w}" height="{lane_h}" fill="#f7f7f7"/>"##,
+            esc(stage)
+        );
+        text(o, 4.0, y0 + 18.0, "lbl", stage);
+        text(o, 4.0, y0 + 34.0, "small", &format!("peak {peak} at once"));
+        if peak > 0 {
+            let scale = (lane_h - 2.0) / peak as f64;
+            for (k, c) in agg.counts[l].iter().enumerate() {
+                let total: u32 = c.iter().sum();
+                if total == 0 {
+                    continue;
+                }
+                let xs = left + k as f64 * slice_w;
+                let from = t0 + (t1 - t0) * k as u64 / AGGREGATE_SLICES as u64;
+                let parts: Vec<String> = AGG_OUTCOMES
+                    .iter()
+                    .zip(c)
+                    .filter(|(_, n)| **n > 0)
+                    .map(|(oc, n)| format!("{n} {}", oc.as_str()))
+                    .collect();
+                let _ = write!(
+                    o,
+                    "<g data-slice=\"{k}\"><title>{}, from +{}: {}</title>",
+                    esc(stage),
+                    duration(from - t0),
+                    parts.join(", ")
+                );
+                let mut yb = y0 + lane_h;
+                for (oc, n) in AGG_OUTCOMES.iter().zip(c) {
+                    if *n == 0 {
+                        continue;
+                    }
+                    let hh = *n as f64 * scale;
+                    yb -= hh;
+                    let _ = write!(
+                        o,
+                        r#"<rect class="agg" data-outcome="{}" data-count="{n}" x="{xs:.1}" y="{yb:.2}" width="{slice_w:.1}" height="{hh:.2}" fill="{}"/>"#,
+                        oc.as_str(),
+                        colour(oc.as_str())
+                    );
+                }
+                o.push_str("</g>");
+            }
+        }
+        o.push_str("</g>");
+    }
+    o.push_str("</svg></div>");
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::report::{LeaseStatus, StageHistory};
+    use std::path::PathBuf;
+
+    fn attempt(i: usize, stage: &str, outcome: Outcome, start: u64, end: u64) -> AttemptHistory {
+        AttemptHistory {
+            attempt_id: format!("n.{stage}.{i}.a1"),
+            unit: format!("{stage}/{i}"),
+            stage: stage.into(),
+            attempt: 1,
+            revision: 1,
+            resume: false,
+            more_resources: false,
+            job_id: Some(i.to_string()),
+            submitted_ms: start,
+            started_ms: Some(start),
+            ended_ms: Some(end),
+            start_estimated: false,
+            outcome,
+            state: None,
+            exit_code: None,
+            class: None,
+            detail: String::new(),
+            log_path: None,
+            nodes: Some("n1".into()),
+            gpus: 1,
+            last_heartbeat_ms: None,
+            retry_of: None,
+        }
+    }
+
+    fn history(attempts: Vec<AttemptHistory>) -> CampaignHistory {
+        let as_of_ms = attempts
+            .iter()
+            .filter_map(|a| a.ended_ms)
+            .max()
+            .unwrap_or(0);
+        CampaignHistory {
+            dir: PathBuf::from("/c"),
+            nonce: Some("n".into()),
+            contract_hash: None,
+            revision: 1,
+            runner: Some("local".into()),
+            experiment: None,
+            records: 0,
+            first_ms: Some(0),
+            last_ms: Some(as_of_ms),
+            as_of_ms,
+            stages: vec![
+                StageHistory::new("a", vec![], 1),
+                StageHistory::new("b", vec!["a".into()], 1),
+            ],
+            attempts,
+            finished: true,
+            cancelled: None,
+            problems: vec![],
+            events: vec![],
+            excluded_nodes: vec![],
+            lease: LeaseStatus::default(),
+        }
+    }
+
+    /// `n` attempts of 2 s each, 1 s apart, alternating stages; every 7th failed.
+    fn many(n: usize) -> CampaignHistory {
+        history(
+            (0..n)
+                .map(|i| {
+                    let oc = if i % 7 == 3 {
+                        Outcome::Failed
+                    } else {
+                        Outcome::Succeeded
+                    };
+                    let s = i as u64 * 1000;
+                    attempt(i, ["a", "b"][i % 2], oc, s, s + 2000)
+                })
+                .collect(),
+        )
+    }
+
+    #[test]
+    fn the_timeline_aggregates_from_the_threshold_on() {
+        let below = render_campaign_report(&many(AGGREGATE_ATTEMPTS - 1));
+        assert_eq!(
+            below.matches("<rect class=\"bar\"").count(),
+            AGGREGATE_ATTEMPTS - 1,
+            "one bar per attempt below the threshold"
+        );
+        assert!(!below.contains("data-aggregated") && !below.contains("timeline-aggregated"));
+
+        let at = render_campaign_report(&many(AGGREGATE_ATTEMPTS));
+        assert_eq!(at.matches("<rect class=\"bar\"").count(), 0);
+        assert!(at.contains("<svg id=\"timeline\" data-aggregated=\"true\" data-slices=\"300\""));
+        assert!(
+            at.contains("id=\"timeline-aggregated\">This timeline is aggregated: 10000 attempts")
+        );
+        assert_eq!(
+            at.matches("<g class=\"lane\"").count(),
+            2,
+            "one lane per stage"
+        );
+        // Every slice has attempts of both stages: at most 300 slice groups per lane.
+        let slices = at.matches("<g data-slice=").count();
+        assert!(slices > 500 && slices <= 2 * AGGREGATE_SLICES, "{slices}");
+        assert!(
+            at.contains("data-outcome=\"failed\"") && at.contains("data-outcome=\"succeeded\"")
+        );
+        assert!(
+            at.len() < 1_000_000,
+            "aggregated page is small: {}",
+            at.len()
+        );
+        assert!(at.contains("<footer class=\"meta\" id=\"report-end\""));
+    }
+
+    #[test]
+    fn aggregate_counts_attempts_running_per_slice_by_outcome() {
+        let mut h = history(vec![
+            attempt(0, "a", Outcome::Succeeded, 0, 50),
+            attempt(1, "a", Outcome::Failed, 50, 100),
+            attempt(2, "b", Outcome::Live, 20, 20),
+            // Not drawn: never ran.
+            attempt(3, "b", Outcome::SubmitFailed, 0, 100),
+            // A stage the plan does not list gets a lane of its own.
+            attempt(4, "x", Outcome::Cancelled, 90, 100),
+        ]);
+        h.attempts[2].ended_ms = None;
+        h.as_of_ms = 20;
+        let g = aggregate(&h, 10);
+        assert_eq!(g.stages, ["a", "b", "x"]);
+        assert_eq!((g.t0, g.t1), (0, 100));
+        let (s, f, live, c) = (0, 3, 4, 2);
+        let col =
+            |lane: usize, k: usize| -> Vec<u32> { g.counts[lane].iter().map(|c| c[k]).collect() };
+        assert_eq!(col(0, s), [1, 1, 1, 1, 1, 1, 0, 0, 0, 0]);
+        assert_eq!(col(0, f), [0, 0, 0, 0, 0, 1, 1, 1, 1, 1]);
+        assert_eq!(col(1, live), [0, 0, 1, 0, 0, 0, 0, 0, 0, 0]);
+        assert_eq!(
+            col(1, s).iter().sum::<u32>(),
+            0,
+            "the submit failure is not drawn"
+        );
+        assert_eq!(col(2, c), [0, 0, 0, 0, 0, 0, 0, 0, 0, 1]);
+    }
+
+    #[test]
+    fn the_table_is_whole_up_to_the_inline_limit_then_a_selection_with_a_csv() {
+        let h = many(INLINE_ATTEMPTS);
+        let f = render_campaign_report_files(&h, "report.html");
+        assert!(f.attempts_csv.is_none());
+        let table = &f.html[f.html.find("<table id=\"attempts\"").unwrap()..];
+        assert_eq!(table.matches("<tr data-attempt=").count(), INLINE_ATTEMPTS);
+        assert!(!f.html.contains("attempts-notice"));
+
+        // 2001 attempts, 286 failed (i % 7 == 3), 7 of them in the first or last 50.
+        let h = many(INLINE_ATTEMPTS + 1);
+        let failed_between = (TABLE_ENDS..INLINE_ATTEMPTS + 1 - TABLE_ENDS)
+            .filter(|i| i % 7 == 3)
+            .count();
+        assert!(failed_between > TABLE_FAILED);
+        let sel = table_selection(&h);
+        assert_eq!(sel.len(), 2 * TABLE_ENDS + TABLE_FAILED);
+        assert_eq!(&sel[..3], &[0, 1, 2]);
+        assert_eq!(*sel.last().unwrap(), INLINE_ATTEMPTS);
+        assert!(
+            sel[TABLE_ENDS..TABLE_ENDS + TABLE_FAILED]
+                .iter()
+                .all(|&i| h.attempts[i].outcome == Outcome::Failed)
+        );
+        let f = render_campaign_report_files(&h, "my report.html");
+        let table = &f.html[f.html.find("<table id=\"attempts\"").unwrap()..];
+        assert_eq!(table.matches("<tr data-attempt=").count(), 300);
+        assert!(table.matches("<tr class=\"gap\">").count() >= 2);
+        assert!(f.html.contains("data-total=\"2001\" data-shown=\"300\""));
+        assert!(
+            f.html.contains(
+                "<a href=\"my%20report.html.attempts.csv\">my report.html.attempts.csv</a>"
+            )
+        );
+        let csv = f.attempts_csv.expect("a CSV above the inline limit");
+        let mut r = csv::Reader::from_reader(csv.as_bytes());
+        assert_eq!(
+            r.records().count(),
+            INLINE_ATTEMPTS + 1,
+            "one row per attempt"
+        );
+        // The plain render links to the default name.
+        assert!(render_campaign_report(&h).contains("href=\"report.html.attempts.csv\""));
+    }
+
+    #[test]
+    fn csv_fields_are_quoted_by_rfc_4180() {
+        let mut a = attempt(0, "a", Outcome::Failed, 0, 3_600_000);
+        a.detail = "OOM, \"killed\"\nat step 3".into();
+        a.log_path = Some(PathBuf::from("/logs/a b.log"));
+        let h = history(vec![a]);
+        let csv = attempts_csv(&h);
+        let mut lines = csv.split("\r\n");
+        assert_eq!(
+            lines.next().unwrap(),
+            "attempt_id,stage,unit,attempt,revision,outcome,class,state,exit_code,job_id,nodes,gpus,submitted_ms,started_ms,ended_ms,ran_s,gpu_hours,detail,log_path"
+        );
+        assert_eq!(
+            lines.next().unwrap(),
+            "n.a.0.a1,a,a/0,1,1,failed,,,,0,n1,1,0,0,3600000,3600.000,1.000000,\"OOM, \"\"killed\"\"\nat step 3\",/logs/a b.log"
+        );
+        assert_eq!(lines.next(), Some(""), "CRLF after the last record");
+        let mut r = csv::Reader::from_reader(csv.as_bytes());
+        let rec = r.records().next().unwrap().unwrap();
+        assert_eq!(
+            &rec[17], "OOM, \"killed\"\nat step 3",
+            "reads back unchanged"
         );
     }
 }

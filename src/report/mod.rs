@@ -5,7 +5,9 @@
 //!   and the executor's attempt records, read-only; GPU-hours and wasted GPU-hours.
 //! - [`lease`]: [`LeaseStatus`], whether a controller holds the lease, probed without taking it.
 //! - [`html`]: [`render_campaign_report`], one self-contained HTML file (inline SVG and CSS, no
-//!   script, no network): stage DAG, timeline, GPU-hours, waste by failure class, failures.
+//!   script, no network): stage DAG, timeline, GPU-hours, waste by failure class, failures;
+//!   [`render_campaign_report_files`] adds the attempts CSV written beside a large campaign's
+//!   report.
 //! - [`sweep`]: [`SweepHistory`] and [`render_sweep_report`], the same for a sweep store.
 //! - [`notify`]: [`Notifier`], a command run with an event as JSON on its stdin.
 //!
@@ -26,7 +28,10 @@ pub use history::{
     AttemptHistory, AttemptTimes, Backoff, CampaignCancel, CampaignHistory, Outcome, StageHistory,
     StageStatus, clock_text,
 };
-pub use html::render_campaign_report;
+pub use html::{
+    AGGREGATE_ATTEMPTS, AGGREGATE_SLICES, INLINE_ATTEMPTS, ReportFiles, attempts_csv_name,
+    render_campaign_report, render_campaign_report_files,
+};
 pub use lease::LeaseStatus;
 pub use notify::{Notifier, NotifyEvent};
 pub use sweep::{SweepHistory, SweepRun, render_sweep_report};
