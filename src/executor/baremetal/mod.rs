@@ -383,6 +383,17 @@ impl BareMetalExecutor {
         self.inner.ssh.channel_cap_of(host)
     }
 
+    /// Hosts whose control socket did not answer a check: their exchanges are full logins
+    /// for a while ("multiplexing lost"), sorted.
+    pub fn ssh_multiplexing_lost(&self) -> Vec<String> {
+        self.inner.ssh.multiplexing_lost()
+    }
+
+    /// Exchanges run as full logins because multiplexing was lost.
+    pub fn ssh_full_logins(&self) -> u64 {
+        self.inner.ssh.full_logins()
+    }
+
     /// The folder of this executor's SSH control sockets (one per host; only this executor's
     /// masters live there).
     pub fn ssh_control_dir(&self) -> &Path {

@@ -9,6 +9,14 @@
 //! tried again after a jittered, doubling pause (100 ms to 800 ms) until the exchange's overall
 //! deadline: nothing ran on the host, so another try is safe, and the refusal is never the
 //! host's failure.
+//!
+//! A control socket left behind by a dead master (issue 27, P05) is checked with `ssh -O check`
+//! (at most [`CHECK_TIMEOUT`]) before this process's first exchange with a host and after an
+//! exchange that ran out of time: a refused or missing socket is removed (only ours, only a
+//! socket) and the next exchange starts a new master; a check that gets no answer (a listener
+//! that accepts and never speaks, where ssh itself would hang) keeps the socket and turns
+//! multiplexing off for that host for [`MUX_RETRY`] ("multiplexing lost": exchanges are full
+//! logins, counted), then checks again.
 
 use std::collections::HashMap;
 use std::path::PathBuf;
@@ -20,6 +28,23 @@ use std::time::{Duration, Instant};
 use tokio::io::AsyncReadExt;
 
 use super::super::ExecutorError;
+
+/// Longest `ssh -O check` of a control socket may take; longer is inconclusive.
+pub const CHECK_TIMEOUT: Duration = Duration::from_secs(2);
+
+/// How long multiplexing stays off for a host whose control socket did not answer a check.
+pub const MUX_RETRY: Duration = Duration::from_secs(60);
+
+/// What `ssh -O check` said of a control socket.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum MasterCheck {
+    /// A master answers.
+    Alive,
+    /// No socket, or a socket nobody listens on (removed when it was ours).
+    Stale,
+    /// No answer within [`CHECK_TIMEOUT`], or an answer that says neither.
+    Inconclusive(String),
+}
 
 /// Why an exchange failed.
 #[derive(Debug)]
@@ -194,7 +219,13 @@ pub struct Ssh {
     pub channel_cap: u32,
     exchanges: AtomicU64,
     refusals: AtomicU64,
+    full_logins: AtomicU64,
     gates: Mutex<HashMap<String, Arc<Gate>>>,
+    /// Hosts whose socket was checked by this process (the check runs once, concurrent first
+    /// exchanges wait for it).
+    checked: Mutex<HashMap<String, Arc<tokio::sync::OnceCell<()>>>>,
+    /// Hosts with multiplexing off, until when.
+    mux_lost: Mutex<HashMap<String, Instant>>,
 }
 
 impl Ssh {
@@ -224,7 +255,10 @@ impl Ssh {
             channel_cap: channel_cap.max(1),
             exchanges: AtomicU64::new(0),
             refusals: AtomicU64::new(0),
+            full_logins: AtomicU64::new(0),
             gates: Mutex::new(HashMap::new()),
+            checked: Mutex::new(HashMap::new()),
+            mux_lost: Mutex::new(HashMap::new()),
         })
     }
 
@@ -236,6 +270,154 @@ impl Ssh {
     /// Exchanges sshd refused for its limits (each tried again) so far.
     pub fn refusals(&self) -> u64 {
         self.refusals.load(Ordering::Relaxed)
+    }
+
+    /// Exchanges run without multiplexing (full logins) because a host's control socket did
+    /// not answer.
+    pub fn full_logins(&self) -> u64 {
+        self.full_logins.load(Ordering::Relaxed)
+    }
+
+    /// Hosts whose multiplexing is off now ("multiplexing lost"), sorted.
+    pub fn multiplexing_lost(&self) -> Vec<String> {
+        let now = Instant::now();
+        let m = self.mux_lost.lock().unwrap_or_else(|p| p.into_inner());
+        let mut v: Vec<String> = m
+            .iter()
+            .filter(|(_, until)| **until > now)
+            .map(|(h, _)| h.clone())
+            .collect();
+        v.sort();
+        v
+    }
+
+    /// Whether exchanges with `host` use the master now; an expired "lost" state is dropped
+    /// and the socket checked again.
+    fn mux_on(&self, host: &str) -> bool {
+        let mut m = self.mux_lost.lock().unwrap_or_else(|p| p.into_inner());
+        match m.get(host) {
+            Some(until) if *until > Instant::now() => false,
+            Some(_) => {
+                m.remove(host);
+                drop(m);
+                self.recheck(host);
+                true
+            }
+            None => true,
+        }
+    }
+
+    /// The next exchange with `host` checks its socket first.
+    fn recheck(&self, host: &str) {
+        let mut c = self.checked.lock().unwrap_or_else(|p| p.into_inner());
+        c.remove(host);
+    }
+
+    /// The control socket of `host` (`ssh -G` expands `%C` as ssh itself does).
+    async fn socket_of(&self, host: &str) -> Option<PathBuf> {
+        let mut a = self.config_args();
+        a.extend(["-o".into(), self.control_path_option(), "-G".into()]);
+        a.extend(
+            self.options
+                .iter()
+                .flat_map(|o| ["-o".to_string(), o.clone()]),
+        );
+        a.extend(["--".into(), host.to_string()]);
+        let out = tokio::time::timeout(
+            CHECK_TIMEOUT,
+            tokio::process::Command::new(&self.program)
+                .args(&a)
+                .stdin(Stdio::null())
+                .kill_on_drop(true)
+                .output(),
+        )
+        .await
+        .ok()?
+        .ok()?;
+        String::from_utf8_lossy(&out.stdout)
+            .lines()
+            .find_map(|l| l.strip_prefix("controlpath "))
+            .map(|p| PathBuf::from(p.trim()))
+    }
+
+    /// Checks the control socket of `host` with `ssh -O check` (at most [`CHECK_TIMEOUT`]);
+    /// removes it when stale and ours (in `control_dir`, a socket).
+    pub async fn check_master(&self, host: &str) -> MasterCheck {
+        let mut a = self.config_args();
+        a.extend(["-o".into(), self.control_path_option()]);
+        a.extend(
+            self.options
+                .iter()
+                .flat_map(|o| ["-o".to_string(), o.clone()]),
+        );
+        a.extend(["-O".into(), "check".into(), "--".into(), host.to_string()]);
+        let run = tokio::process::Command::new(&self.program)
+            .args(&a)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .kill_on_drop(true)
+            .output();
+        let verdict = match tokio::time::timeout(CHECK_TIMEOUT, run).await {
+            Err(_) => MasterCheck::Inconclusive(format!(
+                "`ssh -O check` got no answer within {CHECK_TIMEOUT:?}"
+            )),
+            Ok(Err(e)) => MasterCheck::Inconclusive(format!("cannot run ssh -O check: {e}")),
+            Ok(Ok(out)) if out.status.success() => MasterCheck::Alive,
+            Ok(Ok(out)) => {
+                let err = String::from_utf8_lossy(&out.stderr).to_ascii_lowercase();
+                if err.contains("connection refused") || err.contains("no such file") {
+                    MasterCheck::Stale
+                } else {
+                    MasterCheck::Inconclusive(err.trim().to_string())
+                }
+            }
+        };
+        if verdict == MasterCheck::Stale
+            && let Some(sock) = self.socket_of(host).await
+            && sock.parent() == Some(self.control_dir.as_path())
+        {
+            use std::os::unix::fs::FileTypeExt;
+            if std::fs::symlink_metadata(&sock).is_ok_and(|m| m.file_type().is_socket()) {
+                // A new master cannot bind over it; ssh removes a refused one itself, but not
+                // every version does.
+                let _ = std::fs::remove_file(&sock);
+                tracing::info!(host, socket = %sock.display(), "ssh: stale control socket removed");
+            }
+        }
+        verdict
+    }
+
+    /// Checks `host`'s socket once per process (and again after [`recheck`](Self::recheck));
+    /// no answer turns multiplexing off for the host for [`MUX_RETRY`].
+    async fn check_once(&self, host: &str) {
+        let cell = {
+            let mut c = self.checked.lock().unwrap_or_else(|p| p.into_inner());
+            Arc::clone(c.entry(host.to_string()).or_default())
+        };
+        cell.get_or_init(|| async {
+            if let MasterCheck::Inconclusive(why) = self.check_master(host).await {
+                tracing::warn!(
+                    host,
+                    "ssh: multiplexing lost for {MUX_RETRY:?} (the control socket does not \
+                     answer: {why}); exchanges log in afresh"
+                );
+                let mut m = self.mux_lost.lock().unwrap_or_else(|p| p.into_inner());
+                m.insert(host.to_string(), Instant::now() + MUX_RETRY);
+            }
+        })
+        .await;
+    }
+
+    fn config_args(&self) -> Vec<String> {
+        match &self.config {
+            Some(c) => vec!["-F".into(), c.display().to_string()],
+            None => Vec::new(),
+        }
+    }
+
+    fn control_path_option(&self) -> String {
+        format!("ControlPath={}/%C", self.control_dir.display())
     }
 
     /// The channel cap of `host` now.
@@ -293,21 +475,33 @@ impl Ssh {
     /// <host> <line>`. `line` is parsed by the remote login shell: callers build it from
     /// quoted words only.
     pub fn argv(&self, host: &str, line: &str) -> Vec<String> {
+        self.argv_mux(host, line, true)
+    }
+
+    /// [`argv`](Self::argv), or without multiplexing (`ControlMaster=no`, `ControlPath=none`:
+    /// a full login) when `mux` is false.
+    fn argv_mux(&self, host: &str, line: &str, mux: bool) -> Vec<String> {
         let mut a: Vec<String> = Vec::with_capacity(24);
-        if let Some(c) = &self.config {
-            a.push("-F".into());
-            a.push(c.display().to_string());
-        }
-        for o in [
-            "BatchMode=yes".to_string(),
-            "ControlMaster=auto".to_string(),
-            format!("ControlPath={}/%C", self.control_dir.display()),
-            format!("ControlPersist={}", self.persist.as_secs().max(1)),
-            "ConnectTimeout=10".to_string(),
-            "LogLevel=ERROR".to_string(),
-        ]
-        .into_iter()
-        .chain(self.options.iter().cloned())
+        a.extend(self.config_args());
+        let control = if mux {
+            vec![
+                "ControlMaster=auto".to_string(),
+                self.control_path_option(),
+                format!("ControlPersist={}", self.persist.as_secs().max(1)),
+            ]
+        } else {
+            vec![
+                "ControlMaster=no".to_string(),
+                "ControlPath=none".to_string(),
+            ]
+        };
+        for o in std::iter::once("BatchMode=yes".to_string())
+            .chain(control)
+            .chain([
+                "ConnectTimeout=10".to_string(),
+                "LogLevel=ERROR".to_string(),
+            ])
+            .chain(self.options.iter().cloned())
         {
             a.push("-o".into());
             a.push(o);
@@ -325,8 +519,15 @@ impl Ssh {
         let work = async {
             let mut tries: u32 = 0;
             loop {
+                if self.mux_on(host) {
+                    self.check_once(host).await;
+                }
+                let mux = self.mux_on(host);
+                if !mux {
+                    self.full_logins.fetch_add(1, Ordering::Relaxed);
+                }
                 let slot = self.enter(host).await;
-                let r = self.run_once(host, line).await;
+                let r = self.run_once(host, line, mux).await;
                 drop(slot);
                 let stderr = match &r {
                     Ok((_, e)) | Err(SshFailure::Remote { stderr: e, .. }) => e.as_str(),
@@ -364,18 +565,28 @@ impl Ssh {
         };
         match tokio::time::timeout_at(deadline.into(), work).await {
             Ok(r) => r,
-            Err(_) => Err(SshFailure::Unreachable(format!(
-                "no answer within {:?}",
-                self.timeout
-            ))),
+            Err(_) => {
+                // A slow remote command, a silent network, or a master that hangs: the next
+                // exchange checks the socket first.
+                self.recheck(host);
+                Err(SshFailure::Unreachable(format!(
+                    "no answer within {:?}",
+                    self.timeout
+                )))
+            }
         }
     }
 
     /// One ssh process: stdout and stderr on success (a dropped future kills it).
-    async fn run_once(&self, host: &str, line: &str) -> Result<(String, String), SshFailure> {
+    async fn run_once(
+        &self,
+        host: &str,
+        line: &str,
+        mux: bool,
+    ) -> Result<(String, String), SshFailure> {
         self.exchanges.fetch_add(1, Ordering::Relaxed);
         let mut cmd = tokio::process::Command::new(&self.program);
-        cmd.args(self.argv(host, line))
+        cmd.args(self.argv_mux(host, line, mux))
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
@@ -522,6 +733,7 @@ mod tests {
             &prog,
             format!(
                 "#!/bin/sh\n\
+                 case \" $* \" in *\" -O \"*|*\" -G \"*) echo 'Control socket connect(x): No such file or directory' >&2; exit 255;; esac\n\
                  # Serialised by mkdir: concurrent calls take distinct lines.\n\
                  while ! mkdir {d}/lock 2>/dev/null; do sleep 0.01; done\n\
                  n=$(cat {d}/n 2>/dev/null || echo 0); echo $((n+1)) > {d}/n\n\
@@ -637,7 +849,7 @@ mod tests {
         std::fs::write(
             &prog,
             format!(
-                "#!/bin/sh\nf={d}/run.$$; : > $f; ls {d} | grep -c '^run\\.' >> {d}/seen; sleep 0.2; rm -f $f\n",
+                "#!/bin/sh\ncase \" $* \" in *\" -O \"*|*\" -G \"*) exit 255;; esac\nf={d}/run.$$; : > $f; ls {d} | grep -c '^run\\.' >> {d}/seen; sleep 0.2; rm -f $f\n",
                 d = d.path().display()
             ),
         )
@@ -670,5 +882,71 @@ mod tests {
             .max();
         assert_eq!(seen.lines().count(), 8, "{seen}");
         assert_eq!(most, Some(2), "{seen}");
+    }
+
+    /// Issue 27 (P05), with the real OpenSSH client and no server: a control socket whose
+    /// listener accepts and never answers (where ssh itself hangs) costs one bounded check,
+    /// then multiplexing is off for the host ("lost", counted) and the exchange goes straight
+    /// to the host; a socket nobody listens on is removed (ours, a socket).
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_control_socket_that_never_answers_is_not_a_hang() {
+        let d = tempfile::tempdir().unwrap();
+        // No site or user config: port 1 on loopback refuses at once.
+        let cfg = d.path().join("config");
+        std::fs::write(&cfg, "").unwrap();
+        let client = |dir: &str| {
+            Ssh::new(
+                "ssh".into(),
+                Some(cfg.clone()),
+                vec!["Port=1".into()],
+                d.path().join(dir),
+                Duration::from_secs(1),
+                Duration::from_secs(8),
+                4,
+            )
+            .expect("ssh client (openssh-client)")
+        };
+        let ssh = client("hang");
+        let sock = ssh
+            .socket_of("127.0.0.1")
+            .await
+            .expect("ssh -G names the socket");
+        assert_eq!(sock.parent(), Some(d.path().join("hang").as_path()));
+        let listener = std::os::unix::net::UnixListener::bind(&sock).unwrap();
+        std::thread::spawn(move || {
+            let mut held = Vec::new();
+            for c in listener.incoming() {
+                held.push(c);
+            }
+        });
+        let t0 = Instant::now();
+        match ssh.run("127.0.0.1", "true").await {
+            Err(SshFailure::Unreachable(m)) => assert!(m.contains("Connection refused"), "{m}"),
+            other => panic!("{other:?}"),
+        }
+        let took = t0.elapsed();
+        assert!(
+            took >= CHECK_TIMEOUT && took < Duration::from_secs(6),
+            "{took:?}"
+        );
+        assert_eq!(ssh.multiplexing_lost(), ["127.0.0.1"]);
+        assert_eq!(ssh.full_logins(), 1);
+        assert!(sock.exists(), "an inconclusive check keeps the socket");
+        // While lost, no further check: the next exchange is quick.
+        let t0 = Instant::now();
+        assert!(ssh.run("127.0.0.1", "true").await.is_err());
+        assert!(t0.elapsed() < CHECK_TIMEOUT, "{:?}", t0.elapsed());
+        assert_eq!(ssh.full_logins(), 2);
+
+        // A dead master's socket: removed, multiplexing stays on.
+        let ssh = client("stale");
+        let sock = ssh.socket_of("127.0.0.1").await.unwrap();
+        drop(std::os::unix::net::UnixListener::bind(&sock).unwrap());
+        assert!(sock.exists());
+        assert_eq!(ssh.check_master("127.0.0.1").await, MasterCheck::Stale);
+        assert!(!sock.exists(), "stale socket removed");
+        // No socket at all is stale too (nothing to remove).
+        assert_eq!(ssh.check_master("127.0.0.1").await, MasterCheck::Stale);
+        assert!(ssh.multiplexing_lost().is_empty());
     }
 }
