@@ -358,6 +358,8 @@ impl Ssh {
             .stderr(Stdio::piped())
             .kill_on_drop(true)
             .output();
+        // Only a refused socket is on disk to remove (a missing one is not).
+        let mut refused = false;
         let verdict = match tokio::time::timeout(CHECK_TIMEOUT, run).await {
             Err(_) => MasterCheck::Inconclusive(format!(
                 "`ssh -O check` got no answer within {CHECK_TIMEOUT:?}"
@@ -366,14 +368,15 @@ impl Ssh {
             Ok(Ok(out)) if out.status.success() => MasterCheck::Alive,
             Ok(Ok(out)) => {
                 let err = String::from_utf8_lossy(&out.stderr).to_ascii_lowercase();
-                if err.contains("connection refused") || err.contains("no such file") {
+                refused = err.contains("connection refused");
+                if refused || err.contains("no such file") {
                     MasterCheck::Stale
                 } else {
                     MasterCheck::Inconclusive(err.trim().to_string())
                 }
             }
         };
-        if verdict == MasterCheck::Stale
+        if refused
             && let Some(sock) = self.socket_of(host).await
             && sock.parent() == Some(self.control_dir.as_path())
         {
