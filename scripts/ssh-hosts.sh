@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
 # Fake GPU hosts for the bare-metal executor's tests: several OpenSSH sshd instances on
-# loopback addresses (127.0.10.N, port 2222; h1-h6 by default, tests use h1-h4 as the cluster
-# and h5/h6 for fault injection), key authentication only, each "host" with its own
-# fake GPU probe (`nvidia-smi -L` listing 4 GPUs) and its own state folder.
+# loopback addresses (127.0.10.N, port 2222; h1-h7 by default, tests use h1-h4 as the cluster,
+# h5/h6 for fault injection and h7 as the sshd-limits host: `MaxSessions 2` and
+# `MaxStartups 3:30:10`, where fan-out meets refused sessions and dropped connections as on a
+# strict site, issue 27 P06), key authentication only, each "host" with its own fake GPU probe
+# (`nvidia-smi -L` listing 4 GPUs) and its own state folder.
 #
 #   scripts/ssh-hosts.sh start              start every host (idempotent); prints the env to eval
 #   scripts/ssh-hosts.sh stop [HOST]        stop every host's sshd (or one), sessions included;
@@ -21,12 +23,19 @@
 # is how `ps` and `kill-tasks` tell the hosts apart on this one machine.
 set -euo pipefail
 DIR=${PUZZLETRON_SSH_HOSTS_DIR:-/tmp/puzzletron-ssh-hosts}
-N=${PUZZLETRON_SSH_HOSTS:-6}
+N=${PUZZLETRON_SSH_HOSTS:-7}
 PORT=${PUZZLETRON_SSH_PORT:-2222}
 SSHD=/usr/sbin/sshd
 
 hosts() { local i; for i in $(seq 1 "$N"); do echo "h$i"; done; }
 addr() { echo "127.0.10.${1#h}"; }
+# sshd's session and connection limits: generous everywhere but on h7, the sshd-limits host.
+limits() {
+  case $1 in
+    h7) printf 'MaxSessions 2\nMaxStartups 3:30:10\n' ;;
+    *) printf 'MaxSessions 200\nMaxStartups 100:30:200\n' ;;
+  esac
+}
 
 need_packages() {
   if [ ! -x "$SSHD" ] || ! command -v ssh >/dev/null || ! command -v ssh-keygen >/dev/null; then
@@ -84,8 +93,7 @@ KbdInteractiveAuthentication no
 PermitRootLogin prohibit-password
 StrictModes no
 UsePAM no
-MaxSessions 200
-MaxStartups 100:30:200
+$(limits "$h")
 LogLevel ERROR
 SetEnv HOME=$DIR/$h/home PATH=$DIR/$h/bin:/usr/local/bin:/usr/bin:/bin PUZZLETRON_BAREMETAL_ROOT=$DIR/$h/state PUZZLETRON_FAKE_HOST=$h
 CONF

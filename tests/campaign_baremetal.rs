@@ -1,5 +1,5 @@
 //! Campaigns on the bare-metal executor over real OpenSSH hosts on loopback
-//! (`scripts/ssh-hosts.sh`: sshd instances h1-h6, 4 fake GPUs each):
+//! (`scripts/ssh-hosts.sh`: sshd instances h1-h7, 4 fake GPUs each):
 //! - the digits campaign example runs to completion across h1-h4 with the same results as on
 //!   the local runner, GPU slices disjoint (every attempt records host, CUDA_VISIBLE_DEVICES and
 //!   its time span; overlapping attempts on one host never share a GPU);

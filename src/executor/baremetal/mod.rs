@@ -21,6 +21,10 @@
 //!   SIGKILL after the grace; the wrapper kills what the job leaves in its group.
 //! - **Stateless recovery**: the handle (attempt id, hosts, GPUs, state folder) and the lease
 //!   file are all a fresh process needs; [`find`](Executor::find) reads the lease file.
+//! - **sshd's limits** (`MaxSessions`, `MaxStartups`): at most
+//!   [`channel_cap`](BareMetalExecutorBuilder::channel_cap) exchanges per host at once, lowered
+//!   when the host refuses a session; an exchange sshd refused for its limits is tried again
+//!   after a jittered backoff within the exchange's deadline, never counted against the host.
 //! - **Unreachable hosts** are retried with exponential backoff; their tasks stay `Running`
 //!   (reason says since when the host is silent) until `lost_after`, then are reported
 //!   [`JobState::NodeFail`] (a transient failure: the controller resubmits elsewhere when the
@@ -78,6 +82,7 @@ pub struct BareMetalExecutorBuilder {
     lost_after: Duration,
     exchange_timeout: Duration,
     backoff_max: Duration,
+    channel_cap: u32,
 }
 
 impl BareMetalExecutorBuilder {
@@ -188,6 +193,13 @@ impl BareMetalExecutorBuilder {
         self
     }
 
+    /// How many SSH exchanges may run on one host at once (default 10, sshd's default
+    /// `MaxSessions`); lowered per host, down to 1, each time the host refuses a session.
+    pub fn channel_cap(mut self, cap: u32) -> Self {
+        self.channel_cap = cap.max(1);
+        self
+    }
+
     /// Checks the settings and creates the SSH control folder (the state folder is created at
     /// the first submit).
     ///
@@ -261,6 +273,7 @@ impl BareMetalExecutorBuilder {
             Duration::from_secs(120),
             self.exchange_timeout
                 .max(self.kill_grace + self.cancel_timeout + Duration::from_secs(10)),
+            self.channel_cap,
         )?;
         Ok(BareMetalExecutor {
             inner: Arc::new(Inner {
@@ -349,12 +362,42 @@ impl BareMetalExecutor {
             lost_after: Duration::from_secs(120),
             exchange_timeout: Duration::from_secs(30),
             backoff_max: Duration::from_secs(30),
+            channel_cap: 10,
         }
     }
 
     /// SSH exchanges (ssh processes) this executor has started.
     pub fn ssh_exchanges(&self) -> u64 {
         self.inner.ssh.exchanges()
+    }
+
+    /// SSH exchanges that sshd refused for its limits (`MaxSessions`, `MaxStartups`) and that
+    /// were tried again: never a failure of the task or of the host.
+    pub fn ssh_refusals(&self) -> u64 {
+        self.inner.ssh.refusals()
+    }
+
+    /// How many SSH exchanges may run on `host` at once now (the configured
+    /// [`channel_cap`](BareMetalExecutorBuilder::channel_cap), lower after refused sessions).
+    pub fn ssh_channel_cap(&self, host: &str) -> u32 {
+        self.inner.ssh.channel_cap_of(host)
+    }
+
+    /// Hosts whose control socket did not answer a check: their exchanges are full logins
+    /// for a while ("multiplexing lost"), sorted.
+    pub fn ssh_multiplexing_lost(&self) -> Vec<String> {
+        self.inner.ssh.multiplexing_lost()
+    }
+
+    /// Exchanges run as full logins because multiplexing was lost.
+    pub fn ssh_full_logins(&self) -> u64 {
+        self.inner.ssh.full_logins()
+    }
+
+    /// The folder of this executor's SSH control sockets (one per host; only this executor's
+    /// masters live there).
+    pub fn ssh_control_dir(&self) -> &Path {
+        &self.inner.ssh.control_dir
     }
 
     /// The lease table as it is on disk now.

@@ -105,8 +105,10 @@ exit 0
 "#;
 
 /// Submit: makes the attempt folder exclusively and starts the wrapper detached (`setsid`,
-/// no terminal, no tie to the SSH session). Prints `OK`, or `DUP` when the attempt was
-/// already started on this host. Args (after the root): id wrapper_text job_text args_text
+/// no terminal, no tie to the SSH session). Prints `OK` once the job's pid record (`job`) or
+/// its exit record is there (issue 27, P07: the pid file exists before the launch returns;
+/// at most ~1 s, after which the poll follows it), or `DUP` when the attempt was already
+/// started on this host. Args (after the root): id wrapper_text job_text args_text
 /// (the job's arguments as quoted shell words, written to `<dir>/args`).
 const SUBMIT: &str = r#"id=$1; W=$2; J=$3; A=$4
 d=$root/$id
@@ -120,6 +122,7 @@ printf '%s' "$J" > "$d/job.sh" || exit 3
 ( umask 077; printf '%s' "$A" > "$d/args" ) || exit 3
 [ -e "$d/submitted" ] || now > "$d/submitted"
 setsid sh -c "$W" ptron-wrap "" "$d" < /dev/null > /dev/null 2>&1 &
+i=0; while [ ! -f "$d/job" ] && [ ! -f "$d/exit" ] && [ $i -lt 100 ]; do sleep 0.01; i=$((i+1)); done
 echo OK
 "#;
 
