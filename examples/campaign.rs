@@ -176,6 +176,17 @@ fn worker(args: &[String]) -> Result<(), Error> {
         writeln!(f, "{}", var(puzzletron::executor::ATTEMPT_ID_ENV)?)?;
         f.sync_all()?;
     }
+    // Fault tests hold the payloads of one host while the file `DIR.hold.HOST` exists beside
+    // the campaign folder DIR, so the host can be stopped while a task surely runs there (a
+    // task of this example takes well under a second).
+    let host = std::env::var("PUZZLETRON_HOST").unwrap_or_else(|_| "localhost".into());
+    let mut hold = campaign.clone().into_os_string();
+    hold.push(format!(".hold.{host}"));
+    let hold = PathBuf::from(hold);
+    let held_since = std::time::Instant::now();
+    while hold.exists() && held_since.elapsed() < std::time::Duration::from_secs(300) {
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
     eprintln!(
         "stage {stage} ({phase}) unit {} attempt {} CUDA_VISIBLE_DEVICES={:?}",
         var("PUZZLETRON_UNIT")?,

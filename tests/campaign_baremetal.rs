@@ -290,6 +290,11 @@ fn host_down_and_back_then_host_down_for_good() {
     // h6 first: the GPU stages (score's shards, realize) are placed there first.
     let mut args = bm_args(&h, "h6:4,h5:4");
     args.extend(["--lost-after".into(), "3".into()]);
+    // Payloads on h6 wait while `gone.hold.h6` exists beside the campaign folder
+    // (examples/campaign.rs): the host is stopped while one surely runs there, however fast
+    // the campaign (it takes ~3 s in all).
+    let hold = root.path().join("gone.hold.h6");
+    std::fs::write(&hold, b"").unwrap();
     let mut child = Command::new(campaign_exe())
         .arg("--dir")
         .arg(&dir)
@@ -303,6 +308,7 @@ fn host_down_and_back_then_host_down_for_good() {
     let ran = wait_for_task_on(&dir, "h6", &mut child);
     ssh_hosts::ctl(&["stop", "h6"]);
     ssh_hosts::ctl(&["kill-tasks", "h6"]);
+    std::fs::remove_file(&hold).unwrap();
     let out = child.wait_with_output().unwrap();
     ssh_hosts::ctl(&["start", "h6"]);
     let text = String::from_utf8_lossy(&out.stderr);
