@@ -60,7 +60,8 @@
 //!   processes and hosts), [`MemoryStore`].
 //! - [`sweep`]: [`Orchestrator`], [`Job`] and the [`job!`] macro, [`Run`] (where a job logs).
 //! - [`metrics`]: [`MetricTable`] (Arrow), Parquet and CSV output, [`metrics::collect`].
-//! - [`executor`]: the [`executor::Executor`] trait that runs attempts (local, Slurm, mock);
+//! - [`executor`]: the [`executor::Executor`] trait that runs attempts (local processes,
+//!   Slurm, bare-metal hosts over SSH, Ray, and a mock for tests);
 //!   [`executor::InProcess`], the default: jobs run in the draining process.
 //! - [`arrow`]: the Arrow types used in public signatures.
 //! - [`campaign`]: multi-stage GPU campaigns compiled from experiment YAML (Hydra-style
@@ -96,8 +97,10 @@
 //!   check your own [`Store`] or [`executor::Executor`] against the rules ours keep.
 //! - `progress`: progress bars (`indicatif`) in the campaign controller's live view on a
 //!   terminal.
+//! - `ray`: `executor::RayExecutor`, which runs attempts as jobs of a Ray cluster through its
+//!   Jobs REST API (adds `ureq`, plain HTTP).
 //! - `cli`: the `puzzletron` command line (`src/bin/puzzletron.rs`, the `cli` module; adds
-//!   `clap`).
+//!   `clap` and `tracing-subscriber`, and turns on `ray` for Ray runners).
 //! - `fuzzing`: the entry points of the fuzz targets (`campaign::fuzzing`,
 //!   `campaign::config::fuzzing`) for `fuzz/` and the corpus replay tests; not part of the API.
 //!

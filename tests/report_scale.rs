@@ -126,3 +126,77 @@ fn a_ten_thousand_attempt_report_is_small_with_its_attempts_beside_it() {
         eprintln!("chromium rendered the report in {took:?}");
     }
 }
+
+/// `--out` never destroys a file that is not a report (a journal, say), a missing folder is
+/// named as such, and a small campaign's report to the same `--out` removes the table a
+/// larger one left beside it (it would look current).
+#[test]
+fn report_out_guards_and_no_stale_attempts_table() {
+    let _w = watchdog::Watchdog::start(
+        "report_out_guards_and_no_stale_attempts_table",
+        Duration::from_secs(600),
+    );
+    let tmp = tempfile::tempdir().unwrap();
+    let big = tmp.path().join("big");
+    assert!(sim::run(3_000, &big).report.is_complete());
+    let small = tmp.path().join("small");
+    assert!(sim::run(20, &small).report.is_complete());
+    let report = |dir: &std::path::Path, out: &std::path::Path| {
+        cli::run(&[
+            "campaign",
+            "report",
+            dir.to_str().unwrap(),
+            "--no-sacct",
+            "--out",
+            out.to_str().unwrap(),
+        ])
+    };
+
+    // A journal as --out: refused, the journal intact.
+    let journal = big.join("controller/journal.jsonl");
+    let before = std::fs::read(&journal).unwrap();
+    let (code, _, err) = report(&big, &journal);
+    assert_eq!(code, 2, "{err}");
+    assert!(
+        err.contains("is an existing file that is not a report"),
+        "{err}"
+    );
+    assert_eq!(
+        std::fs::read(&journal).unwrap(),
+        before,
+        "journal untouched"
+    );
+
+    // A missing folder is named.
+    let nope = tmp.path().join("nope/deeper/r.html");
+    let (code, _, err) = report(&big, &nope);
+    assert_eq!(code, 2, "{err}");
+    assert!(
+        err.contains(&format!(
+            "the folder {} does not exist",
+            nope.parent().unwrap().display()
+        )),
+        "{err}"
+    );
+
+    // Large then small to one --out: the large one's table does not stay behind.
+    let out = tmp.path().join("r.html");
+    let csv = tmp.path().join("r.html.attempts.csv");
+    let (code, _, err) = report(&big, &out);
+    assert_eq!(code, 0, "{err}");
+    assert!(csv.is_file());
+    let (code, stdout, err) = report(&small, &out);
+    assert_eq!(code, 0, "{err}");
+    assert_eq!(
+        stdout.lines().count(),
+        1,
+        "no CSV for a small campaign: {stdout}"
+    );
+    assert!(
+        !csv.exists(),
+        "the earlier campaign's table was left beside the report"
+    );
+    // And a report replaces a report.
+    let (code, _, err) = report(&big, &out);
+    assert_eq!(code, 0, "{err}");
+}

@@ -1096,7 +1096,16 @@ fn write_report(
                 .map_err(|e| CliError::new(format!("writing {}: {e}", p.display())))?;
             Some(p)
         }
-        None => None,
+        None => {
+            // A smaller campaign's report must not sit beside an earlier, larger one's table.
+            let p = out.with_file_name(attempts_csv_name(&name));
+            match std::fs::remove_file(&p) {
+                Ok(()) => {}
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+                Err(e) => return Err(CliError::new(format!("removing {}: {e}", p.display()))),
+            }
+            None
+        }
     };
     crate::fsutil::atomic_write(&out, files.html.as_bytes())
         .map_err(|e| CliError::new(format!("writing {}: {e}", out.display())))?;

@@ -288,7 +288,7 @@ pub enum CampaignCmd {
         #[arg(long)]
         no_sacct: bool,
     },
-    /// Worker-side GPU preflight (N04): checks the visible GPUs (CUDA_VISIBLE_DEVICES,
+    /// Worker-side GPU preflight: checks the visible GPUs (CUDA_VISIBLE_DEVICES,
     /// SLURM_STEP_GPUS, SLURM_JOB_GPUS) against PUZZLETRON_GPUS_PER_NODE and prints this
     /// rank's device (its position in its visible list). Exit 2 on a mismatch: the controller
     /// classifies it as a configuration failure, never retried.
@@ -455,8 +455,9 @@ pub enum SweepCmd {
     },
     /// Move the folders of runs whose record cannot be read (corrupt: truncated, emptied, not
     /// a record) aside to STORE/corrupt/KEY.UNIXSECS, never deleting them: the next drain of
-    /// the sweep runs them again (as `repair(true)` on the sweep does). Run it while no drain
-    /// repairs the store.
+    /// the sweep runs them again (as `repair(true)` on the sweep does). Safe beside drains and
+    /// other repairs: each run is moved once (a lock in STORE/corrupt/), and a run another
+    /// process repaired first is left alone.
     #[command(after_help = SWEEP_HELP)]
     Repair {
         /// The store folder.
@@ -506,6 +507,36 @@ pub(crate) fn report_path(out: Option<PathBuf>, default_dir: &Path) -> Result<Pa
                 out.display()
             ),
         });
+    }
+    if let Some(parent) = out.parent().filter(|p| !p.as_os_str().is_empty())
+        && !parent.is_dir()
+    {
+        return Err(CliError {
+            code: exit::USAGE,
+            message: format!(
+                "--out {}: the folder {} does not exist; create it or choose another --out",
+                out.display(),
+                parent.display()
+            ),
+        });
+    }
+    // A report replaces only an earlier report: `--out` naming a journal, a record or any
+    // other file would destroy it.
+    if out.is_file() {
+        use std::io::Read;
+        let mut head = [0u8; 15];
+        let n = std::fs::File::open(&out)
+            .and_then(|mut f| f.read(&mut head))
+            .map_err(|e| CliError::new(format!("--out {}: {e}", out.display())))?;
+        if n > 0 && !head[..n].starts_with(b"<!DOCTYPE html") {
+            return Err(CliError {
+                code: exit::USAGE,
+                message: format!(
+                    "--out {} is an existing file that is not a report (it does not start with <!DOCTYPE html>); refusing to overwrite it: choose another --out",
+                    out.display()
+                ),
+            });
+        }
     }
     Ok(out)
 }

@@ -98,6 +98,7 @@ fn repair(root: &Path, dry_run: bool) -> Result<i32, CliError> {
     let store = open(root)?;
     let h = SweepHistory::load(&store)?;
     let mut n = 0;
+    let mut others = 0;
     for r in h.runs.iter().filter(|r| r.state == "corrupt") {
         let key: crate::Hash = r
             .key
@@ -113,8 +114,13 @@ fn repair(root: &Path, dry_run: bool) -> Result<i32, CliError> {
             continue;
         }
         match store.set_aside(&key)? {
+            // Another process repaired or moved it first: not counted as moved here.
             Some(to) => match to.strip_prefix("nowhere: ") {
-                Some(why) => println!("left {} in place: {why}", store.job_dir(&key).display()),
+                Some(why) => {
+                    n -= 1;
+                    others += 1;
+                    println!("not moved: {why}");
+                }
                 None => println!("moved {} to {to}", store.job_dir(&key).display()),
             },
             None => {
@@ -133,6 +139,9 @@ fn repair(root: &Path, dry_run: bool) -> Result<i32, CliError> {
             "moved aside: the next drain of their sweep runs them again"
         }
     );
+    if others > 0 {
+        println!("{others} corrupt run(s) were repaired or moved aside by another process");
+    }
     Ok(exit::DONE)
 }
 

@@ -70,6 +70,58 @@ pub struct Rendering {
     pub secrets: Vec<String>,
 }
 
+impl RenderedCommand {
+    /// `argv` run on this machine, in the executor's own working directory, with no variable
+    /// set on top of the inherited environment (add them with the `with_*` methods).
+    ///
+    /// ```
+    /// use puzzletron::executor::RenderedCommand;
+    /// let c = RenderedCommand::new(["sbatch", "--parsable", "job.sh"])
+    ///     .with_env("SLURM_EXPORT_ENV", "ALL")
+    ///     .with_cwd("/scratch/c");
+    /// assert_eq!(c.argv, ["sbatch", "--parsable", "job.sh"]);
+    /// assert_eq!(c.env["SLURM_EXPORT_ENV"], "ALL");
+    /// assert_eq!(c.host, None);
+    /// ```
+    pub fn new(argv: impl IntoIterator<Item = impl Into<String>>) -> Self {
+        Self {
+            host: None,
+            argv: argv.into_iter().map(Into::into).collect(),
+            env: BTreeMap::new(),
+            cwd: None,
+        }
+    }
+
+    /// Runs on `host` (as a remote executor's commands do).
+    pub fn with_host(mut self, host: impl Into<String>) -> Self {
+        self.host = Some(host.into());
+        self
+    }
+
+    /// Sets the variable `name` to `value` on top of the inherited environment.
+    pub fn with_env(mut self, name: impl Into<String>, value: impl Into<String>) -> Self {
+        self.env.insert(name.into(), value.into());
+        self
+    }
+
+    /// Runs in `cwd` instead of the executor's own working directory.
+    pub fn with_cwd(mut self, cwd: impl Into<PathBuf>) -> Self {
+        self.cwd = Some(cwd.into());
+        self
+    }
+}
+
+impl RenderedFile {
+    /// The file written at `path` (or the request body sent to that endpoint) with exactly
+    /// `content`.
+    pub fn new(path: impl Into<PathBuf>, content: impl Into<String>) -> Self {
+        Self {
+            path: path.into(),
+            content: content.into(),
+        }
+    }
+}
+
 impl Rendering {
     /// A rendering with no file, command or note.
     pub fn new(attempt_id: AttemptId, executor: impl Into<String>) -> Self {

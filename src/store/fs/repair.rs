@@ -55,6 +55,8 @@ impl FsStore {
     pub(super) fn repair_lock(&self, aside: &Path) -> Result<RepairLock, StoreError> {
         let path = aside.join(REPAIR_LOCK);
         let owner = Owner::current();
+        // Said once per wait, so a repair that waits on a lock is never silent.
+        let mut said = false;
         loop {
             self.inject(FsOp::RepairLock, &path, Ok(()))
                 .map_err(io_err(&path))?;
@@ -73,13 +75,13 @@ impl FsStore {
                 Err(e) if gone(&e) => continue,
                 Err(e) => return Err(io_err(&path)(e)),
             };
-            let stale = match holder {
+            let stale = match &holder {
                 Ok(Some(o)) => match o.liveness() {
                     Liveness::Ours => false,
                     Liveness::Dead => true,
                     _ => self.watch.unchanged_for(&path, beat) >= self.stale_after,
                 },
-                Err(e) if gone(&e) => continue,
+                Err(e) if gone(e) => continue,
                 // Empty (its writer between `open` and `write`, or killed there) or not an
                 // owner: nobody to ask, only the heartbeat decides.
                 Ok(None) | Err(_) => self.watch.unchanged_for(&path, beat) >= self.stale_after,
@@ -92,6 +94,18 @@ impl FsStore {
                     let _ = std::fs::remove_file(&tomb);
                 }
                 continue;
+            }
+            if !said {
+                said = true;
+                tracing::warn!(
+                    lock = %path.display(),
+                    holder = %match &holder {
+                        Ok(Some(o)) => o.to_string(),
+                        _ => "unknown (empty or unreadable lock file)".to_string(),
+                    },
+                    stale_after_s = self.stale_after.as_secs(),
+                    "waiting for the repair lock: taken over if its holder is proved dead, or once it stays unchanged for the stale interval"
+                );
             }
             std::thread::sleep(POLL);
         }
