@@ -718,6 +718,17 @@ fn master_pid(h: &ssh_hosts::SshHosts, sock: &Path, host: &str) -> Result<u32, S
         .ok_or(err)
 }
 
+/// An executor of one host (4 GPUs) with short kill and cancel deadlines.
+fn one_host(h: &ssh_hosts::SshHosts, host: &str, state: &Path) -> BareMetalExecutor {
+    BareMetalExecutor::builder(state)
+        .ssh_config(&h.config)
+        .host(host, 4)
+        .kill_grace(Duration::from_secs(1))
+        .cancel_timeout(Duration::from_secs(5))
+        .build()
+        .unwrap()
+}
+
 /// Issue 27 (P05): the executor's ControlMaster is killed with SIGKILL and its socket left
 /// behind. The next submit and poll neither hang nor fail: they finish within seconds (the
 /// figure is printed; < 10 s asserted), and multiplexing comes back (a new master behind the
@@ -732,13 +743,7 @@ async fn a_killed_control_master_does_not_hang_or_fail_the_next_call() {
     let _w = watchdog::Watchdog::start("killed_master", Duration::from_secs(120));
     let host = h.hosts[2].clone();
     let state = tempfile::tempdir().unwrap();
-    let exec = BareMetalExecutor::builder(state.path())
-        .ssh_config(&h.config)
-        .host(&host, 4)
-        .kill_grace(Duration::from_secs(1))
-        .cancel_timeout(Duration::from_secs(5))
-        .build()
-        .unwrap();
+    let exec = one_host(&h, &host, state.path());
     let a = exec
         .submit(&spec(&uniq("cm-a"), "sleep 60", 0))
         .await
@@ -810,13 +815,7 @@ async fn a_launch_detaches_within_two_seconds() {
     let _w = watchdog::Watchdog::start("launch_detaches", Duration::from_secs(120));
     let host = h.hosts[3].clone();
     let state = tempfile::tempdir().unwrap();
-    let exec = BareMetalExecutor::builder(state.path())
-        .ssh_config(&h.config)
-        .host(&host, 4)
-        .kill_grace(Duration::from_secs(1))
-        .cancel_timeout(Duration::from_secs(5))
-        .build()
-        .unwrap();
+    let exec = one_host(&h, &host, state.path());
     // The host's checks first, so the figure is the launch's.
     exec.preflight().await.unwrap();
     let t0 = std::time::Instant::now();

@@ -463,16 +463,11 @@ fn timeline(o: &mut String, h: &CampaignHistory) {
         group_of_row.extend(std::iter::repeat_n(g, *n));
     }
     let y = |row: usize| top + row as f64 * row_h + group_of_row[row] as f64 * gap;
-    let _ = write!(o, r#"<div class="legend">"#);
-    for oc in OUTCOMES {
-        let _ = write!(
-            o,
-            r#"<span><i style="background:{}"></i>{}</span>"#,
-            colour(oc.as_str()),
-            oc.as_str()
-        );
-    }
-    o.push_str("<span>thin bar before an attempt: queue wait (submit to start); dashed line: retry</span></div>");
+    legend(
+        o,
+        &OUTCOMES,
+        "<span>thin bar before an attempt: queue wait (submit to start); dashed line: retry</span>",
+    );
     let _ = write!(
         o,
         r#"<div class="scroll"><svg id="timeline" xmlns="http://www.w3.org/2000/svg" width="{width:.0}" height="{height:.0}" viewBox="0 0 {width:.0} {height:.0}" data-t0="{t0}" data-t1="{t1}" data-left="{left}" data-plot-width="{plot_w}">"#
@@ -818,6 +813,21 @@ fn attempts_csv(h: &CampaignHistory) -> String {
 }
 
 /// Outcomes drawn in the aggregated timeline, bottom to top of a stacked bar.
+/// The timeline's legend: a swatch per outcome, then `extra` (HTML).
+fn legend(o: &mut String, outcomes: &[Outcome], extra: &str) {
+    o.push_str(r#"<div class="legend">"#);
+    for oc in outcomes {
+        let _ = write!(
+            o,
+            r#"<span><i style="background:{}"></i>{}</span>"#,
+            colour(oc.as_str()),
+            oc.as_str()
+        );
+    }
+    o.push_str(extra);
+    o.push_str("</div>");
+}
+
 const AGG_OUTCOMES: [Outcome; 5] = [
     Outcome::Succeeded,
     Outcome::Superseded,
@@ -923,16 +933,7 @@ fn timeline_aggregated(o: &mut String, h: &CampaignHistory, report_file_name: &s
             String::new()
         }
     );
-    let _ = write!(o, r#"<div class="legend">"#);
-    for oc in AGG_OUTCOMES {
-        let _ = write!(
-            o,
-            r#"<span><i style="background:{}"></i>{}</span>"#,
-            colour(oc.as_str()),
-            oc.as_str()
-        );
-    }
-    o.push_str("</div>");
+    legend(o, &AGG_OUTCOMES, "");
     let lanes = agg.stages.len();
     let height = top + lanes as f64 * (lane_h + gap) + 10.0;
     let width = left + plot_w + 80.0;
