@@ -473,23 +473,7 @@ fn timeline(o: &mut String, h: &CampaignHistory) {
         r#"<div class="scroll"><svg id="timeline" xmlns="http://www.w3.org/2000/svg" width="{width:.0}" height="{height:.0}" viewBox="0 0 {width:.0} {height:.0}" data-t0="{t0}" data-t1="{t1}" data-left="{left}" data-plot-width="{plot_w}">"#
     );
     // Axis: 6 ticks.
-    for k in 0..=5u64 {
-        let t = t0 + (t1 - t0) * k / 5;
-        let xx = x(t);
-        let _ = write!(
-            o,
-            r##"<line x1="{xx:.1}" y1="{:.1}" x2="{xx:.1}" y2="{:.1}" stroke="#eee"/>"##,
-            top - 4.0,
-            height - 6.0
-        );
-        text(
-            o,
-            xx - 12.0,
-            12.0,
-            "small",
-            &format!("+{}", duration(t - t0)),
-        );
-    }
+    axis_ticks(o, t0, t1, &x, top, height);
     // Row labels.
     let mut row = 0;
     for (node, n) in &lay.groups {
@@ -813,6 +797,28 @@ fn attempts_csv(h: &CampaignHistory) -> String {
 }
 
 /// Outcomes drawn in the aggregated timeline, bottom to top of a stacked bar.
+/// The time axis: 6 ticks from `t0` to `t1` (ms), each a grid line from `top` down to the
+/// plot's foot and its offset from `t0`; `x` maps a time to its abscissa.
+fn axis_ticks(o: &mut String, t0: u64, t1: u64, x: &dyn Fn(u64) -> f64, top: f64, height: f64) {
+    for k in 0..=5u64 {
+        let t = t0 + (t1 - t0) * k / 5;
+        let xx = x(t);
+        let _ = write!(
+            o,
+            r##"<line x1="{xx:.1}" y1="{:.1}" x2="{xx:.1}" y2="{:.1}" stroke="#eee"/>"##,
+            top - 4.0,
+            height - 6.0
+        );
+        text(
+            o,
+            xx - 12.0,
+            12.0,
+            "small",
+            &format!("+{}", duration(t - t0)),
+        );
+    }
+}
+
 /// The timeline's legend: a swatch per outcome, then `extra` (HTML).
 fn legend(o: &mut String, outcomes: &[Outcome], extra: &str) {
     o.push_str(r#"<div class="legend">"#);
@@ -942,23 +948,7 @@ fn timeline_aggregated(o: &mut String, h: &CampaignHistory, report_file_name: &s
         r#"<div class="scroll"><svg id="timeline" data-aggregated="true" data-slices="{AGGREGATE_SLICES}" xmlns="http://www.w3.org/2000/svg" width="{width:.0}" height="{height:.0}" viewBox="0 0 {width:.0} {height:.0}" data-t0="{t0}" data-t1="{t1}" data-left="{left}" data-plot-width="{plot_w}">"#
     );
     let x = |t: u64| left + (t.saturating_sub(t0)) as f64 / (t1 - t0) as f64 * plot_w;
-    for k in 0..=5u64 {
-        let t = t0 + (t1 - t0) * k / 5;
-        let xx = x(t);
-        let _ = write!(
-            o,
-            r##"<line x1="{xx:.1}" y1="{:.1}" x2="{xx:.1}" y2="{:.1}" stroke="#eee"/>"##,
-            top - 4.0,
-            height - 6.0
-        );
-        text(
-            o,
-            xx - 12.0,
-            12.0,
-            "small",
-            &format!("+{}", duration(t - t0)),
-        );
-    }
+    axis_ticks(o, t0, t1, &x, top, height);
     for (l, stage) in agg.stages.iter().enumerate() {
         let y0 = top + l as f64 * (lane_h + gap);
         let peak = agg.counts[l]
