@@ -247,11 +247,21 @@ fn sweep_status_names_a_corrupt_run_and_sweep_repair_moves_it_aside() {
     let (code, out, _) = cli(&["sweep", "repair", "--dry-run"]);
     assert_eq!(code, Some(0));
     assert!(out.contains("would move"), "{out}");
+    assert!(
+        out.contains("\n1 corrupt run(s) would be moved aside"),
+        "{out}"
+    );
     assert!(file.exists(), "a dry run moves nothing");
     let (code, out, err) = cli(&["sweep", "repair"]);
     assert_eq!(code, Some(0), "{err}");
     assert!(out.contains("moved") && out.contains("corrupt/"), "{out}");
+    assert!(out.contains("\n1 corrupt run(s) moved aside"), "{out}");
+    assert!(!out.contains("another process"), "{out}");
     assert!(!file.exists());
+    // Counted by what this repair moved: nothing is left to move.
+    let (code, out, err) = cli(&["sweep", "repair"]);
+    assert_eq!(code, Some(0), "{err}");
+    assert!(out.starts_with("0 corrupt run(s) moved aside"), "{out}");
     // The next drain runs it again; nothing else.
     let mut o = sweep(&c, false, None);
     let s = o.drain().unwrap();

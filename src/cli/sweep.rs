@@ -104,8 +104,8 @@ fn repair(root: &Path, dry_run: bool) -> Result<i32, CliError> {
             .key
             .parse()
             .map_err(|e| CliError::new(format!("run key {:?}: {e}", r.key)))?;
-        n += 1;
         if dry_run {
+            n += 1;
             println!(
                 "would move {} aside: {}",
                 store.job_dir(&key).display(),
@@ -117,11 +117,13 @@ fn repair(root: &Path, dry_run: bool) -> Result<i32, CliError> {
             // Another process repaired or moved it first: not counted as moved here.
             Some(to) => match to.strip_prefix("nowhere: ") {
                 Some(why) => {
-                    n -= 1;
                     others += 1;
                     println!("not moved: {why}");
                 }
-                None => println!("moved {} to {to}", store.job_dir(&key).display()),
+                None => {
+                    n += 1;
+                    println!("moved {} to {to}", store.job_dir(&key).display());
+                }
             },
             None => {
                 return Err(CliError::new(format!(
