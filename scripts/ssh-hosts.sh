@@ -48,13 +48,23 @@ need_packages() {
   fi
 }
 
+# Writes stdin to $1 with mode $2, atomically (temp file + rename) and only when the content
+# changes: every test's `start` runs setup while other tests' sessions authenticate, and a
+# truncate-then-write of authorized_keys or nvidia-smi was seen by a concurrent login as an
+# empty file (`Permission denied (publickey)` under CI load).
+put() {
+  local t="$1.tmp.$$"
+  cat > "$t"
+  chmod "$2" "$t"
+  if [ -f "$1" ] && cmp -s "$t" "$1"; then rm -f "$t"; else mv -f "$t" "$1"; fi
+}
+
 setup() {
   mkdir -p "$DIR/keys"
   chmod 700 "$DIR" "$DIR/keys"
   [ -f "$DIR/keys/host_ed25519" ] || ssh-keygen -q -t ed25519 -N '' -C puzzletron-test-host -f "$DIR/keys/host_ed25519"
   [ -f "$DIR/keys/id_ed25519" ] || ssh-keygen -q -t ed25519 -N '' -C puzzletron-test-client -f "$DIR/keys/id_ed25519"
-  cp "$DIR/keys/id_ed25519.pub" "$DIR/keys/authorized_keys"
-  chmod 600 "$DIR/keys/authorized_keys"
+  put "$DIR/keys/authorized_keys" 600 < "$DIR/keys/id_ed25519.pub"
   : > "$DIR/known_hosts.tmp"
   : > "$DIR/ssh_config.tmp"
   for h in $(hosts); do
@@ -75,14 +85,13 @@ Host $h
 
 CFG
     mkdir -p "$DIR/$h/bin" "$DIR/$h/state" "$DIR/$h/home"
-    cat > "$DIR/$h/bin/nvidia-smi" <<SMI
+    put "$DIR/$h/bin/nvidia-smi" 755 <<SMI
 #!/bin/sh
 # Fake GPU probe of host $h: 4 GPUs.
 [ "\$1" = "-L" ] || { echo "fake nvidia-smi: only -L" >&2; exit 2; }
 for i in 0 1 2 3; do echo "GPU \$i: Fake H100 ($h) (UUID: GPU-$h-000\$i)"; done
 SMI
-    chmod 755 "$DIR/$h/bin/nvidia-smi"
-    cat > "$DIR/$h/sshd_config" <<CONF
+    put "$DIR/$h/sshd_config" 644 <<CONF
 ListenAddress $a:$PORT
 HostKey $DIR/keys/host_ed25519
 PidFile $DIR/$h/sshd.pid
