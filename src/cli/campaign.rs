@@ -517,6 +517,12 @@ fn launch(plan: CampaignPlan, a: &Launch<'_>) -> Result<i32, CliError> {
             } else {
                 ViewMode::Auto
             });
+        if let Some(s) = a.opts.output_visibility_wait {
+            b = b.output_visibility_wait(Duration::from_secs(s));
+        }
+        if let Some(s) = a.opts.fast_failure_window {
+            b = b.fast_failure_window(Duration::from_secs(s));
+        }
         if let Some(p) = controls.prompter() {
             // On a terminal, manual decisions are asked; otherwise the decision file is read.
             b = b.decision_prompt(p);

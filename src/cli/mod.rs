@@ -351,6 +351,20 @@ pub struct ControllerArgs {
     /// Least milliseconds between two polls of the jobs.
     #[arg(long, value_name = "MS", default_value_t = 1000)]
     pub poll_ms: u64,
+    /// Seconds a finished attempt's success marker or declared output that is not visible
+    /// (a network filesystem's attribute or negative cache) is looked for again before the
+    /// attempt fails as `output_not_visible` (default 60).
+    #[arg(
+        long,
+        value_name = "SECONDS",
+        env = "PUZZLETRON_OUTPUT_VISIBILITY_WAIT"
+    )]
+    pub output_visibility_wait: Option<u64>,
+    /// Seconds after its start within which an attempt that failed before its start mark,
+    /// with no application evidence in its log, is an infrastructure failure charged to its
+    /// node (default 60).
+    #[arg(long, value_name = "SECONDS")]
+    pub fast_failure_window: Option<u64>,
     /// No live progress view.
     #[arg(long)]
     pub quiet: bool,
