@@ -346,6 +346,50 @@ impl RunnerEnvironment {
         }
     }
 
+    /// A Slurm runner with these settings and an empty contract.
+    pub fn slurm(settings: SlurmSettings) -> Self {
+        RunnerEnvironment {
+            kind: RunnerKind::Slurm,
+            slurm: Some(settings),
+            local: None,
+            ..Self::local()
+        }
+    }
+
+    /// A bare-metal (SSH) runner over these hosts, with an empty contract.
+    pub fn baremetal(inventory: BaremetalInventory) -> Self {
+        RunnerEnvironment {
+            kind: RunnerKind::Baremetal,
+            inventory: Some(inventory),
+            local: None,
+            ..Self::local()
+        }
+    }
+
+    /// A Ray runner with these settings and an empty contract.
+    ///
+    /// ```
+    /// use puzzletron::campaign::{ExecutionContract, RaySettings, RunnerEnvironment, RunnerKind};
+    /// let r = RunnerEnvironment::ray(RaySettings::new("http://head:8265").with_gpus_per_node(8))
+    ///     .with_execution_contract(ExecutionContract::default());
+    /// assert_eq!(r.kind, RunnerKind::Ray);
+    /// assert_eq!(r.ray.unwrap().gpus_per_node, Some(8));
+    /// ```
+    pub fn ray(settings: RaySettings) -> Self {
+        RunnerEnvironment {
+            kind: RunnerKind::Ray,
+            ray: Some(settings),
+            local: None,
+            ..Self::local()
+        }
+    }
+
+    /// Sets what workers run under (repository, venv, container, setup commands).
+    pub fn with_execution_contract(mut self, contract: ExecutionContract) -> Self {
+        self.execution_contract = contract;
+        self
+    }
+
     /// Loads the YAML file at `path` (anchors, aliases and `<<` merge keys allowed; no
     /// composition or interpolation) and reads it with [`Self::from_value`].
     ///
