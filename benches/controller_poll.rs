@@ -1,4 +1,4 @@
-//! One controller iteration with 10k live jobs on the mock executor (DESIGN.md §8 target: a poll
+//! One controller iteration with 10k live jobs on the mock executor (`docs/design.md`, "Targets": a poll
 //! cycle with 10k live jobs well under 100 ms of CPU): lease check, intent scan, stage
 //! bookkeeping, one `poll` of all 10k handles, status processing. The jobs never end, so every
 //! measured iteration does the same work.

@@ -1,4 +1,4 @@
-//! The 100k-work-item simulated campaign (DESIGN.md §8 scale): mock executor, virtual clock,
+//! The 100k-work-item simulated campaign (`docs/design.md`, "Targets"): mock executor, virtual clock,
 //! injected faults (4% of first attempts fail: node failures, application errors, OOM, lost
 //! jobs; failed polls), journal on disk (fsync per batch). Prints wall time and peak RSS.
 //!

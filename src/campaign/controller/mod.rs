@@ -1,4 +1,4 @@
-//! The campaign controller (DESIGN.md §6): runs a compiled [`CampaignPlan`] on an
+//! The campaign controller (`docs/design.md`, "Campaigns": Controller): runs a compiled [`CampaignPlan`] on an
 //! [`Executor`], durably.
 //!
 //! - [`builder`]: [`CampaignControllerBuilder`] (options, lease, replay, contract check).
