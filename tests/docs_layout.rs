@@ -151,3 +151,67 @@ fn code_cites_the_docs_in_the_repository() {
         assert!(root().join(d).is_file(), "{d} is cited but does not exist");
     }
 }
+
+/// The case ids (`C01`, `N05`, `P07`; `c20_` in a test's name) cited in `text`.
+fn case_ids(text: &str) -> BTreeSet<String> {
+    let b = text.as_bytes();
+    let mut ids = BTreeSet::new();
+    for i in 0..b.len().saturating_sub(2) {
+        let (c, d1, d2) = (b[i], b[i + 1], b[i + 2]);
+        let before_ok = i == 0 || !(b[i - 1].is_ascii_alphanumeric() || b[i - 1] == b'_');
+        let next = b.get(i + 3).copied();
+        let id_char = matches!(c, b'C' | b'N' | b'P');
+        let test_name = matches!(c, b'c' | b'n' | b'p') && next == Some(b'_');
+        let after_ok = !next.is_some_and(|n| n.is_ascii_digit() || n.is_ascii_uppercase());
+        if (id_char || test_name)
+            && before_ok
+            && after_ok
+            && d1.is_ascii_digit()
+            && d2.is_ascii_digit()
+        {
+            ids.insert(format!(
+                "{}{}{}",
+                c.to_ascii_uppercase() as char,
+                d1 as char,
+                d2 as char
+            ));
+        }
+    }
+    ids
+}
+
+#[test]
+fn every_case_id_the_code_cites_is_described_in_docs_evidence() {
+    let evidence = read("docs/evidence.md");
+    let described: BTreeSet<String> = evidence
+        .lines()
+        .filter_map(|l| l.strip_prefix("| "))
+        .filter_map(|l| l.split(' ').next())
+        .filter(|id| case_ids(id).len() == 1)
+        .map(str::to_string)
+        .collect();
+    let mut files = Vec::new();
+    for dir in ["src", "tests", "examples", "benches"] {
+        files_under(&root().join(dir), &mut files);
+    }
+    let mut cited = BTreeSet::new();
+    for f in files.iter().filter(|f| f.ends_with(".rs")) {
+        cited.extend(case_ids(&read(f)));
+    }
+    assert!(
+        cited.contains("C04") && cited.contains("N03") && cited.contains("P01"),
+        "{cited:?}"
+    );
+    let missing: Vec<_> = cited.difference(&described).collect();
+    assert!(
+        missing.is_empty(),
+        "case ids cited in the code without a row in docs/evidence.md: {missing:?}"
+    );
+}
+
+#[test]
+fn case_ids_are_found_in_their_cited_forms_only() {
+    let ids = case_ids("C21a, N05 and (P01 (c)); fn n03_resume; node01 C123 xC04 C4 p01x");
+    let ids: Vec<_> = ids.into_iter().collect();
+    assert_eq!(ids, ["C21", "N03", "N05", "P01"]);
+}
