@@ -911,8 +911,8 @@ fn read_small(
 #[cfg(test)]
 mod tests {
     //! The judgement of claims by who may judge whom (P01 (a)-(e) in
-    //! `docs/evidence.md`, the bad-input rules of issue 26), one process playing every side: owners of
-    //! other PID namespaces, boots and hosts are written into claim files as such a process
+    //! `docs/evidence.md`, the bad-input rules of issue 26), one process playing every side: owners
+    //! of other PID namespaces, boots and hosts are written into claim files as such a process
     //! would write them.
 
     use super::*;
