@@ -1,5 +1,5 @@
-//! One controller iteration with 10k live jobs on the mock executor (DESIGN.md §8 target: a poll
-//! cycle with 10k live jobs well under 100 ms of CPU): lease check, intent scan, stage
+//! One controller iteration with 10k live jobs on the mock executor (`docs/design.md`, "Targets": a
+//! poll cycle with 10k live jobs well under 100 ms of CPU): lease check, intent scan, stage
 //! bookkeeping, one `poll` of all 10k handles, status processing. The jobs never end, so every
 //! measured iteration does the same work.
 

@@ -1,5 +1,5 @@
-//! The 100k-work-item simulated campaign (DESIGN.md §8 scale): mock executor, virtual clock,
-//! injected faults (4% of first attempts fail: node failures, application errors, OOM, lost
+//! The 100k-work-item simulated campaign (`docs/design.md`, "Targets"): mock executor, virtual
+//! clock, injected faults (4% of first attempts fail: node failures, application errors, OOM, lost
 //! jobs; failed polls), journal on disk (fsync per batch). Prints wall time and peak RSS.
 //!
 //! `cargo bench --bench controller_sim` (items: `PUZZLETRON_SIM_ITEMS`, default 100000).

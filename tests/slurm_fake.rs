@@ -1,5 +1,5 @@
 //! SlurmExecutor against fake `sbatch`/`squeue`/`sacct`/`scancel` scripts with scripted output:
-//! the submission and status cases of `shared/fixtures/slurm-cases.md` (C04, C14–C19) end to
+//! the submission and status cases of `docs/evidence.md` (C04, C14–C19) end to
 //! end, deterministically and without a cluster.
 #![cfg(feature = "slurm")]
 

@@ -1,5 +1,5 @@
 //! Table-driven tests of the sbatch/squeue/sacct parsers and the state mapping, one row per
-//! real output form; cases C01–C19 of `shared/fixtures/slurm-cases.md` are named in the rows.
+//! real output form; cases C01–C19 of `docs/evidence.md` are named in the rows.
 #![cfg(feature = "slurm")]
 
 use puzzletron::executor::JobState;

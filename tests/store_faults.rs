@@ -1,4 +1,4 @@
-//! Shared-filesystem faults (`../shared/fixtures/store-cases.md` P03, P04) injected into two
+//! Shared-filesystem faults (P03, P04 in `docs/evidence.md`) injected into two
 //! drains of one store through `FsStore::with_fault_hook` (feature `test-util`): NFS's `ESTALE`
 //! where a scan finds a file gone (and once for every file it reads, as a stale handle would
 //! answer), Lustre's `EACCES` instead of `EEXIST` on a contended `mkdir`. Every run executes

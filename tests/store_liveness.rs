@@ -1,4 +1,4 @@
-//! Exactly once, whoever is watching (issue 26; `../shared/fixtures/store-cases.md` P01): drains
+//! Exactly once, whoever is watching (issue 26; P01 in `docs/evidence.md`): drains
 //! and lease holders in a PID namespace of their own (`unshare --pid --fork --mount-proc`, which
 //! needs root) and on the host share one store or one campaign folder. They share the host
 //! name and the kernel, but neither can see the other's processes, so neither may take the

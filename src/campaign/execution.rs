@@ -43,7 +43,7 @@ macro_rules! str_enum {
 }
 
 str_enum! {
-    /// How a stage's work is split over instances (DESIGN.md §6).
+    /// How a stage's work is split over instances (`docs/design.md`, "Campaigns").
     Strategy {
         /// One work item on one instance.
         Single = "single",

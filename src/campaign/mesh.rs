@@ -1,4 +1,5 @@
-//! Parallel meshes, GPU packing and vLLM topology normalization (DESIGN.md §6 "Packing").
+//! Parallel meshes, GPU packing and vLLM topology normalization (`docs/design.md`, "Campaigns":
+//! Packing).
 //!
 //! An instance of a model needs `tp * cp * pp * dp_shard * dp_replicate` GPUs; `ep` lives inside
 //! that world (expert parallelism reuses the data/tensor-parallel ranks, as in Megatron and vLLM),

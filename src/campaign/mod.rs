@@ -1,4 +1,5 @@
-//! Campaigns: multi-stage GPU pipelines compiled from experiment configs (DESIGN.md §6).
+//! Campaigns: multi-stage GPU pipelines compiled from experiment configs (`docs/design.md`,
+//! "Campaigns").
 //!
 //! A campaign starts from three inputs: an experiment YAML (Hydra-style composition of
 //! `defaults`, overrides and `${...}` interpolation, see [`config`]), a runner config and an

@@ -129,7 +129,7 @@ pub enum ExecutorError {
         stderr: String,
     },
 
-    /// Scheduler output did not have the expected form (slurm-cases C02, C08).
+    /// Scheduler output did not have the expected form (C02, C08 in `docs/evidence.md`).
     #[error("cannot parse output of `{command}`: {detail}; got {output:?}")]
     Parse {
         /// The command whose output it was.

@@ -34,7 +34,8 @@ pub struct JobHandle {
     pub array_task: Option<u32>,
     /// The Slurm cluster (federation / multi-cluster), passed as `-M` on later calls.
     pub cluster: Option<String>,
-    /// Submission time, milliseconds since the Unix epoch (bounds `sacct -S`, slurm-cases C17).
+    /// Submission time, milliseconds since the Unix epoch (bounds `sacct -S`, C17 in
+    /// `docs/evidence.md`).
     pub submitted_at_ms: u64,
     /// Executor-specific details needed to re-attach (string keys and values).
     pub data: BTreeMap<String, String>,

@@ -68,8 +68,8 @@ impl MockClock {
 pub enum MockSubmitError {
     /// The scheduler could not be reached; no job was created. Retryable.
     Unavailable(String),
-    /// The call failed ambiguously **but the job was created** (slurm-cases C04): the error is
-    /// [`ExecutorError::SubmitUnknown`], and [`Executor::find`] finds the job.
+    /// The call failed ambiguously **but the job was created** (C04 in `docs/evidence.md`): the
+    /// error is [`ExecutorError::SubmitUnknown`], and [`Executor::find`] finds the job.
     Ambiguous(String),
     /// Submit limit reached; no job created ([`ExecutorError::SubmitThrottled`]).
     Throttled(String),

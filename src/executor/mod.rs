@@ -1,4 +1,4 @@
-//! Executors: where attempts run (DESIGN.md §5).
+//! Executors: where attempts run (`docs/design.md`, "Executors").
 //!
 //! An [`Executor`] takes an [`AttemptSpec`] (a [`CommandSpec`] argv, a [`TaskTopology`], limits)
 //! and runs it somewhere: [`MockExecutor`] (scripted, virtual clock, for tests of controller

@@ -126,7 +126,7 @@ pub fn read_counters(path: &Path) -> MemoryEvents {
 mod tests {
     use super::*;
 
-    /// The four forms of N09 (`shared/fixtures/slurm-cases-2.md`).
+    /// The four forms of N09 (`docs/evidence.md`).
     #[test]
     fn n09_cases() {
         let table: &[(&str, &str, &str, OomEvidence)] = &[

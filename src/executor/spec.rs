@@ -16,7 +16,7 @@ use serde::{Deserialize, Serialize};
 use super::ExecutorError;
 
 /// Longest accepted [`AttemptId`], in bytes. Slurm accepts longer job names, but some sites
-/// truncate or reject names beyond 64 characters (slurm-cases.md C06).
+/// truncate or reject names beyond 64 characters (C06 in `docs/evidence.md`).
 pub const MAX_ATTEMPT_ID_LEN: usize = 64;
 
 /// The identity of one attempt at running one unit of work, e.g. `camp-7f3a.t12.a1`.

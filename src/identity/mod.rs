@@ -1,4 +1,4 @@
-//! Identity: when is a result the same result? (DESIGN.md §3)
+//! Identity: when is a result the same result? (`docs/design.md`, "Identity")
 //!
 //! - [`Hash`](struct@Hash): the SHA-256 digest type;
 //! - [`canonical_json`]: parameters as RFC 8785 canonical JSON;

@@ -1,5 +1,5 @@
-//! Metrics (DESIGN.md §7): what jobs log with [`Run::log`](crate::sweep::Run::log), gathered into
-//! an Arrow-backed [`MetricTable`] that writes Parquet, CSV and SVG line plots.
+//! Metrics (`docs/design.md`, "Metrics"): what jobs log with [`Run::log`](crate::sweep::Run::log),
+//! gathered into an Arrow-backed [`MetricTable`] that writes Parquet, CSV and SVG line plots.
 
 mod plot;
 #[cfg(feature = "parquet")]

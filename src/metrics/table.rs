@@ -1,4 +1,5 @@
-//! [`MetricTable`]: the metrics of a sweep as one Arrow `RecordBatch` (DESIGN.md §7).
+//! [`MetricTable`]: the metrics of a sweep as one Arrow `RecordBatch` (`docs/design.md`,
+//! "Metrics").
 
 use std::collections::BTreeMap;
 use std::fmt;

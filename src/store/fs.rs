@@ -369,7 +369,7 @@ impl FsStore {
 
     /// Makes the filesystem calls named by [`FaultOp`] answer what `hook` says instead of what
     /// they got (feature `test-util`): `ESTALE` instead of `ENOENT`, `EACCES` instead of
-    /// `EEXIST`, as NFS and Lustre do (`../shared/fixtures/store-cases.md` P03, P04).
+    /// `EEXIST`, as NFS and Lustre do (P03, P04 in `docs/evidence.md`).
     #[cfg(any(test, feature = "test-util"))]
     pub fn with_fault_hook(mut self, hook: FaultHook) -> Self {
         self.faults = Some(claim::Faults(hook));

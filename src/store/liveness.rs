@@ -1,5 +1,5 @@
-//! Who may judge whom dead, and by what evidence (DESIGN.md §4, "Death is proved, never
-//! assumed"; `../shared/fixtures/store-cases.md` P01).
+//! Who may judge whom dead, and by what evidence (`docs/design.md`, "Store": Death is proved,
+//! never assumed; P01 in `docs/evidence.md`).
 //!
 //! A pid means something only inside its PID namespace of one boot of one kernel. So an
 //! [`Owner`](super::Owner) records its [`ProcessSpace`] (host name, kernel boot id, PID
@@ -164,7 +164,7 @@ pub fn read_beat(path: &std::path::Path) -> std::io::Result<(Beat, Vec<u8>)> {
 /// file is out of the way. Otherwise (a heartbeat, or a new file made after the judgement) it
 /// is put back, unless yet another was made at `path` meanwhile, and the answer is
 /// `Ok(false)`; also when `path` is gone. Nothing is ever removed by name except `tomb`.
-/// (`../shared/fixtures/store-cases.md` P03: rename atomically, then check the renamed
+/// (P03 in `docs/evidence.md`: rename atomically, then check the renamed
 /// object's identity; never unlink by name after a check.)
 pub fn move_aside_if_unchanged(
     path: &std::path::Path,

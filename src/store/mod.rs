@@ -1,4 +1,5 @@
-//! Durable records of runs (DESIGN.md §4): the [`Store`] trait, [`FsStore`] and [`MemoryStore`].
+//! Durable records of runs (`docs/design.md`, "Store"): the [`Store`] trait, [`FsStore`] and
+//! [`MemoryStore`].
 //!
 //! A store keeps, per job key, a self-describing [`JobRecord`] and the metric rows each attempt
 //! logged. Its rules:

@@ -1,4 +1,4 @@
-//! The self-describing records a store keeps per job (DESIGN.md §4).
+//! The self-describing records a store keeps per job (`docs/design.md`, "Store").
 
 use std::time::{SystemTime, UNIX_EPOCH};
 

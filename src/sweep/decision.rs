@@ -127,7 +127,8 @@ const PLAN_CHUNK: usize = 2048;
 /// Below this many runs, [`Decider::fast_skips`] stays on the calling thread.
 const PARALLEL_MIN: usize = 256;
 
-/// Decides runs against a store: what the rules of DESIGN.md §4 say a drain does with each.
+/// Decides runs against a store: what the rules of `docs/design.md` ("Sweeps") say a drain does
+/// with each.
 pub(super) struct Decider<'a, S: Store + ?Sized> {
     pub(super) store: &'a S,
     /// The environment results made now are recorded with.

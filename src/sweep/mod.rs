@@ -1,4 +1,5 @@
-//! Sweeps (DESIGN.md §3-4): enqueue runs of jobs, plan, drain what is not done, read metrics.
+//! Sweeps (`docs/design.md`, "Identity" to "Sweeps"): enqueue runs of jobs, plan, drain what is not
+//! done, read metrics.
 //!
 //! See [`Orchestrator`] for the whole story and the crate docs for an example.
 

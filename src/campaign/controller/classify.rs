@@ -2,8 +2,8 @@
 //! evidence (scheduler state, exit code and signal, the log tail, whether the controller itself
 //! cancelled it), and whether a pending job is waiting normally or stuck.
 //!
-//! The rules, in order (the first that matches wins; sources in `shared/fixtures/slurm-cases.md`
-//! C20–C25):
+//! The rules, in order (the first that matches wins; cases
+//! C20–C25 of `docs/evidence.md`):
 //! 1. `COMPLETED` is success only when every piece of evidence agrees (*success needs proof*):
 //!    a. every step ([`JobStatus::steps`]) completed with exit 0 and no signal — otherwise the
 //!    attempt is classified from the first bad step (a signal-killed step outranks the
@@ -63,7 +63,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::executor::{JobState, JobStatus, StepStatus};
 
-/// Why an attempt failed, as far as the evidence tells (DESIGN.md §6).
+/// Why an attempt failed, as far as the evidence tells (`docs/evidence.md`, "Failure classes").
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize, PartialOrd, Ord)]
 #[serde(rename_all = "snake_case")]
 #[non_exhaustive]
@@ -1773,7 +1773,7 @@ mod tests {
         }
     }
 
-    /// N05 (`shared/fixtures/slurm-cases-2.md`): 16 rank logs; every one is read, the phase
+    /// N05 (`docs/evidence.md`): 16 rank logs; every one is read, the phase
     /// (before/after the first progress mark) decides how a collective failure is retried, and
     /// an application error in any rank outranks the timeouts it causes in the others.
     #[test]

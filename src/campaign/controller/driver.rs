@@ -91,7 +91,8 @@ impl RunOptions {
     }
 }
 
-/// The campaign controller (DESIGN.md §6). Build with [`CampaignController::builder`].
+/// The campaign controller (`docs/design.md`, "Campaigns": Controller). Build with
+/// [`CampaignController::builder`].
 pub struct CampaignController {
     pub(super) plan: CampaignPlan,
     pub(super) dir: PathBuf,

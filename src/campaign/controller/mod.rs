@@ -1,5 +1,5 @@
-//! The campaign controller (DESIGN.md §6): runs a compiled [`CampaignPlan`] on an
-//! [`Executor`], durably.
+//! The campaign controller (`docs/design.md`, "Campaigns": Controller): runs a compiled
+//! [`CampaignPlan`] on an [`Executor`], durably.
 //!
 //! - [`builder`]: [`CampaignControllerBuilder`] (options, lease, replay, contract check).
 //! - [`driver`]: [`CampaignController`], the small control loop; its parts, one job each:

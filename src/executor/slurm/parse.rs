@@ -1,6 +1,6 @@
 //! Parsers for what `sbatch`, `squeue` and `sacct` print, and the mapping of Slurm states to
 //! [`JobState`]. Pure functions over text, table-tested against real output forms
-//! (`tests/slurm_parse.rs`, cases C01–C19 of `shared/fixtures/slurm-cases.md`).
+//! (`tests/slurm_parse.rs`, cases C01–C19 of `docs/evidence.md`).
 //!
 //! Conventions of the executor's own calls, which these parsers expect:
 //! - `sbatch --parsable` (stdout `ID` or `ID;cluster`; banners and human forms tolerated);

@@ -1,5 +1,5 @@
 //! [`FsStore`]'s claims: who holds a job folder, how others judge the holder, and how a stale
-//! claim is taken over (DESIGN.md §4; `../shared/fixtures/store-cases.md` P01, P03, P04).
+//! claim is taken over (`docs/design.md`, "Store"; P01, P03, P04 in `docs/evidence.md`).
 //!
 //! A job is claimed by creating `jobs/KEY/claim` exclusively (`O_EXCL`), or, for a folder the
 //! claimer's own `mkdir` made, by that `mkdir` until the claim file is written (see
@@ -910,9 +910,9 @@ fn read_small(
 
 #[cfg(test)]
 mod tests {
-    //! The judgement of claims by who may judge whom (`../shared/fixtures/store-cases.md` P01
-    //! (a)-(e), the bad-input rules of issue 26), one process playing every side: owners of
-    //! other PID namespaces, boots and hosts are written into claim files as such a process
+    //! The judgement of claims by who may judge whom (P01 (a)-(e) in
+    //! `docs/evidence.md`, the bad-input rules of issue 26), one process playing every side: owners
+    //! of other PID namespaces, boots and hosts are written into claim files as such a process
     //! would write them.
 
     use super::*;
