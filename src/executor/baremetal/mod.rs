@@ -820,11 +820,7 @@ impl Inner {
 
     /// The states of `ids` on `host` in one exchange; `Err` with the reason when the host did
     /// not answer (or is inside its backoff pause).
-    async fn poll_host(
-        &self,
-        host: &str,
-        ids: &[AttemptId],
-    ) -> Result<HashMap<String, RemoteState>, String> {
+    async fn poll_host(&self, host: &str, ids: &[AttemptId]) -> Result<HostAnswer, String> {
         if !self.may_try(host) {
             return Err(self.down_reason(host));
         }
@@ -832,7 +828,16 @@ impl Inner {
         args.extend(ids.iter().map(|i| i.to_string()));
         let line = command_line("ptron-poll", remote::poll_body(), &[], &args);
         match self.exchange(host, &line).await {
-            Ok(out) => Ok(remote::parse_poll(&out).into_iter().collect()),
+            Ok(out) => {
+                let mut bad: HashMap<String, Vec<(String, String)>> = HashMap::new();
+                for (id, file, text) in remote::parse_bad_records(&out) {
+                    bad.entry(id).or_default().push((file, text));
+                }
+                Ok(HostAnswer {
+                    states: remote::parse_poll(&out).into_iter().collect(),
+                    bad,
+                })
+            }
             Err(SshFailure::Unreachable(_)) => Err(self.down_reason(host)),
             Err(SshFailure::Remote { code, stderr }) => {
                 Err(format!("poll script on {host} failed ({code:?}): {stderr}"))
@@ -1018,6 +1023,53 @@ fn host_status(
     }
 }
 
+/// One host's poll answer: the state of each attempt asked about, and the malformed pid
+/// records (`job`/`wrapper`: file name, first bytes) of those that have one.
+struct HostAnswer {
+    states: HashMap<String, RemoteState>,
+    bad: HashMap<String, Vec<(String, String)>>,
+}
+
+/// Names the malformed pid records of `st`'s attempt on `host` (bad input, issue 27): with
+/// their path and host, before the reason the rest of the evidence gave (the exit record, a
+/// live wrapper, or a process of the host running in the attempt's folder); the records
+/// themselves were not used.
+fn with_bad_records(
+    mut st: JobStatus,
+    bad: &[(String, String)],
+    host: &str,
+    root: &str,
+) -> JobStatus {
+    if bad.is_empty() {
+        return st;
+    }
+    let root = if root.is_empty() {
+        "$HOME/.puzzletron/baremetal"
+    } else {
+        root
+    };
+    let mut why = bad
+        .iter()
+        .map(|(file, text)| {
+            format!(
+                "malformed pid file {root}/{}/{file} on {host}: `{text}` (not used)",
+                st.attempt_id
+            )
+        })
+        .collect::<Vec<_>>()
+        .join("; ");
+    why.push_str(match st.state {
+        JobState::Running => "; a process of the attempt still runs there",
+        JobState::Lost => "; no process of the attempt runs there and no exit record",
+        _ => "",
+    });
+    if let Some(r) = &st.reason {
+        why = format!("{why}; {r}");
+    }
+    st.reason = Some(why);
+    st
+}
+
 /// Combines the parts of a multi-host attempt: running while any part runs; else the first
 /// part that did not complete; else completed.
 fn combine(parts: Vec<JobStatus>) -> JobStatus {
@@ -1071,7 +1123,13 @@ fn validate(spec: &AttemptSpec, hosts: &[HostSlots]) -> Result<(), ExecutorError
         ));
     }
     let need = t.gpus_per_node();
-    let fit = hosts.iter().filter(|h| h.gpus >= need).count();
+    // Hosts the campaign excluded never count (issue 27): an attempt that fits only on them
+    // is refused now, never left waiting for ever.
+    let excluded = lease::excluded_hosts(spec);
+    let fit = hosts
+        .iter()
+        .filter(|h| h.gpus >= need && !excluded.contains(&h.host))
+        .count();
     if (t.nodes as usize) > fit {
         return Err(ExecutorError::Unsatisfiable {
             attempt_id: id.clone(),
@@ -1081,7 +1139,11 @@ fn validate(spec: &AttemptSpec, hosts: &[HostSlots]) -> Result<(), ExecutorError
                 hosts.len(),
                 hosts
                     .iter()
-                    .map(|h| format!("{} ({} GPUs)", h.host, h.gpus))
+                    .map(|h| if excluded.contains(&h.host) {
+                        format!("{} ({} GPUs, excluded by --exclude)", h.host, h.gpus)
+                    } else {
+                        format!("{} ({} GPUs)", h.host, h.gpus)
+                    })
                     .collect::<Vec<_>>()
                     .join(", ")
             ),
@@ -1166,8 +1228,7 @@ impl Executor for BareMetalExecutor {
             }
             placement.push(hosts);
         }
-        let mut answers: HashMap<String, Result<HashMap<String, RemoteState>, String>> =
-            HashMap::new();
+        let mut answers: HashMap<String, Result<HostAnswer, String>> = HashMap::new();
         let mut set = tokio::task::JoinSet::new();
         for (host, ids) in by_host {
             let me = Arc::clone(inner);
@@ -1216,7 +1277,7 @@ impl Executor for BareMetalExecutor {
                     let mut parts = Vec::new();
                     for host in &hosts {
                         let part = match answers.get(host) {
-                            Some(Ok(m)) => match m.get(id.as_str()) {
+                            Some(Ok(a)) => match a.states.get(id.as_str()) {
                                 Some(RemoteState::Absent)
                                     if lease.is_some_and(|l| l.is_live() && !l.cancelled) =>
                                 {
@@ -1224,9 +1285,12 @@ impl Executor for BareMetalExecutor {
                                     JobStatus::new(id.clone(), JobState::Pending)
                                         .with_reason(format!("launching on {host}"))
                                 }
-                                Some(st) => {
-                                    host_status(id, st, now, submitted, host, &inner.root_arg())
-                                }
+                                Some(st) => with_bad_records(
+                                    host_status(id, st, now, submitted, host, &inner.root_arg()),
+                                    a.bad.get(id.as_str()).map_or(&[], Vec::as_slice),
+                                    host,
+                                    &inner.root_arg(),
+                                ),
                                 None => JobStatus::new(id.clone(), JobState::Running)
                                     .with_reason(format!("no answer about it from {host}")),
                             },
@@ -1358,12 +1422,165 @@ impl Executor for BareMetalExecutor {
         let t = self.inner.leases.read()?;
         Ok(t.get(attempt_id).map(|l| self.inner.handle(l)))
     }
+
+    /// The job script writes the start mark after its setup, just before the payload (issue
+    /// 27: the `JOB` script of `remote.rs`).
+    fn writes_start_mark(&self) -> bool {
+        true
+    }
+}
+
+#[cfg(test)]
+mod exclusion_tests {
+    use super::*;
+    use crate::executor::{CommandSpec, GpuRequest, TaskTopology};
+
+    /// Issue 27: hosts the campaign excluded (`--exclude=` in the spec) never count; an
+    /// attempt that fits only on them is refused at once, naming them, never left waiting.
+    #[test]
+    fn an_attempt_fitting_only_on_excluded_hosts_is_refused_naming_them() {
+        let hosts = [("h1", 4), ("h2", 2)].map(|(h, g)| HostSlots {
+            host: h.into(),
+            gpus: g,
+        });
+        let spec = |gpus: u32, exclude: &str| {
+            let mut t = TaskTopology::single();
+            t.gpus = GpuRequest::PerNode(gpus);
+            let mut s = AttemptSpec::new(
+                AttemptId::new("c.s.0.a1").unwrap(),
+                CommandSpec::new("true"),
+            )
+            .with_topology(t);
+            s.scheduler.extra_directives = vec![format!("--exclude={exclude}")];
+            s
+        };
+        validate(&spec(2, "h1"), &hosts).expect("fits on h2");
+        let e = validate(&spec(4, "h1"), &hosts).unwrap_err();
+        assert!(matches!(e, ExecutorError::Unsatisfiable { .. }), "{e}");
+        let m = e.to_string();
+        assert!(
+            m.contains("h1 (4 GPUs, excluded by --exclude)") && m.contains("h2 (2 GPUs)"),
+            "{m}"
+        );
+        let m = validate(&spec(1, "h[1-2]"), &hosts)
+            .unwrap_err()
+            .to_string();
+        assert!(m.contains("h2 (2 GPUs, excluded by --exclude)"), "{m}");
+    }
 }
 
 #[cfg(test)]
 mod malformed_exit_tests {
     use super::remote::{ExitRecord, RemoteState};
     use super::*;
+
+    /// The poll script run here on `<root>/a1` holding `files` (name, text): its answer.
+    fn poll_here(root: &Path, files: &[(&str, &str)]) -> String {
+        let d = root.join("a1");
+        std::fs::create_dir_all(&d).unwrap();
+        for (name, text) in files {
+            std::fs::write(d.join(name), text).unwrap();
+        }
+        let line = command_line(
+            "ptron-poll",
+            remote::poll_body(),
+            &[],
+            &[root.display().to_string(), "a1".into()],
+        );
+        let out = std::process::Command::new("sh")
+            .arg("-c")
+            .arg(&line)
+            .output()
+            .unwrap();
+        String::from_utf8_lossy(&out.stdout).trim().to_string()
+    }
+
+    /// Issue 27, bad input: a malformed pid file (`job`, `wrapper`) on a host is reported with
+    /// its path and host and is not used; the attempt is judged by the rest of the evidence
+    /// (its exit record, a live wrapper, a process running in its folder).
+    #[test]
+    fn a_malformed_pid_file_is_named_with_its_path_and_the_task_judged_by_the_rest() {
+        let root = tempfile::tempdir().unwrap();
+        let r = root.path();
+        // Nothing runs in the folder: lost, both records named.
+        let out = poll_here(r, &[("job", "12x 5\n"), ("wrapper", "\u{1}garbage\n")]);
+        assert_eq!(
+            out, "M a1 job 12x 5?\nM a1 wrapper ?garbage?\nD a1",
+            "{out}"
+        );
+        // A process of the attempt (its folder an argument, as the wrapper's and the job's)
+        // still runs: running, whatever the records say.
+        let d = r.join("a1");
+        let mut child = std::process::Command::new("sh")
+            .args(["-c", "sleep 30; :", "ptron-wrap"])
+            .arg(&d)
+            .spawn()
+            .unwrap();
+        let out = poll_here(r, &[]);
+        child.kill().unwrap();
+        child.wait().unwrap();
+        assert_eq!(
+            out, "M a1 job 12x 5?\nM a1 wrapper ?garbage?\nW a1",
+            "{out}"
+        );
+        // A well-formed, live wrapper record decides alone.
+        let pid = std::process::id();
+        let ticks = crate::store::process_start_ticks(pid).unwrap();
+        let out = poll_here(r, &[("wrapper", &format!("{pid} {ticks}\n"))]);
+        assert_eq!(out, "M a1 job 12x 5?\nW a1", "{out}");
+        // The exit record is the evidence: the pid records are not even read.
+        let out = poll_here(
+            r,
+            &[("exit", "status=exited\ncode=3\nstart_ms=5\nend_ms=9\n")],
+        );
+        assert_eq!(
+            out, "E a1 status=exited code=3 start_ms=5 end_ms=9",
+            "{out}"
+        );
+
+        // The status names each record with its path and host, then the verdict's reason.
+        let id = AttemptId::new("a1").unwrap();
+        let bad = remote::parse_bad_records("M a1 job 12x 5?\nM a1 wrapper ?garbage?\nD a1\n");
+        let bad: Vec<(String, String)> = bad.into_iter().map(|(_, f, t)| (f, t)).collect();
+        let st = with_bad_records(
+            host_status(&id, &RemoteState::Dead, 0, 0, "h3", "/srv/pt"),
+            &bad,
+            "h3",
+            "/srv/pt",
+        );
+        assert_eq!(st.state, JobState::Lost);
+        assert_eq!(
+            st.reason.as_deref(),
+            Some(
+                "malformed pid file /srv/pt/a1/job on h3: `12x 5?` (not used); malformed pid \
+                 file /srv/pt/a1/wrapper on h3: `?garbage?` (not used); no process of the \
+                 attempt runs there and no exit record; the wrapper ended without recording an \
+                 exit (host rebooted?)"
+            )
+        );
+        let c = crate::campaign::controller::classify::classify(
+            &st,
+            &crate::campaign::controller::classify::Evidence::default(),
+        );
+        assert!(
+            c.detail.contains("malformed pid file /srv/pt/a1/job on h3"),
+            "{c:?}"
+        );
+        let st = with_bad_records(
+            host_status(&id, &RemoteState::Wrapping, 0, 0, "h3", ""),
+            &bad[..1],
+            "h3",
+            "",
+        );
+        assert_eq!(st.state, JobState::Running);
+        assert_eq!(
+            st.reason.as_deref(),
+            Some(
+                "malformed pid file $HOME/.puzzletron/baremetal/a1/job on h3: `12x 5?` (not \
+                 used); a process of the attempt still runs there"
+            )
+        );
+    }
 
     /// Issue 27, bad input: a malformed exit file on a host is reported with its path and
     /// host; no exit code is made up (the attempt is judged by the rest of the evidence).
