@@ -284,6 +284,7 @@ impl BareMetalExecutorBuilder {
                 health: Mutex::new(HashMap::new()),
                 launching: Mutex::new(HashSet::new()),
                 preflighted: Mutex::new(HashSet::new()),
+                pacer: Mutex::new(PollPacer::default()),
                 cfg: self,
             }),
         })
@@ -328,6 +329,48 @@ struct Inner {
     /// Attempts this process is launching right now (a poll must not launch them again).
     launching: Mutex<HashSet<AttemptId>>,
     preflighted: Mutex<HashSet<String>>,
+    /// Polls of hosts whose multiplexing is lost, spaced out.
+    pacer: Mutex<PollPacer>,
+}
+
+/// The longest pause between two polls of a host whose multiplexing is lost.
+const MUX_LOST_POLL_MAX: Duration = Duration::from_secs(8);
+
+/// Spaces the polls of a host whose multiplexing is lost (issue 27, P05): each exchange is then
+/// a full SSH login (key exchange, authentication, a `MaxStartups` slot), so polls back off,
+/// 0.5 s doubling to [`MUX_LOST_POLL_MAX`], until the host's master answers again.
+#[derive(Debug, Default)]
+struct PollPacer {
+    /// Per host: the earliest next poll and how many polls the loss has had.
+    next: HashMap<String, (Instant, u32)>,
+}
+
+impl PollPacer {
+    /// Whether `host` may be polled at `now` (`lost`: its multiplexing is lost now); when not,
+    /// how long until it may.
+    fn admit(&mut self, host: &str, lost: bool, now: Instant) -> Result<(), Duration> {
+        let pause = |n: u32| {
+            Duration::from_millis(500)
+                .saturating_mul(1 << n.min(5))
+                .min(MUX_LOST_POLL_MAX)
+        };
+        if !lost {
+            self.next.remove(host);
+            return Ok(());
+        }
+        match self.next.get_mut(host) {
+            Some((at, _)) if now < *at => Err(*at - now),
+            Some((at, n)) => {
+                *n += 1;
+                *at = now + pause(*n);
+                Ok(())
+            }
+            None => {
+                self.next.insert(host.to_string(), (now + pause(0), 0));
+                Ok(())
+            }
+        }
+    }
 }
 
 /// What this process knows about an unreachable host.
@@ -823,6 +866,14 @@ impl Inner {
     async fn poll_host(&self, host: &str, ids: &[AttemptId]) -> Result<HostAnswer, String> {
         if !self.may_try(host) {
             return Err(self.down_reason(host));
+        }
+        let lost = self.ssh.multiplexing_lost().iter().any(|h| h == host);
+        if let Err(wait) = lock(&self.pacer).admit(host, lost, Instant::now()) {
+            return Err(format!(
+                "host {host}: ssh multiplexing lost (every exchange a full login): polls back \
+                 off, next in {} ms",
+                wait.as_millis()
+            ));
         }
         let mut args = vec![self.root_arg()];
         args.extend(ids.iter().map(|i| i.to_string()));
@@ -1427,6 +1478,37 @@ impl Executor for BareMetalExecutor {
     /// 27: the `JOB` script of `remote.rs`).
     fn writes_start_mark(&self) -> bool {
         true
+    }
+}
+
+#[cfg(test)]
+mod pacer_tests {
+    use super::*;
+
+    /// Issue 27, P05: while a host's multiplexing is lost its polls back off (0.5 s doubling
+    /// to 8 s); other hosts and the host once its master is back are polled at once.
+    #[test]
+    fn polls_back_off_while_multiplexing_is_lost() {
+        let mut p = PollPacer::default();
+        let t0 = Instant::now();
+        let ms = Duration::from_millis;
+        assert_eq!(p.admit("h1", false, t0), Ok(()));
+        assert_eq!(p.admit("h1", false, t0), Ok(()));
+        // Lost: the first poll goes, the next waits 0.5 s, then 1 s, 2 s, ... 8 s.
+        assert_eq!(p.admit("h1", true, t0), Ok(()));
+        assert_eq!(p.admit("h1", true, t0 + ms(100)), Err(ms(400)));
+        let mut t = t0 + ms(500);
+        for want in [1000, 2000, 4000, 8000, 8000, 8000] {
+            assert_eq!(p.admit("h1", true, t), Ok(()));
+            assert_eq!(p.admit("h1", true, t + ms(1)), Err(ms(want - 1)));
+            t += ms(want);
+        }
+        // Another host is not slowed down.
+        assert_eq!(p.admit("h2", false, t0), Ok(()));
+        // The master is back: polled at once, and a later loss starts from 0.5 s again.
+        assert_eq!(p.admit("h1", false, t0 + ms(1)), Ok(()));
+        assert_eq!(p.admit("h1", true, t), Ok(()));
+        assert_eq!(p.admit("h1", true, t + ms(1)), Err(ms(499)));
     }
 }
 
