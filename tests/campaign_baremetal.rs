@@ -476,11 +476,11 @@ async fn a_host_failing_jobs_fast_before_the_start_mark_is_excluded_and_the_stag
     let root = tempfile::tempdir().unwrap();
     let prerun = "if [ \"$PUZZLETRON_FAKE_HOST\" = h6 ]; then echo \"prerun: scratch mount missing on $PUZZLETRON_FAKE_HOST\" >&2; exit 1; fi";
     let runner_yaml = root.path().join("runner.yaml");
-    // h5 takes two 1-GPU units at a time, h6 four: the first round puts four units on h6.
+    // First fit: h5 takes four 1-GPU units, h6 the other two.
     std::fs::write(
         &runner_yaml,
         format!(
-            "runner:\n  kind: baremetal\n  inventory:\n    rendezvous_host: h5\n    hosts:\n      - {{hostname: h5, gpus: 2}}\n      - {{hostname: h6, gpus: 4}}\n  execution_contract:\n    prerun_commands: [{prerun:?}]\n"
+            "runner:\n  kind: baremetal\n  inventory:\n    rendezvous_host: h5\n    hosts:\n      - {{hostname: h5, gpus: 4}}\n      - {{hostname: h6, gpus: 4}}\n  execution_contract:\n    prerun_commands: [{prerun:?}]\n"
         ),
     )
     .unwrap();
@@ -495,7 +495,7 @@ async fn a_host_failing_jobs_fast_before_the_start_mark_is_excluded_and_the_stag
     let execution = ExecutionConfig::from_value(
         "execution.yaml",
         &ConfigValue::from_json(&json!({"execution": {"defaults": {
-            "gpus_per_node": 1, "max_attempts": 2, "failure_policy": "resume"
+            "gpus_per_node": 4, "max_attempts": 2, "failure_policy": "resume"
         }}})),
     )
     .unwrap();
