@@ -285,6 +285,7 @@ impl BareMetalExecutorBuilder {
                 launching: Mutex::new(HashSet::new()),
                 preflighted: Mutex::new(HashSet::new()),
                 pacer: Mutex::new(PollPacer::default()),
+                resolved: Mutex::new(HashSet::new()),
                 cfg: self,
             }),
         })
@@ -331,6 +332,8 @@ struct Inner {
     preflighted: Mutex<HashSet<String>>,
     /// Polls of hosts whose multiplexing is lost, spaced out.
     pacer: Mutex<PollPacer>,
+    /// Programs found on a host after a given setup (keys of [`Inner::check_program`]).
+    resolved: Mutex<HashSet<String>>,
 }
 
 /// The longest pause between two polls of a host whose multiplexing is lost.
@@ -609,6 +612,83 @@ impl Inner {
                 tries: 1,
                 message: format!("no host answered; last: {last_err}"),
             });
+        }
+        Ok(())
+    }
+
+    /// Issue 27, item 4: the first word of `spec`'s command must resolve (`command -v`) on
+    /// every host it may be placed on, after the job's setup (repository, `setup_env`, venv,
+    /// the spec's `PATH`, working directory): a missing program is a configuration error
+    /// ([`ExecutorError::HostPreflight`], naming the host, the program, the `PATH` and the
+    /// directory), found before anything is leased. Checked once per host and setup; a host
+    /// that does not answer, or whose setup fails in the check, is not judged (the job meets
+    /// it). Skipped when the contract has prerun commands: those may change `PATH` (`module
+    /// load`) and are the site's to run, once, in the job.
+    async fn check_program(&self, spec: &AttemptSpec) -> Result<(), ExecutorError> {
+        let c = if spec.environment.is_empty() {
+            &self.cfg.contract
+        } else {
+            &spec.environment
+        };
+        if !c.prerun_commands.is_empty() {
+            return Ok(());
+        }
+        let program = match spec.topology.launcher {
+            TaskLauncher::Torchrun { .. } => "torchrun".to_string(),
+            _ => match spec.command.effective_argv().into_iter().next() {
+                Some(p) => p,
+                None => return Ok(()),
+            },
+        };
+        let excluded = lease::excluded_hosts(spec);
+        let need = spec.topology.gpus_per_node();
+        let a = vec![
+            self.root_arg(),
+            c.repository.clone().unwrap_or_default(),
+            c.setup_env.clone().unwrap_or_default(),
+            c.venv.clone().unwrap_or_default(),
+            spec.command
+                .cwd
+                .as_ref()
+                .map(|p| p.display().to_string())
+                .unwrap_or_default(),
+            spec.command.env.get("PATH").cloned().unwrap_or_default(),
+            program.clone(),
+        ];
+        for h in &self.cfg.hosts {
+            if excluded.contains(&h.host) || h.gpus < need || !self.may_try(&h.host) {
+                continue;
+            }
+            let key = std::iter::once(h.host.as_str())
+                .chain(a.iter().map(String::as_str))
+                .collect::<Vec<_>>()
+                .join("\0");
+            if lock(&self.resolved).contains(&key) {
+                continue;
+            }
+            let line = command_line("ptron-resolve", remote::resolve_body(), &[], &a);
+            let out = match self.exchange(&h.host, &line).await {
+                Ok(out) => out,
+                // Not judged: the launch meets the host's state itself.
+                Err(_) => continue,
+            };
+            match remote::parse_resolve(&out) {
+                Some((dir, path)) => {
+                    return Err(ExecutorError::HostPreflight {
+                        host: h.host.clone(),
+                        problem: format!(
+                            "the program `{program}` of attempt {} is not found after the job's \
+                             setup: not in PATH={path} (working directory {dir}); install it or \
+                             fix the command, the venv or setup_env",
+                            spec.attempt_id
+                        ),
+                    });
+                }
+                None if out.starts_with("FOUND ") => {
+                    lock(&self.resolved).insert(key);
+                }
+                None => {}
+            }
         }
         Ok(())
     }
@@ -1216,6 +1296,7 @@ impl Executor for BareMetalExecutor {
     async fn submit(&self, spec: &AttemptSpec) -> Result<JobHandle, ExecutorError> {
         let inner = &self.inner;
         validate(spec, &inner.cfg.hosts)?;
+        inner.check_program(spec).await?;
         let id = spec.attempt_id.clone();
         let dup = inner.leases.update(|t| match t.get(&id) {
             Some(_) => (false, true),

@@ -206,6 +206,20 @@ echo "PROBE $rc"
 printf '%s\n' "$out"
 "#;
 
+/// Resolve: whether the program a job would run is found on the host after the job's setup
+/// (repository, setup script, venv, the spec's `PATH`, working directory), as the job's `exec`
+/// looks it up. Prints `FOUND <path>`; or `MISSING`, `DIR <working directory>`, `PATH <path>`;
+/// or `SETUP <what>` when the setup itself fails here (nothing is judged then: the job meets
+/// it). Args (after the root): repo setup venv cwd path program
+const RESOLVE: &str = r#"repo=$1; setup=$2; venv=$3; cwd=$4; p=$5; prog=$6
+if [ -n "$repo" ]; then cd -- "$repo" 2>/dev/null || { echo "SETUP repository"; exit 0; }; fi
+if [ -n "$setup" ]; then case $setup in */*) ;; *) setup=./$setup ;; esac; . "$setup" < /dev/null > /dev/null 2>&1 || { echo "SETUP setup_env"; exit 0; }; fi
+if [ -n "$venv" ]; then . "$venv/bin/activate" > /dev/null 2>&1 || { echo "SETUP venv"; exit 0; }; fi
+if [ -n "$p" ]; then PATH=$p; export PATH; fi
+if [ -n "$cwd" ]; then cd -- "$cwd" 2>/dev/null || { echo "SETUP cwd"; exit 0; }; fi
+if w=$(command -v -- "$prog" 2>/dev/null) && [ -n "$w" ]; then echo "FOUND $w"; else printf 'MISSING\nDIR %s\nPATH %s\n' "$(pwd)" "$PATH"; fi
+"#;
+
 /// The whole text of a script: the root preamble, then the body.
 fn script(body: &str) -> String {
     format!("{ROOT}{body}")
@@ -246,6 +260,28 @@ pub fn cancel_body() -> &'static str {
 /// See [`PREFLIGHT`].
 pub fn preflight_body() -> &'static str {
     PREFLIGHT
+}
+/// See [`RESOLVE`].
+pub fn resolve_body() -> &'static str {
+    RESOLVE
+}
+
+/// What the resolve script said: `Ok(None)` found (or not judged), `Ok(Some((dir, path)))`
+/// missing, looked up in `path` from working directory `dir`.
+pub fn parse_resolve(out: &str) -> Option<(String, String)> {
+    let mut lines = out.lines();
+    if lines.next()?.trim() != "MISSING" {
+        return None;
+    }
+    let (mut dir, mut path) = (String::new(), String::new());
+    for l in lines {
+        if let Some(d) = l.strip_prefix("DIR ") {
+            dir = d.to_string();
+        } else if let Some(p) = l.strip_prefix("PATH ") {
+            path = p.to_string();
+        }
+    }
+    Some((dir, path))
 }
 /// The wrapper's full text (with the root preamble for `now`/`ticks`; its root argument is
 /// passed empty and unused).
