@@ -484,7 +484,7 @@ mod tests {
         assert!(hosts_of(&t, "m").is_empty());
         assert!(hosts_of(&t, "nowhere").is_empty());
         for i in 0..4 {
-            t.get_mut(&AttemptId::new(&format!("cpu{i}")).unwrap())
+            t.get_mut(&AttemptId::new(format!("cpu{i}")).unwrap())
                 .unwrap()
                 .released = true;
         }
