@@ -181,6 +181,77 @@ async fn preflight_names_the_host_and_what_is_missing() {
     assert!(matches!(e, ExecutorError::HostPreflight { .. }), "{e}");
 }
 
+/// Issue 27, item 4: a command whose first word does not resolve on a host after the job's
+/// setup (repository, venv) is refused at submit as a host configuration error naming the
+/// host, the program, the `PATH` and the working directory, and nothing is leased; a program
+/// the venv provides resolves and runs.
+#[cfg_attr(
+    not(puzzletron_ssh_tests),
+    ignore = "needs the SSH hosts of scripts/ssh-hosts.sh (openssh-server): set PUZZLETRON_SSH_TESTS=1 (CONTRIBUTING.md)"
+)]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_program_missing_on_a_host_is_refused_at_submit_naming_it() {
+    let Some(h) = ssh_hosts::hosts() else { return };
+    let _w = watchdog::Watchdog::start("program_missing", Duration::from_secs(120));
+    let state = tempfile::tempdir().unwrap();
+    let venv = state.path().join("venv");
+    std::fs::create_dir_all(venv.join("bin")).unwrap();
+    std::fs::write(
+        venv.join("bin/activate"),
+        format!("PATH={}/bin:$PATH; export PATH\n", venv.display()),
+    )
+    .unwrap();
+    let tool = venv.join("bin/ptron-venv-tool");
+    std::fs::write(&tool, "#!/bin/sh\necho tool ran\n").unwrap();
+    std::fs::set_permissions(&tool, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+    let contract = puzzletron::campaign::ExecutionContract::default()
+        .with_repository(state.path().display().to_string())
+        .with_venv(venv.display().to_string());
+    let exec = BareMetalExecutor::builder(state.path().join("s"))
+        .ssh_config(&h.config)
+        .host(&h.hosts[2], 4)
+        .contract(&contract)
+        .build()
+        .unwrap();
+    let missing = AttemptSpec::new(
+        AttemptId::new(uniq("nop")).unwrap(),
+        CommandSpec::new("ptron-no-such-program").arg("--x"),
+    );
+    let e = exec.submit(&missing).await.unwrap_err();
+    let m = e.to_string();
+    assert!(
+        matches!(e, ExecutorError::HostPreflight { ref host, .. } if host == &h.hosts[2]),
+        "{m}"
+    );
+    assert!(!e.is_retryable(), "{m}");
+    assert!(
+        m.contains("`ptron-no-such-program`")
+            && m.contains(&format!("PATH={}/bin:", venv.display()))
+            && m.contains(&format!("(working directory {})", state.path().display())),
+        "{m}"
+    );
+    assert!(exec.leases().unwrap().leases.is_empty());
+    // The venv's program resolves: submitted and run.
+    let found = AttemptSpec::new(
+        AttemptId::new(uniq("tool")).unwrap(),
+        CommandSpec::new("ptron-venv-tool"),
+    );
+    let hd = exec.submit(&found).await.unwrap();
+    let st = exec
+        .wait_terminal(
+            std::slice::from_ref(&hd),
+            Duration::from_millis(100),
+            Duration::from_secs(60),
+        )
+        .await
+        .unwrap();
+    assert_eq!(
+        (st[0].state.clone(), st[0].exit_code),
+        (JobState::Completed, Some(0)),
+        "{st:?}"
+    );
+}
+
 #[cfg_attr(
     not(puzzletron_ssh_tests),
     ignore = "needs the SSH hosts of scripts/ssh-hosts.sh (openssh-server): set PUZZLETRON_SSH_TESTS=1 (CONTRIBUTING.md)"

@@ -931,7 +931,15 @@ fn classify_inner(status: &JobStatus, ev: &Evidence) -> Classification {
             FailureClass::Application,
             format!("killed by signal {signal}"),
         ),
-        other => Classification::failed(FailureClass::Unknown, format!("state {other}")),
+        // The executor's reason says what is known (a bare-metal host's malformed pid file,
+        // named with its path, issue 27).
+        other => Classification::failed(
+            FailureClass::Unknown,
+            match &status.reason {
+                Some(r) => format!("state {other} ({r})"),
+                None => format!("state {other}"),
+            },
+        ),
     }
 }
 

@@ -9,6 +9,8 @@
 //! takes `n` hosts that hold nothing else, whole (every GPU). Torchrun groups spanning hosts get
 //! the lowest rendezvous port at or above the inventory's `rendezvous_port_base` that no live
 //! lease uses (all rendezvous endpoints are on `rendezvous_host`, so ports never collide there).
+//! A host named by the spec's `--exclude=` directive (the campaign controller's excluded nodes,
+//! as Slurm gets them) is never chosen ([`excluded_hosts`]).
 
 use std::collections::BTreeSet;
 use std::fs::{File, OpenOptions};
@@ -76,6 +78,24 @@ impl Lease {
     }
 }
 
+/// The hosts `spec` must not run on: every `--exclude=LIST` (or `--exclude LIST`, `-x LIST`)
+/// entry of its scheduler directives, LIST a Slurm hostlist (`h[1-2],h5`). The campaign
+/// controller writes the nodes it excluded, and a unit's retry the nodes of its fast failure,
+/// there for every executor.
+pub fn excluded_hosts(spec: &AttemptSpec) -> BTreeSet<String> {
+    spec.scheduler
+        .extra_directives
+        .iter()
+        .filter_map(|d| {
+            let d = d.trim();
+            d.strip_prefix("--exclude=")
+                .or_else(|| d.strip_prefix("--exclude "))
+                .or_else(|| d.strip_prefix("-x "))
+        })
+        .flat_map(|list| crate::campaign::controller::nodes::expand_hostlist(list.trim()))
+        .collect()
+}
+
 /// The whole table.
 #[derive(Debug, Clone, Default, Serialize, Deserialize)]
 #[non_exhaustive]
@@ -138,7 +158,10 @@ impl LeaseTable {
             let nodes = l.spec.topology.nodes as usize;
             let need = l.spec.topology.gpus_per_node();
             let multi = nodes > 1;
-            let up = hosts.iter().filter(|h| !down.contains(&h.host));
+            let avoid = excluded_hosts(&l.spec);
+            let up = hosts
+                .iter()
+                .filter(|h| !down.contains(&h.host) && !avoid.contains(&h.host));
             let slices: Option<Vec<Slice>> = if multi {
                 let free: Vec<Slice> = up
                     .filter(|h| self.live_on(&h.host) == 0 && h.gpus >= need)
@@ -272,7 +295,7 @@ impl LeaseFile {
 /// `-o flock` answers `ENOSYS`; `ENOLCK`, `EOPNOTSUPP` elsewhere) the lock is skipped: only the
 /// controller holding the campaign's lease (whose exclusion never depends on locks) changes the
 /// table, and this process's own updates are serialized by `update`
-/// (`../shared/fixtures/store-cases.md` P04).
+/// (P04 in `docs/evidence.md`).
 fn lock_file(f: &File, path: &Path) -> Result<(), ExecutorError> {
     match f.lock() {
         Ok(()) => Ok(()),
@@ -423,6 +446,55 @@ mod tests {
             "cpu tasks spread, the GPU task first-fit on h2"
         );
         assert_eq!(on("h3"), 4);
+    }
+
+    /// Issue 27: a host the campaign excluded (`--exclude=` in the spec's directives) is never
+    /// leased, for one-host GPU and CPU attempts and multi-host groups; an attempt that fits
+    /// only on excluded hosts waits (the executor refuses it at submit, see `validate`).
+    #[test]
+    fn excluded_hosts_are_never_placed() {
+        let mut t = LeaseTable::default();
+        let excl = |t: &mut LeaseTable, id: &str, nodes: u32, gpus: u32, d: &str| {
+            add(t, id, nodes, gpus);
+            let l = t.leases.last_mut().unwrap();
+            l.spec.scheduler.extra_directives = vec!["--constraint=x".into(), d.into()];
+        };
+        excl(&mut t, "g", 1, 4, "--exclude=h1");
+        for i in 0..4 {
+            excl(&mut t, &format!("cpu{i}"), 1, 0, "--exclude=h[1-2]");
+        }
+        excl(&mut t, "m", 2, 4, "--exclude h3");
+        excl(&mut t, "nowhere", 1, 1, "-x h1,h2,h3,h4");
+        t.place_waiting(&hosts(4), &BTreeSet::new(), 29500);
+        let hosts_of = |t: &LeaseTable, id: &str| -> Vec<String> {
+            t.get(&AttemptId::new(id).unwrap())
+                .unwrap()
+                .slices
+                .iter()
+                .map(|s| s.host.clone())
+                .collect()
+        };
+        assert_eq!(hosts_of(&t, "g"), ["h2"]);
+        for i in 0..4 {
+            let h = hosts_of(&t, &format!("cpu{i}"));
+            assert!(h == ["h3"] || h == ["h4"], "cpu{i} on {h:?}");
+        }
+        // h1 and h4 are the only hosts not excluded for m, but h4 holds CPU tasks: it waits,
+        // never taking h3.
+        assert!(hosts_of(&t, "m").is_empty());
+        assert!(hosts_of(&t, "nowhere").is_empty());
+        for i in 0..4 {
+            t.get_mut(&AttemptId::new(format!("cpu{i}")).unwrap())
+                .unwrap()
+                .released = true;
+        }
+        t.place_waiting(&hosts(4), &BTreeSet::new(), 29500);
+        assert_eq!(hosts_of(&t, "m"), ["h1", "h4"]);
+        assert!(hosts_of(&t, "nowhere").is_empty());
+        assert_eq!(
+            excluded_hosts(&t.get(&AttemptId::new("nowhere").unwrap()).unwrap().spec),
+            ["h1", "h2", "h3", "h4"].map(String::from).into()
+        );
     }
 
     #[test]

@@ -284,6 +284,8 @@ impl BareMetalExecutorBuilder {
                 health: Mutex::new(HashMap::new()),
                 launching: Mutex::new(HashSet::new()),
                 preflighted: Mutex::new(HashSet::new()),
+                pacer: Mutex::new(PollPacer::default()),
+                resolved: Mutex::new(HashSet::new()),
                 cfg: self,
             }),
         })
@@ -328,6 +330,50 @@ struct Inner {
     /// Attempts this process is launching right now (a poll must not launch them again).
     launching: Mutex<HashSet<AttemptId>>,
     preflighted: Mutex<HashSet<String>>,
+    /// Polls of hosts whose multiplexing is lost, spaced out.
+    pacer: Mutex<PollPacer>,
+    /// Programs found on a host after a given setup (keys of [`Inner::check_program`]).
+    resolved: Mutex<HashSet<String>>,
+}
+
+/// The longest pause between two polls of a host whose multiplexing is lost.
+const MUX_LOST_POLL_MAX: Duration = Duration::from_secs(8);
+
+/// Spaces the polls of a host whose multiplexing is lost (issue 27, P05): each exchange is then
+/// a full SSH login (key exchange, authentication, a `MaxStartups` slot), so polls back off,
+/// 0.5 s doubling to [`MUX_LOST_POLL_MAX`], until the host's master answers again.
+#[derive(Debug, Default)]
+struct PollPacer {
+    /// Per host: the earliest next poll and how many polls the loss has had.
+    next: HashMap<String, (Instant, u32)>,
+}
+
+impl PollPacer {
+    /// Whether `host` may be polled at `now` (`lost`: its multiplexing is lost now); when not,
+    /// how long until it may.
+    fn admit(&mut self, host: &str, lost: bool, now: Instant) -> Result<(), Duration> {
+        let pause = |n: u32| {
+            Duration::from_millis(500)
+                .saturating_mul(1 << n.min(5))
+                .min(MUX_LOST_POLL_MAX)
+        };
+        if !lost {
+            self.next.remove(host);
+            return Ok(());
+        }
+        match self.next.get_mut(host) {
+            Some((at, _)) if now < *at => Err(*at - now),
+            Some((at, n)) => {
+                *n += 1;
+                *at = now + pause(*n);
+                Ok(())
+            }
+            None => {
+                self.next.insert(host.to_string(), (now + pause(0), 0));
+                Ok(())
+            }
+        }
+    }
 }
 
 /// What this process knows about an unreachable host.
@@ -566,6 +612,83 @@ impl Inner {
                 tries: 1,
                 message: format!("no host answered; last: {last_err}"),
             });
+        }
+        Ok(())
+    }
+
+    /// Issue 27, item 4: the first word of `spec`'s command must resolve (`command -v`) on
+    /// every host it may be placed on, after the job's setup (repository, `setup_env`, venv,
+    /// the spec's `PATH`, working directory): a missing program is a configuration error
+    /// ([`ExecutorError::HostPreflight`], naming the host, the program, the `PATH` and the
+    /// directory), found before anything is leased. Checked once per host and setup; a host
+    /// that does not answer, or whose setup fails in the check, is not judged (the job meets
+    /// it). Skipped when the contract has prerun commands: those may change `PATH` (`module
+    /// load`) and are the site's to run, once, in the job.
+    async fn check_program(&self, spec: &AttemptSpec) -> Result<(), ExecutorError> {
+        let c = if spec.environment.is_empty() {
+            &self.cfg.contract
+        } else {
+            &spec.environment
+        };
+        if !c.prerun_commands.is_empty() {
+            return Ok(());
+        }
+        let program = match spec.topology.launcher {
+            TaskLauncher::Torchrun { .. } => "torchrun".to_string(),
+            _ => match spec.command.effective_argv().into_iter().next() {
+                Some(p) => p,
+                None => return Ok(()),
+            },
+        };
+        let excluded = lease::excluded_hosts(spec);
+        let need = spec.topology.gpus_per_node();
+        let a = vec![
+            self.root_arg(),
+            c.repository.clone().unwrap_or_default(),
+            c.setup_env.clone().unwrap_or_default(),
+            c.venv.clone().unwrap_or_default(),
+            spec.command
+                .cwd
+                .as_ref()
+                .map(|p| p.display().to_string())
+                .unwrap_or_default(),
+            spec.command.env.get("PATH").cloned().unwrap_or_default(),
+            program.clone(),
+        ];
+        for h in &self.cfg.hosts {
+            if excluded.contains(&h.host) || h.gpus < need || !self.may_try(&h.host) {
+                continue;
+            }
+            let key = std::iter::once(h.host.as_str())
+                .chain(a.iter().map(String::as_str))
+                .collect::<Vec<_>>()
+                .join("\0");
+            if lock(&self.resolved).contains(&key) {
+                continue;
+            }
+            let line = command_line("ptron-resolve", remote::resolve_body(), &[], &a);
+            let out = match self.exchange(&h.host, &line).await {
+                Ok(out) => out,
+                // Not judged: the launch meets the host's state itself.
+                Err(_) => continue,
+            };
+            match remote::parse_resolve(&out) {
+                Some((dir, path)) => {
+                    return Err(ExecutorError::HostPreflight {
+                        host: h.host.clone(),
+                        problem: format!(
+                            "the program `{program}` of attempt {} is not found after the job's \
+                             setup: not in PATH={path} (working directory {dir}); install it or \
+                             fix the command, the venv or setup_env",
+                            spec.attempt_id
+                        ),
+                    });
+                }
+                None if out.starts_with("FOUND ") => {
+                    lock(&self.resolved).insert(key);
+                }
+                None => {}
+            }
         }
         Ok(())
     }
@@ -820,19 +943,32 @@ impl Inner {
 
     /// The states of `ids` on `host` in one exchange; `Err` with the reason when the host did
     /// not answer (or is inside its backoff pause).
-    async fn poll_host(
-        &self,
-        host: &str,
-        ids: &[AttemptId],
-    ) -> Result<HashMap<String, RemoteState>, String> {
+    async fn poll_host(&self, host: &str, ids: &[AttemptId]) -> Result<HostAnswer, String> {
         if !self.may_try(host) {
             return Err(self.down_reason(host));
+        }
+        let lost = self.ssh.multiplexing_lost().iter().any(|h| h == host);
+        if let Err(wait) = lock(&self.pacer).admit(host, lost, Instant::now()) {
+            return Err(format!(
+                "host {host}: ssh multiplexing lost (every exchange a full login): polls back \
+                 off, next in {} ms",
+                wait.as_millis()
+            ));
         }
         let mut args = vec![self.root_arg()];
         args.extend(ids.iter().map(|i| i.to_string()));
         let line = command_line("ptron-poll", remote::poll_body(), &[], &args);
         match self.exchange(host, &line).await {
-            Ok(out) => Ok(remote::parse_poll(&out).into_iter().collect()),
+            Ok(out) => {
+                let mut bad: HashMap<String, Vec<(String, String)>> = HashMap::new();
+                for (id, file, text) in remote::parse_bad_records(&out) {
+                    bad.entry(id).or_default().push((file, text));
+                }
+                Ok(HostAnswer {
+                    states: remote::parse_poll(&out).into_iter().collect(),
+                    bad,
+                })
+            }
             Err(SshFailure::Unreachable(_)) => Err(self.down_reason(host)),
             Err(SshFailure::Remote { code, stderr }) => {
                 Err(format!("poll script on {host} failed ({code:?}): {stderr}"))
@@ -1018,6 +1154,53 @@ fn host_status(
     }
 }
 
+/// One host's poll answer: the state of each attempt asked about, and the malformed pid
+/// records (`job`/`wrapper`: file name, first bytes) of those that have one.
+struct HostAnswer {
+    states: HashMap<String, RemoteState>,
+    bad: HashMap<String, Vec<(String, String)>>,
+}
+
+/// Names the malformed pid records of `st`'s attempt on `host` (bad input, issue 27): with
+/// their path and host, before the reason the rest of the evidence gave (the exit record, a
+/// live wrapper, or a process of the host running in the attempt's folder); the records
+/// themselves were not used.
+fn with_bad_records(
+    mut st: JobStatus,
+    bad: &[(String, String)],
+    host: &str,
+    root: &str,
+) -> JobStatus {
+    if bad.is_empty() {
+        return st;
+    }
+    let root = if root.is_empty() {
+        "$HOME/.puzzletron/baremetal"
+    } else {
+        root
+    };
+    let mut why = bad
+        .iter()
+        .map(|(file, text)| {
+            format!(
+                "malformed pid file {root}/{}/{file} on {host}: `{text}` (not used)",
+                st.attempt_id
+            )
+        })
+        .collect::<Vec<_>>()
+        .join("; ");
+    why.push_str(match st.state {
+        JobState::Running => "; a process of the attempt still runs there",
+        JobState::Lost => "; no process of the attempt runs there and no exit record",
+        _ => "",
+    });
+    if let Some(r) = &st.reason {
+        why = format!("{why}; {r}");
+    }
+    st.reason = Some(why);
+    st
+}
+
 /// Combines the parts of a multi-host attempt: running while any part runs; else the first
 /// part that did not complete; else completed.
 fn combine(parts: Vec<JobStatus>) -> JobStatus {
@@ -1071,7 +1254,13 @@ fn validate(spec: &AttemptSpec, hosts: &[HostSlots]) -> Result<(), ExecutorError
         ));
     }
     let need = t.gpus_per_node();
-    let fit = hosts.iter().filter(|h| h.gpus >= need).count();
+    // Hosts the campaign excluded never count (issue 27): an attempt that fits only on them
+    // is refused now, never left waiting for ever.
+    let excluded = lease::excluded_hosts(spec);
+    let fit = hosts
+        .iter()
+        .filter(|h| h.gpus >= need && !excluded.contains(&h.host))
+        .count();
     if (t.nodes as usize) > fit {
         return Err(ExecutorError::Unsatisfiable {
             attempt_id: id.clone(),
@@ -1081,7 +1270,11 @@ fn validate(spec: &AttemptSpec, hosts: &[HostSlots]) -> Result<(), ExecutorError
                 hosts.len(),
                 hosts
                     .iter()
-                    .map(|h| format!("{} ({} GPUs)", h.host, h.gpus))
+                    .map(|h| if excluded.contains(&h.host) {
+                        format!("{} ({} GPUs, excluded by --exclude)", h.host, h.gpus)
+                    } else {
+                        format!("{} ({} GPUs)", h.host, h.gpus)
+                    })
                     .collect::<Vec<_>>()
                     .join(", ")
             ),
@@ -1103,6 +1296,7 @@ impl Executor for BareMetalExecutor {
     async fn submit(&self, spec: &AttemptSpec) -> Result<JobHandle, ExecutorError> {
         let inner = &self.inner;
         validate(spec, &inner.cfg.hosts)?;
+        inner.check_program(spec).await?;
         let id = spec.attempt_id.clone();
         let dup = inner.leases.update(|t| match t.get(&id) {
             Some(_) => (false, true),
@@ -1166,8 +1360,7 @@ impl Executor for BareMetalExecutor {
             }
             placement.push(hosts);
         }
-        let mut answers: HashMap<String, Result<HashMap<String, RemoteState>, String>> =
-            HashMap::new();
+        let mut answers: HashMap<String, Result<HostAnswer, String>> = HashMap::new();
         let mut set = tokio::task::JoinSet::new();
         for (host, ids) in by_host {
             let me = Arc::clone(inner);
@@ -1216,7 +1409,7 @@ impl Executor for BareMetalExecutor {
                     let mut parts = Vec::new();
                     for host in &hosts {
                         let part = match answers.get(host) {
-                            Some(Ok(m)) => match m.get(id.as_str()) {
+                            Some(Ok(a)) => match a.states.get(id.as_str()) {
                                 Some(RemoteState::Absent)
                                     if lease.is_some_and(|l| l.is_live() && !l.cancelled) =>
                                 {
@@ -1224,9 +1417,12 @@ impl Executor for BareMetalExecutor {
                                     JobStatus::new(id.clone(), JobState::Pending)
                                         .with_reason(format!("launching on {host}"))
                                 }
-                                Some(st) => {
-                                    host_status(id, st, now, submitted, host, &inner.root_arg())
-                                }
+                                Some(st) => with_bad_records(
+                                    host_status(id, st, now, submitted, host, &inner.root_arg()),
+                                    a.bad.get(id.as_str()).map_or(&[], Vec::as_slice),
+                                    host,
+                                    &inner.root_arg(),
+                                ),
                                 None => JobStatus::new(id.clone(), JobState::Running)
                                     .with_reason(format!("no answer about it from {host}")),
                             },
@@ -1358,12 +1554,196 @@ impl Executor for BareMetalExecutor {
         let t = self.inner.leases.read()?;
         Ok(t.get(attempt_id).map(|l| self.inner.handle(l)))
     }
+
+    /// The job script writes the start mark after its setup, just before the payload (issue
+    /// 27: the `JOB` script of `remote.rs`).
+    fn writes_start_mark(&self) -> bool {
+        true
+    }
+}
+
+#[cfg(test)]
+mod pacer_tests {
+    use super::*;
+
+    /// Issue 27, P05: while a host's multiplexing is lost its polls back off (0.5 s doubling
+    /// to 8 s); other hosts and the host once its master is back are polled at once.
+    #[test]
+    fn polls_back_off_while_multiplexing_is_lost() {
+        let mut p = PollPacer::default();
+        let t0 = Instant::now();
+        let ms = Duration::from_millis;
+        assert_eq!(p.admit("h1", false, t0), Ok(()));
+        assert_eq!(p.admit("h1", false, t0), Ok(()));
+        // Lost: the first poll goes, the next waits 0.5 s, then 1 s, 2 s, ... 8 s.
+        assert_eq!(p.admit("h1", true, t0), Ok(()));
+        assert_eq!(p.admit("h1", true, t0 + ms(100)), Err(ms(400)));
+        let mut t = t0 + ms(500);
+        for want in [1000, 2000, 4000, 8000, 8000, 8000] {
+            assert_eq!(p.admit("h1", true, t), Ok(()));
+            assert_eq!(p.admit("h1", true, t + ms(1)), Err(ms(want - 1)));
+            t += ms(want);
+        }
+        // Another host is not slowed down.
+        assert_eq!(p.admit("h2", false, t0), Ok(()));
+        // The master is back: polled at once, and a later loss starts from 0.5 s again.
+        assert_eq!(p.admit("h1", false, t0 + ms(1)), Ok(()));
+        assert_eq!(p.admit("h1", true, t), Ok(()));
+        assert_eq!(p.admit("h1", true, t + ms(1)), Err(ms(499)));
+    }
+}
+
+#[cfg(test)]
+mod exclusion_tests {
+    use super::*;
+    use crate::executor::{CommandSpec, GpuRequest, TaskTopology};
+
+    /// Issue 27: hosts the campaign excluded (`--exclude=` in the spec) never count; an
+    /// attempt that fits only on them is refused at once, naming them, never left waiting.
+    #[test]
+    fn an_attempt_fitting_only_on_excluded_hosts_is_refused_naming_them() {
+        let hosts = [("h1", 4), ("h2", 2)].map(|(h, g)| HostSlots {
+            host: h.into(),
+            gpus: g,
+        });
+        let spec = |gpus: u32, exclude: &str| {
+            let mut t = TaskTopology::single();
+            t.gpus = GpuRequest::PerNode(gpus);
+            let mut s = AttemptSpec::new(
+                AttemptId::new("c.s.0.a1").unwrap(),
+                CommandSpec::new("true"),
+            )
+            .with_topology(t);
+            s.scheduler.extra_directives = vec![format!("--exclude={exclude}")];
+            s
+        };
+        validate(&spec(2, "h1"), &hosts).expect("fits on h2");
+        let e = validate(&spec(4, "h1"), &hosts).unwrap_err();
+        assert!(matches!(e, ExecutorError::Unsatisfiable { .. }), "{e}");
+        let m = e.to_string();
+        assert!(
+            m.contains("h1 (4 GPUs, excluded by --exclude)") && m.contains("h2 (2 GPUs)"),
+            "{m}"
+        );
+        let m = validate(&spec(1, "h[1-2]"), &hosts)
+            .unwrap_err()
+            .to_string();
+        assert!(m.contains("h2 (2 GPUs, excluded by --exclude)"), "{m}");
+    }
 }
 
 #[cfg(test)]
 mod malformed_exit_tests {
     use super::remote::{ExitRecord, RemoteState};
     use super::*;
+
+    /// The poll script run here on `<root>/a1` holding `files` (name, text): its answer.
+    fn poll_here(root: &Path, files: &[(&str, &str)]) -> String {
+        let d = root.join("a1");
+        std::fs::create_dir_all(&d).unwrap();
+        for (name, text) in files {
+            std::fs::write(d.join(name), text).unwrap();
+        }
+        let line = command_line(
+            "ptron-poll",
+            remote::poll_body(),
+            &[],
+            &[root.display().to_string(), "a1".into()],
+        );
+        let out = std::process::Command::new("sh")
+            .arg("-c")
+            .arg(&line)
+            .output()
+            .unwrap();
+        String::from_utf8_lossy(&out.stdout).trim().to_string()
+    }
+
+    /// Issue 27, bad input: a malformed pid file (`job`, `wrapper`) on a host is reported with
+    /// its path and host and is not used; the attempt is judged by the rest of the evidence
+    /// (its exit record, a live wrapper, a process running in its folder).
+    #[test]
+    fn a_malformed_pid_file_is_named_with_its_path_and_the_task_judged_by_the_rest() {
+        let root = tempfile::tempdir().unwrap();
+        let r = root.path();
+        // Nothing runs in the folder: lost, both records named.
+        let out = poll_here(r, &[("job", "12x 5\n"), ("wrapper", "\u{1}garbage\n")]);
+        assert_eq!(
+            out, "M a1 job 12x 5?\nM a1 wrapper ?garbage?\nD a1",
+            "{out}"
+        );
+        // A process of the attempt (its folder an argument, as the wrapper's and the job's)
+        // still runs: running, whatever the records say.
+        let d = r.join("a1");
+        let mut child = std::process::Command::new("sh")
+            .args(["-c", "sleep 30; :", "ptron-wrap"])
+            .arg(&d)
+            .spawn()
+            .unwrap();
+        let out = poll_here(r, &[]);
+        child.kill().unwrap();
+        child.wait().unwrap();
+        assert_eq!(
+            out, "M a1 job 12x 5?\nM a1 wrapper ?garbage?\nW a1",
+            "{out}"
+        );
+        // A well-formed, live wrapper record decides alone.
+        let pid = std::process::id();
+        let ticks = crate::store::process_start_ticks(pid).unwrap();
+        let out = poll_here(r, &[("wrapper", &format!("{pid} {ticks}\n"))]);
+        assert_eq!(out, "M a1 job 12x 5?\nW a1", "{out}");
+        // The exit record is the evidence: the pid records are not even read.
+        let out = poll_here(
+            r,
+            &[("exit", "status=exited\ncode=3\nstart_ms=5\nend_ms=9\n")],
+        );
+        assert_eq!(
+            out, "E a1 status=exited code=3 start_ms=5 end_ms=9",
+            "{out}"
+        );
+
+        // The status names each record with its path and host, then the verdict's reason.
+        let id = AttemptId::new("a1").unwrap();
+        let bad = remote::parse_bad_records("M a1 job 12x 5?\nM a1 wrapper ?garbage?\nD a1\n");
+        let bad: Vec<(String, String)> = bad.into_iter().map(|(_, f, t)| (f, t)).collect();
+        let st = with_bad_records(
+            host_status(&id, &RemoteState::Dead, 0, 0, "h3", "/srv/pt"),
+            &bad,
+            "h3",
+            "/srv/pt",
+        );
+        assert_eq!(st.state, JobState::Lost);
+        assert_eq!(
+            st.reason.as_deref(),
+            Some(
+                "malformed pid file /srv/pt/a1/job on h3: `12x 5?` (not used); malformed pid \
+                 file /srv/pt/a1/wrapper on h3: `?garbage?` (not used); no process of the \
+                 attempt runs there and no exit record; the wrapper ended without recording an \
+                 exit (host rebooted?)"
+            )
+        );
+        let c = crate::campaign::controller::classify::classify(
+            &st,
+            &crate::campaign::controller::classify::Evidence::default(),
+        );
+        assert!(
+            c.detail.contains("malformed pid file /srv/pt/a1/job on h3"),
+            "{c:?}"
+        );
+        let st = with_bad_records(
+            host_status(&id, &RemoteState::Wrapping, 0, 0, "h3", ""),
+            &bad[..1],
+            "h3",
+            "",
+        );
+        assert_eq!(st.state, JobState::Running);
+        assert_eq!(
+            st.reason.as_deref(),
+            Some(
+                "malformed pid file $HOME/.puzzletron/baremetal/a1/job on h3: `12x 5?` (not \
+                 used); a process of the attempt still runs there"
+            )
+        );
+    }
 
     /// Issue 27, bad input: a malformed exit file on a host is reported with its path and
     /// host; no exit code is made up (the attempt is judged by the rest of the evidence).

@@ -40,7 +40,10 @@ alive() {
 
 /// The job itself, run under `setsid` by the wrapper: enters the checkout, sources the setup
 /// script and the venv, runs the site's prerun commands (trusted text of the runner file, like
-/// in the Slurm script), exports the environment and runs the argv.
+/// in the Slurm script), exports the environment, enters the working directory, writes the
+/// start mark (the attempt id to `$PUZZLETRON_START_FILE`, when the spec sets it: its setup
+/// succeeded, the payload starts now; a job ending without it failed on its host, issue 27)
+/// and runs the argv.
 /// Run as `sh <dir>/job.sh <dir>`; reads its arguments from `<dir>/args` (mode 0600, so
 /// environment values never show in `ps`): log walltime_s grace_s repo setup venv cwd nprerun
 /// prerun... npostrun postrun... nenv K=V... argv...
@@ -54,6 +57,7 @@ if [ -n "$venv" ]; then . "$venv/bin/activate" || fail "cannot activate the venv
 post=$1; shift; i=0; while [ "$i" -lt "$post" ]; do eval "p$i=\$1"; shift; i=$((i+1)); done
 n=$1; shift; while [ "$n" -gt 0 ]; do export "$1" || fail "bad environment entry"; shift; n=$((n-1)); done
 if [ -n "$cwd" ]; then cd -- "$cwd" || fail "cannot enter the working directory $cwd"; fi
+if [ -n "${PUZZLETRON_START_FILE:-}" ]; then printf '%s\n' "${PUZZLETRON_ATTEMPT_ID:-}" > "$PUZZLETRON_START_FILE" || :; fi
 if [ "$post" -eq 0 ]; then exec "$@"; fi
 "$@"; rc=$?
 i=0; while [ "$i" -lt "$post" ]; do eval "eval \"\$p$i\""; i=$((i+1)); done
@@ -129,14 +133,30 @@ echo OK
 /// Poll: one line per attempt id. `E <id> k=v...` (exit record), `R <id> <start ms>` (job
 /// alive), `W <id>` (wrapper alive, job starting or ending), `S <id> <submitted ms>` (folder
 /// made, wrapper not up yet), `D <id>` (wrapper gone without a record), `A <id>` (no folder).
-const POLL: &str = r#"for id in "$@"; do
+/// Before it, `M <id> job|wrapper <text>` for a pid record that is malformed (pid or start
+/// ticks not a number; its first 80 bytes, unprintables as `?`): such a record is not used,
+/// and without an exit record the attempt is judged by whether a process of the host has the
+/// attempt folder as an argument (the wrapper and the job do): `W` if one does, else `D`.
+const POLL: &str = r#"num() { case $1 in ''|*[!0-9]*) return 1 ;; esac; }
+bad() { printf 'M %s %s %s\n' "$1" "$2" "$(head -c 80 "$3" 2>/dev/null | tr -c '[:print:]' '?')"; }
+runs() { for f in /proc/[0-9]*/cmdline; do a=$(tr '\0' '\n' < "$f" 2>/dev/null) || continue; case "
+$a
+" in *"
+$1
+"*) return 0 ;; esac; done; return 1; }
+for id in "$@"; do
   d=$root/$id
   if [ ! -d "$d" ]; then echo "A $id"; continue; fi
   if [ ! -f "$d/exit" ]; then
-    p=; t=; s=
-    if [ -f "$d/job" ]; then read -r p t s b n m < "$d/job"; if alive "$p" "$t" "$b" "$n" "$m"; then echo "R $id $s"; continue; fi; fi
+    p=; t=; s=; m1=
+    if [ -f "$d/job" ]; then read -r p t s b n m < "$d/job"
+      if ! num "$p" || ! num "$t" || { [ -n "$s" ] && ! num "$s"; }; then bad "$id" job "$d/job"; m1=1
+      elif alive "$p" "$t" "$b" "$n" "$m"; then echo "R $id $s"; continue; fi; fi
     p=; t=
-    if [ -f "$d/wrapper" ]; then read -r p t b n m < "$d/wrapper"; if alive "$p" "$t" "$b" "$n" "$m"; then echo "W $id"; continue; fi; fi
+    if [ -f "$d/wrapper" ]; then read -r p t b n m < "$d/wrapper"
+      if ! num "$p" || ! num "$t"; then bad "$id" wrapper "$d/wrapper"; m1=1
+      elif alive "$p" "$t" "$b" "$n" "$m"; then echo "W $id"; continue; fi; fi
+    if [ -n "$m1" ] && [ ! -f "$d/exit" ] && runs "$d"; then echo "W $id"; continue; fi
   fi
   if [ -f "$d/exit" ]; then
     line="E $id"; while IFS= read -r l; do line="$line $l"; done < "$d/exit"; echo "$line"; continue
@@ -186,6 +206,20 @@ echo "PROBE $rc"
 printf '%s\n' "$out"
 "#;
 
+/// Resolve: whether the program a job would run is found on the host after the job's setup
+/// (repository, setup script, venv, the spec's `PATH`, working directory), as the job's `exec`
+/// looks it up. Prints `FOUND <path>`; or `MISSING`, `DIR <working directory>`, `PATH <path>`;
+/// or `SETUP <what>` when the setup itself fails here (nothing is judged then: the job meets
+/// it). Args (after the root): repo setup venv cwd path program
+const RESOLVE: &str = r#"repo=$1; setup=$2; venv=$3; cwd=$4; p=$5; prog=$6
+if [ -n "$repo" ]; then cd -- "$repo" 2>/dev/null || { echo "SETUP repository"; exit 0; }; fi
+if [ -n "$setup" ]; then case $setup in */*) ;; *) setup=./$setup ;; esac; . "$setup" < /dev/null > /dev/null 2>&1 || { echo "SETUP setup_env"; exit 0; }; fi
+if [ -n "$venv" ]; then . "$venv/bin/activate" > /dev/null 2>&1 || { echo "SETUP venv"; exit 0; }; fi
+if [ -n "$p" ]; then PATH=$p; export PATH; fi
+if [ -n "$cwd" ]; then cd -- "$cwd" 2>/dev/null || { echo "SETUP cwd"; exit 0; }; fi
+if w=$(command -v -- "$prog" 2>/dev/null) && [ -n "$w" ]; then echo "FOUND $w"; else printf 'MISSING\nDIR %s\nPATH %s\n' "$(pwd)" "$PATH"; fi
+"#;
+
 /// The whole text of a script: the root preamble, then the body.
 fn script(body: &str) -> String {
     format!("{ROOT}{body}")
@@ -226,6 +260,28 @@ pub fn cancel_body() -> &'static str {
 /// See [`PREFLIGHT`].
 pub fn preflight_body() -> &'static str {
     PREFLIGHT
+}
+/// See [`RESOLVE`].
+pub fn resolve_body() -> &'static str {
+    RESOLVE
+}
+
+/// What the resolve script said: `Ok(None)` found (or not judged), `Ok(Some((dir, path)))`
+/// missing, looked up in `path` from working directory `dir`.
+pub fn parse_resolve(out: &str) -> Option<(String, String)> {
+    let mut lines = out.lines();
+    if lines.next()?.trim() != "MISSING" {
+        return None;
+    }
+    let (mut dir, mut path) = (String::new(), String::new());
+    for l in lines {
+        if let Some(d) = l.strip_prefix("DIR ") {
+            dir = d.to_string();
+        } else if let Some(p) = l.strip_prefix("PATH ") {
+            path = p.to_string();
+        }
+    }
+    Some((dir, path))
 }
 /// The wrapper's full text (with the root preamble for `now`/`ticks`; its root argument is
 /// passed empty and unused).
@@ -270,6 +326,19 @@ pub struct ExitRecord {
     /// Entries of the exit file that could not be read (`code=abc`, a line without `=`), as
     /// written: the record is malformed and reported with its path.
     pub malformed: Vec<String>,
+}
+
+/// The malformed pid records of the poll answer (`M` lines): `(attempt id, file name, its
+/// first bytes)`.
+pub fn parse_bad_records(out: &str) -> Vec<(String, String, String)> {
+    out.lines()
+        .filter_map(|l| {
+            let rest = l.strip_prefix("M ")?;
+            let (id, rest) = rest.split_once(' ')?;
+            let (file, text) = rest.split_once(' ').unwrap_or((rest, ""));
+            Some((id.to_string(), file.to_string(), text.to_string()))
+        })
+        .collect()
 }
 
 /// Parses the poll answer into `(attempt id, state)` pairs (unknown lines are skipped; the
@@ -383,6 +452,64 @@ mod tests {
             .unwrap();
         let text = String::from_utf8_lossy(&out.stdout);
         assert!(text.contains("a b it's; rm -rf /"), "{text}");
+    }
+
+    /// Issue 27: the job writes its start mark after its own setup (prerun commands, exports,
+    /// working directory) and before the payload; a job whose setup fails writes none.
+    #[test]
+    fn the_job_writes_its_start_mark_after_its_setup_and_before_the_payload() {
+        let run = |prerun: &str| {
+            let d = tempfile::tempdir().unwrap();
+            let mark = d.path().join("_STARTED");
+            let seen = d.path().join("seen");
+            let words = [
+                String::new(),
+                "0".into(),
+                "1".into(),
+                String::new(),
+                String::new(),
+                String::new(),
+                d.path().display().to_string(),
+                "1".into(),
+                prerun.into(),
+                "0".into(),
+                "2".into(),
+                format!("{}={}", crate::executor::START_FILE_ENV, mark.display()),
+                format!("{}=c.s.0.a1", crate::executor::ATTEMPT_ID_ENV),
+                "sh".into(),
+                "-c".into(),
+                // The payload sees the mark already there.
+                format!(
+                    "cat \"$PUZZLETRON_START_FILE\" > {}",
+                    quote(&seen.display().to_string())
+                ),
+            ];
+            let args: Vec<String> = words.iter().map(|w| quote(w)).collect();
+            std::fs::write(d.path().join("args"), args.join(" ")).unwrap();
+            std::fs::write(d.path().join("job.sh"), JOB).unwrap();
+            let out = std::process::Command::new("sh")
+                .arg(d.path().join("job.sh"))
+                .arg(d.path())
+                .env_remove(crate::executor::START_FILE_ENV)
+                .output()
+                .unwrap();
+            (
+                out.status.code(),
+                std::fs::read_to_string(&mark).ok(),
+                std::fs::read_to_string(&seen).ok(),
+            )
+        };
+        assert_eq!(
+            run("true"),
+            (
+                Some(0),
+                Some("c.s.0.a1\n".into()),
+                Some("c.s.0.a1\n".into())
+            )
+        );
+        // Its setup failed (a site's mount missing on this host): no mark, no payload.
+        assert_eq!(run("exit 1"), (Some(1), None, None));
+        assert_eq!(run("false"), (Some(126), None, None));
     }
 
     /// Runs the poll script locally on one attempt folder holding `wrapper` and `job` records
