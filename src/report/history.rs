@@ -24,6 +24,7 @@
 //!   `hung`; the time before it follows the rules above (useful if it succeeded);
 //! - successful attempts of the current revision and attempts still running: nothing.
 
+use crate::executor::now_ms;
 use std::borrow::Cow;
 use std::collections::{BTreeMap, HashMap};
 use std::fs::File;
@@ -766,13 +767,6 @@ fn local_times(attempts_dir: &Path, id: &str) -> (Option<u64>, Option<u64>) {
         start = Some(d.as_millis() as u64);
     }
     (start, end)
-}
-
-fn now_ms() -> u64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.as_millis() as u64)
-        .unwrap_or(0)
 }
 
 impl CampaignHistory {

@@ -10,6 +10,7 @@
 //! [`Lease::acquire`](crate::campaign::controller::Lease::acquire)). A `lease.json` that cannot
 //! be read is reported as such, never an error. Nothing is created or written.
 
+use crate::executor::now_ms;
 use std::fs::File;
 use std::os::fd::AsRawFd;
 use std::path::Path;
@@ -129,13 +130,6 @@ fn lock_holder(file: &File) -> Option<i32> {
     // SAFETY: fcntl on a valid open fd with a pointer to a live, initialized struct.
     let rc = unsafe { libc::fcntl(file.as_raw_fd(), libc::F_GETLK, &mut fl) };
     (rc == 0 && i32::from(fl.l_type) != libc::F_UNLCK).then_some(fl.l_pid)
-}
-
-fn now_ms() -> u64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.as_millis() as u64)
-        .unwrap_or(0)
 }
 
 #[cfg(test)]

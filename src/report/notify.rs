@@ -17,6 +17,7 @@
 //! `campaign_end`: `complete`, `detached`, stage counts; of `decision_needed`: `file`, the
 //! decision file to write, and `candidates`).
 
+use crate::executor::now_ms;
 use std::io::Write;
 use std::path::{Path, PathBuf};
 
@@ -317,13 +318,6 @@ fn run_once(argv: &[String], json: &[u8], timeout: Duration) -> Result<(), Strin
             Err(e) => return Err(format!("waiting for it: {e}")),
         }
     }
-}
-
-fn now_ms() -> u64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.as_millis() as u64)
-        .unwrap_or(0)
 }
 
 #[cfg(test)]
