@@ -14,10 +14,8 @@
 //! default) and `vision`, QOS `normal` and `long`, and a partition `short` with `MaxTime=10`.
 #![cfg(feature = "slurm")]
 
-#[path = "support/slurm.rs"]
-mod slurm;
-#[path = "support/watchdog.rs"]
-mod watchdog;
+mod support;
+use support::{slurm, watchdog};
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;

@@ -4,13 +4,8 @@
 //! local executor, the report's wasted GPU-hours against a sum computed here from the raw
 //! files, and the same flow on the local Slurm cluster (with `cancel --tag` for orphans).
 
-#[path = "support/cli.rs"]
-mod cli;
-#[path = "support/examples.rs"]
-#[allow(dead_code)]
-mod examples;
-#[path = "support/watchdog.rs"]
-mod watchdog;
+mod support;
+use support::{cli, examples, watchdog};
 
 use std::collections::BTreeMap;
 use std::path::Path;

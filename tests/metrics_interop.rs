@@ -1,13 +1,13 @@
 //! The Parquet that puzzletron writes is read back by Python's pyarrow with the same schema and
 //! values, and `collect` gathers everything a store holds.
 
-mod common;
+mod support;
 
 use std::process::Command;
 
-use common::{FakeCrate, P, train};
 use puzzletron::sweep::{JobResult, Run};
 use puzzletron::{FsStore, Orchestrator, metrics};
+use support::sweep::{FakeCrate, P, train};
 
 /// [`train`], then a step mark: its rows are in a metrics file (a short run that never flushed
 /// keeps them in its record instead).

@@ -11,9 +11,9 @@ use std::time::{Duration, Instant};
 
 use puzzletron::executor::*;
 
-#[path = "support/slurm.rs"]
-mod slurm_support;
-use slurm_support::{cluster_available, count_calls, write_shims};
+mod support;
+
+use support::slurm::{cluster_available, count_calls, write_shims};
 
 /// A unique prefix per test process, so reruns never find older jobs by name.
 fn prefix() -> String {

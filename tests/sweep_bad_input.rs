@@ -1,12 +1,12 @@
 //! Bad input gets a clear error naming what, where and what was expected, and loses nothing.
 
-mod common;
+mod support;
 
-use common::{FakeCrate, P, train};
 use puzzletron::store::StoreError;
 use puzzletron::sweep::{JobResult, Run};
 use puzzletron::{FsStore, Orchestrator, Store};
 use serde::{Deserialize, Serialize};
+use support::sweep::{FakeCrate, P, train};
 
 fn sweep(c: &FakeCrate) -> Orchestrator<FsStore> {
     Orchestrator::builder()

@@ -1,14 +1,14 @@
 //! The cache story: rerun skips, a changed parameter set runs alone, comments do not count, code
 //! and Cargo.lock changes re-run with their reason; drain stops at the first failure.
 
-mod common;
+mod support;
 
 use std::sync::Mutex;
 use std::sync::atomic::Ordering;
 
-use common::{EXECUTIONS, FakeCrate, P, train};
 use puzzletron::sweep::{Action, FailureCause, JobResult, Outcome, Run};
 use puzzletron::{FsStore, Orchestrator, Store};
+use support::sweep::{EXECUTIONS, FakeCrate, P, train};
 
 /// Tests in this file share the EXECUTIONS counter.
 static SERIAL: Mutex<()> = Mutex::new(());

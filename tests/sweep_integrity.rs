@@ -10,13 +10,12 @@
 //!   (`outputs_partial/<attempt id>/`) before its retry, so a retry that does not rewrite one
 //!   is never promoted with the dead attempt's copy.
 
-mod common;
+mod support;
 
 use std::path::Path;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use common::{FakeCrate, P, train};
 use puzzletron::campaign::config::Value as ConfigValue;
 use puzzletron::campaign::controller::{
     CampaignController, ControllerEvent, RetryPolicy, RunOptions,
@@ -26,6 +25,7 @@ use puzzletron::store::{ClaimOutcome, JobRecord, Status, conformance::dead_owner
 use puzzletron::sweep::{Action, JobResult, Run};
 use puzzletron::{FsStore, Hash, Orchestrator, Store};
 use serde_json::json;
+use support::sweep::{FakeCrate, P, train};
 
 fn orchestrator(krate: &FakeCrate, store: &Path, trace: bool) -> Orchestrator<FsStore> {
     Orchestrator::builder()

@@ -1,5 +1,4 @@
 //! Helpers for the `puzzletron` binary's tests: the fixtures, the binary, the stub worker.
-#![allow(dead_code)]
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};

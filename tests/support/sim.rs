@@ -1,7 +1,5 @@
 //! A simulated campaign of many work items on the mock executor, with injected faults.
 
-#![allow(dead_code)] // shared by a test and a bench, each using part of it
-
 use std::sync::Arc;
 use std::time::Duration;
 

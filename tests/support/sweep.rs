@@ -1,6 +1,5 @@
-//! Helpers shared by the integration tests: a throwaway crate whose source is "owned" code, and
-//! jobs whose behaviour the tests control.
-#![allow(dead_code)]
+//! The sweep tests' helpers: a throwaway crate whose source is "owned" code, and jobs whose
+//! behaviour the tests control.
 
 use std::io::Write;
 use std::path::{Path, PathBuf};
