@@ -2,13 +2,16 @@
 //! clear errors (cycles, missing parents, bad meshes, bad stage filters, unknown keys), user
 //! catalogs, runner limits and the fixtures' runner/execution files.
 
+mod support;
+use support::plan::PlanBuilder;
+
 use std::path::{Path, PathBuf};
 
 use proptest::prelude::*;
 use puzzletron::campaign::config::{ConfigLoader, Env, Override, OverrideKind, Value};
 use puzzletron::campaign::{
     ExecutionConfig, PlanError, RunnerEnvironment, RunnerKind, StageCatalog, StageFilter, Strategy,
-    compile_campaign_plan_with, compile_resolved, plan_to_dict,
+    compile_campaign_plan_with, plan_to_dict,
 };
 
 fn fixtures() -> PathBuf {
@@ -203,7 +206,7 @@ proptest! {
         let shuffled = shuffle_maps(&plan.resolved_config, &mut s);
         let runner = RunnerEnvironment::load(fixtures().join(MOE.1)).unwrap();
         let execution = ExecutionConfig::load(fixtures().join(MOE.2)).unwrap();
-        let again = compile_resolved(&plan.experiment_config_path, shuffled, &[], &StageCatalog::puzzle(), &runner, &execution, None).unwrap();
+        let again = PlanBuilder::config(shuffled).label(&plan.experiment_config_path).catalog(StageCatalog::puzzle()).runner(runner).execution_config(execution).build();
         prop_assert_eq!(again.contract_hash, plan.contract_hash);
         let mut a: Vec<&str> = again.stage_ids();
         let mut b: Vec<&str> = plan.stage_ids();
@@ -528,16 +531,10 @@ fn rust_catalogs_compile() {
                 .command(vec!["true".into()]),
         ],
     );
-    let plan = compile_resolved(
-        "mem",
-        Value::Mapping(vec![].into_iter().collect()),
-        &[],
-        &catalog,
-        &RunnerEnvironment::local(),
-        &ExecutionConfig::default(),
-        None,
-    )
-    .unwrap();
+    let plan = PlanBuilder::config(Value::Mapping(vec![].into_iter().collect()))
+        .label("mem")
+        .catalog(catalog)
+        .build();
     assert_eq!(plan.catalog, "mine");
     assert_eq!(plan.stage("b").unwrap().parents, ["a"]);
 }
@@ -693,10 +690,9 @@ proptest! {
         )
     ) {
         let config = generated_dag(&spec);
-        let catalog = StageCatalog::from_config("gen", &config).unwrap();
-        let runner = RunnerEnvironment::from_value("r", &Value::from_json(&serde_json::json!({"runner": {"kind": "slurm"}}))).unwrap();
-        let a = compile_resolved("gen", config.clone(), &[], &catalog, &runner, &ExecutionConfig::default(), None).unwrap();
-        let b = compile_resolved("gen", config, &[], &catalog, &runner, &ExecutionConfig::default(), None).unwrap();
+        let runner = || RunnerEnvironment::from_value("r", &Value::from_json(&serde_json::json!({"runner": {"kind": "slurm"}}))).unwrap();
+        let a = PlanBuilder::config(config.clone()).label("gen").runner(runner()).build();
+        let b = PlanBuilder::config(config).label("gen").runner(runner()).build();
         prop_assert_eq!(&a, &b);
         prop_assert_eq!(a.contract_hash, b.contract_hash);
         let mut seen = std::collections::HashSet::new();

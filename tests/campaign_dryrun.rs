@@ -3,6 +3,9 @@
 //! bare-metal ssh remote commands (run through a real shell: the submit script starts the job),
 //! local argv/env, GPU placement, secret redaction.
 
+mod support;
+use support::plan::PlanBuilder;
+
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
@@ -10,7 +13,6 @@ use puzzletron::campaign::config::Value;
 use puzzletron::campaign::config::{ConfigLoader, Env};
 use puzzletron::campaign::{
     CampaignPlan, ExecutionConfig, RunnerEnvironment, StageCatalog, compile_campaign_plan_with,
-    compile_resolved,
 };
 use puzzletron::campaign::{DryRun, DryRunOptions, PlanError, StageSubmission, default_executor};
 
@@ -87,18 +89,9 @@ fn user_plan(runner_yaml: &str, workdir: &Path) -> CampaignPlan {
         serde_json::to_string(&workdir.display().to_string()).unwrap(),
         argv_yaml.join(", ")
     );
-    let node = node_yaml(&config);
-    let catalog = StageCatalog::from_config("exp", &node).unwrap();
-    compile_resolved(
-        "exp",
-        node,
-        &[],
-        &catalog,
-        &runner,
-        &ExecutionConfig::default(),
-        None,
-    )
-    .unwrap()
+    PlanBuilder::config(node_yaml(&config))
+        .runner(runner)
+        .build()
 }
 
 fn node_yaml(text: &str) -> Value {
@@ -695,9 +688,10 @@ fn n03_dry_run_shows_the_signal_line_and_warns() {
             &node_yaml(&format!("execution:\n  stages:\n    train: {stage}\n")),
         )
         .unwrap();
-        let catalog = StageCatalog::from_config("exp", &config).unwrap();
-        let plan =
-            compile_resolved("exp", config, &[], &catalog, &runner, &execution, None).unwrap();
+        let plan = PlanBuilder::config(config)
+            .runner(runner)
+            .execution_config(execution)
+            .build();
         let dr = dry_run(&plan, &DryRunOptions::default()).unwrap();
         let script = script(&dr.submissions[0], 0).to_string();
         let label = format!("{limit:?} {sig} resumable={resumable}");

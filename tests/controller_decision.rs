@@ -4,6 +4,9 @@
 //! the journal keeps the decision across a restart, a prompt answers instead of the file, and
 //! `none` skips the flow below the decision.
 
+mod support;
+use support::plan::PlanBuilder;
+
 use std::path::Path;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -15,30 +18,19 @@ use puzzletron::campaign::controller::{
 };
 use puzzletron::campaign::{
     CampaignPlan, ExecutionConfig, ManualDecision, RunnerEnvironment, StageCatalog,
-    compile_resolved,
 };
 use puzzletron::executor::{MockCall, MockClock, MockExecutor, MockScript};
 use serde_json::json;
 
 /// a (3 shards) -> pick (manual decision over a's items) -> c; b independent.
 fn decision_plan() -> CampaignPlan {
-    let node = ConfigValue::from_json(&json!({ "stages": [
+    let mut plan = PlanBuilder::stages(json!([
         {"id": "a", "strategy": "sharded", "instances": 3, "command": ["w"]},
         {"id": "pick", "needs": ["a"], "command": ["w"]},
         {"id": "c", "needs": ["pick"], "command": ["w"]},
         {"id": "b", "command": ["w"]},
-    ]}));
-    let catalog = StageCatalog::from_config("exp", &node).unwrap();
-    let mut plan = compile_resolved(
-        "exp",
-        node,
-        &[],
-        &catalog,
-        &RunnerEnvironment::local(),
-        &ExecutionConfig::default(),
-        None,
-    )
-    .unwrap();
+    ]))
+    .build();
     let candidates: Vec<String> = plan
         .stage("a")
         .unwrap()

@@ -10,7 +10,7 @@ pub mod campaign;
 #[cfg(feature = "cli")] // `puzzletron` is built only with the feature
 pub mod cli;
 pub mod examples;
-
+pub mod plan;
 pub mod sim;
 pub mod slurm;
 pub mod sweep;

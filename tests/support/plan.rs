@@ -1,0 +1,86 @@
+//! One way for the tests to compile a campaign plan from a config written inline, so that the
+//! seven arguments of `compile_resolved` are spelled once.
+
+use puzzletron::campaign::config::Value as ConfigValue;
+use puzzletron::campaign::{CampaignPlan, ExecutionConfig, RunnerEnvironment, StageCatalog};
+use serde_json::{Value, json};
+
+/// A plan to compile: label `exp`, the stages' own catalog, the local runner and the default
+/// execution config unless told otherwise.
+pub struct PlanBuilder {
+    label: String,
+    config: ConfigValue,
+    catalog: Option<StageCatalog>,
+    runner: RunnerEnvironment,
+    execution: ExecutionConfig,
+}
+
+impl PlanBuilder {
+    /// A config `{"stages": stages}`.
+    pub fn stages(stages: Value) -> Self {
+        Self::config(ConfigValue::from_json(&json!({ "stages": stages })))
+    }
+
+    /// A whole experiment config.
+    pub fn config(config: ConfigValue) -> Self {
+        Self {
+            label: "exp".into(),
+            config,
+            catalog: None,
+            runner: RunnerEnvironment::local(),
+            execution: ExecutionConfig::default(),
+        }
+    }
+
+    /// The experiment's label (also the name of the catalog read from its stages).
+    pub fn label(mut self, label: &str) -> Self {
+        self.label = label.into();
+        self
+    }
+
+    /// A catalog of its own instead of the config's stages.
+    pub fn catalog(mut self, catalog: StageCatalog) -> Self {
+        self.catalog = Some(catalog);
+        self
+    }
+
+    /// The runner environment.
+    pub fn runner(mut self, runner: RunnerEnvironment) -> Self {
+        self.runner = runner;
+        self
+    }
+
+    /// The execution config's `execution:` section.
+    pub fn execution(self, execution: Value) -> Self {
+        let execution = ExecutionConfig::from_value(
+            "execution.yaml",
+            &ConfigValue::from_json(&json!({ "execution": execution })),
+        )
+        .unwrap();
+        self.execution_config(execution)
+    }
+
+    /// An execution config read elsewhere.
+    pub fn execution_config(mut self, execution: ExecutionConfig) -> Self {
+        self.execution = execution;
+        self
+    }
+
+    /// Compiles the plan; panics on a plan error.
+    pub fn build(self) -> CampaignPlan {
+        let catalog = match self.catalog {
+            Some(c) => c,
+            None => StageCatalog::from_config(&self.label, &self.config).unwrap(),
+        };
+        puzzletron::campaign::compile_resolved(
+            &self.label,
+            self.config,
+            &[],
+            &catalog,
+            &self.runner,
+            &self.execution,
+            None,
+        )
+        .unwrap()
+    }
+}
