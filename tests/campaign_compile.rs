@@ -347,56 +347,55 @@ fn unknown_execution_stage_ids_are_refused_but_known_newer_ones_accepted() {
 
 #[test]
 fn runner_limits_are_enforced() {
-    // max_nodes: 20; zero_shot_evaluation needs 8 nodes. Ask for 24 instances of 8 GPUs.
     let runner = RunnerEnvironment::load(fixtures().join(MOE.1)).unwrap();
-    let mut execution = ExecutionConfig::load(fixtures().join(MOE.2)).unwrap();
-    for (id, s) in &mut execution.stages {
-        if id == "zero_shot_evaluation" {
-            s.instances = Some(24);
-        }
-    }
-    let e = compile_campaign_plan_with(
-        &loader(),
-        fixtures().join(MOE.0),
-        &runner,
-        &execution,
-        &[],
-        None,
-    )
-    .unwrap_err();
-    let m = e.to_string();
-    assert!(
-        m.starts_with(
-            "stage `zero_shot_evaluation` needs 24 node(s) but runner.slurm.max_nodes is 20: "
-        ) && m.contains("gpus_per_node=")
-            && m.contains("raise `runner.slurm.max_nodes` to 24"),
-        "{m}"
+    // (stage, its edit, the message's start, parts it contains)
+    type Case = (
+        &'static str,
+        fn(&mut puzzletron::campaign::StageExecutionConfig),
+        &'static str,
+        &'static [&'static str],
     );
-    // interactive_max_nodes: 2; depth_importance on the interactive partition needs 4.
-    let mut execution = ExecutionConfig::load(fixtures().join(MOE.2)).unwrap();
-    for (id, s) in &mut execution.stages {
-        if id == "depth_importance" {
-            s.partition = Some("interactive".into());
+    let cases: [Case; 2] = [
+        // max_nodes: 20; zero_shot_evaluation needs 8 nodes. Ask for 24 instances of 8 GPUs.
+        (
+            "zero_shot_evaluation",
+            |s| s.instances = Some(24),
+            "stage `zero_shot_evaluation` needs 24 node(s) but runner.slurm.max_nodes is 20: ",
+            &["gpus_per_node=", "raise `runner.slurm.max_nodes` to 24"],
+        ),
+        // interactive_max_nodes: 2; depth_importance on the interactive partition needs 4.
+        (
+            "depth_importance",
+            |s| s.partition = Some("interactive".into()),
+            "stage `depth_importance` needs 4 node(s) but runner.slurm.interactive_max_nodes is 2: ",
+            &[
+                "4 instance(s) of 8 GPU(s) (mesh pp=2, ep=4, dp_shard=4) at gpus_per_node=8",
+                "raise `runner.slurm.interactive_max_nodes` to 4",
+            ],
+        ),
+    ];
+    for (stage, edit, start, parts) in cases {
+        let mut execution = ExecutionConfig::load(fixtures().join(MOE.2)).unwrap();
+        for (id, s) in &mut execution.stages {
+            if id == stage {
+                edit(s);
+            }
         }
+        let e = compile_campaign_plan_with(
+            &loader(),
+            fixtures().join(MOE.0),
+            &runner,
+            &execution,
+            &[],
+            None,
+        )
+        .unwrap_err();
+        let m = e.to_string();
+        assert!(
+            m.starts_with(start) && parts.iter().all(|p| m.contains(p)),
+            "{m}"
+        );
     }
-    let e = compile_campaign_plan_with(
-        &loader(),
-        fixtures().join(MOE.0),
-        &runner,
-        &execution,
-        &[],
-        None,
-    )
-    .unwrap_err();
-    let m = e.to_string();
-    assert!(
-        m.starts_with(
-            "stage `depth_importance` needs 4 node(s) but runner.slurm.interactive_max_nodes is 2: "
-        ) && m
-            .contains("4 instance(s) of 8 GPU(s) (mesh pp=2, ep=4, dp_shard=4) at gpus_per_node=8")
-            && m.contains("raise `runner.slurm.interactive_max_nodes` to 4"),
-        "{m}"
-    );
 }
 
 #[test]
@@ -455,41 +454,42 @@ fn fixture_runners_and_executions_parse() {
 #[test]
 fn unknown_runner_and_execution_keys_name_file_path_and_suggestion() {
     let dir = tempfile::tempdir().unwrap();
-    let p = write(
-        dir.path(),
-        "runner.yaml",
-        "runner:\n  kind: slurm\n  slurm:\n    partiton: batch\n",
-    );
-    let e = RunnerEnvironment::load(&p).unwrap_err();
-    let m = e.to_string();
-    assert!(
-        m.contains("runner.yaml")
-            && m.contains("runner.slurm.partiton")
-            && m.contains("did you mean `partition`"),
-        "{m}"
-    );
-    let p = write(
-        dir.path(),
-        "exec.yaml",
-        "execution:\n  stages:\n    mip: {stratgy: single}\n",
-    );
-    let m = ExecutionConfig::load(&p).unwrap_err().to_string();
-    assert!(
-        m.contains("exec.yaml")
-            && m.contains("execution.stages.mip.stratgy")
-            && m.contains("did you mean `strategy`"),
-        "{m}"
-    );
-    let p = write(
-        dir.path(),
-        "exec2.yaml",
-        "execution:\n  stages:\n    mip: {parallel: {tp: 2.7}}\n",
-    );
-    let m = ExecutionConfig::load(&p).unwrap_err().to_string();
-    assert!(
-        m.contains("execution.stages.mip.parallel.tp") && m.contains("2.7"),
-        "{m}"
-    );
+    let runner = |p: &Path| RunnerEnvironment::load(p).unwrap_err().to_string();
+    let execution = |p: &Path| ExecutionConfig::load(p).unwrap_err().to_string();
+    // (file, its text, how it is read, parts of the error)
+    type Case<'a> = (&'a str, &'a str, &'a dyn Fn(&Path) -> String, &'a [&'a str]);
+    let cases: [Case; 3] = [
+        (
+            "runner.yaml",
+            "runner:\n  kind: slurm\n  slurm:\n    partiton: batch\n",
+            &runner,
+            &[
+                "runner.yaml",
+                "runner.slurm.partiton",
+                "did you mean `partition`",
+            ],
+        ),
+        (
+            "exec.yaml",
+            "execution:\n  stages:\n    mip: {stratgy: single}\n",
+            &execution,
+            &[
+                "exec.yaml",
+                "execution.stages.mip.stratgy",
+                "did you mean `strategy`",
+            ],
+        ),
+        (
+            "exec2.yaml",
+            "execution:\n  stages:\n    mip: {parallel: {tp: 2.7}}\n",
+            &execution,
+            &["execution.stages.mip.parallel.tp", "2.7"],
+        ),
+    ];
+    for (file, text, read, parts) in cases {
+        let m = read(&write(dir.path(), file, text));
+        assert!(parts.iter().all(|p| m.contains(p)), "{m}");
+    }
 }
 
 #[test]

@@ -12,7 +12,7 @@ use std::process::Command;
 use puzzletron::campaign::config::Value;
 use puzzletron::campaign::config::{ConfigLoader, Env};
 use puzzletron::campaign::{
-    CampaignPlan, ExecutionConfig, RunnerEnvironment, StageCatalog, compile_campaign_plan_with,
+    CampaignPlan, ExecutionConfig, RunnerEnvironment, compile_campaign_plan_with,
 };
 use puzzletron::campaign::{DryRun, DryRunOptions, PlanError, StageSubmission, default_executor};
 

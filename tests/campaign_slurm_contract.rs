@@ -24,7 +24,7 @@ use std::time::{Duration, Instant};
 
 use puzzletron::campaign::config::Value;
 use puzzletron::campaign::controller::{CampaignController, RunOptions, ViewMode};
-use puzzletron::campaign::{CampaignPlan, ExecutionConfig, RunnerEnvironment, StageCatalog};
+use puzzletron::campaign::{CampaignPlan, ExecutionConfig, RunnerEnvironment};
 use puzzletron::executor::SlurmExecutor;
 
 fn node_yaml(text: &str) -> Value {

@@ -6,7 +6,7 @@
 
 mod support;
 use support::plan::PlanBuilder;
-use support::{cli, examples, watchdog};
+use support::{cli, watchdog};
 
 use std::collections::BTreeMap;
 use std::path::Path;
@@ -1222,7 +1222,6 @@ fn n04_gpu_preflight_mismatch_is_a_config_failure_never_retried() {
     use puzzletron::campaign::controller::{
         CampaignController, ControllerEvent, FailureClass, RunOptions,
     };
-    use puzzletron::campaign::{ExecutionConfig, RunnerEnvironment, StageCatalog};
     use serde_json::json;
     use std::sync::{Arc, Mutex};
     let bin = env!("CARGO_BIN_EXE_puzzletron");

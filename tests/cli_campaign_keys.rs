@@ -6,7 +6,7 @@
 //! unchecked.
 
 mod support;
-use support::{cli, examples};
+use support::cli;
 
 use std::path::{Path, PathBuf};
 

@@ -10,7 +10,7 @@
 //! `docs/campaign-report.png` (the picture in the README).
 
 mod support;
-use support::{cli, examples, watchdog};
+use support::{cli, watchdog};
 
 use std::collections::HashMap;
 use std::time::Duration;

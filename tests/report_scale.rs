@@ -6,7 +6,7 @@
 //! The 100k-item figures are `cargo bench --features cli --bench campaign_status`.
 
 mod support;
-use support::{cli, examples, sim, watchdog};
+use support::{cli, sim, watchdog};
 
 use std::time::Duration;
 

@@ -533,11 +533,9 @@ fn run_campaign_on_slurm(
     puzzletron::campaign::controller::CampaignReport,
     Vec<puzzletron::campaign::controller::ControllerEvent>,
 ) {
-    use puzzletron::campaign::config::Value;
     use puzzletron::campaign::controller::{
         CampaignController, RetryPolicy as CtlRetry, RunOptions,
     };
-    use puzzletron::campaign::{ExecutionConfig, RunnerEnvironment, StageCatalog};
     use serde_json::json;
     let plan = PlanBuilder::stages(json!([{"id": "s", "command": ["sh", "-c", script]}]))
         .execution(json!({
@@ -888,7 +886,6 @@ async fn n03_campaign_checkpoints_on_the_warning_signal_and_resumes_to_success()
     use puzzletron::campaign::controller::{
         CampaignController, ControllerEvent, FailureClass, RunOptions,
     };
-    use puzzletron::campaign::{ExecutionConfig, RunnerEnvironment, StageCatalog};
     use serde_json::json;
     use std::sync::{Arc, Mutex};
     if !cluster_available("n03_campaign_checkpoints_on_the_warning_signal_and_resumes_to_success") {

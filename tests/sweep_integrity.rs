@@ -17,11 +17,9 @@ use std::path::Path;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use puzzletron::campaign::config::Value as ConfigValue;
 use puzzletron::campaign::controller::{
     CampaignController, ControllerEvent, RetryPolicy, RunOptions,
 };
-use puzzletron::campaign::{ExecutionConfig, RunnerEnvironment, StageCatalog};
 use puzzletron::store::{ClaimOutcome, JobRecord, Status, conformance::dead_owner};
 use puzzletron::sweep::{Action, JobResult, Run};
 use puzzletron::{FsStore, Hash, Orchestrator, Store};

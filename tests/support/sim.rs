@@ -3,11 +3,10 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use puzzletron::campaign::config::Value;
+use puzzletron::campaign::CampaignPlan;
 use puzzletron::campaign::controller::{
     CampaignController, CampaignReport, RetryPolicy, RunOptions, VirtualClock,
 };
-use puzzletron::campaign::{CampaignPlan, ExecutionConfig, RunnerEnvironment, StageCatalog};
 use puzzletron::executor::{JobState, MockClock, MockExecutor, MockScript};
 use serde_json::json;
 

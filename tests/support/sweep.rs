@@ -6,6 +6,7 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicUsize, Ordering};
 
 use puzzletron::sweep::{Job, JobResult, Run};
+use puzzletron::{FsStore, Orchestrator};
 use serde::{Deserialize, Serialize};
 
 /// A fake crate on disk: `Cargo.lock`, `src/lib.rs`, `examples/job.rs`.
@@ -41,6 +42,15 @@ impl FakeCrate {
 
     pub fn lock(&self) -> PathBuf {
         self.dir.path().join("Cargo.lock")
+    }
+
+    /// An orchestrator over `store/` in this crate, keyed by its `Cargo.lock`.
+    pub fn orchestrator(&self) -> Orchestrator<FsStore> {
+        Orchestrator::builder()
+            .store_root(self.dir.path().join("store"))
+            .lock(self.lock())
+            .build()
+            .unwrap()
     }
 
     /// A job named `fake::train` whose owned code is this crate.
