@@ -114,7 +114,7 @@ pub fn work_job() -> Job<WorkParams> {
         "tests::work",
         "puzzletron",
         env!("CARGO_MANIFEST_DIR"),
-        "tests/common/mod.rs",
+        "tests/support/sweep.rs",
         work,
     )
 }
