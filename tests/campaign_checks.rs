@@ -4,6 +4,9 @@
 //! directly and through overrides, a bad value from a `defaults` file, and errors of the runner
 //! and execution files naming those files.)
 
+mod support;
+use support::plan::fixtures;
+
 use std::path::{Path, PathBuf};
 
 use puzzletron::campaign::config::{ConfigLoader, Env, Override};
@@ -19,13 +22,6 @@ fn render_dry_run(
 ) -> Result<String, puzzletron::campaign::PlanError> {
     let ex = default_executor(plan, &opts.campaign_dir, &[], None)?;
     puzzletron::campaign::render_dry_run(plan, opts, ex.as_ref())
-}
-
-fn fixtures() -> PathBuf {
-    PathBuf::from(concat!(
-        env!("CARGO_MANIFEST_DIR"),
-        "/../shared/fixtures/puzzletron-configs"
-    ))
 }
 
 fn write(dir: &Path, name: &str, text: &str) -> PathBuf {

@@ -4,6 +4,7 @@
 
 mod support;
 use support::plan::PlanBuilder;
+use support::plan::fixtures;
 
 use std::path::{Path, PathBuf};
 
@@ -13,13 +14,6 @@ use puzzletron::campaign::{
     ExecutionConfig, PlanError, RunnerEnvironment, RunnerKind, StageCatalog, StageFilter, Strategy,
     compile_campaign_plan_with, plan_to_dict,
 };
-
-fn fixtures() -> PathBuf {
-    PathBuf::from(concat!(
-        env!("CARGO_MANIFEST_DIR"),
-        "/../shared/fixtures/puzzletron-configs"
-    ))
-}
 
 fn loader() -> ConfigLoader {
     ConfigLoader::new().env(

@@ -5,8 +5,9 @@
 
 mod support;
 use support::plan::PlanBuilder;
+use support::plan::fixtures;
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::Command;
 
 use puzzletron::campaign::config::Value;
@@ -31,13 +32,6 @@ fn render_dry_run(plan: &CampaignPlan, opts: &DryRunOptions) -> Result<String, P
 /// The batch script of job `i` of a Slurm stage submission.
 fn script(s: &StageSubmission, i: usize) -> &str {
     &s.jobs[i].rendering.files[0].content
-}
-
-fn fixtures() -> PathBuf {
-    PathBuf::from(concat!(
-        env!("CARGO_MANIFEST_DIR"),
-        "/../shared/fixtures/puzzletron-configs"
-    ))
 }
 
 fn loader() -> ConfigLoader {

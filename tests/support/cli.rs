@@ -3,13 +3,7 @@
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
-/// `../shared/fixtures/puzzletron-configs`.
-pub fn fixtures() -> PathBuf {
-    PathBuf::from(concat!(
-        env!("CARGO_MANIFEST_DIR"),
-        "/../shared/fixtures/puzzletron-configs"
-    ))
-}
+pub use super::plan::fixtures;
 
 /// The smoke experiment (10 single-GPU stages) and its execution config.
 pub const SMOKE: &str = "families/qwen3_5/qwen3p5_0p8b/runs/mip_smoke.yaml";

@@ -1,6 +1,8 @@
 //! One way for the tests to compile a campaign plan from a config written inline, so that the
 //! seven arguments of `compile_resolved` are spelled once.
 
+use std::path::PathBuf;
+
 use puzzletron::campaign::config::Value as ConfigValue;
 use puzzletron::campaign::{CampaignPlan, ExecutionConfig, RunnerEnvironment, StageCatalog};
 use serde_json::{Value, json};
@@ -83,4 +85,13 @@ impl PlanBuilder {
         )
         .unwrap()
     }
+}
+
+/// `../shared/fixtures/puzzletron-configs`: the experiment, runner and execution configs of
+/// the fixture campaigns.
+pub fn fixtures() -> PathBuf {
+    PathBuf::from(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../shared/fixtures/puzzletron-configs"
+    ))
 }
