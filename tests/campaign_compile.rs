@@ -4,9 +4,9 @@
 
 mod support;
 use support::plan::PlanBuilder;
-use support::plan::fixtures;
+use support::plan::{compile_file, fixtures, write};
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
 use proptest::prelude::*;
 use puzzletron::campaign::config::{ConfigLoader, Env, Override, OverrideKind, Value};
@@ -46,12 +46,6 @@ fn compile_fixture(
         &overrides,
         filter,
     )
-}
-
-fn write(dir: &Path, name: &str, text: &str) -> PathBuf {
-    let p = dir.join(name);
-    std::fs::write(&p, text).unwrap();
-    p
 }
 
 fn compile_text(
@@ -585,15 +579,7 @@ fn cpu_stages_request_no_gpus_and_local_runners_stay_on_one_node() {
         "execution:\n  defaults: {gpus_per_node: 8}\n  stages:\n    report: {resource: cpu}\n",
     );
     let execution = ExecutionConfig::load(&exec).unwrap();
-    let e = compile_campaign_plan_with(
-        &ConfigLoader::new(),
-        &exp,
-        &RunnerEnvironment::local(),
-        &execution,
-        &[],
-        None,
-    )
-    .unwrap_err();
+    let e = compile_file(&exp, &execution).unwrap_err();
     let m = e.to_string();
     assert!(
         m.starts_with("stage `big` needs 2 node(s) but the node count of a local runner is 1: ")
@@ -815,15 +801,7 @@ fn a_filter_mode_that_is_not_a_string_is_refused_with_file_line_and_path() {
         "exp.yaml",
         "mip:\n  enabled: true\npost_mip:\n  flows:\n    f:\n      nodes:\n        pick:\n          type: filter\n          mode: [manual]\n",
     );
-    let err = compile_campaign_plan_with(
-        &ConfigLoader::new(),
-        &exp,
-        &RunnerEnvironment::local(),
-        &ExecutionConfig::default(),
-        &[],
-        None,
-    )
-    .unwrap_err();
+    let err = compile_file(&exp, &ExecutionConfig::default()).unwrap_err();
     let msg = err.to_string();
     assert!(
         msg.contains("exp.yaml:9") && msg.contains("post_mip.flows.f.nodes.pick.mode"),

@@ -1,10 +1,14 @@
 //! One way for the tests to compile a campaign plan from a config written inline, so that the
 //! seven arguments of `compile_resolved` are spelled once.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
+use puzzletron::campaign::config::ConfigLoader;
 use puzzletron::campaign::config::Value as ConfigValue;
-use puzzletron::campaign::{CampaignPlan, ExecutionConfig, RunnerEnvironment, StageCatalog};
+use puzzletron::campaign::{
+    CampaignPlan, ExecutionConfig, PlanError, RunnerEnvironment, StageCatalog,
+    compile_campaign_plan_with,
+};
 use serde_json::{Value, json};
 
 /// A plan to compile: label `exp`, the stages' own catalog, the local runner and the default
@@ -94,4 +98,27 @@ pub fn fixtures() -> PathBuf {
         env!("CARGO_MANIFEST_DIR"),
         "/../shared/fixtures/puzzletron-configs"
     ))
+}
+
+/// Writes `text` to `dir/name` (making its folders); returns the path.
+pub fn write(dir: &Path, name: &str, text: &str) -> PathBuf {
+    let p = dir.join(name);
+    if let Some(parent) = p.parent() {
+        std::fs::create_dir_all(parent).unwrap();
+    }
+    std::fs::write(&p, text).unwrap();
+    p
+}
+
+/// Compiles the experiment file `exp` as written (no environment, no overrides) for the local
+/// runner.
+pub fn compile_file(exp: &Path, execution: &ExecutionConfig) -> Result<CampaignPlan, PlanError> {
+    compile_campaign_plan_with(
+        &ConfigLoader::new(),
+        exp,
+        &RunnerEnvironment::local(),
+        execution,
+        &[],
+        None,
+    )
 }
