@@ -16,8 +16,9 @@
 
 #[path = "support/process.rs"]
 mod process;
-#[path = "../tests/controller_support/sim.rs"]
-mod sim;
+#[path = "../tests/support/mod.rs"]
+mod test_support;
+use test_support::sim;
 
 use std::path::Path;
 use std::process::{Command, Stdio};

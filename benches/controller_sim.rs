@@ -5,8 +5,9 @@
 //! `cargo bench --bench controller_sim` (items: `PUZZLETRON_SIM_ITEMS`, default 100000).
 //! One run, not criterion samples: a run takes seconds and its peak memory is the figure.
 
-#[path = "../tests/controller_support/sim.rs"]
-mod sim;
+#[path = "../tests/support/mod.rs"]
+mod test_support;
+use test_support::sim;
 
 fn peak_rss_mb() -> f64 {
     let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();

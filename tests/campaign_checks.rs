@@ -4,7 +4,8 @@
 //! directly and through overrides, a bad value from a `defaults` file, and errors of the runner
 //! and execution files naming those files.)
 
-use std::path::{Path, PathBuf};
+mod support;
+use support::plan::{compile_file, fixtures, write};
 
 use puzzletron::campaign::config::{ConfigLoader, Env, Override};
 use puzzletron::campaign::{
@@ -19,22 +20,6 @@ fn render_dry_run(
 ) -> Result<String, puzzletron::campaign::PlanError> {
     let ex = default_executor(plan, &opts.campaign_dir, &[], None)?;
     puzzletron::campaign::render_dry_run(plan, opts, ex.as_ref())
-}
-
-fn fixtures() -> PathBuf {
-    PathBuf::from(concat!(
-        env!("CARGO_MANIFEST_DIR"),
-        "/../shared/fixtures/puzzletron-configs"
-    ))
-}
-
-fn write(dir: &Path, name: &str, text: &str) -> PathBuf {
-    let p = dir.join(name);
-    if let Some(parent) = p.parent() {
-        std::fs::create_dir_all(parent).unwrap();
-    }
-    std::fs::write(&p, text).unwrap();
-    p
 }
 
 fn overrides(texts: &[&str]) -> Vec<Override> {
@@ -170,16 +155,9 @@ fn a_bad_value_from_a_defaults_file_names_that_file() {
         "exp.yaml",
         "defaults:\n  - /parts/stages@_global_\n  - _self_\npuzzle_dir: runs/x\n",
     );
-    let msg = compile_campaign_plan_with(
-        &ConfigLoader::new(),
-        &exp,
-        &RunnerEnvironment::local(),
-        &ExecutionConfig::default(),
-        &[],
-        None,
-    )
-    .unwrap_err()
-    .to_string();
+    let msg = compile_file(&exp, &ExecutionConfig::default())
+        .unwrap_err()
+        .to_string();
     let part = std::fs::canonicalize(&part).unwrap();
     assert!(
         msg.starts_with(&format!("{}:2:", part.display())),

@@ -3,14 +3,14 @@
 //! (exit 1), the contract-change hint, and a SIGINT off a terminal (one summary, no retry).
 //! The example binaries are built by `cargo test` (or `cargo build --examples`).
 
-mod controller_support;
+mod support;
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
 fn dry_run_exe() -> PathBuf {
-    controller_support::example_exe("campaign_dry_run")
+    support::examples::example_exe("campaign_dry_run")
 }
 
 fn run(exe: &Path, args: &[&str]) -> (i32, String, String) {
@@ -31,7 +31,7 @@ fn run(exe: &Path, args: &[&str]) -> (i32, String, String) {
 }
 
 fn campaign(args: &[&str]) -> (i32, String, String) {
-    run(&controller_support::campaign_exe(), args)
+    run(&support::campaign::campaign_exe(), args)
 }
 
 const OPTIONS: [&str; 10] = [
@@ -180,7 +180,7 @@ fn campaign_sigint_off_a_terminal_cancels_once_without_retry_and_one_summary() {
     let dir = root.path().join("sigint");
     let log = root.path().join("stderr.log");
     // With the live view (plain lines off a terminal): it prints the summary when it ends.
-    let mut child = Command::new(controller_support::campaign_exe())
+    let mut child = Command::new(support::campaign::campaign_exe())
         .args(["--dir", dir.to_str().unwrap(), "--poll-ms", "100"])
         .args(["--epochs", "30"])
         .stdin(Stdio::null())

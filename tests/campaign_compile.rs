@@ -2,21 +2,18 @@
 //! clear errors (cycles, missing parents, bad meshes, bad stage filters, unknown keys), user
 //! catalogs, runner limits and the fixtures' runner/execution files.
 
-use std::path::{Path, PathBuf};
+mod support;
+use support::plan::PlanBuilder;
+use support::plan::{compile_file, fixtures, write};
+
+use std::path::Path;
 
 use proptest::prelude::*;
 use puzzletron::campaign::config::{ConfigLoader, Env, Override, OverrideKind, Value};
 use puzzletron::campaign::{
     ExecutionConfig, PlanError, RunnerEnvironment, RunnerKind, StageCatalog, StageFilter, Strategy,
-    compile_campaign_plan_with, compile_resolved, plan_to_dict,
+    compile_campaign_plan_with, plan_to_dict,
 };
-
-fn fixtures() -> PathBuf {
-    PathBuf::from(concat!(
-        env!("CARGO_MANIFEST_DIR"),
-        "/../shared/fixtures/puzzletron-configs"
-    ))
-}
 
 fn loader() -> ConfigLoader {
     ConfigLoader::new().env(
@@ -49,12 +46,6 @@ fn compile_fixture(
         &overrides,
         filter,
     )
-}
-
-fn write(dir: &Path, name: &str, text: &str) -> PathBuf {
-    let p = dir.join(name);
-    std::fs::write(&p, text).unwrap();
-    p
 }
 
 fn compile_text(
@@ -203,7 +194,7 @@ proptest! {
         let shuffled = shuffle_maps(&plan.resolved_config, &mut s);
         let runner = RunnerEnvironment::load(fixtures().join(MOE.1)).unwrap();
         let execution = ExecutionConfig::load(fixtures().join(MOE.2)).unwrap();
-        let again = compile_resolved(&plan.experiment_config_path, shuffled, &[], &StageCatalog::puzzle(), &runner, &execution, None).unwrap();
+        let again = PlanBuilder::config(shuffled).label(&plan.experiment_config_path).catalog(StageCatalog::puzzle()).runner(runner).execution_config(execution).build();
         prop_assert_eq!(again.contract_hash, plan.contract_hash);
         let mut a: Vec<&str> = again.stage_ids();
         let mut b: Vec<&str> = plan.stage_ids();
@@ -344,56 +335,55 @@ fn unknown_execution_stage_ids_are_refused_but_known_newer_ones_accepted() {
 
 #[test]
 fn runner_limits_are_enforced() {
-    // max_nodes: 20; zero_shot_evaluation needs 8 nodes. Ask for 24 instances of 8 GPUs.
     let runner = RunnerEnvironment::load(fixtures().join(MOE.1)).unwrap();
-    let mut execution = ExecutionConfig::load(fixtures().join(MOE.2)).unwrap();
-    for (id, s) in &mut execution.stages {
-        if id == "zero_shot_evaluation" {
-            s.instances = Some(24);
-        }
-    }
-    let e = compile_campaign_plan_with(
-        &loader(),
-        fixtures().join(MOE.0),
-        &runner,
-        &execution,
-        &[],
-        None,
-    )
-    .unwrap_err();
-    let m = e.to_string();
-    assert!(
-        m.starts_with(
-            "stage `zero_shot_evaluation` needs 24 node(s) but runner.slurm.max_nodes is 20: "
-        ) && m.contains("gpus_per_node=")
-            && m.contains("raise `runner.slurm.max_nodes` to 24"),
-        "{m}"
+    // (stage, its edit, the message's start, parts it contains)
+    type Case = (
+        &'static str,
+        fn(&mut puzzletron::campaign::StageExecutionConfig),
+        &'static str,
+        &'static [&'static str],
     );
-    // interactive_max_nodes: 2; depth_importance on the interactive partition needs 4.
-    let mut execution = ExecutionConfig::load(fixtures().join(MOE.2)).unwrap();
-    for (id, s) in &mut execution.stages {
-        if id == "depth_importance" {
-            s.partition = Some("interactive".into());
+    let cases: [Case; 2] = [
+        // max_nodes: 20; zero_shot_evaluation needs 8 nodes. Ask for 24 instances of 8 GPUs.
+        (
+            "zero_shot_evaluation",
+            |s| s.instances = Some(24),
+            "stage `zero_shot_evaluation` needs 24 node(s) but runner.slurm.max_nodes is 20: ",
+            &["gpus_per_node=", "raise `runner.slurm.max_nodes` to 24"],
+        ),
+        // interactive_max_nodes: 2; depth_importance on the interactive partition needs 4.
+        (
+            "depth_importance",
+            |s| s.partition = Some("interactive".into()),
+            "stage `depth_importance` needs 4 node(s) but runner.slurm.interactive_max_nodes is 2: ",
+            &[
+                "4 instance(s) of 8 GPU(s) (mesh pp=2, ep=4, dp_shard=4) at gpus_per_node=8",
+                "raise `runner.slurm.interactive_max_nodes` to 4",
+            ],
+        ),
+    ];
+    for (stage, edit, start, parts) in cases {
+        let mut execution = ExecutionConfig::load(fixtures().join(MOE.2)).unwrap();
+        for (id, s) in &mut execution.stages {
+            if id == stage {
+                edit(s);
+            }
         }
+        let e = compile_campaign_plan_with(
+            &loader(),
+            fixtures().join(MOE.0),
+            &runner,
+            &execution,
+            &[],
+            None,
+        )
+        .unwrap_err();
+        let m = e.to_string();
+        assert!(
+            m.starts_with(start) && parts.iter().all(|p| m.contains(p)),
+            "{m}"
+        );
     }
-    let e = compile_campaign_plan_with(
-        &loader(),
-        fixtures().join(MOE.0),
-        &runner,
-        &execution,
-        &[],
-        None,
-    )
-    .unwrap_err();
-    let m = e.to_string();
-    assert!(
-        m.starts_with(
-            "stage `depth_importance` needs 4 node(s) but runner.slurm.interactive_max_nodes is 2: "
-        ) && m
-            .contains("4 instance(s) of 8 GPU(s) (mesh pp=2, ep=4, dp_shard=4) at gpus_per_node=8")
-            && m.contains("raise `runner.slurm.interactive_max_nodes` to 4"),
-        "{m}"
-    );
 }
 
 #[test]
@@ -452,41 +442,42 @@ fn fixture_runners_and_executions_parse() {
 #[test]
 fn unknown_runner_and_execution_keys_name_file_path_and_suggestion() {
     let dir = tempfile::tempdir().unwrap();
-    let p = write(
-        dir.path(),
-        "runner.yaml",
-        "runner:\n  kind: slurm\n  slurm:\n    partiton: batch\n",
-    );
-    let e = RunnerEnvironment::load(&p).unwrap_err();
-    let m = e.to_string();
-    assert!(
-        m.contains("runner.yaml")
-            && m.contains("runner.slurm.partiton")
-            && m.contains("did you mean `partition`"),
-        "{m}"
-    );
-    let p = write(
-        dir.path(),
-        "exec.yaml",
-        "execution:\n  stages:\n    mip: {stratgy: single}\n",
-    );
-    let m = ExecutionConfig::load(&p).unwrap_err().to_string();
-    assert!(
-        m.contains("exec.yaml")
-            && m.contains("execution.stages.mip.stratgy")
-            && m.contains("did you mean `strategy`"),
-        "{m}"
-    );
-    let p = write(
-        dir.path(),
-        "exec2.yaml",
-        "execution:\n  stages:\n    mip: {parallel: {tp: 2.7}}\n",
-    );
-    let m = ExecutionConfig::load(&p).unwrap_err().to_string();
-    assert!(
-        m.contains("execution.stages.mip.parallel.tp") && m.contains("2.7"),
-        "{m}"
-    );
+    let runner = |p: &Path| RunnerEnvironment::load(p).unwrap_err().to_string();
+    let execution = |p: &Path| ExecutionConfig::load(p).unwrap_err().to_string();
+    // (file, its text, how it is read, parts of the error)
+    type Case<'a> = (&'a str, &'a str, &'a dyn Fn(&Path) -> String, &'a [&'a str]);
+    let cases: [Case; 3] = [
+        (
+            "runner.yaml",
+            "runner:\n  kind: slurm\n  slurm:\n    partiton: batch\n",
+            &runner,
+            &[
+                "runner.yaml",
+                "runner.slurm.partiton",
+                "did you mean `partition`",
+            ],
+        ),
+        (
+            "exec.yaml",
+            "execution:\n  stages:\n    mip: {stratgy: single}\n",
+            &execution,
+            &[
+                "exec.yaml",
+                "execution.stages.mip.stratgy",
+                "did you mean `strategy`",
+            ],
+        ),
+        (
+            "exec2.yaml",
+            "execution:\n  stages:\n    mip: {parallel: {tp: 2.7}}\n",
+            &execution,
+            &["execution.stages.mip.parallel.tp", "2.7"],
+        ),
+    ];
+    for (file, text, read, parts) in cases {
+        let m = read(&write(dir.path(), file, text));
+        assert!(parts.iter().all(|p| m.contains(p)), "{m}");
+    }
 }
 
 #[test]
@@ -528,16 +519,10 @@ fn rust_catalogs_compile() {
                 .command(vec!["true".into()]),
         ],
     );
-    let plan = compile_resolved(
-        "mem",
-        Value::Mapping(vec![].into_iter().collect()),
-        &[],
-        &catalog,
-        &RunnerEnvironment::local(),
-        &ExecutionConfig::default(),
-        None,
-    )
-    .unwrap();
+    let plan = PlanBuilder::config(Value::Mapping(vec![].into_iter().collect()))
+        .label("mem")
+        .catalog(catalog)
+        .build();
     assert_eq!(plan.catalog, "mine");
     assert_eq!(plan.stage("b").unwrap().parents, ["a"]);
 }
@@ -594,15 +579,7 @@ fn cpu_stages_request_no_gpus_and_local_runners_stay_on_one_node() {
         "execution:\n  defaults: {gpus_per_node: 8}\n  stages:\n    report: {resource: cpu}\n",
     );
     let execution = ExecutionConfig::load(&exec).unwrap();
-    let e = compile_campaign_plan_with(
-        &ConfigLoader::new(),
-        &exp,
-        &RunnerEnvironment::local(),
-        &execution,
-        &[],
-        None,
-    )
-    .unwrap_err();
+    let e = compile_file(&exp, &execution).unwrap_err();
     let m = e.to_string();
     assert!(
         m.starts_with("stage `big` needs 2 node(s) but the node count of a local runner is 1: ")
@@ -693,10 +670,9 @@ proptest! {
         )
     ) {
         let config = generated_dag(&spec);
-        let catalog = StageCatalog::from_config("gen", &config).unwrap();
-        let runner = RunnerEnvironment::from_value("r", &Value::from_json(&serde_json::json!({"runner": {"kind": "slurm"}}))).unwrap();
-        let a = compile_resolved("gen", config.clone(), &[], &catalog, &runner, &ExecutionConfig::default(), None).unwrap();
-        let b = compile_resolved("gen", config, &[], &catalog, &runner, &ExecutionConfig::default(), None).unwrap();
+        let runner = || RunnerEnvironment::from_value("r", &Value::from_json(&serde_json::json!({"runner": {"kind": "slurm"}}))).unwrap();
+        let a = PlanBuilder::config(config.clone()).label("gen").runner(runner()).build();
+        let b = PlanBuilder::config(config).label("gen").runner(runner()).build();
         prop_assert_eq!(&a, &b);
         prop_assert_eq!(a.contract_hash, b.contract_hash);
         let mut seen = std::collections::HashSet::new();
@@ -825,15 +801,7 @@ fn a_filter_mode_that_is_not_a_string_is_refused_with_file_line_and_path() {
         "exp.yaml",
         "mip:\n  enabled: true\npost_mip:\n  flows:\n    f:\n      nodes:\n        pick:\n          type: filter\n          mode: [manual]\n",
     );
-    let err = compile_campaign_plan_with(
-        &ConfigLoader::new(),
-        &exp,
-        &RunnerEnvironment::local(),
-        &ExecutionConfig::default(),
-        &[],
-        None,
-    )
-    .unwrap_err();
+    let err = compile_file(&exp, &ExecutionConfig::default()).unwrap_err();
     let msg = err.to_string();
     assert!(
         msg.contains("exp.yaml:9") && msg.contains("post_mip.flows.f.nodes.pick.mode"),

@@ -1,18 +1,12 @@
 //! Every real experiment config of the fixtures composes, overrides and interpolates, with
 //! concrete resolved values checked against what the files say.
 
-use std::path::PathBuf;
+mod support;
+use support::plan::fixtures;
 
 use puzzletron::campaign::config::{
     Config, ConfigError, Env, Value, load_experiment, load_yaml_file, parse_overrides,
 };
-
-fn fixtures() -> PathBuf {
-    PathBuf::from(concat!(
-        env!("CARGO_MANIFEST_DIR"),
-        "/../shared/fixtures/puzzletron-configs"
-    ))
-}
 
 /// The environment reference-plans.json records.
 fn reference_env() -> Env {

@@ -3,14 +3,17 @@
 //! bare-metal ssh remote commands (run through a real shell: the submit script starts the job),
 //! local argv/env, GPU placement, secret redaction.
 
-use std::path::{Path, PathBuf};
+mod support;
+use support::plan::PlanBuilder;
+use support::plan::fixtures;
+
+use std::path::Path;
 use std::process::Command;
 
 use puzzletron::campaign::config::Value;
 use puzzletron::campaign::config::{ConfigLoader, Env};
 use puzzletron::campaign::{
-    CampaignPlan, ExecutionConfig, RunnerEnvironment, StageCatalog, compile_campaign_plan_with,
-    compile_resolved,
+    CampaignPlan, ExecutionConfig, RunnerEnvironment, compile_campaign_plan_with,
 };
 use puzzletron::campaign::{DryRun, DryRunOptions, PlanError, StageSubmission, default_executor};
 
@@ -29,13 +32,6 @@ fn render_dry_run(plan: &CampaignPlan, opts: &DryRunOptions) -> Result<String, P
 /// The batch script of job `i` of a Slurm stage submission.
 fn script(s: &StageSubmission, i: usize) -> &str {
     &s.jobs[i].rendering.files[0].content
-}
-
-fn fixtures() -> PathBuf {
-    PathBuf::from(concat!(
-        env!("CARGO_MANIFEST_DIR"),
-        "/../shared/fixtures/puzzletron-configs"
-    ))
 }
 
 fn loader() -> ConfigLoader {
@@ -87,18 +83,9 @@ fn user_plan(runner_yaml: &str, workdir: &Path) -> CampaignPlan {
         serde_json::to_string(&workdir.display().to_string()).unwrap(),
         argv_yaml.join(", ")
     );
-    let node = node_yaml(&config);
-    let catalog = StageCatalog::from_config("exp", &node).unwrap();
-    compile_resolved(
-        "exp",
-        node,
-        &[],
-        &catalog,
-        &runner,
-        &ExecutionConfig::default(),
-        None,
-    )
-    .unwrap()
+    PlanBuilder::config(node_yaml(&config))
+        .runner(runner)
+        .build()
 }
 
 fn node_yaml(text: &str) -> Value {
@@ -695,9 +682,10 @@ fn n03_dry_run_shows_the_signal_line_and_warns() {
             &node_yaml(&format!("execution:\n  stages:\n    train: {stage}\n")),
         )
         .unwrap();
-        let catalog = StageCatalog::from_config("exp", &config).unwrap();
-        let plan =
-            compile_resolved("exp", config, &[], &catalog, &runner, &execution, None).unwrap();
+        let plan = PlanBuilder::config(config)
+            .runner(runner)
+            .execution_config(execution)
+            .build();
         let dr = dry_run(&plan, &DryRunOptions::default()).unwrap();
         let script = script(&dr.submissions[0], 0).to_string();
         let label = format!("{limit:?} {sig} resumable={resumable}");

@@ -18,18 +18,15 @@
 //! The tests take turns (one cluster, two cores; one of them restarts the head).
 #![cfg(feature = "ray")]
 
-mod controller_support;
-#[path = "support/watchdog.rs"]
-mod watchdog;
+mod support;
+use support::watchdog;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::Path;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use controller_support::{
-    KillPlan, Rng, Trials, audit, campaign_exe, kill_9_trials, result, spawn,
-};
+use support::campaign::{KillPlan, Rng, Trials, audit, campaign_exe, kill_9_trials, result, spawn};
 
 /// One test at a time on the cluster.
 static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
@@ -54,7 +51,7 @@ fn ray_args() -> Vec<String> {
 }
 
 fn run(dir: &Path, args: &[String]) -> String {
-    let (status, text) = controller_support::run_to_text(
+    let (status, text) = support::examples::run_to_text(
         Command::new(campaign_exe())
             .arg("--dir")
             .arg(dir)

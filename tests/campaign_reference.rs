@@ -4,20 +4,14 @@
 //! Where this crate deliberately differs (the reference's `notes` and packing bugs), the test
 //! asserts our value and says why.
 
-use std::path::PathBuf;
+mod support;
+use support::plan::fixtures;
 
 use puzzletron::campaign::config::{ConfigLoader, Env};
 use puzzletron::campaign::{
     CampaignPlan, ExecutionConfig, PlanDocument, PlanError, RunnerEnvironment,
     compile_campaign_plan_with, load_plan_document, plan_to_dict,
 };
-
-fn fixtures() -> PathBuf {
-    PathBuf::from(concat!(
-        env!("CARGO_MANIFEST_DIR"),
-        "/../shared/fixtures/puzzletron-configs"
-    ))
-}
 
 struct Case {
     experiment: String,

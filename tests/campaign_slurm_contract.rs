@@ -14,10 +14,9 @@
 //! default) and `vision`, QOS `normal` and `long`, and a partition `short` with `MaxTime=10`.
 #![cfg(feature = "slurm")]
 
-#[path = "support/slurm.rs"]
-mod slurm;
-#[path = "support/watchdog.rs"]
-mod watchdog;
+mod support;
+use support::plan::PlanBuilder;
+use support::{slurm, watchdog};
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -25,9 +24,7 @@ use std::time::{Duration, Instant};
 
 use puzzletron::campaign::config::Value;
 use puzzletron::campaign::controller::{CampaignController, RunOptions, ViewMode};
-use puzzletron::campaign::{
-    CampaignPlan, ExecutionConfig, RunnerEnvironment, StageCatalog, compile_resolved,
-};
+use puzzletron::campaign::{CampaignPlan, ExecutionConfig, RunnerEnvironment};
 use puzzletron::executor::SlurmExecutor;
 
 fn node_yaml(text: &str) -> Value {
@@ -40,10 +37,11 @@ fn node_yaml(text: &str) -> Value {
 /// A one-stage campaign running `script` with `sh -c` (it must write the success marker).
 fn plan(runner: &str, stage: &str, execution: &str) -> CampaignPlan {
     let runner = RunnerEnvironment::from_value("runner.yaml", &node_yaml(runner)).unwrap();
-    let config = node_yaml(&format!("{{\"stages\": [{stage}]}}"));
-    let catalog = StageCatalog::from_config("exp", &config).unwrap();
     let execution = ExecutionConfig::from_value("execution.yaml", &node_yaml(execution)).unwrap();
-    compile_resolved("exp", config, &[], &catalog, &runner, &execution, None).unwrap()
+    PlanBuilder::config(node_yaml(&format!("{{\"stages\": [{stage}]}}")))
+        .runner(runner)
+        .execution_config(execution)
+        .build()
 }
 
 fn scratch(name: &str) -> tempfile::TempDir {

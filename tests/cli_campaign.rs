@@ -4,13 +4,9 @@
 //! local executor, the report's wasted GPU-hours against a sum computed here from the raw
 //! files, and the same flow on the local Slurm cluster (with `cancel --tag` for orphans).
 
-#[path = "support/cli.rs"]
-mod cli;
-#[path = "support/examples.rs"]
-#[allow(dead_code)]
-mod examples;
-#[path = "support/watchdog.rs"]
-mod watchdog;
+mod support;
+use support::plan::PlanBuilder;
+use support::{cli, watchdog};
 
 use std::collections::BTreeMap;
 use std::path::Path;
@@ -1226,9 +1222,6 @@ fn n04_gpu_preflight_mismatch_is_a_config_failure_never_retried() {
     use puzzletron::campaign::controller::{
         CampaignController, ControllerEvent, FailureClass, RunOptions,
     };
-    use puzzletron::campaign::{
-        ExecutionConfig, RunnerEnvironment, StageCatalog, compile_resolved,
-    };
     use serde_json::json;
     use std::sync::{Arc, Mutex};
     let bin = env!("CARGO_BIN_EXE_puzzletron");
@@ -1261,27 +1254,11 @@ fn n04_gpu_preflight_mismatch_is_a_config_failure_never_retried() {
         } else {
             format!("export {env}; {ok_then_mark}")
         };
-        let node = puzzletron::campaign::config::Value::from_json(&json!({"stages": [
+        let plan = PlanBuilder::stages(json!([
             {"id": "train", "parallel": {"tp": 2}, "command": ["sh", "-c", script]}
-        ]}));
-        let catalog = StageCatalog::from_config("exp", &node).unwrap();
-        let execution = ExecutionConfig::from_value(
-            "execution.yaml",
-            &puzzletron::campaign::config::Value::from_json(&json!({"execution": {
-                "defaults": {"failure_policy": "resume", "max_attempts": 3}
-            }})),
-        )
-        .unwrap();
-        let plan = compile_resolved(
-            "exp",
-            node,
-            &[],
-            &catalog,
-            &RunnerEnvironment::local(),
-            &execution,
-            None,
-        )
-        .unwrap();
+        ]))
+        .execution(json!({"defaults": {"failure_policy": "resume", "max_attempts": 3}}))
+        .build();
         let events: Arc<Mutex<Vec<ControllerEvent>>> = Arc::default();
         let ev = events.clone();
         let mut ctl = CampaignController::builder()

@@ -5,11 +5,8 @@
 //! value and the fix; a deliberately new key is accepted and listed as passed to the workers
 //! unchecked.
 
-#[path = "support/cli.rs"]
-mod cli;
-#[path = "support/examples.rs"]
-#[allow(dead_code)]
-mod examples;
+mod support;
+use support::cli;
 
 use std::path::{Path, PathBuf};
 

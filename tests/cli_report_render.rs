@@ -9,13 +9,8 @@
 //! the variable the test is reported as ignored, with it a missing chromium fails it. `PUZZLETRON_UPDATE_REPORT_PNG=1` copies the screenshot to
 //! `docs/campaign-report.png` (the picture in the README).
 
-#[path = "support/cli.rs"]
-mod cli;
-#[path = "support/examples.rs"]
-#[allow(dead_code)]
-mod examples;
-#[path = "support/watchdog.rs"]
-mod watchdog;
+mod support;
+use support::{cli, watchdog};
 
 use std::collections::HashMap;
 use std::time::Duration;

@@ -6,20 +6,18 @@
 //! Trials: `PUZZLETRON_CRASH_TRIALS` kills in all (default 50), over as many campaigns as
 //! needed. Each kill waits 50 ms .. 2 s (seeded; seed in the output).
 
-mod controller_support;
-
-#[path = "support/watchdog.rs"]
-mod watchdog;
+mod support;
+use support::watchdog;
 
 use std::time::{Duration, Instant};
 
-use controller_support::{KillPlan, Rng, Trials, audit, kill_9_trials, result, spawn, spawn_env};
+use support::campaign::{KillPlan, Rng, Trials, audit, kill_9_trials, result, spawn, spawn_env};
 
 fn run_to_completion(dir: &std::path::Path) {
     // Output is kept (in the campaign folder) so a failure says why the campaign exited.
     let log = dir.with_extension("log");
-    let (status, text) = controller_support::run_to_text(
-        std::process::Command::new(controller_support::campaign_exe())
+    let (status, text) = support::examples::run_to_text(
+        std::process::Command::new(support::campaign::campaign_exe())
             .arg("--dir")
             .arg(dir)
             .args(["--quiet", "--poll-ms", "100"]),

@@ -4,41 +4,30 @@
 //! the journal keeps the decision across a restart, a prompt answers instead of the file, and
 //! `none` skips the flow below the decision.
 
+mod support;
+use support::plan::PlanBuilder;
+
 use std::path::Path;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use puzzletron::campaign::config::Value as ConfigValue;
 use puzzletron::campaign::controller::{
     CampaignController, CampaignControllerBuilder, ControllerEvent, DecisionPrompt, RetryPolicy,
     RunOptions, VirtualClock,
 };
-use puzzletron::campaign::{
-    CampaignPlan, ExecutionConfig, ManualDecision, RunnerEnvironment, StageCatalog,
-    compile_resolved,
-};
+use puzzletron::campaign::{CampaignPlan, ManualDecision};
 use puzzletron::executor::{MockCall, MockClock, MockExecutor, MockScript};
 use serde_json::json;
 
 /// a (3 shards) -> pick (manual decision over a's items) -> c; b independent.
 fn decision_plan() -> CampaignPlan {
-    let node = ConfigValue::from_json(&json!({ "stages": [
+    let mut plan = PlanBuilder::stages(json!([
         {"id": "a", "strategy": "sharded", "instances": 3, "command": ["w"]},
         {"id": "pick", "needs": ["a"], "command": ["w"]},
         {"id": "c", "needs": ["pick"], "command": ["w"]},
         {"id": "b", "command": ["w"]},
-    ]}));
-    let catalog = StageCatalog::from_config("exp", &node).unwrap();
-    let mut plan = compile_resolved(
-        "exp",
-        node,
-        &[],
-        &catalog,
-        &RunnerEnvironment::local(),
-        &ExecutionConfig::default(),
-        None,
-    )
-    .unwrap();
+    ]))
+    .build();
     let candidates: Vec<String> = plan
         .stage("a")
         .unwrap()
@@ -305,20 +294,28 @@ impl DecisionPrompt for Scripted {
     }
 }
 
-#[test]
-fn a_prompt_answers_instead_of_the_file_and_an_unanswered_one_falls_back_to_it() {
-    // Answered: no decision_needed, c runs with the choice.
+/// A controller over a fresh folder whose prompt gives `answers` in turn.
+fn prompted(
+    answers: Vec<Option<Vec<String>>>,
+) -> (tempfile::TempDir, Events, Arc<Scripted>, CampaignController) {
     let s = sim();
     let tmp = tempfile::tempdir().unwrap();
     let events: Events = Arc::default();
     let prompt = Arc::new(Scripted {
-        answers: Mutex::new(vec![Some(vec!["a:1".into()])]),
+        answers: Mutex::new(answers),
         asked: Mutex::default(),
     });
-    let mut ctl = controller(&s, tmp.path(), &events)
+    let ctl = controller(&s, tmp.path(), &events)
         .decision_prompt(prompt.clone())
         .build()
         .unwrap();
+    (tmp, events, prompt, ctl)
+}
+
+#[test]
+fn a_prompt_answers_instead_of_the_file_and_an_unanswered_one_falls_back_to_it() {
+    // Answered: no decision_needed, c runs with the choice.
+    let (tmp, events, prompt, mut ctl) = prompted(vec![Some(vec!["a:1".into()])]);
     let report = rt().block_on(ctl.run(iterations(100))).unwrap();
     assert!(report.is_complete(), "{report}");
     assert_eq!(
@@ -342,17 +339,7 @@ fn a_prompt_answers_instead_of_the_file_and_an_unanswered_one_falls_back_to_it()
     assert_eq!(sel["chosen"], json!(["a:1"]));
 
     // No answer (end of input): asked once, then the decision file as off a terminal.
-    let s = sim();
-    let tmp = tempfile::tempdir().unwrap();
-    let events: Events = Arc::default();
-    let prompt = Arc::new(Scripted {
-        answers: Mutex::new(vec![None]),
-        asked: Mutex::default(),
-    });
-    let mut ctl = controller(&s, tmp.path(), &events)
-        .decision_prompt(prompt.clone())
-        .build()
-        .unwrap();
+    let (tmp, events, prompt, mut ctl) = prompted(vec![None]);
     let report = rt().block_on(ctl.run(iterations(30))).unwrap();
     assert_eq!(report.decisions.len(), 1);
     assert_eq!(prompt.asked.lock().unwrap().len(), 1, "asked once");

@@ -3,6 +3,9 @@
 //! second whatever the controller waits on, a slow scheduler is shown, and a campaign's jobs
 //! are cancelled by its tag without the campaign folder.
 
+mod support;
+use support::plan::PlanBuilder;
+
 use std::path::Path;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -11,40 +14,16 @@ use puzzletron::campaign::config::Value as ConfigValue;
 use puzzletron::campaign::controller::{
     CampaignController, Control, ControllerEvent, FailureClass, RunOptions, cancel_campaign,
 };
-use puzzletron::campaign::{
-    CampaignPlan, ExecutionConfig, RunnerEnvironment, StageCatalog, compile_resolved,
-};
+use puzzletron::campaign::{CampaignPlan, StageCatalog};
 use puzzletron::executor::{
     AttemptId, AttemptSpec, CommandSpec, Executor, ExecutorError, JobHandle, JobState, JobStatus,
     LocalExecutor, MockExecutor, MockScript,
 };
 use serde_json::{Value, json};
 
-fn plan(stages: Value) -> CampaignPlan {
-    plan_with(
-        stages,
-        json!({"defaults": {"failure_policy": "strict", "max_attempts": 1}}),
-    )
-}
-
-fn plan_with(stages: Value, execution: Value) -> CampaignPlan {
-    let node = ConfigValue::from_json(&json!({ "stages": stages }));
-    let catalog = StageCatalog::from_config("exp", &node).unwrap();
-    let execution = ExecutionConfig::from_value(
-        "execution.yaml",
-        &ConfigValue::from_json(&json!({ "execution": execution })),
-    )
-    .unwrap();
-    compile_resolved(
-        "exp",
-        node,
-        &[],
-        &catalog,
-        &RunnerEnvironment::local(),
-        &execution,
-        None,
-    )
-    .unwrap()
+/// The execution this file's plans run under unless a test says otherwise: one attempt.
+fn one_strict_attempt() -> Value {
+    json!({"defaults": {"failure_policy": "strict", "max_attempts": 1}})
 }
 
 fn rt() -> tokio::runtime::Runtime {
@@ -60,7 +39,12 @@ type Events = Arc<Mutex<Vec<(Instant, ControllerEvent)>>>;
 /// Runs a one-stage campaign of `stage` on the local executor (one GPU id); returns whether
 /// it completed and its events.
 fn run_local(dir: &Path, stage: Value) -> (bool, Vec<ControllerEvent>) {
-    run_local_plan(dir, plan(json!([stage])))
+    run_local_plan(
+        dir,
+        PlanBuilder::stages(json!([stage]))
+            .execution(one_strict_attempt())
+            .build(),
+    )
 }
 
 fn run_local_plan(dir: &Path, plan: CampaignPlan) -> (bool, Vec<ControllerEvent>) {
@@ -243,7 +227,11 @@ fn ctrl_c_acts_within_a_second_while_the_scheduler_hangs() {
     let ev = events.clone();
     let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
     let mut ctl = CampaignController::builder()
-        .plan(plan(json!([{"id": "s", "command": ["w"]}])))
+        .plan(
+            PlanBuilder::stages(json!([{"id": "s", "command": ["w"]}]))
+                .execution(one_strict_attempt())
+                .build(),
+        )
         .executor(Arc::new(Hanging(mock)))
         .campaign_dir(dir.path())
         .require_success_marker(false)
@@ -370,7 +358,11 @@ fn heartbeat_timeout_spares_a_moving_worker_and_cancels_a_silent_one() {
         let events: Events = Arc::default();
         let ev = events.clone();
         let mut ctl = CampaignController::builder()
-            .plan(plan(json!([{"id": "s", "command": ["sh", "-c", script]}])))
+            .plan(
+                PlanBuilder::stages(json!([{"id": "s", "command": ["sh", "-c", script]}]))
+                    .execution(one_strict_attempt())
+                    .build(),
+            )
             .local(["0"])
             .campaign_dir(dir.path())
             .poll_interval(Duration::from_millis(100), Duration::from_millis(200))
@@ -453,11 +445,14 @@ sleep 30"#
     ];
     for (label, ckpt, resumes_from) in cases {
         let dir = tempfile::tempdir().unwrap();
-        let plan = plan_with(
+        let plan = PlanBuilder::stages(
             json!([{"id": "s", "resumable": true, "command": ["sh", "-c", first_attempt(ckpt)]}]),
+        )
+        .execution(
             json!({"defaults": {"failure_policy": "resume", "max_attempts": 3},
                    "stages": {"s": {"time_limit": "0:02", "warning_signal": "USR2@1"}}}),
-        );
+        )
+        .build();
         let t = Instant::now();
         let (done, evs) = run_local_plan(dir.path(), plan);
         assert!(
@@ -583,7 +578,11 @@ fn a_marker_not_yet_visible_is_looked_for_again_until_the_bound() {
         let events: Events = Arc::default();
         let ev = events.clone();
         let mut ctl = CampaignController::builder()
-            .plan(plan(json!([{"id": "s", "command": ["sh", "-c", MARK]}])))
+            .plan(
+                PlanBuilder::stages(json!([{"id": "s", "command": ["sh", "-c", MARK]}]))
+                    .execution(one_strict_attempt())
+                    .build(),
+            )
             .local(["0"])
             .campaign_dir(dir.path())
             .poll_interval(Duration::from_millis(50), Duration::from_millis(200))
@@ -643,10 +642,9 @@ fn a_missing_program_is_a_configuration_error_never_retried() {
         ),
     ] {
         let dir = tempfile::tempdir().unwrap();
-        let p = plan_with(
-            json!([{"id": "s", "command": command}]),
-            json!({"defaults": {"failure_policy": "resume", "max_attempts": 3}}),
-        );
+        let p = PlanBuilder::stages(json!([{"id": "s", "command": command}]))
+            .execution(json!({"defaults": {"failure_policy": "resume", "max_attempts": 3}}))
+            .build();
         let (done, evs) = run_local_plan(dir.path(), p);
         assert!(!done);
         let (class, detail) = finished(&evs);

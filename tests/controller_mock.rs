@@ -3,6 +3,9 @@
 //! aggregate, persistent pool with dead workers), recovery (re-attach, adoption by attempt id,
 //! intents whose submit never happened), contract changes, lease and journal errors.
 
+mod support;
+use support::plan::PlanBuilder;
+
 use std::collections::HashMap;
 use std::path::Path;
 use std::sync::{Arc, Mutex};
@@ -13,33 +16,11 @@ use puzzletron::campaign::controller::{
     CampaignController, CampaignReport, ControllerError, ControllerEvent, FailureClass, PoolItem,
     PoolWorker, RetryPolicy, RunOptions, VirtualClock,
 };
-use puzzletron::campaign::{
-    CampaignPlan, ExecutionConfig, RunnerEnvironment, StageCatalog, compile_resolved,
-};
+use puzzletron::campaign::{CampaignPlan, RunnerEnvironment};
 use puzzletron::executor::{
     AttemptSpec, Executor, JobState, MockCall, MockClock, MockExecutor, MockScript,
 };
 use serde_json::{Value, json};
-
-fn plan(stages: Value, exec: Value) -> CampaignPlan {
-    let node = ConfigValue::from_json(&json!({ "stages": stages }));
-    let catalog = StageCatalog::from_config("exp", &node).unwrap();
-    let execution = ExecutionConfig::from_value(
-        "execution.yaml",
-        &ConfigValue::from_json(&json!({ "execution": exec })),
-    )
-    .unwrap();
-    compile_resolved(
-        "exp",
-        node,
-        &[],
-        &catalog,
-        &RunnerEnvironment::local(),
-        &execution,
-        None,
-    )
-    .unwrap()
-}
 
 fn env<'a>(spec: &'a AttemptSpec, k: &str) -> &'a str {
     spec.command.env.get(k).map(String::as_str).unwrap_or("")
@@ -176,14 +157,15 @@ fn failing(class: &str) -> MockScript {
 
 /// a (fails once with `class`) -> c; b independent and slow (100 s).
 fn matrix_plan(policy: &str, halt: &str, resumable: bool) -> CampaignPlan {
-    plan(
-        json!([
-            {"id": "a", "command": ["work"], "resumable": resumable},
-            {"id": "b", "command": ["work"]},
-            {"id": "c", "needs": ["a"], "command": ["work"]},
-        ]),
+    PlanBuilder::stages(json!([
+        {"id": "a", "command": ["work"], "resumable": resumable},
+        {"id": "b", "command": ["work"]},
+        {"id": "c", "needs": ["a"], "command": ["work"]},
+    ]))
+    .execution(
         json!({"defaults": {"failure_policy": policy, "halt_policy": halt, "max_attempts": 3}}),
     )
+    .build()
 }
 
 #[test]
@@ -338,10 +320,9 @@ fn requeued_job_is_followed_not_resubmitted() {
             .with_restarts(1)
     });
     let dir = tempfile::tempdir().unwrap();
-    let p = plan(
-        json!([{"id": "a", "command": ["w"]}]),
-        json!({"defaults": {}}),
-    );
+    let p = PlanBuilder::stages(json!([{"id": "a", "command": ["w"]}]))
+        .execution(json!({"defaults": {}}))
+        .build();
     let mut ctl = controller(p, &s, dir.path()).build().unwrap();
     let report = rt().block_on(ctl.run(RunOptions::default())).unwrap();
     assert!(report.is_complete());
@@ -355,10 +336,10 @@ fn stuck_pending_reason_is_cancelled_after_the_limit_but_waits_are_not() {
         _ => MockScript::new().with_reason("InvalidQOS"),
     });
     let dir = tempfile::tempdir().unwrap();
-    let p = plan(
-        json!([{"id": "a", "command": ["w"]}, {"id": "b", "command": ["w"]}]),
-        json!({"defaults": {"halt_policy": "drain"}}),
-    );
+    let p =
+        PlanBuilder::stages(json!([{"id": "a", "command": ["w"]}, {"id": "b", "command": ["w"]}]))
+            .execution(json!({"defaults": {"halt_policy": "drain"}}))
+            .build();
     let mut ctl = controller(p, &s, dir.path())
         .stuck_after(Duration::from_secs(60))
         .build()
@@ -385,13 +366,10 @@ fn sharded_stage_aggregates_after_all_shards() {
         _ => MockScript::completes_after(Duration::from_secs(5)),
     });
     let dir = tempfile::tempdir().unwrap();
-    let p = plan(
-        json!([
+    let p = PlanBuilder::stages(json!([
             {"id": "s", "strategy": "sharded", "instances": 3, "aggregate": true, "command": ["w", "{shard_index}/{shard_count}"]},
             {"id": "t", "needs": ["s"], "command": ["w"]},
-        ]),
-        json!({"defaults": {}}),
-    );
+        ])).execution(json!({"defaults": {}})).build();
     let mut ctl = controller(p, &s, dir.path()).build().unwrap();
     let report = rt().block_on(ctl.run(RunOptions::default())).unwrap();
     assert!(report.is_complete(), "{report}");
@@ -409,13 +387,10 @@ fn sharded_stage_aggregates_after_all_shards() {
 }
 
 fn pool_plan() -> CampaignPlan {
-    plan(
-        json!([
+    PlanBuilder::stages(json!([
             {"id": "prep", "command": ["w"]},
             {"id": "eval", "needs": ["prep"], "strategy": "persistent_pool", "instances": 2, "command": ["worker"]},
-        ]),
-        json!({"defaults": {}}),
-    )
+        ])).execution(json!({"defaults": {}})).build()
 }
 
 #[test]
@@ -507,10 +482,11 @@ fn persistent_pool_serves_every_item_once_and_requeues_a_dead_workers_items() {
 fn detach_then_run_again_reattaches_without_resubmitting() {
     let s = sim(|_, _| MockScript::completes_after(Duration::from_secs(30)));
     let dir = tempfile::tempdir().unwrap();
-    let p = plan(
+    let p = PlanBuilder::stages(
         json!([{"id": "s", "strategy": "sharded", "instances": 4, "command": ["w"]}]),
-        json!({"defaults": {}}),
-    );
+    )
+    .execution(json!({"defaults": {}}))
+    .build();
     let rt = rt();
     {
         let mut ctl = controller(p.clone(), &s, dir.path()).build().unwrap();
@@ -579,10 +555,11 @@ impl Executor for Crashy {
 fn crash_then_recover(after_submit: bool) -> (Sim, CampaignReport) {
     let s = sim(|_, _| MockScript::completes_after(Duration::from_secs(5)));
     let dir = tempfile::tempdir().unwrap();
-    let p = plan(
+    let p = PlanBuilder::stages(
         json!([{"id": "s", "strategy": "sharded", "instances": 3, "command": ["w"]}]),
-        json!({"defaults": {}}),
-    );
+    )
+    .execution(json!({"defaults": {}}))
+    .build();
     let crashy = Arc::new(Crashy {
         inner: s.mock.clone(),
         unit: "s/1",
@@ -655,14 +632,12 @@ fn crash_before_submit_gives_up_the_intent_after_the_grace_and_submits_a_new_att
 fn changed_contract_is_refused_unless_a_new_revision_is_asked_for() {
     let s = sim(|_, _| MockScript::completes_after(Duration::from_secs(100)));
     let dir = tempfile::tempdir().unwrap();
-    let old = plan(
-        json!([{"id": "a", "command": ["w", "--lr", "0.1"]}]),
-        json!({"defaults": {}}),
-    );
-    let new = plan(
-        json!([{"id": "a", "command": ["w", "--lr", "0.2"]}]),
-        json!({"defaults": {}}),
-    );
+    let old = PlanBuilder::stages(json!([{"id": "a", "command": ["w", "--lr", "0.1"]}]))
+        .execution(json!({"defaults": {}}))
+        .build();
+    let new = PlanBuilder::stages(json!([{"id": "a", "command": ["w", "--lr", "0.2"]}]))
+        .execution(json!({"defaults": {}}))
+        .build();
     assert_ne!(old.contract_hash, new.contract_hash);
     let rt = rt();
     {
@@ -711,10 +686,9 @@ fn changed_contract_is_refused_unless_a_new_revision_is_asked_for() {
 fn second_controller_is_refused_naming_the_holder() {
     let s = sim(|_, _| MockScript::completes());
     let dir = tempfile::tempdir().unwrap();
-    let p = plan(
-        json!([{"id": "a", "command": ["w"]}]),
-        json!({"defaults": {}}),
-    );
+    let p = PlanBuilder::stages(json!([{"id": "a", "command": ["w"]}]))
+        .execution(json!({"defaults": {}}))
+        .build();
     let _first = controller(p.clone(), &s, dir.path()).build().unwrap();
     let err = controller(p, &s, dir.path()).build().unwrap_err();
     assert!(matches!(err, ControllerError::LeaseHeld { .. }));
@@ -729,10 +703,9 @@ fn second_controller_is_refused_naming_the_holder() {
 fn corrupt_journal_is_an_error_not_skipped() {
     let s = sim(|_, _| MockScript::completes());
     let dir = tempfile::tempdir().unwrap();
-    let p = plan(
-        json!([{"id": "a", "command": ["w"]}]),
-        json!({"defaults": {}}),
-    );
+    let p = PlanBuilder::stages(json!([{"id": "a", "command": ["w"]}]))
+        .execution(json!({"defaults": {}}))
+        .build();
     {
         let mut ctl = controller(p.clone(), &s, dir.path()).build().unwrap();
         rt().block_on(ctl.run(RunOptions::default())).unwrap();
@@ -754,10 +727,9 @@ fn poll_errors_are_retried_not_job_failures() {
         "slurm_load_jobs error: Unable to contact slurm controller",
     );
     let dir = tempfile::tempdir().unwrap();
-    let p = plan(
-        json!([{"id": "a", "command": ["w"]}]),
-        json!({"defaults": {}}),
-    );
+    let p = PlanBuilder::stages(json!([{"id": "a", "command": ["w"]}]))
+        .execution(json!({"defaults": {}}))
+        .build();
     let mut ctl = controller(p, &s, dir.path()).build().unwrap();
     let r = rt().block_on(ctl.run(RunOptions::default())).unwrap();
     assert!(r.is_complete());
@@ -771,10 +743,11 @@ fn poll_errors_are_retried_not_job_failures() {
 fn shutdown_cancels_every_live_attempt_and_a_later_run_resumes() {
     let s = sim(|_, _| MockScript::completes_after(Duration::from_secs(50)));
     let dir = tempfile::tempdir().unwrap();
-    let p = plan(
+    let p = PlanBuilder::stages(
         json!([{"id": "s", "strategy": "sharded", "instances": 3, "command": ["w"]}]),
-        json!({"defaults": {}}),
-    );
+    )
+    .execution(json!({"defaults": {}}))
+    .build();
     let rt = rt();
     {
         let mut ctl = controller(p.clone(), &s, dir.path()).build().unwrap();
@@ -797,10 +770,9 @@ fn shutdown_cancels_every_live_attempt_and_a_later_run_resumes() {
 fn control_cancel_from_the_channel_cancels_and_reports() {
     let s = sim(|_, _| MockScript::completes_after(Duration::from_secs(50)));
     let dir = tempfile::tempdir().unwrap();
-    let p = plan(
-        json!([{"id": "a", "command": ["w"]}]),
-        json!({"defaults": {}}),
-    );
+    let p = PlanBuilder::stages(json!([{"id": "a", "command": ["w"]}]))
+        .execution(json!({"defaults": {}}))
+        .build();
     let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
     let mut ctl = controller(p, &s, dir.path()).controls(rx).build().unwrap();
     let rt = rt();
@@ -818,10 +790,11 @@ fn control_cancel_from_the_channel_cancels_and_reports() {
 fn a_cancel_by_shutdown_is_not_a_retry_and_the_unit_runs_again_on_the_next_run() {
     let s = sim(|_, _| MockScript::completes_after(Duration::from_secs(50)));
     let dir = tempfile::tempdir().unwrap();
-    let p = plan(
+    let p = PlanBuilder::stages(
         json!([{"id": "s", "strategy": "sharded", "instances": 2, "command": ["w"]}]),
-        json!({"defaults": {"failure_policy": "resume", "max_attempts": 3}}),
-    );
+    )
+    .execution(json!({"defaults": {"failure_policy": "resume", "max_attempts": 3}}))
+    .build();
     let events: Arc<Mutex<Vec<(String, String)>>> = Arc::default();
     let ev = events.clone();
     let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
@@ -884,10 +857,9 @@ fn campaign_dir_that_is_a_file_is_refused_naming_the_path() {
     let root = tempfile::tempdir().unwrap();
     let file = root.path().join("f");
     std::fs::write(&file, b"x").unwrap();
-    let p = plan(
-        json!([{"id": "a", "command": ["w"]}]),
-        json!({"defaults": {}}),
-    );
+    let p = PlanBuilder::stages(json!([{"id": "a", "command": ["w"]}]))
+        .execution(json!({"defaults": {}}))
+        .build();
     let err = controller(p, &s, &file).build().unwrap_err();
     assert!(
         matches!(err, ControllerError::NotACampaign { ref path, .. } if path == &file),
@@ -923,10 +895,9 @@ fn campaign_dir_unwritable_is_an_error_naming_the_path() {
     let ro = root.path().join("ro");
     std::fs::create_dir(&ro).unwrap();
     std::fs::set_permissions(&ro, std::fs::Permissions::from_mode(0o555)).unwrap();
-    let p = plan(
-        json!([{"id": "a", "command": ["w"]}]),
-        json!({"defaults": {}}),
-    );
+    let p = PlanBuilder::stages(json!([{"id": "a", "command": ["w"]}]))
+        .execution(json!({"defaults": {}}))
+        .build();
     let err = controller(p, &s, &ro).build().unwrap_err();
     std::fs::set_permissions(&ro, std::fs::Permissions::from_mode(0o755)).unwrap();
     let text = err.to_string();
@@ -939,10 +910,9 @@ fn campaign_dir_unwritable_is_an_error_naming_the_path() {
 #[test]
 fn non_empty_unrelated_campaign_dir_is_refused_but_own_layout_is_accepted() {
     let s = sim(|_, _| MockScript::completes());
-    let p = plan(
-        json!([{"id": "a", "command": ["w"]}]),
-        json!({"defaults": {}}),
-    );
+    let p = PlanBuilder::stages(json!([{"id": "a", "command": ["w"]}]))
+        .execution(json!({"defaults": {}}))
+        .build();
     // Unrelated files: refused, nothing is created there.
     let dir = tempfile::tempdir().unwrap();
     std::fs::write(dir.path().join("notes.txt"), b"mine").unwrap();
@@ -1020,14 +990,13 @@ fn fail_fast_attempts_are_charged_to_infra_and_the_node_is_excluded_later() {
         _ => MockScript::completes_after(Duration::from_secs(10)).with_nodes("n1"),
     });
     let dir = tempfile::tempdir().unwrap();
-    let p = plan(
-        json!([
-            {"id": "a", "command": ["w"]},
-            {"id": "b", "command": ["w"]},
-            {"id": "c", "needs": ["a"], "command": ["w"]},
-        ]),
-        json!({"defaults": {"failure_policy": "strict"}}),
-    );
+    let p = PlanBuilder::stages(json!([
+        {"id": "a", "command": ["w"]},
+        {"id": "b", "command": ["w"]},
+        {"id": "c", "needs": ["a"], "command": ["w"]},
+    ]))
+    .execution(json!({"defaults": {"failure_policy": "strict"}}))
+    .build();
     let events = Arc::new(Mutex::new(Vec::new()));
     let ev = events.clone();
     let mut ctl = controller(p, &s, dir.path())
@@ -1129,15 +1098,14 @@ fn fast_failures_before_the_start_mark_exclude_the_node_after_two_units() {
     });
     let marked = s.mock.clone().with_start_marks();
     let dir = tempfile::tempdir().unwrap();
-    let p = plan(
-        json!([
-            {"id": "a", "command": ["w"]},
-            {"id": "b", "command": ["w"]},
-            {"id": "e", "command": ["w"]},
-            {"id": "c", "needs": ["a", "b"], "command": ["w"]},
-        ]),
-        json!({"defaults": {"failure_policy": "resume", "max_attempts": 2}}),
-    );
+    let p = PlanBuilder::stages(json!([
+        {"id": "a", "command": ["w"]},
+        {"id": "b", "command": ["w"]},
+        {"id": "e", "command": ["w"]},
+        {"id": "c", "needs": ["a", "b"], "command": ["w"]},
+    ]))
+    .execution(json!({"defaults": {"failure_policy": "resume", "max_attempts": 2}}))
+    .build();
     let mut ctl = controller(p, &s, dir.path())
         .executor(Arc::new(marked))
         .retry_policy(
@@ -1209,10 +1177,11 @@ fn one_unit_failing_fast_twice_does_not_exclude_a_node() {
     });
     let marked = s.mock.clone().with_start_marks();
     let dir = tempfile::tempdir().unwrap();
-    let p = plan(
+    let p = PlanBuilder::stages(
         json!([{"id": "a", "command": ["w"]}, {"id": "b", "needs": ["a"], "command": ["w"]}]),
-        json!({"defaults": {"failure_policy": "resume", "max_attempts": 3}}),
-    );
+    )
+    .execution(json!({"defaults": {"failure_policy": "resume", "max_attempts": 3}}))
+    .build();
     let mut ctl = controller(p, &s, dir.path())
         .executor(Arc::new(marked))
         .build()
@@ -1245,10 +1214,10 @@ fn fail_fast_beyond_the_infra_budget_counts_as_transient_and_a_failure_after_pro
         _ => MockScript::completes_after(Duration::from_secs(10)),
     });
     let dir = tempfile::tempdir().unwrap();
-    let p = plan(
-        json!([{"id": "a", "command": ["w"]}, {"id": "b", "command": ["w"]}]),
-        json!({"defaults": {"failure_policy": "strict", "halt_policy": "drain"}}),
-    );
+    let p =
+        PlanBuilder::stages(json!([{"id": "a", "command": ["w"]}, {"id": "b", "command": ["w"]}]))
+            .execution(json!({"defaults": {"failure_policy": "strict", "halt_policy": "drain"}}))
+            .build();
     let mut ctl = controller(p, &s, dir.path())
         .retry_policy(
             RetryPolicy::default()
@@ -1304,11 +1273,10 @@ fn heartbeat_timeout_cancels_a_silent_attempt_as_hung_and_journals_its_last_hear
         _ => MockScript::completes_after(Duration::from_secs(5)),
     });
     let dir = tempfile::tempdir().unwrap();
-    let p = plan(
-        json!([{"id": "a", "command": ["w"], "resumable": true}]),
-        json!({"defaults": {"failure_policy": "strict"},
-               "stages": {"a": {"heartbeat_timeout_s": 30}}}),
-    );
+    let p = PlanBuilder::stages(json!([{"id": "a", "command": ["w"], "resumable": true}]))
+        .execution(json!({"defaults": {"failure_policy": "strict"},
+               "stages": {"a": {"heartbeat_timeout_s": 30}}}))
+        .build();
     let events = Arc::new(Mutex::new(Vec::new()));
     let ev = events.clone();
     let mut ctl = controller(p, &s, dir.path())
@@ -1393,13 +1361,6 @@ fn n10_resources_are_metadata_args_and_env_are_the_key() {
         |prefix: &str| json!([{"id": "a", "command": ["w", "--lr", "0.1", "--prefix", prefix]}]);
     let exec = |a: Value| json!({"defaults": {"failure_policy": "resume", "max_attempts": 3}, "stages": {"a": a}});
     let build = |st: Value, ex: Value, module: &str, venv: &str| {
-        let node = ConfigValue::from_json(&json!({ "stages": st }));
-        let catalog = StageCatalog::from_config("exp", &node).unwrap();
-        let execution = ExecutionConfig::from_value(
-            "execution.yaml",
-            &ConfigValue::from_json(&json!({ "execution": ex })),
-        )
-        .unwrap();
         // A Slurm runner: a partition is one of the resources it can express (a local runner
         // refuses one at compile time).
         let mut runner = RunnerEnvironment::from_value(
@@ -1409,7 +1370,7 @@ fn n10_resources_are_metadata_args_and_env_are_the_key() {
         .unwrap();
         runner.execution_contract.prerun_commands = vec![format!("module load {module}")];
         runner.execution_contract.venv = Some(venv.into());
-        compile_resolved("exp", node, &[], &catalog, &runner, &execution, None).unwrap()
+        PlanBuilder::stages(st).execution(ex).runner(runner).build()
     };
     let base = || {
         build(
@@ -1550,10 +1511,10 @@ fn the_oom_kind_is_journaled() {
         _ => MockScript::completes_after(Duration::from_secs(5)),
     });
     let dir = tempfile::tempdir().unwrap();
-    let p = plan(
-        json!([{"id": "a", "command": ["w"]}, {"id": "b", "command": ["w"]}]),
-        json!({"defaults": {"failure_policy": "resume", "max_attempts": 3}}),
-    );
+    let p =
+        PlanBuilder::stages(json!([{"id": "a", "command": ["w"]}, {"id": "b", "command": ["w"]}]))
+            .execution(json!({"defaults": {"failure_policy": "resume", "max_attempts": 3}}))
+            .build();
     let mut ctl = controller(p, &s, dir.path())
         .allow_oom_retry("a")
         .allow_oom_retry("b")

@@ -2,10 +2,8 @@
 //! 100k-item figure comes from `cargo bench --bench controller_sim`): every unit completes,
 //! every injected failure is retried exactly as the policy says, no attempt is submitted twice.
 
-mod controller_support;
-
-#[path = "controller_support/sim.rs"]
-mod sim;
+mod support;
+use support::sim;
 
 #[test]
 fn ten_thousand_items_with_injected_faults() {
@@ -28,6 +26,6 @@ fn ten_thousand_items_with_injected_faults() {
         "one job per attempt, one retry per injected fault"
     );
     assert_eq!(r.submits, r.jobs, "no submit was refused as a duplicate");
-    let a = controller_support::audit_journal(dir.path());
+    let a = support::campaign::audit_journal(dir.path());
     assert_eq!(a.attempts, units + faults);
 }

@@ -11,10 +11,8 @@
 //! Run with `PUZZLETRON_SLURM_TESTS=1` (then a missing cluster is a failure); without it the
 //! tests print why they skip.
 
-mod controller_support;
-
-#[path = "support/watchdog.rs"]
-mod watchdog;
+mod support;
+use support::watchdog;
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
@@ -22,7 +20,7 @@ use std::process::Command;
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
-use controller_support::{Rng, audit, result, spawn, spawn_env};
+use support::campaign::{Rng, audit, result, spawn, spawn_env};
 
 /// The tests share one cluster and stop slurmctld: run them one at a time.
 static SERIAL: Mutex<()> = Mutex::new(());

@@ -4,7 +4,7 @@
 //! re-attaches); `q` then Ctrl-C cancels every live job (exit 2). Skipped with a message when
 //! `script` is not installed.
 
-mod controller_support;
+mod support;
 
 use std::io::Write;
 use std::path::Path;
@@ -19,7 +19,7 @@ fn have_script() -> bool {
 }
 
 fn under_pty(dir: &Path, keys: &[&[u8]]) -> (Option<i32>, String) {
-    let exe = controller_support::campaign_exe();
+    let exe = support::campaign::campaign_exe();
     // `stty -a` after the exit shows whether the terminal mode was restored.
     let cmd = format!(
         "{} --dir {} --quiet --poll-ms 100 --epochs 30; rc=$?; stty -a; exit $rc",
@@ -95,11 +95,11 @@ fn menu_detach_then_reattach_and_menu_cancel() {
     assert!(j.contains("\"kind\":\"detached\""));
     assert!(!j.contains("cancel_requested"), "detach cancels nothing");
     // The next run re-attaches and completes without resubmitting the live shards.
-    let st = controller_support::spawn(&dir, &["--epochs", "30"])
+    let st = support::campaign::spawn(&dir, &["--epochs", "30"])
         .wait()
         .unwrap();
     assert!(st.success());
-    let a = controller_support::audit(&dir);
+    let a = support::campaign::audit(&dir);
     assert!(a.duplicates.is_empty() && a.missing.is_empty(), "{a:?}");
 
     // Cancel: q, then Ctrl-C (a second Ctrl-C while the menu is open cancels).

@@ -1,8 +1,8 @@
 //! The `async_sweep` example as a user runs it: an isolated sweep on a user executor, drained
 //! from a tokio task; the second run finds every result done.
 
-#[path = "support/examples.rs"]
-mod examples;
+mod support;
+use support::examples;
 
 use std::process::Command;
 

@@ -1,8 +1,8 @@
 //! The sweep example as a user runs it: the README's `--executor local` on a new store, then
 //! the same sweep in process on that store (all cached), and arguments refused up front.
 
-#[path = "support/examples.rs"]
-mod examples;
+mod support;
+use support::examples;
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, ExitStatus};

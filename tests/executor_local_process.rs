@@ -152,8 +152,8 @@ async fn a_job_outlives_a_killed_fork_server_and_the_next_one_still_runs(root: &
     assert_ne!(now[0], servers[0]);
 }
 
-#[path = "support/watchdog.rs"]
-mod watchdog;
+mod support;
+use support::watchdog;
 
 fn main() {
     let _watchdog = watchdog::Watchdog::start("executor_local_process", Duration::from_secs(600));

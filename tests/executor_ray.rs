@@ -7,8 +7,8 @@
 //! Gated by `PUZZLETRON_RAY_TESTS=1` (cfg `puzzletron_ray_tests`, see build.rs).
 #![cfg(feature = "ray")]
 
-#[path = "support/watchdog.rs"]
-mod watchdog;
+mod support;
+use support::watchdog;
 
 use std::io::{Read, Write};
 use std::path::Path;

@@ -5,17 +5,13 @@
 //! filesystem's attribute and negative caches do. No test hook is involved: the controller's
 //! own `stat`, `readdir` of the folder and `open` are what the shim fools.
 
-#[path = "support/cli.rs"]
-mod cli;
-#[path = "support/examples.rs"]
-#[allow(dead_code)]
-mod examples;
+mod support;
 
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
-use cli::{SMOKE, SMOKE_EXEC, journal, out, prefix, puzzletron};
 use serde_json::Value;
+use support::cli::{SMOKE, SMOKE_EXEC, journal, out, prefix, puzzletron};
 
 /// Builds the shim into `dir` and returns its path.
 fn shim(dir: &Path) -> PathBuf {

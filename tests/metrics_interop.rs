@@ -1,13 +1,13 @@
 //! The Parquet that puzzletron writes is read back by Python's pyarrow with the same schema and
 //! values, and `collect` gathers everything a store holds.
 
-mod common;
+mod support;
 
 use std::process::Command;
 
-use common::{FakeCrate, P, train};
 use puzzletron::sweep::{JobResult, Run};
 use puzzletron::{FsStore, Orchestrator, metrics};
+use support::sweep::{FakeCrate, P, train};
 
 /// [`train`], then a step mark: its rows are in a metrics file (a short run that never flushed
 /// keeps them in its record instead).
@@ -15,6 +15,17 @@ fn train_marked(p: &P, run: &mut Run) -> JobResult {
     train(p, run)?;
     run.flush()?;
     Ok(())
+}
+
+/// A store holding `f` run at (lr 0.5, hidden 8) and (lr 0.25, hidden 16).
+fn two_runs(f: fn(&P, &mut Run) -> JobResult) -> (FakeCrate, Orchestrator<FsStore>) {
+    let c = FakeCrate::new();
+    let mut o = c.orchestrator();
+    let job = c.job(f);
+    for (lr, hidden) in [(0.5, 8), (0.25, 16)] {
+        o.run(&job, P { lr, hidden }).unwrap();
+    }
+    (c, o)
 }
 
 fn pyarrow_available() -> bool {
@@ -40,16 +51,7 @@ fn pyarrow_available() -> bool {
 )]
 #[test]
 fn parquet_reads_back_in_pyarrow_with_the_same_schema_and_values() {
-    let c = FakeCrate::new();
-    let mut o: Orchestrator<FsStore> = Orchestrator::builder()
-        .store_root(c.path().join("store"))
-        .lock(c.lock())
-        .build()
-        .unwrap();
-    let job = c.job(train);
-    for (lr, hidden) in [(0.5, 8), (0.25, 16)] {
-        o.run(&job, P { lr, hidden }).unwrap();
-    }
+    let (c, mut o) = two_runs(train);
     let t = o.get("loss").unwrap();
     let path = c.path().join("loss.parquet");
     t.write_parquet(&path).unwrap();
@@ -114,22 +116,7 @@ print(t.num_rows, t.column_names)
 
 #[test]
 fn collect_gathers_every_metric_of_every_done_job() {
-    let c = FakeCrate::new();
-    let mut o: Orchestrator<FsStore> = Orchestrator::builder()
-        .store_root(c.path().join("store"))
-        .lock(c.lock())
-        .build()
-        .unwrap();
-    let job = c.job(train);
-    o.run(&job, P { lr: 0.5, hidden: 8 }).unwrap();
-    o.run(
-        &job,
-        P {
-            lr: 0.25,
-            hidden: 16,
-        },
-    )
-    .unwrap();
+    let (_c, mut o) = two_runs(train);
     o.drain().unwrap();
     let t = metrics::collect(o.store()).unwrap();
     assert_eq!(
@@ -157,16 +144,7 @@ fn read_parquet(path: &std::path::Path) -> puzzletron::MetricTable {
 #[test]
 fn streamed_parquet_equals_the_in_memory_table_and_ignores_a_torn_tail() {
     use puzzletron::StoreExt;
-    let c = FakeCrate::new();
-    let mut o: Orchestrator<FsStore> = Orchestrator::builder()
-        .store_root(c.path().join("store"))
-        .lock(c.lock())
-        .build()
-        .unwrap();
-    let job = c.job(train_marked);
-    for (lr, hidden) in [(0.5, 8), (0.25, 16)] {
-        o.run(&job, P { lr, hidden }).unwrap();
-    }
+    let (c, mut o) = two_runs(train_marked);
     let t = o.get("loss").unwrap();
     // A torn line after a finished attempt's rows (a crash of a later writer, a copy cut short):
     // not the record's, so neither path reads it.

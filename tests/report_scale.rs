@@ -5,15 +5,8 @@
 //! `puzzletron_chromium_tests`) headless Chromium must load the page to its end within 5 s.
 //! The 100k-item figures are `cargo bench --features cli --bench campaign_status`.
 
-#[path = "support/cli.rs"]
-mod cli;
-#[path = "support/examples.rs"]
-#[allow(dead_code)]
-mod examples;
-#[path = "controller_support/sim.rs"]
-mod sim;
-#[path = "support/watchdog.rs"]
-mod watchdog;
+mod support;
+use support::{cli, sim, watchdog};
 
 use std::time::Duration;
 

@@ -11,9 +11,10 @@ use std::time::{Duration, Instant};
 
 use puzzletron::executor::*;
 
-#[path = "support/slurm.rs"]
-mod slurm_support;
-use slurm_support::{cluster_available, count_calls, write_shims};
+mod support;
+use support::plan::PlanBuilder;
+
+use support::slurm::{cluster_available, count_calls, write_shims};
 
 /// A unique prefix per test process, so reruns never find older jobs by name.
 fn prefix() -> String {
@@ -532,35 +533,16 @@ fn run_campaign_on_slurm(
     puzzletron::campaign::controller::CampaignReport,
     Vec<puzzletron::campaign::controller::ControllerEvent>,
 ) {
-    use puzzletron::campaign::config::Value;
     use puzzletron::campaign::controller::{
         CampaignController, RetryPolicy as CtlRetry, RunOptions,
     };
-    use puzzletron::campaign::{
-        ExecutionConfig, RunnerEnvironment, StageCatalog, compile_resolved,
-    };
     use serde_json::json;
-    let node =
-        Value::from_json(&json!({ "stages": [{"id": "s", "command": ["sh", "-c", script]}] }));
-    let catalog = StageCatalog::from_config("exp", &node).unwrap();
-    let execution = ExecutionConfig::from_value(
-        "execution.yaml",
-        &Value::from_json(&json!({"execution": {
+    let plan = PlanBuilder::stages(json!([{"id": "s", "command": ["sh", "-c", script]}]))
+        .execution(json!({
             "defaults": {"failure_policy": "strict", "max_attempts": 1},
             "stages": {"s": {"resource": "cpu"}}
-        }})),
-    )
-    .unwrap();
-    let plan = compile_resolved(
-        "exp",
-        node,
-        &[],
-        &catalog,
-        &RunnerEnvironment::local(),
-        &execution,
-        None,
-    )
-    .unwrap();
+        }))
+        .build();
     let events = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
     let ev = events.clone();
     let b = CampaignController::builder()
@@ -904,37 +886,20 @@ async fn n03_campaign_checkpoints_on_the_warning_signal_and_resumes_to_success()
     use puzzletron::campaign::controller::{
         CampaignController, ControllerEvent, FailureClass, RunOptions,
     };
-    use puzzletron::campaign::{
-        ExecutionConfig, RunnerEnvironment, StageCatalog, compile_resolved,
-    };
     use serde_json::json;
     use std::sync::{Arc, Mutex};
     if !cluster_available("n03_campaign_checkpoints_on_the_warning_signal_and_resumes_to_success") {
         return;
     }
     let dir = tmp();
-    let node = puzzletron::campaign::config::Value::from_json(&json!({"stages": [
+    let plan = PlanBuilder::stages(json!([
         {"id": "train", "resumable": true, "command": ["sh", "-c", N03_WORKER, "sh"]}
-    ]}));
-    let catalog = StageCatalog::from_config("exp", &node).unwrap();
-    let execution = ExecutionConfig::from_value(
-        "execution.yaml",
-        &puzzletron::campaign::config::Value::from_json(&json!({"execution": {
-            "defaults": {"failure_policy": "resume", "max_attempts": 2},
-            "stages": {"train": {"time_limit": "1", "warning_signal": "USR2@30", "resource": "cpu"}}
-        }})),
-    )
-    .unwrap();
-    let plan = compile_resolved(
-        "exp",
-        node,
-        &[],
-        &catalog,
-        &RunnerEnvironment::local(),
-        &execution,
-        None,
-    )
-    .unwrap();
+    ]))
+    .execution(json!({
+        "defaults": {"failure_policy": "resume", "max_attempts": 2},
+        "stages": {"train": {"time_limit": "1", "warning_signal": "USR2@30", "resource": "cpu"}}
+    }))
+    .build();
     let events: Arc<Mutex<Vec<ControllerEvent>>> = Arc::default();
     let ev = events.clone();
     let mut ctl = CampaignController::builder()

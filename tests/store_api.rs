@@ -3,14 +3,14 @@
 //! only when it says so), and `FsStore::open` that never makes a store out of a misspelt path
 //! (`FsStore::create` does, and a sweep's first run creates its default store).
 
-mod common;
+mod support;
 
-use common::{FakeCrate, P, train};
 use puzzletron::store::{
     Claim, ClaimInfo, ClaimOutcome, JobRecord, MetricSink, Owner, Series, StoreError,
 };
 use puzzletron::sweep::FailureCause;
 use puzzletron::{Error, FsStore, Hash, MemoryStore, Orchestrator, Store, StoreExt};
+use support::sweep::{FakeCrate, P, train};
 
 #[test]
 fn a_sweep_borrows_a_store_and_the_store_outlives_it() {

@@ -4,10 +4,8 @@
 //! answer), Lustre's `EACCES` instead of `EEXIST` on a contended `mkdir`. Every run executes
 //! exactly once, and no error reaches the user.
 
-mod common;
-
-#[path = "support/watchdog.rs"]
-mod watchdog;
+mod support;
+use support::watchdog;
 
 use std::collections::{HashMap, HashSet};
 use std::io;
@@ -15,10 +13,10 @@ use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use common::{FakeCrate, P};
 use puzzletron::store::{FaultHook, FaultOp};
 use puzzletron::sweep::{JobResult, Run};
 use puzzletron::{FsStore, Hash, Orchestrator};
+use support::sweep::{FakeCrate, P};
 
 /// Executions per key, across both drains.
 static RUNS: Mutex<Option<HashMap<Hash, usize>>> = Mutex::new(None);

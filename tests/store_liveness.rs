@@ -13,8 +13,8 @@
 //! `puzzletron_ns_tests`; `.ci/run` sets it, as root); `PUZZLETRON_NS_KILL_TRIALS` sets the
 //! number of `kill -9` trials (default 50).
 
-#[path = "support/watchdog.rs"]
-mod watchdog;
+mod support;
+use support::watchdog;
 
 use std::collections::HashMap;
 use std::io::{BufRead, Write};

@@ -19,6 +19,9 @@
 //! an executor cannot take is refused the same way by `render` and by `submit`.
 #![cfg(feature = "slurm")]
 
+mod support;
+use support::plan::fixtures;
+
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
@@ -28,13 +31,6 @@ use puzzletron::campaign::{
     attempt_specs, compile_campaign_plan_with, dry_run, render_dry_run,
 };
 use puzzletron::executor::{Executor, LocalExecutor, Rendering, SlurmExecutor};
-
-fn fixtures() -> PathBuf {
-    PathBuf::from(concat!(
-        env!("CARGO_MANIFEST_DIR"),
-        "/../shared/fixtures/puzzletron-configs"
-    ))
-}
 
 fn reference() -> serde_json::Value {
     let text = std::fs::read_to_string(fixtures().join("reference-plans.json")).unwrap();

@@ -1,20 +1,12 @@
 //! Bad input gets a clear error naming what, where and what was expected, and loses nothing.
 
-mod common;
+mod support;
 
-use common::{FakeCrate, P, train};
 use puzzletron::store::StoreError;
 use puzzletron::sweep::{JobResult, Run};
 use puzzletron::{FsStore, Orchestrator, Store};
 use serde::{Deserialize, Serialize};
-
-fn sweep(c: &FakeCrate) -> Orchestrator<FsStore> {
-    Orchestrator::builder()
-        .store_root(c.path().join("store"))
-        .lock(c.lock())
-        .build()
-        .unwrap()
-}
+use support::sweep::{FakeCrate, P, train};
 
 #[derive(Serialize, Deserialize)]
 struct Nested {
@@ -39,7 +31,7 @@ fn reserved(_: &Reserved, _: &mut Run) -> JobResult {
 #[test]
 fn nan_and_infinity_are_refused_at_the_call_site_with_the_path() {
     let c = FakeCrate::new();
-    let mut o = sweep(&c);
+    let mut o = c.orchestrator();
     let e = o.run(
         &c.job(nested),
         Nested {
@@ -71,7 +63,8 @@ fn nan_and_infinity_are_refused_at_the_call_site_with_the_path() {
 #[test]
 fn reserved_parameter_names_are_refused() {
     let c = FakeCrate::new();
-    let e = sweep(&c)
+    let e = c
+        .orchestrator()
         .run(&c.job(reserved), Reserved { step: 1 })
         .unwrap_err();
     assert!(
@@ -104,7 +97,8 @@ fn handle(_: &WithHandle, _: &mut Run) -> JobResult {
 #[test]
 fn unserializable_params_name_the_field() {
     let c = FakeCrate::new();
-    let e = sweep(&c)
+    let e = c
+        .orchestrator()
         .run(
             &c.job(handle),
             WithHandle {
@@ -119,9 +113,8 @@ fn unserializable_params_name_the_field() {
     );
 }
 
-#[test]
-fn store_root_that_is_a_file() {
-    let c = FakeCrate::new();
+/// What building an orchestrator whose store root is a file (`afile`, holding `x`) says.
+fn build_on_a_file(c: &FakeCrate) -> (std::path::PathBuf, puzzletron::Error) {
     let f = c.path().join("afile");
     std::fs::write(&f, "x").unwrap();
     let e = Orchestrator::builder()
@@ -129,6 +122,13 @@ fn store_root_that_is_a_file() {
         .build()
         .err()
         .unwrap();
+    (f, e)
+}
+
+#[test]
+fn store_root_that_is_a_file() {
+    let c = FakeCrate::new();
+    let (f, e) = build_on_a_file(&c);
     assert_eq!(
         e.to_string(),
         format!(
@@ -173,7 +173,7 @@ fn store_written_by_a_newer_version_is_refused_untouched() {
 #[test]
 fn a_record_that_is_not_json_makes_its_run_corrupt_naming_the_file_and_nothing_else_is_lost() {
     let c = FakeCrate::new();
-    let mut o = sweep(&c);
+    let mut o = c.orchestrator();
     let job = c.job(train);
     let good = o.run(&job, P { lr: 0.1, hidden: 1 }).unwrap();
     let bad = o.run(&job, P { lr: 0.2, hidden: 1 }).unwrap();
@@ -185,7 +185,7 @@ fn a_record_that_is_not_json_makes_its_run_corrupt_naming_the_file_and_nothing_e
         .join("record.json");
     std::fs::write(&bad_file, "{ not json").unwrap();
 
-    let mut o = sweep(&c);
+    let mut o = c.orchestrator();
     o.run(&job, P { lr: 0.1, hidden: 1 }).unwrap();
     o.run(&job, P { lr: 0.2, hidden: 1 }).unwrap();
     // The run is corrupt, named with its file (tests/sweep_corrupt.rs: the whole behaviour);
@@ -217,7 +217,7 @@ fn bad_metric_name_fails_the_job_with_the_name() {
         Ok(())
     }
     let c = FakeCrate::new();
-    let mut o = sweep(&c);
+    let mut o = c.orchestrator();
     o.run(&c.job(bad_name), P { lr: 0.1, hidden: 1 }).unwrap();
     let e = o.drain().unwrap_err();
     assert!(
@@ -267,7 +267,7 @@ fn store_roots_that_cannot_be_stores_are_refused_untouched() {
     );
     // A store nested in another store's jobs folder.
     let outer = c.path().join("store");
-    let mut o = sweep(&c);
+    let mut o = c.orchestrator();
     o.run(&c.job(train), P { lr: 0.1, hidden: 1 }).unwrap();
     o.drain().unwrap();
     let e = FsStore::create(outer.join("jobs")).unwrap_err();
@@ -284,13 +284,7 @@ fn store_roots_that_cannot_be_stores_are_refused_untouched() {
 #[test]
 fn errors_debug_print_their_message_for_main() {
     let c = FakeCrate::new();
-    let f = c.path().join("afile");
-    std::fs::write(&f, "x").unwrap();
-    let e = Orchestrator::builder()
-        .store_root(&f)
-        .build()
-        .err()
-        .unwrap();
+    let (_, e) = build_on_a_file(&c);
     assert_eq!(
         format!("{e:?}"),
         e.to_string(),
@@ -328,7 +322,7 @@ fn with_maps(_: &WithMaps, _: &mut Run) -> JobResult {
 #[test]
 fn a_hash_set_parameter_is_refused_with_its_path_and_maps_are_fine() {
     let c = FakeCrate::new();
-    let mut o = sweep(&c);
+    let mut o = c.orchestrator();
     let e = o
         .run(
             &c.job(with_set),
@@ -383,7 +377,7 @@ fn metric_columns_take_their_type_from_the_rust_type() {
     use puzzletron::StoreExt;
     use puzzletron::arrow::DataType;
     let c = FakeCrate::new();
-    let mut o = sweep(&c);
+    let mut o = c.orchestrator();
     for lr in [1.0, 2.0] {
         o.run(
             &c.job(typed),

@@ -1,31 +1,39 @@
 //! The cache story: rerun skips, a changed parameter set runs alone, comments do not count, code
 //! and Cargo.lock changes re-run with their reason; drain stops at the first failure.
 
-mod common;
+mod support;
 
 use std::sync::Mutex;
 use std::sync::atomic::Ordering;
 
-use common::{EXECUTIONS, FakeCrate, P, train};
-use puzzletron::sweep::{Action, FailureCause, JobResult, Outcome, Run};
+use puzzletron::sweep::{Action, FailureCause, JobResult, Outcome, Plan, Run};
 use puzzletron::{FsStore, Orchestrator, Store};
+use support::sweep::{EXECUTIONS, FakeCrate, P, train};
 
 /// Tests in this file share the EXECUTIONS counter.
 static SERIAL: Mutex<()> = Mutex::new(());
-
-fn sweep(c: &FakeCrate) -> Orchestrator<FsStore> {
-    Orchestrator::builder()
-        .store_root(c.path().join("store"))
-        .lock(c.lock())
-        .build()
-        .unwrap()
-}
 
 fn grid(o: &mut Orchestrator<FsStore>, c: &FakeCrate, lrs: &[f64]) {
     let job = c.job(train);
     for &lr in lrs {
         o.run(&job, P { lr, hidden: 16 }).unwrap();
     }
+}
+
+/// A fresh orchestrator over the store with the grid enqueued, and what it plans.
+fn planned(c: &FakeCrate, lrs: &[f64]) -> (Orchestrator<FsStore>, Plan) {
+    let mut o = c.orchestrator();
+    grid(&mut o, c, lrs);
+    let plan = o.plan().unwrap();
+    (o, plan)
+}
+
+/// Every decision of `plan` gives exactly `reason`.
+fn assert_reasons(plan: &Plan, reason: &str) {
+    assert!(
+        plan.decisions.iter().all(|d| d.reasons == [reason]),
+        "{plan}"
+    );
 }
 
 fn executions<T>(f: impl FnOnce() -> T) -> (usize, T) {
@@ -41,35 +49,21 @@ fn cache_story() {
     let lrs = [0.1, 0.2, 0.3, 0.4];
 
     // First run: everything runs, reason "no record".
-    let mut o = sweep(&c);
-    grid(&mut o, &c, &lrs);
-    let plan = o.plan().unwrap();
+    let (mut o, plan) = planned(&c, &lrs);
     assert_eq!(plan.count(Action::Run), 4);
-    assert!(
-        plan.decisions.iter().all(|d| d.reasons == ["no record"]),
-        "{plan}"
-    );
+    assert_reasons(&plan, "no record");
     let (n, s) = executions(|| o.drain().unwrap());
     assert_eq!((n, s.ran(), s.skipped()), (4, 4, 0));
 
     // Same program again: nothing runs, each skip has its reason.
-    let mut o = sweep(&c);
-    grid(&mut o, &c, &lrs);
-    let plan = o.plan().unwrap();
+    let (mut o, plan) = planned(&c, &lrs);
     assert_eq!(plan.count(Action::Skip), 4, "{plan}");
-    assert!(
-        plan.decisions
-            .iter()
-            .all(|d| d.reasons == ["up to date, attempt 1"]),
-        "{plan}"
-    );
+    assert_reasons(&plan, "up to date, attempt 1");
     let (n, s) = executions(|| o.drain().unwrap());
     assert_eq!((n, s.skipped()), (0, 4));
 
     // One parameter set changed: only it runs.
-    let mut o = sweep(&c);
-    grid(&mut o, &c, &[0.1, 0.2, 0.3, 0.45]);
-    let plan = o.plan().unwrap();
+    let (mut o, plan) = planned(&c, &[0.1, 0.2, 0.3, 0.45]);
     let runs: Vec<_> = plan.to_run().map(|d| &*d.params).collect();
     assert_eq!(runs, [r#"{"hidden":16,"lr":0.45}"#], "{plan}");
     let (n, _) = executions(|| o.drain().unwrap());
@@ -80,7 +74,7 @@ fn cache_story() {
         "src/lib.rs",
         "/// Doubles.\npub fn model(x: f64) -> f64 { x * 2.0 } // twice\n",
     );
-    let mut o = sweep(&c);
+    let mut o = c.orchestrator();
     grid(&mut o, &c, &lrs);
     let (n, s) = executions(|| o.drain().unwrap());
     assert_eq!((n, s.skipped()), (0, 4), "{}", s.report());
@@ -90,15 +84,8 @@ fn cache_story() {
         "src/lib.rs",
         "pub fn model(x: f64) -> f64 {\n    x * 3.0\n}\n",
     );
-    let mut o = sweep(&c);
-    grid(&mut o, &c, &lrs);
-    let plan = o.plan().unwrap();
-    assert!(
-        plan.decisions
-            .iter()
-            .all(|d| d.reasons == ["code changed: src/lib.rs"]),
-        "{plan}"
-    );
+    let (mut o, plan) = planned(&c, &lrs);
+    assert_reasons(&plan, "code changed: src/lib.rs");
     let (n, _) = executions(|| o.drain().unwrap());
     assert_eq!(n, 4);
 
@@ -107,15 +94,8 @@ fn cache_story() {
         "Cargo.lock",
         "# lock v2\n[[package]]\nname = \"a\"\nversion = \"1.0.1\"\n",
     );
-    let mut o = sweep(&c);
-    grid(&mut o, &c, &lrs);
-    let plan = o.plan().unwrap();
-    assert!(
-        plan.decisions
-            .iter()
-            .all(|d| d.reasons == ["environment changed: Cargo.lock"]),
-        "{plan}"
-    );
+    let (mut o, plan) = planned(&c, &lrs);
+    assert_reasons(&plan, "environment changed: Cargo.lock");
     let (n, s) = executions(|| o.drain().unwrap());
     assert_eq!((n, s.ran()), (4, 4));
     let rec = o.store().record(&o.enqueued()[0].key).unwrap().unwrap();
@@ -125,7 +105,7 @@ fn cache_story() {
     );
 
     // And then it is up to date again.
-    let mut o = sweep(&c);
+    let mut o = c.orchestrator();
     grid(&mut o, &c, &lrs);
     assert_eq!(o.plan().unwrap().count(Action::Skip), 4);
 }
@@ -134,7 +114,7 @@ fn cache_story() {
 fn forced_runs_rerun_in_place() {
     let _g = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
     let c = FakeCrate::new();
-    let mut o = sweep(&c);
+    let mut o = c.orchestrator();
     grid(&mut o, &c, &[0.1, 0.2]);
     o.drain().unwrap();
     let mut o = Orchestrator::builder()
@@ -184,7 +164,7 @@ fn drain_stops_at_first_failure_and_rerun_retries() {
     let _g = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
     let c = FakeCrate::new();
     *FAIL_AT.lock().unwrap() = Some(0.2);
-    let mut o = sweep(&c);
+    let mut o = c.orchestrator();
     let job = c.job(flaky);
     for lr in [0.1, 0.2, 0.3, 0.4] {
         o.run(&job, P { lr, hidden: 1 }).unwrap();
@@ -275,7 +255,7 @@ fn panics(p: &P, _run: &mut Run) -> JobResult {
 fn a_panic_is_a_recorded_failure_with_backtrace() {
     let _g = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
     let c = FakeCrate::new();
-    let mut o = sweep(&c);
+    let mut o = c.orchestrator();
     let job = c.job(panics);
     o.run(&job, P { lr: 0.1, hidden: 1 }).unwrap();
     o.run(&job, P { lr: 0.2, hidden: 1 }).unwrap();
@@ -302,10 +282,10 @@ fn a_panic_is_a_recorded_failure_with_backtrace() {
 fn get_returns_this_sweeps_rows_in_enqueue_order_with_typed_columns() {
     let _g = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
     let c = FakeCrate::new();
-    let mut o = sweep(&c);
+    let mut o = c.orchestrator();
     let job = c.job(train);
     // Another sweep's run in the same store must not appear.
-    let mut other = sweep(&c);
+    let mut other = c.orchestrator();
     other.run(&job, P { lr: 9.0, hidden: 9 }).unwrap();
     other.drain().unwrap();
     let order = [0.3, 0.1, 0.2];
@@ -457,11 +437,11 @@ fn a_finished_sweeps_table_is_read_without_running() {
     use puzzletron::StoreExt;
     let _g = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
     let c = FakeCrate::new();
-    let mut o = sweep(&c);
+    let mut o = c.orchestrator();
     grid(&mut o, &c, &[0.2, 0.1]);
     o.drain().unwrap();
 
-    let mut o = sweep(&c);
+    let mut o = c.orchestrator();
     grid(&mut o, &c, &[0.1, 0.2, 0.3]); // 0.3 never ran
     let (n, t) = executions(|| o.recorded("loss").unwrap());
     assert_eq!(n, 0, "reading ran a job");
@@ -497,7 +477,7 @@ fn a_finished_sweeps_table_is_read_without_running() {
 #[test]
 fn the_default_executor_is_in_process() {
     let c = FakeCrate::new();
-    let o: Orchestrator<FsStore, puzzletron::executor::InProcess> = sweep(&c);
+    let o: Orchestrator<FsStore, puzzletron::executor::InProcess> = c.orchestrator();
     let _ = o;
     assert_eq!(
         puzzletron::executor::Executor::kind(&puzzletron::executor::InProcess),
@@ -512,7 +492,7 @@ fn the_done_index_never_outlives_its_record() {
     let _g = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
     let c = FakeCrate::new();
     let lrs = [0.1, 0.2, 0.3];
-    let mut o = sweep(&c);
+    let mut o = c.orchestrator();
     grid(&mut o, &c, &lrs);
     let (n, _) = executions(|| o.drain().unwrap());
     assert_eq!(n, 3);
@@ -534,9 +514,7 @@ fn the_done_index_never_outlives_its_record() {
     // Run 1: its record is gone.
     std::fs::remove_file(store.job_dir(&keys[1]).join("record.json")).unwrap();
 
-    let mut o = sweep(&c);
-    grid(&mut o, &c, &lrs);
-    let plan = o.plan().unwrap();
+    let (mut o, plan) = planned(&c, &lrs);
     let actions: Vec<Action> = plan.decisions.iter().map(|d| d.action).collect();
     assert_eq!(actions, [Action::Run, Action::Run, Action::Skip], "{plan}");
     assert!(
@@ -549,13 +527,13 @@ fn the_done_index_never_outlives_its_record() {
     // The index lost, then torn mid-line: every run is still up to date, read from its folder,
     // and the index is whole again afterwards.
     std::fs::remove_file(&idx).unwrap();
-    let mut o = sweep(&c);
+    let mut o = c.orchestrator();
     grid(&mut o, &c, &lrs);
     assert_eq!(o.plan().unwrap().count(Action::Skip), 3);
     let rebuilt = std::fs::read_to_string(&idx).unwrap();
     assert_eq!(rebuilt.lines().count(), 3, "{rebuilt}");
     std::fs::write(&idx, &rebuilt[..rebuilt.len() - 40]).unwrap();
-    let mut o = sweep(&c);
+    let mut o = c.orchestrator();
     grid(&mut o, &c, &lrs);
     let (n, s) = executions(|| o.drain().unwrap());
     assert_eq!((n, s.skipped()), (0, 3));
@@ -574,7 +552,7 @@ fn after_a_revert_the_reused_runs_are_current_and_the_edits_superseded() {
     let lrs = [0.1, 0.2, 0.3];
     let v1 = "pub fn model(x: f64) -> f64 {\n    x * 2.0\n}\n";
     let drain = |c: &FakeCrate| {
-        let mut o = sweep(c);
+        let mut o = c.orchestrator();
         grid(&mut o, c, &lrs);
         let keys: Vec<String> = o.enqueued().iter().map(|p| p.key.to_string()).collect();
         let (n, s) = executions(|| o.drain().unwrap());
@@ -656,7 +634,7 @@ fn a_run_reads_as_running_while_it_lasts_and_every_run_points_its_lineage() {
     let _g = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
     let c = FakeCrate::new();
     *WATCHED.lock().unwrap() = Some(c.path().join("store"));
-    let mut o = sweep(&c);
+    let mut o = c.orchestrator();
     let job = c.job(watch);
     // Trivial runs around two that wait to be seen running, then one that fails.
     let mut hidden = vec![0; 40];

@@ -6,8 +6,8 @@
 //! The SIGINT test re-executes this test binary: `child_entry_point` does the child's work when
 //! `PT_CANCEL_CHILD` is set (and nothing otherwise).
 
-#[path = "support/watchdog.rs"]
-mod watchdog;
+mod support;
+use support::watchdog;
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};

@@ -5,14 +5,14 @@
 //! the bad record aside, never deleting it, and the run runs again. A run without a record
 //! says `no record`, its nearest neighbour only as a hint.
 
-mod common;
+mod support;
 
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 
-use common::{FakeCrate, P, train};
 use puzzletron::sweep::{Action, FailureCause, Outcome};
 use puzzletron::{FsStore, Hash, Orchestrator, Store, StoreExt};
+use support::sweep::{FakeCrate, P, train};
 
 /// The 9 runs of the grid.
 fn grid() -> Vec<P> {

@@ -10,22 +10,21 @@
 //!   (`outputs_partial/<attempt id>/`) before its retry, so a retry that does not rewrite one
 //!   is never promoted with the dead attempt's copy.
 
-mod common;
+mod support;
+use support::plan::PlanBuilder;
 
 use std::path::Path;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use common::{FakeCrate, P, train};
-use puzzletron::campaign::config::Value as ConfigValue;
 use puzzletron::campaign::controller::{
     CampaignController, ControllerEvent, RetryPolicy, RunOptions,
 };
-use puzzletron::campaign::{ExecutionConfig, RunnerEnvironment, StageCatalog, compile_resolved};
 use puzzletron::store::{ClaimOutcome, JobRecord, Status, conformance::dead_owner};
 use puzzletron::sweep::{Action, JobResult, Run};
 use puzzletron::{FsStore, Hash, Orchestrator, Store};
 use serde_json::json;
+use support::sweep::{FakeCrate, P, train};
 
 fn orchestrator(krate: &FakeCrate, store: &Path, trace: bool) -> Orchestrator<FsStore> {
     Orchestrator::builder()
@@ -194,27 +193,11 @@ if [ "$PUZZLETRON_ATTEMPT" = 1 ]; then
   echo "ncclRemoteError: remote process exited"; exit 1
 fi
 echo "{\"attempt\":$PUZZLETRON_ATTEMPT}" > "$out/scores.json"; touch "$out/_SUCCESS""#;
-    let node = ConfigValue::from_json(&json!({ "stages": [
+    let plan = PlanBuilder::stages(json!([
         {"id": "s", "command": ["sh", "-c", script], "outputs": ["scores.json", "model.bin"]}
-    ]}));
-    let catalog = StageCatalog::from_config("exp", &node).unwrap();
-    let execution = ExecutionConfig::from_value(
-        "execution.yaml",
-        &ConfigValue::from_json(&json!({"execution": {
-            "defaults": {"failure_policy": "strict", "max_attempts": 2}
-        }})),
-    )
-    .unwrap();
-    let plan = compile_resolved(
-        "exp",
-        node,
-        &[],
-        &catalog,
-        &RunnerEnvironment::local(),
-        &execution,
-        None,
-    )
-    .unwrap();
+    ]))
+    .execution(json!({"defaults": {"failure_policy": "strict", "max_attempts": 2}}))
+    .build();
     let dir = tempfile::tempdir().unwrap();
     let events: Arc<Mutex<Vec<ControllerEvent>>> = Arc::default();
     let ev = events.clone();

@@ -14,14 +14,11 @@ use puzzletron::sweep::{FailureCause, JobResult, Outcome, Run};
 use puzzletron::{Orchestrator, Store, job};
 use serde::{Deserialize, Serialize};
 
-#[path = "support/watchdog.rs"]
-mod watchdog;
+mod support;
+use support::watchdog;
 
 #[cfg(feature = "slurm")]
-#[path = "support/slurm.rs"]
-mod slurm_support;
-#[cfg(feature = "slurm")]
-use slurm_support::{cluster_available, write_shims};
+use support::slurm::{cluster_available, write_shims};
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
 struct P {

@@ -5,19 +5,17 @@
 //! The test binary re-executes itself as the child process: `child_entry_point` does the child's
 //! work when `PUZZLETRON_CHILD` is set (and nothing otherwise).
 
-mod common;
-
-#[path = "support/watchdog.rs"]
-mod watchdog;
+mod support;
+use support::watchdog;
 
 use std::collections::HashMap;
 use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use common::{WorkParams, expected_value, work_job};
 use puzzletron::store::{JobRecord, Status};
 use puzzletron::{FsStore, Hash, Orchestrator, Store};
+use support::sweep::{WorkParams, expected_value, work_job};
 
 const JOBS: u32 = 6;
 const ROWS: i64 = 200;

@@ -18,8 +18,8 @@ use puzzletron::sweep::{JobResult, Run};
 use puzzletron::{Orchestrator, job};
 use serde::{Deserialize, Serialize};
 
-#[path = "support/watchdog.rs"]
-mod watchdog;
+mod support;
+use support::watchdog;
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
 struct P {

@@ -1,16 +1,9 @@
 //! Helpers for the `puzzletron` binary's tests: the fixtures, the binary, the stub worker.
-#![allow(dead_code)]
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
-/// `../shared/fixtures/puzzletron-configs`.
-pub fn fixtures() -> PathBuf {
-    PathBuf::from(concat!(
-        env!("CARGO_MANIFEST_DIR"),
-        "/../shared/fixtures/puzzletron-configs"
-    ))
-}
+pub use super::plan::fixtures;
 
 /// The smoke experiment (10 single-GPU stages) and its execution config.
 pub const SMOKE: &str = "families/qwen3_5/qwen3p5_0p8b/runs/mip_smoke.yaml";

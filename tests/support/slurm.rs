@@ -1,5 +1,4 @@
 //! Helpers shared by the Slurm test files: cluster detection and logging/failing PATH shims.
-#![allow(dead_code)] // each test file uses a subset
 
 use std::path::{Path, PathBuf};
 

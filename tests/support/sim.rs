@@ -1,45 +1,29 @@
 //! A simulated campaign of many work items on the mock executor, with injected faults.
 
-#![allow(dead_code)] // shared by a test and a bench, each using part of it
-
 use std::sync::Arc;
 use std::time::Duration;
 
-use puzzletron::campaign::config::Value;
+use puzzletron::campaign::CampaignPlan;
 use puzzletron::campaign::controller::{
     CampaignController, CampaignReport, RetryPolicy, RunOptions, VirtualClock,
-};
-use puzzletron::campaign::{
-    CampaignPlan, ExecutionConfig, RunnerEnvironment, StageCatalog, compile_resolved,
 };
 use puzzletron::executor::{JobState, MockClock, MockExecutor, MockScript};
 use serde_json::json;
 
+use super::plan::PlanBuilder;
+
 pub fn plan(items: u32) -> CampaignPlan {
-    let node = Value::from_json(&json!({"stages": [
+    PlanBuilder::stages(json!([
         {"id": "prep", "command": ["w"]},
         {"id": "big", "needs": ["prep"], "strategy": "sharded", "instances": items, "aggregate": true, "command": ["w", "{shard_index}"]},
         {"id": "post", "needs": ["big"], "command": ["w"]},
-    ]}));
-    let catalog = StageCatalog::from_config("sim", &node).unwrap();
-    let exec = ExecutionConfig::from_value(
-        "sim-exec",
-        &Value::from_json(&json!({"execution": {
-            "defaults": {"failure_policy": "resume", "halt_policy": "drain", "max_attempts": 3},
-            "stages": {"big": {"resource": "cpu"}, "prep": {"resource": "cpu"}, "post": {"resource": "cpu"}}
-        }})),
-    )
-    .unwrap();
-    compile_resolved(
-        "sim",
-        node,
-        &[],
-        &catalog,
-        &RunnerEnvironment::local(),
-        &exec,
-        None,
-    )
-    .unwrap()
+    ]))
+    .label("sim")
+    .execution(json!({
+        "defaults": {"failure_policy": "resume", "halt_policy": "drain", "max_attempts": 3},
+        "stages": {"big": {"resource": "cpu"}, "prep": {"resource": "cpu"}, "post": {"resource": "cpu"}}
+    }))
+    .build()
 }
 
 /// Faults by unit index `i` on attempt 1: 2% node failure, 1% application failure (retried

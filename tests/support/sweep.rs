@@ -1,12 +1,12 @@
-//! Helpers shared by the integration tests: a throwaway crate whose source is "owned" code, and
-//! jobs whose behaviour the tests control.
-#![allow(dead_code)]
+//! The sweep tests' helpers: a throwaway crate whose source is "owned" code, and jobs whose
+//! behaviour the tests control.
 
 use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicUsize, Ordering};
 
 use puzzletron::sweep::{Job, JobResult, Run};
+use puzzletron::{FsStore, Orchestrator};
 use serde::{Deserialize, Serialize};
 
 /// A fake crate on disk: `Cargo.lock`, `src/lib.rs`, `examples/job.rs`.
@@ -42,6 +42,15 @@ impl FakeCrate {
 
     pub fn lock(&self) -> PathBuf {
         self.dir.path().join("Cargo.lock")
+    }
+
+    /// An orchestrator over `store/` in this crate, keyed by its `Cargo.lock`.
+    pub fn orchestrator(&self) -> Orchestrator<FsStore> {
+        Orchestrator::builder()
+            .store_root(self.dir.path().join("store"))
+            .lock(self.lock())
+            .build()
+            .unwrap()
     }
 
     /// A job named `fake::train` whose owned code is this crate.
@@ -105,7 +114,7 @@ pub fn work_job() -> Job<WorkParams> {
         "tests::work",
         "puzzletron",
         env!("CARGO_MANIFEST_DIR"),
-        "tests/common/mod.rs",
+        "tests/support/sweep.rs",
         work,
     )
 }
