@@ -10,6 +10,8 @@
 //! written to a temp file, synced, renamed). The job runs under `setsid`: its pid is its
 //! process group, which cancel and walltime signal as a whole.
 
+use std::collections::HashMap;
+
 /// Who may judge a recorded process (`alive PID TICKS BOOT PIDNS MACHINE`), by the store's rules
 /// (`store/liveness.rs`): its pid and start time decide only in the boot and PID namespace it
 /// was recorded in. A record of another boot of the same machine (same `/etc/machine-id`: the
@@ -108,26 +110,46 @@ if [ -n "$wd" ]; then kill -TERM "-$wd" 2>/dev/null; fi
 exit 0
 "#;
 
-/// Submit: makes the attempt folder exclusively and starts the wrapper detached (`setsid`,
-/// no terminal, no tie to the SSH session). Prints `OK` once the job's pid record (`job`) or
-/// its exit record is there (issue 27, P07: the pid file exists before the launch returns;
-/// at most ~1 s, after which the poll follows it), or `DUP` when the attempt was already
-/// started on this host. Args (after the root): id wrapper_text job_text args_text
-/// (the job's arguments as quoted shell words, written to `<dir>/args`).
-const SUBMIT: &str = r#"id=$1; W=$2; J=$3; A=$4
-d=$root/$id
+/// Submit, for one or several attempts in one exchange (issue 27, P06: the launches a host
+/// gets within a short window share one remote script). For each attempt: makes its folder
+/// exclusively and starts its wrapper detached (`setsid`, no terminal, no tie to the SSH
+/// session). Answers one line per attempt, once every started attempt's pid record (`job`) or
+/// exit record is there (issue 27, P07: the pid file exists before the launch returns; at most
+/// ~1 s in all, after which the poll follows them): `OK <id>`, `DUP <id>` when the attempt was
+/// already started on this host, or `ERR <id> <what>` when its folder or files cannot be
+/// written (the others go on). Args (after the root): wrapper_text job_text, then per attempt
+/// id args_text (the job's arguments as quoted shell words, written to `<dir>/args`).
+const SUBMIT: &str = r#"W=$1; J=$2; shift 2
 umask 077
-mkdir -p "$root" || exit 3
-if ! mkdir "$d" 2>/dev/null; then
-  if [ -e "$d/started" ] || [ -e "$d/exit" ]; then echo DUP; exit 0; fi
+if ! mkdir -p "$root" 2>/dev/null; then
+  while [ $# -ge 2 ]; do echo "ERR $1 cannot make the remote root $root"; shift 2; done; exit 0
 fi
-umask 022
-printf '%s' "$J" > "$d/job.sh" || exit 3
-( umask 077; printf '%s' "$A" > "$d/args" ) || exit 3
-[ -e "$d/submitted" ] || now > "$d/submitted"
-setsid sh -c "$W" ptron-wrap "" "$d" < /dev/null > /dev/null 2>&1 &
-i=0; while [ ! -f "$d/job" ] && [ ! -f "$d/exit" ] && [ $i -lt 100 ]; do sleep 0.01; i=$((i+1)); done
-echo OK
+ans=; wait_for=
+while [ $# -ge 2 ]; do
+  id=$1; A=$2; shift 2; d=$root/$id
+  umask 077
+  if ! mkdir "$d" 2>/dev/null; then
+    if [ -e "$d/started" ] || [ -e "$d/exit" ]; then ans="$ans
+DUP $id"; continue; fi
+    if [ ! -d "$d" ]; then ans="$ans
+ERR $id cannot make $d"; continue; fi
+  fi
+  umask 022
+  if ! printf '%s' "$J" > "$d/job.sh" || ! ( umask 077; printf '%s' "$A" > "$d/args" ); then
+    ans="$ans
+ERR $id cannot write the job files in $d"; continue
+  fi
+  [ -e "$d/submitted" ] || now > "$d/submitted"
+  setsid sh -c "$W" ptron-wrap "" "$d" < /dev/null > /dev/null 2>&1 &
+  ans="$ans
+OK $id"; wait_for="$wait_for $id"
+done
+i=0
+for id in $wait_for; do
+  d=$root/$id
+  while [ ! -f "$d/job" ] && [ ! -f "$d/exit" ] && [ $i -lt 100 ]; do sleep 0.01; i=$((i+1)); done
+done
+printf '%s\n' "$ans" | sed '/^$/d'
 "#;
 
 /// Poll: one line per attempt id. `E <id> k=v...` (exit record), `R <id> <start ms>` (job
@@ -326,6 +348,37 @@ pub struct ExitRecord {
     /// Entries of the exit file that could not be read (`code=abc`, a line without `=`), as
     /// written: the record is malformed and reported with its path.
     pub malformed: Vec<String>,
+}
+
+/// One attempt's line of the submit script's answer.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum SubmitAnswer {
+    /// Started now (its pid or exit record was there, or the wait ran out).
+    Ok,
+    /// Already started on this host earlier: not started again.
+    Dup,
+    /// Its folder or files could not be written there (why).
+    Err(String),
+}
+
+/// Parses the submit answer into `(attempt id, answer)` pairs (unknown lines skipped; an id
+/// missing from the answer is the caller's to report).
+pub fn parse_submit(out: &str) -> HashMap<String, SubmitAnswer> {
+    let mut m = HashMap::new();
+    for line in out.lines() {
+        let mut w = line.splitn(3, ' ');
+        let (Some(tag), Some(id)) = (w.next(), w.next()) else {
+            continue;
+        };
+        let a = match tag {
+            "OK" => SubmitAnswer::Ok,
+            "DUP" => SubmitAnswer::Dup,
+            "ERR" => SubmitAnswer::Err(w.next().unwrap_or("failed").to_string()),
+            _ => continue,
+        };
+        m.insert(id.to_string(), a);
+    }
+    m
 }
 
 /// The malformed pid records of the poll answer (`M` lines): `(attempt id, file name, its

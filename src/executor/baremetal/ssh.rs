@@ -74,8 +74,9 @@ pub fn classify_255(host: &str, stderr: &str) -> SshFailure {
         || lower.contains("host key verification failed")
     {
         return SshFailure::HostConfig(format!(
-            "the host key of {host} changed or is unknown (`{}`): it is never accepted \
+            "{}: the host key of {host} changed or is unknown (`{}`): it is never accepted \
              automatically; check the host, then update known_hosts (ssh-keygen -R {host})",
+            crate::executor::HOST_KEY_REFUSED,
             first_line(stderr, "host key")
         ));
     }
@@ -174,6 +175,19 @@ fn first_line<'a>(text: &'a str, needle: &str) -> &'a str {
 
 impl SshFailure {
     /// As an [`ExecutorError`] for `what` on `host`.
+    /// The same failure again (for each attempt of a launch exchange that failed as a whole).
+    pub fn copy(&self) -> SshFailure {
+        match self {
+            SshFailure::Unreachable(m) => SshFailure::Unreachable(m.clone()),
+            SshFailure::Remote { code, stderr } => SshFailure::Remote {
+                code: *code,
+                stderr: stderr.clone(),
+            },
+            SshFailure::Spawn(e) => SshFailure::Spawn(std::io::Error::new(e.kind(), e.to_string())),
+            SshFailure::HostConfig(m) => SshFailure::HostConfig(m.clone()),
+        }
+    }
+
     pub fn into_error(self, host: &str, what: &str) -> ExecutorError {
         match self {
             SshFailure::Unreachable(m) => ExecutorError::SchedulerUnavailable {
