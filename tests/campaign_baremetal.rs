@@ -692,14 +692,14 @@ async fn a_host_whose_key_changes_mid_campaign_is_excluded_and_the_campaign_comp
         while Instant::now() < deadline {
             let j = std::fs::read_to_string(&journal_path).unwrap_or_default();
             if j.lines().any(|l| {
-                serde_json::from_str::<Value>(l).is_ok_and(|v| {
-                    v["entry"]["t"] == "finished" && v["entry"]["nodes"] == "h6"
-                })
+                serde_json::from_str::<Value>(l)
+                    .is_ok_and(|v| v["entry"]["t"] == "finished" && v["entry"]["nodes"] == "h6")
             }) {
                 let text = std::fs::read_to_string(&kh2).unwrap();
                 let mut out = String::new();
                 for l in text.lines() {
-                    if l.starts_with(&format!("[{h6_addr}]:")) || l.starts_with(&format!("{h6_addr} "))
+                    if l.starts_with(&format!("[{h6_addr}]:"))
+                        || l.starts_with(&format!("{h6_addr} "))
                     {
                         let host = l.split_whitespace().next().unwrap();
                         out.push_str(&format!("{host} {other}\n"));
@@ -771,7 +771,10 @@ async fn a_host_whose_key_changes_mid_campaign_is_excluded_and_the_campaign_comp
         .filter(|e| e["t"] == "intent")
         .map(|e| e["attempt_id"].as_str().unwrap().to_string())
         .collect();
-    assert!(!later.is_empty(), "nothing ran after the exclusion: {journal:?}");
+    assert!(
+        !later.is_empty(),
+        "nothing ran after the exclusion: {journal:?}"
+    );
     let leases: Value =
         serde_json::from_slice(&std::fs::read(dir.join("baremetal/gpu-leases.json")).unwrap())
             .unwrap();

@@ -228,7 +228,9 @@ impl ExecutorError {
     /// others).
     pub fn refused_host_key(&self) -> Option<&str> {
         match self {
-            ExecutorError::HostPreflight { host, problem } if problem.starts_with(HOST_KEY_REFUSED) => {
+            ExecutorError::HostPreflight { host, problem }
+                if problem.starts_with(HOST_KEY_REFUSED) =>
+            {
                 Some(host)
             }
             _ => None,

@@ -146,7 +146,8 @@ impl CampaignController {
     ) -> Result<(), ControllerError> {
         let mut newly: Vec<(String, String)> = Vec::new();
         for (host, message) in hosts {
-            if self.state.excluded_nodes.contains_key(&host) || newly.iter().any(|(h, _)| *h == host)
+            if self.state.excluded_nodes.contains_key(&host)
+                || newly.iter().any(|(h, _)| *h == host)
             {
                 continue;
             }

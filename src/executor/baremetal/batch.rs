@@ -141,7 +141,11 @@ pub(crate) async fn join_all<F: Future>(futs: Vec<F>) -> Vec<F::Output> {
                 }
             }
         }
-        if waiting { Poll::Pending } else { Poll::Ready(()) }
+        if waiting {
+            Poll::Pending
+        } else {
+            Poll::Ready(())
+        }
     })
     .await;
     out.into_iter().flatten().collect()
@@ -175,7 +179,13 @@ mod tests {
                             tokio::time::sleep(Duration::from_millis(30)).await;
                             items
                                 .into_iter()
-                                .map(|x| if x == 5 { Err(format!("no {x}")) } else { Ok(x * 10) })
+                                .map(|x| {
+                                    if x == 5 {
+                                        Err(format!("no {x}"))
+                                    } else {
+                                        Ok(x * 10)
+                                    }
+                                })
                                 .collect()
                         }
                     })
@@ -198,7 +208,11 @@ mod tests {
         }
         let sizes = lock(&sizes).clone();
         assert_eq!(sizes.iter().sum::<usize>(), 16, "{sizes:?}");
-        assert!(sizes.len() <= 3, "16 items in {} batches: {sizes:?}", sizes.len());
+        assert!(
+            sizes.len() <= 3,
+            "16 items in {} batches: {sizes:?}",
+            sizes.len()
+        );
         assert_eq!(c.batches(), sizes.len() as u64);
     }
 
@@ -227,10 +241,7 @@ mod tests {
         let run = |items: Vec<u32>| async move { items };
         let lead = c.submit("h1", 1, run);
         let follow = c.submit("h1", 2, run);
-        let (l, f) = tokio::join!(
-            tokio::time::timeout(Duration::from_millis(5), lead),
-            follow
-        );
+        let (l, f) = tokio::join!(tokio::time::timeout(Duration::from_millis(5), lead), follow);
         assert!(l.is_err(), "the leader timed out");
         // The follower queued before the leader was dropped: it sees `None`, not a hang.
         assert_eq!(f, None);

@@ -288,6 +288,7 @@ impl BareMetalExecutorBuilder {
                 pacer: Mutex::new(PollPacer::default()),
                 resolved: Mutex::new(HashSet::new()),
                 launches: batch::Coalescer::new(LAUNCH_WINDOW),
+                checks: batch::Coalescer::new(LAUNCH_WINDOW),
                 cfg: self,
             }),
         })
@@ -338,6 +339,9 @@ struct Inner {
     resolved: Mutex<HashSet<String>>,
     /// Launches per host, coalesced into one exchange (issue 27, P06).
     launches: batch::Coalescer<(String, String), Result<SubmitAnswer, SshFailure>>,
+    /// Checks (preflight, program lookup) that concurrent submits would each send to a host,
+    /// sent once: the callers that ask within the window share the answer.
+    checks: batch::Coalescer<(), Result<String, SshFailure>>,
 }
 
 /// How long the first launch to a host waits for others to share its exchange.
@@ -585,6 +589,31 @@ impl Inner {
         r
     }
 
+    /// One exchange of `line` with `host` shared by every caller asking the same `key` at
+    /// about the same time (a fan-out of submits checks a host once, not once each).
+    async fn shared_exchange(
+        &self,
+        key: &str,
+        host: &str,
+        line: &str,
+    ) -> Result<String, SshFailure> {
+        let run = |items: Vec<()>| async move {
+            let r = self.exchange(host, line).await;
+            items
+                .iter()
+                .map(|_| match &r {
+                    Ok(o) => Ok(o.clone()),
+                    Err(e) => Err(e.copy()),
+                })
+                .collect()
+        };
+        self.checks.submit(key, (), run).await.unwrap_or_else(|| {
+            Err(SshFailure::Unreachable(format!(
+                "the check of {host} was abandoned"
+            )))
+        })
+    }
+
     async fn preflight_hosts(self: &Inner, hosts: &[String]) -> Result<(), ExecutorError> {
         let mut answered = 0;
         let mut last_err = String::new();
@@ -601,7 +630,10 @@ impl Inner {
             ];
             args.extend(self.cfg.gpu_probe.iter().cloned());
             let line = command_line("ptron-preflight", remote::preflight_body(), &[], &args);
-            let out = match self.exchange(host, &line).await {
+            let out = match self
+                .shared_exchange(&format!("preflight\0{host}"), host, &line)
+                .await
+            {
                 Ok(o) => o,
                 Err(SshFailure::Unreachable(m)) => {
                     last_err = format!("{host}: {m}");
@@ -680,11 +712,16 @@ impl Inner {
                 continue;
             }
             let line = command_line("ptron-resolve", remote::resolve_body(), &[], &a);
-            let out = match self.exchange(&h.host, &line).await {
+            let out = match self
+                .shared_exchange(&format!("resolve\0{key}"), &h.host, &line)
+                .await
+            {
                 Ok(out) => out,
                 // A changed or unknown host key is the host's problem, named now (issue 27,
                 // P07): a campaign excludes the host and places the attempt elsewhere.
-                Err(SshFailure::HostConfig(m)) if m.starts_with(crate::executor::HOST_KEY_REFUSED) => {
+                Err(SshFailure::HostConfig(m))
+                    if m.starts_with(crate::executor::HOST_KEY_REFUSED) =>
+                {
                     return Err(SshFailure::HostConfig(m).into_error(&h.host, "submit"));
                 }
                 // Not judged: the launch meets the host's state itself.
