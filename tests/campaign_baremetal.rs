@@ -647,12 +647,12 @@ async fn a_host_whose_key_changes_mid_campaign_is_excluded_and_the_campaign_comp
     )
     .unwrap();
     let runner = RunnerEnvironment::load(&runner_yaml).unwrap();
-    // Whole-host units, so h5 and h6 take turns.
+    // 1-GPU units on the 8 GPUs: h6's key changes while its four run.
     let config = ConfigValue::from_json(&json!({"stages": [{
         "id": "s",
         "strategy": "sharded",
-        "instances": 6,
-        "command": ["sh", "-c", "sleep 1; touch \"$PUZZLETRON_OUTPUT_DIR/_SUCCESS\""],
+        "instances": 8,
+        "command": ["sh", "-c", "sleep 2; touch \"$PUZZLETRON_OUTPUT_DIR/_SUCCESS\""],
     }]}));
     let catalog = StageCatalog::from_config("exp", &config).unwrap();
     let execution = ExecutionConfig::from_value(
@@ -684,17 +684,19 @@ async fn a_host_whose_key_changes_mid_campaign_is_excluded_and_the_campaign_comp
         .view(ViewMode::Off)
         .build()
         .unwrap();
-    // Mid-campaign: once an attempt finished on h6, its key changes.
+    // Mid-campaign: once attempts were launched on h6, its key changes while they run.
     let journal_path = dir.join("controller/journal.jsonl");
-    let (kh2, cfg2) = (kh.clone(), h.config.clone());
+    let (kh2, cfg2, other2) = (kh.clone(), h.config.clone(), other.clone());
     let changer = std::thread::spawn(move || {
         let deadline = Instant::now() + Duration::from_secs(120);
         while Instant::now() < deadline {
             let j = std::fs::read_to_string(&journal_path).unwrap_or_default();
             if j.lines().any(|l| {
-                serde_json::from_str::<Value>(l)
-                    .is_ok_and(|v| v["entry"]["t"] == "finished" && v["entry"]["nodes"] == "h6")
+                serde_json::from_str::<Value>(l).is_ok_and(|v| {
+                    v["entry"]["t"] == "submitted" && v["entry"]["handle"]["data"]["hosts"] == "h6"
+                })
             }) {
+                std::thread::sleep(Duration::from_millis(300));
                 let text = std::fs::read_to_string(&kh2).unwrap();
                 let mut out = String::new();
                 for l in text.lines() {
@@ -702,7 +704,7 @@ async fn a_host_whose_key_changes_mid_campaign_is_excluded_and_the_campaign_comp
                         || l.starts_with(&format!("{h6_addr} "))
                     {
                         let host = l.split_whitespace().next().unwrap();
-                        out.push_str(&format!("{host} {other}\n"));
+                        out.push_str(&format!("{host} {other2}\n"));
                     } else {
                         out.push_str(l);
                         out.push('\n');
@@ -727,7 +729,7 @@ async fn a_host_whose_key_changes_mid_campaign_is_excluded_and_the_campaign_comp
         None
     });
     let report = ctl.run(RunOptions::default()).await.unwrap();
-    let wrong = changer.join().unwrap().expect("no attempt finished on h6");
+    let wrong = changer.join().unwrap().expect("no attempt launched on h6");
     assert!(report.is_complete(), "{report}");
     let journal: Vec<Value> = std::fs::read_to_string(dir.join("controller/journal.jsonl"))
         .unwrap()
@@ -750,6 +752,28 @@ async fn a_host_whose_key_changes_mid_campaign_is_excluded_and_the_campaign_comp
     let hist = puzzletron::report::CampaignHistory::load(&dir, false).unwrap();
     assert_eq!(hist.excluded_nodes.len(), 1);
     assert_eq!(hist.excluded_nodes[0].1, "h6");
+    // Where h6's key was met: a submit refused for it, or attempts on h6 ended as node
+    // failures (transient: not charged to the stage's `max_attempts` of 1).
+    let met: Vec<String> = journal
+        .iter()
+        .filter(|e| {
+            (e["t"] == "submit_failed" && e.to_string().contains("host key refused"))
+                || (e["t"] == "finished" && !e["class"].is_null())
+        })
+        .map(|e| format!("{} {} {}", e["t"], e["attempt_id"], e["state"]["state"]))
+        .collect();
+    println!("h6 excluded after: {met:?}; reason: {why}");
+    assert!(!met.is_empty(), "{journal:?}");
+    for e in journal
+        .iter()
+        .filter(|e| e["t"] == "finished" && !e["class"].is_null())
+    {
+        assert_eq!(
+            (&e["nodes"], &e["class"], &e["state"]["state"]),
+            (&json!("h6"), &json!("transient"), &json!("node_fail")),
+            "{e}"
+        );
+    }
     // Every unit succeeded once; nothing finished on h6 after the exclusion, and every
     // attempt started after it was placed on h5.
     let at = journal
@@ -760,7 +784,7 @@ async fn a_host_whose_key_changes_mid_campaign_is_excluded_and_the_campaign_comp
         .iter()
         .filter(|e| e["t"] == "finished" && e["class"].is_null())
         .collect();
-    assert_eq!(ok.len(), 6, "{journal:?}");
+    assert_eq!(ok.len(), 8, "{journal:?}");
     for f in &journal[at..] {
         if f["t"] == "finished" && f["class"].is_null() {
             assert_eq!(f["nodes"], "h5", "{f}");
