@@ -609,6 +609,12 @@ async fn a_changed_host_key_is_a_host_configuration_error_never_accepted() {
         "{m}"
     );
     assert!(!e.is_retryable(), "{m}");
+    // A submit meets it before anything is leased, as the host's own problem: a campaign
+    // excludes the host (`refused_host_key`) and places the attempt on the others.
+    let s = spec(&uniq("hk"), "true", 0);
+    let e = exec.submit(&s).await.unwrap_err();
+    assert_eq!(e.refused_host_key(), Some(h.hosts[1].as_str()), "{e}");
+    assert!(exec.leases().unwrap().leases.is_empty());
     assert_eq!(
         std::fs::read_to_string(&kh).unwrap(),
         line,

@@ -573,6 +573,14 @@ impl Inner {
         e.last_error = err.to_string();
     }
 
+    /// The operator's message when `host`'s last exchange failed on its SSH host key.
+    fn refused_key(&self, host: &str) -> Option<String> {
+        lock(&self.health)
+            .get(host)
+            .map(|h| h.last_error.clone())
+            .filter(|m| m.starts_with(crate::executor::HOST_KEY_REFUSED))
+    }
+
     fn mark_up(&self, host: &str) {
         lock(&self.health).remove(host);
     }
@@ -701,7 +709,15 @@ impl Inner {
             program.clone(),
         ];
         for h in &self.cfg.hosts {
-            if excluded.contains(&h.host) || h.gpus < need || !self.may_try(&h.host) {
+            if excluded.contains(&h.host) || h.gpus < need {
+                continue;
+            }
+            if !self.may_try(&h.host) {
+                // A host whose key was refused stays the host's problem, named at each
+                // submit that may go there until the campaign excludes it (issue 27, P07).
+                if let Some(m) = self.refused_key(&h.host) {
+                    return Err(SshFailure::HostConfig(m).into_error(&h.host, "submit"));
+                }
                 continue;
             }
             let key = std::iter::once(h.host.as_str())
