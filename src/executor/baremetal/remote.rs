@@ -565,6 +565,81 @@ mod tests {
         assert_eq!(run("false"), (Some(126), None, None));
     }
 
+    /// Issue 27 (P06/P07): one submit script launches several attempts, answering each on
+    /// its own line once its pid or exit record is there; an attempt started before is `DUP`
+    /// (never started twice) and one whose folder cannot be made is `ERR`, the others go on.
+    #[test]
+    fn one_submit_script_launches_several_attempts_each_exactly_once() {
+        let root = tempfile::tempdir().unwrap();
+        let job_args = |tag: &str| {
+            let words = [
+                String::new(),
+                "0".into(),
+                "1".into(),
+                String::new(),
+                String::new(),
+                String::new(),
+                String::new(),
+                "0".into(),
+                "0".into(),
+                "0".into(),
+                "sh".into(),
+                "-c".into(),
+                format!("echo {tag}"),
+            ];
+            words.iter().map(|w| quote(w)).collect::<Vec<_>>().join(" ")
+        };
+        let run = |ids: &[&str]| {
+            let mut args = vec![
+                root.path().display().to_string(),
+                wrapper_script(),
+                JOB.to_string(),
+            ];
+            for id in ids {
+                args.push(id.to_string());
+                args.push(job_args(id));
+            }
+            let line = command_line("ptron-submit", submit_body(), &[], &args);
+            let out = std::process::Command::new("sh")
+                .arg("-c")
+                .arg(&line)
+                .output()
+                .unwrap();
+            assert!(out.status.success(), "{out:?}");
+            String::from_utf8_lossy(&out.stdout).to_string()
+        };
+        let out = run(&["a1", "a2"]);
+        let m = parse_submit(&out);
+        assert_eq!(m.len(), 2, "{out}");
+        assert_eq!((&m["a1"], &m["a2"]), (&SubmitAnswer::Ok, &SubmitAnswer::Ok));
+        for id in ["a1", "a2"] {
+            let d = root.path().join(id);
+            // The pid record (or the exit record) was there when the script answered.
+            assert!(d.join("job").is_file() || d.join("exit").is_file(), "{id}");
+        }
+        // a4's folder cannot be made (a file is in the way): its own error only.
+        std::fs::write(root.path().join("a4"), b"").unwrap();
+        let out = run(&["a1", "a3", "a4"]);
+        let m = parse_submit(&out);
+        assert_eq!(m["a1"], SubmitAnswer::Dup, "{out}");
+        assert_eq!(m["a3"], SubmitAnswer::Ok, "{out}");
+        assert!(
+            matches!(&m["a4"], SubmitAnswer::Err(w) if w.contains("cannot make")),
+            "{out}"
+        );
+        // Each ran once: its exit record says so, and its log holds one line.
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+        for id in ["a1", "a2", "a3"] {
+            let d = root.path().join(id);
+            while !d.join("exit").is_file() {
+                assert!(std::time::Instant::now() < deadline, "{id} never ended");
+                std::thread::sleep(std::time::Duration::from_millis(20));
+            }
+            let log = std::fs::read_to_string(d.join("output.log")).unwrap();
+            assert_eq!(log, format!("{id}\n"), "{id}");
+        }
+    }
+
     /// Runs the poll script locally on one attempt folder holding `wrapper` and `job` records
     /// `rec` (the part after pid and ticks, and after the start time for `job`).
     fn poll_locally(pid: u32, rec: &str) -> String {
