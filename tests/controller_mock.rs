@@ -1060,6 +1060,41 @@ fn a_submit_refused_for_a_host_key_excludes_the_host_and_is_not_charged() {
     );
 }
 
+/// An executor that names a host the campaign already excluded for its key does not honour
+/// the exclusion: a configuration failure of the unit, never an endless loop of retries.
+#[test]
+fn a_host_key_refused_again_after_the_exclusion_is_a_configuration_failure() {
+    let s = sim(|unit, n| match (unit, n) {
+        ("a/0", 1 | 2) => MockScript::completes_after(Duration::from_secs(10))
+            .with_submit_error(MockSubmitError::HostKeyRefused("n6".into())),
+        _ => MockScript::completes_after(Duration::from_secs(10)),
+    });
+    let dir = tempfile::tempdir().unwrap();
+    let p = plan(
+        json!([{"id": "a", "command": ["w"]}]),
+        json!({"defaults": {"failure_policy": "strict", "max_attempts": 3}}),
+    );
+    let mut ctl = controller(p, &s, dir.path()).build().unwrap();
+    let report = rt().block_on(ctl.run(RunOptions::default())).unwrap();
+    assert!(!report.is_complete(), "{report}");
+    assert_eq!(exclude_of(&s, "a/0", 2).as_deref(), Some("n6"));
+    let j = journal(dir.path());
+    let fail = j
+        .iter()
+        .find(|e| e["t"] == "decided" && e["decision"]["decision"] == "fail")
+        .unwrap_or_else(|| panic!("{j:?}"));
+    let reason = fail["decision"]["reason"].as_str().unwrap();
+    assert!(
+        reason.starts_with("config: ") && reason.contains("host key of n6"),
+        "{reason}"
+    );
+    assert_eq!(
+        j.iter().filter(|e| e["t"] == "node_excluded").count(),
+        1,
+        "{j:?}"
+    );
+}
+
 #[test]
 fn fail_fast_attempts_are_charged_to_infra_and_the_node_is_excluded_later() {
     // a/0#1 dies at rendezvous on n2 before any step; b/0#1 loses its node n2; a later

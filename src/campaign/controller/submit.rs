@@ -242,8 +242,13 @@ impl CampaignController {
                     adopted: false,
                 },
                 // The host is at fault, not the attempt: the host is excluded and the attempt
-                // placed on the others, neither charged nor delayed.
-                Err(e) if e.refused_host_key().is_some() => {
+                // placed on the others, neither charged nor delayed. (An executor that names
+                // a host already excluded does not honour the exclusion: that is fatal below,
+                // never a loop.)
+                Err(e)
+                    if e.refused_host_key()
+                        .is_some_and(|h| !self.state.excluded_nodes.contains_key(h)) =>
+                {
                     let host = e.refused_host_key().unwrap_or_default().to_string();
                     refused_hosts.push((host.clone(), e.to_string()));
                     Entry::SubmitFailed {
