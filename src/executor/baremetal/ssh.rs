@@ -686,10 +686,16 @@ mod tests {
                 SshFailure::HostConfig(m) => {
                     assert!(*config, "{stderr}: {m}");
                     assert!(m.contains(part), "{m}");
-                    assert!(matches!(
-                        SshFailure::HostConfig(m).into_error("node07", "poll"),
-                        ExecutorError::HostPreflight { .. }
-                    ));
+                    // Only a host key makes the host (not the campaign) at fault (P07 c).
+                    let key = m.contains("host key");
+                    assert_eq!(
+                        crate::executor::refused_host_in(&format!("node07: {m}")),
+                        key.then_some("node07"),
+                        "{m}"
+                    );
+                    let e = SshFailure::HostConfig(m).into_error("node07", "poll");
+                    assert!(matches!(e, ExecutorError::HostPreflight { .. }));
+                    assert_eq!(e.refused_host_key(), key.then_some("node07"), "{e}");
                 }
                 SshFailure::Unreachable(m) => {
                     assert!(!*config, "{stderr}: {m}");
