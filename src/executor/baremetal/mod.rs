@@ -25,6 +25,13 @@
 //!   [`channel_cap`](BareMetalExecutorBuilder::channel_cap) exchanges per host at once, lowered
 //!   when the host refuses a session; an exchange sshd refused for its limits is tried again
 //!   after a jittered backoff within the exchange's deadline, never counted against the host.
+//!   Launches that reach a host together (within a few ms, or while a launch exchange to it
+//!   runs) go in one exchange whose script launches each exactly once and answers each apart;
+//!   concurrent submits share one preflight and one program check per host.
+//! - **A changed or unknown host key** is never accepted: the host is down with the
+//!   operator's message, a submit that may go there is a [`ExecutorError::HostPreflight`]
+//!   naming it ([`ExecutorError::refused_host_key`]), and its attempts end
+//!   [`JobState::NodeFail`] at the next poll, for the campaign to exclude the host.
 //! - **Unreachable hosts** are retried with exponential backoff; their tasks stay `Running`
 //!   (reason says since when the host is silent) until `lost_after`, then are reported
 //!   [`JobState::NodeFail`] (a transient failure: the controller resubmits elsewhere when the
