@@ -18,7 +18,7 @@ use puzzletron::campaign::controller::{
 };
 use puzzletron::campaign::{CampaignPlan, RunnerEnvironment};
 use puzzletron::executor::{
-    AttemptSpec, Executor, JobState, MockCall, MockClock, MockExecutor, MockScript,
+    AttemptSpec, Executor, JobState, MockCall, MockClock, MockExecutor, MockScript, MockSubmitError,
 };
 use serde_json::{Value, json};
 
@@ -973,6 +973,96 @@ fn journal(dir: &Path) -> Vec<Value> {
         .lines()
         .map(|l| serde_json::from_str::<Value>(l).unwrap()["entry"].clone())
         .collect()
+}
+
+/// Issue 27 (P07 c): a submit refused because one host's SSH key changed excludes that host
+/// from the whole campaign at once (journaled, the message naming the host and the fix); the
+/// attempt is placed again avoiding it, at once and not charged (`max_attempts` 1), and every
+/// later submission avoids the host too.
+#[test]
+fn a_submit_refused_for_a_host_key_excludes_the_host_and_is_not_charged() {
+    let s = sim(|unit, n| match (unit, n) {
+        ("a/0", 1) => MockScript::completes_after(Duration::from_secs(10))
+            .with_submit_error(MockSubmitError::HostKeyRefused("n6".into())),
+        _ => MockScript::completes_after(Duration::from_secs(10)).with_nodes("n5"),
+    });
+    let dir = tempfile::tempdir().unwrap();
+    let p = plan(
+        json!([
+            {"id": "a", "command": ["w"]},
+            {"id": "b", "needs": ["a"], "command": ["w"]},
+        ]),
+        json!({"defaults": {"failure_policy": "strict", "max_attempts": 1}}),
+    );
+    let mut ctl = controller(p, &s, dir.path()).build().unwrap();
+    let report = rt().block_on(ctl.run(RunOptions::default())).unwrap();
+    assert!(report.is_complete(), "{report}");
+    assert_eq!(exclude_of(&s, "a/0", 1), None);
+    assert_eq!(exclude_of(&s, "a/0", 2).as_deref(), Some("n6"));
+    assert_eq!(exclude_of(&s, "b/0", 1).as_deref(), Some("n6"));
+    let j = journal(dir.path());
+    let excluded: Vec<&Value> = j.iter().filter(|e| e["t"] == "node_excluded").collect();
+    assert_eq!(excluded.len(), 1, "{excluded:?}");
+    assert_eq!(excluded[0]["node"], "n6");
+    let why = excluded[0]["reason"].as_str().unwrap();
+    assert!(
+        why.contains("never accepted automatically") && why.contains("ssh-keygen -R n6"),
+        "{why}"
+    );
+    // The refused submit was retried at once, not after a backoff, and nothing failed.
+    let retry = j
+        .iter()
+        .find(|e| e["t"] == "decided" && e["decision"]["decision"] == "retry")
+        .unwrap();
+    assert_eq!(retry["unit"], "a/0");
+    let failed = j.iter().find(|e| e["t"] == "submit_failed").unwrap();
+    assert!(
+        failed["error"]
+            .as_str()
+            .unwrap()
+            .contains("host n6 excluded"),
+        "{failed}"
+    );
+    assert!(
+        !j.iter()
+            .any(|e| e["t"] == "decided" && e["decision"]["decision"] == "fail"),
+        "{j:?}"
+    );
+}
+
+/// An executor that names a host the campaign already excluded for its key does not honour
+/// the exclusion: a configuration failure of the unit, never an endless loop of retries.
+#[test]
+fn a_host_key_refused_again_after_the_exclusion_is_a_configuration_failure() {
+    let s = sim(|unit, n| match (unit, n) {
+        ("a/0", 1 | 2) => MockScript::completes_after(Duration::from_secs(10))
+            .with_submit_error(MockSubmitError::HostKeyRefused("n6".into())),
+        _ => MockScript::completes_after(Duration::from_secs(10)),
+    });
+    let dir = tempfile::tempdir().unwrap();
+    let p = plan(
+        json!([{"id": "a", "command": ["w"]}]),
+        json!({"defaults": {"failure_policy": "strict", "max_attempts": 3}}),
+    );
+    let mut ctl = controller(p, &s, dir.path()).build().unwrap();
+    let report = rt().block_on(ctl.run(RunOptions::default())).unwrap();
+    assert!(!report.is_complete(), "{report}");
+    assert_eq!(exclude_of(&s, "a/0", 2).as_deref(), Some("n6"));
+    let j = journal(dir.path());
+    let fail = j
+        .iter()
+        .find(|e| e["t"] == "decided" && e["decision"]["decision"] == "fail")
+        .unwrap_or_else(|| panic!("{j:?}"));
+    let reason = fail["decision"]["reason"].as_str().unwrap();
+    assert!(
+        reason.starts_with("config: ") && reason.contains("host key of n6"),
+        "{reason}"
+    );
+    assert_eq!(
+        j.iter().filter(|e| e["t"] == "node_excluded").count(),
+        1,
+        "{j:?}"
+    );
 }
 
 #[test]

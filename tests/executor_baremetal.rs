@@ -609,6 +609,12 @@ async fn a_changed_host_key_is_a_host_configuration_error_never_accepted() {
         "{m}"
     );
     assert!(!e.is_retryable(), "{m}");
+    // A submit meets it before anything is leased, as the host's own problem: a campaign
+    // excludes the host (`refused_host_key`) and places the attempt on the others.
+    let s = spec(&uniq("hk"), "true", 0);
+    let e = exec.submit(&s).await.unwrap_err();
+    assert_eq!(e.refused_host_key(), Some(h.hosts[1].as_str()), "{e}");
+    assert!(exec.leases().unwrap().leases.is_empty());
     assert_eq!(
         std::fs::read_to_string(&kh).unwrap(),
         line,
@@ -696,12 +702,22 @@ async fn sixteen_tasks_at_once_on_the_sshd_limits_host_all_complete() {
     }
     println!(
         "h7 (MaxSessions 2, MaxStartups 3:30:10): 16 submits in {:.2} s, all done in {:.2} s; \
-         {} ssh exchanges, {} refused by sshd and tried again; channel cap now {}",
+         {} ssh exchanges ({} of them launches), {} refused by sshd and tried again; channel \
+         cap now {}",
         submitted.as_secs_f64(),
         t0.elapsed().as_secs_f64(),
         exec.ssh_exchanges(),
+        exec.ssh_launch_exchanges(),
         exec.ssh_refusals(),
         exec.ssh_channel_cap("h7")
+    );
+    // P06: the 16 launches reached h7 together and went there in a few remote scripts (each
+    // starting every attempt that arrived within the window or while the previous one ran),
+    // not one exchange each.
+    assert!(
+        (1..=4).contains(&exec.ssh_launch_exchanges()),
+        "16 concurrent submits took {} launch exchanges",
+        exec.ssh_launch_exchanges()
     );
     assert!(exec.leases().unwrap().leases.iter().all(|l| l.released));
 }

@@ -208,7 +208,35 @@ pub enum ExecutorError {
     },
 }
 
+/// How the problem of a [`ExecutorError::HostPreflight`] (and the reason of a status) starts
+/// when a host's SSH host key changed or is unknown (issue 27, P07): that host alone is
+/// excluded, its key is never accepted automatically.
+pub const HOST_KEY_REFUSED: &str = "host key refused";
+
+/// The host a [`HOST_KEY_REFUSED`] text (an error's or a status reason's) is about: the host
+/// named in `the host key of <host> changed`.
+pub fn refused_host_in(text: &str) -> Option<&str> {
+    let rest = &text[text.find(HOST_KEY_REFUSED)?..];
+    let rest = &rest[rest.find("the host key of ")? + "the host key of ".len()..];
+    let host = rest.split(' ').next()?;
+    (!host.is_empty()).then_some(host)
+}
+
 impl ExecutorError {
+    /// The host whose SSH host key changed or is unknown, when this is that error: the host is
+    /// at fault, not the attempt (a campaign excludes the host and places the attempt on the
+    /// others).
+    pub fn refused_host_key(&self) -> Option<&str> {
+        match self {
+            ExecutorError::HostPreflight { host, problem }
+                if problem.starts_with(HOST_KEY_REFUSED) =>
+            {
+                Some(host)
+            }
+            _ => None,
+        }
+    }
+
     /// Whether repeating the same call later may succeed: scheduler unavailability, throttling,
     /// an unknown submit outcome (after a [`find`](super::Executor::find)), an unconfirmed
     /// cancel, transient I/O errors. Bad specs, rejections, parse errors and foreign handles are

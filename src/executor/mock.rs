@@ -75,6 +75,10 @@ pub enum MockSubmitError {
     Throttled(String),
     /// Rejected for good; no job created ([`ExecutorError::SubmitRejected`]).
     Rejected(String),
+    /// The SSH host key of this host changed or is unknown (issue 27, P07); no job created
+    /// ([`ExecutorError::HostPreflight`] with a [`HOST_KEY_REFUSED`](super::HOST_KEY_REFUSED)
+    /// problem, as the bare-metal executor reports it).
+    HostKeyRefused(String),
 }
 
 /// What one attempt does in a [`MockExecutor`]: a timeline of states at offsets from its
@@ -538,6 +542,15 @@ impl Executor for MockExecutor {
             Some(MockSubmitError::Rejected(m)) => Err(ExecutorError::SubmitRejected {
                 attempt_id: id.clone(),
                 message: m,
+            }),
+            Some(MockSubmitError::HostKeyRefused(host)) => Err(ExecutorError::HostPreflight {
+                problem: format!(
+                    "{}: the host key of {host} changed or is unknown (mock): it is never \
+                     accepted automatically; check the host, then update known_hosts \
+                     (ssh-keygen -R {host})",
+                    super::HOST_KEY_REFUSED
+                ),
+                host,
             }),
         };
         inner.calls.push(MockCall::Submit {

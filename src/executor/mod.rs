@@ -108,7 +108,7 @@ use async_trait::async_trait;
 
 pub use baremetal::{BareMetalExecutor, BareMetalExecutorBuilder};
 pub use contract::ExecutionContract;
-pub use error::ExecutorError;
+pub use error::{ExecutorError, HOST_KEY_REFUSED, refused_host_in};
 pub use handle::JobHandle;
 pub(crate) use handle::now_ms;
 pub use inprocess::InProcess;

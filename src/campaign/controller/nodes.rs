@@ -134,6 +134,49 @@ impl CampaignController {
             .collect()
     }
 
+    /// Excludes (journals, then tells the observer) each host of `hosts` (host, the executor's
+    /// message) whose SSH host key changed or is unknown (issue 27, P07), not excluded yet:
+    /// the key is never accepted automatically, so the host takes no more attempts of the
+    /// campaign until an operator checks it and fixes `known_hosts`; the others go on. With
+    /// every host excluded, the next submit is refused as unsatisfiable (a configuration
+    /// failure naming them).
+    pub(super) fn exclude_refused_hosts(
+        &mut self,
+        hosts: Vec<(String, String)>,
+    ) -> Result<(), ControllerError> {
+        let mut newly: Vec<(String, String)> = Vec::new();
+        for (host, message) in hosts {
+            if self.state.excluded_nodes.contains_key(&host)
+                || newly.iter().any(|(h, _)| *h == host)
+            {
+                continue;
+            }
+            newly.push((
+                host,
+                format!(
+                    "its SSH host key was refused, never accepted automatically; an operator \
+                     must check the host and fix known_hosts: {message}"
+                ),
+            ));
+        }
+        if newly.is_empty() {
+            return Ok(());
+        }
+        self.record(
+            newly
+                .iter()
+                .map(|(node, reason)| Entry::NodeExcluded {
+                    node: node.clone(),
+                    reason: reason.clone(),
+                })
+                .collect(),
+        )?;
+        for (node, reason) in newly {
+            self.notify(&ControllerEvent::NodeExcluded { node, reason });
+        }
+        Ok(())
+    }
+
     /// Excludes (journals, then tells the observer) every node charged with at least the
     /// threshold of fail-fast attempts that is not excluded yet.
     pub(super) fn exclude_broken_nodes(&mut self) -> Result<(), ControllerError> {

@@ -247,12 +247,21 @@ impl CampaignController {
             let mut entries = Vec::new();
             let mut cancels = Vec::new();
             let mut hung = Vec::new();
+            let mut refused_hosts = Vec::new();
             let now = self.io.clock.now_ms();
             for (&a, st) in chunk.iter().zip(statuses.iter()) {
                 if st.state != JobState::Running {
                     // Suspended, requeued or pending again: the heartbeat counts from the
                     // next time it runs.
                     self.state.attempts[a].beat = None;
+                }
+                if st.state == JobState::NodeFail
+                    && let Some(why) = st.reason.as_deref()
+                    && let Some(host) = crate::executor::refused_host_in(why)
+                {
+                    // Its host's SSH key changed or is unknown (issue 27, P07): the host is
+                    // excluded, the attempt ends as a node failure and is placed elsewhere.
+                    refused_hosts.push((host.to_string(), why.to_string()));
                 }
                 if st.state.is_terminal() {
                     entries.extend(self.finish_entries(a, st, None));
@@ -299,6 +308,7 @@ impl CampaignController {
             }
             progressed |= !entries.is_empty();
             self.record(entries)?;
+            self.exclude_refused_hosts(refused_hosts)?;
             self.exclude_broken_nodes()?;
         }
         // Dead pool workers: return their items.

@@ -226,6 +226,8 @@ impl CampaignController {
         }
         self.record(intents)?;
         let mut results = Vec::with_capacity(specs.len());
+        // Hosts whose SSH host key changed or is unknown (issue 27, P07), with the message.
+        let mut refused_hosts: Vec<(String, String)> = Vec::new();
         for spec in &specs {
             let exec = self.io.executor.clone();
             // Interrupted: what was submitted is recorded below; the rest stay intents, which
@@ -239,6 +241,21 @@ impl CampaignController {
                     handle: h,
                     adopted: false,
                 },
+                // The host is at fault, not the attempt: the host is excluded and the attempt
+                // placed on the others, neither charged nor delayed. (An executor that names
+                // a host already excluded does not honour the exclusion: that is fatal below,
+                // never a loop.)
+                Err(e)
+                    if e.refused_host_key()
+                        .is_some_and(|h| !self.state.excluded_nodes.contains_key(h)) =>
+                {
+                    let host = e.refused_host_key().unwrap_or_default().to_string();
+                    refused_hosts.push((host.clone(), e.to_string()));
+                    Entry::SubmitFailed {
+                        attempt_id: spec.attempt_id.clone(),
+                        error: format!("{e} (host {host} excluded; placed on the other hosts)"),
+                    }
+                }
                 Err(e) => self.after_submit_error(spec, e).await?,
             };
             results.push(r);
@@ -258,6 +275,7 @@ impl CampaignController {
                     let u = self.state.attempts[a].unit;
                     let key = self.state.units[u].key.clone();
                     let fatal = error.starts_with("fatal: ");
+                    let refused = error.contains(crate::executor::HOST_KEY_REFUSED);
                     let decision = if fatal {
                         Decision::Fail {
                             reason: format!("config: {error}"),
@@ -270,6 +288,7 @@ impl CampaignController {
                         }
                     };
                     let not_before_ms = match &decision {
+                        Decision::Retry { .. } if refused => now,
                         Decision::Retry { delay, .. } => now + delay.as_millis() as u64,
                         _ => 0,
                     };
@@ -284,6 +303,7 @@ impl CampaignController {
         }
         results.extend(follow);
         self.record(results)?;
+        self.exclude_refused_hosts(refused_hosts)?;
         Ok(true)
     }
 

@@ -25,6 +25,13 @@
 //!   [`channel_cap`](BareMetalExecutorBuilder::channel_cap) exchanges per host at once, lowered
 //!   when the host refuses a session; an exchange sshd refused for its limits is tried again
 //!   after a jittered backoff within the exchange's deadline, never counted against the host.
+//!   Launches that reach a host together (within a few ms, or while a launch exchange to it
+//!   runs) go in one exchange whose script launches each exactly once and answers each apart;
+//!   concurrent submits share one preflight and one program check per host.
+//! - **A changed or unknown host key** is never accepted: the host is down with the
+//!   operator's message, a submit that may go there is a [`ExecutorError::HostPreflight`]
+//!   naming it ([`ExecutorError::refused_host_key`]), and its attempts end
+//!   [`JobState::NodeFail`] at the next poll, for the campaign to exclude the host.
 //! - **Unreachable hosts** are retried with exponential backoff; their tasks stay `Running`
 //!   (reason says since when the host is silent) until `lost_after`, then are reported
 //!   [`JobState::NodeFail`] (a transient failure: the controller resubmits elsewhere when the
@@ -35,6 +42,7 @@
 //! Exit codes are the shell's: a job killed by signal N reports exit code 128+N (state
 //! `Failed`, with a reason saying so), except cancel (`Cancelled`) and walltime (`Timeout`).
 
+mod batch;
 mod inventory;
 mod lease;
 mod remote;
@@ -54,7 +62,7 @@ use super::{
 };
 pub use inventory::{BaremetalInventory, Host};
 pub use lease::{HostSlots, LEASE_FILE, Lease, LeaseTable, Slice};
-use remote::{RemoteState, command_line};
+use remote::{RemoteState, SubmitAnswer, command_line};
 use ssh::{Ssh, SshFailure};
 
 /// Executor kind name, in every handle.
@@ -286,6 +294,8 @@ impl BareMetalExecutorBuilder {
                 preflighted: Mutex::new(HashSet::new()),
                 pacer: Mutex::new(PollPacer::default()),
                 resolved: Mutex::new(HashSet::new()),
+                launches: batch::Coalescer::new(LAUNCH_WINDOW),
+                checks: batch::Coalescer::new(LAUNCH_WINDOW),
                 cfg: self,
             }),
         })
@@ -334,7 +344,15 @@ struct Inner {
     pacer: Mutex<PollPacer>,
     /// Programs found on a host after a given setup (keys of [`Inner::check_program`]).
     resolved: Mutex<HashSet<String>>,
+    /// Launches per host, coalesced into one exchange (issue 27, P06).
+    launches: batch::Coalescer<(String, String), Result<SubmitAnswer, SshFailure>>,
+    /// Checks (preflight, program lookup) that concurrent submits would each send to a host,
+    /// sent once: the callers that ask within the window share the answer.
+    checks: batch::Coalescer<(), Result<String, SshFailure>>,
 }
+
+/// How long the first launch to a host waits for others to share its exchange.
+const LAUNCH_WINDOW: Duration = Duration::from_millis(10);
 
 /// The longest pause between two polls of a host whose multiplexing is lost.
 const MUX_LOST_POLL_MAX: Duration = Duration::from_secs(8);
@@ -415,6 +433,12 @@ impl BareMetalExecutor {
     /// SSH exchanges (ssh processes) this executor has started.
     pub fn ssh_exchanges(&self) -> u64 {
         self.inner.ssh.exchanges()
+    }
+
+    /// SSH exchanges that launched attempts (each one remote script starting every attempt
+    /// that reached its host within a few ms, or while the previous launch there ran).
+    pub fn ssh_launch_exchanges(&self) -> u64 {
+        self.inner.launches.batches()
     }
 
     /// SSH exchanges that sshd refused for its limits (`MaxSessions`, `MaxStartups`) and that
@@ -556,6 +580,14 @@ impl Inner {
         e.last_error = err.to_string();
     }
 
+    /// The operator's message when `host`'s last exchange failed on its SSH host key.
+    fn refused_key(&self, host: &str) -> Option<String> {
+        lock(&self.health)
+            .get(host)
+            .map(|h| h.last_error.clone())
+            .filter(|m| m.starts_with(crate::executor::HOST_KEY_REFUSED))
+    }
+
     fn mark_up(&self, host: &str) {
         lock(&self.health).remove(host);
     }
@@ -570,6 +602,31 @@ impl Inner {
             _ => self.mark_up(host),
         }
         r
+    }
+
+    /// One exchange of `line` with `host` shared by every caller asking the same `key` at
+    /// about the same time (a fan-out of submits checks a host once, not once each).
+    async fn shared_exchange(
+        &self,
+        key: &str,
+        host: &str,
+        line: &str,
+    ) -> Result<String, SshFailure> {
+        let run = |items: Vec<()>| async move {
+            let r = self.exchange(host, line).await;
+            items
+                .iter()
+                .map(|_| match &r {
+                    Ok(o) => Ok(o.clone()),
+                    Err(e) => Err(e.copy()),
+                })
+                .collect()
+        };
+        self.checks.submit(key, (), run).await.unwrap_or_else(|| {
+            Err(SshFailure::Unreachable(format!(
+                "the check of {host} was abandoned"
+            )))
+        })
     }
 
     async fn preflight_hosts(self: &Inner, hosts: &[String]) -> Result<(), ExecutorError> {
@@ -588,7 +645,10 @@ impl Inner {
             ];
             args.extend(self.cfg.gpu_probe.iter().cloned());
             let line = command_line("ptron-preflight", remote::preflight_body(), &[], &args);
-            let out = match self.exchange(host, &line).await {
+            let out = match self
+                .shared_exchange(&format!("preflight\0{host}"), host, &line)
+                .await
+            {
                 Ok(o) => o,
                 Err(SshFailure::Unreachable(m)) => {
                     last_err = format!("{host}: {m}");
@@ -656,7 +716,15 @@ impl Inner {
             program.clone(),
         ];
         for h in &self.cfg.hosts {
-            if excluded.contains(&h.host) || h.gpus < need || !self.may_try(&h.host) {
+            if excluded.contains(&h.host) || h.gpus < need {
+                continue;
+            }
+            if !self.may_try(&h.host) {
+                // A host whose key was refused stays the host's problem, named at each
+                // submit that may go there until the campaign excludes it (issue 27, P07).
+                if let Some(m) = self.refused_key(&h.host) {
+                    return Err(SshFailure::HostConfig(m).into_error(&h.host, "submit"));
+                }
                 continue;
             }
             let key = std::iter::once(h.host.as_str())
@@ -667,8 +735,18 @@ impl Inner {
                 continue;
             }
             let line = command_line("ptron-resolve", remote::resolve_body(), &[], &a);
-            let out = match self.exchange(&h.host, &line).await {
+            let out = match self
+                .shared_exchange(&format!("resolve\0{key}"), &h.host, &line)
+                .await
+            {
                 Ok(out) => out,
+                // A changed or unknown host key is the host's problem, named now (issue 27,
+                // P07): a campaign excludes the host and places the attempt elsewhere.
+                Err(SshFailure::HostConfig(m))
+                    if m.starts_with(crate::executor::HOST_KEY_REFUSED) =>
+                {
+                    return Err(SshFailure::HostConfig(m).into_error(&h.host, "submit"));
+                }
                 // Not judged: the launch meets the host's state itself.
                 Err(_) => continue,
             };
@@ -693,9 +771,15 @@ impl Inner {
         Ok(())
     }
 
-    /// Places waiting attempts and launches every placed attempt of `ids` (or of the whole
-    /// table when `ids` is `None`) that its host has not got yet. Returns the table.
-    async fn pump(&self, only: Option<&[AttemptId]>) -> Result<LeaseTable, ExecutorError> {
+    /// Places waiting attempts and launches those it placed and every placed attempt of
+    /// `only`, concurrently (launches that reach one host together share one exchange, issue
+    /// 27, P06). Returns the table and the launch errors, each with its attempt: one attempt's
+    /// failure is its own (the caller reports the ones it owns; an attempt left placed and
+    /// absent from its host is launched again by the next poll).
+    async fn pump(
+        &self,
+        only: Option<&[AttemptId]>,
+    ) -> Result<(LeaseTable, Vec<(AttemptId, ExecutorError)>), ExecutorError> {
         let down = self.down_hosts();
         let base = self.cfg.rendezvous_port_base;
         let hosts = self.cfg.hosts.clone();
@@ -711,16 +795,45 @@ impl Inner {
                 }
             }
         }
-        for id in to_launch {
-            if let Some(l) = table.get(&id)
-                && l.is_live()
-                && !l.lost
-            {
-                self.launch(l).await?;
-            }
-        }
+        let launches: Vec<_> = to_launch
+            .iter()
+            .filter_map(|id| table.get(id))
+            .filter(|l| l.is_live() && !l.lost)
+            .map(|l| async move { (l.attempt_id.clone(), self.launch(l).await) })
+            .collect();
+        let errors: Vec<(AttemptId, ExecutorError)> = batch::join_all(launches)
+            .await
+            .into_iter()
+            .filter_map(|(id, r)| r.err().map(|e| (id, e)))
+            .collect();
         self.reap_lost(&table).await?;
-        Ok(table)
+        Ok((table, errors))
+    }
+
+    /// Frees the leases of attempts whose launch was refused before anything ran on their
+    /// hosts (a refused host key, an attempt folder that cannot be written): they never run.
+    fn release_refused(&self, errors: &[(AttemptId, ExecutorError)]) -> Result<(), ExecutorError> {
+        let refused: Vec<&AttemptId> = errors
+            .iter()
+            .filter(|(_, e)| {
+                matches!(
+                    e,
+                    ExecutorError::HostPreflight { .. } | ExecutorError::SubmitRejected { .. }
+                )
+            })
+            .map(|(id, _)| id)
+            .collect();
+        if refused.is_empty() {
+            return Ok(());
+        }
+        self.leases.update(|t| {
+            for id in &refused {
+                if let Some(l) = t.get_mut(id) {
+                    l.released = true;
+                }
+            }
+            (true, ())
+        })
     }
 
     /// Kills the tasks of leases given up as `NODE_FAIL` once their hosts answer again, then
@@ -784,18 +897,18 @@ impl Inner {
         self.preflight_hosts(&hosts).await?;
         // What is sent is the rendering of the placed lease (the dry run renders the same
         // function on idle hosts).
-        let rendering = self.render_placed(&l.spec, &l.slices, l.rdzv_port);
-        for (slice, cmd) in l.slices.iter().zip(&rendering.commands) {
+        let n = l.slices.len();
+        for (rank, slice) in l.slices.iter().enumerate() {
             if !self.may_try(&slice.host) {
                 continue;
             }
-            let line = cmd.argv.last().map(String::as_str).unwrap_or_default();
-            match self.exchange(&slice.host, line).await {
-                Ok(out) if out.trim() == "OK" || out.trim() == "DUP" => {}
-                Ok(out) => {
+            let words = self.submit_words(&l.spec, n, rank, slice, l.rdzv_port);
+            match self.launch_on(&slice.host, &l.attempt_id, words).await {
+                Ok(SubmitAnswer::Ok | SubmitAnswer::Dup) => {}
+                Ok(SubmitAnswer::Err(why)) => {
                     return Err(ExecutorError::SubmitRejected {
                         attempt_id: l.attempt_id.clone(),
-                        message: format!("host {}: unexpected answer {out:?}", slice.host),
+                        message: format!("host {}: {why}", slice.host),
                     });
                 }
                 Err(SshFailure::Unreachable(_)) => {}
@@ -803,6 +916,58 @@ impl Inner {
             }
         }
         Ok(())
+    }
+
+    /// Launches attempt `id` (its job arguments `words`) on `host`, in one exchange with the
+    /// other launches that reach the host at about the same time; its own answer.
+    async fn launch_on(
+        &self,
+        host: &str,
+        id: &AttemptId,
+        words: String,
+    ) -> Result<SubmitAnswer, SshFailure> {
+        let run = |items: Vec<(String, String)>| async move {
+            let line = self.submit_line(&items);
+            match self.exchange(host, &line).await {
+                Ok(out) => {
+                    let answers = remote::parse_submit(&out);
+                    items
+                        .iter()
+                        .map(|(id, _)| match answers.get(id) {
+                            Some(a) => Ok(a.clone()),
+                            // Started or not, it cannot be told: the poll finds out (the
+                            // host's exclusive mkdir keeps a second launch from running it).
+                            None => Err(SshFailure::Unreachable(format!(
+                                "no answer about {id} from the launch on {host}: {out:?}"
+                            ))),
+                        })
+                        .collect()
+                }
+                Err(e) => items.iter().map(|_| Err(e.copy())).collect(),
+            }
+        };
+        self.launches
+            .submit(host, (id.to_string(), words), run)
+            .await
+            .unwrap_or_else(|| {
+                Err(SshFailure::Unreachable(format!(
+                    "the launch exchange to {host} was abandoned"
+                )))
+            })
+    }
+
+    /// The remote command line launching `items` (attempt id, job arguments) in one script.
+    fn submit_line(&self, items: &[(String, String)]) -> String {
+        let mut args = vec![
+            self.root_arg(),
+            remote::wrapper_script(),
+            remote::JOB.to_string(),
+        ];
+        for (id, words) in items {
+            args.push(id.clone());
+            args.push(words.clone());
+        }
+        command_line("ptron-submit", remote::submit_body(), &[], &args)
     }
 
     /// The `ssh` commands that start `spec` on `slices` (node rank = slice order), with the
@@ -816,8 +981,8 @@ impl Inner {
         let mut r =
             Rendering::new(spec.attempt_id.clone(), KIND).with_secrets_of(&spec.command.env);
         for (rank, slice) in slices.iter().enumerate() {
-            let args = self.submit_args(spec, slices.len(), rank, slice, rdzv_port);
-            let line = command_line("ptron-submit", remote::submit_body(), &[], &args);
+            let words = self.submit_words(spec, slices.len(), rank, slice, rdzv_port);
+            let line = self.submit_line(&[(spec.attempt_id.to_string(), words)]);
             r.commands.push(RenderedCommand {
                 host: Some(slice.host.clone()),
                 argv: std::iter::once(self.ssh.program.clone())
@@ -861,14 +1026,16 @@ impl Inner {
         Ok(r)
     }
 
-    fn submit_args(
+    /// The job's arguments for `spec` on `slice` (node `rank` of `nodes`), as quoted shell
+    /// words (the `args` file of its attempt folder).
+    fn submit_words(
         &self,
         spec: &AttemptSpec,
         nodes: usize,
         rank: usize,
         slice: &Slice,
         rdzv_port: Option<u16>,
-    ) -> Vec<String> {
+    ) -> String {
         // The spec's contract when it has one (a campaign's), else the executor's.
         let c = if spec.environment.is_empty() {
             &self.cfg.contract
@@ -932,13 +1099,7 @@ impl Inner {
         a.extend(env.iter().map(|(k, v)| format!("{k}={v}")));
         a.extend(argv);
         let words: Vec<String> = a.iter().map(|w| remote::quote(w)).collect();
-        vec![
-            self.root_arg(),
-            spec.attempt_id.to_string(),
-            remote::wrapper_script(),
-            remote::JOB.to_string(),
-            words.join(" "),
-        ]
+        words.join(" ")
     }
 
     /// The states of `ids` on `host` in one exchange; `Err` with the reason when the host did
@@ -1321,7 +1482,12 @@ impl Executor for BareMetalExecutor {
                 job_id: id.to_string(),
             });
         }
-        let table = inner.pump(None).await?;
+        let (table, errors) = inner.pump(Some(std::slice::from_ref(&id))).await?;
+        inner.release_refused(&errors)?;
+        // Only this attempt's own launch error fails this submit.
+        if let Some((_, e)) = errors.into_iter().find(|(a, _)| *a == id) {
+            return Err(e);
+        }
         let l = table.get(&id).expect("just added");
         Ok(inner.handle(l))
     }
@@ -1334,7 +1500,15 @@ impl Executor for BareMetalExecutor {
         if handles.is_empty() {
             return Ok(Vec::new());
         }
-        let table = inner.pump(None).await?;
+        let (table, errors) = inner.pump(None).await?;
+        inner.release_refused(&errors)?;
+        // Launches refused for a changed or unknown host key (issue 27, P07): nothing ran; the
+        // attempt ends as a node failure naming the host, for the campaign to exclude it.
+        let mut refused: HashMap<AttemptId, String> = errors
+            .iter()
+            .filter(|(_, e)| e.refused_host_key().is_some())
+            .map(|(id, e)| (id.clone(), e.to_string()))
+            .collect();
         let now = now_ms();
         // Which hosts to ask about which attempts.
         let mut by_host: BTreeMap<String, Vec<AttemptId>> = BTreeMap::new();
@@ -1427,9 +1601,13 @@ impl Executor for BareMetalExecutor {
                                     .with_reason(format!("no answer about it from {host}")),
                             },
                             Some(Err(reason)) => {
-                                if inner
-                                    .down_for(host)
-                                    .is_some_and(|d| d >= inner.cfg.lost_after)
+                                // A host whose key changed or is unknown is not talked to
+                                // again until an operator fixes it: what ran there is given
+                                // up now (issue 27, P07), not after `lost_after`.
+                                if reason.contains(crate::executor::HOST_KEY_REFUSED)
+                                    || inner
+                                        .down_for(host)
+                                        .is_some_and(|d| d >= inner.cfg.lost_after)
                                 {
                                     JobStatus::new(id.clone(), JobState::NodeFail)
                                         .with_reason(reason.clone())
@@ -1478,7 +1656,21 @@ impl Executor for BareMetalExecutor {
             })?;
         }
         if !relaunch.is_empty() {
-            inner.pump(Some(&relaunch)).await?;
+            let (_, errors) = inner.pump(Some(&relaunch)).await?;
+            inner.release_refused(&errors)?;
+            for (id, e) in errors {
+                if e.refused_host_key().is_some() {
+                    refused.insert(id, e.to_string());
+                } else {
+                    return Err(e);
+                }
+            }
+        }
+        for s in &mut out {
+            if let Some(why) = refused.get(&s.attempt_id) {
+                s.state = JobState::NodeFail;
+                s.reason = Some(why.clone());
+            }
         }
         Ok(out)
     }

@@ -10,6 +10,8 @@
 //! written to a temp file, synced, renamed). The job runs under `setsid`: its pid is its
 //! process group, which cancel and walltime signal as a whole.
 
+use std::collections::HashMap;
+
 /// Who may judge a recorded process (`alive PID TICKS BOOT PIDNS MACHINE`), by the store's rules
 /// (`store/liveness.rs`): its pid and start time decide only in the boot and PID namespace it
 /// was recorded in. A record of another boot of the same machine (same `/etc/machine-id`: the
@@ -108,26 +110,46 @@ if [ -n "$wd" ]; then kill -TERM "-$wd" 2>/dev/null; fi
 exit 0
 "#;
 
-/// Submit: makes the attempt folder exclusively and starts the wrapper detached (`setsid`,
-/// no terminal, no tie to the SSH session). Prints `OK` once the job's pid record (`job`) or
-/// its exit record is there (issue 27, P07: the pid file exists before the launch returns;
-/// at most ~1 s, after which the poll follows it), or `DUP` when the attempt was already
-/// started on this host. Args (after the root): id wrapper_text job_text args_text
-/// (the job's arguments as quoted shell words, written to `<dir>/args`).
-const SUBMIT: &str = r#"id=$1; W=$2; J=$3; A=$4
-d=$root/$id
+/// Submit, for one or several attempts in one exchange (issue 27, P06: the launches a host
+/// gets within a short window share one remote script). For each attempt: makes its folder
+/// exclusively and starts its wrapper detached (`setsid`, no terminal, no tie to the SSH
+/// session). Answers one line per attempt, once every started attempt's pid record (`job`) or
+/// exit record is there (issue 27, P07: the pid file exists before the launch returns; at most
+/// ~1 s in all, after which the poll follows them): `OK <id>`, `DUP <id>` when the attempt was
+/// already started on this host, or `ERR <id> <what>` when its folder or files cannot be
+/// written (the others go on). Args (after the root): wrapper_text job_text, then per attempt
+/// id args_text (the job's arguments as quoted shell words, written to `<dir>/args`).
+const SUBMIT: &str = r#"W=$1; J=$2; shift 2
 umask 077
-mkdir -p "$root" || exit 3
-if ! mkdir "$d" 2>/dev/null; then
-  if [ -e "$d/started" ] || [ -e "$d/exit" ]; then echo DUP; exit 0; fi
+if ! mkdir -p "$root" 2>/dev/null; then
+  while [ $# -ge 2 ]; do echo "ERR $1 cannot make the remote root $root"; shift 2; done; exit 0
 fi
-umask 022
-printf '%s' "$J" > "$d/job.sh" || exit 3
-( umask 077; printf '%s' "$A" > "$d/args" ) || exit 3
-[ -e "$d/submitted" ] || now > "$d/submitted"
-setsid sh -c "$W" ptron-wrap "" "$d" < /dev/null > /dev/null 2>&1 &
-i=0; while [ ! -f "$d/job" ] && [ ! -f "$d/exit" ] && [ $i -lt 100 ]; do sleep 0.01; i=$((i+1)); done
-echo OK
+ans=; wait_for=
+while [ $# -ge 2 ]; do
+  id=$1; A=$2; shift 2; d=$root/$id
+  umask 077
+  if ! mkdir "$d" 2>/dev/null; then
+    if [ -e "$d/started" ] || [ -e "$d/exit" ]; then ans="$ans
+DUP $id"; continue; fi
+    if [ ! -d "$d" ]; then ans="$ans
+ERR $id cannot make $d"; continue; fi
+  fi
+  umask 022
+  if ! printf '%s' "$J" > "$d/job.sh" || ! ( umask 077; printf '%s' "$A" > "$d/args" ); then
+    ans="$ans
+ERR $id cannot write the job files in $d"; continue
+  fi
+  [ -e "$d/submitted" ] || now > "$d/submitted"
+  setsid sh -c "$W" ptron-wrap "" "$d" < /dev/null > /dev/null 2>&1 &
+  ans="$ans
+OK $id"; wait_for="$wait_for $id"
+done
+i=0
+for id in $wait_for; do
+  d=$root/$id
+  while [ ! -f "$d/job" ] && [ ! -f "$d/exit" ] && [ $i -lt 100 ]; do sleep 0.01; i=$((i+1)); done
+done
+printf '%s\n' "$ans" | sed '/^$/d'
 "#;
 
 /// Poll: one line per attempt id. `E <id> k=v...` (exit record), `R <id> <start ms>` (job
@@ -328,6 +350,37 @@ pub struct ExitRecord {
     pub malformed: Vec<String>,
 }
 
+/// One attempt's line of the submit script's answer.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum SubmitAnswer {
+    /// Started now (its pid or exit record was there, or the wait ran out).
+    Ok,
+    /// Already started on this host earlier: not started again.
+    Dup,
+    /// Its folder or files could not be written there (why).
+    Err(String),
+}
+
+/// Parses the submit answer into `(attempt id, answer)` pairs (unknown lines skipped; an id
+/// missing from the answer is the caller's to report).
+pub fn parse_submit(out: &str) -> HashMap<String, SubmitAnswer> {
+    let mut m = HashMap::new();
+    for line in out.lines() {
+        let mut w = line.splitn(3, ' ');
+        let (Some(tag), Some(id)) = (w.next(), w.next()) else {
+            continue;
+        };
+        let a = match tag {
+            "OK" => SubmitAnswer::Ok,
+            "DUP" => SubmitAnswer::Dup,
+            "ERR" => SubmitAnswer::Err(w.next().unwrap_or("failed").to_string()),
+            _ => continue,
+        };
+        m.insert(id.to_string(), a);
+    }
+    m
+}
+
 /// The malformed pid records of the poll answer (`M` lines): `(attempt id, file name, its
 /// first bytes)`.
 pub fn parse_bad_records(out: &str) -> Vec<(String, String, String)> {
@@ -510,6 +563,81 @@ mod tests {
         // Its setup failed (a site's mount missing on this host): no mark, no payload.
         assert_eq!(run("exit 1"), (Some(1), None, None));
         assert_eq!(run("false"), (Some(126), None, None));
+    }
+
+    /// Issue 27 (P06/P07): one submit script launches several attempts, answering each on
+    /// its own line once its pid or exit record is there; an attempt started before is `DUP`
+    /// (never started twice) and one whose folder cannot be made is `ERR`, the others go on.
+    #[test]
+    fn one_submit_script_launches_several_attempts_each_exactly_once() {
+        let root = tempfile::tempdir().unwrap();
+        let job_args = |tag: &str| {
+            let words = [
+                String::new(),
+                "0".into(),
+                "1".into(),
+                String::new(),
+                String::new(),
+                String::new(),
+                String::new(),
+                "0".into(),
+                "0".into(),
+                "0".into(),
+                "sh".into(),
+                "-c".into(),
+                format!("echo {tag}"),
+            ];
+            words.iter().map(|w| quote(w)).collect::<Vec<_>>().join(" ")
+        };
+        let run = |ids: &[&str]| {
+            let mut args = vec![
+                root.path().display().to_string(),
+                wrapper_script(),
+                JOB.to_string(),
+            ];
+            for id in ids {
+                args.push(id.to_string());
+                args.push(job_args(id));
+            }
+            let line = command_line("ptron-submit", submit_body(), &[], &args);
+            let out = std::process::Command::new("sh")
+                .arg("-c")
+                .arg(&line)
+                .output()
+                .unwrap();
+            assert!(out.status.success(), "{out:?}");
+            String::from_utf8_lossy(&out.stdout).to_string()
+        };
+        let out = run(&["a1", "a2"]);
+        let m = parse_submit(&out);
+        assert_eq!(m.len(), 2, "{out}");
+        assert_eq!((&m["a1"], &m["a2"]), (&SubmitAnswer::Ok, &SubmitAnswer::Ok));
+        for id in ["a1", "a2"] {
+            let d = root.path().join(id);
+            // The pid record (or the exit record) was there when the script answered.
+            assert!(d.join("job").is_file() || d.join("exit").is_file(), "{id}");
+        }
+        // a4's folder cannot be made (a file is in the way): its own error only.
+        std::fs::write(root.path().join("a4"), b"").unwrap();
+        let out = run(&["a1", "a3", "a4"]);
+        let m = parse_submit(&out);
+        assert_eq!(m["a1"], SubmitAnswer::Dup, "{out}");
+        assert_eq!(m["a3"], SubmitAnswer::Ok, "{out}");
+        assert!(
+            matches!(&m["a4"], SubmitAnswer::Err(w) if w.contains("cannot make")),
+            "{out}"
+        );
+        // Each ran once: its exit record says so, and its log holds one line.
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+        for id in ["a1", "a2", "a3"] {
+            let d = root.path().join(id);
+            while !d.join("exit").is_file() {
+                assert!(std::time::Instant::now() < deadline, "{id} never ended");
+                std::thread::sleep(std::time::Duration::from_millis(20));
+            }
+            let log = std::fs::read_to_string(d.join("output.log")).unwrap();
+            assert_eq!(log, format!("{id}\n"), "{id}");
+        }
     }
 
     /// Runs the poll script locally on one attempt folder holding `wrapper` and `job` records

@@ -74,8 +74,9 @@ pub fn classify_255(host: &str, stderr: &str) -> SshFailure {
         || lower.contains("host key verification failed")
     {
         return SshFailure::HostConfig(format!(
-            "the host key of {host} changed or is unknown (`{}`): it is never accepted \
+            "{}: the host key of {host} changed or is unknown (`{}`): it is never accepted \
              automatically; check the host, then update known_hosts (ssh-keygen -R {host})",
+            crate::executor::HOST_KEY_REFUSED,
             first_line(stderr, "host key")
         ));
     }
@@ -174,6 +175,19 @@ fn first_line<'a>(text: &'a str, needle: &str) -> &'a str {
 
 impl SshFailure {
     /// As an [`ExecutorError`] for `what` on `host`.
+    /// The same failure again (for each attempt of a launch exchange that failed as a whole).
+    pub fn copy(&self) -> SshFailure {
+        match self {
+            SshFailure::Unreachable(m) => SshFailure::Unreachable(m.clone()),
+            SshFailure::Remote { code, stderr } => SshFailure::Remote {
+                code: *code,
+                stderr: stderr.clone(),
+            },
+            SshFailure::Spawn(e) => SshFailure::Spawn(std::io::Error::new(e.kind(), e.to_string())),
+            SshFailure::HostConfig(m) => SshFailure::HostConfig(m.clone()),
+        }
+    }
+
     pub fn into_error(self, host: &str, what: &str) -> ExecutorError {
         match self {
             SshFailure::Unreachable(m) => ExecutorError::SchedulerUnavailable {
@@ -672,10 +686,16 @@ mod tests {
                 SshFailure::HostConfig(m) => {
                     assert!(*config, "{stderr}: {m}");
                     assert!(m.contains(part), "{m}");
-                    assert!(matches!(
-                        SshFailure::HostConfig(m).into_error("node07", "poll"),
-                        ExecutorError::HostPreflight { .. }
-                    ));
+                    // Only a host key makes the host (not the campaign) at fault (P07 c).
+                    let key = m.contains("host key");
+                    assert_eq!(
+                        crate::executor::refused_host_in(&format!("node07: {m}")),
+                        key.then_some("node07"),
+                        "{m}"
+                    );
+                    let e = SshFailure::HostConfig(m).into_error("node07", "poll");
+                    assert!(matches!(e, ExecutorError::HostPreflight { .. }));
+                    assert_eq!(e.refused_host_key(), key.then_some("node07"), "{e}");
                 }
                 SshFailure::Unreachable(m) => {
                     assert!(!*config, "{stderr}: {m}");
