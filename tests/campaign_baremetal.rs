@@ -13,11 +13,9 @@
 //!
 //! The fault tests use h5/h6 only, so they never disturb the tests running on h1-h4.
 
-mod controller_support;
 #[path = "support/ssh_hosts.rs"]
 mod ssh_hosts;
-#[path = "support/watchdog.rs"]
-mod watchdog;
+mod support;
 
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
@@ -25,9 +23,8 @@ use std::process::{Command, Stdio};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use controller_support::{
-    KillPlan, Rng, Trials, audit, campaign_exe, kill_9_trials, result, spawn,
-};
+use support::campaign::{KillPlan, Rng, Trials, audit, campaign_exe, kill_9_trials, result, spawn};
+use support::watchdog;
 
 const CLUSTER: &str = "h1:4,h2:4,h3:4,h4:4";
 const SPARE: &str = "h5:4,h6:4";
@@ -46,7 +43,7 @@ fn bm_args(h: &ssh_hosts::SshHosts, hosts: &str) -> Vec<String> {
 }
 
 fn run(dir: &Path, args: &[String]) -> String {
-    let (status, text) = controller_support::run_to_text(
+    let (status, text) = support::examples::run_to_text(
         Command::new(campaign_exe())
             .arg("--dir")
             .arg(dir)
