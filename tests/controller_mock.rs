@@ -987,13 +987,12 @@ fn a_submit_refused_for_a_host_key_excludes_the_host_and_is_not_charged() {
         _ => MockScript::completes_after(Duration::from_secs(10)).with_nodes("n5"),
     });
     let dir = tempfile::tempdir().unwrap();
-    let p = plan(
-        json!([
-            {"id": "a", "command": ["w"]},
-            {"id": "b", "needs": ["a"], "command": ["w"]},
-        ]),
-        json!({"defaults": {"failure_policy": "strict", "max_attempts": 1}}),
-    );
+    let p = PlanBuilder::stages(json!([
+        {"id": "a", "command": ["w"]},
+        {"id": "b", "needs": ["a"], "command": ["w"]},
+    ]))
+    .execution(json!({"defaults": {"failure_policy": "strict", "max_attempts": 1}}))
+    .build();
     let mut ctl = controller(p, &s, dir.path()).build().unwrap();
     let report = rt().block_on(ctl.run(RunOptions::default())).unwrap();
     assert!(report.is_complete(), "{report}");
@@ -1040,10 +1039,9 @@ fn a_host_key_refused_again_after_the_exclusion_is_a_configuration_failure() {
         _ => MockScript::completes_after(Duration::from_secs(10)),
     });
     let dir = tempfile::tempdir().unwrap();
-    let p = plan(
-        json!([{"id": "a", "command": ["w"]}]),
-        json!({"defaults": {"failure_policy": "strict", "max_attempts": 3}}),
-    );
+    let p = PlanBuilder::stages(json!([{"id": "a", "command": ["w"]}]))
+        .execution(json!({"defaults": {"failure_policy": "strict", "max_attempts": 3}}))
+        .build();
     let mut ctl = controller(p, &s, dir.path()).build().unwrap();
     let report = rt().block_on(ctl.run(RunOptions::default())).unwrap();
     assert!(!report.is_complete(), "{report}");
