@@ -159,22 +159,7 @@ impl CampaignController {
                 ),
             ));
         }
-        if newly.is_empty() {
-            return Ok(());
-        }
-        self.record(
-            newly
-                .iter()
-                .map(|(node, reason)| Entry::NodeExcluded {
-                    node: node.clone(),
-                    reason: reason.clone(),
-                })
-                .collect(),
-        )?;
-        for (node, reason) in newly {
-            self.notify(&ControllerEvent::NodeExcluded { node, reason });
-        }
-        Ok(())
+        self.exclude_nodes(newly)
     }
 
     /// Excludes (journals, then tells the observer) every node charged with at least the
@@ -201,6 +186,12 @@ impl CampaignController {
                 )
             })
             .collect();
+        self.exclude_nodes(newly)
+    }
+
+    /// Excludes `newly` (node, reason) campaign-wide: journaled first, then told to the
+    /// observer.
+    fn exclude_nodes(&mut self, newly: Vec<(String, String)>) -> Result<(), ControllerError> {
         if newly.is_empty() {
             return Ok(());
         }

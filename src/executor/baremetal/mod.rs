@@ -702,19 +702,10 @@ impl Inner {
         };
         let excluded = lease::excluded_hosts(spec);
         let need = spec.topology.gpus_per_node();
-        let a = vec![
-            self.root_arg(),
-            c.repository.clone().unwrap_or_default(),
-            c.setup_env.clone().unwrap_or_default(),
-            c.venv.clone().unwrap_or_default(),
-            spec.command
-                .cwd
-                .as_ref()
-                .map(|p| p.display().to_string())
-                .unwrap_or_default(),
-            spec.command.env.get("PATH").cloned().unwrap_or_default(),
-            program.clone(),
-        ];
+        let mut a = vec![self.root_arg()];
+        a.extend(setup_args(c, spec));
+        a.push(spec.command.env.get("PATH").cloned().unwrap_or_default());
+        a.push(program.clone());
         for h in &self.cfg.hosts {
             if excluded.contains(&h.host) || h.gpus < need {
                 continue;
@@ -1082,16 +1073,9 @@ impl Inner {
             log,
             wall.to_string(),
             self.cfg.kill_grace.as_secs().max(1).to_string(),
-            c.repository.clone().unwrap_or_default(),
-            c.setup_env.clone().unwrap_or_default(),
-            c.venv.clone().unwrap_or_default(),
-            spec.command
-                .cwd
-                .as_ref()
-                .map(|p| p.display().to_string())
-                .unwrap_or_default(),
-            c.prerun_commands.len().to_string(),
         ];
+        a.extend(setup_args(c, spec));
+        a.push(c.prerun_commands.len().to_string());
         a.extend(c.prerun_commands.iter().cloned());
         a.push(c.postrun_commands.len().to_string());
         a.extend(c.postrun_commands.iter().cloned());
@@ -1754,6 +1738,21 @@ impl Executor for BareMetalExecutor {
     }
 }
 
+/// The job's setup as the host scripts take it (`JOB` and the program check of `remote.rs`):
+/// repository, setup_env script, venv and working directory, empty when unset.
+fn setup_args(c: &ExecutionContract, spec: &AttemptSpec) -> [String; 4] {
+    [
+        c.repository.clone().unwrap_or_default(),
+        c.setup_env.clone().unwrap_or_default(),
+        c.venv.clone().unwrap_or_default(),
+        spec.command
+            .cwd
+            .as_ref()
+            .map(|p| p.display().to_string())
+            .unwrap_or_default(),
+    ]
+}
+
 #[cfg(test)]
 mod pacer_tests {
     use super::*;
@@ -1836,18 +1835,7 @@ mod malformed_exit_tests {
         for (name, text) in files {
             std::fs::write(d.join(name), text).unwrap();
         }
-        let line = command_line(
-            "ptron-poll",
-            remote::poll_body(),
-            &[],
-            &[root.display().to_string(), "a1".into()],
-        );
-        let out = std::process::Command::new("sh")
-            .arg("-c")
-            .arg(&line)
-            .output()
-            .unwrap();
-        String::from_utf8_lossy(&out.stdout).trim().to_string()
+        remote::poll_here(root, "a1")
     }
 
     /// Issue 27, bad input: a malformed pid file (`job`, `wrapper`) on a host is reported with

@@ -455,6 +455,23 @@ pub fn parse_poll(out: &str) -> Vec<(String, RemoteState)> {
     v
 }
 
+/// Tests: runs the poll script here (not over ssh) on attempt `id` under `root`; its answer.
+#[cfg(test)]
+pub(super) fn poll_here(root: &std::path::Path, id: &str) -> String {
+    let line = command_line(
+        "ptron-poll",
+        poll_body(),
+        &[],
+        &[root.display().to_string(), id.into()],
+    );
+    let out = std::process::Command::new("sh")
+        .arg("-c")
+        .arg(&line)
+        .output()
+        .expect("running sh");
+    String::from_utf8_lossy(&out.stdout).trim().to_string()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -649,18 +666,7 @@ mod tests {
         let ticks = crate::store::process_start_ticks(pid).unwrap_or(1);
         std::fs::write(d.join("wrapper"), format!("{pid} {ticks} {rec}\n")).unwrap();
         std::fs::write(d.join("job"), format!("{pid} {ticks} 1000 {rec}\n")).unwrap();
-        let line = command_line(
-            "poll",
-            poll_body(),
-            &[],
-            &[root.path().display().to_string(), "a1".into()],
-        );
-        let out = std::process::Command::new("sh")
-            .arg("-c")
-            .arg(&line)
-            .output()
-            .unwrap();
-        String::from_utf8_lossy(&out.stdout).trim().to_string()
+        poll_here(root.path(), "a1")
     }
 
     #[test]
