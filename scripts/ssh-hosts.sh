@@ -19,8 +19,9 @@
 # `Host hN` alias per host, and per host hN/: sshd_config, pid file, bin/nvidia-smi, state/,
 # home/ (the session's HOME, so the login shell reads no rc file of the machine's user).
 # The machine's own ~/.ssh and /etc/ssh are never touched. Only loopback addresses are used.
-# Tasks of host hN carry PUZZLETRON_FAKE_HOST=hN in their environment (set by that sshd), which
-# is how `ps` and `kill-tasks` tell the hosts apart on this one machine.
+# Tasks of host hN carry PUZZLETRON_FAKE_HOST=hN and PUZZLETRON_BAREMETAL_ROOT=$DIR/hN/state in
+# their environment (set by that sshd); the second is how `ps` and `kill-tasks` tell the hosts
+# (and two sets of hosts in two folders) apart on this one machine.
 set -euo pipefail
 DIR=${PUZZLETRON_SSH_HOSTS_DIR:-/tmp/puzzletron-ssh-hosts}
 N=${PUZZLETRON_SSH_HOSTS:-7}
@@ -138,7 +139,7 @@ stop_host() {
   # so match the config path inside the title as well as in a plain argv.
   local cl
   for f in /proc/[0-9]*/cmdline; do
-    cl=$(tr '\0' ' ' < "$f" 2>/dev/null) || continue
+    cl=$(tr '\0' ' ' 2>/dev/null < "$f") || continue
     case "$cl" in
       "sshd: "*"$DIR/$1/sshd_config "*|"$SSHD "*"$DIR/$1/sshd_config "*)
         c=${f#/proc/}; frontier="$frontier ${c%/cmdline}" ;;
@@ -162,10 +163,13 @@ stop_host() {
   rm -f "$DIR/$1/sshd.pid"
 }
 
-# Processes whose environment says they belong to host $1.
+# Processes whose environment says they belong to host $1 of this $DIR: by its state folder
+# (PUZZLETRON_BAREMETAL_ROOT, set by that sshd), not by the host's name alone, so that
+# `kill-tasks h6` of one set of hosts never kills the tasks of another set's h6 running
+# beside it (another checkout's tests on another port).
 host_pids() {
   local f pid
-  for f in $(grep -l -z -x "PUZZLETRON_FAKE_HOST=$1" /proc/[0-9]*/environ 2>/dev/null || true); do
+  for f in $(grep -l -z -x "PUZZLETRON_BAREMETAL_ROOT=$DIR/$1/state" /proc/[0-9]*/environ 2>/dev/null || true); do
     pid=${f#/proc/}; pid=${pid%/environ}
     [ "$pid" = "$$" ] || echo "$pid"
   done
