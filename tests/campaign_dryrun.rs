@@ -292,7 +292,9 @@ fn baremetal_remote_commands_are_quoted_words() {
         .output()
         .unwrap();
     assert!(
-        out.status.success() && String::from_utf8_lossy(&out.stdout).trim() == "OK",
+        out.status.success()
+            && String::from_utf8_lossy(&out.stdout).trim()
+                == format!("OK {}", jobs[1].attempt_id.as_str()),
         "{}{}",
         String::from_utf8_lossy(&out.stdout),
         String::from_utf8_lossy(&out.stderr)
