@@ -17,7 +17,7 @@ usage: campaign_dry_run [EXPERIMENT.yaml RUNNER.yaml EXECUTION.yaml [OVERRIDE...
 
 Compiles a campaign and prints what would be submitted, per stage (nothing is run).
   EXPERIMENT.yaml   the experiment (stages and their settings)
-  RUNNER.yaml       the runner environment (local or slurm)
+  RUNNER.yaml       the runner environment (local, slurm, baremetal or ray)
   EXECUTION.yaml    the execution policies (failure/halt policy, resources)
   OVERRIDE...       Hydra-style overrides of the experiment, e.g. pruning.eval_samples=4
                     or +notes=smoke (both work on the Qwen MoE production run)

@@ -362,7 +362,7 @@ pub struct ControllerArgs {
     pub output_visibility_wait: Option<u64>,
     /// Seconds after its start within which an attempt that failed before its start mark,
     /// with no application evidence in its log, is an infrastructure failure charged to its
-    /// node (default 60).
+    /// node (default 60; Slurm and bare-metal runners, whose jobs write the start mark).
     #[arg(long, value_name = "SECONDS")]
     pub fast_failure_window: Option<u64>,
     /// No live progress view.
