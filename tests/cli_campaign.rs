@@ -931,6 +931,30 @@ fn an_unreadable_journal_line_or_plan_is_named_and_the_rest_shown() {
     assert!(html.contains("n1.a.0.a1"), "and shows what was read");
 }
 
+/// `status --json` lists the nodes the controller excluded (when, which, why), as the text
+/// status and the report do.
+#[test]
+fn status_json_lists_the_excluded_nodes() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().join("c");
+    let ctl = dir.join("controller");
+    std::fs::create_dir_all(&ctl).unwrap();
+    let lines = [
+        serde_json::json!({"seq": 1, "at_ms": 1000, "entry": {"t":"header","format":1,"nonce":"n1","contract_hash":"h"}}),
+        serde_json::json!({"seq": 2, "at_ms": 2000, "entry": {"t":"node_excluded","node":"h6","reason":"its SSH host key was refused"}}),
+    ];
+    let text: Vec<String> = lines.iter().map(|l| l.to_string()).collect();
+    std::fs::write(ctl.join("journal.jsonl"), text.join("\n") + "\n").unwrap();
+    let (_, v, _) = status_json(dir.to_str().unwrap());
+    assert_eq!(
+        v["excluded_nodes"],
+        serde_json::json!([{"at_ms": 2000, "node": "h6", "reason": "its SSH host key was refused"}]),
+        "{v}"
+    );
+    let (_, text, _) = run(&["campaign", "status", dir.to_str().unwrap()]);
+    assert!(text.contains("h6"), "{text}");
+}
+
 /// Items of the stub's record: the catalog's own command comes after the prefix.
 #[test]
 fn the_stub_gets_the_catalog_command_after_the_prefix() {

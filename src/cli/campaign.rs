@@ -717,6 +717,15 @@ struct StatusJson<'a> {
     wasted_gpu_hours: f64,
     waste_by_class: std::collections::BTreeMap<String, f64>,
     last_events: &'a [(u64, String, String)],
+    excluded_nodes: Vec<ExcludedJson<'a>>,
+}
+
+/// A node the controller excluded, in `status --json`.
+#[derive(serde::Serialize)]
+struct ExcludedJson<'a> {
+    at_ms: u64,
+    node: &'a str,
+    reason: &'a str,
 }
 
 fn status_code(h: &CampaignHistory) -> i32 {
@@ -873,6 +882,15 @@ fn status_cmd(dir: &Path, json: bool, watch: Option<u64>) -> Result<i32, CliErro
                 wasted_gpu_hours: h.wasted_gpu_hours(),
                 waste_by_class: h.waste_by_class(),
                 last_events: &h.events,
+                excluded_nodes: h
+                    .excluded_nodes
+                    .iter()
+                    .map(|(at_ms, node, reason)| ExcludedJson {
+                        at_ms: *at_ms,
+                        node,
+                        reason,
+                    })
+                    .collect(),
             };
             println!("{}", serde_json::to_string_pretty(&s)?);
         } else {
