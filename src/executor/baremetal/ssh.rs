@@ -73,9 +73,22 @@ pub fn classify_255(host: &str, stderr: &str) -> SshFailure {
     if lower.contains("remote host identification has changed")
         || lower.contains("host key verification failed")
     {
+        // ssh names the known_hosts entry itself (`[address]:port` for an ssh_config alias
+        // on another port, which `ssh-keygen -R alias` would not find): quote its command.
+        let fix = stderr
+            .lines()
+            .map(str::trim)
+            .find(|l| l.starts_with("ssh-keygen "))
+            .map(str::to_string)
+            .unwrap_or_else(|| {
+                format!(
+                    "ssh-keygen -R {host}; for an ssh_config alias, its HostName, as \
+                     `[HostName]:Port` when the port is not 22"
+                )
+            });
         return SshFailure::HostConfig(format!(
             "{}: the host key of {host} changed or is unknown (`{}`): it is never accepted \
-             automatically; check the host, then update known_hosts (ssh-keygen -R {host})",
+             automatically; check the host, then update known_hosts ({fix})",
             crate::executor::HOST_KEY_REFUSED,
             first_line(stderr, "host key")
         ));
@@ -657,7 +670,12 @@ mod tests {
             (
                 "Host key verification failed.\n",
                 true,
-                "ssh-keygen -R node07",
+                "ssh-keygen -R node07; for an ssh_config alias, its HostName",
+            ),
+            (
+                "Offending ED25519 key in /k/known_hosts:1\n  remove with:\n  ssh-keygen -f \"/k/known_hosts\" -R \"[127.0.10.2]:2222\"\nHost key verification failed.\n",
+                true,
+                "update known_hosts (ssh-keygen -f \"/k/known_hosts\" -R \"[127.0.10.2]:2222\")",
             ),
             (
                 "user@node07: Permission denied (publickey).\n",
