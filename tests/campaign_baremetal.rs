@@ -344,7 +344,7 @@ fn host_down_and_back_then_host_down_for_good() {
 )]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn puzzletron_fixture_with_a_stub_worker_runs_across_hosts() {
-    use puzzletron::campaign::controller::{CampaignController, RunOptions, ViewMode};
+    use puzzletron::campaign::controller::RunOptions;
     use puzzletron::campaign::{ExecutionConfig, RunnerEnvironment, compile_campaign_plan};
 
     let Some(h) = ssh_hosts::hosts() else { return };
@@ -408,25 +408,12 @@ async fn puzzletron_fixture_with_a_stub_worker_runs_across_hosts() {
     )
     .unwrap();
     let stages = plan.stages.len();
-    let dir =
-        puzzletron::campaign::controller::open_campaign_dir(&root.path().join("campaign")).unwrap();
-    let exec = plan
-        .runner
-        .baremetal_executor(dir.join("baremetal"))
-        .unwrap()
-        .ssh_config(&h.config)
-        .kill_grace(Duration::from_secs(1))
-        .build()
+    let dir = campaign_dir(root.path());
+    let exec = Arc::new(bm_executor(&plan, &h, &dir, None));
+    let report = bm_controller(plan, exec, &dir)
+        .run(RunOptions::default())
+        .await
         .unwrap();
-    let mut ctl = CampaignController::builder()
-        .plan(plan)
-        .executor(Arc::new(exec))
-        .campaign_dir(&dir)
-        .poll_interval(Duration::from_millis(50), Duration::from_millis(200))
-        .view(ViewMode::Off)
-        .build()
-        .unwrap();
-    let report = ctl.run(RunOptions::default()).await.unwrap();
     assert!(report.is_complete(), "{report}");
     let runs = seen(&dir);
     assert_eq!(runs.len(), stages, "{runs:?}");
@@ -461,12 +448,8 @@ async fn puzzletron_fixture_with_a_stub_worker_runs_across_hosts() {
 )]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_host_failing_jobs_fast_before_the_start_mark_is_excluded_and_the_stage_completes() {
-    use puzzletron::campaign::config::Value as ConfigValue;
-    use puzzletron::campaign::controller::{CampaignController, RunOptions, ViewMode};
-    use puzzletron::campaign::{
-        ExecutionConfig, RunnerEnvironment, StageCatalog, compile_resolved,
-    };
-    use serde_json::{Value, json};
+    use puzzletron::campaign::controller::RunOptions;
+    use serde_json::Value;
 
     let Some(h) = ssh_hosts::hosts() else { return };
     let _w = watchdog::Watchdog::start("bm_fast_failing_host", Duration::from_secs(300));
@@ -481,47 +464,15 @@ async fn a_host_failing_jobs_fast_before_the_start_mark_is_excluded_and_the_stag
         ),
     )
     .unwrap();
-    let runner = RunnerEnvironment::load(&runner_yaml).unwrap();
-    let config = ConfigValue::from_json(&json!({"stages": [{
-        "id": "s",
-        "strategy": "sharded",
-        "instances": 6,
-        "command": ["sh", "-c", "sleep 0.5; touch \"$PUZZLETRON_OUTPUT_DIR/_SUCCESS\""],
-    }]}));
-    let catalog = StageCatalog::from_config("exp", &config).unwrap();
-    let execution = ExecutionConfig::from_value(
-        "execution.yaml",
-        &ConfigValue::from_json(&json!({"execution": {"defaults": {
-            "gpus_per_node": 4, "max_attempts": 2, "failure_policy": "resume"
-        }}})),
-    )
-    .unwrap();
-    let plan = compile_resolved("exp", config, &[], &catalog, &runner, &execution, None).unwrap();
-    let dir =
-        puzzletron::campaign::controller::open_campaign_dir(&root.path().join("campaign")).unwrap();
-    let exec = plan
-        .runner
-        .baremetal_executor(dir.join("baremetal"))
-        .unwrap()
-        .ssh_config(&h.config)
-        .kill_grace(Duration::from_secs(1))
-        .build()
+    let plan = sharded_plan(&runner_yaml, 6, "sleep 0.5", 2);
+    let dir = campaign_dir(root.path());
+    let exec = Arc::new(bm_executor(&plan, &h, &dir, None));
+    let report = bm_controller(plan, exec, &dir)
+        .run(RunOptions::default())
+        .await
         .unwrap();
-    let mut ctl = CampaignController::builder()
-        .plan(plan)
-        .executor(Arc::new(exec))
-        .campaign_dir(&dir)
-        .poll_interval(Duration::from_millis(100), Duration::from_millis(300))
-        .view(ViewMode::Off)
-        .build()
-        .unwrap();
-    let report = ctl.run(RunOptions::default()).await.unwrap();
     assert!(report.is_complete(), "{report}");
-    let journal: Vec<Value> = std::fs::read_to_string(dir.join("controller/journal.jsonl"))
-        .unwrap()
-        .lines()
-        .map(|l| serde_json::from_str::<Value>(l).unwrap()["entry"].clone())
-        .collect();
+    let journal = journal_entries(&dir);
     let finished: Vec<&Value> = journal.iter().filter(|e| e["t"] == "finished").collect();
     let fast: Vec<&&Value> = finished.iter().filter(|e| e["fail_fast"] == true).collect();
     assert!(fast.len() >= 2, "{journal:?}");
@@ -604,11 +555,7 @@ async fn a_host_failing_jobs_fast_before_the_start_mark_is_excluded_and_the_stag
 )]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_host_whose_key_changes_mid_campaign_is_excluded_and_the_campaign_completes() {
-    use puzzletron::campaign::config::Value as ConfigValue;
-    use puzzletron::campaign::controller::{CampaignController, RunOptions, ViewMode};
-    use puzzletron::campaign::{
-        ExecutionConfig, RunnerEnvironment, StageCatalog, compile_resolved,
-    };
+    use puzzletron::campaign::controller::RunOptions;
     use serde_json::{Value, json};
 
     let Some(h) = ssh_hosts::hosts() else { return };
@@ -643,44 +590,17 @@ async fn a_host_whose_key_changes_mid_campaign_is_excluded_and_the_campaign_comp
         "runner:\n  kind: baremetal\n  inventory:\n    rendezvous_host: h5\n    hosts:\n      - {hostname: h5, gpus: 4}\n      - {hostname: h6, gpus: 4}\n",
     )
     .unwrap();
-    let runner = RunnerEnvironment::load(&runner_yaml).unwrap();
     // 1-GPU units on the 8 GPUs: h6's key changes while its four run.
-    let config = ConfigValue::from_json(&json!({"stages": [{
-        "id": "s",
-        "strategy": "sharded",
-        "instances": 8,
-        "command": ["sh", "-c", "sleep 2; touch \"$PUZZLETRON_OUTPUT_DIR/_SUCCESS\""],
-    }]}));
-    let catalog = StageCatalog::from_config("exp", &config).unwrap();
-    let execution = ExecutionConfig::from_value(
-        "execution.yaml",
-        &ConfigValue::from_json(&json!({"execution": {"defaults": {
-            "gpus_per_node": 4, "max_attempts": 1, "failure_policy": "resume"
-        }}})),
-    )
-    .unwrap();
-    let plan = compile_resolved("exp", config, &[], &catalog, &runner, &execution, None).unwrap();
-    let dir =
-        puzzletron::campaign::controller::open_campaign_dir(&root.path().join("campaign")).unwrap();
-    let exec = Arc::new(
-        plan.runner
-            .baremetal_executor(dir.join("baremetal"))
-            .unwrap()
-            .ssh_config(&h.config)
-            .ssh_option(format!("UserKnownHostsFile={}", kh.display()))
-            .kill_grace(Duration::from_secs(1))
-            .build()
-            .unwrap(),
-    );
+    let plan = sharded_plan(&runner_yaml, 8, "sleep 2", 1);
+    let dir = campaign_dir(root.path());
+    let exec = Arc::new(bm_executor(
+        &plan,
+        &h,
+        &dir,
+        Some(format!("UserKnownHostsFile={}", kh.display())),
+    ));
     let control = exec.ssh_control_dir().to_path_buf();
-    let mut ctl = CampaignController::builder()
-        .plan(plan)
-        .executor(exec.clone())
-        .campaign_dir(&dir)
-        .poll_interval(Duration::from_millis(100), Duration::from_millis(300))
-        .view(ViewMode::Off)
-        .build()
-        .unwrap();
+    let mut ctl = bm_controller(plan, exec.clone(), &dir);
     // Mid-campaign: once attempts were launched on h6, its key changes while they run.
     let journal_path = dir.join("controller/journal.jsonl");
     let (kh2, cfg2, other2) = (kh.clone(), h.config.clone(), other.clone());
@@ -728,11 +648,7 @@ async fn a_host_whose_key_changes_mid_campaign_is_excluded_and_the_campaign_comp
     let report = ctl.run(RunOptions::default()).await.unwrap();
     let wrong = changer.join().unwrap().expect("no attempt launched on h6");
     assert!(report.is_complete(), "{report}");
-    let journal: Vec<Value> = std::fs::read_to_string(dir.join("controller/journal.jsonl"))
-        .unwrap()
-        .lines()
-        .map(|l| serde_json::from_str::<Value>(l).unwrap()["entry"].clone())
-        .collect();
+    let journal = journal_entries(&dir);
     let excluded: Vec<&Value> = journal
         .iter()
         .filter(|e| e["t"] == "node_excluded")
@@ -809,4 +725,77 @@ async fn a_host_whose_key_changes_mid_campaign_is_excluded_and_the_campaign_comp
     // Never auto-accepted: the copy still holds the test's wrong line for h6.
     assert_eq!(std::fs::read_to_string(&kh).unwrap(), wrong);
     assert!(wrong.contains(&other));
+}
+
+/// A one-stage plan for the runner file `runner_yaml`: `instances` sharded 1-GPU units that run
+/// `work` then write their success marker, with `max_attempts` and the resume policy.
+fn sharded_plan(
+    runner_yaml: &Path,
+    instances: u32,
+    work: &str,
+    max_attempts: u32,
+) -> puzzletron::campaign::CampaignPlan {
+    use serde_json::json;
+    support::plan::PlanBuilder::stages(json!([{
+        "id": "s",
+        "strategy": "sharded",
+        "instances": instances,
+        "command": ["sh", "-c", format!("{work}; touch \"$PUZZLETRON_OUTPUT_DIR/_SUCCESS\"")],
+    }]))
+    .runner(puzzletron::campaign::RunnerEnvironment::load(runner_yaml).unwrap())
+    .execution(json!({"defaults": {
+        "gpus_per_node": 4, "max_attempts": max_attempts, "failure_policy": "resume"
+    }}))
+    .build()
+}
+
+/// The campaign folder under `root`.
+fn campaign_dir(root: &Path) -> PathBuf {
+    puzzletron::campaign::controller::open_campaign_dir(&root.join("campaign")).unwrap()
+}
+
+/// The plan's bare-metal executor on the test hosts (state under `dir`), with one more ssh
+/// option when given.
+fn bm_executor(
+    plan: &puzzletron::campaign::CampaignPlan,
+    h: &ssh_hosts::SshHosts,
+    dir: &Path,
+    ssh_option: Option<String>,
+) -> puzzletron::executor::baremetal::BareMetalExecutor {
+    let mut b = plan
+        .runner
+        .baremetal_executor(dir.join("baremetal"))
+        .unwrap()
+        .ssh_config(&h.config)
+        .kill_grace(Duration::from_secs(1));
+    if let Some(o) = ssh_option {
+        b = b.ssh_option(o);
+    }
+    b.build().unwrap()
+}
+
+/// A quiet controller of `plan` on `exec` in `dir`, polling every 100-300 ms.
+fn bm_controller(
+    plan: puzzletron::campaign::CampaignPlan,
+    exec: Arc<puzzletron::executor::baremetal::BareMetalExecutor>,
+    dir: &Path,
+) -> puzzletron::campaign::controller::CampaignController {
+    use puzzletron::campaign::controller::{CampaignController, ViewMode};
+    CampaignController::builder()
+        .plan(plan)
+        .executor(exec)
+        .campaign_dir(dir)
+        .poll_interval(Duration::from_millis(100), Duration::from_millis(300))
+        .view(ViewMode::Off)
+        .build()
+        .unwrap()
+}
+
+/// The journal's entries, in order.
+fn journal_entries(dir: &Path) -> Vec<serde_json::Value> {
+    std::fs::read_to_string(dir.join("controller/journal.jsonl"))
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str::<serde_json::Value>(l).unwrap()["entry"].clone())
+        .collect()
 }
