@@ -476,6 +476,28 @@ pub(super) fn poll_here(root: &std::path::Path, id: &str) -> String {
 mod tests {
     use super::*;
 
+    /// The `args` file of a job (the layout [`JOB`] reads): no log, no walltime, 1 s grace,
+    /// no repository, setup or venv, working directory `cwd`, the `prerun` commands, no
+    /// postrun, the `env` entries, then `sh -c script`.
+    fn job_args(cwd: &str, prerun: &[&str], env: &[String], script: &str) -> String {
+        let mut words: Vec<String> = vec![
+            String::new(),
+            "0".into(),
+            "1".into(),
+            String::new(),
+            String::new(),
+            String::new(),
+            cwd.into(),
+            prerun.len().to_string(),
+        ];
+        words.extend(prerun.iter().map(|p| p.to_string()));
+        words.push("0".into());
+        words.push(env.len().to_string());
+        words.extend(env.iter().cloned());
+        words.extend(["sh".into(), "-c".into(), script.into()]);
+        words.iter().map(|w| quote(w)).collect::<Vec<_>>().join(" ")
+    }
+
     #[test]
     fn poll_lines_parse() {
         let out = "A x\nS y 17\nW z\nR r 42\nD d\nE e status=exited code=3 timeout=0 cancelled=1 start_ms=5 end_ms=9\ngarbage\n";
@@ -532,30 +554,20 @@ mod tests {
             let d = tempfile::tempdir().unwrap();
             let mark = d.path().join("_STARTED");
             let seen = d.path().join("seen");
-            let words = [
-                String::new(),
-                "0".into(),
-                "1".into(),
-                String::new(),
-                String::new(),
-                String::new(),
-                d.path().display().to_string(),
-                "1".into(),
-                prerun.into(),
-                "0".into(),
-                "2".into(),
-                format!("{}={}", crate::executor::START_FILE_ENV, mark.display()),
-                format!("{}=c.s.0.a1", crate::executor::ATTEMPT_ID_ENV),
-                "sh".into(),
-                "-c".into(),
+            let args = job_args(
+                &d.path().display().to_string(),
+                &[prerun],
+                &[
+                    format!("{}={}", crate::executor::START_FILE_ENV, mark.display()),
+                    format!("{}=c.s.0.a1", crate::executor::ATTEMPT_ID_ENV),
+                ],
                 // The payload sees the mark already there.
-                format!(
+                &format!(
                     "cat \"$PUZZLETRON_START_FILE\" > {}",
                     quote(&seen.display().to_string())
                 ),
-            ];
-            let args: Vec<String> = words.iter().map(|w| quote(w)).collect();
-            std::fs::write(d.path().join("args"), args.join(" ")).unwrap();
+            );
+            std::fs::write(d.path().join("args"), args).unwrap();
             std::fs::write(d.path().join("job.sh"), JOB).unwrap();
             let out = std::process::Command::new("sh")
                 .arg(d.path().join("job.sh"))
@@ -588,24 +600,7 @@ mod tests {
     #[test]
     fn one_submit_script_launches_several_attempts_each_exactly_once() {
         let root = tempfile::tempdir().unwrap();
-        let job_args = |tag: &str| {
-            let words = [
-                String::new(),
-                "0".into(),
-                "1".into(),
-                String::new(),
-                String::new(),
-                String::new(),
-                String::new(),
-                "0".into(),
-                "0".into(),
-                "0".into(),
-                "sh".into(),
-                "-c".into(),
-                format!("echo {tag}"),
-            ];
-            words.iter().map(|w| quote(w)).collect::<Vec<_>>().join(" ")
-        };
+        let job_args = |tag: &str| job_args("", &[], &[], &format!("echo {tag}"));
         let run = |ids: &[&str]| {
             let mut args = vec![
                 root.path().display().to_string(),
