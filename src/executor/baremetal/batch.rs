@@ -7,6 +7,7 @@
 //! the meantime. The others only wait for their result. A leader that is dropped (its caller
 //! cancelled) hands the lead back and drops the queued callers' channels: they see `None`.
 
+use super::lock;
 use std::collections::HashMap;
 use std::future::Future;
 use std::pin::Pin;
@@ -37,10 +38,6 @@ pub(crate) struct Coalescer<T, R> {
     window: Duration,
     queues: Mutex<HashMap<String, Queue<T, R>>>,
     batches: AtomicU64,
-}
-
-fn lock<X>(m: &Mutex<X>) -> std::sync::MutexGuard<'_, X> {
-    m.lock().unwrap_or_else(|p| p.into_inner())
 }
 
 /// Hands the lead of a key back when its leader ends, normally or dropped mid-way.

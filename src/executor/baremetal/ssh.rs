@@ -187,8 +187,8 @@ fn first_line<'a>(text: &'a str, needle: &str) -> &'a str {
 }
 
 impl SshFailure {
-    /// As an [`ExecutorError`] for `what` on `host`.
-    /// The same failure again (for each attempt of a launch exchange that failed as a whole).
+    /// The same failure again (for each attempt of a launch exchange that failed as a whole;
+    /// `std::io::Error` is not `Clone`, so a spawn error is rebuilt from its kind and text).
     pub fn copy(&self) -> SshFailure {
         match self {
             SshFailure::Unreachable(m) => SshFailure::Unreachable(m.clone()),
@@ -201,6 +201,7 @@ impl SshFailure {
         }
     }
 
+    /// As an [`ExecutorError`] for `what` on `host`.
     pub fn into_error(self, host: &str, what: &str) -> ExecutorError {
         match self {
             SshFailure::Unreachable(m) => ExecutorError::SchedulerUnavailable {
