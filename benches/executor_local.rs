@@ -24,7 +24,7 @@ use puzzletron::Orchestrator;
 use puzzletron::executor::{
     AttemptId, AttemptSpec, CommandSpec, Executor, ExecutorExt, JobState, LocalExecutor,
 };
-use puzzletron::sweep::{JobResult, Run};
+use puzzletron::{JobResult, Run};
 
 mod support;
 use support::{SNAKEMAKE, Scratch, load, peer_venv, settle, target_dir, user_crate, user_job};

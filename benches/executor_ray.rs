@@ -17,7 +17,7 @@ use std::time::{Duration, Instant};
 use puzzletron::executor::{
     AttemptId, AttemptSpec, CommandSpec, Executor, ExecutorExt, LocalExecutor, RayExecutor,
 };
-use puzzletron::sweep::{JobResult, Run};
+use puzzletron::{JobResult, Run};
 use puzzletron::{Orchestrator, job};
 use serde::{Deserialize, Serialize};
 
@@ -31,7 +31,7 @@ fn trivial(p: &P, run: &mut Run) -> JobResult {
     Ok(())
 }
 
-fn rate<E: Executor>(mut o: Orchestrator<puzzletron::FsStore, E>, n: i64) -> f64 {
+fn rate<E: Executor>(mut o: Orchestrator<puzzletron::store::FsStore, E>, n: i64) -> f64 {
     let j = job!(trivial);
     for x in 0..n {
         o.run(&j, P { x }).unwrap();

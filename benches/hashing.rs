@@ -18,8 +18,8 @@ use std::time::Duration;
 
 use criterion::{BatchSize, Criterion, Throughput, criterion_group, criterion_main};
 use puzzletron::identity::{self, Modules, OwnedCode};
-use puzzletron::sweep::{Job, JobResult, Run};
-use puzzletron::{MemoryStore, Orchestrator, job};
+use puzzletron::{Job, JobResult, Run};
+use puzzletron::{Orchestrator, job, store::MemoryStore};
 use serde::{Deserialize, Serialize};
 
 #[derive(Clone, Serialize, Deserialize)]
@@ -260,7 +260,7 @@ fn cache_hits(c: &mut Criterion) {
     g.bench_function("fs_enqueue_plan", |b| {
         b.iter(|| {
             let plan = sweep().plan().unwrap();
-            assert_eq!(plan.count(puzzletron::sweep::Action::Skip), n as usize);
+            assert_eq!(plan.count(puzzletron::Action::Skip), n as usize);
             plan
         })
     });

@@ -20,7 +20,7 @@ use std::process::Command;
 use std::time::Instant;
 
 use puzzletron::Orchestrator;
-use puzzletron::sweep::{JobResult, Run};
+use puzzletron::{JobResult, Run};
 
 mod support;
 use support::{
@@ -140,7 +140,7 @@ fn child(case: &str, n: u32, store: &Path) {
         "plan-done" => {
             let plan = o.plan().unwrap();
             assert_eq!(
-                plan.count(puzzletron::sweep::Action::Skip),
+                plan.count(puzzletron::Action::Skip),
                 n as usize,
                 "not all done"
             );

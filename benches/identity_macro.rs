@@ -51,8 +51,7 @@ fn generate(dir: &Path, with_macro: bool, optimized_macros: bool) {
         ),
     )
     .unwrap();
-    let mut main =
-        String::from("#![allow(dead_code)]\nuse puzzletron::sweep::{Job, JobResult, Run};\n");
+    let mut main = String::from("#![allow(dead_code)]\nuse puzzletron::{Job, JobResult, Run};\n");
     for m in 0..MODULES {
         main.push_str(&format!("mod m{m};\n"));
         let mut s = String::new();

@@ -24,8 +24,8 @@ use std::time::{Duration, Instant};
 mod process;
 use process::load;
 
-use puzzletron::sweep::{JobResult, Run};
-use puzzletron::{FsStore, Orchestrator, StoreExt, job};
+use puzzletron::{JobResult, Run};
+use puzzletron::{Orchestrator, job, store::FsStore, store::StoreExt};
 use serde::{Deserialize, Serialize};
 
 const STEPS: i64 = 1000;

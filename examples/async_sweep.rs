@@ -15,7 +15,7 @@ mod shell_executor;
 
 use std::path::PathBuf;
 
-use puzzletron::sweep::{JobResult, Run};
+use puzzletron::{JobResult, Run};
 use puzzletron::{Orchestrator, job};
 use serde::{Deserialize, Serialize};
 use shell_executor::ShellExecutor;

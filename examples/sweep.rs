@@ -19,9 +19,9 @@ use std::path::PathBuf;
 
 #[cfg(feature = "slurm")]
 use puzzletron::executor::SlurmExecutor;
-use puzzletron::executor::{Executor, LocalExecutor, MockExecutor};
+use puzzletron::executor::{Executor, InProcess, LocalExecutor};
 use puzzletron::identity::Modules;
-use puzzletron::sweep::{JobResult, Run};
+use puzzletron::{JobResult, Run};
 use puzzletron::{Orchestrator, job};
 use serde::{Deserialize, Serialize};
 
@@ -156,7 +156,7 @@ fn sweep_main() -> Result<(), Box<dyn std::error::Error>> {
     // executors keep their attempt folders inside the store, so the store is made first (a
     // new store must start as an empty folder).
     if args.executor != "inprocess" {
-        puzzletron::FsStore::create(&args.store)?;
+        puzzletron::store::FsStore::create(&args.store)?;
     }
     let executor: Box<dyn Executor> = match args.executor.as_str() {
         "local" => Box::new(LocalExecutor::builder(args.store.join("local")).build()?),
@@ -164,7 +164,7 @@ fn sweep_main() -> Result<(), Box<dyn std::error::Error>> {
         "slurm" => Box::new(SlurmExecutor::builder(args.store.join("slurm")).build()?),
         #[cfg(not(feature = "slurm"))]
         "slurm" => return Err("this build has no Slurm support (feature `slurm`)".into()),
-        _ => Box::new(MockExecutor::new()),
+        _ => Box::new(InProcess),
     };
     let mut sweep = builder
         .executor(executor)

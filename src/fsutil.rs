@@ -8,7 +8,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 /// How much a write must survive.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 #[non_exhaustive]
-pub enum Durability {
+pub(crate) enum Durability {
     /// A crash of the process *or of the machine* leaves the old file or the new one: the temp
     /// file and the folder are `fsync`ed (about 2 fsyncs, milliseconds on a disk).
     Power,
@@ -23,7 +23,7 @@ pub enum Durability {
 ///
 /// # Errors
 /// The first I/O error; the temp file is removed on failure.
-pub fn atomic_write(path: &Path, bytes: &[u8]) -> io::Result<()> {
+pub(crate) fn atomic_write(path: &Path, bytes: &[u8]) -> io::Result<()> {
     write_file(path, bytes, Durability::Power)
 }
 
@@ -31,7 +31,7 @@ pub fn atomic_write(path: &Path, bytes: &[u8]) -> io::Result<()> {
 ///
 /// # Errors
 /// The first I/O error; the temp file is removed on failure.
-pub fn replace_file(path: &Path, bytes: &[u8]) -> io::Result<()> {
+pub(crate) fn replace_file(path: &Path, bytes: &[u8]) -> io::Result<()> {
     write_file(path, bytes, Durability::Process)
 }
 
@@ -40,7 +40,7 @@ pub fn replace_file(path: &Path, bytes: &[u8]) -> io::Result<()> {
 ///
 /// # Errors
 /// The first I/O error; the temp file is removed on failure.
-pub fn write_file(path: &Path, bytes: &[u8], durability: Durability) -> io::Result<()> {
+pub(crate) fn write_file(path: &Path, bytes: &[u8], durability: Durability) -> io::Result<()> {
     let dir = parent_of(path);
     let tmp = temp_path(path);
     let result = (|| {
@@ -63,7 +63,7 @@ pub fn write_file(path: &Path, bytes: &[u8], durability: Durability) -> io::Resu
 }
 
 /// The folder `path` is in (`.` for a bare name).
-pub fn parent_of(path: &Path) -> &Path {
+pub(crate) fn parent_of(path: &Path) -> &Path {
     match path.parent() {
         Some(d) if !d.as_os_str().is_empty() => d,
         _ => Path::new("."),
@@ -72,7 +72,7 @@ pub fn parent_of(path: &Path) -> &Path {
 
 /// A temp name for `path` in its folder, unique in this process and among processes
 /// (`.NAME.tmp.PID.SEQ`): see [`is_temp_name`].
-pub fn temp_path(path: &Path) -> PathBuf {
+pub(crate) fn temp_path(path: &Path) -> PathBuf {
     static SEQ: AtomicU64 = AtomicU64::new(0);
     let name = path
         .file_name()
@@ -93,7 +93,7 @@ pub fn temp_path(path: &Path) -> PathBuf {
 /// # Errors
 /// The error of opening `dir` or of `syncfs`; [`io::ErrorKind::Unsupported`] where there is no
 /// `syncfs` (the caller then syncs file by file).
-pub fn sync_filesystem(dir: &Path) -> io::Result<()> {
+pub(crate) fn sync_filesystem(dir: &Path) -> io::Result<()> {
     #[cfg(any(target_os = "linux", target_os = "android"))]
     {
         use std::os::fd::AsRawFd;
@@ -116,11 +116,11 @@ pub fn sync_filesystem(dir: &Path) -> io::Result<()> {
 ///
 /// # Errors
 /// The I/O error of opening or syncing the folder.
-pub fn sync_dir(dir: &Path) -> io::Result<()> {
+pub(crate) fn sync_dir(dir: &Path) -> io::Result<()> {
     File::open(dir)?.sync_all()
 }
 
 /// Whether a name is one of [`atomic_write`]'s temp files (readers skip them).
-pub fn is_temp_name(name: &str) -> bool {
+pub(crate) fn is_temp_name(name: &str) -> bool {
     name.starts_with('.') && name.contains(".tmp.")
 }

@@ -9,8 +9,8 @@
 //! has no current result for, and says why; metrics come back as one Arrow table.
 //!
 //! ```
-//! use puzzletron::sweep::{JobResult, Run};
-//! use puzzletron::{MemoryStore, Orchestrator, job};
+//! use puzzletron::store::MemoryStore;
+//! use puzzletron::{JobResult, Orchestrator, Run, job};
 //! use serde::{Deserialize, Serialize};
 //!
 //! #[derive(Serialize, Deserialize)]
@@ -53,13 +53,16 @@
 //! ```
 //!
 //! ## Map
-//! - [`identity`]: [`Hash`](struct@Hash), canonical parameters, the owned-code digest, witnesses
+//! - The crate root: the sweep half, [`Orchestrator`], [`Job`] and the [`job!`] macro, [`Run`]
+//!   (where a job logs), [`Plan`], [`RunSummary`], [`worker`] (the entry point of isolated
+//!   runs). Every public item has exactly one path.
+//! - [`identity`]: [`Hash`](struct@identity::Hash), canonical parameters, the owned-code digest, witnesses
 //!   (Cargo.lock, toolchain, source commit).
-//! - [`store`]: the [`Store`] trait (forwarded through `Box`, `Arc` and `&`), [`StoreExt`]
-//!   (conveniences: a finished sweep's table in one call), [`FsStore`] (a folder, safe for many
-//!   processes and hosts), [`MemoryStore`].
-//! - [`sweep`]: [`Orchestrator`], [`Job`] and the [`job!`] macro, [`Run`] (where a job logs).
-//! - [`metrics`]: [`MetricTable`] (Arrow), Parquet and CSV output, [`metrics::collect`].
+//! - [`store`]: the [`Store`](store::Store) trait (forwarded through `Box`, `Arc` and `&`),
+//!   [`StoreExt`](store::StoreExt) (conveniences: a finished sweep's table in one call),
+//!   [`FsStore`](store::FsStore) (a folder, safe for many processes and hosts),
+//!   [`MemoryStore`](store::MemoryStore).
+//! - [`metrics`]: [`MetricTable`](metrics::MetricTable) (Arrow), Parquet and CSV output, [`metrics::collect`].
 //! - [`executor`]: the [`executor::Executor`] trait that runs attempts (local processes,
 //!   Slurm, bare-metal hosts over SSH, Ray, and a mock for tests);
 //!   [`executor::InProcess`], the default: jobs run in the draining process.
@@ -75,17 +78,17 @@
 //!   submissions and every controller event (`INFO`), retries of transient scheduler errors and
 //!   failed runs (`WARN`). Install a subscriber to see them (`tracing-subscriber`'s `fmt()`);
 //!   the `puzzletron` command line installs one on stderr (`--log-level`, `PUZZLETRON_LOG`).
-//!   What a caller asks to see is still shown: [`sweep::Event`]s through
-//!   [`OrchestratorBuilder::on_event`](sweep::OrchestratorBuilder::on_event), the campaign
+//!   What a caller asks to see is still shown: [`Event`]s through
+//!   [`OrchestratorBuilder::on_event`], the campaign
 //!   controller's live view (`ViewMode`) on stderr.
 //! - The first run a drain executes installs a process-wide panic hook that records where a
 //!   job panicked (message, `file:line`, backtrace) in the run's failure, and leaves every
-//!   other panic to the hook installed before it: [`sweep::install_panic_hook`],
-//!   [`sweep::remove_panic_hook`].
+//!   other panic to the hook installed before it: [`install_panic_hook`],
+//!   [`remove_panic_hook`].
 //! - A blocking [`Orchestrator::drain`] handles Ctrl-C (SIGINT) while it runs, when the
 //!   program does not handle SIGINT itself: the drain is cancelled, runs it started are
 //!   recorded as interrupted; the default action is back when the drain returns
-//!   ([`OrchestratorBuilder::cancel_on_ctrl_c`](sweep::OrchestratorBuilder::cancel_on_ctrl_c)).
+//!   ([`OrchestratorBuilder::cancel_on_ctrl_c`](OrchestratorBuilder::cancel_on_ctrl_c)).
 //!   An isolated worker handles SIGTERM and SIGINT the same way.
 //!
 //! ## Features
@@ -107,6 +110,7 @@
 //! Items that need a feature say so in these docs (on docs.rs every feature is on).
 
 #![warn(missing_docs)]
+#![warn(unreachable_pub)]
 #![cfg_attr(docsrs, feature(doc_cfg))]
 
 pub mod campaign;
@@ -117,7 +121,7 @@ pub mod identity;
 pub mod metrics;
 pub mod report;
 pub mod store;
-pub mod sweep;
+mod sweep;
 
 #[cfg(feature = "cli")]
 #[cfg_attr(docsrs, doc(cfg(feature = "cli")))]
@@ -134,11 +138,13 @@ pub use error::{Error, Result};
 #[cfg(doctest)]
 #[doc = include_str!("../README.md")]
 struct ReadmeDoctests;
-pub use identity::Hash;
-pub use metrics::MetricTable;
-pub use store::{FsStore, MemoryStore, Store, StoreExt, StoreSpec};
+// The sweep half is the crate's front door: its items live at the root, one path each.
 pub use sweep::worker;
-pub use sweep::{Job, JobResult, Orchestrator, Run};
+pub use sweep::{
+    Action, CancellationToken, Event, FailureCause, Job, JobDecision, JobOutcome, JobResult,
+    Orchestrator, OrchestratorBuilder, Outcome, PendingRun, Plan, Run, RunFailed, RunSpec,
+    RunSummary, install_panic_hook, remove_panic_hook,
+};
 
 /// The Arrow crates whose types appear in this crate's public signatures
 /// ([`MetricTable::batch`] is an `arrow_array::RecordBatch`, [`MetricTable::column`] an

@@ -761,7 +761,7 @@ fn bm_executor(
     h: &ssh_hosts::SshHosts,
     dir: &Path,
     ssh_option: Option<String>,
-) -> puzzletron::executor::baremetal::BareMetalExecutor {
+) -> puzzletron::executor::BareMetalExecutor {
     let mut b = plan
         .runner
         .baremetal_executor(dir.join("baremetal"))
@@ -777,7 +777,7 @@ fn bm_executor(
 /// A quiet controller of `plan` on `exec` in `dir`, polling every 100-300 ms.
 fn bm_controller(
     plan: puzzletron::campaign::CampaignPlan,
-    exec: Arc<puzzletron::executor::baremetal::BareMetalExecutor>,
+    exec: Arc<puzzletron::executor::BareMetalExecutor>,
     dir: &Path,
 ) -> puzzletron::campaign::controller::CampaignController {
     use puzzletron::campaign::controller::{CampaignController, ViewMode};

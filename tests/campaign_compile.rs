@@ -547,7 +547,7 @@ fn torchrun_groups_get_unique_ports_and_rendezvous_ids() {
     assert_eq!(bypass.work.topology.tasks_per_group, 2);
     assert_eq!(
         bypass.work.topology.launcher,
-        puzzletron::campaign::TaskLauncher::Torchrun {
+        puzzletron::executor::TaskLauncher::Torchrun {
             nproc_per_node: 8,
             rdzv_backend: "c10d".into(),
             rdzv_port: bypass.work.topology.groups[0]

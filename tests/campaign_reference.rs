@@ -409,7 +409,7 @@ fn refused_triple_matches_the_reference_up_to_the_work_planner() {
     let inv = runner.inventory.as_mut().unwrap();
     for i in 2..8 {
         inv.hosts
-            .push(puzzletron::campaign::Host::new(format!("extra{i}"), 8));
+            .push(puzzletron::executor::Host::new(format!("extra{i}"), 8));
     }
     let plan = compile_campaign_plan_with(
         &loader(),

@@ -527,7 +527,7 @@ fn walk(p: &Path) -> Vec<String> {
 /// when it became visible); past the bound (`OutputNotVisible` naming the path, not retried).
 #[test]
 fn a_marker_not_yet_visible_is_looked_for_again_until_the_bound() {
-    use puzzletron::campaign::controller::finalise::VisibilityProbe;
+    use puzzletron::campaign::controller::VisibilityProbe;
     // (case, hidden from every probe, hidden for, bound, done, class, detail part)
     type Case = (
         &'static str,

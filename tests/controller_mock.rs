@@ -1161,7 +1161,10 @@ fn fail_fast_attempts_are_charged_to_infra_and_the_node_is_excluded_later() {
             .iter()
             .find(|sp| env(sp, "PUZZLETRON_UNIT") == "c/0")
             .unwrap();
-        let script = puzzletron::executor::slurm::script::render(c, "/l/%j.out", None).unwrap();
+        let slurm = puzzletron::executor::SlurmExecutor::builder("/l")
+            .build()
+            .unwrap();
+        let script = slurm.render(c).unwrap().files.remove(0).content;
         assert!(
             script.lines().any(|l| l == "#SBATCH --exclude=n2"),
             "{script}"

@@ -7,7 +7,7 @@ use std::path::Path;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
-use puzzletron::sweep::{CancellationToken, JobResult, Run};
+use puzzletron::{CancellationToken, JobResult, Run};
 use puzzletron::{Orchestrator, job};
 use serde::{Deserialize, Serialize};
 use tracing::field::{Field, Visit};

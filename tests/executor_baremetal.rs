@@ -112,7 +112,7 @@ async fn preflight_names_the_host_and_what_is_missing() {
     let _w = watchdog::Watchdog::start("preflight", Duration::from_secs(120));
     let state = tempfile::tempdir().unwrap();
     let repo = state.path().join("no-such-checkout");
-    let contract = puzzletron::campaign::ExecutionContract::default()
+    let contract = puzzletron::executor::ExecutionContract::default()
         .with_repository(repo.display().to_string());
     let exec = BareMetalExecutor::builder(state.path())
         .ssh_config(&h.config)
@@ -134,7 +134,7 @@ async fn preflight_names_the_host_and_what_is_missing() {
     // The venv must have bin/activate.
     let venv = state.path().join("venv");
     std::fs::create_dir_all(venv.join("bin")).unwrap();
-    let contract = puzzletron::campaign::ExecutionContract::default()
+    let contract = puzzletron::executor::ExecutionContract::default()
         .with_repository(state.path().display().to_string())
         .with_venv(venv.display().to_string());
     let exec = BareMetalExecutor::builder(state.path())
@@ -169,7 +169,7 @@ async fn preflight_names_the_host_and_what_is_missing() {
         .ssh_config(&h.config)
         .host(&h.hosts[1], 4)
         .contract(
-            &puzzletron::campaign::ExecutionContract::default()
+            &puzzletron::executor::ExecutionContract::default()
                 .with_repository(repo.display().to_string()),
         )
         .build()
@@ -204,7 +204,7 @@ async fn a_program_missing_on_a_host_is_refused_at_submit_naming_it() {
     let tool = venv.join("bin/ptron-venv-tool");
     std::fs::write(&tool, "#!/bin/sh\necho tool ran\n").unwrap();
     std::fs::set_permissions(&tool, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
-    let contract = puzzletron::campaign::ExecutionContract::default()
+    let contract = puzzletron::executor::ExecutionContract::default()
         .with_repository(state.path().display().to_string())
         .with_venv(venv.display().to_string());
     let exec = BareMetalExecutor::builder(state.path().join("s"))

@@ -628,7 +628,22 @@ async fn n09_oom_kill_is_told_from_kill_9_by_the_cgroup_counter() {
         .unwrap();
     let s = wait(&e, &[h]).await.remove(0);
     assert_eq!(s.state, JobState::Killed { signal: 9 }, "{s:?}");
-    let counters = puzzletron::executor::oom::own_counter_file();
+    // This process's memory-cgroup counter file, as the executor finds it (cgroups(7)): v2
+    // `memory.events`, else v1 `memory.oom_control`.
+    let cgroup = std::fs::read_to_string("/proc/self/cgroup").unwrap_or_default();
+    let counters = cgroup.lines().find_map(|l| {
+        let mut f = l.splitn(3, ':');
+        let (id, ctrl, rel) = (f.next()?, f.next()?, f.next()?.trim_start_matches('/'));
+        let root = Path::new("/sys/fs/cgroup");
+        let file = if id == "0" && ctrl.is_empty() {
+            root.join(rel).join("memory.events")
+        } else if ctrl.split(',').any(|c| c == "memory") {
+            root.join("memory").join(rel).join("memory.oom_control")
+        } else {
+            return None;
+        };
+        file.is_file().then_some(file)
+    });
     if counters.is_some() {
         assert!(
             !s.reason.clone().unwrap_or_default().contains("OOM unknown"),

@@ -7,7 +7,7 @@
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use puzzletron::executor::local::FORK_SERVER_ENV;
+use puzzletron::executor::FORK_SERVER_ENV;
 use puzzletron::executor::*;
 
 fn id(s: &str) -> AttemptId {

@@ -2,8 +2,8 @@
 //! (file-scheme) records still read, and `trace(true)` re-checks recorded item digests.
 
 use puzzletron::identity::{CompiledCode, CompiledItem, ITEMS_SCHEME};
-use puzzletron::sweep::{Action, Job, JobResult, Run};
-use puzzletron::{FsStore, Orchestrator, Store, job};
+use puzzletron::{Action, Job, JobResult, Run};
+use puzzletron::{Orchestrator, job, store::FsStore, store::Store};
 use serde::{Deserialize, Serialize};
 
 #[derive(Debug, Clone, Serialize, Deserialize)]

@@ -5,8 +5,8 @@ mod support;
 
 use std::process::Command;
 
-use puzzletron::sweep::{JobResult, Run};
-use puzzletron::{FsStore, Orchestrator, metrics};
+use puzzletron::{JobResult, Run};
+use puzzletron::{Orchestrator, metrics, store::FsStore};
 use support::sweep::{FakeCrate, P, train};
 
 /// [`train`], then a step mark: its rows are in a metrics file (a short run that never flushed
@@ -130,7 +130,7 @@ fn collect_gathers_every_metric_of_every_done_job() {
 }
 
 /// Reads a Parquet file back with the parquet crate into one table (small files: one batch).
-fn read_parquet(path: &std::path::Path) -> puzzletron::MetricTable {
+fn read_parquet(path: &std::path::Path) -> puzzletron::metrics::MetricTable {
     let f = std::fs::File::open(path).unwrap();
     let mut r = parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder::try_new(f)
         .unwrap()
@@ -138,12 +138,12 @@ fn read_parquet(path: &std::path::Path) -> puzzletron::MetricTable {
         .unwrap();
     let batch = r.next().expect("a batch").unwrap();
     assert!(r.next().is_none(), "one batch for a small table");
-    puzzletron::MetricTable::from_batch(batch)
+    puzzletron::metrics::MetricTable::from_batch(batch)
 }
 
 #[test]
 fn streamed_parquet_equals_the_in_memory_table_and_ignores_a_torn_tail() {
-    use puzzletron::StoreExt;
+    use puzzletron::store::StoreExt;
     let (c, mut o) = two_runs(train_marked);
     let t = o.get("loss").unwrap();
     // A torn line after a finished attempt's rows (a crash of a later writer, a copy cut short):

@@ -4,8 +4,8 @@
 //! in the sweep's table, the store's table and the streamed Parquet file. Nulls read as `None`.
 
 use puzzletron::arrow::DataType;
-use puzzletron::sweep::{JobResult, Run};
-use puzzletron::{FsStore, MetricTable, Orchestrator, StoreExt, job};
+use puzzletron::{JobResult, Run};
+use puzzletron::{Orchestrator, job, metrics::MetricTable, store::FsStore, store::StoreExt};
 use serde::{Deserialize, Serialize};
 
 #[derive(Serialize, Deserialize, Clone, Copy)]

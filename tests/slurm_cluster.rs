@@ -48,8 +48,8 @@ fn fast_poll() -> PollPolicy {
         .with_missing_grace(Duration::from_secs(120))
 }
 
-fn fast_retry() -> RetryPolicy {
-    RetryPolicy::default()
+fn fast_retry() -> SchedulerRetry {
+    SchedulerRetry::default()
         .with_max_tries(8)
         .with_base_delay(Duration::from_millis(100))
         .with_max_delay(Duration::from_secs(2))
@@ -452,7 +452,7 @@ async fn fault_injection_30_percent_exactly_50_jobs() {
         .bin_dir(&bin)
         .poll_policy(fast_poll())
         .retry_policy(
-            RetryPolicy::default()
+            SchedulerRetry::default()
                 .with_max_tries(12)
                 .with_base_delay(Duration::from_millis(50))
                 .with_max_delay(Duration::from_millis(500)),

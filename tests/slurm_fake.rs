@@ -82,7 +82,7 @@ exit $(cat "$d/{cmd}.rc" 2>/dev/null || echo 0)
                     .with_missing_grace(Duration::from_secs(300)),
             )
             .retry_policy(
-                RetryPolicy::default()
+                SchedulerRetry::default()
                     .with_max_tries(4)
                     .with_base_delay(Duration::from_millis(1))
                     .with_max_delay(Duration::from_millis(5)),
@@ -335,7 +335,7 @@ async fn n02_slurmdbd_down_leaves_finished_jobs_accounting_pending() {
                 .with_missing_grace(Duration::ZERO),
         )
         .retry_policy(
-            RetryPolicy::default()
+            SchedulerRetry::default()
                 .with_max_tries(4)
                 .with_base_delay(Duration::from_millis(1))
                 .with_max_delay(Duration::from_millis(5)),

@@ -5,11 +5,14 @@
 
 mod support;
 
+use puzzletron::FailureCause;
 use puzzletron::store::{
     Claim, ClaimInfo, ClaimOutcome, JobRecord, MetricSink, Owner, Series, StoreError,
 };
-use puzzletron::sweep::FailureCause;
-use puzzletron::{Error, FsStore, Hash, MemoryStore, Orchestrator, Store, StoreExt};
+use puzzletron::{
+    Error, Orchestrator, identity::Hash, store::FsStore, store::MemoryStore, store::Store,
+    store::StoreExt,
+};
 use support::sweep::{FakeCrate, P, train};
 
 #[test]

@@ -3,7 +3,7 @@
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 
-use puzzletron::Hash;
+use puzzletron::identity::Hash;
 use puzzletron::store::{
     Claim, ClaimInfo, ClaimOutcome, JobRecord, MemoryStore, MetricSink, Owner, Series, Store,
     StoreError, conformance,

@@ -14,8 +14,8 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use puzzletron::store::{FaultHook, FaultOp};
-use puzzletron::sweep::{JobResult, Run};
-use puzzletron::{FsStore, Hash, Orchestrator};
+use puzzletron::{JobResult, Run};
+use puzzletron::{Orchestrator, identity::Hash, store::FsStore};
 use support::sweep::{FakeCrate, P};
 
 /// Executions per key, across both drains.

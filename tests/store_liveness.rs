@@ -25,8 +25,8 @@ use std::time::{Duration, Instant};
 
 use puzzletron::campaign::controller::{ControllerError, Lease};
 use puzzletron::store::{Status, StoreExt};
-use puzzletron::sweep::{Job, JobResult, Run};
-use puzzletron::{FsStore, Orchestrator, Store};
+use puzzletron::{Job, JobResult, Run};
+use puzzletron::{Orchestrator, store::FsStore, store::Store};
 use serde::{Deserialize, Serialize};
 
 /// The stale interval of every store here: the heartbeat is renewed every quarter of it.

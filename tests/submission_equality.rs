@@ -27,9 +27,10 @@ use std::time::Duration;
 
 use puzzletron::campaign::config::{ConfigLoader, Env};
 use puzzletron::campaign::{
-    CampaignPlan, DryRunOptions, ExecutionConfig, ExecutionContract, RunnerEnvironment,
-    attempt_specs, compile_campaign_plan_with, dry_run, render_dry_run,
+    CampaignPlan, DryRunOptions, ExecutionConfig, RunnerEnvironment, attempt_specs,
+    compile_campaign_plan_with, dry_run, render_dry_run,
 };
+use puzzletron::executor::ExecutionContract;
 use puzzletron::executor::{Executor, LocalExecutor, Rendering, SlurmExecutor};
 
 fn reference() -> serde_json::Value {

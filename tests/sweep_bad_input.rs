@@ -3,8 +3,8 @@
 mod support;
 
 use puzzletron::store::StoreError;
-use puzzletron::sweep::{JobResult, Run};
-use puzzletron::{FsStore, Orchestrator, Store};
+use puzzletron::{JobResult, Run};
+use puzzletron::{Orchestrator, store::FsStore, store::Store};
 use serde::{Deserialize, Serialize};
 use support::sweep::{FakeCrate, P, train};
 
@@ -192,7 +192,7 @@ fn a_record_that_is_not_json_makes_its_run_corrupt_naming_the_file_and_nothing_e
     // the plan is not an error.
     let plan = o.plan().unwrap();
     let d = plan.decisions.iter().find(|d| d.key == bad).unwrap();
-    assert_eq!(d.action, puzzletron::sweep::Action::Corrupt);
+    assert_eq!(d.action, puzzletron::Action::Corrupt);
     let msg = d.reasons.join("; ");
     assert!(
         msg.starts_with(&format!(
@@ -374,8 +374,8 @@ fn typed(p: &Typed, run: &mut Run) -> JobResult {
 /// `UInt64`.
 #[test]
 fn metric_columns_take_their_type_from_the_rust_type() {
-    use puzzletron::StoreExt;
     use puzzletron::arrow::DataType;
+    use puzzletron::store::StoreExt;
     let c = FakeCrate::new();
     let mut o = c.orchestrator();
     for lr in [1.0, 2.0] {

@@ -6,8 +6,8 @@ mod support;
 use std::sync::Mutex;
 use std::sync::atomic::Ordering;
 
-use puzzletron::sweep::{Action, FailureCause, JobResult, Outcome, Plan, Run};
-use puzzletron::{FsStore, Orchestrator, Store};
+use puzzletron::{Action, FailureCause, JobResult, Outcome, Plan, Run};
+use puzzletron::{Orchestrator, store::FsStore, store::Store};
 use support::sweep::{EXECUTIONS, FakeCrate, P, train};
 
 /// Tests in this file share the EXECUTIONS counter.
@@ -360,7 +360,7 @@ fn trace_builds_and_isolate_needs_a_folder_store() {
         .expect("the default in-process executor starts no processes");
     assert!(e.to_string().contains("the in-process executor"), "{e}");
     let e = Orchestrator::builder()
-        .store(puzzletron::MemoryStore::new())
+        .store(puzzletron::store::MemoryStore::new())
         .executor(local())
         .isolate(true)
         .build()
@@ -376,8 +376,8 @@ fn trace_builds_and_isolate_needs_a_folder_store() {
 
 #[test]
 fn a_wait_for_another_holder_is_announced_once_then_taken_over() {
+    use puzzletron::Event;
     use puzzletron::store::{ClaimOutcome, Owner};
-    use puzzletron::sweep::Event;
     use std::sync::Arc;
     use std::time::Duration;
     let _g = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
@@ -434,7 +434,7 @@ fn a_wait_for_another_holder_is_announced_once_then_taken_over() {
 /// store (through `&`, `Box` and `Arc` alike).
 #[test]
 fn a_finished_sweeps_table_is_read_without_running() {
-    use puzzletron::StoreExt;
+    use puzzletron::store::StoreExt;
     let _g = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
     let c = FakeCrate::new();
     let mut o = c.orchestrator();

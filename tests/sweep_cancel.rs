@@ -13,8 +13,8 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use puzzletron::sweep::{Action, CancellationToken, FailureCause, JobResult, Outcome, Run};
-use puzzletron::{FsStore, Orchestrator, Store, job};
+use puzzletron::{Action, CancellationToken, FailureCause, JobResult, Outcome, Run};
+use puzzletron::{Orchestrator, job, store::FsStore, store::Store};
 use serde::{Deserialize, Serialize};
 
 #[derive(Serialize, Deserialize)]

@@ -10,8 +10,8 @@ mod support;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 
-use puzzletron::sweep::{Action, FailureCause, Outcome};
-use puzzletron::{FsStore, Hash, Orchestrator, Store, StoreExt};
+use puzzletron::{Action, FailureCause, Outcome};
+use puzzletron::{Orchestrator, identity::Hash, store::FsStore, store::Store, store::StoreExt};
 use support::sweep::{FakeCrate, P, train};
 
 /// The 9 runs of the grid.

@@ -21,8 +21,8 @@ use puzzletron::campaign::controller::{
     CampaignController, ControllerEvent, RetryPolicy, RunOptions,
 };
 use puzzletron::store::{ClaimOutcome, JobRecord, Status, conformance::dead_owner};
-use puzzletron::sweep::{Action, JobResult, Run};
-use puzzletron::{FsStore, Hash, Orchestrator, Store};
+use puzzletron::{Action, JobResult, Run};
+use puzzletron::{Orchestrator, identity::Hash, store::FsStore, store::Store};
 use serde_json::json;
 use support::sweep::{FakeCrate, P, train};
 

@@ -9,9 +9,9 @@ use std::time::{Duration, Instant};
 
 use puzzletron::executor::{JobState, LocalExecutor};
 #[cfg(feature = "slurm")]
-use puzzletron::executor::{PollPolicy, RetryPolicy, SlurmExecutor};
-use puzzletron::sweep::{FailureCause, JobResult, Outcome, Run};
-use puzzletron::{Orchestrator, Store, job};
+use puzzletron::executor::{PollPolicy, SchedulerRetry, SlurmExecutor};
+use puzzletron::{FailureCause, JobResult, Outcome, Run};
+use puzzletron::{Orchestrator, job, store::Store};
 use serde::{Deserialize, Serialize};
 
 mod support;
@@ -95,7 +95,9 @@ fn local(root: &Path, n: usize) -> LocalExecutor {
 
 type Table = Vec<(i64, f64, String)>;
 
-fn table(o: &mut Orchestrator<puzzletron::FsStore, impl puzzletron::executor::Executor>) -> Table {
+fn table(
+    o: &mut Orchestrator<puzzletron::store::FsStore, impl puzzletron::executor::Executor>,
+) -> Table {
     let t = o.get("y").expect("get y");
     let keys = t.job_keys();
     t.steps()
@@ -108,13 +110,13 @@ fn table(o: &mut Orchestrator<puzzletron::FsStore, impl puzzletron::executor::Ex
 
 /// A user store: an `FsStore` under another kind, that notes in its folder which process
 /// opened it through the registered opener (so the test sees workers used that opener).
-struct Tagged(puzzletron::FsStore, PathBuf, &'static str);
+struct Tagged(puzzletron::store::FsStore, PathBuf, &'static str);
 
 const TAGGED: &str = "tagged";
 
 fn open_tagged(location: &str) -> Result<Box<dyn Store>, puzzletron::store::StoreError> {
     let root = PathBuf::from(location);
-    let store = puzzletron::FsStore::create(&root)?;
+    let store = puzzletron::store::FsStore::create(&root)?;
     use std::io::Write;
     let mut f = std::fs::OpenOptions::new()
         .create(true)
@@ -132,27 +134,37 @@ impl Store for Tagged {
     fn location(&self) -> String {
         self.0.location()
     }
-    fn record(&self, key: &puzzletron::Hash) -> StoreResult<Option<puzzletron::store::JobRecord>> {
+    fn record(
+        &self,
+        key: &puzzletron::identity::Hash,
+    ) -> StoreResult<Option<puzzletron::store::JobRecord>> {
         self.0.record(key)
     }
-    fn keys(&self) -> StoreResult<Vec<puzzletron::Hash>> {
+    fn keys(&self) -> StoreResult<Vec<puzzletron::identity::Hash>> {
         self.0.keys()
     }
-    fn lineage(&self, l: &puzzletron::Hash) -> StoreResult<Option<puzzletron::Hash>> {
+    fn lineage(
+        &self,
+        l: &puzzletron::identity::Hash,
+    ) -> StoreResult<Option<puzzletron::identity::Hash>> {
         self.0.lineage(l)
     }
-    fn set_lineage(&self, l: &puzzletron::Hash, k: &puzzletron::Hash) -> StoreResult<()> {
+    fn set_lineage(
+        &self,
+        l: &puzzletron::identity::Hash,
+        k: &puzzletron::identity::Hash,
+    ) -> StoreResult<()> {
         self.0.set_lineage(l, k)
     }
     fn claim_info(
         &self,
-        key: &puzzletron::Hash,
+        key: &puzzletron::identity::Hash,
     ) -> StoreResult<Option<puzzletron::store::ClaimInfo>> {
         self.0.claim_info(key)
     }
     fn claim(
         &self,
-        key: &puzzletron::Hash,
+        key: &puzzletron::identity::Hash,
         owner: &puzzletron::store::Owner,
         replace_done: Option<u32>,
     ) -> StoreResult<puzzletron::store::ClaimOutcome> {
@@ -186,16 +198,16 @@ impl Store for Tagged {
     }
     fn metrics(
         &self,
-        key: &puzzletron::Hash,
+        key: &puzzletron::identity::Hash,
         name: Option<&str>,
     ) -> StoreResult<puzzletron::store::Series> {
         self.0.metrics(key, name)
     }
-    fn artifact_dir(&self, key: &puzzletron::Hash) -> Option<PathBuf> {
+    fn artifact_dir(&self, key: &puzzletron::identity::Hash) -> Option<PathBuf> {
         self.0.artifact_dir(key)
     }
-    fn spec(&self) -> Option<puzzletron::StoreSpec> {
-        Some(puzzletron::StoreSpec::new(
+    fn spec(&self) -> Option<puzzletron::store::StoreSpec> {
+        Some(puzzletron::store::StoreSpec::new(
             self.2,
             self.1.display().to_string(),
         ))
@@ -246,7 +258,7 @@ fn user_store_isolated(base: &Path) {
 
     // A kind no opener was registered for is refused when the sweep is built.
     let other = Tagged(
-        puzzletron::FsStore::create(base.join("other")).unwrap(),
+        puzzletron::store::FsStore::create(base.join("other")).unwrap(),
         base.join("other"),
         "unknown-kind",
     );
@@ -266,7 +278,7 @@ fn user_store_isolated(base: &Path) {
     );
     // A memory store cannot be reopened at all.
     let err = Orchestrator::builder()
-        .store(puzzletron::MemoryStore::new())
+        .store(puzzletron::store::MemoryStore::new())
         .executor(local(base, 1))
         .isolate(true)
         .build()
@@ -584,9 +596,9 @@ fn wait_for(what: &str, mut f: impl FnMut() -> bool) {
 /// next drain runs it again because it was interrupted; then, with the gate open, they run.
 fn assert_all_interrupted_then_run(
     root: &Path,
-    o: &mut Orchestrator<puzzletron::FsStore, LocalExecutor>,
+    o: &mut Orchestrator<puzzletron::store::FsStore, LocalExecutor>,
 ) {
-    let store = puzzletron::FsStore::open(root).unwrap();
+    let store = puzzletron::store::FsStore::open(root).unwrap();
     for p in o.enqueued() {
         wait_for("the worker released its claim", || {
             store.claim_info(&p.key).unwrap().is_none_or(|c| !c.live)
@@ -791,7 +803,7 @@ fn slurm(base: &Path, bin: Option<&Path>, retry_tries: u32) -> SlurmExecutor {
                 .with_missing_grace(Duration::from_secs(120)),
         )
         .retry_policy(
-            RetryPolicy::default()
+            SchedulerRetry::default()
                 .with_max_tries(retry_tries)
                 .with_base_delay(Duration::from_millis(50))
                 .with_max_delay(Duration::from_millis(500)),

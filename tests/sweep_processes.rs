@@ -14,7 +14,7 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use puzzletron::store::{JobRecord, Status};
-use puzzletron::{FsStore, Hash, Orchestrator, Store};
+use puzzletron::{Orchestrator, identity::Hash, store::FsStore, store::Store};
 use support::sweep::{WorkParams, expected_value, work_job};
 
 const JOBS: u32 = 6;
@@ -300,7 +300,7 @@ fn a_worker_without_main_guard_refuses_to_build_a_sweep() {
         .env("PUZZLETRON_CHILD", "worker-without-guard")
         .env("PUZZLETRON_STORE", dir.path().join("store"))
         .env(
-            puzzletron::sweep::worker::MANIFEST_ENV,
+            puzzletron::worker::MANIFEST_ENV,
             dir.path().join("manifest.json"),
         )
         .output()

@@ -14,7 +14,7 @@ use std::path::Path;
 use std::time::{Duration, Instant};
 
 use puzzletron::executor::{LocalExecutor, RayExecutor};
-use puzzletron::sweep::{JobResult, Run};
+use puzzletron::{JobResult, Run};
 use puzzletron::{Orchestrator, job};
 use serde::{Deserialize, Serialize};
 
@@ -51,7 +51,9 @@ fn address() -> String {
 
 type Table = Vec<(i64, f64, String)>;
 
-fn table(o: &mut Orchestrator<puzzletron::FsStore, impl puzzletron::executor::Executor>) -> Table {
+fn table(
+    o: &mut Orchestrator<puzzletron::store::FsStore, impl puzzletron::executor::Executor>,
+) -> Table {
     let t = o.get("y").expect("get y");
     let keys = t.job_keys();
     let mut v: Table = t
@@ -67,7 +69,7 @@ fn table(o: &mut Orchestrator<puzzletron::FsStore, impl puzzletron::executor::Ex
 
 /// Runs the sweep of `n` runs isolated on `o`; returns the runs per second of the drain.
 fn drain_all(
-    o: &mut Orchestrator<puzzletron::FsStore, impl puzzletron::executor::Executor>,
+    o: &mut Orchestrator<puzzletron::store::FsStore, impl puzzletron::executor::Executor>,
     n: i64,
     what: &str,
 ) -> f64 {

@@ -10,7 +10,7 @@
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-use puzzletron::sweep::{Job, JobResult, Run};
+use puzzletron::{Job, JobResult, Run};
 
 #[path = "process.rs"]
 mod process;

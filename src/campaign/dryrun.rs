@@ -372,7 +372,7 @@ pub fn default_executor(
 /// Why `program` would not start from `cwd` with `path` (the `PATH` value), if it would not:
 /// a word with a `/` must name an executable file (relative to `cwd`), a bare word must be
 /// an executable file in one of `path`'s folders. `None` when it resolves.
-pub fn program_problem(
+pub(crate) fn program_problem(
     program: &str,
     cwd: Option<&std::path::Path>,
     path: Option<&std::ffi::OsStr>,

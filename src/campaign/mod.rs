@@ -31,7 +31,7 @@ mod document;
 pub(crate) mod dryrun;
 pub(crate) mod execution;
 #[cfg(feature = "fuzzing")]
-#[cfg_attr(docsrs, doc(cfg(feature = "fuzzing")))]
+#[doc(hidden)]
 pub mod fuzzing;
 mod keys;
 mod mesh;
@@ -72,12 +72,11 @@ pub use mesh::{
 pub use plan::{CampaignPlan, ManualDecision, StagePlan};
 pub use plan_error::PlanError;
 pub use runner::{
-    BaremetalInventory, ExecutionContract, Host, LocalSettings, Partitions, RayAmount, RaySettings,
-    RunnerEnvironment, RunnerKind, SlurmSettings,
+    LocalSettings, Partitions, RayAmount, RaySettings, RunnerEnvironment, RunnerKind, SlurmSettings,
 };
 pub use slurm_time::{SlurmTime, SlurmTimeError, SlurmTimeReason};
 pub use summary::{PlanSummary, StageSummary};
 pub use work::{
-    MasterAddr, Rendezvous, RendezvousAllocator, StageLayout, TaskGroup, TaskLauncher, WorkItem,
-    WorkItemKind, WorkPlan, WorkPlanInput, build_work_plan, launcher_kind,
+    MasterAddr, Rendezvous, RendezvousAllocator, StageLayout, TaskGroup, WorkItem, WorkItemKind,
+    WorkPlan, WorkPlanInput, build_work_plan, launcher_kind,
 };

@@ -204,8 +204,7 @@ impl SlurmSettings {
     }
 }
 
-pub use crate::executor::ExecutionContract;
-pub use crate::executor::baremetal::{BaremetalInventory, Host};
+use crate::executor::{BaremetalInventory, ExecutionContract, Host};
 
 /// Settings of a `local` runner.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -674,7 +673,7 @@ impl RunnerEnvironment {
 }
 
 /// The marker of a placeholder in the shared runner files.
-pub const PLACEHOLDER_MARKER: &str = "REPLACE_WITH_";
+pub(crate) const PLACEHOLDER_MARKER: &str = "REPLACE_WITH_";
 
 fn collect_placeholders(path: &str, v: &serde_json::Value, out: &mut Vec<(String, String)>) {
     match v {

@@ -20,7 +20,7 @@ use serde::{Deserialize, Serialize};
 use super::execution::Strategy;
 use super::mesh::{GpuAllocation, InstancePlacement};
 use super::plan_error::PlanError;
-pub use crate::executor::TaskLauncher;
+pub(super) use crate::executor::TaskLauncher;
 
 /// What one work item is.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]

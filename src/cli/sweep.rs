@@ -100,7 +100,7 @@ fn repair(root: &Path, dry_run: bool) -> Result<i32, CliError> {
     let mut n = 0;
     let mut others = 0;
     for r in h.runs.iter().filter(|r| r.state == "corrupt") {
-        let key: crate::Hash = r
+        let key: crate::identity::Hash = r
             .key
             .parse()
             .map_err(|e| CliError::new(format!("run key {:?}: {e}", r.key)))?;
@@ -358,7 +358,7 @@ fn gc(root: &Path, dry_run: bool, keep: Option<&Path>) -> Result<i32, CliError> 
         if !remove {
             continue;
         }
-        let key: crate::Hash = r
+        let key: crate::identity::Hash = r
             .key
             .parse()
             .map_err(|_| CliError::new(format!("store record with a bad key {:?}", r.key)))?;

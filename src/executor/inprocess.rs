@@ -8,7 +8,7 @@ use super::{ArraySpec, AttemptId, AttemptSpec, Executor, ExecutorError, JobHandl
 /// that drains (no executor is involved). A marker with no state: it starts no attempts, so
 /// every submit fails with [`ExecutorError::Other`] (not retryable), polls of handles it never
 /// made fail with [`ExecutorError::ForeignHandle`], and `find` finds nothing. Isolated runs
-/// ([`isolate(true)`](crate::sweep::OrchestratorBuilder::isolate)) need a real executor and are
+/// ([`isolate(true)`](crate::OrchestratorBuilder::isolate)) need a real executor and are
 /// refused with it when the sweep is built.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct InProcess;

@@ -77,23 +77,22 @@
 //! such an implementation against the same suite the built-in executors pass (this one would
 //! fail it: it never runs anything).
 
-pub mod baremetal;
+pub(crate) mod baremetal;
 mod contract;
 mod error;
 pub mod gpu;
 mod handle;
 mod inprocess;
-pub mod local;
-pub mod mock;
-pub mod oom;
+mod local;
+#[cfg(any(test, feature = "test-util"))]
+mod mock;
+pub(crate) mod oom;
 #[cfg(feature = "ray")]
-#[cfg_attr(docsrs, doc(cfg(feature = "ray")))]
-pub mod ray;
+mod ray;
 mod render;
-pub mod shell;
+pub(crate) mod shell;
 #[cfg(feature = "slurm")]
-#[cfg_attr(docsrs, doc(cfg(feature = "slurm")))]
-pub mod slurm;
+mod slurm;
 mod spec;
 mod status;
 
@@ -106,19 +105,23 @@ use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
 
-pub use baremetal::{BareMetalExecutor, BareMetalExecutorBuilder};
+pub use baremetal::{BareMetalExecutor, BareMetalExecutorBuilder, BaremetalInventory, Host};
 pub use contract::ExecutionContract;
 pub use error::{ExecutorError, HOST_KEY_REFUSED, refused_host_in};
 pub use handle::JobHandle;
 pub(crate) use handle::now_ms;
 pub use inprocess::InProcess;
-pub use local::{LocalExecutor, LocalExecutorBuilder};
+pub use local::{ATTEMPT_DIR_ENV, FORK_SERVER_ENV, LocalExecutor, LocalExecutorBuilder};
+#[cfg(any(test, feature = "test-util"))]
+#[cfg_attr(docsrs, doc(cfg(feature = "test-util")))]
 pub use mock::{MockCall, MockClock, MockExecutor, MockScript, MockSubmitError};
 #[cfg(feature = "ray")]
+#[cfg_attr(docsrs, doc(cfg(feature = "ray")))]
 pub use ray::{RayCluster, RayExecutor, RayExecutorBuilder};
 pub use render::{RenderedCommand, RenderedFile, Rendering};
 #[cfg(feature = "slurm")]
-pub use slurm::{PollPolicy, RetryPolicy, SlurmExecutor, SlurmExecutorBuilder, SlurmStats};
+#[cfg_attr(docsrs, doc(cfg(feature = "slurm")))]
+pub use slurm::{PollPolicy, SchedulerRetry, SlurmExecutor, SlurmExecutorBuilder, SlurmStats};
 pub use spec::{
     ARRAY_INDEX_ENV, ATTEMPT_ID_ENV, ArraySpec, AttemptId, AttemptSpec, CommandSpec, GpuRequest,
     MAX_ATTEMPT_ID_LEN, START_FILE_ENV, SchedulerOptions, TaskLauncher, TaskTopology,

@@ -17,7 +17,7 @@ use std::path::{Path, PathBuf};
 /// file does not have is `None`.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 #[non_exhaustive]
-pub struct MemoryEvents {
+pub(crate) struct MemoryEvents {
     /// Times the cgroup hit its limit and the OOM path ran (v2 `oom`).
     pub oom: Option<u64>,
     /// Processes the OOM killer killed in the cgroup (`oom_kill`, v2 and v1 ≥ 4.13).
@@ -28,7 +28,7 @@ pub struct MemoryEvents {
 
 /// Parses `key value` lines; unknown keys (`low`, `high`, `max`, `oom_kill_disable`,
 /// `under_oom`) and malformed lines are skipped, so a newer kernel's file still parses.
-pub fn parse_memory_events(text: &str) -> MemoryEvents {
+pub(crate) fn parse_memory_events(text: &str) -> MemoryEvents {
     let mut ev = MemoryEvents::default();
     for line in text.lines() {
         let mut it = line.split_whitespace();
@@ -49,7 +49,7 @@ pub fn parse_memory_events(text: &str) -> MemoryEvents {
 /// What the counters say about a task that died.
 #[derive(Debug, Clone, PartialEq, Eq)]
 #[non_exhaustive]
-pub enum OomEvidence {
+pub(crate) enum OomEvidence {
     /// The OOM killer killed in the task's cgroup while it ran: `(before, after)` of the
     /// counter that rose (`oom_kill`, else `oom_group_kill`).
     OomKilled {
@@ -65,7 +65,7 @@ pub enum OomEvidence {
 }
 
 /// Compares the counters taken when the task started and after it ended.
-pub fn oom_verdict(before: &MemoryEvents, after: &MemoryEvents) -> OomEvidence {
+pub(crate) fn oom_verdict(before: &MemoryEvents, after: &MemoryEvents) -> OomEvidence {
     let rose = |b: Option<u64>, a: Option<u64>| match (b, a) {
         (Some(b), Some(a)) if a > b => Some((b, a)),
         _ => None,
@@ -86,7 +86,7 @@ pub fn oom_verdict(before: &MemoryEvents, after: &MemoryEvents) -> OomEvidence {
 /// process), under the cgroup mount `root` (normally `/sys/fs/cgroup`): the v2 `memory.events`
 /// when the unified hierarchy has one for that cgroup, else the v1 `memory/…/memory.oom_control`.
 /// `None` when neither exists.
-pub fn counter_file(proc_cgroup: &str, root: &Path) -> Option<PathBuf> {
+pub(crate) fn counter_file(proc_cgroup: &str, root: &Path) -> Option<PathBuf> {
     let rel = |p: &str| p.trim_start_matches('/').to_string();
     let mut v1 = None;
     let mut v2 = None;
@@ -110,16 +110,9 @@ pub fn counter_file(proc_cgroup: &str, root: &Path) -> Option<PathBuf> {
 }
 
 /// The counter file of this process's memory cgroup (which a child it forks inherits).
-pub fn own_counter_file() -> Option<PathBuf> {
+pub(crate) fn own_counter_file() -> Option<PathBuf> {
     let text = std::fs::read_to_string("/proc/self/cgroup").ok()?;
     counter_file(&text, Path::new("/sys/fs/cgroup"))
-}
-
-/// Reads a counter file; a missing or unreadable file gives empty counters.
-pub fn read_counters(path: &Path) -> MemoryEvents {
-    std::fs::read_to_string(path)
-        .map(|t| parse_memory_events(&t))
-        .unwrap_or_default()
 }
 
 #[cfg(test)]

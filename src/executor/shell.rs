@@ -18,7 +18,7 @@ use super::ExecutorError;
 /// `NPOST` postrun commands, exiting with the argv's status. A failed setup step exits 126
 /// with a line naming it. Every value is a positional argument, never script text; the prerun
 /// and postrun commands are the site's own shell, as the runner file says.
-pub const CONTRACT_SCRIPT: &str = r#"fail() { echo "puzzletron: $*" >&2; exit 126; }
+pub(crate) const CONTRACT_SCRIPT: &str = r#"fail() { echo "puzzletron: $*" >&2; exit 126; }
 setup=$1; venv=$2; shift 2
 if [ -n "$setup" ]; then case $setup in */*) ;; *) setup=./$setup ;; esac; . "$setup" || fail "setup_env $setup failed"; fi
 n=$1; shift; while [ "$n" -gt 0 ]; do eval "$1" || fail "prerun command failed: $1"; shift; n=$((n-1)); done
@@ -32,7 +32,7 @@ exit $rc
 
 /// `argv` run under [`CONTRACT_SCRIPT`] with the contract's setup script, venv and commands;
 /// `argv` itself when the contract asks for none of them.
-pub fn with_contract(argv: Vec<String>, contract: &super::ExecutionContract) -> Vec<String> {
+pub(crate) fn with_contract(argv: Vec<String>, contract: &super::ExecutionContract) -> Vec<String> {
     let c = contract;
     if c.setup_env.is_none()
         && c.venv.is_none()
@@ -64,7 +64,7 @@ const BARE: &[u8] = b"-_./=:,@%+";
 /// Quotes `s` as one POSIX shell word: as is when every byte is a letter, digit or one of
 /// `-_./=:,@%+` (and it is not empty), else `'...'` with each `'` written as `'\''`. Safe for
 /// any string without NUL (which no shell argument can hold; specs refuse it earlier).
-pub fn quote(s: &str) -> String {
+pub(crate) fn quote(s: &str) -> String {
     if !s.is_empty()
         && s.bytes()
             .all(|b| b.is_ascii_alphanumeric() || BARE.contains(&b))
@@ -85,7 +85,7 @@ pub fn quote(s: &str) -> String {
 }
 
 /// Quotes every word of `argv` and joins them with spaces.
-pub fn join(argv: &[String]) -> String {
+pub(crate) fn join(argv: &[String]) -> String {
     argv.iter().map(|a| quote(a)).collect::<Vec<_>>().join(" ")
 }
 
@@ -98,7 +98,8 @@ pub fn join(argv: &[String]) -> String {
 ///
 /// # Errors
 /// [`ExecutorError::InvalidSpec`] naming `field`, the value and what is allowed.
-pub fn directive_value(field: &str, value: &str) -> Result<String, ExecutorError> {
+#[cfg_attr(not(feature = "slurm"), allow(dead_code))] // the sbatch script's only
+pub(crate) fn directive_value(field: &str, value: &str) -> Result<String, ExecutorError> {
     if value.is_empty() || value.contains(['"', '\\']) || value.chars().any(char::is_control) {
         return Err(ExecutorError::InvalidSpec {
             attempt_id: None,
@@ -121,7 +122,7 @@ pub fn directive_value(field: &str, value: &str) -> Result<String, ExecutorError
 
 /// Whether `name` is a shell variable name, `[A-Za-z_][A-Za-z0-9_]*` (what `export NAME=`
 /// accepts).
-pub fn is_var_name(name: &str) -> bool {
+pub(crate) fn is_var_name(name: &str) -> bool {
     name.bytes()
         .next()
         .is_some_and(|b| b.is_ascii_alphabetic() || b == b'_')
@@ -138,10 +139,10 @@ pub fn is_secret_name(name: &str) -> bool {
 }
 
 /// The text shown for a secret value.
-pub const REDACTED: &str = "<redacted>";
+pub(crate) const REDACTED: &str = "<redacted>";
 
 /// `value`, or [`REDACTED`] when `name` is a secret's ([`is_secret_name`]).
-pub fn redact_value<'a>(name: &str, value: &'a str) -> Cow<'a, str> {
+pub(crate) fn redact_value<'a>(name: &str, value: &'a str) -> Cow<'a, str> {
     if is_secret_name(name) {
         Cow::Borrowed(REDACTED)
     } else {
@@ -152,7 +153,7 @@ pub fn redact_value<'a>(name: &str, value: &'a str) -> Cow<'a, str> {
 /// Redacts every assignment of a secret in a line of shell text for display: the value of each
 /// word `NAME=value` (with or without `export `, quoted or not) whose `NAME` is a secret's
 /// becomes `<redacted>`, up to the end of that word. Other text is kept as is.
-pub fn redact_line(line: &str) -> String {
+pub(crate) fn redact_line(line: &str) -> String {
     let mut out = String::with_capacity(line.len());
     let mut rest = line;
     while let Some(eq) = rest.find('=') {

@@ -200,7 +200,7 @@ impl CompiledCode {
     /// Source files that exist where the program runs and differ from what this binary was
     /// compiled from (absolute paths): the binary is stale for them. Files absent here (a binary
     /// copied to another machine) are not reported. Reads every covered file: for
-    /// [`trace`](crate::sweep::OrchestratorBuilder::trace) and diagnostics, not for keys.
+    /// [`trace`](crate::OrchestratorBuilder::trace) and diagnostics, not for keys.
     pub fn stale_files(&self) -> Vec<&'static str> {
         self.files
             .iter()

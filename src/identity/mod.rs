@@ -4,7 +4,7 @@
 //! - [`canonical_json`]: parameters as RFC 8785 canonical JSON;
 //! - [`CompiledCode`]: the job's code identity computed at compile time by `job!`, item by item
 //!   (its closure: what the job reaches), with `cfg` values and build witnesses;
-//! - [`owned_digest`]: the run-time, file-level digest of [`Job::new`](crate::sweep::Job::new)
+//! - [`owned_digest`]: the run-time, file-level digest of [`Job::new`](crate::Job::new)
 //!   jobs (comments and formatting excluded);
 //! - [`Witnesses`]: Cargo.lock, toolchain and source commit, recorded beside each result;
 //! - [`job_key`]: the key of one run, from the job's name, its parameters and its owned code.

@@ -10,7 +10,7 @@
 ///
 /// Never fails: malformed input (an unterminated string or comment) is consumed to the end of
 /// the file as one token, which still hashes deterministically.
-pub fn normalize_into(src: &[u8], out: &mut Vec<u8>) {
+pub(super) fn normalize_into(src: &[u8], out: &mut Vec<u8>) {
     let n = src.len();
     let mut i = 0;
     while i < n {

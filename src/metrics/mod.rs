@@ -1,4 +1,4 @@
-//! Metrics (`docs/design.md`, "Metrics"): what jobs log with [`Run::log`](crate::sweep::Run::log),
+//! Metrics (`docs/design.md`, "Metrics"): what jobs log with [`Run::log`](crate::Run::log),
 //! gathered into an Arrow-backed [`MetricTable`] that writes Parquet, CSV and SVG line plots.
 
 mod plot;

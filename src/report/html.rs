@@ -66,11 +66,11 @@ pub const AGGREGATE_SLICES: usize = 300;
 pub const INLINE_ATTEMPTS: usize = 2_000;
 
 /// Attempts shown from each end of a table of more than [`INLINE_ATTEMPTS`] attempts.
-pub const TABLE_ENDS: usize = 50;
+pub(super) const TABLE_ENDS: usize = 50;
 
 /// Failed attempts shown, at most, between the two ends of a table of more than
 /// [`INLINE_ATTEMPTS`] attempts.
-pub const TABLE_FAILED: usize = 200;
+pub(super) const TABLE_FAILED: usize = 200;
 
 /// A rendered campaign report: the HTML and, when the campaign has more than
 /// [`INLINE_ATTEMPTS`] attempts, its full attempts table as CSV.

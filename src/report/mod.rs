@@ -15,12 +15,12 @@
 //! the journal's entries only touches [`history`]'s reader: it reads each journal line as a
 //! tagged JSON object and takes the fields it knows, skipping entry kinds it does not.
 
-pub mod history;
-pub mod html;
-pub mod lease;
-pub mod notify;
+mod history;
+mod html;
+mod lease;
+mod notify;
 mod svg;
-pub mod sweep;
+mod sweep;
 
 use std::path::{Path, PathBuf};
 

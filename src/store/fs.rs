@@ -170,7 +170,7 @@ fn io_err(path: &Path) -> impl FnOnce(io::Error) -> StoreError + '_ {
 impl FsStore {
     /// The rows attempt `attempt` of job `key` has written so far, whatever its state: for a
     /// running or interrupted attempt (a killed process, a lost machine) these are the rows
-    /// flushed before the end (see [`Run::log`](crate::sweep::Run::log) for when rows are
+    /// flushed before the end (see [`Run::log`](crate::Run::log) for when rows are
     /// flushed). A last line cut short by a crash is dropped and returned as a [`TornTail`]
     /// (its file and byte offset), never an error; show it as a warning.
     ///
@@ -213,7 +213,7 @@ impl FsStore {
     /// error instead of a new empty store. Use [`FsStore::create`] to make a new store.
     ///
     /// ```
-    /// use puzzletron::FsStore;
+    /// use puzzletron::store::FsStore;
     /// use puzzletron::store::StoreError;
     ///
     /// let dir = tempfile::tempdir()?;

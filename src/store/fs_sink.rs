@@ -4,7 +4,7 @@
 //! A batch reaches the OS when it holds [`FLUSH_ROWS`] rows, when its oldest row is
 //! [`FLUSH_INTERVAL`] old (the process's one flusher thread, started with the first buffered
 //! row of any sink, sees to that even when the job logs nothing more), when the job marks a step boundary
-//! ([`Run::flush`](crate::sweep::Run::flush)), and when the attempt ends (then it is also
+//! ([`Run::flush`](crate::Run::flush)), and when the attempt ends (then it is also
 //! fsynced before the done record is written). A process killed in between loses at most the
 //! unflushed batch; a batch torn by a power loss leaves a torn last line, which readers drop
 //! with a warning ([`FsStore::attempt_metrics`](super::FsStore::attempt_metrics)).

@@ -128,11 +128,11 @@ pub(super) fn start_ticks_of(stat: &str) -> Option<u64> {
 /// a folder's inode and mtime): any change means the holder is alive.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 #[non_exhaustive]
-pub struct Beat(pub [u64; 4]);
+pub(crate) struct Beat(pub [u64; 4]);
 
 impl Beat {
     /// The signature of a file or folder from its metadata and (for a file) its bytes.
-    pub fn of(meta: &std::fs::Metadata, bytes: &[u8]) -> Self {
+    pub(crate) fn of(meta: &std::fs::Metadata, bytes: &[u8]) -> Self {
         use std::os::unix::fs::MetadataExt;
         let content = crate::identity::Hash::of(bytes);
         let c = content.as_bytes();
@@ -150,7 +150,7 @@ impl Beat {
 /// Opens `path`, then reads its metadata and at most 64 KiB of its bytes: what its heartbeat
 /// looks like and what it says. The metadata comes from the open file, so that on NFS the open's
 /// revalidation (close-to-open consistency) makes it fresh.
-pub fn read_beat(path: &std::path::Path) -> std::io::Result<(Beat, Vec<u8>)> {
+pub(crate) fn read_beat(path: &std::path::Path) -> std::io::Result<(Beat, Vec<u8>)> {
     use std::io::Read;
     let mut f = std::fs::File::open(path)?;
     let meta = f.metadata()?;
@@ -166,7 +166,7 @@ pub fn read_beat(path: &std::path::Path) -> std::io::Result<(Beat, Vec<u8>)> {
 /// `Ok(false)`; also when `path` is gone. Nothing is ever removed by name except `tomb`.
 /// (P03 in `docs/evidence.md`: rename atomically, then check the renamed
 /// object's identity; never unlink by name after a check.)
-pub fn move_aside_if_unchanged(
+pub(crate) fn move_aside_if_unchanged(
     path: &std::path::Path,
     tomb: &std::path::Path,
     judged: Beat,
@@ -190,13 +190,13 @@ pub fn move_aside_if_unchanged(
 
 /// Whether an error means the file is gone: `ENOENT`, or `ESTALE` (an NFS handle whose file was
 /// unlinked or replaced by another client). Either way: look again.
-pub fn is_gone(e: &std::io::Error) -> bool {
+pub(crate) fn is_gone(e: &std::io::Error) -> bool {
     e.kind() == std::io::ErrorKind::NotFound || e.raw_os_error() == Some(libc::ESTALE)
 }
 
 /// A name no other process or thread makes (for a tomb or a temp file): a digest of this
 /// process's space, pid, a counter and the time.
-pub fn unique_token() -> String {
+pub(crate) fn unique_token() -> String {
     static COUNTER: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
     let n = COUNTER.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
     let nanos = std::time::SystemTime::now()
@@ -218,7 +218,7 @@ pub fn unique_token() -> String {
 /// seen unchanged, from the first time this watch saw it as it is now. A first sight is
 /// "unchanged for 0 s": nothing is stale at first sight, whatever its timestamps say.
 #[derive(Debug)]
-pub struct HeartbeatWatch<K> {
+pub(crate) struct HeartbeatWatch<K> {
     seen: Mutex<HashMap<K, (Beat, Instant)>>,
 }
 
@@ -236,7 +236,7 @@ const WATCH_LIMIT: usize = 100_000;
 
 impl<K: StdHash + Eq + Clone> HeartbeatWatch<K> {
     /// How long `what` has looked like `beat`, on this process's monotonic clock.
-    pub fn unchanged_for(&self, what: &K, beat: Beat) -> Duration {
+    pub(crate) fn unchanged_for(&self, what: &K, beat: Beat) -> Duration {
         let mut seen = self.seen.lock().unwrap_or_else(|e| e.into_inner());
         let now = Instant::now();
         match seen.get_mut(what) {
@@ -256,7 +256,7 @@ impl<K: StdHash + Eq + Clone> HeartbeatWatch<K> {
     }
 
     /// Forgets `what` (it is gone, or was taken over).
-    pub fn forget(&self, what: &K) {
+    pub(crate) fn forget(&self, what: &K) {
         self.seen
             .lock()
             .unwrap_or_else(|e| e.into_inner())
@@ -265,7 +265,7 @@ impl<K: StdHash + Eq + Clone> HeartbeatWatch<K> {
 }
 
 /// `now`/`stale` as a phrase: "seen unchanged for 12 s of 60 s".
-pub fn unchanged_phrase(unchanged: Duration, stale: Duration) -> String {
+pub(crate) fn unchanged_phrase(unchanged: Duration, stale: Duration) -> String {
     format!(
         "heartbeat seen unchanged for {:.0} s of the {:.0} s stale interval",
         unchanged.as_secs_f64().floor(),

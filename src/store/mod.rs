@@ -467,7 +467,7 @@ pub trait Store: Send + Sync {
 
     /// Where [`artifact_dir`](Store::artifact_dir) keeps the job's artifacts, without creating
     /// the folder: a run makes it only when its job asks for it
-    /// ([`Run::artifact_dir`](crate::sweep::Run::artifact_dir)), so a job without artifacts
+    /// ([`Run::artifact_dir`](crate::Run::artifact_dir)), so a job without artifacts
     /// costs no folder. The default is `artifact_dir(key)` (created at once).
     fn artifact_path(&self, key: &Hash) -> Option<PathBuf> {
         self.artifact_dir(key)
@@ -475,7 +475,7 @@ pub trait Store: Send + Sync {
 
     /// Moves the record of `key` aside so that the job can run again, for a record that
     /// cannot be read ([`StoreError::Corrupt`]; a sweep built with
-    /// [`repair(true)`](crate::sweep::OrchestratorBuilder::repair) calls it): never deletes
+    /// [`repair(true)`](crate::OrchestratorBuilder::repair) calls it): never deletes
     /// it. Returns where it went, for messages; `None` when this store cannot move records
     /// aside (the default), and the run is then reported as corrupt.
     ///
@@ -641,7 +641,7 @@ pub trait StoreExt: Store {
     fn metric_table(
         &self,
         metric: &str,
-    ) -> Result<crate::MetricTable, crate::metrics::MetricsError> {
+    ) -> Result<crate::metrics::MetricTable, crate::metrics::MetricsError> {
         crate::metrics::table_of(self, metric)
     }
 
@@ -649,7 +649,7 @@ pub trait StoreExt: Store {
     /// the rows of a few jobs (read ahead on reader threads while the writer encodes) and one
     /// record batch of at most 65,536 rows are in memory at a time, so memory stays bounded
     /// (tens of MB) whatever the table's size. Same columns and Parquet
-    /// types as [`MetricTable::write_parquet`](crate::MetricTable::write_parquet) (`job_key` and
+    /// types as [`MetricTable::write_parquet`](crate::metrics::MetricTable::write_parquet) (`job_key` and
     /// text parameters dictionary-encoded in the file; pyarrow and pandas read them as plain
     /// strings). Replaces `path` atomically. Returns the number of rows written.
     ///
@@ -672,7 +672,7 @@ pub trait StoreExt: Store {
     ///
     /// # Errors
     /// As [`metrics::collect`](crate::metrics::collect).
-    fn collect(&self) -> Result<crate::MetricTable, crate::metrics::MetricsError> {
+    fn collect(&self) -> Result<crate::metrics::MetricTable, crate::metrics::MetricsError> {
         crate::metrics::collect(self)
     }
 
@@ -853,8 +853,8 @@ pub enum StoreError {
         /// The name given.
         name: String,
     },
-    /// The drain running the job was cancelled: [`Run::log`](crate::sweep::Run::log) and
-    /// [`Run::flush`](crate::sweep::Run::flush) return it so that a job stops at its next row.
+    /// The drain running the job was cancelled: [`Run::log`](crate::Run::log) and
+    /// [`Run::flush`](crate::Run::flush) return it so that a job stops at its next row.
     /// Not a failure: the run is recorded as interrupted and runs again at the next drain
     /// (retryable).
     #[error(

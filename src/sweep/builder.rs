@@ -84,7 +84,7 @@ impl<S: Store, E: Executor> OrchestratorBuilder<S, E> {
     /// needs a `'static` store: owned, or an `Arc`), or shared as an `Arc`/`Box`.
     ///
     /// ```
-    /// use puzzletron::{MemoryStore, Orchestrator, Run, JobResult, job};
+    /// use puzzletron::{store::MemoryStore, Orchestrator, Run, JobResult, job};
     ///
     /// fn train(p: &u32, run: &mut Run) -> JobResult {
     ///     run.log("x", 0, f64::from(*p))?;
@@ -97,7 +97,7 @@ impl<S: Store, E: Executor> OrchestratorBuilder<S, E> {
     /// assert_eq!(sweep.drain()?.ran(), 1);
     /// drop(sweep);
     /// // The store outlives the sweep that borrowed it.
-    /// use puzzletron::StoreExt;
+    /// use puzzletron::store::StoreExt;
     /// assert_eq!(store.metric_table("x")?.num_rows(), 1);
     /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// ```

@@ -17,7 +17,7 @@ pub type JobResult = Result<(), Box<dyn std::error::Error + Send + Sync + 'stati
 /// folder (`CARGO_MANIFEST_DIR`) and the file it is named in (`file!()`):
 ///
 /// ```
-/// use puzzletron::{job, sweep::{Run, JobResult}};
+/// use puzzletron::{job, Ru, JobResult}};
 /// #[derive(serde::Serialize, serde::Deserialize)]
 /// struct Params { lr: f64 }
 /// fn train(p: &Params, run: &mut Run) -> JobResult {
@@ -152,7 +152,7 @@ impl<P> Job<P> {
 #[macro_export]
 macro_rules! job {
     ($f:path) => {
-        $crate::sweep::Job::new(
+        $crate::Job::new(
             concat!(module_path!(), "::", stringify!($f)),
             env!("CARGO_PKG_NAME"),
             env!("CARGO_MANIFEST_DIR"),

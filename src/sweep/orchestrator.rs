@@ -371,8 +371,8 @@ impl<S: Store, E: Executor> Orchestrator<S, E> {
     /// returns [`FailureCause::Cancelled`].
     ///
     /// ```
-    /// # use puzzletron::sweep::{JobResult, Run};
-    /// # use puzzletron::{MemoryStore, Orchestrator, job};
+    /// # use puzzletron::{JobResult, Run};
+    /// # use puzzletron::{store::MemoryStore, Orchestrator, job};
     /// # fn train(p: &u32, run: &mut Run) -> JobResult { run.log("x", 0, f64::from(*p))?; Ok(()) }
     /// # #[tokio::main(flavor = "current_thread")]
     /// # async fn main() -> puzzletron::Result<()> {

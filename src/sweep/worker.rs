@@ -17,7 +17,7 @@
 //! How it works:
 //! 1. `drain()` decides as usual, then writes one *task* file per run to execute
 //!    (`<store>/isolated/<batch>/<n>.json`, or under
-//!    [`worker_dir`](crate::sweep::OrchestratorBuilder::worker_dir): how to reopen the store
+//!    [`worker_dir`](crate::OrchestratorBuilder::worker_dir): how to reopen the store
 //!    ([`StoreSpec`]), the record fields, where the job function is, which binary), one
 //!    *shared* file per job of the batch (its owned digest and the parent's witnesses, which
 //!    are the same for all its runs and can be hundreds of KiB) and a manifest listing the
@@ -37,7 +37,7 @@
 //!    runs in a worker.
 //! 3. The parent polls the executor, and between polls waits for a worker to end
 //!    ([`Executor::wait_change`]: `LocalExecutor` wakes it as soon as one of its workers exits,
-//!    other executors are polled every [`wait_poll`](crate::sweep::OrchestratorBuilder::wait_poll));
+//!    other executors are polled every [`wait_poll`](crate::OrchestratorBuilder::wait_poll));
 //!    when a worker ends it reads the run's record. A worker
 //!    that died without recording (abort, SIGKILL, OOM, node failure) fails that run only: the
 //!    parent takes over its stale claim and records the failure with the executor's state,
@@ -156,7 +156,7 @@ pub fn main_guard() {
 /// location. Call it first in `main`:
 ///
 /// ```no_run
-/// use puzzletron::Store;
+/// use puzzletron::store::Store;
 /// use puzzletron::store::{FsStore, StoreError};
 ///
 /// fn open_mine(location: &str) -> Result<Box<dyn Store>, StoreError> {

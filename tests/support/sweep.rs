@@ -5,8 +5,8 @@ use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicUsize, Ordering};
 
-use puzzletron::sweep::{Job, JobResult, Run};
-use puzzletron::{FsStore, Orchestrator};
+use puzzletron::{Job, JobResult, Run};
+use puzzletron::{Orchestrator, store::FsStore};
 use serde::{Deserialize, Serialize};
 
 /// A fake crate on disk: `Cargo.lock`, `src/lib.rs`, `examples/job.rs`.

@@ -45,7 +45,7 @@ mod compose;
 mod de;
 mod error;
 #[cfg(feature = "fuzzing")]
-#[cfg_attr(docsrs, doc(cfg(feature = "fuzzing")))]
+#[doc(hidden)]
 pub mod fuzzing;
 mod interpolate;
 mod merge;

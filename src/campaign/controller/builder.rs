@@ -202,6 +202,7 @@ impl CampaignControllerBuilder {
     }
     /// Test hook: `hook(path, probe)` returning `true` hides `path` from that probe, as a
     /// network filesystem's attribute or negative cache would (issue 27's tests).
+    #[cfg(any(test, feature = "test-util"))]
     #[doc(hidden)]
     pub fn visibility_hook(mut self, hook: Arc<super::finalise::VisibilityHook>) -> Self {
         self.visibility_hook = Some(hook);

@@ -335,7 +335,7 @@ const COLLECTIVE_ERR: &[&str] = &[
 
 /// The highest training step a log mentions (`step 5300`, `step=5300`, `global_step: 12`,
 /// `iteration 40`): the attempt's progress mark, `None` before the first.
-pub fn progress_step(log_lower: &str) -> Option<u64> {
+pub(super) fn progress_step(log_lower: &str) -> Option<u64> {
     let mut best: Option<u64> = None;
     for key in ["step", "iteration"] {
         let mut rest = log_lower;
@@ -359,7 +359,7 @@ pub fn progress_step(log_lower: &str) -> Option<u64> {
 
 /// Whether per-rank logs can decide the class of an attempt that ended in `state` (rule 6b:
 /// failed or killed). Callers read them only then.
-pub fn uses_rank_logs(state: &JobState) -> bool {
+pub(super) fn uses_rank_logs(state: &JobState) -> bool {
     matches!(state, JobState::Failed | JobState::Killed { .. })
 }
 

@@ -4,6 +4,7 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 
+#[cfg(any(test, feature = "test-util"))]
 use crate::executor::MockClock;
 
 /// The controller's source of time and of waiting.
@@ -13,10 +14,6 @@ pub trait Clock: Send + Sync {
     fn now_ms(&self) -> u64;
     /// Waits `d` (a virtual clock just moves forward).
     async fn sleep(&self, d: Duration);
-    /// Whether waits are virtual (then the controller does not wait for control events).
-    fn is_virtual(&self) -> bool {
-        false
-    }
 }
 
 /// Wall-clock time and `tokio::time::sleep`.
@@ -33,12 +30,15 @@ impl Clock for SystemClock {
     }
 }
 
-/// A virtual clock shared with a [`MockExecutor`](crate::executor::MockExecutor): sleeping
+/// (Feature `test-util`.) A virtual clock shared with a [`MockExecutor`](crate::executor::MockExecutor): sleeping
 /// advances it, so a campaign of hours runs in milliseconds and every time is exact.
+#[cfg(any(test, feature = "test-util"))]
+#[cfg_attr(docsrs, doc(cfg(feature = "test-util")))]
 #[derive(Clone, Debug, Default)]
 #[non_exhaustive]
 pub struct VirtualClock(pub MockClock);
 
+#[cfg(any(test, feature = "test-util"))]
 impl VirtualClock {
     /// A virtual clock reading (and advancing) `clock`.
     pub fn new(clock: MockClock) -> Self {
@@ -46,6 +46,7 @@ impl VirtualClock {
     }
 }
 
+#[cfg(any(test, feature = "test-util"))]
 #[async_trait]
 impl Clock for VirtualClock {
     fn now_ms(&self) -> u64 {
@@ -53,8 +54,5 @@ impl Clock for VirtualClock {
     }
     async fn sleep(&self, d: Duration) {
         self.0.advance(d)
-    }
-    fn is_virtual(&self) -> bool {
-        true
     }
 }

@@ -27,7 +27,7 @@ use super::driver::{Control, ControlSender};
 /// State of the key menu.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 #[non_exhaustive]
-pub enum MenuState {
+pub(super) enum MenuState {
     /// No menu shown.
     #[default]
     Closed,
@@ -36,10 +36,10 @@ pub enum MenuState {
 }
 
 /// The menu's text.
-pub const MENU: &str = "\r\n[campaign] c: cancel all jobs and quit | o: continue | d: detach (leave jobs running) | Ctrl-C again: cancel\r\n";
+pub(super) const MENU: &str = "\r\n[campaign] c: cancel all jobs and quit | o: continue | d: detach (leave jobs running) | Ctrl-C again: cancel\r\n";
 
 /// One key press through the menu: the new state and the request it makes, if any.
-pub fn menu_step(state: MenuState, key: u8) -> (MenuState, Option<Control>) {
+pub(super) fn menu_step(state: MenuState, key: u8) -> (MenuState, Option<Control>) {
     const CTRL_C: u8 = 3;
     const ESC: u8 = 27;
     match (state, key) {

@@ -463,13 +463,14 @@ impl CampaignController {
             if let Ok(c) = rx.try_recv() {
                 return Some(c);
             }
-            if !self.io.clock.is_virtual() {
-                let clock = self.io.clock.clone();
-                return tokio::select! {
-                    c = rx.recv() => c,
-                    _ = clock.sleep(d) => None,
-                };
-            }
+            // Biased: a control that is already queued wins over a sleep that is ready at once
+            // (a virtual clock's), so the outcome never depends on the clock's kind.
+            let clock = self.io.clock.clone();
+            return tokio::select! {
+                biased;
+                c = rx.recv() => c,
+                _ = clock.sleep(d) => None,
+            };
         }
         self.io.clock.sleep(d).await;
         None

@@ -23,14 +23,16 @@ use crate::campaign::HaltPolicy;
 use crate::executor::{JobState, JobStatus};
 
 /// Longest run of a stage's validation command.
-pub const VALIDATE_TIMEOUT: Duration = Duration::from_secs(120);
+pub(super) const VALIDATE_TIMEOUT: Duration = Duration::from_secs(120);
 
 /// Most per-rank logs read for one attempt (16 KiB of each).
-pub const MAX_RANK_LOGS: usize = 256;
+pub(super) const MAX_RANK_LOGS: usize = 256;
 
 /// One way the controller looks for an output file (see [`VisibilityHook`]).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 #[non_exhaustive]
+// Public for the test hook only (feature `test-util`).
+#[cfg_attr(not(any(test, feature = "test-util")), allow(unreachable_pub))]
 pub enum VisibilityProbe {
     /// `stat` of the path.
     Stat,
@@ -43,7 +45,7 @@ pub enum VisibilityProbe {
 /// A test hook: returns `true` to hide `path` from one [`VisibilityProbe`] (as a network
 /// filesystem's negative cache would), see
 /// [`CampaignControllerBuilder::visibility_hook`](super::CampaignControllerBuilder::visibility_hook).
-pub type VisibilityHook = dyn Fn(&Path, VisibilityProbe) -> bool + Send + Sync;
+pub(super) type VisibilityHook = dyn Fn(&Path, VisibilityProbe) -> bool + Send + Sync;
 
 /// Whether `path` is visible: `stat`, then a `readdir` of its folder (clears a network
 /// filesystem's negative cache of the folder) and an `open` (clears it for the file). The

@@ -27,7 +27,7 @@ use crate::executor::{AttemptId, JobHandle, JobState};
 use crate::identity::Hash;
 
 /// Version of the journal format.
-pub const JOURNAL_FORMAT: u32 = 1;
+pub(super) const JOURNAL_FORMAT: u32 = 1;
 
 /// One journal record's content.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]

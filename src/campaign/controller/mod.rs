@@ -34,38 +34,44 @@
 //! [`CampaignPlan`]: crate::campaign::CampaignPlan
 //! [`Executor`]: crate::executor::Executor
 
-pub mod builder;
-pub mod classify;
-pub mod clock;
-pub mod controls;
+mod builder;
+mod classify;
+mod clock;
+mod controls;
 mod decide;
-pub mod driver;
-pub mod error;
-pub mod event;
-pub mod finalise;
-pub mod journal;
-pub mod lease;
-pub mod nodes;
-pub mod policy;
+mod driver;
+mod error;
+mod event;
+mod finalise;
+mod journal;
+pub(crate) mod lease;
+pub(crate) mod nodes;
+mod policy;
 mod poll;
-pub mod pool;
-pub mod report;
+mod pool;
+mod report;
 mod shutdown;
-pub mod spec;
+pub(crate) mod spec;
 mod state;
 mod submit;
-pub mod view;
+mod view;
 
 pub use builder::{CampaignControllerBuilder, open_campaign_dir};
 pub use classify::{
     CheckpointEvidence, Classification, Evidence, FailureClass, OomKind, PendingVerdict, classify,
     classify_hung, pending_verdict,
 };
-pub use clock::{Clock, SystemClock, VirtualClock};
+#[cfg(any(test, feature = "test-util"))]
+#[cfg_attr(docsrs, doc(cfg(feature = "test-util")))]
+pub use clock::VirtualClock;
+pub use clock::{Clock, SystemClock};
 pub use controls::{DecisionPrompt, TerminalControls, choose_revisions, prompt_choice};
 pub use driver::{CampaignController, Control, ControlSender, RunOptions};
 pub use error::ControllerError;
 pub use event::ControllerEvent;
+#[cfg(any(test, feature = "test-util"))]
+#[doc(hidden)]
+pub use finalise::VisibilityProbe;
 pub use journal::{Entry, Journal, Record};
 pub use lease::{Lease, LeaseInfo};
 pub use policy::{Decision, RetryPolicy, UnitHistory, decide};

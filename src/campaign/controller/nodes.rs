@@ -26,7 +26,7 @@ const NO_NODE: &[&str] = &["", "none", "(null)", "none assigned", "localhost"];
 /// names, in order, without duplicates. A part that is not a valid range is kept as written
 /// (a name with brackets is rare, and never dropped), and placeholders (`None`, `(null)`,
 /// `localhost`) give nothing.
-pub fn expand_hostlist(list: &str) -> Vec<String> {
+pub(crate) fn expand_hostlist(list: &str) -> Vec<String> {
     let mut out: Vec<String> = Vec::new();
     let mut push = |n: String| {
         if !NO_NODE.contains(&n.to_ascii_lowercase().as_str()) && !out.contains(&n) {
@@ -85,7 +85,7 @@ fn expand_one(part: &str) -> Option<Vec<String>> {
 
 /// Whether an attempt that ended in `state` with `class` failed fast on its nodes (see the
 /// [module docs](self)), from the logs in `ev` (job log and rank logs).
-pub fn fails_fast(state: &JobState, class: Option<FailureClass>, ev: &Evidence) -> bool {
+pub(crate) fn fails_fast(state: &JobState, class: Option<FailureClass>, ev: &Evidence) -> bool {
     if class != Some(FailureClass::Transient) {
         return false;
     }

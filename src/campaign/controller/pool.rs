@@ -25,7 +25,7 @@ use super::error::ControllerError;
 use crate::fsutil::atomic_write;
 
 /// Environment variable naming the queue folder of a pool worker.
-pub const QUEUE_DIR_ENV: &str = "PUZZLETRON_QUEUE_DIR";
+pub(super) const QUEUE_DIR_ENV: &str = "PUZZLETRON_QUEUE_DIR";
 
 /// One item of a pool queue.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]

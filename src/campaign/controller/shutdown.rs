@@ -13,9 +13,9 @@ use super::state::{StageStatus, UnitStatus};
 use crate::executor::{JobState, JobStatus};
 
 /// Time all of a shutdown's executor cancels may take together.
-pub const SHUTDOWN_CANCEL_BUDGET: Duration = Duration::from_secs(30);
+pub(super) const SHUTDOWN_CANCEL_BUDGET: Duration = Duration::from_secs(30);
 /// Time a shutdown's final status poll may take.
-pub const SHUTDOWN_POLL_BUDGET: Duration = Duration::from_millis(500);
+pub(super) const SHUTDOWN_POLL_BUDGET: Duration = Duration::from_millis(500);
 
 impl CampaignController {
     pub(super) fn reset_failed(&mut self, by: &str) -> Result<(), ControllerError> {

@@ -40,29 +40,29 @@ use crate::executor::{
 
 /// Success marker a payload may write into its output folder when it finished (see
 /// [`classify`](mod@super::classify) rule 1).
-pub const SUCCESS_MARKER: &str = "_SUCCESS";
+pub(crate) const SUCCESS_MARKER: &str = "_SUCCESS";
 
 /// Heartbeat file a worker may touch in its output folder (`PUZZLETRON_HEARTBEAT_FILE`): its
 /// modification time is a progress mark for the stage's heartbeat timeout, besides `step N`
 /// lines in the logs.
-pub const HEARTBEAT_FILE: &str = "_HEARTBEAT";
+pub(crate) const HEARTBEAT_FILE: &str = "_HEARTBEAT";
 /// The start mark in the output folder ([`START_FILE_ENV`](crate::executor::START_FILE_ENV)):
 /// holds the id of the attempt whose payload started last.
-pub const START_MARKER: &str = "_STARTED";
+pub(crate) const START_MARKER: &str = "_STARTED";
 
 /// Marker a resumable worker writes into its output folder after each complete checkpoint
 /// (N03): a timed-out attempt with it resumes, one without it (and without a complete
 /// [`CHECKPOINT_DIR`] step) is a fatal timeout. Its first line (`step 1200`) names it.
-pub const CHECKPOINT_MARKER: &str = "_CHECKPOINT";
+pub(crate) const CHECKPOINT_MARKER: &str = "_CHECKPOINT";
 
 /// Folder of step checkpoints in the output folder, `ckpt/step_<N>/`; a `step_<N>.tmp` is
 /// one still being written (partial).
-pub const CHECKPOINT_DIR: &str = "ckpt";
+pub(crate) const CHECKPOINT_DIR: &str = "ckpt";
 
 /// What the output folder `out` holds to resume from (N03): the [`CHECKPOINT_MARKER`] (with
 /// its first line), else the highest complete `ckpt/step_<N>` (names with a `.tmp` or other
 /// suffix are partial and never count).
-pub fn find_checkpoint(out: &Path) -> CheckpointEvidence {
+pub(crate) fn find_checkpoint(out: &Path) -> CheckpointEvidence {
     if let Ok(text) = std::fs::read_to_string(out.join(CHECKPOINT_MARKER)) {
         let first = text.lines().next().unwrap_or("").trim();
         let first: String = first.chars().take(200).collect();
@@ -91,7 +91,7 @@ pub fn find_checkpoint(out: &Path) -> CheckpointEvidence {
 /// Moves the partial checkpoints (`ckpt/*.tmp`) of a timed-out attempt aside, into
 /// `ckpt_partial/<attempt id>/`, so the resumed attempt never loads one (N03). Returns what
 /// was moved, and a line per entry that could not be (the caller reports them).
-pub fn move_partial_checkpoints_aside(out: &Path, attempt_id: &AttemptId) -> Vec<String> {
+pub(crate) fn move_partial_checkpoints_aside(out: &Path, attempt_id: &AttemptId) -> Vec<String> {
     let aside = out.join("ckpt_partial").join(attempt_id.as_str());
     let mut moved = Vec::new();
     for e in std::fs::read_dir(out.join(CHECKPOINT_DIR))
@@ -116,7 +116,7 @@ pub fn move_partial_checkpoints_aside(out: &Path, attempt_id: &AttemptId) -> Vec
 }
 
 /// The output folder of a unit.
-pub fn output_dir(campaign: &Path, stage: &str, item: Option<usize>) -> PathBuf {
+pub(crate) fn output_dir(campaign: &Path, stage: &str, item: Option<usize>) -> PathBuf {
     let leaf = item.map_or_else(|| "agg".to_string(), |i| i.to_string());
     campaign.join("work").join(stage).join(leaf)
 }
@@ -124,28 +124,28 @@ pub fn output_dir(campaign: &Path, stage: &str, item: Option<usize>) -> PathBuf 
 /// The decision file of manual decision stage `stage`: `<campaign>/decisions/<stage>.txt`.
 /// Its content uses [`choose_revisions`](super::choose_revisions)' grammar: `all`, `none`, or
 /// candidate numbers (from 1) and ids separated by spaces or commas.
-pub fn decision_file(campaign: &Path, stage: &str) -> PathBuf {
+pub(crate) fn decision_file(campaign: &Path, stage: &str) -> PathBuf {
     campaign.join(crate::campaign::decision_file_name(stage))
 }
 
 /// The file a manual decision stage writes its choice to:
 /// `<campaign>/work/<stage>/0/selected.json`.
-pub fn selection_file(campaign: &Path, stage: &str) -> PathBuf {
+pub(crate) fn selection_file(campaign: &Path, stage: &str) -> PathBuf {
     output_dir(campaign, stage, Some(0)).join(SELECTION_FILE)
 }
 
 /// File name of a manual decision's choice in its output folder.
-pub const SELECTION_FILE: &str = "selected.json";
+pub(crate) const SELECTION_FILE: &str = "selected.json";
 
 /// The queue folder of a pool stage.
-pub fn queue_dir(campaign: &Path, stage: &str) -> PathBuf {
+pub(crate) fn queue_dir(campaign: &Path, stage: &str) -> PathBuf {
     campaign.join("queues").join(stage)
 }
 
 /// The units of a stage, in the controller's order: one per work item (`<stage>/<index>`),
 /// then the aggregate step (`<stage>/agg`) of a sharded stage whose shards are merged. A
 /// manual decision has none.
-pub fn stage_units(st: &StagePlan) -> Vec<(String, Option<usize>)> {
+pub(crate) fn stage_units(st: &StagePlan) -> Vec<(String, Option<usize>)> {
     if st.decision.is_some() {
         return Vec::new();
     }
@@ -161,7 +161,13 @@ pub fn stage_units(st: &StagePlan) -> Vec<(String, Option<usize>)> {
 /// The attempt id of attempt `n` of a unit: `<tag>[r<revision>].<stage>.<index|agg>.a<n>`
 /// (sanitised to an [`AttemptId`]). The tag is the campaign folder's random nonce, so a job
 /// is only ever adopted by the campaign that submitted it.
-pub fn attempt_id(tag: &str, revision: u32, stage: &str, item: Option<usize>, n: u32) -> AttemptId {
+pub(crate) fn attempt_id(
+    tag: &str,
+    revision: u32,
+    stage: &str,
+    item: Option<usize>,
+    n: u32,
+) -> AttemptId {
     let leaf = item.map_or_else(|| "agg".to_string(), |i| i.to_string());
     let rev = if revision > 0 {
         format!("r{revision}")
@@ -174,7 +180,7 @@ pub fn attempt_id(tag: &str, revision: u32, stage: &str, item: Option<usize>, n:
 /// One unit's attempt, as [`attempt_spec`] builds it.
 #[derive(Debug, Clone)]
 #[non_exhaustive]
-pub struct UnitSpec<'a> {
+pub(crate) struct UnitSpec<'a> {
     /// The campaign folder (absolute): working directory without a repository, outputs, logs.
     pub campaign: &'a Path,
     /// The plan.
@@ -206,7 +212,7 @@ pub struct UnitSpec<'a> {
 /// # Errors
 /// [`ControllerError::BadPlan`] for a stage without work items or command, or a command
 /// argument with a NUL.
-pub fn attempt_spec(u: &UnitSpec<'_>) -> Result<AttemptSpec, ControllerError> {
+pub(crate) fn attempt_spec(u: &UnitSpec<'_>) -> Result<AttemptSpec, ControllerError> {
     let st = u.stage;
     let bad = |reason: String| ControllerError::BadPlan {
         stage: st.stage_id.clone(),

@@ -137,7 +137,7 @@ pub(crate) struct State {
 }
 
 impl State {
-    pub fn new(plan: &CampaignPlan) -> Self {
+    pub(super) fn new(plan: &CampaignPlan) -> Self {
         let mut s = State {
             nonce: String::new(),
             contract: None,
@@ -156,7 +156,7 @@ impl State {
     }
 
     /// (Re)creates stages and units from the plan (a new revision starts from scratch).
-    pub fn reset_units(&mut self, plan: &CampaignPlan) {
+    pub(super) fn reset_units(&mut self, plan: &CampaignPlan) {
         self.units.clear();
         self.unit_index.clear();
         self.stages.clear();
@@ -227,13 +227,18 @@ impl State {
         i
     }
 
-    pub fn stage_index(&self, id: &str) -> Option<usize> {
+    pub(super) fn stage_index(&self, id: &str) -> Option<usize> {
         self.stages.iter().position(|s| s.id == id)
     }
 
     /// Applies one journal entry. Returns a description of an inconsistency (an entry about an
     /// unknown unit or attempt), which the caller turns into a corrupt-journal error.
-    pub fn apply(&mut self, e: &Entry, plan: &CampaignPlan, at_ms: u64) -> Result<(), String> {
+    pub(super) fn apply(
+        &mut self,
+        e: &Entry,
+        plan: &CampaignPlan,
+        at_ms: u64,
+    ) -> Result<(), String> {
         match e {
             Entry::Header {
                 nonce,
@@ -442,7 +447,7 @@ impl State {
     }
 
     /// Indices of attempts with a handle and not finished.
-    pub fn live_attempts(&self) -> Vec<usize> {
+    pub(super) fn live_attempts(&self) -> Vec<usize> {
         self.attempts
             .iter()
             .enumerate()
@@ -452,7 +457,7 @@ impl State {
     }
 
     /// Indices of attempts with an intent but neither handle nor failure.
-    pub fn unresolved_intents(&self) -> Vec<usize> {
+    pub(super) fn unresolved_intents(&self) -> Vec<usize> {
         self.attempts
             .iter()
             .enumerate()

@@ -22,13 +22,14 @@ pub enum ViewMode {
 }
 
 /// One stage as text: `score      running   3/4 done  1 running  0 queued  0 failed  12.3 s`.
-pub fn progress_line(p: &StageProgress, now_ms: Option<u64>) -> String {
+#[cfg(feature = "progress")]
+pub(super) fn progress_line(p: &StageProgress, now_ms: Option<u64>) -> String {
     progress_line_in(p, now_ms, 16, 8)
 }
 
 /// [`progress_line`] of every stage, the columns as wide as the longest stage id and state,
 /// so long names (`post.runtime-075.quality_benchmarks`) keep the table aligned.
-pub fn progress_lines(ps: &[StageProgress], now_ms: Option<u64>) -> Vec<String> {
+pub(super) fn progress_lines(ps: &[StageProgress], now_ms: Option<u64>) -> Vec<String> {
     let w = ps
         .iter()
         .map(|p| p.stage.chars().count())
@@ -93,7 +94,7 @@ pub(crate) struct LiveView {
 }
 
 impl LiveView {
-    pub fn new(mode: ViewMode) -> Self {
+    pub(super) fn new(mode: ViewMode) -> Self {
         let mode = match mode {
             ViewMode::Auto if !(cfg!(feature = "progress") && std::io::stderr().is_terminal()) => {
                 ViewMode::Plain { every_s: 10 }
@@ -123,7 +124,7 @@ impl LiveView {
 
     /// Shows (or with `None` clears) a problem beside the progress: printed at once in plain
     /// mode, appended to the first bar's line on a terminal.
-    pub fn scheduler_error(&mut self, alert: Option<String>) {
+    pub(super) fn scheduler_error(&mut self, alert: Option<String>) {
         if alert == self.alert {
             return;
         }
@@ -138,11 +139,11 @@ impl LiveView {
 
     /// The problem shown now, if any.
     #[cfg(all(test, feature = "progress"))]
-    pub fn alert(&self) -> Option<&str> {
+    pub(crate) fn alert(&self) -> Option<&str> {
         self.alert.as_deref()
     }
 
-    pub fn update(&mut self, progress: &[StageProgress], now_ms: u64) {
+    pub(super) fn update(&mut self, progress: &[StageProgress], now_ms: u64) {
         match self.mode {
             ViewMode::Off => {}
             ViewMode::Plain { every_s } => {
@@ -211,7 +212,7 @@ impl LiveView {
     fn draw(&mut self, _progress: &[StageProgress], _now_ms: u64) {}
 
     /// Runs `f` (a prompt) with the progress bars hidden, then draws them again.
-    pub fn suspend<R>(&self, f: impl FnOnce() -> R) -> R {
+    pub(super) fn suspend<R>(&self, f: impl FnOnce() -> R) -> R {
         #[cfg(feature = "progress")]
         if let Some((mp, _)) = &self.bars {
             return mp.suspend(f);
@@ -219,7 +220,7 @@ impl LiveView {
         f()
     }
 
-    pub fn finish(&mut self, report: &CampaignReport) {
+    pub(super) fn finish(&mut self, report: &CampaignReport) {
         #[cfg(feature = "progress")]
         if let Some((_, bars)) = self.bars.take() {
             for b in bars {

@@ -21,7 +21,7 @@ use serde::{Deserialize, Serialize};
 use super::super::{AttemptId, AttemptSpec, ExecutorError};
 
 /// File name of the lease table in the executor's state folder.
-pub const LEASE_FILE: &str = "gpu-leases.json";
+pub(crate) const LEASE_FILE: &str = "gpu-leases.json";
 
 /// One host of the inventory, as the lease table sees it.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -82,7 +82,7 @@ impl Lease {
 /// entry of its scheduler directives, LIST a Slurm hostlist (`h[1-2],h5`). The campaign
 /// controller writes the nodes it excluded, and a unit's retry the nodes of its fast failure,
 /// there for every executor.
-pub fn excluded_hosts(spec: &AttemptSpec) -> BTreeSet<String> {
+pub(super) fn excluded_hosts(spec: &AttemptSpec) -> BTreeSet<String> {
     spec.scheduler
         .extra_directives
         .iter()
@@ -220,14 +220,14 @@ impl LeaseTable {
 
 /// The lease file of one state folder.
 #[derive(Debug, Clone)]
-pub struct LeaseFile {
+pub(super) struct LeaseFile {
     path: PathBuf,
     lock_path: PathBuf,
 }
 
 impl LeaseFile {
     /// The lease file in `dir` (created on first write).
-    pub fn new(dir: &Path) -> Self {
+    pub(super) fn new(dir: &Path) -> Self {
         Self {
             path: dir.join(LEASE_FILE),
             lock_path: dir.join(format!("{LEASE_FILE}.lock")),
@@ -236,7 +236,7 @@ impl LeaseFile {
 
     /// Reads the table without the lock (a consistent old or new version: it is replaced by
     /// rename).
-    pub fn read(&self) -> Result<LeaseTable, ExecutorError> {
+    pub(super) fn read(&self) -> Result<LeaseTable, ExecutorError> {
         match std::fs::read(&self.path) {
             Ok(b) => serde_json::from_slice(&b).map_err(|e| ExecutorError::Parse {
                 command: format!("reading {}", self.path.display()),
@@ -257,7 +257,7 @@ impl LeaseFile {
 
     /// Runs `f` on the table under the exclusive lock and writes the result atomically when
     /// `f` says it changed something.
-    pub fn update<R>(
+    pub(super) fn update<R>(
         &self,
         f: impl FnOnce(&mut LeaseTable) -> (bool, R),
     ) -> Result<R, ExecutorError> {

@@ -61,12 +61,12 @@ use super::{
     JobStatus, RenderedCommand, Rendering, TaskLauncher, check_kind, now_ms,
 };
 pub use inventory::{BaremetalInventory, Host};
-pub use lease::{HostSlots, LEASE_FILE, Lease, LeaseTable, Slice};
+pub(crate) use lease::{HostSlots, Lease, LeaseTable, Slice};
 use remote::{RemoteState, SubmitAnswer, command_line};
 use ssh::{Ssh, SshFailure};
 
 /// Executor kind name, in every handle.
-pub const KIND: &str = "baremetal";
+pub(crate) const KIND: &str = "baremetal";
 
 /// A folder on the host whose tasks were started (`started/` made) but never recorded a
 /// wrapper is given this long before it counts as lost.
@@ -1901,9 +1901,9 @@ mod malformed_exit_tests {
                  exit (host rebooted?)"
             )
         );
-        let c = crate::campaign::controller::classify::classify(
+        let c = crate::campaign::controller::classify(
             &st,
-            &crate::campaign::controller::classify::Evidence::default(),
+            &crate::campaign::controller::Evidence::default(),
         );
         assert!(
             c.detail.contains("malformed pid file /srv/pt/a1/job on h3"),
@@ -1958,9 +1958,9 @@ mod malformed_exit_tests {
         let st = host_status(&id, &rec(Some(3), &[]), 0, 0, "node03", "");
         assert_eq!((st.state, st.exit_code), (JobState::Failed, Some(3)));
         // The controller's verdict names it.
-        let c = crate::campaign::controller::classify::classify(
+        let c = crate::campaign::controller::classify(
             &host_status(&id, &rec(None, &["code=12x"]), 0, 0, "node03", "/srv/pt"),
-            &crate::campaign::controller::classify::Evidence::default(),
+            &crate::campaign::controller::Evidence::default(),
         );
         assert!(
             c.detail.starts_with(

@@ -49,7 +49,7 @@ alive() {
 /// Run as `sh <dir>/job.sh <dir>`; reads its arguments from `<dir>/args` (mode 0600, so
 /// environment values never show in `ps`): log walltime_s grace_s repo setup venv cwd nprerun
 /// prerun... npostrun postrun... nenv K=V... argv...
-pub const JOB: &str = r#"eval "set -- $(cat "$1/args")"; shift 3
+pub(super) const JOB: &str = r#"eval "set -- $(cat "$1/args")"; shift 3
 repo=$1; setup=$2; venv=$3; cwd=$4; shift 4
 fail() { echo "puzzletron-baremetal: $*" >&2; exit 126; }
 if [ -n "$repo" ]; then cd -- "$repo" || fail "cannot enter the repository $repo"; fi
@@ -249,7 +249,12 @@ fn script(body: &str) -> String {
 
 /// The remote command line for `body` with `args`: `sh -c '<script>' <name> <args...>`, every
 /// word quoted (the remote login shell parses the line; nothing in it is left unquoted).
-pub fn command_line(name: &str, body: &str, env: &[(&str, &str)], args: &[String]) -> String {
+pub(super) fn command_line(
+    name: &str,
+    body: &str,
+    env: &[(&str, &str)],
+    args: &[String],
+) -> String {
     let mut words: Vec<String> = Vec::with_capacity(args.len() + 6);
     if !env.is_empty() {
         words.push("env".into());
@@ -265,32 +270,32 @@ pub fn command_line(name: &str, body: &str, env: &[(&str, &str)], args: &[String
     words.join(" ")
 }
 
-pub use crate::executor::shell::quote;
+pub(super) use crate::executor::shell::quote;
 
 /// Script bodies by operation.
-pub fn submit_body() -> &'static str {
+pub(super) fn submit_body() -> &'static str {
     SUBMIT
 }
 /// See [`POLL`].
-pub fn poll_body() -> &'static str {
+pub(super) fn poll_body() -> &'static str {
     POLL
 }
 /// See [`CANCEL`].
-pub fn cancel_body() -> &'static str {
+pub(super) fn cancel_body() -> &'static str {
     CANCEL
 }
 /// See [`PREFLIGHT`].
-pub fn preflight_body() -> &'static str {
+pub(super) fn preflight_body() -> &'static str {
     PREFLIGHT
 }
 /// See [`RESOLVE`].
-pub fn resolve_body() -> &'static str {
+pub(super) fn resolve_body() -> &'static str {
     RESOLVE
 }
 
 /// What the resolve script said: `Ok(None)` found (or not judged), `Ok(Some((dir, path)))`
 /// missing, looked up in `path` from working directory `dir`.
-pub fn parse_resolve(out: &str) -> Option<(String, String)> {
+pub(super) fn parse_resolve(out: &str) -> Option<(String, String)> {
     let mut lines = out.lines();
     if lines.next()?.trim() != "MISSING" {
         return None;
@@ -307,14 +312,14 @@ pub fn parse_resolve(out: &str) -> Option<(String, String)> {
 }
 /// The wrapper's full text (with the root preamble for `now`/`ticks`; its root argument is
 /// passed empty and unused).
-pub fn wrapper_script() -> String {
+pub(super) fn wrapper_script() -> String {
     script(WRAPPER)
 }
 
 /// One line of the poll script's answer.
 #[derive(Debug, Clone, PartialEq, Eq)]
 #[non_exhaustive]
-pub enum RemoteState {
+pub(super) enum RemoteState {
     /// No attempt folder.
     Absent,
     /// Folder made at `submitted_ms`, wrapper not started yet.
@@ -332,7 +337,7 @@ pub enum RemoteState {
 /// The wrapper's exit record.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
 #[non_exhaustive]
-pub struct ExitRecord {
+pub(super) struct ExitRecord {
     /// `exited` or `cancelled_before_start`.
     pub status: String,
     /// Exit code (128+N for death by signal N, as the shell reports it).
@@ -352,7 +357,7 @@ pub struct ExitRecord {
 
 /// One attempt's line of the submit script's answer.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum SubmitAnswer {
+pub(super) enum SubmitAnswer {
     /// Started now (its pid or exit record was there, or the wait ran out).
     Ok,
     /// Already started on this host earlier: not started again.
@@ -363,7 +368,7 @@ pub enum SubmitAnswer {
 
 /// Parses the submit answer into `(attempt id, answer)` pairs (unknown lines skipped; an id
 /// missing from the answer is the caller's to report).
-pub fn parse_submit(out: &str) -> HashMap<String, SubmitAnswer> {
+pub(super) fn parse_submit(out: &str) -> HashMap<String, SubmitAnswer> {
     let mut m = HashMap::new();
     for line in out.lines() {
         let mut w = line.splitn(3, ' ');
@@ -383,7 +388,7 @@ pub fn parse_submit(out: &str) -> HashMap<String, SubmitAnswer> {
 
 /// The malformed pid records of the poll answer (`M` lines): `(attempt id, file name, its
 /// first bytes)`.
-pub fn parse_bad_records(out: &str) -> Vec<(String, String, String)> {
+pub(super) fn parse_bad_records(out: &str) -> Vec<(String, String, String)> {
     out.lines()
         .filter_map(|l| {
             let rest = l.strip_prefix("M ")?;
@@ -396,7 +401,7 @@ pub fn parse_bad_records(out: &str) -> Vec<(String, String, String)> {
 
 /// Parses the poll answer into `(attempt id, state)` pairs (unknown lines are skipped; the
 /// caller treats a missing id as an incomplete answer).
-pub fn parse_poll(out: &str) -> Vec<(String, RemoteState)> {
+pub(super) fn parse_poll(out: &str) -> Vec<(String, RemoteState)> {
     let mut v = Vec::new();
     for line in out.lines() {
         let mut w = line.split(' ');

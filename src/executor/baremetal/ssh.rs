@@ -30,14 +30,14 @@ use tokio::io::AsyncReadExt;
 use super::super::ExecutorError;
 
 /// Longest `ssh -O check` of a control socket may take; longer is inconclusive.
-pub const CHECK_TIMEOUT: Duration = Duration::from_secs(2);
+pub(super) const CHECK_TIMEOUT: Duration = Duration::from_secs(2);
 
 /// How long multiplexing stays off for a host whose control socket did not answer a check.
-pub const MUX_RETRY: Duration = Duration::from_secs(60);
+pub(super) const MUX_RETRY: Duration = Duration::from_secs(60);
 
 /// What `ssh -O check` said of a control socket.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum MasterCheck {
+pub(super) enum MasterCheck {
     /// A master answers.
     Alive,
     /// No socket, or a socket nobody listens on (removed when it was ours).
@@ -49,7 +49,7 @@ pub enum MasterCheck {
 /// Why an exchange failed.
 #[derive(Debug)]
 #[non_exhaustive]
-pub enum SshFailure {
+pub(super) enum SshFailure {
     /// The host could not be reached or the connection broke (ssh exit 255, a timeout): no
     /// answer; the remote command may or may not have run.
     Unreachable(String),
@@ -68,7 +68,7 @@ pub enum SshFailure {
 /// connection reset, `Exceeded MaxStartups`, kex failures) is [`SshFailure::Unreachable`],
 /// transient. A task's own exit 255 never comes through here: task exit codes are read from
 /// the remote exit file only.
-pub fn classify_255(host: &str, stderr: &str) -> SshFailure {
+pub(super) fn classify_255(host: &str, stderr: &str) -> SshFailure {
     let lower = stderr.to_ascii_lowercase();
     if lower.contains("remote host identification has changed")
         || lower.contains("host key verification failed")
@@ -111,7 +111,7 @@ pub fn classify_255(host: &str, stderr: &str) -> SshFailure {
 /// `Session open refused by peer`, `open failed: administratively prohibited`), or a
 /// connection dropped before the banner (`MaxStartups`: `Exceeded MaxStartups`,
 /// `kex_exchange_identification: ... Connection reset`/`closed`). Transient: tried again.
-pub fn is_sshd_limit(stderr: &str) -> bool {
+pub(super) fn is_sshd_limit(stderr: &str) -> bool {
     let l = stderr.to_ascii_lowercase();
     is_session_refused(&l)
         || l.contains("exceeded maxstartups")
@@ -128,7 +128,7 @@ fn is_session_refused(lower: &str) -> bool {
 /// The pause before try `tries + 1` after an sshd-limit refusal: 100 ms doubling to 800 ms,
 /// each drawn in `[pause/2, pause]` so refused exchanges started together do not come back
 /// together (`u` in `[0, 1)`).
-pub fn refusal_backoff(tries: u32, u: f64) -> Duration {
+pub(super) fn refusal_backoff(tries: u32, u: f64) -> Duration {
     let full = 100u64 << tries.min(3);
     let u = if u.is_finite() {
         u.clamp(0.0, 1.0)
@@ -189,7 +189,7 @@ fn first_line<'a>(text: &'a str, needle: &str) -> &'a str {
 impl SshFailure {
     /// The same failure again (for each attempt of a launch exchange that failed as a whole;
     /// `std::io::Error` is not `Clone`, so a spawn error is rebuilt from its kind and text).
-    pub fn copy(&self) -> SshFailure {
+    pub(super) fn copy(&self) -> SshFailure {
         match self {
             SshFailure::Unreachable(m) => SshFailure::Unreachable(m.clone()),
             SshFailure::Remote { code, stderr } => SshFailure::Remote {
@@ -202,7 +202,7 @@ impl SshFailure {
     }
 
     /// As an [`ExecutorError`] for `what` on `host`.
-    pub fn into_error(self, host: &str, what: &str) -> ExecutorError {
+    pub(super) fn into_error(self, host: &str, what: &str) -> ExecutorError {
         match self {
             SshFailure::Unreachable(m) => ExecutorError::SchedulerUnavailable {
                 command: format!("ssh {host} ({what})"),
@@ -229,7 +229,7 @@ impl SshFailure {
 /// Runs remote command lines over SSH and counts the exchanges.
 #[derive(Debug)]
 #[non_exhaustive]
-pub struct Ssh {
+pub(super) struct Ssh {
     /// The OpenSSH client run (`ssh` from `PATH` by default).
     pub program: String,
     /// `-F` file, when given.
@@ -258,7 +258,7 @@ pub struct Ssh {
 
 impl Ssh {
     /// A client; creates `control_dir` (mode 0700).
-    pub fn new(
+    pub(super) fn new(
         program: String,
         config: Option<PathBuf>,
         options: Vec<String>,
@@ -291,23 +291,23 @@ impl Ssh {
     }
 
     /// SSH exchanges (ssh processes) started so far.
-    pub fn exchanges(&self) -> u64 {
+    pub(super) fn exchanges(&self) -> u64 {
         self.exchanges.load(Ordering::Relaxed)
     }
 
     /// Exchanges sshd refused for its limits (each tried again) so far.
-    pub fn refusals(&self) -> u64 {
+    pub(super) fn refusals(&self) -> u64 {
         self.refusals.load(Ordering::Relaxed)
     }
 
     /// Exchanges run without multiplexing (full logins) because a host's control socket did
     /// not answer.
-    pub fn full_logins(&self) -> u64 {
+    pub(super) fn full_logins(&self) -> u64 {
         self.full_logins.load(Ordering::Relaxed)
     }
 
     /// Hosts whose multiplexing is off now ("multiplexing lost"), sorted.
-    pub fn multiplexing_lost(&self) -> Vec<String> {
+    pub(super) fn multiplexing_lost(&self) -> Vec<String> {
         let now = Instant::now();
         let m = self.mux_lost.lock().unwrap_or_else(|p| p.into_inner());
         let mut v: Vec<String> = m
@@ -370,7 +370,7 @@ impl Ssh {
 
     /// Checks the control socket of `host` with `ssh -O check` (at most [`CHECK_TIMEOUT`]);
     /// removes it when stale and ours (in `control_dir`, a socket).
-    pub async fn check_master(&self, host: &str) -> MasterCheck {
+    pub(super) async fn check_master(&self, host: &str) -> MasterCheck {
         let mut a = self.config_args();
         a.extend(["-o".into(), self.control_path_option()]);
         a.extend(
@@ -452,7 +452,7 @@ impl Ssh {
     }
 
     /// The channel cap of `host` now.
-    pub fn channel_cap_of(&self, host: &str) -> u32 {
+    pub(super) fn channel_cap_of(&self, host: &str) -> u32 {
         let g = self.gate(host);
         let s = g.state.lock().unwrap_or_else(|p| p.into_inner());
         s.cap
@@ -505,7 +505,7 @@ impl Ssh {
     /// The argv of one exchange: `ssh [-F cfg] -o BatchMode=yes -o ControlMaster=auto ... --
     /// <host> <line>`. `line` is parsed by the remote login shell: callers build it from
     /// quoted words only.
-    pub fn argv(&self, host: &str, line: &str) -> Vec<String> {
+    pub(super) fn argv(&self, host: &str, line: &str) -> Vec<String> {
         self.argv_mux(host, line, true)
     }
 
@@ -545,7 +545,7 @@ impl Ssh {
 
     /// Runs `line` on `host`; stdout on success. Exchanges refused by sshd's limits are tried
     /// again (see the module docs); all tries together end by [`timeout`](Self::timeout).
-    pub async fn run(&self, host: &str, line: &str) -> Result<String, SshFailure> {
+    pub(super) async fn run(&self, host: &str, line: &str) -> Result<String, SshFailure> {
         let deadline = Instant::now() + self.timeout;
         let work = async {
             let mut tries: u32 = 0;

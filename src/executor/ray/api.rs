@@ -75,7 +75,7 @@ pub(crate) struct JobInfo {
 
 impl JobInfo {
     /// A metadata value.
-    pub fn meta(&self, key: &str) -> Option<&str> {
+    pub(super) fn meta(&self, key: &str) -> Option<&str> {
         self.metadata.as_ref()?.get(key).map(String::as_str)
     }
 }
@@ -124,7 +124,7 @@ impl std::fmt::Debug for Client {
 }
 
 impl Client {
-    pub fn new(
+    pub(super) fn new(
         base: String,
         token: Option<String>,
         token_env: Option<String>,
@@ -302,7 +302,7 @@ impl Client {
     /// own id taken: the caller looks the job up instead): `Ok(Ok(()))` accepted,
     /// `Ok(Err(message))` refused by Ray (an id already taken says `already exists`), `Err`
     /// when the call itself failed.
-    pub async fn submit(&self, body: &str) -> Result<Result<(), String>, ExecutorError> {
+    pub(super) async fn submit(&self, body: &str) -> Result<Result<(), String>, ExecutorError> {
         let a = self
             .call_tries("POST", "/api/jobs/".into(), Some(body.to_string()), 1)
             .await?;
@@ -314,7 +314,7 @@ impl Client {
     }
 
     /// `GET /api/jobs/`: every job the cluster knows.
-    pub async fn list(&self) -> Result<Vec<JobInfo>, ExecutorError> {
+    pub(super) async fn list(&self) -> Result<Vec<JobInfo>, ExecutorError> {
         let a = self.call("GET", "/api/jobs/".into(), None).await?;
         if a.status != 200 {
             return Err(self.failed("GET /api/jobs/", &a));
@@ -323,7 +323,7 @@ impl Client {
     }
 
     /// `GET /api/jobs/{id}`: `None` for an id the cluster does not know (404).
-    pub async fn get(&self, id: &str) -> Result<Option<JobInfo>, ExecutorError> {
+    pub(super) async fn get(&self, id: &str) -> Result<Option<JobInfo>, ExecutorError> {
         let what = format!("GET /api/jobs/{id}");
         let a = self.call("GET", format!("/api/jobs/{id}"), None).await?;
         match a.status {
@@ -334,7 +334,7 @@ impl Client {
     }
 
     /// `POST /api/jobs/{id}/stop`: `false` for an unknown id.
-    pub async fn stop(&self, id: &str) -> Result<bool, ExecutorError> {
+    pub(super) async fn stop(&self, id: &str) -> Result<bool, ExecutorError> {
         let what = format!("POST /api/jobs/{id}/stop");
         let a = self
             .call("POST", format!("/api/jobs/{id}/stop"), None)
@@ -347,7 +347,7 @@ impl Client {
     }
 
     /// `GET /api/jobs/{id}/logs`.
-    pub async fn logs(&self, id: &str) -> Result<String, ExecutorError> {
+    pub(super) async fn logs(&self, id: &str) -> Result<String, ExecutorError> {
         let what = format!("GET /api/jobs/{id}/logs");
         let a = self
             .call("GET", format!("/api/jobs/{id}/logs"), None)
@@ -359,7 +359,7 @@ impl Client {
     }
 
     /// `GET /api/version`: the Ray version.
-    pub async fn version(&self) -> Result<String, ExecutorError> {
+    pub(super) async fn version(&self) -> Result<String, ExecutorError> {
         let a = self.call("GET", "/api/version".into(), None).await?;
         if a.status != 200 {
             return Err(self.failed("GET /api/version", &a));
@@ -372,7 +372,7 @@ impl Client {
     }
 
     /// `GET /api/v0/nodes`: the nodes alive.
-    pub async fn nodes(&self) -> Result<Vec<NodeInfo>, ExecutorError> {
+    pub(super) async fn nodes(&self) -> Result<Vec<NodeInfo>, ExecutorError> {
         let a = self.call("GET", "/api/v0/nodes".into(), None).await?;
         if a.status != 200 {
             return Err(self.failed("GET /api/v0/nodes", &a));

@@ -66,18 +66,18 @@ use super::{
 use api::{Client, JobInfo, RuntimeEnv, SubmitBody};
 
 /// Executor kind name, in every handle.
-pub const KIND: &str = "ray";
+pub(super) const KIND: &str = "ray";
 
 /// Metadata key: the attempt id.
-pub const META_ATTEMPT: &str = "puzzletron_attempt_id";
+pub(super) const META_ATTEMPT: &str = "puzzletron_attempt_id";
 /// Metadata key: the campaign tag ([`RayExecutorBuilder::campaign_tag`]).
-pub const META_CAMPAIGN: &str = "puzzletron_campaign";
+pub(super) const META_CAMPAIGN: &str = "puzzletron_campaign";
 /// Metadata key: the runner's namespace.
-pub const META_NAMESPACE: &str = "puzzletron_namespace";
+pub(super) const META_NAMESPACE: &str = "puzzletron_namespace";
 /// Metadata key: the walltime in whole seconds.
-pub const META_WALLTIME: &str = "puzzletron_walltime_s";
+pub(super) const META_WALLTIME: &str = "puzzletron_walltime_s";
 /// Metadata key: the attempt's log file.
-pub const META_LOG: &str = "puzzletron_log_path";
+pub(super) const META_LOG: &str = "puzzletron_log_path";
 
 /// Builder of a [`RayExecutor`].
 #[derive(Debug, Clone)]

@@ -20,7 +20,7 @@ use super::parse::{ErrorClass, classify_error};
 /// Jitter", so that many controllers do not retry in lockstep).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 #[non_exhaustive]
-pub struct RetryPolicy {
+pub struct SchedulerRetry {
     /// Tries in all, at least 1.
     pub max_tries: u32,
     /// Delay after the first failure.
@@ -29,7 +29,7 @@ pub struct RetryPolicy {
     pub max_delay: Duration,
 }
 
-impl Default for RetryPolicy {
+impl Default for SchedulerRetry {
     /// 6 tries, 0.5 s doubling to at most 30 s (about 45 s in all before giving up).
     fn default() -> Self {
         Self {
@@ -40,7 +40,7 @@ impl Default for RetryPolicy {
     }
 }
 
-impl RetryPolicy {
+impl SchedulerRetry {
     /// Sets [`max_tries`](Self::max_tries).
     pub fn with_max_tries(mut self, max_tries: u32) -> Self {
         self.max_tries = max_tries;
@@ -107,7 +107,7 @@ pub struct SlurmStats {
 }
 
 impl Counters {
-    pub fn snapshot(&self) -> SlurmStats {
+    pub(super) fn snapshot(&self) -> SlurmStats {
         let g = |a: &AtomicU64| a.load(Ordering::Relaxed);
         SlurmStats {
             sbatch_calls: g(&self.sbatch),
@@ -132,12 +132,12 @@ pub(crate) struct Output {
 }
 
 impl Output {
-    pub fn ok(&self) -> bool {
+    pub(super) fn ok(&self) -> bool {
         self.code == Some(0)
     }
 
     /// The error class of a failed run (a timeout is transient).
-    pub fn class(&self) -> ErrorClass {
+    pub(super) fn class(&self) -> ErrorClass {
         if self.timed_out {
             ErrorClass::Transient
         } else {
@@ -145,7 +145,7 @@ impl Output {
         }
     }
 
-    pub fn message(&self) -> String {
+    pub(super) fn message(&self) -> String {
         if self.timed_out {
             format!("timed out; stderr: {}", self.stderr.trim())
         } else {
@@ -164,13 +164,13 @@ impl Output {
 pub(crate) struct Runner {
     pub bin_dir: Option<PathBuf>,
     pub timeout: Duration,
-    pub retry: RetryPolicy,
+    pub retry: SchedulerRetry,
     pub counters: Counters,
 }
 
 impl Runner {
     /// The program run for Slurm command `name`: `<bin dir>/name`, else `name` (from `PATH`).
-    pub fn program(&self, name: &str) -> PathBuf {
+    pub(super) fn program(&self, name: &str) -> PathBuf {
         match &self.bin_dir {
             Some(d) => d.join(name),
             None => PathBuf::from(name),
@@ -192,7 +192,11 @@ impl Runner {
     ///
     /// # Errors
     /// [`ExecutorError::Spawn`] when the program cannot be started.
-    pub async fn run_once(&self, name: &str, args: &[String]) -> Result<Output, ExecutorError> {
+    pub(super) async fn run_once(
+        &self,
+        name: &str,
+        args: &[String],
+    ) -> Result<Output, ExecutorError> {
         self.count(name);
         let program = self.program(name);
         let mut child = tokio::process::Command::new(&program)
@@ -234,7 +238,11 @@ impl Runner {
     /// Runs a query (`squeue`, `sacct`, `scancel`), retrying transient failures. Returns the
     /// last output, successful or not, when it is not transient; a transient failure that
     /// outlasts the retries is [`ExecutorError::SchedulerUnavailable`].
-    pub async fn run_retrying(&self, name: &str, args: &[String]) -> Result<Output, ExecutorError> {
+    pub(super) async fn run_retrying(
+        &self,
+        name: &str,
+        args: &[String],
+    ) -> Result<Output, ExecutorError> {
         let mut tries = 0;
         loop {
             tries += 1;
@@ -277,7 +285,7 @@ mod tests {
 
     #[test]
     fn backoff_grows_with_jitter_and_cap() {
-        let p = RetryPolicy {
+        let p = SchedulerRetry {
             max_tries: 10,
             base_delay: Duration::from_millis(100),
             max_delay: Duration::from_secs(1),

@@ -21,9 +21,13 @@
 //! [`JobState::Lost`]: crate::executor::JobState::Lost
 
 mod command;
-pub mod parse;
+pub(crate) mod parse;
+#[cfg(test)]
+mod parse_tests;
 mod poll;
-pub mod script;
+pub(crate) mod script;
+#[cfg(test)]
+mod script_tests;
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
@@ -37,7 +41,7 @@ use super::{
     RenderedCommand, RenderedFile, Rendering, check_kind, now_ms,
 };
 use command::{Counters, Runner};
-pub use command::{RetryPolicy, SlurmStats};
+pub use command::{SchedulerRetry, SlurmStats};
 use parse::{ErrorClass, JobRef};
 use poll::PollState;
 
@@ -87,7 +91,7 @@ pub struct SlurmExecutorBuilder {
     log_dir: PathBuf,
     bin_dir: Option<PathBuf>,
     poll: PollPolicy,
-    retry: RetryPolicy,
+    retry: SchedulerRetry,
     command_timeout: Duration,
     cancel_timeout: Duration,
     max_array_size: Option<u32>,
@@ -114,8 +118,8 @@ impl SlurmExecutorBuilder {
         self
     }
 
-    /// Retry policy for transient command failures (see [`RetryPolicy`]).
-    pub fn retry_policy(mut self, retry: RetryPolicy) -> Self {
+    /// Retry policy for transient command failures (see [`SchedulerRetry`]).
+    pub fn retry_policy(mut self, retry: SchedulerRetry) -> Self {
         self.retry = retry;
         self
     }
@@ -216,7 +220,7 @@ impl SlurmExecutor {
             log_dir: log_dir.into(),
             bin_dir: None,
             poll: PollPolicy::default(),
-            retry: RetryPolicy::default(),
+            retry: SchedulerRetry::default(),
             command_timeout: Duration::from_secs(60),
             cancel_timeout: Duration::from_secs(60),
             max_array_size: None,

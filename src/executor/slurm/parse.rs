@@ -1,6 +1,6 @@
 //! Parsers for what `sbatch`, `squeue` and `sacct` print, and the mapping of Slurm states to
 //! [`JobState`]. Pure functions over text, table-tested against real output forms
-//! (`tests/slurm_parse.rs`, cases C01–C19 of `docs/evidence.md`).
+//! (`executor/slurm/parse_tests.rs`, cases C01–C19 of `docs/evidence.md`).
 //!
 //! Conventions of the executor's own calls, which these parsers expect:
 //! - `sbatch --parsable` (stdout `ID` or `ID;cluster`; banners and human forms tolerated);
@@ -20,7 +20,7 @@ use crate::executor::{ExecutorError, JobState};
 /// optionally on a named cluster.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
 #[non_exhaustive]
-pub struct JobRef {
+pub(crate) struct JobRef {
     /// The job id (for an array task: the array's job id, `%A`).
     pub id: u64,
     /// The array task index (`%a`).
@@ -33,7 +33,7 @@ pub struct JobRef {
 
 impl JobRef {
     /// A plain job id.
-    pub fn new(id: u64) -> Self {
+    pub(crate) fn new(id: u64) -> Self {
         Self {
             id,
             array_task: None,
@@ -43,7 +43,7 @@ impl JobRef {
     }
 
     /// The array task `task` of job `id`.
-    pub fn task(id: u64, task: u32) -> Self {
+    pub(crate) fn task(id: u64, task: u32) -> Self {
         Self {
             array_task: Some(task),
             ..Self::new(id)
@@ -51,13 +51,15 @@ impl JobRef {
     }
 
     /// Sets the heterogeneous-job component (`+N`).
-    pub fn with_het_component(mut self, component: u32) -> Self {
+    #[cfg(test)]
+    pub(crate) fn with_het_component(mut self, component: u32) -> Self {
         self.het_component = Some(component);
         self
     }
 
     /// Sets the cluster (used as `-M`).
-    pub fn with_cluster(mut self, cluster: impl Into<String>) -> Self {
+    #[cfg(test)]
+    pub(crate) fn with_cluster(mut self, cluster: impl Into<String>) -> Self {
         self.cluster = Some(cluster.into());
         self
     }
@@ -98,7 +100,7 @@ fn parse_error(command: &str, detail: impl Into<String>, output: &str) -> Execut
 /// # Errors
 /// [`ExecutorError::Parse`] with the whole stdout and stderr when no line has a job id; never
 /// returns a non-numeric id.
-pub fn parse_sbatch(stdout: &str, stderr: &str) -> Result<JobRef, ExecutorError> {
+pub(crate) fn parse_sbatch(stdout: &str, stderr: &str) -> Result<JobRef, ExecutorError> {
     for line in stdout.lines().rev() {
         let line = line.trim();
         if line.is_empty() {
@@ -144,7 +146,7 @@ pub fn parse_sbatch(stdout: &str, stderr: &str) -> Result<JobRef, ExecutorError>
 /// What a failed Slurm command's stderr means for the caller (C05, C15, C16, C18).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 #[non_exhaustive]
-pub enum ErrorClass {
+pub(crate) enum ErrorClass {
     /// The controller is busy or unreachable: retry with backoff and jitter. For `sbatch`,
     /// the job may or may not exist: look it up by name before retrying.
     Transient,
@@ -167,7 +169,7 @@ pub enum ErrorClass {
 }
 
 /// Classifies the stderr of a failed `sbatch`/`squeue`/`sacct`/`scancel`.
-pub fn classify_error(stderr: &str) -> ErrorClass {
+pub(crate) fn classify_error(stderr: &str) -> ErrorClass {
     const TRANSIENT: &[&str] = &[
         "socket timed out",
         "unexpected message received",
@@ -240,7 +242,7 @@ pub fn classify_error(stderr: &str) -> ErrorClass {
 /// | anything else (e.g. `REVOKED`, `FOO`) | `Unknown { raw }` (not terminal, re-polled) |
 ///
 /// Source: Slurm `squeue(1)` "JOB STATE CODES" and `sacct(1)` "JOB STATE CODES" (22.05).
-pub fn map_state(raw: &str) -> JobState {
+pub(crate) fn map_state(raw: &str) -> JobState {
     let t = raw.trim();
     let truncated = t.ends_with('+');
     let s = t.trim_end_matches('+').trim();
@@ -314,7 +316,7 @@ pub fn map_state(raw: &str) -> JobState {
 /// (`None` when 0).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 #[non_exhaustive]
-pub struct ExitCode {
+pub(crate) struct ExitCode {
     /// The exit status, 0–255.
     pub code: i32,
     /// The signal that ended it, if any.
@@ -324,7 +326,7 @@ pub struct ExitCode {
 impl ExitCode {
     /// A note for codes that usually mean a signal reached the job through a shell
     /// (`128 + N`, e.g. 137 = SIGKILL, often the OOM killer).
-    pub fn note(&self) -> Option<String> {
+    pub(crate) fn note(&self) -> Option<String> {
         match self.code {
             137 => Some("exit 137: likely SIGKILL (often the OOM killer)".into()),
             143 => Some("exit 143: likely SIGTERM".into()),
@@ -338,7 +340,7 @@ impl ExitCode {
 ///
 /// # Errors
 /// [`ExecutorError::Parse`] for anything but two unsigned integers separated by `:`.
-pub fn parse_exit_code(field: &str) -> Result<Option<ExitCode>, ExecutorError> {
+pub(crate) fn parse_exit_code(field: &str) -> Result<Option<ExitCode>, ExecutorError> {
     let f = field.trim();
     if f.is_empty() {
         return Ok(None);
@@ -363,7 +365,7 @@ pub fn parse_exit_code(field: &str) -> Result<Option<ExitCode>, ExecutorError> {
 /// One id field as `squeue`/`sacct` print it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 #[non_exhaustive]
-pub enum IdField {
+pub(crate) enum IdField {
     /// One job, array task or het component, with the step suffix (`batch`, `extern`, `0`)
     /// when the row is a step.
     One {
@@ -389,7 +391,7 @@ pub enum IdField {
 /// # Errors
 /// [`ExecutorError::Parse`] for anything else, including `+`-truncated ids like `4711.ba+`
 /// (C08).
-pub fn parse_id_field(field: &str) -> Result<IdField, ExecutorError> {
+pub(crate) fn parse_id_field(field: &str) -> Result<IdField, ExecutorError> {
     let f = field.trim();
     let bad = |why: &str| parse_error("squeue/sacct", format!("bad job id: {why}"), f);
     if f.ends_with('+') {
@@ -467,7 +469,7 @@ pub fn parse_id_field(field: &str) -> Result<IdField, ExecutorError> {
 /// One job (or pending array task) as `squeue` shows it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 #[non_exhaustive]
-pub struct SqueueRow {
+pub(crate) struct SqueueRow {
     /// The job.
     pub job: JobRef,
     /// Its state.
@@ -485,7 +487,7 @@ pub struct SqueueRow {
 ///
 /// # Errors
 /// [`ExecutorError::Parse`] naming the line for a row with too few fields or a bad id.
-pub fn parse_squeue(stdout: &str) -> Result<Vec<SqueueRow>, ExecutorError> {
+pub(crate) fn parse_squeue(stdout: &str) -> Result<Vec<SqueueRow>, ExecutorError> {
     let mut rows = Vec::new();
     for (n, line) in stdout.lines().enumerate() {
         let line = line.trim();
@@ -548,7 +550,7 @@ pub fn parse_squeue(stdout: &str) -> Result<Vec<SqueueRow>, ExecutorError> {
 /// A step of a job as `sacct` shows it (`4711.batch`, `4711.extern`, `4711.0`).
 #[derive(Debug, Clone, PartialEq, Eq)]
 #[non_exhaustive]
-pub struct StepRecord {
+pub(crate) struct StepRecord {
     /// Its state.
     pub state: JobState,
     /// Its exit code.
@@ -558,7 +560,7 @@ pub struct StepRecord {
 /// A job's accounting record, steps folded in (C09), requeues counted (C24).
 #[derive(Debug, Clone, PartialEq, Eq)]
 #[non_exhaustive]
-pub struct SacctRecord {
+pub(crate) struct SacctRecord {
     /// The job.
     pub job: JobRef,
     /// The state of the allocation row (the newest one, with `-D`).
@@ -588,7 +590,7 @@ pub struct SacctRecord {
 /// [`parse_sacct_for`]'s filter.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 #[non_exhaustive]
-pub struct RowIdentity<'a> {
+pub(crate) struct RowIdentity<'a> {
     /// The job.
     pub job: &'a JobRef,
     /// `Submit`, when the row has it.
@@ -598,7 +600,7 @@ pub struct RowIdentity<'a> {
 }
 
 /// The `sacct` fields the executor's poll asks for, in order: user-controlled `JobName` last.
-pub const SACCT_POLL_FIELDS: &str = "JobID,State,ExitCode,NodeList,Start,End,Submit,JobName";
+pub(crate) const SACCT_POLL_FIELDS: &str = "JobID,State,ExitCode,NodeList,Start,End,Submit,JobName";
 
 /// Parses `sacct -n -P [-D] -o JobID,State,ExitCode[,NodeList,Start,End]` output into one
 /// record per job (array task, het component), in order of first appearance. With `-D`, the
@@ -607,7 +609,7 @@ pub const SACCT_POLL_FIELDS: &str = "JobID,State,ExitCode,NodeList,Start,End,Sub
 /// # Errors
 /// [`ExecutorError::Parse`] naming the line for a bad id (e.g. truncated, C08), a missing
 /// field, or a bad `ExitCode`.
-pub fn parse_sacct(stdout: &str) -> Result<Vec<SacctRecord>, ExecutorError> {
+pub(crate) fn parse_sacct(stdout: &str) -> Result<Vec<SacctRecord>, ExecutorError> {
     Ok(parse_sacct_for(stdout, 3, |_| true)?.0)
 }
 
@@ -620,7 +622,7 @@ pub fn parse_sacct(stdout: &str) -> Result<Vec<SacctRecord>, ExecutorError> {
 ///
 /// # Errors
 /// [`ExecutorError::Parse`] naming the line and what was expected.
-pub fn parse_sacct_for(
+pub(crate) fn parse_sacct_for(
     stdout: &str,
     min_fields: usize,
     accept: impl Fn(RowIdentity<'_>) -> bool,
@@ -782,7 +784,7 @@ pub fn parse_sacct_for(
 ///
 /// # Errors
 /// [`ExecutorError::Parse`] naming the line when it is present but not `NAME(UID)`.
-pub fn parse_slurm_user(stdout: &str) -> Result<Option<u32>, ExecutorError> {
+pub(crate) fn parse_slurm_user(stdout: &str) -> Result<Option<u32>, ExecutorError> {
     let Some((n, line, value)) = config_value(stdout, "SlurmUser") else {
         return Ok(None);
     };
@@ -810,14 +812,14 @@ fn config_value<'a>(stdout: &'a str, key: &str) -> Option<(usize, &'a str, &'a s
 }
 
 /// Slurm's default `MaxArraySize` (slurm.conf(5)): array indices run `0..=1000`.
-pub const DEFAULT_MAX_ARRAY_SIZE: u32 = 1001;
+pub(crate) const DEFAULT_MAX_ARRAY_SIZE: u32 = 1001;
 
 /// `MaxArraySize` from `scontrol show config` output (`MaxArraySize = 1001`); `None` when the
 /// line is absent. Indices of an array must be below it (slurm.conf(5), "MaxArraySize").
 ///
 /// # Errors
 /// [`ExecutorError::Parse`] naming the line when it is present but not a positive integer.
-pub fn parse_max_array_size(stdout: &str) -> Result<Option<u32>, ExecutorError> {
+pub(crate) fn parse_max_array_size(stdout: &str) -> Result<Option<u32>, ExecutorError> {
     let Some((n, line, value)) = config_value(stdout, "MaxArraySize") else {
         return Ok(None);
     };
@@ -837,7 +839,7 @@ pub fn parse_max_array_size(stdout: &str) -> Result<Option<u32>, ExecutorError> 
 /// that at most `max(max_concurrent, chunks)` tasks run at once overall.
 ///
 /// Returns `(offset, len, throttle)` per chunk, in index order.
-pub fn array_chunks(
+pub(crate) fn array_chunks(
     size: u32,
     max_concurrent: Option<u32>,
     max_array_size: u32,
@@ -852,64 +854,4 @@ pub fn array_chunks(
             (offset, (size - offset).min(cap), throttle)
         })
         .collect()
-}
-
-/// The combined state of a heterogeneous job from its components' states (C12): failed if any
-/// component ended unsuccessfully, pending while any is pending, running while any runs,
-/// completed when all completed.
-pub fn combine_het(states: &[JobState]) -> JobState {
-    if let Some(bad) = states.iter().find(|s| s.is_terminal() && !s.is_success()) {
-        return bad.clone();
-    }
-    if states.contains(&JobState::Pending) {
-        return JobState::Pending;
-    }
-    if states.iter().all(|s| s.is_success()) && !states.is_empty() {
-        return JobState::Completed;
-    }
-    states
-        .iter()
-        .find(|s| s.is_active())
-        .cloned()
-        .unwrap_or(JobState::Pending)
-}
-
-/// Whether a pending reason means "wait" or "stuck" (C25).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-#[non_exhaustive]
-pub enum PendingKind {
-    /// Normal waiting (`Priority`, `Resources`, `Dependency`, limits that will free up).
-    Wait,
-    /// Will not start without intervention (`DependencyNeverSatisfied`, held, bad QOS, ...).
-    Stuck,
-}
-
-/// Classifies a pending reason from `squeue %r` (Slurm "Job Reason Codes").
-pub fn classify_pending_reason(reason: &str) -> PendingKind {
-    const STUCK: &[&str] = &[
-        "DependencyNeverSatisfied",
-        "launch failed requeued held",
-        "JobHeldAdmin",
-        "JobHeldUser",
-        "QOSMaxGRESPerJob",
-        "QOSMaxCpuPerJobLimit",
-        "QOSMaxNodePerJobLimit",
-        "PartitionTimeLimit",
-        "PartitionNodeLimit",
-        "PartitionDown",
-        "PartitionInactive",
-        "InvalidQOS",
-        "InvalidAccount",
-        "BadConstraints",
-        "ReqNodeNotAvail",
-    ];
-    let r = reason.trim();
-    if STUCK
-        .iter()
-        .any(|s| r.eq_ignore_ascii_case(s) || r.starts_with(s))
-    {
-        PendingKind::Stuck
-    } else {
-        PendingKind::Wait
-    }
 }

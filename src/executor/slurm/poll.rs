@@ -73,7 +73,7 @@ const ACCT_BACKOFF_MIN: Duration = Duration::from_secs(5);
 const ACCT_BACKOFF_MAX: Duration = Duration::from_secs(300);
 
 impl PollState {
-    pub fn new(min_interval: Duration) -> Self {
+    pub(super) fn new(min_interval: Duration) -> Self {
         Self {
             cache: HashMap::new(),
             last_cycle: None,
@@ -85,7 +85,7 @@ impl PollState {
     }
 
     /// Records fresh submissions (Pending) and resets the backoff.
-    pub fn submitted(&mut self, keys: &[JobKey], min_interval: Duration) {
+    pub(super) fn submitted(&mut self, keys: &[JobKey], min_interval: Duration) {
         let placeholder = AttemptId::new("pending").expect("valid");
         for k in keys {
             self.cache.insert(

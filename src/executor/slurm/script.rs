@@ -12,12 +12,12 @@ use crate::executor::{
 };
 
 /// Escapes `%` for a Slurm filename pattern (`%%` is a literal `%`).
-pub fn escape_filename_pattern(path: &str) -> String {
+pub(crate) fn escape_filename_pattern(path: &str) -> String {
     path.replace('%', "%%")
 }
 
 /// Expands the filename patterns this executor uses (`%j`, `%A`, `%a`, `%%`) for one job.
-pub fn expand_log_path(template: &str, job_id: u64, array_task: Option<u32>) -> String {
+pub(crate) fn expand_log_path(template: &str, job_id: u64, array_task: Option<u32>) -> String {
     let mut out = String::with_capacity(template.len() + 8);
     let mut chars = template.chars();
     while let Some(c) = chars.next() {
@@ -51,7 +51,7 @@ pub fn expand_log_path(template: &str, job_id: u64, array_task: Option<u32>) -> 
 /// Array settings for [`render`].
 #[derive(Debug, Clone, Copy)]
 #[non_exhaustive]
-pub struct ArrayOpts {
+pub(crate) struct ArrayOpts {
     /// Tasks `0..size`.
     pub size: u32,
     /// `%N` limit.
@@ -64,9 +64,11 @@ pub struct ArrayOpts {
     pub offset: u32,
 }
 
+// Production code builds `ArrayOpts` field by field (`slurm/mod.rs`); the tests use these.
+#[cfg(test)]
 impl ArrayOpts {
     /// An array of tasks `0..size`, no `%N` limit, chunk 0 at offset 0.
-    pub fn new(size: u32) -> Self {
+    pub(crate) fn new(size: u32) -> Self {
         Self {
             size,
             max_concurrent: None,
@@ -76,16 +78,8 @@ impl ArrayOpts {
     }
 
     /// Sets the `%N` limit (`None`: none).
-    pub fn with_max_concurrent(mut self, max_concurrent: Option<u32>) -> Self {
+    pub(crate) fn with_max_concurrent(mut self, max_concurrent: Option<u32>) -> Self {
         self.max_concurrent = max_concurrent;
-        self
-    }
-
-    /// Makes this submission chunk `chunk` of a larger array, its first task being the array's
-    /// task `offset` (see [`ArrayOpts::chunk`]).
-    pub fn with_chunk(mut self, chunk: u32, offset: u32) -> Self {
-        self.chunk = chunk;
-        self.offset = offset;
         self
     }
 }
@@ -94,7 +88,7 @@ impl ArrayOpts {
 ///
 /// # Errors
 /// [`ExecutorError::InvalidSpec`] when the name would be longer than an attempt id may be.
-pub fn chunk_job_name(base: &AttemptId, chunk: u32) -> Result<AttemptId, ExecutorError> {
+pub(crate) fn chunk_job_name(base: &AttemptId, chunk: u32) -> Result<AttemptId, ExecutorError> {
     if chunk == 0 {
         return Ok(base.clone());
     }
@@ -114,7 +108,7 @@ pub fn chunk_job_name(base: &AttemptId, chunk: u32) -> Result<AttemptId, Executo
 /// # Errors
 /// [`ExecutorError::InvalidSpec`] naming the field for an environment variable name that is
 /// not a shell identifier, or a directive value that cannot be quoted.
-pub fn render(
+pub(crate) fn render(
     spec: &AttemptSpec,
     log_template: &str,
     array: Option<ArrayOpts>,
@@ -396,7 +390,7 @@ pub fn render(
 /// What a containerised step runs (`bash -c` inside the image): source the setup script
 /// (`$1`, when not empty) and the venv (`$2/bin/activate`), then exec the command. The values
 /// are positional arguments, never part of the script text.
-pub const CONTAINER_PAYLOAD: &str = "if [ -n \"$1\" ]; then . \"$1\" || exit 126; fi; \
+pub(crate) const CONTAINER_PAYLOAD: &str = "if [ -n \"$1\" ]; then . \"$1\" || exit 126; fi; \
 if [ -n \"$2\" ]; then . \"$2/bin/activate\" || exit 126; fi; shift 2; exec \"$@\"";
 
 /// The step line of a script with a warning signal (N03): the step runs in the background

@@ -150,6 +150,8 @@ enum Takeover {
 /// as `FaultOp`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 #[non_exhaustive]
+// Public for the fault hook only (feature `test-util`, as `store::FaultOp`).
+#[cfg_attr(not(any(test, feature = "test-util")), allow(unreachable_pub))]
 pub enum FsOp {
     /// `mkdir` of a job folder (a claim).
     MakeJobFolder,

@@ -1,11 +1,10 @@
 //! Batch-script rendering: every directive, every launcher, and quoting proven by running the
 //! rendered script with bash (argv and environment arrive byte for byte).
-#![cfg(feature = "slurm")]
 
 use std::time::Duration;
 
-use puzzletron::executor::slurm::script::{ArrayOpts, render};
-use puzzletron::executor::*;
+use super::script::{ArrayOpts, render};
+use crate::executor::*;
 
 fn id(s: &str) -> AttemptId {
     AttemptId::new(s).unwrap()
@@ -194,9 +193,7 @@ fn a_container_runs_the_step_under_pyxis() {
             "exec srun --container-image=nvcr.io/nvidia/pytorch:25.01-py3 \
              --container-mounts=/data:/data,/models:/models --container-workdir=/opt/src \
              bash -c {} puzzletron-job '' /venv python -m x",
-            puzzletron::executor::shell::quote(
-                puzzletron::executor::slurm::script::CONTAINER_PAYLOAD
-            )
+            crate::executor::shell::quote(super::script::CONTAINER_PAYLOAD)
         )
     );
 }
