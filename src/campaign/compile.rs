@@ -397,7 +397,7 @@ pub fn compile_resolved(
 /// Stage ids that newer Puzzletron versions know but the Puzzle catalog here does not run
 /// (`final_report` is added by the newest upstream compiler); execution entries for them are
 /// accepted and ignored instead of being reported as typos.
-pub const PUZZLE_KNOWN_EXTERNAL_STAGES: [&str; 1] = ["final_report"];
+pub(super) const PUZZLE_KNOWN_EXTERNAL_STAGES: [&str; 1] = ["final_report"];
 
 fn check_execution_stage_ids(
     label: &str,
@@ -467,9 +467,9 @@ fn default_gpus_per_node(
 }
 
 /// Most instances one stage may have (2^20).
-pub const MAX_INSTANCES_PER_STAGE: u32 = 1 << 20;
+pub(super) const MAX_INSTANCES_PER_STAGE: u32 = 1 << 20;
 /// Most work items one plan may have (2^22).
-pub const MAX_WORK_ITEMS_PER_PLAN: u64 = 1 << 22;
+pub(super) const MAX_WORK_ITEMS_PER_PLAN: u64 = 1 << 22;
 
 /// Refuses an execution value the runner's executor cannot express (never dropped in silence):
 /// a partition on a runner without a scheduler (local, bare metal).

@@ -177,12 +177,12 @@ pub struct DecisionPreview {
 }
 
 /// The decision file of a manual decision stage, relative to the campaign folder.
-pub fn decision_file_name(stage_id: &str) -> String {
+pub(crate) fn decision_file_name(stage_id: &str) -> String {
     format!("decisions/{stage_id}.txt")
 }
 
 /// Where workers find the resolved config, relative to the campaign folder.
-pub const RESOLVED_CONFIG_FILE: &str = ".puzzletron/resolved-config.json";
+pub(crate) const RESOLVED_CONFIG_FILE: &str = ".puzzletron/resolved-config.json";
 
 /// The payload argv of a work item: the stage command with its placeholders filled
 /// (`{stage_id}`, `{work_id}`, `{shard_index}`, `{shard_count}`, and `{config}`, the resolved
@@ -191,7 +191,7 @@ pub const RESOLVED_CONFIG_FILE: &str = ".puzzletron/resolved-config.json";
 /// # Errors
 /// [`PlanError::WorkPlan`] for a stage without a command; [`PlanError::InvalidValue`] for an
 /// argument with a NUL (no process argument can hold one).
-pub fn item_argv(
+pub(crate) fn item_argv(
     stage: &StagePlan,
     item: &WorkItem,
     campaign_dir: &Path,

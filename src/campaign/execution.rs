@@ -371,7 +371,7 @@ impl<'de> Deserialize<'de> for WarningSignalValue {
 /// [`MIN_WARNING_LEAD`] (too short for a checkpoint plus Slurm's `KillWait` plus a margin), a
 /// stage that cannot resume (the checkpoint is never used), `USR1` on a distributed stage
 /// (NCCL uses `SIGUSR1` itself).
-pub fn warning_signal_problems(
+pub(crate) fn warning_signal_problems(
     w: &WarningSignal,
     time_limit: Option<std::time::Duration>,
     resumable: bool,
@@ -410,7 +410,7 @@ pub fn warning_signal_problems(
 
 /// The shortest warning lead the dry run accepts without a warning (N03: a 75 s checkpoint,
 /// KillWait 30 s and a margin).
-pub const MIN_WARNING_LEAD: std::time::Duration = std::time::Duration::from_secs(180);
+pub(crate) const MIN_WARNING_LEAD: std::time::Duration = std::time::Duration::from_secs(180);
 
 /// The compiled execution of one stage: everything the controller needs to run it.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]

@@ -54,13 +54,7 @@ impl fmt::Display for ParallelMesh {
 
 /// Largest instance (GPUs) a mesh may describe: 2^20, far beyond any cluster a plan targets,
 /// so absurd sizes are refused instead of overflowing.
-pub const MAX_GPUS_PER_INSTANCE: u32 = 1 << 20;
-
-/// Keys of a mesh mapping.
-pub const MESH_KEYS: [&str; 6] = ["tp", "cp", "pp", "ep", "dp_shard", "dp_replicate"];
-/// Keys allowed next to the mesh keys in an AutoModel `parallel:` block; they do not change the
-/// GPU count and are ignored by the planner.
-pub const MESH_EXTRA_KEYS: [&str; 2] = ["sequence_parallel", "pipeline_schedule"];
+pub(super) const MAX_GPUS_PER_INSTANCE: u32 = 1 << 20;
 
 impl ParallelMesh {
     /// One GPU, no parallelism.
@@ -113,7 +107,7 @@ impl ParallelMesh {
         Ok(())
     }
 
-    /// The six sizes with their names, in [`MESH_KEYS`] order.
+    /// The six sizes with their names, in the order `tp, cp, pp, ep, dp_shard, dp_replicate`.
     pub fn fields(&self) -> [(&'static str, u32); 6] {
         [
             ("tp", self.tp),
@@ -480,7 +474,7 @@ const VLLM_KEYS: [&str; 17] = [
 /// # Errors
 /// [`PlanError::UnknownField`], [`PlanError::InvalidValue`] or [`PlanError::BadMesh`] naming the
 /// key path.
-pub fn normalize_vllm_topology(
+pub(super) fn normalize_vllm_topology(
     file: &str,
     path: &str,
     node: &Value,

@@ -44,30 +44,29 @@ mod summary;
 mod work;
 
 pub use catalog::{
-    Enablement, IfDisabled, MeshSource, Need, PUZZLE_WORKER, PostMipExpansion, ResolvedStage,
-    ShardAxis, StageCatalog, StageDef,
+    Enablement, IfDisabled, MeshSource, Need, PostMipExpansion, ResolvedStage, ShardAxis,
+    StageCatalog, StageDef,
 };
 pub use compile::{
-    MAX_INSTANCES_PER_STAGE, MAX_WORK_ITEMS_PER_PLAN, PUZZLE_KNOWN_EXTERNAL_STAGES, StageFilter,
-    compile_campaign_plan, compile_campaign_plan_with, compile_resolved, contract_changes,
-    contract_hash,
+    StageFilter, compile_campaign_plan, compile_campaign_plan_with, compile_resolved,
+    contract_changes, contract_hash,
 };
 pub use document::{
     DefaultsDocument, PlanDocument, StageDocument, SubmissionDocument, load_plan_document,
     plan_to_dict,
 };
 pub use dryrun::{
-    DecisionPreview, DryRun, DryRunOptions, JobSubmission, RESOLVED_CONFIG_FILE, StageSpecs,
-    StageSubmission, attempt_specs, decision_file_name, default_executor, dry_run, item_argv,
-    render_dry_run,
+    DecisionPreview, DryRun, DryRunOptions, JobSubmission, StageSpecs, StageSubmission,
+    attempt_specs, default_executor, dry_run, render_dry_run,
 };
+pub(crate) use dryrun::{decision_file_name, item_argv};
 pub use execution::{
-    ExecutionConfig, ExecutionDefaults, FailurePolicy, HaltPolicy, MIN_WARNING_LEAD, Resource,
-    StageExecutionConfig, StageExecutionSpec, Strategy, warning_signal_problems,
+    ExecutionConfig, ExecutionDefaults, FailurePolicy, HaltPolicy, Resource, StageExecutionConfig,
+    StageExecutionSpec, Strategy,
 };
 pub use mesh::{
-    GpuAllocation, InstancePlacement, MAX_GPUS_PER_INSTANCE, MESH_EXTRA_KEYS, MESH_KEYS,
-    ParallelMesh, ParallelMeshOverride, VllmTopology, normalize_vllm_topology, pack_gpu_allocation,
+    GpuAllocation, InstancePlacement, ParallelMesh, ParallelMeshOverride, VllmTopology,
+    pack_gpu_allocation,
 };
 pub use plan::{CampaignPlan, ManualDecision, StagePlan};
 pub use plan_error::PlanError;
@@ -78,5 +77,5 @@ pub use slurm_time::{SlurmTime, SlurmTimeError, SlurmTimeReason};
 pub use summary::{PlanSummary, StageSummary};
 pub use work::{
     MasterAddr, Rendezvous, RendezvousAllocator, StageLayout, TaskGroup, WorkItem, WorkItemKind,
-    WorkPlan, WorkPlanInput, build_work_plan, launcher_kind,
+    WorkPlan,
 };

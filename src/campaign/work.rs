@@ -57,7 +57,7 @@ pub struct WorkItem {
 
 /// The reference's name of a stage's launcher: `torchrun`, or `direct` (the command runs as
 /// is, one process per task: [`TaskLauncher::Direct`] and [`TaskLauncher::Srun`]).
-pub fn launcher_kind(launcher: &TaskLauncher) -> &'static str {
+pub(super) fn launcher_kind(launcher: &TaskLauncher) -> &'static str {
     match launcher {
         TaskLauncher::Torchrun { .. } => "torchrun",
         _ => "direct",
@@ -150,7 +150,7 @@ pub struct WorkPlan {
 
 /// Inputs of [`build_work_plan`].
 #[non_exhaustive]
-pub struct WorkPlanInput<'a> {
+pub(super) struct WorkPlanInput<'a> {
     /// Stage id.
     pub stage_id: &'a str,
     /// Strategy.
@@ -191,7 +191,7 @@ pub trait RendezvousAllocator {
 /// [`PlanError::WorkPlan`] when `instances` is not divisible by the number of shard groups
 /// (each group needs the same number of shards), or for a `single` stage with several
 /// instances.
-pub fn build_work_plan(
+pub(super) fn build_work_plan(
     input: &WorkPlanInput<'_>,
     rdzv: &mut dyn RendezvousAllocator,
 ) -> Result<WorkPlan, PlanError> {

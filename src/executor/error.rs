@@ -211,11 +211,11 @@ pub enum ExecutorError {
 /// How the problem of a [`ExecutorError::HostPreflight`] (and the reason of a status) starts
 /// when a host's SSH host key changed or is unknown (issue 27, P07): that host alone is
 /// excluded, its key is never accepted automatically.
-pub const HOST_KEY_REFUSED: &str = "host key refused";
+pub(crate) const HOST_KEY_REFUSED: &str = "host key refused";
 
 /// The host a [`HOST_KEY_REFUSED`] text (an error's or a status reason's) is about: the host
 /// named in `the host key of <host> changed`.
-pub fn refused_host_in(text: &str) -> Option<&str> {
+pub(crate) fn refused_host_in(text: &str) -> Option<&str> {
     let rest = &text[text.find(HOST_KEY_REFUSED)?..];
     let rest = &rest[rest.find("the host key of ")? + "the host key of ".len()..];
     let host = rest.split(' ').next()?;

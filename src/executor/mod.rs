@@ -107,7 +107,8 @@ use async_trait::async_trait;
 
 pub use baremetal::{BareMetalExecutor, BareMetalExecutorBuilder, BaremetalInventory, Host};
 pub use contract::ExecutionContract;
-pub use error::{ExecutorError, HOST_KEY_REFUSED, refused_host_in};
+pub use error::ExecutorError;
+pub(crate) use error::{HOST_KEY_REFUSED, refused_host_in};
 pub use handle::JobHandle;
 pub(crate) use handle::now_ms;
 pub use inprocess::InProcess;
@@ -267,6 +268,8 @@ pub trait Executor: Send + Sync {
 
 macro_rules! forward_executor {
     ($ty:ty) => {
+        // A provided method left out would silently skip the inner executor's override.
+        #[deny(clippy::missing_trait_methods)]
         #[async_trait]
         impl<E: Executor + ?Sized> Executor for $ty {
             fn kind(&self) -> &str {

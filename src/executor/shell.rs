@@ -131,7 +131,7 @@ pub(crate) fn is_var_name(name: &str) -> bool {
 
 /// Whether an environment variable's value must not be shown in logs, dumps or dry runs: its
 /// name contains `TOKEN`, `KEY`, `SECRET` or `PASSWORD` (any case).
-pub fn is_secret_name(name: &str) -> bool {
+pub(crate) fn is_secret_name(name: &str) -> bool {
     let up = name.to_ascii_uppercase();
     ["TOKEN", "KEY", "SECRET", "PASSWORD"]
         .iter()

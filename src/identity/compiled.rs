@@ -218,7 +218,7 @@ impl CompiledCode {
 /// `cfg` whose value changed; `build configuration changed: <dep> build` for a dependency built
 /// differently; `code changed: identity scheme changed (...)` when `old` is a record of the
 /// file-based scheme (records written before item-level identity).
-pub fn code_differences(new: &OwnedDigest, old: &OwnedDigest) -> Vec<String> {
+pub(crate) fn code_differences(new: &OwnedDigest, old: &OwnedDigest) -> Vec<String> {
     if new.scheme != old.scheme {
         return vec![format!(
             "code changed: identity scheme changed ({} -> {})",

@@ -19,14 +19,12 @@ mod tokens;
 mod witness;
 
 pub use canonical::{CanonicalParams, ParamError, ParamType, canonical_json, canonical_params};
-pub use compiled::{CompiledCode, CompiledItem, ITEMS_SCHEME, ItemDigest, code_differences};
+pub(crate) use compiled::code_differences;
+pub use compiled::{CompiledCode, CompiledItem, ITEMS_SCHEME, ItemDigest};
 pub use hash::{Hash, Hasher, ParseHashError};
-pub use owned::{
-    Modules, OwnedCode, OwnedDigest, file_digest, owned_digest, owned_digest_uncached, token_digest,
-};
-pub use witness::{
-    LockWitness, SourceWitness, Toolchain, Witnesses, find_lock_file, lock_witness, source_witness,
-};
+pub use owned::{Modules, OwnedCode, OwnedDigest, owned_digest, owned_digest_uncached};
+pub use witness::{LockWitness, SourceWitness, Toolchain, Witnesses, source_witness};
+pub(crate) use witness::{find_lock_file, lock_witness};
 
 /// Version of the key derivation; bumping it changes every key.
 pub const KEY_VERSION: &str = "puzzletron/job-key/v1";

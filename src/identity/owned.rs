@@ -200,7 +200,7 @@ fn cache() -> &'static FileCache {
 ///
 /// # Errors
 /// [`IdentityError::Io`] when the file cannot be read.
-pub fn file_digest(path: &Path) -> Result<Hash, IdentityError> {
+pub(super) fn file_digest(path: &Path) -> Result<Hash, IdentityError> {
     let io = |e| IdentityError::Io {
         path: path.to_path_buf(),
         source: e,
@@ -229,7 +229,7 @@ pub fn file_digest(path: &Path) -> Result<Hash, IdentityError> {
 }
 
 /// Token-stream digest of Rust source bytes (comments and formatting excluded).
-pub fn token_digest(src: &[u8]) -> Hash {
+pub(super) fn token_digest(src: &[u8]) -> Hash {
     let mut buf = Vec::with_capacity(src.len());
     tokens::normalize_into(src, &mut buf);
     let mut h = Hasher::new("puzzletron/owned-file/v1");

@@ -123,7 +123,7 @@ fn short(c: &Option<String>) -> String {
 }
 
 /// Finds `Cargo.lock` in `start` or the nearest ancestor.
-pub fn find_lock_file(start: &Path) -> Option<PathBuf> {
+pub(crate) fn find_lock_file(start: &Path) -> Option<PathBuf> {
     start
         .ancestors()
         .map(|d| d.join("Cargo.lock"))
@@ -134,7 +134,7 @@ pub fn find_lock_file(start: &Path) -> Option<PathBuf> {
 ///
 /// # Errors
 /// [`IdentityError::Io`] when it cannot be read.
-pub fn lock_witness(path: &Path) -> Result<LockWitness, IdentityError> {
+pub(crate) fn lock_witness(path: &Path) -> Result<LockWitness, IdentityError> {
     let bytes = std::fs::read(path).map_err(|e| IdentityError::Io {
         path: path.to_path_buf(),
         source: e,

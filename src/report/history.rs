@@ -52,7 +52,7 @@ pub type AttemptTimes = (Option<u64>, Option<u64>, Option<String>);
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize, PartialOrd, Ord)]
 #[serde(rename_all = "snake_case")]
 #[non_exhaustive]
-pub enum Outcome {
+pub enum AttemptOutcome {
     /// The intent is journaled; the submit is not confirmed (yet).
     Intent,
     /// Submitted, not finished (queued or running).
@@ -69,17 +69,17 @@ pub enum Outcome {
     Superseded,
 }
 
-impl Outcome {
+impl AttemptOutcome {
     /// The snake_case name.
     pub fn as_str(&self) -> &'static str {
         match self {
-            Outcome::Intent => "intent",
-            Outcome::Live => "live",
-            Outcome::Succeeded => "succeeded",
-            Outcome::Failed => "failed",
-            Outcome::Cancelled => "cancelled",
-            Outcome::SubmitFailed => "submit_failed",
-            Outcome::Superseded => "superseded",
+            AttemptOutcome::Intent => "intent",
+            AttemptOutcome::Live => "live",
+            AttemptOutcome::Succeeded => "succeeded",
+            AttemptOutcome::Failed => "failed",
+            AttemptOutcome::Cancelled => "cancelled",
+            AttemptOutcome::SubmitFailed => "submit_failed",
+            AttemptOutcome::Superseded => "superseded",
         }
     }
 }
@@ -312,7 +312,7 @@ pub struct AttemptHistory {
     /// The start is not known; `submitted_ms` stands in for it in GPU-hours.
     pub start_estimated: bool,
     /// Where it is or how it ended.
-    pub outcome: Outcome,
+    pub outcome: AttemptOutcome,
     /// Scheduler state name at the end, e.g. `OUT_OF_MEMORY`.
     pub state: Option<String>,
     /// Exit code, if any.
@@ -342,8 +342,8 @@ impl AttemptHistory {
     /// Run time in ms up to `as_of_ms` for an attempt still running (0 before it started).
     pub fn run_ms(&self, as_of_ms: u64) -> u64 {
         match self.outcome {
-            Outcome::Intent | Outcome::SubmitFailed => 0,
-            Outcome::Live if self.started_ms.is_none() => 0,
+            AttemptOutcome::Intent | AttemptOutcome::SubmitFailed => 0,
+            AttemptOutcome::Live if self.started_ms.is_none() => 0,
             _ => self
                 .ended_ms
                 .unwrap_or(as_of_ms)
@@ -361,7 +361,9 @@ impl AttemptHistory {
         let total = self.gpu_hours(as_of_ms);
         match self.outcome {
             // All of it, whatever part of it was hung.
-            Outcome::Superseded | Outcome::Cancelled | Outcome::Failed => total,
+            AttemptOutcome::Superseded | AttemptOutcome::Cancelled | AttemptOutcome::Failed => {
+                total
+            }
             _ => match (self.last_heartbeat_ms, self.ended_ms) {
                 (Some(hb), Some(end)) => {
                     let hung_ms = end.saturating_sub(hb.max(self.run_start_ms()));
@@ -389,9 +391,9 @@ impl AttemptHistory {
             }
         }
         let key = match self.outcome {
-            Outcome::Superseded => Some("superseded".to_string()),
-            Outcome::Cancelled => Some(FailureClass::Cancelled.as_str().to_string()),
-            Outcome::Failed => Some(
+            AttemptOutcome::Superseded => Some("superseded".to_string()),
+            AttemptOutcome::Cancelled => Some(FailureClass::Cancelled.as_str().to_string()),
+            AttemptOutcome::Failed => Some(
                 self.class
                     .unwrap_or(FailureClass::Unknown)
                     .as_str()
@@ -835,7 +837,10 @@ impl CampaignHistory {
             let adir = dir.join("attempts");
             if adir.is_dir() {
                 for a in &mut h.attempts {
-                    if matches!(a.outcome, Outcome::Intent | Outcome::SubmitFailed) {
+                    if matches!(
+                        a.outcome,
+                        AttemptOutcome::Intent | AttemptOutcome::SubmitFailed
+                    ) {
                         continue;
                     }
                     let (s, e) = local_times(&adir, &a.attempt_id);
@@ -877,7 +882,7 @@ impl CampaignHistory {
                 s.gpu_hours += a.gpu_hours(self.as_of_ms);
                 s.wasted_gpu_hours += a.wasted_gpu_hours(self.as_of_ms);
             }
-            if a.outcome != Outcome::Superseded {
+            if a.outcome != AttemptOutcome::Superseded {
                 last.insert(a.unit.as_str(), i);
             }
         }
@@ -889,13 +894,15 @@ impl CampaignHistory {
             };
             let s = &mut self.stages[si];
             match a.outcome {
-                Outcome::Succeeded => s.done_units += 1,
-                Outcome::Live | Outcome::Intent => {
+                AttemptOutcome::Succeeded => s.done_units += 1,
+                AttemptOutcome::Live | AttemptOutcome::Intent => {
                     s.live_units += 1;
                     live_any = true;
                 }
-                Outcome::Failed | Outcome::Cancelled | Outcome::SubmitFailed => s.failed_units += 1,
-                Outcome::Superseded => {}
+                AttemptOutcome::Failed
+                | AttemptOutcome::Cancelled
+                | AttemptOutcome::SubmitFailed => s.failed_units += 1,
+                AttemptOutcome::Superseded => {}
             }
         }
         let cancelled = self.cancelled.is_some();
@@ -997,7 +1004,7 @@ impl CampaignHistory {
         self.attempts.iter().filter(|a| {
             matches!(
                 a.outcome,
-                Outcome::Failed | Outcome::Cancelled | Outcome::SubmitFailed
+                AttemptOutcome::Failed | AttemptOutcome::Cancelled | AttemptOutcome::SubmitFailed
             )
         })
     }
@@ -1006,7 +1013,7 @@ impl CampaignHistory {
     pub fn live(&self) -> impl Iterator<Item = &AttemptHistory> {
         self.attempts
             .iter()
-            .filter(|a| matches!(a.outcome, Outcome::Live | Outcome::Intent))
+            .filter(|a| matches!(a.outcome, AttemptOutcome::Live | AttemptOutcome::Intent))
     }
 
     /// Fills start/end/nodes of attempts from outside records (e.g. `sacct` rows), keyed by
@@ -1105,7 +1112,7 @@ impl<'p> HistoryBuilder<'p> {
                     .or(h.contract_hash.take());
                 // A new revision starts over: what the old one did is thrown away.
                 for a in &mut h.attempts {
-                    a.outcome = Outcome::Superseded;
+                    a.outcome = AttemptOutcome::Superseded;
                 }
                 self.last_of_unit.clear();
                 self.stage_end.clear();
@@ -1135,7 +1142,7 @@ impl<'p> HistoryBuilder<'p> {
                     started_ms: None,
                     ended_ms: None,
                     start_estimated: true,
-                    outcome: Outcome::Intent,
+                    outcome: AttemptOutcome::Intent,
                     state: None,
                     exit_code: None,
                     class: None,
@@ -1154,8 +1161,8 @@ impl<'p> HistoryBuilder<'p> {
                     return;
                 };
                 let a = &mut self.h.attempts[i];
-                if a.outcome == Outcome::Intent {
-                    a.outcome = Outcome::Live;
+                if a.outcome == AttemptOutcome::Intent {
+                    a.outcome = AttemptOutcome::Live;
                 }
                 if let Some(hd) = &e.handle {
                     a.job_id = hd.job_id.as_deref().map(|j| match hd.array_task {
@@ -1173,8 +1180,8 @@ impl<'p> HistoryBuilder<'p> {
             "submit_failed" => {
                 if let Some(i) = self.attempt_index(e) {
                     let a = &mut self.h.attempts[i];
-                    if a.outcome != Outcome::Superseded {
-                        a.outcome = Outcome::SubmitFailed;
+                    if a.outcome != AttemptOutcome::Superseded {
+                        a.outcome = AttemptOutcome::SubmitFailed;
                     }
                     a.detail = e.error.as_deref().unwrap_or_default().to_string();
                     a.ended_ms = Some(at_ms);
@@ -1211,13 +1218,13 @@ impl<'p> HistoryBuilder<'p> {
                 if let Some(n) = &e.nodes {
                     a.nodes = Some(n.to_string());
                 }
-                if a.outcome != Outcome::Superseded {
+                if a.outcome != AttemptOutcome::Superseded {
                     let cancelled = a.class == Some(FailureClass::Cancelled)
                         || a.state.as_deref() == Some("CANCELLED");
                     a.outcome = match a.class {
-                        None => Outcome::Succeeded,
-                        Some(_) if cancelled => Outcome::Cancelled,
-                        Some(_) => Outcome::Failed,
+                        None => AttemptOutcome::Succeeded,
+                        Some(_) if cancelled => AttemptOutcome::Cancelled,
+                        Some(_) => AttemptOutcome::Failed,
                     };
                 }
             }
@@ -1587,7 +1594,7 @@ mod tests {
         h.recompute_stages();
         assert_eq!(h.attempts.len(), 2);
         assert_eq!(h.attempts[1].retry_of, Some(0));
-        assert_eq!(h.attempts[0].outcome, Outcome::Failed);
+        assert_eq!(h.attempts[0].outcome, AttemptOutcome::Failed);
         assert_eq!(h.attempts[0].state.as_deref(), Some("OUT_OF_MEMORY"));
         assert!((h.gpu_hours() - 3.0).abs() < 1e-9);
         let w = h.waste_by_class();
@@ -1603,10 +1610,10 @@ mod tests {
         a.last_heartbeat_ms = Some(4_000_000);
         let hung = 2.0 * 1_400_000.0 / 3_600_000.0;
         for (outcome, want) in [
-            (Outcome::Succeeded, hung),
-            (Outcome::Failed, 1.0),
-            (Outcome::Cancelled, 1.0),
-            (Outcome::Superseded, 1.0),
+            (AttemptOutcome::Succeeded, hung),
+            (AttemptOutcome::Failed, 1.0),
+            (AttemptOutcome::Cancelled, 1.0),
+            (AttemptOutcome::Superseded, 1.0),
         ] {
             a.outcome = outcome;
             let by_key: f64 = a.waste(h.as_of_ms).iter().map(|w| w.1).sum();

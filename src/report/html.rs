@@ -23,7 +23,7 @@
 use std::collections::{BTreeMap, HashMap};
 use std::fmt::Write;
 
-use super::history::{AttemptHistory, CampaignHistory, Outcome};
+use super::history::{AttemptHistory, AttemptOutcome, CampaignHistory};
 use super::svg::{colour, duration, esc, gh, text, utc};
 
 /// Shared page style.
@@ -42,14 +42,14 @@ rect.wait{opacity:.45}line.retry{stroke:#444;stroke-width:1;stroke-dasharray:3 2
 .scroll{overflow-x:auto;max-width:100%}
 "#;
 
-const OUTCOMES: [Outcome; 7] = [
-    Outcome::Succeeded,
-    Outcome::Failed,
-    Outcome::Cancelled,
-    Outcome::Superseded,
-    Outcome::Live,
-    Outcome::SubmitFailed,
-    Outcome::Intent,
+const OUTCOMES: [AttemptOutcome; 7] = [
+    AttemptOutcome::Succeeded,
+    AttemptOutcome::Failed,
+    AttemptOutcome::Cancelled,
+    AttemptOutcome::Superseded,
+    AttemptOutcome::Live,
+    AttemptOutcome::SubmitFailed,
+    AttemptOutcome::Intent,
 ];
 
 /// From this many attempts on, the timeline is aggregated: one lane per stage cut into
@@ -375,7 +375,10 @@ struct Layout {
 fn layout(h: &CampaignHistory) -> Layout {
     let mut by_node: BTreeMap<String, Vec<usize>> = BTreeMap::new();
     for (i, a) in h.attempts.iter().enumerate() {
-        if matches!(a.outcome, Outcome::Intent | Outcome::SubmitFailed) {
+        if matches!(
+            a.outcome,
+            AttemptOutcome::Intent | AttemptOutcome::SubmitFailed
+        ) {
             continue;
         }
         let node = a.nodes.clone().unwrap_or_else(|| "node unknown".into());
@@ -655,7 +658,7 @@ fn table_selection(h: &CampaignHistory) -> Vec<usize> {
             .filter(|&i| {
                 matches!(
                     h.attempts[i].outcome,
-                    Outcome::Failed | Outcome::SubmitFailed
+                    AttemptOutcome::Failed | AttemptOutcome::SubmitFailed
                 )
             })
             .take(TABLE_FAILED),
@@ -683,7 +686,12 @@ fn attempts_table(o: &mut String, h: &CampaignHistory, report_file_name: &str) {
         let failed = h
             .attempts
             .iter()
-            .filter(|a| matches!(a.outcome, Outcome::Failed | Outcome::SubmitFailed))
+            .filter(|a| {
+                matches!(
+                    a.outcome,
+                    AttemptOutcome::Failed | AttemptOutcome::SubmitFailed
+                )
+            })
             .count();
         let csv = attempts_csv_name(report_file_name);
         let _ = write!(
@@ -820,7 +828,7 @@ fn axis_ticks(o: &mut String, t0: u64, t1: u64, x: &dyn Fn(u64) -> f64, top: f64
 }
 
 /// The timeline's legend: a swatch per outcome, then `extra` (HTML).
-fn legend(o: &mut String, outcomes: &[Outcome], extra: &str) {
+fn legend(o: &mut String, outcomes: &[AttemptOutcome], extra: &str) {
     o.push_str(r#"<div class="legend">"#);
     for oc in outcomes {
         let _ = write!(
@@ -834,12 +842,12 @@ fn legend(o: &mut String, outcomes: &[Outcome], extra: &str) {
     o.push_str("</div>");
 }
 
-const AGG_OUTCOMES: [Outcome; 5] = [
-    Outcome::Succeeded,
-    Outcome::Superseded,
-    Outcome::Cancelled,
-    Outcome::Failed,
-    Outcome::Live,
+const AGG_OUTCOMES: [AttemptOutcome; 5] = [
+    AttemptOutcome::Succeeded,
+    AttemptOutcome::Superseded,
+    AttemptOutcome::Cancelled,
+    AttemptOutcome::Failed,
+    AttemptOutcome::Live,
 ];
 
 /// Per stage lane and slice, the attempts running in the slice by outcome
@@ -1013,7 +1021,13 @@ mod tests {
     use crate::report::{LeaseStatus, StageHistory};
     use std::path::PathBuf;
 
-    fn attempt(i: usize, stage: &str, outcome: Outcome, start: u64, end: u64) -> AttemptHistory {
+    fn attempt(
+        i: usize,
+        stage: &str,
+        outcome: AttemptOutcome,
+        start: u64,
+        end: u64,
+    ) -> AttemptHistory {
         AttemptHistory {
             attempt_id: format!("n.{stage}.{i}.a1"),
             unit: format!("{stage}/{i}"),
@@ -1077,9 +1091,9 @@ mod tests {
             (0..n)
                 .map(|i| {
                     let oc = if i % 7 == 3 {
-                        Outcome::Failed
+                        AttemptOutcome::Failed
                     } else {
-                        Outcome::Succeeded
+                        AttemptOutcome::Succeeded
                     };
                     let s = i as u64 * 1000;
                     attempt(i, ["a", "b"][i % 2], oc, s, s + 2000)
@@ -1126,13 +1140,13 @@ mod tests {
     #[test]
     fn aggregate_counts_attempts_running_per_slice_by_outcome() {
         let mut h = history(vec![
-            attempt(0, "a", Outcome::Succeeded, 0, 50),
-            attempt(1, "a", Outcome::Failed, 50, 100),
-            attempt(2, "b", Outcome::Live, 20, 20),
+            attempt(0, "a", AttemptOutcome::Succeeded, 0, 50),
+            attempt(1, "a", AttemptOutcome::Failed, 50, 100),
+            attempt(2, "b", AttemptOutcome::Live, 20, 20),
             // Not drawn: never ran.
-            attempt(3, "b", Outcome::SubmitFailed, 0, 100),
+            attempt(3, "b", AttemptOutcome::SubmitFailed, 0, 100),
             // A stage the plan does not list gets a lane of its own.
-            attempt(4, "x", Outcome::Cancelled, 90, 100),
+            attempt(4, "x", AttemptOutcome::Cancelled, 90, 100),
         ]);
         h.attempts[2].ended_ms = None;
         h.as_of_ms = 20;
@@ -1175,7 +1189,7 @@ mod tests {
         assert!(
             sel[TABLE_ENDS..TABLE_ENDS + TABLE_FAILED]
                 .iter()
-                .all(|&i| h.attempts[i].outcome == Outcome::Failed)
+                .all(|&i| h.attempts[i].outcome == AttemptOutcome::Failed)
         );
         let f = render_campaign_report_files(&h, "my report.html");
         let table = &f.html[f.html.find("<table id=\"attempts\"").unwrap()..];
@@ -1200,7 +1214,7 @@ mod tests {
 
     #[test]
     fn csv_fields_are_quoted_by_rfc_4180() {
-        let mut a = attempt(0, "a", Outcome::Failed, 0, 3_600_000);
+        let mut a = attempt(0, "a", AttemptOutcome::Failed, 0, 3_600_000);
         a.detail = "OOM, \"killed\"\nat step 3".into();
         a.log_path = Some(PathBuf::from("/logs/a b.log"));
         let h = history(vec![a]);

@@ -25,8 +25,8 @@ mod sweep;
 use std::path::{Path, PathBuf};
 
 pub use history::{
-    AttemptHistory, AttemptTimes, Backoff, CampaignCancel, CampaignHistory, Outcome, StageHistory,
-    StageStatus, clock_text,
+    AttemptHistory, AttemptOutcome, AttemptTimes, Backoff, CampaignCancel, CampaignHistory,
+    StageHistory, StageStatus, clock_text,
 };
 pub use html::{
     AGGREGATE_ATTEMPTS, AGGREGATE_SLICES, INLINE_ATTEMPTS, ReportFiles, attempts_csv_name,

@@ -30,7 +30,7 @@ mod user;
 pub use graph::{
     Enablement, IfDisabled, MeshSource, Need, ResolvedStage, ShardAxis, StageCatalog, StageDef,
 };
-pub use puzzle::{PUZZLE_WORKER, PostMipExpansion};
+pub use puzzle::PostMipExpansion;
 
 #[cfg(test)]
 mod tests {

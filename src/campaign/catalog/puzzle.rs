@@ -28,7 +28,8 @@ pub struct PostMipExpansion {
 
 /// The worker entry point of the Puzzle catalog: the Puzzletron v2 stage runner, given the
 /// stage, the work item and the resolved config path.
-pub const PUZZLE_WORKER: [&str; 3] = ["python", "-m", "modelopt.torch.puzzletron.v2.run_stage"];
+pub(super) const PUZZLE_WORKER: [&str; 3] =
+    ["python", "-m", "modelopt.torch.puzzletron.v2.run_stage"];
 
 fn puzzle_command() -> Vec<String> {
     let mut argv: Vec<String> = PUZZLE_WORKER.iter().map(|s| s.to_string()).collect();

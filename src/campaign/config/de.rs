@@ -153,7 +153,7 @@ impl de::Error for DeError {
 /// The closest candidate by edit distance, if it is close enough to be a likely typo: a
 /// distance of at most a third of the longer word (at least 2), `word` being a candidate plus a
 /// `_suffix` (`tp_size` -> `tp`), or a prefix of one (`instan` -> `instances`). Case is ignored.
-pub fn did_you_mean<'a>(word: &str, candidates: &[&'a str]) -> Option<&'a str> {
+pub(super) fn did_you_mean<'a>(word: &str, candidates: &[&'a str]) -> Option<&'a str> {
     did_you_mean_in(word, candidates.iter().copied())
 }
 

@@ -69,7 +69,7 @@ impl Env {
     }
 }
 
-pub use crate::executor::shell::is_secret_name;
+pub(super) use crate::executor::shell::is_secret_name;
 
 impl fmt::Debug for Env {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {

@@ -59,10 +59,9 @@ use std::path::{Path, PathBuf};
 
 use serde::de::DeserializeOwned;
 
-pub use de::did_you_mean;
 pub(crate) use de::{DeError, DeErrorKind, deserialize_at, did_you_mean_in};
 pub use error::ConfigError;
-pub use interpolate::{Env, ResolverFn, Resolvers, is_secret_name, resolve_string};
+pub use interpolate::{Env, ResolverFn, Resolvers, resolve_string};
 pub use origin::{Origin, Origins};
 pub use overrides::{Override, OverrideKind, apply_overrides, parse_override, parse_overrides};
 pub use path::{KeyPath, PathSegment};

@@ -410,7 +410,7 @@ fn rank_verdict(ev: &Evidence) -> Option<Classification> {
 /// to `max_attempts` under `resume`, see [the retry table](super::policy#retry-table));
 /// anything else is [`FailureClass::Hung`],
 /// the detail naming the silence, the last mark and a collective failure if one shows.
-pub fn classify_hung(
+pub(crate) fn classify_hung(
     ev: &Evidence,
     silent: std::time::Duration,
     last_step: Option<u64>,
@@ -541,7 +541,7 @@ fn contains_any(hay: &str, needles: &[&'static str]) -> Option<&'static str> {
 /// Classifies a terminal [`JobStatus`] with its [`Evidence`]. Non-terminal states are
 /// classified as [`FailureClass::Unknown`] with a detail saying so (callers only pass terminal
 /// ones). See the [module docs](self) for the rules and their order.
-pub fn classify(status: &JobStatus, ev: &Evidence) -> Classification {
+pub(crate) fn classify(status: &JobStatus, ev: &Evidence) -> Classification {
     let mut c = classify_inner(status, ev);
     if let Some(why) = &ev.log_unavailable {
         c.detail = format!("{}; log unavailable ({why})", c.detail);
@@ -962,7 +962,7 @@ pub enum PendingVerdict {
 /// (all [`FailureClass::Config`]) and `launch failed requeued held` ([`FailureClass::Transient`]).
 /// Everything else (`Priority`, `Resources`, `Dependency`, `QOSMaxGRESPerUser`,
 /// `AssocGrpGRES`, `JobArrayTaskLimit`, `BeginTime`, unknown reasons) is a wait.
-pub fn pending_verdict(reason: &str) -> PendingVerdict {
+pub(crate) fn pending_verdict(reason: &str) -> PendingVerdict {
     let r = reason.trim();
     let lower = r.to_ascii_lowercase();
     if lower.contains("launch failed requeued held") {

@@ -141,7 +141,7 @@ pub trait DecisionPrompt: Send + Sync {
 ///
 /// # Errors
 /// Read and write errors. `Ok(None)` at the end of input.
-pub fn prompt_choice<R: BufRead, W: Write>(
+pub(super) fn prompt_choice<R: BufRead, W: Write>(
     input: &mut R,
     out: &mut W,
     stage: &str,
@@ -321,7 +321,7 @@ fn spawn_signals(tx: ControlSender, sigint: bool) -> std::io::Result<tokio::task
 ///
 /// # Errors
 /// A message naming the bad token and the valid range/ids.
-pub fn choose_revisions(input: &str, available: &[String]) -> Result<Vec<String>, String> {
+pub(crate) fn choose_revisions(input: &str, available: &[String]) -> Result<Vec<String>, String> {
     let t = input.trim();
     if t.eq_ignore_ascii_case("all") {
         return Ok(available.to_vec());

@@ -35,7 +35,7 @@
 //! [`Executor`]: crate::executor::Executor
 
 mod builder;
-mod classify;
+pub(crate) mod classify;
 mod clock;
 mod controls;
 mod decide;
@@ -58,14 +58,14 @@ mod view;
 
 pub use builder::{CampaignControllerBuilder, open_campaign_dir};
 pub use classify::{
-    CheckpointEvidence, Classification, Evidence, FailureClass, OomKind, PendingVerdict, classify,
-    classify_hung, pending_verdict,
+    CheckpointEvidence, Classification, Evidence, FailureClass, OomKind, PendingVerdict,
 };
 #[cfg(any(test, feature = "test-util"))]
 #[cfg_attr(docsrs, doc(cfg(feature = "test-util")))]
 pub use clock::VirtualClock;
 pub use clock::{Clock, SystemClock};
-pub use controls::{DecisionPrompt, TerminalControls, choose_revisions, prompt_choice};
+pub(crate) use controls::choose_revisions;
+pub use controls::{DecisionPrompt, TerminalControls};
 pub use driver::{CampaignController, Control, ControlSender, RunOptions};
 pub use error::ControllerError;
 pub use event::ControllerEvent;
@@ -74,8 +74,10 @@ pub use event::ControllerEvent;
 pub use finalise::VisibilityProbe;
 pub use journal::{Entry, Journal, Record};
 pub use lease::{Lease, LeaseInfo};
-pub use policy::{Decision, RetryPolicy, UnitHistory, decide};
+pub use policy::{Decision, RetryPolicy, UnitHistory};
 pub use pool::{ClaimedItem, ItemOutcome, PoolItem, PoolWorker, QueueCounts, WorkQueue};
 pub use report::{CampaignReport, PendingDecision, StageFailure, StageProgress};
-pub use shutdown::{CANCEL_REQUEST_FILE, cancel_campaign, has_campaign_tag, who_am_i};
+pub use shutdown::cancel_campaign;
+#[cfg(feature = "cli")] // the command line's `campaign cancel`
+pub(crate) use shutdown::{CANCEL_REQUEST_FILE, who_am_i};
 pub use view::ViewMode;

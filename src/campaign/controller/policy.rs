@@ -182,7 +182,7 @@ pub enum Decision {
 
 /// Decides what follows an attempt that ended with `class` (`None`: success). `seed` (the
 /// attempt id) makes the jitter reproducible. See the [module docs](self) for the table.
-pub fn decide(
+pub(super) fn decide(
     policy: &RetryPolicy,
     class: Option<FailureClass>,
     h: &UnitHistory,

@@ -180,10 +180,10 @@ impl CampaignController {
 
 /// The file (in `<campaign>/controller/`) where `campaign cancel` says who cancels before it
 /// signals the controller; the controller reads and removes it when it shuts down.
-pub const CANCEL_REQUEST_FILE: &str = "cancel_request";
+pub(crate) const CANCEL_REQUEST_FILE: &str = "cancel_request";
 
 /// `user U on HOST, pid P` for this process (the user from `$USER`/`$LOGNAME`, else the uid).
-pub fn who_am_i() -> String {
+pub(crate) fn who_am_i() -> String {
     let user = std::env::var("USER")
         .or_else(|_| std::env::var("LOGNAME"))
         .ok()
@@ -220,7 +220,7 @@ impl CampaignController {
 
 /// Whether `attempt_id` belongs to the campaign tagged `tag`: attempt ids are
 /// `<tag>[r<revision>].<stage>.<index|agg>.a<n>` (see the [module docs](super)).
-pub fn has_campaign_tag(attempt_id: &str, tag: &str) -> bool {
+pub(super) fn has_campaign_tag(attempt_id: &str, tag: &str) -> bool {
     let Some(rest) = attempt_id.strip_prefix(tag) else {
         return false;
     };

@@ -1901,9 +1901,9 @@ mod malformed_exit_tests {
                  exit (host rebooted?)"
             )
         );
-        let c = crate::campaign::controller::classify(
+        let c = crate::campaign::controller::classify::classify(
             &st,
-            &crate::campaign::controller::Evidence::default(),
+            &crate::campaign::controller::classify::Evidence::default(),
         );
         assert!(
             c.detail.contains("malformed pid file /srv/pt/a1/job on h3"),
@@ -1958,9 +1958,9 @@ mod malformed_exit_tests {
         let st = host_status(&id, &rec(Some(3), &[]), 0, 0, "node03", "");
         assert_eq!((st.state, st.exit_code), (JobState::Failed, Some(3)));
         // The controller's verdict names it.
-        let c = crate::campaign::controller::classify(
+        let c = crate::campaign::controller::classify::classify(
             &host_status(&id, &rec(None, &["code=12x"]), 0, 0, "node03", "/srv/pt"),
-            &crate::campaign::controller::Evidence::default(),
+            &crate::campaign::controller::classify::Evidence::default(),
         );
         assert!(
             c.detail.starts_with(
