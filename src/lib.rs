@@ -56,10 +56,11 @@
 //! - [`identity`]: [`Hash`](struct@Hash), canonical parameters, the owned-code digest, witnesses
 //!   (Cargo.lock, toolchain, source commit).
 //! - [`store`]: the [`Store`] trait (forwarded through `Box`, `Arc` and `&`), [`StoreExt`]
-//!   (conveniences: a finished sweep's table in one call), [`FsStore`] (a folder, safe for many
-//!   processes and hosts), [`MemoryStore`].
+//!   (conveniences: the done records), [`FsStore`] (a folder, safe for many processes and
+//!   hosts), [`MemoryStore`].
 //! - [`sweep`]: [`Orchestrator`], [`Job`] and the [`job!`] macro, [`Run`] (where a job logs).
-//! - [`metrics`]: [`MetricTable`] (Arrow), Parquet and CSV output, [`metrics::collect`].
+//! - [`metrics`]: [`MetricTable`] (Arrow), Parquet and CSV output, [`metrics::collect`],
+//!   [`MetricsExt`] (a store's table of every done run in one call).
 //! - [`executor`]: the [`executor::Executor`] trait that runs attempts (local processes,
 //!   Slurm, bare-metal hosts over SSH, Ray, and a mock for tests);
 //!   [`executor::InProcess`], the default: jobs run in the draining process.
@@ -90,7 +91,7 @@
 //!
 //! ## Features
 //! - `parquet` (default): Parquet output, [`MetricTable::write_parquet`] and
-//!   [`StoreExt::write_metric_parquet`] (adds the `parquet` crate; Arrow tables are always in).
+//!   [`MetricsExt::write_metric_parquet`] (adds the `parquet` crate; Arrow tables are always in).
 //! - `slurm` (default): `executor::SlurmExecutor`, which runs attempts as Slurm batch jobs and
 //!   arrays (no extra dependency: it calls `sbatch`, `squeue`, `sacct` and `scancel`).
 //! - `test-util`: the conformance suites `store::conformance` and `executor::conformance`, to
@@ -135,7 +136,7 @@ pub use error::{Error, Result};
 #[doc = include_str!("../README.md")]
 struct ReadmeDoctests;
 pub use identity::Hash;
-pub use metrics::MetricTable;
+pub use metrics::{MetricTable, MetricsExt};
 pub use store::{FsStore, MemoryStore, Store, StoreExt, StoreSpec};
 pub use sweep::worker;
 pub use sweep::{Job, JobResult, Orchestrator, Run};

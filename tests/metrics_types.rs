@@ -5,7 +5,7 @@
 
 use puzzletron::arrow::DataType;
 use puzzletron::sweep::{JobResult, Run};
-use puzzletron::{FsStore, MetricTable, Orchestrator, StoreExt, job};
+use puzzletron::{FsStore, MetricTable, MetricsExt, Orchestrator, job};
 use serde::{Deserialize, Serialize};
 
 #[derive(Serialize, Deserialize, Clone, Copy)]

@@ -9,7 +9,7 @@ use puzzletron::store::{
     Claim, ClaimInfo, ClaimOutcome, JobRecord, MetricSink, Owner, Series, StoreError,
 };
 use puzzletron::sweep::FailureCause;
-use puzzletron::{Error, FsStore, Hash, MemoryStore, Orchestrator, Store, StoreExt};
+use puzzletron::{Error, FsStore, Hash, MemoryStore, MetricsExt, Orchestrator, Store, StoreExt};
 use support::sweep::{FakeCrate, P, train};
 
 #[test]

@@ -11,7 +11,7 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 
 use puzzletron::sweep::{Action, FailureCause, Outcome};
-use puzzletron::{FsStore, Hash, Orchestrator, Store, StoreExt};
+use puzzletron::{FsStore, Hash, MetricsExt, Orchestrator, Store};
 use support::sweep::{FakeCrate, P, train};
 
 /// The 9 runs of the grid.
