@@ -846,6 +846,7 @@ mod tests {
     use super::*;
     use crate::store::{INLINE_BYTES, MetricsInfo};
     use commit::KEEP_RUNNING_RECORD;
+    use std::collections::HashSet;
 
     /// A claim whose owner is dead: of this process space, with pid 0, which never has a
     /// `/proc` entry.
