@@ -21,7 +21,7 @@ use crate::store::{Claim, JobRecord, StoreError};
 pub(super) const KEEP_RUNNING_RECORD: usize = 64 * 1024;
 
 /// A finished record written to its temp file, not yet renamed into place.
-pub(super) struct Staged {
+struct Staged {
     /// The job folder.
     dir: PathBuf,
     /// The temp file, next to `record.json`.
@@ -36,7 +36,7 @@ pub(super) struct Staged {
 
 impl Staged {
     /// Renames the temp file over `record.json` (an atomic replace).
-    pub(super) fn rename(&self) -> Result<(), StoreError> {
+    fn rename(&self) -> Result<(), StoreError> {
         let path = self.dir.join("record.json");
         fs::rename(&self.tmp, &path).map_err(io_err(&path))
     }
@@ -45,7 +45,8 @@ impl Staged {
 impl FsStore {
     /// Writes the running record of attempt `attempt` as `running.N.json` and links it as
     /// `record.json`: the name `running.N.json` keeps its inode alive when `finish` renames the
-    /// done record over `record.json` (see [`RELEASED`] for why that matters). When
+    /// done record over `record.json` (see [`RELEASED`](super::claim::RELEASED) for why that
+    /// matters). When
     /// `record.json` already exists (a rerun) or `running.N.json` does (an attempt that died
     /// before its link), it is replaced by temp file and rename as any record.
     pub(super) fn write_running(
@@ -188,10 +189,10 @@ impl FsStore {
         Ok(())
     }
 
-    /// [`Store::finish_many`], a group commit: every record is written to its temp file, then one `syncfs` makes them
-    /// durable, then each is renamed into place, then a second `syncfs` makes the renames
-    /// durable: two flushes for the batch where `finish` costs two per run. Where `syncfs` is
-    /// missing, each file and each folder is `fsync`ed in turn.
+    /// [`Store::finish_many`], a group commit: every record is written to its temp file, then
+    /// one `syncfs` makes them durable, then each is renamed into place, then a second `syncfs`
+    /// makes the renames durable: two flushes for the batch where `finish` costs two per run.
+    /// Where `syncfs` is missing, each file and each folder is `fsync`ed in turn.
     pub(super) fn commit_many(&self, done: &[(&Claim, &JobRecord)]) -> Vec<Result<(), StoreError>> {
         if done.len() < 2 {
             return done.iter().map(|(c, r)| self.commit_one(c, r)).collect();
