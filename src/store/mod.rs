@@ -13,7 +13,10 @@
 //! done run, none for claims and running records).
 //!
 //! Every implementation must pass the conformance suite in `conformance` (feature
-//! `test-util`), which both built-in stores run.
+//! `test-util`), which both built-in stores run. [`Store`]'s docs say which of its methods an
+//! implementation must provide (the record/claim lifecycle) and which are hooks with correct
+//! defaults; a job's files on the local filesystem are [`JobFiles`]', a capability only a
+//! filesystem store has; tables of metrics are read by `metrics`, which uses stores.
 
 mod fs;
 pub(crate) mod liveness;
