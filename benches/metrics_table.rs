@@ -5,8 +5,8 @@
 //! logged 1,000 rows of `loss` (params: lr, hidden, optimizer, seed), under this build's target
 //! folder (reused while its `complete` marker is there). Then, each as a child process timed
 //! (wall) with its peak RSS from `wait4`:
-//! - `stream`: `StoreExt::write_metric_parquet` (bounded memory);
-//! - `table`: `StoreExt::metric_table` then `MetricTable::write_parquet` (all rows in memory);
+//! - `stream`: `MetricsExt::write_metric_parquet` (bounded memory);
+//! - `table`: `MetricsExt::metric_table` then `MetricTable::write_parquet` (all rows in memory);
 //! - `pandas`: the same records and metric files read with `pandas.read_csv` per run, params and
 //!   `job_key` added, `pd.concat`, `DataFrame.to_parquet` (pyarrow, Snappy).
 //!
@@ -25,7 +25,7 @@ mod process;
 use process::load;
 
 use puzzletron::{JobResult, Run};
-use puzzletron::{Orchestrator, job, store::FsStore, store::StoreExt};
+use puzzletron::{Orchestrator, job, metrics::MetricsExt, store::FsStore};
 use serde::{Deserialize, Serialize};
 
 const STEPS: i64 = 1000;

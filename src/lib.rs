@@ -59,10 +59,12 @@
 //! - [`identity`]: [`Hash`](struct@identity::Hash), canonical parameters, the owned-code digest, witnesses
 //!   (Cargo.lock, toolchain, source commit).
 //! - [`store`]: the [`Store`](store::Store) trait (forwarded through `Box`, `Arc` and `&`),
-//!   [`StoreExt`](store::StoreExt) (conveniences: a finished sweep's table in one call),
+//!   [`StoreExt`](store::StoreExt) (conveniences: the done records),
 //!   [`FsStore`](store::FsStore) (a folder, safe for many processes and hosts),
 //!   [`MemoryStore`](store::MemoryStore).
-//! - [`metrics`]: [`MetricTable`](metrics::MetricTable) (Arrow), Parquet and CSV output, [`metrics::collect`].
+//! - [`metrics`]: [`MetricTable`](metrics::MetricTable) (Arrow), Parquet and CSV output,
+//!   [`metrics::collect`], [`MetricsExt`](metrics::MetricsExt) (a store's table of every done
+//!   run in one call).
 //! - [`executor`]: the [`executor::Executor`] trait that runs attempts (local processes,
 //!   Slurm, bare-metal hosts over SSH, Ray, and a mock for tests);
 //!   [`executor::InProcess`], the default: jobs run in the draining process.

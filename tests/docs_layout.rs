@@ -2,7 +2,8 @@
 //! line there, and every `src/` path named there exists. A module added without its line, or a
 //! line left behind by a removed module, fails here rather than leaving the layout stale.
 //! Also: the code and tests cite the docs in the repository (`docs/`), never `../shared`'s
-//! design document, and every `docs/` file they cite exists.
+//! design document, and every `docs/` file they cite exists; and `src/store/` never imports
+//! `metrics` (the layers point one way).
 
 use std::collections::BTreeSet;
 use std::fs;
@@ -208,4 +209,37 @@ fn case_ids_are_found_in_their_cited_forms_only() {
     let ids = case_ids("C21a, N05 and (P01 (c)); fn n03_resume; node01 C123 xC04 C4 p01x");
     let ids: Vec<_> = ids.into_iter().collect();
     assert_eq!(ids, ["C21", "N03", "N05", "P01"]);
+}
+
+/// The lines of `text` that are code (not comments) and name one of `paths`.
+fn code_lines_naming(text: &str, paths: &[&str]) -> Vec<String> {
+    text.lines()
+        .filter(|l| !l.trim_start().starts_with("//"))
+        .filter(|l| paths.iter().any(|p| l.contains(p)))
+        .map(|l| l.trim().to_string())
+        .collect()
+}
+
+/// Layers point one way: `metrics` reads stores, so no code under `src/store/` names
+/// `metrics` (its docs may link there). A table method on a store trait would bring the
+/// circle back.
+#[test]
+fn the_store_never_imports_metrics() {
+    let metrics = ["crate::metrics", "crate::MetricTable", "crate::MetricsExt"];
+    let mut files = Vec::new();
+    files_under(&root().join("src/store"), &mut files);
+    let mut found = Vec::new();
+    for f in files.iter().filter(|f| f.ends_with(".rs")) {
+        for l in code_lines_naming(&read(f), &metrics) {
+            found.push(format!("{f}: {l}"));
+        }
+    }
+    assert!(found.is_empty(), "src/store/ imports metrics: {found:#?}");
+    // The check sees an import and skips a doc link.
+    let sample =
+        "/// See [`MetricsExt`](crate::metrics::MetricsExt).\nuse crate::metrics::table_of;\n";
+    assert_eq!(
+        code_lines_naming(sample, &metrics),
+        vec!["use crate::metrics::table_of;".to_string()]
+    );
 }

@@ -143,7 +143,7 @@ fn read_parquet(path: &std::path::Path) -> puzzletron::metrics::MetricTable {
 
 #[test]
 fn streamed_parquet_equals_the_in_memory_table_and_ignores_a_torn_tail() {
-    use puzzletron::store::StoreExt;
+    use puzzletron::metrics::MetricsExt;
     let (c, mut o) = two_runs(train_marked);
     let t = o.get("loss").unwrap();
     // A torn line after a finished attempt's rows (a crash of a later writer, a copy cut short):

@@ -5,7 +5,7 @@
 
 use puzzletron::arrow::DataType;
 use puzzletron::{JobResult, Run};
-use puzzletron::{Orchestrator, job, metrics::MetricTable, store::FsStore, store::StoreExt};
+use puzzletron::{Orchestrator, job, metrics::MetricTable, metrics::MetricsExt, store::FsStore};
 use serde::{Deserialize, Serialize};
 
 #[derive(Serialize, Deserialize, Clone, Copy)]

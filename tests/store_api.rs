@@ -10,8 +10,8 @@ use puzzletron::store::{
     Claim, ClaimInfo, ClaimOutcome, JobRecord, MetricSink, Owner, Series, StoreError,
 };
 use puzzletron::{
-    Error, Orchestrator, identity::Hash, store::FsStore, store::MemoryStore, store::Store,
-    store::StoreExt,
+    Error, Orchestrator, identity::Hash, metrics::MetricsExt, store::FsStore, store::MemoryStore,
+    store::Store, store::StoreExt,
 };
 use support::sweep::{FakeCrate, P, train};
 

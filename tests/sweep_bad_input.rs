@@ -369,13 +369,13 @@ fn typed(p: &Typed, run: &mut Run) -> JobResult {
 }
 
 /// A column's Arrow type comes from the parameter's Rust type, not from the values: whole f64
-/// values stay Float64, in `get`, `recorded` and `StoreExt::metric_table` alike, and an
+/// values stay Float64, in `get`, `recorded` and `MetricsExt::metric_table` alike, and an
 /// `Option` that is `None` in every run is still a column of its own type (nulls), a `u32` is
 /// `UInt64`.
 #[test]
 fn metric_columns_take_their_type_from_the_rust_type() {
     use puzzletron::arrow::DataType;
-    use puzzletron::store::StoreExt;
+    use puzzletron::metrics::MetricsExt;
     let c = FakeCrate::new();
     let mut o = c.orchestrator();
     for lr in [1.0, 2.0] {

@@ -430,11 +430,11 @@ fn a_wait_for_another_holder_is_announced_once_then_taken_over() {
 }
 
 /// A finished sweep's table is one call away, and reading it runs nothing: `recorded` for the
-/// runs a sweep enqueued (enqueue order), `StoreExt::metric_table` for every done run in a
+/// runs a sweep enqueued (enqueue order), `MetricsExt::metric_table` for every done run in a
 /// store (through `&`, `Box` and `Arc` alike).
 #[test]
 fn a_finished_sweeps_table_is_read_without_running() {
-    use puzzletron::store::StoreExt;
+    use puzzletron::metrics::MetricsExt;
     let _g = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
     let c = FakeCrate::new();
     let mut o = c.orchestrator();

@@ -11,7 +11,7 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 
 use puzzletron::{Action, FailureCause, Outcome};
-use puzzletron::{Orchestrator, identity::Hash, store::FsStore, store::Store, store::StoreExt};
+use puzzletron::{Orchestrator, identity::Hash, metrics::MetricsExt, store::FsStore, store::Store};
 use support::sweep::{FakeCrate, P, train};
 
 /// The 9 runs of the grid.

@@ -161,7 +161,7 @@ fn what_a_failed_or_killed_attempt_left_in_its_artifacts_is_never_the_retrys_res
     running.attempt = c.attempt;
     running.owner = Some(c.owner.clone());
     fs.start(&c, &running).unwrap();
-    let art = fs.artifact_dir(&key).unwrap();
+    let art = puzzletron::store::JobFiles::artifact_dir(&fs, &key).unwrap();
     std::fs::write(art.join("weights.bin"), b"killed mid-write").unwrap();
     assert!(
         !fs.claim_info(&key).unwrap().unwrap().live,

@@ -203,8 +203,8 @@ impl Store for Tagged {
     ) -> StoreResult<puzzletron::store::Series> {
         self.0.metrics(key, name)
     }
-    fn artifact_dir(&self, key: &puzzletron::identity::Hash) -> Option<PathBuf> {
-        self.0.artifact_dir(key)
+    fn job_files(&self) -> Option<&dyn puzzletron::store::JobFiles> {
+        self.0.job_files()
     }
     fn spec(&self) -> Option<puzzletron::store::StoreSpec> {
         Some(puzzletron::store::StoreSpec::new(

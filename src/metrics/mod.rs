@@ -12,7 +12,7 @@ pub use table::{MetricTable, RESERVED_COLUMNS};
 use std::path::PathBuf;
 
 use crate::identity::Hash;
-use crate::store::{JobRecord, Series, Store, StoreError};
+use crate::store::{JobRecord, Series, Store, StoreError, StoreExt};
 
 /// Errors building or writing metric tables.
 #[derive(Debug, thiserror::Error)]
@@ -72,6 +72,62 @@ impl MetricsError {
     }
 }
 
+/// Metric tables of any [`Store`], implemented for every store: what
+/// [`Orchestrator::get`](crate::Orchestrator::get) returns for one sweep, here for every done run
+/// a store holds. Reads only: nothing runs.
+///
+/// ```
+/// use puzzletron::{MemoryStore, MetricsExt};
+///
+/// let store = MemoryStore::new();
+/// // An empty store has no metric: the error names the metrics that exist (none).
+/// let e = store.metric_table("loss").unwrap_err();
+/// assert!(e.to_string().contains("none"), "{e}");
+/// ```
+pub trait MetricsExt: Store {
+    /// Metric `metric` of every done job in the store, as `[step, value, *params, job_key]`
+    /// (the table [`Orchestrator::get`](crate::Orchestrator::get) returns), jobs in finish
+    /// order (then key). Jobs that did not log `metric` add no rows.
+    ///
+    /// # Errors
+    /// [`MetricsError::UnknownMetric`] (naming the metrics that exist) when no done job logged
+    /// it; store errors as [`MetricsError::Store`].
+    fn metric_table(&self, metric: &str) -> Result<MetricTable, MetricsError> {
+        table_of(self, metric)
+    }
+
+    /// Writes [`metric_table`](Self::metric_table)`(metric)` to `path` as Parquet, streaming:
+    /// the rows of a few jobs (read ahead on reader threads while the writer encodes) and one
+    /// record batch of at most 65,536 rows are in memory at a time, so memory stays bounded
+    /// (tens of MB) whatever the table's size. Same columns and Parquet types as
+    /// [`MetricTable::write_parquet`] (`job_key` and text parameters dictionary-encoded in the
+    /// file; pyarrow and pandas read them as plain strings). Replaces `path` atomically.
+    /// Returns the number of rows written.
+    ///
+    /// # Errors
+    /// As [`metric_table`](Self::metric_table), and [`MetricsError::Io`] /
+    /// [`MetricsError::Parquet`] naming `path`.
+    #[cfg(feature = "parquet")]
+    #[cfg_attr(docsrs, doc(cfg(feature = "parquet")))]
+    fn write_metric_parquet(
+        &self,
+        metric: &str,
+        path: &std::path::Path,
+    ) -> Result<u64, MetricsError> {
+        write_parquet_of(self, metric, path)
+    }
+
+    /// Every metric of every done job, with a `metric` column (see [`collect`]).
+    ///
+    /// # Errors
+    /// As [`collect`].
+    fn collect(&self) -> Result<MetricTable, MetricsError> {
+        collect(self)
+    }
+}
+
+impl<S: Store + ?Sized> MetricsExt for S {}
+
 /// Every metric of every done job a store holds, as one table with a `metric` column:
 /// `[metric, step, value, *params, job_key]`, jobs ordered by finish time (then key).
 ///
@@ -79,7 +135,7 @@ impl MetricsError {
 /// [`MetricsError::Store`] when a record or metric file cannot be read,
 /// [`MetricsError::ReservedParameter`] when a job has a parameter named like a column.
 pub fn collect<S: Store + ?Sized>(store: &S) -> Result<MetricTable, MetricsError> {
-    let mut recs = crate::store::StoreExt::done_records(store)?;
+    let mut recs = StoreExt::done_records(store)?;
     recs.sort_by(|a, b| {
         a.finished_at
             .unwrap_or(0.0)
@@ -168,7 +224,6 @@ fn done_with_metric<S: Store + ?Sized>(
     store: &S,
     metric: &str,
 ) -> Result<Vec<JobRecord>, MetricsError> {
-    use crate::store::StoreExt;
     let mut recs = store.done_records()?;
     let mut available = std::collections::BTreeSet::new();
     recs.retain(|r| {
@@ -186,7 +241,7 @@ fn done_with_metric<S: Store + ?Sized>(
 }
 
 /// Metric `metric` of every done job in `store` as `[step, value, *params, job_key]`, jobs in
-/// finish order (then key); see [`StoreExt::metric_table`](crate::store::StoreExt::metric_table).
+/// finish order (then key); see [`MetricsExt::metric_table`].
 pub(crate) fn table_of<S: Store + ?Sized>(
     store: &S,
     metric: &str,
@@ -217,7 +272,7 @@ pub(crate) fn table_of<S: Store + ?Sized>(
 }
 
 /// [`table_of`] streamed to Parquet at `path` in bounded memory; see
-/// [`StoreExt::write_metric_parquet`](crate::store::StoreExt::write_metric_parquet).
+/// [`MetricsExt::write_metric_parquet`].
 #[cfg(feature = "parquet")]
 pub(crate) fn write_parquet_of<S: Store + ?Sized>(
     store: &S,
@@ -261,7 +316,7 @@ mod tests {
     #[test]
     fn many_jobs_read_on_threads_keep_finish_order() {
         use crate::store::conformance::sample_record;
-        use crate::store::{ClaimOutcome, MemoryStore, Owner, Status, StoreExt};
+        use crate::store::{ClaimOutcome, MemoryStore, Owner, Status};
         let store = MemoryStore::new();
         let n = 2500;
         for i in 0..n {

@@ -11,6 +11,35 @@
 //! (`run_all` adds the check's name: `store conformance `lifecycle_done`: ...`); call it from a
 //! `#[test]`. It runs in one process (unlike the executor suite): `make` gives each check a
 //! fresh, empty store.
+//!
+//! # What it asks of a store
+//!
+//! A store implements the thirteen required methods of [`Store`] (the record/claim lifecycle)
+//! and may leave every other one to its default: a store of the required methods alone passes
+//! the whole suite (`tests/store_conformance.rs` runs one). The checks, by method:
+//!
+//! | Required method | Why a store must provide it | Checks |
+//! |---|---|---|
+//! | `location` | names the store in messages | (every message) |
+//! | `record`, `keys` | a run's outcome, and what the store holds | `empty_store_has_nothing`, `lifecycle_done` |
+//! | `lineage`, `set_lineage` | the key last run for a job and its parameters: current or superseded | `lifecycle_done`, `reuse_points_lineages`, `deferred_start_keeps_rows` |
+//! | `claim`, `release`, `claim_info` | one live holder per job across processes; who holds it | `claim_is_exclusive`, `concurrent_claims_one_winner`, `release_frees_the_job` |
+//! | `heartbeat` | a holder's proof of life, so a dead holder's claim is taken over | `stale_claim_taken_over` |
+//! | `start`, `metric_sink`, `finish`, `metrics` | an attempt's running record, its rows as logged, its atomic end, its rows read back | `lifecycle_done`, `failed_then_retried`, `bad_metric_names_refused`, `sealed_rows_read_back` |
+//!
+//! The provided methods are hooks where a store does the same work cheaper, or capabilities it
+//! may lack. A check of a hook holds for the default by construction and checks that an
+//! override gives the default's answer:
+//!
+//! | Provided method | Default | Checks |
+//! |---|---|---|
+//! | `records`, `record_metrics` | `record`, `metrics` per item | `records_batch_matches_single`, `sealed_rows_read_back` |
+//! | `done_head`, `done_heads`, `preload` | unknown (the record is read), per key, nothing | `done_head_never_lies` (`preload` is a hint, never needed for correctness) |
+//! | `lineages`, `reuse` | `lineage`, `set_lineage` per item | `reuse_points_lineages` |
+//! | `finish_many` | `finish` per entry | `finish_many_commits_each` |
+//! | `deferrable_start` | `false` (checked only when `true`) | `deferred_start_keeps_rows` |
+//! | `job_files` | none (checked only when `Some`) | `job_files_name_the_jobs_files` |
+//! | `heartbeat_interval`, `set_aside`, `spec` | 10 s; cannot; cannot | (`tests/store_liveness.rs`, `tests/sweep_corrupt.rs`, `tests/sweep_isolated.rs` for `FsStore`) |
 
 use std::collections::BTreeMap;
 use std::sync::{Arc, Barrier};
@@ -107,6 +136,9 @@ pub fn run_all<S: Store + 'static>(make: impl Fn() -> S) {
     });
     check("deferred_start_keeps_rows", || {
         deferred_start_keeps_rows(&make())
+    });
+    check("job_files_name_the_jobs_files", || {
+        job_files_name_the_jobs_files(&make())
     });
     check("concurrent_claims_one_winner", || {
         concurrent_claims_one_winner(Arc::new(make()))
@@ -605,6 +637,50 @@ pub fn deferred_start_keeps_rows(store: &dyn Store) {
             "start written: {write_start}: finish must release the claim"
         );
     }
+}
+
+/// For a store with [`Store::job_files`]: a job's artifact folder is not made until asked for
+/// (a job without artifacts costs no folder), is made by `artifact_dir` at `artifact_path`, and
+/// a failed finish leaves a failure file holding the failure's message. A store without
+/// `job_files` passes.
+pub fn job_files_name_the_jobs_files(store: &dyn Store) {
+    let Some(files) = store.job_files() else {
+        return;
+    };
+    let k = Hash::of("files");
+    assert_eq!(
+        files.failure_file(&k),
+        None,
+        "a job that never ran has no failure file"
+    );
+    let path = files.artifact_path(&k);
+    assert!(
+        !path.exists(),
+        "artifact_path must not create the folder, but {} exists",
+        path.display()
+    );
+    let c = claimed(store, &k, &Owner::current());
+    store
+        .start(&c, &sample_record(k, Status::Running, c.attempt))
+        .unwrap();
+    assert_eq!(
+        files.artifact_dir(&k).as_deref(),
+        Some(path.as_path()),
+        "artifact_dir must be artifact_path"
+    );
+    assert!(path.is_dir(), "artifact_dir must create {}", path.display());
+    store
+        .finish(&c, &sample_record(k, Status::Failed, c.attempt))
+        .unwrap();
+    let failure = files
+        .failure_file(&k)
+        .expect("a failed finish must leave a failure file");
+    let text = std::fs::read_to_string(&failure).unwrap();
+    assert!(
+        text.contains("boom"),
+        "the failure file {} must hold the failure's message, got {text:?}",
+        failure.display()
+    );
 }
 
 /// A released claim leaves the job claimable.

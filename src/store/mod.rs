@@ -13,16 +13,15 @@
 //! done run, none for claims and running records).
 //!
 //! Every implementation must pass the conformance suite in `conformance` (feature
-//! `test-util`), which both built-in stores run.
+//! `test-util`), which both built-in stores run. [`Store`]'s docs say which of its methods an
+//! implementation must provide (the record/claim lifecycle) and which are hooks with correct
+//! defaults; a job's files on the local filesystem are [`JobFiles`]', a capability only a
+//! filesystem store has; tables of metrics are read by `metrics`, which uses stores.
 
 mod fs;
-mod fs_sink;
-mod index;
 pub(crate) mod liveness;
 mod memory;
-mod pointer;
 mod record;
-mod rows;
 
 #[cfg(any(test, feature = "test-util"))]
 #[cfg_attr(docsrs, doc(cfg(feature = "test-util")))]
@@ -31,17 +30,15 @@ pub mod conformance;
 use std::path::PathBuf;
 use std::time::Duration;
 
-pub use fs::FsStore;
+pub use fs::{FLUSH_INTERVAL, FLUSH_ROWS, FsStore, INLINE_BYTES, TornTail};
 #[cfg(any(test, feature = "test-util"))]
 pub use fs::{FaultHook, FaultOp};
-pub use fs_sink::{FLUSH_INTERVAL, FLUSH_ROWS, INLINE_BYTES};
 pub use liveness::{Liveness, ProcessSpace};
 pub use memory::MemoryStore;
 pub use record::{
     BASE_FORMAT, CLAIM_FORMAT, FORMAT_VERSION, Failure, INLINE_FORMAT, JobRecord, LIVENESS_FORMAT,
     MetricsInfo, Owner, Status, hostname, process_start_ticks, unix_now,
 };
-pub use rows::TornTail;
 
 use crate::identity::Hash;
 
@@ -260,7 +257,47 @@ pub trait MetricSink: Send {
 
 /// Durable storage of job records and metrics. See the [module docs](self) for the rules every
 /// implementation keeps; `conformance::run_all` (feature `test-util`) checks them.
+///
+/// # What a store must provide
+///
+/// Thirteen methods, the record/claim lifecycle a sweep drives; each is the only way to do its
+/// part, so none has a default:
+/// - reads: [`location`](Store::location) (for messages), [`record`](Store::record) (a run's
+///   outcome: a cache hit or a run to do) and [`keys`](Store::keys) (what the store holds, for
+///   whole-store tables, `status` and `gc`);
+/// - lineage pointers: [`lineage`](Store::lineage) and [`set_lineage`](Store::set_lineage), the
+///   key last run for a job and its parameters (what tells a current run from a superseded one);
+/// - claims: [`claim`](Store::claim) (at most one live holder per key, across processes),
+///   [`heartbeat`](Store::heartbeat) (a holder's proof of life), [`release`](Store::release)
+///   and [`claim_info`](Store::claim_info) (who holds a run, for `status` and messages);
+/// - an attempt: [`start`](Store::start) (its running record),
+///   [`metric_sink`](Store::metric_sink) (its rows, durable as logged),
+///   [`finish`](Store::finish) (its record, atomically, then the claim released) and
+///   [`metrics`](Store::metrics) (its rows read back).
+///
+/// # What a store may provide
+///
+/// Every other method has a default that is correct, so a user's store implements none of
+/// them; they are hooks where a store can do the same work cheaper, or capabilities it may lack:
+/// - batches: [`records`](Store::records), [`done_heads`](Store::done_heads),
+///   [`lineages`](Store::lineages), [`reuse`](Store::reuse) and
+///   [`finish_many`](Store::finish_many) default to one call per item;
+///   [`record_metrics`](Store::record_metrics) to [`metrics`](Store::metrics);
+/// - cache-hit shortcuts: [`done_head`](Store::done_head) (default: unknown, the record is
+///   read) and [`preload`](Store::preload) (default: nothing);
+/// - tuning: [`deferrable_start`](Store::deferrable_start) (default `false`: `start` before the
+///   sink) and [`heartbeat_interval`](Store::heartbeat_interval) (default 10 s);
+/// - capabilities: [`set_aside`](Store::set_aside) (moving a corrupt record away; default: it
+///   cannot, the run is reported corrupt), [`spec`](Store::spec) (reopening the store in
+///   another process, for isolated runs; default: it cannot) and
+///   [`job_files`](Store::job_files) (a job's files on the local filesystem, [`JobFiles`];
+///   default: none).
+///
+/// Generic code ([`Orchestrator<S: Store>`](crate::Orchestrator)) calls the hooks and
+/// capabilities through the trait, so a store's faster paths are used without downcasting.
 pub trait Store: Send + Sync {
+    // Required: the record/claim lifecycle (see the trait's docs for why each is needed).
+
     /// Where the store lives, for messages (a folder, `memory`, a URL).
     fn location(&self) -> String;
 
@@ -269,39 +306,6 @@ pub trait Store: Send + Sync {
     /// # Errors
     /// [`StoreError::Corrupt`] when the record cannot be parsed, [`StoreError::Io`].
     fn record(&self, key: &Hash) -> Result<Option<JobRecord>, StoreError>;
-
-    /// The records of many keys, in order. Stores override this when a batch is cheaper.
-    ///
-    /// # Errors
-    /// As [`Store::record`].
-    fn records(&self, keys: &[Hash]) -> Result<Vec<Option<JobRecord>>, StoreError> {
-        keys.iter().map(|k| self.record(k)).collect()
-    }
-
-    /// A shortcut for cache hits: `Some` only when the store *proves*, without parsing it, that
-    /// `key`'s current record is done with this head (an [`FsStore`] reads the record's bytes and
-    /// checks their digest against its index). `None` means "unknown": read the
-    /// [`record`](Store::record). Never `Some` for a record that is absent, not done, or differs
-    /// from what the head says. The default knows nothing.
-    ///
-    /// # Errors
-    /// [`StoreError::Io`] when the record cannot be read.
-    fn done_head(&self, _key: &Hash) -> Result<Option<DoneHead>, StoreError> {
-        Ok(None)
-    }
-
-    /// A hint that many [`done_head`](Store::done_head)s will be asked soon (a plan or a drain
-    /// is being enqueued): a store may start loading what answers them in the background, so
-    /// that the load overlaps the enqueueing. Never needed for correctness; the default does
-    /// nothing.
-    fn preload(&self) {}
-
-    /// [`Store::done_head`] of many keys, in order, each with its own result (one key's I/O
-    /// error does not hide the others' heads). Stores override this when a batch is cheaper (an
-    /// [`FsStore`] opens its jobs folder once and each record relative to it).
-    fn done_heads(&self, keys: &[Hash]) -> Vec<Result<Option<DoneHead>, StoreError>> {
-        keys.iter().map(|k| self.done_head(k)).collect()
-    }
 
     /// Every job key the store holds a record for, sorted.
     ///
@@ -316,46 +320,11 @@ pub trait Store: Send + Sync {
     /// [`StoreError::Io`], [`StoreError::Corrupt`].
     fn lineage(&self, lineage: &Hash) -> Result<Option<Hash>, StoreError>;
 
-    /// [`Store::lineage`] of many lineages, in order. Stores override this when a batch is
-    /// cheaper.
-    ///
-    /// # Errors
-    /// As [`Store::lineage`].
-    fn lineages(&self, lineages: &[Hash]) -> Result<Vec<Option<Hash>>, StoreError> {
-        lineages.iter().map(|l| self.lineage(l)).collect()
-    }
-
     /// Points `lineage` at `key` (see [`Store::lineage`]), as [`Store::start`] does.
     ///
     /// # Errors
     /// [`StoreError::Io`].
     fn set_lineage(&self, lineage: &Hash, key: &Hash) -> Result<(), StoreError>;
-
-    /// A drain reused these done runs, `(lineage, key)` pairs: points each lineage that names
-    /// another key (or none) at its reused key, so the lineage names the run of the code that
-    /// is current. Without it, after a revert (a `git checkout` back to code whose runs are
-    /// done) the lineage would still name the key of the reverted edit, and the runs the
-    /// current code uses would read as superseded (and `puzzletron sweep gc` would remove
-    /// them). The default reads the pointers with [`Store::lineages`] and writes those that
-    /// differ with [`Store::set_lineage`].
-    ///
-    /// # Errors
-    /// As [`Store::lineages`] and [`Store::set_lineage`].
-    fn reuse(&self, pairs: &[(Hash, Hash)]) -> Result<(), StoreError> {
-        let lineages: Vec<Hash> = pairs.iter().map(|p| p.0).collect();
-        for ((lineage, key), cur) in pairs.iter().zip(self.lineages(&lineages)?) {
-            if cur != Some(*key) {
-                self.set_lineage(lineage, key)?;
-            }
-        }
-        Ok(())
-    }
-
-    /// The current claim on `key`, if any, and whether its holder is alive.
-    ///
-    /// # Errors
-    /// [`StoreError::Io`].
-    fn claim_info(&self, key: &Hash) -> Result<Option<ClaimInfo>, StoreError>;
 
     /// Claims `key` exclusively for `owner`: at most one live claim exists per key, across
     /// processes. A claim whose holder is dead is taken over.
@@ -381,17 +350,6 @@ pub trait Store: Send + Sync {
     /// [`StoreError::ClaimLost`] when the claim is no longer held, [`StoreError::Io`].
     fn start(&self, claim: &Claim, record: &JobRecord) -> Result<(), StoreError>;
 
-    /// Whether a drain may write a run's start while the run executes: [`Store::start`] after
-    /// [`Store::metric_sink`] and rows appended to it, or no `start` at all for a run that is
-    /// over before the drain got to it ([`Store::set_lineage`] then, before
-    /// [`Store::finish`]). `true` only for a store whose `start` leaves the attempt's rows
-    /// alone and whose `finish` needs no `start` before it (the conformance suite checks both
-    /// orders for such a store). The default, `false`: `start` before the sink, as the methods'
-    /// order here says.
-    fn deferrable_start(&self) -> bool {
-        false
-    }
-
     /// A sink for the claimed attempt's metric rows (empty at first).
     ///
     /// # Errors
@@ -403,6 +361,98 @@ pub trait Store: Send + Sync {
     /// # Errors
     /// [`StoreError::ClaimLost`] when the claim is no longer held, [`StoreError::Io`].
     fn finish(&self, claim: &Claim, record: &JobRecord) -> Result<(), StoreError>;
+
+    /// Releases a claim without recording an outcome (the job stays as it was).
+    ///
+    /// # Errors
+    /// [`StoreError::Io`].
+    fn release(&self, claim: &Claim) -> Result<(), StoreError>;
+
+    /// Renews the claim's heartbeat: a claim that other processes cannot prove alive (see
+    /// [`Owner::liveness`]) counts as live only while its heartbeat is seen to change.
+    ///
+    /// # Errors
+    /// [`StoreError::ClaimLost`], [`StoreError::Io`].
+    fn heartbeat(&self, claim: &Claim) -> Result<(), StoreError>;
+
+    /// The current claim on `key`, if any, and whether its holder is alive.
+    ///
+    /// # Errors
+    /// [`StoreError::Io`].
+    fn claim_info(&self, key: &Hash) -> Result<Option<ClaimInfo>, StoreError>;
+
+    /// The metric rows of the job's last finished attempt (optionally only metric `name`).
+    /// A job without a finished attempt has none.
+    ///
+    /// # Errors
+    /// [`StoreError::Corrupt`] when the rows are fewer than the record says, [`StoreError::Io`].
+    fn metrics(&self, key: &Hash, name: Option<&str>) -> Result<Series, StoreError>;
+
+    // Provided: hooks for speed and tuning. The defaults are correct; a store overrides one
+    // when it can do the same work cheaper.
+
+    /// The records of many keys, in order. The default calls [`record`](Store::record) per key; stores override this when a batch is
+    /// cheaper.
+    ///
+    /// # Errors
+    /// As [`Store::record`].
+    fn records(&self, keys: &[Hash]) -> Result<Vec<Option<JobRecord>>, StoreError> {
+        keys.iter().map(|k| self.record(k)).collect()
+    }
+
+    /// A shortcut for cache hits: `Some` only when the store *proves*, without parsing it, that
+    /// `key`'s current record is done with this head (an [`FsStore`] reads the record's bytes and
+    /// checks their digest against its index). `None` means "unknown": read the
+    /// [`record`](Store::record). Never `Some` for a record that is absent, not done, or differs
+    /// from what the head says. The default knows nothing.
+    ///
+    /// # Errors
+    /// [`StoreError::Io`] when the record cannot be read.
+    fn done_head(&self, _key: &Hash) -> Result<Option<DoneHead>, StoreError> {
+        Ok(None)
+    }
+
+    /// [`Store::done_head`] of many keys, in order, each with its own result (one key's I/O
+    /// error does not hide the others' heads). Stores override this when a batch is cheaper (an
+    /// [`FsStore`] opens its jobs folder once and each record relative to it).
+    fn done_heads(&self, keys: &[Hash]) -> Vec<Result<Option<DoneHead>, StoreError>> {
+        keys.iter().map(|k| self.done_head(k)).collect()
+    }
+
+    /// A hint that many [`done_head`](Store::done_head)s will be asked soon (a plan or a drain
+    /// is being enqueued): a store may start loading what answers them in the background, so
+    /// that the load overlaps the enqueueing. Never needed for correctness; the default does
+    /// nothing.
+    fn preload(&self) {}
+
+    /// [`Store::lineage`] of many lineages, in order. Stores override this when a batch is
+    /// cheaper.
+    ///
+    /// # Errors
+    /// As [`Store::lineage`].
+    fn lineages(&self, lineages: &[Hash]) -> Result<Vec<Option<Hash>>, StoreError> {
+        lineages.iter().map(|l| self.lineage(l)).collect()
+    }
+
+    /// A drain reused these done runs, `(lineage, key)` pairs: points each lineage that names
+    /// another key (or none) at its reused key, so the lineage names the run of the code that
+    /// is current. Without it, after a revert (a `git checkout` back to code whose runs are
+    /// done) the lineage would still name the key of the reverted edit, and the runs the
+    /// current code uses would read as superseded (and `puzzletron sweep gc` would remove
+    /// them). The default reads the pointers with [`Store::lineages`] and writes those that
+    /// differ with [`Store::set_lineage`].
+    ///
+    /// # Errors
+    /// As [`Store::lineages`] and [`Store::set_lineage`].
+    fn reuse(&self, pairs: &[(Hash, Hash)]) -> Result<(), StoreError> {
+        let lineages: Vec<Hash> = pairs.iter().map(|p| p.0).collect();
+        for ((lineage, key), cur) in pairs.iter().zip(self.lineages(&lineages)?) {
+            if cur != Some(*key) {
+                self.set_lineage(lineage, key)?;
+            }
+        }
+        Ok(())
+    }
 
     /// [`finish`](Self::finish) for several claims at once (a group commit): one result per
     /// entry, in order, each `Ok` only once that record is as durable as `finish` makes it. A
@@ -416,32 +466,16 @@ pub trait Store: Send + Sync {
         done.iter().map(|(c, r)| self.finish(c, r)).collect()
     }
 
-    /// Releases a claim without recording an outcome (the job stays as it was).
-    ///
-    /// # Errors
-    /// [`StoreError::Io`].
-    fn release(&self, claim: &Claim) -> Result<(), StoreError>;
-
-    /// How often a holder must [`heartbeat`](Store::heartbeat) its claims so that no other
-    /// process judges them stale: well inside the store's stale interval. The default is
-    /// 10 s (a store whose stale interval is the default 60 s).
-    fn heartbeat_interval(&self) -> std::time::Duration {
-        DEFAULT_HEARTBEAT
+    /// Whether a drain may write a run's start while the run executes: [`Store::start`] after
+    /// [`Store::metric_sink`] and rows appended to it, or no `start` at all for a run that is
+    /// over before the drain got to it ([`Store::set_lineage`] then, before
+    /// [`Store::finish`]). `true` only for a store whose `start` leaves the attempt's rows
+    /// alone and whose `finish` needs no `start` before it (the conformance suite checks both
+    /// orders for such a store). The default, `false`: `start` before the sink, as the methods'
+    /// order here says.
+    fn deferrable_start(&self) -> bool {
+        false
     }
-
-    /// Renews the claim's heartbeat: a claim that other processes cannot prove alive (see
-    /// [`Owner::liveness`]) counts as live only while its heartbeat is seen to change.
-    ///
-    /// # Errors
-    /// [`StoreError::ClaimLost`], [`StoreError::Io`].
-    fn heartbeat(&self, claim: &Claim) -> Result<(), StoreError>;
-
-    /// The metric rows of the job's last finished attempt (optionally only metric `name`).
-    /// A job without a finished attempt has none.
-    ///
-    /// # Errors
-    /// [`StoreError::Corrupt`] when the rows are fewer than the record says, [`StoreError::Io`].
-    fn metrics(&self, key: &Hash, name: Option<&str>) -> Result<Series, StoreError>;
 
     /// [`metrics`](Self::metrics)`(&rec.key, name)` for a record `rec` this store just returned
     /// (from [`record`](Self::record) or [`records`](Self::records)): a store may use `rec`
@@ -454,24 +488,14 @@ pub trait Store: Send + Sync {
         self.metrics(&rec.key, name)
     }
 
-    /// The file holding the text and backtrace of the job's last failure, where the store keeps
-    /// one and the job has failed (`FsStore`: `ROOT/jobs/KEY/error.txt`).
-    fn failure_file(&self, _key: &Hash) -> Option<PathBuf> {
-        None
+    /// How often a holder must [`heartbeat`](Store::heartbeat) its claims so that no other
+    /// process judges them stale: well inside the store's stale interval. The default is
+    /// 10 s (a store whose stale interval is the default 60 s).
+    fn heartbeat_interval(&self) -> std::time::Duration {
+        DEFAULT_HEARTBEAT
     }
 
-    /// A folder for the job's artifacts, where the store has one (created on demand).
-    fn artifact_dir(&self, _key: &Hash) -> Option<PathBuf> {
-        None
-    }
-
-    /// Where [`artifact_dir`](Store::artifact_dir) keeps the job's artifacts, without creating
-    /// the folder: a run makes it only when its job asks for it
-    /// ([`Run::artifact_dir`](crate::Run::artifact_dir)), so a job without artifacts
-    /// costs no folder. The default is `artifact_dir(key)` (created at once).
-    fn artifact_path(&self, key: &Hash) -> Option<PathBuf> {
-        self.artifact_dir(key)
-    }
+    // Provided: capabilities a store may lack. The defaults say "not here".
 
     /// Moves the record of `key` aside so that the job can run again, for a record that
     /// cannot be read ([`StoreError::Corrupt`]; a sweep built with
@@ -496,6 +520,14 @@ pub trait Store: Send + Sync {
     /// [`FsStore`] says `fs` + its root; a user store returns its own kind and registers an
     /// opener for it with [`worker::main_guard_with`](crate::worker::main_guard_with).
     fn spec(&self) -> Option<StoreSpec> {
+        None
+    }
+
+    /// The job's files on this machine's filesystem (its failure text and artifact folder), for
+    /// a store that keeps them there: `None` (the default) for one that does not, and then a
+    /// run's [`Run::artifact_dir`](crate::Run::artifact_dir) is `None` and a failure is
+    /// reported from its record alone. [`FsStore`] returns itself.
+    fn job_files(&self) -> Option<&dyn JobFiles> {
         None
     }
 }
@@ -523,8 +555,35 @@ impl StoreSpec {
     }
 }
 
+/// Where a store keeps a job's files on this machine's filesystem, for a store that has such
+/// files ([`Store::job_files`]): a run's artifact folder
+/// ([`Run::artifact_dir`](crate::Run::artifact_dir)) and the readable text of its last
+/// failure. Paths are a filesystem store's business, so they are not [`Store`] methods: a store
+/// of records in a database or an object store has none, and implements nothing here.
+pub trait JobFiles {
+    /// The file holding the text and backtrace of the job's last failure, when the job has
+    /// failed and the file exists ([`FsStore`]: `ROOT/jobs/KEY/error.txt`).
+    fn failure_file(&self, key: &Hash) -> Option<PathBuf>;
+
+    /// Where the job's artifacts go, without creating the folder: a run makes it only when its
+    /// job asks for it ([`Run::artifact_dir`](crate::Run::artifact_dir)), so a job
+    /// without artifacts costs no folder ([`FsStore`]: `ROOT/jobs/KEY/artifacts`).
+    fn artifact_path(&self, key: &Hash) -> PathBuf;
+
+    /// [`artifact_path`](Self::artifact_path), created (with its parents) if missing; `None`
+    /// when it cannot be.
+    fn artifact_dir(&self, key: &Hash) -> Option<PathBuf> {
+        let d = self.artifact_path(key);
+        std::fs::create_dir_all(&d).ok()?;
+        Some(d)
+    }
+}
+
 macro_rules! forward_store {
     ($ty:ty) => {
+        // Every method forwarded, provided ones included: a hook left to its default here would
+        // hide the inner store's faster path (or its capability) behind a `Box` or an `Arc`.
+        #[deny(clippy::missing_trait_methods)]
         impl<S: Store + ?Sized> Store for $ty {
             fn location(&self) -> String {
                 (**self).location()
@@ -604,20 +663,14 @@ macro_rules! forward_store {
             ) -> Result<Series, StoreError> {
                 (**self).record_metrics(rec, name)
             }
-            fn failure_file(&self, key: &Hash) -> Option<PathBuf> {
-                (**self).failure_file(key)
-            }
-            fn artifact_dir(&self, key: &Hash) -> Option<PathBuf> {
-                (**self).artifact_dir(key)
-            }
-            fn artifact_path(&self, key: &Hash) -> Option<PathBuf> {
-                (**self).artifact_path(key)
-            }
             fn spec(&self) -> Option<StoreSpec> {
                 (**self).spec()
             }
             fn set_aside(&self, key: &Hash) -> Result<Option<String>, StoreError> {
                 (**self).set_aside(key)
+            }
+            fn job_files(&self) -> Option<&dyn JobFiles> {
+                (**self).job_files()
             }
         }
     };
@@ -628,54 +681,9 @@ forward_store!(std::sync::Arc<S>);
 forward_store!(&S);
 
 /// Conveniences on top of [`Store`], implemented for every store (the trait keeps only what an
-/// implementation must decide).
+/// implementation must decide). Tables of metrics are [`MetricsExt`](crate::metrics::MetricsExt)'s,
+/// in `metrics`, which reads stores (a store never reads tables).
 pub trait StoreExt: Store {
-    /// Metric `metric` of every done job in the store, as `[step, value, *params, job_key]`
-    /// (the table [`Orchestrator::get`](crate::Orchestrator::get) returns), jobs in finish
-    /// order (then key). Reads only: nothing runs. Jobs that did not log `metric` add no rows.
-    ///
-    /// # Errors
-    /// [`MetricsError::UnknownMetric`](crate::metrics::MetricsError::UnknownMetric) (naming the
-    /// metrics that exist) when no done job logged it; store errors as
-    /// [`MetricsError::Store`](crate::metrics::MetricsError::Store).
-    fn metric_table(
-        &self,
-        metric: &str,
-    ) -> Result<crate::metrics::MetricTable, crate::metrics::MetricsError> {
-        crate::metrics::table_of(self, metric)
-    }
-
-    /// Writes [`metric_table`](Self::metric_table)`(metric)` to `path` as Parquet, streaming:
-    /// the rows of a few jobs (read ahead on reader threads while the writer encodes) and one
-    /// record batch of at most 65,536 rows are in memory at a time, so memory stays bounded
-    /// (tens of MB) whatever the table's size. Same columns and Parquet
-    /// types as [`MetricTable::write_parquet`](crate::metrics::MetricTable::write_parquet) (`job_key` and
-    /// text parameters dictionary-encoded in the file; pyarrow and pandas read them as plain
-    /// strings). Replaces `path` atomically. Returns the number of rows written.
-    ///
-    /// # Errors
-    /// As [`metric_table`](Self::metric_table), and
-    /// [`MetricsError::Io`](crate::metrics::MetricsError::Io) /
-    /// [`MetricsError::Parquet`](crate::metrics::MetricsError::Parquet) naming `path`.
-    #[cfg(feature = "parquet")]
-    #[cfg_attr(docsrs, doc(cfg(feature = "parquet")))]
-    fn write_metric_parquet(
-        &self,
-        metric: &str,
-        path: &std::path::Path,
-    ) -> Result<u64, crate::metrics::MetricsError> {
-        crate::metrics::write_parquet_of(self, metric, path)
-    }
-
-    /// Every metric of every done job, with a `metric` column (see
-    /// [`metrics::collect`](crate::metrics::collect)).
-    ///
-    /// # Errors
-    /// As [`metrics::collect`](crate::metrics::collect).
-    fn collect(&self) -> Result<crate::metrics::MetricTable, crate::metrics::MetricsError> {
-        crate::metrics::collect(self)
-    }
-
     /// The records of every done job, in finish order (then key). A record that cannot be
     /// parsed ([`StoreError::Corrupt`]) is not a done job's: it is left out with a warning
     /// (`tracing`), and `puzzletron sweep status` names it.

@@ -97,7 +97,7 @@ impl<S: Store, E: Executor> OrchestratorBuilder<S, E> {
     /// assert_eq!(sweep.drain()?.ran(), 1);
     /// drop(sweep);
     /// // The store outlives the sweep that borrowed it.
-    /// use puzzletron::store::StoreExt;
+    /// use puzzletron::metrics::MetricsExt;
     /// assert_eq!(store.metric_table("x")?.num_rows(), 1);
     /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// ```

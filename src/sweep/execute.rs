@@ -446,7 +446,7 @@ impl<S: Store + ?Sized> Engine<'_, S> {
             p.key,
             claim.attempt,
             sink,
-            self.store().artifact_path(&p.key),
+            self.store().job_files().map(|f| f.artifact_path(&p.key)),
             self.cancel.clone(),
         );
         let t0 = Instant::now();

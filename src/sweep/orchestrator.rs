@@ -507,7 +507,7 @@ impl<S: Store, E: Executor> Orchestrator<S, E> {
                     Some(Outcome::Failed { failure }) => failure.clone(),
                     _ => failure("error", "unknown failure".into(), None),
                 };
-                let error_file = self.store.failure_file(&p.key);
+                let error_file = self.store.job_files().and_then(|f| f.failure_file(&p.key));
                 Err(Box::new(RunFailed {
                     summary: summary_of(queue, &outcomes),
                     cause: FailureCause::Job {
@@ -546,7 +546,7 @@ impl<S: Store, E: Executor> Orchestrator<S, E> {
     /// Because it drains first, a run whose last attempt failed is attempted again here (as in
     /// any drain); to read what is recorded without running anything, use
     /// [`recorded`](Self::recorded) (this sweep's runs) or
-    /// [`StoreExt::metric_table`](crate::StoreExt::metric_table) (every run in a store).
+    /// [`MetricsExt::metric_table`](crate::MetricsExt::metric_table) (every run in a store).
     ///
     /// # Errors
     /// [`Error::RunFailed`] when the drain fails; [`Error::Metrics`] with
@@ -598,7 +598,7 @@ impl<S: Store, E: Executor> Orchestrator<S, E> {
 
     /// [`recorded`](Self::recorded)`(metric)` written to `path` as Parquet in bounded memory
     /// (a few runs' rows, read ahead, and one batch of at most 65,536 rows at a time; see
-    /// [`StoreExt::write_metric_parquet`](crate::StoreExt::write_metric_parquet) for the file).
+    /// [`MetricsExt::write_metric_parquet`](crate::MetricsExt::write_metric_parquet) for the file).
     /// Runs nothing: [`drain`](Self::drain) first to run what is pending. Returns the number of
     /// rows written.
     ///
@@ -703,9 +703,10 @@ impl<S: Store, E: Executor> Orchestrator<S, E> {
         Ok(names.into_iter().collect())
     }
 
-    /// The folder of a job's artifacts, where the store has one.
+    /// The folder of a job's artifacts, where the store has one ([`Store::job_files`]); created
+    /// if missing.
     pub fn artifact_dir(&self, key: &Hash) -> Option<PathBuf> {
-        self.store.artifact_dir(key)
+        self.store.job_files()?.artifact_dir(key)
     }
 }
 

@@ -22,7 +22,7 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, OnceLock, Weak};
 use std::time::{Duration, Instant};
 
-use super::{MetricSink, MetricsInfo, StoreError, check_metric_name};
+use crate::store::{MetricSink, MetricsInfo, StoreError, check_metric_name};
 
 /// Rows a batch holds before it is written, whatever its age.
 pub const FLUSH_ROWS: usize = 4096;
@@ -393,7 +393,7 @@ impl Drop for FsSink {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::store::rows::{Bound, read_rows};
+    use crate::store::fs::rows::{Bound, read_rows};
     use std::path::Path;
 
     /// Rows reach the file within about [`FLUSH_INTERVAL`] with no further call, for several

@@ -53,8 +53,8 @@ impl Hasher for KeyHasher {
 /// The index in memory: the entry of each key.
 pub(super) type Map = HashMap<Hash, Entry, BuildHasherDefault<KeyHasher>>;
 
-use super::{DoneHead, JobRecord, Status};
 use crate::identity::Hash;
+use crate::store::{DoneHead, JobRecord, Status};
 
 /// The index file's name in the store root.
 pub(super) const INDEX_FILE: &str = "done.idx";

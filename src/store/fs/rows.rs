@@ -5,7 +5,7 @@ use std::fmt;
 use std::io::BufRead;
 use std::path::{Path, PathBuf};
 
-use super::{Series, StoreError};
+use crate::store::{Series, StoreError};
 
 /// A last line cut short (a batch torn by a crash), dropped by the reader.
 #[derive(Debug, Clone, PartialEq, Eq)]

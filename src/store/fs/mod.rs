@@ -33,31 +33,45 @@
 //!                                   `Owner`, judged as a claim is: see `repair`)
 //! ```
 //!
+//! The parts: `claim` (claims, holders, takeover), `commit` (a finish, alone or a group
+//! commit), `dir` (folder handles and `*at` opens), `index` (`done.idx`), `pointer` (lineage
+//! pointers), `repair` (`set_aside`), `rows` (reading row files) and `sink` (writing them).
+//!
 //! Exclusion uses `mkdir(2)`, `open(O_CREAT|O_EXCL)`, `rename(2)` and `link(2)`, which are
 //! atomic on local filesystems and on NFSv3+; no `flock`, which is unreliable across NFS
 //! clients (a no-op with `nolock`, `ENOSYS` on Lustre without `-o flock`).
 
-use std::collections::{BTreeSet, HashMap, HashSet};
-use std::fs::{self, File, OpenOptions};
-use std::io::{self, BufReader, Write};
+use std::collections::{BTreeSet, HashMap};
+use std::fs::{self, File};
+use std::io::{self, BufReader};
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use super::fs_sink::FsSink;
-use super::index::{DoneIndex, Entry, INDEX_FILE};
-use super::liveness::HeartbeatWatch;
-use super::pointer;
-use super::rows::{Bound, TornTail, read_rows};
-use super::{
-    Claim, ClaimInfo, ClaimOutcome, DEFAULT_STALE_AFTER, DoneHead, FORMAT_VERSION, JobRecord,
-    LIVENESS_FORMAT, MetricSink, Owner, Series, Status, Store, StoreError,
-};
-use crate::fsutil::{Durability, atomic_write, replace_file, write_file};
+use crate::fsutil::atomic_write;
 use crate::identity::Hash;
+use crate::store::liveness::HeartbeatWatch;
+use crate::store::{
+    Claim, ClaimInfo, ClaimOutcome, DEFAULT_STALE_AFTER, DoneHead, FORMAT_VERSION, JobFiles,
+    JobRecord, LIVENESS_FORMAT, MetricSink, Owner, Series, Status, Store, StoreError,
+};
 
 mod claim;
+mod commit;
+mod dir;
+mod index;
+mod pointer;
 mod repair;
+mod rows;
+mod sink;
+
+pub use rows::TornTail;
+pub use sink::{FLUSH_INTERVAL, FLUSH_ROWS, INLINE_BYTES};
+
+use dir::{list_names, open_dir, open_record_at};
+use index::{DoneIndex, Entry, INDEX_FILE};
+use rows::{Bound, read_rows};
+use sink::FsSink;
 
 #[cfg(any(test, feature = "test-util"))]
 pub use claim::FaultHook;
@@ -68,9 +82,6 @@ use claim::{CLAIM, HOLDERS, RELEASED, read_owner};
 use claim::{Held, Holder, gone};
 
 const FORMAT_FILE: &str = "puzzletron-store.json";
-/// A running record of at most this many bytes stays as it is once its attempt ends; a larger
-/// one is emptied (see `settle`).
-const KEEP_RUNNING_RECORD: usize = 64 * 1024;
 /// A [`Store`] in a folder on a local or shared filesystem. Several processes, on one or many
 /// hosts, may use one folder at once.
 ///
@@ -80,7 +91,7 @@ const KEEP_RUNNING_RECORD: usize = 64 * 1024;
 /// sink's [`MetricSink::seal`] before it: one `fdatasync` of its metrics file, one of the
 /// record's temp file and one of the job folder after the rename, which also makes the metrics
 /// file's entry durable. A done run none of whose rows was written to its file before the end,
-/// with at most [`INLINE_BYTES`](super::INLINE_BYTES) of them (no rows, or a few final scores),
+/// with at most [`INLINE_BYTES`](crate::store::INLINE_BYTES) of them (no rows, or a few final scores),
 /// has no metrics file: its rows are in its record, and it costs two. A failed run costs three
 /// (it keeps its rows in a file; its `error.txt` is a copy of what the record holds and is not
 /// synced). Claims, the running record, the lineage pointer and the done index (`done.idx`)
@@ -138,28 +149,6 @@ pub struct FsStore {
     faults: Option<claim::Faults>,
 }
 
-/// A finished record written to its temp file, not yet renamed into place.
-struct Staged {
-    /// The job folder.
-    dir: PathBuf,
-    /// The temp file, next to `record.json`.
-    tmp: PathBuf,
-    /// The temp file, open for its `fsync`.
-    file: File,
-    /// The record's line in the done index (done records only).
-    entry: Option<Entry>,
-    /// The record's size in bytes (about that of the running record it replaces).
-    len: usize,
-}
-
-impl Staged {
-    /// Renames the temp file over `record.json` (an atomic replace).
-    fn rename(&self) -> Result<(), StoreError> {
-        let path = self.dir.join("record.json");
-        fs::rename(&self.tmp, &path).map_err(io_err(&path))
-    }
-}
-
 fn io_err(path: &Path) -> impl FnOnce(io::Error) -> StoreError + '_ {
     move |source| StoreError::Io {
         path: path.to_path_buf(),
@@ -175,7 +164,7 @@ impl FsStore {
     /// (its file and byte offset), never an error; show it as a warning.
     ///
     /// An attempt without a file has the rows its finished record holds (a short done attempt
-    /// keeps them there, [`MetricsInfo::inline`](super::MetricsInfo::inline)), else none.
+    /// keeps them there, [`MetricsInfo::inline`](crate::store::MetricsInfo::inline)), else none.
     ///
     /// # Errors
     /// [`StoreError::Io`] when the file or the record cannot be read, [`StoreError::Corrupt`]
@@ -448,136 +437,6 @@ impl FsStore {
         let entry = Entry::of(&rec, &bytes).filter(|_| rec.key == *key);
         Ok(Some((rec, entry)))
     }
-
-    /// Writes the running record of attempt `attempt` as `running.N.json` and links it as
-    /// `record.json`: the name `running.N.json` keeps its inode alive when `finish` renames the
-    /// done record over `record.json` (see [`RELEASED`] for why that matters). When
-    /// `record.json` already exists (a rerun) or `running.N.json` does (an attempt that died
-    /// before its link), it is replaced by temp file and rename as any record.
-    fn write_running(
-        &self,
-        dir: &Path,
-        attempt: u32,
-        record: &JobRecord,
-    ) -> Result<(), StoreError> {
-        let path = dir.join("record.json");
-        let running = dir.join(format!("running.{attempt}.json"));
-        let bytes = json_bytes(&path, record)?;
-        let created = OpenOptions::new()
-            .write(true)
-            .create_new(true)
-            .open(&running)
-            .and_then(|mut f| f.write_all(&bytes));
-        match created {
-            Ok(()) => {}
-            Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {
-                return write_file(&path, &bytes, Durability::Process).map_err(io_err(&path));
-            }
-            Err(e) => return Err(io_err(&running)(e)),
-        }
-        match fs::hard_link(&running, &path) {
-            Ok(()) => Ok(()),
-            Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {
-                // A rerun: the previous record is replaced atomically by a second name of the
-                // running record. Only the holder of this attempt's claim writes this name.
-                let tmp = dir.join(format!(".record.json.tmp.link.{attempt}"));
-                let _ = fs::remove_file(&tmp);
-                let swapped = fs::hard_link(&running, &tmp).and_then(|()| fs::rename(&tmp, &path));
-                if swapped.is_err() {
-                    let _ = fs::remove_file(&tmp);
-                }
-                swapped.map_err(io_err(&path))
-            }
-            Err(e) => Err(io_err(&path)(e)),
-        }
-    }
-
-    /// The first half of a finish: checks the claim, writes `error.txt` for a failed record and
-    /// the record to a temp file next to `record.json` (not synced).
-    fn stage(&self, claim: &Claim, record: &JobRecord) -> Result<Staged, StoreError> {
-        // A written claim is always read back: another host may have judged it stale (a
-        // clock skewed, a heartbeat lost). An unwritten one made a moment ago is trusted, as
-        // `start` trusts a new claim file (a short run spares a failed `openat`); an older one
-        // is written now, which finds a takeover (see `Holder`).
-        let young_unwritten = self.held(&claim.key, false).is_some_and(|h| {
-            h.attempt == claim.attempt && h.unwritten.is_some() && self.is_new(&h)
-        });
-        if !young_unwritten {
-            self.write_unwritten(claim)?;
-            self.holds(claim)?;
-        }
-        let dir = self.job_dir(&claim.key);
-        if let Some(f) = &record.error {
-            let mut text = format!("{}: {}\n", f.kind, f.message);
-            for c in &f.chain {
-                text.push_str(&format!("caused by: {c}\n"));
-            }
-            if let Some(bt) = &f.backtrace {
-                text.push_str("\nbacktrace:\n");
-                text.push_str(bt);
-                text.push('\n');
-            }
-            // A readable copy of what the record holds: the record is the durable one.
-            let p = dir.join("error.txt");
-            replace_file(&p, text.as_bytes()).map_err(io_err(&p))?;
-        }
-        let path = dir.join("record.json");
-        let bytes = json_bytes(&path, record)?;
-        let tmp = crate::fsutil::temp_path(&path);
-        let written = OpenOptions::new()
-            .write(true)
-            .create_new(true)
-            .open(&tmp)
-            .and_then(|mut f| f.write_all(&bytes).map(|()| f));
-        match written {
-            Ok(file) => Ok(Staged {
-                entry: Entry::of(record, &bytes),
-                len: bytes.len(),
-                dir,
-                tmp,
-                file,
-            }),
-            Err(e) => {
-                let _ = fs::remove_file(&tmp);
-                Err(io_err(&tmp)(e))
-            }
-        }
-    }
-
-    /// The last half of a finish, once the record is durable in place (the record is the
-    /// commit point; the claim goes after it).
-    fn settle(&self, claim: &Claim, staged: Staged) {
-        if let Some(e) = staged.entry {
-            self.index.note_written(&claim.key, e);
-        }
-        self.settle_unindexed(claim, staged.dir, staged.len);
-    }
-
-    /// [`settle`](Self::settle) but for the done index, which the caller notes.
-    fn settle_unindexed(&self, claim: &Claim, dir: PathBuf, len: usize) {
-        // The running record is a copy of the record as it started: one of hundreds of KiB
-        // (a large owned digest) is emptied, not removed, so its inode stays linked (see
-        // `RELEASED`). A small one is kept: emptying it costs more (a `truncate` that frees
-        // and discards a block) than the few KiB it holds. A failure here costs only disk.
-        let held = self
-            .held(&claim.key, true)
-            .filter(|h| h.attempt == claim.attempt);
-        // An unwritten claim has no claim file, and no running record (written after it).
-        let unwritten = held.as_ref().is_some_and(|h| h.unwritten.is_some());
-        if len > KEEP_RUNNING_RECORD && !unwritten {
-            truncate(&dir.join(format!("running.{}.json", claim.attempt)));
-        }
-        // The record is done whatever happens to the claim now: a claim left behind is stale
-        // once its holder is gone, and a done record is never run again.
-        if !unwritten {
-            let _ = self.release_held(&dir, &claim.owner);
-        }
-        // A takeover leaves a tomb, and nobody takes over a claim in a fresh folder while its
-        // holder lives (`holds` in `stage` would have failed).
-        if !held.is_some_and(|h| h.fresh) {
-            self.clean_tombs(&claim.key);
-        }
-    }
 }
 
 /// Writes the store's format file: [`LIVENESS_FORMAT`] and who wrote it.
@@ -587,74 +446,6 @@ fn write_format(fmt: &Path) -> Result<(), StoreError> {
         env!("CARGO_PKG_VERSION")
     );
     atomic_write(fmt, body.as_bytes()).map_err(io_err(fmt))
-}
-
-/// A handle on a folder, only to open names relative to it (`O_PATH`).
-fn open_dir(dir: &Path) -> io::Result<File> {
-    use std::os::unix::fs::OpenOptionsExt;
-    OpenOptions::new()
-        .read(true)
-        .custom_flags(libc::O_DIRECTORY | libc::O_PATH)
-        .open(dir)
-}
-
-/// Empties the file at `path` in one `truncate(2)`; a missing file, or any error, is ignored.
-fn truncate(path: &Path) {
-    use std::os::unix::ffi::OsStrExt;
-    if let Ok(c) = std::ffi::CString::new(path.as_os_str().as_bytes()) {
-        // SAFETY: `c` is a NUL-terminated path that lives for the call.
-        unsafe { libc::truncate(c.as_ptr(), 0) };
-    }
-}
-
-/// Opens `name` relative to the folder handle `dir`, read-only.
-fn open_at(dir: &File, name: &std::ffi::CStr) -> io::Result<File> {
-    use std::os::fd::{AsRawFd, FromRawFd};
-    // SAFETY: `name` is NUL-terminated, and `dir` is an open descriptor for the call.
-    let fd = unsafe {
-        libc::openat(
-            dir.as_raw_fd(),
-            name.as_ptr(),
-            libc::O_RDONLY | libc::O_CLOEXEC,
-        )
-    };
-    if fd < 0 {
-        return Err(io::Error::last_os_error());
-    }
-    // SAFETY: `fd` was just returned by openat and is owned by nothing else.
-    Ok(unsafe { File::from_raw_fd(fd) })
-}
-
-/// Opens `KEY` + `tail` relative to the folder handle `dir`, read-only; `tail` ends with the
-/// NUL and holds no other (`b"\0"`, `b"/record.json\0"`; at most 16 bytes), so nothing is
-/// allocated.
-fn open_key_at<const N: usize>(dir: &File, key: &Hash, tail: &[u8; N]) -> io::Result<File> {
-    let mut name = [0u8; 80];
-    let mut hex = [0u8; Hash::HEX_LEN];
-    name[..Hash::HEX_LEN].copy_from_slice(key.write_hex(&mut hex).as_bytes());
-    name[Hash::HEX_LEN..Hash::HEX_LEN + N].copy_from_slice(tail);
-    let c = std::ffi::CStr::from_bytes_with_nul(&name[..Hash::HEX_LEN + N])
-        .map_err(io::Error::other)?;
-    open_at(dir, c)
-}
-
-/// Opens `KEY/record.json` relative to the `jobs/` folder handle `dir`, read-only.
-fn open_record_at(dir: &File, key: &Hash) -> io::Result<File> {
-    open_key_at(dir, key, b"/record.json\0")
-}
-
-/// The entry names of a folder.
-fn list_names(dir: &Path) -> Result<HashSet<String>, StoreError> {
-    let mut names = HashSet::new();
-    for e in fs::read_dir(dir).map_err(io_err(dir))? {
-        names.insert(
-            e.map_err(io_err(dir))?
-                .file_name()
-                .to_string_lossy()
-                .into_owned(),
-        );
-    }
-    Ok(names)
 }
 
 /// `value` as the pretty JSON a store file holds (with a final newline), for `path`.
@@ -704,8 +495,11 @@ impl Store for FsStore {
         self.root.display().to_string()
     }
 
-    fn spec(&self) -> Option<super::StoreSpec> {
-        Some(super::StoreSpec::new("fs", self.root.display().to_string()))
+    fn spec(&self) -> Option<crate::store::StoreSpec> {
+        Some(crate::store::StoreSpec::new(
+            "fs",
+            self.root.display().to_string(),
+        ))
     }
 
     /// Moves the job's whole folder (its record, rows, artifacts, failure text) to
@@ -733,7 +527,7 @@ impl Store for FsStore {
             }
             Err(e) => return Err(e),
         }
-        let stamp = super::unix_now() as u64;
+        let stamp = crate::store::unix_now() as u64;
         for n in 0..1000u32 {
             let name = match n {
                 0 => format!("{}.{stamp}", key.to_hex()),
@@ -969,71 +763,13 @@ impl Store for FsStore {
     }
 
     fn finish(&self, claim: &Claim, record: &JobRecord) -> Result<(), StoreError> {
-        let staged = self.stage(claim, record)?;
-        let synced = staged.file.sync_all().map_err(io_err(&staged.tmp));
-        let renamed = synced.and_then(|()| staged.rename());
-        if let Err(e) = renamed {
-            let _ = fs::remove_file(&staged.tmp);
-            return Err(e);
-        }
-        crate::fsutil::sync_dir(&staged.dir).map_err(io_err(&staged.dir))?;
-        self.settle(claim, staged);
-        Ok(())
+        self.commit_one(claim, record)
     }
 
-    /// A group commit: every record is written to its temp file, then one `syncfs` makes them
-    /// durable, then each is renamed into place, then a second `syncfs` makes the renames
-    /// durable: two flushes for the batch where `finish` costs two per run. Where `syncfs` is
-    /// missing, each file and each folder is `fsync`ed in turn.
+    /// A group commit (see `commit.rs`): two flushes for the batch where `finish` costs two
+    /// per run.
     fn finish_many(&self, done: &[(&Claim, &JobRecord)]) -> Vec<Result<(), StoreError>> {
-        if done.len() < 2 {
-            return done.iter().map(|(c, r)| self.finish(c, r)).collect();
-        }
-        let mut staged: Vec<Result<Staged, StoreError>> =
-            done.iter().map(|(c, r)| self.stage(c, r)).collect();
-        let flush = |staged: &mut Vec<Result<Staged, StoreError>>,
-                     one: &dyn Fn(&Staged) -> Result<(), StoreError>| {
-            let all = crate::fsutil::sync_filesystem(&self.jobs);
-            for slot in staged.iter_mut() {
-                let Ok(s) = slot else { continue };
-                let r = match &all {
-                    Ok(()) => Ok(()),
-                    Err(e) if e.kind() == io::ErrorKind::Unsupported => one(s),
-                    Err(e) => Err(StoreError::Io {
-                        path: self.jobs.clone(),
-                        source: io::Error::new(e.kind(), e.to_string()),
-                    }),
-                };
-                if let Err(e) = r {
-                    let _ = fs::remove_file(&s.tmp);
-                    *slot = Err(e);
-                }
-            }
-        };
-        flush(&mut staged, &|s| s.file.sync_all().map_err(io_err(&s.tmp)));
-        for slot in staged.iter_mut() {
-            if let Ok(s) = slot
-                && let Err(e) = s.rename()
-            {
-                let _ = fs::remove_file(&s.tmp);
-                *slot = Err(e);
-            }
-        }
-        flush(&mut staged, &|s| {
-            crate::fsutil::sync_dir(&s.dir).map_err(io_err(&s.dir))
-        });
-        // The batch's done-index lines go in one append.
-        let entries: Vec<(Hash, Entry)> = staged
-            .iter()
-            .zip(done)
-            .filter_map(|(slot, (claim, _))| Some((claim.key, slot.as_ref().ok()?.entry?)))
-            .collect();
-        self.index.note_written_many(&entries);
-        staged
-            .into_iter()
-            .zip(done)
-            .map(|(slot, (claim, _))| slot.map(|s| self.settle_unindexed(claim, s.dir, s.len)))
-            .collect()
+        self.commit_many(done)
     }
 
     fn release(&self, claim: &Claim) -> Result<(), StoreError> {
@@ -1044,9 +780,9 @@ impl Store for FsStore {
         self.heartbeat_of(claim)
     }
 
-    /// A quarter of the stale interval, at most 10 s (see [`super::heartbeat_for`]).
+    /// A quarter of the stale interval, at most 10 s (see [`crate::store::heartbeat_for`]).
     fn heartbeat_interval(&self) -> Duration {
-        super::heartbeat_for(self.stale_after)
+        crate::store::heartbeat_for(self.stale_after)
     }
 
     fn metrics(&self, key: &Hash, name: Option<&str>) -> Result<Series, StoreError> {
@@ -1086,18 +822,22 @@ impl Store for FsStore {
         Ok(series)
     }
 
+    /// Itself: a job's files are in its folder.
+    fn job_files(&self) -> Option<&dyn JobFiles> {
+        Some(self)
+    }
+}
+
+impl JobFiles for FsStore {
+    /// `ROOT/jobs/KEY/error.txt`, written by a failed attempt's finish (a readable copy of what
+    /// the record holds).
     fn failure_file(&self, key: &Hash) -> Option<PathBuf> {
         Some(self.job_dir(key).join("error.txt")).filter(|p| p.is_file())
     }
 
-    fn artifact_dir(&self, key: &Hash) -> Option<PathBuf> {
-        let d = self.job_dir(key).join("artifacts");
-        fs::create_dir_all(&d).ok()?;
-        Some(d)
-    }
-
-    fn artifact_path(&self, key: &Hash) -> Option<PathBuf> {
-        Some(self.job_dir(key).join("artifacts"))
+    /// `ROOT/jobs/KEY/artifacts`.
+    fn artifact_path(&self, key: &Hash) -> PathBuf {
+        self.job_dir(key).join("artifacts")
     }
 }
 
@@ -1105,6 +845,8 @@ impl Store for FsStore {
 mod tests {
     use super::*;
     use crate::store::{INLINE_BYTES, MetricsInfo};
+    use commit::KEEP_RUNNING_RECORD;
+    use std::collections::HashSet;
 
     /// A claim whose owner is dead: of this process space, with pid 0, which never has a
     /// `/proc` entry.
