@@ -35,10 +35,8 @@ pub use fs::{FLUSH_INTERVAL, FLUSH_ROWS, FsStore, INLINE_BYTES, TornTail};
 pub use fs::{FaultHook, FaultOp};
 pub use liveness::{Liveness, ProcessSpace};
 pub use memory::MemoryStore;
-pub use record::{
-    BASE_FORMAT, CLAIM_FORMAT, FORMAT_VERSION, Failure, INLINE_FORMAT, JobRecord, LIVENESS_FORMAT,
-    MetricsInfo, Owner, Status, hostname, process_start_ticks, unix_now,
-};
+pub(crate) use record::{BASE_FORMAT, LIVENESS_FORMAT, hostname, process_start_ticks, unix_now};
+pub use record::{FORMAT_VERSION, Failure, JobRecord, MetricsInfo, Owner, Status};
 
 use crate::identity::Hash;
 

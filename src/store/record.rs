@@ -16,7 +16,8 @@ pub const FORMAT_VERSION: u32 = 4;
 /// Version 3: a new job folder's `mkdir` is its claim until the claim file is written, and
 /// lineage pointers are symlinks. A build before it would take such a folder for a free job
 /// and run it a second time.
-pub const CLAIM_FORMAT: u32 = 3;
+#[allow(dead_code)] // names a version in the format's history; nothing tests for it alone
+pub(super) const CLAIM_FORMAT: u32 = 3;
 /// Version 4, the format an [`FsStore`](super::FsStore) writes in its `puzzletron-store.json`
 /// (and upgrades an older store to when it opens one): owners carry their process space (boot
 /// id, PID namespace), a claim is judged dead at once only from the owner's own process space
@@ -24,12 +25,12 @@ pub const CLAIM_FORMAT: u32 = 3;
 /// claim aside and checks what it moved; the done index keys entries by lineage too. A build
 /// before it judges a claim from another PID namespace or boot by its pid and would run the
 /// job a second time, so it refuses the store instead.
-pub const LIVENESS_FORMAT: u32 = 4;
+pub(crate) const LIVENESS_FORMAT: u32 = 4;
 /// Version 1: the format of a store's folder layout and of a record whose rows (if any) are in
 /// a file.
-pub const BASE_FORMAT: u32 = 1;
+pub(crate) const BASE_FORMAT: u32 = 1;
 /// The format of a record that keeps its rows ([`MetricsInfo::inline`]).
-pub const INLINE_FORMAT: u32 = 2;
+pub(crate) const INLINE_FORMAT: u32 = 2;
 
 /// Where a job stands.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -154,7 +155,7 @@ impl std::fmt::Display for Owner {
 }
 
 /// The host name (`gethostname(2)`), or `"unknown"`.
-pub fn hostname() -> String {
+pub(crate) fn hostname() -> String {
     let mut buf = [0u8; 256];
     // SAFETY: the buffer is valid for its length; gethostname NUL-terminates within it on success.
     let rc = unsafe { libc::gethostname(buf.as_mut_ptr().cast(), buf.len()) };
@@ -168,7 +169,7 @@ pub fn hostname() -> String {
 /// A process's start time in clock ticks since boot, from `/proc/PID/stat` (field 22, see
 /// proc(5)); `None` when the process does not exist (or on systems without procfs). The pid is
 /// looked up in the PID namespace `/proc` was mounted for: see [`ProcessSpace::own_proc`].
-pub fn process_start_ticks(pid: u32) -> Option<u64> {
+pub(crate) fn process_start_ticks(pid: u32) -> Option<u64> {
     let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
     super::liveness::start_ticks_of(&stat)
 }
@@ -299,7 +300,7 @@ impl JobRecord {
 }
 
 /// Now, as Unix seconds.
-pub fn unix_now() -> f64 {
+pub(crate) fn unix_now() -> f64 {
     SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .map(|d| d.as_secs_f64())

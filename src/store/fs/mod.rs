@@ -1032,7 +1032,7 @@ mod tests {
         assert_eq!(back, rec);
         // Rows in the record need format 2; a record without them stays readable by format 1.
         let format = if rec.metrics.as_ref().unwrap().inline.is_some() {
-            crate::store::INLINE_FORMAT
+            crate::store::record::INLINE_FORMAT
         } else {
             crate::store::BASE_FORMAT
         };
