@@ -368,7 +368,8 @@ impl RunnerEnvironment {
     /// A Ray runner with these settings and an empty contract.
     ///
     /// ```
-    /// use puzzletron::campaign::{ExecutionContract, RaySettings, RunnerEnvironment, RunnerKind};
+    /// use puzzletron::campaign::{RaySettings, RunnerEnvironment, RunnerKind};
+    /// use puzzletron::executor::ExecutionContract;
     /// let r = RunnerEnvironment::ray(RaySettings::new("http://head:8265").with_gpus_per_node(8))
     ///     .with_execution_contract(ExecutionContract::default());
     /// assert_eq!(r.kind, RunnerKind::Ray);

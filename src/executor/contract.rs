@@ -24,7 +24,7 @@ use crate::identity::{Hash, Hasher};
 /// Build from [`ExecutionContract::default`] with the `with_*` methods:
 ///
 /// ```
-/// use puzzletron::campaign::ExecutionContract;
+/// use puzzletron::executor::ExecutionContract;
 /// let c = ExecutionContract::default()
 ///     .with_repository("/opt/src")
 ///     .with_venv("/opt/venv")

@@ -77,7 +77,7 @@ impl MetricsError {
 /// a store holds. Reads only: nothing runs.
 ///
 /// ```
-/// use puzzletron::{MemoryStore, MetricsExt};
+/// use puzzletron::{store::MemoryStore, metrics::MetricsExt};
 ///
 /// let store = MemoryStore::new();
 /// // An empty store has no metric: the error names the metrics that exist (none).

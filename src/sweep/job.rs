@@ -17,7 +17,7 @@ pub type JobResult = Result<(), Box<dyn std::error::Error + Send + Sync + 'stati
 /// folder (`CARGO_MANIFEST_DIR`) and the file it is named in (`file!()`):
 ///
 /// ```
-/// use puzzletron::{job, Ru, JobResult}};
+/// use puzzletron::{JobResult, Run, job};
 /// #[derive(serde::Serialize, serde::Deserialize)]
 /// struct Params { lr: f64 }
 /// fn train(p: &Params, run: &mut Run) -> JobResult {
