@@ -2,8 +2,8 @@
 //! line there, and every `src/` path named there exists. A module added without its line, or a
 //! line left behind by a removed module, fails here rather than leaving the layout stale.
 //! Also: the code and tests cite the docs in the repository (`docs/`), never `../shared`'s
-//! design document, and every `docs/` file they cite exists; and `src/store/` never imports
-//! `metrics` (the layers point one way).
+//! design document, and every `docs/` file they cite exists; and the layers point one way (no
+//! area's code imports an area above it).
 
 use std::collections::BTreeSet;
 use std::fs;
@@ -211,35 +211,113 @@ fn case_ids_are_found_in_their_cited_forms_only() {
     assert_eq!(ids, ["C21", "N03", "N05", "P01"]);
 }
 
-/// The lines of `text` that are code (not comments) and name one of `paths`.
-fn code_lines_naming(text: &str, paths: &[&str]) -> Vec<String> {
-    text.lines()
-        .filter(|l| !l.trim_start().starts_with("//"))
-        .filter(|l| paths.iter().any(|p| l.contains(p)))
-        .map(|l| l.trim().to_string())
-        .collect()
+/// The areas of `src/`, lowest first, with the areas each may import (CONTRIBUTING.md's
+/// "Modules": `identity` -> `store` -> `metrics` / `executor` -> `sweep` / `campaign` ->
+/// `report` -> `cli`). `fsutil` and `sys` (`/proc`, clocks, host name) sit below everything; `error` (the crate's
+/// `Error`, which wraps each area's error) is what the sweep half returns.
+const LAYERS: &[(&str, &[&str])] = &[
+    ("fsutil", &[]),
+    ("sys", &[]),
+    ("identity", &["fsutil", "sys"]),
+    ("store", &["fsutil", "sys", "identity"]),
+    ("metrics", &["fsutil", "sys", "identity", "store"]),
+    ("executor", &["fsutil", "sys", "identity", "store"]),
+    (
+        "sweep",
+        &["fsutil", "sys", "identity", "store", "metrics", "executor", "error"],
+    ),
+    ("campaign", &["fsutil", "sys", "identity", "store", "executor"]),
+    (
+        "report",
+        &["fsutil", "sys", "identity", "store", "metrics", "executor", "sweep", "campaign"],
+    ),
+    (
+        "error",
+        &["identity", "store", "metrics", "executor", "sweep", "campaign"],
+    ),
+];
+
+/// Items of the crate root and the area that defines them (the sweep half lives at the root).
+fn root_item_area(name: &str) -> &'static str {
+    match name {
+        "Error" | "Result" => "error",
+        _ => "sweep",
+    }
 }
 
-/// Layers point one way: `metrics` reads stores, so no code under `src/store/` names
-/// `metrics` (its docs may link there). A table method on a store trait would bring the
-/// circle back.
-#[test]
-fn the_store_never_imports_metrics() {
-    let metrics = ["crate::metrics", "crate::MetricTable", "crate::MetricsExt"];
-    let mut files = Vec::new();
-    files_under(&root().join("src/store"), &mut files);
-    let mut found = Vec::new();
-    for f in files.iter().filter(|f| f.ends_with(".rs")) {
-        for l in code_lines_naming(&read(f), &metrics) {
-            found.push(format!("{f}: {l}"));
+/// The areas a file's code (comments and `#[cfg(test)] mod` blocks left out) names through
+/// `crate::`, with the line.
+fn imported_areas(text: &str) -> Vec<(String, String)> {
+    let areas: Vec<&str> = LAYERS.iter().map(|(a, _)| *a).chain(["cli"]).collect();
+    let mut out = Vec::new();
+    let lines: Vec<&str> = text.lines().collect();
+    for (i, line) in lines.iter().enumerate() {
+        let t = line.trim_start();
+        if t == "#[cfg(test)]"
+            && lines
+                .get(i + 1)
+                .is_some_and(|n| n.trim_start().starts_with("mod ") && n.ends_with('{'))
+        {
+            break;
+        }
+        if t.starts_with("//") {
+            continue;
+        }
+        let mut rest = *line;
+        while let Some(at) = rest.find("crate::") {
+            let before = &rest[..at];
+            rest = &rest[at + "crate::".len()..];
+            if before.ends_with('$') {
+                continue; // a macro's `$crate::`: the user's path, not an import
+            }
+            let name: String = rest
+                .chars()
+                .take_while(|c| c.is_alphanumeric() || *c == '_')
+                .collect();
+            let area = if let Some(a) = areas.iter().find(|a| **a == name) {
+                *a
+            } else if name.starts_with(|c: char| c.is_ascii_uppercase()) {
+                root_item_area(&name)
+            } else {
+                continue; // `arrow`, `worker`, `__private`
+            };
+            out.push((area.to_string(), line.trim().to_string()));
         }
     }
-    assert!(found.is_empty(), "src/store/ imports metrics: {found:#?}");
-    // The check sees an import and skips a doc link.
-    let sample =
-        "/// See [`MetricsExt`](crate::metrics::MetricsExt).\nuse crate::metrics::table_of;\n";
-    assert_eq!(
-        code_lines_naming(sample, &metrics),
-        vec!["use crate::metrics::table_of;".to_string()]
-    );
+    out
+}
+
+/// Layers point one way: no code under an area names an area above it or beside it (see
+/// [`LAYERS`]). A new import that breaks the layering fails here with its file and line.
+#[test]
+fn layers_point_one_way() {
+    let mut found = Vec::new();
+    for (area, allowed) in LAYERS {
+        let mut files = Vec::new();
+        let dir = root().join("src").join(area);
+        if dir.is_dir() {
+            files_under(&dir, &mut files);
+        } else if root().join(format!("src/{area}.rs")).is_file() {
+            files.push(format!("src/{area}.rs"));
+        }
+        // Unit-test files (`*_tests.rs`) may reach across layers to build their cases.
+        for f in files
+            .iter()
+            .filter(|f| f.ends_with(".rs") && !f.ends_with("_tests.rs"))
+        {
+            for (to, line) in imported_areas(&read(f)) {
+                if to != *area && !allowed.contains(&to.as_str()) {
+                    found.push(format!("{f} ({area} -> {to}): {line}"));
+                }
+            }
+        }
+    }
+    assert!(found.is_empty(), "imports against the layers: {found:#?}");
+    // The check sees an import and a root item, and skips doc links, macros and test modules.
+    let sample = "/// See [`MetricsExt`](crate::metrics::MetricsExt).\n\
+                  use crate::metrics::table_of;\n\
+                  fn f() -> crate::Result<()> { $crate::Job::new() }\n\
+                  #[cfg(test)]\nmod tests {\nuse crate::cli::x;\n}\n";
+    let got: Vec<String> = imported_areas(sample).into_iter().map(|(a, _)| a).collect();
+    assert_eq!(got, ["metrics", "error"]);
 }

@@ -601,7 +601,7 @@ async fn a_changed_host_key_is_a_host_configuration_error_never_accepted() {
     let e = exec.preflight().await.unwrap_err();
     let m = e.to_string();
     assert!(
-        matches!(e, ExecutorError::HostPreflight { ref host, .. } if host == &h.hosts[1]),
+        matches!(e, ExecutorError::HostKeyRefused { ref host, .. } if host == &h.hosts[1]),
         "{m}"
     );
     assert!(

@@ -5,7 +5,7 @@ use std::path::{Path, PathBuf};
 use super::{CliError, SweepCmd, exit};
 use crate::metrics::MetricTable;
 use crate::report::{SweepHistory, render_sweep_report};
-use crate::store::FsStore;
+use crate::store::{FsStore, SetAside};
 
 pub(super) fn run(cmd: SweepCmd) -> Result<i32, CliError> {
     match cmd {
@@ -115,17 +115,15 @@ fn repair(root: &Path, dry_run: bool) -> Result<i32, CliError> {
         }
         match store.set_aside(&key)? {
             // Another process repaired or moved it first: not counted as moved here.
-            Some(to) => match to.strip_prefix("nowhere: ") {
-                Some(why) => {
-                    others += 1;
-                    println!("not moved: {why}");
-                }
-                None => {
-                    n += 1;
-                    println!("moved {} to {to}", store.job_dir(&key).display());
-                }
-            },
-            None => {
+            SetAside::NotMoved(why) => {
+                others += 1;
+                println!("not moved: {why}");
+            }
+            SetAside::Moved(to) => {
+                n += 1;
+                println!("moved {} to {to}", store.job_dir(&key).display());
+            }
+            _ => {
                 return Err(CliError::new(format!(
                     "{}: this store cannot move records aside",
                     store.location()

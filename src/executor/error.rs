@@ -185,6 +185,18 @@ pub enum ExecutorError {
         problem: String,
     },
 
+    /// `host`'s SSH host key changed or is unknown (issue 27, P07): the host is at fault, not
+    /// the attempt, and its key is never accepted automatically. Not retryable on that host;
+    /// a campaign excludes the host and places the attempt on the others
+    /// ([`refused_host_key`](Self::refused_host_key)).
+    #[error("host {host}: {problem}")]
+    HostKeyRefused {
+        /// The host (as in the inventory).
+        host: String,
+        /// What ssh said and the operator's fix (the `ssh-keygen -R` line).
+        problem: String,
+    },
+
     /// The executor's configuration is wrong in a way no retry fixes (a Ray cluster that
     /// refuses the token, a token variable that is not set): `key` names the runner key to
     /// change.
@@ -208,31 +220,13 @@ pub enum ExecutorError {
     },
 }
 
-/// How the problem of a [`ExecutorError::HostPreflight`] (and the reason of a status) starts
-/// when a host's SSH host key changed or is unknown (issue 27, P07): that host alone is
-/// excluded, its key is never accepted automatically.
-pub(crate) const HOST_KEY_REFUSED: &str = "host key refused";
-
-/// The host a [`HOST_KEY_REFUSED`] text (an error's or a status reason's) is about: the host
-/// named in `the host key of <host> changed`.
-pub(crate) fn refused_host_in(text: &str) -> Option<&str> {
-    let rest = &text[text.find(HOST_KEY_REFUSED)?..];
-    let rest = &rest[rest.find("the host key of ")? + "the host key of ".len()..];
-    let host = rest.split(' ').next()?;
-    (!host.is_empty()).then_some(host)
-}
-
 impl ExecutorError {
     /// The host whose SSH host key changed or is unknown, when this is that error: the host is
     /// at fault, not the attempt (a campaign excludes the host and places the attempt on the
     /// others).
     pub fn refused_host_key(&self) -> Option<&str> {
         match self {
-            ExecutorError::HostPreflight { host, problem }
-                if problem.starts_with(HOST_KEY_REFUSED) =>
-            {
-                Some(host)
-            }
+            ExecutorError::HostKeyRefused { host, .. } => Some(host),
             _ => None,
         }
     }
@@ -269,6 +263,7 @@ impl ExecutorError {
             | ExecutorError::ForeignHandle { .. }
             | ExecutorError::Unsupported { .. }
             | ExecutorError::HostPreflight { .. }
+            | ExecutorError::HostKeyRefused { .. }
             | ExecutorError::Misconfigured { .. } => false,
         }
     }

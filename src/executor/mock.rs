@@ -76,8 +76,8 @@ pub enum MockSubmitError {
     /// Rejected for good; no job created ([`ExecutorError::SubmitRejected`]).
     Rejected(String),
     /// The SSH host key of this host changed or is unknown (issue 27, P07); no job created
-    /// ([`ExecutorError::HostPreflight`] with a [`HOST_KEY_REFUSED`](super::HOST_KEY_REFUSED)
-    /// problem, as the bare-metal executor reports it).
+    /// ([`ExecutorError::HostKeyRefused`] naming the host, as the bare-metal executor
+    /// reports it).
     HostKeyRefused(String),
 }
 
@@ -543,12 +543,11 @@ impl Executor for MockExecutor {
                 attempt_id: id.clone(),
                 message: m,
             }),
-            Some(MockSubmitError::HostKeyRefused(host)) => Err(ExecutorError::HostPreflight {
+            Some(MockSubmitError::HostKeyRefused(host)) => Err(ExecutorError::HostKeyRefused {
                 problem: format!(
-                    "{}: the host key of {host} changed or is unknown (mock): it is never \
-                     accepted automatically; check the host, then update known_hosts \
-                     (ssh-keygen -R {host})",
-                    super::HOST_KEY_REFUSED
+                    "host key refused: the host key of {host} changed or is unknown (mock): it \
+                     is never accepted automatically; check the host, then update known_hosts \
+                     (ssh-keygen -R {host})"
                 ),
                 host,
             }),

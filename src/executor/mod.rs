@@ -82,6 +82,7 @@ mod contract;
 mod error;
 pub mod gpu;
 mod handle;
+mod hostlist;
 mod inprocess;
 mod local;
 #[cfg(any(test, feature = "test-util"))]
@@ -108,8 +109,8 @@ use async_trait::async_trait;
 pub use baremetal::{BareMetalExecutor, BareMetalExecutorBuilder, BaremetalInventory, Host};
 pub use contract::ExecutionContract;
 pub use error::ExecutorError;
-pub(crate) use error::{HOST_KEY_REFUSED, refused_host_in};
 pub use handle::JobHandle;
+pub(crate) use hostlist::expand_hostlist;
 pub(crate) use handle::now_ms;
 pub use inprocess::InProcess;
 pub use local::{ATTEMPT_DIR_ENV, FORK_SERVER_ENV, LocalExecutor, LocalExecutorBuilder};

@@ -174,6 +174,10 @@ pub struct JobStatus {
     /// the job is neither failed nor lost. A controller waits; it never resubmits for this.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub accounting_pending: bool,
+    /// The host whose SSH host key was refused (changed or unknown, issue 27, P07), when that
+    /// is why the job is [`JobState::NodeFail`]: the host is at fault, not the attempt.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub refused_host_key: Option<String>,
 }
 
 /// One step of a job (Slurm: a `sacct` row with a dotted id).
@@ -247,7 +251,14 @@ impl JobStatus {
             ended_at_ms: None,
             steps: Vec::new(),
             accounting_pending: false,
+            refused_host_key: None,
         }
+    }
+
+    /// Sets [`refused_host_key`](Self::refused_host_key).
+    pub fn with_refused_host_key(mut self, host: impl Into<String>) -> Self {
+        self.refused_host_key = Some(host.into());
+        self
     }
 
     /// Sets the steps.

@@ -40,6 +40,19 @@ pub use record::{FORMAT_VERSION, Failure, JobRecord, MetricsInfo, Owner, Status}
 
 use crate::identity::Hash;
 
+/// What [`Store::set_aside`] did with a corrupt record.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum SetAside {
+    /// Moved there (a path or a name, for messages).
+    Moved(String),
+    /// Left where it is, with why in words: another process repaired or moved the run first;
+    /// its claim then finds that run done or held.
+    NotMoved(String),
+    /// This store cannot move records aside.
+    Unsupported,
+}
+
 /// An exclusive right to run one attempt of one job, returned by [`Store::claim`].
 #[derive(Debug, Clone, PartialEq, Eq)]
 #[non_exhaustive]
@@ -498,19 +511,18 @@ pub trait Store: Send + Sync {
     /// Moves the record of `key` aside so that the job can run again, for a record that
     /// cannot be read ([`StoreError::Corrupt`]; a sweep built with
     /// [`repair(true)`](crate::OrchestratorBuilder::repair) calls it): never deletes
-    /// it. Returns where it went, for messages; `None` when this store cannot move records
-    /// aside (the default), and the run is then reported as corrupt.
+    /// it. Returns where it went ([`SetAside::Moved`]); [`SetAside::Unsupported`] when this
+    /// store cannot move records aside (the default), and the run is then reported as corrupt.
     ///
     /// Several drains may repair the same run at once: a store that moves records aside must
     /// move a record only while it is still corrupt (another drain may have repaired the run
-    /// and written a good record meanwhile), and answer a phrase starting with `nowhere: `
-    /// when it moved nothing for that reason ([`FsStore`] reads the record again under a lock
-    /// of its own).
+    /// and written a good record meanwhile), and answer [`SetAside::NotMoved`] when it moved
+    /// nothing for that reason ([`FsStore`] reads the record again under a lock of its own).
     ///
     /// # Errors
     /// [`StoreError::Io`].
-    fn set_aside(&self, _key: &Hash) -> Result<Option<String>, StoreError> {
-        Ok(None)
+    fn set_aside(&self, _key: &Hash) -> Result<SetAside, StoreError> {
+        Ok(SetAside::Unsupported)
     }
 
     /// How another process reopens this very store (isolated sweep runs: a worker process
@@ -664,7 +676,7 @@ macro_rules! forward_store {
             fn spec(&self) -> Option<StoreSpec> {
                 (**self).spec()
             }
-            fn set_aside(&self, key: &Hash) -> Result<Option<String>, StoreError> {
+            fn set_aside(&self, key: &Hash) -> Result<SetAside, StoreError> {
                 (**self).set_aside(key)
             }
             fn job_files(&self) -> Option<&dyn JobFiles> {

@@ -17,7 +17,7 @@ use super::run::Run;
 use super::summary::{FailureCause, JobOutcome, Outcome, RunSummary};
 use crate::identity::Witnesses;
 use crate::store::{
-    BASE_FORMAT, Claim, ClaimOutcome, Failure, JobRecord, Owner, Status, Store, StoreError,
+    BASE_FORMAT, Claim, ClaimOutcome, Failure, JobRecord, Owner, SetAside, Status, Store, StoreError,
     unix_now,
 };
 
@@ -302,14 +302,15 @@ impl<S: Store + ?Sized> Engine<'_, S> {
     ) -> std::result::Result<Result<JobDecision, Outcome>, StoreError> {
         let reason = decision.reasons.join("; ");
         if decision.action == Action::Repair {
-            if let Some(to) = self.store().set_aside(&p.key)? {
+            let why = match self.store().set_aside(&p.key)? {
+                SetAside::Moved(to) => Some(format!("repaired: {reason}; moved to {to}")),
+                // Another drain repaired it first; the claim finds it done or held.
+                SetAside::NotMoved(why) => Some(format!("{reason}; not moved: {why}")),
+                _ => None,
+            };
+            if let Some(why) = why {
                 decision.action = Action::Run;
-                // `nowhere: ...`: another drain repaired it first; the claim finds it done or
-                // held (see `Store::set_aside`).
-                decision.reasons = vec![match to.strip_prefix("nowhere: ") {
-                    Some(why) => format!("{reason}; not moved: {why}"),
-                    None => format!("repaired: {reason}; moved to {to}"),
-                }];
+                decision.reasons = vec![why];
                 return Ok(Ok(decision));
             }
             decision.reasons = vec![format!(

@@ -305,7 +305,7 @@ impl CampaignController {
         let nodes = st
             .nodes
             .clone()
-            .filter(|n| !super::nodes::expand_hostlist(n).is_empty());
+            .filter(|n| !crate::executor::expand_hostlist(n).is_empty());
         let (class, mut detail, fail_fast, oom) = match forced {
             // A forced verdict (hung, stuck) names its OOM kind in its detail.
             Some((c, d)) => {

@@ -256,12 +256,12 @@ impl CampaignController {
                     self.state.attempts[a].beat = None;
                 }
                 if st.state == JobState::NodeFail
-                    && let Some(why) = st.reason.as_deref()
-                    && let Some(host) = crate::executor::refused_host_in(why)
+                    && let Some(host) = st.refused_host_key.as_deref()
                 {
                     // Its host's SSH key changed or is unknown (issue 27, P07): the host is
                     // excluded, the attempt ends as a node failure and is placed elsewhere.
-                    refused_hosts.push((host.to_string(), why.to_string()));
+                    let why = st.reason.clone().unwrap_or_default();
+                    refused_hosts.push((host.to_string(), why));
                 }
                 if st.state.is_terminal() {
                     entries.extend(self.finish_entries(a, st, None));

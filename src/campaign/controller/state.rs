@@ -344,7 +344,7 @@ impl State {
                 match class {
                     Some(FailureClass::Transient | FailureClass::Hung) if *fail_fast => {
                         unit.infra += 1;
-                        let list = super::nodes::expand_hostlist(nodes.as_deref().unwrap_or(""));
+                        let list = crate::executor::expand_hostlist(nodes.as_deref().unwrap_or(""));
                         for n in &list {
                             self.node_failures
                                 .entry(n.clone())

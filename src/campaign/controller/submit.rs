@@ -228,6 +228,8 @@ impl CampaignController {
         let mut results = Vec::with_capacity(specs.len());
         // Hosts whose SSH host key changed or is unknown (issue 27, P07), with the message.
         let mut refused_hosts: Vec<(String, String)> = Vec::new();
+        // Their attempts: retried at once (the host is excluded), not after a delay.
+        let mut refused_attempts = std::collections::HashSet::new();
         for spec in &specs {
             let exec = self.io.executor.clone();
             // Interrupted: what was submitted is recorded below; the rest stay intents, which
@@ -251,6 +253,7 @@ impl CampaignController {
                 {
                     let host = e.refused_host_key().unwrap_or_default().to_string();
                     refused_hosts.push((host.clone(), e.to_string()));
+                    refused_attempts.insert(spec.attempt_id.clone());
                     Entry::SubmitFailed {
                         attempt_id: spec.attempt_id.clone(),
                         error: format!("{e} (host {host} excluded; placed on the other hosts)"),
@@ -275,7 +278,7 @@ impl CampaignController {
                     let u = self.state.attempts[a].unit;
                     let key = self.state.units[u].key.clone();
                     let fatal = error.starts_with("fatal: ");
-                    let refused = error.contains(crate::executor::HOST_KEY_REFUSED);
+                    let refused = refused_attempts.contains(attempt_id);
                     let decision = if fatal {
                         Decision::Fail {
                             reason: format!("config: {error}"),

@@ -92,7 +92,7 @@ pub(super) fn excluded_hosts(spec: &AttemptSpec) -> BTreeSet<String> {
                 .or_else(|| d.strip_prefix("--exclude "))
                 .or_else(|| d.strip_prefix("-x "))
         })
-        .flat_map(|list| crate::campaign::controller::nodes::expand_hostlist(list.trim()))
+        .flat_map(|list| crate::executor::expand_hostlist(list.trim()))
         .collect()
 }
 

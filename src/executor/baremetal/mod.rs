@@ -401,6 +401,8 @@ struct Health {
     failures: u32,
     next_try: Instant,
     last_error: String,
+    /// The last exchange failed on the host's SSH key (issue 27, P07).
+    key_refused: bool,
 }
 
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
@@ -564,13 +566,15 @@ impl Inner {
             .is_none_or(|h| Instant::now() >= h.next_try)
     }
 
-    fn mark_down(&self, host: &str, err: &str) {
+    /// Records a failed exchange; `key_refused`: it failed on the host's SSH host key.
+    fn mark_down(&self, host: &str, err: &str, key_refused: bool) {
         let mut m = lock(&self.health);
         let e = m.entry(host.to_string()).or_insert_with(|| Health {
             down_since_ms: now_ms(),
             failures: 0,
             next_try: Instant::now(),
             last_error: String::new(),
+            key_refused: false,
         });
         e.failures += 1;
         let pause = Duration::from_millis(500)
@@ -578,14 +582,15 @@ impl Inner {
             .min(self.cfg.backoff_max);
         e.next_try = Instant::now() + pause;
         e.last_error = err.to_string();
+        e.key_refused = key_refused;
     }
 
     /// The operator's message when `host`'s last exchange failed on its SSH host key.
     fn refused_key(&self, host: &str) -> Option<String> {
         lock(&self.health)
             .get(host)
+            .filter(|h| h.key_refused)
             .map(|h| h.last_error.clone())
-            .filter(|m| m.starts_with(crate::executor::HOST_KEY_REFUSED))
     }
 
     fn mark_up(&self, host: &str) {
@@ -598,7 +603,10 @@ impl Inner {
         match &r {
             // A refused host key or public key keeps the host down, with the operator's
             // message, until someone fixes it (issue 27, P07).
-            Err(SshFailure::Unreachable(m) | SshFailure::HostConfig(m)) => self.mark_down(host, m),
+            Err(SshFailure::Unreachable(m) | SshFailure::HostConfig(m)) => {
+                self.mark_down(host, m, false)
+            }
+            Err(SshFailure::HostKeyRefused(m)) => self.mark_down(host, m, true),
             _ => self.mark_up(host),
         }
         r
@@ -714,7 +722,7 @@ impl Inner {
                 // A host whose key was refused stays the host's problem, named at each
                 // submit that may go there until the campaign excludes it (issue 27, P07).
                 if let Some(m) = self.refused_key(&h.host) {
-                    return Err(SshFailure::HostConfig(m).into_error(&h.host, "submit"));
+                    return Err(SshFailure::HostKeyRefused(m).into_error(&h.host, "submit"));
                 }
                 continue;
             }
@@ -733,10 +741,8 @@ impl Inner {
                 Ok(out) => out,
                 // A changed or unknown host key is the host's problem, named now (issue 27,
                 // P07): a campaign excludes the host and places the attempt elsewhere.
-                Err(SshFailure::HostConfig(m))
-                    if m.starts_with(crate::executor::HOST_KEY_REFUSED) =>
-                {
-                    return Err(SshFailure::HostConfig(m).into_error(&h.host, "submit"));
+                Err(e @ SshFailure::HostKeyRefused(_)) => {
+                    return Err(e.into_error(&h.host, "submit"));
                 }
                 // Not judged: the launch meets the host's state itself.
                 Err(_) => continue,
@@ -1119,7 +1125,9 @@ impl Inner {
                 Err(format!("poll script on {host} failed ({code:?}): {stderr}"))
             }
             Err(SshFailure::Spawn(e)) => Err(format!("cannot run ssh: {e}")),
-            Err(SshFailure::HostConfig(m)) => Err(format!("{host}: {m}")),
+            Err(SshFailure::HostConfig(m) | SshFailure::HostKeyRefused(m)) => {
+                Err(format!("{host}: {m}"))
+            }
         }
     }
 
@@ -1488,10 +1496,12 @@ impl Executor for BareMetalExecutor {
         inner.release_refused(&errors)?;
         // Launches refused for a changed or unknown host key (issue 27, P07): nothing ran; the
         // attempt ends as a node failure naming the host, for the campaign to exclude it.
-        let mut refused: HashMap<AttemptId, String> = errors
+        let mut refused: HashMap<AttemptId, (String, String)> = errors
             .iter()
-            .filter(|(_, e)| e.refused_host_key().is_some())
-            .map(|(id, e)| (id.clone(), e.to_string()))
+            .filter_map(|(id, e)| {
+                let host = e.refused_host_key()?.to_string();
+                Some((id.clone(), (host, e.to_string())))
+            })
             .collect();
         let now = now_ms();
         // Which hosts to ask about which attempts.
@@ -1588,10 +1598,13 @@ impl Executor for BareMetalExecutor {
                                 // A host whose key changed or is unknown is not talked to
                                 // again until an operator fixes it: what ran there is given
                                 // up now (issue 27, P07), not after `lost_after`.
-                                if reason.contains(crate::executor::HOST_KEY_REFUSED)
-                                    || inner
-                                        .down_for(host)
-                                        .is_some_and(|d| d >= inner.cfg.lost_after)
+                                if inner.refused_key(host).is_some() {
+                                    JobStatus::new(id.clone(), JobState::NodeFail)
+                                        .with_reason(reason.clone())
+                                        .with_refused_host_key(host.clone())
+                                } else if inner
+                                    .down_for(host)
+                                    .is_some_and(|d| d >= inner.cfg.lost_after)
                                 {
                                     JobStatus::new(id.clone(), JobState::NodeFail)
                                         .with_reason(reason.clone())
@@ -1643,17 +1656,18 @@ impl Executor for BareMetalExecutor {
             let (_, errors) = inner.pump(Some(&relaunch)).await?;
             inner.release_refused(&errors)?;
             for (id, e) in errors {
-                if e.refused_host_key().is_some() {
-                    refused.insert(id, e.to_string());
+                if let Some(host) = e.refused_host_key() {
+                    refused.insert(id, (host.to_string(), e.to_string()));
                 } else {
                     return Err(e);
                 }
             }
         }
         for s in &mut out {
-            if let Some(why) = refused.get(&s.attempt_id) {
+            if let Some((host, why)) = refused.get(&s.attempt_id) {
                 s.state = JobState::NodeFail;
                 s.reason = Some(why.clone());
+                s.refused_host_key = Some(host.clone());
             }
         }
         Ok(out)

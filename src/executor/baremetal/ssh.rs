@@ -57,14 +57,16 @@ pub(super) enum SshFailure {
     Remote { code: Option<i32>, stderr: String },
     /// `ssh` itself could not be started.
     Spawn(std::io::Error),
-    /// ssh refused the host for a reason retrying cannot fix (issue 27, P07): a changed or
-    /// unknown host key (never accepted automatically) or `Permission denied (publickey)`.
-    /// The text says what an operator must do.
+    /// ssh refused the host for a reason retrying cannot fix: `Permission denied
+    /// (publickey)`. The text says what an operator must do.
     HostConfig(String),
+    /// The host's key changed or is unknown (issue 27, P07): never accepted automatically;
+    /// the host alone is at fault. The text quotes ssh and the operator's fix.
+    HostKeyRefused(String),
 }
 
 /// What an ssh exit 255 means, from its stderr (issue 27, P07): a changed or unknown host key
-/// and a refused public key are [`SshFailure::HostConfig`]; anything else (connect timeout,
+/// is [`SshFailure::HostKeyRefused`], a refused public key [`SshFailure::HostConfig`]; anything else (connect timeout,
 /// connection reset, `Exceeded MaxStartups`, kex failures) is [`SshFailure::Unreachable`],
 /// transient. A task's own exit 255 never comes through here: task exit codes are read from
 /// the remote exit file only.
@@ -86,10 +88,9 @@ pub(super) fn classify_255(host: &str, stderr: &str) -> SshFailure {
                      `[HostName]:Port` when the port is not 22"
                 )
             });
-        return SshFailure::HostConfig(format!(
-            "{}: the host key of {host} changed or is unknown (`{}`): it is never accepted \
-             automatically; check the host, then update known_hosts ({fix})",
-            crate::executor::HOST_KEY_REFUSED,
+        return SshFailure::HostKeyRefused(format!(
+            "host key refused: the host key of {host} changed or is unknown (`{}`): it is never \
+             accepted automatically; check the host, then update known_hosts ({fix})",
             first_line(stderr, "host key")
         ));
     }
@@ -198,6 +199,7 @@ impl SshFailure {
             },
             SshFailure::Spawn(e) => SshFailure::Spawn(std::io::Error::new(e.kind(), e.to_string())),
             SshFailure::HostConfig(m) => SshFailure::HostConfig(m.clone()),
+            SshFailure::HostKeyRefused(m) => SshFailure::HostKeyRefused(m.clone()),
         }
     }
 
@@ -219,6 +221,10 @@ impl SshFailure {
                 source: e,
             },
             SshFailure::HostConfig(problem) => ExecutorError::HostPreflight {
+                host: host.to_string(),
+                problem,
+            },
+            SshFailure::HostKeyRefused(problem) => ExecutorError::HostKeyRefused {
                 host: host.to_string(),
                 problem,
             },
@@ -702,18 +708,20 @@ mod tests {
         ];
         for (stderr, config, part) in table {
             match classify_255("node07", stderr) {
-                SshFailure::HostConfig(m) => {
+                f @ (SshFailure::HostConfig(_) | SshFailure::HostKeyRefused(_)) => {
+                    let key = matches!(f, SshFailure::HostKeyRefused(_));
+                    let e = f.into_error("node07", "poll");
+                    let m = e.to_string();
                     assert!(*config, "{stderr}: {m}");
                     assert!(m.contains(part), "{m}");
-                    // Only a host key makes the host (not the campaign) at fault (P07 c).
-                    let key = m.contains("host key");
+                    // Only a host key makes the host (not the campaign) at fault (P07 c), and
+                    // every stderr naming the host key is classified so.
+                    assert_eq!(key, stderr.contains("Host key verification failed"), "{m}");
                     assert_eq!(
-                        crate::executor::refused_host_in(&format!("node07: {m}")),
-                        key.then_some("node07"),
+                        matches!(e, ExecutorError::HostKeyRefused { .. }),
+                        key,
                         "{m}"
                     );
-                    let e = SshFailure::HostConfig(m).into_error("node07", "poll");
-                    assert!(matches!(e, ExecutorError::HostPreflight { .. }));
                     assert_eq!(e.refused_host_key(), key.then_some("node07"), "{e}");
                 }
                 SshFailure::Unreachable(m) => {

@@ -53,7 +53,7 @@ use crate::identity::Hash;
 use crate::store::liveness::HeartbeatWatch;
 use crate::store::{
     Claim, ClaimInfo, ClaimOutcome, DEFAULT_STALE_AFTER, DoneHead, FORMAT_VERSION, JobFiles,
-    JobRecord, LIVENESS_FORMAT, MetricSink, Owner, Series, Status, Store, StoreError,
+    JobRecord, LIVENESS_FORMAT, MetricSink, Owner, Series, SetAside, Status, Store, StoreError,
 };
 
 mod claim;
@@ -509,8 +509,8 @@ impl Store for FsStore {
     /// Under the store's repair lock (`ROOT/corrupt/repair.lock`, see `fs/repair.rs`) the record
     /// is read again and moved only while it is still corrupt: a drain that planned the repair
     /// before another drain repaired the run (and maybe ran it again) moves nothing, and says so
-    /// (`nowhere: ...`); its claim then finds that run done or held.
-    fn set_aside(&self, key: &Hash) -> Result<Option<String>, StoreError> {
+    /// ([`SetAside::NotMoved`]); its claim then finds that run done or held.
+    fn set_aside(&self, key: &Hash) -> Result<SetAside, StoreError> {
         let dir = self.job_dir(key);
         let aside = self.root.join("corrupt");
         fs::create_dir_all(&aside).map_err(io_err(&aside))?;
@@ -520,8 +520,8 @@ impl Store for FsStore {
             // Readable again, or gone: another process repaired it first.
             Ok(_) => {
                 tracing::info!(key = %key.short(), dir = %dir.display(), "not moved aside: repaired by another process meanwhile");
-                return Ok(Some(format!(
-                    "nowhere: {} was repaired by another process meanwhile",
+                return Ok(SetAside::NotMoved(format!(
+                    "{} was repaired by another process meanwhile",
                     dir.display()
                 )));
             }
@@ -540,11 +540,11 @@ impl Store for FsStore {
             return match fs::rename(&dir, &to) {
                 Ok(()) => {
                     tracing::warn!(key = %key.short(), from = %dir.display(), to = %to.display(), "moved a job folder with a corrupt record aside");
-                    Ok(Some(to.display().to_string()))
+                    Ok(SetAside::Moved(to.display().to_string()))
                 }
                 // Moved by a process that does not take the lock (an older build) meanwhile.
-                Err(e) if gone(&e) => Ok(Some(format!(
-                    "nowhere: {} was moved aside by another process",
+                Err(e) if gone(&e) => Ok(SetAside::NotMoved(format!(
+                    "{} was moved aside by another process",
                     dir.display()
                 ))),
                 Err(e) => Err(io_err(&dir)(e)),
