@@ -318,10 +318,7 @@ pub fn compile_resolved(
             parents: stage.parents.clone(),
             spec,
             work,
-            command: stage.command.clone(),
-            resumable: stage.resumable,
-            outputs: stage.outputs.clone(),
-            validate: stage.validate.clone(),
+            worker: stage.worker.clone(),
             decision: stage.decision.as_ref().map(|input| ManualDecision {
                 input: input.clone(),
                 candidates: stages

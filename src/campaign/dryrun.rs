@@ -196,7 +196,7 @@ pub fn item_argv(
     item: &WorkItem,
     campaign_dir: &Path,
 ) -> Result<Vec<String>, PlanError> {
-    if stage.command.is_empty() {
+    if stage.worker.command.is_empty() {
         return Err(PlanError::WorkPlan {
             stage: stage.stage_id.clone(),
             reason: "the stage has no command (give `command: [...]` in its catalog entry)".into(),
@@ -207,6 +207,7 @@ pub fn item_argv(
         .display()
         .to_string();
     stage
+        .worker
         .command
         .iter()
         .map(|a| {
@@ -472,7 +473,7 @@ pub fn dry_run(
                         .as_ref()
                         .and_then(|s| s.time_limit.as_ref()))
                     .map(|t| t.as_duration()),
-                stage.resumable,
+                stage.worker.resumable,
                 stage.spec.distributed,
             ),
             None => Vec::new(),

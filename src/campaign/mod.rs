@@ -45,7 +45,7 @@ mod work;
 
 pub use catalog::{
     Enablement, IfDisabled, MeshSource, Need, PUZZLE_WORKER, PostMipExpansion, ResolvedStage,
-    ShardAxis, StageCatalog, StageDef,
+    ShardAxis, StageCatalog, StageDef, StageWorker,
 };
 pub use compile::{
     MAX_INSTANCES_PER_STAGE, MAX_WORK_ITEMS_PER_PLAN, PUZZLE_KNOWN_EXTERNAL_STAGES, StageFilter,

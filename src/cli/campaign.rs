@@ -309,8 +309,8 @@ fn prefix_commands(plan: &mut CampaignPlan, prefix: &str) -> Result<(), CliError
     let prefix = split_cmd("--command-prefix", prefix)?;
     for s in &mut plan.stages {
         let mut c = prefix.clone();
-        c.append(&mut s.command);
-        s.command = c;
+        c.append(&mut s.worker.command);
+        s.worker.command = c;
     }
     Ok(())
 }
