@@ -118,6 +118,7 @@ pub mod metrics;
 pub mod report;
 pub mod store;
 pub mod sweep;
+mod sys;
 
 #[cfg(feature = "cli")]
 #[cfg_attr(docsrs, doc(cfg(feature = "cli")))]

@@ -106,11 +106,11 @@ use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
 
+pub(crate) use crate::sys::now_ms;
 pub use baremetal::{BareMetalExecutor, BareMetalExecutorBuilder};
 pub use contract::ExecutionContract;
 pub use error::{ExecutorError, HOST_KEY_REFUSED, refused_host_in};
 pub use handle::JobHandle;
-pub(crate) use handle::now_ms;
 pub use inprocess::InProcess;
 pub use local::{LocalExecutor, LocalExecutorBuilder};
 pub use mock::{MockCall, MockClock, MockExecutor, MockScript, MockSubmitError};
