@@ -36,8 +36,8 @@ pub struct DryRunOptions {
     /// Show secrets as `<redacted>` ([`Rendering::redacted`]). On for anything shown or
     /// logged; what an executor submits is never redacted.
     pub redact_secrets: bool,
-    /// Nodes the campaign excluded (its controller's `node_excluded` records, see
-    /// [`CampaignHistory::excluded_nodes`](crate::report::CampaignHistory::excluded_nodes)):
+    /// Nodes the campaign excluded (its controller's `node_excluded` records, see the
+    /// `report` module's `CampaignHistory::excluded_nodes`):
     /// rendered as one `#SBATCH --exclude=` line, as the controller submits them.
     #[serde(default)]
     pub exclude_nodes: Vec<String>,

@@ -550,7 +550,7 @@ fn launch(plan: CampaignPlan, a: &Launch<'_>) -> Result<i32, CliError> {
             }
         });
         if let Some(n) = &notifier {
-            b = b.notify(n.clone());
+            b = b.subscribe(n.clone());
         }
         let mut ctl = b.build().map_err(|e| {
             let mut m = e.to_string();

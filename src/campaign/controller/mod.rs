@@ -65,7 +65,7 @@ pub use clock::{Clock, SystemClock, VirtualClock};
 pub use controls::{DecisionPrompt, TerminalControls, choose_revisions, prompt_choice};
 pub use driver::{CampaignController, Control, ControlSender, RunOptions};
 pub use error::ControllerError;
-pub use event::ControllerEvent;
+pub use event::{ControllerEvent, EventSubscriber};
 pub use journal::{Entry, Journal, Record};
 pub use lease::{Lease, LeaseInfo};
 pub use policy::{Decision, RetryPolicy, UnitHistory, decide};
