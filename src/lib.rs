@@ -124,6 +124,7 @@ pub mod metrics;
 pub mod report;
 pub mod store;
 mod sweep;
+mod sys;
 
 #[cfg(feature = "cli")]
 #[cfg_attr(docsrs, doc(cfg(feature = "cli")))]

@@ -224,16 +224,25 @@ const LAYERS: &[(&str, &[&str])] = &[
     ("executor", &["fsutil", "sys", "identity", "store"]),
     (
         "sweep",
-        &["fsutil", "sys", "identity", "store", "metrics", "executor", "error"],
+        &[
+            "fsutil", "sys", "identity", "store", "metrics", "executor", "error",
+        ],
     ),
-    ("campaign", &["fsutil", "sys", "identity", "store", "executor"]),
+    (
+        "campaign",
+        &["fsutil", "sys", "identity", "store", "executor"],
+    ),
     (
         "report",
-        &["fsutil", "sys", "identity", "store", "metrics", "executor", "sweep", "campaign"],
+        &[
+            "fsutil", "sys", "identity", "store", "metrics", "executor", "sweep", "campaign",
+        ],
     ),
     (
         "error",
-        &["identity", "store", "metrics", "executor", "sweep", "campaign"],
+        &[
+            "identity", "store", "metrics", "executor", "sweep", "campaign",
+        ],
     ),
 ];
 

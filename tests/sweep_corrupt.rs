@@ -10,9 +10,9 @@ mod support;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 
+use puzzletron::store::SetAside;
 use puzzletron::{Action, FailureCause, Outcome};
 use puzzletron::{Orchestrator, identity::Hash, metrics::MetricsExt, store::FsStore, store::Store};
-use puzzletron::store::SetAside;
 use support::sweep::{FakeCrate, P, train};
 
 /// The 9 runs of the grid.
@@ -491,10 +491,7 @@ fn a_stale_repair_lock_is_taken_over_by_the_claim_rules() {
             (at_least..at_most).contains(&took),
             "{what}: took {took} ms, expected {at_least}..{at_most}"
         );
-        assert!(
-            to.contains("corrupt/"),
-            "{what}: {to}"
-        );
+        assert!(to.contains("corrupt/"), "{what}: {to}");
         assert!(!file.exists(), "{what}: moved");
         let names = set_aside_names(&c);
         assert_eq!(

@@ -133,7 +133,10 @@ pub fn compile_campaign_plan_with(
     stage_filter: Option<&StageFilter>,
 ) -> Result<CampaignPlan, PlanError> {
     let path = experiment_config_path.as_ref();
-    let (config, origins) = loader.load_experiment(path, overrides)?.into_parts();
+    // The composed tree before the overrides, kept from the one composition for the type
+    // check of unchecked overrides below.
+    let (loaded, before) = loader.load_experiment_and_base(path, overrides, true)?;
+    let (config, origins) = loaded.into_parts();
     let label = path.display().to_string();
     let locate = |e: PlanError| e.locate(&label, &origins);
     let catalog = StageCatalog::from_config(&label, &config).map_err(locate)?;
@@ -150,7 +153,7 @@ pub fn compile_campaign_plan_with(
     if !plan.unchecked_overrides.is_empty() {
         // Say when an unchecked override changes a value's type (`seed=abc` over an int):
         // legal for the workers to decide, but worth a look in the dry run.
-        if let Ok(before) = loader.compose(path, &[]) {
+        if let Some(before) = &before {
             for (text, o) in plan.unchecked_overrides.iter_mut().zip(
                 overrides
                     .iter()
@@ -315,10 +318,7 @@ pub fn compile_resolved(
             parents: stage.parents.clone(),
             spec,
             work,
-            command: stage.command.clone(),
-            resumable: stage.resumable,
-            outputs: stage.outputs.clone(),
-            validate: stage.validate.clone(),
+            worker: stage.worker.clone(),
             decision: stage.decision.as_ref().map(|input| ManualDecision {
                 input: input.clone(),
                 candidates: stages

@@ -36,8 +36,8 @@ pub struct DryRunOptions {
     /// Show secrets as `<redacted>` ([`Rendering::redacted`]). On for anything shown or
     /// logged; what an executor submits is never redacted.
     pub redact_secrets: bool,
-    /// Nodes the campaign excluded (its controller's `node_excluded` records, see
-    /// [`CampaignHistory::excluded_nodes`](crate::report::CampaignHistory::excluded_nodes)):
+    /// Nodes the campaign excluded (its controller's `node_excluded` records, see the
+    /// `report` module's `CampaignHistory::excluded_nodes`):
     /// rendered as one `#SBATCH --exclude=` line, as the controller submits them.
     #[serde(default)]
     pub exclude_nodes: Vec<String>,
@@ -196,7 +196,7 @@ pub(crate) fn item_argv(
     item: &WorkItem,
     campaign_dir: &Path,
 ) -> Result<Vec<String>, PlanError> {
-    if stage.command.is_empty() {
+    if stage.worker.command.is_empty() {
         return Err(PlanError::WorkPlan {
             stage: stage.stage_id.clone(),
             reason: "the stage has no command (give `command: [...]` in its catalog entry)".into(),
@@ -207,6 +207,7 @@ pub(crate) fn item_argv(
         .display()
         .to_string();
     stage
+        .worker
         .command
         .iter()
         .map(|a| {
@@ -472,7 +473,7 @@ pub fn dry_run(
                         .as_ref()
                         .and_then(|s| s.time_limit.as_ref()))
                     .map(|t| t.as_duration()),
-                stage.resumable,
+                stage.worker.resumable,
                 stage.spec.distributed,
             ),
             None => Vec::new(),

@@ -45,7 +45,7 @@ mod work;
 
 pub use catalog::{
     Enablement, IfDisabled, MeshSource, Need, PostMipExpansion, ResolvedStage, ShardAxis,
-    StageCatalog, StageDef,
+    StageCatalog, StageDef, StageWorker,
 };
 pub use compile::{
     StageFilter, compile_campaign_plan, compile_campaign_plan_with, compile_resolved,

@@ -2,6 +2,7 @@
 
 use serde::{Deserialize, Serialize};
 
+use super::catalog::StageWorker;
 use super::config::{Override, Value};
 use super::execution::{ExecutionDefaults, StageExecutionSpec};
 use super::runner::RunnerEnvironment;
@@ -20,18 +21,11 @@ pub struct StagePlan {
     pub spec: StageExecutionSpec,
     /// Its work items and task layout.
     pub work: WorkPlan,
-    /// Argv template of the worker (see [`StageDef::command`](super::catalog::StageDef::command)).
-    pub command: Vec<String>,
-    /// Whether an interrupted attempt can resume from a checkpoint.
-    pub resumable: bool,
-    /// Files or folders, relative to the unit's output folder, that a successful attempt must
-    /// leave (checked before the attempt counts as done; never outside the folder).
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub outputs: Vec<String>,
-    /// A validation command (argv, no shell) run in the unit's output folder after a
-    /// successful attempt; a non-zero exit makes the attempt a failure. Empty: none.
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub validate: Vec<String>,
+    /// The catalog stage's worker: its argv template (see
+    /// [`StageWorker::command`]), whether it resumes, what it must leave and how it is
+    /// validated. Flattened: the plan's JSON keeps these fields at the stage's top level.
+    #[serde(flatten)]
+    pub worker: StageWorker,
     /// Set for a manual decision stage (a post-MIP `type: filter` node with `mode: manual`):
     /// the controller submits no job for it but asks a person to choose among the candidates
     /// (see [`ManualDecision`]). Absent from the JSON when unset.

@@ -309,8 +309,8 @@ fn prefix_commands(plan: &mut CampaignPlan, prefix: &str) -> Result<(), CliError
     let prefix = split_cmd("--command-prefix", prefix)?;
     for s in &mut plan.stages {
         let mut c = prefix.clone();
-        c.append(&mut s.command);
-        s.command = c;
+        c.append(&mut s.worker.command);
+        s.worker.command = c;
     }
     Ok(())
 }
@@ -550,7 +550,7 @@ fn launch(plan: CampaignPlan, a: &Launch<'_>) -> Result<i32, CliError> {
             }
         });
         if let Some(n) = &notifier {
-            b = b.notify(n.clone());
+            b = b.subscribe(n.clone());
         }
         let mut ctl = b.build().map_err(|e| {
             let mut m = e.to_string();

@@ -87,11 +87,3 @@ impl JobHandle {
         }
     }
 }
-
-/// Milliseconds since the Unix epoch, now (0 if the clock is before 1970).
-pub(crate) fn now_ms() -> u64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.as_millis() as u64)
-        .unwrap_or(0)
-}

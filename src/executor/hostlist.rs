@@ -66,7 +66,6 @@ fn expand_one(part: &str) -> Option<Vec<String>> {
     Some(names)
 }
 
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -92,5 +91,4 @@ mod tests {
             assert_eq!(expand_hostlist(input), *want, "{input}");
         }
     }
-
 }

@@ -106,12 +106,12 @@ use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
 
+pub(crate) use crate::sys::now_ms;
 pub use baremetal::{BareMetalExecutor, BareMetalExecutorBuilder, BaremetalInventory, Host};
 pub use contract::ExecutionContract;
 pub use error::ExecutorError;
 pub use handle::JobHandle;
 pub(crate) use hostlist::expand_hostlist;
-pub(crate) use handle::now_ms;
 pub use inprocess::InProcess;
 pub use local::{ATTEMPT_DIR_ENV, FORK_SERVER_ENV, LocalExecutor, LocalExecutorBuilder};
 #[cfg(any(test, feature = "test-util"))]

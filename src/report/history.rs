@@ -24,7 +24,8 @@
 //!   `hung`; the time before it follows the rules above (useful if it succeeded);
 //! - successful attempts of the current revision and attempts still running: nothing.
 
-use crate::executor::now_ms;
+pub use crate::sys::clock_text;
+use crate::sys::now_ms;
 use std::borrow::Cow;
 use std::collections::{BTreeMap, HashMap};
 use std::fs::File;
@@ -251,12 +252,6 @@ impl CampaignCancel {
         self.attempts = attempts.into_iter().map(Into::into).collect();
         self
     }
-}
-
-/// `HH:MM:SS UTC` of a time in ms since the Unix epoch.
-pub fn clock_text(ms: u64) -> String {
-    let s = (ms / 1000) % 86_400;
-    format!("{:02}:{:02}:{:02} UTC", s / 3600, (s / 60) % 60, s % 60)
 }
 
 impl StageHistory {

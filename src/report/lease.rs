@@ -10,7 +10,7 @@
 //! [`Lease::acquire`](crate::campaign::controller::Lease::acquire)). A `lease.json` that cannot
 //! be read is reported as such, never an error. Nothing is created or written.
 
-use crate::executor::now_ms;
+use crate::sys::now_ms;
 use std::fs::File;
 use std::os::fd::AsRawFd;
 use std::path::Path;

@@ -21,7 +21,7 @@ use crate::executor::now_ms;
 use std::io::Write;
 use std::path::{Path, PathBuf};
 
-use crate::campaign::controller::{CampaignReport, ControllerEvent};
+use crate::campaign::controller::{CampaignReport, ControllerEvent, EventSubscriber};
 use std::process::{Command, Stdio};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, mpsc};
@@ -261,6 +261,19 @@ impl Notifier {
     }
 }
 
+/// Subscribed to a controller ([`CampaignControllerBuilder::subscribe`]), a notifier sends
+/// the events [`NotifyEvent::from_event`] maps (stage done or failed, attempt hung, decision
+/// needed) and ignores the others.
+///
+/// [`CampaignControllerBuilder::subscribe`]: crate::campaign::controller::CampaignControllerBuilder::subscribe
+impl EventSubscriber for Notifier {
+    fn on_event(&self, campaign: &Path, event: &ControllerEvent) {
+        if let Some(e) = NotifyEvent::from_event(campaign, event) {
+            self.send(&e);
+        }
+    }
+}
+
 impl Drop for Notifier {
     fn drop(&mut self) {
         // Deliver what is queued before the process moves on.
@@ -323,6 +336,26 @@ fn run_once(argv: &[String], json: &[u8], timeout: Duration) -> Result<(), Strin
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn decision_events_notify_with_their_file() {
+        let c = Path::new("/c");
+        let needed = ControllerEvent::DecisionNeeded {
+            stage: "post.f.pick".into(),
+            file: PathBuf::from("/c/decisions/post.f.pick.txt"),
+            candidates: vec!["post.f.eval:0".into(), "post.f.eval:1".into()],
+        };
+        let n = NotifyEvent::from_event(c, &needed).unwrap();
+        assert_eq!(n.event, "decision_needed");
+        assert_eq!(n.stage.as_deref(), Some("post.f.pick"));
+        assert_eq!(n.detail["file"], "/c/decisions/post.f.pick.txt");
+        let made = ControllerEvent::DecisionMade {
+            stage: "post.f.pick".into(),
+            chosen: vec![],
+            skipped: vec!["post.f.mat".into()],
+        };
+        assert!(NotifyEvent::from_event(c, &made).is_none());
+    }
 
     #[test]
     fn controller_events_map_to_notifications() {

@@ -13,7 +13,7 @@
 
 use std::collections::HashMap;
 use std::hash::Hash as StdHash;
-use std::sync::{Mutex, OnceLock};
+use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 /// What a judge may conclude about an owner from where it stands (see the module docs).
@@ -35,56 +35,8 @@ pub enum Liveness {
     Unproven,
 }
 
-/// Where a pid means something: the host, the kernel's boot and the PID namespace.
-#[derive(Debug, Clone, PartialEq, Eq)]
-#[non_exhaustive]
-pub struct ProcessSpace {
-    /// Host name (`gethostname(2)`).
-    pub host: String,
-    /// Kernel boot id (`/proc/sys/kernel/random/boot_id`); `None` where unreadable.
-    pub boot_id: Option<String>,
-    /// PID namespace, as `readlink /proc/self/ns/pid` writes it (`pid:[4026531836]`); `None`
-    /// where unreadable.
-    pub pidns: Option<String>,
-    /// Whether `/proc/<pid>` shows this namespace's processes (a `/proc` mounted by another
-    /// PID namespace, as `unshare --pid` without `--mount-proc` leaves it, shows other pids).
-    pub own_proc: bool,
-}
-
-impl ProcessSpace {
-    /// The current process's space (read once per process).
-    pub fn here() -> &'static ProcessSpace {
-        static HERE: OnceLock<ProcessSpace> = OnceLock::new();
-        HERE.get_or_init(|| {
-            let boot_id = std::fs::read_to_string("/proc/sys/kernel/random/boot_id")
-                .ok()
-                .map(|s| s.trim().to_string())
-                .filter(|s| !s.is_empty());
-            let pidns = std::fs::read_link("/proc/self/ns/pid")
-                .ok()
-                .map(|p| p.to_string_lossy().into_owned());
-            let own_proc = std::fs::read_link("/proc/self")
-                .is_ok_and(|p| p.to_string_lossy() == std::process::id().to_string());
-            ProcessSpace {
-                host: super::hostname(),
-                boot_id,
-                pidns,
-                own_proc,
-            }
-        })
-    }
-
-    /// Whether a pid recorded with `host`, `boot_id` and `pidns` can be looked up here: every
-    /// part known and equal to this space's, and `/proc` showing this namespace.
-    pub fn can_look_up(&self, host: &str, boot_id: Option<&str>, pidns: Option<&str>) -> bool {
-        self.own_proc
-            && self.host == host
-            && self.boot_id.is_some()
-            && self.pidns.is_some()
-            && self.boot_id.as_deref() == boot_id
-            && self.pidns.as_deref() == pidns
-    }
-}
+pub use crate::sys::ProcessSpace;
+pub(super) use crate::sys::own_start_ticks;
 
 /// The nonces [`Owner::current`](super::Owner::current) made in this process.
 static MINTED: Mutex<Option<std::collections::HashSet<String>>> = Mutex::new(None);
@@ -100,28 +52,6 @@ pub(super) fn mint(nonce: &str) {
 pub(super) fn minted_here(nonce: &str) -> bool {
     let m = MINTED.lock().unwrap_or_else(|e| e.into_inner());
     m.as_ref().is_some_and(|s| s.contains(nonce))
-}
-
-/// This process's start time in clock ticks since boot (`/proc/self/stat` field 22): right
-/// even where `/proc` belongs to another PID namespace.
-pub(super) fn own_start_ticks() -> Option<u64> {
-    static TICKS: OnceLock<Option<u64>> = OnceLock::new();
-    *TICKS.get_or_init(|| {
-        let stat = std::fs::read_to_string("/proc/self/stat").ok()?;
-        start_ticks_of(&stat)
-    })
-}
-
-/// Field 22 of a `/proc/<pid>/stat` line; `None` for a zombie or dying process (see proc(5)).
-pub(super) fn start_ticks_of(stat: &str) -> Option<u64> {
-    // The command name (field 2) is in parentheses and may hold spaces: split after the last ')'.
-    let rest = stat.get(stat.rfind(')')? + 2..)?;
-    // `rest` starts at field 3 (state); field 22 is index 19 here.
-    let mut fields = rest.split_whitespace();
-    if matches!(fields.next(), Some("Z") | Some("X")) {
-        return None;
-    }
-    fields.nth(18)?.parse().ok()
 }
 
 /// A signature of what a heartbeat looks like now (a claim file's inode, mtime and content;
@@ -276,16 +206,6 @@ pub(crate) fn unchanged_phrase(unchanged: Duration, stale: Duration) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn start_ticks_of_reads_field_22_after_the_last_parenthesis() {
-        let line = "103 (a (weird) name) S 1 103 103 0 -1 4194560 1 2 3 4 5 6 7 8 20 0 1 0 5512 \
-                    1000 10";
-        assert_eq!(start_ticks_of(line), Some(5512));
-        let zombie = line.replace(") S ", ") Z ");
-        assert_eq!(start_ticks_of(&zombie), None);
-        assert_eq!(start_ticks_of("garbage"), None);
-    }
 
     #[test]
     fn a_watch_times_only_what_it_saw_unchanged() {

@@ -6,6 +6,7 @@ use serde::{Deserialize, Serialize};
 
 use super::liveness::{Liveness, ProcessSpace};
 use crate::identity::{Hash, OwnedDigest, Witnesses};
+use crate::sys::process_start_ticks;
 
 /// The newest store and record format this build reads: a store or a record written in a newer
 /// one is refused rather than misread. Version 2 added rows kept in the record
@@ -152,26 +153,6 @@ impl std::fmt::Display for Owner {
         }
         Ok(())
     }
-}
-
-/// The host name (`gethostname(2)`), or `"unknown"`.
-pub(crate) fn hostname() -> String {
-    let mut buf = [0u8; 256];
-    // SAFETY: the buffer is valid for its length; gethostname NUL-terminates within it on success.
-    let rc = unsafe { libc::gethostname(buf.as_mut_ptr().cast(), buf.len()) };
-    if rc != 0 {
-        return "unknown".into();
-    }
-    let end = buf.iter().position(|&b| b == 0).unwrap_or(buf.len());
-    String::from_utf8_lossy(&buf[..end]).into_owned()
-}
-
-/// A process's start time in clock ticks since boot, from `/proc/PID/stat` (field 22, see
-/// proc(5)); `None` when the process does not exist (or on systems without procfs). The pid is
-/// looked up in the PID namespace `/proc` was mounted for: see [`ProcessSpace::own_proc`].
-pub(crate) fn process_start_ticks(pid: u32) -> Option<u64> {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-    super::liveness::start_ticks_of(&stat)
 }
 
 /// Why the last attempt failed.

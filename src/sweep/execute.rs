@@ -17,8 +17,7 @@ use super::run::Run;
 use super::summary::{FailureCause, JobOutcome, Outcome, RunSummary};
 use crate::identity::Witnesses;
 use crate::store::{
-    BASE_FORMAT, Claim, ClaimOutcome, Failure, JobRecord, Owner, SetAside, Status, Store, StoreError,
-    unix_now,
+    Claim, ClaimOutcome, Failure, Owner, SetAside, Status, Store, StoreError, unix_now,
 };
 
 /// Runs whose cache hits a drain proves together, ahead of executing them.
@@ -400,26 +399,7 @@ impl<S: Store + ?Sized> Engine<'_, S> {
             attempt = claim.attempt
         )
         .entered();
-        let params: serde_json::Value =
-            serde_json::from_str(&p.params).unwrap_or(serde_json::Value::Null);
-        let rec = JobRecord {
-            format: BASE_FORMAT,
-            key: p.key,
-            job: p.job.to_string(),
-            params,
-            param_order: p.param_order.to_vec(),
-            param_types: (*p.param_types).clone(),
-            lineage: p.lineage,
-            owned: (*p.owned).clone(),
-            witnesses: self.witnesses().clone(),
-            status: Status::Running,
-            attempt: claim.attempt,
-            owner: Some(self.owner.clone()),
-            started_at: unix_now(),
-            finished_at: None,
-            error: None,
-            metrics: None,
-        };
+        let rec = p.running_record(self.witnesses(), self.owner, claim.attempt);
         // With committers, one of them writes the start while the run goes on (and a run
         // over before it got there has nothing of its start written but its lineage pointer).
         let started = match helpers.commits.filter(|_| self.store().deferrable_start()) {

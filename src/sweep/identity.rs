@@ -195,8 +195,7 @@ impl JobIdentities {
             .and_then(|(_, _, ix)| ix.get(&*run.job))
             .map(Vec::as_slice)
             .unwrap_or(&[]);
-        let new: serde_json::Value =
-            serde_json::from_str(&run.params).unwrap_or(serde_json::Value::Null);
+        let new = run.params_value();
         Ok(match params_changed(&new, others) {
             Some(hint) => format!("no record (nearest: {hint})"),
             None => "no record".to_string(),

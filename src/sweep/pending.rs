@@ -6,7 +6,8 @@ use std::sync::Arc;
 use super::entry::Entry;
 use super::job::JobResult;
 use super::run::Run;
-use crate::identity::{Hash, OwnedDigest, ParamType};
+use crate::identity::{Hash, OwnedDigest, ParamType, Witnesses};
+use crate::store::{BASE_FORMAT, JobRecord, Owner, Status, unix_now};
 
 /// The job function bound to its parameters.
 pub(super) type Call = Arc<dyn Fn(&mut Run) -> JobResult + Send + Sync>;
@@ -53,6 +54,44 @@ pub struct RunSpec {
     pub(super) call: Call,
     /// Where a worker process finds the job function (isolated runs, see `sweep::worker`).
     pub(super) entry: Entry,
+}
+
+impl RunSpec {
+    /// The parameters as a JSON value, parsed from their canonical text (`Null` if it is not
+    /// JSON, which canonical text always is).
+    pub(super) fn params_value(&self) -> serde_json::Value {
+        serde_json::from_str(&self.params).unwrap_or(serde_json::Value::Null)
+    }
+
+    /// The record of attempt `attempt` of this run, started now by `owner` in the environment
+    /// `witnesses`: the one place a running record is built, in this process (`execute`) or in
+    /// a worker's parent for a worker that died (`worker`). The parameters are the canonical
+    /// text computed at enqueue, parsed here once per attempt.
+    pub(super) fn running_record(
+        &self,
+        witnesses: &Witnesses,
+        owner: &Owner,
+        attempt: u32,
+    ) -> JobRecord {
+        JobRecord {
+            format: BASE_FORMAT,
+            key: self.key,
+            job: self.job.to_string(),
+            params: self.params_value(),
+            param_order: self.param_order.to_vec(),
+            param_types: (*self.param_types).clone(),
+            lineage: self.lineage,
+            owned: (*self.owned).clone(),
+            witnesses: witnesses.clone(),
+            status: Status::Running,
+            attempt,
+            owner: Some(owner.clone()),
+            started_at: unix_now(),
+            finished_at: None,
+            error: None,
+            metrics: None,
+        }
+    }
 }
 
 impl std::fmt::Debug for PendingRun {

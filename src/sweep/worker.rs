@@ -65,10 +65,7 @@ use crate::executor::{
     JobStatus,
 };
 use crate::identity::{Hash, OwnedDigest, Witnesses};
-use crate::store::{
-    BASE_FORMAT, ClaimOutcome, FsStore, JobRecord, Owner, Status, Store, StoreError, StoreSpec,
-    unix_now,
-};
+use crate::store::{ClaimOutcome, FsStore, Owner, Status, Store, StoreError, StoreSpec, unix_now};
 
 /// Environment variable naming the manifest of an isolated batch (set by the parent).
 pub const MANIFEST_ENV: &str = "PUZZLETRON_WORKER_MANIFEST";
@@ -910,27 +907,7 @@ fn conclude<S: Store + ?Sized>(
             ));
         }
     };
-    let params: serde_json::Value =
-        serde_json::from_str(&p.params).unwrap_or(serde_json::Value::Null);
-    let now = unix_now();
-    let mut record = JobRecord {
-        format: BASE_FORMAT,
-        key: p.key,
-        job: p.job.to_string(),
-        params,
-        param_order: p.param_order.to_vec(),
-        param_types: (*p.param_types).clone(),
-        lineage: p.lineage,
-        owned: (*p.owned).clone(),
-        witnesses: o.witnesses().clone(),
-        status: Status::Running,
-        attempt: claim.attempt,
-        owner: Some(o.owner.clone()),
-        started_at: now,
-        finished_at: None,
-        error: None,
-        metrics: None,
-    };
+    let mut record = p.running_record(o.witnesses(), o.owner, claim.attempt);
     o.store().start(&claim, &record)?;
     record.status = Status::Failed;
     record.finished_at = Some(unix_now());

@@ -97,6 +97,28 @@ pub struct ShardAxis {
     pub label_prefix: String,
 }
 
+/// What a stage's worker runs and what a successful attempt must leave: carried unchanged from
+/// the catalog ([`StageDef`]) through resolution ([`ResolvedStage`]) into the compiled plan
+/// ([`StagePlan`](crate::campaign::StagePlan)). Flattened into each, so their JSON has these
+/// fields at the top level.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[non_exhaustive]
+pub struct StageWorker {
+    /// The worker's argv. `{stage_id}`, `{work_id}`, `{shard_index}`, `{shard_count}` and
+    /// `{config}` are replaced per work item; nothing is ever passed through a shell.
+    pub command: Vec<String>,
+    /// Whether an interrupted attempt can resume from a checkpoint.
+    pub resumable: bool,
+    /// Files or folders, relative to the unit's output folder, that a successful attempt must
+    /// leave (checked before the attempt counts as done; never outside the folder).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub outputs: Vec<String>,
+    /// A validation command (argv, no shell) run in the unit's output folder after a
+    /// successful attempt; a non-zero exit makes the attempt a failure. Empty: none.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub validate: Vec<String>,
+}
+
 /// One stage of a catalog.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[non_exhaustive]
@@ -124,21 +146,11 @@ pub struct StageDef {
     pub aggregate: bool,
     /// Failure policy the stage asks for (the execution config still wins).
     pub failure_policy: Option<FailurePolicy>,
-    /// The worker's argv. `{stage_id}`, `{work_id}`, `{shard_index}`, `{shard_count}` and
-    /// `{config}` are replaced per work item; nothing is ever passed through a shell.
-    pub command: Vec<String>,
     /// Optional shard axis.
     pub shard_axis: Option<ShardAxis>,
-    /// Whether an interrupted attempt can resume from a checkpoint.
-    pub resumable: bool,
-    /// Files or folders, relative to the unit's output folder, that a successful attempt must
-    /// leave (checked before the attempt counts as done; never outside the folder).
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub outputs: Vec<String>,
-    /// A validation command (argv, no shell) run in the unit's output folder after a
-    /// successful attempt; a non-zero exit makes the attempt a failure. Empty: none.
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub validate: Vec<String>,
+    /// What the worker runs and what a successful attempt must leave.
+    #[serde(flatten)]
+    pub worker: StageWorker,
     /// `Some(input stage)`: a manual decision stage (a post-MIP filter node with
     /// `mode: manual`): it submits no job; a person chooses among the work items of the input
     /// stage (see [`ManualDecision`](crate::campaign::ManualDecision)).
@@ -161,11 +173,8 @@ impl StageDef {
             direct_launch: false,
             aggregate: false,
             failure_policy: None,
-            command: Vec::new(),
             shard_axis: None,
-            resumable: false,
-            outputs: Vec::new(),
-            validate: Vec::new(),
+            worker: StageWorker::default(),
             decision: None,
         }
     }
@@ -215,7 +224,7 @@ impl StageDef {
     }
     /// Sets the argv.
     pub fn command(mut self, argv: Vec<String>) -> Self {
-        self.command = argv;
+        self.worker.command = argv;
         self
     }
 }
@@ -242,22 +251,13 @@ pub struct ResolvedStage {
     pub aggregate: bool,
     /// Failure policy the stage asks for.
     pub failure_policy: Option<FailurePolicy>,
-    /// Argv template.
-    pub command: Vec<String>,
     /// Shard groups: `(label, value)` pairs, e.g. `("w2048", "2048")`; empty when unsharded.
     pub shard_groups: Vec<(String, String)>,
     /// Name of the shard axis (for errors), if any.
     pub shard_axis_name: Option<String>,
-    /// Whether an attempt can resume from a checkpoint.
-    pub resumable: bool,
-    /// Files or folders, relative to the unit's output folder, that a successful attempt must
-    /// leave (checked before the attempt counts as done; never outside the folder).
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub outputs: Vec<String>,
-    /// A validation command (argv, no shell) run in the unit's output folder after a
-    /// successful attempt; a non-zero exit makes the attempt a failure. Empty: none.
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub validate: Vec<String>,
+    /// The catalog stage's worker (see [`StageDef::worker`]).
+    #[serde(flatten)]
+    pub worker: StageWorker,
     /// `Some(input stage)`: a manual decision stage (see [`StageDef::decision`]).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub decision: Option<String>,
@@ -437,12 +437,9 @@ impl StageCatalog {
                 direct_launch: d.direct_launch,
                 aggregate: d.aggregate,
                 failure_policy: d.failure_policy,
-                command: d.command.clone(),
                 shard_groups,
                 shard_axis_name,
-                resumable: d.resumable,
-                outputs: d.outputs.clone(),
-                validate: d.validate.clone(),
+                worker: d.worker.clone(),
                 decision: d.decision.clone(),
             });
         }

@@ -29,6 +29,7 @@ mod user;
 
 pub use graph::{
     Enablement, IfDisabled, MeshSource, Need, ResolvedStage, ShardAxis, StageCatalog, StageDef,
+    StageWorker,
 };
 pub use puzzle::PostMipExpansion;
 
@@ -178,11 +179,11 @@ mod tests {
         assert_eq!(train.strategy, Strategy::Sharded);
         assert_eq!((train.mesh.tp, train.mesh.pp), (2, 2));
         assert_eq!(train.instances, 4);
-        assert!(train.distributed && train.resumable && !train.aggregate);
-        assert_eq!(train.validate, ["python", "check.py"]);
+        assert!(train.distributed && train.worker.resumable && !train.aggregate);
+        assert_eq!(train.worker.validate, ["python", "check.py"]);
         let prep = r.iter().find(|s| s.id == "prep").unwrap();
-        assert_eq!(prep.command, ["python", "prep.py"]);
-        assert_eq!(prep.outputs, ["data/x"]);
+        assert_eq!(prep.worker.command, ["python", "prep.py"]);
+        assert_eq!(prep.worker.outputs, ["data/x"]);
     }
 
     #[test]

@@ -127,7 +127,7 @@ impl StageCatalog {
                     .enabled_by("bypass.enabled", false)
                     .mesh(automodel(&["bypass"]))
                     .distributed(true);
-                d.resumable = true;
+                d.worker.resumable = true;
                 d
             },
             s("build_library")
@@ -182,7 +182,7 @@ impl StageCatalog {
                     .enabled_by("global_distillation.enabled", false)
                     .mesh(automodel(&["global_distillation"]))
                     .distributed(true);
-                d.resumable = true;
+                d.worker.resumable = true;
                 d
             },
             s("post_distillation_evaluation")
@@ -424,7 +424,7 @@ pub(super) fn expand_post_mip(
             def.needs = dedup.iter().map(|p| Need::on(p)).collect();
             def.failure_policy = failure_policy;
             def.aggregate = strategy == Strategy::Sharded;
-            def.resumable = ty == "global_kd";
+            def.worker.resumable = ty == "global_kd";
             def.decision = decision_input;
             out.push((def, mesh));
         }

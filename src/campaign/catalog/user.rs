@@ -58,7 +58,7 @@ fn parse_user_stage(file: &str, path: &str, node: &Value) -> Result<StageDef, Pl
         def.instances = n;
     }
     if let Some(Argv(c)) = raw.command {
-        def.command = c;
+        def.worker.command = c;
     }
     match raw.enabled {
         None => {}
@@ -77,15 +77,15 @@ fn parse_user_stage(file: &str, path: &str, node: &Value) -> Result<StageDef, Pl
         def.mesh = MeshSource::Fixed(mesh);
     }
     if let Some(Outputs(o)) = raw.outputs {
-        def.outputs = o;
+        def.worker.outputs = o;
     }
     if let Some(Argv(v)) = raw.validate {
-        def.validate = v;
+        def.worker.validate = v;
     }
     for (value, slot) in [
         (raw.distributed, &mut def.distributed),
         (raw.aggregate, &mut def.aggregate),
-        (raw.resumable, &mut def.resumable),
+        (raw.resumable, &mut def.worker.resumable),
     ] {
         if let Some(b) = value {
             *slot = b;

@@ -258,10 +258,24 @@ impl ConfigLoader {
         path: impl AsRef<Path>,
         overrides: &[Override],
     ) -> Result<Config, ConfigError> {
-        let mut cfg = self.compose(path, overrides)?;
+        Ok(self.load_experiment_and_base(path, overrides, false)?.0)
+    }
+
+    /// [`ConfigLoader::load_experiment`], also returning (when `keep_base` and there are
+    /// overrides) the composed value before the overrides, so a caller comparing the two
+    /// composes the experiment once.
+    pub(crate) fn load_experiment_and_base(
+        &self,
+        path: impl AsRef<Path>,
+        overrides: &[Override],
+        keep_base: bool,
+    ) -> Result<(Config, Option<Value>), ConfigError> {
+        let mut cfg = self.compose(path, &[])?;
+        let base = (keep_base && !overrides.is_empty()).then(|| cfg.value.clone());
+        overrides::apply_overrides_tracked(&mut cfg.value, &mut cfg.origins, overrides)?;
         cfg.value =
             interpolate::resolve_tree(&cfg.value, &mut cfg.origins, &self.env, &self.resolvers)?;
-        Ok(cfg)
+        Ok((cfg, base))
     }
 
     /// Composition and overrides only, without interpolation: `${...}` strings are left as

@@ -45,7 +45,7 @@ pub struct CampaignControllerBuilder {
     pools: HashMap<String, Arc<PoolSource>>,
     max_requeues: u32,
     on_event: Option<Arc<EventSink>>,
-    notifier: Option<Arc<crate::report::Notifier>>,
+    subscribers: Vec<Arc<dyn super::EventSubscriber>>,
     controls: Option<mpsc::UnboundedReceiver<Control>>,
     view: super::view::ViewMode,
     abort_after_submits: Option<u64>,
@@ -80,7 +80,7 @@ impl Default for CampaignControllerBuilder {
             pools: HashMap::new(),
             max_requeues: 3,
             on_event: None,
-            notifier: None,
+            subscribers: Vec::new(),
             controls: None,
             view: super::view::ViewMode::Off,
             abort_after_submits: None,
@@ -251,16 +251,14 @@ impl CampaignControllerBuilder {
         self.on_event = Some(Arc::new(f));
         self
     }
-    /// Runs `notifier`'s command (argv, no shell) with the event as JSON on stdin when a stage
-    /// completes or fails or an attempt is declared hung (see [`Notifier`]); besides any
-    /// [`on_event`](Self::on_event) observer. A failing notifier never stops the campaign. The
-    /// campaign's end is the caller's to announce after [`run`](super::CampaignController::run)
-    /// ([`NotifyEvent::campaign_end`]).
-    ///
-    /// [`Notifier`]: crate::report::Notifier
-    /// [`NotifyEvent::campaign_end`]: crate::report::NotifyEvent::campaign_end
-    pub fn notify(mut self, notifier: Arc<crate::report::Notifier>) -> Self {
-        self.notifier = Some(notifier);
+    /// Tells `subscriber` of every [`ControllerEvent`](super::ControllerEvent) with the
+    /// campaign's folder, besides any [`on_event`](Self::on_event) observer and any other
+    /// subscriber (in the order given). The `report` module's `Notifier` is one: it runs a
+    /// command with the event as JSON when a stage completes or fails or an attempt is declared
+    /// hung, and a failing notifier never stops the campaign; the campaign's end is the
+    /// caller's to announce after [`run`](super::CampaignController::run).
+    pub fn subscribe(mut self, subscriber: Arc<dyn super::EventSubscriber>) -> Self {
+        self.subscribers.push(subscriber);
         self
     }
     /// Who answers manual decisions (post-MIP filters with `mode: manual`): e.g.
@@ -345,19 +343,19 @@ impl CampaignControllerBuilder {
                 });
             }
         }
-        let on_event: Option<Arc<EventSink>> = match (self.on_event, self.notifier) {
-            (f, Some(n)) => {
+        let on_event: Option<Arc<EventSink>> = match (self.on_event, self.subscribers) {
+            (f, subscribers) if subscribers.is_empty() => f,
+            (f, subscribers) => {
                 let campaign = dir.clone();
                 Some(Arc::new(move |ev: &super::ControllerEvent| {
                     if let Some(f) = &f {
                         f(ev);
                     }
-                    if let Some(e) = crate::report::NotifyEvent::from_event(&campaign, ev) {
-                        n.send(&e);
+                    for s in &subscribers {
+                        s.on_event(&campaign, ev);
                     }
                 }))
             }
-            (f, None) => f,
         };
         let lease = Lease::acquire(&dir, &ctl_dir, self.lease_ttl)?;
         let (journal, replay) = Journal::open(&ctl_dir)?;

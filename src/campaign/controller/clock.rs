@@ -23,7 +23,7 @@ pub struct SystemClock;
 #[async_trait]
 impl Clock for SystemClock {
     fn now_ms(&self) -> u64 {
-        crate::executor::now_ms()
+        crate::sys::now_ms()
     }
     async fn sleep(&self, d: Duration) {
         tokio::time::sleep(d).await

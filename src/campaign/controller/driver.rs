@@ -709,7 +709,7 @@ impl CampaignController {
             .map(|u| {
                 format!(
                     "backing off until {} (attempt {}, {})",
-                    crate::report::clock_text(u.not_before_ms),
+                    crate::sys::clock_text(u.not_before_ms),
                     u.attempts.len() + 1,
                     u.last_class.map_or("failed", |c| c.as_str())
                 )

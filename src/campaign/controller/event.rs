@@ -5,12 +5,14 @@
 //! its serde form and of the journal's `event` entries) and a one-line human form
 //! ([`Display`](std::fmt::Display)), which is what the journal records as the message. Register
 //! an observer with
-//! [`CampaignControllerBuilder::on_event`](super::CampaignControllerBuilder::on_event).
+//! [`CampaignControllerBuilder::on_event`](super::CampaignControllerBuilder::on_event), or an
+//! [`EventSubscriber`] (a notifier) with
+//! [`CampaignControllerBuilder::subscribe`](super::CampaignControllerBuilder::subscribe).
 //!
 //! Stability: variants and fields are only ever added (`#[non_exhaustive]`); the kinds of
 //! existing variants do not change.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use serde::Serialize;
@@ -18,6 +20,16 @@ use serde::Serialize;
 use super::classify::FailureClass;
 use crate::executor::AttemptId;
 use crate::identity::Hash;
+
+/// Something told of every [`ControllerEvent`] of a campaign as it happens, with the campaign's
+/// folder: a notifier (the `report` module's `Notifier` is one), a log, a dashboard. It is how
+/// layers above the controller hear of its events without the controller knowing them.
+/// Called on the controller's task: keep it quick (a notifier hands its work to a thread of
+/// its own).
+pub trait EventSubscriber: Send + Sync {
+    /// `event` happened in the campaign whose folder is `campaign`.
+    fn on_event(&self, campaign: &Path, event: &ControllerEvent);
+}
 
 /// One thing that happened in a campaign controller.
 #[derive(Clone, Debug, PartialEq, Serialize)]
@@ -548,13 +560,6 @@ mod tests {
         assert_eq!(
             made.to_string(),
             "stage post.f.pick decided: none chosen; skipped: post.f.mat"
-        );
-        let n = crate::report::NotifyEvent::from_event(std::path::Path::new("/c"), &e).unwrap();
-        assert_eq!(n.event, "decision_needed");
-        assert_eq!(n.stage.as_deref(), Some("post.f.pick"));
-        assert_eq!(n.detail["file"], "/c/decisions/post.f.pick.txt");
-        assert!(
-            crate::report::NotifyEvent::from_event(std::path::Path::new("/c"), &made).is_none()
         );
     }
 

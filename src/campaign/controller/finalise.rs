@@ -209,13 +209,13 @@ impl CampaignController {
         stage: &crate::campaign::StagePlan,
         out: &Path,
     ) -> Option<String> {
-        if let Some(missing) = stage.outputs.iter().find(|o| !out.join(o).exists()) {
+        if let Some(missing) = stage.worker.outputs.iter().find(|o| !out.join(o).exists()) {
             return Some(format!(
                 "declared output `{missing}` is missing in {}",
                 out.display()
             ));
         }
-        let (prog, args) = stage.validate.split_first()?;
+        let (prog, args) = stage.worker.validate.split_first()?;
         let mut child = match std::process::Command::new(prog)
             .args(args)
             .current_dir(out)
@@ -230,7 +230,7 @@ impl CampaignController {
             Err(e) => {
                 return Some(format!(
                     "the validation command `{}` could not start: {e}",
-                    stage.validate.join(" ")
+                    stage.worker.validate.join(" ")
                 ));
             }
         };
@@ -255,7 +255,7 @@ impl CampaignController {
                         .collect();
                     return Some(format!(
                         "the validation command `{}` failed ({status}){}",
-                        stage.validate.join(" "),
+                        stage.worker.validate.join(" "),
                         if tail.is_empty() {
                             String::new()
                         } else {
@@ -271,14 +271,14 @@ impl CampaignController {
                     let _ = child.wait();
                     return Some(format!(
                         "the validation command `{}` did not finish within {:?}",
-                        stage.validate.join(" "),
+                        stage.worker.validate.join(" "),
                         VALIDATE_TIMEOUT
                     ));
                 }
                 Err(e) => {
                     return Some(format!(
                         "the validation command `{}` could not be waited for: {e}",
-                        stage.validate.join(" ")
+                        stage.worker.validate.join(" ")
                     ));
                 }
             }
@@ -326,7 +326,7 @@ impl CampaignController {
                 let mut late = Vec::new();
                 if st.state == JobState::Completed {
                     let mut wanted: Vec<std::path::PathBuf> =
-                        stage.outputs.iter().map(|o| out.join(o)).collect();
+                        stage.worker.outputs.iter().map(|o| out.join(o)).collect();
                     if self.settings.require_success_marker {
                         wanted.insert(0, out.join(SUCCESS_MARKER));
                     }
@@ -386,7 +386,7 @@ impl CampaignController {
                 // partial ones are moved aside first so the resume never loads them.
                 let timed_out = st.state == JobState::Timeout
                     || log_tail.to_ascii_lowercase().contains("due to time limit");
-                let checkpoint = if stage.resumable && timed_out {
+                let checkpoint = if stage.worker.resumable && timed_out {
                     let moved = move_partial_checkpoints_aside(&out, &at.id);
                     match find_checkpoint(&out) {
                         CheckpointEvidence::Found(c) if !moved.is_empty() => {
@@ -402,7 +402,7 @@ impl CampaignController {
                     log_tail,
                     log_unavailable,
                     rank_logs,
-                    resumable: stage.resumable,
+                    resumable: stage.worker.resumable,
                     cancel_requested: at.cancel_requested,
                     own_uid: self.own_uid,
                     scheduler_uid: self.scheduler_uid,

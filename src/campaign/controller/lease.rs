@@ -42,11 +42,11 @@ use std::time::Duration;
 use serde::{Deserialize, Serialize};
 
 use super::error::ControllerError;
-use crate::executor::now_ms;
 use crate::store::Owner;
 use crate::store::liveness::{
     Beat, HeartbeatWatch, Liveness, is_gone, move_aside_if_unchanged, read_beat, unique_token,
 };
+use crate::sys::now_ms;
 
 /// The content of `lease.json`.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]

@@ -68,7 +68,7 @@ pub(crate) use controls::choose_revisions;
 pub use controls::{DecisionPrompt, TerminalControls};
 pub use driver::{CampaignController, Control, ControlSender, RunOptions};
 pub use error::ControllerError;
-pub use event::ControllerEvent;
+pub use event::{ControllerEvent, EventSubscriber};
 #[cfg(any(test, feature = "test-util"))]
 #[doc(hidden)]
 pub use finalise::VisibilityProbe;

@@ -46,7 +46,7 @@ impl CampaignController {
             rank_logs: Self::rank_logs(&out.join("logs"), since),
             rank_dir: Some(out.join("logs")),
             log_path: Some(log_path),
-            resumable: stage.resumable,
+            resumable: stage.worker.resumable,
             ..Evidence::default()
         }
     }

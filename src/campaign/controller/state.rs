@@ -335,7 +335,7 @@ impl State {
                     if unit.status == UnitStatus::Live {
                         unit.status = UnitStatus::Ready;
                         unit.not_before_ms = 0;
-                        unit.next_resume = plan.stages[unit.stage].resumable;
+                        unit.next_resume = plan.stages[unit.stage].worker.resumable;
                         unit.next_more_resources = false;
                     }
                     return Ok(());

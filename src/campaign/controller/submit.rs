@@ -61,7 +61,7 @@ impl CampaignController {
         let st = &self.plan.stages[u.stage];
         UnitHistory {
             failure_policy: st.spec.failure_policy,
-            resumable: st.resumable,
+            resumable: st.worker.resumable,
             oom_retry_allowed: self.settings.oom_retry.contains(&st.stage_id),
             max_attempts: st.spec.max_attempts.max(1),
             counted_attempts: u.counted,
@@ -197,7 +197,7 @@ impl CampaignController {
             // one it does not rewrite would be promoted with the dead attempt's copy.
             if n > 1 {
                 let prev = self.attempt_id_for(u, n - 1);
-                let moved = move_outputs_aside(&out, &st.outputs, &prev);
+                let moved = move_outputs_aside(&out, &st.worker.outputs, &prev);
                 if !moved.is_empty() {
                     asides.push(ControllerEvent::OutputsMovedAside {
                         attempt_id: prev,

@@ -1882,7 +1882,7 @@ mod malformed_exit_tests {
         );
         // A well-formed, live wrapper record decides alone.
         let pid = std::process::id();
-        let ticks = crate::store::process_start_ticks(pid).unwrap();
+        let ticks = crate::sys::process_start_ticks(pid).unwrap();
         let out = poll_here(r, &[("wrapper", &format!("{pid} {ticks}\n"))]);
         assert_eq!(out, "M a1 job 12x 5?\nW a1", "{out}");
         // The exit record is the evidence: the pid records are not even read.

@@ -663,7 +663,7 @@ mod tests {
         let root = tempfile::tempdir().unwrap();
         let d = root.path().join("a1");
         std::fs::create_dir_all(&d).unwrap();
-        let ticks = crate::store::process_start_ticks(pid).unwrap_or(1);
+        let ticks = crate::sys::process_start_ticks(pid).unwrap_or(1);
         std::fs::write(d.join("wrapper"), format!("{pid} {ticks} {rec}\n")).unwrap();
         std::fs::write(d.join("job"), format!("{pid} {ticks} 1000 {rec}\n")).unwrap();
         poll_here(root.path(), "a1")
@@ -676,7 +676,7 @@ mod tests {
             .spawn()
             .unwrap();
         let pid = child.id();
-        let here = crate::store::ProcessSpace::here();
+        let here = crate::sys::ProcessSpace::here();
         let boot = here.boot_id.clone().unwrap();
         let ns = here.pidns.clone().unwrap();
         let machine = std::fs::read_to_string("/etc/machine-id")

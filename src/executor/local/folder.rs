@@ -235,7 +235,7 @@ pub(crate) fn read_exit(dir: &Path) -> Result<Option<ExitRecord>, ExecutorError>
 /// The start time (clock ticks since boot, field 22 of `/proc/<pid>/stat`) of a live,
 /// non-zombie process; `None` when there is no such process.
 pub(crate) fn proc_start_ticks(pid: i32) -> Option<u64> {
-    crate::store::process_start_ticks(u32::try_from(pid).ok()?)
+    crate::sys::process_start_ticks(u32::try_from(pid).ok()?)
 }
 
 /// A launch claim (`launching`): when it was made and, when recorded, by which process.

@@ -520,6 +520,9 @@ impl core::fmt::Write for StackBuf {
     }
 }
 
+/// The wrapper's own copy of `crate::sys::now_ms`, kept apart on purpose: this runs in the
+/// forked child, where only async-signal-safe calls may be made (`clock_gettime` is one;
+/// `SystemTime::now` is not promised to be).
 fn now_ms() -> u64 {
     let mut ts = libc::timespec {
         tv_sec: 0,

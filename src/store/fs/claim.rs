@@ -957,7 +957,7 @@ mod tests {
             .spawn()
             .unwrap();
         let pid = c.id();
-        let ticks = crate::store::process_start_ticks(pid).unwrap();
+        let ticks = crate::sys::process_start_ticks(pid).unwrap();
         (c, pid, ticks)
     }
 
