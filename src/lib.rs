@@ -94,12 +94,12 @@
 //!   An isolated worker handles SIGTERM and SIGINT the same way.
 //!
 //! ## Features
-//! - `parquet` (default): Parquet output, [`MetricTable::write_parquet`] and
-//!   [`StoreExt::write_metric_parquet`] (adds the `parquet` crate; Arrow tables are always in).
+//! - `parquet` (default): Parquet output, [`MetricTable::write_parquet`](metrics::MetricTable::write_parquet) and
+//!   [`MetricsExt::write_metric_parquet`](metrics::MetricsExt::write_metric_parquet) (adds the `parquet` crate; Arrow tables are always in).
 //! - `slurm` (default): `executor::SlurmExecutor`, which runs attempts as Slurm batch jobs and
 //!   arrays (no extra dependency: it calls `sbatch`, `squeue`, `sacct` and `scancel`).
 //! - `test-util`: the conformance suites `store::conformance` and `executor::conformance`, to
-//!   check your own [`Store`] or [`executor::Executor`] against the rules ours keep.
+//!   check your own [`Store`](store::Store) or [`executor::Executor`] against the rules ours keep.
 //! - `progress`: progress bars (`indicatif`) in the campaign controller's live view on a
 //!   terminal.
 //! - `ray`: `executor::RayExecutor`, which runs attempts as jobs of a Ray cluster through its
@@ -150,7 +150,7 @@ pub use sweep::{
 };
 
 /// The Arrow crates whose types appear in this crate's public signatures
-/// ([`MetricTable::batch`] is an `arrow_array::RecordBatch`, [`MetricTable::column`] an
+/// ([`MetricTable::batch`](metrics::MetricTable::batch) is an `arrow_array::RecordBatch`, [`MetricTable::column`](metrics::MetricTable::column) an
 /// `arrow_array::ArrayRef`), re-exported so users name them without a version to match.
 pub mod arrow {
     pub use arrow_array::{self as array, ArrayRef, RecordBatch};

@@ -787,7 +787,7 @@ fn apply_filter(
 ///
 /// 1. the resolved experiment config as canonical JSON (keys sorted, numbers in shortest form),
 ///    so YAML key order, formatting, anchors and comments do not matter;
-/// 2. the runner's [`ExecutionContract`](super::runner::ExecutionContract) (repository, venv,
+/// 2. the runner's [`ExecutionContract`](crate::executor::ExecutionContract) (repository, venv,
 ///    container, mounts, setup and pre/post commands);
 /// 3. per stage, sorted by id: parents (sorted), strategy, instances, mesh and resource (a
 ///    different mesh or sharding can change numerics).

@@ -241,7 +241,7 @@ pub struct StageSpecs {
 }
 
 /// The specs of attempt `options.attempt` of every unit of every stage that runs a job, built
-/// by the controller's own [`attempt_spec`] (with the excluded nodes the controller adds).
+/// by the controller's own `attempt_spec` (with the excluded nodes the controller adds).
 ///
 /// # Errors
 /// [`PlanError::WorkPlan`] for a stage the controller could not submit (no command, no item).

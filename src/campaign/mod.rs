@@ -17,7 +17,7 @@
 //!   ([`ExecutionConfig`]) schemas.
 //! - The stage graph as data ([`StageCatalog::puzzle`], user catalogs: the `stages:` YAML
 //!   grammar is documented on [`StageCatalog::from_config`]).
-//! - [`ParallelMesh`], [`pack_gpu_allocation`], [`normalize_vllm_topology`].
+//! - [`ParallelMesh`], [`pack_gpu_allocation`], `normalize_vllm_topology`.
 //! - [`compile_campaign_plan`] (overrides as [`config::Override`]s) -> [`CampaignPlan`]
 //!   ([`StagePlan`], [`WorkPlan`]).
 //! - [`plan_to_dict`] and its loader; [`dry_run`] / [`render_dry_run`]: what would be

@@ -64,7 +64,7 @@ pub struct Rendering {
     /// local job gets), so a reader knows what the rendering leaves open.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub notes: Vec<String>,
-    /// Values of secret variables (see [`shell::is_secret_name`]) of the spec, replaced by
+    /// Values of secret variables (see `shell::is_secret_name`) of the spec, replaced by
     /// [`Rendering::redacted`]. Never serialized.
     #[serde(skip)]
     pub secrets: Vec<String>,
@@ -135,7 +135,7 @@ impl Rendering {
         }
     }
 
-    /// Notes the secret values among `env` (by [`shell::is_secret_name`]) for
+    /// Notes the secret values among `env` (by `shell::is_secret_name`) for
     /// [`Rendering::redacted`].
     pub fn with_secrets_of<'a>(
         mut self,

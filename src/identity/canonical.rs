@@ -160,7 +160,7 @@ pub struct CanonicalParams {
 /// (not from the values: an `f64` that happens to be whole is still [`Float`](Self::Float), a
 /// `u64` above `i64::MAX` is still [`UInt`](Self::UInt)), so a column keeps its Arrow type from
 /// sweep to sweep. The whole table of Rust types and Arrow types is in
-/// [`MetricTable`](crate::MetricTable)'s docs.
+/// [`MetricTable`](crate::metrics::MetricTable)'s docs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 #[serde(rename_all = "snake_case")]
 #[non_exhaustive]

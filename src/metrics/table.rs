@@ -56,7 +56,7 @@ pub const RESERVED_COLUMNS: [&str; 3] = ["step", "value", "job_key"];
 /// before the types were kept (an integer of such a record beyond `i64` is text). Columns
 /// whose runs disagree (two jobs with one parameter name and different types) are text.
 ///
-/// The Parquet written by [`MetricsExt::write_metric_parquet`](crate::MetricsExt::write_metric_parquet)
+/// The Parquet written by [`MetricsExt::write_metric_parquet`](crate::metrics::MetricsExt::write_metric_parquet)
 /// stores the `Utf8` columns dictionary-encoded (`Dictionary(Int32, Utf8)`); readers see
 /// strings either way.
 #[derive(Debug, Clone)]

@@ -369,7 +369,7 @@ impl AttemptHistory {
         }
     }
 
-    /// Wasted GPU-hours by key (see the [module docs](self)).
+    /// Wasted GPU-hours by key (see the module docs).
     pub fn waste(&self, as_of_ms: u64) -> Vec<(String, f64)> {
         let total = self.gpu_hours(as_of_ms);
         if total == 0.0 {

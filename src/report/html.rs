@@ -61,7 +61,7 @@ pub const AGGREGATE_ATTEMPTS: usize = 10_000;
 pub const AGGREGATE_SLICES: usize = 300;
 
 /// Up to this many attempts the attempts table is in the report in full. Above, the report
-/// shows the first and last [`TABLE_ENDS`], up to [`TABLE_FAILED`] failed attempts between
+/// shows the first and last `TABLE_ENDS`, up to `TABLE_FAILED` failed attempts between
 /// them, and links to the full table, [`ReportFiles::attempts_csv`].
 pub const INLINE_ATTEMPTS: usize = 2_000;
 

@@ -1,18 +1,18 @@
 //! Reading a campaign or a sweep after the fact (or while it runs), without taking its lease:
 //! the model behind `puzzletron campaign status|report` and `puzzletron sweep status`.
 //!
-//! - [`history`]: [`CampaignHistory`], every attempt of a campaign assembled from its journal
+//! - `history`: [`CampaignHistory`], every attempt of a campaign assembled from its journal
 //!   and the executor's attempt records, read-only; GPU-hours and wasted GPU-hours.
-//! - [`lease`]: [`LeaseStatus`], whether a controller holds the lease, probed without taking it.
-//! - [`html`]: [`render_campaign_report`], one self-contained HTML file (inline SVG and CSS, no
+//! - `lease`: [`LeaseStatus`], whether a controller holds the lease, probed without taking it.
+//! - `html`: [`render_campaign_report`], one self-contained HTML file (inline SVG and CSS, no
 //!   script, no network): stage DAG, timeline, GPU-hours, waste by failure class, failures;
 //!   [`render_campaign_report_files`] adds the attempts CSV written beside a large campaign's
 //!   report.
-//! - [`sweep`]: [`SweepHistory`] and [`render_sweep_report`], the same for a sweep store.
-//! - [`notify`]: [`Notifier`], a command run with an event as JSON on its stdin.
+//! - `sweep`: [`SweepHistory`] and [`render_sweep_report`], the same for a sweep store.
+//! - `notify`: [`Notifier`], a command run with an event as JSON on its stdin.
 //!
 //! The report is built from this model, not from the controller's event types, so a change of
-//! the journal's entries only touches [`history`]'s reader: it reads each journal line as a
+//! the journal's entries only touches `history`'s reader: it reads each journal line as a
 //! tagged JSON object and takes the fields it knows, skipping entry kinds it does not.
 
 mod history;

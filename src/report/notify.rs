@@ -139,7 +139,7 @@ impl NotifyEvent {
     }
 }
 
-/// Runs a command per event; see the [module docs](self).
+/// Runs a command per event; see the module docs.
 #[derive(Debug)]
 pub struct Notifier {
     argv: Vec<String>,

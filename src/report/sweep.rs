@@ -137,7 +137,7 @@ impl SweepHistory {
 }
 
 /// Renders a sweep report: `plots` are `(metric, svg)` pairs (e.g. from
-/// [`MetricTable::to_svg`](crate::MetricTable::to_svg)), inlined as they are.
+/// [`MetricTable::to_svg`](crate::metrics::MetricTable::to_svg)), inlined as they are.
 pub fn render_sweep_report(h: &SweepHistory, plots: &[(String, String)]) -> String {
     let mut o = String::new();
     let title = format!("Sweep report: {}", h.location);

@@ -10,8 +10,8 @@ use crate::sys::process_start_ticks;
 
 /// The newest store and record format this build reads: a store or a record written in a newer
 /// one is refused rather than misread. Version 2 added rows kept in the record
-/// ([`MetricsInfo::inline`]); a record without them is written as [`BASE_FORMAT`], which builds
-/// before version 2 read. Versions 3 ([`CLAIM_FORMAT`]) and 4 ([`LIVENESS_FORMAT`]) are the
+/// ([`MetricsInfo::inline`]); a record without them is written as `BASE_FORMAT`, which builds
+/// before version 2 read. Versions 3 (`CLAIM_FORMAT`) and 4 (`LIVENESS_FORMAT`) are the
 /// store's folder layout and claim protocol.
 pub const FORMAT_VERSION: u32 = 4;
 /// Version 3: a new job folder's `mkdir` is its claim until the claim file is written, and
@@ -269,7 +269,7 @@ pub struct JobRecord {
 
 impl JobRecord {
     /// Sets what the finished attempt logged, and the record's format to the oldest that holds
-    /// it: [`INLINE_FORMAT`] for rows kept in the record, else [`BASE_FORMAT`].
+    /// it: `INLINE_FORMAT` for rows kept in the record, else `BASE_FORMAT`.
     pub fn set_metrics(&mut self, info: MetricsInfo) {
         self.format = if info.inline.is_some() {
             INLINE_FORMAT

@@ -546,7 +546,7 @@ impl<S: Store, E: Executor> Orchestrator<S, E> {
     /// Because it drains first, a run whose last attempt failed is attempted again here (as in
     /// any drain); to read what is recorded without running anything, use
     /// [`recorded`](Self::recorded) (this sweep's runs) or
-    /// [`MetricsExt::metric_table`](crate::MetricsExt::metric_table) (every run in a store).
+    /// [`MetricsExt::metric_table`](crate::metrics::MetricsExt::metric_table) (every run in a store).
     ///
     /// # Errors
     /// [`Error::RunFailed`] when the drain fails; [`Error::Metrics`] with
@@ -598,7 +598,7 @@ impl<S: Store, E: Executor> Orchestrator<S, E> {
 
     /// [`recorded`](Self::recorded)`(metric)` written to `path` as Parquet in bounded memory
     /// (a few runs' rows, read ahead, and one batch of at most 65,536 rows at a time; see
-    /// [`MetricsExt::write_metric_parquet`](crate::MetricsExt::write_metric_parquet) for the file).
+    /// [`MetricsExt::write_metric_parquet`](crate::metrics::MetricsExt::write_metric_parquet) for the file).
     /// Runs nothing: [`drain`](Self::drain) first to run what is pending. Returns the number of
     /// rows written.
     ///

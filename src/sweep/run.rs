@@ -84,7 +84,7 @@ impl Run {
 
     /// Logs `value` of metric `name` at `step`.
     ///
-    /// Rows are buffered, not written one system call each. With [`FsStore`](crate::FsStore) a
+    /// Rows are buffered, not written one system call each. With [`FsStore`](crate::store::FsStore) a
     /// row reaches the OS (and survives a crash of the process) at the latest
     /// [`FLUSH_INTERVAL`](crate::store::FLUSH_INTERVAL) after it is logged, when
     /// [`FLUSH_ROWS`](crate::store::FLUSH_ROWS) rows are buffered, when the job calls

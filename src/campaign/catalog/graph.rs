@@ -79,7 +79,7 @@ pub enum MeshSource {
     Fixed(ParallelMesh),
     /// The first present AutoModel `parallel:` mapping among these dotted keys.
     AutoModel(Vec<String>),
-    /// A vLLM `topology:` mapping, normalized by [`normalize_vllm_topology`].
+    /// A vLLM `topology:` mapping, normalized by `normalize_vllm_topology`.
     Vllm(String),
 }
 

@@ -172,7 +172,7 @@ impl CampaignControllerBuilder {
         self.heartbeat.insert(stage.into(), timeout);
         self
     }
-    /// After how many distinct units failed fast (see [`nodes`](super::nodes)) on one node it
+    /// After how many distinct units failed fast (see `nodes`) on one node it
     /// is excluded from every later submission (`--exclude`), with a
     /// [`ControllerEvent::NodeExcluded`](super::ControllerEvent::NodeExcluded); `None`
     /// never excludes. Default 2. (A unit's own retry avoids the nodes of its failed attempt
@@ -185,7 +185,7 @@ impl CampaignControllerBuilder {
     /// never started: the job's setup failed on its node; only for executors whose jobs write
     /// one, [`Executor::writes_start_mark`]),
     /// without application evidence in its log, counts as an infrastructure failure (see
-    /// [`classify`](mod@super::classify), rule 6a). Default 60 s.
+    /// `classify`, rule 6a). Default 60 s.
     pub fn fast_failure_window(mut self, window: Duration) -> Self {
         self.fast_failure_window = window;
         self

@@ -54,7 +54,7 @@
 //! log shows an application error, else [`FailureClass::Hung`].
 //!
 //! What follows each class (retried or not, on which budget) is decided by the stage's
-//! `failure_policy` in one table: [the retry table](super::policy#retry-table) of
+//! `failure_policy` in one table: [the retry table](super::RetryPolicy#retry-table) of
 //! [`policy`](super::policy). In short: `Application` (NaN loss, `AssertionError`, any other
 //! exit code) is fatal under `strict` and re-submitted up to `max_attempts` under `resume`; it
 //! is never retried on the transient budget.
@@ -85,12 +85,12 @@ pub enum FailureClass {
     /// The program failed on its own (non-zero exit without other evidence, or an application
     /// error such as a NaN loss or `AssertionError` in a log). Fatal under `strict`,
     /// re-submitted up to `max_attempts` under `resume` ([the retry
-    /// table](super::policy#retry-table)).
+    /// table](super::RetryPolicy#retry-table)).
     Application,
     /// Not enough evidence (lost job, SIGKILL without an oom trace, unknown state).
     Unknown,
     /// Running, but its progress mark did not move for the stage's heartbeat timeout: the
-    /// controller cancelled it ([`classify_hung`]). Retried like [`FailureClass::Transient`].
+    /// controller cancelled it (`classify_hung`). Retried like [`FailureClass::Transient`].
     Hung,
     /// Completed, but its success marker or a declared output stayed invisible (`stat`, then
     /// a `readdir` of its folder and an `open`, retried with backoff for the controller's
@@ -407,7 +407,7 @@ fn rank_verdict(ev: &Evidence) -> Option<Classification> {
 /// not move for `silent` (the stage's heartbeat timeout; `last_step` is the last mark seen),
 /// from its logs: an application error in any log (rule 6b) is
 /// [`FailureClass::Application`] (never retried as a hang: fatal under `strict`, re-submitted up
-/// to `max_attempts` under `resume`, see [the retry table](super::policy#retry-table));
+/// to `max_attempts` under `resume`, see [the retry table](super::RetryPolicy#retry-table));
 /// anything else is [`FailureClass::Hung`],
 /// the detail naming the silence, the last mark and a collective failure if one shows.
 pub(crate) fn classify_hung(

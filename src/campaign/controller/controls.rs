@@ -112,7 +112,7 @@ impl TerminalControls {
     /// On a terminal, the [`DecisionPrompt`] to give to
     /// [`CampaignControllerBuilder::decision_prompt`](super::CampaignControllerBuilder::decision_prompt):
     /// it pauses the key reader, restores the terminal's line mode, asks with
-    /// [`prompt_choice`] on stderr, and goes back to single keys. `None` off a terminal (the
+    /// `prompt_choice` on stderr, and goes back to single keys. `None` off a terminal (the
     /// controller then waits for the decision file).
     pub fn prompter(&self) -> Option<Arc<dyn DecisionPrompt>> {
         let saved = self.saved?;

@@ -28,7 +28,7 @@ pub(super) const VALIDATE_TIMEOUT: Duration = Duration::from_secs(120);
 /// Most per-rank logs read for one attempt (16 KiB of each).
 pub(super) const MAX_RANK_LOGS: usize = 256;
 
-/// One way the controller looks for an output file (see [`VisibilityHook`]).
+/// One way the controller looks for an output file (see `VisibilityHook`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 #[non_exhaustive]
 // Public for the test hook only (feature `test-util`).

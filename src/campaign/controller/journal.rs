@@ -36,7 +36,7 @@ pub(super) const JOURNAL_FORMAT: u32 = 1;
 pub enum Entry {
     /// First record: the campaign's identity.
     Header {
-        /// [`JOURNAL_FORMAT`].
+        /// `JOURNAL_FORMAT`.
         format: u32,
         /// Random id of this campaign folder; prefixes every attempt id so that jobs of an
         /// earlier campaign (same plan, folder deleted) are never adopted.

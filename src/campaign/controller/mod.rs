@@ -1,22 +1,22 @@
 //! The campaign controller (`docs/design.md`, "Campaigns": Controller): runs a compiled
 //! [`CampaignPlan`] on an [`Executor`], durably.
 //!
-//! - [`builder`]: [`CampaignControllerBuilder`] (options, lease, replay, contract check).
-//! - [`driver`]: [`CampaignController`], the small control loop; its parts, one job each:
+//! - `builder`: [`CampaignControllerBuilder`] (options, lease, replay, contract check).
+//! - `driver`: [`CampaignController`], the small control loop; its parts, one job each:
 //!   `submit` (intents, submits, adoption), `poll` (polling, scheduler errors, stuck jobs),
 //!   `finalise` (evidence, decisions, stage transitions), `shutdown` (cancels).
-//! - [`event`]: [`ControllerEvent`], what observers (logs, the CLI, reports) are told.
-//! - [`journal`]: the append-only journal (intents before submits, handles after, events).
-//! - [`lease`]: one controller per campaign.
+//! - `event`: [`ControllerEvent`], what observers (logs, the CLI, reports) are told.
+//! - `journal`: the append-only journal (intents before submits, handles after, events).
+//! - `lease`: one controller per campaign.
 //! - `state` (private): the in-memory state rebuilt from the journal.
-//! - [`classify`](mod@classify): [`FailureClass`] from scheduler state, exit code/signal and the log tail.
-//! - [`nodes`]: broken nodes (fail-fast attempts charged to nodes, `--exclude`).
-//! - [`policy`]: retry budgets, backoff with jitter, [`Decision`]s.
-//! - [`spec`]: from a work unit to an [`AttemptSpec`](crate::executor::AttemptSpec)
+//! - `classify`: [`FailureClass`] from scheduler state, exit code/signal and the log tail.
+//! - `nodes`: broken nodes (fail-fast attempts charged to nodes, `--exclude`).
+//! - `policy`: retry budgets, backoff with jitter, [`Decision`]s.
+//! - `spec`: from a work unit to an [`AttemptSpec`](crate::executor::AttemptSpec)
 //!   (environment contract of payloads).
-//! - [`pool`]: the persistent-pool work queue and the worker-side [`PoolWorker`] API.
-//! - [`controls`]: [`TerminalControls`], [`choose_revisions`], [`DecisionPrompt`]; [`view`]:
-//!   the live view; [`report`]: [`CampaignReport`].
+//! - `pool`: the persistent-pool work queue and the worker-side [`PoolWorker`] API.
+//! - `controls`: [`TerminalControls`], `choose_revisions`, [`DecisionPrompt`]; `view`:
+//!   the live view; `report`: [`CampaignReport`].
 //! - `decide` (private): manual decision stages (post-MIP filters with `mode: manual`): a
 //!   prompt on a terminal, else `decision_needed` and the decision file
 //!   `decisions/<stage>.txt`; the choice is journaled (`decision_made`) and written to

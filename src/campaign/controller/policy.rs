@@ -1,26 +1,8 @@
 //! Retry policies: what happens after an attempt of a work unit ends, by [`FailureClass`] and
 //! the stage's [`FailurePolicy`].
 //!
-//! # Retry table
-//!
-//! The one table of what is retried ([`decide`] implements it; `CONTRIBUTING.md` and the
-//! [`classify`](mod@super::classify) docs refer to it). A class is "fatal" where it fails the work
-//! unit at once.
-//!
-//! | class | `strict` | `resume` |
-//! | --- | --- | --- |
-//! | success | done | done |
-//! | `transient`, `hung` | retried, own budget ([`RetryPolicy::transient_retries`]) | same |
-//! | `transient`, failed fast on a node | retried on other nodes, infrastructure budget ([`RetryPolicy::infra_retries`]), then as `transient` | same |
-//! | `oom` | retried once with more resources when the stage allows it ([`RetryPolicy::oom_retries`]), else fatal | same |
-//! | `timeout_resumable` | fatal | re-submitted with the resume flag, up to `max_attempts` |
-//! | `application` (any exit code, NaN loss, `AssertionError`), `unknown` | fatal | re-submitted (resume flag when the stage can resume), up to `max_attempts` |
-//! | `timeout_fatal`, `config`, `cancelled`, `expired` | fatal | fatal |
-//!
-//! Delays grow exponentially with jitter ("full jitter" is avoided so a delay never drops to 0):
-//! `delay = min(max, base * factor^(n-1)) * (1 - jitter * u)` with `u` in `[0, 1)` derived from
-//! the attempt id, so the same attempt always gets the same delay (reproducible tests) while
-//! different attempts spread out (AWS Architecture Blog, "Exponential Backoff And Jitter").
+//! The table is in [`RetryPolicy`]'s docs (its `# Retry table` section): the type is public, this
+//! module is not.
 
 use std::time::Duration;
 
@@ -30,6 +12,27 @@ use super::classify::FailureClass;
 use crate::campaign::FailurePolicy;
 
 /// Retry budgets and backoff of a controller.
+///
+/// # Retry table
+///
+/// The one table of what is retried (`decide` implements it; `CONTRIBUTING.md` and the
+/// `classify` docs refer to it). A class is "fatal" where it fails the work
+/// unit at once.
+///
+/// | class | `strict` | `resume` |
+/// | --- | --- | --- |
+/// | success | done | done |
+/// | `transient`, `hung` | retried, own budget ([`RetryPolicy::transient_retries`](Self::transient_retries)) | same |
+/// | `transient`, failed fast on a node | retried on other nodes, infrastructure budget ([`RetryPolicy::infra_retries`](Self::infra_retries)), then as `transient` | same |
+/// | `oom` | retried once with more resources when the stage allows it ([`RetryPolicy::oom_retries`](Self::oom_retries)), else fatal | same |
+/// | `timeout_resumable` | fatal | re-submitted with the resume flag, up to `max_attempts` |
+/// | `application` (any exit code, NaN loss, `AssertionError`), `unknown` | fatal | re-submitted (resume flag when the stage can resume), up to `max_attempts` |
+/// | `timeout_fatal`, `config`, `cancelled`, `expired` | fatal | fatal |
+///
+/// Delays grow exponentially with jitter ("full jitter" is avoided so a delay never drops to 0):
+/// `delay = min(max, base * factor^(n-1)) * (1 - jitter * u)` with `u` in `[0, 1)` derived from
+/// the attempt id, so the same attempt always gets the same delay (reproducible tests) while
+/// different attempts spread out (AWS Architecture Blog, "Exponential Backoff And Jitter").
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[non_exhaustive]
 pub struct RetryPolicy {

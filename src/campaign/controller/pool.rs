@@ -315,7 +315,7 @@ impl PoolWorker {
         })
     }
 
-    /// The worker of the current attempt: queue from [`QUEUE_DIR_ENV`], id from
+    /// The worker of the current attempt: queue from `QUEUE_DIR_ENV`, id from
     /// [`ATTEMPT_ID_ENV`](crate::executor::ATTEMPT_ID_ENV).
     ///
     /// # Errors

@@ -302,7 +302,7 @@ impl BareMetalExecutorBuilder {
     }
 }
 
-/// Runs attempts on SSH hosts. See the [module docs](self).
+/// Runs attempts on SSH hosts. See the module docs.
 ///
 /// ```no_run
 /// use puzzletron::executor::*;

@@ -115,7 +115,7 @@ impl LocalExecutorBuilder {
     }
 
     /// Creates the root folder and the executor. The first executor of a process also starts
-    /// the fork server that forks the job wrappers (see the [module docs](self)): it shares,
+    /// the fork server that forks the job wrappers (see the module docs): it shares,
     /// copy-on-write, the memory the process has now, so build it before loading large data.
     ///
     /// # Errors
@@ -181,7 +181,7 @@ impl LocalExecutorBuilder {
     }
 }
 
-/// Runs attempts as local process trees. See the [module docs](self).
+/// Runs attempts as local process trees. See the module docs.
 ///
 /// ```
 /// use puzzletron::executor::*;
@@ -579,7 +579,7 @@ impl Inner {
     /// The state an attempt folder shows, for a job not (or no longer) run by this instance.
     fn status_from_folder(&self, id: &AttemptId) -> Result<JobStatus, ExecutorError> {
         Ok(match self.folder_view(id)? {
-            FolderView::Status(s) => s,
+            FolderView::Status(s) => *s,
             FolderView::Queued(_) => {
                 JobStatus::new(id.clone(), JobState::Pending).with_reason("queued, not started")
             }
@@ -597,39 +597,39 @@ impl Inner {
         if let Some(exit) = folder::read_exit(&dir)? {
             let cancel_ms = folder::read_opt(&dir.join(folder::CANCEL_FILE))?
                 .and_then(|s| s.trim().parse::<u64>().ok());
-            return Ok(FolderView::Status(with_oom_evidence(
+            return Ok(FolderView::Status(Box::new(with_oom_evidence(
                 &dir,
                 status_from_exit(status(JobState::Completed), &exit, cancel_ms),
-            )));
+            ))));
         }
         if let Some((pid, ticks)) = folder::read_pid_file(&dir.join(folder::WRAPPER_FILE))? {
             if folder::is_same_process_alive(pid, ticks) {
-                return Ok(FolderView::Status(
+                return Ok(FolderView::Status(Box::new(
                     status(JobState::Running).with_nodes("localhost"),
-                ));
+                )));
             }
             // The wrapper is gone without a record (killed, machine rebooted). The job may
             // outlive it, but nobody will record its end.
             if let Some((jpid, jticks)) = folder::read_pid_file(&dir.join(folder::JOB_FILE))?
                 && folder::is_same_process_alive(jpid, jticks)
             {
-                return Ok(FolderView::Status(
+                return Ok(FolderView::Status(Box::new(
                     status(JobState::Running)
                         .with_reason("wrapper gone: the job's end will not be recorded"),
-                ));
+                )));
             }
             // The record may have landed between our two reads.
             if let Some(exit) = folder::read_exit(&dir)? {
-                return Ok(FolderView::Status(with_oom_evidence(
+                return Ok(FolderView::Status(Box::new(with_oom_evidence(
                     &dir,
                     status_from_exit(status(JobState::Completed), &exit, None),
-                )));
+                ))));
             }
-            return Ok(FolderView::Status(status(JobState::Lost).with_reason(
-                format!(
+            return Ok(FolderView::Status(Box::new(
+                status(JobState::Lost).with_reason(format!(
                     "wrapper pid {pid} ended without recording an exit status in {}",
                     dir.display()
-                ),
+                )),
             )));
         }
         if let Some(claim) = folder::LaunchClaim::read(&dir)? {
@@ -641,7 +641,7 @@ impl Inner {
                 return Ok(FolderView::Queued(Box::new(r.clone())));
             }
             let t = claim.at_ms;
-            return Ok(FolderView::Status(
+            return Ok(FolderView::Status(Box::new(
                 if now_ms().saturating_sub(t) < LAUNCH_GRACE.as_millis() as u64 {
                     status(JobState::Pending).with_reason("launching")
                 } else {
@@ -651,14 +651,14 @@ impl Inner {
                         dir.display()
                     ))
                 },
-            ));
+            )));
         }
         match rec {
             Some(r) => Ok(FolderView::Queued(Box::new(r))),
-            None => Ok(FolderView::Status(
+            None => Ok(FolderView::Status(Box::new(
                 status(JobState::Lost)
                     .with_reason(format!("no attempt record in {}", dir.display())),
-            )),
+            ))),
         }
     }
 
@@ -723,7 +723,7 @@ impl Inner {
 }
 
 enum FolderView {
-    Status(JobStatus),
+    Status(Box<JobStatus>),
     Queued(Box<AttemptRecord>),
 }
 
@@ -1025,7 +1025,7 @@ impl Executor for LocalExecutor {
         for i in to_read {
             let id = &handles[i].attempt_id;
             let status = match inner.folder_view(id)? {
-                FolderView::Status(s) => s,
+                FolderView::Status(s) => *s,
                 FolderView::Queued(rec) => {
                     // Queued by a controller that is gone: adopt it (the launch claim keeps it
                     // from running twice if that controller comes back).

@@ -120,7 +120,7 @@ impl RayExecutorBuilder {
         self
     }
 
-    /// A tag written in every job's metadata ([`META_CAMPAIGN`]): the campaign's, so the
+    /// A tag written in every job's metadata (`META_CAMPAIGN`): the campaign's, so the
     /// cluster's job list tells which campaign a job belongs to, and
     /// [`Executor::cancel_matching`] stops only its jobs.
     pub fn campaign_tag(mut self, tag: impl Into<String>) -> Self {
@@ -238,7 +238,7 @@ impl RayExecutorBuilder {
     }
 }
 
-/// Runs attempts as Ray jobs. See the [module docs](self).
+/// Runs attempts as Ray jobs. See the module docs.
 ///
 /// ```no_run
 /// use puzzletron::executor::*;

@@ -182,7 +182,7 @@ impl SlurmExecutorBuilder {
     }
 }
 
-/// Runs attempts as Slurm batch jobs. See the [module docs](self).
+/// Runs attempts as Slurm batch jobs. See the module docs.
 ///
 /// Kind: `slurm`. Handles carry the job id, the array task and the cluster (`-M`).
 #[derive(Clone)]
