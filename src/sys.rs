@@ -3,7 +3,9 @@
 //! every other module (it imports nothing of the crate), so the store and the executors share
 //! one copy.
 
+use std::path::Path;
 use std::sync::OnceLock;
+use std::time::{SystemTime, UNIX_EPOCH};
 
 /// Where a pid means something: the host, the kernel's boot and the PID namespace.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -103,10 +105,30 @@ pub(crate) fn start_ticks_of(stat: &str) -> Option<u64> {
 /// forked child between `fork` and `_exit`, where only async-signal-safe calls
 /// (`clock_gettime`) may be made, and `SystemTime::now` is not promised to be one.
 pub(crate) fn now_ms() -> u64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.as_millis() as u64)
-        .unwrap_or(0)
+    epoch_ms(SystemTime::now())
+}
+
+/// `t` in milliseconds since the Unix epoch (0 for a time before 1970): a file's modification
+/// time, a clock reading.
+pub(crate) fn epoch_ms(t: SystemTime) -> u64 {
+    t.duration_since(UNIX_EPOCH)
+        .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
+}
+
+/// The modification time of `path` in milliseconds since the Unix epoch; `None` when it cannot
+/// be read.
+pub(crate) fn mtime_ms(path: &Path) -> Option<u64> {
+    std::fs::metadata(path)
+        .and_then(|m| m.modified())
+        .ok()
+        .map(epoch_ms)
+}
+
+/// Now, as Unix seconds (the records' `started_at`/`finished_at`).
+pub(crate) fn unix_now() -> f64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0.0, |d| d.as_secs_f64())
 }
 
 /// `HH:MM:SS UTC` of a time in ms since the Unix epoch.
@@ -127,6 +149,27 @@ mod tests {
         let zombie = line.replace(") S ", ") Z ");
         assert_eq!(start_ticks_of(&zombie), None);
         assert_eq!(start_ticks_of("garbage"), None);
+    }
+
+    #[test]
+    fn epoch_ms_and_mtime_ms() {
+        use std::time::Duration;
+        assert_eq!(epoch_ms(UNIX_EPOCH + Duration::from_millis(1500)), 1500);
+        assert_eq!(epoch_ms(UNIX_EPOCH - Duration::from_secs(1)), 0);
+        assert_eq!(
+            mtime_ms(Path::new("/nonexistent/puzzletron-sys-test")),
+            None
+        );
+        let dir = std::env::temp_dir().join(format!("puzzletron-sys-{}", std::process::id()));
+        std::fs::write(&dir, b"x").unwrap();
+        let (m, now) = (mtime_ms(&dir).unwrap(), now_ms());
+        std::fs::remove_file(&dir).unwrap();
+        assert!(
+            m <= now + 1000 && m + 60_000 >= now,
+            "mtime {m} vs now {now}"
+        );
+        let u = unix_now();
+        assert!((u * 1000.0 - now_ms() as f64).abs() < 60_000.0, "{u}");
     }
 
     #[test]

@@ -756,12 +756,8 @@ fn local_times(attempts_dir: &Path, id: &str) -> (Option<u64>, Option<u64>) {
             }
         }
     }
-    if start.is_none()
-        && let Ok(m) = std::fs::metadata(dir.join("job"))
-        && let Ok(t) = m.modified()
-        && let Ok(d) = t.duration_since(std::time::UNIX_EPOCH)
-    {
-        start = Some(d.as_millis() as u64);
+    if start.is_none() {
+        start = crate::sys::mtime_ms(&dir.join("job"));
     }
     (start, end)
 }

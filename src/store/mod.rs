@@ -35,7 +35,7 @@ pub use fs::{FLUSH_INTERVAL, FLUSH_ROWS, FsStore, INLINE_BYTES, TornTail};
 pub use fs::{FaultHook, FaultOp};
 pub use liveness::{Liveness, ProcessSpace};
 pub use memory::MemoryStore;
-pub(crate) use record::{BASE_FORMAT, LIVENESS_FORMAT, unix_now};
+pub(crate) use record::{BASE_FORMAT, LIVENESS_FORMAT};
 pub use record::{FORMAT_VERSION, Failure, JobRecord, MetricsInfo, Owner, Status};
 
 use crate::identity::Hash;

@@ -279,11 +279,3 @@ impl JobRecord {
         self.metrics = Some(info);
     }
 }
-
-/// Now, as Unix seconds.
-pub(crate) fn unix_now() -> f64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map(|d| d.as_secs_f64())
-        .unwrap_or(0.0)
-}

@@ -11,7 +11,8 @@ use std::sync::{Arc, Mutex, MutexGuard, mpsc};
 use super::event::Event;
 use super::execute::Engine;
 use crate::identity::Hash;
-use crate::store::{Claim, JobRecord, MetricSink, Status, Store, StoreError, unix_now};
+use crate::store::{Claim, JobRecord, MetricSink, Status, Store, StoreError};
+use crate::sys::unix_now;
 
 /// Threads that write starts and commit finished runs while the drain goes on. A done record
 /// costs a few `fsync`s (the metrics file, the record, its folder: milliseconds on some

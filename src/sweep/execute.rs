@@ -16,9 +16,8 @@ use super::pending::PendingRun;
 use super::run::Run;
 use super::summary::{FailureCause, JobOutcome, Outcome, RunSummary};
 use crate::identity::Witnesses;
-use crate::store::{
-    Claim, ClaimOutcome, Failure, Owner, SetAside, Status, Store, StoreError, unix_now,
-};
+use crate::store::{Claim, ClaimOutcome, Failure, Owner, SetAside, Status, Store, StoreError};
+use crate::sys::unix_now;
 
 /// Runs whose cache hits a drain proves together, ahead of executing them.
 const PREFETCH: usize = 1024;

@@ -7,7 +7,8 @@ use super::entry::Entry;
 use super::job::JobResult;
 use super::run::Run;
 use crate::identity::{Hash, OwnedDigest, ParamType, Witnesses};
-use crate::store::{BASE_FORMAT, JobRecord, Owner, Status, unix_now};
+use crate::store::{BASE_FORMAT, JobRecord, Owner, Status};
+use crate::sys::unix_now;
 
 /// The job function bound to its parameters.
 pub(super) type Call = Arc<dyn Fn(&mut Run) -> JobResult + Send + Sync>;

@@ -65,7 +65,8 @@ use crate::executor::{
     JobStatus,
 };
 use crate::identity::{Hash, OwnedDigest, Witnesses};
-use crate::store::{ClaimOutcome, FsStore, Owner, Status, Store, StoreError, StoreSpec, unix_now};
+use crate::store::{ClaimOutcome, FsStore, Owner, Status, Store, StoreError, StoreSpec};
+use crate::sys::unix_now;
 
 /// Environment variable naming the manifest of an isolated batch (set by the parent).
 pub const MANIFEST_ENV: &str = "PUZZLETRON_WORKER_MANIFEST";

@@ -177,8 +177,8 @@ impl CampaignController {
                 e.metadata()
                     .ok()
                     .and_then(|m| m.modified().ok())
-                    .and_then(|t| t.duration_since(std::time::UNIX_EPOCH).ok())
-                    .is_none_or(|t| t.as_millis() as u64 + 1000 >= since_ms)
+                    .map(crate::sys::epoch_ms)
+                    .is_none_or(|t| t + 1000 >= since_ms)
             })
             .take(MAX_RANK_LOGS)
             .map(|e| {

@@ -189,11 +189,7 @@ fn read_lease_or(path: &Path) -> Result<Option<LeaseFile>, ControllerError> {
 
 fn read_beat_and_mtime(path: &Path) -> std::io::Result<((Beat, Vec<u8>), u64)> {
     let read = read_beat(path)?;
-    let mtime_ms = std::fs::metadata(path)?
-        .modified()?
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.as_millis() as u64)
-        .unwrap_or(0);
+    let mtime_ms = crate::sys::epoch_ms(std::fs::metadata(path)?.modified()?);
     Ok((read, mtime_ms))
 }
 

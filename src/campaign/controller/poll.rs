@@ -80,12 +80,7 @@ impl CampaignController {
         let hb = output_dir(&self.dir, stage_id, u.item).join(HEARTBEAT_FILE);
         let since = at.handle.as_ref().map_or(0, |h| h.submitted_at_ms);
         // A heartbeat file left by an earlier attempt is not this one's.
-        let file_ms = std::fs::metadata(&hb)
-            .and_then(|m| m.modified())
-            .ok()
-            .and_then(|t| t.duration_since(std::time::UNIX_EPOCH).ok())
-            .map(|d| d.as_millis() as u64)
-            .filter(|&t| t + 1000 >= since);
+        let file_ms = crate::sys::mtime_ms(&hb).filter(|&t| t + 1000 >= since);
         let ev = self.running_evidence(a, st);
         let step = std::iter::once(ev.log_tail.as_str())
             .chain(ev.rank_logs.iter().map(|(_, t)| t.as_str()))

@@ -281,13 +281,7 @@ impl LaunchClaim {
         let at_ms = it.next().and_then(|t| t.parse::<u64>().ok());
         let pid = it.next().and_then(|p| p.parse::<i32>().ok());
         let ticks = it.next().and_then(|t| t.parse::<u64>().ok());
-        let at_ms = at_ms.unwrap_or_else(|| {
-            fs::metadata(&path)
-                .and_then(|m| m.modified())
-                .ok()
-                .and_then(|m| m.duration_since(std::time::UNIX_EPOCH).ok())
-                .map_or(0, |d| d.as_millis() as u64)
-        });
+        let at_ms = at_ms.unwrap_or_else(|| crate::sys::mtime_ms(&path).unwrap_or(0));
         let claimer = match (pid, ticks) {
             (Some(p), Some(t)) if p > 0 => Some((p, t)),
             _ => None,

@@ -527,7 +527,7 @@ impl Store for FsStore {
             }
             Err(e) => return Err(e),
         }
-        let stamp = crate::store::unix_now() as u64;
+        let stamp = crate::sys::unix_now() as u64;
         for n in 0..1000u32 {
             let name = match n {
                 0 => format!("{}.{stamp}", key.to_hex()),
