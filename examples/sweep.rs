@@ -218,7 +218,8 @@ fn sweep_main() -> Result<(), Box<dyn std::error::Error>> {
         .ok_or("best run not found")?;
     println!(
         "best: val_accuracy {:.4} at epoch {last} with {}",
-        values[best], run.params
+        values[best],
+        run.params()
     );
     println!(
         "wrote {} ({} rows; columns {}) and {}",

@@ -55,6 +55,24 @@ pub enum Error {
         /// What is wrong and what to do.
         message: String,
     },
+    /// Enqueueing one more run would take a sweep past its memory bound
+    /// ([`OrchestratorBuilder::memory_limit`](crate::OrchestratorBuilder::memory_limit)): the
+    /// run is refused before it is allocated, so the sweep fails with this error instead of
+    /// meeting the OOM killer. The runs enqueued before stay queued and can be drained. Also
+    /// returned past 2^31 - 1 runs, the most one sweep indexes.
+    #[error(
+        "enqueueing run {runs} would take this sweep's queue and plan to about {bytes} bytes, past its memory bound of {limit} bytes ({bound}): split the sweep into batches, each enqueued and drained by its own Orchestrator over the same store (a dropped orchestrator frees its runs), or raise the bound with OrchestratorBuilder::memory_limit"
+    )]
+    TooLarge {
+        /// Runs enqueued, counting the refused one.
+        runs: usize,
+        /// The sweep's estimated memory with the refused run, bytes.
+        bytes: u64,
+        /// The bound, bytes.
+        limit: u64,
+        /// Where the bound comes from.
+        bound: String,
+    },
     /// An option this build does not support yet.
     #[error("{what} is not yet supported: {why}")]
     Unsupported {
@@ -77,7 +95,10 @@ impl Error {
             Error::Config(e) => e.is_retryable(),
             Error::Plan(e) => e.is_retryable(),
             Error::Controller(e) => e.is_retryable(),
-            Error::Params { .. } | Error::Unsupported { .. } | Error::Usage { .. } => false,
+            Error::Params { .. }
+            | Error::Unsupported { .. }
+            | Error::Usage { .. }
+            | Error::TooLarge { .. } => false,
         }
     }
 }

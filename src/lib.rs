@@ -145,7 +145,7 @@ struct ReadmeDoctests;
 pub use sweep::worker;
 pub use sweep::{
     Action, CancellationToken, Event, FailureCause, Job, JobDecision, JobOutcome, JobResult,
-    Orchestrator, OrchestratorBuilder, Outcome, PendingRun, Plan, Run, RunFailed, RunSpec,
+    Orchestrator, OrchestratorBuilder, Outcome, PendingRun, Plan, Reasons, Run, RunFailed, RunSpec,
     RunSummary, install_panic_hook, remove_panic_hook,
 };
 

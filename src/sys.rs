@@ -137,6 +137,59 @@ pub fn clock_text(ms: u64) -> String {
     format!("{:02}:{:02}:{:02} UTC", s / 3600, (s / 60) % 60, s % 60)
 }
 
+/// The memory this process may use, bytes, and where the figure comes from: the smallest of
+/// its cgroup's limit (v2 `memory.max`, v1 `memory.limit_in_bytes`; see the kernel's
+/// `Documentation/admin-guide/cgroup-v2.rst`), its `RLIMIT_DATA` (`getrlimit(2)`; `ulimit -d`)
+/// and `MemAvailable` of `/proc/meminfo` (`proc(5)`). `None` where none can be read.
+pub(crate) fn memory_available() -> Option<(u64, String)> {
+    let mut best: Option<(u64, String)> = None;
+    let mut offer = |bytes: u64, source: String| {
+        if best.as_ref().is_none_or(|(b, _)| bytes < *b) {
+            best = Some((bytes, source));
+        }
+    };
+    // SAFETY: getrlimit fills the struct it is given.
+    let mut rl: libc::rlimit = unsafe { std::mem::zeroed() };
+    if unsafe { libc::getrlimit(libc::RLIMIT_DATA, &mut rl) } == 0
+        && rl.rlim_cur != libc::RLIM_INFINITY
+    {
+        offer(rl.rlim_cur, "the RLIMIT_DATA soft limit (ulimit -d)".into());
+    }
+    if let Ok(meminfo) = std::fs::read_to_string("/proc/meminfo")
+        && let Some(kb) = meminfo
+            .lines()
+            .find_map(|l| l.strip_prefix("MemAvailable:"))
+            .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
+    {
+        offer(kb * 1024, "MemAvailable of /proc/meminfo".into());
+    }
+    if let Ok(groups) = std::fs::read_to_string("/proc/self/cgroup") {
+        for line in groups.lines() {
+            // `hierarchy-ID:controllers:path` (cgroups(7)); v2 has the empty controller list.
+            let mut parts = line.splitn(3, ':');
+            let (_, controllers, path) = match (parts.next(), parts.next(), parts.next()) {
+                (Some(a), Some(b), Some(c)) => (a, b, c),
+                _ => continue,
+            };
+            let file = if controllers.is_empty() {
+                format!("/sys/fs/cgroup{path}/memory.max")
+            } else if controllers.split(',').any(|c| c == "memory") {
+                format!("/sys/fs/cgroup/memory{path}/memory.limit_in_bytes")
+            } else {
+                continue;
+            };
+            // "max" (v2) or a huge number (v1) when there is no limit.
+            if let Ok(text) = std::fs::read_to_string(&file)
+                && let Ok(limit) = text.trim().parse::<u64>()
+                && limit < (1 << 60)
+            {
+                offer(limit, format!("the cgroup limit in {file}"));
+            }
+        }
+    }
+    best
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -176,5 +229,19 @@ mod tests {
     fn clock_text_is_the_utc_time_of_day() {
         assert_eq!(clock_text(0), "00:00:00 UTC");
         assert_eq!(clock_text(86_400_000 + 3_723_999), "01:02:03 UTC");
+    }
+
+    #[test]
+    fn memory_available_is_at_most_what_meminfo_and_the_data_limit_say() {
+        let (bytes, from) = memory_available().expect("Linux has /proc/meminfo");
+        let meminfo = std::fs::read_to_string("/proc/meminfo").unwrap();
+        let avail_kb: u64 = meminfo
+            .lines()
+            .find_map(|l| l.strip_prefix("MemAvailable:"))
+            .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+            .unwrap();
+        // MemAvailable moves between the two reads: allow 10%.
+        assert!(bytes <= avail_kb * 1024 / 10 * 11, "{bytes} from {from}");
+        assert!(bytes > 0, "{from}");
     }
 }

@@ -191,7 +191,7 @@ fn a_record_that_is_not_json_makes_its_run_corrupt_naming_the_file_and_nothing_e
     // The run is corrupt, named with its file (tests/sweep_corrupt.rs: the whole behaviour);
     // the plan is not an error.
     let plan = o.plan().unwrap();
-    let d = plan.decisions.iter().find(|d| d.key == bad).unwrap();
+    let d = plan.decisions.iter().find(|d| d.run.key == bad).unwrap();
     assert_eq!(d.action, puzzletron::Action::Corrupt);
     let msg = d.reasons.join("; ");
     assert!(
@@ -460,4 +460,64 @@ fn an_unreadable_claim_file_is_reported_with_its_path_and_taken_over_after_the_s
         (rec.status, rec.attempt),
         (puzzletron::store::Status::Done, 2)
     );
+}
+
+#[derive(Serialize, Deserialize)]
+struct Skips {
+    lr: f64,
+    /// Not in the key, so not in the run: the job sees the default.
+    #[serde(skip)]
+    seed: u64,
+}
+fn skips(p: &Skips, run: &mut Run) -> JobResult {
+    run.log("seed", 0, p.seed as f64)?;
+    Ok(())
+}
+
+#[derive(Serialize, Deserialize)]
+struct Stricter {
+    /// Written as a float, read back only as an integer.
+    #[serde(deserialize_with = "int_only")]
+    lr: f64,
+}
+fn int_only<'de, D: serde::Deserializer<'de>>(d: D) -> Result<f64, D::Error> {
+    u32::deserialize(d).map(f64::from)
+}
+fn stricter(_: &Stricter, _: &mut Run) -> JobResult {
+    Ok(())
+}
+
+#[test]
+fn parameters_that_do_not_come_back_from_their_json_are_refused_at_enqueue() {
+    let c = FakeCrate::new();
+    let mut o = c.orchestrator();
+    // A decoder that refuses what the encoder wrote: named with its message and the text.
+    let e = o
+        .run(&c.job(stricter), Stricter { lr: 0.5 })
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.contains("Stricter") && e.contains("invalid type") && e.contains(r#"{"lr":0.5}"#),
+        "{e}"
+    );
+    assert!(o.enqueued().is_empty(), "nothing refused is queued");
+    // A value that round-trips is accepted by the same sweep.
+    assert!(o.run(&c.job(stricter), Stricter { lr: 2.0 }).is_ok());
+}
+
+#[test]
+fn a_run_executes_the_parameters_its_key_covers_not_a_skipped_field() {
+    use puzzletron::metrics::MetricsExt;
+    let c = FakeCrate::new();
+    let mut o = c.orchestrator();
+    // `seed` is skipped by serde: the key does not cover it, so two runs that differ only in
+    // it are one run, and the job sees what the key covers (the default), in process as in a
+    // worker, never a value that a later cache hit would silently ignore.
+    let a = o.run(&c.job(skips), Skips { lr: 0.1, seed: 7 }).unwrap();
+    let b = o.run(&c.job(skips), Skips { lr: 0.1, seed: 8 }).unwrap();
+    assert_eq!(a, b);
+    assert_eq!(o.drain().unwrap().ran(), 1);
+    let t = o.store().metric_table("seed").unwrap();
+    assert_eq!(t.num_rows(), 1);
+    assert_eq!(t.values(), [0.0]);
 }

@@ -64,7 +64,7 @@ fn cache_story() {
 
     // One parameter set changed: only it runs.
     let (mut o, plan) = planned(&c, &[0.1, 0.2, 0.3, 0.45]);
-    let runs: Vec<_> = plan.to_run().map(|d| &*d.params).collect();
+    let runs: Vec<_> = plan.to_run().map(|d| d.run.params().into_owned()).collect();
     assert_eq!(runs, [r#"{"hidden":16,"lr":0.45}"#], "{plan}");
     let (n, _) = executions(|| o.drain().unwrap());
     assert_eq!(n, 1);

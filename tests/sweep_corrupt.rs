@@ -96,7 +96,7 @@ fn one_corrupt_record_of_nine_is_named_everywhere_and_the_rest_of_the_sweep_goes
         assert_eq!(plan.count(Action::Skip), 8, "{how}: {plan}");
         assert_eq!(plan.count(Action::Corrupt), 1, "{how}: {plan}");
         assert_eq!(plan.count(Action::Run), 1, "{how}: {plan}");
-        let d = plan.decisions.iter().find(|d| d.key == bad).unwrap();
+        let d = plan.decisions.iter().find(|d| d.run.key == bad).unwrap();
         assert_eq!(d.action, Action::Corrupt, "{how}");
         let why = d.reasons.join("; ");
         assert!(
@@ -163,7 +163,7 @@ fn one_corrupt_record_of_nine_is_named_everywhere_and_the_rest_of_the_sweep_goes
         assert_eq!(plan.count(Action::Repair), 1, "{how}: {plan}");
         let s = o.drain().unwrap();
         assert_eq!((s.ran(), s.skipped()), (1, 8), "{how}: {}", s.report());
-        let j = s.jobs.iter().find(|j| j.key == bad).unwrap();
+        let j = s.jobs.iter().find(|j| j.run.key == bad).unwrap();
         assert!(
             matches!(&j.outcome, Outcome::Ran { .. }),
             "{how}: {:?}",
@@ -370,7 +370,7 @@ fn a_record_repaired_between_the_check_and_the_repair_lock_is_not_set_aside() {
         "the drain took the repair lock once"
     );
     assert_eq!((s.ran(), s.skipped()), (0, 9), "{}", s.report());
-    let j = s.jobs.iter().find(|j| j.key == bad).unwrap();
+    let j = s.jobs.iter().find(|j| j.run.key == bad).unwrap();
     assert!(
         matches!(&j.outcome, Outcome::Skipped { .. }),
         "{:?}",
@@ -421,7 +421,7 @@ fn concurrent_repairs_of_one_corrupt_run_set_it_aside_once_and_run_it_once() {
             .map(|s| {
                 s.jobs
                     .iter()
-                    .filter(|j| j.key == bad && matches!(j.outcome, Outcome::Ran { .. }))
+                    .filter(|j| j.run.key == bad && matches!(j.outcome, Outcome::Ran { .. }))
                     .count()
             })
             .sum();

@@ -512,7 +512,7 @@ fn crashes_fail_only_their_run(base: &Path) {
         other => panic!("{other:?}"),
     }
     // The store has the crash recorded for the next drain to retry.
-    let rec = iso.store().record(&jobs[5].key).unwrap().unwrap();
+    let rec = iso.store().record(&jobs[5].run.key).unwrap().unwrap();
     assert_eq!(rec.status, puzzletron::store::Status::Failed);
     println!("ok - crashes_fail_only_their_run");
 }

@@ -73,6 +73,19 @@ pub enum ParamError {
         /// Path of the sequence.
         path: String,
     },
+    /// Parameters that do not come back from their canonical JSON as they went in: a job runs
+    /// with the parameters its key covers, decoded from that text, so a value the text loses
+    /// (a `#[serde(skip)]` field, a `Deserialize` that disagrees with `Serialize`) would run a
+    /// job its key does not describe.
+    #[error(
+        "parameters of type {type_name} do not survive a round trip through their canonical JSON ({reason}): a run executes the parameters its key covers, decoded from that JSON; make Deserialize read back what Serialize writes (no #[serde(skip)] field)"
+    )]
+    NotRoundTrip {
+        /// The parameters' Rust type.
+        type_name: &'static str,
+        /// What went wrong: the decoder's message, or the JSON that came back.
+        reason: String,
+    },
     /// The params type's `Serialize` impl failed.
     #[error("parameter `{path}` could not be serialized: {message}")]
     Custom {
@@ -96,7 +109,7 @@ impl ParamError {
             | ParamError::BadMapKey { path, .. }
             | ParamError::DuplicateKey { path, .. }
             | ParamError::Custom { path, .. } => path,
-            ParamError::Reserved { .. } => return self,
+            ParamError::Reserved { .. } | ParamError::NotRoundTrip { .. } => return self,
         };
         let mut new = String::with_capacity(p.len() + 16);
         match seg {
@@ -143,17 +156,23 @@ enum Canon {
 
 /// Parameters in canonical form: the RFC 8785 JSON text plus the top-level field names in the
 /// order the type declares them (used for metric-table column order) and their types.
+///
+/// The names borrow the `'static` field names of the parameters' struct (a map's keys are
+/// owned), so computing this for a million runs of one struct allocates no name.
 #[derive(Debug, Clone, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct CanonicalParams {
     /// Canonical JSON text (RFC 8785).
     pub json: String,
     /// Top-level field names in declaration order; empty when the params are not an object.
-    pub fields: Vec<String>,
+    pub fields: Vec<Cow<'static, str>>,
     /// The metric-table column type of each top-level parameter (the whole value, named
-    /// `params`, when it is not an object), from the Rust type that serialized it. A `None`
-    /// (an `Option` without a value) says nothing and is left out.
-    pub types: std::collections::BTreeMap<String, ParamType>,
+    /// `params`, when it is not an object), from the Rust type that serialized it, in
+    /// declaration order. A `None` (an `Option` without a value) says nothing and is left out.
+    pub types: Vec<(Cow<'static, str>, ParamType)>,
+    /// Where each top-level value is in `json` (byte ranges, in canonical key order), when the
+    /// params are an object: a sweep keeps only the values and shares the key texts.
+    pub(crate) values: Vec<std::ops::Range<usize>>,
 }
 
 /// The type of a parameter's metric-table column, taken from the Rust type that serialized it
@@ -214,28 +233,36 @@ pub fn canonical_params<T: Serialize + ?Sized>(value: &T) -> Result<CanonicalPar
     let mut tree = value.serialize(CanonSer)?;
     let (fields, types) = match &tree {
         Canon::Obj(entries) => (
-            entries.iter().map(|(k, _)| k.to_string()).collect(),
+            entries.iter().map(|(k, _)| k.clone()).collect(),
             entries
                 .iter()
-                .filter_map(|(k, v)| Some((k.to_string(), ParamType::of(v)?)))
+                .filter_map(|(k, v)| Some((k.clone(), ParamType::of(v)?)))
                 .collect(),
         ),
-        Canon::Null => (Vec::new(), Default::default()),
+        Canon::Null => (Vec::new(), Vec::new()),
         other => (
             Vec::new(),
             ParamType::of(other)
-                .map(|t| ("params".to_string(), t))
+                .map(|t| (Cow::Borrowed("params"), t))
                 .into_iter()
                 .collect(),
         ),
     };
     sort_tree(&mut tree)?;
     let mut json = String::with_capacity(128);
-    write_canon(&tree, &mut json);
+    let mut values = Vec::new();
+    match &tree {
+        Canon::Obj(entries) => {
+            values.reserve_exact(entries.len());
+            write_obj(entries, &mut json, |r| values.push(r));
+        }
+        other => write_canon(other, &mut json),
+    }
     Ok(CanonicalParams {
         json,
         fields,
         types,
+        values,
     })
 }
 
@@ -289,19 +316,28 @@ fn write_canon(v: &Canon, out: &mut String) {
             }
             out.push(']');
         }
-        Canon::Obj(entries) => {
-            out.push('{');
-            for (i, (k, item)) in entries.iter().enumerate() {
-                if i > 0 {
-                    out.push(',');
-                }
-                write_str(k, out);
-                out.push(':');
-                write_canon(item, out);
-            }
-            out.push('}');
-        }
+        Canon::Obj(entries) => write_obj(entries, out, |_| {}),
     }
+}
+
+/// Writes an object, telling `value_at` where each value's text is in `out`.
+fn write_obj(
+    entries: &[(Cow<'static, str>, Canon)],
+    out: &mut String,
+    mut value_at: impl FnMut(std::ops::Range<usize>),
+) {
+    out.push('{');
+    for (i, (k, item)) in entries.iter().enumerate() {
+        if i > 0 {
+            out.push(',');
+        }
+        write_str(k, out);
+        out.push(':');
+        let start = out.len();
+        write_canon(item, out);
+        value_at(start..out.len());
+    }
+    out.push('}');
 }
 
 /// ECMAScript Number::toString (RFC 8785 §3.2.2.3); callers guarantee `f` is finite.

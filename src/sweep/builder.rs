@@ -6,7 +6,7 @@ use std::time::Duration;
 use super::cancel::CancellationToken;
 use super::event::Event;
 use super::execute::EventFn;
-use super::orchestrator::Orchestrator;
+use super::orchestrator::{MemoryBound, Orchestrator};
 use crate::error::{Error, Result};
 use crate::executor::{Executor, InProcess};
 use crate::identity::{self, Modules, Toolchain, Witnesses};
@@ -32,6 +32,7 @@ pub struct OrchestratorBuilder<S: Store = FsStore, E: Executor = InProcess> {
     cancel: Option<CancellationToken>,
     ctrl_c: bool,
     repair: bool,
+    memory_limit: Option<u64>,
 }
 
 /// Where a builder's store comes from: given, or an [`FsStore`] made at a root when the sweep
@@ -64,6 +65,7 @@ impl OrchestratorBuilder<FsStore, InProcess> {
             cancel: None,
             ctrl_c: true,
             repair: false,
+            memory_limit: None,
         }
     }
 }
@@ -117,6 +119,7 @@ impl<S: Store, E: Executor> OrchestratorBuilder<S, E> {
             cancel: self.cancel,
             ctrl_c: self.ctrl_c,
             repair: self.repair,
+            memory_limit: self.memory_limit,
         }
     }
 
@@ -137,6 +140,7 @@ impl<S: Store, E: Executor> OrchestratorBuilder<S, E> {
             cancel: self.cancel,
             ctrl_c: self.ctrl_c,
             repair: self.repair,
+            memory_limit: self.memory_limit,
         }
     }
 
@@ -263,6 +267,21 @@ impl<S: Store, E: Executor> OrchestratorBuilder<S, E> {
         self
     }
 
+    /// Bounds the memory of the sweep's queue and plan to `bytes`: a [`run`](Orchestrator::run)
+    /// that would pass it returns [`Error::TooLarge`] (naming the bound) before it allocates,
+    /// so a sweep too large for the machine fails early and clearly, never by the OOM killer.
+    /// A run costs about 250 bytes plus its canonical parameters' text (see the `hot_paths`
+    /// bench). An orchestrator keeps every run it enqueued (for [`get`](Orchestrator::get)
+    /// and [`enqueued`](Orchestrator::enqueued)) until it is dropped.
+    ///
+    /// Default: half the memory this process may use when the sweep is built, the smallest of
+    /// its cgroup's limit (v2 `memory.max`, v1 `memory.limit_in_bytes`) and `MemAvailable`
+    /// (`/proc/meminfo`); no bound where neither can be read.
+    pub fn memory_limit(mut self, bytes: u64) -> Self {
+        self.memory_limit = Some(bytes);
+        self
+    }
+
     /// Opens the store and reads the witnesses.
     ///
     /// # Errors
@@ -325,6 +344,13 @@ impl<S: Store, E: Executor> OrchestratorBuilder<S, E> {
             cancel: self.cancel,
             ctrl_c: self.ctrl_c,
             repair: self.repair,
+            memory: match self.memory_limit {
+                Some(b) => MemoryBound {
+                    limit: b,
+                    source: "set with OrchestratorBuilder::memory_limit".into(),
+                },
+                None => MemoryBound::default_for_this_process(),
+            },
         }))
     }
 }

@@ -1,9 +1,9 @@
 //! [`JobDecision`] and [`Plan`]: what a drain would do with each run, and why.
 
 use std::fmt;
-use std::sync::Arc;
 
 use super::pending::PendingRun;
+use super::reasons::Reasons;
 use crate::identity::{self, Hash, Witnesses};
 use crate::store::{DoneHead, JobRecord, KeyCollision, Status, Store, StoreError};
 
@@ -41,22 +41,33 @@ impl fmt::Display for Action {
 
 /// The decision for one run, with every reason (e.g. `no record`, `code changed: src/lib.rs`,
 /// `environment changed: Cargo.lock`, `last attempt failed: ...`, `up to date`).
+///
+/// Small (a plan of a million runs holds a million): it shares the queued run (its key, job
+/// name and parameters: `decision.run.key`) and stores the usual reasons without allocating.
 #[derive(Debug, Clone, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct JobDecision {
-    /// The job key.
-    pub key: Hash,
-    /// The job's name (shared with the queued run).
-    pub job: Arc<str>,
-    /// Its parameters, as canonical JSON (shared with the queued run).
-    pub params: Arc<str>,
+    /// The run decided (shared with the queue): `run.key`, `run.job()`, `run.params()`.
+    pub run: PendingRun,
     /// What the drain does.
     pub action: Action,
     /// Why.
-    pub reasons: Vec<String>,
+    pub reasons: Reasons,
     /// When the run replaces a done result (changed witnesses, or forced): that result's
     /// attempt number, so a drain re-runs it only if nobody replaced it meanwhile.
     pub replaces: Option<u32>,
+}
+
+impl JobDecision {
+    /// The decision `action` for `run`, for `reasons`.
+    pub fn new(run: PendingRun, action: Action, reasons: impl Into<Reasons>) -> Self {
+        JobDecision {
+            run,
+            action,
+            reasons: reasons.into(),
+            replaces: None,
+        }
+    }
 }
 
 impl fmt::Display for JobDecision {
@@ -65,10 +76,10 @@ impl fmt::Display for JobDecision {
             f,
             "{:<4}  {}  {}  {}  ({})",
             self.action,
-            self.key.short(),
-            self.job,
-            self.params,
-            self.reasons.join("; ")
+            self.run.key.short(),
+            self.run.job(),
+            self.run.params(),
+            self.reasons
         )
     }
 }
@@ -187,14 +198,7 @@ impl<'a, S: Store + ?Sized> Decider<'a, S> {
                 ),
             )
         };
-        JobDecision {
-            key: run.key,
-            job: run.job.clone(),
-            params: run.params.clone(),
-            action,
-            reasons: vec![reason],
-            replaces: None,
-        }
+        JobDecision::new(run.clone(), action, reason)
     }
 
     /// The skip decision for `run` when the store proves its record done with the current
@@ -213,14 +217,7 @@ impl<'a, S: Store + ?Sized> Decider<'a, S> {
         // A head of another run's record (planted under this key) is no hit: the record is
         // read and refused (`StoreError::KeyCollision`).
         head.filter(|h| h.witnesses == current && h.lineage == Some(run.lineage))
-            .map(|h| JobDecision {
-                key: run.key,
-                job: run.job.clone(),
-                params: run.params.clone(),
-                action: Action::Skip,
-                reasons: vec![format!("up to date, attempt {}", h.attempt)],
-                replaces: None,
-            })
+            .map(|h| JobDecision::new(run.clone(), Action::Skip, Reasons::up_to_date(h.attempt)))
     }
 
     /// [`fast_skip`](Self::fast_skip) of a slice of runs, asking the store in one batch.
@@ -347,9 +344,9 @@ impl<'a, S: Store + ?Sized> Decider<'a, S> {
     /// # Errors
     /// [`StoreError::KeyCollision`] naming both when they are not.
     fn check_same_run(&self, run: &PendingRun, rec: &JobRecord) -> Result<(), StoreError> {
-        let params = serde_json::from_str::<serde_json::Value>(&run.params);
+        let params = serde_json::from_str::<serde_json::Value>(&run.params());
         let same = rec.key == run.key
-            && *rec.job == *run.job
+            && *rec.job == *run.job()
             && params.as_ref().is_ok_and(|p| *p == rec.params);
         if same {
             return Ok(());
@@ -366,8 +363,8 @@ impl<'a, S: Store + ?Sized> Decider<'a, S> {
             key: run.key,
             stored_job,
             stored_params,
-            requested_job: run.job.to_string(),
-            requested_params: run.params.to_string(),
+            requested_job: run.job().to_string(),
+            requested_params: run.params().to_string(),
         })))
     }
 
@@ -397,7 +394,7 @@ impl<'a, S: Store + ?Sized> Decider<'a, S> {
                                 .into_iter()
                                 .filter(|d| d.starts_with("environment changed:")),
                         );
-                        reasons.extend(identity::code_differences(&run.owned, &old.owned))
+                        reasons.extend(identity::code_differences(run.owned(), &old.owned))
                     }
                     Ok(None) => reasons.push("code changed".to_string()),
                 },
@@ -447,11 +444,9 @@ impl<'a, S: Store + ?Sized> Decider<'a, S> {
             replaces = rec.as_ref().map(|r| r.attempt);
         }
         Ok(JobDecision {
-            key: run.key,
-            job: run.job.clone(),
-            params: run.params.clone(),
+            run: run.clone(),
             action,
-            reasons,
+            reasons: reasons.into(),
             replaces,
         })
     }

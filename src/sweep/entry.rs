@@ -29,9 +29,10 @@ fn anchor_addr() -> i64 {
 
 fn call_json<P: DeserializeOwned>(func: usize, params: &str, run: &mut Run) -> JobResult {
     let p: P = serde_json::from_str(params)
-        .map_err(|e| format!("worker: the parameters do not deserialize: {e}"))?;
+        .map_err(|e| format!("the parameters do not decode from their canonical JSON: {e}"))?;
     // SAFETY: `func` is the address of a `fn(&P, &mut Run) -> JobResult` in this very binary
-    // (Entry::of computed it for this P; the task's binary identity was checked).
+    // (Entry::of computed it for this P, in this process or, for a worker, in a process whose
+    // binary identity the worker checked).
     let f = unsafe { std::mem::transmute::<usize, fn(&P, &mut Run) -> JobResult>(func) };
     f(&p, run)
 }

@@ -91,9 +91,9 @@ impl fmt::Display for Event {
             } => write!(
                 f,
                 "[{index}/{total}] run   {} {} {} ({})",
-                decision.key.short(),
-                decision.job,
-                decision.params,
+                decision.run.key.short(),
+                decision.run.job(),
+                decision.run.params(),
                 decision.reasons.join("; ")
             ),
             Event::Finished {
@@ -135,8 +135,8 @@ impl fmt::Display for Event {
             } => write!(
                 f,
                 "[{index}/{total}] skip  {} {} ({})",
-                decision.key.short(),
-                decision.params,
+                decision.run.key.short(),
+                decision.run.params(),
                 decision.reasons.join("; ")
             ),
             Event::Corrupt {
@@ -146,9 +146,9 @@ impl fmt::Display for Event {
             } => write!(
                 f,
                 "[{index}/{total}] CORR  {} {} {} ({})",
-                decision.key.short(),
-                decision.job,
-                decision.params,
+                decision.run.key.short(),
+                decision.run.job(),
+                decision.run.params(),
                 decision.reasons.join("; ")
             ),
             Event::Waiting { key, holder } => {

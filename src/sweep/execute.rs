@@ -13,6 +13,7 @@ use super::event::Event;
 use super::heart::Heart;
 use super::panics;
 use super::pending::PendingRun;
+use super::reasons::Reasons;
 use super::run::Run;
 use super::summary::{FailureCause, JobOutcome, Outcome, RunSummary};
 use crate::identity::Witnesses;
@@ -185,7 +186,7 @@ impl<S: Store + ?Sized> Engine<'_, S> {
             };
             tracing::debug!(
                 key = %p.key.short(),
-                job = %p.job,
+                job = %p.job(),
                 action = %decision.action,
                 reasons = ?decision.reasons,
                 "decided"
@@ -239,7 +240,7 @@ impl<S: Store + ?Sized> Engine<'_, S> {
                     (Some(r), _) if r.status == Status::Done => {
                         let by = r.owner.map(|o| o.to_string()).unwrap_or_default();
                         outcomes[i] = Some(Outcome::Skipped {
-                            reasons: vec![format!("done by {by}")],
+                            reasons: Reasons::one(format!("done by {by}")),
                         });
                     }
                     (Some(r), None) if r.status == Status::Failed => {
@@ -308,15 +309,15 @@ impl<S: Store + ?Sized> Engine<'_, S> {
             };
             if let Some(why) = why {
                 decision.action = Action::Run;
-                decision.reasons = vec![why];
+                decision.reasons = Reasons::one(why);
                 return Ok(Ok(decision));
             }
-            decision.reasons = vec![format!(
+            decision.reasons = Reasons::one(format!(
                 "{reason}; this store cannot move records aside (Store::set_aside): move it \
                  yourself"
-            )];
+            ));
         }
-        tracing::warn!(key = %p.key.short(), job = %p.job, reason = %decision.reasons.join("; "), "corrupt record: the run is left alone");
+        tracing::warn!(key = %p.key.short(), job = %p.job(), reason = %decision.reasons.join("; "), "corrupt record: the run is left alone");
         let outcome = Outcome::Corrupt {
             reason: decision.reasons.join("; "),
         };
@@ -376,7 +377,7 @@ impl<S: Store + ?Sized> Engine<'_, S> {
                 let by = r.owner.map(|o| o.to_string()).unwrap_or_default();
                 tracing::debug!(key = %p.key.short(), %by, "done by another process");
                 Ok(Some(Outcome::Skipped {
-                    reasons: vec![format!("done by {by}")],
+                    reasons: Reasons::one(format!("done by {by}")),
                 }))
             }
         }
@@ -394,7 +395,7 @@ impl<S: Store + ?Sized> Engine<'_, S> {
         let _span = tracing::info_span!(
             "run",
             key = %p.key.short(),
-            job = %p.job,
+            job = %p.job(),
             attempt = claim.attempt
         )
         .entered();
@@ -430,7 +431,9 @@ impl<S: Store + ?Sized> Engine<'_, S> {
             self.cancel.clone(),
         );
         let t0 = Instant::now();
-        let call = || panics::catch(|| (p.call)(&mut run));
+        // SAFETY: `p.entry()` was made by `Entry::of` in this process (`Orchestrator::run`) or,
+        // in a worker, in a process of the same binary (checked before the task is run).
+        let call = || panics::catch(|| unsafe { p.entry().call(&p.params(), &mut run) });
         let result = match helpers.heart {
             Some(h) => h.beat_while(&claim, call),
             None => self.with_heartbeat(&claim, call),
@@ -599,9 +602,7 @@ pub(super) fn summary_of(queue: &[PendingRun], outcomes: &[Option<Outcome>]) -> 
             .iter()
             .zip(outcomes)
             .map(|(p, o)| JobOutcome {
-                key: p.key,
-                job: p.job.to_string(),
-                params: p.params.to_string(),
+                run: p.clone(),
                 outcome: o.clone().unwrap_or(Outcome::Pending),
             })
             .collect(),

@@ -140,18 +140,18 @@ impl JobIdentities {
         if let Some(r) = rec
             && r.status == Status::Done
             && *action == Action::Skip
-            && (r.owned.items != run.owned.items || r.owned.cfg != run.owned.cfg)
+            && (r.owned.items != run.owned().items || r.owned.cfg != run.owned().cfg)
         {
             *action = Action::Run;
             *replaces = Some(r.attempt);
             reasons.clear();
             reasons.extend(
-                identity::code_differences(&run.owned, &r.owned)
+                identity::code_differences(run.owned(), &r.owned)
                     .into_iter()
                     .map(|d| format!("trace: recorded items differ: {d}")),
             );
         }
-        if let Some(files) = self.stale.get(&*run.job)
+        if let Some(files) = self.stale.get(run.job())
             && !files.is_empty()
         {
             reasons.push(format!(
@@ -192,9 +192,13 @@ impl JobIdentities {
         }
         let others = guard
             .as_ref()
-            .and_then(|(_, _, ix)| ix.get(&*run.job))
+            .and_then(|(_, _, ix)| ix.get(run.job()))
             .map(Vec::as_slice)
             .unwrap_or(&[]);
+        if others.is_empty() {
+            // No run of the job to compare with (a first pass): no parse of the parameters.
+            return Ok("no record".to_string());
+        }
         let new = run.params_value();
         Ok(match params_changed(&new, others) {
             Some(hint) => format!("no record (nearest: {hint})"),

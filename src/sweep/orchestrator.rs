@@ -2,6 +2,7 @@
 //! its public API. Deciding lives in `decision`, executing in `execute` (in process) and
 //! `worker` (isolated); they return what happened and this file updates the queue.
 
+use std::borrow::Cow;
 use std::collections::{BTreeMap, HashMap};
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -16,10 +17,10 @@ use super::decision::{Decider, JobDecision, Plan};
 use super::entry::Entry;
 use super::execute::{Drained, Engine, EventFn, Stop, failure, summary_of};
 use super::job::Job;
+use super::key_index::{KeyIndex, MAX_RUNS};
 use super::param_shape::Traced;
 use super::params_check::ParamsCheck;
-use super::pending::{PendingRun, RunSpec};
-use super::run::Run;
+use super::pending::{PendingRun, RunShape, RunSpec};
 use super::summary::{FailureCause, Outcome, RunFailed, RunSummary};
 use crate::error::{Error, Result};
 use crate::executor::{Executor, InProcess};
@@ -30,7 +31,17 @@ use crate::metrics::{JobMeta, JobRows, MetricTable, MetricsError, RESERVED_COLUM
 use crate::store::{FsStore, Owner, Store};
 
 /// A run's top-level parameter names (in order) and their column types.
-type Shape = (Arc<[String]>, Arc<BTreeMap<String, ParamType>>);
+/// What a [`RunShape`] is found by: the job, its code, the parameters' type, and their names
+/// and value types as `canonical_params` reports them.
+struct ShapeEntry {
+    ty: std::any::TypeId,
+    job: Arc<str>,
+    entry: Entry,
+    owned: Arc<OwnedDigest>,
+    fields: Vec<Cow<'static, str>>,
+    types: Vec<(Cow<'static, str>, ParamType)>,
+    shape: Arc<RunShape>,
+}
 
 /// What a built [`Orchestrator`] starts from (see [`OrchestratorBuilder::build`]).
 pub(super) struct Parts<S, E> {
@@ -51,7 +62,42 @@ pub(super) struct Parts<S, E> {
     pub(super) ctrl_c: bool,
     /// Runs whose record is corrupt are repaired (moved aside and run), not left alone.
     pub(super) repair: bool,
+    /// The most memory the queue and plan may take.
+    pub(super) memory: MemoryBound,
 }
+
+/// The most memory a sweep's queue and plan may take, bytes, and where the figure comes from.
+pub(super) struct MemoryBound {
+    pub(super) limit: u64,
+    pub(super) source: String,
+}
+
+impl MemoryBound {
+    /// Half of what this process may use (`sys::memory_available`): the other half is for the
+    /// drain, the jobs and the store's indexes.
+    pub(super) fn default_for_this_process() -> Self {
+        match crate::sys::memory_available() {
+            Some((bytes, from)) => MemoryBound {
+                limit: bytes / 2,
+                source: format!("half of the {bytes} bytes of {from} when the sweep was built"),
+            },
+            None => MemoryBound {
+                limit: u64::MAX,
+                source: "no memory figure could be read".into(),
+            },
+        }
+    }
+}
+
+/// The memory one enqueued run costs beside its parameters' text, bytes: its spec and handle,
+/// its places in the queue, the enqueued list and the key index, and its plan decision
+/// (measured: the `hot_paths` bench's 1M-run case).
+const RUN_BYTES: u64 = (std::mem::size_of::<RunSpec>()
+    + std::mem::size_of::<JobDecision>()
+    + 16 // the spec's reference counts
+    + 16 // the allocator's headers of the spec and the parameters
+    + 32 // queue and enqueued list, at half their capacity after a growth
+    + 12) as u64; // key index slot (4 bytes and a control byte), at its lowest load
 
 /// Runs a sweep: enqueue runs with [`run`](Self::run), see what would happen with
 /// [`plan`](Self::plan), execute what is not done with [`drain`](Self::drain), read metrics with
@@ -74,14 +120,15 @@ pub struct Orchestrator<S: Store = FsStore, E: Executor = InProcess> {
     params_check: ParamsCheck,
     job_names: HashMap<String, Arc<str>>,
     /// Parameter names and types shared by the runs that have them (most sweeps: one shape
-    /// per job), so a run holds two pointers instead of its own copies.
-    shapes: Vec<Shape>,
+    /// per job), so a run holds two pointers instead of its own copies; found without
+    /// allocating from what `canonical_params` returns.
+    shapes: Vec<ShapeEntry>,
     /// Per parameters type: its traced column types (`None`: it cannot be traced).
     traced: HashMap<std::any::TypeId, Option<Arc<BTreeMap<String, Traced>>>>,
     queue: Vec<PendingRun>,
     enqueued: Vec<PendingRun>,
     /// Per enqueued key: its index in `enqueued` and whether it is in `queue`.
-    keys: HashMap<Hash, (u32, bool)>,
+    keys: KeyIndex,
     identity: super::identity::JobIdentities,
     on_event: Option<EventFn>,
     owner: Owner,
@@ -90,6 +137,9 @@ pub struct Orchestrator<S: Store = FsStore, E: Executor = InProcess> {
     cancel: Option<CancellationToken>,
     ctrl_c: bool,
     repair: bool,
+    memory: MemoryBound,
+    /// Estimated bytes of the enqueued runs (see [`RUN_BYTES`]).
+    memory_used: u64,
 }
 
 impl Orchestrator<FsStore, InProcess> {
@@ -114,7 +164,7 @@ impl<S: Store, E: Executor> Orchestrator<S, E> {
             traced: HashMap::new(),
             queue: Vec::new(),
             enqueued: Vec::new(),
-            keys: HashMap::new(),
+            keys: KeyIndex::default(),
             identity: p.identity,
             on_event: p.on_event,
             owner: Owner::current(),
@@ -123,6 +173,8 @@ impl<S: Store, E: Executor> Orchestrator<S, E> {
             cancel: p.cancel,
             ctrl_c: p.ctrl_c,
             repair: p.repair,
+            memory: p.memory,
+            memory_used: 0,
         }
     }
 
@@ -144,54 +196,65 @@ impl<S: Store, E: Executor> Orchestrator<S, E> {
             source,
         };
         let canon = identity::canonical_params(&params).map_err(bad)?;
+        // The order check first: an unordered set also fails the round trip, and its error
+        // names the set and the fix.
         self.params_check.check::<P>(&canon.json).map_err(bad)?;
+        self.params_check
+            .round_trip::<P>(&canon.json)
+            .map_err(bad)?;
         if let Some(r) = canon
             .fields
             .iter()
-            .find(|f| RESERVED_COLUMNS.contains(&f.as_str()))
+            .find(|f| RESERVED_COLUMNS.contains(&f.as_ref()))
         {
-            return Err(bad(ParamError::Reserved { name: r.clone() }));
+            return Err(bad(ParamError::Reserved {
+                name: r.to_string(),
+            }));
         }
         let owned = self.owned_for(job)?;
         let key = identity::job_key(job.name(), &canon.json, &owned.digest);
-        if let Some((i, queued)) = self.keys.get_mut(&key) {
-            if !*queued {
+        if let Some((i, queued)) = self.keys.get(&key, &self.enqueued) {
+            if !queued {
                 // Enqueued before and drained; enqueue again so a new drain re-checks it.
-                *queued = true;
-                self.queue.push(self.enqueued[*i as usize].clone());
+                self.keys.set_queued(&key, &self.enqueued, true);
+                self.queue.push(self.enqueued[i].clone());
             }
             return Ok(key);
         }
-        let f = job.func();
-        let name = match self.job_names.get(job.name()) {
-            Some(n) => n.clone(),
-            None => {
-                let n: Arc<str> = job.name().into();
-                self.job_names.insert(job.name().to_string(), n.clone());
-                n
-            }
+        // The parameters are kept as their values only when they are an object.
+        let text = match canon.values.len() {
+            0 => canon.json.len(),
+            n => canon.values.iter().map(|r| r.len()).sum::<usize>() + n - 1,
         };
-        let types = self.column_types::<P>(canon.types);
-        let shape = self.shape(canon.fields, types);
-        let pending = PendingRun::new(RunSpec {
-            key,
-            lineage: identity::lineage_key(job.name(), &canon.json),
-            job: name,
-            params: canon.json.into(),
-            param_order: shape.0,
-            param_types: shape.1,
-            owned,
-            call: Arc::new(move |run: &mut Run| f(&params, run)),
-            entry: Entry::of::<P>(f),
-        });
+        let bytes = self.memory_used + RUN_BYTES + text as u64;
+        if bytes > self.memory.limit || self.enqueued.len() >= MAX_RUNS {
+            let (limit, bound) = if bytes > self.memory.limit {
+                (self.memory.limit, self.memory.source.clone())
+            } else {
+                (bytes, format!("at most {MAX_RUNS} runs per sweep"))
+            };
+            return Err(Error::TooLarge {
+                runs: self.enqueued.len() + 1,
+                bytes,
+                limit,
+                bound,
+            });
+        }
+        let entry = Entry::of::<P>(job.func());
+        let (shape, shared) = self.shape::<P>(job.name(), entry, owned, canon.fields, canon.types);
+        // A shape no other run shares keeps its run's whole text (its names once per run).
+        let values = if shared { &canon.values[..] } else { &[] };
+        let lineage = identity::lineage_key(job.name(), &canon.json);
+        let pending = PendingRun::new(RunSpec::new(key, lineage, &canon.json, values, &shape));
         if self.enqueued.is_empty() {
             // A plan or drain follows: let the store load its done index while we enqueue.
             self.store.preload();
         }
-        let index = u32::try_from(self.enqueued.len()).unwrap_or(u32::MAX);
-        self.keys.insert(key, (index, true));
+        self.memory_used = bytes;
         self.queue.push(pending.clone());
         self.enqueued.push(pending);
+        self.keys
+            .insert(key, self.enqueued.len() - 1, &self.enqueued);
         Ok(key)
     }
 
@@ -222,21 +285,61 @@ impl<S: Store, E: Executor> Orchestrator<S, E> {
         from_values
     }
 
-    /// The shared copy of a run's parameter names and types.
-    fn shape(&mut self, fields: Vec<String>, types: BTreeMap<String, ParamType>) -> Shape {
-        if let Some(s) = self
-            .shapes
-            .iter()
-            .find(|s| *s.0 == fields[..] && *s.1 == types)
-        {
-            return s.clone();
+    /// The shape a run of `job` (its function `entry`, its owned code `owned`) with parameters
+    /// of type `P` shares with the runs like it, from the names and value types
+    /// `canonical_params` found (the types merged with those traced from `P`), and whether it
+    /// is kept for later runs.
+    fn shape<P: DeserializeOwned + 'static>(
+        &mut self,
+        job: &str,
+        entry: Entry,
+        owned: Arc<OwnedDigest>,
+        fields: Vec<Cow<'static, str>>,
+        types: Vec<(Cow<'static, str>, ParamType)>,
+    ) -> (Arc<RunShape>, bool) {
+        let ty = std::any::TypeId::of::<P>();
+        if let Some(e) = self.shapes.iter().find(|e| {
+            e.ty == ty
+                && e.entry == entry
+                && Arc::ptr_eq(&e.owned, &owned)
+                && *e.job == *job
+                && e.fields == fields
+                && e.types == types
+        }) {
+            return (e.shape.clone(), true);
         }
-        let s: Shape = (fields.into(), Arc::new(types));
+        let name = match self.job_names.get(job) {
+            Some(n) => n.clone(),
+            None => {
+                let n: Arc<str> = job.into();
+                self.job_names.insert(job.to_string(), n.clone());
+                n
+            }
+        };
+        let merged =
+            self.column_types::<P>(types.iter().map(|(k, t)| (k.to_string(), *t)).collect());
+        let names: Vec<String> = fields.iter().map(|f| f.to_string()).collect();
+        let shape = Arc::new(RunShape::new(
+            name.clone(),
+            names.into(),
+            Arc::new(merged),
+            owned.clone(),
+            entry,
+        ));
         // Parameters whose names vary per run (maps, skipped fields) are not worth a long scan.
-        if self.shapes.len() < 16 {
-            self.shapes.push(s.clone());
+        let keep = self.shapes.len() < 64;
+        if keep {
+            self.shapes.push(ShapeEntry {
+                ty,
+                job: name,
+                entry,
+                owned,
+                fields,
+                types,
+                shape: shape.clone(),
+            });
         }
-        s
+        (shape, keep)
     }
 
     fn owned_for<P>(&mut self, job: &Job<P>) -> Result<Arc<OwnedDigest>> {
@@ -362,7 +465,7 @@ impl<S: Store, E: Executor> Orchestrator<S, E> {
     ///
     /// **Dropping the future cancels the drain** (`tokio::time::timeout`, `tokio::select!`
     /// with `tokio::signal::ctrl_c()`, an aborted task): the job running in process is told
-    /// through [`Run::is_cancelled`] and the errors of [`Run::log`]/[`Run::flush`] and is
+    /// through [`Run::is_cancelled`](super::Run::is_cancelled) and the errors of [`Run::log`](super::Run::log)/[`Run::flush`](super::Run::flush) and is
     /// recorded as interrupted once it returns; isolated workers are cancelled through the
     /// executor and recorded as interrupted; nothing is recorded as failed, and no run starts
     /// after the drop. The drain's thread ends as soon as the running job returns (a job that
@@ -484,9 +587,7 @@ impl<S: Store, E: Executor> Orchestrator<S, E> {
             }
             None => {
                 self.queue.clear();
-                for v in self.keys.values_mut() {
-                    v.1 = false;
-                }
+                self.keys.clear_queued();
                 Ok(summary_of(queue, &outcomes))
             }
             Some(Stop::Cause(FailureCause::Cancelled)) => {
@@ -512,7 +613,7 @@ impl<S: Store, E: Executor> Orchestrator<S, E> {
                     summary: summary_of(queue, &outcomes),
                     cause: FailureCause::Job {
                         key: p.key,
-                        job: p.job.to_string(),
+                        job: p.job().to_string(),
                         failure,
                         error_file,
                     },
@@ -530,13 +631,9 @@ impl<S: Store, E: Executor> Orchestrator<S, E> {
             .filter(|(_, o)| !matches!(o, Some(Outcome::Ran { .. } | Outcome::Skipped { .. })))
             .map(|(p, _)| p.clone())
             .collect();
-        for v in self.keys.values_mut() {
-            v.1 = false;
-        }
+        self.keys.clear_queued();
         for p in &self.queue {
-            if let Some(v) = self.keys.get_mut(&p.key) {
-                v.1 = true;
-            }
+            self.keys.set_queued(&p.key, &self.enqueued, true);
         }
     }
 
@@ -587,7 +684,7 @@ impl<S: Store, E: Executor> Orchestrator<S, E> {
                 meta: JobMeta {
                     key: p.key,
                     params: &rec.params,
-                    param_order: &p.param_order,
+                    param_order: p.param_order(),
                     param_types: param_types(p, rec),
                 },
                 series: self.store.record_metrics(rec, Some(metric))?,
@@ -620,7 +717,7 @@ impl<S: Store, E: Executor> Orchestrator<S, E> {
             .map(|&(p, rec)| JobMeta {
                 key: p.key,
                 params: &rec.params,
-                param_order: &p.param_order,
+                param_order: p.param_order(),
                 param_types: param_types(p, rec),
             })
             .collect();
@@ -751,9 +848,9 @@ fn param_types<'a>(
     p: &'a PendingRun,
     rec: &'a crate::store::JobRecord,
 ) -> &'a std::collections::BTreeMap<String, crate::identity::ParamType> {
-    if p.param_types.is_empty() {
+    if p.param_types().is_empty() {
         &rec.param_types
     } else {
-        &p.param_types
+        p.param_types()
     }
 }

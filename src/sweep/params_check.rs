@@ -37,9 +37,40 @@ pub(super) const STABLE_TRIALS: u32 = 20;
 pub(super) struct ParamsCheck {
     /// Per params type: normalized sequence path -> stable trials so far.
     stable: HashMap<TypeId, HashMap<String, u32>>,
+    /// The params types whose first run came back whole from its canonical JSON.
+    round_trips: Vec<TypeId>,
 }
 
 impl ParamsCheck {
+    /// Checks, on the first run of each params type, that `json` (the canonical JSON of a `P`)
+    /// decodes into a `P` that encodes to the same text: runs execute the parameters decoded
+    /// from the keyed text (in this process as in a worker), so a type that loses a value on
+    /// the way would run a job its key does not describe. Later runs of the type are trusted
+    /// (a value-dependent failure fails that run, naming the decoder's message).
+    ///
+    /// # Errors
+    /// [`ParamError::NotRoundTrip`] with the decoder's message or the text that came back.
+    pub(super) fn round_trip<P>(&mut self, json: &str) -> Result<(), ParamError>
+    where
+        P: Serialize + DeserializeOwned + 'static,
+    {
+        let ty = TypeId::of::<P>();
+        if self.round_trips.contains(&ty) {
+            return Ok(());
+        }
+        let lost = |reason: String| ParamError::NotRoundTrip {
+            type_name: std::any::type_name::<P>(),
+            reason,
+        };
+        let back: P = serde_json::from_str(json).map_err(|e| lost(format!("{e}, in {json}")))?;
+        let again = canonical_json(&back)?;
+        if again != json {
+            return Err(lost(format!("{json} came back as {again}")));
+        }
+        self.round_trips.push(ty);
+        Ok(())
+    }
+
     /// Checks that `json` (the canonical JSON of a `P`) serializes the same in every process.
     ///
     /// # Errors

@@ -1,5 +1,7 @@
 //! [`RunSummary`] and [`RunFailed`]: what a drain did.
 
+use super::pending::PendingRun;
+use super::reasons::Reasons;
 use std::fmt;
 use std::path::PathBuf;
 
@@ -18,7 +20,7 @@ pub enum Outcome {
     /// Not executed: its recorded result is current (or another process produced it).
     Skipped {
         /// Why.
-        reasons: Vec<String>,
+        reasons: Reasons,
     },
     /// Executed and failed.
     Failed {
@@ -45,12 +47,8 @@ pub enum Outcome {
 #[derive(Debug, Clone, PartialEq)]
 #[non_exhaustive]
 pub struct JobOutcome {
-    /// The job key.
-    pub key: Hash,
-    /// The job's name.
-    pub job: String,
-    /// Canonical JSON parameters.
-    pub params: String,
+    /// The run (shared with the queue): `run.key`, `run.job()`, `run.params()`.
+    pub run: PendingRun,
     /// What happened.
     pub outcome: Outcome,
 }
@@ -131,9 +129,9 @@ impl RunSummary {
             };
             out.push_str(&format!(
                 "{tag}  {}  {}  {}  {detail}\n",
-                j.key.short(),
-                j.job,
-                j.params
+                j.run.key.short(),
+                j.run.job(),
+                j.run.params()
             ));
         }
         out.push_str(&self.totals());
@@ -265,7 +263,13 @@ impl fmt::Display for RunFailed {
                 )?;
                 for j in &self.summary.jobs {
                     if let Outcome::Corrupt { reason } = &j.outcome {
-                        write!(f, "\n  {} {} {}: {reason}", j.key.short(), j.job, j.params)?;
+                        write!(
+                            f,
+                            "\n  {} {} {}: {reason}",
+                            j.run.key.short(),
+                            j.run.job(),
+                            j.run.params()
+                        )?;
                     }
                 }
             }

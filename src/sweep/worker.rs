@@ -56,8 +56,8 @@ use super::decision::{Action, Decider, JobDecision};
 use super::entry::Entry;
 use super::event::Event;
 use super::execute::{Drained, Engine, Helpers, Stop, failure};
-use super::pending::{PendingRun, RunSpec};
-use super::run::Run;
+use super::pending::{PendingRun, RunShape, RunSpec};
+use super::reasons::Reasons;
 use super::summary::{FailureCause, Outcome};
 use crate::error::{Error, Result};
 use crate::executor::{
@@ -308,7 +308,7 @@ struct Task {
     param_types: std::collections::BTreeMap<String, crate::identity::ParamType>,
     /// The name of the [`Shared`] file, in the task's own folder.
     shared: String,
-    reasons: Vec<String>,
+    reasons: Reasons,
     replaces: Option<u32>,
 }
 
@@ -379,28 +379,24 @@ fn run_task(path: &Path) -> std::result::Result<Option<Outcome>, String> {
         wait_poll: std::time::Duration::from_millis(100),
         cancel: &cancel,
     };
-    let entry = task.entry;
-    let params: Arc<str> = task.params.into();
-    let call_params = params.clone();
-    let pending = PendingRun::new(RunSpec {
-        key: task.key,
-        lineage: task.lineage,
-        job: task.job.into(),
-        params: params.clone(),
-        param_order: task.param_order.into(),
-        param_types: Arc::new(task.param_types),
-        owned: Arc::new(shared.owned),
-        // SAFETY: the entry was made by Entry::of in the same binary (checked above).
-        call: Arc::new(move |run: &mut Run| unsafe { entry.call(&call_params, run) }),
-        entry,
-    });
+    let shape = Arc::new(RunShape::new(
+        task.job.into(),
+        task.param_order.into(),
+        Arc::new(task.param_types),
+        Arc::new(shared.owned),
+        task.entry,
+    ));
+    // One run: its text is kept whole (no values to share names with).
+    let pending = PendingRun::new(RunSpec::new(
+        task.key,
+        task.lineage,
+        &task.params,
+        &[],
+        &shape,
+    ));
     let decision = JobDecision {
-        key: task.key,
-        job: pending.job.clone(),
-        params,
-        action: Action::Run,
-        reasons: task.reasons,
         replaces: task.replaces,
+        ..JobDecision::new(pending.clone(), Action::Run, task.reasons)
     };
     engine
         .try_execute(0, 1, &pending, decision, Helpers::default())
@@ -529,7 +525,7 @@ pub(super) async fn drain_isolated_async<S: Store + ?Sized, E: Executor + ?Sized
             };
             tracing::debug!(
                 key = %queue[i].key.short(),
-                job = %queue[i].job,
+                job = %queue[i].job(),
                 action = %d.action,
                 reasons = ?d.reasons,
                 "decided"
@@ -661,18 +657,21 @@ async fn run_batch<S: Store + ?Sized, E: Executor + ?Sized>(
     let mut manifest = Vec::with_capacity(runs.len());
     for (n, (i, d)) in runs.iter().enumerate() {
         let p = &queue[*i];
-        let shared = match shared_files.iter().find(|(q, _)| Arc::ptr_eq(q, &p.owned)) {
+        let shared = match shared_files
+            .iter()
+            .find(|(q, _)| Arc::ptr_eq(q, p.owned_shared()))
+        {
             Some((_, name)) => name.clone(),
             None => {
                 let name = shared_name(shared_files.len());
                 let path = dir.join(&name);
                 let bytes = serde_json::to_vec(&SharedRef {
-                    owned: &p.owned,
+                    owned: p.owned(),
                     witnesses: o.witnesses(),
                 })
                 .expect("shared data serializes");
                 write_replace(&path, &bytes).map_err(|e| io(&path, e))?;
-                shared_files.push((&p.owned, name.clone()));
+                shared_files.push((p.owned_shared(), name.clone()));
                 name
             }
         };
@@ -680,13 +679,13 @@ async fn run_batch<S: Store + ?Sized, E: Executor + ?Sized>(
             version: TASK_VERSION,
             store: store.clone(),
             exe: exe_id.clone(),
-            entry: p.entry,
+            entry: p.entry(),
             key: p.key,
             lineage: p.lineage,
-            job: p.job.to_string(),
-            params: p.params.to_string(),
-            param_order: p.param_order.to_vec(),
-            param_types: (*p.param_types).clone(),
+            job: p.job().to_string(),
+            params: p.params().to_string(),
+            param_order: p.param_order().to_vec(),
+            param_types: p.param_types().clone(),
             shared,
             reasons: d.reasons.clone(),
             replaces: d.replaces,
@@ -827,7 +826,7 @@ fn conclude<S: Store + ?Sized>(
                 let by = r.owner.map(|o| o.to_string()).unwrap_or_default();
                 return Ok((
                     Some(Outcome::Skipped {
-                        reasons: vec![format!("done by {by}")],
+                        reasons: Reasons::one(format!("done by {by}")),
                     }),
                     0,
                 ));
@@ -902,7 +901,7 @@ fn conclude<S: Store + ?Sized>(
         ClaimOutcome::Done(_) => {
             return Ok((
                 Some(Outcome::Skipped {
-                    reasons: vec!["done by another process".into()],
+                    reasons: Reasons::one("done by another process"),
                 }),
                 0,
             ));
@@ -919,6 +918,7 @@ fn conclude<S: Store + ?Sized>(
 
 #[cfg(test)]
 mod tests {
+    use super::super::run::Run;
     use super::*;
 
     fn doubles(x: &u32, run: &mut Run) -> crate::sweep::JobResult {
@@ -939,7 +939,7 @@ mod tests {
             param_order: Vec::new(),
             param_types: Default::default(),
             shared: shared.into(),
-            reasons: vec!["new".into()],
+            reasons: Reasons::one("new"),
             replaces: None,
         };
         let path = dir.join("0.json");

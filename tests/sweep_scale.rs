@@ -1,0 +1,171 @@
+//! A sweep too large for its memory bound fails early with an error naming the bound, never by
+//! the OOM killer, and keeps the runs it holds (issue "near the floor": bad input).
+
+mod support;
+
+use puzzletron::store::MemoryStore;
+use puzzletron::{Error, JobResult, Orchestrator, Run};
+use serde::{Deserialize, Serialize};
+use support::sweep::FakeCrate;
+
+/// Ten fields, as the `hot_paths` bench's million-run case.
+#[derive(Serialize, Deserialize)]
+struct Params10 {
+    lr: f64,
+    weight_decay: f64,
+    hidden: u32,
+    layers: u32,
+    dropout: f64,
+    batch_size: u32,
+    epochs: u32,
+    optimizer: String,
+    seed: u64,
+    warmup: bool,
+}
+
+fn p10(i: u64) -> Params10 {
+    Params10 {
+        lr: 1e-3 * (1 + i % 7) as f64,
+        weight_decay: 0.01,
+        hidden: 64 << (i % 4),
+        layers: 2 + (i % 3) as u32,
+        dropout: 0.1,
+        batch_size: 32,
+        epochs: 10,
+        optimizer: "adamw".into(),
+        seed: i,
+        warmup: i.is_multiple_of(2),
+    }
+}
+
+fn noop(p: &Params10, run: &mut Run) -> JobResult {
+    run.log("seed", 0, p.seed as f64)?;
+    Ok(())
+}
+
+#[test]
+fn the_run_past_the_memory_limit_is_refused_naming_the_bound_and_the_rest_drain() {
+    let c = FakeCrate::new();
+    let limit = 100_000;
+    let mut o = Orchestrator::builder()
+        .store(MemoryStore::new())
+        .lock(c.lock())
+        .memory_limit(limit)
+        .build()
+        .unwrap();
+    let job = c.job(noop);
+    let mut refused = None;
+    for i in 0..10_000 {
+        if let Err(e) = o.run(&job, p10(i)) {
+            refused = Some((i, e));
+            break;
+        }
+    }
+    let (i, e) = refused.expect("a 100 kB bound holds fewer than 10k runs");
+    let msg = e.to_string();
+    assert!(!e.is_retryable());
+    match e {
+        Error::TooLarge {
+            runs,
+            bytes,
+            limit: l,
+            bound,
+        } => {
+            assert_eq!(runs as u64, i + 1);
+            assert_eq!(l, limit);
+            assert!(bytes > limit && bytes < limit + 1000, "{bytes}");
+            assert_eq!(bound, "set with OrchestratorBuilder::memory_limit");
+        }
+        other => panic!("expected TooLarge, got {other:?}"),
+    }
+    assert!(
+        msg.contains("past its memory bound of 100000 bytes"),
+        "{msg}"
+    );
+    assert!(msg.contains("OrchestratorBuilder::memory_limit"), "{msg}");
+    // About 250 bytes a run plus ~40 of parameters: 300-400 runs fit.
+    assert!((250..=400).contains(&i), "{i} runs fit in 100 kB");
+    // Nothing enqueued before is lost: the plan and the drain have every one of them.
+    assert_eq!(o.enqueued().len() as u64, i);
+    assert_eq!(o.plan().unwrap().decisions.len() as u64, i);
+    assert_eq!(o.drain().unwrap().ran() as u64, i);
+    // A run already enqueued is no new memory: enqueueing it again is accepted.
+    assert!(o.run(&job, p10(0)).is_ok());
+}
+
+/// Set in the child process of the next test.
+const CHILD: &str = "PUZZLETRON_SCALE_TEST_CHILD";
+
+/// The child: with the default bound (half of what the process may use, here its
+/// `RLIMIT_DATA`), enqueues until refused and prints the error and its peak heap use.
+#[test]
+fn child_enqueues_until_the_default_bound() {
+    if std::env::var_os(CHILD).is_none() {
+        return; // run by the next test in a process of its own
+    }
+    let c = FakeCrate::new();
+    let mut o = Orchestrator::builder()
+        .store(MemoryStore::new())
+        .lock(c.lock())
+        .build()
+        .unwrap();
+    let job = c.job(noop);
+    for i in 0..50_000_000 {
+        if let Err(e) = o.run(&job, p10(i)) {
+            let status = std::fs::read_to_string("/proc/self/status").unwrap();
+            let data = status
+                .lines()
+                .find(|l| l.starts_with("VmData:"))
+                .unwrap_or("VmData: ?");
+            println!("REFUSED {i} {data}\nERROR {e}");
+            return;
+        }
+    }
+    println!("NOT REFUSED");
+}
+
+#[test]
+fn a_sweep_past_the_data_limit_fails_with_the_bound_not_an_allocation_failure() {
+    if std::env::var_os(CHILD).is_some() {
+        return;
+    }
+    // 96 MiB of data segment: the default bound is half, about 190k runs.
+    let out = std::process::Command::new("sh")
+        .args([
+            "-c",
+            "ulimit -d 98304 && exec \"$0\" --exact child_enqueues_until_the_default_bound \
+             --nocapture --test-threads=1",
+        ])
+        .arg(std::env::current_exe().unwrap())
+        .env(CHILD, "1")
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        out.status.success(),
+        "the child died ({:?}): {stdout}\n{stderr}",
+        out.status
+    );
+    let refused = stdout
+        .lines()
+        .find_map(|l| l.split_once("REFUSED ").map(|(_, r)| r))
+        .unwrap_or_else(|| panic!("no refusal: {stdout}\n{stderr}"));
+    let runs: u64 = refused.split(' ').next().unwrap().parse().unwrap();
+    assert!(
+        runs > 100_000,
+        "only {runs} runs in a 48 MiB bound: {stdout}"
+    );
+    // The estimate is honest: the heap the refused sweep holds is within its bound.
+    let data_kb: u64 = refused
+        .split_whitespace()
+        .nth(2)
+        .and_then(|v| v.parse().ok())
+        .unwrap_or_else(|| panic!("no VmData in {refused:?}"));
+    assert!(data_kb * 1024 < 96 << 20, "{refused}");
+    let err = stdout.lines().find(|l| l.contains("ERROR ")).unwrap();
+    assert!(
+        err.contains("past its memory bound of 50331648 bytes") && err.contains("RLIMIT_DATA"),
+        "{err}"
+    );
+}
