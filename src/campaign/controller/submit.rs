@@ -7,7 +7,7 @@ use super::driver::CampaignController;
 use super::error::ControllerError;
 use super::event::ControllerEvent;
 use super::journal::Entry;
-use super::policy::{Decision, UnitHistory};
+use super::policy::Decision;
 use super::pool::WorkQueue;
 use super::spec::{self, UnitSpec, output_dir, queue_dir};
 use super::state::{Phase, StageStatus, UnitStatus};
@@ -54,22 +54,6 @@ impl CampaignController {
         let changed = !entries.is_empty();
         self.record(entries)?;
         Ok(changed)
-    }
-
-    pub(super) fn history(&self, unit: usize) -> UnitHistory {
-        let u = &self.state.units[unit];
-        let st = &self.plan.stages[u.stage];
-        UnitHistory {
-            failure_policy: st.spec.failure_policy,
-            resumable: st.worker.resumable,
-            oom_retry_allowed: self.settings.oom_retry.contains(&st.stage_id),
-            max_attempts: st.spec.max_attempts.max(1),
-            counted_attempts: u.counted,
-            transient_failures: u.transient,
-            infra_failures: u.infra,
-            fail_fast: false,
-            oom_failures: u.oom,
-        }
     }
 
     pub(super) fn attempt_id_for(&self, unit: usize, n: u32) -> AttemptId {
