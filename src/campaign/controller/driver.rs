@@ -264,6 +264,7 @@ impl CampaignController {
         for a in actions {
             match a {
                 Action::Notify(ev) => self.notify(&ev),
+                Action::Emit(ev) => self.emit(ev)?,
                 Action::Journal(entries) => self.record(entries)?,
                 Action::MakeDecisionDir(dir) => std::fs::create_dir_all(&dir)
                     .map_err(|e| ControllerError::io("creating", &dir, e))?,
