@@ -728,7 +728,7 @@ pub(super) fn poll_failed(
         .poll_min
         .mul_f64(1.5f64.powi(n.min(64) as i32))
         .min(settings.poll_max);
-    let report = (n % 10 == 1).then(|| ControllerEvent::SchedulerUnreachable {
+    let report = (n % 10 == 1).then_some(ControllerEvent::SchedulerUnreachable {
         error,
         consecutive: n,
         retry_in,
