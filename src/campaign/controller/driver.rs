@@ -531,15 +531,7 @@ impl CampaignController {
         }
         progressed |= self.advance_stages().await?;
         progressed |= self.advance_decisions()?;
-        let open = self
-            .state
-            .stages
-            .iter()
-            .any(|s| s.status == StageStatus::Open && !self.blocked(s));
-        if self.state.live == 0
-            && self.state.unresolved_intents().is_empty()
-            && (!open || self.halted)
-        {
+        if super::step::finished(&self.state, self.halted) {
             return Ok(Flow::Finished);
         }
         Ok(Flow::Continue { progressed })

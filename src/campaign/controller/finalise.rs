@@ -16,9 +16,8 @@ use super::spec::{
     START_MARKER, SUCCESS_MARKER, find_checkpoint, move_partial_checkpoints_aside, output_dir,
     queue_dir,
 };
-use super::state::{Phase, StageStatus, UnitStatus};
-use super::step::{self, Visibility};
-use crate::campaign::HaltPolicy;
+use super::state::{Phase, UnitStatus};
+use super::step::{self, Transition, Visibility};
 use crate::executor::{JobState, JobStatus};
 
 /// Longest run of a stage's validation command.
@@ -455,79 +454,33 @@ impl CampaignController {
         }
     }
 
-    /// Stage transitions: aggregate steps, pool queues, stage done/failed and the halt policy.
+    /// Stage transitions: aggregate steps, pool queues, stage done/failed and the halt policy
+    /// ([`step::stage_transition`] decides; a pool's queue is read here).
     pub(super) async fn advance_stages(&mut self) -> Result<bool, ControllerError> {
         let mut progressed = false;
+        // Stage by stage, in plan order: a stage done above lets its children end below.
         for si in 0..self.state.stages.len() {
-            let s = self.state.stages[si].clone();
-            // A manual decision stage ends by its decision (`advance_decisions`), not by units.
-            if s.status != StageStatus::Open || s.decision {
-                continue;
-            }
-            let failed_unit = s
-                .units
-                .iter()
-                .chain(s.agg.iter())
-                .find(|&&u| self.state.units[u].status == UnitStatus::Failed);
-            if let Some(&u) = failed_unit {
-                let still_live = s
-                    .units
-                    .iter()
-                    .chain(s.agg.iter())
-                    .any(|&x| self.state.units[x].status == UnitStatus::Live);
-                let halt = self.plan.execution_defaults.halt_policy;
-                if still_live && halt == HaltPolicy::Drain {
-                    continue; // let the stage's own live attempts finish first
+            match step::stage_transition(&self.state, &self.plan, si) {
+                Transition::Stay => {}
+                Transition::Failed { actions, halt } => {
+                    self.perform(actions)?;
+                    if halt {
+                        let id = self.state.stages[si].id.clone();
+                        self.halted = true;
+                        let n = self.cancel_all(&format!("fail_fast: stage {id} failed"))?;
+                        self.cancel_live_now().await?;
+                        self.emit(ControllerEvent::Halted {
+                            stage: id,
+                            cancelled: n,
+                        })?;
+                    }
+                    progressed = true;
                 }
-                let reason = format!(
-                    "unit {} failed: {}",
-                    self.state.units[u].key,
-                    self.state.units[u].fail_reason.clone().unwrap_or_default()
-                );
-                self.record(vec![Entry::StageFailed {
-                    stage: s.id.clone(),
-                    reason: reason.clone(),
-                }])?;
-                self.notify(&ControllerEvent::StageFailed {
-                    stage: s.id.clone(),
-                    reason: reason.clone(),
-                });
-                if halt == HaltPolicy::FailFast {
-                    self.halted = true;
-                    let n = self.cancel_all(&format!("fail_fast: stage {} failed", s.id))?;
-                    self.cancel_live_now().await?;
-                    self.emit(ControllerEvent::Halted {
-                        stage: s.id.clone(),
-                        cancelled: n,
-                    })?;
+                Transition::Pool => progressed |= self.advance_pool(si).await?,
+                Transition::Done(actions) => {
+                    self.perform(actions)?;
+                    progressed = true;
                 }
-                progressed = true;
-                continue;
-            }
-            let items_done = s
-                .units
-                .iter()
-                .all(|&u| self.state.units[u].status == UnitStatus::Done);
-            if s.pool {
-                progressed |= self.advance_pool(si).await?;
-                continue;
-            }
-            let agg_done = s
-                .agg
-                .is_none_or(|a| self.state.units[a].status == UnitStatus::Done);
-            if items_done
-                && agg_done
-                && s.parents
-                    .iter()
-                    .all(|&p| self.state.stages[p].status == StageStatus::Done)
-            {
-                self.record(vec![Entry::StageDone {
-                    stage: s.id.clone(),
-                }])?;
-                self.notify(&ControllerEvent::StageDone {
-                    stage: s.id.clone(),
-                });
-                progressed = true;
             }
         }
         Ok(progressed)
