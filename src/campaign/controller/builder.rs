@@ -500,3 +500,33 @@ fn unsafe_getuid() -> u32 {
     // SAFETY: getuid has no preconditions and cannot fail.
     unsafe { libc::getuid() }
 }
+
+#[cfg(test)]
+impl Settings {
+    /// The builder's defaults, for tests of the pure steps.
+    pub(super) fn defaults() -> Self {
+        let b = CampaignControllerBuilder::default();
+        Settings {
+            poll_min: b.poll_min,
+            poll_max: b.poll_max,
+            retry: b.retry,
+            new_revision: b.new_revision,
+            adopt_grace: b.adopt_grace,
+            stuck_after: b.stuck_after,
+            max_live: b.max_live,
+            poll_batch: b.poll_batch,
+            submit_batch: b.submit_batch,
+            oom_retry: b.oom_retry,
+            max_requeues: b.max_requeues,
+            abort_after_submits: b.abort_after_submits,
+            require_success_marker: b.require_success_marker,
+            pools: b.pools,
+            heartbeat: b.heartbeat,
+            exclude_node_after: b.exclude_node_after,
+            fast_failure_window: b.fast_failure_window,
+            visibility_wait: b.visibility_wait,
+            visibility_hook: b.visibility_hook,
+            prompt: b.prompt,
+        }
+    }
+}

@@ -20,42 +20,50 @@
 //! A new revision (`new_revision`, the contract changed) starts over: its decisions are asked
 //! again, and a decision file left from before is read again (delete it to be asked).
 
-use std::collections::HashSet;
-
-use super::choose_revisions;
 use super::driver::CampaignController;
 use super::error::ControllerError;
-use super::event::ControllerEvent;
-use super::journal::Entry;
-use super::spec::{decision_file, selection_file};
-use super::state::StageStatus;
+use super::spec::decision_file;
+use super::step::{self, DecisionFile};
 
 impl CampaignController {
     /// Decides the manual decision stages that are ready; returns whether one was decided.
+    /// Reads each stage's decision file (and asks the prompt) here; what to do with the
+    /// answer is [`step::decision_actions`]'s.
     pub(super) fn advance_decisions(&mut self) -> Result<bool, ControllerError> {
         if self.halted {
             return Ok(false);
         }
         let mut progressed = false;
         for si in 0..self.state.stages.len() {
-            let s = &self.state.stages[si];
-            if !self.awaits_decision(s) {
+            // Checked again for each stage: a decision made above may open or skip this one.
+            if !step::awaits_decision(&self.state, &self.state.stages[si]) {
                 continue;
             }
             let Some(d) = self.plan.stages[si].decision.clone() else {
                 continue;
             };
-            let stage = s.id.clone();
+            let stage = self.state.stages[si].id.clone();
             let file = decision_file(&self.dir, &stage);
-            let mut chosen = None;
-            match std::fs::read_to_string(&file) {
-                Ok(text) => match choose_revisions(&text, &d.candidates) {
-                    Ok(c) => chosen = Some(c),
-                    Err(e) => self.invalid_decision(&stage, &file, e)?,
-                },
-                Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
-                Err(e) => self.invalid_decision(&stage, &file, format!("cannot be read: {e}"))?,
-            }
+            let read = match std::fs::read_to_string(&file) {
+                Ok(text) => DecisionFile::Text(text),
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => DecisionFile::Absent,
+                Err(e) => DecisionFile::Unreadable(e.to_string()),
+            };
+            let mut chosen = match step::file_choice(&read, &d.candidates) {
+                Ok(c) => c,
+                Err(error) => {
+                    let last = self
+                        .counters
+                        .decision_errors
+                        .get(&stage)
+                        .map(String::as_str);
+                    if let Some(ev) = step::invalid_decision(last, &stage, &file, error.clone()) {
+                        self.counters.decision_errors.insert(stage.clone(), error);
+                        self.emit(ev)?;
+                    }
+                    None
+                }
+            };
             if chosen.is_none()
                 && let Some(p) = self.settings.prompt.clone()
                 && !self.counters.prompt_declined.contains(&stage)
@@ -65,122 +73,10 @@ impl CampaignController {
                     self.counters.prompt_declined.insert(stage.clone());
                 }
             }
-            match chosen {
-                Some(c) => {
-                    self.decided(si, &d.input, &d.candidates, c)?;
-                    progressed = true;
-                }
-                None if !self.state.stages[si].decision_announced => {
-                    // The folder exists, so `echo all > FILE` is all a person has to do.
-                    if let Some(parent) = file.parent() {
-                        std::fs::create_dir_all(parent)
-                            .map_err(|e| ControllerError::io("creating", parent, e))?;
-                    }
-                    let candidates = d.candidates.clone();
-                    self.notify(&ControllerEvent::DecisionNeeded {
-                        stage: stage.clone(),
-                        file: file.clone(),
-                        candidates: candidates.clone(),
-                    });
-                    self.record(vec![Entry::DecisionNeeded {
-                        stage,
-                        file,
-                        candidates,
-                    }])?;
-                }
-                None => {}
-            }
+            progressed |= chosen.is_some();
+            let actions = step::decision_actions(&self.state, &self.plan, &self.dir, si, chosen);
+            self.perform(actions)?;
         }
         Ok(progressed)
-    }
-
-    /// Reports a bad decision file once per message (the stage keeps waiting).
-    fn invalid_decision(
-        &mut self,
-        stage: &str,
-        file: &std::path::Path,
-        error: String,
-    ) -> Result<(), ControllerError> {
-        if self.counters.decision_errors.get(stage) == Some(&error) {
-            return Ok(());
-        }
-        self.counters
-            .decision_errors
-            .insert(stage.to_string(), error.clone());
-        self.emit(ControllerEvent::DecisionInvalid {
-            stage: stage.to_string(),
-            file: file.to_path_buf(),
-            error,
-        })
-    }
-
-    /// Writes the selection, then journals the decision, the stage's end and (for `none`) the
-    /// skipped descendants in one durable append.
-    fn decided(
-        &mut self,
-        si: usize,
-        input: &str,
-        candidates: &[String],
-        chosen: Vec<String>,
-    ) -> Result<(), ControllerError> {
-        let stage = self.state.stages[si].id.clone();
-        let path = selection_file(&self.dir, &stage);
-        if let Some(parent) = path.parent() {
-            std::fs::create_dir_all(parent)
-                .map_err(|e| ControllerError::io("creating", parent, e))?;
-        }
-        let body = serde_json::json!({
-            "stage": stage,
-            "input": input,
-            "candidates": candidates,
-            "chosen": chosen,
-        });
-        let mut bytes = serde_json::to_vec_pretty(&body).unwrap_or_default();
-        bytes.push(b'\n');
-        crate::fsutil::atomic_write(&path, &bytes)
-            .map_err(|e| ControllerError::io("writing", &path, e))?;
-        let skipped = if chosen.is_empty() {
-            self.descendants(si)
-        } else {
-            Vec::new()
-        };
-        let mut entries = vec![
-            Entry::DecisionMade {
-                stage: stage.clone(),
-                chosen: chosen.clone(),
-            },
-            Entry::StageDone {
-                stage: stage.clone(),
-            },
-        ];
-        entries.extend(skipped.iter().map(|s| Entry::StageSkipped {
-            stage: s.clone(),
-            reason: format!("the manual decision {stage} chose none"),
-        }));
-        self.notify(&ControllerEvent::DecisionMade {
-            stage: stage.clone(),
-            chosen,
-            skipped: skipped.clone(),
-        });
-        self.notify(&ControllerEvent::StageDone {
-            stage: stage.clone(),
-        });
-        self.record(entries)
-    }
-
-    /// Open stages that depend on stage `si`, directly or not, in plan order.
-    fn descendants(&self, si: usize) -> Vec<String> {
-        let mut below: HashSet<usize> = HashSet::from([si]);
-        let mut out = Vec::new();
-        // Plan order is topological: parents come before their children.
-        for (i, s) in self.state.stages.iter().enumerate().skip(si + 1) {
-            if s.parents.iter().any(|p| below.contains(p)) {
-                below.insert(i);
-                if s.status == StageStatus::Open {
-                    out.push(s.id.clone());
-                }
-            }
-        }
-        out
     }
 }

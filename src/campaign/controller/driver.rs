@@ -24,6 +24,7 @@ use super::pool::{PoolItem, WorkQueue};
 use super::report::{CampaignReport, StageFailure, StageProgress};
 use super::spec::queue_dir;
 use super::state::{Phase, StageStatus, State, UnitStatus};
+use super::step::Action;
 use crate::campaign::CampaignPlan;
 use crate::executor::{AttemptId, Executor};
 use crate::identity::Hash;
@@ -254,6 +255,31 @@ impl CampaignController {
                     line: self.io.journal.len() as usize,
                     reason,
                 })?;
+        }
+        Ok(())
+    }
+
+    /// Performs the actions of a pure step ([`super::step`]), in order.
+    pub(super) fn perform(&mut self, actions: Vec<Action>) -> Result<(), ControllerError> {
+        for a in actions {
+            match a {
+                Action::Notify(ev) => self.notify(&ev),
+                Action::Emit(ev) => self.emit(ev)?,
+                Action::Journal(entries) => self.record(entries)?,
+                Action::MakeDecisionDir(dir) => std::fs::create_dir_all(&dir)
+                    .map_err(|e| ControllerError::io("creating", &dir, e))?,
+                Action::WriteSelection { stage, body } => {
+                    let path = super::spec::selection_file(&self.dir, &stage);
+                    if let Some(parent) = path.parent() {
+                        std::fs::create_dir_all(parent)
+                            .map_err(|e| ControllerError::io("creating", parent, e))?;
+                    }
+                    let mut bytes = serde_json::to_vec_pretty(&body).unwrap_or_default();
+                    bytes.push(b'\n');
+                    crate::fsutil::atomic_write(&path, &bytes)
+                        .map_err(|e| ControllerError::io("writing", &path, e))?;
+                }
+            }
         }
         Ok(())
     }
@@ -505,15 +531,7 @@ impl CampaignController {
         }
         progressed |= self.advance_stages().await?;
         progressed |= self.advance_decisions()?;
-        let open = self
-            .state
-            .stages
-            .iter()
-            .any(|s| s.status == StageStatus::Open && !self.blocked(s));
-        if self.state.live == 0
-            && self.state.unresolved_intents().is_empty()
-            && (!open || self.halted)
-        {
+        if super::step::finished(&self.state, self.halted) {
             return Ok(Flow::Finished);
         }
         Ok(Flow::Continue { progressed })
@@ -605,20 +623,13 @@ impl CampaignController {
     }
 
     pub(super) fn blocked(&self, s: &super::state::StageRt) -> bool {
-        s.parents.iter().any(|&p| {
-            let ps = &self.state.stages[p];
-            ps.status == StageStatus::Failed || (ps.status == StageStatus::Open && self.blocked(ps))
-        })
+        super::step::blocked(&self.state, s)
     }
 
     /// Whether `s` is a manual decision stage whose parents are done and that waits for a
     /// person.
     pub(super) fn awaits_decision(&self, s: &super::state::StageRt) -> bool {
-        s.decision
-            && s.status == StageStatus::Open
-            && s.parents
-                .iter()
-                .all(|&p| self.state.stages[p].status == StageStatus::Done)
+        super::step::awaits_decision(&self.state, s)
     }
 
     /// Per-stage progress (for the live view and reports).

@@ -5,21 +5,19 @@
 use std::path::Path;
 use std::time::Duration;
 
-use super::classify::{
-    CheckpointEvidence, Evidence, FailureClass, OomKind, classify, uses_rank_logs,
-};
-use super::driver::{CampaignController, describe};
+use super::classify::{CheckpointEvidence, Evidence, FailureClass, uses_rank_logs};
+use super::driver::CampaignController;
 use super::error::ControllerError;
 use super::event::ControllerEvent;
 use super::journal::Entry;
-use super::policy::{Decision, decide};
+use super::policy::Decision;
 use super::pool::WorkQueue;
 use super::spec::{
     START_MARKER, SUCCESS_MARKER, find_checkpoint, move_partial_checkpoints_aside, output_dir,
     queue_dir,
 };
-use super::state::{Phase, StageStatus, UnitStatus};
-use crate::campaign::HaltPolicy;
+use super::state::{Phase, UnitStatus};
+use super::step::{self, Transition, Visibility};
 use crate::executor::{JobState, JobStatus};
 
 /// Longest run of a stage's validation command.
@@ -286,338 +284,203 @@ impl CampaignController {
     }
 
     /// The Finished + Decided entries of an attempt that ended (only Finished for one this
-    /// controller cancelled).
+    /// controller cancelled). Reads the evidence here (the files it must leave, then its logs,
+    /// markers and checkpoints); the verdict and the entries are [`step`]'s.
     pub(super) fn finish_entries(
         &mut self,
         a: usize,
         st: &JobStatus,
         forced: Option<(FailureClass, String)>,
     ) -> Vec<Entry> {
-        let at = &self.state.attempts[a];
-        let unit = at.unit;
-        let u = &self.state.units[unit];
-        let stage = &self.plan.stages[u.stage];
-        let log_path = st
-            .log_path
-            .clone()
-            .unwrap_or_else(|| self.dir.join("logs").join(format!("{}.log", at.id)));
-        let out = output_dir(&self.dir, &stage.stage_id, u.item);
-        let nodes = st
-            .nodes
-            .clone()
-            .filter(|n| !crate::executor::expand_hostlist(n).is_empty());
-        let (class, mut detail, fail_fast, oom) = match forced {
-            // A forced verdict (hung, stuck) names its OOM kind in its detail.
-            Some((c, d)) => {
-                let oom = (c == FailureClass::Oom).then(|| {
-                    if d.contains("out of memory (gpu)") {
-                        OomKind::Gpu
-                    } else {
-                        OomKind::Host
-                    }
-                });
-                (Some(c), d, false, oom)
-            }
+        let now = self.io.clock.now_ms();
+        let log_path = step::log_path(&self.dir, st, &self.state.attempts[a].id);
+        let verdict = match forced {
+            Some((class, detail)) => step::forced_verdict(class, detail),
             None => {
-                let (log_tail, log_unavailable) = Self::read_tail_checked(&log_path);
                 // Not visible is not missing (issue 27): a completed attempt's marker and
                 // declared outputs are looked for with stat, readdir and open, and looked for
                 // again on later polls (the poll interval's backoff) until the bound.
                 let mut late = Vec::new();
                 if st.state == JobState::Completed {
-                    let mut wanted: Vec<std::path::PathBuf> =
-                        stage.worker.outputs.iter().map(|o| out.join(o)).collect();
-                    if self.settings.require_success_marker {
-                        wanted.insert(0, out.join(SUCCESS_MARKER));
-                    }
-                    let hook = self.settings.visibility_hook.as_deref();
-                    let mut invisible = Vec::new();
-                    for w in &wanted {
-                        match visible(w, hook) {
-                            (true, true) => late.push(w.display().to_string()),
-                            (true, false) => {}
-                            (false, _) => invisible.push(w.display().to_string()),
-                        }
-                    }
-                    let now = self.io.clock.now_ms();
-                    let at = &mut self.state.attempts[a];
-                    if !invisible.is_empty() {
-                        let since = *at.invisible_since_ms.get_or_insert(now);
-                        let waited = Duration::from_millis(now.saturating_sub(since));
-                        if waited < self.settings.visibility_wait {
+                    let looked = self.look_for_outputs(a);
+                    let since = self.state.attempts[a].invisible_since_ms;
+                    match step::visibility(since, now, self.settings.visibility_wait, &looked) {
+                        Visibility::Wait { since_ms } => {
+                            self.state.attempts[a].invisible_since_ms = Some(since_ms);
                             return Vec::new(); // looked for again on the next poll
                         }
-                        return self.finish_entries(
-                            a,
-                            st,
-                            Some((
-                                FailureClass::OutputNotVisible,
-                                format!(
-                                    "state COMPLETED (exit 0) but not visible after {} s (stat, readdir of its folder, open; retried with backoff): {}",
-                                    waited.as_secs(),
-                                    invisible.join(", ")
-                                ),
-                            )),
-                        );
-                    }
-                    if let Some(since) = at.invisible_since_ms.take() {
-                        late.push(format!(
-                            "visible after {} s",
-                            now.saturating_sub(since) / 1000
-                        ));
+                        Visibility::NotVisible { since_ms, detail } => {
+                            self.state.attempts[a].invisible_since_ms = Some(since_ms);
+                            return self.finish_entries(
+                                a,
+                                st,
+                                Some((FailureClass::OutputNotVisible, detail)),
+                            );
+                        }
+                        Visibility::Seen { late: l } => {
+                            self.state.attempts[a].invisible_since_ms = None;
+                            late = l;
+                        }
                     }
                 }
-                let at = &self.state.attempts[a];
-                let marker = visible(
-                    &out.join(SUCCESS_MARKER),
-                    self.settings.visibility_hook.as_deref(),
-                )
-                .0;
-                // Rank logs only decide failures (rule 6b): a success reads none. The output
-                // folder outlives attempts: only logs this attempt wrote count.
-                let rank_logs = if uses_rank_logs(&st.state) {
-                    let since = at.handle.as_ref().map_or(0, |h| h.submitted_at_ms);
-                    Self::rank_logs(&out.join("logs"), since)
-                } else {
-                    Vec::new()
-                };
-                let completed = st.state == JobState::Completed;
-                // N03: a resumable stage's timeout resumes only from a complete checkpoint;
-                // partial ones are moved aside first so the resume never loads them.
-                let timed_out = st.state == JobState::Timeout
-                    || log_tail.to_ascii_lowercase().contains("due to time limit");
-                let checkpoint = if stage.worker.resumable && timed_out {
-                    let moved = move_partial_checkpoints_aside(&out, &at.id);
-                    match find_checkpoint(&out) {
-                        CheckpointEvidence::Found(c) if !moved.is_empty() => {
-                            CheckpointEvidence::Found(format!("{c} ({})", moved.join("; ")))
-                        }
-                        c => c,
-                    }
-                } else {
-                    CheckpointEvidence::NotChecked
-                };
-                let ev = Evidence {
-                    checkpoint,
-                    log_tail,
-                    log_unavailable,
-                    rank_logs,
-                    resumable: stage.worker.resumable,
-                    cancel_requested: at.cancel_requested,
-                    own_uid: self.own_uid,
-                    scheduler_uid: self.scheduler_uid,
-                    success_marker: if self.settings.require_success_marker || marker {
-                        Some(marker)
-                    } else {
-                        None
-                    },
-                    outputs_problem: if completed {
-                        Self::outputs_problem(stage, &out)
-                    } else {
-                        None
-                    },
-                    program: stage
-                        .work
-                        .items
-                        .get(u.item.unwrap_or(0))
-                        .and_then(|item| crate::campaign::item_argv(stage, item, &self.dir).ok())
-                        .and_then(|argv| argv.into_iter().next()),
-                    lookup: Some(format!(
-                        "PATH={} (the controller's; the job inherits it, then its setup and prerun commands change it), working directory {}",
-                        std::env::var("PATH").unwrap_or_default(),
-                        self.plan
-                            .runner
-                            .execution_contract
-                            .repository
-                            .as_ref()
-                            .map_or_else(|| self.dir.display().to_string(), |r| r.to_string())
-                    )),
-                    log_first_line: Self::tail_first_line(&log_path),
-                    log_path: Some(log_path.clone()),
-                    rank_dir: Some(out.join("logs")),
-                    ..Evidence::default()
-                };
-                let ev = Evidence {
-                    start_mark: self
-                        .io
-                        .executor
-                        .writes_start_mark()
-                        .then(|| Self::start_mark_of(&out, at.id.as_str())),
-                    ran_for: Some(match (st.started_at_ms, st.ended_at_ms) {
-                        (Some(s), Some(e)) => Duration::from_millis(e.saturating_sub(s)),
-                        _ => Duration::from_millis(
-                            self.io.clock.now_ms().saturating_sub(at.intent_ms),
-                        ),
-                    }),
-                    fast_window: Some(self.settings.fast_failure_window),
-                    ..ev
-                };
-                let c = classify(st, &ev);
-                let fast = nodes.is_some() && super::nodes::fails_fast(&st.state, c.class, &ev);
-                let detail = if late.is_empty() {
-                    c.detail
-                } else {
-                    format!(
-                        "{}; not visible to stat at first, then found by readdir/open: {}",
-                        c.detail,
-                        late.join(", ")
-                    )
-                };
-                (c.class, detail, fast, c.oom)
+                let ev = self.end_evidence(a, st, &log_path);
+                step::classified_verdict(&self.state, &self.settings, now, a, st, ev, &late)
             }
         };
-        if fail_fast {
-            detail = format!(
-                "{detail}; failed fast on {}: charged to the infrastructure budget and the node, the retry avoids it",
-                nodes.as_deref().unwrap_or_default()
-            );
+        let ended = step::finish(
+            &self.state,
+            &self.plan,
+            &self.settings,
+            now,
+            a,
+            st,
+            log_path,
+            verdict,
+        );
+        for ev in &ended.notify {
+            self.notify(ev);
         }
-        let at = &self.state.attempts[a];
-        let id = at.id.clone();
-        let by_us = at.cancel_requested && class == Some(FailureClass::Cancelled);
-        let mut h = self.history(unit);
-        h.fail_fast = fail_fast;
-        match class {
-            Some(FailureClass::Transient | FailureClass::Hung) if fail_fast => {
-                h.infra_failures += 1
-            }
-            Some(FailureClass::Transient | FailureClass::Hung) => h.transient_failures += 1,
-            Some(FailureClass::Oom) => {
-                h.oom_failures += 1;
-                h.counted_attempts += 1
-            }
-            _ => h.counted_attempts += 1,
-        }
-        let is_pool_worker = self.state.stages[u.stage].pool && u.item.is_some();
-        let finished = |class, detail| Entry::Finished {
-            attempt_id: id.clone(),
-            state: st.state.clone(),
-            exit_code: st.exit_code,
-            class,
-            detail,
-            log_path: Some(log_path.clone()),
-            nodes: nodes.clone(),
-            fail_fast,
-            oom,
-        };
-        if by_us {
-            // Cancelled by this controller (shutdown, new revision): not a failure and not a
-            // retry. No decision is journaled: replaying the `Finished` entry puts the unit
-            // back to ready (see `State::apply`), so it runs again on the next `run`.
-            self.notify(&ControllerEvent::AttemptCancelled {
-                attempt_id: id.clone(),
-                stage: stage.stage_id.clone(),
-                detail: format!("{}; {detail}", st.state),
-            });
-            return vec![finished(class, detail)];
-        }
-        let decision = if is_pool_worker && class.is_none() {
-            Decision::Done
-        } else {
-            decide(&self.settings.retry, class, &h, id.as_str())
-        };
-        let not_before_ms = match &decision {
-            Decision::Retry { delay, .. } => self.io.clock.now_ms() + delay.as_millis() as u64,
-            _ => 0,
-        };
-        let decision = match decision {
-            Decision::Fail { reason } => Decision::Fail {
-                reason: format!("{reason} ({detail})"),
-            },
-            d => d,
-        };
-        let key = u.key.clone();
-        self.notify(&ControllerEvent::AttemptFinished {
-            attempt_id: id.clone(),
-            stage: stage.stage_id.clone(),
-            state: st.state.to_string(),
-            class,
-            detail: detail.clone(),
-            decision: class.map(|_| describe(&decision)),
-        });
-        vec![
-            finished(class, detail),
-            Entry::Decided {
-                unit: key,
-                decision,
-                not_before_ms,
-            },
-        ]
+        ended.entries
     }
 
-    /// Stage transitions: aggregate steps, pool queues, stage done/failed and the halt policy.
+    /// Looks for the files completed attempt `a` must leave: the success marker (when
+    /// required), then the stage's declared outputs.
+    fn look_for_outputs(&self, a: usize) -> Vec<step::Looked> {
+        let u = &self.state.units[self.state.attempts[a].unit];
+        let stage = &self.plan.stages[u.stage];
+        let out = output_dir(&self.dir, &stage.stage_id, u.item);
+        let mut wanted: Vec<std::path::PathBuf> =
+            stage.worker.outputs.iter().map(|o| out.join(o)).collect();
+        if self.settings.require_success_marker {
+            wanted.insert(0, out.join(SUCCESS_MARKER));
+        }
+        let hook = self.settings.visibility_hook.as_deref();
+        wanted
+            .iter()
+            .map(|w| {
+                let (visible, late) = visible(w, hook);
+                step::Looked {
+                    path: w.display().to_string(),
+                    visible,
+                    late: visible && late,
+                }
+            })
+            .collect()
+    }
+
+    /// Reads what attempt `a`, ended with `st`, left: its log's tail, the success marker, the
+    /// rank logs (failures only), the checkpoint of a resumable stage's timeout (partial ones
+    /// moved aside first), the declared outputs' validation, its start mark. The run time and
+    /// the fast-failure window are filled in by [`step::classified_verdict`].
+    fn end_evidence(&self, a: usize, st: &JobStatus, log_path: &Path) -> Evidence {
+        let at = &self.state.attempts[a];
+        let u = &self.state.units[at.unit];
+        let stage = &self.plan.stages[u.stage];
+        let out = output_dir(&self.dir, &stage.stage_id, u.item);
+        let (log_tail, log_unavailable) = Self::read_tail_checked(log_path);
+        let marker = visible(
+            &out.join(SUCCESS_MARKER),
+            self.settings.visibility_hook.as_deref(),
+        )
+        .0;
+        // Rank logs only decide failures (rule 6b): a success reads none. The output
+        // folder outlives attempts: only logs this attempt wrote count.
+        let rank_logs = if uses_rank_logs(&st.state) {
+            let since = at.handle.as_ref().map_or(0, |h| h.submitted_at_ms);
+            Self::rank_logs(&out.join("logs"), since)
+        } else {
+            Vec::new()
+        };
+        let completed = st.state == JobState::Completed;
+        // N03: a resumable stage's timeout resumes only from a complete checkpoint;
+        // partial ones are moved aside first so the resume never loads them.
+        let timed_out = st.state == JobState::Timeout
+            || log_tail.to_ascii_lowercase().contains("due to time limit");
+        let checkpoint = if stage.worker.resumable && timed_out {
+            let moved = move_partial_checkpoints_aside(&out, &at.id);
+            match find_checkpoint(&out) {
+                CheckpointEvidence::Found(c) if !moved.is_empty() => {
+                    CheckpointEvidence::Found(format!("{c} ({})", moved.join("; ")))
+                }
+                c => c,
+            }
+        } else {
+            CheckpointEvidence::NotChecked
+        };
+        Evidence {
+            checkpoint,
+            log_tail,
+            log_unavailable,
+            rank_logs,
+            resumable: stage.worker.resumable,
+            cancel_requested: at.cancel_requested,
+            own_uid: self.own_uid,
+            scheduler_uid: self.scheduler_uid,
+            success_marker: if self.settings.require_success_marker || marker {
+                Some(marker)
+            } else {
+                None
+            },
+            outputs_problem: if completed {
+                Self::outputs_problem(stage, &out)
+            } else {
+                None
+            },
+            program: stage
+                .work
+                .items
+                .get(u.item.unwrap_or(0))
+                .and_then(|item| crate::campaign::item_argv(stage, item, &self.dir).ok())
+                .and_then(|argv| argv.into_iter().next()),
+            lookup: Some(format!(
+                "PATH={} (the controller's; the job inherits it, then its setup and prerun commands change it), working directory {}",
+                std::env::var("PATH").unwrap_or_default(),
+                self.plan
+                    .runner
+                    .execution_contract
+                    .repository
+                    .as_ref()
+                    .map_or_else(|| self.dir.display().to_string(), |r| r.to_string())
+            )),
+            log_first_line: Self::tail_first_line(log_path),
+            log_path: Some(log_path.to_path_buf()),
+            rank_dir: Some(out.join("logs")),
+            start_mark: self
+                .io
+                .executor
+                .writes_start_mark()
+                .then(|| Self::start_mark_of(&out, at.id.as_str())),
+            ..Evidence::default()
+        }
+    }
+
+    /// Stage transitions: aggregate steps, pool queues, stage done/failed and the halt policy
+    /// ([`step::stage_transition`] decides; a pool's queue is read here).
     pub(super) async fn advance_stages(&mut self) -> Result<bool, ControllerError> {
         let mut progressed = false;
+        // Stage by stage, in plan order: a stage done above lets its children end below.
         for si in 0..self.state.stages.len() {
-            let s = self.state.stages[si].clone();
-            // A manual decision stage ends by its decision (`advance_decisions`), not by units.
-            if s.status != StageStatus::Open || s.decision {
-                continue;
-            }
-            let failed_unit = s
-                .units
-                .iter()
-                .chain(s.agg.iter())
-                .find(|&&u| self.state.units[u].status == UnitStatus::Failed);
-            if let Some(&u) = failed_unit {
-                let still_live = s
-                    .units
-                    .iter()
-                    .chain(s.agg.iter())
-                    .any(|&x| self.state.units[x].status == UnitStatus::Live);
-                let halt = self.plan.execution_defaults.halt_policy;
-                if still_live && halt == HaltPolicy::Drain {
-                    continue; // let the stage's own live attempts finish first
+            match step::stage_transition(&self.state, &self.plan, si) {
+                Transition::Stay => {}
+                Transition::Failed { actions, halt } => {
+                    self.perform(actions)?;
+                    if halt {
+                        let id = self.state.stages[si].id.clone();
+                        self.halted = true;
+                        let n = self.cancel_all(&format!("fail_fast: stage {id} failed"))?;
+                        self.cancel_live_now().await?;
+                        self.emit(ControllerEvent::Halted {
+                            stage: id,
+                            cancelled: n,
+                        })?;
+                    }
+                    progressed = true;
                 }
-                let reason = format!(
-                    "unit {} failed: {}",
-                    self.state.units[u].key,
-                    self.state.units[u].fail_reason.clone().unwrap_or_default()
-                );
-                self.record(vec![Entry::StageFailed {
-                    stage: s.id.clone(),
-                    reason: reason.clone(),
-                }])?;
-                self.notify(&ControllerEvent::StageFailed {
-                    stage: s.id.clone(),
-                    reason: reason.clone(),
-                });
-                if halt == HaltPolicy::FailFast {
-                    self.halted = true;
-                    let n = self.cancel_all(&format!("fail_fast: stage {} failed", s.id))?;
-                    self.cancel_live_now().await?;
-                    self.emit(ControllerEvent::Halted {
-                        stage: s.id.clone(),
-                        cancelled: n,
-                    })?;
+                Transition::Pool => progressed |= self.advance_pool(si).await?,
+                Transition::Done(actions) => {
+                    self.perform(actions)?;
+                    progressed = true;
                 }
-                progressed = true;
-                continue;
-            }
-            let items_done = s
-                .units
-                .iter()
-                .all(|&u| self.state.units[u].status == UnitStatus::Done);
-            if s.pool {
-                progressed |= self.advance_pool(si).await?;
-                continue;
-            }
-            let agg_done = s
-                .agg
-                .is_none_or(|a| self.state.units[a].status == UnitStatus::Done);
-            if items_done
-                && agg_done
-                && s.parents
-                    .iter()
-                    .all(|&p| self.state.stages[p].status == StageStatus::Done)
-            {
-                self.record(vec![Entry::StageDone {
-                    stage: s.id.clone(),
-                }])?;
-                self.notify(&ControllerEvent::StageDone {
-                    stage: s.id.clone(),
-                });
-                progressed = true;
             }
         }
         Ok(progressed)

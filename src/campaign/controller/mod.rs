@@ -22,6 +22,9 @@
 //!   `decisions/<stage>.txt`; the choice is journaled (`decision_made`) and written to
 //!   `work/<stage>/0/selected.json`; choosing none skips the stage's descendants.
 //!
+//! - `step` (private): the controller's decisions as pure functions (state, plan, settings,
+//!   now and an input in; actions or journal entries out), performed by the loop.
+//!
 //! Campaign folder layout: `controller/{journal.jsonl, lease.json, lease.lock, plan.json}`,
 //! `logs/<attempt id>.log`, `work/<stage>/<index|agg>/` (outputs, checkpoints, `_SUCCESS`),
 //! `queues/<stage>/{pending,claimed,done,failed}/`, `.puzzletron/resolved-config.json`,
@@ -53,6 +56,7 @@ mod report;
 mod shutdown;
 pub(crate) mod spec;
 mod state;
+mod step;
 mod submit;
 mod view;
 

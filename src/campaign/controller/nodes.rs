@@ -59,17 +59,6 @@ pub(crate) fn add_exclude(directives: &mut Vec<String>, nodes: &BTreeSet<String>
 }
 
 impl CampaignController {
-    /// Nodes the next attempt of `unit` must avoid: every node the campaign excluded, and the
-    /// nodes of the unit's last attempt that failed fast.
-    pub(super) fn nodes_to_avoid(&self, unit: usize) -> BTreeSet<String> {
-        self.state
-            .excluded_nodes
-            .keys()
-            .chain(self.state.units[unit].exclude.iter())
-            .cloned()
-            .collect()
-    }
-
     /// Excludes (journals, then tells the observer) each host of `hosts` (host, the executor's
     /// message) whose SSH host key changed or is unknown (issue 27, P07), not excluded yet:
     /// the key is never accepted automatically, so the host takes no more attempts of the

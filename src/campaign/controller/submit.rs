@@ -1,54 +1,45 @@
 //! Starting attempts: intents journaled and synced before the submits, handles right after;
 //! resolving intents a crash left without a handle (adopt by `find`, or give up after the grace).
 
+use std::collections::HashSet;
 use std::path::Path;
 
 use super::driver::CampaignController;
 use super::error::ControllerError;
 use super::event::ControllerEvent;
 use super::journal::Entry;
-use super::policy::{Decision, UnitHistory};
 use super::pool::WorkQueue;
-use super::spec::{self, UnitSpec, output_dir, queue_dir};
-use super::state::{Phase, StageStatus, UnitStatus};
+use super::spec::{output_dir, queue_dir};
+use super::state::Phase;
+use super::step;
 use crate::executor::{AttemptId, ExecutorError};
 
 impl CampaignController {
-    /// Intents without a handle (the controller died between intent and handle): adopt the
-    /// job if the executor has it, else give up on the attempt once the grace has passed.
+    /// Intents without a handle (the controller died between intent and handle): asks the
+    /// executor for each job by attempt id; [`step::found_entry`] adopts it, or gives up on
+    /// the attempt once the grace has passed.
     pub(super) async fn resolve_intents(&mut self) -> Result<bool, ControllerError> {
         let mut entries = Vec::new();
         let now = self.io.clock.now_ms();
         for a in self.state.unresolved_intents() {
-            let Phase::Intent { at_ms } = self.state.attempts[a].phase else {
+            if !matches!(self.state.attempts[a].phase, Phase::Intent { .. }) {
                 continue;
-            };
+            }
             let id = self.state.attempts[a].id.clone();
             let exec = self.io.executor.clone();
             let Some(found) = self.guarded("find", exec.find(&id)).await? else {
                 break;
             };
-            match found {
-                Ok(Some(handle)) => {
-                    self.counters.adopted += 1;
-                    entries.push(Entry::Submitted {
-                        attempt_id: id,
-                        handle,
-                        adopted: true,
-                    });
-                }
-                Ok(None)
-                    if now.saturating_sub(at_ms)
-                        >= self.settings.adopt_grace.as_millis() as u64 =>
-                {
-                    entries.push(Entry::SubmitFailed {
-                        attempt_id: id,
-                        error: "no job found for the intent after the adoption grace (the submit never happened)".into(),
-                    });
-                }
-                Ok(None) => {}
-                Err(e) if e.is_retryable() => {}
+            let found = match found {
+                Ok(f) => f,
+                Err(e) if e.is_retryable() => continue,
                 Err(e) => return Err(e.into()),
+            };
+            if let Some(e) = step::found_entry(&self.state, &self.settings, now, a, found) {
+                if matches!(e, Entry::Submitted { .. }) {
+                    self.counters.adopted += 1;
+                }
+                entries.push(e);
             }
         }
         let changed = !entries.is_empty();
@@ -56,33 +47,9 @@ impl CampaignController {
         Ok(changed)
     }
 
-    pub(super) fn history(&self, unit: usize) -> UnitHistory {
-        let u = &self.state.units[unit];
-        let st = &self.plan.stages[u.stage];
-        UnitHistory {
-            failure_policy: st.spec.failure_policy,
-            resumable: st.worker.resumable,
-            oom_retry_allowed: self.settings.oom_retry.contains(&st.stage_id),
-            max_attempts: st.spec.max_attempts.max(1),
-            counted_attempts: u.counted,
-            transient_failures: u.transient,
-            infra_failures: u.infra,
-            fail_fast: false,
-            oom_failures: u.oom,
-        }
-    }
-
-    pub(super) fn attempt_id_for(&self, unit: usize, n: u32) -> AttemptId {
-        let u = &self.state.units[unit];
-        spec::attempt_id(
-            &self.state.nonce,
-            self.state.revision,
-            &self.state.stages[u.stage].id,
-            u.item,
-            n,
-        )
-    }
-
+    /// Starts the units [`step::ready_units`] picks: fills pool queues, journals every intent
+    /// (synced) before any submit, submits, then journals the handles and
+    /// [`step::after_submits`]' decisions for the submits that failed.
     pub(super) async fn start_ready(&mut self) -> Result<bool, ControllerError> {
         if self.halted {
             return Ok(false);
@@ -90,63 +57,12 @@ impl CampaignController {
         // Counts replayed from the journal may have crossed the threshold before a crash.
         self.exclude_broken_nodes()?;
         let now = self.io.clock.now_ms();
-        let mut budget = self
-            .settings
-            .max_live
-            .map_or(usize::MAX, |m| m.saturating_sub(self.state.live))
-            .min(self.settings.submit_batch);
-        let mut picks = Vec::new();
-        for si in 0..self.state.stages.len() {
-            let s = &self.state.stages[si];
-            if s.status != StageStatus::Open
-                || !s
-                    .parents
-                    .iter()
-                    .all(|&p| self.state.stages[p].status == StageStatus::Done)
-            {
-                continue;
-            }
-            if s.units
-                .iter()
-                .chain(s.agg.iter())
-                .any(|&u| self.state.units[u].status == UnitStatus::Failed)
-            {
-                continue; // a failed stage starts nothing more (its live attempts drain)
-            }
-            let items_done = s
-                .units
-                .iter()
-                .all(|&u| self.state.units[u].status == UnitStatus::Done);
-            let mut cands: Vec<usize> = s.units.clone();
-            if items_done && let Some(a) = s.agg {
-                cands.push(a);
-            }
-            for u in cands {
-                if budget == 0 {
-                    break;
-                }
-                let unit = &self.state.units[u];
-                if unit.status == UnitStatus::Ready && unit.not_before_ms <= now {
-                    picks.push(u);
-                    budget -= 1;
-                }
-            }
-        }
+        let picks = step::ready_units(&self.state, &self.settings, now);
         if picks.is_empty() {
             return Ok(false);
         }
         // Pool queues are filled before the first worker starts.
-        let mut fills = Vec::new();
-        for &u in &picks {
-            let si = self.state.units[u].stage;
-            if self.state.stages[si].pool
-                && !self.state.stages[si].pool_filled
-                && !fills.contains(&si)
-            {
-                fills.push(si);
-            }
-        }
-        for si in fills {
+        for si in step::pool_fills(&self.state, &picks) {
             let id = self.state.stages[si].id.clone();
             let src =
                 self.settings
@@ -172,31 +88,14 @@ impl CampaignController {
         let mut asides = Vec::new();
         let mut specs = Vec::with_capacity(picks.len());
         for &u in &picks {
+            let start = step::start(&self.state, &self.plan, &self.dir, u)?;
             let unit = &self.state.units[u];
-            let n = unit.attempts.len() as u32 + 1;
-            let id = self.attempt_id_for(u, n);
             let st = &self.plan.stages[unit.stage];
-            let mut spec = spec::attempt_spec(&UnitSpec {
-                campaign: &self.dir,
-                plan: &self.plan,
-                stage: st,
-                unit_key: &unit.key,
-                item: unit.item,
-                attempt_id: &id,
-                attempt: n,
-                resume: unit.next_resume,
-                more_resources: unit.next_more_resources,
-            })?;
-            super::nodes::add_exclude(
-                &mut spec.scheduler.extra_directives,
-                &self.nodes_to_avoid(u),
-            );
             let out = output_dir(&self.dir, &st.stage_id, unit.item);
             std::fs::create_dir_all(&out).map_err(|e| ControllerError::io("creating", &out, e))?;
             // A retry never meets the declared outputs its failed or killed predecessor left:
             // one it does not rewrite would be promoted with the dead attempt's copy.
-            if n > 1 {
-                let prev = self.attempt_id_for(u, n - 1);
+            if let Some(prev) = start.previous {
                 let moved = move_outputs_aside(&out, &st.worker.outputs, &prev);
                 if !moved.is_empty() {
                     asides.push(ControllerEvent::OutputsMovedAside {
@@ -212,14 +111,8 @@ impl CampaignController {
                 Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
                 Err(e) => return Err(ControllerError::io("removing", &marker, e)),
             }
-            intents.push(Entry::Intent {
-                unit: unit.key.clone(),
-                attempt: n,
-                attempt_id: id,
-                resume: unit.next_resume,
-                more_resources: unit.next_more_resources,
-            });
-            specs.push(spec);
+            intents.push(start.intent);
+            specs.push(start.spec);
         }
         for ev in asides {
             self.emit(ev)?;
@@ -229,8 +122,17 @@ impl CampaignController {
         // Hosts whose SSH host key changed or is unknown (issue 27, P07), with the message.
         let mut refused_hosts: Vec<(String, String)> = Vec::new();
         // Their attempts: retried at once (the host is excluded), not after a delay.
-        let mut refused_attempts = std::collections::HashSet::new();
+        let mut refused_attempts = HashSet::new();
         for spec in &specs {
+            // Crash safety: no submit without its journaled intent.
+            debug_assert!(
+                self.state
+                    .attempt_index
+                    .get(&spec.attempt_id)
+                    .is_some_and(|&a| matches!(self.state.attempts[a].phase, Phase::Intent { .. })),
+                "submit of {} without a journaled intent",
+                spec.attempt_id
+            );
             let exec = self.io.executor.clone();
             // Interrupted: what was submitted is recorded below; the rest stay intents, which
             // the next run resolves by lookup.
@@ -244,14 +146,8 @@ impl CampaignController {
                     adopted: false,
                 },
                 // The host is at fault, not the attempt: the host is excluded and the attempt
-                // placed on the others, neither charged nor delayed. (An executor that names
-                // a host already excluded does not honour the exclusion: that is fatal below,
-                // never a loop.)
-                Err(e)
-                    if e.refused_host_key()
-                        .is_some_and(|h| !self.state.excluded_nodes.contains_key(h)) =>
-                {
-                    let host = e.refused_host_key().unwrap_or_default().to_string();
+                // placed on the others, neither charged nor delayed.
+                Err(e) if let Some(host) = step::refused_host(&self.state, &e) => {
                     refused_hosts.push((host.clone(), e.to_string()));
                     refused_attempts.insert(spec.attempt_id.clone());
                     Entry::SubmitFailed {
@@ -269,41 +165,17 @@ impl CampaignController {
                 std::process::abort();
             }
         }
-        let mut follow = Vec::new();
-        for r in &results {
-            match r {
-                Entry::Submitted { .. } => self.counters.submitted += 1,
-                Entry::SubmitFailed { attempt_id, error } => {
-                    let a = self.state.attempt_index[attempt_id];
-                    let u = self.state.attempts[a].unit;
-                    let key = self.state.units[u].key.clone();
-                    let fatal = error.starts_with("fatal: ");
-                    let refused = refused_attempts.contains(attempt_id);
-                    let decision = if fatal {
-                        Decision::Fail {
-                            reason: format!("config: {error}"),
-                        }
-                    } else {
-                        Decision::Retry {
-                            delay: self.settings.retry.delay(1, attempt_id.as_str()),
-                            resume: self.state.units[u].next_resume,
-                            more_resources: self.state.units[u].next_more_resources,
-                        }
-                    };
-                    let not_before_ms = match &decision {
-                        Decision::Retry { .. } if refused => now,
-                        Decision::Retry { delay, .. } => now + delay.as_millis() as u64,
-                        _ => 0,
-                    };
-                    follow.push(Entry::Decided {
-                        unit: key,
-                        decision,
-                        not_before_ms,
-                    });
-                }
-                _ => {}
-            }
-        }
+        self.counters.submitted += results
+            .iter()
+            .filter(|r| matches!(r, Entry::Submitted { .. }))
+            .count() as u64;
+        let follow = step::after_submits(
+            &self.state,
+            &self.settings,
+            now,
+            &results,
+            &refused_attempts,
+        );
         results.extend(follow);
         self.record(results)?;
         self.exclude_refused_hosts(refused_hosts)?;
@@ -318,12 +190,7 @@ impl CampaignController {
         e: ExecutorError,
     ) -> Result<Entry, ControllerError> {
         let id = spec.attempt_id.clone();
-        let maybe_created = e.is_retryable()
-            || matches!(
-                e,
-                ExecutorError::DuplicateAttempt { .. } | ExecutorError::SubmitUnknown { .. }
-            );
-        if maybe_created {
+        if step::maybe_created(&e) {
             let exec = self.io.executor.clone();
             let found = match self.guarded("find", exec.find(&id)).await? {
                 Some(f) => f,
