@@ -147,15 +147,19 @@ impl CampaignController {
                 },
                 // The host is at fault, not the attempt: the host is excluded and the attempt
                 // placed on the others, neither charged nor delayed.
-                Err(e) if let Some(host) = step::refused_host(&self.state, &e) => {
-                    refused_hosts.push((host.clone(), e.to_string()));
-                    refused_attempts.insert(spec.attempt_id.clone());
-                    Entry::SubmitFailed {
-                        attempt_id: spec.attempt_id.clone(),
-                        error: format!("{e} (host {host} excluded; placed on the other hosts)"),
+                Err(e) => match step::refused_host(&self.state, &e) {
+                    Some(host) => {
+                        refused_hosts.push((host.clone(), e.to_string()));
+                        refused_attempts.insert(spec.attempt_id.clone());
+                        Entry::SubmitFailed {
+                            attempt_id: spec.attempt_id.clone(),
+                            error: format!(
+                                "{e} (host {host} excluded; placed on the other hosts)"
+                            ),
+                        }
                     }
-                }
-                Err(e) => self.after_submit_error(spec, e).await?,
+                    None => self.after_submit_error(spec, e).await?,
+                },
             };
             results.push(r);
             self.counters.submits_this_process += 1;
