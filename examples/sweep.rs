@@ -80,7 +80,17 @@ fn parse_args() -> Result<Args, String> {
     let mut it = std::env::args().skip(1);
     let mut seen = std::collections::HashSet::new();
     while let Some(arg) = it.next() {
-        let mut value = |name: &str| it.next().ok_or(format!("{name} needs a value"));
+        // `--epochs 3` and `--epochs=3` alike.
+        let (arg, mut inline) = match arg.split_once('=') {
+            Some((name, v)) if name.starts_with("--") => (name.to_string(), Some(v.to_string())),
+            _ => (arg, None),
+        };
+        let mut value = |name: &str| {
+            inline
+                .take()
+                .or_else(|| it.next())
+                .ok_or(format!("{name} needs a value"))
+        };
         if arg.starts_with("--") && !seen.insert(arg.clone()) {
             return Err(format!("{arg} is given twice; give it once"));
         }
@@ -114,7 +124,8 @@ fn parse_args() -> Result<Args, String> {
                 let v = value("--epochs")?;
                 a.epochs = parse_epochs(&v)?;
             }
-            "--force" => a.force = true,
+            "--force" if inline.is_none() => a.force = true,
+            "--force" => return Err("--force takes no value".to_string()),
             "--executor" => {
                 a.executor = value("--executor")?;
                 if !["inprocess", "local", "slurm"].contains(&a.executor.as_str()) {
@@ -139,14 +150,21 @@ fn parse_args() -> Result<Args, String> {
 fn main() {
     // In a worker process (isolated runs) this runs the one job and exits.
     puzzletron::worker::main_guard();
-    if let Err(e) = sweep_main() {
+    // Exit codes as the `puzzletron` command line's: 2 for a usage error, 1 for a failure.
+    let args = match parse_args() {
+        Ok(a) => a,
+        Err(e) => {
+            eprintln!("error: {e}");
+            std::process::exit(2);
+        }
+    };
+    if let Err(e) = sweep_main(args) {
         eprintln!("error: {e}");
         std::process::exit(1);
     }
 }
 
-fn sweep_main() -> Result<(), Box<dyn std::error::Error>> {
-    let args = parse_args()?;
+fn sweep_main(args: Args) -> Result<(), Box<dyn std::error::Error>> {
     let builder = Orchestrator::builder()
         .store_root(&args.store)
         .owned(Modules::all().with_file("common/digits.rs"))

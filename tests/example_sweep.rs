@@ -57,15 +57,26 @@ fn local_executor_on_a_new_store_then_cached_in_process() {
 fn bad_arguments_are_refused_before_any_work() {
     let dir = tempfile::tempdir().unwrap();
     let d = dir.path();
+    // Usage errors exit 2, as the `puzzletron` command line's do (1 is a failed sweep).
     let (status, text) = run(&["--out", "nodir/m.parquet", "--store", "s"], d);
-    assert_eq!(status.code(), Some(1), "{text}");
+    assert_eq!(status.code(), Some(2), "{text}");
     assert!(
         text.contains("\"nodir\", which is not an existing folder"),
         "{text}"
     );
     let (status, text) = run(&["--epochs", "1", "--epochs", "2", "--store", "s"], d);
-    assert_eq!(status.code(), Some(1), "{text}");
+    assert_eq!(status.code(), Some(2), "{text}");
     assert!(text.contains("--epochs is given twice"), "{text}");
+    // `--name=value` is `--name value`: the twice-given check sees through it.
+    let (status, text) = run(&["--epochs=1", "--epochs", "2", "--store", "s"], d);
+    assert_eq!(status.code(), Some(2), "{text}");
+    assert!(text.contains("--epochs is given twice"), "{text}");
+    let (status, text) = run(&["--epochs=0", "--store", "s"], d);
+    assert_eq!(status.code(), Some(2), "{text}");
+    assert!(text.contains("--epochs: 0 trains nothing"), "{text}");
+    let (status, text) = run(&["--force=yes", "--store", "s"], d);
+    assert_eq!(status.code(), Some(2), "{text}");
+    assert!(text.contains("--force takes no value"), "{text}");
     assert!(
         !d.join("s").exists(),
         "nothing may be written for refused arguments"

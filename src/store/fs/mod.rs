@@ -539,7 +539,10 @@ impl Store for FsStore {
             }
             return match fs::rename(&dir, &to) {
                 Ok(()) => {
-                    tracing::warn!(key = %key.short(), from = %dir.display(), to = %to.display(), "moved a job folder with a corrupt record aside");
+                    // Info, not warn: the caller reports the move (the drain's outcome, the
+                    // command line's own line), and the corrupt record was warned about when
+                    // it was found.
+                    tracing::info!(key = %key.short(), from = %dir.display(), to = %to.display(), "moved a job folder with a corrupt record aside");
                     Ok(SetAside::Moved(to.display().to_string()))
                 }
                 // Moved by a process that does not take the lock (an older build) meanwhile.
