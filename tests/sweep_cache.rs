@@ -596,6 +596,9 @@ fn after_a_revert_the_reused_runs_are_current_and_the_edits_superseded() {
         superseded, want,
         "the reverted edit's runs, not the current ones"
     );
+    let st = puzzletron::report::SweepStatus::scan(&store).unwrap();
+    assert_eq!((st.runs, st.superseded), (h.runs.len(), want.len()));
+    assert_eq!(st.counts[0], ("done".to_string(), 6));
 }
 
 /// Where `watch` finds the store (set by the test that runs it, under `SERIAL`).

@@ -156,6 +156,12 @@ fn one_corrupt_record_of_nine_is_named_everywhere_and_the_rest_of_the_sweep_goes
         assert_eq!(r.key, bad.to_string());
         let err = r.error.as_deref().unwrap();
         assert!(err.contains(&name) && err.contains("sweep repair"), "{err}");
+        // The chunked scan of `sweep status` says the same.
+        let st = puzzletron::report::SweepStatus::scan(&store).unwrap();
+        let want: Vec<(String, usize)> = counts.iter().map(|(s, n)| (s.to_string(), *n)).collect();
+        assert_eq!(st.counts, want, "{how}");
+        assert_eq!(st.runs, 10, "{how}");
+        assert_eq!(st.corrupt, [(bad.to_string(), err.to_string())], "{how}");
 
         // repair(true): moved aside (kept, byte for byte), run again; the rest untouched.
         let mut o = sweep(&c, true, None);

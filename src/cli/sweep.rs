@@ -4,7 +4,7 @@ use std::path::{Path, PathBuf};
 
 use super::{CliError, SweepCmd, exit};
 use crate::metrics::MetricTable;
-use crate::report::{SweepHistory, render_sweep_report};
+use crate::report::{SweepHistory, SweepStatus, render_sweep_report};
 use crate::store::{FsStore, SetAside};
 
 pub(super) fn run(cmd: SweepCmd) -> Result<i32, CliError> {
@@ -50,43 +50,40 @@ fn open(root: &Path) -> Result<FsStore, CliError> {
 
 fn status(root: &Path, json: bool) -> Result<i32, CliError> {
     let store = open(root)?;
-    let h = SweepHistory::load(&store)?;
+    // Counts in chunks: a store of a million runs in bounded memory.
+    let st = SweepStatus::scan(&store)?;
     if json {
-        let counts: serde_json::Map<String, serde_json::Value> = h
-            .counts()
-            .into_iter()
-            .map(|(k, v)| (k.to_string(), v.into()))
+        let counts: serde_json::Map<String, serde_json::Value> = st
+            .counts
+            .iter()
+            .map(|(k, v)| (k.clone(), (*v).into()))
             .collect();
         println!(
             "{}",
             serde_json::to_string_pretty(&serde_json::json!({
-                "store": h.location,
-                "runs": h.runs.len(),
+                "store": st.location,
+                "runs": st.runs,
                 "states": counts,
-                "superseded": h.runs.iter().filter(|r| r.superseded).count(),
-                "metrics": h.metrics,
+                "superseded": st.superseded,
+                "metrics": st.metrics,
             }))?
         );
     } else {
-        println!("store {}: {} runs", h.location, h.runs.len());
-        for (s, n) in h.counts() {
+        println!("store {}: {} runs", st.location, st.runs);
+        for (s, n) in &st.counts {
             println!("  {s:<12} {n}");
         }
-        let sup = h.runs.iter().filter(|r| r.superseded).count();
-        if sup > 0 {
+        if st.superseded > 0 {
             println!(
-                "  ({sup} superseded by a newer run of the same job and parameters; `sweep gc` removes them)"
+                "  ({} superseded by a newer run of the same job and parameters; `sweep gc` removes them)",
+                st.superseded
             );
         }
-        if !h.metrics.is_empty() {
-            println!("metrics: {}", h.metrics.join(", "));
+        if !st.metrics.is_empty() {
+            println!("metrics: {}", st.metrics.join(", "));
         }
-        for r in h.runs.iter().filter(|r| r.state == "corrupt") {
-            println!(
-                "corrupt {}: {}",
-                &r.key[..16.min(r.key.len())],
-                r.error.as_deref().unwrap_or("")
-            );
+        for (key, error) in &st.corrupt {
+            println!("corrupt {}: {error}", &key[..16.min(key.len())]);
         }
     }
     Ok(exit::DONE)

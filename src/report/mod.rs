@@ -34,7 +34,7 @@ pub use html::{
 };
 pub use lease::LeaseStatus;
 pub use notify::{Notifier, NotifyEvent};
-pub use sweep::{SweepHistory, SweepRun, render_sweep_report};
+pub use sweep::{SweepHistory, SweepRun, SweepStatus, render_sweep_report};
 
 /// Errors of this area.
 #[derive(Debug, thiserror::Error)]

@@ -76,12 +76,7 @@ impl SweepHistory {
                     attempt: 0,
                     started_ms: 0,
                     finished_ms: None,
-                    error: Some(format!(
-                        "{e}; the run is left alone by drains: `puzzletron sweep repair {}` (or \
-                         repair(true) on the sweep) moves it aside, never deleting it, and the \
-                         next drain runs it again",
-                        store.location()
-                    )),
+                    error: Some(corrupt_error(store, &e)),
                     superseded: false,
                 }),
             }
@@ -91,15 +86,7 @@ impl SweepHistory {
         let mut runs = Vec::with_capacity(recs.len());
         let mut metrics = std::collections::BTreeSet::new();
         for (r, cur) in recs.iter().zip(current) {
-            let state = match r.status {
-                Status::Done => "done",
-                Status::Failed => "failed",
-                // Proved dead from here; others (another host or PID namespace) may run.
-                Status::Running => match r.owner.as_ref().map(|o| o.liveness()) {
-                    Some(crate::store::Liveness::Dead) => "interrupted",
-                    _ => "running",
-                },
-            };
+            let state = state_of(r);
             if r.status == Status::Done
                 && let Some(m) = &r.metrics
             {
@@ -134,6 +121,108 @@ impl SweepHistory {
             .map(|s| (s, self.runs.iter().filter(|r| r.state == s).count()))
             .collect()
     }
+}
+
+/// What `puzzletron sweep status` shows of a store: runs per state, superseded runs, metric
+/// names and the corrupt runs, read in chunks of [`SweepStatus::CHUNK`] records so that
+/// memory stays bounded however many runs the store holds (the list of keys aside: 32 bytes
+/// a run). [`SweepHistory`] keeps every run instead, for the report.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[non_exhaustive]
+pub struct SweepStatus {
+    /// The store's location.
+    pub location: String,
+    /// Runs in the store.
+    pub runs: usize,
+    /// Runs per state, in the order of [`SweepHistory::counts`].
+    pub counts: Vec<(String, usize)>,
+    /// Runs a newer run of the same job and parameters superseded.
+    pub superseded: usize,
+    /// Metric names found in done runs.
+    pub metrics: Vec<String>,
+    /// The corrupt runs: their key (hex) and what cannot be read, with the fix.
+    pub corrupt: Vec<(String, String)>,
+}
+
+impl SweepStatus {
+    /// Records read at a time.
+    pub const CHUNK: usize = 8192;
+
+    /// Reads every record of `store` (read-only), a chunk at a time.
+    ///
+    /// # Errors
+    /// [`ReportError::Store`] when the store cannot be read (I/O).
+    pub fn scan(store: &dyn Store) -> Result<Self, ReportError> {
+        let keys = store.keys()?;
+        let states = ["done", "failed", "running", "interrupted", "corrupt"];
+        let mut counts = [0usize; 5];
+        let mut st = SweepStatus {
+            location: store.location(),
+            ..SweepStatus::default()
+        };
+        let mut metrics = std::collections::BTreeSet::new();
+        for chunk in keys.chunks(Self::CHUNK) {
+            let recs = crate::store::records_in_parallel(store, chunk)?;
+            let mut done = Vec::with_capacity(chunk.len());
+            for (k, r) in chunk.iter().zip(recs) {
+                match r {
+                    Ok(Some(r)) => done.push(r),
+                    Ok(None) => {}
+                    Err(e) => {
+                        counts[4] += 1;
+                        st.corrupt.push((k.to_string(), corrupt_error(store, &e)));
+                    }
+                }
+            }
+            let lineages: Vec<_> = done.iter().map(|r| r.lineage).collect();
+            let current = store.lineages(&lineages)?;
+            for (r, cur) in done.iter().zip(current) {
+                counts[match state_of(r) {
+                    "done" => 0,
+                    "failed" => 1,
+                    "running" => 2,
+                    _ => 3,
+                }] += 1;
+                if r.status == Status::Done
+                    && let Some(m) = &r.metrics
+                {
+                    metrics.extend(m.names.iter().cloned());
+                }
+                st.superseded += usize::from(cur.is_some_and(|c| c != r.key));
+            }
+            st.runs += done.len();
+        }
+        st.runs += counts[4];
+        st.counts = states
+            .iter()
+            .zip(counts)
+            .map(|(s, n)| (s.to_string(), n))
+            .collect();
+        st.metrics = metrics.into_iter().collect();
+        Ok(st)
+    }
+}
+
+/// A run's state as the status and report show it.
+fn state_of(r: &crate::store::JobRecord) -> &'static str {
+    match r.status {
+        Status::Done => "done",
+        Status::Failed => "failed",
+        // Proved dead from here; others (another host or PID namespace) may run.
+        Status::Running => match r.owner.as_ref().map(|o| o.liveness()) {
+            Some(crate::store::Liveness::Dead) => "interrupted",
+            _ => "running",
+        },
+    }
+}
+
+/// What a corrupt run's line says: the error, and the fix.
+fn corrupt_error(store: &dyn Store, e: &crate::store::StoreError) -> String {
+    format!(
+        "{e}; the run is left alone by drains: `puzzletron sweep repair {}` (or repair(true) on \
+         the sweep) moves it aside, never deleting it, and the next drain runs it again",
+        store.location()
+    )
 }
 
 /// Renders a sweep report: `plots` are `(metric, svg)` pairs (e.g. from

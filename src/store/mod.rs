@@ -747,7 +747,7 @@ pub(crate) fn records_per_key<S: Store + ?Sized>(
 /// [`Store::records`] of many keys, in chunks on a few threads (parsing 10k records is most of
 /// the time a table of a large sweep takes before its rows); in order.
 #[allow(clippy::type_complexity)]
-fn records_in_parallel<S: Store + ?Sized>(
+pub(crate) fn records_in_parallel<S: Store + ?Sized>(
     store: &S,
     keys: &[Hash],
 ) -> Result<Vec<Result<Option<JobRecord>, StoreError>>, StoreError> {
