@@ -305,8 +305,8 @@ impl Inner {
     }
 
     /// One scheduler query for the live jobs; returns whether any state changed, and whether
-    /// a job is settling: finished by squeue (terminal there, or gone from it within
-    /// [`SETTLE_WINDOW`] of its last sighting) with no accounting record yet.
+    /// a job is settling: finished by squeue (terminal there, or gone from it) within
+    /// [`SETTLE_WINDOW`] of its last sighting, with no accounting record yet.
     async fn query(
         &self,
         st: &mut PollState,
@@ -486,7 +486,9 @@ impl Inner {
                         if let Some(d) = &acct_down {
                             Some((accounting_pending(&prev.status, d, Some(&r.state)), false))
                         } else if st.accounting {
-                            settling = true;
+                            // Bounded like a job missing from both: a controller that cannot
+                            // hand records to slurmdbd for long is polled at the backoff again.
+                            settling |= now.duration_since(prev.last_seen) < SETTLE_WINDOW;
                             None // wait for sacct to have it (keeps exit code exact)
                         } else {
                             let s = JobStatus::new(h.attempt_id.clone(), r.state.clone())
