@@ -657,6 +657,80 @@ async fn backoff_and_minimum_interval_limit_calls() {
     assert!((2..=5).contains(&n), "{n} squeue calls for 40 polls");
 }
 
+/// The executor of the interval tests: 1 s .. 60 s, so that a loaded machine's late wake-up
+/// (under 0.8 s) does not reach the next doubled interval.
+fn slow_poller(f: &Fake) -> SlurmExecutor {
+    SlurmExecutor::builder(f.path().join("logs"))
+        .bin_dir(f.path())
+        .poll_policy(
+            PollPolicy::default()
+                .with_intervals(Duration::from_secs(1), Duration::from_secs(60))
+                .with_missing_grace(Duration::from_secs(300)),
+        )
+        .build()
+        .unwrap()
+}
+
+/// Issue 32: the cycle right after a submit sees the job still pending, which is no sign that
+/// nothing will change: the next cycle comes after the shortest interval, not a doubled one
+/// (trivial jobs were seen done 2 s late). Later unchanged cycles back off as before.
+#[tokio::test]
+async fn no_backoff_right_after_a_submit() {
+    let f = Fake::new();
+    f.set("sbatch.out", "4711\n");
+    f.set("squeue.out", "4711|PENDING|Priority|\n");
+    let e = slow_poller(&f);
+    let h = e.submit(&spec("job.a1")).await.unwrap();
+    assert_eq!(poll1(&e, &h).await.state, JobState::Pending);
+    assert_eq!(f.calls("squeue").len(), 1);
+    tokio::time::sleep(Duration::from_millis(1200)).await;
+    poll1(&e, &h).await;
+    assert_eq!(
+        f.calls("squeue").len(),
+        2,
+        "the interval doubled after a submit"
+    );
+    // Nothing changed in a cycle that was not the first: 2 s now.
+    tokio::time::sleep(Duration::from_millis(1200)).await;
+    poll1(&e, &h).await;
+    assert_eq!(
+        f.calls("squeue").len(),
+        2,
+        "no backoff while nothing changes"
+    );
+}
+
+/// Issue 32: a job that squeue shows finished (terminal there, or gone from it after it was
+/// seen) while sacct has no record yet is about to settle: the poll keeps its shortest
+/// interval until the record comes, then reports it.
+#[tokio::test]
+async fn no_backoff_while_a_finished_job_waits_for_accounting() {
+    for finished in ["4711|COMPLETED|None|n1\n", ""] {
+        let f = Fake::new();
+        f.set("sbatch.out", "4711\n");
+        f.set("squeue.out", "4711|RUNNING|None|n1\n");
+        let e = slow_poller(&f);
+        let h = e.submit(&spec("job.a1")).await.unwrap();
+        assert_eq!(poll1(&e, &h).await.state, JobState::Running);
+        // Finished by squeue; slurmdbd behind: no record yet, twice.
+        f.set("squeue.out", finished);
+        for cycle in 2..=3 {
+            tokio::time::sleep(Duration::from_millis(1200)).await;
+            assert_eq!(poll1(&e, &h).await.state, JobState::Running);
+            assert_eq!(
+                (f.calls("squeue").len(), f.calls("sacct").len()),
+                (cycle, cycle - 1),
+                "squeue shows {finished:?}: the poll backed off while the job settles"
+            );
+        }
+        f.set("sacct.out", &acct("4711", "COMPLETED", "0:0", "job.a1"));
+        tokio::time::sleep(Duration::from_millis(1200)).await;
+        let s = poll1(&e, &h).await;
+        assert_eq!((s.state, s.exit_code), (JobState::Completed, Some(0)));
+        assert_eq!(f.calls("squeue").len(), 4);
+    }
+}
+
 #[tokio::test]
 async fn scancel_is_confirmed() {
     let f = Fake::new();

@@ -27,6 +27,12 @@ pub const SNAKEMAKE: &str = "snakemake==9.27.1";
     reason = "each bench compiles this module; only hot_paths runs joblib"
 )]
 pub const JOBLIB: &str = "joblib==1.6.0";
+/// The submitit the Slurm bench compares with, pinned (its current release when pinned).
+#[allow(
+    dead_code,
+    reason = "each bench compiles this module; only slurm_vs_submitit runs submitit"
+)]
+pub const SUBMITIT: &str = "submitit==1.5.4";
 
 /// The target folder (`CARGO_TARGET_DIR`, else `target/` of this package): everything a bench
 /// writes goes under it.

@@ -12,7 +12,8 @@
 //!   and `sacct` at most once (only jobs squeue no longer shows as active), whatever the
 //!   number of jobs; per cluster when jobs carry one. Cycles are rate-limited: a `poll` sooner
 //!   than the current interval answers from the cache, and the interval doubles (up to a
-//!   maximum) while nothing changes. Final states come from `sacct` (squeue forgets finished
+//!   maximum) while nothing changes (not in the cycle right after a submit, nor while a job
+//!   that squeue shows finished waits for its `sacct` record). Final states come from `sacct` (squeue forgets finished
 //!   jobs within seconds); a job missing from both is `Pending` for a grace period after its
 //!   submission, then [`JobState::Lost`].
 //! - **Cancel**: `scancel`, then polled until a terminal state is confirmed.
@@ -46,7 +47,9 @@ use parse::{ErrorClass, JobRef};
 use poll::PollState;
 
 /// How often the scheduler is asked: at least `min_interval` apart, doubling while nothing
-/// changes up to `max_interval`, back to `min_interval` after a change or a submit.
+/// changes up to `max_interval`, back to `min_interval` after a change or a submit. The cycle
+/// right after a submit, and a cycle in which a job that squeue shows finished still has no
+/// accounting record, do not double it: both change within seconds.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct PollPolicy {

@@ -54,6 +54,9 @@ pub(crate) struct PollState {
     /// slurmdbd does not answer (N02): since when, the last error, and when sacct is asked
     /// again. `None` while accounting answers.
     acct_down: Option<AccountingDown>,
+    /// Jobs were submitted since the last cycle: that cycle does not back off (a job seconds
+    /// old is still pending, which is no sign that nothing will change soon).
+    fresh: bool,
 }
 
 /// An outage of slurmdbd as the poll sees it (N02).
@@ -81,6 +84,7 @@ impl PollState {
             accounting: true,
             ignored_rows: Default::default(),
             acct_down: None,
+            fresh: false,
         }
     }
 
@@ -101,8 +105,15 @@ impl PollState {
             );
         }
         self.interval = min_interval;
+        self.fresh = true;
     }
 }
+
+/// How long after its last sighting a job missing from squeue and sacct counts as settling
+/// (finished, its accounting record on the way) and keeps the poll at its shortest interval:
+/// slurmdbd takes seconds behind a busy controller, rarely more; past this the poll backs off
+/// again.
+const SETTLE_WINDOW: Duration = Duration::from_secs(30);
 
 /// `sacct -S` wants local time `YYYY-MM-DDTHH:MM:SS`.
 fn slurm_time(ms: u64) -> String {
@@ -263,9 +274,14 @@ impl Inner {
             .map(|(i, k)| (k.clone(), i))
             .collect();
         if due && !live.is_empty() {
-            let changed = self.query(&mut st, handles, &live).await?;
+            let (changed, settling) = self.query(&mut st, handles, &live).await?;
             st.last_cycle = Some(Instant::now());
-            st.interval = if changed {
+            // Back off only while nothing moves: not after a change, not right after a
+            // submit, not while finished jobs wait for their accounting records (each of
+            // these ends within seconds, and a doubled interval would be waited out in full).
+            let steady = !(changed || settling || st.fresh);
+            st.fresh = false;
+            st.interval = if !steady {
                 self.poll_policy.min_interval
             } else {
                 (st.interval * 2).min(self.poll_policy.max_interval)
@@ -288,14 +304,17 @@ impl Inner {
             .collect())
     }
 
-    /// One scheduler query for the live jobs; returns whether any state changed.
+    /// One scheduler query for the live jobs; returns whether any state changed, and whether
+    /// a job is settling: finished by squeue (terminal there, or gone from it) within
+    /// [`SETTLE_WINDOW`] of its last sighting, with no accounting record yet.
     async fn query(
         &self,
         st: &mut PollState,
         handles: &[JobHandle],
         live: &BTreeSet<(JobKey, usize)>,
-    ) -> Result<bool, ExecutorError> {
+    ) -> Result<(bool, bool), ExecutorError> {
         let mut changed = false;
+        let mut settling = false;
         let groups = by_cluster(
             live.iter()
                 .map(|(k, i)| (k.cluster.clone(), (k.clone(), *i))),
@@ -467,6 +486,9 @@ impl Inner {
                         if let Some(d) = &acct_down {
                             Some((accounting_pending(&prev.status, d, Some(&r.state)), false))
                         } else if st.accounting {
+                            // Bounded like a job missing from both: a controller that cannot
+                            // hand records to slurmdbd for long is polled at the backoff again.
+                            settling |= now.duration_since(prev.last_seen) < SETTLE_WINDOW;
                             None // wait for sacct to have it (keeps exit code exact)
                         } else {
                             let s = JobStatus::new(h.attempt_id.clone(), r.state.clone())
@@ -501,6 +523,7 @@ impl Inner {
                                 true,
                             ))
                         } else if since_seen < grace || (age_ms as u128) < grace.as_millis() {
+                            settling |= prev.seen && since_seen < SETTLE_WINDOW;
                             None // C14: not visible yet; keep the last state
                         } else {
                             Some((
@@ -539,7 +562,7 @@ impl Inner {
                 }
             }
         }
-        Ok(changed)
+        Ok((changed, settling))
     }
 
     /// Finds the job named `name` (the attempt id): squeue first, then sacct since `since_ms`
