@@ -85,6 +85,7 @@ fn parse_args() -> Result<Args, String> {
             Some((name, v)) if name.starts_with("--") => (name.to_string(), Some(v.to_string())),
             _ => (arg, None),
         };
+        let has_value = inline.is_some();
         let mut value = |name: &str| {
             inline
                 .take()
@@ -124,7 +125,7 @@ fn parse_args() -> Result<Args, String> {
                 let v = value("--epochs")?;
                 a.epochs = parse_epochs(&v)?;
             }
-            "--force" if inline.is_none() => a.force = true,
+            "--force" if !has_value => a.force = true,
             "--force" => return Err("--force takes no value".to_string()),
             "--executor" => {
                 a.executor = value("--executor")?;

@@ -68,7 +68,7 @@ mod sink;
 pub use rows::TornTail;
 pub use sink::{FLUSH_INTERVAL, FLUSH_ROWS, INLINE_BYTES};
 
-use dir::{list_names, open_dir, open_record_at};
+use dir::{list_names, open_dir, open_record_at, worth_listing};
 use index::{DoneIndex, Entry, INDEX_FILE};
 use rows::{Bound, read_rows};
 use sink::FsSink;
@@ -571,17 +571,19 @@ impl Store for FsStore {
     }
 
     fn records(&self, keys: &[Hash]) -> Result<Vec<Option<JobRecord>>, StoreError> {
-        if keys.len() < 64 {
-            return keys.iter().map(|k| self.record(k)).collect();
-        }
-        // One directory listing instead of a failed open per missing key; index entries of
-        // the done records read are noted in one append.
-        let present = list_names(&self.jobs)?;
+        // One directory listing instead of a failed open per missing key, when the keys are
+        // many beside the folder (a first pass over a small store); index entries of the done
+        // records read are noted in one append.
+        let listed = if keys.len() >= 64 && worth_listing(&self.jobs, keys.len()) {
+            Some(list_names(&self.jobs)?)
+        } else {
+            None
+        };
         let mut seen = Vec::new();
         let out = keys
             .iter()
             .map(|k| {
-                if !present.contains(&k.to_hex()) {
+                if listed.as_ref().is_some_and(|p| !p.contains(&k.to_hex())) {
                     return Ok(None);
                 }
                 Ok(self.read_record(k)?.map(|(rec, entry)| {
@@ -697,7 +699,7 @@ impl Store for FsStore {
     }
 
     fn lineages(&self, lineages: &[Hash]) -> Result<Vec<Option<Hash>>, StoreError> {
-        if lineages.len() < 64 {
+        if lineages.len() < 64 || !worth_listing(&self.lineage, lineages.len()) {
             return lineages.iter().map(|l| self.lineage(l)).collect();
         }
         let present = list_names(&self.lineage)?;
