@@ -93,3 +93,23 @@ pub(super) fn list_names(dir: &Path) -> Result<HashSet<String>, StoreError> {
     }
     Ok(names)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_folder_is_listed_only_when_the_names_asked_outnumber_its_entries() {
+        let d = tempfile::tempdir().unwrap();
+        // An empty folder (one block, or less on tmpfs): listing beats 10k failed opens.
+        assert!(worth_listing(d.path(), 10_000));
+        // A folder that cannot be read is listed, so that the listing names the error.
+        assert!(worth_listing(&d.path().join("missing"), 1));
+        // A large folder: a small batch of names is asked one by one.
+        for i in 0..2000 {
+            fs::create_dir(d.path().join(format!("{i:064x}"))).unwrap();
+        }
+        assert!(!worth_listing(d.path(), 64));
+        assert!(worth_listing(d.path(), 1_000_000));
+    }
+}
