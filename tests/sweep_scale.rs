@@ -169,3 +169,134 @@ fn a_sweep_past_the_data_limit_fails_with_the_bound_not_an_allocation_failure() 
         "{err}"
     );
 }
+
+/// Runs of the kill test (`PUZZLETRON_SCALE_RUNS` to change it).
+fn kill_runs() -> u64 {
+    std::env::var("PUZZLETRON_SCALE_RUNS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(1_000_000)
+}
+
+/// Set in the child process of the kill test: the store to drain.
+const KILL_CHILD: &str = "PUZZLETRON_SCALE_KILL_STORE";
+
+/// The kill test's child: enqueues the million runs on an `FsStore`, says so, and drains
+/// until it is killed.
+#[test]
+fn child_drains_a_million_runs() {
+    let Some(store) = std::env::var_os(KILL_CHILD) else {
+        return; // run by the next test in a process of its own
+    };
+    let lock = std::env::var_os("PUZZLETRON_SCALE_LOCK").expect("lock");
+    let job = puzzletron::Job::new(
+        "fake::train",
+        "fake",
+        std::path::Path::new(&lock).parent().unwrap(),
+        "examples/job.rs",
+        noop,
+    );
+    let mut o = Orchestrator::builder()
+        .store_root(&store)
+        .lock(&lock)
+        .build()
+        .unwrap();
+    for i in 0..kill_runs() {
+        o.run(&job, p10(i)).unwrap();
+    }
+    println!("ENQUEUED");
+    let s = o.drain().unwrap();
+    println!("DRAINED {}", s.ran());
+}
+
+/// `kill -9` in the middle of a drain of a million runs: the store stays readable, every run
+/// it says is done has its exact metrics, and the next plan of the million skips exactly those
+/// and runs the rest.
+#[test]
+fn a_million_run_drain_killed_loses_nothing_finished() {
+    use puzzletron::store::{FsStore, Store};
+    use std::io::BufRead;
+    if std::env::var_os(KILL_CHILD).is_some() || std::env::var_os(CHILD).is_some() {
+        return;
+    }
+    let n = kill_runs();
+    let c = FakeCrate::new();
+    let store = c.path().join("store");
+    let mut child = std::process::Command::new(std::env::current_exe().unwrap())
+        .args([
+            "--exact",
+            "child_drains_a_million_runs",
+            "--nocapture",
+            "--test-threads=1",
+        ])
+        .env(KILL_CHILD, &store)
+        .env("PUZZLETRON_SCALE_LOCK", c.lock())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let out = std::io::BufReader::new(child.stdout.take().unwrap());
+    let said = out
+        .lines()
+        .map_while(Result::ok)
+        .find(|l| l.contains("ENQUEUED"));
+    assert!(said.is_some(), "the child did not enqueue its runs");
+    // Let the drain finish a few hundred runs (the done index grows a line per run), then kill.
+    let idx = store.join("done.idx");
+    let t0 = std::time::Instant::now();
+    while std::fs::metadata(&idx).map_or(0, |m| m.len()) < 300 * 280
+        && t0.elapsed() < std::time::Duration::from_secs(120)
+    {
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    // SAFETY: kill(2) on our own child's pid.
+    unsafe { libc::kill(child.id() as i32, libc::SIGKILL) };
+    child.wait().unwrap();
+
+    let fs = FsStore::create(&store).expect("the store opens after the kill");
+    let st = puzzletron::report::SweepStatus::scan(&fs).unwrap();
+    let count = |s: &str| {
+        st.counts
+            .iter()
+            .find(|(k, _)| k == s)
+            .map_or(0, |(_, n)| *n)
+    };
+    let done = count("done");
+    assert!(done >= 100, "{st:?}");
+    assert_eq!((count("failed"), count("corrupt")), (0, 0), "{st:?}");
+    // Every done run's metric is exact (its seed, which the key covers).
+    let keys = fs.keys().unwrap();
+    let mut checked = 0;
+    for k in &keys {
+        let Some(r) = fs.record(k).unwrap() else {
+            continue;
+        };
+        if r.status != puzzletron::store::Status::Done {
+            continue;
+        }
+        let m = fs.metrics(k, Some("seed")).unwrap();
+        assert_eq!(m.value, [r.params["seed"].as_f64().unwrap()], "{k}");
+        checked += 1;
+    }
+    assert_eq!(checked, done);
+    drop(fs);
+
+    // The next plan of the same million: exactly the done runs are skipped.
+    let mut o = Orchestrator::builder()
+        .store_root(&store)
+        .lock(c.lock())
+        .build()
+        .unwrap();
+    let job = c.job(noop);
+    for i in 0..n {
+        o.run(&job, p10(i)).unwrap();
+    }
+    let plan = o.plan().unwrap();
+    assert_eq!(plan.decisions.len() as u64, n);
+    assert_eq!(plan.count(puzzletron::Action::Skip), done, "{st:?}");
+    assert_eq!(
+        plan.count(puzzletron::Action::Run) as u64,
+        n - done as u64,
+        "{st:?}"
+    );
+}

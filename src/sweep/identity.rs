@@ -15,6 +15,12 @@ use crate::store::{JobRecord, Status, Store, StoreError};
 /// Most records read to explain a `no record` (beyond that the reason stays `no record`).
 const MAX_SCAN: usize = 10_000;
 
+/// Runs that get a "nearest" hint in their `no record` reason, per sweep: a hint is for the
+/// few runs of a grid someone edited (a parse and up to [`MAX_COMPARED`] comparisons each);
+/// a plan of a million new runs beside a store of earlier ones would spend seconds on hints
+/// nobody reads.
+const MAX_HINTS: usize = 1000;
+
 /// When it was made, how long making it took, and per job name the parameters of its runs.
 type ParamsIndex = (Instant, Duration, HashMap<String, Vec<serde_json::Value>>);
 
@@ -26,6 +32,8 @@ pub(super) struct JobIdentities {
     /// `trace(true)`: per job name, the covered files that differ from the binary's.
     stale: HashMap<String, Vec<&'static str>>,
     params: Mutex<Option<ParamsIndex>>,
+    /// Hints given so far (see [`MAX_HINTS`]).
+    hints: std::sync::atomic::AtomicUsize,
 }
 
 /// A copy for a drain on a thread of its own ([`drain_async`](super::Orchestrator::drain_async)).
@@ -42,6 +50,9 @@ impl Clone for JobIdentities {
                     .unwrap_or_else(|e| e.into_inner())
                     .clone(),
             ),
+            hints: std::sync::atomic::AtomicUsize::new(
+                self.hints.load(std::sync::atomic::Ordering::Relaxed),
+            ),
         }
     }
 }
@@ -54,7 +65,14 @@ impl JobIdentities {
             compiled: Vec::new(),
             stale: HashMap::new(),
             params: Mutex::new(None),
+            hints: std::sync::atomic::AtomicUsize::new(0),
         }
+    }
+
+    /// Lets the next [`MAX_HINTS`] runs without a record have a "nearest" hint (each plan,
+    /// drain or decision starts anew).
+    pub(super) fn reset_hints(&self) {
+        self.hints.store(0, std::sync::atomic::Ordering::Relaxed);
     }
 
     /// Whether `trace(true)` re-checks done records' items (then no decision skips the record).
@@ -195,8 +213,14 @@ impl JobIdentities {
             .and_then(|(_, _, ix)| ix.get(run.job()))
             .map(Vec::as_slice)
             .unwrap_or(&[]);
-        if others.is_empty() {
-            // No run of the job to compare with (a first pass): no parse of the parameters.
+        if others.is_empty()
+            || self
+                .hints
+                .fetch_add(1, std::sync::atomic::Ordering::Relaxed)
+                >= MAX_HINTS
+        {
+            // No run of the job to compare with (a first pass), or hints enough: no parse of
+            // the parameters.
             return Ok("no record".to_string());
         }
         let new = run.params_value();

@@ -390,7 +390,9 @@ impl<S: Store, E: Executor> Orchestrator<S, E> {
         &self.store
     }
 
+    /// A decider for one plan, drain or decision (with its own budget of "nearest" hints).
     fn decider(&self) -> Decider<'_, S> {
+        self.identity.reset_hints();
         Decider::new(&*self.store, &self.witnesses, self.force, &self.identity)
             .repairing(self.repair)
     }
