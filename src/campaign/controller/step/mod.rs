@@ -6,17 +6,24 @@
 //! files) reads, performs and journals, so every decision can be tested by feeding it
 //! scripted inputs. One file per area: `decide` (manual decision stages), `finish` (an
 //! ended attempt), `poll` (polled statuses), `submit` (starting attempts), `stage` (stage
-//! transitions and the end of a run); each keeps its unit tests.
+//! transitions and the end of a run), `nodes` (exclusions), `retry` (retrying failed units), `shutdown` (cancel
+//! requests); each keeps its unit tests.
 
 mod decide;
 mod finish;
+mod nodes;
 mod poll;
+mod retry;
+mod shutdown;
 mod stage;
 mod submit;
 
 pub(super) use decide::*;
 pub(super) use finish::*;
+pub(super) use nodes::*;
 pub(super) use poll::*;
+pub(super) use retry::*;
+pub(super) use shutdown::*;
 pub(super) use stage::*;
 pub(super) use submit::*;
 
