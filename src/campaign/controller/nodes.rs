@@ -17,6 +17,7 @@ use super::driver::CampaignController;
 use super::error::ControllerError;
 use super::event::ControllerEvent;
 use super::journal::Entry;
+use super::step;
 use crate::executor::JobState;
 
 /// Whether an attempt that ended in `state` with `class` failed fast on its nodes (see the
@@ -64,53 +65,20 @@ impl CampaignController {
     /// the key is never accepted automatically, so the host takes no more attempts of the
     /// campaign until an operator checks it and fixes `known_hosts`; the others go on. With
     /// every host excluded, the next submit is refused as unsatisfiable (a configuration
-    /// failure naming them).
+    /// failure naming them). [`step::refused_host_exclusions`] decides.
     pub(super) fn exclude_refused_hosts(
         &mut self,
         hosts: Vec<(String, String)>,
     ) -> Result<(), ControllerError> {
-        let mut newly: Vec<(String, String)> = Vec::new();
-        for (host, message) in hosts {
-            if self.state.excluded_nodes.contains_key(&host)
-                || newly.iter().any(|(h, _)| *h == host)
-            {
-                continue;
-            }
-            newly.push((
-                host,
-                format!(
-                    "its SSH host key was refused, never accepted automatically; an operator \
-                     must check the host and fix known_hosts: {message}"
-                ),
-            ));
-        }
+        let newly = step::refused_host_exclusions(&self.state, hosts);
         self.exclude_nodes(newly)
     }
 
     /// Excludes (journals, then tells the observer) every node charged with at least the
-    /// threshold of fail-fast attempts that is not excluded yet.
+    /// threshold of fail-fast attempts that is not excluded yet
+    /// ([`step::broken_node_exclusions`] decides).
     pub(super) fn exclude_broken_nodes(&mut self) -> Result<(), ControllerError> {
-        let Some(threshold) = self.settings.exclude_node_after else {
-            return Ok(());
-        };
-        let newly: Vec<(String, String)> = self
-            .state
-            .node_failures
-            .iter()
-            .filter(|&(n, units)| {
-                units.len() >= threshold as usize && !self.state.excluded_nodes.contains_key(n)
-            })
-            .map(|(n, units)| {
-                (
-                    n.clone(),
-                    format!(
-                        "{} distinct units failed fast on it ({}: before their start mark or first progress mark, or node/boot failure); threshold {threshold}",
-                        units.len(),
-                        units.iter().cloned().collect::<Vec<_>>().join(", ")
-                    ),
-                )
-            })
-            .collect();
+        let newly = step::broken_node_exclusions(&self.state, &self.settings);
         self.exclude_nodes(newly)
     }
 

@@ -7,9 +7,8 @@ use super::classify::FailureClass;
 use super::driver::CampaignController;
 use super::error::ControllerError;
 use super::event::ControllerEvent;
-use super::journal::Entry;
-use super::policy::Decision;
-use super::state::{StageStatus, UnitStatus};
+use super::state::StageStatus;
+use super::step;
 use crate::executor::{JobState, JobStatus};
 
 /// Time all of a shutdown's executor cancels may take together.
@@ -18,45 +17,17 @@ pub(super) const SHUTDOWN_CANCEL_BUDGET: Duration = Duration::from_secs(30);
 pub(super) const SHUTDOWN_POLL_BUDGET: Duration = Duration::from_millis(500);
 
 impl CampaignController {
+    /// Puts every failed unit back to pending ([`step::retry_failed`] decides): tells and
+    /// journals the retries, then resets the units' budgets and reopens failed stages.
     pub(super) fn reset_failed(&mut self, by: &str) -> Result<(), ControllerError> {
-        // A unit that failed out of memory in a stage now allowed more resources gets them.
-        let failed: Vec<(String, bool)> = self
-            .state
-            .units
-            .iter()
-            .filter(|u| u.status == UnitStatus::Failed)
-            .map(|u| {
-                let stage = &self.state.stages[u.stage].id;
-                let more = u.last_class == Some(FailureClass::Oom)
-                    && self.settings.oom_retry.contains(stage);
-                (u.key.clone(), more)
-            })
-            .collect();
-        if failed.is_empty() {
+        let Some(step::Retry {
+            mut entries,
+            event: ev,
+            units: failed,
+        }) = step::retry_failed(&self.state, &self.settings, by)
+        else {
             return Ok(());
-        }
-        let mut entries: Vec<Entry> = failed
-            .iter()
-            .map(|(k, more)| Entry::Decided {
-                unit: k.clone(),
-                decision: Decision::Retry {
-                    delay: Duration::ZERO,
-                    resume: false,
-                    more_resources: *more,
-                },
-                not_before_ms: 0,
-            })
-            .collect();
-        let ev = ControllerEvent::RetryFailed {
-            units: failed.iter().map(|(k, _)| k.clone()).collect(),
-            by: by.to_string(),
-            more_resources: failed
-                .iter()
-                .filter(|(_, m)| *m)
-                .map(|(k, _)| k.clone())
-                .collect(),
         };
-        let failed: Vec<String> = failed.into_iter().map(|(k, _)| k).collect();
         self.notify(&ev);
         entries.push(Self::event_entry(&ev));
         self.record(entries)?;
@@ -77,19 +48,10 @@ impl CampaignController {
     }
 
     /// Journals a cancel request for every live attempt (the executor calls follow in
-    /// [`cancel_live_now`](Self::cancel_live_now)). Returns how many.
+    /// [`cancel_live_now`](Self::cancel_live_now)); [`step::cancel_requests`] picks them.
+    /// Returns how many.
     pub(super) fn cancel_all(&mut self, reason: &str) -> Result<usize, ControllerError> {
-        let entries: Vec<Entry> = self
-            .state
-            .live_attempts()
-            .into_iter()
-            .filter(|&a| !self.state.attempts[a].cancel_requested)
-            .map(|a| Entry::CancelRequested {
-                attempt_id: self.state.attempts[a].id.clone(),
-                reason: reason.into(),
-                last_heartbeat_ms: None,
-            })
-            .collect();
+        let entries = step::cancel_requests(&self.state, reason);
         let n = entries.len();
         self.record(entries)?;
         Ok(n)
