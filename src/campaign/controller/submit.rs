@@ -153,9 +153,7 @@ impl CampaignController {
                         refused_attempts.insert(spec.attempt_id.clone());
                         Entry::SubmitFailed {
                             attempt_id: spec.attempt_id.clone(),
-                            error: format!(
-                                "{e} (host {host} excluded; placed on the other hosts)"
-                            ),
+                            error: format!("{e} (host {host} excluded; placed on the other hosts)"),
                         }
                     }
                     None => self.after_submit_error(spec, e).await?,
