@@ -1,7 +1,9 @@
 //! Hot paths of a sweep on `FsStore`, each side by side with its peer in the same run
 //! (issue 13): cache hits against `joblib.Memory` hits, a first pass of trivial misses against
 //! joblib's, the plan of a finished 10k-run sweep against `snakemake -n` on the same finished
-//! workflow, and the peak RSS of enqueue + plan of 100k runs.
+//! workflow, and the peak RSS of enqueue + plan of 100k runs. Beside the cache hits and the
+//! first pass, the floor of each (`floor`, also `benches/store_floor.rs`): the bare syscalls of
+//! the store's protocol, so the figures say how far above it the store is.
 //!
 //! ```text
 //! cargo bench --bench hot_paths        # N=10k, medians of 3; PUZZLETRON_BENCH_RUNS=2000 for a quick look
@@ -22,6 +24,7 @@ use std::time::Instant;
 use puzzletron::Orchestrator;
 use puzzletron::{JobResult, Run};
 
+mod floor;
 mod support;
 use support::{
     JOBLIB, SNAKEMAKE, Scratch, load, peer_venv, settle, target_dir, user_crate, user_job,
@@ -364,11 +367,19 @@ fn main() {
     let mut jl_first = Vec::new();
     let mut jl_hit = Vec::new();
     let mut logging = Vec::new();
+    // The floor of the same two paths: the bare syscalls of the store's protocol (`floor`),
+    // beside the store's figures in the same run.
+    let mut floor_miss = Vec::new();
+    let mut floor_hit = Vec::new();
     let log_runs: u32 = if quick { 20 } else { 1000 };
     for r in 0..reps {
         let store = scratch.join(format!("store{r}"));
         first.push(run_case("drain-miss", n, &store).0 / f64::from(n));
         hit.push(run_case("drain-hit", n, &store).0 / f64::from(n));
+        flush_earlier_cases();
+        let fl = scratch.join(format!("floor{r}"));
+        floor_miss.push(floor::misses(&fl, n as usize)[6]);
+        floor_hit.push(floor::hits(&fl, n as usize)[0]);
         plan_done.push(run_case("plan-done", n, &store).0);
         plan_fresh.push(run_case("plan", n, &scratch.join(format!("empty{r}"))).0);
         logging.push(run_case_cpu(
@@ -410,6 +421,7 @@ fn main() {
         median(plan_fresh),
     );
     let big_secs = median(big_secs);
+    let (floor_miss, floor_hit) = (median(floor_miss), median(floor_hit));
     logging.sort_by(|a, b| a.0.total_cmp(&b.0));
     let log_mid = logging[logging.len() / 2];
     let jl = (!jl_first.is_empty()).then(|| (median(jl_first), median(jl_hit)));
@@ -435,6 +447,13 @@ fn main() {
         ratio(jl.map(|j| j.0), first)
     );
     println!(
+        "  floor (bare syscalls):         {:8.2} us/hit   {:8.1} us/miss; store above it: hit {:.1}x, miss {:.2}x",
+        us(floor_hit),
+        us(floor_miss),
+        hit / floor_hit,
+        first / floor_miss
+    );
+    println!(
         "  plan, {n} done:             {:8.4} s        snakemake -n {:8.2} s        ratio {}",
         plan_done,
         snake_done.unwrap_or(f64::NAN),
@@ -458,7 +477,8 @@ fn main() {
         "log_runs": log_runs, "log_rows": LOG_ROWS, "log_s": log_mid.0,
         "log_user_s": log_mid.1, "log_sys_s": log_mid.2,
         "runs": n, "reps": reps, "load_before": load_before, "load_after": load(),
-        "hit_us": us(hit), "first_pass_us": us(first), "plan_done_s": plan_done,
+        "hit_us": us(hit), "first_pass_us": us(first),
+        "floor_hit_us": us(floor_hit), "floor_miss_us": us(floor_miss), "plan_done_s": plan_done,
         "plan_fresh_s": plan_fresh, "big_runs": big, "big_plan_s": big_secs, "big_rss": big_rss,
         "joblib_hit_us": jl.map(|j| us(j.1)), "joblib_miss_us": jl.map(|j| us(j.0)),
         "snakemake_dry_done_s": snake_done, "snakemake_dry_fresh_s": snake_fresh,

@@ -149,6 +149,18 @@ pub struct FsStore {
     faults: Option<claim::Faults>,
 }
 
+/// The store error of a lineage pointer at `path` that cannot be read: `Corrupt` when it
+/// names no key.
+fn pointer_err(path: PathBuf, e: io::Error) -> StoreError {
+    match e.kind() {
+        io::ErrorKind::InvalidData => StoreError::Corrupt {
+            path,
+            reason: e.to_string(),
+        },
+        _ => StoreError::Io { path, source: e },
+    }
+}
+
 fn io_err(path: &Path) -> impl FnOnce(io::Error) -> StoreError + '_ {
     move |source| StoreError::Io {
         path: path.to_path_buf(),
@@ -383,6 +395,12 @@ impl FsStore {
     pub fn job_dir(&self, key: &Hash) -> PathBuf {
         let mut hex = [0u8; Hash::HEX_LEN];
         self.jobs.join(key.write_hex(&mut hex))
+    }
+
+    /// [`Store::lineage`] read relative to the `lineage/` folder handle `dir`.
+    fn lineage_at(&self, dir: &File, lineage: &Hash) -> Result<Option<Hash>, StoreError> {
+        let path = || self.lineage.join(lineage.to_hex());
+        pointer::read_at(dir, lineage, path).map_err(|e| pointer_err(path(), e))
     }
 
     /// The record of `key` and, when it is done, its index entry (for the caller to note).
@@ -649,16 +667,7 @@ impl Store for FsStore {
 
     fn lineage(&self, lineage: &Hash) -> Result<Option<Hash>, StoreError> {
         let path = self.lineage.join(lineage.to_hex());
-        pointer::read(&path).map_err(|e| match e.kind() {
-            io::ErrorKind::InvalidData => StoreError::Corrupt {
-                path: path.clone(),
-                reason: e.to_string(),
-            },
-            _ => StoreError::Io {
-                path: path.clone(),
-                source: e,
-            },
-        })
+        pointer::read(&path).map_err(|e| pointer_err(path, e))
     }
 
     fn set_lineage(&self, lineage: &Hash, key: &Hash) -> Result<(), StoreError> {
@@ -670,8 +679,15 @@ impl Store for FsStore {
         // As `done_heads`: in a few chunks on threads of their own (a drain of cache hits reads
         // one pointer per hit).
         let check = |chunk: &[(Hash, Hash)]| -> Result<(), StoreError> {
+            // One handle on `lineage/` per chunk, each pointer read relative to it (as
+            // `done_heads` opens records): one name walked per hit instead of the root path.
+            let dir = open_dir(&self.lineage);
             for (lineage, key) in chunk {
-                let cur = match self.lineage(lineage) {
+                let read = match &dir {
+                    Ok(d) => self.lineage_at(d, lineage),
+                    Err(_) => self.lineage(lineage),
+                };
+                let cur = match read {
                     Ok(cur) => cur,
                     // A pointer that names no key is replaced.
                     Err(StoreError::Corrupt { .. }) => None,
