@@ -12,9 +12,15 @@
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
+#[allow(
+    dead_code,
+    unused_imports,
+    reason = "the shared bench support; this bench uses its Slurm wait"
+)]
+mod support;
+
 use puzzletron::executor::{
-    ArraySpec, AttemptId, AttemptSpec, CommandSpec, Executor, ExecutorExt, JobState, PollPolicy,
-    SlurmExecutor, SlurmStats,
+    ArraySpec, AttemptId, AttemptSpec, CommandSpec, Executor, PollPolicy, SlurmExecutor, SlurmStats,
 };
 
 fn executor(dir: &std::path::Path) -> SlurmExecutor {
@@ -93,18 +99,8 @@ async fn run(mode: Mode, n: u32, tag: &str) -> (f64, f64, SlurmStats) {
         hs
     };
     let submitted = t.elapsed().as_secs_f64();
-    let st = e
-        .wait_terminal(&hs, Duration::from_millis(50), Duration::from_secs(1800))
-        .await
-        .unwrap();
-    let total = t.elapsed().as_secs_f64();
-    let done = st.iter().filter(|s| s.state == JobState::Completed).count();
-    assert_eq!(
-        done,
-        n as usize,
-        "{:?}",
-        st.iter().find(|s| s.state != JobState::Completed)
-    );
+    assert_eq!(hs.len(), n as usize);
+    let total = support::slurm::wait_all_completed(&e, &hs, Duration::from_millis(50), t).await;
     (submitted, total, e.stats())
 }
 

@@ -35,8 +35,8 @@ use std::process::Command;
 use std::time::{Duration, Instant};
 
 use puzzletron::executor::{
-    ArraySpec, AttemptId, AttemptSpec, CommandSpec, Executor, ExecutorExt, JobState,
-    SchedulerOptions, SlurmExecutor, SlurmStats,
+    ArraySpec, AttemptId, AttemptSpec, CommandSpec, Executor, SchedulerOptions, SlurmExecutor,
+    SlurmStats,
 };
 
 #[allow(
@@ -210,18 +210,8 @@ async fn puzzletron(
     let submitted = t.elapsed().as_secs_f64();
     // `poll` answers from its cache until the policy's interval has passed: asking often
     // costs no scheduler call, and the figure is the policy's, not this loop's.
-    let st = e
-        .wait_terminal(&hs, Duration::from_millis(100), Duration::from_secs(1800))
-        .await
-        .unwrap();
-    let total = t.elapsed().as_secs_f64();
-    let done = st.iter().filter(|s| s.state == JobState::Completed).count();
-    assert_eq!(
-        done,
-        n as usize,
-        "{:?}",
-        st.iter().find(|s| s.state != JobState::Completed)
-    );
+    assert_eq!(hs.len(), n as usize);
+    let total = support::slurm::wait_all_completed(&e, &hs, Duration::from_millis(100), t).await;
     (submitted, total, e.stats())
 }
 

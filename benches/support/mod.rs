@@ -17,6 +17,12 @@ mod process;
 pub use process::load;
 #[path = "scratch.rs"]
 mod scratch;
+#[path = "slurm.rs"]
+#[allow(
+    dead_code,
+    reason = "each bench compiles this module; only the Slurm benches follow jobs"
+)]
+pub mod slurm;
 pub use scratch::{Scratch, settle};
 
 /// The Snakemake the benches compare with, pinned (its current release when pinned).
