@@ -22,34 +22,13 @@ use puzzletron::{Job, JobResult, Run};
 use puzzletron::{Orchestrator, job, store::MemoryStore};
 use serde::{Deserialize, Serialize};
 
-#[derive(Clone, Serialize, Deserialize)]
-struct Params10 {
-    lr: f64,
-    weight_decay: f64,
-    hidden: u32,
-    layers: u32,
-    dropout: f64,
-    batch_size: u32,
-    epochs: u32,
-    optimizer: String,
-    seed: u64,
-    warmup: bool,
-}
-
-fn p10(i: u64) -> Params10 {
-    Params10 {
-        lr: 1e-3 * (1 + i % 7) as f64,
-        weight_decay: 0.01,
-        hidden: 256,
-        layers: 4,
-        dropout: 0.1,
-        batch_size: 64,
-        epochs: 10,
-        optimizer: "adamw".into(),
-        seed: i,
-        warmup: true,
-    }
-}
+#[allow(
+    dead_code,
+    unused_imports,
+    reason = "the shared bench support; this bench uses the ten-field parameters"
+)]
+mod support;
+use support::params10::{Params10, p10};
 
 /// Params with sequences, which the determinism check of `run()` must look at (a HashSet there
 /// would be refused): 2 Vec fields of 2+ elements.

@@ -26,6 +26,7 @@ use puzzletron::{JobResult, Run};
 
 mod floor;
 mod support;
+use support::params10::{Params10, p10};
 use support::{
     JOBLIB, SNAKEMAKE, Scratch, load, peer_venv, settle, target_dir, user_crate, user_job,
 };
@@ -38,36 +39,6 @@ const SNAKE_CHUNK: usize = 500;
 #[derive(serde::Serialize, serde::Deserialize)]
 struct Trivial {
     i: u32,
-}
-
-/// The parameters of the memory case: ten fields, as `benches/hashing.rs`'s `Params10`.
-#[derive(serde::Serialize, serde::Deserialize)]
-struct Params10 {
-    lr: f64,
-    weight_decay: f64,
-    hidden: u32,
-    layers: u32,
-    dropout: f64,
-    batch_size: u32,
-    epochs: u32,
-    optimizer: String,
-    seed: u64,
-    warmup: bool,
-}
-
-fn p10(i: u32) -> Params10 {
-    Params10 {
-        lr: 1e-3 * f64::from(1 + i % 7),
-        weight_decay: 0.01,
-        hidden: 64 << (i % 4),
-        layers: 2 + i % 3,
-        dropout: 0.1,
-        batch_size: 32,
-        epochs: 10,
-        optimizer: "adamw".into(),
-        seed: u64::from(i),
-        warmup: i.is_multiple_of(2),
-    }
 }
 
 fn noop10(_: &Params10, _: &mut Run) -> JobResult {
@@ -122,7 +93,7 @@ fn child(case: &str, n: u32, store: &Path) {
     } else if case == "plan10" {
         let j10 = user_job(&krate, "noop10", noop10);
         for i in 0..n {
-            o.run(&j10, p10(i)).unwrap();
+            o.run(&j10, p10(u64::from(i))).unwrap();
         }
     } else {
         for i in 0..n {

@@ -5,38 +5,12 @@ mod support;
 
 use puzzletron::store::MemoryStore;
 use puzzletron::{Error, JobResult, Orchestrator, Run};
-use serde::{Deserialize, Serialize};
 use support::sweep::FakeCrate;
 
-/// Ten fields, as the `hot_paths` bench's million-run case.
-#[derive(Serialize, Deserialize)]
-struct Params10 {
-    lr: f64,
-    weight_decay: f64,
-    hidden: u32,
-    layers: u32,
-    dropout: f64,
-    batch_size: u32,
-    epochs: u32,
-    optimizer: String,
-    seed: u64,
-    warmup: bool,
-}
-
-fn p10(i: u64) -> Params10 {
-    Params10 {
-        lr: 1e-3 * (1 + i % 7) as f64,
-        weight_decay: 0.01,
-        hidden: 64 << (i % 4),
-        layers: 2 + (i % 3) as u32,
-        dropout: 0.1,
-        batch_size: 32,
-        epochs: 10,
-        optimizer: "adamw".into(),
-        seed: i,
-        warmup: i.is_multiple_of(2),
-    }
-}
+/// The benches' ten-field parameters (`Params10`, `p10`), shared with this test.
+#[path = "../benches/support/params10.rs"]
+mod params10;
+use params10::{Params10, p10};
 
 fn noop(p: &Params10, run: &mut Run) -> JobResult {
     run.log("seed", 0, p.seed as f64)?;

@@ -15,6 +15,12 @@ use puzzletron::{Job, JobResult, Run};
 #[path = "process.rs"]
 mod process;
 pub use process::load;
+#[path = "params10.rs"]
+#[allow(
+    dead_code,
+    reason = "each bench compiles this module; only the many-run cases use it"
+)]
+pub mod params10;
 #[path = "scratch.rs"]
 mod scratch;
 #[path = "slurm.rs"]

@@ -109,22 +109,32 @@ mod test_util {
         state.stage_index(id).unwrap()
     }
 
-    /// `unit`'s attempt 1 journaled and submitted: the state and the attempt's index.
-    pub(super) fn live(plan: &CampaignPlan, unit: &str, before: &[Entry]) -> (State, usize) {
-        let id = AttemptId::sanitize(&format!("n.{}.a1", unit.replace('/', ".")));
-        let mut entries = before.to_vec();
-        entries.push(Entry::Intent {
+    /// The journaled intent of `unit`'s attempt 1, `id`.
+    pub(super) fn intent(unit: &str, id: &AttemptId) -> Entry {
+        Entry::Intent {
             unit: unit.into(),
             attempt: 1,
             attempt_id: id.clone(),
             resume: false,
             more_resources: false,
-        });
-        entries.push(Entry::Submitted {
+        }
+    }
+
+    /// `id` submitted as the mock executor's job `job`.
+    pub(super) fn submitted(id: &AttemptId, job: &str) -> Entry {
+        Entry::Submitted {
             attempt_id: id.clone(),
-            handle: crate::executor::JobHandle::new("mock", id.clone(), "1", 0),
+            handle: crate::executor::JobHandle::new("mock", id.clone(), job, 0),
             adopted: false,
-        });
+        }
+    }
+
+    /// `unit`'s attempt 1 journaled and submitted: the state and the attempt's index.
+    pub(super) fn live(plan: &CampaignPlan, unit: &str, before: &[Entry]) -> (State, usize) {
+        let id = AttemptId::sanitize(&format!("n.{}.a1", unit.replace('/', ".")));
+        let mut entries = before.to_vec();
+        entries.push(intent(unit, &id));
+        entries.push(submitted(&id, "1"));
         let s = state_after(plan, &entries);
         let a = s.attempt_index[&id];
         (s, a)

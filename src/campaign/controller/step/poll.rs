@@ -276,18 +276,8 @@ mod tests {
         let mut entries = Vec::new();
         for i in 0..4 {
             let id = AttemptId::sanitize(&format!("n.a.{i}.a1"));
-            entries.push(Entry::Intent {
-                unit: format!("a/{i}"),
-                attempt: 1,
-                attempt_id: id.clone(),
-                resume: false,
-                more_resources: false,
-            });
-            entries.push(Entry::Submitted {
-                attempt_id: id.clone(),
-                handle: crate::executor::JobHandle::new("mock", id, i.to_string(), 0),
-                adopted: false,
-            });
+            entries.push(intent(&format!("a/{i}"), &id));
+            entries.push(submitted(&id, &i.to_string()));
         }
         let s = state_after(&p, &entries);
         let live = s.live_attempts();

@@ -99,23 +99,13 @@ mod tests {
     use super::super::super::policy::Decision;
     use super::super::test_util::*;
     use super::*;
-    use crate::executor::{AttemptId, JobHandle, JobState};
+    use crate::executor::{AttemptId, JobState};
 
     fn decided(unit: &str, n: &str, decision: Decision) -> Vec<Entry> {
         let id = AttemptId::sanitize(n);
         vec![
-            Entry::Intent {
-                unit: unit.into(),
-                attempt: 1,
-                attempt_id: id.clone(),
-                resume: false,
-                more_resources: false,
-            },
-            Entry::Submitted {
-                attempt_id: id.clone(),
-                handle: JobHandle::new("mock", id.clone(), "1", 0),
-                adopted: false,
-            },
+            intent(unit, &id),
+            submitted(&id, "1"),
             Entry::Finished {
                 attempt_id: id,
                 state: JobState::Completed,

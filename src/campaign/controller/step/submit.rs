@@ -440,13 +440,7 @@ mod tests {
             .map(|i| AttemptId::sanitize(&format!("n.a.{i}.a1")))
             .collect();
         for (i, id) in ids.iter().enumerate() {
-            entries.push(Entry::Intent {
-                unit: format!("a/{i}"),
-                attempt: 1,
-                attempt_id: id.clone(),
-                resume: false,
-                more_resources: false,
-            });
+            entries.push(intent(&format!("a/{i}"), id));
         }
         let s = state_after(&p, &entries);
         let settings = Settings::defaults();
