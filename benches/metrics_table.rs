@@ -2,9 +2,11 @@
 //! >= 8x pandas + pyarrow end to end).
 //!
 //! Builds, once, an `FsStore` of `PUZZLETRON_METRICS_BENCH_RUNS` runs (default 10,000) that each
-//! logged 1,000 rows of `loss` (params: lr, hidden, optimizer, seed), under this build's target
-//! folder (reused while its `complete` marker is there). Then, each as a child process timed
-//! (wall) with its peak RSS from `wait4`:
+//! logged `PUZZLETRON_METRICS_BENCH_STEPS` rows (default 1,000) of `loss` (params: lr, hidden,
+//! optimizer, seed), under this build's target folder (reused while its `complete` marker is
+//! there). Issue 32's second shape is many small runs, where per-run overhead dominates:
+//! `PUZZLETRON_METRICS_BENCH_RUNS=100000 PUZZLETRON_METRICS_BENCH_STEPS=100`. Then, each as a
+//! child process timed (wall) with its peak RSS from `wait4`:
 //! - `stream`: `MetricsExt::write_metric_parquet` (bounded memory);
 //! - `table`: `MetricsExt::metric_table` then `MetricTable::write_parquet` (all rows in memory);
 //! - `pandas`: the same records and metric files read with `pandas.read_csv` per run, params and
@@ -12,8 +14,8 @@
 //!
 //! pandas and pyarrow (pinned) are pip-installed into `target/metrics-bench-venv` on first use;
 //! when that fails the comparison is skipped with a message. `PUZZLETRON_METRICS_BENCH_SAMPLES`
-//! (default 3) samples each, medians shown. `cargo bench --bench metrics_table`. Not criterion:
-//! one sample is a whole process.
+//! (default 3) samples each, medians shown (`PUZZLETRON_METRICS_BENCH_PEER_SAMPLES` for pandas
+//! alone). `cargo bench --bench metrics_table`. Not criterion: one sample is a whole process.
 
 use std::fs::File;
 use std::path::{Path, PathBuf};
@@ -28,7 +30,13 @@ use puzzletron::{JobResult, Run};
 use puzzletron::{Orchestrator, job, metrics::MetricsExt, store::FsStore};
 use serde::{Deserialize, Serialize};
 
-const STEPS: i64 = 1000;
+/// Rows of `loss` each run logs: `PUZZLETRON_METRICS_BENCH_STEPS`, default 1,000.
+fn steps() -> i64 {
+    std::env::var("PUZZLETRON_METRICS_BENCH_STEPS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(1000)
+}
 const PANDAS: &str = "pandas==2.2.3";
 const PYARROW: &str = "pyarrow==18.1.0";
 
@@ -41,7 +49,7 @@ struct Params {
 }
 
 fn train(p: &Params, run: &mut Run) -> JobResult {
-    for step in 0..STEPS {
+    for step in 0..steps() {
         run.log(
             "loss",
             step,
@@ -124,12 +132,12 @@ fn child(mode: &str, root: &str, out: &str) {
     println!("{rows}");
 }
 
-/// Drops `owned.items` from the records of `store`: the bench job lives inside puzzletron, so
-/// its owned code is the whole crate (about 1,900 items, 380 KB per record), where a user's job
-/// in its own crate records a few. Neither table path reads the field.
-fn slim_records(store: &Path) {
-    for e in std::fs::read_dir(store.join("jobs")).expect("jobs folder") {
-        let rec = e.expect("jobs entry").path().join("record.json");
+/// Drops `owned.items` from the records of `keys` in `store`: the bench job lives inside
+/// puzzletron, so its owned code is the whole crate (about 1,900 items, 380 KB per record),
+/// where a user's job in its own crate records a few. Neither table path reads the field.
+fn slim_records(store: &Path, keys: &[puzzletron::identity::Hash]) {
+    for key in keys {
+        let rec = store.join("jobs").join(key.to_hex()).join("record.json");
         let Ok(text) = std::fs::read(&rec) else {
             continue;
         };
@@ -159,6 +167,7 @@ fn build_store(root: &Path, runs: u64) {
             .store_root(root.join("store"))
             .build()
             .expect("orchestrator");
+        let mut keys = Vec::with_capacity(chunk.len());
         for &i in chunk {
             let p = Params {
                 lr: 1e-3 * (1 + i % 7) as f64,
@@ -166,14 +175,15 @@ fn build_store(root: &Path, runs: u64) {
                 optimizer: ["adamw", "sgd", "lion"][(i % 3) as usize].to_string(),
                 seed: i,
             };
-            o.run(&j, p).expect("enqueue");
+            keys.push(o.run(&j, p).expect("enqueue"));
         }
         o.drain().unwrap_or_else(|f| panic!("{f}"));
-        slim_records(&root.join("store"));
+        slim_records(&root.join("store"), &keys);
     }
     std::fs::write(root.join("complete"), b"").expect("marker");
     println!(
-        "metrics_table: built a store of {runs} runs x {STEPS} rows in {:.1} s",
+        "metrics_table: built a store of {runs} runs x {} rows in {:.1} s",
+        steps(),
         t.elapsed().as_secs_f64()
     );
 }
@@ -243,7 +253,19 @@ fn main() {
         .and_then(|v| v.parse().ok())
         .unwrap_or(3)
         .max(1);
-    let root = Path::new(env!("CARGO_TARGET_TMPDIR")).join(format!("metrics_table_bench/{runs}"));
+    // The peer's samples: pandas reads 100k small files in minutes, not seconds.
+    let peer_samples: usize = std::env::var("PUZZLETRON_METRICS_BENCH_PEER_SAMPLES")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(samples)
+        .max(1);
+    let steps = steps();
+    let folder = if steps == 1000 {
+        runs.to_string()
+    } else {
+        format!("{runs}x{steps}")
+    };
+    let root = Path::new(env!("CARGO_TARGET_TMPDIR")).join(format!("metrics_table_bench/{folder}"));
     let me = std::env::current_exe().expect("bench binary");
     // In a child: Linux counts a forked child's copy of the parent's pages in the child's peak
     // RSS (until exec), so the parent must stay small for wait4's figures to be the children's.
@@ -256,9 +278,9 @@ fn main() {
     assert!(ok, "building the bench store in {} failed", root.display());
     let store = root.join("store");
     let s = store.to_str().expect("utf-8 target path");
-    let rows = (runs as i64 * STEPS) as u64;
+    let rows = (runs as i64 * steps) as u64;
     println!(
-        "metrics_table: {runs} runs x {STEPS} steps = {rows} rows, load {}",
+        "metrics_table: {runs} runs x {steps} steps = {rows} rows, load {}",
         load()
     );
     let mut results: Vec<(&str, Duration, Duration, f64)> = Vec::new();
@@ -293,7 +315,12 @@ fn main() {
         let a: Vec<&str> = a.iter().map(String::as_str).collect();
         let printed = root.join(format!("{name}.stdout"));
         let mut v = Vec::new();
-        for _ in 0..samples {
+        let n = if *name == "pandas" {
+            peer_samples
+        } else {
+            samples
+        };
+        for _ in 0..n {
             let (wall, cpu, rss, code) = measure(bin, &a, &printed);
             assert_eq!(code, 0, "{name} exited {code}");
             let n = std::fs::read_to_string(&printed).unwrap_or_default();
@@ -302,7 +329,7 @@ fn main() {
         }
         let (wall, cpu, rss) = median(&v);
         println!(
-            "  {name:<7} median {:7.3} s wall, {:7.3} s CPU, peak RSS {:7.1} MB  ({samples} runs, load {})",
+            "  {name:<7} median {:7.3} s wall, {:7.3} s CPU, peak RSS {:7.1} MB  ({n} runs, load {})",
             wall.as_secs_f64(),
             cpu.as_secs_f64(),
             rss,

@@ -287,7 +287,7 @@ impl CampaignController {
     /// Tells the observer and journals the event.
     pub(super) fn emit(&mut self, ev: ControllerEvent) -> Result<(), ControllerError> {
         self.notify(&ev);
-        self.record(vec![Self::event_entry(&ev)])
+        self.record(vec![Entry::from_event(&ev)])
     }
 
     /// Tells the observer only (the caller journals the entry with others).
@@ -296,13 +296,6 @@ impl CampaignController {
         tracing::info!(target: "puzzletron::campaign", kind = ev.kind(), "{ev}");
         if let Some(f) = &self.io.on_event {
             f(ev);
-        }
-    }
-
-    pub(super) fn event_entry(ev: &ControllerEvent) -> Entry {
-        Entry::Event {
-            kind: ev.kind().into(),
-            message: ev.to_string(),
         }
     }
 

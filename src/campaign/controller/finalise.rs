@@ -10,13 +10,11 @@ use super::driver::CampaignController;
 use super::error::ControllerError;
 use super::event::ControllerEvent;
 use super::journal::Entry;
-use super::policy::Decision;
 use super::pool::WorkQueue;
 use super::spec::{
     START_MARKER, SUCCESS_MARKER, find_checkpoint, move_partial_checkpoints_aside, output_dir,
     queue_dir,
 };
-use super::state::{Phase, UnitStatus};
 use super::step::{self, Transition, Visibility};
 use crate::executor::{JobState, JobStatus};
 
@@ -486,121 +484,40 @@ impl CampaignController {
         Ok(progressed)
     }
 
+    /// A persistent pool's step: ended workers give their items back, then the queue's counts
+    /// end the stage, restart its workers or wait (`step::pool`). Returns whether anything
+    /// changed.
     pub(super) async fn advance_pool(&mut self, si: usize) -> Result<bool, ControllerError> {
-        let s = self.state.stages[si].clone();
-        if !s.pool_filled {
+        if !self.state.stages[si].pool_filled {
             return Ok(false);
         }
-        let q = WorkQueue::new(queue_dir(&self.dir, &s.id));
-        let mut entries = Vec::new();
-        // Workers whose attempt ended: return their items.
-        for &u in &s.units {
-            let unit = &self.state.units[u];
-            if unit.status == UnitStatus::Live {
-                continue;
-            }
-            for &a in &unit.attempts {
-                let at = &self.state.attempts[a];
-                if at.phase == Phase::Finished {
-                    let (r, f) = q.requeue_worker(at.id.as_str(), self.settings.max_requeues)?;
-                    if r + f > 0 {
-                        let ev = ControllerEvent::Requeued {
-                            worker: at.id.clone(),
-                            requeued: r,
-                            failed: f,
-                        };
-                        self.notify(&ev);
-                        entries.push(Self::event_entry(&ev));
-                    }
-                }
+        let q = WorkQueue::new(queue_dir(&self.dir, &self.state.stages[si].id));
+        // Workers whose attempt ended: their claimed items go back to the queue.
+        let mut back = Vec::new();
+        for worker in step::ended_workers(&self.state, si) {
+            let (r, f) = q.requeue_worker(worker.as_str(), self.settings.max_requeues)?;
+            back.push((worker, r, f));
+        }
+        self.perform(step::requeued(&back))?;
+        let counts = q.counts()?;
+        let restarts = self.counters.pool_restarts.get(&si).copied();
+        let (next, kept) = step::pool_step(
+            &self.state,
+            si,
+            &counts,
+            q.dir(),
+            restarts,
+            self.settings.max_requeues,
+        );
+        if let Some(k) = kept {
+            self.counters.pool_restarts.insert(si, k);
+        }
+        match next {
+            step::PoolStep::Wait => Ok(false),
+            step::PoolStep::Ended(actions) | step::PoolStep::Restart(actions) => {
+                self.perform(actions)?;
+                Ok(true)
             }
         }
-        self.record(entries)?;
-        let c = q.counts()?;
-        let any_live = s
-            .units
-            .iter()
-            .any(|&u| self.state.units[u].status == UnitStatus::Live);
-        if c.pending + c.claimed == 0 {
-            if any_live {
-                return Ok(false); // workers are exiting
-            }
-            let e = if c.failed > 0 {
-                let reason = format!(
-                    "{} of {} pool items failed (see {}/failed)",
-                    c.failed,
-                    c.failed + c.done,
-                    q.dir().display()
-                );
-                self.notify(&ControllerEvent::StageFailed {
-                    stage: s.id.clone(),
-                    reason: reason.clone(),
-                });
-                Entry::StageFailed {
-                    stage: s.id.clone(),
-                    reason,
-                }
-            } else {
-                self.notify(&ControllerEvent::StageDone {
-                    stage: s.id.clone(),
-                });
-                Entry::StageDone {
-                    stage: s.id.clone(),
-                }
-            };
-            self.record(vec![e])?;
-            return Ok(true);
-        }
-        if !any_live {
-            // Items left and no worker: start workers again (not a failure of theirs).
-            let reopen: Vec<Entry> = s
-                .units
-                .iter()
-                .filter(|&&u| self.state.units[u].status == UnitStatus::Done)
-                .map(|&u| Entry::Decided {
-                    unit: self.state.units[u].key.clone(),
-                    decision: Decision::Retry {
-                        delay: Duration::ZERO,
-                        resume: false,
-                        more_resources: false,
-                    },
-                    not_before_ms: 0,
-                })
-                .collect();
-            let n = reopen.len();
-            let done_now = c.done;
-            let guard = self
-                .counters
-                .pool_restarts
-                .entry(si)
-                .or_insert((0, usize::MAX));
-            if guard.1 == done_now {
-                guard.0 += 1;
-            } else {
-                *guard = (1, done_now);
-            }
-            let restarts = guard.0;
-            if restarts > self.settings.max_requeues + 1 {
-                self.record(vec![Entry::StageFailed {
-                    stage: s.id.clone(),
-                    reason: format!(
-                        "workers were restarted {} times and exited without finishing any of the {} items left",
-                        restarts - 1,
-                        c.pending + c.claimed
-                    ),
-                }])?;
-                return Ok(true);
-            }
-            if n > 0 {
-                self.record(reopen)?;
-                self.emit(ControllerEvent::PoolRestarted {
-                    stage: s.id.clone(),
-                    items_left: c.pending + c.claimed,
-                    workers: n,
-                })?;
-                return Ok(true);
-            }
-        }
-        Ok(false)
     }
 }

@@ -187,6 +187,16 @@ pub enum Entry {
     },
 }
 
+impl Entry {
+    /// The journal entry of an event the observers are told (its kind and message).
+    pub(super) fn from_event(ev: &super::event::ControllerEvent) -> Self {
+        Entry::Event {
+            kind: ev.kind().into(),
+            message: ev.to_string(),
+        }
+    }
+}
+
 /// One line of the journal.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[non_exhaustive]

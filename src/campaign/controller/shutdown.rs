@@ -7,6 +7,7 @@ use super::classify::FailureClass;
 use super::driver::CampaignController;
 use super::error::ControllerError;
 use super::event::ControllerEvent;
+use super::journal::Entry;
 use super::state::StageStatus;
 use super::step;
 use crate::executor::{JobState, JobStatus};
@@ -29,7 +30,7 @@ impl CampaignController {
             return Ok(());
         };
         self.notify(&ev);
-        entries.push(Self::event_entry(&ev));
+        entries.push(Entry::from_event(&ev));
         self.record(entries)?;
         for u in &mut self.state.units {
             if failed.contains(&u.key) {

@@ -220,7 +220,7 @@ impl CampaignController {
                         error: e.to_string(),
                     };
                     self.notify(&ev);
-                    return Ok(Self::event_entry(&ev));
+                    return Ok(Entry::from_event(&ev));
                 }
             }
         }

@@ -5,7 +5,7 @@
 //! executor, the filesystem, the clock or the journal; the loop (`driver` and the area
 //! files) reads, performs and journals, so every decision can be tested by feeding it
 //! scripted inputs. One file per area: `decide` (manual decision stages), `finish` (an
-//! ended attempt), `poll` (polled statuses), `submit` (starting attempts), `stage` (stage
+//! ended attempt), `poll` (polled statuses), `pool` (persistent-pool queues), `submit` (starting attempts), `stage` (stage
 //! transitions and the end of a run), `nodes` (exclusions), `retry` (retrying failed units), `shutdown` (cancel
 //! requests); each keeps its unit tests.
 
@@ -13,6 +13,7 @@ mod decide;
 mod finish;
 mod nodes;
 mod poll;
+mod pool;
 mod retry;
 mod shutdown;
 mod stage;
@@ -22,6 +23,7 @@ pub(super) use decide::*;
 pub(super) use finish::*;
 pub(super) use nodes::*;
 pub(super) use poll::*;
+pub(super) use pool::*;
 pub(super) use retry::*;
 pub(super) use shutdown::*;
 pub(super) use stage::*;
@@ -57,11 +59,12 @@ pub(super) enum Action {
 #[cfg(test)]
 mod test_util {
     use super::super::journal::Entry;
+    use super::super::policy::Decision;
     use super::super::state::State;
     use crate::campaign::CampaignPlan;
     use crate::campaign::config::Value as ConfigValue;
     use crate::campaign::{ExecutionConfig, ManualDecision, RunnerEnvironment, StageCatalog};
-    use crate::executor::AttemptId;
+    use crate::executor::{AttemptId, JobState};
 
     /// Compiles `{"stages": stages}` for the local runner.
     pub(super) fn plan(stages: serde_json::Value) -> CampaignPlan {
@@ -155,5 +158,30 @@ mod test_util {
              "aggregate": true},
             {"id": "b", "needs": ["a"], "command": ["w"]},
         ]))
+    }
+
+    /// `unit`'s attempt `n` submitted, completed (exit 0) and decided `decision`.
+    pub(super) fn decided(unit: &str, n: &str, decision: Decision) -> Vec<Entry> {
+        let id = AttemptId::sanitize(n);
+        vec![
+            intent(unit, &id),
+            submitted(&id, "1"),
+            Entry::Finished {
+                attempt_id: id,
+                state: JobState::Completed,
+                exit_code: Some(0),
+                class: None,
+                detail: String::new(),
+                log_path: None,
+                nodes: None,
+                fail_fast: false,
+                oom: None,
+            },
+            Entry::Decided {
+                unit: unit.into(),
+                decision,
+                not_before_ms: 0,
+            },
+        ]
     }
 }

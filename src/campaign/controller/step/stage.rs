@@ -101,30 +101,6 @@ mod tests {
     use super::*;
     use crate::executor::{AttemptId, JobState};
 
-    fn decided(unit: &str, n: &str, decision: Decision) -> Vec<Entry> {
-        let id = AttemptId::sanitize(n);
-        vec![
-            intent(unit, &id),
-            submitted(&id, "1"),
-            Entry::Finished {
-                attempt_id: id,
-                state: JobState::Completed,
-                exit_code: Some(0),
-                class: None,
-                detail: String::new(),
-                log_path: None,
-                nodes: None,
-                fail_fast: false,
-                oom: None,
-            },
-            Entry::Decided {
-                unit: unit.into(),
-                decision,
-                not_before_ms: 0,
-            },
-        ]
-    }
-
     #[test]
     fn a_stage_is_done_once_its_items_aggregate_and_parents_are() {
         let p = sharded_then_b();
