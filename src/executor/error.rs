@@ -209,7 +209,7 @@ pub enum ExecutorError {
         problem: String,
     },
 
-    /// An error scripted into a [`MockExecutor`](super::MockExecutor), or raised by a user's
+    /// An error scripted into a `MockExecutor` (feature `test-util`), or raised by a user's
     /// executor that has no better variant.
     #[error("{message}")]
     Other {

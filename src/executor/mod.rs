@@ -1,13 +1,13 @@
 //! Executors: where attempts run (`docs/design.md`, "Executors").
 //!
 //! An [`Executor`] takes an [`AttemptSpec`] (a [`CommandSpec`] argv, a [`TaskTopology`], limits)
-//! and runs it somewhere: [`MockExecutor`] (scripted, virtual clock, for tests of controller
-//! logic), [`LocalExecutor`] (processes on this machine), `SlurmExecutor` (batch jobs, feature
+//! and runs it somewhere: `MockExecutor` (feature `test-util`: scripted, virtual clock, for
+//! tests of controller logic), [`LocalExecutor`] (processes on this machine), `SlurmExecutor` (batch jobs, feature
 //! `slurm`, on by default), `BareMetalExecutor` (SSH hosts), `RayExecutor` (Ray jobs, feature
 //! `ray`), or your own. The trait is object-safe, so `Box<dyn Executor>` works and controllers
 //! can be written once for all of them.
 //!
-//! The contract every executor keeps (checked by the [`conformance`] suite, feature
+//! The contract every executor keeps (checked by the `conformance` suite, feature
 //! `test-util`):
 //! - [`submit`](Executor::submit) returns a [`JobHandle`] that serializes to JSON and, after a
 //!   restart, lets a fresh executor of the same kind and configuration poll and cancel the job.

@@ -117,8 +117,8 @@ impl CampaignControllerBuilder {
         self.campaign_dir = Some(dir.into());
         self
     }
-    /// The clock (default: the system clock; tests use a
-    /// [`VirtualClock`](super::VirtualClock)).
+    /// The clock (default: the system clock; tests use a `VirtualClock`, feature
+    /// `test-util`).
     pub fn clock(mut self, clock: Arc<dyn Clock>) -> Self {
         self.clock = clock;
         self
