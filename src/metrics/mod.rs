@@ -3,6 +3,8 @@
 
 mod plot;
 #[cfg(feature = "parquet")]
+mod runs;
+#[cfg(feature = "parquet")]
 pub(crate) mod stream;
 mod table;
 
@@ -172,23 +174,39 @@ pub(crate) fn for_each_series<S: Store + ?Sized>(
     recs: &[&JobRecord],
     metric: Option<&str>,
     threads: usize,
+    each: impl FnMut(usize, Series) -> Result<(), MetricsError>,
+) -> Result<(), MetricsError> {
+    for_each_read(
+        recs.len(),
+        threads,
+        |i| store.record_metrics(recs[i], metric),
+        each,
+    )
+}
+
+/// [`for_each_series`] of `n` jobs whose rows `read(i)` reads.
+pub(crate) fn for_each_read(
+    n: usize,
+    threads: usize,
+    read: impl Fn(usize) -> Result<Series, StoreError> + Sync,
     mut each: impl FnMut(usize, Series) -> Result<(), MetricsError>,
 ) -> Result<(), MetricsError> {
-    let threads = threads.clamp(1, recs.len().max(1));
-    if threads == 1 && recs.len() < 2 {
-        for (i, r) in recs.iter().enumerate() {
-            each(i, store.record_metrics(r, metric)?)?;
+    let threads = threads.clamp(1, n.max(1));
+    if threads == 1 && n < 2 {
+        for i in 0..n {
+            each(i, read(i)?)?;
         }
         return Ok(());
     }
+    let read = &read;
     std::thread::scope(|scope| {
         let mut rxs = Vec::with_capacity(threads);
         for t in 0..threads {
             let (tx, rx) = std::sync::mpsc::sync_channel(READ_AHEAD);
             rxs.push(rx);
             scope.spawn(move || {
-                for r in recs.iter().skip(t).step_by(threads) {
-                    let rows = store.record_metrics(r, metric);
+                for i in (t..n).step_by(threads) {
+                    let rows = read(i);
                     let failed = rows.is_err();
                     // A closed channel: the caller stopped (an error); so do we.
                     if tx.send(rows).is_err() || failed {
@@ -199,7 +217,7 @@ pub(crate) fn for_each_series<S: Store + ?Sized>(
         }
         // The receivers are dropped when this closure returns, before the scope joins the
         // readers, so a reader blocked on a full channel wakes up and ends.
-        for i in 0..recs.len() {
+        for i in 0..n {
             let rows = rxs[i % threads].recv().map_err(|_| MetricsError::Arrow {
                 message: "a metric reader thread ended early".into(),
             })??;
@@ -279,20 +297,18 @@ pub(crate) fn write_parquet_of<S: Store + ?Sized>(
     metric: &str,
     path: &std::path::Path,
 ) -> Result<u64, MetricsError> {
-    let recs = done_with_metric(store, metric)?;
-    let jobs: Vec<JobMeta<'_>> = recs
-        .iter()
-        .map(|r| JobMeta {
-            key: r.key,
-            params: &r.params,
-            param_order: &r.param_order,
-            param_types: &r.param_types,
-        })
-        .collect();
-    let refs: Vec<&JobRecord> = recs.iter().collect();
+    // Compact runs, not parsed records: a store of 100k small runs is read in bounded memory.
+    let runs = runs::TableRuns::read(store, metric)?;
     stream::write_parquet(
-        &jobs,
-        |sink| for_each_series(store, &refs, Some(metric), reader_threads(true), sink),
+        &runs.runs,
+        |sink| {
+            for_each_read(
+                runs.runs.len(),
+                reader_threads(true),
+                |i| runs.rows(store, i, Some(metric)),
+                sink,
+            )
+        },
         path,
     )
 }

@@ -302,9 +302,10 @@ pub(crate) fn write_parquet<J: JobParams>(
             return Ok(());
         }
         cells.clear();
+        let params = j.params();
         cells.extend(
             cols.iter()
-                .map(|(name, kind)| cell_of(j.params(), name, *kind)),
+                .map(|(name, kind)| cell_of(&params, name, *kind)),
         );
         let hex = j.key().to_hex();
         let mut at = 0;

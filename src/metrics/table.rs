@@ -370,32 +370,42 @@ fn top_level(params: &Value) -> Vec<(&str, &Value)> {
     }
 }
 
-/// What the table builders need of a job besides its rows.
+/// What the table builders need of a job besides its rows. `params` may be parsed on each
+/// call (a compact run of a large store keeps its parameters as text).
 pub(crate) trait JobParams {
-    fn meta(&self) -> &JobMeta<'_>;
-    fn key(&self) -> Hash {
-        self.meta().key
-    }
-    fn params(&self) -> &Value {
-        self.meta().params
-    }
-    fn param_order(&self) -> &[String] {
-        self.meta().param_order
-    }
-    fn param_types(&self) -> &BTreeMap<String, ParamType> {
-        self.meta().param_types
-    }
+    fn key(&self) -> Hash;
+    fn params(&self) -> std::borrow::Cow<'_, Value>;
+    fn param_order(&self) -> &[String];
+    fn param_types(&self) -> &BTreeMap<String, ParamType>;
 }
 
 impl JobParams for JobMeta<'_> {
-    fn meta(&self) -> &JobMeta<'_> {
-        self
+    fn key(&self) -> Hash {
+        self.key
+    }
+    fn params(&self) -> std::borrow::Cow<'_, Value> {
+        std::borrow::Cow::Borrowed(self.params)
+    }
+    fn param_order(&self) -> &[String] {
+        self.param_order
+    }
+    fn param_types(&self) -> &BTreeMap<String, ParamType> {
+        self.param_types
     }
 }
 
 impl JobParams for JobRows<'_> {
-    fn meta(&self) -> &JobMeta<'_> {
-        &self.meta
+    fn key(&self) -> Hash {
+        self.meta.key
+    }
+    fn params(&self) -> std::borrow::Cow<'_, Value> {
+        std::borrow::Cow::Borrowed(self.meta.params)
+    }
+    fn param_order(&self) -> &[String] {
+        self.meta.param_order
+    }
+    fn param_types(&self) -> &BTreeMap<String, ParamType> {
+        self.meta.param_types
     }
 }
 
@@ -411,7 +421,8 @@ pub(super) fn param_columns<J: JobParams>(
     let mut cols: Vec<(String, Kind)> = Vec::new();
     let mut types: Vec<Option<Kind>> = Vec::new();
     for j in jobs {
-        let tl = top_level(j.params());
+        let params = j.params();
+        let tl = top_level(&params);
         let mut ordered: Vec<(&str, &Value)> = Vec::with_capacity(tl.len());
         for name in j.param_order() {
             if let Some(p) = tl.iter().find(|(k, _)| k == name) {

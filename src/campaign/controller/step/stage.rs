@@ -99,7 +99,6 @@ mod tests {
     use super::super::super::policy::Decision;
     use super::super::test_util::*;
     use super::*;
-    use crate::executor::{AttemptId, JobState};
 
     #[test]
     fn a_stage_is_done_once_its_items_aggregate_and_parents_are() {
