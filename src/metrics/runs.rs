@@ -12,12 +12,10 @@ use serde_json::Value;
 use super::MetricsError;
 use super::table::JobParams;
 use crate::identity::{Hash, OwnedDigest, ParamType};
-use crate::store::{
-    JobRecord, MetricsInfo, Series, Status, Store, StoreError, records_in_parallel,
-};
+use crate::store::{JobRecord, MetricsInfo, Series, Status, Store, StoreError, records_per_key};
 
-/// Records parsed at once (on a few threads) before they are made compact.
-const CHUNK: usize = 8192;
+/// Records a reader thread parses at once before it makes them compact.
+const CHUNK: usize = 256;
 
 /// How many of the last shapes seen a new run is compared with before a new one is kept.
 const SHAPES_LOOKED_AT: usize = 16;
@@ -65,48 +63,49 @@ pub(crate) struct TableRuns {
 }
 
 impl TableRuns {
-    /// Reads them.
+    /// Reads them: a few threads each read a share of the keys, [`CHUNK`] records at a time,
+    /// and keep the compact runs; the shares are joined in key order, then sorted.
     ///
     /// # Errors
     /// [`MetricsError::UnknownMetric`] when no done run logged `metric`; store errors.
     pub(crate) fn read<S: Store + ?Sized>(store: &S, metric: &str) -> Result<Self, MetricsError> {
-        Self::read_in_chunks(store, metric, CHUNK)
+        Self::read_in_chunks(store, metric, CHUNK, 1024)
     }
 
-    /// [`read`](Self::read), `chunk` records parsed at once.
+    /// [`read`](Self::read), `chunk` records parsed at once by each thread, a thread for each
+    /// `min_share` keys (at most the cores, at most 4).
     fn read_in_chunks<S: Store + ?Sized>(
         store: &S,
         metric: &str,
         chunk: usize,
+        min_share: usize,
     ) -> Result<Self, MetricsError> {
         let keys = store.keys()?;
+        let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+        let threads = cores
+            .min(4)
+            .min(keys.len().div_ceil(min_share.max(1)))
+            .max(1);
+        let share = keys.len().div_ceil(threads).max(1);
+        let parts: Vec<Result<Share, StoreError>> = std::thread::scope(|scope| {
+            let handles: Vec<_> = keys
+                .chunks(share)
+                .map(|keys| scope.spawn(move || Share::read(store, keys, metric, chunk)))
+                .collect();
+            handles
+                .into_iter()
+                .map(|h| h.join().unwrap_or_else(|p| std::panic::resume_unwind(p)))
+                .collect()
+        });
         let mut runs = Vec::new();
         let mut available = BTreeSet::new();
-        let mut shapes: Vec<Shape> = Vec::new();
         let mut template = None;
-        for chunk in keys.chunks(chunk.max(1)) {
-            for r in records_in_parallel(store, chunk)? {
-                let rec = match r {
-                    Ok(Some(rec)) => rec,
-                    Ok(None) => continue,
-                    Err(e) => {
-                        tracing::warn!(error = %e, "a record cannot be read: its run is left out");
-                        continue;
-                    }
-                };
-                if rec.status != Status::Done {
-                    continue;
-                }
-                let Some(m) = &rec.metrics else { continue };
-                if !m.names.iter().any(|n| n == metric) {
-                    for n in &m.names {
-                        if !available.contains(n) {
-                            available.insert(n.clone());
-                        }
-                    }
-                    continue;
-                }
-                runs.push(compact(rec, &mut shapes, &mut template));
+        for part in parts {
+            let part = part?;
+            runs.extend(part.runs);
+            available.extend(part.available);
+            if template.is_none() {
+                template = part.template;
             }
         }
         let Some(template) = template else {
@@ -136,6 +135,55 @@ impl TableRuns {
         rec.finished_at = Some(run.finished_at);
         rec.metrics = Some(run.metrics.clone());
         store.record_metrics(&rec, metric)
+    }
+}
+
+/// What one reader thread keeps of its share of the keys.
+#[derive(Default)]
+struct Share {
+    runs: Vec<TableRun>,
+    /// The metrics of the done runs that did not log the one asked for.
+    available: BTreeSet<String>,
+    shapes: Vec<Shape>,
+    template: Option<JobRecord>,
+}
+
+impl Share {
+    /// The done runs among `keys` that logged `metric`, `chunk` records parsed at once.
+    fn read<S: Store + ?Sized>(
+        store: &S,
+        keys: &[Hash],
+        metric: &str,
+        chunk: usize,
+    ) -> Result<Self, StoreError> {
+        let mut share = Share::default();
+        for keys in keys.chunks(chunk.max(1)) {
+            for r in records_per_key(store, keys)? {
+                let rec = match r {
+                    Ok(Some(rec)) => rec,
+                    Ok(None) => continue,
+                    Err(e) => {
+                        tracing::warn!(error = %e, "a record cannot be read: its run is left out");
+                        continue;
+                    }
+                };
+                if rec.status != Status::Done {
+                    continue;
+                }
+                let Some(m) = &rec.metrics else { continue };
+                if !m.names.iter().any(|n| n == metric) {
+                    for n in &m.names {
+                        if !share.available.contains(n) {
+                            share.available.insert(n.clone());
+                        }
+                    }
+                    continue;
+                }
+                let run = compact(rec, &mut share.shapes, &mut share.template);
+                share.runs.push(run);
+            }
+        }
+        Ok(share)
     }
 }
 
@@ -261,7 +309,7 @@ mod tests {
             .unwrap();
 
         for chunk in [1, 2, 3, CHUNK] {
-            let t = TableRuns::read_in_chunks(&store, "loss", chunk).unwrap();
+            let t = TableRuns::read_in_chunks(&store, "loss", chunk, 2).unwrap();
             let keys: Vec<Hash> = t.runs.iter().map(|r| r.key).collect();
             assert_eq!(
                 keys,

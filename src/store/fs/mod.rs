@@ -821,6 +821,9 @@ impl Store for FsStore {
         else {
             return Ok(Series::default());
         };
+        // Every row is `name`'s when it is the only metric logged: read without the filter,
+        // which reserves room for all the rows at once.
+        let name = name.filter(|n| !(info.names.len() == 1 && info.names[0] == *n));
         if let Some(text) = &info.inline {
             let path = self.job_dir(&rec.key).join("record.json");
             let (series, _) = read_rows(&path, text.as_bytes(), Bound::Exactly(info.rows), name)?;
