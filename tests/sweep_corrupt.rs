@@ -269,8 +269,18 @@ fn sweep_status_names_a_corrupt_run_and_sweep_repair_moves_it_aside() {
     let (code, out, err) = cli(&["sweep", "repair"]);
     assert_eq!(code, Some(0), "{err}");
     assert!(out.starts_with("0 corrupt run(s) moved aside"), "{out}");
-    // The next drain runs it again; nothing else.
+    // The next drain runs it again; nothing else. Its plan says why: the record is gone,
+    // not "no record (nearest: ...)" as for a run never seen.
     let mut o = sweep(&c, false, None);
+    let plan = o.plan().unwrap();
+    let d = plan.decisions.iter().find(|d| d.run.key == bad).unwrap();
+    assert_eq!(
+        d.reasons,
+        [
+            "no record: this run's record was removed or set aside (a corrupt record moved to corrupt/ by `sweep repair`)"
+        ],
+        "{plan}"
+    );
     let s = o.drain().unwrap();
     assert_eq!((s.ran(), s.skipped()), (1, 8), "{}", s.report());
 }

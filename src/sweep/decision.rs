@@ -398,7 +398,14 @@ impl<'a, S: Store + ?Sized> Decider<'a, S> {
                     }
                     Ok(None) => reasons.push("code changed".to_string()),
                 },
-                _ => reasons.push(self.identity.no_record_reason(self.store, run)?),
+                // The lineage names this very run: its record was there and is gone (deleted,
+                // or moved aside by a repair), which a nearest-run hint would hide.
+                Some(_) => reasons.push(
+                    "no record: this run's record was removed or set aside (a corrupt record \
+                     moved to corrupt/ by `sweep repair`)"
+                        .to_string(),
+                ),
+                None => reasons.push(self.identity.no_record_reason(self.store, run)?),
             },
             Some(r) => match r.status {
                 Status::Done => {
