@@ -55,6 +55,32 @@ pub(super) enum Action {
     },
 }
 
+/// A stage failed for `reason`: journaled, then told.
+pub(super) fn stage_failed(stage: &str, reason: String) -> Vec<Action> {
+    vec![
+        Action::Journal(vec![Entry::StageFailed {
+            stage: stage.to_string(),
+            reason: reason.clone(),
+        }]),
+        Action::Notify(ControllerEvent::StageFailed {
+            stage: stage.to_string(),
+            reason,
+        }),
+    ]
+}
+
+/// A stage is done: journaled, then told.
+pub(super) fn stage_done(stage: &str) -> Vec<Action> {
+    vec![
+        Action::Journal(vec![Entry::StageDone {
+            stage: stage.to_string(),
+        }]),
+        Action::Notify(ControllerEvent::StageDone {
+            stage: stage.to_string(),
+        }),
+    ]
+}
+
 /// Plans and states shared by the unit tests of the step modules.
 #[cfg(test)]
 mod test_util {

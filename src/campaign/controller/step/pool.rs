@@ -9,7 +9,7 @@ use super::super::journal::Entry;
 use super::super::policy::Decision;
 use super::super::pool::QueueCounts;
 use super::super::state::{Phase, State, UnitStatus};
-use super::Action;
+use super::{Action, stage_done, stage_failed};
 use crate::executor::AttemptId;
 
 /// The finished attempts of pool stage `si` whose unit is no longer live: the workers whose
@@ -92,25 +92,9 @@ pub(in crate::campaign::controller) fn pool_step(
                 c.failed + c.done,
                 queue_dir.display()
             );
-            vec![
-                Action::Journal(vec![Entry::StageFailed {
-                    stage: s.id.clone(),
-                    reason: reason.clone(),
-                }]),
-                Action::Notify(ControllerEvent::StageFailed {
-                    stage: s.id.clone(),
-                    reason,
-                }),
-            ]
+            stage_failed(&s.id, reason)
         } else {
-            vec![
-                Action::Journal(vec![Entry::StageDone {
-                    stage: s.id.clone(),
-                }]),
-                Action::Notify(ControllerEvent::StageDone {
-                    stage: s.id.clone(),
-                }),
-            ]
+            stage_done(&s.id)
         };
         return (PoolStep::Ended(actions), restarts);
     }
@@ -142,16 +126,7 @@ pub(in crate::campaign::controller) fn pool_step(
             "workers were restarted {} times and exited without finishing any of the {left} items left",
             counted.0 - 1,
         );
-        let actions = vec![
-            Action::Journal(vec![Entry::StageFailed {
-                stage: s.id.clone(),
-                reason: reason.clone(),
-            }]),
-            Action::Notify(ControllerEvent::StageFailed {
-                stage: s.id.clone(),
-                reason,
-            }),
-        ];
+        let actions = stage_failed(&s.id, reason);
         return (PoolStep::Restart(actions), Some(counted));
     }
     if reopen.is_empty() {
@@ -260,26 +235,11 @@ mod tests {
         let s = state_after(&p, &both_ended());
         let (step, kept) = pool_step(&s, 0, &counts(0, 0, 10, 0), dir, Some((2, 4)), 3);
         assert_eq!(kept, Some((2, 4)), "an end does not count a restart");
-        assert_eq!(
-            step,
-            PoolStep::Ended(vec![
-                Action::Journal(vec![Entry::StageDone { stage: "w".into() }]),
-                Action::Notify(ControllerEvent::StageDone { stage: "w".into() }),
-            ])
-        );
+        assert_eq!(step, PoolStep::Ended(stage_done("w")));
         let reason = "2 of 10 pool items failed (see /c/queue/w/failed)";
         assert_eq!(
             pool_step(&s, 0, &counts(0, 0, 8, 2), dir, None, 3).0,
-            PoolStep::Ended(vec![
-                Action::Journal(vec![Entry::StageFailed {
-                    stage: "w".into(),
-                    reason: reason.into(),
-                }]),
-                Action::Notify(ControllerEvent::StageFailed {
-                    stage: "w".into(),
-                    reason: reason.into(),
-                }),
-            ])
+            PoolStep::Ended(stage_failed("w", reason.to_string()))
         );
     }
 
@@ -321,16 +281,7 @@ mod tests {
         assert_eq!(kept, Some((3, 7)));
         assert_eq!(
             step,
-            PoolStep::Restart(vec![
-                Action::Journal(vec![Entry::StageFailed {
-                    stage: "w".into(),
-                    reason: reason.into(),
-                }]),
-                Action::Notify(ControllerEvent::StageFailed {
-                    stage: "w".into(),
-                    reason: reason.into(),
-                }),
-            ])
+            PoolStep::Restart(stage_failed("w", reason.to_string()))
         );
     }
 }

@@ -1,9 +1,7 @@
 //! Stage transitions (`finalise::advance_stages`) and the end of a run.
 
-use super::super::event::ControllerEvent;
-use super::super::journal::Entry;
 use super::super::state::{StageStatus, State, UnitStatus};
-use super::{Action, blocked};
+use super::{Action, blocked, stage_done, stage_failed};
 use crate::campaign::{CampaignPlan, HaltPolicy};
 
 /// Where an open stage goes next.
@@ -49,16 +47,7 @@ pub(in crate::campaign::controller) fn stage_transition(
             failed.fail_reason.clone().unwrap_or_default()
         );
         return Transition::Failed {
-            actions: vec![
-                Action::Journal(vec![Entry::StageFailed {
-                    stage: s.id.clone(),
-                    reason: reason.clone(),
-                }]),
-                Action::Notify(ControllerEvent::StageFailed {
-                    stage: s.id.clone(),
-                    reason,
-                }),
-            ],
+            actions: stage_failed(&s.id, reason),
             halt: halt == HaltPolicy::FailFast,
         };
     }
@@ -72,14 +61,7 @@ pub(in crate::campaign::controller) fn stage_transition(
             .iter()
             .all(|&p| state.stages[p].status == StageStatus::Done)
     {
-        return Transition::Done(vec![
-            Action::Journal(vec![Entry::StageDone {
-                stage: s.id.clone(),
-            }]),
-            Action::Notify(ControllerEvent::StageDone {
-                stage: s.id.clone(),
-            }),
-        ]);
+        return Transition::Done(stage_done(&s.id));
     }
     Transition::Stay
 }
@@ -96,6 +78,7 @@ pub(in crate::campaign::controller) fn finished(state: &State, halted: bool) -> 
 
 #[cfg(test)]
 mod tests {
+    use super::super::super::journal::Entry;
     use super::super::super::policy::Decision;
     use super::super::test_util::*;
     use super::*;
@@ -113,10 +96,7 @@ mod tests {
         let s = state_after(&p, &e);
         assert_eq!(
             stage_transition(&s, &p, 0),
-            Transition::Done(vec![
-                Action::Journal(vec![Entry::StageDone { stage: "a".into() }]),
-                Action::Notify(ControllerEvent::StageDone { stage: "a".into() }),
-            ])
+            Transition::Done(stage_done("a"))
         );
         assert_eq!(stage_transition(&s, &p, 1), Transition::Stay, "b not run");
         assert!(!finished(&s, false), "b can still run");
@@ -137,16 +117,7 @@ mod tests {
         assert_eq!(
             stage_transition(&s, &p, 0),
             Transition::Failed {
-                actions: vec![
-                    Action::Journal(vec![Entry::StageFailed {
-                        stage: "a".into(),
-                        reason: reason.into(),
-                    }]),
-                    Action::Notify(ControllerEvent::StageFailed {
-                        stage: "a".into(),
-                        reason: reason.into(),
-                    }),
-                ],
+                actions: stage_failed("a", reason.to_string()),
                 halt: true,
             }
         );
