@@ -122,7 +122,11 @@ impl TableRuns {
         Ok(TableRuns { runs, template })
     }
 
-    /// Metric `metric`'s rows of run `i` (all metrics for `None`).
+    /// Metric `metric`'s rows of run `i` (all metrics for `None`). The record handed to
+    /// [`Store::record_metrics`] is the template with this run's key, finish time and metrics
+    /// summary: the fields a store reads rows by (`FsStore` reads `key`, `status` and
+    /// `metrics`; the trait's default reads `key`); its job, lineage and environment are
+    /// another run's.
     pub(crate) fn rows<S: Store + ?Sized>(
         &self,
         store: &S,
